@@ -60,17 +60,14 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
             warnings.append(f"optional key {full} is missing; using {key.default}")
             values.setdefault(key.field, key.default)
             continue
-        got = _coerce(full, key.field, md[full])
-        if key.field in values and values[key.field] != got:   # key_length vs value_length
-            raise ModelFileError(
-                f"{gguf.path.name}: {full}: expected {values[key.field]} (as the paired key), found {got}")
-        values[key.field] = got
+        values[key.field] = _coerce(full, key.field, md[full])
 
     n_block = values.pop("n_block")
     n_nextn = values["n_nextn"]
     if not 0 <= n_nextn < n_block:
         raise ModelFileError(f"{gguf.path.name}: {ARCH}.nextn_predict_layers: expected 0 or 1, found {n_nextn}")
     d_inner = values.pop("ssm_d_inner")
+    value_length = values.pop("value_length")
     values["n_layer"] = n_block - n_nextn
     values["n_vocab"] = _n_vocab(gguf)
     shape = ModelShape(**values)
@@ -80,6 +77,9 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
             f"(time_step_rank {shape.ssm_n_v_heads} x state_size {shape.ssm_head_dim}), found {d_inner}")
 
     _check_family(gguf, shape)
+    if value_length != shape.head_dim:
+        raise ModelFileError(f"{gguf.path.name}: {ARCH}.attention.value_length: expected {shape.head_dim} "
+                             f"(= key_length), found {value_length}")
     _check_optional(gguf, shape, warnings)
 
     tokens = md.get("tokenizer.ggml.tokens")
@@ -120,7 +120,7 @@ def _coerce(full: str, field: str, value: object) -> object:
     if field in _FLOAT_FIELDS:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ModelFileError(f"{full}: expected a number, found {value!r}")
-        return float(value)
+        return float(f"{value:.7g}")     # stored as f32: 9.99999997e-07 means 1e-06
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ModelFileError(f"{full}: expected a non-negative integer, found {value!r}")
     return value

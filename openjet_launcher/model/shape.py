@@ -108,7 +108,7 @@ GGUF_KEYS: tuple[Key, ...] = (
     Key("attention.head_count", "n_head"),
     Key("attention.head_count_kv", "n_head_kv"),
     Key("attention.key_length", "head_dim"),
-    Key("attention.value_length", "head_dim"),
+    Key("attention.value_length", "value_length"),   # must equal key_length
     Key("attention.layer_norm_rms_epsilon", "rms_eps"),
     Key("rope.freq_base", "rope_base"),
     Key("rope.dimension_count", "n_rot"),

@@ -94,6 +94,7 @@ def _chunks(plan: TensorPlan) -> Iterator[tuple[TensorSpec, Q, int, int, int]]:
 def add_metadata(w: GGUFWriter, shape: ModelShape, vocab: VocabAssets, name: str) -> None:
     """Every qwen35 key llama.cpp reads (qwen38.md §2.1), the tokenizer and the chat template."""
     w.add_name(name)
+    w.add_custom_alignment(32)
     w.add_file_type(LlamaFileType.MOSTLY_Q4_K_M)
     w.add_quantization_version(2)
     w.add_block_count(shape.n_block)
