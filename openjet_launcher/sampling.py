@@ -1,0 +1,117 @@
+"""Token sampling above the engine: the semantics the GPU engine reproduces on the device.
+
+Order of operations (vLLM's and transformers' order; llama.cpp applies temperature last):
+  1. presence and frequency penalties over the tokens generated so far (OpenAI semantics):
+     logit[t] -= presence * (count[t] > 0) + frequency * count[t]
+  2. temperature 0 -> greedy argmax (ties: lowest id); otherwise logits / temperature
+  3. top-k (0 = off), then top-p (nucleus over the top-k survivors, smallest set whose mass >= top_p,
+     always at least one token), then min-p (drop tokens whose probability < min_p * max probability)
+  4. draw from the renormalised survivors by inverse CDF with one uniform number from a seeded
+     generator, so a seed gives the same tokens on every run.
+Padding rows of the vocabulary (ids without a real token) are never produced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import OpenJetError
+
+GPU_MAX_TOP_K = 32   # the device sampler keeps the top 32 logits
+
+
+class SamplingError(OpenJetError):
+    """A sampling parameter out of range (the server answers 400)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, max_top_k: int | None = None) -> "SamplingParams":
+        def finite(name: str, v: float) -> None:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise SamplingError(f"{name} must be a finite number, got {v!r}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            finite(name, getattr(self, name))
+        if not 0.0 <= self.temperature <= 2.0:
+            raise SamplingError(f"temperature must be between 0 and 2, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise SamplingError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+        if max_top_k is not None and (self.top_k == 0 or self.top_k > max_top_k) and not self.greedy:
+            raise SamplingError(f"top_k must be between 1 and {max_top_k} on the GPU engine "
+                                f"(it samples from the top {max_top_k} logits), got {self.top_k}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise SamplingError(f"seed must be an integer, got {self.seed!r}")
+        return self
+
+
+class Sampler:
+    """One request's sampler: holds its generator and the counts of generated tokens."""
+
+    def __init__(self, params: SamplingParams, n_valid: int):
+        self.params = params.validate()
+        self.n_valid = n_valid                       # ids >= n_valid are padding rows
+        self.rng = np.random.default_rng(params.seed)
+        self.counts: dict[int, int] = {}
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution step 4 draws from (float64, zeros outside the survivors)."""
+        p = self.params
+        z = np.asarray(logits[: self.n_valid], dtype=np.float64).copy()
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(self.counts.keys(), dtype=np.int64)
+            cnt = np.fromiter(self.counts.values(), dtype=np.float64)
+            z[ids] -= p.presence_penalty + p.frequency_penalty * cnt
+        if p.greedy:
+            out = np.zeros_like(z)
+            out[int(np.argmax(z))] = 1.0
+            return out
+        z /= p.temperature
+        order = np.argsort(-z, kind="stable")
+        if p.top_k:
+            order = order[: p.top_k]
+        zs = z[order]
+        probs = np.exp(zs - zs[0])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1   # smallest prefix with mass >= top_p
+            probs = probs[:keep]
+            order = order[:keep]
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]
+            probs, order = probs[keep], order[keep]
+        out = np.zeros_like(z)
+        out[order] = probs / probs.sum()
+        return out
+
+    def sample(self, logits: np.ndarray) -> int:
+        probs = self.probabilities(logits)
+        if self.params.greedy:
+            token = int(np.argmax(probs))
+        else:
+            cdf = np.cumsum(probs)
+            # the first index whose cumulative mass exceeds u: it always has a non-zero probability
+            token = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        self.counts[token] = self.counts.get(token, 0) + 1
+        return token

@@ -1,0 +1,81 @@
+"""Sampling semantics, checked against distributions computed by hand with math.exp."""
+
+import math
+
+import numpy as np
+import pytest
+
+from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler, SamplingError, SamplingParams
+
+LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, 9.0], np.float32)   # id 5 is a padding row
+N_VALID = 5
+
+
+def softmax(xs):
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def test_greedy_is_argmax_and_never_a_padding_row():
+    s = Sampler(SamplingParams(temperature=0.0), N_VALID)
+    assert [s.sample(LOGITS) for _ in range(3)] == [0, 0, 0]
+
+
+def test_penalties_follow_openai_formula():
+    s = Sampler(SamplingParams(temperature=0.0, presence_penalty=0.6, frequency_penalty=0.3), N_VALID)
+    assert s.sample(LOGITS) == 0            # 2.0
+    assert s.sample(LOGITS) == 0            # 2.0 - 0.6 - 0.3 = 1.1 > 1.0
+    assert s.sample(LOGITS) == 1            # 2.0 - 0.6 - 0.6 = 0.8 < 1.0
+
+
+def test_temperature_top_k_top_p_min_p_distribution():
+    t = 0.7
+    p = softmax([float(x) / t for x in LOGITS[:N_VALID]])           # ids sorted by logit already
+    # top_k=4 keeps ids 0..3; top_p=0.9 over those keeps the smallest prefix with mass >= 0.9
+    top4 = [v / sum(p[:4]) for v in p[:4]]
+    cum, keep = 0.0, 0
+    while cum < 0.9:
+        cum += top4[keep]
+        keep += 1
+    kept = top4[:keep]
+    kept = [v for v in kept if v >= 0.05 * kept[0]]                  # min_p = 0.05
+    want = [v / sum(kept) for v in kept] + [0.0] * (N_VALID - len(kept))
+    s = Sampler(SamplingParams(temperature=t, top_k=4, top_p=0.9, min_p=0.05), N_VALID)
+    np.testing.assert_allclose(s.probabilities(LOGITS), want, rtol=1e-12, atol=1e-15)
+
+
+def test_samples_follow_the_distribution_and_repeat_with_the_seed():
+    params = SamplingParams(temperature=1.0, seed=1234)
+    want = np.array(softmax([float(x) for x in LOGITS[:N_VALID]]))
+    n = 20000
+    s = Sampler(params, N_VALID)
+    draws = [s.sample(LOGITS) for _ in range(n)]
+    counts = np.bincount(draws, minlength=len(LOGITS))
+    assert counts[N_VALID:].sum() == 0                          # padding rows never drawn
+    sigma = np.sqrt(n * want * (1 - want))
+    assert np.all(np.abs(counts[:N_VALID] - n * want) < 5 * sigma)
+    again = Sampler(params, N_VALID)
+    assert [again.sample(LOGITS) for _ in range(50)] == draws[:50]
+    other = Sampler(SamplingParams(temperature=1.0, seed=99), N_VALID)
+    assert [other.sample(LOGITS) for _ in range(50)] != draws[:50]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "finite"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"presence_penalty": 3.0}, "presence_penalty"),
+    ({"seed": "x"}, "seed"),
+])
+def test_invalid_parameters_are_named(kwargs, needle):
+    with pytest.raises(SamplingError, match=needle):
+        SamplingParams(**kwargs).validate()
+
+
+def test_gpu_top_k_limit_is_stated():
+    with pytest.raises(SamplingError, match=f"between 1 and {GPU_MAX_TOP_K}"):
+        SamplingParams(top_k=40).validate(max_top_k=GPU_MAX_TOP_K)
+    SamplingParams(temperature=0.0).validate(max_top_k=GPU_MAX_TOP_K)      # greedy needs no top_k
