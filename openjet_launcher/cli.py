@@ -46,6 +46,55 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from gguf import TokenType
+
+    from .generate import generate
+    from .model.gguf_file import GGUFFile
+    from .reference import ReferenceEngine
+    from .sampling import Sampler, SamplingParams
+    from .text.chat import ChatTemplate
+    from .text.tokenizer import StreamingDetokenizer, Tokenizer
+
+    t0 = time.perf_counter()
+    gguf = GGUFFile(args.model)
+    tok = Tokenizer.from_gguf(gguf)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": args.prompt}]
+        text = ChatTemplate.from_gguf(gguf).render(messages, enable_thinking=not args.no_think)
+        prompt = tok.encode(text, allow_special=True)
+    else:
+        prompt = tok.encode(args.prompt)
+    if not prompt:
+        raise OpenJetError("the prompt is empty")
+    engine = ReferenceEngine.load(args.model)
+    load_s = time.perf_counter() - t0
+    types = gguf.metadata["tokenizer.ggml.token_type"]
+    n_valid = max(i for i, t in enumerate(types) if t != TokenType.UNUSED) + 1
+    greedy = args.temperature is None or args.temperature == 0
+    params = SamplingParams(temperature=0.0 if greedy else args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    detok = StreamingDetokenizer(tok)
+
+    def show(token: int) -> None:
+        sys.stdout.write(detok.push(token))
+        sys.stdout.flush()
+
+    gen = generate(engine, engine.new_state(), prompt, Sampler(params, n_valid), args.n_tokens,
+                   stop_ids=tok.eog_ids, n_draft=args.draft, on_token=show)
+    sys.stdout.write(detok.flush() + "\n")
+    t = gen.timings()
+    summary = (f"[{len(prompt)} prompt tokens at {t['prompt_per_second']:.1f} tok/s, {len(gen.tokens)} generated "
+               f"at {t['predicted_per_second']:.1f} tok/s, stop: {gen.stop_reason}, load {load_s:.1f} s")
+    if gen.drafted:
+        summary += f", drafts accepted {gen.accepted}/{gen.drafted}"
+    print(summary + "]", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="openjet-launch",
@@ -69,6 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=None, help="processes for quantisation (default: all cores for full)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_synth)
+
+    r = sub.add_parser("run", help="generate text from a GGUF on the CPU reference engine (debugging)",
+                       description="Generate from a GGUF with the numpy reference engine: slow, exact, for "
+                                   "test-size models. Greedy unless --temperature is given.")
+    r.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file")
+    r.add_argument("-p", "--prompt", required=True, help="the prompt text (the user message with --chat)")
+    r.add_argument("-n", "--n-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    r.add_argument("--system", default=None, help="system message (with --chat)")
+    r.add_argument("--no-think", action="store_true", help="with --chat: enable_thinking=false")
+    r.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: greedy)")
+    r.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    r.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
+    r.add_argument("--seed", type=int, default=None, help="sampling seed")
+    r.add_argument("--draft", type=int, default=0, metavar="N",
+                   help="greedy only: MTP speculative decoding with N drafts per step (same output)")
+    r.set_defaults(func=_cmd_run)
 
     pr = sub.add_parser("probe", help="what the GPU engine sees: driver, devices, compiled architectures",
                         description="Load the native engine library and report CUDA driver/runtime versions, "

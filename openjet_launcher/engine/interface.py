@@ -1,0 +1,173 @@
+"""The engine interface: what the numpy reference engine and the CUDA engine both offer.
+
+An engine runs one qwen35 GGUF file (qwen38.md §3). A ``SequenceState`` holds everything one sequence
+needs (token ids, attention KV caches, the Gated DeltaNet recurrent and conv states, the MTP head's KV
+cache, the last hidden state, rollback checkpoints); the engine holds the weights. Sampling is not part
+of the engine: it returns float32 logits and the caller chooses tokens.
+
+Design note: the two forward algorithms and the invariants they share.
+
+* ``prefill(state, tokens)`` and ``decode(state, tokens)`` both extend the sequence by ``tokens`` and
+  have the same effect on the state; only the algorithm differs. ``prefill`` is the batched path (the
+  chunked WY form of the Gated DeltaNet, §3.4); ``decode`` is the per-token recurrent form (§3.1) over
+  T >= 1 tokens (T <= ``MAX_GPU_DECODE_TOKENS`` on the GPU: 1 + n_draft rows of a verification step).
+* Positions are sequence indices: the i-th token ever processed by a state is at position i.
+* Hidden states are post-output_norm (``h_nextn``, the MTP input). After the trunk has processed
+  x_0..x_{n-1} with hidden states h_0..h_{n-1}, the MTP head's own KV cache holds the entries of the
+  pairs (x_{t+1}, h_t) for t = 0..n-2 (§3.3: filled for every verified position, prompt included),
+  the entry of (x_{t+1}, h_t) at position t+1 (llama.cpp's convention: the position of x_{t+1}), and the
+  state keeps h_{n-1}. A call that adds tokens x_n.. also adds the pair (x_n, h_{n-1}) joining the
+  previous call's last hidden state and the new call's first token.
+* ``mtp_draft`` reads the state and never changes it: its KV entries live past the committed length
+  and are discarded.
+* Rollback by replay: KV caches can be cut, the recurrent and conv states cannot. ``checkpoint`` records
+  a snapshot of the recurrent + conv state (and the last hidden state) at the current position;
+  ``truncate(state, n)`` restores the latest checkpoint at a position <= n (the start of the sequence
+  always counts as one) and re-runs the tokens between it and n, which the state keeps. The speculative
+  loop checkpoints before a verification step and truncates to the accepted length after it.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..model.config import ModelConfig
+
+# Rows one GPU decode step accepts: the last committed token plus up to 7 drafted ones.
+MAX_GPU_DECODE_TOKENS = 8
+
+TokenIds = Sequence[int] | np.ndarray
+Choose = Callable[[np.ndarray], int]          # logits [n_vocab] float32 -> token id
+
+
+def argmax(logits: np.ndarray) -> int:
+    """Greedy choice: the first index of the largest logit."""
+    return int(np.argmax(logits))
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What a forward call returns, for R rows (R = T, or 1 for a prefill without ``all_logits``)."""
+    logits: np.ndarray      # [R, n_vocab] float32
+    hidden: np.ndarray      # [R, n_embd] float32, post-output_norm: the MTP input h_nextn
+
+
+@dataclass(frozen=True)
+class DraftOutput:
+    """Chained MTP drafts: ``tokens[k]`` is ``choose(logits[k])``; ``hidden[k]`` is the MTP output h'."""
+    tokens: list[int]
+    logits: np.ndarray      # [n_draft, n_vocab] float32
+    hidden: np.ndarray      # [n_draft, n_embd] float32, post shared_head_norm
+
+
+@dataclass
+class EngineStats:
+    """Work done since the engine was loaded (or since ``reset_stats``): tokens and wall seconds."""
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    draft_tokens: int = 0
+    draft_seconds: float = 0.0
+    replay_tokens: int = 0          # tokens re-run by truncate (rollback by replay)
+    replay_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = asdict(self)
+        for kind in ("prefill", "decode", "draft", "replay"):
+            seconds = out[f"{kind}_seconds"]
+            out[f"{kind}_tok_s"] = out[f"{kind}_tokens"] / seconds if seconds > 0 else 0.0
+        return out
+
+
+class SequenceState(abc.ABC):
+    """One sequence's caches and recurrent state. Made by ``Engine.new_state``, used with that engine."""
+
+    @property
+    @abc.abstractmethod
+    def n_tokens(self) -> int:
+        """Tokens processed so far (= the position of the next token)."""
+
+    @property
+    @abc.abstractmethod
+    def tokens(self) -> tuple[int, ...]:
+        """The ids of the processed tokens, in order (``truncate`` replays from them)."""
+
+    @property
+    @abc.abstractmethod
+    def checkpoint_positions(self) -> tuple[int, ...]:
+        """Positions of the recorded checkpoints, ascending (0 is implicit and not listed)."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Memory the state holds: caches at their allocated size, recurrent state, checkpoints."""
+
+    @abc.abstractmethod
+    def copy(self) -> "SequenceState":
+        """An independent deep copy: changing either afterwards never affects the other."""
+
+
+class Engine(abc.ABC):
+    """A loaded qwen35 model. Every method that takes a state may change only that state."""
+
+    config: ModelConfig
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, path: str | os.PathLike[str], **options) -> "Engine":
+        """Open a GGUF file. Reads the configuration with ``model.config.read_config`` and raises
+        OpenJetError (ModelFileError for file problems) for a file or recipe this engine cannot run."""
+
+    @abc.abstractmethod
+    def new_state(self) -> SequenceState:
+        """An empty sequence (position 0, zero recurrent and conv states, empty caches)."""
+
+    @abc.abstractmethod
+    def prefill(self, state: SequenceState, tokens: TokenIds, *, chunk_size: int = 64,
+                all_logits: bool = False) -> StepOutput:
+        """Extend the sequence by ``tokens`` (T >= 1) with the batched algorithm: chunked WY Gated DeltaNet
+        (chunks of ``chunk_size`` tokens) and causal attention over the cache. Returns the last token's
+        logits and hidden state (R = 1), or every token's when ``all_logits`` (R = T)."""
+
+    @abc.abstractmethod
+    def decode(self, state: SequenceState, tokens: TokenIds) -> StepOutput:
+        """Extend the sequence by ``tokens`` (T >= 1; at most ``MAX_GPU_DECODE_TOKENS`` on the GPU) with the
+        recurrent Gated DeltaNet step and the KV caches. Returns logits [T, n_vocab] and hidden [T, n_embd]."""
+
+    @abc.abstractmethod
+    def mtp_draft(self, state: SequenceState, token: int, n_draft: int = 1,
+                  choose: Choose = argmax) -> DraftOutput:
+        """Draft ``n_draft`` tokens after ``token`` (the token chosen from the last logits, not yet
+        processed) with the MTP head, chained (§3.3 item 5): step 1 runs the head on (token, h_{n-1}) at
+        position n; step k > 1 on (draft_{k-1}, h'_{k-1}) at position n+k-1, h' being the head's own output.
+        Needs n >= 1 and a file with an MTP head (OpenJetError otherwise). Leaves ``state`` unchanged."""
+
+    @abc.abstractmethod
+    def checkpoint(self, state: SequenceState) -> None:
+        """Record the recurrent + conv state at the current position, for ``truncate``."""
+
+    @abc.abstractmethod
+    def truncate(self, state: SequenceState, n_tokens: int) -> None:
+        """Make ``state`` exactly as if only its first ``n_tokens`` tokens had been processed: cut the KV
+        caches, restore the latest checkpoint at a position <= n_tokens and replay the tokens after it.
+        Checkpoints past n_tokens are dropped."""
+
+    @abc.abstractmethod
+    def memory(self) -> dict[str, int]:
+        """Bytes held: ``weights_bytes``; ``states_bytes`` and ``n_states`` over the live states this engine
+        made or was given (copies included; checkpoints shared by copies count once per state)."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Timing counters (a copy)."""
+
+    @abc.abstractmethod
+    def reset_stats(self) -> None:
+        """Zero the timing counters."""
