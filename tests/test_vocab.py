@@ -1,31 +1,25 @@
 """Tokenizer assets of synthetic qwen35 models: the small and full vocabularies and the chat template.
 
-Oracles: the spec (§1.1 ids, §1.2 regex and chat format, hand-written expected prompts), `tokenizers` as an
-independent byte-level BPE, and, when the llama-cpp-python sdist can be fetched (spec §8), llama.cpp's
-qwen35 tokenizer test vectors and the real Qwen3.5-4B chat template. Those tests skip when offline.
+Oracles: the spec (§1.1 ids, §1.2 chat format, hand-written expected prompts), the text layer's `Tokenizer`
+and `ChatTemplate` (checked on their own against llama.cpp and transformers in test_tokenizer.py and
+test_chat_template.py), and, when the llama-cpp-python sdist can be fetched (spec §8), llama.cpp's qwen35
+test vocabulary and the real Qwen3.5-4B chat template. Those tests skip when offline.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
 
-import jinja2
 import pytest
 from gguf import TokenType
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import pre_tokenizers
 
 from openjet_launcher.model import vocab
-from openjet_launcher.model.sdist import SdistError, llama_cpp_sdist, sdist_member
-
-# spec §1.2, the qwen35 pre-tokenizer regex.
-QWEN35_REGEX = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+from openjet_launcher.model.gguf_file import GGUFFile
+from openjet_launcher.model.sdist import SdistError, llama_cpp_sdist, sdist_member, sdist_member_path
+from openjet_launcher.text import ChatTemplate, ChatTemplateError, Tokenizer
 
 # spec §1.1: the added tokens in id order (248044.. in the real vocabulary).
 ADDED = [
@@ -62,38 +56,8 @@ TEXTS = [
 ]
 
 
-def hf_tokenizer(assets: vocab.VocabAssets) -> Tokenizer:
-    """Independent byte-level BPE from the assets (spec §8): Split(qwen35, isolated) + ByteLevel, no normaliser."""
-    n_bpe = assets.first_added_id
-    bpe = models.BPE(
-        vocab={t: i for i, t in enumerate(assets.tokens[:n_bpe])},
-        merges=[tuple(m.split(" ")) for m in assets.merges],
-    )
-    tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN35_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_tokens([AddedToken(t, normalized=False, special=t not in USER_DEFINED) for t in ADDED])
-    return tok
-
-
-def render(template: str, **kwargs) -> str:
-    """Render like spec §8: immutable sandbox, trim/lstrip blocks, loopcontrols, raise_exception, tojson."""
-
-    def raise_exception(message: str):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = tojson
-    return env.from_string(template).render(**kwargs)
+def tokenizer(assets: vocab.VocabAssets) -> Tokenizer:
+    return Tokenizer(assets.tokens, assets.token_types, assets.merges)
 
 
 @pytest.fixture(scope="session")
@@ -163,38 +127,24 @@ def test_small_vocab_rejects_a_size_without_room_for_bytes_and_added_tokens():
         vocab.small_vocab(256)
 
 
-def test_small_vocab_round_trips_arbitrary_text():
-    tok = hf_tokenizer(vocab.small_vocab())
+def test_small_vocab_round_trips_arbitrary_text_with_bpe_tokens_only():
+    tok = tokenizer(vocab.small_vocab())
     rng = random.Random(1234)
     ranges = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x4FF), (0x300, 0x36F), (0x4E00, 0x9FFF), (0x1F300, 0x1FAFF)]
     fuzz = ["".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(rng.randint(1, 40))) for _ in range(200)]
     for text in TEXTS + fuzz:
-        ids = tok.encode(text).ids
+        ids = tok.encode(text)
         assert all(i < vocab.small_vocab().first_added_id for i in ids)
-        assert tok.decode(ids, skip_special_tokens=False) == text
+        assert tok.decode(ids) == text
 
 
 def test_small_vocab_encodes_common_words_in_few_tokens():
-    tok = hf_tokenizer(vocab.small_vocab())
-    assert len(tok.encode(" the model reads the text and predicts the next token").ids) <= 12
-
-
-def test_added_tokens_encode_as_single_ids():
-    a = vocab.small_vocab()
-    tok = hf_tokenizer(a)
-    for i, text in enumerate(ADDED):
-        assert tok.encode(text).ids == [a.first_added_id + i]
-    ids = tok.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n").ids
-    assert ids[0] == a.added_id("<|im_start|>") and ids[-2] == a.added_id("<think>")
-    assert ids.count(a.added_id("<|im_end|>")) == 1
+    tok = tokenizer(vocab.small_vocab())
+    assert len(tok.encode(" the model reads the text and predicts the next token")) <= 12
 
 
 # --------------------------------------------------------------------------------------- chat template
 
-XHIGH = (
-    "Reasoning effort is set to xhigh. Please think carefully through the task, validate key assumptions, "
-    "consider plausible alternatives, and prioritize correctness, consistency, and clarity in the final answer."
-)
 LOW = (
     "Reasoning effort is set to low. Keep your thinking brief and focused, moving directly to the conclusion "
     "without unnecessary elaboration."
@@ -261,86 +211,67 @@ HISTORY = [
 ]
 
 
-def template(**kwargs) -> str:
-    return render(vocab.chat_template(), **kwargs)
+@pytest.fixture(scope="module")
+def ours() -> ChatTemplate:
+    # The default-effort, low, medium and unknown-effort prompts of our template are checked in
+    # test_chat_template.py (test_reasoning_effort_sentence_in_our_template_only).
+    return ChatTemplate(vocab.chat_template())
 
 
-def test_template_system_and_user_with_default_effort_xhigh():
-    assert template(messages=SYSTEM_USER, add_generation_prompt=True) == (
-        f"<|im_start|>system\n{XHIGH}\n\nYou are terse.<|im_end|>\n"
-        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    )
-
-
-def test_template_effort_medium_injects_nothing_and_low_its_sentence():
-    user = SYSTEM_USER[1:]
-    assert template(messages=user, add_generation_prompt=True, reasoning_effort="medium") == (
-        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    )
-    assert template(messages=user, add_generation_prompt=True, reasoning_effort="low") == (
-        f"<|im_start|>system\n{LOW}<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    )
-
-
-def test_template_thinking_off_closes_an_empty_think_block_and_drops_the_effort_sentence():
-    assert template(messages=SYSTEM_USER, add_generation_prompt=True, enable_thinking=False) == (
+def test_template_thinking_off_closes_an_empty_think_block_and_drops_the_effort_sentence(ours):
+    assert ours.render(SYSTEM_USER, enable_thinking=False) == (
         "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
         "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
 
 
-def test_template_rejects_an_unknown_effort():
-    with pytest.raises(jinja2.exceptions.TemplateError, match="Unexpected reasoning effort high"):
-        template(messages=SYSTEM_USER, reasoning_effort="high")
-
-
-def test_template_renders_developer_as_system_and_text_parts_as_text():
+def test_template_renders_developer_as_system_and_text_parts_as_text(ours):
     messages = [
         {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief. "}]},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
     ]
-    assert template(messages=messages, reasoning_effort="medium") == (
+    assert ours.render(messages, add_generation_prompt=False, reasoning_effort="medium") == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
     )
 
 
-def test_template_tools_block_lists_one_json_object_per_line_then_the_system_text():
-    assert template(messages=SYSTEM_USER, tools=[WEATHER, TIME], add_generation_prompt=True, enable_thinking=False) == (
+def test_template_tools_block_lists_one_json_object_per_line_then_the_system_text(ours):
+    assert ours.render(SYSTEM_USER, tools=[WEATHER, TIME], enable_thinking=False) == (
         "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
         f"{WEATHER_JSON}\n{TIME_JSON}{TOOLS_FORMAT}\n\nYou are terse.<|im_end|>\n"
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
-    assert template(messages=SYSTEM_USER[1:], tools=[TIME], reasoning_effort="low").startswith(
+    assert ours.render(SYSTEM_USER[1:], tools=[TIME], add_generation_prompt=False, reasoning_effort="low").startswith(
         f"<|im_start|>system\n{LOW}\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n{TIME_JSON}"
         f"{TOOLS_FORMAT}<|im_end|>\n<|im_start|>user\n"
     )
 
 
-def test_template_tool_calls_in_xml_and_tool_responses_merged_into_one_user_turn():
-    got = template(messages=TOOL_TURNS, add_generation_prompt=True, reasoning_effort="medium")
+def test_template_tool_calls_in_xml_and_tool_responses_merged_into_one_user_turn(ours):
+    got = ours.render(TOOL_TURNS, reasoning_effort="medium")
     assert got == TOOL_TURNS_TEXT + "<|im_start|>assistant\n<think>\n"
 
 
-def test_template_tool_call_after_content_is_separated_by_a_blank_line():
+def test_template_tool_call_after_content_is_separated_by_a_blank_line(ours):
     messages = [
         {"role": "user", "content": "Time?"},
         {"role": "assistant", "content": "Checking.", "tool_calls": [{"function": {"name": "now", "arguments": {}}}]},
     ]
-    assert template(messages=messages, reasoning_effort="medium") == (
+    assert ours.render(messages, add_generation_prompt=False, reasoning_effort="medium") == (
         "<|im_start|>user\nTime?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         "Checking.\n\n<tool_call>\n<function=now>\n</function>\n</tool_call><|im_end|>\n"
     )
 
 
-def test_template_keeps_past_thinking_by_default_and_only_after_the_last_query_when_asked():
-    kept = template(messages=HISTORY[:4], reasoning_effort="medium")
+def test_template_keeps_past_thinking_by_default_and_only_after_the_last_query_when_asked(ours):
+    kept = ours.render(HISTORY[:4], add_generation_prompt=False, reasoning_effort="medium")
     assert kept == (
         "<|im_start|>user\nFirst question<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nfirst thoughts\n</think>\n\nFirst answer<|im_end|>\n"
         "<|im_start|>user\nSecond question<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nsecond thoughts\n</think>\n\nSecond answer<|im_end|>\n"
     )
-    dropped = template(messages=HISTORY[:4], reasoning_effort="medium", preserve_thinking=False)
+    dropped = ours.render(HISTORY[:4], add_generation_prompt=False, reasoning_effort="medium", preserve_thinking=False)
     assert dropped == (
         "<|im_start|>user\nFirst question<|im_end|>\n<|im_start|>assistant\nFirst answer<|im_end|>\n"
         "<|im_start|>user\nSecond question<|im_end|>\n"
@@ -348,9 +279,9 @@ def test_template_keeps_past_thinking_by_default_and_only_after_the_last_query_w
     )
 
 
-def test_template_tool_response_turns_do_not_count_as_the_last_query():
+def test_template_tool_response_turns_do_not_count_as_the_last_query(ours):
     messages = [*TOOL_TURNS, {"role": "assistant", "content": "Berlin 11, Paris 14.", "reasoning_content": "done"}]
-    got = template(messages=messages, reasoning_effort="medium", preserve_thinking=False)
+    got = ours.render(messages, add_generation_prompt=False, reasoning_effort="medium", preserve_thinking=False)
     assert got == TOOL_TURNS_TEXT + "<|im_start|>assistant\n<think>\ndone\n</think>\n\nBerlin 11, Paris 14.<|im_end|>\n"
 
 
@@ -364,51 +295,39 @@ def test_template_tool_response_turns_do_not_count_as_the_last_query():
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text only"),
     ],
 )
-def test_template_rejects_malformed_conversations(messages, message):
-    with pytest.raises(jinja2.exceptions.TemplateError, match=message):
-        template(messages=messages)
+def test_template_rejects_malformed_conversations(ours, messages, message):
+    with pytest.raises(ChatTemplateError, match=message):
+        ours.render(messages, add_generation_prompt=False)
 
 
 # ------------------------------------------------------------------------------- against the real assets
 
 
+# The cases of test_chat_template.py's AGREEING are compared there; these two are not among them: thinking
+# padded with new lines in a tool-call turn, and a tool call without its "function" wrapper, then its result.
 REAL_TEMPLATE_CASES = {
-    "system_user": dict(messages=SYSTEM_USER, add_generation_prompt=True),
-    "thinking_off": dict(messages=SYSTEM_USER, add_generation_prompt=True, enable_thinking=False),
-    "tools": dict(messages=SYSTEM_USER, tools=[WEATHER, TIME], add_generation_prompt=True),
-    "tool_calls": dict(messages=TOOL_TURNS, tools=[WEATHER], add_generation_prompt=True),
-    "history": dict(messages=HISTORY, add_generation_prompt=True),
+    "tool_calls": dict(messages=TOOL_TURNS, tools=[WEATHER]),
     "content_then_call": dict(
         messages=[
             {"role": "user", "content": "Time?"},
             {"role": "assistant", "content": "Checking.", "tool_calls": [{"name": "now", "arguments": {}}]},
             {"role": "tool", "content": "12:30"},
         ],
-        add_generation_prompt=True,
     ),
 }
 
 
+@pytest.fixture(scope="module")
+def real(sdist) -> ChatTemplate:
+    return ChatTemplate(sdist_member("models/templates/Qwen3.5-4B.jinja").decode("utf-8"))
+
+
 @pytest.mark.parametrize("case", REAL_TEMPLATE_CASES)
-def test_template_renders_like_the_real_qwen35_template(sdist, case):
+def test_template_renders_like_the_real_qwen35_template(ours, real, case):
     # Qwen3.5 has no effort sentence and keeps past thinking only after the last query: Qwen3.8's
     # reasoning_effort="medium" and preserve_thinking=False.
-    real = sdist_member("models/templates/Qwen3.5-4B.jinja").decode("utf-8")
     kwargs = REAL_TEMPLATE_CASES[case]
-    assert template(**kwargs, reasoning_effort="medium", preserve_thinking=False) == render(real, **kwargs)
-
-
-def read_test_vectors() -> list[tuple[str, list[int]]]:
-    """llama.cpp's tests/test-tokenizer-0 format: inputs split on the marker line, one id list per line."""
-    raw = sdist_member("models/ggml-vocab-qwen35.gguf.inp").decode("utf-8")
-    out = sdist_member("models/ggml-vocab-qwen35.gguf.out").decode("utf-8").splitlines()
-    inputs, pos, sep = [], 0, "\n__ggml_vocab_test__\n"
-    while pos < len(raw):
-        nxt = raw.find(sep, pos)
-        inputs.append(raw[pos:] if nxt < 0 else raw[pos:nxt])
-        pos = len(raw) if nxt < 0 else nxt + len(sep)
-    assert len(inputs) == len(out)
-    return [(s, [int(t) for t in o.split()]) for s, o in zip(inputs, out)]
+    assert ours.render(**kwargs, reasoning_effort="medium", preserve_thinking=False) == real.render(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -441,11 +360,26 @@ def test_full_vocab_merges_join_existing_tokens_into_existing_tokens(full):
         assert left in bpe and right in bpe and left + right in bpe
 
 
+@pytest.fixture(scope="module")
+def qwen35_test_vocab(sdist) -> Tokenizer:
+    """llama.cpp's qwen35 test vocabulary, which test_tokenizer.py checks against llama.cpp's test vectors."""
+    return Tokenizer.from_gguf(GGUFFile(sdist_member_path("models/ggml-vocab-qwen35.gguf")))
+
+
 @pytest.mark.slow
-def test_full_vocab_reproduces_llama_cpp_qwen35_test_vectors(full):
-    tok = hf_tokenizer(full)
-    vectors = read_test_vectors()
-    assert len(vectors) >= 50
-    for text, ids in vectors:
-        assert tok.encode(text).ids == ids, text
+def test_full_vocab_encodes_exactly_like_the_test_vocabulary_and_never_produces_a_filler_token(
+    full, qwen35_test_vocab
+):
+    # A filler merge ("the" + " of") needs a letter then a space inside one pre-token, which the qwen35
+    # regex never yields: the full vocabulary gives the test vocabulary's ids, hence llama.cpp's.
+    tok = tokenizer(full)
+    inputs = sdist_member("models/ggml-vocab-qwen35.gguf.inp").decode("utf-8").split("\n__ggml_vocab_test__\n")
+    assert len(inputs) >= 50
+    rng = random.Random(5)
+    prose = ["".join(rng.choice("eatoinsTHE  '\n.,7") for _ in range(rng.randint(1, 80))) for _ in range(300)]
+    fillers = range(151_643, vocab.FULL_FIRST_ADDED_ID)
+    for text in inputs + TEXTS + prose:
+        ids = tok.encode(text)
+        assert ids == qwen35_test_vocab.encode(text), text
+        assert not any(i in fillers for i in ids)
         assert tok.decode(ids) == text

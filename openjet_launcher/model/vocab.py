@@ -37,12 +37,7 @@ from importlib import resources
 from gguf import TokenType
 
 from openjet_launcher.errors import OpenJetError
-
-# qwen35 pre-tokenizer (llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN35): qwen2's split with \p{M} in letter runs.
-QWEN35_SPLIT_REGEX = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-    r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+from openjet_launcher.text.tokenizer import bytes_to_unicode, pre_tokenizer
 
 _C, _U = TokenType.CONTROL, TokenType.USER_DEFINED
 # Qwen3.5/3.8 added tokens in id order (248044..248076 in the real vocabulary) and their GGUF types.
@@ -154,19 +149,6 @@ def _assemble(bpe_tokens: list[str], merges: list[str], n_vocab: int) -> VocabAs
     )
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE token strings."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 # ---------------------------------------------------------------------------------------------- small
 
 
@@ -175,17 +157,12 @@ def small_vocab(n_vocab: int = SMALL_N_VOCAB) -> VocabAssets:
     """A byte-level BPE of up to n_vocab - 33 - 16 tokens trained on `_CORPUS`, then the added tokens at
     n_bpe + 0..32, then [PAD] rows to n_vocab. Deterministic: same result on every run, machine and
     Python version (given the same `tokenizers` BpeTrainer; pinned by the tests' fingerprint)."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     if n_vocab < 256 + N_ADDED + _MIN_PAD_ROWS:
         raise VocabError(f"n_vocab={n_vocab} is too small: 256 byte tokens + {N_ADDED} added tokens + padding")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN35_SPLIT_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tok.pre_tokenizer = pre_tokenizer("qwen35")  # the text layer's: Split(regex, isolated) + ByteLevel
     trainer = trainers.BpeTrainer(
         vocab_size=n_vocab - N_ADDED - _MIN_PAD_ROWS,
         min_frequency=0,
