@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="greedy only: MTP speculative decoding with N drafts per step (same output)")
     r.set_defaults(func=_cmd_run)
 
+    from .launcher.download import add_download_parser
+    add_download_parser(sub)
+
     pr = sub.add_parser("probe", help="what the GPU engine sees: driver, devices, compiled architectures",
                         description="Load the native engine library and report CUDA driver/runtime versions, "
                                     "every GPU and whether a kernel launches on it (JSON).")

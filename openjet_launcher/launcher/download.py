@@ -1,0 +1,593 @@
+"""The model file: resolve a MODEL spec to verified local GGUF file(s), downloading only what is missing.
+
+huggingface_hub answers the metadata (the commit `main` points at, each file's size and LFS sha256);
+the bytes come over our own HTTP GET with `Range`, because huggingface_hub does not resume across runs.
+Invariants:
+* bytes land in `FILE.part` (its `FILE.part.json` names the sha256 it is heading for, so a .part of
+  another version is never resumed); the sha256 runs over the .part as it grows, re-read once on resume;
+* only a .part whose size and sha256 equal the Hub's is renamed to FILE: a partial or corrupt download
+  never takes the final name; a mismatching .part is deleted;
+* `FILE.openjet.json` records repo, commit, sha256, size and mtime: while size and mtime are unchanged
+  a later run trusts the file without re-hashing 17 GB; otherwise it re-hashes.
+Files go to `<models dir>/<owner>/<name>/<file path in the repo>`. Split GGUFs (`X-00001-of-0000M.gguf`)
+are fetched part by part, each verified on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import http.client
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+
+from openjet_launcher import __version__
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.launcher import dirs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPO = "unsloth/Qwen3.8-27B-GGUF"
+DEFAULT_FILE = "Qwen3.8-27B-Q4_K_M.gguf"
+DEFAULT_QUANT = "Q4_K_M"  # what `REPO` alone picks when the repo has no DEFAULT_FILE
+DISK_MARGIN_BYTES = 256 << 20  # kept free beyond the download: logs, sidecars, filesystem reserve
+_CHUNK = 1 << 20
+_TIMEOUT_S = 60  # per socket operation, not for the whole download
+_ATTEMPTS = 5  # connections per file within one run before giving up (the .part stays for the next run)
+_RETRY_SLEEP_S = 1.0  # first back-off between attempts, doubling up to 10x
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+ProgressFn = Callable[[int, int], None]  # (done_bytes, total_bytes) over all files of one model
+
+
+class DownloadError(OpenJetError):
+    """The model cannot be found, fetched, verified or stored; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the user asked for: a Hub file (`repo`, `filename`; None = pick the default) or a local file."""
+
+    repo: str | None = None
+    filename: str | None = None
+    local: Path | None = None
+
+    @classmethod
+    def parse(cls, spec: str | os.PathLike | None) -> ModelSpec:
+        """`REPO/FILE` (FILE may have folders), `REPO`, or a path; None or "" is the default model."""
+        if spec is None or str(spec) == "":
+            return cls(DEFAULT_REPO, DEFAULT_FILE)
+        text = os.fspath(spec)
+        path = Path(text).expanduser()
+        looks_local = text.startswith(("/", "./", "../", "~", "\\", ".\\", "..\\")) or re.match(r"^[A-Za-z]:", text)
+        if looks_local or path.exists():
+            if not path.is_file():
+                raise DownloadError(f"{path}: no such model file (for a Hugging Face model give REPO/FILE)")
+            return cls(local=path)
+        parts = text.strip("/").split("/")
+        repo = "/".join(parts[:2])
+        if len(parts) < 2 or not _REPO_ID.match(repo):
+            raise DownloadError(f"{text!r} is neither a file nor a Hugging Face model: give REPO/FILE.gguf "
+                                f"(e.g. {DEFAULT_REPO}/{DEFAULT_FILE}), REPO, or a path to a GGUF file")
+        filename = "/".join(parts[2:]) or None
+        if filename is not None and ".." in PurePosixPath(filename).parts:
+            raise DownloadError(f"{text!r}: a file name inside a repo cannot contain '..'")
+        if filename is None and repo == DEFAULT_REPO:
+            filename = DEFAULT_FILE
+        return cls(repo, filename)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file as the Hub describes it at a pinned commit."""
+
+    name: str  # path inside the repo
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """Verified model file(s) on this machine. `path` is the only file, or the first part of a split GGUF."""
+
+    path: Path
+    parts: tuple[Path, ...]
+    repo: str | None = None  # None for a local path given by the user
+    commit: str | None = None
+
+
+def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.PathLike | None = None,
+                 revision: str = "main", progress: ProgressFn | None = None,
+                 show_progress: bool = True) -> LocalModel:
+    """The model file(s) for `spec`, downloaded and verified when not already here.
+
+    Honours HF_TOKEN (private and gated repos), HF_ENDPOINT (mirrors) and HF_HUB_OFFLINE=1 (no network:
+    only files already in the models folder). `progress(done_bytes, total_bytes)` is called as bytes
+    arrive (the tray's bar); `show_progress` draws a tqdm bar on a terminal.
+    """
+    model = ModelSpec.parse(spec)
+    if model.local is not None:
+        return LocalModel(path=model.local, parts=(model.local,))
+    root = dirs.models_dir(models_dir)
+    if _offline():
+        return _resolve_offline(model, root, reason="HF_HUB_OFFLINE is set")
+    try:
+        commit, remote = _remote_files(model, revision)
+    except _NetworkError as e:
+        try:
+            local = _resolve_offline(model, root, reason="")
+        except DownloadError:
+            raise DownloadError(str(e)) from None
+        log.warning("%s; using the copy verified earlier: %s", e, local.path)
+        return local
+    folder = root / model.repo
+    targets = [(f, folder / f.name) for f in remote]
+    todo = [(f, dest) for f, dest in targets if not _is_current(dest, f)]
+    if todo:
+        _check_free_space(folder, todo)
+        _download_all(model.repo, commit, todo, progress, show_progress)
+    for f, dest in targets:
+        if _read_json(_sidecar(dest)).get("sha256") != f.sha256:  # verified by re-hashing, never recorded
+            _write_record(dest, model.repo, commit, f)
+    paths = tuple(dest for _, dest in targets)
+    return LocalModel(path=paths[0], parts=paths, repo=model.repo, commit=commit)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+# ---- metadata (huggingface_hub) ---------------------------------------------------------------------
+
+
+class _NetworkError(DownloadError):
+    """The Hub could not be reached (no connection, DNS, proxy, timeout)."""
+
+
+def _endpoint() -> str:
+    # huggingface_hub reads HF_ENDPOINT once at import; read it at call time so URL and metadata agree
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE")
+    if value is None:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _headers() -> dict[str, str]:
+    from huggingface_hub.utils import build_hf_headers
+
+    return build_hf_headers(library_name="openjet-launcher", library_version=__version__)  # + HF_TOKEN
+
+
+def _remote_files(model: ModelSpec, revision: str) -> tuple[str, list[RemoteFile]]:
+    """(commit, files) for the spec: the commit `revision` points at now, and the file or all split parts."""
+    from huggingface_hub import HfApi
+
+    endpoint = _endpoint()
+    try:
+        info = HfApi(endpoint=endpoint, library_name="openjet-launcher", library_version=__version__) \
+            .model_info(model.repo, revision=revision, files_metadata=True)
+    except Exception as e:  # huggingface_hub's errors, or its HTTP library's (httpx, httpx2, requests)
+        raise _metadata_error(e, model.repo, revision, endpoint) from None
+    lfs = {s.rfilename: s for s in info.siblings or []}
+    names = _select_files(model, list(lfs), endpoint)
+    files = []
+    for name in names:
+        sib = lfs[name]
+        if not sib.lfs:
+            raise DownloadError(f"{model.repo}/{name} is not stored with Git LFS, so the Hub publishes no "
+                                f"sha256 to verify it against; OpenJet only downloads LFS files")
+        files.append(RemoteFile(name, int(sib.lfs["size"]), str(sib.lfs["sha256"]).lower()))
+    return info.sha, files
+
+
+def _select_files(model: ModelSpec, names: list[str], endpoint: str) -> list[str]:
+    """The repo files the spec means: one file, or every part of a split GGUF."""
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    filename = model.filename
+    if filename is None:
+        picks = [n for n in ggufs if DEFAULT_QUANT.lower() in n.lower() and "mmproj" not in n.lower()
+                 and (not _SPLIT.match(n) or _SPLIT.match(n)["index"] == "00001")]
+        if len(picks) != 1:
+            raise DownloadError(f"{model.repo}: say which file to use, as {model.repo}/FILE.gguf; "
+                                f"its GGUF files: {_listing(ggufs)}")
+        filename = picks[0]
+    parts = _split_parts(filename)
+    if parts is None and filename not in names:
+        # `X.gguf` may be published as X-00001-of-0000M.gguf, ...
+        firsts = [n for n in ggufs if (m := _SPLIT.match(n)) and m["index"] == "00001"
+                  and m["stem"] == filename.removesuffix(".gguf")]
+        parts = _split_parts(firsts[0]) if len(firsts) == 1 else None
+    parts = parts or [filename]
+    missing = [p for p in parts if p not in names]
+    if missing:
+        raise DownloadError(f"{endpoint}/{model.repo} has no file {missing[0]}: check the repo and file name "
+                            f"(its GGUF files: {_listing(ggufs)})")
+    return parts
+
+
+def _split_parts(name: str) -> list[str] | None:
+    m = _SPLIT.match(name)
+    if not m:
+        return None
+    count = int(m["count"])
+    return [f"{m['stem']}-{i:05d}-of-{m['count']}.gguf" for i in range(1, count + 1)]
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    if not names:
+        return "none"
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _metadata_error(e: Exception, repo: str, revision: str, endpoint: str) -> DownloadError:
+    from huggingface_hub import errors as hf
+
+    where = f"{endpoint}/{repo}"
+    if isinstance(e, hf.GatedRepoError):
+        return DownloadError(f"{where} is gated: accept its terms on that page, then set HF_TOKEN to an access "
+                             f"token of that account (https://huggingface.co/settings/tokens)")
+    if isinstance(e, hf.RevisionNotFoundError):
+        return DownloadError(f"{where} has no revision {revision!r}")
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, hf.RepositoryNotFoundError) or status in (401, 403, 404):
+        return DownloadError(f"{where}: repository not found or not accessible (HTTP {status}). Check the repo "
+                             f"name; for a private or gated repo set HF_TOKEN to a token with access")
+    if isinstance(e, hf.HfHubHTTPError):
+        return DownloadError(f"{where}: Hugging Face answered HTTP {status}; try again later ({_first_line(e)})")
+    if isinstance(e, hf.OfflineModeIsEnabled) or _is_transport_error(e):
+        return _NetworkError(_network_hint(endpoint, e))
+    return DownloadError(f"{where}: unexpected answer from Hugging Face ({type(e).__name__}: {_first_line(e)})")
+
+
+def _is_transport_error(e: BaseException) -> bool:
+    # httpx/httpx2 TransportError is no OSError; requests' ConnectionError is
+    return isinstance(e, (OSError, TimeoutError)) or any(c.__name__ == "TransportError" for c in type(e).__mro__)
+
+
+def _network_hint(endpoint: str, e: BaseException) -> str:
+    return (f"cannot reach {endpoint} ({type(e).__name__}: {_first_line(e)}). Check the network connection "
+            f"(and HTTPS_PROXY / HF_ENDPOINT); to use a model already downloaded, set HF_HUB_OFFLINE=1 "
+            f"or pass the GGUF's path")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+# ---- local files ------------------------------------------------------------------------------------
+
+
+def _sidecar(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".openjet.json")
+
+
+def _part(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
+
+
+def _part_record(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part.json")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _write_record(dest: Path, repo: str, commit: str | None, f: RemoteFile) -> None:
+    st = dest.stat()
+    _write_json(_sidecar(dest), {"repo": repo, "file": f.name, "commit": commit, "sha256": f.sha256,
+                                 "size": f.size, "mtime_ns": st.st_mtime_ns})
+
+
+def _sha256_file(path: Path, hasher=None):
+    hasher = hasher or hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher
+
+
+def _is_current(dest: Path, f: RemoteFile) -> bool:
+    """Whether `dest` holds exactly `f`: trusted from its record while size and mtime are unchanged,
+    re-hashed otherwise (and the record rewritten when the bytes are right)."""
+    try:
+        st = dest.stat()
+    except FileNotFoundError:
+        return False
+    if st.st_size != f.size:
+        return False
+    rec = _read_json(_sidecar(dest))
+    if rec.get("sha256") == f.sha256 and rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
+        return True
+    log.info("checking %s (%s) against sha256 %s", dest, _size(st.st_size), f.sha256)
+    if _sha256_file(dest).hexdigest() != f.sha256:
+        return False
+    if rec.get("sha256") == f.sha256:
+        _write_json(_sidecar(dest), {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return True
+
+
+def _resolve_offline(model: ModelSpec, root: Path, reason: str) -> LocalModel:
+    """The model from the models folder alone: files with a record are re-checked if they changed;
+    a file without one (copied in by hand) is used as it is, with a warning."""
+    folder = root / model.repo
+    why = f" ({reason})" if reason else ""
+    filename = model.filename
+    if filename is None:
+        found = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")) if folder.is_dir() else []
+        picks = [n for n in found if DEFAULT_QUANT.lower() in n.lower() and "mmproj" not in n.lower()
+                 and (not _SPLIT.match(n) or _SPLIT.match(n)["index"] == "00001")]
+        if len(picks) != 1:
+            raise DownloadError(f"offline{why}: say which file of {model.repo} to use; in {folder}: {_listing(found)}")
+        filename = picks[0]
+    names = _split_parts(filename)
+    if names is None and not (folder / filename).is_file():
+        stem = filename.removesuffix(".gguf")
+        firsts = sorted(folder.glob(f"{glob.escape(stem)}-00001-of-*.gguf")) if folder.is_dir() else []
+        names = _split_parts(firsts[0].relative_to(folder).as_posix()) if len(firsts) == 1 else None
+    names = names or [filename]
+    paths, commit = [], None
+    for name in names:
+        dest = folder / name
+        if not dest.is_file():
+            partial = " (only a partial download is there: go online to finish it)" if _part(dest).exists() else ""
+            raise DownloadError(f"offline{why} and {model.repo}/{name} is not in {folder}{partial}. Connect and "
+                                f"run `openjet-launch download`, unset HF_HUB_OFFLINE, or pass the GGUF's path")
+        rec = _read_json(_sidecar(dest))
+        if not rec:
+            log.warning("%s has no download record; using it unverified", dest)
+        elif not _is_current(dest, RemoteFile(name, int(rec.get("size", -1)), str(rec.get("sha256")))):
+            raise DownloadError(f"{dest} changed since it was verified (sha256 {rec.get('sha256')}, "
+                                f"{_size(int(rec.get('size', 0)))}): delete it and download it again")
+        commit = commit or rec.get("commit")
+        paths.append(dest)
+    return LocalModel(path=paths[0], parts=tuple(paths), repo=model.repo, commit=commit)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def _part_bytes(dest: Path, f: RemoteFile) -> int:
+    """Bytes of a .part that can be resumed toward `f` (0 when it belongs to another version)."""
+    part = _part(dest)
+    if not part.exists() or _read_json(_part_record(dest)).get("sha256") != f.sha256:
+        return 0
+    n = part.stat().st_size
+    return n if n <= f.size else 0
+
+
+def _check_free_space(folder: Path, todo: list[tuple[RemoteFile, Path]]) -> None:
+    still = sum(f.size - _part_bytes(dest, f) for f, dest in todo)
+    need = still + DISK_MARGIN_BYTES
+    free = free_bytes(folder)
+    if free < need:
+        raise DownloadError(f"not enough disk space in {folder}: the download needs {_size(need)} "
+                            f"({_size(still)} still to fetch + {_size(DISK_MARGIN_BYTES)} margin) but only "
+                            f"{_size(free)} are free. Free some space, or choose another folder with "
+                            f"--models-dir or OPENJET_MODELS_DIR")
+
+
+# ---- bytes (our HTTP) -------------------------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    """The transfer stopped early for a reason worth a retry (connection dropped, timeout, 5xx)."""
+
+
+class _RedirectHandler(urllib.request.HTTPRedirectHandler):
+    """Follow the Hub's redirect to its CDN without sending the token to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+def _open(req: urllib.request.Request):
+    # built per request so proxy settings (HTTPS_PROXY, NO_PROXY) are read when we connect
+    return urllib.request.build_opener(_RedirectHandler).open(req, timeout=_TIMEOUT_S)
+
+
+class _PartFile:
+    """FILE.part with the running sha256 of its bytes."""
+
+    def __init__(self, dest: Path, f: RemoteFile):
+        self.path, self.record, self.file = _part(dest), _part_record(dest), f
+        self.have = _part_bytes(dest, f)
+        if self.have == 0:
+            self.path.unlink(missing_ok=True)
+        _write_json(self.record, {"sha256": f.sha256, "size": f.size})
+        self.hasher = hashlib.sha256()
+        if self.have:
+            log.info("resuming %s at %s of %s", dest.name, _size(self.have), _size(f.size))
+            _sha256_file(self.path, self.hasher)
+
+    def restart(self) -> int:
+        """Drop everything fetched so far (the server ignored Range); returns the bytes dropped."""
+        dropped, self.have, self.hasher = self.have, 0, hashlib.sha256()
+        self.path.write_bytes(b"")
+        return dropped
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+
+def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], progress: ProgressFn | None,
+                  show_progress: bool) -> None:
+    from huggingface_hub import hf_hub_url
+    from tqdm.auto import tqdm
+
+    endpoint, headers = _endpoint(), _headers()
+    total = sum(f.size for f, _ in todo)
+    done = sum(_part_bytes(dest, f) for f, dest in todo)
+    bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1024,
+               desc=todo[0][1].name if len(todo) == 1 else f"{repo} ({len(todo)} files)",
+               disable=None if show_progress else True)
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        bar.update(n)
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(done, total)
+    try:
+        for f, dest in todo:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            url = hf_hub_url(repo, f.name, revision=commit, endpoint=endpoint)  # pinned: parts of one commit
+            part = _PartFile(dest, f)
+            _fetch(url, headers, part, advance)
+            digest = part.hasher.hexdigest()
+            if digest != f.sha256:
+                part.discard()
+                raise DownloadError(f"{repo}/{f.name}: downloaded bytes do not match the Hub's checksum "
+                                    f"(expected sha256 {f.sha256}, got {digest}). The partial file was "
+                                    f"deleted; run again to download it afresh")
+            os.replace(part.path, dest)
+            part.record.unlink(missing_ok=True)
+            _write_record(dest, repo, commit, f)
+    finally:
+        bar.close()
+
+
+def _fetch(url: str, headers: dict[str, str], part: _PartFile, advance: Callable[[int], None]) -> None:
+    """Bring `part` to its full size, resuming with Range; retries dropped connections a few times."""
+    size = part.file.size
+    for attempt in range(1, _ATTEMPTS + 1):
+        if part.have >= size:
+            return
+        try:
+            _fetch_once(url, headers, part, advance)
+            return
+        except _Interrupted as e:
+            if attempt == _ATTEMPTS:
+                raise DownloadError(f"download of {urlsplit(url).path} stopped at {_size(part.have)} of "
+                                    f"{_size(size)}: {e}. Run the same command again to resume") from None
+            log.warning("download interrupted at %s (%s); resuming", _size(part.have), e)
+            time.sleep(min(2 ** (attempt - 1), 10) * _RETRY_SLEEP_S)
+
+
+def _fetch_once(url: str, headers: dict[str, str], part: _PartFile, advance: Callable[[int], None]) -> None:
+    size = part.file.size
+    req = urllib.request.Request(url, headers=dict(headers))
+    if part.have:
+        req.add_header("Range", f"bytes={part.have}-")
+    try:
+        resp = _open(req)
+    except urllib.error.HTTPError as e:
+        raise _http_error(e, url) from None
+    except (OSError, http.client.HTTPException) as e:  # URLError, refused, reset, timeout
+        if isinstance(e, urllib.error.URLError) and not isinstance(e.reason, (OSError, TimeoutError)):
+            raise DownloadError(f"cannot download {url}: {e}") from None
+        raise _Interrupted(f"{type(e).__name__}: {e}") from None
+    with resp:
+        if part.have and resp.status == 200:
+            log.warning("server ignored Range; downloading %s from the start", part.path.name)
+            advance(-part.restart())
+        elif part.have and resp.status == 206:
+            start = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
+            if not start or int(start[1]) != part.have:
+                raise _Interrupted(f"server answered range {resp.headers.get('Content-Range')!r} "
+                                   f"for bytes={part.have}-")
+        with open(part.path, "ab") as fh:
+            while True:
+                try:
+                    chunk = resp.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as e:  # IncompleteRead, reset, timeout mid-body
+                    raise _Interrupted(f"{type(e).__name__}: {e}") from None
+                if not chunk:
+                    break
+                if part.have + len(chunk) > size:
+                    raise DownloadError(f"{url} sent more than the {size} bytes the Hub lists; "
+                                        f"the file changed on the server: run again")
+                try:
+                    fh.write(chunk)
+                except OSError as e:  # our disk, not the network
+                    raise DownloadError(f"cannot write {part.path}: {e.strerror or e}") from None
+                part.hasher.update(chunk)
+                part.have += len(chunk)
+                advance(len(chunk))
+    if part.have < size:
+        raise _Interrupted(f"connection closed at {part.have} of {size} bytes")
+
+
+def _http_error(e: urllib.error.HTTPError, url: str) -> Exception:
+    if e.code in (401, 403):
+        return DownloadError(f"{url}: HTTP {e.code}, access denied. Set HF_TOKEN to a Hugging Face token with "
+                             f"access to this repo (and accept its terms on the Hub if it is gated)")
+    if e.code == 404:
+        return DownloadError(f"{url}: HTTP 404, not found. Check the repo and file name")
+    if e.code == 416:
+        return _Interrupted("HTTP 416 (range not satisfiable)")
+    if e.code == 429 or e.code >= 500:
+        return _Interrupted(f"HTTP {e.code}")
+    return DownloadError(f"{url}: HTTP {e.code} {e.reason}")
+
+
+# ---- CLI --------------------------------------------------------------------------------------------
+
+
+def add_download_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `openjet-launch download [MODEL] [--models-dir DIR]`."""
+    d = subparsers.add_parser(
+        "download", help="download the model GGUF from Hugging Face (resumes, verifies sha256)",
+        description=f"Download a GGUF into the models folder, resuming an interrupted download and checking "
+                    f"the Hub's sha256 before the file takes its name. MODEL is REPO/FILE.gguf, REPO, or a "
+                    f"local path (default {DEFAULT_REPO}/{DEFAULT_FILE}). Honours HF_TOKEN, HF_ENDPOINT "
+                    f"and HF_HUB_OFFLINE=1. Prints the path of each file.")
+    d.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help=f"REPO/FILE.gguf, REPO or a path (default {DEFAULT_REPO}/{DEFAULT_FILE})")
+    d.add_argument("--models-dir", metavar="DIR", default=None,
+                   help="where models are kept (default $OPENJET_MODELS_DIR, else the user data folder: "
+                        f"{dirs.models_dir()})")
+    d.set_defaults(func=_cmd_download)
+    return d
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    model = ensure_model(args.model, models_dir=args.models_dir)
+    for path in model.parts:
+        print(path)
+    return 0
