@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     from .launcher.download import add_download_parser
+    from .server.cli import add_serve_parser
     add_download_parser(sub)
+    add_serve_parser(sub)
 
     pr = sub.add_parser("probe", help="what the GPU engine sees: driver, devices, compiled architectures",
                         description="Load the native engine library and report CUDA driver/runtime versions, "

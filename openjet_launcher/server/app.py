@@ -1,0 +1,118 @@
+"""The FastAPI application: routes of every API surface over one engine worker.
+
+`create_app(engine, tokenizer, template, settings)`; `engine` may be a loaded Engine or a zero-argument
+loader, run on the worker thread so the port answers (/health 503) while the model loads and warms up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from ..text.chat import ChatTemplate
+from ..text.tokenizer import Tokenizer, TokenizerError
+from .auth import APIKeyMiddleware
+from .body import parse_request
+from .core import ServerCore, n_valid_tokens
+from .errors import APIError, error_response, install_error_handlers
+from .metrics import Metrics
+from .protocol.openai import DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
+from .serving_chat import create_chat_completion
+from .serving_completions import create_completion
+from .settings import ServerSettings
+from .worker import EngineWorker
+
+log = logging.getLogger("openjet.server")
+
+
+def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
+               settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    metrics = Metrics()
+    worker = EngineWorker(engine, tokenizer, n_valid=n_valid_tokens(tokenizer), n_ctx=settings.n_ctx,
+                          n_draft=settings.n_draft, max_queue=settings.max_queue, metrics=metrics)
+    core = ServerCore(worker, tokenizer, template, settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="OpenJet", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.core = core
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    app.include_router(_routes(core))
+    return app
+
+
+def _routes(core: ServerCore) -> APIRouter:
+    r = APIRouter()
+    s = core.settings
+
+    @r.get("/health")
+    async def health():
+        if core.worker.load_error:
+            return error_response(503, f"the model failed to load: {core.worker.load_error}")
+        if not core.worker.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    @r.get("/v1/models")
+    async def models():
+        card = ModelCard(id=s.model_id, created=core.created,
+                         meta={"n_ctx": s.n_ctx, "n_vocab": core.tokenizer.n_vocab, "engine": s.engine_name})
+        return ModelList(data=[card]).model_dump(exclude_none=True)
+
+    @r.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != s.model_id:
+            raise APIError(404, f"model {model_id!r} not found; this server serves {s.model_id!r}",
+                           code="model_not_found")
+        return ModelCard(id=s.model_id, created=core.created).model_dump(exclude_none=True)
+
+    @r.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await create_chat_completion(core, request)
+
+    @r.post("/v1/completions")
+    async def completions(request: Request):
+        return await create_completion(core, request)
+
+    @r.post("/tokenize")
+    async def tokenize(request: Request):
+        req = await parse_request(request, TokenizeRequest, s.max_body_bytes, s.max_json_depth)
+        ids = core.tokenizer.encode(req.content, allow_special=req.parse_special)
+        if not req.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": i, "piece": core.tokenizer.decode([i])} for i in ids]}
+
+    @r.post("/detokenize")
+    async def detokenize(request: Request):
+        req = await parse_request(request, DetokenizeRequest, s.max_body_bytes, s.max_json_depth)
+        try:
+            return {"content": core.tokenizer.decode(req.tokens)}
+        except TokenizerError as e:
+            raise APIError(400, str(e), param="tokens") from None
+
+    @r.get("/props")
+    async def props():
+        return {"model": s.model_id, "n_ctx": s.n_ctx, "engine": s.engine_name,
+                "ready": core.worker.ready.is_set(), "settings": s.public(),
+                "default_generation_settings": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                                "max_tokens": s.max_tokens_ceiling},
+                "chat_template": core.template.source if core.template else None}
+
+    @r.get("/metrics")
+    async def metrics():
+        w = core.worker
+        text = core.metrics.render({"queue_depth": w.queue_depth, "requests_processing": w.busy,
+                                    "ready": int(w.ready.is_set()), "n_ctx": s.n_ctx})
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return r

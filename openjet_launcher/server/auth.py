@@ -1,0 +1,35 @@
+"""API keys: `Authorization: Bearer KEY` or `x-api-key: KEY` on every path but /health (401 otherwise).
+A pure ASGI middleware, so streaming responses pass through untouched."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+
+class APIKeyMiddleware:
+    OPEN_PATHS = frozenset({"/health"})
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS or self._authorized(scope):
+            return await self.app(scope, receive, send)
+        body = json.dumps({"error": {"message": "a valid API key is required: send 'Authorization: Bearer KEY' "
+                                                "or 'x-api-key: KEY'", "type": "authentication_error",
+                                     "param": None, "code": "invalid_api_key"}}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), self._key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
+                return True
+        return False

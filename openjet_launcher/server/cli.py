@@ -1,0 +1,112 @@
+"""`openjet-launch serve MODEL`: load a GGUF, warm up, serve the HTTP API with uvicorn.
+
+The lead wires `add_serve_parser(subparsers)` into openjet_launcher/cli.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+from pathlib import Path
+
+from ..errors import OpenJetError
+from .errors import escape_for_log
+
+log = logging.getLogger("openjet.server")
+
+ENGINES = ("reference",)     # the CUDA engine joins when its binding lands
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over OpenAI-compatible HTTP (chat completions, completions)",
+        description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/models, "
+                    "/health, /props, /metrics, /tokenize, /detokenize. MODEL 'demo' serves the tiny "
+                    "synthetic model (generated into the cache folder on first use).")
+    p.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file, or 'demo'")
+    p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="context size in tokens, prompt and output together (default: the model's, at most 32768)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require this key (Authorization: Bearer KEY or x-api-key); default $OPENJET_API_KEY")
+    p.add_argument("--draft", type=int, default=0, metavar="N",
+                   help="MTP speculative decoding with N drafts per step for greedy requests (default 0)")
+    p.add_argument("--model-id", default=None, help="the id /v1/models reports (default: the file name)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="per-request ceiling on generated tokens (default 32768)")
+    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="a stream reader that reads nothing for S seconds counts as gone (default 60)")
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def demo_model_path() -> Path:
+    """The tiny synthetic model in the cache folder, written on first use."""
+    import platformdirs
+
+    path = Path(platformdirs.user_cache_dir("openjet")) / "models" / "openjet-synthetic-tiny.gguf"
+    if not path.exists():
+        from ..model.synth import synthesize
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".gguf.tmp")
+        synthesize("tiny", tmp, show_progress=False)
+        tmp.replace(path)
+    return path
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..model.config import read_config
+    from ..model.gguf_file import GGUFFile
+    from ..reference import ReferenceEngine
+    from ..text.chat import ChatTemplate, ChatTemplateError
+    from ..text.tokenizer import Tokenizer
+    from .app import create_app
+    from .settings import ServerSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
+    path = demo_model_path() if args.model == "demo" else Path(args.model)
+    if not path.is_file():
+        raise OpenJetError(f"{path}: no such file")
+    gguf = GGUFFile(path)
+    config = read_config(gguf)
+    tokenizer = Tokenizer.from_gguf(gguf)
+    try:
+        template = ChatTemplate.from_gguf(gguf)
+    except ChatTemplateError as e:
+        log.warning("%s: /v1/chat/completions is off", escape_for_log(e))
+        template = None
+    n_ctx_train = config.shape.n_ctx_train
+    n_ctx = args.ctx or min(n_ctx_train, 32768)
+    if n_ctx < 16:
+        raise OpenJetError(f"--ctx {n_ctx} is too small")
+    if n_ctx > n_ctx_train:
+        log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
+    api_key = args.api_key or os.environ.get("OPENJET_API_KEY") or None
+    if not is_loopback(args.host) and not api_key:
+        log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
+                    "(set --api-key or OPENJET_API_KEY)", escape_for_log(args.host))
+    settings = ServerSettings(model_id=args.model_id or path.name, engine_name=args.engine, host=args.host,
+                              port=args.port, n_ctx=n_ctx, api_key=api_key, n_draft=args.draft,
+                              stall_timeout_s=args.stall_timeout)
+    if args.max_tokens:
+        settings.max_tokens_ceiling = args.max_tokens
+    app = create_app(lambda: ReferenceEngine.load(path), tokenizer, template, settings)
+    log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,
+             args.port, n_ctx, args.engine)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,108 @@
+"""HTTP errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import OpenJetError
+from ..sampling import SamplingError
+from ..text.chat import ChatTemplateError
+
+log = logging.getLogger("openjet.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_for_log(text: object, limit: int = 500) -> str:
+    """Request text made safe for a console: control characters (ANSI escapes, newlines, bidi overrides)
+    as \\xNN / \\uNNNN, cut to `limit` characters."""
+    s = str(text)
+    if len(s) > limit:
+        s = s[:limit] + f"...({len(s) - limit} more chars)"
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", s)
+
+
+class APIError(Exception):
+    """An error answered to the client as is."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, param=self.param, code=self.code, type=self.type)
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None,
+               type: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type or _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, **kw) -> JSONResponse:
+    return JSONResponse(error_body(status, message, **kw), status_code=status)
+
+
+def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    """The first problem of a validation error as one line, and its location as the `param`."""
+    errors = e.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",))
+    msg = first.get("msg", "invalid value")
+    extra = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return (f"{loc}: {msg}{extra}" if loc else msg + extra), (loc or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, e: RequestValidationError):
+        message, param = validation_message(e)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(ValidationError)
+    async def _validation(request: Request, e: ValidationError):
+        message, param = validation_message(e)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(ChatTemplateError)
+    async def _template(request: Request, e: ChatTemplateError):
+        return error_response(400, str(e), code="chat_template_error")
+
+    @app.exception_handler(SamplingError)
+    async def _sampling(request: Request, e: SamplingError):
+        return error_response(400, str(e), code="invalid_sampling_parameter")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(OpenJetError)
+    async def _openjet(request: Request, e: OpenJetError):
+        log.error("request failed: %s", escape_for_log(e))
+        return error_response(500, str(e))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):
+        log.exception("unexpected error on %s", escape_for_log(request.url.path))
+        return error_response(500, f"internal error ({type(e).__name__})")

@@ -1,0 +1,1 @@
+"""Request and response models, one module per API surface (the serving logic lives beside, in server/)."""

@@ -1,0 +1,375 @@
+"""OpenAI request and response models: chat completions, completions, models, errors.
+
+Requests are strict (pydantic strict mode: "1" is not a number, 1 is not a boolean, NaN and infinities
+are rejected) so that a wrong type is a 400 the client can act on; unknown top-level fields are ignored,
+as every OpenAI-compatible server does (clients send `user`, `metadata`, `parallel_tool_calls`...).
+Strings have already had lone UTF-16 surrogates replaced by U+FFFD (server/body.py) before validation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+class _Request(BaseModel):
+    model_config = _STRICT
+
+
+# ------------------------------------------------------------------------------------------- messages
+
+def text_of_content(content: str | list | None) -> str | None:
+    """A message's text: a string as is, the text parts of a list joined with newlines."""
+    if content is None or isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content)
+
+
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+    @field_validator("function")
+    @classmethod
+    def _arguments_are_an_object(cls, f: ToolCallFunction) -> ToolCallFunction:
+        try:
+            value = json.loads(f.arguments) if f.arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError("arguments must be a JSON object encoded as a string")
+        return f
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[Any] | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise ValueError(f"content part {i} must be an object like {{\"type\": \"text\", \"text\": ...}}, "
+                                 f"not {type(part).__name__}")
+            kind = part.get("type", "text")
+            if kind not in ("text", "input_text"):
+                raise ValueError(f"content part {i} has type {kind!r}: this model reads text only")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {i} needs a string 'text'")
+        return content
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The dict the chat template reads: text parts joined, tool-call arguments decoded."""
+        out: dict[str, Any] = {k: v for k, v in self.model_dump(exclude_none=True).items()
+                               if isinstance(v, (str, int, float, bool, list, dict))}
+        out["content"] = text_of_content(self.content) or ""
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name,
+                                               "arguments": json.loads(c.function.arguments or "{}")}}
+                                 for c in self.tool_calls]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- tools
+
+def check_schema(schema: Any, where: str, depth: int = 0) -> None:
+    """A light JSON-schema sanity check, enough to turn garbage into a 400 before any prefill."""
+    if depth > 32:
+        raise ValueError(f"{where}: schema nested too deeply")
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: a schema must be an object, not {type(schema).__name__}")
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    for k in kinds:
+        if k not in _SCHEMA_TYPES:
+            raise ValueError(f"{where}.type: unknown JSON schema type {k!r}")
+    props = schema.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise ValueError(f"{where}.properties must be an object")
+        for name, sub in props.items():
+            check_schema(sub, f"{where}.properties.{name}", depth + 1)
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise ValueError(f"{where}.required must be a list of strings")
+    if "items" in schema and not isinstance(schema["items"], (dict, bool, list)):
+        raise ValueError(f"{where}.items must be a schema")
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            if not isinstance(schema[key], list):
+                raise ValueError(f"{where}.{key} must be a list of schemas")
+            for i, sub in enumerate(schema[key]):
+                check_schema(sub, f"{where}.{key}.{i}", depth + 1)
+
+
+class FunctionDef(_Request):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _FUNCTION_NAME.match(name):
+            raise ValueError("a function name is 1 to 64 letters, digits, '_', '.' or '-'")
+        return name
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            check_schema(schema, "parameters")
+            if schema.get("type", "object") != "object":
+                raise ValueError("parameters must be a JSON schema of type 'object'")
+        return schema
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def for_template(self) -> dict[str, Any]:
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class ChatTemplateKwargs(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    enable_thinking: bool | None = None
+    preserve_thinking: bool | None = None
+    reasoning_effort: str | None = None
+
+
+class SamplingFields(_Request):
+    """Fields both chat completions and completions take."""
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    stop: str | list[str] | None = None
+    n: int | None = Field(None, ge=1, le=1)   # one choice per request
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: str | list[str] | None) -> list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if stops is not None and any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, seed: int | None) -> int | None:
+        if seed is not None and not -(2**63) <= seed < 2**64:
+            raise ValueError("seed must fit in 64 bits")
+        return seed
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    reasoning_effort: str | None = None      # OpenAI's top-level spelling; chat_template_kwargs wins
+    logprobs: bool | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("logprobs are not supported")
+        return v
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, prompt: str | list) -> str | list:
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            if isinstance(prompt[0], str):
+                if len(prompt) != 1:
+                    raise ValueError("one prompt per request")
+                return prompt[0]
+        return prompt
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported(cls, v: Any, info) -> Any:
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+
+class TokenizeRequest(_Request):
+    content: str
+    add_special: bool = False        # Qwen adds no BOS: accepted for llama.cpp compatibility
+    parse_special: bool = True       # llama.cpp's default: special-token texts become their ids
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Request):
+    tokens: list[int]
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorInfo
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "openjet"
+    meta: dict[str, Any] | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(_Response):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: dict[str, Any] | None = None
+
+
+class DeltaMessage(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    timings: dict[str, Any] | None = None
+
+
+class CompletionChoice(_Response):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    timings: dict[str, Any] | None = None

@@ -1,0 +1,381 @@
+"""The engine worker: one thread owns the engine and its sequence state; requests queue for it.
+
+Design note.
+* Threads: the engine's calls block for milliseconds to seconds, so they never run on the event loop.
+  `EngineWorker` takes `Job`s from a queue and runs them one at a time on its `Slot`s (one today; the
+  engine can hold several states, and a batched engine would step several slots per weight read).
+* Worker -> asyncio: each job has a `Channel`: the worker puts events (text deltas, then one Finished
+  or Failed) with `loop.call_soon_threadsafe`; the handler awaits them. At most `max_pending` events
+  wait unread: past that the worker waits for the reader, and a reader that takes nothing for
+  `stall_timeout_s` counts as gone (the job is cancelled and the engine freed).
+* Cancellation: the handler sets `job.cancelled` when the client disconnects; the worker checks it
+  between tokens and stops there, leaving a consistent state.
+* Text: the worker detokenizes (holding back incomplete UTF-8) and applies stop strings (holding back
+  a possible start of one), so it stops decoding at the token that completes a stop string and the
+  events carry only text that will never be taken back. Parsing reasoning and tool calls is the
+  handler's business.
+* Conversation reuse (`Slot.load_prompt`): the new prompt is matched against the state's tokens (the
+  previous prompt + the tokens emitted since); the common prefix stays, cut with `engine.truncate`,
+  which restores the latest checkpoint at or before the cut and replays the rest. A checkpoint is
+  recorded before the last token of every prompt, so a repeated prompt (a regenerated answer) or a
+  conversation whose re-rendered history diverges after the previous prompt rewinds cheaply; a divergence before any checkpoint starts over. A failed
+  request resets the state: a half-updated cache never serves the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engine.interface import Engine, SequenceState
+from ..sampling import Sampler, SamplingParams
+from ..text.tokenizer import StreamingDetokenizer, Tokenizer
+from .errors import APIError, escape_for_log
+from .metrics import Metrics
+from .stops import StopStringMatcher
+
+log = logging.getLogger("openjet.server")
+
+
+# ------------------------------------------------------------------------------------------- results
+
+@dataclass
+class GenerationResult:
+    prompt_tokens: int                   # the whole prompt
+    reused_tokens: int = 0               # kept from the state (not prefilled)
+    completion_tokens: int = 0           # tokens generated, an end-of-generation token included
+    finish_reason: str = "length"        # "stop" (EOG token or stop string), "length", "cancelled"
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.reused_tokens
+
+    def timings(self) -> dict[str, float]:
+        """llama.cpp's `timings` names, plus ours for reuse and drafts."""
+        p, d = self.prefill_seconds, self.decode_seconds
+        return {
+            "prompt_n": self.prefilled_tokens,
+            "prompt_ms": p * 1e3,
+            "prompt_per_second": self.prefilled_tokens / p if p > 0 else 0.0,
+            "predicted_n": self.completion_tokens,
+            "predicted_ms": d * 1e3,
+            "predicted_per_second": self.completion_tokens / d if d > 0 else 0.0,
+            "cache_n": self.reused_tokens,
+            "draft_n": self.drafted,
+            "draft_n_accepted": self.accepted,
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+Event = TextDelta | Finished | Failed
+
+
+# ------------------------------------------------------------------------------------------- channel
+
+class Channel:
+    """Worker thread -> event loop, with a bound on unread events (see the design note)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int, stall_timeout_s: float):
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._pending = 0
+        self._cond = threading.Condition()
+        self.max_pending = max_pending
+        self.stall_timeout_s = stall_timeout_s
+
+    def put(self, event: Event, cancelled: threading.Event | None = None, force: bool = False) -> bool:
+        """From the worker. False when the reader stalled (nothing taken for stall_timeout_s), was
+        cancelled meanwhile, or the loop is gone."""
+        with self._cond:
+            if not force:
+                deadline = time.monotonic() + self.stall_timeout_s
+                while self._pending >= self.max_pending:
+                    if cancelled is not None and cancelled.is_set():
+                        return False
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.05))
+            self._pending += 1
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the event loop closed
+            return False
+        return True
+
+    async def get(self) -> Event:
+        event = await self._queue.get()
+        with self._cond:
+            self._pending -= 1
+            self._cond.notify_all()
+        return event
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    channel: Channel
+    stops: Sequence[str] = ()
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = ""
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+
+# ---------------------------------------------------------------------------------------------- slot
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.nonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))[0]
+    return int(diff[0]) if len(diff) else n
+
+
+class Slot:
+    """One sequence state and the conversation-reuse policy over it."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.state: SequenceState = engine.new_state()
+
+    def reset(self) -> None:
+        self.state = self.engine.new_state()
+
+    def load_prompt(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Bring the state to exactly `prompt`, prefilling only what it lacks. Returns the last prompt
+        token's logits and the number of tokens reused."""
+        state = self.state
+        # At least the last prompt token is run again: its logits are not kept.
+        common = min(common_prefix(state.tokens, prompt), len(prompt) - 1)
+        if common < state.n_tokens:
+            if common > 0 and any(p <= common for p in state.checkpoint_positions):
+                self.engine.truncate(state, common)
+            else:                                  # nothing to rewind to: start over
+                self.reset()
+                state, common = self.state, 0
+        # Checkpoint before the last prompt token: the next request may repeat this prompt (a regenerated
+        # answer) or diverge anywhere after it (a re-rendered history), and both rewind to here.
+        rest = list(prompt[common:])
+        if len(rest) > 1:
+            self.engine.prefill(state, rest[:-1])
+            rest = rest[-1:]
+        if state.n_tokens not in state.checkpoint_positions:
+            self.engine.checkpoint(state)
+        logits = self.engine.prefill(state, rest).logits[-1]
+        return logits, common
+
+
+# -------------------------------------------------------------------------------------------- worker
+
+class EngineWorker:
+    """Owns the engine (or its loader) on one thread; see the module's design note."""
+
+    def __init__(self, engine: Engine | Callable[[], Engine], tokenizer: Tokenizer, *, n_valid: int,
+                 n_ctx: int, n_draft: int = 0, max_queue: int = 64, metrics: Metrics | None = None):
+        self._engine_or_loader = engine
+        self.engine: Engine | None = None
+        self.tokenizer = tokenizer
+        self.n_valid = n_valid
+        self.n_ctx = n_ctx
+        self.n_draft = n_draft
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self.slots: list[Slot] = []
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.busy = 0
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="openjet-engine", daemon=True)
+
+    # -------------------------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        if self.load_error:
+            raise APIError(503, f"the model failed to load: {self.load_error}")
+        if not self.ready.is_set():
+            raise APIError(503, "the model is still loading")
+        if self._jobs.qsize() >= self.max_queue:
+            raise APIError(503, f"{self.max_queue} requests are already waiting for the engine; retry later",
+                           code="queue_full")
+        self._jobs.put(job)
+
+    # -------------------------------------------------------------------------------- thread
+
+    def _run(self) -> None:
+        try:
+            engine = self._engine_or_loader
+            self.engine = engine if isinstance(engine, Engine) else engine()
+            self._warm_up()
+            self.slots = [Slot(self.engine)]
+        except Exception as e:  # reported by /health and every request
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("model load failed: %s", escape_for_log(self.load_error))
+            return
+        self.ready.set()
+        while (job := self._jobs.get()) is not None:
+            slot = self.slots[0]
+            self.busy = 1
+            try:
+                self._serve(slot, job)
+            except Exception as e:
+                slot.reset()                       # never leave a half-updated cache to the next request
+                self.metrics.add(requests_failed_total=1)
+                log.exception("generation failed")
+                job.channel.put(Failed(f"generation failed: {type(e).__name__}: {e}"), force=True)
+            finally:
+                self.busy = 0
+
+    def _warm_up(self) -> None:
+        """One short prefill and decode on a scratch state: first-call setup happens before /health is 200."""
+        assert self.engine is not None
+        state = self.engine.new_state()
+        first = self.tokenizer.encode("Hello")[:1] or [0]
+        out = self.engine.prefill(state, first)
+        self.engine.decode(state, [int(np.argmax(out.logits[-1][: self.n_valid]))])
+        del state
+
+    def _serve(self, slot: Slot, job: Job) -> None:
+        assert self.engine is not None
+        result = GenerationResult(prompt_tokens=len(job.prompt))
+        if job.cancelled.is_set():                 # the client left while the job queued
+            result.finish_reason = "cancelled"
+            self.metrics.add(requests_cancelled_total=1)
+            job.channel.put(Finished(result), force=True)
+            return
+        self.metrics.add(requests_total=1)
+        t0 = time.perf_counter()
+        logits, result.reused_tokens = slot.load_prompt(job.prompt)
+        sampler = Sampler(job.params, self.n_valid)
+        first = sampler.sample(logits)
+        result.prefill_seconds = time.perf_counter() - t0
+
+        budget = max(0, min(job.max_tokens, self.n_ctx - len(job.prompt)))
+        detok = StreamingDetokenizer(self.tokenizer, skip_special=True)
+        stops = StopStringMatcher(job.stops)
+        eog = self.tokenizer.eog_ids
+        finish = "length"
+        for token in self._tokens(slot.state, sampler, first, budget, result):
+            if job.cancelled.is_set():
+                finish = "cancelled"
+                break
+            result.completion_tokens += 1
+            if token in eog:
+                finish = "stop"
+                break
+            text = stops.push(detok.push(token))
+            if text and not job.channel.put(TextDelta(text), job.cancelled):
+                job.cancel(job.cancel_reason or "stream reader stalled")
+                finish = "cancelled"
+                break
+            if stops.stopped:
+                finish = "stop"
+                break
+            if result.completion_tokens >= budget:
+                break
+        if finish != "cancelled" and not stops.stopped:
+            tail = stops.push(detok.flush())
+            tail += stops.flush()
+            if tail:
+                job.channel.put(TextDelta(tail), force=True)
+        detok.flush()
+        result.finish_reason = finish
+        self._account(job, result)
+        job.channel.put(Finished(result), force=True)
+
+    def _tokens(self, state: SequenceState, sampler: Sampler, token: int, budget: int,
+                result: GenerationResult) -> Iterator[int]:
+        """The chosen tokens one by one, starting with `token` (chosen from the prompt's logits). The engine
+        runs the next step only when the caller asks for the next token. Greedy requests without
+        penalties use MTP speculation (`n_draft` > 0): same tokens, fewer engine steps."""
+        engine = self.engine
+        assert engine is not None
+        p = sampler.params
+        speculate = (self.n_draft > 0 and p.greedy and not p.presence_penalty and not p.frequency_penalty
+                     and engine.config.has_mtp)
+        emitted = 0
+        while True:
+            yield token
+            emitted += 1
+            if emitted >= budget:
+                return
+            t0 = time.perf_counter()
+            if not speculate:
+                token = sampler.sample(engine.decode(state, [token]).logits[0])
+                result.decode_seconds += time.perf_counter() - t0
+                continue
+            n = min(self.n_draft, budget - emitted)
+            drafts = engine.mtp_draft(state, token, n).tokens
+            base = state.n_tokens
+            engine.checkpoint(state)
+            out = engine.decode(state, [token, *drafts])
+            targets = [int(np.argmax(row[: sampler.n_valid])) for row in out.logits]
+            k = 0
+            while k < len(drafts) and drafts[k] == targets[k]:
+                k += 1
+            engine.truncate(state, base + 1 + k)     # keep the token and the k accepted drafts
+            result.drafted += len(drafts)
+            result.accepted += k
+            result.decode_seconds += time.perf_counter() - t0
+            for d in drafts[:k]:
+                sampler.counts[d] = sampler.counts.get(d, 0) + 1
+                yield d
+                emitted += 1
+            token = targets[k]
+            sampler.counts[token] = sampler.counts.get(token, 0) + 1
+
+    def _account(self, job: Job, r: GenerationResult) -> None:
+        t = r.timings()
+        self.metrics.add(prompt_tokens_total=r.prefilled_tokens, prompt_tokens_reused_total=r.reused_tokens,
+                         generated_tokens_total=r.completion_tokens, draft_tokens_total=r.drafted,
+                         draft_tokens_accepted_total=r.accepted, prompt_seconds_total=r.prefill_seconds,
+                         decode_seconds_total=r.decode_seconds)
+        self.metrics.set(last_prompt_tokens_per_second=t["prompt_per_second"],
+                         last_predicted_tokens_per_second=t["predicted_per_second"])
+        if r.finish_reason == "cancelled":
+            self.metrics.add(requests_cancelled_total=1)
+            if "stall" in job.cancel_reason:
+                self.metrics.add(requests_stalled_total=1)
+            log.info("request cancelled after %d tokens: %s", r.completion_tokens, escape_for_log(job.cancel_reason))

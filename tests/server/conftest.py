@@ -1,0 +1,76 @@
+"""Live servers for the HTTP tests: uvicorn in a thread on a free loopback port, the tiny synthetic
+model (module-scoped) or a scripted engine double."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from openjet_launcher.model.gguf_file import GGUFFile
+from openjet_launcher.model.synth import synthesize
+from openjet_launcher.reference import ReferenceEngine
+from openjet_launcher.server import ServerSettings, create_app
+from openjet_launcher.text.chat import ChatTemplate
+from openjet_launcher.text.tokenizer import Tokenizer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, app):
+        self.app = app
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the server did not become ready")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+    @property
+    def core(self):
+        return self.app.state.core
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("server-model") / "tiny.gguf"
+    synthesize("tiny", path, show_progress=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def text_layer(tiny_path):
+    gguf = GGUFFile(tiny_path)
+    return Tokenizer.from_gguf(gguf), ChatTemplate.from_gguf(gguf)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_path, text_layer):
+    tokenizer, template = text_layer
+    settings = ServerSettings(model_id="tiny", n_ctx=1024, n_draft=2)
+    with LiveServer(create_app(ReferenceEngine.load(tiny_path), tokenizer, template, settings)) as server:
+        yield server

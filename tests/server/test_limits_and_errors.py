@@ -1,0 +1,236 @@
+"""Bad input gets a 4xx with an OpenAI error body and never breaks the next request; limits; API keys;
+cancellation, stalled readers and engine failures free the engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from openjet_launcher.server import ServerSettings, create_app
+from openjet_launcher.server.stops import StopStringMatcher
+
+from .conftest import LiveServer
+from .scripted import ScriptedEngine
+
+OK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def server(text_layer):
+    tokenizer, template = text_layer
+    engine = ScriptedEngine(tokenizer.n_vocab, tokenizer.encode("a b c d e f g h"))
+    settings = ServerSettings(model_id="m", n_ctx=300, max_body_bytes=20_000, stall_timeout_s=1.0,
+                              max_pending_events=4, max_top_k=32)
+    with LiveServer(create_app(engine, tokenizer, template, settings)) as s:
+        s.engine = engine
+        yield s
+
+
+def chat(server, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.base + "/v1/chat/completions", content=data,
+                      headers={"content-type": "application/json", **kw.pop("headers", {})}, timeout=30, **kw)
+
+
+def with_(**fields):
+    return {**OK, **fields}
+
+
+def msg(content, role="user"):
+    return with_(messages=[{"role": role, "content": content}])
+
+
+MALFORMED = {
+    "not json": b"{not json",
+    "empty body": b"",
+    "array body": b"[1, 2]",
+    "NaN temperature": b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+    "infinite top_p": b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
+    "string max_tokens": with_(max_tokens="5"),
+    "max_tokens 0": with_(max_tokens=0),
+    "bool temperature": with_(temperature=True),
+    "temperature 3": with_(temperature=3.0),
+    "unknown role": msg("hi", role="wizard"),
+    "content part a string": msg(["hello"]),
+    "image part": msg([{"type": "image_url", "image_url": {"url": "http://x"}}]),
+    "no messages": with_(messages=[]),
+    "messages not a list": with_(messages="hi"),
+    "deep nesting": b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    "bad tool schema": with_(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "banana"}}}]),
+    "tool not an object": with_(tools=["f"]),
+    "bad tool name": with_(tools=[{"type": "function", "function": {"name": "a b"}}]),
+    "tool call arguments not json": msg(None, role="assistant") | {"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
+    "top_k over the GPU limit": with_(top_k=64),
+    "n 2": with_(n=2),
+    "empty stop": with_(stop=[""]),
+    "template rejects": {"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "late"}]},
+    "bad reasoning effort": with_(chat_template_kwargs={"reasoning_effort": "extreme"}),
+    "prompt longer than the context": msg("word " * 400),
+    "body too large": msg("x" * 30_000),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_request_is_a_4xx_with_an_openai_error_and_the_next_request_works(server, name):
+    r = chat(server, MALFORMED[name])
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert isinstance(error["message"], str) and error["message"] and error["type"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert chat(server, OK).status_code == 200
+
+
+def test_context_error_names_both_numbers(server):
+    r = chat(server, msg("word " * 400))
+    assert r.status_code == 400 and "300" in r.json()["error"]["message"]
+    assert str(r.json()["error"]["message"]).count("tokens") >= 2
+    assert chat(server, msg("x" * 30_000)).status_code == 413
+
+
+def test_lone_surrogates_become_replacement_characters(server):
+    r = httpx.post(server.base + "/tokenize", content=b'{"content": "a\\ud800b"}',
+                   headers={"content-type": "application/json"})
+    ids = r.json()["tokens"]
+    text = httpx.post(server.base + "/detokenize", json={"tokens": ids}).json()["content"]
+    assert text == "a\ufffdb"
+    assert chat(server, b'{"messages": [{"role": "user", "content": "\\udc00 hi"}], "max_tokens": 2}').status_code == 200
+
+
+def test_text_parts_are_joined_with_newlines(server):
+    r = chat(server, msg([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]))
+    assert r.status_code == 200
+    ids = httpx.post(server.base + "/tokenize", json={"content": "one\ntwo"}).json()["tokens"]
+    prompt = list(server.core.worker.slots[0].state.tokens)
+    assert any(prompt[i:i + len(ids)] == ids for i in range(len(prompt)))
+
+
+def test_unknown_path_and_method_get_openai_errors(server):
+    r = httpx.get(server.base + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.base + "/v1/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_engine_failure_is_a_500_and_resets_the_state(server):
+    assert chat(server, OK).status_code == 200
+    server.engine.fail_on_prefill = True
+    r = chat(server, with_(messages=[{"role": "user", "content": "hi there"}]))
+    assert r.status_code == 500 and "scripted failure" in r.json()["error"]["message"]
+    assert server.core.worker.slots[0].state.n_tokens == 0
+    assert chat(server, OK).status_code == 200
+
+
+def _raw_stream_request(server, body: dict, rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", server.port))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def _wait_for(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_engine(server):
+    metrics = server.core.metrics
+    before = metrics.requests_cancelled_total
+    server.engine.step_delay = 0.02
+    try:
+        sock = _raw_stream_request(server, with_(max_tokens=250, stream=True))
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.close()
+        assert _wait_for(lambda: metrics.requests_cancelled_total == before + 1)
+    finally:
+        server.engine.step_delay = 0.0
+    assert chat(server, OK).status_code == 200
+
+
+def test_a_stream_reader_that_stops_reading_is_dropped_after_the_stall_timeout(server):
+    metrics = server.core.metrics
+    before = metrics.requests_stalled_total
+    # A long answer with big chunks: the socket buffers fill, then the 4 pending events, then 1 s passes.
+    server.engine.script = server.core.tokenizer.encode("word " * 50)
+    settings = server.core.settings
+    old_ceiling, settings.n_ctx = settings.n_ctx, 100_000
+    server.core.worker.n_ctx = 100_000
+    try:
+        sock = _raw_stream_request(server, with_(max_tokens=30_000, stream=True), rcvbuf=2048)
+        assert _wait_for(lambda: metrics.requests_stalled_total == before + 1, timeout=60)
+        sock.close()
+    finally:
+        settings.n_ctx = server.core.worker.n_ctx = old_ceiling
+    assert chat(server, OK).status_code == 200
+
+
+def test_queued_requests_past_the_limit_get_503(server):
+    worker = server.core.worker
+    old, worker.max_queue = worker.max_queue, 0
+    try:
+        r = chat(server, OK)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+    finally:
+        worker.max_queue = old
+
+
+# ------------------------------------------------------------------------------------------- API key
+
+@pytest.fixture(scope="module")
+def keyed(text_layer):
+    tokenizer, template = text_layer
+    engine = ScriptedEngine(tokenizer.n_vocab, tokenizer.encode("ok"))
+    settings = ServerSettings(model_id="m", n_ctx=512, api_key="s3cret")
+    with LiveServer(create_app(engine, tokenizer, template, settings)) as s:
+        yield s
+
+
+def test_api_key_protects_everything_but_health(keyed):
+    base = keyed.base
+    assert httpx.get(base + "/health").status_code == 200
+    for path in ("/v1/models", "/props", "/metrics"):
+        r = httpx.get(base + path)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(base + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(base + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert httpx.get(base + "/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
+    props = httpx.get(base + "/props", headers={"x-api-key": "s3cret"}).text
+    assert "s3cret" not in props and '"api_key_required":true' in props.replace(" ", "")
+
+
+def test_openai_sdk_with_the_key(keyed):
+    import openai
+    good = openai.OpenAI(base_url=keyed.base + "/v1", api_key="s3cret", max_retries=0)
+    assert good.chat.completions.create(model="m", messages=OK["messages"], max_tokens=2).choices
+    bad = openai.OpenAI(base_url=keyed.base + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+# ------------------------------------------------------------------------------------------- units
+
+def test_stop_matcher_holds_back_possible_starts_only():
+    m = StopStringMatcher(["</end>", "xyz"])
+    out = m.push("abc</e") + m.push("nx") + m.push("</en")
+    assert out == "abc</enx" and not m.stopped
+    assert m.push("d> tail") == "" and m.stopped
+    m = StopStringMatcher(["xyz"])
+    assert m.push("ax") == "a" and m.flush() == "x"
+
+
+def test_log_escaping_neutralises_control_characters():
+    from openjet_launcher.server.errors import escape_for_log
+    assert escape_for_log("a\x1b[31mred\nnext\u202e") == "a\\x1b[31mred\\x0anext\\u202e"

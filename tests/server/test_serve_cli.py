@@ -1,0 +1,55 @@
+"""`serve`'s command line: the parser the lead wires in, loopback detection, a real launch answering."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+from openjet_launcher.server.cli import add_serve_parser, is_loopback
+
+from .conftest import free_port
+
+
+def test_serve_parser_defaults_and_options():
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "demo"])
+    assert (args.model, args.engine, args.host, args.port, args.ctx, args.api_key) == \
+        ("demo", "reference", "127.0.0.1", 8080, None, None)
+    args = parser.parse_args(["serve", "m.gguf", "--host", "0.0.0.0", "--port", "9", "--ctx", "512", "--api-key", "k"])
+    assert (args.host, args.port, args.ctx, args.api_key) == ("0.0.0.0", 9, 512, "k")
+
+
+def test_loopback_detection():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.com")
+
+
+def test_serve_warns_beyond_loopback_without_a_key_and_answers(tiny_path):
+    port = free_port()
+    code = ("import argparse,sys; from openjet_launcher.server.cli import add_serve_parser;"
+            "p=argparse.ArgumentParser(); add_serve_parser(p.add_subparsers());"
+            "a=p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENJET_API_KEY"}
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny_path), "--host", "0.0.0.0",
+                             "--port", str(port), "--ctx", "512"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline, ok = time.monotonic() + 60, False
+        while time.monotonic() < deadline and not ok:
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert ok
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "without an API key" in err
