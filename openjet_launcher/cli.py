@@ -137,10 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="greedy only: MTP speculative decoding with N drafts per step (same output)")
     r.set_defaults(func=_cmd_run)
 
+    from .launcher.doctor import add_doctor_parser
     from .launcher.download import add_download_parser
+    from .launcher.presets import add_presets_parser
     from .server.cli import add_serve_parser
     add_download_parser(sub)
     add_serve_parser(sub)
+    add_doctor_parser(sub)
+    add_presets_parser(sub)
 
     pr = sub.add_parser("probe", help="what the GPU engine sees: driver, devices, compiled architectures",
                         description="Load the native engine library and report CUDA driver/runtime versions, "

@@ -1,0 +1,190 @@
+"""How much GPU memory serving a Qwen3.8 model takes, term by term, computed from its shape.
+
+Every figure is derived from ``ModelShape`` and the unsloth Q4_K_M recipe (``model.synth.plan_tensors``),
+never typed in, so a synthetic shape gets its own model. The terms (bytes):
+
+* weights: every tensor of the recipe, MTP block included; ``token_embd`` (the embedding table) is
+  only gathered one row per token, so it can stay in pinned host memory (``embd_on_host``);
+* KV cache: K and V of every full-attention layer plus the MTP layer, n_head_kv x head_dim values each
+  per token, in one of ``KV_FORMATS`` (fp16, q8_0 = 34 bytes per 32 values, q4_0 = 18 per 32);
+* per agent: the Gated DeltaNet recurrent state (fp32, [v heads, 128, 128] per GDN layer) and conv
+  state (fp32, the last kernel-1 inputs of every conv channel), times ``STATE_COPIES``;
+* prefill scratch, linear in the prefill chunk (``prefill_scratch_bytes`` has the formula);
+* decode workspace (logits and activations of the 1 + n_draft rows of every agent);
+* the CUDA context and a safety margin, which are not ours to allocate but are not free either.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+from ..model.shape import QWEN38_27B, ModelShape
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+CUDA_CONTEXT_BYTES = 500 * MiB   # context + module images + driver heaps, measured 300-550 MiB on 8.6-12.0
+MIN_MARGIN_BYTES = 512 * MiB     # fragmentation and the driver's own growth while serving
+MARGIN_FRACTION = 0.02           # ... and 2% of the card, so large cards keep a proportionate reserve
+
+# Recurrent + conv state copies per agent: the live state, the checkpoint taken before each speculative
+# verification step (rollback by replay, engine/interface.py) and the one kept at the prompt's end for
+# conversation reuse.
+STATE_COPIES = 3
+
+GDN_CHUNK = 64          # tokens per chunk of the chunked delta rule in prefill
+DECODE_ROWS = 8         # 1 + n_draft rows per agent a decode step may verify (n_draft <= 7)
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    name: str
+    block_values: int   # values per quantisation block
+    block_bytes: int    # bytes per block (scale included)
+    about: str
+
+    def bytes_for(self, n_values: int) -> int:
+        if n_values % self.block_values:
+            raise ValueError(f"{self.name}: {n_values} values are not whole blocks of {self.block_values}")
+        return n_values // self.block_values * self.block_bytes
+
+
+# Most precise first: the preset policy walks this order.
+KV_FORMATS: dict[str, KvFormat] = {
+    "fp16": KvFormat("fp16", 1, 2, "exact cache of the model's fp16 activations"),
+    "q8_0": KvFormat("q8_0", 32, 34, "8-bit values + one fp16 scale per 32 (ggml q8_0); near lossless"),
+    "q4_0": KvFormat("q4_0", 32, 18, "4-bit values + one fp16 scale per 32 (ggml q4_0); the low-bit fallback"),
+}
+
+
+def safety_margin_bytes(total_vram: int) -> int:
+    return max(MIN_MARGIN_BYTES, int(total_vram * MARGIN_FRACTION))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One configuration's GPU memory, term by term (bytes); ``total`` must fit in the free memory."""
+    weights: int            # on the GPU (the embedding table excluded when it lives in host memory)
+    token_embd_host: int    # pinned host memory taken by the embedding table (0 when on the GPU)
+    kv_cache: int
+    agent_state: int
+    prefill_scratch: int
+    decode_workspace: int
+    cuda_context: int
+    safety_margin: int
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.kv_cache + self.agent_state + self.prefill_scratch
+                + self.decode_workspace + self.cuda_context + self.safety_margin)
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    shape: ModelShape
+    weights_bytes: int          # every tensor of the recipe, MTP block included
+    token_embd_bytes: int       # the share of token_embd.weight
+
+    # --- per token -----------------------------------------------------------------------------------
+    @property
+    def kv_layers(self) -> int:
+        """Layers with a KV cache: the full-attention trunk layers and the MTP block (16 + 1 for 27B)."""
+        return sum(self.shape.is_attention_layer(il) for il in range(self.shape.n_block))
+
+    @property
+    def kv_values_per_token(self) -> int:
+        return self.kv_layers * 2 * self.shape.kv_dim           # K and V, n_head_kv x head_dim each
+
+    def kv_bytes_per_token(self, kv_format: str) -> int:
+        return KV_FORMATS[kv_format].bytes_for(self.kv_values_per_token)
+
+    # --- per agent -----------------------------------------------------------------------------------
+    @property
+    def gdn_layers(self) -> int:
+        return sum(not self.shape.is_attention_layer(il) for il in range(self.shape.n_layer))
+
+    @property
+    def gdn_state_bytes(self) -> int:
+        """Recurrent state, fp32: layers x v heads x head_dim(k) x head_dim(v) (27B: 144 MiB)."""
+        s = self.shape
+        return self.gdn_layers * s.ssm_n_v_heads * s.ssm_head_dim * s.ssm_head_dim * 4
+
+    @property
+    def conv_state_bytes(self) -> int:
+        """Conv state, fp32: the last kernel-1 inputs of every conv channel (27B: 5.625 MiB)."""
+        s = self.shape
+        return self.gdn_layers * s.ssm_conv_dim * (s.ssm_conv_kernel - 1) * 4
+
+    @property
+    def agent_state_bytes(self) -> int:
+        return STATE_COPIES * (self.gdn_state_bytes + self.conv_state_bytes)
+
+    # --- work buffers --------------------------------------------------------------------------------
+    def prefill_scratch_bytes(self, chunk: int) -> int:
+        """Activations of one prefill chunk of ``chunk`` tokens; buffers are reused layer to layer.
+
+        per token = residual stream (fp32) + normed input (fp16) + sub-layer output (fp32)
+                  + the largest sub-layer's own buffers, the max of
+                    FFN:  gate and up (fp16) + silu(gate)*up (fp16)
+                    GDN:  qkv before and after the conv (fp32) + z and the gated output (fp32) + a, b (fp32)
+                          + chunked delta rule: per v head one row of the chunk's GDN_CHUNK^2 decay-masked
+                            K K^T and of W and U (GDN_CHUNK x head_dim each), fp32
+                    attention: query and gate (fp32) + K and V before the cache write (fp32) + output (fp32)
+        plus the logits of the chunk's last token (fp32). Flash-attention tiles live in shared memory.
+        27B: 244,096 bytes per token, i.e. 477 MiB for a 2048-token chunk.
+        """
+        s = self.shape
+        trunk = s.n_embd * 4 + s.n_embd * 2 + s.n_embd * 4
+        ffn = 2 * s.n_ff * 2 + s.n_ff * 2
+        gdn = (2 * s.ssm_conv_dim * 4 + 2 * s.ssm_d_inner * 4 + 2 * s.ssm_n_v_heads * 4
+               + s.ssm_n_v_heads * (GDN_CHUNK + 2 * s.ssm_head_dim) * 4)
+        attn = 2 * s.q_dim * 4 + 2 * s.kv_dim * 4 + s.q_dim * 4
+        return chunk * (trunk + max(ffn, gdn, attn)) + s.n_vocab * 4
+
+    def decode_workspace_bytes(self, n_agents: int) -> int:
+        """Logits and activations of DECODE_ROWS rows per agent (fp32): vocab + FFN + conv + q/gate widths."""
+        s = self.shape
+        per_row = (s.n_vocab + 2 * s.n_ff + s.ssm_conv_dim + 2 * s.q_dim + 2 * s.n_embd) * 4
+        return n_agents * DECODE_ROWS * per_row
+
+    # --- the whole ------------------------------------------------------------------------------------
+    def plan(self, *, n_ctx: int, kv_format: str, chunk: int, n_agents: int, embd_on_host: bool,
+             total_vram: int) -> MemoryPlan:
+        """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each."""
+        return MemoryPlan(
+            weights=self.weights_bytes - (self.token_embd_bytes if embd_on_host else 0),
+            token_embd_host=self.token_embd_bytes if embd_on_host else 0,
+            kv_cache=n_agents * n_ctx * self.kv_bytes_per_token(kv_format),
+            agent_state=n_agents * self.agent_state_bytes,
+            prefill_scratch=self.prefill_scratch_bytes(chunk),
+            decode_workspace=self.decode_workspace_bytes(n_agents),
+            cuda_context=CUDA_CONTEXT_BYTES,
+            safety_margin=safety_margin_bytes(total_vram),
+        )
+
+    def max_ctx(self, *, free_vram: int, total_vram: int, kv_format: str, chunk: int, n_agents: int,
+                embd_on_host: bool) -> int:
+        """The most tokens per agent that fit in ``free_vram`` (0 when not even the fixed terms fit)."""
+        fixed = self.plan(n_ctx=0, kv_format=kv_format, chunk=chunk, n_agents=n_agents,
+                          embd_on_host=embd_on_host, total_vram=total_vram).total
+        room = free_vram - fixed
+        if room <= 0:
+            return 0
+        return room // (n_agents * self.kv_bytes_per_token(kv_format))
+
+
+@functools.lru_cache(maxsize=8)
+def memory_model(shape: ModelShape = QWEN38_27B) -> MemoryModel:
+    """The memory model of ``shape`` in the unsloth Q4_K_M recipe (sizes from plan_tensors)."""
+    from ..model.synth import plan_tensors
+
+    plans = plan_tensors(shape, with_mtp=shape.n_nextn > 0)
+    return MemoryModel(
+        shape=shape,
+        weights_bytes=sum(p.n_bytes for p in plans),
+        token_embd_bytes=sum(p.n_bytes for p in plans if p.spec.role == "token_embd"),
+    )

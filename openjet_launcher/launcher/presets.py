@@ -1,0 +1,294 @@
+"""Settings for one GPU: KV-cache format, context length, prefill chunk, where the embedding table lives,
+and how many agents may share the GPU. ``choose_settings`` is a pure function of the card's figures.
+
+The policy, in the order it decides (the memory figures come from ``memory.MemoryModel``):
+
+1. Refusals first: compute capability below 8.0 (the kernels use sm_80 instructions); several agents on
+   a GPU with fewer than ``AGENTS_MIN_SMS`` SMs (the shared weight read pays off only when the extra
+   rows find idle SMs: below that a step with two agents takes as long as two steps); a card whose total
+   memory cannot hold the smallest setup (weights with the embedding table in host memory, q4_0 KV for
+   ``MIN_CTX`` tokens, a 512-token chunk): the 16 GB cards; less free memory than that smallest setup
+   (other programs hold the rest).
+2. Target context per agent: the requested one, else ``DEFAULT_TARGET_CTX`` (131072, a coding agent's
+   working set) divided among the agents, halving down to ``MIN_CTX`` only when nothing fits.
+3. For the target: prefill chunk 2048, then 1024, then 512 (memory short); within a chunk size the most
+   precise KV format whose cache holds the target: fp16, else q8_0, else q4_0 (``KV_FORMATS`` order).
+   A requested KV format is the only one tried.
+4. Context: the requested one, else the target grown to everything that fits in that format, up to the
+   model's 262144, rounded down to ``CTX_STEP``.
+5. The embedding table (0.67 GiB on 27B) stays on the GPU unless that would cost context; in host memory it
+   costs one 2.8 KiB row read over PCIe per prompt token.
+
+A requested context or KV format that does not fit is refused with what would fit on this GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+
+from ..errors import OpenJetError
+from ..model.shape import QWEN38_27B, ModelShape
+from .memory import KV_FORMATS, GiB, MemoryModel, MemoryPlan, MiB, memory_model
+
+DEFAULT_TARGET_CTX = 131072
+MIN_CTX = 32768          # less is not worth serving an agent with: refuse instead
+CTX_STEP = 4096          # grown contexts are rounded down to this
+CHUNKS = (2048, 1024, 512)
+AGENTS_MIN_SMS = 80
+MAX_AGENTS = 8           # DECODE_ROWS x MAX_AGENTS rows is the largest verify batch the engine plans for
+MIN_COMPUTE_CAPABILITY = (8, 0)
+CPU_PATH = "openjet-launch --engine reference --model demo"
+
+
+@dataclass(frozen=True)
+class Settings:
+    kv_format: str
+    n_ctx: int                 # tokens per agent
+    n_agents: int
+    prefill_chunk: int         # prompt tokens per prefill step
+    embd_on_host: bool         # token_embd.weight in pinned host memory
+    agents_allowed: bool       # sm_count >= AGENTS_MIN_SMS
+    max_ctx: int               # most tokens per agent these settings leave room for (capped at the model's)
+    memory: MemoryPlan
+    reasons: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {"kv_format": self.kv_format, "n_ctx": self.n_ctx, "n_agents": self.n_agents,
+                "prefill_chunk": self.prefill_chunk, "embd_on_host": self.embd_on_host,
+                "agents_allowed": self.agents_allowed, "max_ctx": self.max_ctx,
+                "memory": self.memory.to_dict(), "reasons": list(self.reasons)}
+
+
+def parse_compute_capability(cc: str | float | int | tuple[int, int]) -> tuple[int, int]:
+    """"8.6", 8.6, 86 or (8, 6) -> (8, 6)."""
+    if isinstance(cc, tuple):
+        return int(cc[0]), int(cc[1])
+    if isinstance(cc, int):
+        return divmod(cc, 10) if cc >= 10 else (cc, 0)
+    major, _, minor = str(cc).partition(".")
+    return int(major), int(minor or 0)
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def _cap(mm: MemoryModel, n: int) -> int:
+    return min(n, mm.shape.n_ctx_train)
+
+
+def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int) -> dict[str, int]:
+    """The most tokens per agent each KV format allows (smallest chunk, embedding table in host memory)."""
+    return {fmt: _cap(mm, mm.max_ctx(free_vram=free_vram, total_vram=total_vram, kv_format=fmt,
+                                     chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=True))
+            for fmt in KV_FORMATS}
+
+
+def _fits_text(fits: dict[str, int], n_agents: int) -> str:
+    per = " per agent" if n_agents > 1 else ""
+    parts = [f"{fmt} up to {n} tokens" for fmt, n in fits.items() if n > 0]
+    return (", ".join(parts) + per) if parts else "nothing"
+
+
+def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B) -> MemoryPlan:
+    """The least memory OpenJet runs in: q4_0 KV for MIN_CTX tokens, 1 agent, the smallest chunk, the
+    embedding table in host memory. A card whose total is below this is refused."""
+    return memory_model(model).plan(n_ctx=MIN_CTX, kv_format="q4_0", chunk=CHUNKS[-1], n_agents=1,
+                                    embd_on_host=True, total_vram=total_vram)
+
+
+def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
+                    compute_capability: str | float | int | tuple[int, int],
+                    requested_ctx: int | None = None, requested_agents: int = 1,
+                    model: ModelShape = QWEN38_27B, requested_kv: str | None = None) -> Settings:
+    """The settings for a GPU with these figures (bytes, SMs, "8.6"); OpenJetError saying why when none."""
+    mm = memory_model(model)
+    free = total_vram if free_vram is None else min(free_vram, total_vram)
+    cc = parse_compute_capability(compute_capability)
+    agents = requested_agents
+    agents_allowed = sm_count >= AGENTS_MIN_SMS
+
+    if cc < MIN_COMPUTE_CAPABILITY:
+        raise OpenJetError(f"compute capability {cc[0]}.{cc[1]} is too old: the engine's kernels need 8.0 or "
+                           f"newer (RTX 30xx, A10, L4, RTX 40xx/50xx, H100/H200). CPU path: {CPU_PATH}")
+    if requested_kv is not None and requested_kv not in KV_FORMATS:
+        raise OpenJetError(f"unknown KV format {requested_kv!r}: choose one of {', '.join(KV_FORMATS)}")
+    if not 1 <= agents <= MAX_AGENTS:
+        raise OpenJetError(f"{agents} agents requested: OpenJet serves 1 to {MAX_AGENTS} agents on one GPU")
+    if agents > 1 and not agents_allowed:
+        raise OpenJetError(f"{agents} agents need a GPU with at least {AGENTS_MIN_SMS} SMs, this one has "
+                           f"{sm_count}: agents share one weight read per step only where the extra rows "
+                           "find idle SMs. This GPU serves 1 agent.")
+    if requested_ctx is not None and not 1 <= requested_ctx <= model.n_ctx_train:
+        raise OpenJetError(f"context {requested_ctx}: the model takes 1 to {model.n_ctx_train} tokens")
+
+    smallest = smallest_plan(total_vram, model)
+    if smallest.total > total_vram:
+        raise OpenJetError(
+            f"this GPU has {gib(total_vram)}, too little for Qwen3.8-27B: the weights alone take "
+            f"{gib(smallest.weights)} (embedding table in host memory), and the smallest setup ({MIN_CTX} "
+            f"tokens of q4_0 KV, 512-token prefill chunks, CUDA context, safety margin) needs "
+            f"{gib(smallest.total)}. Cards with 24 GB or more run it. Without one: {CPU_PATH}")
+    if smallest.total > free:
+        raise OpenJetError(
+            f"only {gib(free)} of this GPU's {gib(total_vram)} is free; OpenJet needs at least "
+            f"{gib(smallest.total)}. Other programs hold {gib(total_vram - free)}: close them "
+            "(`nvidia-smi` lists them) and try again.")
+
+    def room(fmt: str, chunk: int, on_host: bool) -> int:
+        return mm.max_ctx(free_vram=free, total_vram=total_vram, kv_format=fmt, chunk=chunk,
+                          n_agents=agents, embd_on_host=on_host)
+
+    formats = [requested_kv] if requested_kv else list(KV_FORMATS)
+    if requested_ctx is not None:
+        targets = [requested_ctx]
+    else:
+        targets, t = [], max(MIN_CTX, DEFAULT_TARGET_CTX // agents)
+        while t >= MIN_CTX:
+            targets.append(t)
+            t //= 2
+    choice = next(((t, c, f) for t in targets for c in CHUNKS for f in formats if room(f, c, True) >= t), None)
+    if choice is None:
+        fits = what_fits(mm, free, total_vram, agents)
+        asked = (f"{requested_ctx} tokens" if requested_ctx else f"{MIN_CTX} tokens (the minimum)")
+        asked += f" of {requested_kv} KV" if requested_kv else ""
+        asked += f" for each of {agents} agents" if agents > 1 else ""
+        raise OpenJetError(f"{asked} do not fit in this GPU's {gib(free)} of free memory. What fits: "
+                           f"{_fits_text(fits, agents)}.")
+
+    target, chunk, fmt = choice
+    reasons = []
+    if requested_ctx is not None:
+        n_ctx = requested_ctx
+        on_host = room(fmt, chunk, False) < n_ctx
+        reasons.append(f"context {n_ctx}: requested")
+    else:
+        grown = _cap(mm, room(fmt, chunk, True)) // CTX_STEP * CTX_STEP
+        grown_on_gpu = _cap(mm, room(fmt, chunk, False)) // CTX_STEP * CTX_STEP
+        on_host = grown_on_gpu < grown
+        n_ctx = grown
+        reasons.append(f"context {n_ctx}: target {target}, grown to what fits (model maximum "
+                       f"{model.n_ctx_train})")
+    more_precise = formats[:formats.index(fmt)]
+    reasons.append(f"KV {fmt}: requested" if requested_kv else
+                   f"KV {fmt}: the most precise format holding {target} tokens"
+                   + (f" ({', '.join(more_precise)} would not)" if more_precise else ""))
+    reasons.append(f"prefill chunk {chunk}" + ("" if chunk == CHUNKS[0] else ": memory is short"))
+    reasons.append("embedding table in host memory: on the GPU it would cost context" if on_host else
+                   "embedding table on the GPU")
+    if not agents_allowed:
+        reasons.append(f"1 agent: {sm_count} SMs < {AGENTS_MIN_SMS}")
+    plan = mm.plan(n_ctx=n_ctx, kv_format=fmt, chunk=chunk, n_agents=agents, embd_on_host=on_host,
+                   total_vram=total_vram)
+    return Settings(kv_format=fmt, n_ctx=n_ctx, n_agents=agents, prefill_chunk=chunk, embd_on_host=on_host,
+                    agents_allowed=agents_allowed, max_ctx=_cap(mm, room(fmt, chunk, on_host)), memory=plan,
+                    reasons=tuple(reasons))
+
+
+# --- the table of known cards ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    total_mib: int        # as nvidia-smi / NVML report it (less than the marketing "24 GB" on some)
+    sm_count: int
+    compute_capability: str
+    desktop: bool         # GeForce: a display and a desktop session usually hold some memory
+
+    @property
+    def total_vram(self) -> int:
+        return self.total_mib * MiB
+
+    @property
+    def free_vram(self) -> int:
+        """Assumed free memory: a desktop holds about 1 GiB, a headless datacenter card about 0.25 GiB."""
+        return self.total_vram - (GiB if self.desktop else GiB // 4)
+
+
+CARDS: tuple[Card, ...] = (
+    Card("RTX 3090", 24576, 82, "8.6", True),
+    Card("RTX 4090", 24564, 128, "8.9", True),
+    Card("RTX 5090", 32607, 170, "12.0", True),
+    Card("A10", 23028, 72, "8.6", False),
+    Card("L4", 23034, 58, "8.9", False),
+    Card("H100 80GB", 81559, 132, "9.0", False),
+    Card("H200", 143771, 132, "9.0", False),
+    Card("RTX 4080 16GB", 16376, 76, "8.9", True),
+)
+
+
+def table_rows(cards: tuple[Card, ...] = CARDS, requested_ctx: int | None = None, requested_agents: int = 1,
+               requested_kv: str | None = None, model: ModelShape = QWEN38_27B) -> list[dict]:
+    rows = []
+    for card in cards:
+        row = {"gpu": card.name, "total_vram": card.total_vram, "free_vram": card.free_vram,
+               "sm_count": card.sm_count, "compute_capability": card.compute_capability}
+        try:
+            s = choose_settings(card.total_vram, card.free_vram, card.sm_count, card.compute_capability,
+                                requested_ctx=requested_ctx, requested_agents=requested_agents,
+                                model=model, requested_kv=requested_kv)
+            row["settings"] = s.to_dict()
+        except OpenJetError as e:
+            row["refused"] = str(e)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'GPU':<14} {'VRAM':>9} {'free':>9} {'SMs':>4} {'CC':>4}  {'KV':<5} {'context':>7} {'chunk':>5} " \
+           f"{'embd':<4} {'agents':<6} {'KV cache':>9}"
+    lines = [head, "-" * len(head)]
+    refusals = []
+    for r in rows:
+        left = f"{r['gpu']:<14} {gib(r['total_vram']):>9} {gib(r['free_vram']):>9} {r['sm_count']:>4} " \
+               f"{r['compute_capability']:>4}  "
+        if "refused" in r:
+            refusals.append(f"{r['gpu']}: {r['refused']}")
+            lines.append(left + f"refused [{len(refusals)}]")
+            continue
+        s = r["settings"]
+        agents = f"1-{MAX_AGENTS}" if s["agents_allowed"] else "1"
+        lines.append(left + f"{s['kv_format']:<5} {s['n_ctx']:>7} {s['prefill_chunk']:>5} "
+                            f"{'host' if s['embd_on_host'] else 'gpu':<4} {agents:<6} "
+                            f"{gib(s['memory']['kv_cache']):>9}")
+    lines.append("")
+    lines.append("free: assumed (a desktop holds ~1 GiB, a datacenter card ~0.25 GiB); `openjet-launch doctor` "
+                 "uses this machine's figures.")
+    lines.append(f"embd: where the token-embedding table lives; agents: how many may share the GPU (context "
+                 f"shown for 1; fewer than {AGENTS_MIN_SMS} SMs: 1).")
+    lines += [f"[{i}] {text}" for i, text in enumerate(refusals, 1)]
+    return "\n".join(lines)
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    cards = CARDS
+    if args.vram is not None:
+        cards = (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),) if args.only else \
+            CARDS + (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),)
+    rows = table_rows(cards, requested_ctx=args.ctx, requested_agents=args.agents, requested_kv=args.kv)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0
+
+
+def add_presets_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "presets", help="the settings OpenJet picks on common GPUs (KV format, context, chunk)",
+        description="Print the settings choose_settings picks for common GPUs (or for a card described with "
+                    "--vram/--sms/--cc): KV cache format, context per agent, prefill chunk, where the embedding "
+                    "table lives, agents; and why a card is refused. Policy: most precise KV format (fp16, q8_0, "
+                    "q4_0) that holds the target context (131072 unless --ctx), context grown to what fits up to "
+                    "262144, prefill chunk 2048 unless memory is short.")
+    p.add_argument("--ctx", type=int, default=None, help="requested context per agent (tokens)")
+    p.add_argument("--agents", type=int, default=1, help="agents sharing the GPU (default 1)")
+    p.add_argument("--kv", choices=list(KV_FORMATS), default=None, help="requested KV cache format")
+    p.add_argument("--vram", type=float, default=None, metavar="MIB_DIV_1024",
+                   help="add a card with this much memory in GiB (with --sms and --cc)")
+    p.add_argument("--sms", type=int, default=82, help="SM count of the --vram card (default 82)")
+    p.add_argument("--cc", default="8.6", help="compute capability of the --vram card (default 8.6)")
+    p.add_argument("--only", action="store_true", help="with --vram: print that card alone")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=_cmd_presets)
+    return p

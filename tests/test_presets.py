@@ -1,0 +1,209 @@
+"""The memory model and the preset policy: figures checked against hand arithmetic from qwen38.md §1, each
+known card against the settings it must get, refusals against the messages a user needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.launcher import presets
+from openjet_launcher.launcher.memory import (CUDA_CONTEXT_BYTES, STATE_COPIES, GiB, KV_FORMATS, MiB,
+                                              memory_model, safety_margin_bytes)
+from openjet_launcher.launcher.presets import (CARDS, CTX_STEP, MIN_CTX, choose_settings, format_table,
+                                               smallest_plan, table_rows)
+from openjet_launcher.model.shape import PRESETS, QWEN38_27B
+
+MM = memory_model(QWEN38_27B)
+CARD = {c.name: c for c in CARDS}
+
+
+# --- memory model against qwen38.md §1 ---------------------------------------------------------------------
+
+
+def test_kv_cache_is_64_kib_per_token_in_fp16_for_the_16_attention_layers_plus_the_mtp_layer():
+    per_layer = 4 * 256 * 2 * 2                       # 4 kv heads x 256 dims, K and V, 2 bytes
+    assert 16 * per_layer == 64 * 1024                # qwen38.md: 64 KiB per token over 16 layers
+    assert MM.kv_layers == 17
+    assert MM.kv_bytes_per_token("fp16") == 17 * per_layer == 69632
+
+
+def test_quantised_kv_formats_cost_34_and_18_bytes_per_32_values():
+    values = 17 * 2 * 4 * 256                         # 34816 values per token
+    assert MM.kv_bytes_per_token("q8_0") == values // 32 * 34 == 36992
+    assert MM.kv_bytes_per_token("q4_0") == values // 32 * 18 == 19584
+
+
+def test_gated_deltanet_state_is_144_mib_and_conv_state_5_6_mib_in_float32():
+    assert MM.gdn_state_bytes == 48 * 48 * 128 * 128 * 4 == 144 * MiB
+    assert MM.conv_state_bytes == 48 * 10240 * 3 * 4 == 5898240     # 5.625 MiB
+    assert MM.agent_state_bytes == STATE_COPIES * (144 * MiB + 5898240)
+
+
+def test_weights_follow_the_unsloth_q4_k_m_recipe_and_the_embedding_table_is_q4_k():
+    # token_embd: 248320 rows of 5120 values in Q4_K (144 bytes per 256 values).
+    assert MM.token_embd_bytes == 248320 * (5120 // 256) * 144 == 715_161_600
+    assert abs(MM.weights_bytes - 17.1e9) < 0.01 * 17.1e9           # qwen38.md: the file is 17.1 GB
+
+
+def test_prefill_scratch_formula_by_hand_for_the_27b_shape():
+    trunk = 5120 * (4 + 2 + 4)                         # residual fp32, normed fp16, sub-layer output fp32
+    gdn = (2 * 10240 * 4                               # qkv before / after the conv
+           + 2 * 6144 * 4                              # z and the gated output
+           + 2 * 48 * 4                                # a, b
+           + 48 * (64 + 2 * 128) * 4)                  # chunked delta rule rows (64-token chunks)
+    ffn = 3 * 17408 * 2
+    attn = 2 * 6144 * 4 + 2 * 1024 * 4 + 6144 * 4
+    assert gdn > max(ffn, attn)                        # the GDN layer sets the scratch size
+    for chunk in (512, 1024, 2048):
+        assert MM.prefill_scratch_bytes(chunk) == chunk * (trunk + gdn) + 248320 * 4
+    assert 470 * MiB < MM.prefill_scratch_bytes(2048) < 480 * MiB
+
+
+def test_a_plan_adds_up_its_terms_and_moves_the_embedding_table_to_host_memory():
+    on_gpu = MM.plan(n_ctx=1000, kv_format="q8_0", chunk=2048, n_agents=2, embd_on_host=False, total_vram=24 * GiB)
+    on_host = MM.plan(n_ctx=1000, kv_format="q8_0", chunk=2048, n_agents=2, embd_on_host=True, total_vram=24 * GiB)
+    assert on_gpu.kv_cache == 2 * 1000 * 36992
+    assert on_gpu.cuda_context == CUDA_CONTEXT_BYTES == 500 * MiB
+    assert on_gpu.safety_margin == safety_margin_bytes(24 * GiB) == 512 * MiB
+    assert on_gpu.total - on_host.total == MM.token_embd_bytes == on_host.token_embd_host
+    assert on_gpu.to_dict()["total"] == sum(v for k, v in on_gpu.to_dict().items()
+                                            if k not in ("total", "token_embd_host"))
+
+
+def test_the_memory_model_follows_the_shape_it_is_given():
+    tiny = memory_model(PRESETS["tiny"])
+    assert tiny.kv_layers == 2                         # 1 attention layer in 4 + the MTP layer
+    assert tiny.kv_bytes_per_token("fp16") == 2 * 2 * 2 * 256 * 2
+    assert tiny.gdn_state_bytes == 3 * 6 * 128 * 128 * 4
+
+
+# --- the policy on known cards -------------------------------------------------------------------------------
+
+EXPECTED = {  # card: (KV format, context, chunk, embedding table in host memory, agents allowed)
+    "RTX 3090": ("q8_0", 167936, 2048, True, True),
+    "RTX 4090": ("q8_0", 167936, 2048, True, True),
+    "RTX 5090": ("fp16", 208896, 2048, True, True),
+    "A10": ("q8_0", 147456, 2048, True, False),
+    "L4": ("q8_0", 147456, 2048, True, False),
+    "H100 80GB": ("fp16", 262144, 2048, False, True),
+    "H200": ("fp16", 262144, 2048, False, True),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_known_card_gets_its_settings(name):
+    c = CARD[name]
+    s = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability)
+    assert (s.kv_format, s.n_ctx, s.prefill_chunk, s.embd_on_host, s.agents_allowed) == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_chosen_settings_fit_and_are_the_largest_context_that_fits(name):
+    c = CARD[name]
+    s = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability)
+    assert s.memory.total <= c.free_vram
+    if s.n_ctx < QWEN38_27B.n_ctx_train:
+        bigger = MM.plan(n_ctx=s.n_ctx + CTX_STEP, kv_format=s.kv_format, chunk=s.prefill_chunk, n_agents=1,
+                         embd_on_host=s.embd_on_host, total_vram=c.total_vram)
+        assert bigger.total > c.free_vram
+    if s.kv_format != "fp16":                         # a more precise format would not hold the target
+        more = list(KV_FORMATS)[list(KV_FORMATS).index(s.kv_format) - 1]
+        assert MM.max_ctx(free_vram=c.free_vram, total_vram=c.total_vram, kv_format=more, chunk=2048, n_agents=1,
+                          embd_on_host=True) < presets.DEFAULT_TARGET_CTX
+
+
+def test_a_16_gb_card_is_refused_with_the_weights_and_the_smallest_setup():
+    c = CARD["RTX 4080 16GB"]
+    with pytest.raises(OpenJetError) as e:
+        choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability)
+    msg = str(e.value)
+    assert "16.0 GiB" in msg and "weights alone take 15.3 GiB" in msg and "24 GB" in msg
+    assert "--engine reference" in msg
+
+
+def test_several_agents_need_80_sms():
+    c = CARD["A10"]
+    with pytest.raises(OpenJetError, match="at least 80 SMs, this one has 72"):
+        choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_agents=2)
+    c = CARD["RTX 3090"]
+    s = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_agents=2)
+    assert s.n_agents == 2 and s.memory.total <= c.free_vram
+    assert s.memory.kv_cache == 2 * s.n_ctx * MM.kv_bytes_per_token(s.kv_format)
+    with pytest.raises(OpenJetError, match="1 to 8 agents"):
+        choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_agents=9)
+
+
+def test_a_full_context_on_a_24_gb_card_takes_the_low_bit_kv_format():
+    c = CARD["RTX 4090"]
+    s = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_ctx=262144)
+    assert (s.kv_format, s.n_ctx) == ("q4_0", 262144)
+
+
+def test_a_requested_setting_that_does_not_fit_is_refused_with_what_would_fit():
+    c = CARD["RTX 4090"]
+    with pytest.raises(OpenJetError) as e:
+        choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_ctx=262144,
+                        requested_kv="fp16")
+    msg = str(e.value)
+    assert msg.startswith("262144 tokens of fp16 KV do not fit")
+    fits = presets.what_fits(MM, c.free_vram, c.total_vram, 1)
+    assert f"fp16 up to {fits['fp16']} tokens" in msg and f"q8_0 up to {fits['q8_0']} tokens" in msg
+    assert fits["fp16"] < fits["q8_0"] < fits["q4_0"] == 262144
+
+
+def test_a_requested_context_is_kept_exactly_and_beyond_the_model_maximum_refused():
+    c = CARD["H200"]
+    s = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_ctx=50000)
+    assert (s.n_ctx, s.kv_format, s.embd_on_host) == (50000, "fp16", False)
+    with pytest.raises(OpenJetError, match="1 to 262144 tokens"):
+        choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_ctx=262145)
+
+
+def test_memory_held_by_other_programs_is_named_as_the_cause():
+    c = CARD["RTX 4090"]
+    with pytest.raises(OpenJetError, match=r"only 10.0 GiB of this GPU's 24.0 GiB is free.*nvidia-smi"):
+        choose_settings(c.total_vram, 10 * GiB, c.sm_count, c.compute_capability)
+
+
+def test_when_memory_is_short_the_chunk_shrinks_before_refusing():
+    total = CARD["RTX 4090"].total_vram
+    s = choose_settings(total, smallest_plan(total).total, 128, "8.9")
+    assert (s.kv_format, s.n_ctx, s.prefill_chunk) == ("q4_0", MIN_CTX, 512)
+    assert "prefill chunk 512: memory is short" in s.reasons
+
+
+def test_more_free_memory_never_gives_a_less_precise_cache_or_less_context_in_the_same_format():
+    total, order = 48 * GiB, list(KV_FORMATS)
+    last = None
+    for free in range(int(18.5 * GiB), total, GiB // 4):
+        s = choose_settings(total, free, 100, "8.9")
+        now = (order.index(s.kv_format), s.n_ctx)
+        if last is not None:
+            assert now[0] <= last[0]
+            assert now[0] < last[0] or now[1] >= last[1]
+        last = now
+    assert order[last[0]] == "fp16"
+
+
+def test_old_architectures_and_unknown_kv_formats_are_refused():
+    with pytest.raises(OpenJetError, match="compute capability 7.5 is too old"):
+        choose_settings(16 * GiB, 16 * GiB, 40, "7.5")
+    with pytest.raises(OpenJetError, match="unknown KV format"):
+        choose_settings(80 * GiB, 80 * GiB, 132, (9, 0), requested_kv="q5_1")
+
+
+def test_the_table_lists_every_card_and_explains_the_refusal(capsys):
+    text = format_table(table_rows())
+    for c in CARDS:
+        assert c.name in text
+    assert "refused [1]" in text and "[1] RTX 4080 16GB: this GPU has 16.0 GiB" in text
+
+    parser = argparse.ArgumentParser()
+    presets.add_presets_parser(parser.add_subparsers())
+    args = parser.parse_args(["presets", "--json", "--vram", "48", "--sms", "142", "--cc", "8.9", "--only"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["gpu"] for r in rows] == ["this card"] and rows[0]["settings"]["kv_format"] == "fp16"
