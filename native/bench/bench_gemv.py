@@ -1,0 +1,163 @@
+"""Decode GEMV benchmark (issue 6): time per call of y = W x for the 27B model's shapes and weight types at
+T = 1, 2, 4, 8 token rows, the achieved GB/s of weight bytes against the device-to-device copy bandwidth
+measured in the same run, the T=4/T=1 cost ratio, and a whole decode step's GEMV mix (unsloth Q4_K_M
+recipe) as % of roofline. Prints JSON.
+
+    OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gemv.py > gemv.json
+
+Timing: openjet_test_bench_gemv captures `reps` calls in a CUDA graph (weights rotated over copies that
+together exceed L2 several times), each figure is the median of `runs` graph replays.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from openjet_launcher.engine import kernels_test as kt  # noqa: E402
+from openjet_launcher.engine.device_probe import probe  # noqa: E402
+
+Q = kt.QTYPES
+TS = (1, 2, 4, 8)
+ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
+TARGET_US = 4000.0        # each graph replay runs about this long
+RUNS = 7
+
+# (n, k) = (out, in) of the brief's shapes, each in every type
+SHAPES = {"5120->10240": (10240, 5120), "5120->17408": (17408, 5120), "17408->5120": (5120, 17408),
+          "6144->5120": (5120, 6144)}
+
+
+def use_more_bits(i: int, n: int = 65) -> bool:  # llama.cpp's Q4_K_M rule for attn_v-like and ffn_down
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def decode_step_mix() -> dict[tuple[int, int, str], int]:
+    """(n, k, type) -> count per decode step of the 64 main layers + lm_head (unsloth Q4_K_M, spec §2.2)."""
+    mix: dict[tuple[int, int, str], int] = {}
+
+    def add(n, k, t):
+        mix[(n, k, t)] = mix.get((n, k, t), 0) + 1
+
+    for il in range(64):
+        hi = "Q6_K" if use_more_bits(il) else "Q4_K"
+        if il % 4 == 3:  # full attention
+            add(12288, 5120, "Q4_K"); add(1024, 5120, "Q4_K"); add(1024, 5120, hi); add(5120, 6144, "Q4_K")
+        else:            # gated delta net
+            add(10240, 5120, hi); add(6144, 5120, "Q4_K"); add(48, 5120, "F32"); add(48, 5120, "F32")
+            add(5120, 6144, "Q5_K")
+        add(17408, 5120, "Q4_K"); add(17408, 5120, "Q4_K"); add(5120, 17408, hi)
+    add(248320, 5120, "Q6_K")
+    return mix
+
+
+def random_weights(rng, qtype: str, n: int, k: int) -> np.ndarray:
+    """Random blocks with sane fp16 scales (never zeros: zeros can time faster than real data)."""
+    if qtype == "F32":
+        return rng.standard_normal((n, k), dtype=np.float32)
+    epb, bpb = kt.BLOCK[Q[qtype]]
+    raw = rng.integers(0, 256, size=(n, k // epb, bpb), dtype=np.uint8)
+    at, count = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1), "Q8_0": (0, 1)}[qtype]
+    scales = rng.uniform(1e-3, 1e-2, size=raw.shape[:2] + (count,)).astype(np.float16)
+    raw[:, :, at:at + 2 * count] = scales.view(np.uint8).reshape(raw.shape[:2] + (2 * count,))
+    return raw.reshape(n, -1)
+
+
+def weight_bytes(qtype: str, n: int, k: int) -> int:
+    epb, bpb = kt.BLOCK[Q[qtype]]
+    return n * (k // epb) * bpb
+
+
+def measure(rng, qtype: str, n: int, k: int) -> dict:
+    try:
+        return measure_or_raise(rng, qtype, n, k)
+    except Exception as e:  # one failing configuration must not lose the others' figures
+        print(f"{qtype} {n}x{k}: {e}", file=sys.stderr)
+        nan = float("nan")
+        return {"type": qtype, "n": n, "k": k, "weight_bytes": weight_bytes(qtype, n, k), "error": str(e),
+                "us": {t: nan for t in TS}, "shape": {}}
+
+
+def measure_or_raise(rng, qtype: str, n: int, k: int) -> dict:
+    w = random_weights(rng, qtype, n, k)
+    nbytes = weight_bytes(qtype, n, k)
+    copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
+    out = {"type": qtype, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies, "us": {}, "shape": {}}
+    for t in TS:
+        probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
+        reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
+        us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
+        out["us"][t] = us
+        out["shape"][t] = kt.gemv_shape(Q[qtype], n, k, t)
+    return out
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    dev = probe()
+    copy = kt.bench_copy(1 << 30, 10, RUNS)
+    copy_gbs = float(np.median(copy))
+    results = []
+    seen = {}
+    for name, (n, k) in SHAPES.items():
+        for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
+            r = measure(rng, qtype, n, k)
+            r["name"] = name
+            seen[(n, k, qtype)] = r
+            results.append(r)
+    for key in decode_step_mix():
+        if key not in seen:
+            n, k, qtype = key
+            r = measure(rng, qtype, n, k)
+            r["name"] = f"{k}->{n}"
+            seen[key] = r
+            results.append(r)
+    for r in results:
+        r["gbs"] = {t: r["weight_bytes"] / (us * 1e-6) / 1e9 for t, us in r["us"].items()}
+        r["pct_copy_bw"] = {t: 100.0 * g / copy_gbs for t, g in r["gbs"].items()}
+        r["t4_over_t1"] = r["us"][4] / r["us"][1]
+        r["t8_over_t1"] = r["us"][8] / r["us"][1]
+    step = {}
+    mix = decode_step_mix()
+    total_bytes = sum(weight_bytes(q, n, k) * c for (n, k, q), c in mix.items())
+    for t in TS:
+        us = sum(seen[key]["us"][t] * c for key, c in mix.items())
+        step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
+                   "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    gpu = dev.get("devices", [{}])[0] if isinstance(dev, dict) else {}
+    report = {
+        "bench": "gemv", "commit": commit, "host": platform.node(), "gpu": gpu,
+        "copy_gbs_d2d_read_plus_write": copy_gbs, "copy_gbs_runs": copy,
+        "decode_step_gemv_mix": {"weight_bytes": total_bytes, "calls": sum(mix.values()),
+                                 "by_t": step, "t4_over_t1": step[4]["us"] / step[1]["us"],
+                                 "note": "sum of isolated per-call times (each with its launch), Q4_K_M recipe"},
+        "results": results,
+    }
+    json.dump(report, sys.stdout, indent=1, default=str)
+    print()
+    # a short table last (the device tool returns the output's tail)
+    print(f"copy {copy_gbs:.0f} GB/s", file=sys.stderr)
+    print(f"{'shape':>14} {'type':>5} {'MB':>7} " + " ".join(f"T{t}:us  GB/s   %" .rjust(22) for t in TS)
+          + "  T4/T1", file=sys.stderr)
+    for r in results:
+        cells = " ".join(f"{r['us'][t]:8.1f} {r['gbs'][t]:6.0f} {r['pct_copy_bw'][t]:5.1f}".rjust(22) for t in TS)
+        print(f"{r['name']:>14} {r['type']:>5} {r['weight_bytes'] / 1e6:7.1f} {cells}  {r['t4_over_t1']:.2f}",
+              file=sys.stderr)
+    for t in TS:
+        print(f"decode step mix T={t}: {step[t]['us']:.0f} us, {step[t]['gbs']:.0f} GB/s, "
+              f"{step[t]['pct_roofline']:.1f}% of copy bw", file=sys.stderr)
+    print(f"step T4/T1 = {step[4]['us'] / step[1]['us']:.3f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+/* OpenJet engine: test-only C API. Each call runs one kernel family on host arrays: it allocates device
+ * memory, copies in, launches, synchronises, copies out and frees. For tests and benchmarks
+ * (openjet_launcher/engine/kernels_test.py), not for serving.
+ *
+ * Conventions (as openjet.h): an int status, OPENJET_OK or negative, never an abort; after a failure
+ * openjet_test_last_error() says what failed (per thread). Shapes are row-major: x [t, k], y [t, n],
+ * weights [n, k] as GGUF stores them (n rows of k/elements_per_block blocks). qtype is the GGML type id:
+ * 0 F32, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K. t (token rows) is 1..8. */
+#ifndef OPENJET_TEST_H
+#define OPENJET_TEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "openjet.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPENJET_TEST_ERR_CUDA (-4) /* a CUDA call or kernel failed: see openjet_test_last_error() */
+
+/* Message of this thread's last failed openjet_test_* call ("" when none failed yet). */
+OPENJET_API const char* openjet_test_last_error(void);
+
+/* Activation quantisation (optionally fused RMSNorm: norm_w != NULL, then v = x*rsqrt(mean x^2+eps)*w):
+ * xq [t, k] int8, ds [t, k/32, 2] float = (d, d*sum(q)) per 32-block. k % 32 == 0. */
+OPENJET_API int openjet_test_quantize_act(const float* x, int t, int k, const float* norm_w, float eps,
+                                          int8_t* xq, float* ds);
+
+/* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
+OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
+
+/* y [t, n] = W x: k-quant W quantises x first (no norm), F32 W takes x as is. */
+OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
+
+/* y [t, n] = W x for k-quant W and activations already quantised (xq [t, k], ds [t, k/32, 2]). */
+OPENJET_API int openjet_test_gemv_q8(int qtype, const void* w, int n, int k, const int8_t* xq, const float* ds,
+                                     int t, float* y);
+
+/* out [n_ids, dim] = rows ids of a Q4_K table [vocab, dim] (qtype 12), dequantised. */
+OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
+                                   int n_ids, float* out);
+
+/* The launch shape the GEMV picks on the current device. */
+OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int t, int* rows_per_warp,
+                                        int* warps_per_block, int* blocks);
+
+/* Times the GEMV alone (activations quantised once beforehand): W is copied to `copies` device buffers
+ * that successive calls rotate through (so L2 cannot hold the weights), `reps` calls are captured in a
+ * CUDA graph, and each of `runs` graph replays is timed with events: us_out[i] = microseconds per call. */
+OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies, int reps,
+                                        int runs, float* us_out);
+
+/* Device-to-device cudaMemcpy of `bytes`, `reps` times per run: gbps_out[i] = (read + written bytes) / s. */
+OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENJET_TEST_H */

@@ -1,0 +1,45 @@
+// launch_embed: one block per token; each thread dequantises elements e = threadIdx.x + 256 i of its row.
+#include "embed.cuh"
+#include "kquant.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int kEmbedThreads = 256;
+
+// Element e of a Q4_K row: byte 32*(s/2) + e%32 of the super-block's qs, low nibble for even s = (e%256)/32.
+__global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t* __restrict__ table, int vocab,
+                                                                   int dim, const int32_t* __restrict__ ids,
+                                                                   float* __restrict__ out) {
+    const int id = ids[blockIdx.x];
+    float* o = out + (long long)blockIdx.x * dim;
+    if (id < 0 || id >= vocab) {
+        for (int e = threadIdx.x; e < dim; e += kEmbedThreads) o[e] = 0.0f;
+        return;
+    }
+    const uint8_t* row = table + (long long)id * (dim / 256) * Block<kQ4_K>::kBytes;
+    for (int e = threadIdx.x; e < dim; e += kEmbedThreads) {
+        const uint8_t* p = row + (e / 256) * Block<kQ4_K>::kBytes;
+        const int s = (e % 256) / 32;
+        int sc, m;
+        k4_scale_min(p + 4, s, sc, m);
+        const int byte = p[16 + 32 * (s / 2) + e % 32];
+        const int q = (s & 1) ? byte >> 4 : byte & 0x0F;
+        const float ds = __fmul_rn(f16_at(p), static_cast<float>(sc));
+        const float dm = __fmul_rn(f16_at(p + 2), static_cast<float>(m));
+        o[e] = __fsub_rn(__fmul_rn(ds, static_cast<float>(q)), dm);
+    }
+}
+
+}  // namespace
+
+cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids, int n_ids,
+                         float* out, cudaStream_t stream) {
+    if (qtype != kQ4_K || !table || !ids || !out || vocab < 1 || dim < 256 || dim % 256 || n_ids < 0)
+        return cudaErrorInvalidValue;
+    if (n_ids == 0) return cudaSuccess;
+    embed_q4_k_kernel<<<n_ids, kEmbedThreads, 0, stream>>>(static_cast<const uint8_t*>(table), vocab, dim, ids, out);
+    return cudaGetLastError();
+}
+
+}  // namespace openjet

@@ -1,0 +1,16 @@
+// Token embedding: rows of a Q4_K table [vocab, dim] gathered by token id and dequantised to float32,
+// with ggml's float steps ((d * sc) * q - dmin * m, no fused multiply-add) so rows equal ggml's bit for bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace openjet {
+
+// out [n_ids, dim] = table[ids[i], :]. ids must lie in [0, vocab) (the caller checks; the kernel writes
+// zeros for an id outside it rather than read beyond the table). qtype: kQ4_K only.
+cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids, int n_ids,
+                         float* out, cudaStream_t stream);
+
+}  // namespace openjet

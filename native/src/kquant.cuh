@@ -1,0 +1,91 @@
+// GGUF block layouts (ggml-common.h) as the kernels read them, and the device helpers every weight reader
+// shares. Byte offsets are those of openjet_launcher/model/quants.py's table:
+//   Q8_0  32 elem  34 B  d | q[32] int8
+//   Q4_K 256 elem 144 B  d | dmin | scales[12] (6-bit sc,m x8) | qs[128] 4-bit
+//   Q5_K 256 elem 176 B  d | dmin | scales[12] | qh[32] bit 4 | qs[128]
+//   Q6_K 256 elem 210 B  ql[128] low 4 | qh[64] high 2 | sc[16] int8 | d
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace openjet {
+
+// GGML type ids (ggml.h enum ggml_type): the C API takes these numbers.
+enum GgmlType : int { kF32 = 0, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+template <int QT> struct Block;
+template <> struct Block<kQ8_0> { static constexpr int kElems = 32, kBytes = 34; };
+template <> struct Block<kQ4_K> { static constexpr int kElems = 256, kBytes = 144; };
+template <> struct Block<kQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
+template <> struct Block<kQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
+
+// Host-side view of the same table; 0 for a type we do not read.
+inline int block_elems(int qtype) {
+    switch (qtype) {
+        case kQ8_0: return 32;
+        case kQ4_K: case kQ5_K: case kQ6_K: return 256;
+        case kF32: return 1;
+        default: return 0;
+    }
+}
+inline int block_bytes(int qtype) {
+    switch (qtype) {
+        case kQ8_0: return 34;
+        case kQ4_K: return 144;
+        case kQ5_K: return 176;
+        case kQ6_K: return 210;
+        case kF32: return 4;
+        default: return 0;
+    }
+}
+
+// Activations quantised for dp4a (q8_1-like, fp32 fields): per row t of x [T, K], qs [T, K] int8 and
+// ds [T, K/32] float2 = (d, d * sum(q)) per 32-block, x ~= d * q.
+constexpr int kQ8Block = 32;
+
+// 16-byte global load that streams past L1 (weights are read once; L1 is kept for the activations).
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Shared-memory reads at 2-byte-aligned addresses (Q6_K and Q8_0 blocks are not 4-byte aligned).
+// Four consecutive words starting at a 2-byte-aligned address: the 5 aligned words around them (reads up
+// to 4 bytes past the 16 it returns) and 4 funnel shifts.
+__device__ __forceinline__ void lds_4x_u32_at(const uint8_t* base, int byte_off, int out[4]) {
+    const uint8_t* p = base + byte_off;
+    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);  // generic & shared agree mod 4
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);  // derived from base: stays ld.shared
+    const unsigned sh = static_cast<unsigned>(mis) * 8;
+    uint32_t v[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) v[i] = w[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], sh));
+}
+
+__device__ __forceinline__ float f16_at(const uint8_t* p) {  // p is 2-byte aligned
+    return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// ggml get_scale_min_k4: 6-bit scale and min of sub-block j (0..7) from Q4_K/Q5_K's 12 scale bytes.
+__device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Per byte b in [0, 63]: b - 32 as int8, without borrows between bytes (bytes lifted to [128, 191] first).
+__device__ __forceinline__ int sub32_bytes(int q) {
+    return ((q | 0x80808080) - 0x20202020) ^ 0x80808080;
+}
+
+}  // namespace openjet

@@ -1,0 +1,30 @@
+// RMSNorm as GGUF stores it (norm weights already hold 1 + w): y = x * rsqrt(mean(x^2) + eps) * w.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace openjet {
+
+constexpr int kRowThreads = 256;  // one block of this many threads per token row
+
+// rsqrt(mean(x[0..k)^2) + eps) for the calling block's row, returned to every thread. The sum runs in a
+// fixed order (thread-strided, then lanes by xor butterfly, then warps 0..7), so it depends on x alone.
+__device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int k, float eps) {
+    __shared__ float part[kRowThreads / 32];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < k; i += kRowThreads) s = __fmaf_rn(x[i], x[i], s);
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
+    __syncthreads();  // part may be reused by the caller's next row
+    return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
+}
+
+// y[t, :] = rmsnorm(x[t, :]) * w for t rows of k floats.
+cudaError_t launch_rmsnorm(const float* x, const float* w, int t, int k, float eps, float* y, cudaStream_t stream);
+
+}  // namespace openjet

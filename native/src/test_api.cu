@@ -1,0 +1,293 @@
+// openjet_test_*: the test-only C API (include/openjet_test.h) over the kernel families' launchers.
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "embed.cuh"
+#include "gemv_kquant.cuh"
+#include "openjet_test.h"
+#include "quantize_act.cuh"
+#include "rmsnorm.cuh"
+
+namespace {
+
+using namespace openjet;
+
+thread_local std::string g_error;
+
+int fail(int status, const char* fmt, ...) {
+    char b[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    g_error = b;
+    return status;
+}
+
+int cuda_fail(cudaError_t e, const char* what) {
+    if (e == cudaErrorInvalidValue)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: invalid argument (shape, type, t or alignment)", what);
+    return fail(OPENJET_TEST_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CHECK(call)                                         \
+    do {                                                    \
+        const cudaError_t e_ = (call);                      \
+        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
+    } while (0)
+
+// Device memory freed at scope exit.
+struct DevBuf {
+    void* p = nullptr;
+    ~DevBuf() {
+        if (p) cudaFree(p);
+    }
+    cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
+    template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() {
+        if (e) cudaEventDestroy(e);
+    }
+};
+
+int check_t(int t) {
+    if (t < 1 || t > kGemvMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGemvMaxT);
+    return OPENJET_OK;
+}
+
+int check_weights(int qtype, int n, int k) {
+    const int elems = block_elems(qtype);
+    if (elems == 0) return fail(OPENJET_ERR_INVALID_ARGUMENT, "qtype %d: not a type the GEMV reads (0, 8, 12, 13, 14)", qtype);
+    if (n < 1 || k < 32 || k % elems || k % 32)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "n = %d, k = %d: k must be a positive multiple of %d and of 32", n, k, elems);
+    return OPENJET_OK;
+}
+
+size_t weight_bytes(int qtype, int n, int k) {
+    return static_cast<size_t>(n) * (k / block_elems(qtype)) * block_bytes(qtype);
+}
+
+}  // namespace
+
+extern "C" OPENJET_API const char* openjet_test_last_error(void) { return g_error.c_str(); }
+
+extern "C" OPENJET_API int openjet_test_quantize_act(const float* x, int t, int k, const float* norm_w, float eps,
+                                                     int8_t* xq, float* ds) {
+    if (!x || !xq || !ds || t < 1 || k < 32 || k % 32)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "quantize_act: null pointer, t < 1 or k (%d) not a multiple of 32", k);
+    DevBuf dx, dw, dq, dds;
+    CHECK(dx.alloc(sizeof(float) * t * k));
+    CHECK(dq.alloc(static_cast<size_t>(t) * k));
+    CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+    CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+    if (norm_w) {
+        CHECK(dw.alloc(sizeof(float) * k));
+        CHECK(cudaMemcpy(dw.p, norm_w, sizeof(float) * k, cudaMemcpyHostToDevice));
+    }
+    CHECK(launch_quantize_act(dx.as<float>(), t, k, dw.as<float>(), eps, dq.as<int8_t>(), dds.as<float2>(), 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(xq, dq.p, static_cast<size_t>(t) * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ds, dds.p, sizeof(float2) * t * (k / 32), cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y) {
+    if (!x || !w || !y || t < 1 || k < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "rmsnorm: null pointer or bad shape");
+    DevBuf dx, dw, dy;
+    CHECK(dx.alloc(sizeof(float) * t * k));
+    CHECK(dw.alloc(sizeof(float) * k));
+    CHECK(dy.alloc(sizeof(float) * t * k));
+    CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dw.p, w, sizeof(float) * k, cudaMemcpyHostToDevice));
+    CHECK(launch_rmsnorm(dx.as<float>(), dw.as<float>(), t, k, eps, dy.as<float>(), 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+namespace {
+
+// Shared body of the two GEMV entry points: x (float) or xq/ds (already quantised).
+int run_gemv(int qtype, const void* w, int n, int k, const float* x, const int8_t* xq, const float* ds, int t,
+             float* y) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (!w || !y || (!x && !xq) || (xq && !ds)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
+    const size_t wb = weight_bytes(qtype, n, k);
+    DevBuf dw, dx, dq, dds, dy;
+    CHECK(dw.alloc(wb));
+    CHECK(dy.alloc(sizeof(float) * t * n));
+    CHECK(cudaMemcpy(dw.p, w, wb, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
+    GemvArgs a{qtype, dw.p, n, k, t, nullptr, nullptr, nullptr, dy.as<float>()};
+    if (qtype == kF32) {
+        if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: F32 weights take float activations");
+        CHECK(dx.alloc(sizeof(float) * t * k));
+        CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+        a.xf = dx.as<float>();
+    } else {
+        CHECK(dq.alloc(static_cast<size_t>(t) * k));
+        CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+        if (xq) {
+            CHECK(cudaMemcpy(dq.p, xq, static_cast<size_t>(t) * k, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(dds.p, ds, sizeof(float2) * t * (k / 32), cudaMemcpyHostToDevice));
+        } else {
+            CHECK(dx.alloc(sizeof(float) * t * k));
+            CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+            CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
+        }
+        a.xq = dq.as<int8_t>();
+        a.xds = dds.as<float2>();
+    }
+    CHECK(launch_gemv(a, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+}  // namespace
+
+extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y) {
+    if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: x is null");
+    return run_gemv(qtype, w, n, k, x, nullptr, nullptr, t, y);
+}
+
+extern "C" OPENJET_API int openjet_test_gemv_q8(int qtype, const void* w, int n, int k, const int8_t* xq,
+                                                const float* ds, int t, float* y) {
+    if (qtype == kF32) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_q8: F32 weights take float activations");
+    if (!xq || !ds) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_q8: xq or ds is null");
+    return run_gemv(qtype, w, n, k, nullptr, xq, ds, t, y);
+}
+
+extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
+                                              int n_ids, float* out) {
+    if (qtype != kQ4_K) return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: qtype %d: only Q4_K (12) is supported", qtype);
+    if (!table || !ids || !out || vocab < 1 || dim < 256 || dim % 256 || n_ids < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: null pointer, or dim (%d) not a multiple of 256", dim);
+    for (int i = 0; i < n_ids; ++i)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i], vocab);
+    const size_t tb = weight_bytes(kQ4_K, vocab, dim);
+    DevBuf dt, di, dout;
+    CHECK(dt.alloc(tb));
+    CHECK(di.alloc(sizeof(int32_t) * n_ids));
+    CHECK(dout.alloc(sizeof(float) * n_ids * dim));
+    CHECK(cudaMemcpy(dt.p, table, tb, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(di.p, ids, sizeof(int32_t) * n_ids, cudaMemcpyHostToDevice));
+    CHECK(launch_embed(qtype, dt.p, vocab, dim, di.as<int32_t>(), n_ids, dout.as<float>(), 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(out, dout.p, sizeof(float) * n_ids * dim, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int t, int* rows_per_warp,
+                                                   int* warps_per_block, int* blocks) {
+    if (!rows_per_warp || !warps_per_block || !blocks) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_shape: null pointer");
+    CHECK(gemv_launch_shape(qtype, n, k, t, rows_per_warp, warps_per_block, blocks));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
+                                                   int reps, int runs, float* us_out) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
+    const size_t wb = weight_bytes(qtype, n, k);
+    std::vector<DevBuf> dw(copies);
+    for (auto& b : dw) CHECK(b.alloc(wb));
+    CHECK(cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice));
+    for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
+    // Activations: a fixed pseudo-random x (never zeros), quantised once.
+    std::vector<float> x(static_cast<size_t>(t) * k);
+    uint32_t s = 12345u;
+    for (auto& v : x) {
+        s = s * 1664525u + 1013904223u;
+        v = static_cast<float>(static_cast<int>(s >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
+    }
+    DevBuf dx, dq, dds, dy;
+    CHECK(dx.alloc(sizeof(float) * x.size()));
+    CHECK(dq.alloc(x.size()));
+    CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+    CHECK(dy.alloc(sizeof(float) * t * n));
+    CHECK(cudaMemcpy(dx.p, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice));
+    CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
+    GemvArgs a{qtype, nullptr, n, k, t, dq.as<int8_t>(), dds.as<float2>(), dx.as<float>(), dy.as<float>()};
+    for (int i = 0; i < copies; ++i) {  // warm-up: module load, smem opt-in
+        a.w = dw[i].p;
+        CHECK(launch_gemv(a, 0));
+    }
+    CHECK(cudaDeviceSynchronize());
+
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct StreamGuard {
+        cudaStream_t s;
+        ~StreamGuard() { cudaStreamDestroy(s); }
+    } sg{stream};
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < reps; ++i) {
+        a.w = dw[i % copies].p;
+        const cudaError_t e = launch_gemv(a, stream);
+        if (e != cudaSuccess) {
+            cudaStreamEndCapture(stream, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            return cuda_fail(e, "launch_gemv (capture)");
+        }
+    }
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) return cuda_fail(ie, "cudaGraphInstantiate");
+    struct ExecGuard {
+        cudaGraphExec_t g;
+        ~ExecGuard() { cudaGraphExecDestroy(g); }
+    } eg{exec};
+    Event e0, e1;
+    CHECK(cudaEventCreate(&e0.e));
+    CHECK(cudaEventCreate(&e1.e));
+    CHECK(cudaGraphLaunch(exec, stream));  // warm replay
+    for (int r = 0; r < runs; ++r) {
+        CHECK(cudaEventRecord(e0.e, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(e1.e, stream));
+        CHECK(cudaEventSynchronize(e1.e));
+        float ms = 0.0f;
+        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
+        us_out[r] = ms * 1000.0f / reps;
+    }
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out) {
+    if (bytes < 16 || reps < 1 || runs < 1 || !gbps_out)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_copy: bytes < 16, reps/runs < 1 or null output");
+    DevBuf a, b;
+    CHECK(a.alloc(bytes));
+    CHECK(b.alloc(bytes));
+    CHECK(cudaMemset(a.p, 0x5A, bytes));
+    CHECK(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice));  // warm-up
+    Event e0, e1;
+    CHECK(cudaEventCreate(&e0.e));
+    CHECK(cudaEventCreate(&e1.e));
+    for (int r = 0; r < runs; ++r) {
+        CHECK(cudaEventRecord(e0.e, 0));
+        for (int i = 0; i < reps; ++i) CHECK(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice, 0));
+        CHECK(cudaEventRecord(e1.e, 0));
+        CHECK(cudaEventSynchronize(e1.e));
+        float ms = 0.0f;
+        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
+        gbps_out[r] = static_cast<float>(2.0 * bytes * reps / (ms * 1e-3) / 1e9);
+    }
+    return OPENJET_OK;
+}

@@ -1,0 +1,162 @@
+"""ctypes binding of the engine's test-only C API (native/include/openjet_test.h): runs one kernel family on
+numpy arrays, for the GPU tests (tests/test_gpu_gemv.py) and benchmarks (native/bench/bench_gemv.py).
+
+Weights are GGUF bytes as `openjet_launcher.model.quants.quantize` writes them: uint8 [n, row_bytes]
+(F32: float32 [n, k] also accepted). Activations are float32 [t, k] with t = 1..8 token rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..errors import OpenJetError
+from .native import load_library
+
+# GGML type ids the GEMV reads.
+QTYPES = {"F32": 0, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCK = {0: (1, 4), 8: (32, 34), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # (elements, bytes)
+MAX_T = 8
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_F = ctypes.c_float
+_declared: set[int] = set()
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load_library()
+    if id(lib) in _declared:
+        return lib
+    try:
+        lib.openjet_test_last_error.argtypes = []
+        lib.openjet_test_last_error.restype = ctypes.c_char_p
+        lib.openjet_test_quantize_act.argtypes = [_P, _I, _I, _P, _F, _P, _P]
+        lib.openjet_test_rmsnorm.argtypes = [_P, _I, _I, _P, _F, _P]
+        lib.openjet_test_gemv.argtypes = [_I, _P, _I, _I, _P, _I, _P]
+        lib.openjet_test_gemv_q8.argtypes = [_I, _P, _I, _I, _P, _P, _I, _P]
+        lib.openjet_test_embed.argtypes = [_I, _P, _I, _I, _P, _I, _P]
+        lib.openjet_test_gemv_shape.argtypes = [_I, _I, _I, _I, _P, _P, _P]
+        lib.openjet_test_bench_gemv.argtypes = [_I, _P, _I, _I, _I, _I, _I, _I, _P]
+        lib.openjet_test_bench_copy.argtypes = [ctypes.c_size_t, _I, _I, _P]
+        for name in ("quantize_act", "rmsnorm", "gemv", "gemv_q8", "embed", "gemv_shape", "bench_gemv",
+                     "bench_copy"):
+            getattr(lib, f"openjet_test_{name}").restype = _I
+    except AttributeError as e:
+        raise OpenJetError(f"the engine library has no test API (missing {e}): rebuild it") from e
+    _declared.add(id(lib))
+    return lib
+
+
+def _check(lib: ctypes.CDLL, status: int, what: str) -> None:
+    if status != 0:
+        msg = lib.openjet_test_last_error().decode("utf-8", errors="replace")
+        raise OpenJetError(f"{what} failed (status {status}): {msg}")
+
+
+def _ptr(a: np.ndarray | None) -> ctypes.c_void_p | None:
+    return None if a is None else a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _f32(x, ndim: int) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != ndim:
+        raise ValueError(f"expected a {ndim}-d float32 array, got shape {x.shape}")
+    return x
+
+
+def _weights(qtype: int, w: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """(contiguous bytes, n) of a weight matrix with k columns."""
+    if qtype not in BLOCK:
+        raise ValueError(f"qtype {qtype} is not one of {sorted(BLOCK)}")
+    w = np.ascontiguousarray(w)
+    epb, bpb = BLOCK[qtype]
+    if k % epb:
+        raise ValueError(f"k = {k} is not a multiple of {epb}")
+    raw = w.view(np.uint8).reshape(w.shape[0], -1)
+    if raw.shape[1] != k // epb * bpb:
+        raise ValueError(f"weights of {raw.shape[1]} bytes per row do not hold k = {k} (need {k // epb * bpb})")
+    return raw, raw.shape[0]
+
+
+def quantize_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """(xq int8 [t, k], ds float32 [t, k/32, 2]) for x [t, k]; with norm_w, of rmsnorm(x) * norm_w."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    w = None if norm_w is None else _f32(norm_w, 1)
+    xq = np.empty((t, k), np.int8)
+    ds = np.empty((t, k // 32, 2), np.float32)
+    _check(lib, lib.openjet_test_quantize_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xq), _ptr(ds)), "quantize_act")
+    return xq, ds
+
+
+def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
+    lib = _lib()
+    x = _f32(x, 2)
+    w = _f32(w, 1)
+    y = np.empty_like(x)
+    _check(lib, lib.openjet_test_rmsnorm(_ptr(x), x.shape[0], x.shape[1], _ptr(w), eps, _ptr(y)), "rmsnorm")
+    return y
+
+
+def gemv(qtype: int, w, x) -> np.ndarray:
+    """y [t, n] = W x (x quantised to int8 blocks first, unless W is F32)."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw, n = _weights(qtype, w, k)
+    y = np.empty((t, n), np.float32)
+    _check(lib, lib.openjet_test_gemv(qtype, _ptr(raw), n, k, _ptr(x), t, _ptr(y)), "gemv")
+    return y
+
+
+def gemv_q8(qtype: int, w, xq, ds) -> np.ndarray:
+    """y [t, n] = W x for activations already quantised (as quantize_act returns them)."""
+    lib = _lib()
+    xq = np.ascontiguousarray(xq, dtype=np.int8)
+    ds = np.ascontiguousarray(ds, dtype=np.float32)
+    t, k = xq.shape
+    if ds.shape != (t, k // 32, 2):
+        raise ValueError(f"ds has shape {ds.shape}, expected {(t, k // 32, 2)}")
+    raw, n = _weights(qtype, w, k)
+    y = np.empty((t, n), np.float32)
+    _check(lib, lib.openjet_test_gemv_q8(qtype, _ptr(raw), n, k, _ptr(xq), _ptr(ds), t, _ptr(y)), "gemv_q8")
+    return y
+
+
+def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
+    """float32 [len(ids), dim]: rows `ids` of a quantised table [vocab, dim]."""
+    lib = _lib()
+    raw, vocab = _weights(qtype, table, dim)
+    ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+    out = np.empty((len(ids), dim), np.float32)
+    _check(lib, lib.openjet_test_embed(qtype, _ptr(raw), vocab, dim, _ptr(ids), len(ids), _ptr(out)), "embed")
+    return out
+
+
+def gemv_shape(qtype: int, n: int, k: int, t: int) -> dict:
+    """The launch shape the GEMV picks on this device."""
+    lib = _lib()
+    v = (ctypes.c_int * 3)()
+    _check(lib, lib.openjet_test_gemv_shape(qtype, n, k, t, ctypes.byref(v, 0), ctypes.byref(v, 4),
+                                            ctypes.byref(v, 8)), "gemv_shape")
+    return {"rows_per_warp": v[0], "warps_per_block": v[1], "blocks": v[2]}
+
+
+def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int) -> list[float]:
+    """Microseconds per GEMV call, one figure per run (see openjet_test_bench_gemv)."""
+    lib = _lib()
+    raw, n = _weights(qtype, w, k)
+    us = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_gemv(qtype, _ptr(raw), n, k, t, copies, reps, runs, _ptr(us)), "bench_gemv")
+    return [float(v) for v in us]
+
+
+def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), one figure per run."""
+    lib = _lib()
+    out = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_copy(nbytes, reps, runs, _ptr(out)), "bench_copy")
+    return [float(v) for v in out]

@@ -1,0 +1,256 @@
+"""Decode kernels (issue 6) against numpy: activation quantisation, RMSNorm, the dp4a GEMV family on GGUF
+blocks (Q4_K, Q5_K, Q6_K, Q8_0) and F32, and the Q4_K embedding gather.
+
+Oracles: `openjet_launcher.model.quants.dequantize` (bit-equal to gguf) for the weights and a few lines of
+numpy for the activation quantisation (d = amax/127, q = round half away from zero of x/d, as ggml's q8_1).
+With x quantised the same way in numpy, the GEMV must equal dequantize(W) @ dequant(xq) up to fp32
+summation order (~1e-6 relative); against the unquantised x the difference is the int8 activation error
+(~0.5 % relative for Gaussian x). Row t of a T-row call must equal a 1-row call bit for bit.
+
+OPENJET_GPU_REPORT=path appends the measured error figures as JSON lines (for the issue notes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.model.quants import dequantize, quantize
+
+pytestmark = pytest.mark.gpu
+
+Q = kt.QTYPES
+KQUANTS = ["Q4_K", "Q5_K", "Q6_K", "Q8_0"]
+# (n, k) = (out, in) of the 27B model's decode GEMVs (spec qwen38.md §2.2)
+SHAPES_27B = [(10240, 5120), (17408, 5120), (5120, 17408), (5120, 6144)]
+# small shapes: odd n (Q6_K/Q8_0 rows then start off 16-byte alignment), tails of a warp's 4-block span
+SHAPES_SMALL = [(1, 256), (3, 512), (7, 768), (33, 1280), (130, 2304)]
+
+
+def report(**fields) -> None:
+    path = os.environ.get("OPENJET_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def quantize_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(xq int8 [t, k], ds float32 [t, k/32, 2]) exactly as quantize_act.cu computes them."""
+    t, k = x.shape
+    b = x.reshape(t, k // 32, 32)
+    amax = np.abs(b).max(axis=-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = b / d[..., None]
+    q = np.where(amax[..., None] > 0, np.trunc(v.astype(np.float64) + np.copysign(0.5, v)), 0).astype(np.int8)
+    s = q.astype(np.int32).sum(axis=-1).astype(np.float32)
+    return q.reshape(t, k), np.stack([d, d * s], axis=-1).astype(np.float32)
+
+
+def dequant_act(xq: np.ndarray, ds: np.ndarray) -> np.ndarray:
+    t, k = xq.shape
+    return (xq.reshape(t, k // 32, 32).astype(np.float64) * ds[..., :1].astype(np.float64)).reshape(t, k)
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray, scale: np.ndarray | None = None) -> float:
+    """Largest over token rows of ||y - ref|| / ||scale|| (scale = ref by default). With scale = |W| @ |x|
+    the figure does not blow up where a row's sum cancels (n = 1: a single dot product)."""
+    scale = ref if scale is None else scale
+    return float(max(np.linalg.norm(y[i] - ref[i]) / np.linalg.norm(scale[i]) for i in range(len(ref))))
+
+
+def random_x(rng, t: int, k: int) -> np.ndarray:
+    x = rng.standard_normal((t, k), dtype=np.float32)
+    x *= np.float32(2.0) ** rng.integers(-3, 4, size=(t, k // 32, 1)).repeat(32, axis=2).reshape(t, k)
+    return x
+
+
+def random_raw(rng, qtype: str, n: int, k: int, exp_lo: int = -14, exp_hi: int = -6) -> np.ndarray:
+    """Random GGUF blocks (every bit random) with finite fp16 scale fields of magnitude 2**[exp_lo, exp_hi]."""
+    epb, bpb = kt.BLOCK[Q[qtype]]
+    raw = rng.integers(0, 256, size=(n, k // epb, bpb), dtype=np.uint8)
+
+    def f16(count):
+        e = rng.integers(exp_lo, exp_hi + 1, size=raw.shape[:2] + (count,))
+        with np.errstate(over="ignore"):  # 2**15 * 1.99 rounds past 65504: clamped just below
+            v = (rng.uniform(1.0, 2.0, size=e.shape) * np.exp2(e)).astype(np.float16)
+        v[~np.isfinite(v)] = np.float16(65504)
+        return v.view(np.uint8).reshape(raw.shape[:2] + (2 * count,))
+
+    at = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1), "Q8_0": (0, 1)}[qtype]
+    raw[:, :, at[0]:at[0] + 2 * at[1]] = f16(at[1])
+    return raw.reshape(n, -1)
+
+
+def check_gemv(qtype: str, raw: np.ndarray, x: np.ndarray, *, label: str) -> None:
+    y = kt.gemv(Q[qtype], raw, x)
+    assert np.isfinite(y).all()
+    w = dequantize(raw, Q[qtype]).astype(np.float64)
+    xq, ds = quantize_act_numpy(x)
+    xd = dequant_act(xq, ds)
+    ref_q = (w @ xd.T).T
+    ref_x = (w @ x.astype(np.float64).T).T
+    e_q, e_x = rel_err(y, ref_q), rel_err(y, ref_x)
+    c_q = rel_err(y, ref_q, (np.abs(w) @ np.abs(xd).T).T)
+    report(test="gemv", qtype=qtype, n=raw.shape[0], k=x.shape[1], t=x.shape[0], label=label,
+           rel_err_vs_emulated=e_q, err_vs_emulated_over_abs_sum=c_q, rel_err_vs_unquantised_x=e_x)
+    assert c_q < 1e-5, f"{qtype} {label}: error {c_q:.2e} of |W| @ |x| against the int8-emulated reference"
+    if raw.shape[0] >= 128:  # norm over many rows: the plain relative error is well conditioned
+        assert e_q < 1e-5, f"{qtype} {label}: {e_q:.2e} relative error against the int8-emulated reference"
+        assert e_x < 2e-2, f"{qtype} {label}: {e_x:.2e} relative error against the unquantised x"
+
+
+# ------------------------------------------------------------------------------ activation quantisation
+
+
+def test_quantize_act_equals_numpy_q8():
+    rng = np.random.default_rng(1)
+    x = random_x(rng, 3, 5120)
+    x[1, 64:96] = 0.0  # an all-zero block: d = 0, q = 0
+    x[2, :32] = np.float32(1e-30)
+    xq, ds = kt.quantize_act(x)
+    eq, eds = quantize_act_numpy(x)
+    np.testing.assert_array_equal(xq, eq)
+    np.testing.assert_array_equal(ds, eds)
+
+
+def test_rmsnorm_matches_numpy():
+    rng = np.random.default_rng(2)
+    x = random_x(rng, 4, 5120)
+    w = rng.uniform(0.5, 1.5, 5120).astype(np.float32)
+    y = kt.rmsnorm(x, w, 1e-6)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+    err = float(np.abs(y - ref).max() / np.abs(ref).max())
+    report(test="rmsnorm", max_err_over_max=err)
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6 * np.abs(ref).max())
+
+
+def test_fused_rmsnorm_quantize_equals_quantize_of_rmsnorm():
+    rng = np.random.default_rng(3)
+    x = random_x(rng, 5, 17408)
+    w = rng.uniform(0.5, 1.5, 17408).astype(np.float32)
+    xq, ds = kt.quantize_act(x, w, 1e-6)
+    eq, eds = quantize_act_numpy(kt.rmsnorm(x, w, 1e-6))
+    np.testing.assert_array_equal(xq, eq)
+    np.testing.assert_array_equal(ds, eds)
+
+
+# ---------------------------------------------------------------------------------------------- GEMV
+
+
+@pytest.mark.parametrize("qtype", KQUANTS)
+@pytest.mark.parametrize("n,k", SHAPES_SMALL)
+def test_gemv_small_shapes_match_numpy(qtype, n, k):
+    if k % kt.BLOCK[Q[qtype]][0]:
+        pytest.skip("k is not a whole number of blocks")
+    rng = np.random.default_rng(n * 7 + k)
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    for t in (1, 3, 8):
+        check_gemv(qtype, raw, random_x(rng, t, k), label=f"small t={t}")
+
+
+@pytest.mark.parametrize("qtype", KQUANTS)
+@pytest.mark.parametrize("n,k", SHAPES_27B)
+def test_gemv_27b_shapes_match_numpy(qtype, n, k):
+    rng = np.random.default_rng(n + k)
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    check_gemv(qtype, raw, random_x(rng, 8, k), label="27b t=8")
+    check_gemv(qtype, raw, random_x(rng, 1, k), label="27b t=1")
+
+
+@pytest.mark.parametrize("qtype", KQUANTS)
+@pytest.mark.parametrize("exp_lo,exp_hi", [(-24, 15), (10, 15), (-24, -20)])
+def test_gemv_raw_blocks_with_extreme_scales(qtype, exp_lo, exp_hi):
+    """Every bit of the blocks random, fp16 scales from subnormal to 65504: against the same
+    activations quantised in numpy (gemv_q8), so only the weight path is under test."""
+    rng = np.random.default_rng(exp_lo + 100)
+    n, k = 67, 2048
+    raw = random_raw(rng, qtype, n, k, exp_lo, exp_hi)
+    xq, ds = quantize_act_numpy(random_x(rng, 4, k))
+    y = kt.gemv_q8(Q[qtype], raw, xq, ds)
+    ref = (dequantize(raw, Q[qtype]).astype(np.float64) @ dequant_act(xq, ds).T).T
+    e = rel_err(y, ref)
+    report(test="gemv_raw_extreme", qtype=qtype, exp=[exp_lo, exp_hi], rel_err_vs_emulated=e)
+    assert e < 1e-5
+
+
+def test_lm_head_q6_k_rows_match_numpy():
+    """5120 -> 248320 in Q6_K (1.04 GB): all rows computed, a sample (and the last rows) checked."""
+    rng = np.random.default_rng(5)
+    n, k = 248320, 5120
+    raw = random_raw(rng, "Q6_K", n, k)
+    x = random_x(rng, 2, k)
+    y = kt.gemv(Q["Q6_K"], raw, x)
+    assert np.isfinite(y).all()
+    rows = np.concatenate([rng.choice(n, 4096, replace=False), np.arange(n - 64, n)])
+    xq, ds = quantize_act_numpy(x)
+    ref = (dequantize(raw[rows], Q["Q6_K"]).astype(np.float64) @ dequant_act(xq, ds).T).T
+    e = rel_err(y[:, rows], ref)
+    report(test="lm_head_q6_k", rows_checked=len(rows), rel_err_vs_emulated=e)
+    assert e < 1e-5
+
+
+@pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
+def test_gemv_rows_do_not_depend_on_t(qtype):
+    """Row t of a T-row call equals the 1-row call on x[t] bit for bit, for every T = 1..8."""
+    rng = np.random.default_rng(6)
+    n, k = (48, 5120) if qtype == "F32" else (5120, 6144)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    raw = w if qtype == "F32" else quantize(w, Q[qtype])
+    x = random_x(rng, 8, k)
+    singles = np.concatenate([kt.gemv(Q[qtype], raw, x[i:i + 1]) for i in range(8)])
+    for t in range(1, 9):
+        yt = kt.gemv(Q[qtype], raw, x[:t])
+        np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
+
+
+def test_f32_projection_matches_numpy():
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((48, 5120), dtype=np.float32)
+    x = random_x(rng, 8, 5120)
+    y = kt.gemv(Q["F32"], w, x)
+    ref = (w.astype(np.float64) @ x.astype(np.float64).T).T
+    e = rel_err(y, ref)
+    report(test="gemv_f32", rel_err=e)
+    assert e < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- embed
+
+
+def test_embed_q4_k_rows_equal_dequantize_bitwise():
+    rng = np.random.default_rng(8)
+    vocab, dim = 300, 5120
+    table = quantize(rng.standard_normal((vocab, dim), dtype=np.float32), Q["Q4_K"])
+    ids = np.array([0, 299, 17, 17, 150], np.int32)
+    out = kt.embed(Q["Q4_K"], table, dim, ids)
+    np.testing.assert_array_equal(out, dequantize(table[ids], Q["Q4_K"]))
+
+
+def test_embed_full_vocabulary_table_last_rows():
+    rng = np.random.default_rng(9)
+    vocab, dim = 248320, 5120
+    table = random_raw(rng, "Q4_K", vocab, dim)
+    ids = np.array([vocab - 1, 0, 123456, vocab - 2], np.int32)
+    out = kt.embed(Q["Q4_K"], table, dim, ids)
+    np.testing.assert_array_equal(out, dequantize(table[ids], Q["Q4_K"]))
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_errors_are_values_with_messages():
+    rng = np.random.default_rng(10)
+    raw = quantize(rng.standard_normal((4, 256), dtype=np.float32), Q["Q4_K"])
+    with pytest.raises(OpenJetError, match="token rows must be 1..8"):
+        kt.gemv(Q["Q4_K"], raw, np.ones((9, 256), np.float32))
+    with pytest.raises(OpenJetError, match="outside the vocabulary"):
+        kt.embed(Q["Q4_K"], raw, 256, np.array([4], np.int32))
+    y = kt.gemv(Q["Q4_K"], raw, np.ones((1, 256), np.float32))  # the library still works after errors
+    assert np.isfinite(y).all()
