@@ -98,7 +98,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="openjet-launch",
-        description="Run Qwen3.8-27B on one NVIDIA GPU. Tools for GGUF model files and the GPU engine.")
+        description="Run Qwen3.8-27B on one NVIDIA GPU. Without a command: download the model if needed, "
+                    "detect the GPU, choose settings, start the server and show a tray icon. "
+                    "Without a usable GPU: openjet-launch --engine reference --model demo")
+    from .launcher.main import add_default_options
+    add_default_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     q = sub.add_parser("inspect", help="describe a GGUF file and say whether OpenJet can run it",
@@ -157,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        from .launcher.main import run_default
+        return run_default(args)       # the default action: download, detect, serve, tray
     try:
         return args.func(args)
     except OpenJetError as e:

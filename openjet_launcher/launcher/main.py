@@ -1,0 +1,265 @@
+"""`openjet-launch` with no command: from nothing to a served model with a tray icon.
+
+    lock (one launcher per user) -> port free? -> engine: the GPU checked and settings chosen, or the CPU
+    path explained -> model file (download, or the generated demo) -> can our engine run it? (else
+    `--fallback llama-server`) -> Supervisor starts the server -> tray icon, or the terminal's status line
+    -> Quit / Ctrl-C stops the server and releases the lock.
+
+cli.py wires `add_default_options(parser)` into the top-level parser and calls `run_default(args)` when no
+subcommand is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import OpenJetError
+from . import dirs
+from .presets import CPU_PATH
+from .supervisor import (FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, health_url, port_in_use,
+                         serve_command)
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
+LOCK_NAME = "openjet-launch.lock"
+SERVE_PREFIX: list[str] | None = None  # None: `python -m openjet_launcher serve` (tests point it elsewhere)
+EXIT_ALREADY_RUNNING = 3
+
+
+def add_default_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "serving (what `openjet-launch` does with no command)",
+        "Download the model if needed, check the GPU, pick settings that fit it, start the server at "
+        f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1 and show a tray icon. No NVIDIA GPU? `{CPU_PATH}` serves a "
+        "tiny demo model on the CPU to try the API and your clients.")
+    g.add_argument("--model", default=None, metavar="REPO/FILE|PATH|demo",
+                   help="the model: a Hugging Face REPO/FILE, a local .gguf path, or 'demo' (a tiny built-in "
+                        "model for the CPU path). Default: unsloth/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf")
+    g.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
+                        "the network, use --api-key then)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    g.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
+                   help="context length per conversation (default: the most that fits the GPU)")
+    g.add_argument("--gpu", type=int, default=None, metavar="N",
+                   help="use GPU N, numbered as nvidia-smi numbers them (default: the one with the most free memory)")
+    g.add_argument("--engine", choices=["cuda", "reference"], default=None,
+                   help="cuda: the fast GPU engine (default with a usable GPU); reference: the exact, slow CPU "
+                        "engine (default for --model demo)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require this key from clients (default $OPENJET_API_KEY; none on 127.0.0.1)")
+    g.add_argument("--fallback", choices=["llama-server"], default=None,
+                   help="for a GGUF OpenJet's engine cannot run (another quant or architecture), serve it with "
+                        "llama.cpp's llama-server from PATH instead, with the same host, port and context")
+    g.add_argument("--no-tray", action="store_true",
+                   help="no tray icon: status in the terminal, Ctrl-C stops (headless machines, services)")
+    g.add_argument("--chat-url", default=None, metavar="URL",
+                   help="what the tray's 'Open chat' opens, e.g. your Open WebUI (default $OPENJET_CHAT_URL or "
+                        "http://localhost:3000)")
+
+
+@dataclass
+class LaunchPlan:
+    """What to run and how to describe it."""
+
+    command: list[str]
+    model_label: str
+    device_label: str
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _say(text: str) -> None:
+    print(f"openjet-launch: {text}", file=sys.stderr, flush=True)
+
+
+def _no_gpu_message(hw) -> str:
+    why = [p.message for p in hw.why_not()] or ["no usable NVIDIA GPU was found"]
+    return ("OpenJet cannot serve Qwen3.8-27B on this machine's GPU:\n  - " + "\n  - ".join(why) +
+            f"\nTo try the API and your clients on the CPU (a tiny demo model, slow but exact):\n  {CPU_PATH}\n"
+            "`openjet-launch doctor` shows the full report.")
+
+
+def _our_engine_problem(path: Path) -> str | None:
+    """None when OpenJet's engine runs this file, else why not."""
+    from ..model.inspect import inspect_file
+
+    try:
+        report = inspect_file(str(path))
+    except OpenJetError as e:
+        return str(e)
+    except Exception as e:  # another architecture or a damaged file: the reader's words
+        return f"{path.name} could not be read as a Qwen3.8 model ({type(e).__name__}: {e})"
+    if report["runnable"]:
+        return None
+    recipe = report["recipe"]
+    return recipe.get("problem") or f"{recipe.get('kind')} recipe: OpenJet has no engine for it yet"
+
+
+def _resolve_model(spec: str | None) -> Path:
+    if spec == "demo":
+        from ..server.cli import demo_model_path  # the tiny synthetic model, generated on first use
+
+        return demo_model_path()
+    from .download import ensure_model
+
+    return ensure_model(spec).path
+
+
+def plan_launch(args: argparse.Namespace) -> LaunchPlan:
+    """Decide engine, model file, settings and command; raises OpenJetError with what to do."""
+    demo = args.model == "demo"
+    engine = args.engine or ("reference" if demo else "cuda")
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    api_key = args.api_key or os.environ.get("OPENJET_API_KEY")
+    if api_key:
+        env["OPENJET_API_KEY"] = api_key  # through the environment: never visible in the process list
+
+    gpu = None
+    gpu_problem = None
+    if engine == "cuda":
+        if demo:
+            raise OpenJetError(f"the demo model runs on the reference engine: {CPU_PATH}")
+        from ..server.cli import ENGINES
+
+        from .hardware import detect
+        hw = detect(args.gpu)
+        if hw.chosen is None:
+            gpu_problem = _no_gpu_message(hw)
+        elif "cuda" not in ENGINES:
+            gpu_problem = (f"this OpenJet build's server has no CUDA engine yet ({hw.chosen.label} was found). "
+                           f"The CPU path works today: {CPU_PATH}")
+        else:
+            gpu = hw.chosen
+        if gpu_problem and not args.fallback:
+            raise OpenJetError(gpu_problem)
+    elif not demo:
+        notes.append("the reference engine runs on the CPU in fp32: fine for test-size models, far too slow "
+                     "for Qwen3.8-27B")
+
+    path = _resolve_model(args.model)
+    problem = None if demo else _our_engine_problem(path)
+    if gpu_problem and not problem:
+        problem = gpu_problem.splitlines()[0]
+    if problem:
+        if not args.fallback:
+            raise OpenJetError(f"{problem}\nTo serve this file with llama.cpp instead: "
+                               f"openjet-launch --model {path} --fallback llama-server")
+        from .fallback import api_key_env, fallback_command
+
+        notes.append(f"OpenJet's engine cannot run {path.name} ({problem}); serving it with llama-server")
+        command = fallback_command(args.fallback, path, host=args.host, port=args.port, ctx=args.ctx)
+        env.pop("OPENJET_API_KEY", None)
+        env.update(api_key_env(api_key))
+        return LaunchPlan(command, path.name, "llama-server", env, notes)
+
+    ctx = args.ctx
+    device = "CPU (reference engine)"
+    if gpu is not None:
+        from .presets import choose_settings
+
+        s = choose_settings(gpu.total_memory_bytes, gpu.free_memory_bytes, gpu.sm_count, gpu.compute_capability,
+                            requested_ctx=args.ctx)
+        ctx = s.n_ctx
+        env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # by uuid: CUDA's order may differ from nvidia-smi's
+        device = gpu.label
+        notes.append(f"{gpu.label}: KV {s.kv_format}, context {s.n_ctx} tokens, prefill chunk {s.prefill_chunk}")
+    command = serve_command(path, engine=engine, host=args.host, port=args.port, ctx=ctx, prefix=SERVE_PREFIX)
+    return LaunchPlan(command, "demo" if demo else path.name, device, env, notes)
+
+
+def run_default(args: argparse.Namespace) -> int:
+    """The default action; returns the exit status (0 after a clean stop, 1 on failure, 3 if already running)."""
+    lock = InstanceLock(dirs.config_dir() / LOCK_NAME, args.host, args.port)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        _say(str(e))
+        return EXIT_ALREADY_RUNNING
+    try:
+        return _serve(args)
+    except OpenJetError as e:
+        _say(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    finally:
+        lock.release()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if port_in_use(args.host, args.port):
+        raise OpenJetError(f"port {args.port} on {args.host} is already in use by another program: "
+                           f"choose another with --port (e.g. --port {args.port + 1})")
+    plan = plan_launch(args)
+    for note in plan.notes:
+        _say(note)
+    env = {**os.environ, **plan.env}
+    sup = Supervisor(plan.command, health_url(args.host, args.port), log_dir=dirs.log_dir(), env=env)
+    from .menu import TrayController, api_base_url
+
+    url = api_base_url(args.host, args.port)
+    status = TerminalStatus(plan.model_label, url)
+    sup.on_state(status)
+    controller = TrayController(sup, model=plan.model_label, gpu=plan.device_label, host=args.host, port=args.port,
+                                log_dir=sup.log_dir, chat_url=args.chat_url)
+    _say(f"server log: {sup.log_path}")
+    sup.start()
+    try:
+        if not args.no_tray:
+            from .tray import tray_unavailable_reason
+
+            reason = tray_unavailable_reason()
+            if reason is None:
+                return _run_tray(controller)
+            _say(f"no tray icon: {reason}; running in the terminal (--no-tray hides this line)")
+        return _run_terminal(sup)
+    finally:
+        status.close()
+        sup.stop()
+
+
+def _on_sigterm(*_):
+    raise KeyboardInterrupt
+
+
+def _run_terminal(sup: Supervisor) -> int:
+    """Wait for Ctrl-C (or SIGTERM); a server that failed for good ends the launcher with status 1."""
+    failed = threading.Event()
+    sup.on_state(lambda s, m: failed.set() if s == FAILED else None)
+    if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        while not failed.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        _say("stopping the server")
+        return 0
+    return 1
+
+
+def _run_tray(controller) -> int:
+    from .tray import Tray
+
+    try:
+        tray = Tray(controller)
+    except Exception as e:  # a backend that imports but cannot start: the terminal still works
+        _say(f"no tray icon ({type(e).__name__}: {e}); running in the terminal")
+        return _run_terminal(controller.supervisor)
+    if threading.current_thread() is threading.main_thread():
+        def quit_(*_):
+            controller.quit_requested.set()
+        signal.signal(signal.SIGINT, quit_)
+        if sys.platform != "win32":
+            signal.signal(signal.SIGTERM, quit_)
+    tray.run()
+    _say("quit: stopping the server")
+    return 0

@@ -1,0 +1,484 @@
+"""The server as a supervised child process, and the lock that keeps one launcher per user.
+
+Life of a `Supervisor` (one monitor thread; every state change goes to the `on_state` callbacks):
+
+    stopped --start()--> loading --/health 200--> ready
+                            |                       |
+                            +---- child exits ------+--> backoff, loading again (at most `max_restarts`
+                            |                              quick crashes in a row) --> failed
+                            +---- health timeout --------> failed (a model that loads too slowly is not
+                                                                   retried: the next try would be as slow)
+    any --stop()--> stopping --> stopped  (SIGTERM / CTRL_BREAK, then kill after `stop_timeout_s`)
+
+A child that stayed ready for `stable_after_s` and then crashed starts a fresh restart budget: only a
+crash loop gives up. The child's stdout and stderr go, line by line, to `server.log` in the log folder
+(rotated, `log_files` kept); the last lines are kept in memory for the failure message.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..errors import OpenJetError
+
+STOPPED, LOADING, READY, STOPPING, FAILED = "stopped", "loading", "ready", "stopping", "failed"
+STATES = (STOPPED, LOADING, READY, STOPPING, FAILED)
+
+StateFn = Callable[[str, str], None]  # (state, message)
+
+
+class AlreadyRunning(OpenJetError):
+    """Another openjet-launch holds the instance lock; `info` is its lock record (pid, host, port, ...)."""
+
+    def __init__(self, message: str, info: dict):
+        super().__init__(message)
+        self.info = info
+
+
+def serve_command(model: str | os.PathLike, *, engine: str = "reference", host: str = "127.0.0.1",
+                  port: int = 8080, ctx: int | None = None, extra: Sequence[str] = (),
+                  prefix: Sequence[str] | None = None) -> list[str]:
+    """`openjet-launch serve MODEL ...` as a child command line (this Python, so the same install).
+
+    The API key is not an argument here: it goes through OPENJET_API_KEY so it never shows in `ps`.
+    """
+    cmd = list(prefix) if prefix else [sys.executable, "-m", "openjet_launcher", "serve"]
+    cmd += [os.fspath(model), "--engine", engine, "--host", host, "--port", str(port)]
+    if ctx:
+        cmd += ["--ctx", str(ctx)]
+    return cmd + list(extra)
+
+
+def health_url(host: str, port: int) -> str:
+    """Where the launcher asks; a server listening on every address is asked on loopback."""
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/health"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on (host, port): the server would fail to bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        if sys.platform != "win32":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _log_handler(log_dir: Path, log_files: int, max_bytes: int) -> logging.Handler:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    h = logging.handlers.RotatingFileHandler(log_dir / "server.log", maxBytes=max_bytes,
+                                             backupCount=max(log_files - 1, 0), encoding="utf-8")
+    h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    return h
+
+
+class Supervisor:
+    """Runs `command` as a child, watches `health_url`, restarts it after crashes, stops it on request."""
+
+    def __init__(self, command: Sequence[str], health_url: str, *, log_dir: str | os.PathLike,
+                 env: dict[str, str] | None = None, health_timeout_s: float = 900.0, max_restarts: int = 3,
+                 backoff_s: float = 1.0, backoff_max_s: float = 30.0, stable_after_s: float = 60.0,
+                 stop_timeout_s: float = 15.0, poll_s: float = 0.25, log_files: int = 5,
+                 log_max_bytes: int = 10 << 20, tail_lines: int = 40, echo: TextIO | None = None):
+        self.command = list(command)
+        self.health_url = health_url
+        self.log_dir = Path(log_dir)
+        self.env = env
+        self.health_timeout_s = health_timeout_s
+        self.max_restarts = max_restarts
+        self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
+        self.stable_after_s = stable_after_s
+        self.stop_timeout_s = stop_timeout_s
+        self.poll_s = poll_s
+        self.echo = echo  # the child's lines also go here (e.g. sys.stderr with --no-tray --verbose)
+        self.state, self.message = STOPPED, ""
+        self.restarts = 0         # restarts in the current crash streak
+        self.starts = 0           # children launched since construction
+        self.proc: subprocess.Popen | None = None
+        self._stop_timeout_now = stop_timeout_s
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._callbacks: list[StateFn] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._log = logging.getLogger(f"openjet.supervisor.{id(self)}")
+        self._log.propagate = False
+        self._log.setLevel(logging.INFO)
+        self._log.addHandler(_log_handler(self.log_dir, log_files, log_max_bytes))
+
+    # --- observers -------------------------------------------------------------------------------
+
+    def on_state(self, fn: StateFn) -> None:
+        self._callbacks.append(fn)
+
+    def _set(self, state: str, message: str = "") -> None:
+        with self._lock:
+            self.state, self.message = state, message
+        self._log.info("[supervisor] %s%s", state, f": {message}" if message else "")
+        for fn in list(self._callbacks):
+            try:
+                fn(state, message)
+            except Exception:  # an observer's bug must not kill the monitor thread
+                self._log.exception("[supervisor] state callback failed")
+
+    def tail(self, n: int | None = None) -> list[str]:
+        lines = list(self._tail)
+        return lines if n is None else lines[-n:]
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / "server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- control ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the child and watch it (returns at once; the state goes loading, then ready)."""
+        with self._lock:  # callbacks run outside the lock: an observer may call back into start/stop
+            if self.running:
+                return
+            self._stop.clear()
+            self._stop_timeout_now = self.stop_timeout_s
+            self.restarts = 0
+            self.state, self.message = LOADING, "starting the server"
+            self._announced = threading.Event()  # the monitor's states come after this LOADING
+            self._thread = threading.Thread(target=self._monitor, args=(self._announced,), name="openjet-supervisor",
+                                            daemon=True)
+            self._thread.start()
+        self._set(LOADING, "starting the server")
+        self._announced.set()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop gracefully, then forcefully after `timeout_s`; returns once the child is gone."""
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                if self.state in (STOPPED, FAILED):
+                    return
+                thread = None
+            else:
+                self._stop_timeout_now = self.stop_timeout_s if timeout_s is None else timeout_s
+                self._stop.set()
+        if thread is not None:
+            self._set(STOPPING, "stopping the server")
+            thread.join()  # the monitor thread ends the child on its way out
+        self._set(STOPPED)
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until ready (True) or failed/stopped/timeout (False)."""
+        done = threading.Event()
+
+        def watch(state: str, _: str) -> None:
+            if state in (READY, FAILED, STOPPED):
+                done.set()
+        self.on_state(watch)
+        try:
+            if self.state in (READY, FAILED, STOPPED):
+                return self.state == READY
+            done.wait(timeout_s)
+            return self.state == READY
+        finally:
+            self._callbacks.remove(watch)
+
+    # --- the monitor thread ----------------------------------------------------------------------
+
+    def _spawn(self) -> subprocess.Popen:
+        kwargs: dict = {}
+        if sys.platform == "win32":  # CTRL_BREAK_EVENT reaches only a child in its own process group
+            kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
+        else:
+            kwargs["start_new_session"] = True  # Ctrl-C in the terminal reaches the launcher, which stops the child
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.starts += 1
+        self._log.info("[supervisor] start #%d: %s", self.starts, " ".join(self.command))
+        proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, text=True, encoding="utf-8", errors="replace", bufsize=1, **kwargs)
+        threading.Thread(target=self._pump, args=(proc,), name="openjet-server-log", daemon=True).start()
+        return proc
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\r\n")
+            self._tail.append(line)
+            self._log.info("%s", line)
+            if self.echo is not None:
+                print(line, file=self.echo, flush=True)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _wait_health(self, proc: subprocess.Popen) -> str:
+        """'ready', 'exited', 'timeout' or 'stopped'."""
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            if proc.poll() is not None:
+                return "exited"
+            if self._healthy():
+                return "ready"
+            if time.monotonic() - t0 > self.health_timeout_s:
+                return "timeout"
+            self._stop.wait(self.poll_s)
+        return "stopped"
+
+    def _failure(self, what: str) -> str:
+        lines = [line for line in self.tail(12) if line.strip()]
+        text = f"{what}. Log: {self.log_path}"
+        return text + ("\nLast lines of the server's output:\n  " + "\n  ".join(lines) if lines else "")
+
+    def _monitor(self, announced: threading.Event) -> None:
+        announced.wait()
+        try:
+            self._run_children()
+        finally:
+            self._terminate(self.proc, self._stop_timeout_now)
+
+    def _run_children(self) -> None:
+        while not self._stop.is_set():
+            self._tail.clear()
+            try:
+                proc = self.proc = self._spawn()
+            except OSError as e:
+                self._set(FAILED, f"could not start the server ({' '.join(self.command[:4])} ...): {e}")
+                return
+            outcome = self._wait_health(proc)
+            if outcome == "stopped":
+                return
+            if outcome == "timeout":
+                self._terminate(proc, self.stop_timeout_s)
+                self._set(FAILED, self._failure(f"the server did not answer /health within "
+                                                f"{self.health_timeout_s:g} s"))
+                return
+            ready_at = None
+            if outcome == "ready":
+                ready_at = time.monotonic()
+                self._set(READY, "serving")
+                # only the process's exit counts as a crash: a busy server may be slow to answer /health
+                while proc.poll() is None and not self._stop.is_set():
+                    self._stop.wait(self.poll_s)
+                if self._stop.is_set():
+                    return
+            code = proc.wait()
+            if ready_at is not None and time.monotonic() - ready_at >= self.stable_after_s:
+                self.restarts = 0  # a crash after a long healthy run is not a crash loop
+            if self.restarts >= self.max_restarts:
+                self._set(FAILED, self._failure(
+                    f"the server exited (code {code}) {self.restarts + 1} times in a row; gave up"))
+                return
+            delay = min(self.backoff_s * (2 ** self.restarts), self.backoff_max_s)
+            self.restarts += 1
+            self._set(LOADING, f"the server exited (code {code}); restart {self.restarts} of "
+                               f"{self.max_restarts} in {delay:g} s")
+            if self._stop.wait(delay):
+                return
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen | None, timeout_s: float) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            if sys.platform == "win32":
+                proc.send_signal(signal.CTRL_BREAK_EVENT)
+            else:
+                proc.send_signal(signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- the terminal's view -------------------------------------------------------------------------------
+
+
+class TerminalStatus:
+    """One status line on a terminal (rewritten in place, with the seconds spent loading); plain lines
+    when the output is a file or a pipe. Use as a Supervisor `on_state` callback."""
+
+    def __init__(self, label: str, url: str, stream: TextIO | None = None):
+        self.label, self.url = label, url
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._since = time.monotonic()
+        self._state = STOPPED
+        self._message = ""
+        self._ticker: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def line(self, state: str, message: str = "") -> str:
+        if state == LOADING:
+            secs = int(time.monotonic() - self._since)
+            what = message if message and message != "starting the server" else "loading the model"
+            return f"[openjet] {self.label}: {what} ... {secs} s"
+        if state == READY:
+            return f"[openjet] {self.label}: ready at {self.url} (Ctrl-C stops)"
+        if state == FAILED:
+            return f"[openjet] {self.label}: FAILED: {message}"
+        return f"[openjet] {self.label}: {state}"
+
+    def __call__(self, state: str, message: str) -> None:
+        if state != self._state and state == LOADING and self._state != LOADING:
+            self._since = time.monotonic()
+        self._state, self._message = state, message
+        if self.tty:
+            text = self.line(state, message)
+            first, _, rest = text.partition("\n")
+            self.stream.write("\r\x1b[K" + first + ("\n" + rest + "\n" if rest else ""))
+            if state in (READY, FAILED, STOPPED):
+                self.stream.write("\n" if not rest else "")
+            self.stream.flush()
+            if state == LOADING and self._ticker is None:
+                self._ticker = threading.Thread(target=self._tick, daemon=True)
+                self._ticker.start()
+        else:
+            print(self.line(state, message), file=self.stream, flush=True)
+
+    def _tick(self) -> None:
+        while not self._closed.wait(1.0):
+            if self._state == LOADING:
+                self.stream.write("\r\x1b[K" + self.line(LOADING, self._message))
+                self.stream.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+# --- one launcher per user -----------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if sys.platform == "win32":
+        import ctypes
+
+        k32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+        handle = k32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        code = ctypes.c_ulong()
+        try:
+            return bool(k32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+        finally:
+            k32.CloseHandle(handle)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+@dataclass
+class InstanceLock:
+    """A lock file holding {pid, hostname, host, port, url, started}. Created with O_EXCL; a file whose
+    pid is gone (same machine) or that cannot be read is stale and replaced."""
+
+    path: Path
+    host: str
+    port: int
+    held: bool = False
+
+    def record(self) -> dict:
+        return {"pid": os.getpid(), "hostname": socket.gethostname(), "host": self.host, "port": self.port,
+                "url": health_url(self.host, self.port).removesuffix("/health") + "/v1", "started": time.time()}
+
+    def read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _stale(self, info: dict | None) -> bool:
+        if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+            return True
+        if info.get("hostname") != socket.gethostname():
+            return False  # a shared config folder: we cannot see that machine's processes
+        return not pid_alive(info["pid"])
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                info = self.read()
+                if info is None and time.time() - _mtime(self.path) < 2:
+                    time.sleep(0.2)  # another launcher is writing it right now
+                    info = self.read()
+                if self._stale(info):
+                    _unlink(self.path)
+                    continue
+                raise AlreadyRunning(
+                    f"openjet-launch is already running (pid {info['pid']}"
+                    + ("" if info.get("hostname") == socket.gethostname() else f" on {info.get('hostname')}")
+                    + f") and serves at {info.get('url') or info.get('host')}. Use that one, quit it from its "
+                    f"tray icon or with Ctrl-C in its terminal, or remove {self.path} if it is not running.",
+                    info) from None
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.record(), f)
+            self.held = True
+            return
+        raise OpenJetError(f"{self.path}: could not take the instance lock (it keeps changing)")
+
+    def release(self) -> None:
+        if self.held:
+            info = self.read()
+            if info and info.get("pid") == os.getpid():
+                _unlink(self.path)
+            self.held = False
+
+    def __enter__(self) -> InstanceLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,173 @@
+"""The tray icon: pystray over menu.py's TrayController.
+
+pystray is imported only inside `tray_unavailable_reason()` and `Tray.__init__`: on Linux its import
+connects to the X server and raises without one, so a headless machine must never import it at module
+load. `tray_unavailable_reason()` says why there is no tray (no display, pystray or Pillow missing, the
+backend failing) so the launcher can fall back to the terminal with that one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from .menu import MenuEntry, TrayController
+
+INSTALL_HINT = "pip install 'openjet-launcher[tray]'"
+ICON_PX = 64
+
+
+def tray_unavailable_reason() -> str | None:
+    """None when a tray icon can be shown here, else why not (one line)."""
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return "no graphical display (DISPLAY is not set)"
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        return f"Pillow is not installed ({INSTALL_HINT})"
+    try:
+        import pystray  # noqa: F401
+    except ImportError as e:
+        if getattr(e, "name", None) == "pystray":
+            return f"pystray is not installed ({INSTALL_HINT})"
+        return f"no tray backend works here ({e})"
+    except Exception as e:  # Xlib raises its own errors for a display it cannot open
+        return f"the tray cannot reach the display ({type(e).__name__}: {e})"
+    return None
+
+
+def icon_image(rgb: tuple[int, int, int], size: int = ICON_PX):
+    """A filled disc in the state's colour with a white ring: readable on light and dark panels."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    d = ImageDraw.Draw(img)
+    m = size // 16
+    d.ellipse((m, m, size - 1 - m, size - 1 - m), fill=(*rgb, 255), outline=(255, 255, 255, 255), width=max(2, size // 16))
+    r = size // 5  # the "jet": a white dot in the middle
+    c = size // 2
+    d.ellipse((c - r, c - r, c + r, c + r), fill=(255, 255, 255, 255))
+    return img
+
+
+class Tray:
+    """One pystray Icon whose picture, tooltip and menu follow the controller's state."""
+
+    def __init__(self, controller: TrayController):
+        import pystray
+
+        self._pystray = pystray
+        self.controller = controller
+        self.icon = pystray.Icon("openjet", icon_image(controller.icon_colour()), controller.title(),
+                                 menu=pystray.Menu(self._items))
+        controller.menu_supported = bool(getattr(self.icon, "HAS_MENU", True))
+        _listen_for_clicks_on_x11(self.icon)
+        controller.on_change(self.refresh)
+        self._notified: str | None = None
+        self._watch: threading.Thread | None = None
+        # Redraws happen on a painter thread: pystray's X11 backend runs them on its loop thread and waits,
+        # so the supervisor's thread must never call into pystray itself (nor after the loop has ended).
+        self._dirty = threading.Event()
+        self._alive = False
+
+    def _item(self, e: MenuEntry):
+        if e.action is None:
+            return self._pystray.Menu.SEPARATOR
+        action = e.action
+
+        def on_click(icon, item) -> None:  # exactly (icon, item): pystray rejects callables with more arguments
+            self._click(action)
+        return self._pystray.MenuItem(e.label, on_click, enabled=e.enabled, default=e.default)
+
+    def _items(self):
+        return tuple(self._item(e) for e in self.controller.entries())
+
+    def _click(self, action: str) -> None:
+        message = self.controller.activate(action)
+        if message:
+            self._notify(message)
+        if self.controller.quit_requested.is_set():
+            self.icon.stop()
+
+    def _notify(self, text: str) -> None:
+        if getattr(self.icon, "HAS_NOTIFICATION", False):
+            try:
+                self.icon.notify(text, "OpenJet")
+            except Exception:
+                pass
+        print(f"[openjet] {text}", file=sys.stderr, flush=True)
+
+    def refresh(self) -> None:
+        """Ask for a redraw after a state change (any thread; returns at once)."""
+        self._dirty.set()
+
+    def _painter(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            if not self._alive:
+                return
+            try:
+                self._paint()
+            except Exception:
+                pass
+
+    def _paint(self) -> None:
+        c = self.controller
+        self.icon.icon = icon_image(c.icon_colour())
+        self.icon.title = c.title()
+        try:
+            self.icon.update_menu()
+        except Exception:
+            pass
+        notice = c.notification()
+        if notice and notice != self._notified:
+            self._notified = notice
+            self._notify(notice)
+        elif not notice:
+            self._notified = None
+
+    def run(self, on_ready=None) -> None:
+        """Show the icon and block until Quit (or `stop()`); pystray wants the main thread on macOS."""
+        def setup(icon) -> None:
+            icon.visible = True
+            self._alive = True
+            threading.Thread(target=self._painter, name="openjet-tray-painter", daemon=True).start()
+            self.refresh()
+            if on_ready is not None:
+                on_ready(self)
+        # Quit from elsewhere (Ctrl-C handler, tests) also ends the loop.
+        self._watch = threading.Thread(target=self._wait_quit, daemon=True)
+        self._watch.start()
+        try:
+            self.icon.run(setup=setup)
+        finally:
+            self._alive = False
+            self._dirty.set()
+
+    def _wait_quit(self) -> None:
+        self.controller.quit_requested.wait()
+        try:
+            self.icon.stop()
+        except Exception:
+            pass
+
+    def stop(self) -> None:
+        self.controller.quit_requested.set()
+
+
+def _listen_for_clicks_on_x11(icon) -> None:
+    """pystray's plain X11 backend handles ButtonPress but never selects it on its window (0.19.5), so a
+    click on the icon never arrives; select it, keeping the masks pystray set."""
+    window = getattr(icon, "_window", None)
+    if type(icon).__module__ != "pystray._xorg" or window is None:
+        return
+    import Xlib.X
+
+    try:
+        window.change_attributes(event_mask=Xlib.X.ExposureMask | Xlib.X.StructureNotifyMask |
+                                 Xlib.X.ButtonPressMask)
+        icon._display.flush()
+    except Exception:
+        pass

@@ -1,0 +1,494 @@
+"""The supervisor: a child server watched through /health, restarted after crashes, stopped gracefully then
+forcefully, logged with rotation; the instance lock; and the same cycle with the real server on `tiny`.
+
+Most tests drive a fake server (FAKE below) that behaves like `openjet-launch serve`: /health answers 503
+while it "loads", then 200; it can be told to crash, to crash on its first N starts, or to ignore SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from openjet_launcher.launcher.supervisor import (FAILED, LOADING, READY, STOPPED, AlreadyRunning, InstanceLock,
+                                                  Supervisor, TerminalStatus, health_url, pid_alive, port_in_use,
+                                                  serve_command)
+
+FAKE = textwrap.dedent('''
+    import argparse, http.server, os, signal, sys, threading, time
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--load-s", type=float, default=0.3)
+    p.add_argument("--crash-after-s", type=float, default=None)
+    p.add_argument("--crash-first", type=int, default=0)
+    p.add_argument("--counter", default=None)
+    p.add_argument("--ignore-term", action="store_true")
+    a = p.parse_args()
+    n = 0
+    if a.counter:
+        n = int(open(a.counter).read()) if os.path.exists(a.counter) else 0
+        open(a.counter, "w").write(str(n + 1))
+    t0 = time.monotonic()
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = time.monotonic() - t0 >= a.load_s
+            self.send_response(200 if ok else 503); self.end_headers()
+            self.wfile.write(b'{"status":"ok"}' if ok else b'{"status":"loading"}')
+        def log_message(self, *args):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", a.port), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print(f"fake server start {n} on port {a.port}", flush=True)
+    if n < a.crash_first:
+        print(f"boom: crash on start {n}", flush=True)
+        os._exit(3)
+    def term(*_):
+        print("got SIGTERM", flush=True)
+        if not a.ignore_term:
+            os._exit(0)
+    signal.signal(signal.SIGTERM, term)
+    if a.crash_after_s is not None:
+        time.sleep(a.load_s + a.crash_after_s)
+        print("boom: crash while serving", flush=True)
+        os._exit(5)
+    while True:
+        time.sleep(0.1)
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake(tmp_path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE)
+
+    def make(*args: str, **kw) -> tuple[Supervisor, list[tuple[str, str]]]:
+        port = free_port()
+        sup = Supervisor([sys.executable, str(script), "--port", str(port), *args], health_url("127.0.0.1", port),
+                         log_dir=tmp_path / "logs", poll_s=0.05, backoff_s=0.05, **kw)
+        seen: list[tuple[str, str]] = []
+        sup.on_state(lambda s, m: seen.append((s, m)))
+        return sup, seen
+    return make
+
+
+def _until(pred, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_start_reports_loading_until_health_answers_200_then_ready(fake):
+    sup, seen = fake("--load-s", "0.5")
+    sup.start()
+    assert sup.state == LOADING
+    assert sup.wait_ready(20)
+    assert [s for s, _ in seen] == [LOADING, READY]
+    assert urllib.request.urlopen(sup.health_url).status == 200
+    sup.stop()
+    assert sup.state == STOPPED and sup.proc.poll() is not None
+
+
+def test_stop_is_graceful_first(fake):
+    sup, _ = fake()
+    sup.start()
+    assert sup.wait_ready(20)
+    t0 = time.monotonic()
+    sup.stop()
+    assert time.monotonic() - t0 < 5
+    if sys.platform != "win32":
+        assert sup.proc.returncode == 0  # the fake's SIGTERM handler ran
+    assert _until(lambda: "got SIGTERM" in sup.log_path.read_text())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_stop_kills_a_child_that_ignores_sigterm_after_the_timeout(fake):
+    sup, _ = fake("--ignore-term", stop_timeout_s=0.5)
+    sup.start()
+    assert sup.wait_ready(20)
+    t0 = time.monotonic()
+    sup.stop()
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert sup.proc.returncode == -9 and sup.state == STOPPED
+
+
+def test_a_crash_while_serving_restarts_the_server(fake, tmp_path):
+    counter = tmp_path / "n"
+    sup, seen = fake("--crash-after-s", "0.3", "--counter", str(counter), max_restarts=5)
+    sup.start()
+    assert _until(lambda: sup.starts >= 2 and sup.state == READY)
+    assert any("exited (code 5); restart 1 of 5" in m for _, m in seen)
+    sup.stop()
+    assert int(counter.read_text()) >= 2
+
+
+def test_a_crash_at_start_restarts_with_exponential_backoff_then_serves(fake, tmp_path):
+    sup, seen = fake("--crash-first", "2", "--counter", str(tmp_path / "n"), max_restarts=3)
+    sup.start()
+    assert sup.wait_ready(20)
+    assert sup.starts == 3
+    waits = [m for s, m in seen if s == LOADING and "restart" in m]
+    assert waits == ["the server exited (code 3); restart 1 of 3 in 0.05 s",
+                     "the server exited (code 3); restart 2 of 3 in 0.1 s"]
+    sup.stop()
+
+
+def test_a_crash_loop_gives_up_with_the_last_log_lines(fake, tmp_path):
+    sup, seen = fake("--crash-first", "99", "--counter", str(tmp_path / "n"), max_restarts=2)
+    sup.start()
+    assert _until(lambda: sup.state == FAILED)
+    assert sup.starts == 3
+    assert "exited (code 3) 3 times in a row; gave up" in sup.message
+    assert "boom: crash on start 2" in sup.message and str(sup.log_path) in sup.message
+    assert seen[-1][0] == FAILED
+    sup.stop()  # harmless after a failure
+    assert sup.state == FAILED
+
+
+def test_a_server_that_never_gets_healthy_fails_after_the_timeout(fake):
+    sup, _ = fake("--load-s", "999", health_timeout_s=0.5)
+    sup.start()
+    assert _until(lambda: sup.state == FAILED)
+    assert "did not answer /health within 0.5 s" in sup.message
+    assert sup.proc.poll() is not None  # the hung child was stopped
+
+
+def test_a_command_that_cannot_start_fails_with_a_message(tmp_path):
+    sup = Supervisor([str(tmp_path / "no-such-program")], "http://127.0.0.1:9/health", log_dir=tmp_path)
+    sup.start()
+    assert _until(lambda: sup.state == FAILED)
+    assert "could not start the server" in sup.message
+
+
+def test_start_after_stop_serves_again(fake):
+    sup, _ = fake()
+    for _ in range(2):
+        sup.start()
+        assert sup.wait_ready(20)
+        sup.stop()
+        assert sup.state == STOPPED
+    assert sup.starts == 2
+
+
+def test_logs_rotate_and_keep_n_files(fake, tmp_path):
+    sup, _ = fake(log_files=3, log_max_bytes=200)
+    for _ in range(4):
+        sup.start()
+        assert sup.wait_ready(20)
+        sup.stop()
+    names = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert names == ["server.log", "server.log.1", "server.log.2"]
+
+
+def test_terminal_status_lines_on_a_pipe(capsys):
+    import io
+
+    out = io.StringIO()
+    ts = TerminalStatus("demo", "http://127.0.0.1:8080/v1", out)
+    ts(LOADING, "starting the server")
+    ts(READY, "serving")
+    ts(FAILED, "it broke")
+    assert out.getvalue().splitlines() == [
+        "[openjet] demo: loading the model ... 0 s",
+        "[openjet] demo: ready at http://127.0.0.1:8080/v1 (Ctrl-C stops)",
+        "[openjet] demo: FAILED: it broke"]
+
+
+def test_serve_command_and_health_url():
+    cmd = serve_command("/m/x.gguf", engine="reference", host="0.0.0.0", port=9000, ctx=4096)
+    assert cmd[:4] == [sys.executable, "-m", "openjet_launcher", "serve"]
+    assert cmd[4:] == ["/m/x.gguf", "--engine", "reference", "--host", "0.0.0.0", "--port", "9000", "--ctx", "4096"]
+    assert health_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/health"
+    assert health_url("::1", 80) == "http://[::1]:80/health"
+
+
+def test_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert port_in_use("127.0.0.1", s.getsockname()[1])
+    assert not port_in_use("127.0.0.1", free_port())
+
+
+# --- the instance lock ---------------------------------------------------------------------------------
+
+
+def test_second_instance_is_refused_with_where_the_first_serves(tmp_path):
+    lock_path = tmp_path / "openjet-launch.lock"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f'''
+        import sys, time
+        from openjet_launcher.launcher.supervisor import InstanceLock
+        lock = InstanceLock(__import__("pathlib").Path({str(lock_path)!r}), "127.0.0.1", 8123)
+        lock.acquire(); print("held", flush=True); sys.stdin.read()
+        lock.release()''')], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(AlreadyRunning) as e:
+            InstanceLock(lock_path, "127.0.0.1", 8080).acquire()
+        assert f"pid {holder.pid}" in str(e.value) and "http://127.0.0.1:8123/v1" in str(e.value)
+        assert e.value.info["port"] == 8123
+    finally:
+        holder.communicate("", timeout=20)
+    assert not lock_path.exists()  # released on a clean exit
+    with InstanceLock(lock_path, "127.0.0.1", 8080) as lock:
+        assert lock.read()["pid"] == os.getpid()
+    assert not lock_path.exists()
+
+
+def test_a_stale_lock_is_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not pid_alive(dead.pid)
+    lock_path = tmp_path / "l.lock"
+    lock_path.write_text(json.dumps({"pid": dead.pid, "hostname": socket.gethostname(), "host": "127.0.0.1",
+                                     "port": 8080}))
+    with InstanceLock(lock_path, "127.0.0.1", 9000) as lock:
+        assert lock.read()["port"] == 9000
+    lock_path.write_text("not json")  # a lock file cut short by a crash
+    with InstanceLock(lock_path, "127.0.0.1", 9001) as lock:
+        assert lock.read()["port"] == 9001
+
+
+def test_run_default_refuses_a_second_instance_and_exits_nonzero(tmp_path, monkeypatch, capsys):
+    from openjet_launcher.launcher.main import add_default_options, run_default
+
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (tmp_path / "openjet-launch.lock").write_text(json.dumps(
+            {"pid": holder.pid, "hostname": socket.gethostname(), "host": "127.0.0.1", "port": 8080,
+             "url": "http://127.0.0.1:8080/v1"}))
+        parser = argparse.ArgumentParser()
+        add_default_options(parser)
+        code = run_default(parser.parse_args(["--no-tray", "--model", "demo", "--engine", "reference"]))
+    finally:
+        holder.communicate(b"", timeout=20)
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "already running" in err and "http://127.0.0.1:8080/v1" in err
+
+
+# --- the real server -----------------------------------------------------------------------------------
+
+
+def _serve_prefix() -> list[str]:
+    """`openjet-launch serve` once cli.py wires it; until then the same parser through a one-line shim."""
+    from openjet_launcher import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if "serve" in sub.choices:
+        return [sys.executable, "-m", "openjet_launcher", "serve"]
+    code = ("import argparse,sys; from openjet_launcher.server.cli import add_serve_parser;"
+            "p=argparse.ArgumentParser(); add_serve_parser(p.add_subparsers());"
+            "a=p.parse_args(['serve']+sys.argv[1:]); sys.exit(a.func(a))")
+    return [sys.executable, "-c", code]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from openjet_launcher.model.synth import synthesize
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    synthesize("tiny", path, show_progress=False)
+    return path
+
+
+@pytest.mark.slow
+def test_real_server_on_tiny_start_health_crash_restart_stop(tiny_model, tmp_path):
+    pytest.importorskip("openjet_launcher.server.cli")
+    pytest.importorskip("uvicorn")
+    port = free_port()
+    cmd = serve_command(tiny_model, engine="reference", port=port, ctx=512, prefix=_serve_prefix())
+    sup = Supervisor(cmd, health_url("127.0.0.1", port), log_dir=tmp_path / "logs", backoff_s=0.1,
+                     health_timeout_s=120)
+    states: list[str] = []
+    sup.on_state(lambda s, m: states.append(s))
+    sup.start()
+    try:
+        assert sup.wait_ready(120), sup.message
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.load(r)["choices"][0]["message"] is not None
+        first = sup.proc.pid
+        sup.proc.kill()  # a crash
+        assert _until(lambda: sup.starts == 2 and sup.state == READY, 120), sup.message
+        assert sup.proc.pid != first and states.count(READY) == 2
+        with pytest.raises(AlreadyRunning):  # a second launcher, same config folder
+            with InstanceLock(tmp_path / "lock", "127.0.0.1", port):
+                InstanceLock(tmp_path / "lock", "127.0.0.1", port).acquire()
+    finally:
+        sup.stop()
+    assert sup.state == STOPPED and sup.proc.poll() is not None
+    assert not port_in_use("127.0.0.1", port)
+    log = sup.log_path.read_text()
+    assert "start #2" in log and "Uvicorn running" in log
+
+
+# --- the default action (launcher/main.py) and the llama-server fallback ----------------------------------
+
+
+def _default_args(*argv: str) -> argparse.Namespace:
+    from openjet_launcher.launcher.main import add_default_options
+
+    parser = argparse.ArgumentParser()
+    add_default_options(parser)
+    return parser.parse_args(list(argv))
+
+
+def _no_gpu(monkeypatch):
+    from openjet_launcher.launcher import hardware
+
+    report = hardware.HardwareReport(None, None, None, {"built": False}, [], None,
+                                     [hardware.Problem("no_driver", "No NVIDIA driver was found.")])
+    monkeypatch.setattr(hardware, "detect", lambda gpu=None, *a, **k: report)
+
+
+def test_without_a_gpu_the_default_explains_and_offers_the_cpu_path(monkeypatch):
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import plan_launch
+
+    _no_gpu(monkeypatch)
+    with pytest.raises(OpenJetError) as e:
+        plan_launch(_default_args("--no-tray"))
+    assert "No NVIDIA driver was found." in str(e.value)
+    assert "openjet-launch --engine reference --model demo" in str(e.value)
+
+
+def test_the_demo_model_is_generated_and_served_on_the_reference_engine(tmp_path, monkeypatch):
+    from openjet_launcher.launcher.main import plan_launch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("OPENJET_API_KEY", "sekret")
+    plan = plan_launch(_default_args("--model", "demo", "--port", "9001"))
+    assert plan.command[plan.command.index("--engine") + 1] == "reference"
+    assert Path(plan.command[4]).is_file() and str(tmp_path) in plan.command[4]
+    assert (plan.model_label, plan.device_label) == ("demo", "CPU (reference engine)")
+    assert plan.env["OPENJET_API_KEY"] == "sekret" and "sekret" not in " ".join(plan.command)
+
+
+def _other_architecture_gguf(path: Path) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_file_our_engine_cannot_run_needs_the_fallback_and_names_it(tmp_path, monkeypatch):
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import plan_launch
+
+    model = _other_architecture_gguf(tmp_path / "llama.gguf")
+    with pytest.raises(OpenJetError) as e:
+        plan_launch(_default_args("--model", str(model), "--engine", "reference"))
+    assert "--fallback llama-server" in str(e.value)
+
+
+def test_the_fallback_without_llama_server_says_what_to_install(tmp_path, monkeypatch):
+    from openjet_launcher.launcher.fallback import FallbackError
+    from openjet_launcher.launcher.main import plan_launch
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    model = _other_architecture_gguf(tmp_path / "llama.gguf")
+    with pytest.raises(FallbackError) as e:
+        plan_launch(_default_args("--model", str(model), "--engine", "reference", "--fallback", "llama-server"))
+    assert "llama-server was not found on PATH" in str(e.value) and "llama.cpp" in str(e.value)
+
+
+def test_the_fallback_starts_llama_server_with_equivalent_settings(tmp_path, monkeypatch, tiny_model):
+    from openjet_launcher.launcher.fallback import llama_server_command
+    from openjet_launcher.launcher.main import plan_launch
+
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    model = _other_architecture_gguf(tmp_path / "llama.gguf")
+    plan = plan_launch(_default_args("--model", str(model), "--engine", "reference", "--fallback", "llama-server",
+                                     "--host", "0.0.0.0", "--port", "9002", "--ctx", "8192", "--api-key", "k"))
+    assert plan.command == [str(exe), "-m", str(model), "--host", "0.0.0.0", "--port", "9002", "--jinja", "-ngl",
+                            "999", "-c", "8192", "--alias", "llama.gguf"]
+    assert plan.env == {"LLAMA_API_KEY": "k"} and plan.device_label == "llama-server"
+    # a file with an MTP head gets llama.cpp's MTP self-speculation
+    assert llama_server_command("llama-server", tiny_model, mtp=True)[-4:] == \
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "4"]
+    from openjet_launcher.launcher.fallback import has_mtp_head
+    assert has_mtp_head(tiny_model) and not has_mtp_head(model)
+
+
+RUN_DEFAULT = textwrap.dedent('''
+    import argparse, json, sys
+    from openjet_launcher.launcher import main
+    main.SERVE_PREFIX = json.loads(sys.argv[1]) if sys.argv[1] != "-" else None
+    p = argparse.ArgumentParser(); main.add_default_options(p)
+    sys.exit(main.run_default(p.parse_args(sys.argv[2:])))
+''')
+
+
+@pytest.mark.slow
+def test_openjet_launch_no_tray_demo_serves_refuses_a_second_and_stops_on_ctrl_c(tmp_path):
+    import signal
+
+    pytest.importorskip("uvicorn")
+    port = free_port()
+    env = {**os.environ, "OPENJET_CONFIG_DIR": str(tmp_path / "config"), "OPENJET_LOG_DIR": str(tmp_path / "logs"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("DISPLAY", None)
+    argv = [sys.executable, "-c", RUN_DEFAULT, json.dumps(_serve_prefix()), "--model", "demo", "--port", str(port),
+            "--ctx", "512"]
+    first = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _until(lambda: _health_ok(port), 120)
+        lock = json.loads((tmp_path / "config" / "openjet-launch.lock").read_text())
+        assert lock["pid"] == first.pid and lock["url"] == f"http://127.0.0.1:{port}/v1"
+        second = subprocess.run(argv[:-4] + ["--port", str(port + 1)], env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 3
+        assert f"already running (pid {first.pid})" in second.stderr
+        assert f"http://127.0.0.1:{port}/v1" in second.stderr
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err
+    assert "no tray icon: no graphical display" in err and f"ready at http://127.0.0.1:{port}/v1" in err
+    assert not _health_ok(port) and not port_in_use("127.0.0.1", port)
+    assert not (tmp_path / "config" / "openjet-launch.lock").exists()
+    assert (tmp_path / "logs" / "server.log").is_file()
+
+
+def _health_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

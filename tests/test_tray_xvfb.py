@@ -1,0 +1,264 @@
+"""Smoke test of the real tray: pystray's xorg backend under Xvfb, over the real server on the tiny model.
+
+Pieces, each a process: Xvfb; a minimal freedesktop system-tray manager (MANAGER_SCRIPT: owns
+_NET_SYSTEM_TRAY_S0 and embeds icons into a visible panel, standing in for a desktop's panel); the tray
+(TRAY_SCRIPT: Supervisor + TrayController + Tray, as the launcher builds them, driven over stdin with the
+same `Tray._click(action)` that pystray's menu items call). A real X click (xdotool) on the icon runs its
+default action (Start/Stop on a backend without menus). The server's /health must follow each action.
+Screenshots (imagemagick `import -window root`) go to $OPENJET_TRAY_SCREENSHOT_DIR or the test's tmp dir.
+
+Needs: Debian packages xvfb, xdotool, imagemagick; pip pystray and Pillow (the `tray` extra). Skipped
+without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Xvfb is an X11 server"),
+    pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb not installed (Debian: apt-get install xvfb)"),
+]
+
+MANAGER_SCRIPT = textwrap.dedent('''
+    import sys
+    import Xlib.display, Xlib.X
+    from Xlib.protocol import event
+    d = Xlib.display.Display()
+    scr = d.screen()
+    root = scr.root
+    panel = root.create_window(20, 20, 200, 64, 0, scr.root_depth, background_pixel=0x3a3f4b,
+                               event_mask=Xlib.X.StructureNotifyMask | Xlib.X.SubstructureNotifyMask)
+    panel.map()
+    sel = d.intern_atom("_NET_SYSTEM_TRAY_S0")
+    opcode = d.intern_atom("_NET_SYSTEM_TRAY_OPCODE")
+    panel.set_selection_owner(sel, Xlib.X.CurrentTime)
+    root.send_event(event.ClientMessage(window=root, client_type=d.intern_atom("MANAGER"),
+                                        data=(32, [Xlib.X.CurrentTime, sel, panel.id, 0, 0])),
+                    event_mask=Xlib.X.StructureNotifyMask)
+    d.flush()
+    print("MANAGER", flush=True)
+    slots = {}  # window id -> x in the panel; pystray asks to dock again on every icon update
+    while True:
+        e = d.next_event()
+        if e.type == Xlib.X.ClientMessage and e.client_type == opcode and e.data[1][1] == 0:  # REQUEST_DOCK
+            wid = e.data[1][2]
+            if wid in slots:
+                continue
+            x = slots[wid] = 8 + 56 * len(slots)
+            w = d.create_resource_object("window", wid)
+            w.reparent(panel, x, 8)
+            w.configure(width=48, height=48)
+            w.map()
+            d.flush()
+            print(f"DOCKED {20 + x + 24} {20 + 8 + 24}", flush=True)  # the icon's centre on the screen
+''')
+
+TRAY_SCRIPT = textwrap.dedent('''
+    import sys, threading
+    from pathlib import Path
+    from openjet_launcher.launcher.menu import Effects, TrayController
+    from openjet_launcher.launcher.supervisor import Supervisor, health_url
+    from openjet_launcher.launcher.tray import Tray, tray_unavailable_reason
+
+    port, log_dir, cmd = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+    _out = threading.Lock()
+
+    def say(*words):  # whole lines: the supervisor's thread and the command thread both write
+        with _out:
+            sys.stdout.write(" ".join(map(str, words)) + "\\n")
+            sys.stdout.flush()
+    assert tray_unavailable_reason() is None, tray_unavailable_reason()
+    sup = Supervisor(cmd, health_url("127.0.0.1", port), log_dir=log_dir, health_timeout_s=120)
+    sup.on_state(lambda s, m: say("STATE", s))
+    ctl = TrayController(sup, model="tiny.gguf", gpu="CPU (reference engine)", host="127.0.0.1", port=port,
+                         log_dir=log_dir, effects=Effects(copy=lambda t: True, open_url=print, open_path=print))
+    tray = Tray(ctl)
+    say("BACKEND", type(tray.icon).__module__, "menu" if ctl.menu_supported else "no-menu")
+
+    def commands(_tray):
+        say("TRAY READY")
+        def loop():
+            for line in sys.stdin:
+                action = line.strip()
+                if action:
+                    tray._click(action)  # what the pystray menu item for `action` calls
+                    say("DID", action)
+        threading.Thread(target=loop, daemon=True).start()
+    tray.run(commands)
+    sup.stop()
+    say("EXITED", sup.state)
+''')
+
+
+class Lines:
+    """A child's stdout read line by line with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import queue
+        import threading
+
+        self.proc, self.q, self.seen = proc, queue.Queue(), []
+        threading.Thread(target=lambda: [self.q.put(x.rstrip("\n")) for x in proc.stdout], daemon=True).start()
+
+    def wait_for(self, prefix: str, timeout_s: float = 60) -> str:
+        import queue
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"no line starting {prefix!r} in {timeout_s} s; saw {self.seen}")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _until(pred, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _screenshot(display: str, path: Path) -> Path | None:
+    env = {**os.environ, "DISPLAY": display}
+    if shutil.which("import"):
+        subprocess.run(["import", "-window", "root", str(path)], env=env, check=True, timeout=30)
+    elif shutil.which("xwd") and shutil.which("convert"):
+        xwd = path.with_suffix(".xwd")
+        subprocess.run(["xwd", "-root", "-silent", "-out", str(xwd)], env=env, check=True, timeout=30)
+        subprocess.run(["convert", str(xwd), str(path)], check=True, timeout=30)
+    else:
+        return None
+    return path
+
+
+@pytest.fixture
+def xvfb():
+    r, w = os.pipe()
+    proc = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", "320x120x24", "-nolisten", "tcp"],
+                            pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r) as f:
+        number = f.readline().strip()
+    assert number, "Xvfb did not report a display number"
+    try:
+        yield f":{number}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_tray_under_xvfb_start_stop_follow_the_server(xvfb, tmp_path):
+    import importlib.util
+
+    for name in ("pystray", "PIL", "Xlib", "uvicorn"):  # found, not imported: pystray needs a display to import
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} not installed (pip install 'openjet-launcher[tray]')")
+    from openjet_launcher.launcher.supervisor import serve_command
+    from openjet_launcher.model.synth import synthesize
+
+    from test_supervisor import _serve_prefix, free_port
+
+    model = tmp_path / "tiny.gguf"
+    synthesize("tiny", model, show_progress=False)
+    port = free_port()
+    shots = Path(os.environ.get("OPENJET_TRAY_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DISPLAY": xvfb, "PYSTRAY_BACKEND": "xorg", "PYTHONUNBUFFERED": "1"}
+    env.pop("WAYLAND_DISPLAY", None)
+
+    manager = subprocess.Popen([sys.executable, "-c", MANAGER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
+    mgr = Lines(manager)
+    cmd = serve_command(model, engine="reference", port=port, ctx=512, prefix=_serve_prefix())
+    tray = subprocess.Popen([sys.executable, "-c", TRAY_SCRIPT, str(port), str(tmp_path / "logs"), *cmd], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    out = Lines(tray)
+    try:
+        mgr.wait_for("MANAGER", 30)
+        assert out.wait_for("BACKEND", 60) == "BACKEND pystray._xorg no-menu"
+        out.wait_for("TRAY READY", 30)
+        _, x, y = mgr.wait_for("DOCKED", 30).split()
+        assert not _healthy(port)
+
+        def act(action: str) -> None:
+            tray.stdin.write(action + "\n")
+            tray.stdin.flush()
+            out.wait_for(f"DID {action}", 30)
+
+        act("start")                                   # the menu's Start
+        out.wait_for("STATE ready", 120)
+        assert _healthy(port)
+        time.sleep(0.5)  # let the icon redraw in its new colour
+        ready_png = _screenshot(xvfb, shots / "tray-ready.png")
+
+        act("stop")                                    # the menu's Stop
+        out.wait_for("STATE stopped", 60)
+        assert _until(lambda: not _healthy(port), 10)
+        time.sleep(0.5)
+        stopped_png = _screenshot(xvfb, shots / "tray-stopped.png")
+
+        if shutil.which("xdotool"):                    # a real click: the default action is Start/Stop here
+            subprocess.run(["xdotool", "mousemove", x, y, "click", "1"], env=env, check=True, timeout=30)
+            out.wait_for("STATE ready", 120)
+            assert _healthy(port)
+            subprocess.run(["xdotool", "mousemove", x, y, "click", "1"], env=env, check=True, timeout=30)
+            out.wait_for("STATE stopped", 60)
+            assert _until(lambda: not _healthy(port), 10)
+            act("start")
+            out.wait_for("STATE ready", 120)
+
+        act("quit")                                    # Quit stops the server and ends the tray loop
+        out.wait_for("EXITED stopped", 60)
+        assert tray.wait(30) == 0
+        assert not _healthy(port)
+        for png in (ready_png, stopped_png):
+            if png is not None:
+                assert png.stat().st_size > 0
+                print(f"screenshot: {png}")
+        if ready_png is not None:
+            _check_icon_colours(ready_png, stopped_png, int(x), int(y))
+    finally:
+        for p in (tray, manager):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def _check_icon_colours(ready_png: Path, stopped_png: Path, x: int, y: int) -> None:
+    """The icon's ring area shows green when ready and grey when stopped (menu.STATE_COLOURS)."""
+    from PIL import Image
+
+    from openjet_launcher.launcher.menu import STATE_COLOURS
+
+    def near(png: Path) -> tuple[int, int, int]:
+        return Image.open(png).convert("RGB").getpixel((x - 14, y))  # inside the disc, outside the white dot
+
+    def close(a, b) -> bool:
+        return all(abs(p - q) <= 40 for p, q in zip(a, b))
+
+    assert close(near(ready_png), STATE_COLOURS["ready"]), near(ready_png)
+    assert close(near(stopped_png), STATE_COLOURS["stopped"]), near(stopped_png)
