@@ -10,6 +10,7 @@ import contextlib
 import logging
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..text.chat import ChatTemplate
@@ -18,10 +19,16 @@ from .auth import APIKeyMiddleware
 from .body import parse_request
 from .core import ServerCore, n_valid_tokens
 from .errors import APIError, error_response, install_error_handlers
+from .limits import LimitsMiddleware
 from .metrics import Metrics
-from .protocol.openai import DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
+from .protocol.anthropic import CountTokensRequest, MessagesRequest
+from .protocol.openai import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList,
+                              TokenizeRequest)
+from .protocol.responses import ResponsesRequest
 from .serving_chat import create_chat_completion
 from .serving_completions import create_completion
+from .serving_messages import register_messages
+from .serving_responses import register_responses
 from .settings import ServerSettings
 from .worker import EngineWorker
 
@@ -45,10 +52,42 @@ def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
     app = FastAPI(title="OpenJet", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.core = core
     install_error_handlers(app)
-    if settings.api_key:
+    app.add_middleware(LimitsMiddleware, max_inflight_bytes=settings.max_inflight_bytes,
+                       max_body_bytes=settings.max_body_bytes)
+    if settings.api_key:                   # added last: outermost, so a request without the key costs nothing
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     app.include_router(_routes(core))
+    _describe_request_bodies(app, REQUEST_MODELS)
     return app
+
+
+# Handlers parse their bodies themselves (server/body.py), so FastAPI cannot see the request models: the
+# OpenAPI schema (for clients and the fuzz test) gets them from this table.
+REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest,
+                  "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest,
+                  "/v1/responses": ResponsesRequest}
+
+
+def _describe_request_bodies(app: FastAPI, models: dict) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in models.items():
+                operation = schema["paths"].get(path, {}).get("post")
+                if operation is None:
+                    continue
+                prefix = model.__name__            # surfaces may reuse sub-model names (Tool, Message)
+                body = model.model_json_schema(ref_template=f"#/components/schemas/{prefix}.{{model}}")
+                components.update({f"{prefix}.{k}": v for k, v in body.pop("$defs", {}).items()})
+                components[prefix] = body
+                operation["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _routes(core: ServerCore) -> APIRouter:
@@ -115,4 +154,6 @@ def _routes(core: ServerCore) -> APIRouter:
                                     "ready": int(w.ready.is_set()), "n_ctx": s.n_ctx})
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    register_messages(r, core)
+    register_responses(r, core)
     return r

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import OpenJetError
 from .errors import escape_for_log
+from .settings import ServerSettings
 
 log = logging.getLogger("openjet.server")
 
@@ -25,6 +26,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/models, "
                     "/health, /props, /metrics, /tokenize, /detokenize. MODEL 'demo' serves the tiny "
                     "synthetic model (generated into the cache folder on first use).")
+    D = ServerSettings()
     p.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file, or 'demo'")
     p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -36,10 +38,28 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft", type=int, default=0, metavar="N",
                    help="MTP speculative decoding with N drafts per step for greedy requests (default 0)")
     p.add_argument("--model-id", default=None, help="the id /v1/models reports (default: the file name)")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="per-request ceiling on generated tokens (default 32768)")
-    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
-                   help="a stream reader that reads nothing for S seconds counts as gone (default 60)")
+    limits = p.add_argument_group("limits (on by default; see openjet_launcher/server/limits.py)")
+    limits.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                        help=f"per-request ceiling on generated tokens; a larger max_tokens is clamped "
+                             f"(default {D.max_tokens_ceiling})")
+    limits.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                        help="a stream reader that reads nothing for S seconds counts as gone and its generation "
+                             "stops (default 60)")
+    limits.add_argument("--max-connections", type=int, default=D.max_connections, metavar="N",
+                        help=f"simultaneous connections; a request on one more is answered 503 "
+                             f"(default {D.max_connections})")
+    limits.add_argument("--request-timeout", type=float, default=D.request_timeout_s, metavar="S",
+                        help=f"a request's headers and body must arrive within S seconds, else 408 and the "
+                             f"connection is closed (default {D.request_timeout_s:g})")
+    limits.add_argument("--keep-alive", type=float, default=D.keep_alive_s, metavar="S",
+                        help=f"an idle keep-alive connection is closed after S seconds (default {D.keep_alive_s:g})")
+    limits.add_argument("--max-body", type=int, default=D.max_body_bytes, metavar="BYTES",
+                        help=f"largest request body; larger is a 413 (default {D.max_body_bytes})")
+    limits.add_argument("--max-inflight", type=int, default=D.max_inflight_bytes, metavar="BYTES",
+                        help=f"request body bytes held at once over all connections; past it a 503 "
+                             f"(default {D.max_inflight_bytes})")
+    limits.add_argument("--max-queue", type=int, default=D.max_queue, metavar="N",
+                        help=f"requests waiting for the engine; more is a 503 (default {D.max_queue})")
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -76,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..text.chat import ChatTemplate, ChatTemplateError
     from ..text.tokenizer import Tokenizer
     from .app import create_app
-    from .settings import ServerSettings
+    from .limits import uvicorn_options
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     path = demo_model_path() if args.model == "demo" else Path(args.model)
@@ -102,11 +122,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     "(set --api-key or OPENJET_API_KEY)", escape_for_log(args.host))
     settings = ServerSettings(model_id=args.model_id or path.name, engine_name=args.engine, host=args.host,
                               port=args.port, n_ctx=n_ctx, api_key=api_key, n_draft=args.draft,
-                              stall_timeout_s=args.stall_timeout)
+                              stall_timeout_s=args.stall_timeout, max_connections=args.max_connections,
+                              request_timeout_s=args.request_timeout, keep_alive_s=args.keep_alive,
+                              max_body_bytes=args.max_body, max_inflight_bytes=args.max_inflight,
+                              max_queue=args.max_queue)
     if args.max_tokens:
         settings.max_tokens_ceiling = args.max_tokens
     app = create_app(lambda: ReferenceEngine.load(path), tokenizer, template, settings)
     log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,
              args.port, n_ctx, args.engine)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", **uvicorn_options(settings))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -57,6 +58,36 @@ def error_response(status: int, message: str, **kw) -> JSONResponse:
     return JSONResponse(error_body(status, message, **kw), status_code=status)
 
 
+# Anthropic's surface answers errors in its own shape: {"type": "error", "error": {"type", "message"}}.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def _in_endpoint_shape(handler):
+    """An exception handler whose OpenAI-shaped answer is re-shaped on Anthropic's paths, so every error
+    there (validation, limits, 404/405, engine failures) reads as Anthropic's SDK expects."""
+    async def handle(request, e):
+        response = await handler(request, e)
+        if not (isinstance(response, JSONResponse) and _is_anthropic(request.url.path)):
+            return response
+        message = json.loads(response.body).get("error", {}).get("message", "error")
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        return JSONResponse(anthropic_error_body(response.status_code, message), status_code=response.status_code,
+                            headers=headers)
+    return handle
+
+
 def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str | None]:
     """The first problem of a validation error as one line, and its location as the `param`."""
     errors = e.errors()
@@ -106,3 +137,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, e: Exception):
         log.exception("unexpected error on %s", escape_for_log(request.url.path))
         return error_response(500, f"internal error ({type(e).__name__})")
+
+    for exc_class, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[exc_class] = _in_endpoint_shape(handler)

@@ -15,7 +15,11 @@ class ServerSettings:
     api_key: str | None = field(default=None, repr=False)   # never in /props or logs
     n_draft: int = 0                      # MTP drafts per step for greedy requests (0 = plain decoding)
     max_top_k: int | None = None          # 32 on the GPU engine: its sampler keeps the top 32 logits
-    # Limits
+    # Limits (server/limits.py says how each is enforced)
+    max_connections: int = 128            # simultaneous connections served; a request on one more is a 503
+    request_timeout_s: float = 60.0       # a request's headers and body must arrive within this (slowloris)
+    keep_alive_s: float = 5.0             # an idle keep-alive connection is closed after this
+    max_inflight_bytes: int = 64 << 20    # request bodies held at once over all connections; more is a 503
     max_body_bytes: int = 8 << 20         # a larger request body is a 413
     max_json_depth: int = 64              # deeper nesting is a 400
     max_tokens_ceiling: int = 32768       # per-request cap on max_tokens (a larger ask is clamped)

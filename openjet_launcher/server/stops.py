@@ -12,6 +12,7 @@ class StopStringMatcher:
         self.stops = tuple(s for s in stops if s)
         self._buf = ""
         self.stopped = False
+        self.matched: str | None = None      # the stop string that ended the text
 
     def push(self, text: str) -> str:
         """The text that is now safe to emit; sets `stopped` when a stop string completed."""
@@ -20,9 +21,10 @@ class StopStringMatcher:
         if not self.stops:
             return text
         self._buf += text
-        hits = [i for i in (self._buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self._buf.find(s)) >= 0]
         if hits:
-            out, self._buf, self.stopped = self._buf[: min(hits)], "", True
+            at, self.matched = min(hits)
+            out, self._buf, self.stopped = self._buf[:at], "", True
             return out
         hold = self._held_suffix()
         out = self._buf[: len(self._buf) - hold]

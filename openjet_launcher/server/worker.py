@@ -52,6 +52,7 @@ class GenerationResult:
     reused_tokens: int = 0               # kept from the state (not prefilled)
     completion_tokens: int = 0           # tokens generated, an end-of-generation token included
     finish_reason: str = "length"        # "stop" (EOG token or stop string), "length", "cancelled"
+    stop_string: str | None = None       # the stop string that ended the output, if one did
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     drafted: int = 0
@@ -322,6 +323,7 @@ class EngineWorker:
                 job.channel.put(TextDelta(tail), force=True)
         detok.flush()
         result.finish_reason = finish
+        result.stop_string = stops.matched
         self._account(job, result)
         job.channel.put(Finished(result), force=True)
 

@@ -54,8 +54,22 @@ class ToolCallIn(_Request):
         return f
 
 
+_TEXT_PARTS = {"type": "array", "items": {"type": "object", "required": ["text"], "properties": {
+    "type": {"enum": ["text", "input_text"]}, "text": {"type": "string"}}}}
+
+
+def _message_schema(schema: dict[str, Any]) -> None:
+    """The OpenAPI schema states what the validators check: content parts are text objects, and every role
+    but assistant (whose message may carry only tool calls) needs content."""
+    schema["properties"]["content"] = {"anyOf": [{"type": "string"}, _TEXT_PARTS, {"type": "null"}]}
+    schema["anyOf"] = [
+        {"properties": {"role": {"enum": ["system", "developer", "user", "tool"]},
+                        "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS]}}, "required": ["content"]},
+        {"properties": {"role": {"const": "assistant"}}}]
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_extra=_message_schema)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Any] | None = None
@@ -207,11 +221,14 @@ class SamplingFields(_Request):
     def _seed(cls, seed: int | None) -> int | None:
         if seed is not None and not -(2**63) <= seed < 2**64:
             raise ValueError("seed must fit in 64 bits")
-        return seed
+        # The generator takes seeds >= 0: a negative one is its 64-bit two's complement (same seed, same tokens).
+        return None if seed is None else seed % 2**64
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    # Qwen's template needs a user message (the schema says so; the template's error is the 400).
+    messages: list[ChatMessage] = Field(min_length=1, json_schema_extra={
+        "contains": {"type": "object", "properties": {"role": {"const": "user"}}, "required": ["role"]}})
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None

@@ -1,0 +1,172 @@
+"""`POST /v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API over the same chat turn
+as chat completions (chat_turn.py); errors come out in Anthropic's shape (errors.py re-shapes them on
+these paths).
+
+Content blocks follow the parsed output in order: a new block whenever the kind changes (thinking, text,
+tool_use). One `_Blocks` builder makes both the complete answer and the stream, so they always agree.
+Stream: message_start, ping, then per block content_block_start / _delta (thinking_delta, text_delta,
+input_json_delta) / _stop, then message_delta (stop_reason, usage) and message_stop.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..text.output import ReasoningDelta, ToolCallEvent
+from .body import parse_request
+from .chat_turn import OutputEvent, render_prompt, start_turn, turn_events
+from .core import ServerCore, sse
+from .errors import APIError, anthropic_error_body
+from .protocol.anthropic import (CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest,
+                                 TextBlock, ThinkingBlock, ToolUseBlock, Usage)
+from .protocol.openai import SamplingFields
+from .serving_chat import SSE_HEADERS
+from .worker import Failed, Finished, GenerationResult
+
+
+def register_messages(router: APIRouter, core: ServerCore) -> None:
+    @router.post("/v1/messages")
+    async def messages(request: Request):
+        return await create_message(core, request)
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        return await count_message_tokens(core, request)
+
+
+def _id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def _stop_reason(result: GenerationResult, n_tool_uses: int) -> str:
+    if result.finish_reason == "length":
+        return "max_tokens"
+    if result.stop_string is not None:
+        return "stop_sequence"
+    return "tool_use" if n_tool_uses else "end_turn"
+
+
+def _usage(result: GenerationResult) -> Usage:
+    return Usage(input_tokens=result.prefilled_tokens, output_tokens=result.completion_tokens,
+                 cache_read_input_tokens=result.reused_tokens)
+
+
+async def count_message_tokens(core: ServerCore, request: Request) -> dict:
+    s = core.settings
+    req = await parse_request(request, CountTokensRequest, s.max_body_bytes, s.max_json_depth)
+    prompt, _ = await render_prompt(core, req.for_template(), req.tools_for_template(), req.template_kwargs())
+    return CountTokensResponse(input_tokens=len(prompt)).model_dump()
+
+
+async def create_message(core: ServerCore, request: Request):
+    s = core.settings
+    req = await parse_request(request, MessagesRequest, s.max_body_bytes, s.max_json_depth)
+    params = core.sampling_params(SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k))
+    turn = await start_turn(core, req.for_template(), tools=req.tools_for_template(),
+                            template_kwargs=req.template_kwargs(), params=params, max_tokens=req.max_tokens,
+                            stops=core.stop_strings(req.stop_sequences), make_call_id=lambda i: _id("toolu_"))
+    message = {"id": _id("msg_"), "model": req.model}
+    if req.stream:
+        return StreamingResponse(_stream(core, turn, message), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    blocks, result = _Blocks(), None
+    async for event in turn_events(core, turn, request):
+        if isinstance(event, Failed):
+            raise APIError(event.status, event.message)
+        if isinstance(event, Finished):
+            result = event.result
+        else:
+            blocks.add(event)
+    assert result is not None
+    blocks.finish()
+    body = MessageResponse(**message, content=blocks.content, stop_reason=_stop_reason(result, blocks.n_tool_uses),
+                           stop_sequence=result.stop_string, usage=_usage(result))
+    return JSONResponse(body.model_dump())
+
+
+class _Blocks:
+    """Parser events -> content blocks, and the stream events that build them (name, payload)."""
+
+    def __init__(self) -> None:
+        self.content: list[TextBlock | ThinkingBlock | ToolUseBlock] = []
+        self.n_tool_uses = 0
+        self._open: str | None = None          # "thinking" or "text" while such a block takes deltas
+
+    def add(self, event: OutputEvent) -> list[tuple[str, dict]]:
+        if isinstance(event, ToolCallEvent):
+            out = self._close()
+            call = event.call
+            block = ToolUseBlock(id=call.id, name=call.name, input=json.loads(call.arguments))
+            index = self._start(block)
+            self.n_tool_uses += 1
+            return out + [
+                ("content_block_start", {"type": "content_block_start", "index": index,
+                                         "content_block": {**block.model_dump(), "input": {}}}),
+                ("content_block_delta", {"type": "content_block_delta", "index": index,
+                                         "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+                ("content_block_stop", {"type": "content_block_stop", "index": index})]
+        kind = "thinking" if isinstance(event, ReasoningDelta) else "text"
+        out = []
+        if self._open != kind:
+            out = self._close()
+            block = ThinkingBlock(thinking="") if kind == "thinking" else TextBlock(text="")
+            index = self._start(block)
+            self._open = kind
+            out.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                "content_block": block.model_dump()}))
+        block = self.content[-1]
+        if kind == "thinking":
+            block.thinking += event.text
+            delta = {"type": "thinking_delta", "thinking": event.text}
+        else:
+            block.text += event.text
+            delta = {"type": "text_delta", "text": event.text}
+        out.append(("content_block_delta", {"type": "content_block_delta", "index": len(self.content) - 1,
+                                            "delta": delta}))
+        return out
+
+    def finish(self) -> list[tuple[str, dict]]:
+        return self._close()
+
+    def _start(self, block) -> int:
+        self.content.append(block)
+        return len(self.content) - 1
+
+    def _close(self) -> list[tuple[str, dict]]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": len(self.content) - 1})]
+
+
+def _event(name: str, payload: dict) -> str:
+    return f"event: {name}\n" + sse(payload)
+
+
+async def _stream(core: ServerCore, turn, message: dict):
+    start = MessageResponse(**message, content=[], stop_reason=None,
+                            usage=Usage(input_tokens=turn.prompt_tokens, output_tokens=0)).model_dump()
+    yield _event("message_start", {"type": "message_start", "message": start})
+    yield _event("ping", {"type": "ping"})
+    blocks = _Blocks()
+    async for event in turn_events(core, turn):
+        if isinstance(event, Failed):
+            yield _event("error", anthropic_error_body(event.status, event.message))
+            return
+        if not isinstance(event, Finished):
+            for name, payload in blocks.add(event):
+                yield _event(name, payload)
+            continue
+        result = event.result
+        if result.finish_reason == "cancelled":      # nobody is reading
+            return
+        for name, payload in blocks.finish():
+            yield _event(name, payload)
+        delta = {"stop_reason": _stop_reason(result, blocks.n_tool_uses), "stop_sequence": result.stop_string}
+        yield _event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(result).model_dump()})
+        yield _event("message_stop", {"type": "message_stop"})
+
