@@ -78,20 +78,13 @@ class Sampler:
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution step 4 draws from (float64, zeros outside the survivors)."""
         p = self.params
-        z = np.asarray(logits[: self.n_valid], dtype=np.float64).copy()
-        if self.counts and (p.presence_penalty or p.frequency_penalty):
-            ids = np.fromiter(self.counts.keys(), dtype=np.int64)
-            cnt = np.fromiter(self.counts.values(), dtype=np.float64)
-            z[ids] -= p.presence_penalty + p.frequency_penalty * cnt
+        out = np.zeros(self.n_valid, dtype=np.float64)
+        z = self._penalised(logits)
         if p.greedy:
-            out = np.zeros_like(z)
             out[int(np.argmax(z))] = 1.0
             return out
-        z /= p.temperature
-        order = np.argsort(-z, kind="stable")
-        if p.top_k:
-            order = order[: p.top_k]
-        zs = z[order]
+        order = self._descending(z, p.top_k)              # survivors of top-k, best first, ties by id
+        zs = z[order].astype(np.float64) / p.temperature
         probs = np.exp(zs - zs[0])
         probs /= probs.sum()
         if p.top_p < 1.0:
@@ -101,9 +94,29 @@ class Sampler:
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             probs, order = probs[keep], order[keep]
-        out = np.zeros_like(z)
         out[order] = probs / probs.sum()
         return out
+
+    def _penalised(self, logits: np.ndarray) -> np.ndarray:
+        z = np.asarray(logits[: self.n_valid], dtype=np.float32)
+        p = self.params
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            z = z.copy()
+            ids = np.fromiter(self.counts.keys(), dtype=np.int64)
+            cnt = np.fromiter(self.counts.values(), dtype=np.float32)
+            z[ids] -= np.float32(p.presence_penalty) + np.float32(p.frequency_penalty) * cnt
+        return z
+
+    @staticmethod
+    def _descending(z: np.ndarray, k: int) -> np.ndarray:
+        """Ids by decreasing logit (ties: lower id first), only the first k when k > 0. With k set, a
+        partial selection finds the candidates (every id tied with the k-th included), so the result
+        equals the first k of a full stable sort without sorting the whole vocabulary."""
+        if 0 < k < len(z):
+            kth = np.partition(z, len(z) - k)[len(z) - k]
+            cand = np.flatnonzero(z >= kth)
+            return cand[np.argsort(-z[cand], kind="stable")][:k]
+        return np.argsort(-z, kind="stable")
 
     def sample(self, logits: np.ndarray) -> int:
         probs = self.probabilities(logits)

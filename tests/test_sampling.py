@@ -79,3 +79,11 @@ def test_gpu_top_k_limit_is_stated():
     with pytest.raises(SamplingError, match=f"between 1 and {GPU_MAX_TOP_K}"):
         SamplingParams(top_k=40).validate(max_top_k=GPU_MAX_TOP_K)
     SamplingParams(temperature=0.0).validate(max_top_k=GPU_MAX_TOP_K)      # greedy needs no top_k
+
+
+def test_top_k_selection_equals_a_full_stable_sort_with_ties():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        z = rng.integers(-3, 3, size=500).astype(np.float32)      # many ties at the k-th value
+        k = int(rng.integers(1, 40))
+        assert (Sampler._descending(z, k) == np.argsort(-z, kind="stable")[:k]).all()
