@@ -1,0 +1,36 @@
+/* OpenJet engine: test-only C API of the Gated DeltaNet decode step (native/src/gdn_decode.cuh), kept apart
+ * from openjet_test.h. Same conventions: an int status, OPENJET_OK or negative; after a failure
+ * openjet_test_gdn_last_error() says what failed (per thread). Host arrays, row-major, float32:
+ *   qkv [t, conv_dim] with conv_dim = (2 n_k + n_v) * 128, z [t, n_v*128], b and alpha [t, n_v],
+ *   conv_w [conv_dim, 4] (tap 3 multiplies the current token), conv state [3, conv_dim] (oldest first),
+ *   ssm_a and dt_bias [n_v], norm_w [128], state [n_v, 128 (k), 128 (v)], y [t, n_v*128].
+ * t (token rows) is 1..8; n_v is a multiple of n_k (value head v reads key head v mod n_k). */
+#ifndef OPENJET_TEST_GDN_H
+#define OPENJET_TEST_GDN_H
+
+#include "openjet_test.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Message of this thread's last failed openjet_test_gdn_* call ("" when none failed yet). */
+OPENJET_API const char* openjet_test_gdn_last_error(void);
+
+/* One decode step over t tokens: conv_state_out gets the new conv state (it may be the same host array
+ * as conv_state_in), state is updated in place, y is written. */
+OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const float* qkv, const float* z,
+                                      const float* b, const float* alpha, const float* conv_w,
+                                      const float* conv_state_in, float* conv_state_out, const float* ssm_a,
+                                      const float* dt_bias, const float* norm_w, float* state, float* y);
+
+/* Times launch_gdn_step on pseudo-random inputs: `copies` independent sets of states (S and both conv
+ * buffers) that successive calls rotate through (so L2 cannot hold them), `reps` calls captured in a CUDA
+ * graph, each of `runs` replays timed with events: us_out[i] = microseconds per call. */
+OPENJET_API int openjet_test_bench_gdn(int n_k, int n_v, int t, int copies, int reps, int runs, float* us_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENJET_TEST_GDN_H */

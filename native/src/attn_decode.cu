@@ -1,0 +1,88 @@
+// launch_attn_decode: the three standalone kernels of attn_decode.cuh (prep, chunks, combine).
+#include "attn_decode.cuh"
+
+namespace openjet {
+namespace {
+
+template <class Fmt>
+__global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a) {
+    attn_prep_row<Fmt>(a, blockIdx.y, blockIdx.x);
+}
+
+template <class Fmt, int MAXR>
+__global__ void __launch_bounds__(kAttnThreads, 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
+    extern __shared__ __align__(16) char smem[];
+    attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, smem);
+}
+
+__global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
+    attn_combine_row(a, chunk_keys, blockIdx.y, blockIdx.x);
+}
+
+int device_sm_count() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    return sms;
+}
+
+template <class Fmt, int MAXR>
+cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+    constexpr size_t smem = attn_chunk_smem_bytes<MAXR>(Fmt::kSmemStride);
+    static bool opted_in = false;  // per instantiation; raising the limit twice is harmless
+    if (!opted_in) {
+        const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel<Fmt, MAXR>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        if (e != cudaSuccess) return e;
+        opted_in = true;
+    }
+    attn_chunk_kernel<Fmt, MAXR><<<dim3(n_chunks, a.n_kv), kAttnThreads, smem, stream>>>(a, chunk_keys);
+    return cudaGetLastError();
+}
+
+template <class Fmt>
+cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+    attn_prep_kernel<Fmt><<<dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream>>>(a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int rows = a.n_head / a.n_kv * a.t;  // instantiations by rows per block: T=1,2,4,8 of the 27B model
+    if (rows <= 8) e = launch_chunks<Fmt, 8>(a, chunk_keys, n_chunks, stream);
+    else if (rows <= 16) e = launch_chunks<Fmt, 16>(a, chunk_keys, n_chunks, stream);
+    else if (rows <= 32) e = launch_chunks<Fmt, 32>(a, chunk_keys, n_chunks, stream);
+    else if (rows <= 48) e = launch_chunks<Fmt, 48>(a, chunk_keys, n_chunks, stream);
+    else e = launch_chunks<Fmt, 64>(a, chunk_keys, n_chunks, stream);
+    if (e != cudaSuccess) return e;
+    attn_combine_kernel<<<dim3(a.n_head, a.t), kAttnThreads, 0, stream>>>(a, chunk_keys);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count) {
+    if (n_past < 0 || n_kv < 1 || t < 1 || t > kAttnMaxT) return cudaErrorInvalidValue;
+    const int sms = device_sm_count();
+    if (sms < 1) return cudaErrorNoDevice;
+    const int ck = attn_chunk_keys(n_past, n_kv, sms);
+    if (chunk_keys) *chunk_keys = ck;
+    if (n_chunks) *n_chunks = attn_n_chunks(n_past, t, ck);
+    if (sm_count) *sm_count = sms;
+    return cudaSuccess;
+}
+
+cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) {
+    AttnDecodeArgs a = a_in;
+    if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.t < 1 || a.t > kAttnMaxT ||
+        a.n_head / a.n_kv * a.t > kAttnMaxRows || a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 ||
+        a.n_rot % 2 || a.n_rot > kAttnHeadDim || !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm ||
+        !a.k_cache || !a.v_cache || !a.o || !a.work)
+        return cudaErrorInvalidValue;
+    if (a.sm_count <= 0) a.sm_count = device_sm_count();
+    if (a.sm_count <= 0) return cudaErrorNoDevice;
+    const int chunk_keys = attn_chunk_keys(a.n_past, a.n_kv, a.sm_count);
+    const int n_chunks = attn_n_chunks(a.n_past, a.t, chunk_keys);
+    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream);
+    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream);
+    return cudaErrorInvalidValue;
+}
+
+}  // namespace openjet

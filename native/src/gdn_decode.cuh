@@ -1,0 +1,217 @@
+// Gated DeltaNet decode step (qwen38.md §3.1 steps 2-7) for T <= 8 tokens, one thread block per value head.
+//
+// Design. The delta rule is independent per column j of S[k][j] (j = value dim): δ_j, the update of column
+// j and o_j need only column j, q, k, β and g. A block owns one value head; thread (rg, j) keeps rows
+// k = rg*R .. rg*R+R-1 of column j in registers (R = kGdnRowsPerThread, 128/R row groups), so the 64 KiB
+// head state is read once and written once per call whatever T is. A warp's 32 lanes are 32 adjacent
+// columns: every row load/store is one coalesced 128-byte line. Per token each thread forms partial
+// dots over its R rows of the decayed state S' = e^g S (with k and with q), the partials meet in shared
+// memory (one barrier per token, double-buffered) and every thread sums the 128/R partials of its column
+// in the same fixed order, so
+//     δ = β (v − S'ᵀk),  S ← S' + k δᵀ,  o = S'ᵀq + δ (k·q)      (= S_newᵀq, the spec's cheap form).
+// The block also does the head's causal conv (q/k channels of key head h mod n_k, v channels of head h),
+// the L2 norms, the gates and the gated RMSNorm, so one launch (48 blocks) is the whole step.
+//
+// T-invariance: every per-token quantity is computed by the same code in the same order whether a token
+// comes first in a call or later, and the state round-trips through memory as exact fp32, so T tokens in
+// one call equal T one-token calls bit for bit.
+//
+// Conv state: conv_state_in and conv_state_out must not overlap (up to three blocks read a key head's
+// q/k channels; one of them writes them), so the caller ping-pongs two buffers. S is updated in place.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace openjet {
+
+constexpr int kGdnHeadDim = 128;     // linear_key_head_dim = linear_value_head_dim
+constexpr int kGdnConvTaps = 4;      // linear_conv_kernel_dim; the state holds the last 3 raw inputs
+constexpr int kGdnMaxT = 8;          // token rows per call (decode + verify)
+constexpr int kGdnRowsPerThread = 16;                                        // R: state rows in registers
+constexpr int kGdnThreads = kGdnHeadDim * (kGdnHeadDim / kGdnRowsPerThread);  // 1024: one per (row group, column)
+
+struct GdnStepArgs {
+    int n_k, n_v, t;                  // key heads, value heads (n_v % n_k == 0), tokens 1..8
+    float eps;                        // L2 norm and gated RMSNorm eps (1e-6)
+    const float* qkv;                 // [t, conv_dim] projection output, conv_dim = 2*n_k*128 + n_v*128
+    const float* z;                   // [t, n_v*128] gate projection
+    const float* b;                   // [t, n_v]  beta logits
+    const float* alpha;               // [t, n_v]  decay logits
+    const float* conv_w;              // [conv_dim, 4] tap 3 multiplies the current token
+    const float* conv_state_in;       // [3, conv_dim] raw inputs x_{-3}, x_{-2}, x_{-1}
+    float* conv_state_out;            // [3, conv_dim] (must not overlap conv_state_in)
+    const float* ssm_a;               // [n_v] = -exp(A_log)
+    const float* dt_bias;             // [n_v]
+    const float* norm_w;              // [128] gated RMSNorm weight (plain w)
+    float* state;                     // [n_v, 128 (k), 128 (v)] fp32, updated in place
+    float* y;                         // [t, n_v*128] rms(o)·w·silu(z), input of ssm_out
+};
+
+// One GDN decode step for all value heads: grid n_v blocks of kGdnThreads.
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream);
+
+constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
+
+// Shared memory of one head's step (~37 KiB, static).
+struct GdnSmem {
+    float x[3][kGdnMaxT][kGdnHeadDim];  // q, k, v: raw qkv, then silu(conv), then q and k L2-normalised
+    float z[kGdnMaxT][kGdnHeadDim];     // gate projection of this head
+    float o[kGdnMaxT][kGdnHeadDim];     // S_tᵀ q_t
+    float norm_w[kGdnHeadDim];
+    float red[2][2][kGdnRowGroups][kGdnHeadDim];  // [token parity][k·S', q·S'][row group][column]
+    float beta[kGdnMaxT], decay[kGdnMaxT], kq[kGdnMaxT];
+};
+
+__device__ __forceinline__ float gdn_sigmoid(float x) { return __frcp_rn(__fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float gdn_silu(float x) { return __fmul_rn(x, gdn_sigmoid(x)); }
+// log(1 + e^x), the identity above 20 (PyTorch's threshold, as reference/ops.py).
+__device__ __forceinline__ float gdn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float gdn_warp_sum(float s) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    return s;
+}
+
+// Sum over a warp of the squares of row[lane + 32 i], i = 0..3 (fixed order: lane-local, then butterfly).
+__device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s = __fmaf_rn(row[lane + 32 * i], row[lane + 32 * i], s);
+    return gdn_warp_sum(s);
+}
+
+// The whole step for value head h, run by one block of exactly kGdnThreads threads (a persistent kernel
+// calls this per head; it contains __syncthreads, so all threads of the block must call it).
+__device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm) {
+    constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
+    const int tid = threadIdx.x, j = tid % D, rg = tid / D, lane = tid & 31, warp = tid >> 5;
+    const int n_tok = a.t, kh = h % a.n_k;                     // tiled pairing: value head h reads key head h mod n_k
+    const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
+
+    // Issue every global load first (state, inputs, weights): they are all in flight at once, and
+    // nothing later waits on a global load (a load after a store through a maybe-aliasing pointer would).
+    float* st = a.state + (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at st[i*D]
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) s[i] = st[i * D];
+    const auto channel = [&](int part, int cl) {  // conv channel of q / k (key head kh) or v (head h)
+        return part == 0 ? kh * D + cl : part == 1 ? key_dim + kh * D + cl : 2 * key_dim + h * D + cl;
+    };
+    constexpr int kLoads = (kGdnMaxT * 3 * D + kGdnThreads - 1) / kGdnThreads;  // raw qkv values per thread
+    static_assert(kGdnMaxT * D <= kGdnThreads, "one z value per thread");
+    float xr[kLoads], zr = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+        const int e = tid + u * kGdnThreads, t = e / (3 * D);
+        xr[u] = e < n_tok * 3 * D ? a.qkv[(size_t)t * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
+    }
+    if (tid < n_tok * D) zr = a.z[(size_t)(tid / D) * value_dim + h * D + j];
+    float w0 = 0.0f, w1 = 0.0f, w2 = 0.0f, w3 = 0.0f, x0 = 0.0f, x1 = 0.0f, x2 = 0.0f;
+    const int part = tid / D, c = channel(part, j);  // conv threads: tid < 3*D, channel c
+    if (tid < 3 * D) {
+        w0 = a.conv_w[c * 4 + 0]; w1 = a.conv_w[c * 4 + 1]; w2 = a.conv_w[c * 4 + 2]; w3 = a.conv_w[c * 4 + 3];
+        x0 = a.conv_state_in[c]; x1 = a.conv_state_in[conv_dim + c]; x2 = a.conv_state_in[2 * conv_dim + c];
+    } else if (tid < 3 * D + n_tok) {  // gates: β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g
+        const int t = tid - 3 * D;
+        sm.beta[t] = gdn_sigmoid(a.b[t * a.n_v + h]);
+        const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(a.alpha[t * a.n_v + h], a.dt_bias[h])));
+        sm.decay[t] = expf(g);
+    } else if (tid >= 4 * D && tid < 5 * D) {
+        sm.norm_w[j] = a.norm_w[j];
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+        const int e = tid + u * kGdnThreads;
+        if (e < n_tok * 3 * D) sm.x[(e / D) % 3][e / (3 * D)][e % D] = xr[u];
+    }
+    if (tid < n_tok * D) sm.z[tid / D][j] = zr;
+    __syncthreads();
+
+    // 1. Causal conv over this head's 384 channels, then SiLU, in place.
+    if (tid < 3 * D) {
+        float* xc = &sm.x[part][0][j];
+        for (int t = 0; t < n_tok; ++t) {
+            const float xt = xc[t * D];
+            // Σ_j w_j x_{t-3+j}, multiplied then added tap by tap, as the numpy reference.
+            const float out = __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, w0), __fmul_rn(x1, w1)), __fmul_rn(x2, w2)),
+                                        __fmul_rn(xt, w3));
+            xc[t * D] = gdn_silu(out);
+            x0 = x1; x1 = x2; x2 = xt;
+        }
+        if (part == 2 || h == kh) {  // q/k channels: the one block with h < n_k writes them
+            a.conv_state_out[c] = x0;
+            a.conv_state_out[conv_dim + c] = x1;
+            a.conv_state_out[2 * conv_dim + c] = x2;
+        }
+    }
+    __syncthreads();
+
+    // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps): one warp per (token, q|k) row.
+    if (warp < 2 * n_tok) {
+        float* row = sm.x[warp & 1][warp >> 1];
+        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), a.eps)));
+        const float scale = (warp & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float x = __fmul_rn(row[lane + 32 * i], inv);
+            row[lane + 32 * i] = (warp & 1) ? x : __fmul_rn(x, scale);
+        }
+    }
+    __syncthreads();
+    if (warp < n_tok) {  // k·q per token, for o = S'ᵀq + δ (k·q)
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p = __fmaf_rn(sm.x[1][warp][lane + 32 * i], sm.x[0][warp][lane + 32 * i], p);
+        p = gdn_warp_sum(p);
+        if (lane == 0) sm.kq[warp] = p;
+    }
+    __syncthreads();
+
+    // 3. Delta rule, token by token, state in registers. One barrier per token (red is double-buffered:
+    // a thread writing red[t&1] for token t has passed token t-1's barrier, after every read of red[t&1]
+    // from token t-2).
+    for (int t = 0; t < n_tok; ++t) {
+        const float decay = sm.decay[t];
+        const float* kt = &sm.x[1][t][rg * R];
+        const float* qt = &sm.x[0][t][rg * R];
+        float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            s[i] = __fmul_rn(s[i], decay);  // S' = e^g S
+            pk = __fmaf_rn(s[i], kt[i], pk);
+            pq = __fmaf_rn(s[i], qt[i], pq);
+        }
+        const int buf = t & 1;
+        sm.red[buf][0][rg][j] = pk;
+        sm.red[buf][1][rg][j] = pq;
+        __syncthreads();
+        float ks = 0.0f, qs = 0.0f;  // S'ᵀk, S'ᵀq of column j: row groups summed 0..7, the same in every thread
+#pragma unroll
+        for (int r = 0; r < kGdnRowGroups; ++r) {
+            ks = __fadd_rn(ks, sm.red[buf][0][r][j]);
+            qs = __fadd_rn(qs, sm.red[buf][1][r][j]);
+        }
+        const float delta = __fmul_rn(sm.beta[t], __fsub_rn(sm.x[2][t][j], ks));  // δ = β (v − S'ᵀk)
+#pragma unroll
+        for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
+        if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) st[i * D] = s[i];
+    __syncthreads();
+
+    // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.
+    if (warp < n_tok) {
+        const float* o = sm.o[warp];
+        const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), a.eps)));
+        const size_t row = (size_t)warp * value_dim + (size_t)h * D;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = lane + 32 * i;
+            a.y[row + c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), sm.norm_w[c]), gdn_silu(sm.z[warp][c]));
+        }
+    }
+}
+
+}  // namespace openjet

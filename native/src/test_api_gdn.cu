@@ -1,0 +1,221 @@
+// openjet_test_gdn_*: the test-only C API of the GDN decode step (include/openjet_test_gdn.h).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gdn_decode.cuh"
+#include "openjet_test_gdn.h"
+
+namespace {
+
+using namespace openjet;
+
+thread_local std::string g_error;
+
+int fail(int status, const char* fmt, ...) {
+    char b[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    g_error = b;
+    return status;
+}
+
+int cuda_fail(cudaError_t e, const char* what) {
+    if (e == cudaErrorInvalidValue)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: invalid argument (shape, t, or overlapping buffers)", what);
+    return fail(OPENJET_TEST_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CHECK(call)                                         \
+    do {                                                    \
+        const cudaError_t e_ = (call);                      \
+        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
+    } while (0)
+
+struct DevBuf {
+    void* p = nullptr;
+    DevBuf() = default;
+    DevBuf(const DevBuf&) = delete;
+    DevBuf(DevBuf&& o) noexcept : p(o.p) { o.p = nullptr; }
+    ~DevBuf() {
+        if (p) cudaFree(p);
+    }
+    cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
+    float* f() const { return static_cast<float*>(p); }
+};
+
+struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() {
+        if (e) cudaEventDestroy(e);
+    }
+};
+
+int check_dims(int n_k, int n_v, int t) {
+    if (t < 1 || t > kGdnMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGdnMaxT);
+    if (n_k < 1 || n_v < n_k || n_v % n_k)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "n_k = %d, n_v = %d: n_v must be a positive multiple of n_k", n_k, n_v);
+    return OPENJET_OK;
+}
+
+// Device copies of the step's inputs and outputs.
+struct GdnDev {
+    DevBuf qkv, z, b, alpha, conv_w, cs_in, cs_out, ssm_a, dt_bias, norm_w, state, y;
+    cudaError_t alloc(int n_k, int n_v, int t) {
+        const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
+        const size_t sizes[] = {t * conv_dim, t * vd, (size_t)t * n_v, (size_t)t * n_v, 4 * conv_dim, 3 * conv_dim,
+                                3 * conv_dim, (size_t)n_v, (size_t)n_v, kGdnHeadDim, vd * kGdnHeadDim, t * vd};
+        DevBuf* bufs[] = {&qkv, &z, &b, &alpha, &conv_w, &cs_in, &cs_out, &ssm_a, &dt_bias, &norm_w, &state, &y};
+        for (int i = 0; i < 12; ++i)
+            if (cudaError_t e = bufs[i]->alloc(sizeof(float) * sizes[i])) return e;
+        return cudaSuccess;
+    }
+    GdnStepArgs args(int n_k, int n_v, int t, float eps) const {
+        return GdnStepArgs{n_k, n_v, t, eps, qkv.f(), z.f(), b.f(), alpha.f(), conv_w.f(), cs_in.f(), cs_out.f(),
+                           ssm_a.f(), dt_bias.f(), norm_w.f(), state.f(), y.f()};
+    }
+};
+
+}  // namespace
+
+extern "C" OPENJET_API const char* openjet_test_gdn_last_error(void) { return g_error.c_str(); }
+
+extern "C" OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const float* qkv, const float* z,
+                                                 const float* b, const float* alpha, const float* conv_w,
+                                                 const float* conv_state_in, float* conv_state_out,
+                                                 const float* ssm_a, const float* dt_bias, const float* norm_w,
+                                                 float* state, float* y) {
+    if (int s = check_dims(n_k, n_v, t)) return s;
+    if (!qkv || !z || !b || !alpha || !conv_w || !conv_state_in || !conv_state_out || !ssm_a || !dt_bias || !norm_w ||
+        !state || !y)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step: null pointer");
+    const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
+    GdnDev d;
+    CHECK(d.alloc(n_k, n_v, t));
+    const auto up = [](const DevBuf& dst, const float* src, size_t n) {
+        return cudaMemcpy(dst.p, src, sizeof(float) * n, cudaMemcpyHostToDevice);
+    };
+    CHECK(up(d.qkv, qkv, t * conv_dim));
+    CHECK(up(d.z, z, t * vd));
+    CHECK(up(d.b, b, (size_t)t * n_v));
+    CHECK(up(d.alpha, alpha, (size_t)t * n_v));
+    CHECK(up(d.conv_w, conv_w, 4 * conv_dim));
+    CHECK(up(d.cs_in, conv_state_in, 3 * conv_dim));
+    CHECK(up(d.ssm_a, ssm_a, n_v));
+    CHECK(up(d.dt_bias, dt_bias, n_v));
+    CHECK(up(d.norm_w, norm_w, kGdnHeadDim));
+    CHECK(up(d.state, state, vd * kGdnHeadDim));
+    // NaN poison: every output element must be written (conv_state_out: all channels, y: all rows).
+    CHECK(cudaMemset(d.cs_out.p, 0xFF, sizeof(float) * 3 * conv_dim));
+    CHECK(cudaMemset(d.y.p, 0xFF, sizeof(float) * t * vd));
+    CHECK(launch_gdn_step(d.args(n_k, n_v, t, eps), 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(conv_state_out, d.cs_out.p, sizeof(float) * 3 * conv_dim, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(state, d.state.p, sizeof(float) * vd * kGdnHeadDim, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(y, d.y.p, sizeof(float) * t * vd, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_bench_gdn(int n_k, int n_v, int t, int copies, int reps, int runs,
+                                                  float* us_out) {
+    if (int s = check_dims(n_k, n_v, t)) return s;
+    if (!us_out || copies < 1 || reps < 1 || runs < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gdn: null output or copies/reps/runs < 1");
+    const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
+    // Pseudo-random inputs in sensible ranges (never zeros); every copy starts from the same values.
+    uint32_t seed = 12345u;
+    const auto rnd = [&seed](float lo, float hi) {
+        seed = seed * 1664525u + 1013904223u;
+        return lo + (hi - lo) * static_cast<float>(seed >> 8) / static_cast<float>(1 << 24);
+    };
+    const auto fill = [&](size_t n, float lo, float hi) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = rnd(lo, hi);
+        return v;
+    };
+    const std::vector<float> h_qkv = fill(t * conv_dim, -2.f, 2.f), h_z = fill(t * vd, -2.f, 2.f),
+                             h_b = fill((size_t)t * n_v, -2.f, 2.f), h_alpha = fill((size_t)t * n_v, -2.f, 2.f),
+                             h_w = fill(4 * conv_dim, -0.5f, 0.5f), h_cs = fill(3 * conv_dim, -2.f, 2.f),
+                             h_a = fill(n_v, -2.f, -0.1f), h_dt = fill(n_v, -1.f, 1.f), h_nw = fill(kGdnHeadDim, 0.5f, 1.5f),
+                             h_s = fill(vd * kGdnHeadDim, -0.1f, 0.1f);
+    GdnDev d;
+    CHECK(d.alloc(n_k, n_v, t));
+    const auto up = [](const DevBuf& dst, const std::vector<float>& src) {
+        return cudaMemcpy(dst.p, src.data(), sizeof(float) * src.size(), cudaMemcpyHostToDevice);
+    };
+    CHECK(up(d.qkv, h_qkv)); CHECK(up(d.z, h_z)); CHECK(up(d.b, h_b)); CHECK(up(d.alpha, h_alpha));
+    CHECK(up(d.conv_w, h_w)); CHECK(up(d.ssm_a, h_a)); CHECK(up(d.dt_bias, h_dt)); CHECK(up(d.norm_w, h_nw));
+    // Per copy: its own S and conv state pair (the per-layer state a real step touches).
+    std::vector<DevBuf> st(copies), cin(copies), cout(copies);
+    for (int i = 0; i < copies; ++i) {
+        CHECK(st[i].alloc(sizeof(float) * vd * kGdnHeadDim));
+        CHECK(cin[i].alloc(sizeof(float) * 3 * conv_dim));
+        CHECK(cout[i].alloc(sizeof(float) * 3 * conv_dim));
+        CHECK(up(st[i], h_s));
+        CHECK(up(cin[i], h_cs));
+    }
+    GdnStepArgs a = d.args(n_k, n_v, t, 1e-6f);
+    const auto set = [&](int i) {
+        a.state = st[i % copies].f();
+        a.conv_state_in = cin[i % copies].f();
+        a.conv_state_out = cout[i % copies].f();
+    };
+    for (int i = 0; i < copies; ++i) {  // warm-up
+        set(i);
+        CHECK(launch_gdn_step(a, 0));
+    }
+    CHECK(cudaDeviceSynchronize());
+
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct StreamGuard {
+        cudaStream_t s;
+        ~StreamGuard() { cudaStreamDestroy(s); }
+    } sg{stream};
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < reps; ++i) {
+        set(i);
+        const cudaError_t e = launch_gdn_step(a, stream);
+        if (e != cudaSuccess) {
+            cudaStreamEndCapture(stream, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            return cuda_fail(e, "launch_gdn_step (capture)");
+        }
+    }
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) return cuda_fail(ie, "cudaGraphInstantiate");
+    struct ExecGuard {
+        cudaGraphExec_t g;
+        ~ExecGuard() { cudaGraphExecDestroy(g); }
+    } eg{exec};
+    Event e0, e1;
+    CHECK(cudaEventCreate(&e0.e));
+    CHECK(cudaEventCreate(&e1.e));
+    CHECK(cudaGraphLaunch(exec, stream));  // warm replay
+    for (int r = 0; r < runs; ++r) {
+        CHECK(cudaEventRecord(e0.e, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(e1.e, stream));
+        CHECK(cudaEventSynchronize(e1.e));
+        float ms = 0.0f;
+        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
+        us_out[r] = ms * 1000.0f / reps;
+    }
+    // The states must still be finite after all those steps (a NaN would make the timing meaningless).
+    std::vector<float> back(vd * kGdnHeadDim);
+    CHECK(cudaMemcpy(back.data(), st[0].p, sizeof(float) * back.size(), cudaMemcpyDeviceToHost));
+    for (float x : back)
+        if (!std::isfinite(x)) return fail(OPENJET_ERR_INTERNAL, "bench_gdn: the state became non-finite");
+    return OPENJET_OK;
+}

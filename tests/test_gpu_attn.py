@@ -1,0 +1,227 @@
+"""Gated full-attention decode (native/src/attn_decode.cuh) against numpy, qwen38.md §3.2.
+
+Oracles: the reference engine's ops (rms_norm, rope_tables, apply_rope: the cached k) and `attend` (float32
+attention over an unrounded float32 cache), and a float64 numpy model over the very cache the kernel holds
+(the cache bytes it returns, dequantised), so that the second figure measures the kernel's arithmetic alone.
+Bounds: vs the float64 model of the same cache, 1e-5 relative (fp32 softmax and accumulation); vs the float32
+cache, 2e-3 (F16 cache) and 2.5e-2 (Q8_0 cache): the cache's own rounding. Row t of a T-row step must equal
+row t of any other T bit for bit (T-invariance), and row 0 of the 1-row step at n_past + t when the split is
+the same. OPENJET_GPU_REPORT=path appends the measured figures as JSON lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from openjet_launcher.engine import kernels_test_attn as ka
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.reference.attention import attend
+from openjet_launcher.reference.ops import apply_rope, rms_norm, rope_tables
+
+pytestmark = pytest.mark.gpu
+
+HD, N_ROT, BASE, EPS = 256, 64, 1e7, 1e-6
+SIZES = {"27b": (24, 4), "tiny": (4, 2)}          # (q heads, kv heads)
+FMTS = ["F16", "Q8_0"]
+BOUND_VS_F32_CACHE = {"F16": 2e-3, "Q8_0": 2.5e-2}
+BOUND_VS_MODEL = 1e-5
+
+
+def report(**fields) -> None:
+    path = os.environ.get("OPENJET_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+# ------------------------------------------------------------------------------ numpy model of the cache
+
+
+def quantize_rows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 [..., 256] -> cache bytes [..., row_bytes] exactly as the kernel stores them."""
+    x = np.ascontiguousarray(x, np.float32)
+    if fmt == "F16":
+        return x.astype(np.float16).view(np.uint8)
+    b = x.reshape(x.shape[:-1] + (8, 32))
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)           # as ggml: d = amax / 127
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * inv).astype(np.float32)
+    q = np.trunc(v.astype(np.float64) + np.copysign(0.5, v)).astype(np.int8)   # roundf: half away from 0
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], axis=-1)
+    return out.reshape(x.shape[:-1] + (272,))
+
+
+def dequantize_rows(raw: np.ndarray, fmt: str) -> np.ndarray:
+    raw = np.ascontiguousarray(raw)
+    if fmt == "F16":
+        return raw.view(np.float16).astype(np.float64)
+    b = raw.reshape(raw.shape[:-1] + (8, 34))
+    d = b[..., :2].copy().view(np.float16).astype(np.float64)
+    q = b[..., 2:].view(np.int8).astype(np.float64)
+    return (q * d).reshape(raw.shape[:-1] + (HD,))
+
+
+def attend64(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, n_head: int, n_kv: int) -> np.ndarray:
+    """Causal GQA attention in float64: q [T, n_head, 256] at positions n_past.., keys/values [n_kv, L, 256]."""
+    t, n_ctx, group = len(q), keys.shape[1], n_head // n_kv
+    future = np.arange(n_ctx)[None, :] > (n_past + np.arange(t))[:, None]
+    out = np.empty((t, n_head, HD))
+    for h in range(n_head):
+        s = q[:, h].astype(np.float64) @ keys[h // group].T / np.sqrt(HD)
+        s[future] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ values[h // group]
+    return out.reshape(t, n_head * HD)
+
+
+def sigmoid64(x):
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+    """Largest over rows of ||y - ref|| / ||ref||."""
+    return float(max(np.linalg.norm(y[i] - ref[i]) / np.linalg.norm(ref[i]) for i in range(len(ref))))
+
+
+# ------------------------------------------------------------------------------ problems
+
+
+@functools.lru_cache(maxsize=4)
+def prefix(fmt: str, n_kv: int, n_past: int):
+    """A random cached prefix: float32 k (as after norm and RoPE: unit rms) and v, and their cache bytes."""
+    rng = np.random.default_rng(1000 + n_past + 7 * n_kv)
+    k = rng.standard_normal((n_kv, n_past, HD), dtype=np.float32)
+    v = rng.standard_normal((n_kv, n_past, HD), dtype=np.float32)
+    return k, v, quantize_rows(k, fmt), quantize_rows(v, fmt)
+
+
+def step_inputs(rng, t: int, n_head: int, n_kv: int):
+    qproj = (rng.standard_normal((t, n_head * 2 * HD)) * 3).astype(np.float32)
+    k = (rng.standard_normal((t, n_kv * HD)) * 2).astype(np.float32)
+    v = rng.standard_normal((t, n_kv * HD)).astype(np.float32)
+    qn = rng.uniform(0.5, 1.5, HD).astype(np.float32)
+    kn = rng.uniform(0.5, 1.5, HD).astype(np.float32)
+    return qproj, k, v, qn, kn
+
+
+def reference_qk(qproj, k, qn, kn, n_past: int, n_head: int, n_kv: int):
+    """The reference engine's q [T, n_head, 256] and cached k [T, n_kv, 256] (RMSNorm, then partial NeoX RoPE)."""
+    t = len(qproj)
+    cos, sin = rope_tables(n_past + np.arange(t), N_ROT, BASE)
+    q = apply_rope(rms_norm(qproj.reshape(t, n_head, 2, HD)[:, :, 0], qn, EPS), cos, sin)
+    kr = apply_rope(rms_norm(k.reshape(t, n_kv, HD), kn, EPS), cos, sin)
+    return q, kr
+
+
+def run(fmt, n_head, n_kv, n_past, inputs):
+    _, _, kc, vc = prefix(fmt, n_kv, n_past)
+    qproj, k, v, qn, kn = inputs
+    return ka.attn_decode(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, kc, vc, n_head=n_head, n_kv=n_kv)
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("n_past", [0, 1, 100, 4096, 32768])
+def test_attn_decode_matches_numpy(fmt, size, n_past):
+    n_head, n_kv = SIZES[size]
+    rng = np.random.default_rng(n_past * 3 + n_head)
+    k_pre, v_pre, kc_pre, vc_pre = prefix(fmt, n_kv, n_past)
+    for t in ([1, 2, 5, 8] if n_past <= 100 else [1, 8]):
+        inputs = step_inputs(rng, t, n_head, n_kv)
+        qproj, k, v, qn, kn = inputs
+        o, k_out, v_out = run(fmt, n_head, n_kv, n_past, inputs)
+        assert np.isfinite(o).all()
+        q_ref, k_ref = reference_qk(qproj, k, qn, kn, n_past, n_head, n_kv)
+        gate = sigmoid64(qproj.reshape(t, n_head, 2, HD)[:, :, 1].reshape(t, n_head * HD))
+
+        # the cache: prefix untouched, v appended raw, k after norm + RoPE within the format's rounding
+        np.testing.assert_array_equal(k_out[:, :n_past], kc_pre)
+        np.testing.assert_array_equal(v_out[:, :n_past], vc_pre)
+        np.testing.assert_array_equal(v_out[:, n_past:], quantize_rows(v.reshape(t, n_kv, HD).swapaxes(0, 1), fmt))
+        k_new = dequantize_rows(k_out[:, n_past:], fmt)                         # [n_kv, t, 256]
+        k_want = k_ref.swapaxes(0, 1).astype(np.float64)
+        if fmt == "F16":
+            k_dev = np.abs(k_new - k_want).max() / np.abs(k_want).max()
+            np.testing.assert_allclose(k_new, k_want, rtol=2.0 ** -10, atol=1e-6)
+        else:  # within one quantisation step of the block
+            step = np.abs(k_want.reshape(n_kv, t, 8, 32)).max(axis=-1, keepdims=True) / 127
+            k_dev = float((np.abs(k_new - k_want).reshape(n_kv, t, 8, 32) / step).max())
+            assert k_dev <= 1.0 + 1e-3, f"cached k off by {k_dev:.3f} quantisation steps"
+
+        # attention: vs float64 over the kernel's own cache, and vs float32 over an unrounded cache
+        keys, values = dequantize_rows(k_out, fmt), dequantize_rows(v_out, fmt)
+        ref_model = attend64(q_ref, keys, values, n_past, n_head, n_kv) * gate
+        e_model = rel_err(o, ref_model)
+        s = SimpleNamespace(n_head=n_head, n_head_kv=n_kv, head_dim=HD)
+        keys32 = np.concatenate([k_pre, k_ref.swapaxes(0, 1)], axis=1)
+        values32 = np.concatenate([v_pre, v.reshape(t, n_kv, HD).swapaxes(0, 1)], axis=1)
+        ref_f32 = attend(q_ref, keys32, values32, n_past, s).astype(np.float64) * gate
+        e_f32 = rel_err(o, ref_f32)
+        report(test="attn_decode", fmt=fmt, size=size, n_past=n_past, t=t, rel_err_vs_model=e_model,
+               rel_err_vs_f32_cache=e_f32, cached_k_dev=float(k_dev))
+        assert e_model < BOUND_VS_MODEL, f"{fmt} {size} n_past={n_past} t={t}: {e_model:.2e} vs the f64 model"
+        assert e_f32 < BOUND_VS_F32_CACHE[fmt], f"{fmt} {size} n_past={n_past} t={t}: {e_f32:.2e} vs f32 cache"
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_past", [0, 100, 4096, 32768])
+def test_row_is_bit_identical_for_every_t(fmt, n_past):
+    n_head, n_kv = SIZES["27b"]
+    inputs = step_inputs(np.random.default_rng(77 + n_past), 8, n_head, n_kv)
+    o8, k8, v8 = run(fmt, n_head, n_kv, n_past, inputs)
+    for t in range(1, 8):
+        o, k_out, _ = run(fmt, n_head, n_kv, n_past, tuple(x[:t] for x in inputs[:3]) + inputs[3:])
+        np.testing.assert_array_equal(o, o8[:t], err_msg=f"rows of a {t}-row step differ from the 8-row step")
+        np.testing.assert_array_equal(k_out, k8[:, :n_past + t])
+    report(test="t_invariance", fmt=fmt, n_past=n_past, bit_identical=True)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_past", [100, 4096])
+def test_verify_row_equals_sequential_decode(fmt, n_past):
+    """Row t of an 8-row step at n_past == the 1-row step at n_past + t over the same cache (same split)."""
+    n_head, n_kv = SIZES["27b"]
+    qproj, k, v, qn, kn = step_inputs(np.random.default_rng(5 + n_past), 8, n_head, n_kv)
+    o8, k8, v8 = run(fmt, n_head, n_kv, n_past, (qproj, k, v, qn, kn))
+    for t in range(8):
+        same_split = ka.attn_split(n_past, n_kv, 8)["chunk_keys"] == ka.attn_split(n_past + t, n_kv, 1)["chunk_keys"]
+        o1, _, _ = ka.attn_decode(ka.KV_TYPES[fmt], qproj[t:t + 1], k[t:t + 1], v[t:t + 1], qn, kn,
+                                  k8[:, :n_past + t], v8[:, :n_past + t], n_head=n_head, n_kv=n_kv)
+        if same_split:
+            np.testing.assert_array_equal(o1[0], o8[t])
+        else:
+            assert rel_err(o1, o8[t:t + 1]) < 1e-5
+    report(test="verify_vs_sequential", fmt=fmt, n_past=n_past, bit_identical=True)
+
+
+def test_split_depends_on_context_not_t():
+    for n_past in (0, 1, 100, 4096, 32768, 100000):
+        splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]
+        assert len({s["chunk_keys"] for s in splits}) == 1
+        assert splits[0]["sm_count"] > 0
+        for t, s in enumerate(splits, 1):
+            assert s["n_chunks"] * s["chunk_keys"] >= n_past + t > (s["n_chunks"] - 1) * s["chunk_keys"]
+        report(test="split", n_past=n_past, **splits[0])
+
+
+def test_bad_arguments_raise():
+    rng = np.random.default_rng(0)
+    qproj, k, v, qn, kn = step_inputs(rng, 1, 24, 4)
+    empty = np.zeros((4, 0, 512), np.uint8)
+    with pytest.raises(OpenJetError, match="kv_type"):
+        ka.attn_decode(2, qproj, k, v, qn, kn, np.zeros((4, 0, 512), np.uint8), empty, n_head=24, n_kv=4)
+    big = step_inputs(rng, 9, 24, 4)
+    with pytest.raises(OpenJetError, match="t = 9"):
+        ka.attn_decode(1, *big, empty, empty, n_head=24, n_kv=4)
+    with pytest.raises(OpenJetError, match="multiple of n_kv"):
+        ka.attn_decode(1, qproj[:, :10 * 512], k[:, :4 * HD], v[:, :4 * HD], qn, kn, empty, empty, n_head=10, n_kv=4)

@@ -1,0 +1,221 @@
+"""Gated DeltaNet decode step on the GPU (issue 6, native/src/gdn_decode.cuh) against the numpy reference.
+
+Oracle: the reference's own functions (openjet_launcher/reference/gdn.py: causal_conv, delta_rule_recurrent;
+reference/ops.py) composed exactly as gdn_mixer composes them after the projections, evaluated in float64;
+at the tiny sizes also gdn_mixer itself (identity projections). The GPU computes in fp32, so the figure is
+max |gpu - ref| / max |ref| per output, expected ~1e-6 (asserted < 1e-5).
+
+T-invariance: the kernel computes each token with the same code in the same order wherever it sits in a
+call, and the state round-trips memory as exact fp32, so T tokens in one call equal T one-token calls bit
+for bit (asserted with array_equal).
+
+OPENJET_GPU_REPORT=path appends the measured error figures as JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from openjet_launcher.engine import kernels_test_gdn as kg
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.model.shape import PRESETS
+from openjet_launcher.reference.gdn import causal_conv, delta_rule_recurrent, gdn_mixer
+from openjet_launcher.reference.ops import l2_normalize, rms_norm, sigmoid, silu, softplus
+from openjet_launcher.reference.weights import GDNWeights
+
+pytestmark = pytest.mark.gpu
+
+D = kg.HEAD_DIM
+EPS = 1e-6
+SIZES = {"27B": (16, 48), "tiny": (2, 6)}  # (n_k, n_v): 27B per-layer sizes (spec §1), the tiny preset's
+TOL = 1e-5
+
+
+def report(**fields) -> None:
+    path = os.environ.get("OPENJET_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def random_params(rng, n_k: int, n_v: int) -> dict:
+    conv_dim = (2 * n_k + n_v) * D
+    return {
+        "conv_w": rng.uniform(-0.6, 0.6, (conv_dim, 4)).astype(np.float32),
+        "ssm_a": -np.exp(rng.uniform(-3.0, 1.0, n_v)).astype(np.float32),
+        "dt_bias": rng.uniform(-1.0, 1.0, n_v).astype(np.float32),
+        "norm_w": rng.uniform(0.5, 1.5, D).astype(np.float32),
+    }
+
+
+def random_tokens(rng, n_k: int, n_v: int, t: int) -> dict:
+    conv_dim = (2 * n_k + n_v) * D
+    return {
+        "qkv": rng.standard_normal((t, conv_dim), dtype=np.float32),
+        "z": rng.standard_normal((t, n_v * D), dtype=np.float32),
+        "b": rng.standard_normal((t, n_v), dtype=np.float32) * np.float32(2),
+        "alpha": rng.standard_normal((t, n_v), dtype=np.float32) * np.float32(2),
+    }
+
+
+def random_state(rng, n_k: int, n_v: int) -> tuple[np.ndarray, np.ndarray]:
+    conv_dim = (2 * n_k + n_v) * D
+    return (rng.standard_normal((3, conv_dim), dtype=np.float32),
+            rng.standard_normal((n_v, D, D), dtype=np.float32) * np.float32(0.1))
+
+
+def reference_step(n_k, n_v, tok, par, conv_state, state, *, dtype=np.float64, pairing="tiled"):
+    """gdn_mixer's body after the projections, in ``dtype``. Returns (y [t, n_v*D], conv state, state)."""
+    c = lambda a: np.asarray(a, dtype=dtype)  # noqa: E731
+    t, kd = len(tok["qkv"]), n_k * D
+    conv_out, cs = causal_conv(c(tok["qkv"]), c(conv_state), c(par["conv_w"]).T)
+    x = silu(conv_out)
+    q = l2_normalize(x[:, :kd].reshape(t, n_k, D), EPS) * dtype(1.0 / math.sqrt(D))
+    k = l2_normalize(x[:, kd:2 * kd].reshape(t, n_k, D), EPS)
+    v = x[:, 2 * kd:].reshape(t, n_v, D)
+    r = n_v // n_k
+    if pairing == "tiled":   # GGUF: value head h reads key head h mod n_k
+        q, k = np.tile(q, (1, r, 1)), np.tile(k, (1, r, 1))
+    else:                    # HF: h div r (what the kernel must NOT do with GGUF weights)
+        q, k = np.repeat(q, r, axis=1), np.repeat(k, r, axis=1)
+    beta = sigmoid(c(tok["b"]))
+    g = c(par["ssm_a"]) * softplus(c(tok["alpha"]) + c(par["dt_bias"]))
+    s = c(state).copy()
+    o = delta_rule_recurrent(q, k, v, beta, g, s)
+    y = rms_norm(o, c(par["norm_w"]), EPS) * silu(c(tok["z"]).reshape(t, n_v, D))
+    return y.reshape(t, n_v * D), cs, s
+
+
+def gpu_step(n_k, n_v, tok, par, conv_state, state):
+    return kg.gdn_step(n_k, n_v, tok["qkv"], tok["z"], tok["b"], tok["alpha"], par["conv_w"], conv_state,
+                       par["ssm_a"], par["dt_bias"], par["norm_w"], state, EPS)
+
+
+def err(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(x.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def check_close(label: str, got: tuple, ref: tuple, **fields) -> dict:
+    e = {name: err(g, r) for name, g, r in zip(("y", "conv_state", "state"), got, ref)}
+    report(test="gdn_step", label=label, **fields, **{f"err_{k}": v for k, v in e.items()})
+    for name, g in zip(("y", "conv_state", "state"), got):
+        assert np.isfinite(g).all(), f"{label}: {name} has non-finite values"
+    for name, v in e.items():
+        assert v < TOL, f"{label}: {name} max error / max |ref| = {v:.2e}"
+    return e
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", range(1, 9))
+def test_step_matches_reference(size, t):
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(100 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    cs, s = random_state(rng, n_k, n_v)
+    got = gpu_step(n_k, n_v, tok, par, cs, s)
+    check_close(f"{size} t={t}", got, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
+    # the conv state is exactly the last three raw inputs of [state ‖ qkv]
+    np.testing.assert_array_equal(got[1], np.concatenate([cs, tok["qkv"]])[-3:])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_state_after_eight_steps_matches_reference(size):
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(7 + n_v)
+    par = random_params(rng, n_k, n_v)
+    cs, s = random_state(rng, n_k, n_v)
+    ref_cs, ref_s = cs.astype(np.float64), s.astype(np.float64)
+    ys, ref_ys = [], []
+    for step in range(8):
+        tok = random_tokens(rng, n_k, n_v, 1 + (3 * step) % 8)
+        y, cs, s = gpu_step(n_k, n_v, tok, par, cs, s)
+        ry, ref_cs, ref_s = reference_step(n_k, n_v, tok, par, ref_cs, ref_s)
+        ys.append(y)
+        ref_ys.append(ry)
+    check_close(f"{size} after 8 steps", (np.concatenate(ys), cs, s), (np.concatenate(ref_ys), ref_cs, ref_s),
+                n_k=n_k, n_v=n_v, steps=8)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [2, 5, 8])
+def test_t_tokens_in_one_call_equal_t_single_calls_bitwise(size, t):
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(31 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    cs0, s0 = random_state(rng, n_k, n_v)
+    y_all, cs_all, s_all = gpu_step(n_k, n_v, tok, par, cs0, s0)
+    cs, s, ys = cs0, s0, []
+    for i in range(t):
+        y, cs, s = gpu_step(n_k, n_v, {key: a[i:i + 1] for key, a in tok.items()}, par, cs, s)
+        ys.append(y)
+    np.testing.assert_array_equal(y_all, np.concatenate(ys))
+    np.testing.assert_array_equal(cs_all, cs)
+    np.testing.assert_array_equal(s_all, s)
+
+
+def test_value_heads_read_key_heads_tiled_not_grouped():
+    n_k, n_v = SIZES["tiny"]
+    rng = np.random.default_rng(5)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 4)
+    cs, s = random_state(rng, n_k, n_v)
+    y, _, s_new = gpu_step(n_k, n_v, tok, par, cs, s)
+    y_tiled, _, s_tiled = reference_step(n_k, n_v, tok, par, cs, s, pairing="tiled")
+    y_grouped, _, s_grouped = reference_step(n_k, n_v, tok, par, cs, s, pairing="grouped")
+    e_t, e_g = err(y, y_tiled), err(y, y_grouped)
+    report(test="gdn_pairing", err_vs_tiled=e_t, err_vs_grouped=e_g)
+    assert e_t < TOL and err(s_new, s_tiled) < TOL
+    assert e_g > 1e-2 and err(s_new, s_grouped) > 1e-2, "the kernel pairs heads as HF (v div r), not GGUF (v mod n_k)"
+
+
+@pytest.mark.parametrize("t", [1, 3, 8])
+def test_tiny_step_matches_gdn_mixer_itself(t):
+    """gdn_mixer with identity projections: a = [qkv ‖ z ‖ b ‖ alpha], w_in = I, w_out = I (exact in fp32)."""
+    n_k, n_v = SIZES["tiny"]
+    rng = np.random.default_rng(9 + t)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    cs, s = random_state(rng, n_k, n_v)
+    a = np.concatenate([tok["qkv"], tok["z"], tok["b"], tok["alpha"]], axis=1)
+    d_inner = n_v * D
+    w = GDNWeights(norm=np.ones(a.shape[1], np.float32), w_in=np.eye(a.shape[1], dtype=np.float32),
+                   conv=np.ascontiguousarray(par["conv_w"].T), dt_bias=par["dt_bias"], ssm_a=par["ssm_a"],
+                   ssm_norm=par["norm_w"], w_out=np.eye(d_inner, dtype=np.float32))
+    shape = PRESETS["tiny"]
+    assert (shape.ssm_n_k_heads, shape.ssm_n_v_heads, shape.ssm_head_dim) == (n_k, n_v, D)
+    ref_cs, ref_s = cs.copy(), s.copy()
+    ref_y = gdn_mixer(w, shape, a, ref_cs, ref_s, chunk_size=None)
+    y, got_cs, got_s = gpu_step(n_k, n_v, tok, par, cs, s)
+    e = {"y": err(y, ref_y), "conv_state": err(got_cs, ref_cs), "state": err(got_s, ref_s)}
+    report(test="gdn_vs_gdn_mixer_fp32", t=t, **e)
+    assert max(e.values()) < TOL, e
+
+
+def test_edge_values_softplus_threshold_saturated_beta_zero_heads():
+    n_k, n_v = SIZES["27B"]
+    rng = np.random.default_rng(11)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 4)
+    cs, s = random_state(rng, n_k, n_v)
+    tok["alpha"][:, 0] = 30.0      # softplus above its threshold 20: the identity, decay e^(30 a) ~ 0
+    tok["alpha"][:, 1] = 19.9      # just below it
+    tok["b"][:, 2] = -100.0        # β = 0: S only decays
+    tok["b"][:, 3] = 100.0         # β = 1
+    tok["qkv"][:, 2 * D:3 * D] = 0.0   # key head 2's q all zero (conv state too): l2n(0) = 0, so o = 0, y = 0
+    cs[:, 2 * D:3 * D] = 0.0
+    got = gpu_step(n_k, n_v, tok, par, cs, s)
+    check_close("27B edge values", got, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=4)
+    assert not got[0].reshape(4, n_v, D)[:, 2].any()
+
+
+def test_invalid_shapes_raise():
+    rng = np.random.default_rng(0)
+    n_k, n_v = SIZES["tiny"]
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 9)
+    cs, s = random_state(rng, n_k, n_v)
+    with pytest.raises(OpenJetError, match="t = 9"):
+        gpu_step(n_k, n_v, tok, par, cs, s)
+    with pytest.raises(OpenJetError, match="multiple of n_k"):
+        kg.bench_gdn(4, 6, 1, 1, 1, 1)
