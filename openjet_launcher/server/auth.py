@@ -1,10 +1,11 @@
-"""API keys: `Authorization: Bearer KEY` or `x-api-key: KEY` on every path but /health (401 otherwise).
-A pure ASGI middleware, so streaming responses pass through untouched."""
+"""API keys: `Authorization: Bearer KEY` or `x-api-key: KEY` on every path but /health (401 otherwise, in the
+error format of the path's API surface). A pure ASGI middleware, so streaming responses pass through untouched."""
 
 from __future__ import annotations
 
 import hmac
-import json
+
+from .errors import send_error
 
 
 class APIKeyMiddleware:
@@ -17,13 +18,9 @@ class APIKeyMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS or self._authorized(scope):
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": {"message": "a valid API key is required: send 'Authorization: Bearer KEY' "
-                                                "or 'x-api-key: KEY'", "type": "authentication_error",
-                                     "param": None, "code": "invalid_api_key"}}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, scope["path"], 401, "a valid API key is required: send 'Authorization: Bearer KEY' "
+                                                   "or 'x-api-key: KEY'", "invalid_api_key",
+                         [(b"www-authenticate", b"Bearer")])
 
     def _authorized(self, scope) -> bool:
         for name, value in scope.get("headers", ()):

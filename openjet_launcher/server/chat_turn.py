@@ -22,7 +22,7 @@ from ..text.output import ContentDelta, OutputParser, ParseWarning, ReasoningDel
 from ..text.reasoning import THINK_OPEN
 from .core import ServerCore
 from .errors import APIError, escape_for_log
-from .worker import Failed, Finished, Job
+from .worker import Failed, Finished, GenerationResult, Job
 
 log = logging.getLogger("openjet.server")
 
@@ -84,3 +84,15 @@ async def turn_events(core: ServerCore, turn: ChatTurn, request: Request | None 
                 yield event
                 return
 
+
+
+async def complete_turn(core: ServerCore, turn: ChatTurn, request: Request,
+                        add: Callable[[OutputEvent], object]) -> GenerationResult:
+    """A non-streaming answer: each parsed event to `add`, then the result; an engine failure is its APIError."""
+    async for event in turn_events(core, turn, request):
+        if isinstance(event, Failed):
+            raise APIError(event.status, event.message)
+        if isinstance(event, Finished):
+            return event.result
+        add(event)
+    raise AssertionError("the worker's events ended without Finished or Failed")

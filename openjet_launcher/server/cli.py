@@ -22,12 +22,15 @@ ENGINES = ("reference",)     # the CUDA engine joins when its binding lands
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "serve", help="serve a model over OpenAI-compatible HTTP (chat completions, completions)",
-        description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/models, "
-                    "/health, /props, /metrics, /tokenize, /detokenize. MODEL 'demo' serves the tiny "
-                    "synthetic model (generated into the cache folder on first use).")
+        "serve", help="serve a model over HTTP (OpenAI chat completions, completions, Responses; Anthropic messages)",
+        description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/responses, "
+                    "/v1/messages, /v1/models, /health, /props, /metrics, /tokenize, /detokenize. MODEL 'demo' "
+                    "serves the tiny synthetic model (generated into the cache folder on first use); a Hugging Face "
+                    "REPO/FILE.gguf is downloaded into the models folder and verified.")
     D = ServerSettings()
-    p.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file, or 'demo'")
+    p.add_argument("model", metavar="MODEL",
+                   help="path of a qwen35 GGUF file, a Hugging Face REPO/FILE.gguf or REPO (downloaded on first "
+                        "use), or 'demo'")
     p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -65,10 +68,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def demo_model_path() -> Path:
-    """The tiny synthetic model in the cache folder, written on first use."""
-    import platformdirs
+    """The tiny synthetic model in the cache folder (`$OPENJET_CACHE`, launcher/dirs.py), written on first use."""
+    from ..launcher.dirs import cache_dir
 
-    path = Path(platformdirs.user_cache_dir("openjet")) / "models" / "openjet-synthetic-tiny.gguf"
+    path = cache_dir() / "models" / "openjet-synthetic-tiny.gguf"
     if not path.exists():
         from ..model.synth import synthesize
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,6 +79,19 @@ def demo_model_path() -> Path:
         synthesize("tiny", tmp, show_progress=False)
         tmp.replace(path)
     return path
+
+
+def model_path(spec: str) -> Path:
+    """MODEL as `serve` takes it: 'demo', a path, else a Hugging Face REPO/FILE.gguf or REPO, downloaded into the
+    models folder and verified when missing (launcher/download.py; its errors say what to give instead)."""
+    if spec == "demo":
+        return demo_model_path()
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    from ..launcher.download import ensure_model
+
+    return ensure_model(spec).path
 
 
 def is_loopback(host: str) -> bool:
@@ -99,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .limits import uvicorn_options
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
-    path = demo_model_path() if args.model == "demo" else Path(args.model)
+    path = model_path(args.model)
     if not path.is_file():
         raise OpenJetError(f"{path}: no such file")
     gguf = GGUFFile(path)

@@ -1,4 +1,5 @@
-"""HTTP errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+"""HTTP errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, or Anthropic's on its paths;
+never a traceback."""
 
 from __future__ import annotations
 
@@ -70,8 +71,26 @@ def anthropic_error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _is_anthropic(path: str) -> bool:
-    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+def is_anthropic_path(path: str | None) -> bool:
+    return bool(path) and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"))
+
+
+def error_json(path: str | None, status: int, message: str, code: str | None = None) -> bytes:
+    """An error body in the format of the API surface `path` belongs to, for answers given before the app's
+    exception handlers (ASGI middleware, the connection protocol); `path` None (no request yet) is OpenAI's."""
+    if is_anthropic_path(path):
+        return json.dumps(anthropic_error_body(status, message)).encode()
+    return json.dumps(error_body(status, message, code=code)).encode()
+
+
+async def send_error(send, path: str | None, status: int, message: str, code: str,
+                     headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """Answer an ASGI request with `error_json` (and `headers`) from outside the app."""
+    body = error_json(path, status, message, code)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _in_endpoint_shape(handler):
@@ -79,7 +98,7 @@ def _in_endpoint_shape(handler):
     there (validation, limits, 404/405, engine failures) reads as Anthropic's SDK expects."""
     async def handle(request, e):
         response = await handler(request, e)
-        if not (isinstance(response, JSONResponse) and _is_anthropic(request.url.path)):
+        if not (isinstance(response, JSONResponse) and is_anthropic_path(request.url.path)):
             return response
         message = json.loads(response.body).get("error", {}).get("message", "error")
         headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}

@@ -23,19 +23,14 @@ Design note (the numbers live in ServerSettings; `serve --help` lists them).
 from __future__ import annotations
 
 import asyncio
-import json
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .errors import ANTHROPIC_PATH, APIError, anthropic_error_body, error_body
+from .errors import APIError, error_json, send_error
 from .settings import ServerSettings
 
-def error_json(path: str | None, status: int, message: str, code: str) -> bytes:
-    """An error body in the format of the API surface `path` belongs to (Anthropic's for /v1/messages)."""
-    if path and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")):
-        return json.dumps(anthropic_error_body(status, message)).encode()
-    return json.dumps(error_body(status, message, code=code)).encode()
+CLOSE = (b"connection", b"close")      # an over-limit answer closes its connection: its unread body is not drained
 
 
 def uvicorn_options(settings: ServerSettings) -> dict:
@@ -62,8 +57,8 @@ class LimitsProtocol(H11Protocol):
         self._watch_arrival()
 
     async def _over_limit(self, scope, receive, send) -> None:
-        await _reply(send, scope["path"], 503, f"the server is serving {self.max_connections} connections already; "
-                                               f"retry later", "too_many_connections")
+        await send_error(send, scope["path"], 503, f"the server is serving {self.max_connections} connections "
+                                                   f"already; retry later", "too_many_connections", [CLOSE])
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -137,7 +132,8 @@ class LimitsMiddleware:
         declared = _content_length(scope)
         held = declared if declared <= self.max_body else 0     # a larger one is a 413 without being read
         if self.inflight + held > self.max_inflight:
-            return await _reply(send, scope["path"], 503, InflightLimit(self.max_inflight).message, "server_busy")
+            return await send_error(send, scope["path"], 503, InflightLimit(self.max_inflight).message,
+                                    "server_busy", [CLOSE])
         self.inflight += held
         received, over = 0, False
 
@@ -157,7 +153,7 @@ class LimitsMiddleware:
 
         async def closing_send(message):
             if over and message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
             await send(message)
 
         try:
@@ -174,11 +170,3 @@ def _content_length(scope) -> int:
             except ValueError:
                 return 0                        # body.py answers 400
     return 0
-
-
-async def _reply(send, path: str, status: int, message: str, code: str) -> None:
-    body = error_json(path, status, message, code)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})

@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..text.output import ReasoningDelta, ToolCallEvent
 from .body import parse_request
-from .chat_turn import OutputEvent, render_prompt, start_turn, turn_events
+from .chat_turn import OutputEvent, complete_turn, render_prompt, start_turn, turn_events
 from .core import ServerCore, sse
-from .errors import APIError, anthropic_error_body
+from .errors import anthropic_error_body
 from .protocol.anthropic import (CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest,
                                  TextBlock, ThinkingBlock, ToolUseBlock, Usage)
 from .protocol.openai import SamplingFields
@@ -73,18 +73,11 @@ async def create_message(core: ServerCore, request: Request):
     if req.stream:
         return StreamingResponse(_stream(core, turn, message), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    blocks, result = _Blocks(), None
-    async for event in turn_events(core, turn, request):
-        if isinstance(event, Failed):
-            raise APIError(event.status, event.message)
-        if isinstance(event, Finished):
-            result = event.result
-        else:
-            blocks.add(event)
-    assert result is not None
+    blocks = _Blocks()
+    result = await complete_turn(core, turn, request, blocks.add)
     blocks.finish()
     body = MessageResponse(**message, content=blocks.content, stop_reason=_stop_reason(result, blocks.n_tool_uses),
-                           stop_sequence=result.stop_string, usage=_usage(result))
+                           stop_sequence=result.stop_string, usage=_usage(result), timings=result.timings())
     return JSONResponse(body.model_dump())
 
 
@@ -149,7 +142,8 @@ def _event(name: str, payload: dict) -> str:
 
 async def _stream(core: ServerCore, turn, message: dict):
     start = MessageResponse(**message, content=[], stop_reason=None,
-                            usage=Usage(input_tokens=turn.prompt_tokens, output_tokens=0)).model_dump()
+                            usage=Usage(input_tokens=turn.prompt_tokens, output_tokens=0))
+    start = start.model_dump(exclude={"timings"})           # known at the end: message_stop carries them
     yield _event("message_start", {"type": "message_start", "message": start})
     yield _event("ping", {"type": "ping"})
     blocks = _Blocks()
@@ -168,5 +162,5 @@ async def _stream(core: ServerCore, turn, message: dict):
             yield _event(name, payload)
         delta = {"stop_reason": _stop_reason(result, blocks.n_tool_uses), "stop_sequence": result.stop_string}
         yield _event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(result).model_dump()})
-        yield _event("message_stop", {"type": "message_stop"})
+        yield _event("message_stop", {"type": "message_stop", "timings": result.timings()})
 

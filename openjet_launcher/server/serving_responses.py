@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..text.output import ReasoningDelta, ToolCallEvent
 from .body import parse_request
-from .chat_turn import OutputEvent, start_turn, turn_events
+from .chat_turn import OutputEvent, complete_turn, start_turn, turn_events
 from .core import ServerCore, sse
 from .errors import APIError
 from .protocol.openai import SamplingFields
@@ -63,15 +63,8 @@ async def create_response(core: ServerCore, request: Request):
     if req.stream:
         return StreamingResponse(_stream(core, turn, shell), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    items, result = _Items(), None
-    async for event in turn_events(core, turn, request):
-        if isinstance(event, Failed):
-            raise APIError(event.status, event.message)
-        if isinstance(event, Finished):
-            result = event.result
-        else:
-            items.add(event)
-    assert result is not None
+    items = _Items()
+    result = await complete_turn(core, turn, request, items.add)
     items.finish(result)
     return JSONResponse(_final(core, shell, items, result).model_dump(exclude_none=True))
 
@@ -89,7 +82,7 @@ def _final(core: ServerCore, shell: ResponseObject, items: "_Items", result: Gen
         total_tokens=result.prompt_tokens + result.completion_tokens)
     return shell.model_copy(update={
         "status": "incomplete" if incomplete else "completed", "output": items.output, "usage": usage,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None})
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "timings": result.timings()})
 
 
 class _Items:

@@ -68,6 +68,18 @@ def test_message_has_the_anthropic_shape_and_usage(client):
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == counted
 
 
+TIMINGS = {"prompt_n", "prompt_per_second", "predicted_n", "predicted_per_second", "cache_n", "draft_n",
+           "draft_n_accepted"}
+
+
+def test_message_reports_chats_timings(client):
+    m = client.messages.create(model="tiny", max_tokens=6, messages=HELLO, extra_body={"temperature": 0})
+    t = m.model_extra["timings"]
+    assert TIMINGS <= set(t)
+    assert (t["prompt_n"], t["cache_n"], t["predicted_n"]) == \
+        (m.usage.input_tokens, m.usage.cache_read_input_tokens, m.usage.output_tokens)
+
+
 def test_stream_helper_accumulates_to_the_complete_message(client):
     kwargs = dict(model="tiny", max_tokens=8, messages=HELLO, extra_body={"temperature": 0})
     whole = client.messages.create(**kwargs)
@@ -91,6 +103,9 @@ def test_raw_stream_events_come_in_order(tiny_server):
     assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens") and delta["usage"]["output_tokens"] >= 1
     indices = [d["index"] for n, d in events if n == "content_block_start"]
     assert indices == list(range(len(indices)))
+    assert "timings" not in start
+    timings = events[-1][1]["timings"]                  # on message_stop, the last event
+    assert TIMINGS <= set(timings) and timings["predicted_n"] == delta["usage"]["output_tokens"]
 
 
 def test_count_tokens_counts_system_and_tools(client):
@@ -350,5 +365,12 @@ def test_the_sdk_authenticates_with_x_api_key(text_layer):
         good = anthropic.Anthropic(base_url=server.base, api_key="sekrit", max_retries=0)
         assert good.messages.count_tokens(model="m", messages=HELLO).input_tokens > 0
         bad = anthropic.Anthropic(base_url=server.base, api_key="wrong", max_retries=0)
-        with pytest.raises(anthropic.AuthenticationError):
+        with pytest.raises(anthropic.AuthenticationError) as e:
             bad.messages.create(model="m", max_tokens=5, messages=HELLO)
+        raw = e.value.response.json()
+        assert raw["type"] == "error" and raw["error"]["type"] == "authentication_error" and raw["error"]["message"]
+        r = httpx.post(server.base + "/v1/messages/count_tokens", json={"model": "m", "messages": HELLO})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert r.json()["type"] == "error"
+        r = httpx.get(server.base + "/v1/models")                 # other surfaces keep OpenAI's shape
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

@@ -224,6 +224,36 @@ def test_bodies_in_flight_past_the_limit_get_503_and_service_resumes(server):
     assert chat_ok(server)
 
 
+def _http_json(answer: bytes) -> dict:
+    return json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def test_limit_answers_on_anthropic_paths_are_in_anthropics_shape(server):
+    path = b"/v1/messages"
+    body = json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "z" * 17_000}]}).encode()
+    head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (path, len(body)))
+    held = connect(server)
+    held.sendall(head + body[:100])          # held in flight until the request timeout: 408
+    time.sleep(0.2)
+    second = connect(server)
+    second.sendall(head + body)              # past the bytes in flight: 503
+    second.settimeout(5)
+    busy = read_all(second)
+    second.close()
+    held.settimeout(5)
+    late = read_all(held)
+    held.close()
+    assert busy.startswith(b"HTTP/1.1 503") and late.startswith(b"HTTP/1.1 408"), (busy[:100], late[:100])
+    busy, late = _http_json(busy), _http_json(late)
+    assert busy["type"] == "error" and busy["error"]["type"] == "overloaded_error" and busy["error"]["message"]
+    assert late["type"] == "error" and "did not arrive" in late["error"]["message"]
+    big = json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 30_000}]})
+    r = httpx.post(server.base + "/v1/messages", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large" and r.json()["type"] == "error"
+    assert chat_ok(server)
+
+
 # --------------------------------------------------------------------------------------- API key
 
 @pytest.fixture(scope="module")
@@ -248,6 +278,9 @@ def test_the_api_key_is_enforced_on_every_route_but_health(keyed):
                 assert r.status_code == 200
                 continue
             assert r.status_code == 401, (method, path, r.status_code)
+            anthropic = path.startswith("/v1/messages")
+            assert (r.json()["type"] == "error") if anthropic else (r.json()["error"]["code"] == "invalid_api_key")
+            assert r.json()["error"]["type"] == "authentication_error"
             ok = httpx.request(method, keyed.base + path, content=body, timeout=30, headers={"x-api-key": "k3y"})
             assert ok.status_code != 401, (method, path)
             checked += 1

@@ -77,6 +77,15 @@ def test_response_has_the_responses_shape_and_usage(client):
         assert r.incomplete_details.reason == "max_output_tokens"
 
 
+def test_response_reports_chats_timings(client):
+    r = client.responses.create(model="tiny", input="Say hello.", max_output_tokens=6, temperature=0)
+    t = r.model_extra["timings"]
+    assert {"prompt_n", "prompt_per_second", "predicted_n", "predicted_per_second", "cache_n", "draft_n",
+            "draft_n_accepted"} <= set(t)
+    assert t["predicted_n"] == r.usage.output_tokens and t["cache_n"] == r.usage.input_tokens_details.cached_tokens
+    assert t["prompt_n"] + t["cache_n"] == r.usage.input_tokens
+
+
 def test_stream_helper_accumulates_to_the_complete_response(client):
     kwargs = dict(model="tiny", input=[{"role": "user", "content": "Say hello."}], max_output_tokens=8, temperature=0)
     whole = client.responses.create(**kwargs)
@@ -99,6 +108,8 @@ def test_raw_stream_events_come_in_order_with_sequence_numbers(tiny_server):
     final = events[-1]["response"]
     assert final["status"] in ("completed", "incomplete") and len(final["output"]) == sum(
         e["type"] == "response.output_item.done" for e in events)
+    assert "timings" not in events[0]["response"]
+    assert final["timings"]["predicted_n"] == final["usage"]["output_tokens"]
 
 
 # -------------------------------------------------------------------------------------- scripted engine

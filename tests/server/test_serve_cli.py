@@ -9,7 +9,12 @@ import sys
 import time
 
 import httpx
+import uvicorn
 
+import pytest
+
+from openjet_launcher.launcher import download
+from openjet_launcher.server import cli
 from openjet_launcher.server.cli import add_serve_parser, is_loopback
 
 from .conftest import free_port
@@ -53,3 +58,41 @@ def test_serve_warns_beyond_loopback_without_a_key_and_answers(tiny_path):
         proc.terminate()
         _, err = proc.communicate(timeout=20)
     assert "without an API key" in err
+
+
+def _serve_in_process(monkeypatch, model: str) -> dict:
+    """Run `serve MODEL` up to uvicorn.run (not started); what it would serve."""
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(app=app, **kw))
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", model, "--ctx", "512"])
+    assert args.func(args) == 0
+    return ran
+
+
+def test_serve_resolves_a_hugging_face_spec_through_ensure_model(monkeypatch, tiny_path):
+    asked = []
+
+    def ensure_model(spec, **kw):
+        asked.append(spec)
+        return download.LocalModel(path=tiny_path, parts=(tiny_path,), repo="someone/model", commit="c0ffee")
+    monkeypatch.setattr(download, "ensure_model", ensure_model)
+    ran = _serve_in_process(monkeypatch, "someone/model/tiny-Q8_0.gguf")
+    assert asked == ["someone/model/tiny-Q8_0.gguf"]
+    assert ran["app"].state.core.settings.model_id == tiny_path.name
+
+
+def test_serve_takes_a_path_or_demo_without_the_hub(monkeypatch, tiny_path, tmp_path):
+    def no_hub(spec, **kw):
+        raise AssertionError(f"{spec} went to the Hub")
+    monkeypatch.setattr(download, "ensure_model", no_hub)
+    assert _serve_in_process(monkeypatch, str(tiny_path))["app"].state.core.settings.model_id == tiny_path.name
+    monkeypatch.setenv("OPENJET_CACHE", str(tmp_path))
+    assert cli.model_path("demo") == tmp_path / "models" / "openjet-synthetic-tiny.gguf"
+    assert cli.model_path("demo").is_file()
+
+
+def test_a_missing_local_path_is_an_error_that_says_so(tmp_path):
+    with pytest.raises(download.DownloadError, match="no such model file"):
+        cli.model_path(str(tmp_path / "nope.gguf"))

@@ -299,6 +299,7 @@ class MessageResponse(_Response):
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None = None
     usage: Usage
+    timings: dict[str, Any] | None = None    # llama.cpp's, as chat completions give them; SDKs ignore it
 
 
 class CountTokensResponse(_Response):

@@ -321,3 +321,4 @@ class ResponseObject(_Response):
     text: dict[str, Any] = {"format": {"type": "text"}}
     truncation: Literal["disabled"] = "disabled"
     metadata: dict[str, str] = {}
+    timings: dict[str, Any] | None = None    # llama.cpp's, as chat completions give them; SDKs ignore it
