@@ -102,13 +102,14 @@ def _our_engine_problem(path: Path) -> str | None:
 
 
 def _resolve_model(spec: str | None) -> Path:
-    if spec == "demo":
-        from ..server.cli import demo_model_path  # the tiny synthetic model, generated on first use
+    """'demo', a path, or a Hugging Face spec (the default model when none is given), as `serve` resolves it."""
+    if spec is None:
+        from .download import ensure_model
 
-        return demo_model_path()
-    from .download import ensure_model
+        return ensure_model(None).path
+    from ..server.cli import model_path
 
-    return ensure_model(spec).path
+    return model_path(spec)
 
 
 def plan_launch(args: argparse.Namespace) -> LaunchPlan:
