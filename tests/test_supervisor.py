@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -465,8 +466,13 @@ def test_openjet_launch_no_tray_demo_serves_refuses_a_second_and_stops_on_ctrl_c
     argv = [sys.executable, "-c", RUN_DEFAULT, json.dumps(_serve_prefix()), "--model", "demo", "--port", str(port),
             "--ctx", "512"]
     first = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(first.stderr), daemon=True)
+    reader.start()
     try:
-        assert _until(lambda: _health_ok(port), 120)
+        # the launcher's own "ready" line, not just /health: its supervisor polls on its own schedule
+        assert _until(lambda: any("ready at" in line for line in lines), 120), lines
+        assert _health_ok(port)
         lock = json.loads((tmp_path / "config" / "openjet-launch.lock").read_text())
         assert lock["pid"] == first.pid and lock["url"] == f"http://127.0.0.1:{port}/v1"
         second = subprocess.run(argv[:-4] + ["--port", str(port + 1)], env=env, capture_output=True, text=True,
@@ -475,7 +481,9 @@ def test_openjet_launch_no_tray_demo_serves_refuses_a_second_and_stops_on_ctrl_c
         assert f"already running (pid {first.pid})" in second.stderr
         assert f"http://127.0.0.1:{port}/v1" in second.stderr
         first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=60)
+        first.wait(timeout=60)
+        reader.join(timeout=10)
+        err = "".join(lines)
     finally:
         if first.poll() is None:
             first.kill()
