@@ -58,4 +58,7 @@ OPENJET_API int openjet_probe(char* buf, size_t buf_len);
 }
 #endif
 
+/* The decode engine (openjet_engine_*). */
+#include "openjet_engine.h"
+
 #endif /* OPENJET_H */

@@ -1,0 +1,102 @@
+/* OpenJet engine: the decode engine's C API (v1), included by openjet.h. Conventions as openjet.h: every
+ * function returns an int status (OPENJET_OK or a negative OPENJET_ERR_* / OPENJET_ENGINE_ERR_*), nothing
+ * aborts, and after a failure openjet_engine_last_error() (per thread) says what failed in words.
+ *
+ * One engine = the weights of one qwen35 GGUF file on one GPU + ONE sequence (KV caches, Gated DeltaNet
+ * recurrent and conv states) + a few device checkpoint slots of the recurrent state for rollback.
+ * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts). */
+#ifndef OPENJET_ENGINE_H
+#define OPENJET_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "openjet.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPENJET_ENGINE_ERR_CUDA (-4)        /* a CUDA call or kernel failed (message has the CUDA error) */
+#define OPENJET_ENGINE_ERR_DEVICE_MEMORY (-5) /* cudaMalloc failed: the message says how many bytes */
+#define OPENJET_ENGINE_ERR_MODEL (-6)       /* a tensor is missing, or has a shape or type we cannot run */
+#define OPENJET_ENGINE_MAX_T 8
+
+/* Model dimensions (the ModelShape fields of the GGUF file) and the sequence's sizes. */
+typedef struct openjet_engine_config {
+    int n_embd, n_ff, n_layer;              /* n_layer: trunk layers (the MTP block is not run by v1) */
+    int n_head, n_head_kv, head_dim, n_rot; /* head_dim must be 256 */
+    int ssm_n_k_heads, ssm_n_v_heads, ssm_head_dim; /* ssm_head_dim must be 128 */
+    int ssm_conv_kernel;                    /* must be 4 */
+    int full_attn_interval;                 /* attention layers: (il + 1) % interval == 0 */
+    int n_vocab;
+    float rms_eps, rope_base;
+    int n_ctx;                              /* KV cache capacity in tokens (positions 0 .. n_ctx - 1) */
+    int kv_type;                            /* GGML type id of the KV cache: 1 F16, 8 Q8_0 */
+    int n_checkpoints;                      /* device slots for openjet_engine_checkpoint (0 .. 64) */
+    int device;                             /* CUDA device ordinal */
+} openjet_engine_config;
+
+/* One tensor of the file: its GGUF name, GGML type id, ne (ne[0] = the input dimension; unused dims 1),
+ * and its bytes in host memory (e.g. into the memory-mapped file), read during create only. */
+typedef struct openjet_tensor_desc {
+    const char* name;
+    int ggml_type;
+    int n_dims;
+    int64_t ne[4];
+    const void* data;
+    size_t n_bytes;
+} openjet_tensor_desc;
+
+/* Bytes the engine holds on the device. */
+typedef struct openjet_engine_memory_report {
+    size_t weights_bytes;      /* uploaded tensors (the ones the trunk reads) */
+    size_t kv_bytes;           /* K and V caches of the attention layers at n_ctx */
+    size_t state_bytes;        /* Gated DeltaNet recurrent states + both conv-state buffers */
+    size_t checkpoint_bytes;   /* the checkpoint slots */
+    size_t scratch_bytes;      /* activations, logits and attention workspace of a T = 8 step */
+    size_t total_bytes;
+} openjet_engine_memory_report;
+
+typedef struct openjet_engine openjet_engine;
+
+/* Message of this thread's last failed openjet_engine_* call ("" when none failed yet). */
+OPENJET_API const char* openjet_engine_last_error(void);
+
+/* Validates the config and the tensors (names, types, shapes), uploads the trunk's weights and allocates
+ * the sequence at position 0. On failure *out is NULL and every byte taken is freed. Tensors the trunk does
+ * not read (the MTP block) are ignored. */
+OPENJET_API int openjet_engine_create(const openjet_engine_config* config, const openjet_tensor_desc* tensors,
+                                      int n_tensors, openjet_engine** out);
+
+/* Frees everything; NULL is a no-op. */
+OPENJET_API void openjet_engine_destroy(openjet_engine* engine);
+
+/* Back to position 0: zero recurrent and conv states; the KV cache length becomes 0. */
+OPENJET_API int openjet_engine_reset(openjet_engine* engine);
+
+/* Tokens processed so far (the position of the next token). */
+OPENJET_API int openjet_engine_n_past(const openjet_engine* engine, int* n_past);
+
+/* One decode step over t tokens at positions n_past .. n_past + t - 1 (1 <= t <= 8, ids in [0, n_vocab),
+ * n_past + t <= n_ctx). logits [t, n_vocab] and hidden [t, n_embd] (post-output_norm) are host buffers;
+ * either may be NULL (logits NULL: the lm_head is skipped, as a replay needs). On failure the sequence is
+ * unchanged when the failure is a bad argument, and undefined after a CUDA failure (reset it). */
+OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids, int t, float* logits,
+                                      float* hidden);
+
+/* Copies the recurrent + conv states and n_past into checkpoint slot `slot` (device to device). */
+OPENJET_API int openjet_engine_checkpoint(openjet_engine* engine, int slot);
+
+/* Makes the sequence what it was when `slot` was saved: states copied back, n_past restored (KV rows past it
+ * are dead and get overwritten). Rows below n_past are the ones the saved sequence wrote, as long as no
+ * step since then ran at a position below the slot's n_past. */
+OPENJET_API int openjet_engine_restore(openjet_engine* engine, int slot);
+
+OPENJET_API int openjet_engine_memory(const openjet_engine* engine, openjet_engine_memory_report* report);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENJET_ENGINE_H */

@@ -1,0 +1,615 @@
+// The decode engine v1 (include/openjet_engine.h): the qwen35 trunk (qwen38.md §3) assembled from the kernel
+// families, one launch per op on one stream. Per step of T <= 8 tokens:
+//   h = embed(ids)
+//   per layer: a = rms(h, attn_norm) -> int8 (+ float for the F32 projections)
+//              GDN:  qkv, z = W a; beta, alpha = W_f32 a; y = gdn_step(...); mix = W_ssm_out quant(y)
+//              attn: qg, k, v = W a; o = attn_decode(...) (prep, chunks, combine with sigmoid gate);
+//                    mix = W_attn_output quant(o)
+//              h += mix; f = rms(h, post_attention_norm) -> int8; up/gate = W f;
+//              mix = W_down quant(silu(gate) * up)          (the next layer's norm adds mix to h first)
+//   hidden = rms(h + mix, output_norm); logits = W_output hidden (Q6_K)
+// Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
+// position bit for bit, except when attention's context split changes (attn_decode.cuh).
+//
+// Memory: four device arenas, each one cudaMalloc: weights, sequence state (GDN states, the two conv-state
+// buffers the GDN kernel ping-pongs, KV caches), checkpoint slots, scratch. Sizes are computed and checked
+// against free memory before any allocation; a failed create frees what it took (the destructor).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "attn_decode.cuh"
+#include "elementwise.cuh"
+#include "embed.cuh"
+#include "engine_gemv.cuh"
+#include "gdn_decode.cuh"
+#include "kquant.cuh"
+#include "openjet_engine.h"
+#include "quantize_act.cuh"
+
+namespace {
+
+using namespace openjet;
+
+thread_local std::string g_error;
+
+int fail(int status, const char* fmt, ...) {
+    char b[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    g_error = b;
+    return status;
+}
+
+int cuda_fail(cudaError_t e, const char* what) {
+    cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+    return fail(OPENJET_ENGINE_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CK(call)                                           \
+    do {                                                   \
+        const cudaError_t e_ = (call);                     \
+        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
+    } while (0)
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// A tensor in the weight arena.
+struct DevTensor {
+    int type = -1;
+    int64_t ne0 = 0, ne1 = 0;  // ne0 = input dim k, ne1 = rows n
+    size_t bytes = 0, offset = 0;
+    const void* host = nullptr;
+    const void* d = nullptr;
+};
+
+struct LayerW {
+    bool attn = false;
+    int idx = 0;  // index among the GDN layers or among the attention layers
+    DevTensor attn_norm, post_norm, ffn_gate, ffn_up, ffn_down;
+    // GDN
+    DevTensor qkv, gate, alpha, beta, conv, dt_bias, ssm_a, ssm_norm, ssm_out;
+    // attention
+    DevTensor wq, wk, wv, q_norm, k_norm, wo;
+};
+
+const char* type_name(int t) {
+    switch (t) {
+        case kF32: return "F32";
+        case 1: return "F16";
+        case kQ8_0: return "Q8_0";
+        case kQ4_K: return "Q4_K";
+        case kQ5_K: return "Q5_K";
+        case kQ6_K: return "Q6_K";
+        default: return "an unsupported type";
+    }
+}
+
+}  // namespace
+
+struct openjet_engine {
+    openjet_engine_config cfg{};
+    cudaStream_t stream = nullptr;
+    int sm_count = 0;
+    int n_gdn = 0, n_attn = 0;
+    std::vector<LayerW> layers;
+    DevTensor tok_embd, out_norm, output;
+
+    char* weights = nullptr;
+    char* state = nullptr;
+    char* ckpt = nullptr;
+    char* scratch = nullptr;
+    size_t weights_bytes = 0, kv_bytes = 0, gdn_bytes = 0, ckpt_bytes = 0, scratch_bytes = 0;
+
+    // state arena
+    float* ssm = nullptr;              // [n_gdn, n_v, 128, 128]
+    float* conv[2] = {nullptr, nullptr};  // [n_gdn, 3, conv_dim] each
+    char* kv = nullptr;                // [n_attn, K|V, n_kv, n_ctx, row bytes]
+    size_t ssm_layer_floats = 0, conv_layer_floats = 0, kv_layer_half = 0;  // kv: bytes of K (or V) of a layer
+    int conv_cur = 0;
+    int n_past = 0;
+    std::vector<int> ckpt_n_past;      // -1: empty slot
+
+    // scratch arena (T = 8 rows each)
+    int32_t* ids = nullptr;
+    float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
+          *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
+    int8_t* xq = nullptr;
+    float2* xds = nullptr;
+
+    ~openjet_engine() {
+        if (weights) cudaFree(weights);
+        if (state) cudaFree(state);
+        if (ckpt) cudaFree(ckpt);
+        if (scratch) cudaFree(scratch);
+        if (stream) cudaStreamDestroy(stream);
+    }
+
+    int conv_dim() const { return (2 * cfg.ssm_n_k_heads + cfg.ssm_n_v_heads) * cfg.ssm_head_dim; }
+    int d_inner() const { return cfg.ssm_n_v_heads * cfg.ssm_head_dim; }
+    int q_dim() const { return cfg.n_head * cfg.head_dim; }
+    int kv_dim() const { return cfg.n_head_kv * cfg.head_dim; }
+    size_t kv_row_bytes() const { return cfg.kv_type == kKvF16 ? 512 : 272; }
+};
+
+namespace {
+
+int check_config(const openjet_engine_config& c) {
+    auto bad = [](const char* what, int v, const char* want) {
+        return fail(OPENJET_ENGINE_ERR_MODEL, "config: %s = %d, expected %s", what, v, want);
+    };
+    if (c.n_embd < 256 || c.n_embd % 256) return bad("n_embd", c.n_embd, "a positive multiple of 256");
+    if (c.n_ff < 256 || c.n_ff % 256) return bad("n_ff", c.n_ff, "a positive multiple of 256");
+    if (c.n_layer < 1) return bad("n_layer", c.n_layer, ">= 1");
+    if (c.head_dim != kAttnHeadDim) return bad("head_dim", c.head_dim, "256");
+    if (c.n_head_kv < 1 || c.n_head < c.n_head_kv || c.n_head % c.n_head_kv)
+        return bad("n_head", c.n_head, "a positive multiple of n_head_kv");
+    if (c.n_head / c.n_head_kv * OPENJET_ENGINE_MAX_T > kAttnMaxRows)
+        return bad("n_head / n_head_kv", c.n_head / c.n_head_kv, "<= 8 (attention serves 64 rows per kv head)");
+    if (c.n_rot < 2 || c.n_rot % 2 || c.n_rot > kAttnHeadDim) return bad("n_rot", c.n_rot, "even, 2..256");
+    if (c.ssm_head_dim != kGdnHeadDim) return bad("ssm_head_dim", c.ssm_head_dim, "128");
+    if (c.ssm_n_k_heads < 1 || c.ssm_n_v_heads < c.ssm_n_k_heads || c.ssm_n_v_heads % c.ssm_n_k_heads)
+        return bad("ssm_n_v_heads", c.ssm_n_v_heads, "a positive multiple of ssm_n_k_heads");
+    if (c.ssm_conv_kernel != kGdnConvTaps) return bad("ssm_conv_kernel", c.ssm_conv_kernel, "4");
+    if (c.full_attn_interval < 1) return bad("full_attn_interval", c.full_attn_interval, ">= 1");
+    if (c.n_vocab < 1) return bad("n_vocab", c.n_vocab, ">= 1");
+    if (c.n_ctx < 1) return bad("n_ctx", c.n_ctx, ">= 1");
+    if (c.kv_type != kKvF16 && c.kv_type != kKvQ8_0) return bad("kv_type", c.kv_type, "1 (F16) or 8 (Q8_0)");
+    if (c.n_checkpoints < 0 || c.n_checkpoints > 64) return bad("n_checkpoints", c.n_checkpoints, "0..64");
+    if (!(c.rms_eps > 0.0f) || !(c.rope_base > 0.0f))
+        return fail(OPENJET_ENGINE_ERR_MODEL, "config: rms_eps and rope_base must be positive");
+    return OPENJET_OK;
+}
+
+// Looks a tensor up and checks it: type among `types` (a -1 terminated list), ne = (ne0, ne1), byte size.
+class TensorTable {
+  public:
+    TensorTable(const openjet_tensor_desc* t, int n) {
+        for (int i = 0; i < n; ++i)
+            if (t[i].name) map_[t[i].name] = &t[i];
+    }
+    int get(const std::string& name, const std::vector<int>& types, int64_t ne0, int64_t ne1, DevTensor& out) {
+        auto it = map_.find(name);
+        if (it == map_.end()) return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s is missing", name.c_str());
+        const openjet_tensor_desc& d = *it->second;
+        bool ok = false;
+        for (int t : types) ok = ok || t == d.ggml_type;
+        if (!ok) {
+            std::string want;
+            for (int t : types) want += std::string(want.empty() ? "" : ", ") + type_name(t);
+            return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s is %s (type %d), this engine reads %s", name.c_str(),
+                        type_name(d.ggml_type), d.ggml_type, want.c_str());
+        }
+        int64_t rows = 1;
+        for (int i = 1; i < d.n_dims && i < 4; ++i) rows *= d.ne[i];
+        if (d.n_dims < 1 || d.n_dims > 4 || d.ne[0] != ne0 || rows != ne1)
+            return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s has ne [%lld, %lld], expected [%lld, %lld]", name.c_str(),
+                        (long long)d.ne[0], (long long)rows, (long long)ne0, (long long)ne1);
+        const int elems = block_elems(d.ggml_type), bb = block_bytes(d.ggml_type);
+        if (ne0 % elems)
+            return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s: ne0 = %lld is not a multiple of %s's %d", name.c_str(),
+                        (long long)ne0, type_name(d.ggml_type), elems);
+        const size_t bytes = static_cast<size_t>(ne1) * static_cast<size_t>(ne0 / elems) * bb;
+        if (d.n_bytes != bytes || !d.data)
+            return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s: %zu bytes at %p, expected %zu bytes", name.c_str(),
+                        d.n_bytes, d.data, bytes);
+        out.type = d.ggml_type;
+        out.ne0 = ne0;
+        out.ne1 = ne1;
+        out.bytes = bytes;
+        out.host = d.data;
+        return OPENJET_OK;
+    }
+
+  private:
+    std::unordered_map<std::string, const openjet_tensor_desc*> map_;
+};
+
+#define TRY(x)                       \
+    do {                             \
+        if (int s_ = (x)) return s_; \
+    } while (0)
+
+const std::vector<int> kVec = {kF32};
+const std::vector<int> kMat = {kQ4_K, kQ5_K, kQ6_K, kQ8_0};
+
+int bind_weights(openjet_engine& e, const openjet_tensor_desc* tensors, int n) {
+    TensorTable tt(tensors, n);
+    const auto& c = e.cfg;
+    const int E = c.n_embd;
+    TRY(tt.get("token_embd.weight", {kQ4_K}, E, c.n_vocab, e.tok_embd));
+    TRY(tt.get("output_norm.weight", kVec, E, 1, e.out_norm));
+    TRY(tt.get("output.weight", kMat, E, c.n_vocab, e.output));
+    e.layers.resize(c.n_layer);
+    for (int il = 0; il < c.n_layer; ++il) {
+        LayerW& L = e.layers[il];
+        const std::string p = "blk." + std::to_string(il) + ".";
+        L.attn = (il + 1) % c.full_attn_interval == 0;
+        L.idx = L.attn ? e.n_attn++ : e.n_gdn++;
+        TRY(tt.get(p + "attn_norm.weight", kVec, E, 1, L.attn_norm));
+        if (L.attn) {
+            TRY(tt.get(p + "attn_q.weight", kMat, E, 2 * e.q_dim(), L.wq));
+            TRY(tt.get(p + "attn_k.weight", kMat, E, e.kv_dim(), L.wk));
+            TRY(tt.get(p + "attn_v.weight", kMat, E, e.kv_dim(), L.wv));
+            TRY(tt.get(p + "attn_q_norm.weight", kVec, c.head_dim, 1, L.q_norm));
+            TRY(tt.get(p + "attn_k_norm.weight", kVec, c.head_dim, 1, L.k_norm));
+            TRY(tt.get(p + "attn_output.weight", kMat, e.q_dim(), E, L.wo));
+        } else {
+            const int nv = c.ssm_n_v_heads;
+            TRY(tt.get(p + "attn_qkv.weight", kMat, E, e.conv_dim(), L.qkv));
+            TRY(tt.get(p + "attn_gate.weight", kMat, E, e.d_inner(), L.gate));
+            TRY(tt.get(p + "ssm_alpha.weight", {kF32, kQ4_K, kQ5_K, kQ6_K, kQ8_0}, E, nv, L.alpha));
+            TRY(tt.get(p + "ssm_beta.weight", {kF32, kQ4_K, kQ5_K, kQ6_K, kQ8_0}, E, nv, L.beta));
+            TRY(tt.get(p + "ssm_conv1d.weight", kVec, c.ssm_conv_kernel, e.conv_dim(), L.conv));
+            TRY(tt.get(p + "ssm_dt.bias", kVec, nv, 1, L.dt_bias));
+            TRY(tt.get(p + "ssm_a", kVec, nv, 1, L.ssm_a));
+            TRY(tt.get(p + "ssm_norm.weight", kVec, c.ssm_head_dim, 1, L.ssm_norm));
+            TRY(tt.get(p + "ssm_out.weight", kMat, e.d_inner(), E, L.ssm_out));
+        }
+        TRY(tt.get(p + "post_attention_norm.weight", kVec, E, 1, L.post_norm));
+        TRY(tt.get(p + "ffn_gate.weight", kMat, E, c.n_ff, L.ffn_gate));
+        TRY(tt.get(p + "ffn_up.weight", kMat, E, c.n_ff, L.ffn_up));
+        TRY(tt.get(p + "ffn_down.weight", kMat, c.n_ff, E, L.ffn_down));
+    }
+    return OPENJET_OK;
+}
+
+template <class F> void for_each_tensor(openjet_engine& e, F f) {
+    f(e.tok_embd);
+    f(e.out_norm);
+    f(e.output);
+    for (LayerW& L : e.layers) {
+        for (DevTensor* t : {&L.attn_norm, &L.post_norm, &L.ffn_gate, &L.ffn_up, &L.ffn_down})
+            f(*t);
+        if (L.attn) {
+            for (DevTensor* t : {&L.wq, &L.wk, &L.wv, &L.q_norm, &L.k_norm, &L.wo}) f(*t);
+        } else {
+            for (DevTensor* t : {&L.qkv, &L.gate, &L.alpha, &L.beta, &L.conv, &L.dt_bias, &L.ssm_a, &L.ssm_norm,
+                                 &L.ssm_out})
+                f(*t);
+        }
+    }
+}
+
+int device_alloc(char** p, size_t bytes, const char* what) {
+    const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(p), bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        *p = nullptr;
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "cudaMalloc of %.1f MiB for the %s failed (%s); %.1f MiB free of %.1f MiB",
+                    bytes / 1048576.0, what, cudaGetErrorName(err), free_b / 1048576.0, total_b / 1048576.0);
+    }
+    return OPENJET_OK;
+}
+
+// Largest attention workspace over every position of the cache at T = 8 (the split depends on n_past).
+size_t attn_work_floats_max(const openjet_engine& e) {
+    int max_chunks = 1;
+    for (int n_past = 0; n_past < e.cfg.n_ctx; ++n_past) {
+        const int ck = attn_chunk_keys(n_past, e.cfg.n_head_kv, e.sm_count);
+        const int nc = attn_n_chunks(n_past, OPENJET_ENGINE_MAX_T, ck);
+        if (nc > max_chunks) max_chunks = nc;
+    }
+    return attn_decode_work_floats(e.cfg.n_head, OPENJET_ENGINE_MAX_T, max_chunks);
+}
+
+int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
+    const auto& c = e.cfg;
+    TRY(check_config(c));
+    TRY(bind_weights(e, tensors, n_tensors));
+
+    int n_dev = 0;
+    CK(cudaGetDeviceCount(&n_dev));
+    if (c.device < 0 || c.device >= n_dev)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "device %d: %d CUDA device(s) visible", c.device, n_dev);
+    CK(cudaSetDevice(c.device));
+    CK(cudaDeviceGetAttribute(&e.sm_count, cudaDevAttrMultiProcessorCount, c.device));
+
+    // Sizes of the four arenas.
+    size_t off = 0;
+    for_each_tensor(e, [&](DevTensor& t) {
+        t.offset = off;
+        off = align_up(off + t.bytes + 16);  // +16: the GEMV may read to the next 16-byte boundary
+    });
+    e.weights_bytes = off;
+    const int T = OPENJET_ENGINE_MAX_T;
+    e.ssm_layer_floats = static_cast<size_t>(c.ssm_n_v_heads) * kGdnHeadDim * kGdnHeadDim;
+    e.conv_layer_floats = static_cast<size_t>(kGdnConvTaps - 1) * e.conv_dim();
+    e.kv_layer_half = static_cast<size_t>(c.n_head_kv) * c.n_ctx * e.kv_row_bytes();
+    const size_t ssm_b = align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn);
+    const size_t conv_b = align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn);
+    e.kv_bytes = align_up(2 * e.kv_layer_half * e.n_attn);
+    e.gdn_bytes = ssm_b + 2 * conv_b;
+    e.ckpt_bytes = static_cast<size_t>(c.n_checkpoints) * (ssm_b + conv_b);
+
+    const size_t E = c.n_embd, kmax = std::max({(size_t)c.n_embd, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim()});
+    const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff});
+    const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
+    const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
+    const size_t work = e.n_attn ? attn_work_floats_max(e) : 1;
+    struct Part { void** p; size_t bytes; };
+    const Part parts[] = {
+        {(void**)&e.ids, sizeof(int32_t) * T},
+        {(void**)&e.h, sizeof(float) * T * E},
+        {(void**)&e.a, sizeof(float) * T * E},
+        {(void**)&e.xq, T * kmax},
+        {(void**)&e.xds, sizeof(float2) * T * (kmax / 32)},
+        {(void**)&e.big1, sizeof(float) * T * big1},
+        {(void**)&e.big2, sizeof(float) * T * big2},
+        {(void**)&e.big3, sizeof(float) * T * e.kv_dim()},
+        {(void**)&e.sb, sizeof(float) * T * c.ssm_n_v_heads},
+        {(void**)&e.sa, sizeof(float) * T * c.ssm_n_v_heads},
+        {(void**)&e.y, sizeof(float) * T * ybuf},
+        {(void**)&e.mix, sizeof(float) * T * E},
+        {(void**)&e.logits, sizeof(float) * T * c.n_vocab},
+        {(void**)&e.attn_work, sizeof(float) * work},
+    };
+    size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
+    e.scratch_bytes = 0;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) {
+        scratch_off[i] = e.scratch_bytes;
+        e.scratch_bytes = align_up(e.scratch_bytes + parts[i].bytes + 16);
+    }
+
+    // Check before allocating.
+    const size_t need = e.weights_bytes + e.kv_bytes + e.gdn_bytes + e.ckpt_bytes + e.scratch_bytes;
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    if (need > free_b)
+        return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY,
+                    "the engine needs %.1f MiB on device %d (weights %.1f, KV cache %.1f at n_ctx %d, recurrent "
+                    "state %.1f, checkpoints %.1f, scratch %.1f) but %.1f MiB are free of %.1f MiB: lower n_ctx, "
+                    "use the Q8_0 KV cache, or fewer checkpoints",
+                    need / 1048576.0, c.device, e.weights_bytes / 1048576.0, e.kv_bytes / 1048576.0, c.n_ctx,
+                    e.gdn_bytes / 1048576.0, e.ckpt_bytes / 1048576.0, e.scratch_bytes / 1048576.0,
+                    free_b / 1048576.0, total_b / 1048576.0);
+
+    CK(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+    TRY(device_alloc(&e.weights, e.weights_bytes, "weights"));
+    TRY(device_alloc(&e.state, e.kv_bytes + e.gdn_bytes, "KV cache and recurrent state"));
+    if (e.ckpt_bytes) TRY(device_alloc(&e.ckpt, e.ckpt_bytes, "checkpoints"));
+    TRY(device_alloc(&e.scratch, e.scratch_bytes, "scratch"));
+
+    // Upload (synchronous copies from the caller's host pages, e.g. the memory-mapped file).
+    int status = OPENJET_OK;
+    for_each_tensor(e, [&](DevTensor& t) {
+        t.d = e.weights + t.offset;
+        if (status == OPENJET_OK) {
+            const cudaError_t err = cudaMemcpy(const_cast<void*>(t.d), t.host, t.bytes, cudaMemcpyHostToDevice);
+            if (err != cudaSuccess) status = cuda_fail(err, "cudaMemcpy (weight upload)");
+        }
+        t.host = nullptr;  // the caller's memory is not ours after create
+    });
+    TRY(status);
+
+    e.ssm = reinterpret_cast<float*>(e.state);
+    e.conv[0] = reinterpret_cast<float*>(e.state + ssm_b);
+    e.conv[1] = reinterpret_cast<float*>(e.state + ssm_b + conv_b);
+    e.kv = e.state + e.gdn_bytes;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
+    CK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
+    CK(cudaMemset(e.scratch, 0, e.scratch_bytes));
+    e.ckpt_n_past.assign(c.n_checkpoints, -1);
+    e.n_past = 0;
+    e.conv_cur = 0;
+    CK(cudaDeviceSynchronize());
+    return OPENJET_OK;
+}
+
+int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
+    const cudaError_t err = engine_gemv(w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.xq, e.xds,
+                                        xf, y, e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "gemv");
+    return OPENJET_OK;
+}
+
+#define CKL(call)                                                 \
+    do {                                                          \
+        const cudaError_t e_ = (call);                            \
+        if (e_ != cudaSuccess) return cuda_fail(e_, #call);       \
+    } while (0)
+
+// The GDN mixer of layer L: a (quantised in e.xq, float in e.a) -> e.mix.
+int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
+    const auto& c = e.cfg;
+    TRY(gemv(e, L.qkv, t, e.a, e.big1));
+    TRY(gemv(e, L.gate, t, e.a, e.big2));
+    TRY(gemv(e, L.beta, t, e.a, e.sb));
+    TRY(gemv(e, L.alpha, t, e.a, e.sa));
+    GdnStepArgs g{};
+    g.n_k = c.ssm_n_k_heads, g.n_v = c.ssm_n_v_heads, g.t = t, g.eps = c.rms_eps;
+    g.qkv = e.big1, g.z = e.big2, g.b = e.sb, g.alpha = e.sa;
+    g.conv_w = static_cast<const float*>(L.conv.d);
+    g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
+    g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
+    g.ssm_a = static_cast<const float*>(L.ssm_a.d);
+    g.dt_bias = static_cast<const float*>(L.dt_bias.d);
+    g.norm_w = static_cast<const float*>(L.ssm_norm.d);
+    g.state = e.ssm + e.ssm_layer_floats * L.idx;
+    g.y = e.y;
+    CKL(launch_gdn_step(g, e.stream));
+    CKL(launch_quantize_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    return gemv(e, L.ssm_out, t, nullptr, e.mix);
+}
+
+// The attention mixer of layer L at positions n_past.. : a -> e.mix; appends k, v to the layer's cache.
+int attn_mixer(openjet_engine& e, const LayerW& L, int t) {
+    const auto& c = e.cfg;
+    TRY(gemv(e, L.wq, t, e.a, e.big1));
+    TRY(gemv(e, L.wk, t, e.a, e.big2));
+    TRY(gemv(e, L.wv, t, e.a, e.big3));
+    AttnDecodeArgs a{};
+    a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.t = t, a.n_past = e.n_past;
+    a.capacity = c.n_ctx, a.n_rot = c.n_rot, a.eps = c.rms_eps, a.rope_base = c.rope_base;
+    a.qproj = e.big1, a.k = e.big2, a.v = e.big3;
+    a.q_norm = static_cast<const float*>(L.q_norm.d);
+    a.k_norm = static_cast<const float*>(L.k_norm.d);
+    a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
+    a.v_cache = a.k_cache + e.kv_layer_half;
+    a.o = e.y, a.work = e.attn_work, a.sm_count = e.sm_count;
+    CKL(launch_attn_decode(a, e.stream));
+    CKL(launch_quantize_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    return gemv(e, L.wo, t, nullptr, e.mix);
+}
+
+int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+    const auto& c = e.cfg;
+    CK(cudaSetDevice(c.device));
+    CK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    CKL(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
+    for (int il = 0; il < c.n_layer; ++il) {
+        const LayerW& L = e.layers[il];
+        CKL(launch_add_norm_quantize(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
+                                     c.rms_eps, e.a, e.xq, e.xds, e.stream));
+        TRY(L.attn ? attn_mixer(e, L, t) : gdn_mixer(e, L, t));
+        CKL(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
+                                     nullptr, e.xq, e.xds, e.stream));
+        TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
+        TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
+        CKL(launch_swiglu_quantize(e.big1, e.big2, t, c.n_ff, e.xq, e.xds, e.stream));
+        TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
+    }
+    CKL(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
+                                 e.xq, e.xds, e.stream));
+    if (logits) {
+        TRY(gemv(e, e.output, t, nullptr, e.logits));
+        CK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+    }
+    if (hidden) CK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    CK(cudaStreamSynchronize(e.stream));
+    e.n_past += t;
+    if (e.n_gdn) e.conv_cur ^= 1;
+    return OPENJET_OK;
+}
+
+size_t ckpt_slot_bytes(const openjet_engine& e) {
+    return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn) + align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn);
+}
+
+int check_engine(const openjet_engine* e) {
+    if (!e) return fail(OPENJET_ERR_INVALID_ARGUMENT, "engine is NULL");
+    return OPENJET_OK;
+}
+
+}  // namespace
+
+extern "C" OPENJET_API const char* openjet_engine_last_error(void) { return g_error.c_str(); }
+
+extern "C" OPENJET_API int openjet_engine_create(const openjet_engine_config* config, const openjet_tensor_desc* tensors,
+                                                 int n_tensors, openjet_engine** out) {
+    if (!out) return fail(OPENJET_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    if (!config || (!tensors && n_tensors > 0) || n_tensors < 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "config or tensors is NULL, or n_tensors < 0");
+    openjet_engine* e = nullptr;
+    try {
+        e = new openjet_engine();
+        e->cfg = *config;
+        const int s = create_impl(*e, tensors, n_tensors);
+        if (s != OPENJET_OK) {
+            delete e;  // frees every arena taken so far
+            return s;
+        }
+    } catch (const std::bad_alloc&) {
+        delete e;
+        return fail(OPENJET_ERR_OUT_OF_MEMORY, "host out of memory while creating the engine");
+    } catch (...) {
+        delete e;
+        return fail(OPENJET_ERR_INTERNAL, "unexpected C++ exception while creating the engine");
+    }
+    *out = e;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API void openjet_engine_destroy(openjet_engine* engine) {
+    if (!engine) return;
+    cudaSetDevice(engine->cfg.device);
+    if (engine->stream) cudaStreamSynchronize(engine->stream);
+    delete engine;
+}
+
+extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
+    TRY(check_engine(e));
+    CK(cudaSetDevice(e->cfg.device));
+    CK(cudaMemsetAsync(e->state + 0, 0, e->gdn_bytes, e->stream));  // GDN states and both conv buffers
+    CK(cudaStreamSynchronize(e->stream));
+    e->n_past = 0;
+    e->conv_cur = 0;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_n_past(const openjet_engine* e, int* n_past) {
+    TRY(check_engine(e));
+    if (!n_past) return fail(OPENJET_ERR_INVALID_ARGUMENT, "n_past is NULL");
+    *n_past = e->n_past;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_t* ids, int t, float* logits,
+                                                 float* hidden) {
+    TRY(check_engine(e));
+    if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: ids is NULL or t = %d is not 1..%d", t, OPENJET_ENGINE_MAX_T);
+    for (int i = 0; i < t; ++i)
+        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: token id %d is outside the vocabulary [0, %d)", ids[i],
+                        e->cfg.n_vocab);
+    if (e->n_past + t > e->cfg.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: %d + %d tokens exceed the context of %d tokens", e->n_past, t,
+                    e->cfg.n_ctx);
+    return decode_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot) {
+    TRY(check_engine(e));
+    if (slot < 0 || slot >= e->cfg.n_checkpoints)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "checkpoint slot %d: the engine has %d slots", slot, e->cfg.n_checkpoints);
+    CK(cudaSetDevice(e->cfg.device));
+    const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
+    const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
+    char* dst = e->ckpt + slot * ckpt_slot_bytes(*e);
+    CK(cudaMemcpyAsync(dst, e->ssm, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
+    CK(cudaMemcpyAsync(dst + ssm_b, e->conv[e->conv_cur], conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    CK(cudaStreamSynchronize(e->stream));
+    e->ckpt_n_past[slot] = e->n_past;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
+    TRY(check_engine(e));
+    if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
+    CK(cudaSetDevice(e->cfg.device));
+    const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
+    const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
+    const char* src = e->ckpt + slot * ckpt_slot_bytes(*e);
+    CK(cudaMemcpyAsync(e->ssm, src, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
+    CK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ssm_b, conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    CK(cudaStreamSynchronize(e->stream));
+    e->n_past = e->ckpt_n_past[slot];
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_memory(const openjet_engine* e, openjet_engine_memory_report* r) {
+    TRY(check_engine(e));
+    if (!r) return fail(OPENJET_ERR_INVALID_ARGUMENT, "report is NULL");
+    r->weights_bytes = e->weights_bytes;
+    r->kv_bytes = e->kv_bytes;
+    r->state_bytes = e->gdn_bytes;
+    r->checkpoint_bytes = e->ckpt_bytes;
+    r->scratch_bytes = e->scratch_bytes;
+    r->total_bytes = e->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + e->scratch_bytes;
+    return OPENJET_OK;
+}

@@ -1,0 +1,358 @@
+"""The CUDA engine v1: the Engine interface over the native decode engine (native/include/openjet_engine.h).
+
+What v1 is (and is not):
+
+* ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (dp4a GEMVs on the GGUF blocks, the
+  recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one kernel launch per op.
+* ``prefill`` is decode in steps of up to 8 tokens: the same results, not yet the fast path. Tensor-core
+  prefill with the chunked WY Gated DeltaNet (qwen38.md §3.4) is future work; ``chunk_size`` is checked and
+  otherwise ignored.
+* One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets
+  it and retires every state made before; using a retired state raises. ``SequenceState.copy`` raises.
+* ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
+  position evicted first); ``truncate`` restores the latest checkpoint at or before the target and replays
+  the tokens after it (rollback by replay, interface.py), without computing logits.
+* ``mtp_draft`` raises NotImplementedError: the MTP head comes with the speculative-decoding issue.
+* Files: the unsloth Q4_K_M recipe (the synthetic models use it). Plain llama-quantize Q4_K_M files need
+  four tensor roles re-encoded at load; v1 refuses them with a message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+import weakref
+
+import numpy as np
+
+from ..errors import ModelFileError, OpenJetError
+from ..model.config import ModelConfig, read_config
+from ..model.gguf_file import GGUFFile
+from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
+from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
+                        StepOutput, TokenIds, argmax)
+from .native import load_library
+
+KV_TYPES = {"f16": 1, "q8_0": 8}
+DEFAULT_N_CTX = 32768
+DEFAULT_CHECKPOINTS = 4
+
+
+class EngineConfig(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int) for n in (
+        "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "head_dim", "n_rot", "ssm_n_k_heads",
+        "ssm_n_v_heads", "ssm_head_dim", "ssm_conv_kernel", "full_attn_interval", "n_vocab")] + [
+        ("rms_eps", ctypes.c_float), ("rope_base", ctypes.c_float),
+        ("n_ctx", ctypes.c_int), ("kv_type", ctypes.c_int), ("n_checkpoints", ctypes.c_int),
+        ("device", ctypes.c_int)]
+
+
+class TensorDesc(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("ggml_type", ctypes.c_int), ("n_dims", ctypes.c_int),
+                ("ne", ctypes.c_int64 * 4), ("data", ctypes.c_void_p), ("n_bytes", ctypes.c_size_t)]
+
+
+class MemoryReport(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "weights_bytes", "kv_bytes", "state_bytes", "checkpoint_bytes", "scratch_bytes", "total_bytes")]
+
+
+_P = ctypes.c_void_p
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """argtypes/restype of the openjet_engine_* functions (once per library)."""
+    if getattr(lib, "_openjet_engine_declared", False):
+        return lib
+    f32p, i32p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
+    sig = {
+        "openjet_engine_last_error": ([], ctypes.c_char_p),
+        "openjet_engine_create": ([ctypes.POINTER(EngineConfig), ctypes.POINTER(TensorDesc), ctypes.c_int,
+                                   ctypes.POINTER(_P)], ctypes.c_int),
+        "openjet_engine_destroy": ([_P], None),
+        "openjet_engine_reset": ([_P], ctypes.c_int),
+        "openjet_engine_n_past": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "openjet_engine_decode": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_checkpoint": ([_P, ctypes.c_int], ctypes.c_int),
+        "openjet_engine_restore": ([_P, ctypes.c_int], ctypes.c_int),
+        "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
+    }
+    try:
+        for name, (args, res) in sig.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+    except AttributeError as e:
+        raise OpenJetError(f"the OpenJet engine library predates the decode engine (missing {e}): rebuild it "
+                           "(`pip install --force-reinstall --no-deps .`)") from e
+    lib._openjet_engine_declared = True
+    return lib
+
+
+def _f32p(a: np.ndarray | None):
+    return None if a is None else a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+class CudaState(SequenceState):
+    """The host-side record of the engine's one device sequence: token ids and checkpoint slots."""
+
+    def __init__(self, engine: "CudaEngine", generation: int):
+        self._engine = weakref.ref(engine)
+        self.generation = generation
+        self.token_ids: list[int] = []
+        self.slots: dict[int, int] = {}          # checkpoint position -> device slot
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(self.token_ids)
+
+    @property
+    def checkpoint_positions(self) -> tuple[int, ...]:
+        return tuple(sorted(self.slots))
+
+    @property
+    def nbytes(self) -> int:
+        engine = self._engine()
+        if engine is None:
+            return 0
+        m = engine.memory_report()
+        return m["kv_bytes"] + m["state_bytes"] + m["checkpoint_bytes"]
+
+    def copy(self) -> "CudaState":
+        raise NotImplementedError("the CUDA engine v1 holds one sequence per engine on the device: states "
+                                  "cannot be copied yet")
+
+
+class CudaEngine(Engine):
+    def __init__(self, config: ModelConfig, lib: ctypes.CDLL, handle: int, n_ctx: int, kv_type: str,
+                 n_checkpoints: int):
+        self.config = config
+        self._lib = lib
+        self._handle = ctypes.c_void_p(handle)
+        self.n_ctx, self.kv_type, self.n_checkpoints = n_ctx, kv_type, n_checkpoints
+        self._stats = EngineStats()
+        self._generation = 0
+        self._state: CudaState | None = None
+        self._slot_clock: list[int] = [0] * n_checkpoints     # last use, for eviction
+        self._clock = 0
+        s = config.shape
+        self._logits = np.empty((MAX_GPU_DECODE_TOKENS, s.n_vocab), np.float32)
+        self._hidden = np.empty((MAX_GPU_DECODE_TOKENS, s.n_embd), np.float32)
+
+    # ------------------------------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, kv_type: str = "f16",
+             n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0) -> "CudaEngine":
+        """Upload the trunk of an unsloth Q4_K_M file. ``n_ctx``: KV cache capacity in tokens (default
+        min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"."""
+        gguf = GGUFFile(path)
+        config = read_config(gguf)
+        verdict = classify(gguf, config)
+        if verdict.kind == PLAIN_Q4_K_M:
+            raise ModelFileError(
+                f"{gguf.path.name} is a plain llama-quantize Q4_K_M file: the CUDA engine v1 does not yet "
+                f"re-encode its {len(verdict.conversions)} ssm_out/ssm_alpha/ssm_beta/eh_proj tensors at load. "
+                "Use the unsloth Q4_K_M file of the model, or the reference engine for test-size files.")
+        if verdict.kind != UNSLOTH_Q4_K_M:
+            why = verdict.problem or f"its recipe is {verdict.kind}"
+            raise ModelFileError(f"{gguf.path.name}: the CUDA engine v1 runs unsloth Q4_K_M files only ({why})")
+        if kv_type not in KV_TYPES:
+            raise OpenJetError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        s = config.shape
+        n_ctx = min(s.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else int(n_ctx)
+        if not 1 <= n_ctx <= 262144:
+            raise OpenJetError(f"n_ctx must be 1..262144 tokens, not {n_ctx}")
+
+        lib = _declare(load_library())
+        cfg = EngineConfig(
+            n_embd=s.n_embd, n_ff=s.n_ff, n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
+            head_dim=s.head_dim, n_rot=s.n_rot, ssm_n_k_heads=s.ssm_n_k_heads, ssm_n_v_heads=s.ssm_n_v_heads,
+            ssm_head_dim=s.ssm_head_dim, ssm_conv_kernel=s.ssm_conv_kernel,
+            full_attn_interval=s.full_attn_interval, n_vocab=s.n_vocab, rms_eps=s.rms_eps,
+            rope_base=s.rope_base, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type], n_checkpoints=n_checkpoints,
+            device=device)
+        names = list(gguf.tensors)
+        descs = (TensorDesc * len(names))()
+        keep = []                                           # the memory-mapped arrays and names, alive
+        for d, name in zip(descs, names):
+            info, raw = gguf.tensors[name], gguf.raw(name)
+            keep += [raw, name.encode()]
+            d.name = keep[-1]
+            d.ggml_type = int(info.qtype)
+            d.n_dims = len(info.ne)
+            d.ne[:] = list(info.ne) + [1] * (4 - len(info.ne))
+            d.data = raw.ctypes.data
+            d.n_bytes = info.n_bytes
+        handle = ctypes.c_void_p()
+        rc = lib.openjet_engine_create(ctypes.byref(cfg), descs, len(names), ctypes.byref(handle))
+        if rc != 0:
+            raise OpenJetError(f"{gguf.path.name}: the CUDA engine could not load it: "
+                               f"{lib.openjet_engine_last_error().decode(errors='replace')}")
+        del keep
+        return cls(config, lib, handle.value, n_ctx, kv_type, n_checkpoints)
+
+    def close(self) -> None:
+        """Free the device memory now (also done when the engine is garbage-collected)."""
+        if self._handle:
+            self._lib.openjet_engine_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise OpenJetError(f"{what}: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
+
+    # ---------------------------------------------------------------------------------------- interface
+
+    def new_state(self) -> CudaState:
+        self._check(self._lib.openjet_engine_reset(self._handle), "reset")
+        self._generation += 1
+        self._state = CudaState(self, self._generation)
+        self._slot_clock = [0] * self.n_checkpoints
+        return self._state
+
+    def decode(self, state: CudaState, tokens: TokenIds) -> StepOutput:
+        ids = self._token_ids(state, tokens)
+        if len(ids) > MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"decode takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, "
+                               f"got {len(ids)}: use prefill for longer runs")
+        t0 = time.perf_counter()
+        out = self._step(state, ids, logits=True)
+        self._stats.decode_tokens += len(ids)
+        self._stats.decode_steps += 1
+        self._stats.decode_seconds += time.perf_counter() - t0
+        return out
+
+    def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = 64,
+                all_logits: bool = False) -> StepOutput:
+        """v1: decode steps of up to 8 tokens (same results; tensor-core prefill is future work)."""
+        if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+            raise OpenJetError(f"chunk_size must be a positive integer, not {chunk_size!r}")
+        ids = self._token_ids(state, tokens)
+        t0 = time.perf_counter()
+        logits, hidden = [], []
+        for i in range(0, len(ids), MAX_GPU_DECODE_TOKENS):
+            part = ids[i:i + MAX_GPU_DECODE_TOKENS]
+            last = i + MAX_GPU_DECODE_TOKENS >= len(ids)
+            out = self._step(state, part, logits=all_logits or last)
+            if all_logits or last:
+                logits.append(out.logits)
+                hidden.append(out.hidden)
+        self._stats.prefill_tokens += len(ids)
+        self._stats.prefill_seconds += time.perf_counter() - t0
+        if all_logits:
+            return StepOutput(np.concatenate(logits), np.concatenate(hidden))
+        return StepOutput(logits[-1][-1:], hidden[-1][-1:])
+
+    def mtp_draft(self, state: CudaState, token: int, n_draft: int = 1, choose: Choose = argmax) -> DraftOutput:
+        raise NotImplementedError("the CUDA engine v1 has no MTP head yet (speculative decoding is the next "
+                                  "issue); decode without drafts")
+
+    def checkpoint(self, state: CudaState) -> None:
+        self._check_state(state)
+        if self.n_checkpoints == 0:
+            raise OpenJetError("this engine was loaded with n_checkpoints=0: checkpoints are disabled")
+        n = state.n_tokens
+        if n == 0:
+            return
+        if n in state.slots:
+            slot = state.slots[n]
+        else:
+            used = set(state.slots.values())
+            free = [s for s in range(self.n_checkpoints) if s not in used]
+            if free:
+                slot = free[0]
+            else:                                           # evict the least recently used checkpoint
+                slot = min(used, key=lambda s: self._slot_clock[s])
+                state.slots = {p: s for p, s in state.slots.items() if s != slot}
+        self._check(self._lib.openjet_engine_checkpoint(self._handle, slot), "checkpoint")
+        state.slots[n] = slot
+        self._touch(slot)
+
+    def truncate(self, state: CudaState, n_tokens: int) -> None:
+        self._check_state(state)
+        if not 0 <= n_tokens <= state.n_tokens:
+            raise OpenJetError(f"cannot truncate a sequence of {state.n_tokens} tokens to {n_tokens}")
+        if n_tokens == state.n_tokens:
+            return
+        state.slots = {p: s for p, s in state.slots.items() if p <= n_tokens}
+        base = max(state.slots, default=0)
+        if base:
+            self._check(self._lib.openjet_engine_restore(self._handle, state.slots[base]), "restore")
+            self._touch(state.slots[base])
+        else:
+            self._check(self._lib.openjet_engine_reset(self._handle), "reset")
+        replay = np.array(state.token_ids[base:n_tokens], dtype=np.int64)
+        del state.token_ids[base:]
+        t0 = time.perf_counter()
+        for i in range(0, len(replay), MAX_GPU_DECODE_TOKENS):
+            self._step(state, replay[i:i + MAX_GPU_DECODE_TOKENS], logits=False)
+        self._stats.replay_tokens += len(replay)
+        self._stats.replay_seconds += time.perf_counter() - t0
+
+    def memory_report(self) -> dict[str, int]:
+        r = MemoryReport()
+        self._check(self._lib.openjet_engine_memory(self._handle, ctypes.byref(r)), "memory")
+        return {name: int(getattr(r, name)) for name, _ in MemoryReport._fields_}
+
+    def memory(self) -> dict[str, int]:
+        m = self.memory_report()
+        live = self._state is not None
+        return {"weights_bytes": m["weights_bytes"],
+                "states_bytes": m["kv_bytes"] + m["state_bytes"] + m["checkpoint_bytes"] if live else 0,
+                "n_states": int(live), **m}
+
+    def stats(self) -> EngineStats:
+        return EngineStats(**vars(self._stats))
+
+    def reset_stats(self) -> None:
+        self._stats = EngineStats()
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _step(self, state: CudaState, ids: np.ndarray, *, logits: bool) -> StepOutput:
+        t = len(ids)
+        if state.n_tokens + t > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + t} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+        lg = self._logits[:t] if logits else None
+        rc = self._lib.openjet_engine_decode(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                             t, _f32p(lg), _f32p(self._hidden[:t]))
+        self._check(rc, "decode")
+        state.token_ids.extend(int(x) for x in ids)
+        return StepOutput(logits=lg.copy() if logits else None, hidden=self._hidden[:t].copy())
+
+    def _touch(self, slot: int) -> None:
+        self._clock += 1
+        self._slot_clock[slot] = self._clock
+
+    def _check_state(self, state: SequenceState) -> None:
+        if not isinstance(state, CudaState) or state._engine() is not self:
+            raise OpenJetError("this state was not made by this engine (use engine.new_state())")
+        if state.generation != self._generation:
+            raise OpenJetError("this state was retired: the CUDA engine v1 holds one sequence, and a later "
+                               "new_state() reset it")
+
+    def _token_ids(self, state: CudaState, tokens: TokenIds) -> np.ndarray:
+        self._check_state(state)
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise OpenJetError(f"expected a non-empty list of token ids, got shape {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise OpenJetError(f"token ids must be integers, got {ids.dtype}")
+        n_vocab = self.config.shape.n_vocab
+        if ids.min() < 0 or ids.max() >= n_vocab:
+            bad = ids[(ids < 0) | (ids >= n_vocab)][0]
+            raise OpenJetError(f"token id {bad} is outside the vocabulary [0, {n_vocab})")
+        return ids.astype(np.int64)
