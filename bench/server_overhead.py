@@ -23,13 +23,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from openjet_launcher.engine.interface import Engine, EngineStats, SequenceState, StepOutput  # noqa: E402
+from openjet_launcher.engine.interface import StepOutput  # noqa: E402
 from openjet_launcher.model.gguf_file import GGUFFile  # noqa: E402
 from openjet_launcher.model.synth import synthesize  # noqa: E402
 from openjet_launcher.sampling import Sampler, SamplingParams  # noqa: E402
@@ -37,75 +36,34 @@ from openjet_launcher.server import ServerSettings, create_app  # noqa: E402
 from openjet_launcher.server.limits import uvicorn_options  # noqa: E402
 from openjet_launcher.text.chat import ChatTemplate  # noqa: E402
 from openjet_launcher.text.tokenizer import Tokenizer  # noqa: E402
+from tests.server.scripted import ScriptedEngine  # noqa: E402
 
 QWEN_VOCAB = 248_320        # the real model's logits row, for the sampler figure
 
 
-class _State(SequenceState):
-    def __init__(self):
-        self.ids: list[int] = []
-        self.cps: list[int] = []
-
-    n_tokens = property(lambda self: len(self.ids))
-    tokens = property(lambda self: tuple(self.ids))
-    checkpoint_positions = property(lambda self: tuple(self.cps))
-    nbytes = property(lambda self: 0)
-
-    def copy(self):
-        other = _State()
-        other.ids, other.cps = list(self.ids), list(self.cps)
-        return other
-
-
-class FastEngine(Engine):
-    """Every step returns the same logits row (all mass on `token`) at once; counts its own time."""
+class FastEngine(ScriptedEngine):
+    """Every step returns the same logits row (all mass on `token`) at once; counts its own time. The rest
+    (states, checkpoints, truncate, memory) is the scripted test double's."""
 
     def __init__(self, n_vocab: int, token: int):
-        self.config = SimpleNamespace(has_mtp=False, n_vocab=n_vocab)
+        super().__init__(n_vocab)
         self.row = np.full((1, n_vocab), -1e4, np.float32)
         self.row[0, token] = 1e4
         self.hidden = np.zeros((1, 1), np.float32)
         self.seconds = 0.0
 
-    @classmethod
-    def load(cls, path, **options):
-        raise NotImplementedError
-
-    def new_state(self):
-        return _State()
-
     def prefill(self, state, tokens, *, chunk_size=64, all_logits=False):
-        t0 = time.perf_counter()
-        state.ids.extend(tokens)
-        out = StepOutput(self.row, self.hidden)
-        self.seconds += time.perf_counter() - t0
-        return out
+        return self._step(state, tokens)
 
     def decode(self, state, tokens):
+        return self._step(state, tokens)
+
+    def _step(self, state, tokens) -> StepOutput:
         t0 = time.perf_counter()
         state.ids.extend(tokens)
         out = StepOutput(self.row, self.hidden)
         self.seconds += time.perf_counter() - t0
         return out
-
-    def mtp_draft(self, state, token, n_draft=1, choose=None):
-        raise NotImplementedError
-
-    def checkpoint(self, state):
-        state.cps.append(state.n_tokens)
-
-    def truncate(self, state, n_tokens):
-        del state.ids[n_tokens:]
-        state.cps = [c for c in state.cps if c <= n_tokens]
-
-    def memory(self):
-        return {"weights_bytes": 0, "states_bytes": 0, "n_states": 1}
-
-    def stats(self):
-        return EngineStats()
-
-    def reset_stats(self):
-        pass
 
 
 # A client in its own process: send the request, read raw bytes until [DONE], print wall time and bytes.

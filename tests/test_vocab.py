@@ -21,6 +21,9 @@ from openjet_launcher.model.gguf_file import GGUFFile
 from openjet_launcher.model.sdist import SdistError, llama_cpp_sdist, sdist_member, sdist_member_path
 from openjet_launcher.text import ChatTemplate, ChatTemplateError, Tokenizer
 
+from chat_cases import (GENERATE, GENERATE_NO_THINKING, HISTORY, NOW, NOW_LINE, REASONING_LOW, SYSTEM_USER, TOOL_TURNS,
+                        TOOL_TURNS_TEXT, TOOLS_INSTRUCTION, WEATHER, WEATHER_LINE)
+
 # spec §1.1: the added tokens in id order (248044.. in the real vocabulary).
 ADDED = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
@@ -145,70 +148,9 @@ def test_small_vocab_encodes_common_words_in_few_tokens():
 
 # --------------------------------------------------------------------------------------- chat template
 
-LOW = (
-    "Reasoning effort is set to low. Keep your thinking brief and focused, moving directly to the conclusion "
-    "without unnecessary elaboration."
-)
-TOOLS_FORMAT = (
-    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
-    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
-    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n"
-    "- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested "
-    "within <tool_call></tool_call> XML tags\n"
-    "- Required parameters MUST be specified\n"
-    "- You may provide optional reasoning for your function call in natural language BEFORE the function call, "
-    "but NOT after\n"
-    "- If there is no function call available, answer the question like normal with your current knowledge and "
-    "do not tell the user about function calls\n</IMPORTANT>"
-)
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city, in °C",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-WEATHER_JSON = (
-    '{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city, in °C", '
-    '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}'
-)
-TIME = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
-TIME_JSON = '{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}'
-
-SYSTEM_USER = [{"role": "system", "content": "  You are terse.\n"}, {"role": "user", "content": "\nHi there  "}]
-TOOL_TURNS = [
-    {"role": "user", "content": "Weather in Berlin and Paris for 3 days?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "\nI need the weather tool twice.\n",
-        "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Berlin", "days": 3}}},
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris", "opts": {"unit": "C"}}}},
-        ],
-    },
-    {"role": "tool", "content": '{"temp": 11}'},
-    {"role": "tool", "content": ' {"temp": 14} '},
-]  # fmt: skip
-TOOL_TURNS_TEXT = (
-    "<|im_start|>user\nWeather in Berlin and Paris for 3 days?<|im_end|>\n"
-    "<|im_start|>assistant\n<think>\nI need the weather tool twice.\n</think>\n\n"
-    "<tool_call>\n<function=get_weather>\n<parameter=city>\nBerlin\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
-    "</function>\n</tool_call>\n"
-    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-    '<parameter=opts>\n{"unit": "C"}\n</parameter>\n</function>\n</tool_call><|im_end|>\n'
-    '<|im_start|>user\n<tool_response>\n{"temp": 11}\n</tool_response>\n'
-    '<tool_response>\n{"temp": 14}\n</tool_response><|im_end|>\n'
-)
-HISTORY = [
-    {"role": "user", "content": "First question"},
-    {"role": "assistant", "content": "First answer", "reasoning_content": "first thoughts"},
-    {"role": "user", "content": "Second question"},
-    {"role": "assistant", "content": "Second answer", "reasoning_content": "second thoughts"},
-    {"role": "user", "content": "Third question"},
-]
+# Thinking padded with new lines in a tool-call turn: rendered trimmed, as TOOL_TURNS_TEXT shows it.
+PADDED_TOOL_TURNS = [TOOL_TURNS[0], {**TOOL_TURNS[1], "reasoning_content": "\nI need the weather tool twice.\n"},
+                     *TOOL_TURNS[2:]]
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +162,7 @@ def ours() -> ChatTemplate:
 
 def test_template_thinking_off_closes_an_empty_think_block_and_drops_the_effort_sentence(ours):
     assert ours.render(SYSTEM_USER, enable_thinking=False) == (
-        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n" + GENERATE_NO_THINKING
     )
 
 
@@ -236,20 +177,20 @@ def test_template_renders_developer_as_system_and_text_parts_as_text(ours):
 
 
 def test_template_tools_block_lists_one_json_object_per_line_then_the_system_text(ours):
-    assert ours.render(SYSTEM_USER, tools=[WEATHER, TIME], enable_thinking=False) == (
+    assert ours.render(SYSTEM_USER, tools=[WEATHER, NOW], enable_thinking=False) == (
         "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-        f"{WEATHER_JSON}\n{TIME_JSON}{TOOLS_FORMAT}\n\nYou are terse.<|im_end|>\n"
-        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        f"{WEATHER_LINE}\n{NOW_LINE}{TOOLS_INSTRUCTION}\n\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\nHi there<|im_end|>\n" + GENERATE_NO_THINKING
     )
-    assert ours.render(SYSTEM_USER[1:], tools=[TIME], add_generation_prompt=False, reasoning_effort="low").startswith(
-        f"<|im_start|>system\n{LOW}\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n{TIME_JSON}"
-        f"{TOOLS_FORMAT}<|im_end|>\n<|im_start|>user\n"
+    assert ours.render(SYSTEM_USER[1:], tools=[NOW], add_generation_prompt=False, reasoning_effort="low").startswith(
+        f"<|im_start|>system\n{REASONING_LOW}\n\n# Tools\n\nYou have access to the following functions:\n\n"
+        f"<tools>\n{NOW_LINE}{TOOLS_INSTRUCTION}<|im_end|>\n<|im_start|>user\n"
     )
 
 
 def test_template_tool_calls_in_xml_and_tool_responses_merged_into_one_user_turn(ours):
-    got = ours.render(TOOL_TURNS, reasoning_effort="medium")
-    assert got == TOOL_TURNS_TEXT + "<|im_start|>assistant\n<think>\n"
+    got = ours.render(PADDED_TOOL_TURNS, reasoning_effort="medium")
+    assert got == TOOL_TURNS_TEXT + GENERATE
 
 
 def test_template_tool_call_after_content_is_separated_by_a_blank_line(ours):
@@ -280,7 +221,8 @@ def test_template_keeps_past_thinking_by_default_and_only_after_the_last_query_w
 
 
 def test_template_tool_response_turns_do_not_count_as_the_last_query(ours):
-    messages = [*TOOL_TURNS, {"role": "assistant", "content": "Berlin 11, Paris 14.", "reasoning_content": "done"}]
+    answer = {"role": "assistant", "content": "Berlin 11, Paris 14.", "reasoning_content": "done"}
+    messages = [*PADDED_TOOL_TURNS, answer]
     got = ours.render(messages, add_generation_prompt=False, reasoning_effort="medium", preserve_thinking=False)
     assert got == TOOL_TURNS_TEXT + "<|im_start|>assistant\n<think>\ndone\n</think>\n\nBerlin 11, Paris 14.<|im_end|>\n"
 
@@ -306,7 +248,7 @@ def test_template_rejects_malformed_conversations(ours, messages, message):
 # The cases of test_chat_template.py's AGREEING are compared there; these two are not among them: thinking
 # padded with new lines in a tool-call turn, and a tool call without its "function" wrapper, then its result.
 REAL_TEMPLATE_CASES = {
-    "tool_calls": dict(messages=TOOL_TURNS, tools=[WEATHER]),
+    "tool_calls": dict(messages=PADDED_TOOL_TURNS, tools=[WEATHER]),
     "content_then_call": dict(
         messages=[
             {"role": "user", "content": "Time?"},

@@ -18,6 +18,8 @@ from openjet_launcher.server import ServerSettings, create_app
 from openjet_launcher.text.chat import ChatTemplate
 from openjet_launcher.text.tokenizer import Tokenizer
 
+from .scripted import ScriptedEngine
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -55,6 +57,16 @@ class LiveServer:
         return self.app.state.core
 
 
+def wait_for(predicate, timeout: float = 15.0) -> bool:
+    """Poll `predicate` every 50 ms until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("server-model") / "tiny.gguf"
@@ -74,3 +86,25 @@ def tiny_server(tiny_path, text_layer):
     settings = ServerSettings(model_id="tiny", n_ctx=1024, n_draft=2)
     with LiveServer(create_app(ReferenceEngine.load(tiny_path), tokenizer, template, settings)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def scripted(text_layer):
+    """A live server on the scripted engine double (tests/server/scripted.py), one per test module."""
+    tokenizer, template = text_layer
+    engine = ScriptedEngine(tokenizer.n_vocab)
+    settings = ServerSettings(model_id="scripted", n_ctx=4096)
+    with LiveServer(create_app(engine, tokenizer, template, settings)) as server:
+        server.engine, server.tokenizer = engine, tokenizer
+        yield server
+
+
+@pytest.fixture
+def say(scripted):
+    """Set the model's next output: text (special tokens allowed) followed by <|im_end|>."""
+    def set_output(text: str, end: bool = True) -> None:
+        ids = scripted.tokenizer.encode(text, allow_special=True)
+        if end:
+            ids.append(scripted.tokenizer.token_to_id("<|im_end|>"))
+        scripted.engine.script = ids
+    return set_output

@@ -118,27 +118,6 @@ def test_count_tokens_counts_system_and_tools(client):
 # -------------------------------------------------------------------------------------- scripted engine
 
 @pytest.fixture(scope="module")
-def scripted(text_layer):
-    tokenizer, template = text_layer
-    engine = ScriptedEngine(tokenizer.n_vocab)
-    settings = ServerSettings(model_id="scripted", n_ctx=4096)
-    with LiveServer(create_app(engine, tokenizer, template, settings)) as server:
-        server.engine, server.tokenizer = engine, tokenizer
-        yield server
-
-
-@pytest.fixture
-def say(scripted):
-    """Set the model's next output: text (special tokens allowed) followed by <|im_end|>."""
-    def set_output(text: str, end: bool = True) -> None:
-        ids = scripted.tokenizer.encode(text, allow_special=True)
-        if end:
-            ids.append(scripted.tokenizer.token_to_id("<|im_end|>"))
-        scripted.engine.script = ids
-    return set_output
-
-
-@pytest.fixture(scope="module")
 def sclient(scripted):
     return anthropic.Anthropic(base_url=scripted.base, api_key="unused", max_retries=0)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from openjet_launcher.server import ServerSettings, create_app
 from openjet_launcher.server.stops import StopStringMatcher
 
-from .conftest import LiveServer
+from .conftest import LiveServer, wait_for
 from .scripted import ScriptedEngine
 
 OK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -137,15 +136,6 @@ def _raw_stream_request(server, body: dict, rcvbuf: int | None = None) -> socket
     return sock
 
 
-def _wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_client_that_disconnects_mid_stream_frees_the_engine(server):
     metrics = server.core.metrics
     before = metrics.requests_cancelled_total
@@ -154,7 +144,7 @@ def test_a_client_that_disconnects_mid_stream_frees_the_engine(server):
         sock = _raw_stream_request(server, with_(max_tokens=250, stream=True))
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.close()
-        assert _wait_for(lambda: metrics.requests_cancelled_total == before + 1)
+        assert wait_for(lambda: metrics.requests_cancelled_total == before + 1)
     finally:
         server.engine.step_delay = 0.0
     assert chat(server, OK).status_code == 200
@@ -170,7 +160,7 @@ def test_a_stream_reader_that_stops_reading_is_dropped_after_the_stall_timeout(s
     server.core.worker.n_ctx = 100_000
     try:
         sock = _raw_stream_request(server, with_(max_tokens=30_000, stream=True), rcvbuf=2048)
-        assert _wait_for(lambda: metrics.requests_stalled_total == before + 1, timeout=60)
+        assert wait_for(lambda: metrics.requests_stalled_total == before + 1, timeout=60)
         sock.close()
     finally:
         settings.n_ctx = server.core.worker.n_ctx = old_ceiling

@@ -17,7 +17,7 @@ import uvicorn
 from openjet_launcher.server import ServerSettings, create_app
 from openjet_launcher.server.limits import uvicorn_options
 
-from .conftest import LiveServer
+from .conftest import LiveServer, wait_for
 from .scripted import ScriptedEngine
 from .test_malformed_corpus import served_routes
 
@@ -50,15 +50,6 @@ def server(text_layer):
 def chat_ok(server) -> bool:
     r = httpx.post(server.base + "/v1/chat/completions", json=OK, timeout=30)
     return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def connect(server, timeout: float = 10.0) -> socket.socket:

@@ -10,10 +10,6 @@ import httpx
 import openai
 import pytest
 
-from openjet_launcher.server import ServerSettings, create_app
-
-from .conftest import LiveServer
-from .scripted import ScriptedEngine
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -113,26 +109,6 @@ def test_raw_stream_events_come_in_order_with_sequence_numbers(tiny_server):
 
 
 # -------------------------------------------------------------------------------------- scripted engine
-
-@pytest.fixture(scope="module")
-def scripted(text_layer):
-    tokenizer, template = text_layer
-    engine = ScriptedEngine(tokenizer.n_vocab)
-    settings = ServerSettings(model_id="scripted", n_ctx=4096)
-    with LiveServer(create_app(engine, tokenizer, template, settings)) as server:
-        server.engine, server.tokenizer = engine, tokenizer
-        yield server
-
-
-@pytest.fixture
-def say(scripted):
-    def set_output(text: str, end: bool = True) -> None:
-        ids = scripted.tokenizer.encode(text, allow_special=True)
-        if end:
-            ids.append(scripted.tokenizer.token_to_id("<|im_end|>"))
-        scripted.engine.script = ids
-    return set_output
-
 
 @pytest.fixture(scope="module")
 def sclient(scripted):

@@ -8,11 +8,6 @@ import json
 import openai
 import pytest
 
-from openjet_launcher.server import ServerSettings, create_app
-
-from .conftest import LiveServer
-from .scripted import ScriptedEngine
-
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -21,27 +16,6 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOOL_OUTPUT = ("The user wants the weather.</think>\n\nLet me check."
                "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
-
-
-@pytest.fixture(scope="module")
-def scripted(text_layer):
-    tokenizer, template = text_layer
-    engine = ScriptedEngine(tokenizer.n_vocab)
-    settings = ServerSettings(model_id="scripted", n_ctx=4096)
-    with LiveServer(create_app(engine, tokenizer, template, settings)) as server:
-        server.engine, server.tokenizer = engine, tokenizer
-        yield server
-
-
-@pytest.fixture
-def say(scripted):
-    """Set the model's next output: text (special tokens allowed) followed by <|im_end|>."""
-    def set_output(text: str, end: bool = True) -> None:
-        ids = scripted.tokenizer.encode(text, allow_special=True)
-        if end:
-            ids.append(scripted.tokenizer.token_to_id("<|im_end|>"))
-        scripted.engine.script = ids
-    return set_output
 
 
 @pytest.fixture(scope="module")

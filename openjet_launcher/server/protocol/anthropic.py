@@ -17,17 +17,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from .base import RequestModel, ResponseModel
 from .openai import ChatTemplateKwargs, check_schema
 
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 _TEXT_ONLY = ("image", "document", "search_result", "container_upload")
-
-
-class _Request(BaseModel):
-    model_config = _STRICT
 
 
 def _check_blocks(blocks: Any, allowed: tuple[str, ...]) -> Any:
@@ -48,30 +44,30 @@ def _check_blocks(blocks: Any, allowed: tuple[str, ...]) -> Any:
 
 # ------------------------------------------------------------------------------------------- blocks in
 
-class TextBlockIn(_Request):
+class TextBlockIn(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class ThinkingBlockIn(_Request):
+class ThinkingBlockIn(RequestModel):
     type: Literal["thinking"]
     thinking: str
     signature: str | None = None
 
 
-class RedactedThinkingBlockIn(_Request):
+class RedactedThinkingBlockIn(RequestModel):
     type: Literal["redacted_thinking"]
     data: str | None = None
 
 
-class ToolUseBlockIn(_Request):
+class ToolUseBlockIn(RequestModel):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
 
 
-class ToolResultBlockIn(_Request):
+class ToolResultBlockIn(RequestModel):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlockIn] | None = None
@@ -94,7 +90,7 @@ _USER_BLOCKS = ("text", "tool_result")
 _ASSISTANT_BLOCKS = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
-class MessageIn(_Request):
+class MessageIn(RequestModel):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
@@ -140,7 +136,7 @@ class MessageIn(_Request):
 
 # ---------------------------------------------------------------------------------------------- tools
 
-class ToolIn(_Request):
+class ToolIn(RequestModel):
     type: Literal["custom"] | None = None     # server tools (bash_..., web_search_...) are not ours to run
     name: str
     description: str | None = None
@@ -177,7 +173,7 @@ class ToolIn(_Request):
         return {"type": "function", "function": fn}
 
 
-class ToolChoice(_Request):
+class ToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -189,14 +185,14 @@ class ToolChoice(_Request):
         return self
 
 
-class ThinkingConfig(_Request):
+class ThinkingConfig(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=1)   # accepted; the engine has no thinking budget
 
 
 # ------------------------------------------------------------------------------------------- requests
 
-class CountTokensRequest(_Request):
+class CountTokensRequest(RequestModel):
     """What decides the prompt: the conversation, the system text, the tools and thinking."""
     model: str
     messages: list[MessageIn] = Field(min_length=1)
@@ -260,29 +256,25 @@ class MessagesRequest(CountTokensRequest):
 
 # ------------------------------------------------------------------------------------------ responses
 
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class TextBlock(_Response):
+class TextBlock(ResponseModel):
     type: Literal["text"] = "text"
     text: str
 
 
-class ThinkingBlock(_Response):
+class ThinkingBlock(ResponseModel):
     type: Literal["thinking"] = "thinking"
     thinking: str
     signature: str = ""       # nothing to sign: Claude's signatures guard its own thinking
 
 
-class ToolUseBlock(_Response):
+class ToolUseBlock(ResponseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
     name: str
     input: dict[str, Any]
 
 
-class Usage(_Response):
+class Usage(ResponseModel):
     """Anthropic's split: `input_tokens` were prefilled, `cache_read_input_tokens` were reused."""
     input_tokens: int
     output_tokens: int
@@ -290,7 +282,7 @@ class Usage(_Response):
     cache_read_input_tokens: int = 0
 
 
-class MessageResponse(_Response):
+class MessageResponse(ResponseModel):
     id: str
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
@@ -302,5 +294,5 @@ class MessageResponse(_Response):
     timings: dict[str, Any] | None = None    # llama.cpp's, as chat completions give them; SDKs ignore it
 
 
-class CountTokensResponse(_Response):
+class CountTokensResponse(ResponseModel):
     input_tokens: int

@@ -14,13 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+from .base import RequestModel, ResponseModel
+
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
-
-
-class _Request(BaseModel):
-    model_config = _STRICT
 
 
 # ------------------------------------------------------------------------------------------- messages
@@ -32,12 +29,12 @@ def text_of_content(content: str | list | None) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
-class ToolCallFunction(_Request):
+class ToolCallFunction(RequestModel):
     name: str
     arguments: str = "{}"
 
 
-class ToolCallIn(_Request):
+class ToolCallIn(RequestModel):
     id: str | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
@@ -147,7 +144,7 @@ def check_schema(schema: Any, where: str, depth: int = 0) -> None:
                 check_schema(sub, f"{where}.{key}.{i}", depth + 1)
 
 
-class FunctionDef(_Request):
+class FunctionDef(RequestModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     name: str
     description: str | None = None
@@ -171,7 +168,7 @@ class FunctionDef(_Request):
         return schema
 
 
-class Tool(_Request):
+class Tool(RequestModel):
     type: Literal["function"]
     function: FunctionDef
 
@@ -181,7 +178,7 @@ class Tool(_Request):
 
 # ------------------------------------------------------------------------------------------- requests
 
-class StreamOptions(_Request):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
@@ -192,7 +189,7 @@ class ChatTemplateKwargs(BaseModel):
     reasoning_effort: str | None = None
 
 
-class SamplingFields(_Request):
+class SamplingFields(RequestModel):
     """Fields both chat completions and completions take."""
     model: str | None = None
     stream: bool = False
@@ -269,35 +266,31 @@ class CompletionRequest(SamplingFields):
         return v
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestModel):
     content: str
     add_special: bool = False        # Qwen adds no BOS: accepted for llama.cpp compatibility
     parse_special: bool = True       # llama.cpp's default: special-token texts become their ids
     with_pieces: bool = False
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestModel):
     tokens: list[int]
 
 
 # ------------------------------------------------------------------------------------------ responses
 
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ErrorInfo(_Response):
+class ErrorInfo(ResponseModel):
     message: str
     type: str
     param: str | None = None
     code: str | None = None
 
 
-class ErrorResponse(_Response):
+class ErrorResponse(ResponseModel):
     error: ErrorInfo
 
 
-class ModelCard(_Response):
+class ModelCard(ResponseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -305,43 +298,43 @@ class ModelCard(_Response):
     meta: dict[str, Any] | None = None
 
 
-class ModelList(_Response):
+class ModelList(ResponseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class PromptTokensDetails(_Response):
+class PromptTokensDetails(ResponseModel):
     cached_tokens: int = 0
 
 
-class Usage(_Response):
+class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class ToolCallOut(_Response):
+class ToolCallOut(ResponseModel):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class AssistantMessage(_Response):
+class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 
-class ChatChoice(_Response):
+class ChatChoice(ResponseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
     logprobs: None = None
 
 
-class ChatCompletionResponse(_Response):
+class ChatCompletionResponse(ResponseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -351,21 +344,21 @@ class ChatCompletionResponse(_Response):
     timings: dict[str, Any] | None = None
 
 
-class DeltaMessage(_Response):
+class DeltaMessage(ResponseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class ChatChunkChoice(_Response):
+class ChatChunkChoice(ResponseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: str | None = None
     logprobs: None = None
 
 
-class ChatCompletionChunk(_Response):
+class ChatCompletionChunk(ResponseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -375,14 +368,14 @@ class ChatCompletionChunk(_Response):
     timings: dict[str, Any] | None = None
 
 
-class CompletionChoice(_Response):
+class CompletionChoice(ResponseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
     logprobs: None = None
 
 
-class CompletionResponse(_Response):
+class CompletionResponse(ResponseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int

@@ -16,20 +16,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from .base import RequestModel, ResponseModel
 from .openai import ChatTemplateKwargs, FunctionDef
 
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 
 # OpenAI's reasoning efforts -> the Qwen3.8 template's (xhigh | medium | low); "none" turns thinking off.
 REASONING_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh"}
-
-
-class _Request(BaseModel):
-    model_config = _STRICT
 
 
 def _check_parts(parts: Any) -> Any:
@@ -47,7 +43,7 @@ def _check_parts(parts: Any) -> Any:
     return parts
 
 
-class TextPart(_Request):
+class TextPart(RequestModel):
     type: Literal["input_text", "output_text"]
     text: str
 
@@ -58,7 +54,7 @@ def _text(content: str | list[TextPart]) -> str:
 
 # ---------------------------------------------------------------------------------------------- items
 
-class MessageItem(_Request):
+class MessageItem(RequestModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
@@ -69,7 +65,7 @@ class MessageItem(_Request):
         return _check_parts(content)
 
 
-class FunctionCallItem(_Request):
+class FunctionCallItem(RequestModel):
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -87,7 +83,7 @@ class FunctionCallItem(_Request):
         return arguments
 
 
-class FunctionCallOutputItem(_Request):
+class FunctionCallOutputItem(RequestModel):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[TextPart]
@@ -98,17 +94,17 @@ class FunctionCallOutputItem(_Request):
         return _check_parts(output)
 
 
-class SummaryText(_Request):
+class SummaryText(RequestModel):
     type: Literal["summary_text"]
     text: str
 
 
-class ReasoningText(_Request):
+class ReasoningText(RequestModel):
     type: Literal["reasoning_text"]
     text: str
 
 
-class ReasoningItem(_Request):
+class ReasoningItem(RequestModel):
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[SummaryText] = []
@@ -160,14 +156,14 @@ class FunctionTool(FunctionDef):
         return {"type": "function", "function": fn}
 
 
-class ReasoningConfig(_Request):
+class ReasoningConfig(RequestModel):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None          # accepted; the whole reasoning comes back as reasoning_text
 
 
 # ------------------------------------------------------------------------------------------- requests
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(RequestModel):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
@@ -242,22 +238,18 @@ class ResponsesRequest(_Request):
 
 # ------------------------------------------------------------------------------------------ responses
 
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class OutputText(_Response):
+class OutputText(ResponseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = []
 
 
-class ReasoningTextOut(_Response):
+class ReasoningTextOut(ResponseModel):
     type: Literal["reasoning_text"] = "reasoning_text"
     text: str
 
 
-class ReasoningItemOut(_Response):
+class ReasoningItemOut(ResponseModel):
     type: Literal["reasoning"] = "reasoning"
     id: str
     summary: list[Any] = []
@@ -265,7 +257,7 @@ class ReasoningItemOut(_Response):
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
-class MessageItemOut(_Response):
+class MessageItemOut(ResponseModel):
     type: Literal["message"] = "message"
     id: str
     role: Literal["assistant"] = "assistant"
@@ -273,7 +265,7 @@ class MessageItemOut(_Response):
     content: list[OutputText]
 
 
-class FunctionCallOut(_Response):
+class FunctionCallOut(ResponseModel):
     type: Literal["function_call"] = "function_call"
     id: str
     call_id: str
@@ -282,15 +274,15 @@ class FunctionCallOut(_Response):
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
-class InputTokensDetails(_Response):
+class InputTokensDetails(ResponseModel):
     cached_tokens: int = 0
 
 
-class OutputTokensDetails(_Response):
+class OutputTokensDetails(ResponseModel):
     reasoning_tokens: int = 0
 
 
-class ResponseUsage(_Response):
+class ResponseUsage(ResponseModel):
     input_tokens: int
     input_tokens_details: InputTokensDetails
     output_tokens: int
@@ -298,7 +290,7 @@ class ResponseUsage(_Response):
     total_tokens: int
 
 
-class ResponseObject(_Response):
+class ResponseObject(ResponseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: int
