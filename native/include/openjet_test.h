@@ -20,7 +20,8 @@ extern "C" {
 
 #define OPENJET_TEST_ERR_CUDA (-4) /* a CUDA call or kernel failed: see openjet_test_last_error() */
 
-/* Message of this thread's last failed openjet_test_* call ("" when none failed yet). */
+/* Message of this thread's last failed call of the test API: openjet_test_* here and in openjet_test_gdn.h and
+ * openjet_test_attn.h ("" when none failed yet). */
 OPENJET_API const char* openjet_test_last_error(void);
 
 /* Activation quantisation (optionally fused RMSNorm: norm_w != NULL, then v = x*rsqrt(mean x^2+eps)*w):

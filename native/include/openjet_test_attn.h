@@ -1,7 +1,7 @@
 /* OpenJet engine: test-only C API of the gated attention decode (native/src/attn_decode.cuh), for
  * tests/test_gpu_attn.py and the benchmark in openjet_launcher/engine/kernels_test_attn.py. Same conventions
  * as openjet_test.h: host arrays in and out, an int status (OPENJET_OK or negative), and after a failure
- * openjet_test_attn_last_error() says what failed (per thread).
+ * openjet_test_last_error() (openjet_test.h) says what failed (per thread).
  *
  * Shapes (row-major, head_dim 256): qproj [t, n_head * 512] (per head [query 256 | gate 256]); k, v
  * [t, n_kv * 256]; q_norm, k_norm [256]; o [t, n_head * 256]. kv_type is the GGML type id of the cache:
@@ -10,17 +10,11 @@
 #ifndef OPENJET_TEST_ATTN_H
 #define OPENJET_TEST_ATTN_H
 
-#include <stddef.h>
-#include <stdint.h>
-
-#include "openjet.h"
+#include "openjet_test.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Message of this thread's last failed openjet_test_attn* call ("" when none failed yet). */
-OPENJET_API const char* openjet_test_attn_last_error(void);
 
 /* One decode step of t rows at positions n_past .. n_past + t - 1: the caches k_in / v_in hold n_past rows
  * per kv head (NULL allowed when n_past == 0); k_out / v_out (NULL: not returned) receive n_past + t rows,

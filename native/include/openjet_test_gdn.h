@@ -1,6 +1,6 @@
 /* OpenJet engine: test-only C API of the Gated DeltaNet decode step (native/src/gdn_decode.cuh), kept apart
  * from openjet_test.h. Same conventions: an int status, OPENJET_OK or negative; after a failure
- * openjet_test_gdn_last_error() says what failed (per thread). Host arrays, row-major, float32:
+ * openjet_test_last_error() says what failed (per thread). Host arrays, row-major, float32:
  *   qkv [t, conv_dim] with conv_dim = (2 n_k + n_v) * 128, z [t, n_v*128], b and alpha [t, n_v],
  *   conv_w [conv_dim, 4] (tap 3 multiplies the current token), conv state [3, conv_dim] (oldest first),
  *   ssm_a and dt_bias [n_v], norm_w [128], state [n_v, 128 (k), 128 (v)], y [t, n_v*128].
@@ -13,9 +13,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Message of this thread's last failed openjet_test_gdn_* call ("" when none failed yet). */
-OPENJET_API const char* openjet_test_gdn_last_error(void);
 
 /* One decode step over t tokens: conv_state_out gets the new conv state (it may be the same host array
  * as conv_state_in), state is updated in place, y is written. */

@@ -11,24 +11,10 @@
 
 #include <cstdint>
 
+#include "quantize_act.cuh"  // quantize_block32
 #include "rmsnorm.cuh"
 
 namespace openjet {
-
-// Quantises v (this lane's element of a 32-block, the warp holding the block) as quantize_act does: d =
-// max|v| / 127, q = round(v / d) (half away from zero; 0 for an all-zero block); writes q and (d, d*sum q).
-__device__ __forceinline__ void quantize_block32(float v, int lane, int8_t* q_out, float2* ds_out) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const int q = amax == 0.0f ? 0 : static_cast<int>(roundf(__fdiv_rn(v, d)));
-    int sum = q;
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-    q_out[lane] = static_cast<int8_t>(q);
-    if (lane == 0) *ds_out = make_float2(d, __fmul_rn(d, static_cast<float>(sum)));
-}
 
 // silu(g) * u with the reference's steps: g * (1 / (1 + e^-g)), then * u.
 __device__ __forceinline__ float swiglu1(float g, float u) {

@@ -17,14 +17,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdarg>
-#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "api_common.cuh"
 #include "attn_decode.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
@@ -38,28 +37,12 @@ namespace {
 
 using namespace openjet;
 
-thread_local std::string g_error;
-
-int fail(int status, const char* fmt, ...) {
-    char b[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    g_error = b;
-    return status;
-}
+constexpr auto& fail = fail_in<Api::kEngine>;
 
 int cuda_fail(cudaError_t e, const char* what) {
     cudaGetLastError();  // clear a sticky-free error so the next call starts clean
-    return fail(OPENJET_ENGINE_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return cuda_fail_in<Api::kEngine>(e, what, nullptr);
 }
-
-#define CK(call)                                           \
-    do {                                                   \
-        const cudaError_t e_ = (call);                     \
-        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
-    } while (0)
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -311,11 +294,11 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(bind_weights(e, tensors, n_tensors));
 
     int n_dev = 0;
-    CK(cudaGetDeviceCount(&n_dev));
+    CHECK(cudaGetDeviceCount(&n_dev));
     if (c.device < 0 || c.device >= n_dev)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "device %d: %d CUDA device(s) visible", c.device, n_dev);
-    CK(cudaSetDevice(c.device));
-    CK(cudaDeviceGetAttribute(&e.sm_count, cudaDevAttrMultiProcessorCount, c.device));
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaDeviceGetAttribute(&e.sm_count, cudaDevAttrMultiProcessorCount, c.device));
 
     // Sizes of the four arenas.
     size_t off = 0;
@@ -366,7 +349,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     // Check before allocating.
     const size_t need = e.weights_bytes + e.kv_bytes + e.gdn_bytes + e.ckpt_bytes + e.scratch_bytes;
     size_t free_b = 0, total_b = 0;
-    CK(cudaMemGetInfo(&free_b, &total_b));
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (need > free_b)
         return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY,
                     "the engine needs %.1f MiB on device %d (weights %.1f, KV cache %.1f at n_ctx %d, recurrent "
@@ -376,7 +359,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
                     e.gdn_bytes / 1048576.0, e.ckpt_bytes / 1048576.0, e.scratch_bytes / 1048576.0,
                     free_b / 1048576.0, total_b / 1048576.0);
 
-    CK(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
     TRY(device_alloc(&e.weights, e.weights_bytes, "weights"));
     TRY(device_alloc(&e.state, e.kv_bytes + e.gdn_bytes, "KV cache and recurrent state"));
     if (e.ckpt_bytes) TRY(device_alloc(&e.ckpt, e.ckpt_bytes, "checkpoints"));
@@ -399,12 +382,12 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.conv[1] = reinterpret_cast<float*>(e.state + ssm_b + conv_b);
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
-    CK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
-    CK(cudaMemset(e.scratch, 0, e.scratch_bytes));
+    CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
+    CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
     e.n_past = 0;
     e.conv_cur = 0;
-    CK(cudaDeviceSynchronize());
+    CHECK(cudaDeviceSynchronize());
     return OPENJET_OK;
 }
 
@@ -414,12 +397,6 @@ int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y
     if (err != cudaSuccess) return cuda_fail(err, "gemv");
     return OPENJET_OK;
 }
-
-#define CKL(call)                                                 \
-    do {                                                          \
-        const cudaError_t e_ = (call);                            \
-        if (e_ != cudaSuccess) return cuda_fail(e_, #call);       \
-    } while (0)
 
 // The GDN mixer of layer L: a (quantised in e.xq, float in e.a) -> e.mix.
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
@@ -439,8 +416,8 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.norm_w = static_cast<const float*>(L.ssm_norm.d);
     g.state = e.ssm + e.ssm_layer_floats * L.idx;
     g.y = e.y;
-    CKL(launch_gdn_step(g, e.stream));
-    CKL(launch_quantize_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    CHECK(launch_gdn_step(g, e.stream));
+    CHECK(launch_quantize_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.xq, e.xds, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
@@ -459,36 +436,36 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t) {
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
     a.o = e.y, a.work = e.attn_work, a.sm_count = e.sm_count;
-    CKL(launch_attn_decode(a, e.stream));
-    CKL(launch_quantize_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    CHECK(launch_attn_decode(a, e.stream));
+    CHECK(launch_quantize_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.xq, e.xds, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
 
 int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
     const auto& c = e.cfg;
-    CK(cudaSetDevice(c.device));
-    CK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
-    CKL(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
-        CKL(launch_add_norm_quantize(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
+        CHECK(launch_add_norm_quantize(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
                                      c.rms_eps, e.a, e.xq, e.xds, e.stream));
         TRY(L.attn ? attn_mixer(e, L, t) : gdn_mixer(e, L, t));
-        CKL(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
+        CHECK(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                      nullptr, e.xq, e.xds, e.stream));
         TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
         TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
-        CKL(launch_swiglu_quantize(e.big1, e.big2, t, c.n_ff, e.xq, e.xds, e.stream));
+        CHECK(launch_swiglu_quantize(e.big1, e.big2, t, c.n_ff, e.xq, e.xds, e.stream));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
-    CKL(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
+    CHECK(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
                                  e.xq, e.xds, e.stream));
     if (logits) {
         TRY(gemv(e, e.output, t, nullptr, e.logits));
-        CK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+        CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     }
-    if (hidden) CK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
-    CK(cudaStreamSynchronize(e.stream));
+    if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    CHECK(cudaStreamSynchronize(e.stream));
     e.n_past += t;
     if (e.n_gdn) e.conv_cur ^= 1;
     return OPENJET_OK;
@@ -505,7 +482,7 @@ int check_engine(const openjet_engine* e) {
 
 }  // namespace
 
-extern "C" OPENJET_API const char* openjet_engine_last_error(void) { return g_error.c_str(); }
+extern "C" OPENJET_API const char* openjet_engine_last_error(void) { return last_error<Api::kEngine>().c_str(); }
 
 extern "C" OPENJET_API int openjet_engine_create(const openjet_engine_config* config, const openjet_tensor_desc* tensors,
                                                  int n_tensors, openjet_engine** out) {
@@ -542,9 +519,9 @@ extern "C" OPENJET_API void openjet_engine_destroy(openjet_engine* engine) {
 
 extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     TRY(check_engine(e));
-    CK(cudaSetDevice(e->cfg.device));
-    CK(cudaMemsetAsync(e->state + 0, 0, e->gdn_bytes, e->stream));  // GDN states and both conv buffers
-    CK(cudaStreamSynchronize(e->stream));
+    CHECK(cudaSetDevice(e->cfg.device));
+    CHECK(cudaMemsetAsync(e->state + 0, 0, e->gdn_bytes, e->stream));  // GDN states and both conv buffers
+    CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = 0;
     e->conv_cur = 0;
     return OPENJET_OK;
@@ -576,13 +553,13 @@ extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot
     TRY(check_engine(e));
     if (slot < 0 || slot >= e->cfg.n_checkpoints)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "checkpoint slot %d: the engine has %d slots", slot, e->cfg.n_checkpoints);
-    CK(cudaSetDevice(e->cfg.device));
+    CHECK(cudaSetDevice(e->cfg.device));
     const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
     const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
     char* dst = e->ckpt + slot * ckpt_slot_bytes(*e);
-    CK(cudaMemcpyAsync(dst, e->ssm, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
-    CK(cudaMemcpyAsync(dst + ssm_b, e->conv[e->conv_cur], conv_b, cudaMemcpyDeviceToDevice, e->stream));
-    CK(cudaStreamSynchronize(e->stream));
+    CHECK(cudaMemcpyAsync(dst, e->ssm, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
+    CHECK(cudaMemcpyAsync(dst + ssm_b, e->conv[e->conv_cur], conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
     e->ckpt_n_past[slot] = e->n_past;
     return OPENJET_OK;
 }
@@ -591,13 +568,13 @@ extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
     TRY(check_engine(e));
     if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
-    CK(cudaSetDevice(e->cfg.device));
+    CHECK(cudaSetDevice(e->cfg.device));
     const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
     const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
     const char* src = e->ckpt + slot * ckpt_slot_bytes(*e);
-    CK(cudaMemcpyAsync(e->ssm, src, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
-    CK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ssm_b, conv_b, cudaMemcpyDeviceToDevice, e->stream));
-    CK(cudaStreamSynchronize(e->stream));
+    CHECK(cudaMemcpyAsync(e->ssm, src, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
+    CHECK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ssm_b, conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = e->ckpt_n_past[slot];
     return OPENJET_OK;
 }

@@ -10,22 +10,14 @@ template <bool kNorm>
 __global__ void __launch_bounds__(kRowThreads) quantize_act_kernel(const float* __restrict__ x, int k,
                                                                    const float* __restrict__ norm_w, float eps,
                                                                    int8_t* __restrict__ xq, float2* __restrict__ xds) {
-    const float* xr = x + (long long)blockIdx.x * k;
+    const long long row = blockIdx.x;
+    const float* xr = x + row * k;
     const float scale = kNorm ? row_rms_scale(xr, k, eps) : 1.0f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kb = k / kQ8Block;
     for (int b = warp; b < kb; b += kRowThreads / 32) {
         const int i = b * kQ8Block + lane;
         const float v = kNorm ? __fmul_rn(__fmul_rn(xr[i], scale), norm_w[i]) : xr[i];
-        float amax = fabsf(v);
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        const float d = __fdiv_rn(amax, 127.0f);
-        const int q = amax == 0.0f ? 0 : static_cast<int>(roundf(__fdiv_rn(v, d)));
-        int sum = q;
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-        xq[(long long)blockIdx.x * k + i] = static_cast<int8_t>(q);
-        if (lane == 0) xds[(long long)blockIdx.x * kb + b] = make_float2(d, __fmul_rn(d, static_cast<float>(sum)));
+        quantize_block32(v, lane, xq + row * k + b * kQ8Block, xds + row * kb + b);
     }
 }
 

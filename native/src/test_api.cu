@@ -1,12 +1,10 @@
 // openjet_test_*: the test-only C API (include/openjet_test.h) over the kernel families' launchers.
 #include <cuda_runtime.h>
 
-#include <cstdarg>
 #include <cstdint>
-#include <cstdio>
-#include <string>
 #include <vector>
 
+#include "api_common.cuh"
 #include "embed.cuh"
 #include "gemv_kquant.cuh"
 #include "openjet_test.h"
@@ -17,46 +15,11 @@ namespace {
 
 using namespace openjet;
 
-thread_local std::string g_error;
-
-int fail(int status, const char* fmt, ...) {
-    char b[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    g_error = b;
-    return status;
-}
+constexpr auto& fail = fail_in<Api::kTest>;
 
 int cuda_fail(cudaError_t e, const char* what) {
-    if (e == cudaErrorInvalidValue)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: invalid argument (shape, type, t or alignment)", what);
-    return fail(OPENJET_TEST_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return cuda_fail_in<Api::kTest>(e, what, "shape, type, t or alignment");
 }
-
-#define CHECK(call)                                         \
-    do {                                                    \
-        const cudaError_t e_ = (call);                      \
-        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
-    } while (0)
-
-// Device memory freed at scope exit.
-struct DevBuf {
-    void* p = nullptr;
-    ~DevBuf() {
-        if (p) cudaFree(p);
-    }
-    cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
-    template <class T> T* as() const { return static_cast<T*>(p); }
-};
-
-struct Event {
-    cudaEvent_t e = nullptr;
-    ~Event() {
-        if (e) cudaEventDestroy(e);
-    }
-};
 
 int check_t(int t) {
     if (t < 1 || t > kGemvMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGemvMaxT);
@@ -77,21 +40,18 @@ size_t weight_bytes(int qtype, int n, int k) {
 
 }  // namespace
 
-extern "C" OPENJET_API const char* openjet_test_last_error(void) { return g_error.c_str(); }
+// One message for the whole test API (openjet_test_*, openjet_test_gdn_*, openjet_test_attn_*).
+extern "C" OPENJET_API const char* openjet_test_last_error(void) { return last_error<Api::kTest>().c_str(); }
 
 extern "C" OPENJET_API int openjet_test_quantize_act(const float* x, int t, int k, const float* norm_w, float eps,
                                                      int8_t* xq, float* ds) {
     if (!x || !xq || !ds || t < 1 || k < 32 || k % 32)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "quantize_act: null pointer, t < 1 or k (%d) not a multiple of 32", k);
     DevBuf dx, dw, dq, dds;
-    CHECK(dx.alloc(sizeof(float) * t * k));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
     CHECK(dq.alloc(static_cast<size_t>(t) * k));
     CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
-    CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
-    if (norm_w) {
-        CHECK(dw.alloc(sizeof(float) * k));
-        CHECK(cudaMemcpy(dw.p, norm_w, sizeof(float) * k, cudaMemcpyHostToDevice));
-    }
+    if (norm_w) CHECK(dw.upload(norm_w, sizeof(float) * k));
     CHECK(launch_quantize_act(dx.as<float>(), t, k, dw.as<float>(), eps, dq.as<int8_t>(), dds.as<float2>(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(xq, dq.p, static_cast<size_t>(t) * k, cudaMemcpyDeviceToHost));
@@ -102,11 +62,9 @@ extern "C" OPENJET_API int openjet_test_quantize_act(const float* x, int t, int 
 extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y) {
     if (!x || !w || !y || t < 1 || k < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "rmsnorm: null pointer or bad shape");
     DevBuf dx, dw, dy;
-    CHECK(dx.alloc(sizeof(float) * t * k));
-    CHECK(dw.alloc(sizeof(float) * k));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    CHECK(dw.upload(w, sizeof(float) * k));
     CHECK(dy.alloc(sizeof(float) * t * k));
-    CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dw.p, w, sizeof(float) * k, cudaMemcpyHostToDevice));
     CHECK(launch_rmsnorm(dx.as<float>(), dw.as<float>(), t, k, eps, dy.as<float>(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
@@ -123,25 +81,22 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const int8_
     if (!w || !y || (!x && !xq) || (xq && !ds)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dw, dx, dq, dds, dy;
-    CHECK(dw.alloc(wb));
+    CHECK(dw.upload(w, wb));
     CHECK(dy.alloc(sizeof(float) * t * n));
-    CHECK(cudaMemcpy(dw.p, w, wb, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     GemvArgs a{qtype, dw.p, n, k, t, nullptr, nullptr, nullptr, dy.as<float>()};
     if (qtype == kF32) {
         if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: F32 weights take float activations");
-        CHECK(dx.alloc(sizeof(float) * t * k));
-        CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+        CHECK(dx.upload(x, sizeof(float) * t * k));
         a.xf = dx.as<float>();
     } else {
-        CHECK(dq.alloc(static_cast<size_t>(t) * k));
-        CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
         if (xq) {
-            CHECK(cudaMemcpy(dq.p, xq, static_cast<size_t>(t) * k, cudaMemcpyHostToDevice));
-            CHECK(cudaMemcpy(dds.p, ds, sizeof(float2) * t * (k / 32), cudaMemcpyHostToDevice));
+            CHECK(dq.upload(xq, static_cast<size_t>(t) * k));
+            CHECK(dds.upload(ds, sizeof(float2) * t * (k / 32)));
         } else {
-            CHECK(dx.alloc(sizeof(float) * t * k));
-            CHECK(cudaMemcpy(dx.p, x, sizeof(float) * t * k, cudaMemcpyHostToDevice));
+            CHECK(dq.alloc(static_cast<size_t>(t) * k));
+            CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+            CHECK(dx.upload(x, sizeof(float) * t * k));
             CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
         }
         a.xq = dq.as<int8_t>();
@@ -177,11 +132,9 @@ extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int 
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i], vocab);
     const size_t tb = weight_bytes(kQ4_K, vocab, dim);
     DevBuf dt, di, dout;
-    CHECK(dt.alloc(tb));
-    CHECK(di.alloc(sizeof(int32_t) * n_ids));
+    CHECK(dt.upload(table, tb));
+    CHECK(di.upload(ids, sizeof(int32_t) * n_ids));
     CHECK(dout.alloc(sizeof(float) * n_ids * dim));
-    CHECK(cudaMemcpy(dt.p, table, tb, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(di.p, ids, sizeof(int32_t) * n_ids, cudaMemcpyHostToDevice));
     CHECK(launch_embed(qtype, dt.p, vocab, dim, di.as<int32_t>(), n_ids, dout.as<float>(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(out, dout.p, sizeof(float) * n_ids * dim, cudaMemcpyDeviceToHost));
@@ -208,64 +161,21 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
     // Activations: a fixed pseudo-random x (never zeros), quantised once.
     std::vector<float> x(static_cast<size_t>(t) * k);
-    uint32_t s = 12345u;
-    for (auto& v : x) {
-        s = s * 1664525u + 1013904223u;
-        v = static_cast<float>(static_cast<int>(s >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
-    }
+    fill_pseudo_random(x);
     DevBuf dx, dq, dds, dy;
-    CHECK(dx.alloc(sizeof(float) * x.size()));
+    CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
     CHECK(dq.alloc(x.size()));
     CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
     CHECK(dy.alloc(sizeof(float) * t * n));
-    CHECK(cudaMemcpy(dx.p, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice));
     CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
     GemvArgs a{qtype, nullptr, n, k, t, dq.as<int8_t>(), dds.as<float2>(), dx.as<float>(), dy.as<float>()};
-    for (int i = 0; i < copies; ++i) {  // warm-up: module load, smem opt-in
-        a.w = dw[i].p;
-        CHECK(launch_gemv(a, 0));
-    }
-    CHECK(cudaDeviceSynchronize());
-
-    cudaStream_t stream;
-    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    struct StreamGuard {
-        cudaStream_t s;
-        ~StreamGuard() { cudaStreamDestroy(s); }
-    } sg{stream};
-    cudaGraph_t graph = nullptr;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < reps; ++i) {
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
         a.w = dw[i % copies].p;
-        const cudaError_t e = launch_gemv(a, stream);
-        if (e != cudaSuccess) {
-            cudaStreamEndCapture(stream, &graph);
-            if (graph) cudaGraphDestroy(graph);
-            return cuda_fail(e, "launch_gemv (capture)");
-        }
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (ie != cudaSuccess) return cuda_fail(ie, "cudaGraphInstantiate");
-    struct ExecGuard {
-        cudaGraphExec_t g;
-        ~ExecGuard() { cudaGraphExecDestroy(g); }
-    } eg{exec};
-    Event e0, e1;
-    CHECK(cudaEventCreate(&e0.e));
-    CHECK(cudaEventCreate(&e1.e));
-    CHECK(cudaGraphLaunch(exec, stream));  // warm replay
-    for (int r = 0; r < runs; ++r) {
-        CHECK(cudaEventRecord(e0.e, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(e1.e, stream));
-        CHECK(cudaEventSynchronize(e1.e));
-        float ms = 0.0f;
-        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
-        us_out[r] = ms * 1000.0f / reps;
-    }
+        return launch_gemv(a, stream);
+    };
+    if (cudaError_t e = time_graph_replays("launch_gemv", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
 }
 

@@ -1,12 +1,10 @@
 // openjet_test_attn_*: the test-only C API (include/openjet_test_attn.h) over launch_attn_decode.
 #include <cuda_runtime.h>
 
-#include <cstdarg>
 #include <cstdint>
-#include <cstdio>
-#include <string>
 #include <vector>
 
+#include "api_common.cuh"
 #include "attn_decode.cuh"
 #include "openjet_test_attn.h"
 
@@ -14,50 +12,11 @@ namespace {
 
 using namespace openjet;
 
-constexpr int kErrCuda = -4;  // OPENJET_TEST_ERR_CUDA of openjet_test.h
-
-thread_local std::string g_error;
-
-int fail(int status, const char* fmt, ...) {
-    char b[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    g_error = b;
-    return status;
-}
+constexpr auto& fail = fail_in<Api::kTest>;
 
 int cuda_fail(cudaError_t e, const char* what) {
-    if (e == cudaErrorInvalidValue)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: invalid argument (shape, t, kv_type or capacity)", what);
-    return fail(kErrCuda, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return cuda_fail_in<Api::kTest>(e, what, "shape, t, kv_type or capacity");
 }
-
-#define CHECK(call)                                         \
-    do {                                                    \
-        const cudaError_t e_ = (call);                      \
-        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
-    } while (0)
-
-struct DevBuf {
-    void* p = nullptr;
-    DevBuf() = default;
-    DevBuf(const DevBuf&) = delete;
-    DevBuf(DevBuf&& o) noexcept : p(o.p) { o.p = nullptr; }
-    ~DevBuf() {
-        if (p) cudaFree(p);
-    }
-    cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
-    template <class T> T* as() const { return static_cast<T*>(p); }
-};
-
-struct Event {
-    cudaEvent_t e = nullptr;
-    ~Event() {
-        if (e) cudaEventDestroy(e);
-    }
-};
 
 int row_bytes(int kv_type) { return kv_type == kKvF16 ? KvF16::kRowBytes : kv_type == kKvQ8_0 ? KvQ8_0::kRowBytes : 0; }
 
@@ -82,8 +41,6 @@ __global__ void fill_cache_kernel(char* cache, uint32_t seed) {
 
 }  // namespace
 
-extern "C" OPENJET_API const char* openjet_test_attn_last_error(void) { return g_error.c_str(); }
-
 extern "C" OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks,
                                                    int* sm_count) {
     if (!chunk_keys || !n_chunks || !sm_count) return fail(OPENJET_ERR_INVALID_ARGUMENT, "attn_split: null pointer");
@@ -105,20 +62,15 @@ extern "C" OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int
     int chunk_keys = 0, n_chunks = 0, sms = 0;
     CHECK(attn_decode_split(n_past, n_kv, t, &chunk_keys, &n_chunks, &sms));
     DevBuf dq, dk, dv, dqn, dkn, dkc, dvc, dout, dwork;
-    CHECK(dq.alloc(sizeof(float) * n_q));
-    CHECK(dk.alloc(sizeof(float) * n_k));
-    CHECK(dv.alloc(sizeof(float) * n_k));
-    CHECK(dqn.alloc(sizeof(float) * kAttnHeadDim));
-    CHECK(dkn.alloc(sizeof(float) * kAttnHeadDim));
+    CHECK(dq.upload(qproj, sizeof(float) * n_q));
+    CHECK(dk.upload(k, sizeof(float) * n_k));
+    CHECK(dv.upload(v, sizeof(float) * n_k));
+    CHECK(dqn.upload(q_norm, sizeof(float) * kAttnHeadDim));
+    CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
     CHECK(dkc.alloc(rb * cap * n_kv));
     CHECK(dvc.alloc(rb * cap * n_kv));
     CHECK(dout.alloc(sizeof(float) * n_o));
     CHECK(dwork.alloc(sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    CHECK(cudaMemcpy(dq.p, qproj, sizeof(float) * n_q, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dk.p, k, sizeof(float) * n_k, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dv.p, v, sizeof(float) * n_k, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dqn.p, q_norm, sizeof(float) * kAttnHeadDim, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dkn.p, k_norm, sizeof(float) * kAttnHeadDim, cudaMemcpyHostToDevice));
     // NaN poison: rows the step must write, and the output
     CHECK(cudaMemset(dkc.p, 0xFF, rb * cap * n_kv));
     CHECK(cudaMemset(dvc.p, 0xFF, rb * cap * n_kv));
@@ -170,67 +122,24 @@ extern "C" OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_hea
     // Inputs: fixed pseudo-random projections, norms near 1.
     const size_t n_q = static_cast<size_t>(t) * n_head * 2 * kAttnHeadDim, n_k = static_cast<size_t>(t) * n_kv * kAttnHeadDim;
     std::vector<float> host(n_q + 2 * n_k + 2 * kAttnHeadDim);
-    uint32_t s = 12345u;
-    for (auto& x : host) {
-        s = s * 1664525u + 1013904223u;
-        x = static_cast<float>(static_cast<int>(s >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
-    }
+    fill_pseudo_random(host);
     for (size_t i = n_q + 2 * n_k; i < host.size(); ++i) host[i] = 1.0f + 0.1f * host[i];
     DevBuf din, dout, dwork;
-    CHECK(din.alloc(sizeof(float) * host.size()));
+    CHECK(din.upload(host.data(), sizeof(float) * host.size()));
     CHECK(dout.alloc(sizeof(float) * t * n_head * kAttnHeadDim));
     CHECK(dwork.alloc(sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    CHECK(cudaMemcpy(din.p, host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice));
     AttnDecodeArgs a{};
     a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
     a.n_rot = 64, a.eps = 1e-6f, a.rope_base = 1e7f;
     const float* in = din.as<float>();
     a.qproj = in, a.k = in + n_q, a.v = in + n_q + n_k, a.q_norm = in + n_q + 2 * n_k, a.k_norm = a.q_norm + kAttnHeadDim;
     a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms;
-    for (int i = 0; i < copies; ++i) {  // warm-up: module load, smem opt-in
-        a.k_cache = kc[i].as<char>(), a.v_cache = vc[i].as<char>();
-        CHECK(launch_attn_decode(a, 0));
-    }
-    CHECK(cudaDeviceSynchronize());
-
-    cudaStream_t stream;
-    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    struct StreamGuard {
-        cudaStream_t s;
-        ~StreamGuard() { cudaStreamDestroy(s); }
-    } sg{stream};
-    cudaGraph_t graph = nullptr;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < reps; ++i) {
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
         a.k_cache = kc[i % copies].as<char>(), a.v_cache = vc[i % copies].as<char>();
-        const cudaError_t e = launch_attn_decode(a, stream);
-        if (e != cudaSuccess) {
-            cudaStreamEndCapture(stream, &graph);
-            if (graph) cudaGraphDestroy(graph);
-            return cuda_fail(e, "launch_attn_decode (capture)");
-        }
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (ie != cudaSuccess) return cuda_fail(ie, "cudaGraphInstantiate");
-    struct ExecGuard {
-        cudaGraphExec_t g;
-        ~ExecGuard() { cudaGraphExecDestroy(g); }
-    } eg{exec};
-    Event e0, e1;
-    CHECK(cudaEventCreate(&e0.e));
-    CHECK(cudaEventCreate(&e1.e));
-    CHECK(cudaGraphLaunch(exec, stream));  // warm replay
-    for (int r = 0; r < runs; ++r) {
-        CHECK(cudaEventRecord(e0.e, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(e1.e, stream));
-        CHECK(cudaEventSynchronize(e1.e));
-        float ms = 0.0f;
-        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
-        us_out[r] = ms * 1000.0f / reps;
-    }
+        return launch_attn_decode(a, stream);
+    };
+    if (cudaError_t e = time_graph_replays("launch_attn_decode", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
 }

@@ -2,12 +2,10 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdarg>
 #include <cstdint>
-#include <cstdio>
-#include <string>
 #include <vector>
 
+#include "api_common.cuh"
 #include "gdn_decode.cuh"
 #include "openjet_test_gdn.h"
 
@@ -15,48 +13,11 @@ namespace {
 
 using namespace openjet;
 
-thread_local std::string g_error;
-
-int fail(int status, const char* fmt, ...) {
-    char b[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    g_error = b;
-    return status;
-}
+constexpr auto& fail = fail_in<Api::kTest>;
 
 int cuda_fail(cudaError_t e, const char* what) {
-    if (e == cudaErrorInvalidValue)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: invalid argument (shape, t, or overlapping buffers)", what);
-    return fail(OPENJET_TEST_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return cuda_fail_in<Api::kTest>(e, what, "shape, t, or overlapping buffers");
 }
-
-#define CHECK(call)                                         \
-    do {                                                    \
-        const cudaError_t e_ = (call);                      \
-        if (e_ != cudaSuccess) return cuda_fail(e_, #call); \
-    } while (0)
-
-struct DevBuf {
-    void* p = nullptr;
-    DevBuf() = default;
-    DevBuf(const DevBuf&) = delete;
-    DevBuf(DevBuf&& o) noexcept : p(o.p) { o.p = nullptr; }
-    ~DevBuf() {
-        if (p) cudaFree(p);
-    }
-    cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
-    float* f() const { return static_cast<float*>(p); }
-};
-
-struct Event {
-    cudaEvent_t e = nullptr;
-    ~Event() {
-        if (e) cudaEventDestroy(e);
-    }
-};
 
 int check_dims(int n_k, int n_v, int t) {
     if (t < 1 || t > kGdnMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGdnMaxT);
@@ -78,14 +39,13 @@ struct GdnDev {
         return cudaSuccess;
     }
     GdnStepArgs args(int n_k, int n_v, int t, float eps) const {
-        return GdnStepArgs{n_k, n_v, t, eps, qkv.f(), z.f(), b.f(), alpha.f(), conv_w.f(), cs_in.f(), cs_out.f(),
-                           ssm_a.f(), dt_bias.f(), norm_w.f(), state.f(), y.f()};
+        const auto f = [](const DevBuf& d) { return d.as<float>(); };
+        return GdnStepArgs{n_k, n_v, t, eps, f(qkv), f(z), f(b), f(alpha), f(conv_w), f(cs_in), f(cs_out),
+                           f(ssm_a), f(dt_bias), f(norm_w), f(state), f(y)};
     }
 };
 
 }  // namespace
-
-extern "C" OPENJET_API const char* openjet_test_gdn_last_error(void) { return g_error.c_str(); }
 
 extern "C" OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const float* qkv, const float* z,
                                                  const float* b, const float* alpha, const float* conv_w,
@@ -163,55 +123,17 @@ extern "C" OPENJET_API int openjet_test_bench_gdn(int n_k, int n_v, int t, int c
     }
     GdnStepArgs a = d.args(n_k, n_v, t, 1e-6f);
     const auto set = [&](int i) {
-        a.state = st[i % copies].f();
-        a.conv_state_in = cin[i % copies].f();
-        a.conv_state_out = cout[i % copies].f();
+        a.state = st[i % copies].as<float>();
+        a.conv_state_in = cin[i % copies].as<float>();
+        a.conv_state_out = cout[i % copies].as<float>();
     };
-    for (int i = 0; i < copies; ++i) {  // warm-up
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
         set(i);
-        CHECK(launch_gdn_step(a, 0));
-    }
-    CHECK(cudaDeviceSynchronize());
-
-    cudaStream_t stream;
-    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    struct StreamGuard {
-        cudaStream_t s;
-        ~StreamGuard() { cudaStreamDestroy(s); }
-    } sg{stream};
-    cudaGraph_t graph = nullptr;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < reps; ++i) {
-        set(i);
-        const cudaError_t e = launch_gdn_step(a, stream);
-        if (e != cudaSuccess) {
-            cudaStreamEndCapture(stream, &graph);
-            if (graph) cudaGraphDestroy(graph);
-            return cuda_fail(e, "launch_gdn_step (capture)");
-        }
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (ie != cudaSuccess) return cuda_fail(ie, "cudaGraphInstantiate");
-    struct ExecGuard {
-        cudaGraphExec_t g;
-        ~ExecGuard() { cudaGraphExecDestroy(g); }
-    } eg{exec};
-    Event e0, e1;
-    CHECK(cudaEventCreate(&e0.e));
-    CHECK(cudaEventCreate(&e1.e));
-    CHECK(cudaGraphLaunch(exec, stream));  // warm replay
-    for (int r = 0; r < runs; ++r) {
-        CHECK(cudaEventRecord(e0.e, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(e1.e, stream));
-        CHECK(cudaEventSynchronize(e1.e));
-        float ms = 0.0f;
-        CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
-        us_out[r] = ms * 1000.0f / reps;
-    }
+        return launch_gdn_step(a, stream);
+    };
+    if (cudaError_t e = time_graph_replays("launch_gdn_step", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
     // The states must still be finite after all those steps (a NaN would make the timing meaningless).
     std::vector<float> back(vd * kGdnHeadDim);
     CHECK(cudaMemcpy(back.data(), st[0].p, sizeof(float) * back.size(), cudaMemcpyDeviceToHost));

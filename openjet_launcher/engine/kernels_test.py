@@ -1,5 +1,6 @@
 """ctypes binding of the engine's test-only C API (native/include/openjet_test.h): runs one kernel family on
-numpy arrays, for the GPU tests (tests/test_gpu_gemv.py) and benchmarks (native/bench/bench_gemv.py).
+numpy arrays, for the GPU tests (tests/test_gpu_gemv.py) and benchmarks (native/bench/bench_gemv.py). Also the
+binding helpers (_bind, _check, _ptr, _f32, _f32_shaped) that kernels_test_gdn and kernels_test_attn share.
 
 Weights are GGUF bytes as `openjet_launcher.model.quants.quantize` writes them: uint8 [n, row_bytes]
 (F32: float32 [n, k] also accepted). Activations are float32 [t, k] with t = 1..8 token rows.
@@ -22,34 +23,43 @@ MAX_T = 8
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
-_declared: set[int] = set()
+_declared: set[tuple[int, str]] = set()
 
 
-def _lib() -> ctypes.CDLL:
+def _bind(what: str, signatures: dict[str, list]) -> ctypes.CDLL:
+    """The engine library with openjet_test_last_error and openjet_test_<name>(*argtypes) -> int declared for
+    every name of `signatures`; `what` names that part of the test API when the library lacks it."""
     lib = load_library()
-    if id(lib) in _declared:
+    if (id(lib), what) in _declared:
         return lib
     try:
         lib.openjet_test_last_error.argtypes = []
         lib.openjet_test_last_error.restype = ctypes.c_char_p
-        lib.openjet_test_quantize_act.argtypes = [_P, _I, _I, _P, _F, _P, _P]
-        lib.openjet_test_rmsnorm.argtypes = [_P, _I, _I, _P, _F, _P]
-        lib.openjet_test_gemv.argtypes = [_I, _P, _I, _I, _P, _I, _P]
-        lib.openjet_test_gemv_q8.argtypes = [_I, _P, _I, _I, _P, _P, _I, _P]
-        lib.openjet_test_embed.argtypes = [_I, _P, _I, _I, _P, _I, _P]
-        lib.openjet_test_gemv_shape.argtypes = [_I, _I, _I, _I, _P, _P, _P]
-        lib.openjet_test_bench_gemv.argtypes = [_I, _P, _I, _I, _I, _I, _I, _I, _P]
-        lib.openjet_test_bench_copy.argtypes = [ctypes.c_size_t, _I, _I, _P]
-        for name in ("quantize_act", "rmsnorm", "gemv", "gemv_q8", "embed", "gemv_shape", "bench_gemv",
-                     "bench_copy"):
-            getattr(lib, f"openjet_test_{name}").restype = _I
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, f"openjet_test_{name}")
+            fn.argtypes = argtypes
+            fn.restype = _I
     except AttributeError as e:
-        raise OpenJetError(f"the engine library has no test API (missing {e}): rebuild it") from e
-    _declared.add(id(lib))
+        raise OpenJetError(f"the engine library has no {what} (missing {e}): rebuild it") from e
+    _declared.add((id(lib), what))
     return lib
 
 
+def _lib() -> ctypes.CDLL:
+    return _bind("test API", {
+        "quantize_act": [_P, _I, _I, _P, _F, _P, _P],
+        "rmsnorm": [_P, _I, _I, _P, _F, _P],
+        "gemv": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_q8": [_I, _P, _I, _I, _P, _P, _I, _P],
+        "embed": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_shape": [_I, _I, _I, _I, _P, _P, _P],
+        "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
+        "bench_copy": [ctypes.c_size_t, _I, _I, _P],
+    })
+
+
 def _check(lib: ctypes.CDLL, status: int, what: str) -> None:
+    """Raises OpenJetError with the library's message when a test API call returned a failure status."""
     if status != 0:
         msg = lib.openjet_test_last_error().decode("utf-8", errors="replace")
         raise OpenJetError(f"{what} failed (status {status}): {msg}")
@@ -63,6 +73,13 @@ def _f32(x, ndim: int) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != ndim:
         raise ValueError(f"expected a {ndim}-d float32 array, got shape {x.shape}")
+    return x
+
+
+def _f32_shaped(x, shape: tuple[int, ...], name: str) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape != shape:
+        raise ValueError(f"{name} has shape {x.shape}, expected {shape}")
     return x
 
 

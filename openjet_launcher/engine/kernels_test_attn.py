@@ -11,54 +11,20 @@ import ctypes
 
 import numpy as np
 
-from ..errors import OpenJetError
-from .native import load_library
+from .kernels_test import _F, _I, _P, _bind, _check, _f32_shaped, _ptr
 
 KV_TYPES = {"F16": 1, "Q8_0": 8}
 ROW_BYTES = {1: 512, 8: 272}
 HEAD_DIM = 256
 MAX_T = 8
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int
-_F = ctypes.c_float
-_declared: set[int] = set()
-
 
 def _lib() -> ctypes.CDLL:
-    lib = load_library()
-    if id(lib) in _declared:
-        return lib
-    try:
-        lib.openjet_test_attn_last_error.argtypes = []
-        lib.openjet_test_attn_last_error.restype = ctypes.c_char_p
-        lib.openjet_test_attn_decode.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P,
-                                                 _P, _P]
-        lib.openjet_test_attn_split.argtypes = [_I, _I, _I, _P, _P, _P]
-        lib.openjet_test_bench_attn_decode.argtypes = [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P]
-        for name in ("attn_decode", "attn_split", "bench_attn_decode"):
-            getattr(lib, f"openjet_test_{name}").restype = _I
-    except AttributeError as e:
-        raise OpenJetError(f"the engine library has no attention test API (missing {e}): rebuild it") from e
-    _declared.add(id(lib))
-    return lib
-
-
-def _check(lib: ctypes.CDLL, status: int, what: str) -> None:
-    if status != 0:
-        msg = lib.openjet_test_attn_last_error().decode("utf-8", errors="replace")
-        raise OpenJetError(f"{what} failed (status {status}): {msg}")
-
-
-def _ptr(a: np.ndarray | None) -> ctypes.c_void_p | None:
-    return None if a is None else a.ctypes.data_as(ctypes.c_void_p)
-
-
-def _f32(x, shape: tuple) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.shape != shape:
-        raise ValueError(f"expected float32 {shape}, got {x.shape}")
-    return x
+    return _bind("attention test API", {
+        "attn_decode": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
+        "attn_split": [_I, _I, _I, _P, _P, _P],
+        "bench_attn_decode": [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
+    })
 
 
 def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, n_head: int, n_kv: int,
@@ -69,10 +35,10 @@ def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, 
     lib = _lib()
     rb = ROW_BYTES.get(kv_type, 1)  # an unknown type: the library names the error
     t = len(qproj)
-    qproj = _f32(qproj, (t, n_head * 2 * HEAD_DIM))
-    k = _f32(k, (t, n_kv * HEAD_DIM))
-    v = _f32(v, (t, n_kv * HEAD_DIM))
-    q_norm, k_norm = _f32(q_norm, (HEAD_DIM,)), _f32(k_norm, (HEAD_DIM,))
+    qproj = _f32_shaped(qproj, (t, n_head * 2 * HEAD_DIM), "qproj")
+    k = _f32_shaped(k, (t, n_kv * HEAD_DIM), "k")
+    v = _f32_shaped(v, (t, n_kv * HEAD_DIM), "v")
+    q_norm, k_norm = _f32_shaped(q_norm, (HEAD_DIM,), "q_norm"), _f32_shaped(k_norm, (HEAD_DIM,), "k_norm")
     k_cache = np.ascontiguousarray(k_cache, dtype=np.uint8)
     v_cache = np.ascontiguousarray(v_cache, dtype=np.uint8)
     n_past = k_cache.shape[1]

@@ -12,50 +12,15 @@ import ctypes
 
 import numpy as np
 
-from ..errors import OpenJetError
-from .native import load_library
+from .kernels_test import _F, _I, _P, _bind, _check, _f32_shaped, _ptr
 
 HEAD_DIM = 128
 MAX_T = 8
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int
-_F = ctypes.c_float
-_declared: set[int] = set()
-
 
 def _lib() -> ctypes.CDLL:
-    lib = load_library()
-    if id(lib) in _declared:
-        return lib
-    try:
-        lib.openjet_test_gdn_last_error.argtypes = []
-        lib.openjet_test_gdn_last_error.restype = ctypes.c_char_p
-        lib.openjet_test_gdn_step.argtypes = [_I, _I, _I, _F] + [_P] * 12
-        lib.openjet_test_gdn_step.restype = _I
-        lib.openjet_test_bench_gdn.argtypes = [_I, _I, _I, _I, _I, _I, _P]
-        lib.openjet_test_bench_gdn.restype = _I
-    except AttributeError as e:
-        raise OpenJetError(f"the engine library has no GDN test API (missing {e}): rebuild it") from e
-    _declared.add(id(lib))
-    return lib
-
-
-def _check(lib: ctypes.CDLL, status: int, what: str) -> None:
-    if status != 0:
-        msg = lib.openjet_test_gdn_last_error().decode("utf-8", errors="replace")
-        raise OpenJetError(f"{what} failed (status {status}): {msg}")
-
-
-def _f32(x, shape: tuple[int, ...], name: str) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.shape != shape:
-        raise ValueError(f"{name} has shape {x.shape}, expected {shape}")
-    return x
-
-
-def _ptr(a: np.ndarray) -> ctypes.c_void_p:
-    return a.ctypes.data_as(ctypes.c_void_p)
+    return _bind("GDN test API", {"gdn_step": [_I, _I, _I, _F] + [_P] * 12,
+                                  "bench_gdn": [_I, _I, _I, _I, _I, _I, _P]})
 
 
 def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state,
@@ -69,16 +34,16 @@ def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt
     if qkv.ndim != 2:
         raise ValueError(f"qkv must be [t, conv_dim], got shape {qkv.shape}")
     t = qkv.shape[0]
-    qkv = _f32(qkv, (t, conv_dim), "qkv")
-    z = _f32(z, (t, vd), "z")
-    b = _f32(b, (t, n_v), "b")
-    alpha = _f32(alpha, (t, n_v), "alpha")
-    conv_w = _f32(conv_w, (conv_dim, 4), "conv_w")
-    cs_in = _f32(conv_state, (3, conv_dim), "conv_state")
-    ssm_a = _f32(ssm_a, (n_v,), "ssm_a")
-    dt_bias = _f32(dt_bias, (n_v,), "dt_bias")
-    norm_w = _f32(norm_w, (d,), "norm_w")
-    s = _f32(state, (n_v, d, d), "state").copy()
+    qkv = _f32_shaped(qkv, (t, conv_dim), "qkv")
+    z = _f32_shaped(z, (t, vd), "z")
+    b = _f32_shaped(b, (t, n_v), "b")
+    alpha = _f32_shaped(alpha, (t, n_v), "alpha")
+    conv_w = _f32_shaped(conv_w, (conv_dim, 4), "conv_w")
+    cs_in = _f32_shaped(conv_state, (3, conv_dim), "conv_state")
+    ssm_a = _f32_shaped(ssm_a, (n_v,), "ssm_a")
+    dt_bias = _f32_shaped(dt_bias, (n_v,), "dt_bias")
+    norm_w = _f32_shaped(norm_w, (d,), "norm_w")
+    s = _f32_shaped(state, (n_v, d, d), "state").copy()
     cs_out = np.empty_like(cs_in)
     y = np.empty((t, vd), np.float32)
     _check(lib, lib.openjet_test_gdn_step(n_k, n_v, t, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, cs_out,
