@@ -31,7 +31,7 @@ from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
-                        StepOutput, TokenIds, argmax)
+                        StepOutput, TokenIds, argmax, check_token_ids)
 from .native import load_library
 
 KV_TYPES = {"f16": 1, "q8_0": 8}
@@ -346,13 +346,4 @@ class CudaEngine(Engine):
 
     def _token_ids(self, state: CudaState, tokens: TokenIds) -> np.ndarray:
         self._check_state(state)
-        ids = np.asarray(tokens)
-        if ids.ndim != 1 or len(ids) == 0:
-            raise OpenJetError(f"expected a non-empty list of token ids, got shape {ids.shape}")
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise OpenJetError(f"token ids must be integers, got {ids.dtype}")
-        n_vocab = self.config.shape.n_vocab
-        if ids.min() < 0 or ids.max() >= n_vocab:
-            bad = ids[(ids < 0) | (ids >= n_vocab)][0]
-            raise OpenJetError(f"token id {bad} is outside the vocabulary [0, {n_vocab})")
-        return ids.astype(np.int64)
+        return check_token_ids(tokens, self.config.shape.n_vocab)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..errors import OpenJetError
 from ..model.config import ModelConfig
 
 # Rows one GPU decode step accepts: the last committed token plus up to 7 drafted ones.
@@ -48,6 +49,19 @@ Choose = Callable[[np.ndarray], int]          # logits [n_vocab] float32 -> toke
 def argmax(logits: np.ndarray) -> int:
     """Greedy choice: the first index of the largest logit."""
     return int(np.argmax(logits))
+
+
+def check_token_ids(tokens: TokenIds, n_vocab: int) -> np.ndarray:
+    """A non-empty 1-D array of ids inside [0, n_vocab), as int64; OpenJetError naming the problem otherwise."""
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or len(ids) == 0:
+        raise OpenJetError(f"expected a non-empty list of token ids, got shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise OpenJetError(f"token ids must be integers, got {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= n_vocab:
+        bad = ids[(ids < 0) | (ids >= n_vocab)][0]
+        raise OpenJetError(f"token id {bad} is outside the vocabulary [0, {n_vocab})")
+    return ids.astype(np.int64)
 
 
 @dataclass(frozen=True)

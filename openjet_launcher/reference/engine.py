@@ -19,7 +19,8 @@ import weakref
 
 import numpy as np
 
-from ..engine.interface import (Choose, DraftOutput, Engine, EngineStats, StepOutput, TokenIds, argmax)
+from ..engine.interface import (Choose, DraftOutput, Engine, EngineStats, StepOutput, TokenIds, argmax,
+                                check_token_ids)
 from ..errors import ModelFileError, OpenJetError
 from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
@@ -187,13 +188,4 @@ class ReferenceEngine(Engine):
 
     def _token_ids(self, state: ReferenceState, tokens: TokenIds) -> np.ndarray:
         self._check_state(state)
-        ids = np.asarray(tokens)
-        if ids.ndim != 1 or len(ids) == 0:
-            raise OpenJetError(f"expected a non-empty list of token ids, got shape {ids.shape}")
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise OpenJetError(f"token ids must be integers, got {ids.dtype}")
-        n_vocab = self.config.shape.n_vocab
-        if ids.min() < 0 or ids.max() >= n_vocab:
-            bad = ids[(ids < 0) | (ids >= n_vocab)][0]
-            raise OpenJetError(f"token id {bad} is outside the vocabulary [0, {n_vocab})")
-        return ids.astype(np.int64)
+        return check_token_ids(tokens, self.config.shape.n_vocab)
