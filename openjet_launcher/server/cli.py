@@ -17,7 +17,7 @@ from .settings import ServerSettings
 
 log = logging.getLogger("openjet.server")
 
-ENGINES = ("reference",)     # the CUDA engine joins when its binding lands
+ENGINES = ("reference", "cuda")    # cuda: engine v1 (decode path; prefill by 8-token decode steps, no MTP yet)
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL",
                    help="path of a qwen35 GGUF file, a Hugging Face REPO/FILE.gguf or REPO (downloaded on first "
                         "use), or 'demo'")
-    p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model")
+    p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model: reference (numpy, CPU, exact; test-size models) or cuda (the GPU engine v1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
@@ -144,7 +144,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue)
     if args.max_tokens:
         settings.max_tokens_ceiling = args.max_tokens
-    app = create_app(lambda: ReferenceEngine.load(path), tokenizer, template, settings)
+    if args.engine == "cuda":
+        from ..engine.cuda import CudaEngine
+        from ..sampling import GPU_MAX_TOP_K
+
+        if args.draft:
+            raise OpenJetError("--draft needs the MTP head, which the CUDA engine v1 does not run yet")
+        settings.max_top_k = GPU_MAX_TOP_K       # the API contract of the GPU path (design.md §6)
+        load = lambda: CudaEngine.load(path, n_ctx=n_ctx)  # noqa: E731
+    else:
+        load = lambda: ReferenceEngine.load(path)  # noqa: E731
+    app = create_app(load, tokenizer, template, settings)
     log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,
              args.port, n_ctx, args.engine)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", **uvicorn_options(settings))

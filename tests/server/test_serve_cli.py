@@ -96,3 +96,41 @@ def test_serve_takes_a_path_or_demo_without_the_hub(monkeypatch, tiny_path, tmp_
 def test_a_missing_local_path_is_an_error_that_says_so(tmp_path):
     with pytest.raises(download.DownloadError, match="no such model file"):
         cli.model_path(str(tmp_path / "nope.gguf"))
+
+
+def test_serve_engine_cuda_refuses_drafts_and_reports_a_failed_load_on_health(tiny_path):
+    """The GPU engine v1 has no MTP head: --draft is refused up front. Where no GPU (or no built engine) is
+    present, /health says why the model failed to load instead of the server dying."""
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", str(tiny_path), "--engine", "cuda", "--draft", "2"])
+    with pytest.raises(cli.OpenJetError, match="--draft needs the MTP head"):
+        cli.cmd_serve(args)
+    from openjet_launcher.engine import probe
+    try:
+        has_gpu = bool(probe()["devices"])
+    except cli.OpenJetError:
+        has_gpu = False
+    if has_gpu:
+        pytest.skip("a GPU is present: the cuda engine loads here (covered by the gpu tests)")
+    port = free_port()
+    code = ("import argparse,sys; from openjet_launcher.server.cli import add_serve_parser;"
+            "p=argparse.ArgumentParser(); add_serve_parser(p.add_subparsers(dest='c'));"
+            "a=p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny_path), "--engine", "cuda",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        body = None
+        for _ in range(200):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                body = r.json()
+                if "failed to load" in r.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert r.status_code == 503 and "failed to load" in body["error"]["message"], body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
