@@ -148,25 +148,25 @@ class CudaEngine(Engine):
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, kv_type: str = "f16",
              n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0) -> "CudaEngine":
-        """Upload the trunk of an unsloth Q4_K_M file. ``n_ctx``: KV cache capacity in tokens (default
+        """Upload the trunk of an unsloth Q4_K_M file (a plain llama-quantize Q4_K_M file is re-encoded to the
+        unsloth types at load: model/reencode.py). ``n_ctx``: KV cache capacity in tokens (default
         min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"."""
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
-        if verdict.kind == PLAIN_Q4_K_M:
-            raise ModelFileError(
-                f"{gguf.path.name} is a plain llama-quantize Q4_K_M file: the CUDA engine v1 does not yet "
-                f"re-encode its {len(verdict.conversions)} ssm_out/ssm_alpha/ssm_beta/eh_proj tensors at load. "
-                "Use the unsloth Q4_K_M file of the model, or the reference engine for test-size files.")
-        if verdict.kind != UNSLOTH_Q4_K_M:
+        if verdict.kind not in (UNSLOTH_Q4_K_M, PLAIN_Q4_K_M):
             why = verdict.problem or f"its recipe is {verdict.kind}"
-            raise ModelFileError(f"{gguf.path.name}: the CUDA engine v1 runs unsloth Q4_K_M files only ({why})")
+            raise ModelFileError(f"{gguf.path.name}: the CUDA engine v1 runs Q4_K_M files (unsloth or plain llama-quantize) only ({why})")
         if kv_type not in KV_TYPES:
             raise OpenJetError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
         s = config.shape
         n_ctx = min(s.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else int(n_ctx)
         if not 1 <= n_ctx <= 262144:
             raise OpenJetError(f"n_ctx must be 1..262144 tokens, not {n_ctx}")
+        replaced = {}
+        if verdict.kind == PLAIN_Q4_K_M:       # re-encode its ssm_out/ssm_alpha/ssm_beta/eh_proj to unsloth's types
+            from ..model.reencode import reencode
+            replaced = reencode(gguf, verdict.conversions)
 
         lib = _declare(load_library())
         cfg = EngineConfig(
@@ -180,14 +180,15 @@ class CudaEngine(Engine):
         descs = (TensorDesc * len(names))()
         keep = []                                           # the memory-mapped arrays and names, alive
         for d, name in zip(descs, names):
-            info, raw = gguf.tensors[name], gguf.raw(name)
+            info = gguf.tensors[name]
+            qtype, raw = replaced.get(name, (info.qtype, gguf.raw(name)))
             keep += [raw, name.encode()]
             d.name = keep[-1]
-            d.ggml_type = int(info.qtype)
+            d.ggml_type = int(qtype)
             d.n_dims = len(info.ne)
             d.ne[:] = list(info.ne) + [1] * (4 - len(info.ne))
             d.data = raw.ctypes.data
-            d.n_bytes = info.n_bytes
+            d.n_bytes = raw.nbytes
         handle = ctypes.c_void_p()
         rc = lib.openjet_engine_create(ctypes.byref(cfg), descs, len(names), ctypes.byref(handle))
         if rc != 0:
