@@ -60,7 +60,7 @@ class FastEngine(ScriptedEngine):
 
     def _step(self, state, tokens) -> StepOutput:
         t0 = time.perf_counter()
-        state.ids.extend(tokens)
+        state.token_ids.extend(tokens)
         out = StepOutput(self.row, self.hidden)
         self.seconds += time.perf_counter() - t0
         return out

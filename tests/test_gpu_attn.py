@@ -12,12 +12,11 @@ the same. OPENJET_GPU_REPORT=path appends the measured figures as JSON lines.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from gpu_report import report
 
 from openjet_launcher.engine import kernels_test_attn as ka
 from openjet_launcher.errors import OpenJetError
@@ -31,13 +30,6 @@ SIZES = {"27b": (24, 4), "tiny": (4, 2)}          # (q heads, kv heads)
 FMTS = ["F16", "Q8_0"]
 BOUND_VS_F32_CACHE = {"F16": 2e-3, "Q8_0": 2.5e-2}
 BOUND_VS_MODEL = 1e-5
-
-
-def report(**fields) -> None:
-    path = os.environ.get("OPENJET_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
 
 
 # ------------------------------------------------------------------------------ numpy model of the cache

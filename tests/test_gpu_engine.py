@@ -18,11 +18,11 @@ OPENJET_GPU_REPORT=path appends the measured figures as JSON lines (written befo
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from gpu_report import report as write_report
 
 from openjet_launcher.engine.cuda import CudaEngine
 from openjet_launcher.errors import OpenJetError
@@ -40,10 +40,7 @@ N_GREEDY = 64
 
 
 def report(**fields) -> None:
-    path = os.environ.get("OPENJET_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
+    write_report(**fields)
     print(json.dumps(fields))
 
 

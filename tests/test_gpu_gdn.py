@@ -14,12 +14,11 @@ OPENJET_GPU_REPORT=path appends the measured error figures as JSON lines.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import numpy as np
 import pytest
+from gpu_report import report
 
 from openjet_launcher.engine import kernels_test_gdn as kg
 from openjet_launcher.errors import OpenJetError
@@ -34,13 +33,6 @@ D = kg.HEAD_DIM
 EPS = 1e-6
 SIZES = {"27B": (16, 48), "tiny": (2, 6)}  # (n_k, n_v): 27B per-layer sizes (spec §1), the tiny preset's
 TOL = 1e-5
-
-
-def report(**fields) -> None:
-    path = os.environ.get("OPENJET_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
 
 
 def random_params(rng, n_k: int, n_v: int) -> dict:

@@ -12,11 +12,10 @@ OPENJET_GPU_REPORT=path appends the measured error figures as JSON lines (for th
 
 from __future__ import annotations
 
-import json
-import os
 
 import numpy as np
 import pytest
+from gpu_report import report
 
 from openjet_launcher.engine import kernels_test as kt
 from openjet_launcher.errors import OpenJetError
@@ -30,13 +29,6 @@ KQUANTS = ["Q4_K", "Q5_K", "Q6_K", "Q8_0"]
 SHAPES_27B = [(10240, 5120), (17408, 5120), (5120, 17408), (5120, 6144)]
 # small shapes: odd n (Q6_K/Q8_0 rows then start off 16-byte alignment), tails of a warp's 4-block span
 SHAPES_SMALL = [(1, 256), (3, 512), (7, 768), (33, 1280), (130, 2304)]
-
-
-def report(**fields) -> None:
-    path = os.environ.get("OPENJET_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
 
 
 def quantize_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -103,14 +103,6 @@ class CudaState(SequenceState):
         self.slots: dict[int, int] = {}          # checkpoint position -> device slot
 
     @property
-    def n_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return tuple(self.token_ids)
-
-    @property
     def checkpoint_positions(self) -> tuple[int, ...]:
         return tuple(sorted(self.slots))
 

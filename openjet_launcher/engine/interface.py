@@ -101,17 +101,20 @@ class EngineStats:
 
 
 class SequenceState(abc.ABC):
-    """One sequence's caches and recurrent state. Made by ``Engine.new_state``, used with that engine."""
+    """One sequence's caches and recurrent state. Made by ``Engine.new_state``, used with that engine.
+    Every state keeps the ids it has processed in ``token_ids`` (the engine appends and cuts them)."""
+
+    token_ids: list[int]
 
     @property
-    @abc.abstractmethod
     def n_tokens(self) -> int:
         """Tokens processed so far (= the position of the next token)."""
+        return len(self.token_ids)
 
     @property
-    @abc.abstractmethod
     def tokens(self) -> tuple[int, ...]:
         """The ids of the processed tokens, in order (``truncate`` replays from them)."""
+        return tuple(self.token_ids)
 
     @property
     @abc.abstractmethod

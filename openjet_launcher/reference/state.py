@@ -46,14 +46,6 @@ class ReferenceState(SequenceState):
         self.checkpoints: list[Checkpoint] = []         # ascending positions, all <= n_tokens
 
     @property
-    def n_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return tuple(self.token_ids)
-
-    @property
     def checkpoint_positions(self) -> tuple[int, ...]:
         return tuple(c.n_tokens for c in self.checkpoints)
 

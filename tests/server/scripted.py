@@ -14,16 +14,8 @@ from openjet_launcher.engine.interface import Engine, EngineStats, SequenceState
 
 class ScriptedState(SequenceState):
     def __init__(self):
-        self.ids: list[int] = []
+        self.token_ids: list[int] = []
         self.cps: list[int] = []
-
-    @property
-    def n_tokens(self):
-        return len(self.ids)
-
-    @property
-    def tokens(self):
-        return tuple(self.ids)
 
     @property
     def checkpoint_positions(self):
@@ -35,7 +27,7 @@ class ScriptedState(SequenceState):
 
     def copy(self):
         other = ScriptedState()
-        other.ids, other.cps = list(self.ids), list(self.cps)
+        other.token_ids, other.cps = list(self.token_ids), list(self.cps)
         return other
 
 
@@ -69,7 +61,7 @@ class ScriptedEngine(Engine):
         if self.fail_on_prefill:
             self.fail_on_prefill = False
             raise RuntimeError("scripted failure")
-        state.ids.extend(int(t) for t in tokens)
+        state.token_ids.extend(int(t) for t in tokens)
         self.prefills.append(len(tokens))
         self._i = 0
         return StepOutput(self._logits(), np.zeros((1, 1), np.float32))
@@ -78,7 +70,7 @@ class ScriptedEngine(Engine):
         if self.step_delay:
             import time
             time.sleep(self.step_delay)
-        state.ids.extend(int(t) for t in tokens)
+        state.token_ids.extend(int(t) for t in tokens)
         self._i += 1
         return StepOutput(self._logits(), np.zeros((1, 1), np.float32))
 
@@ -89,7 +81,7 @@ class ScriptedEngine(Engine):
         state.cps.append(state.n_tokens)
 
     def truncate(self, state, n_tokens):
-        del state.ids[n_tokens:]
+        del state.token_ids[n_tokens:]
         state.cps = [c for c in state.cps if c <= n_tokens]
 
     def memory(self):
