@@ -70,6 +70,7 @@ class Tray:
         # so the supervisor's thread must never call into pystray itself (nor after the loop has ended).
         self._dirty = threading.Event()
         self._alive = False
+        self._x_lock = threading.Lock()     # one thread at a time talks to pystray (paint vs stop)
 
     def _item(self, e: MenuEntry):
         if e.action is None:
@@ -84,11 +85,9 @@ class Tray:
         return tuple(self._item(e) for e in self.controller.entries())
 
     def _click(self, action: str) -> None:
-        message = self.controller.activate(action)
+        message = self.controller.activate(action)   # Quit sets quit_requested: _wait_quit stops the icon
         if message:
             self._notify(message)
-        if self.controller.quit_requested.is_set():
-            self.icon.stop()
 
     def _notify(self, text: str) -> None:
         if getattr(self.icon, "HAS_NOTIFICATION", False):
@@ -106,12 +105,13 @@ class Tray:
         while True:
             self._dirty.wait()
             self._dirty.clear()
-            if not self._alive:
-                return
-            try:
-                self._paint()
-            except Exception:
-                pass
+            with self._x_lock:
+                if not self._alive:
+                    return
+                try:
+                    self._paint()
+                except Exception:
+                    pass
 
     def _paint(self) -> None:
         c = self.controller
@@ -148,10 +148,12 @@ class Tray:
 
     def _wait_quit(self) -> None:
         self.controller.quit_requested.wait()
-        try:
-            self.icon.stop()
-        except Exception:
-            pass
+        with self._x_lock:                  # never while a redraw is in flight: that could lose the stop
+            self._alive = False
+            try:
+                self.icon.stop()
+            except Exception:
+                pass
 
     def stop(self) -> None:
         self.controller.quit_requested.set()
