@@ -96,7 +96,7 @@ def measure_or_raise(rng, qtype: str, n: int, k: int) -> dict:
         reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
         us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
         out["us"][t] = us
-        out["shape"][t] = kt.gemv_shape(Q[qtype], n, k, t)
+        out["shape"] = kt.gemv_shape(Q[qtype], n, k)
     return out
 
 

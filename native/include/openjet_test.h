@@ -24,30 +24,33 @@ extern "C" {
  * openjet_test_attn.h ("" when none failed yet). */
 OPENJET_API const char* openjet_test_last_error(void);
 
-/* Activation quantisation (optionally fused RMSNorm: norm_w != NULL, then v = x*rsqrt(mean x^2+eps)*w):
- * xq [t, k] int8, ds [t, k/32, 2] float = (d, d*sum(q)) per 32-block. k % 32 == 0. */
-OPENJET_API int openjet_test_quantize_act(const float* x, int t, int k, const float* norm_w, float eps,
-                                          int8_t* xq, float* ds);
+/* Activation packing, the GEMV's input format (optionally fused RMSNorm: norm_w != NULL, then
+ * v = x*rsqrt(mean x^2+eps)*w): per row, s = 2^e with max|v|*s in [2^14, 2^15); xh [t, k] fp16 bits of v*s,
+ * each aligned quad stored in the order 0, 2, 1, 3; xsum [t, k/32] the fp32 sums of the fp16 values per
+ * 32-block; xinv [t] = 1/s. t is 1..8, k % 32 == 0. */
+OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps, uint16_t* xh,
+                                      float* xsum, float* xinv);
 
 /* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
 OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
 
-/* y [t, n] = W x: k-quant W quantises x first (no norm), F32 W takes x as is. */
+/* y [t, n] = W x: k-quant W packs x first (no norm), F32 W takes x as is. k: a multiple of 256 for the
+ * k-quants, of 4 for F32. */
 OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
-/* y [t, n] = W x for k-quant W and activations already quantised (xq [t, k], ds [t, k/32, 2]). */
-OPENJET_API int openjet_test_gemv_q8(int qtype, const void* w, int n, int k, const int8_t* xq, const float* ds,
-                                     int t, float* y);
+/* y [t, n] = W x for k-quant W and activations already packed (openjet_test_pack_act's xh, xsum, xinv). */
+OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
+                                         const float* xsum, const float* xinv, int t, float* y);
 
 /* out [n_ids, dim] = rows ids of a Q4_K table [vocab, dim] (qtype 12), dequantised. */
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                    int n_ids, float* out);
 
 /* The launch shape the GEMV picks on the current device. */
-OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int t, int* rows_per_warp,
-                                        int* warps_per_block, int* blocks);
+OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block,
+                                        int* blocks);
 
-/* Times the GEMV alone (activations quantised once beforehand): W is copied to `copies` device buffers
+/* Times the GEMV alone (activations packed once beforehand): W is copied to `copies` device buffers
  * that successive calls rotate through (so L2 cannot hold the weights), `reps` calls are captured in a
  * CUDA graph, and each of `runs` graph replays is timed with events: us_out[i] = microseconds per call. */
 OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies, int reps,

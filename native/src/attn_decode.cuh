@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 
@@ -165,18 +166,6 @@ __device__ __forceinline__ void attn_prep_row(const AttnDecodeArgs& a, int t, in
 }
 
 // ------------------------------------------------------------------------------------------ 2. chunks
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Issues the copy of keys key0..key0+31 of kv head kv (K then V) into stage; keys >= valid are zero-filled.
 template <class Fmt>

@@ -27,11 +27,11 @@
 #include "attn_decode.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
-#include "engine_gemv.cuh"
+#include "gemv.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
 #include "openjet_engine.h"
-#include "quantize_act.cuh"
+#include "act_pack.cuh"
 
 namespace {
 
@@ -107,8 +107,7 @@ struct openjet_engine {
     int32_t* ids = nullptr;
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
-    int8_t* xq = nullptr;
-    float2* xds = nullptr;
+    ActPack x{};  // the next GEMV's activations
 
     ~openjet_engine() {
         if (weights) cudaFree(weights);
@@ -182,6 +181,9 @@ class TensorTable {
         if (ne0 % elems)
             return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s: ne0 = %lld is not a multiple of %s's %d", name.c_str(),
                         (long long)ne0, type_name(d.ggml_type), elems);
+        if (d.ggml_type != kF32 && ne0 % kGemvUnit)
+            return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s: ne0 = %lld is not a multiple of %d (the GEMV's unit)",
+                        name.c_str(), (long long)ne0, kGemvUnit);
         const size_t bytes = static_cast<size_t>(ne1) * static_cast<size_t>(ne0 / elems) * bb;
         if (d.n_bytes != bytes || !d.data)
             return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s: %zu bytes at %p, expected %zu bytes", name.c_str(),
@@ -327,8 +329,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ids, sizeof(int32_t) * T},
         {(void**)&e.h, sizeof(float) * T * E},
         {(void**)&e.a, sizeof(float) * T * E},
-        {(void**)&e.xq, T * kmax},
-        {(void**)&e.xds, sizeof(float2) * T * (kmax / 32)},
+        {(void**)&e.x.h, sizeof(__half) * kActRows * kmax},
+        {(void**)&e.x.sum, sizeof(float) * kActRows * (kmax / kActBlock)},
+        {(void**)&e.x.inv, sizeof(float) * kActRows},
         {(void**)&e.big1, sizeof(float) * T * big1},
         {(void**)&e.big2, sizeof(float) * T * big2},
         {(void**)&e.big3, sizeof(float) * T * e.kv_dim()},
@@ -392,13 +395,13 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
 }
 
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    const cudaError_t err = engine_gemv(w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.xq, e.xds,
-                                        xf, y, e.stream);
+    const GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y};
+    const cudaError_t err = launch_gemv(a, e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv");
     return OPENJET_OK;
 }
 
-// The GDN mixer of layer L: a (quantised in e.xq, float in e.a) -> e.mix.
+// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix.
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     const auto& c = e.cfg;
     TRY(gemv(e, L.qkv, t, e.a, e.big1));
@@ -417,7 +420,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.state = e.ssm + e.ssm_layer_floats * L.idx;
     g.y = e.y;
     CHECK(launch_gdn_step(g, e.stream));
-    CHECK(launch_quantize_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
@@ -437,7 +440,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t) {
     a.v_cache = a.k_cache + e.kv_layer_half;
     a.o = e.y, a.work = e.attn_work, a.sm_count = e.sm_count;
     CHECK(launch_attn_decode(a, e.stream));
-    CHECK(launch_quantize_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.xq, e.xds, e.stream));
+    CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
 
@@ -448,18 +451,18 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
-        CHECK(launch_add_norm_quantize(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
-                                     c.rms_eps, e.a, e.xq, e.xds, e.stream));
+        CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
+                                   c.rms_eps, e.a, e.x, e.stream));
         TRY(L.attn ? attn_mixer(e, L, t) : gdn_mixer(e, L, t));
-        CHECK(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
-                                     nullptr, e.xq, e.xds, e.stream));
+        CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
+                                   nullptr, e.x, e.stream));
         TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
         TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
-        CHECK(launch_swiglu_quantize(e.big1, e.big2, t, c.n_ff, e.xq, e.xds, e.stream));
+        CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
-    CHECK(launch_add_norm_quantize(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
-                                 e.xq, e.xds, e.stream));
+    CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
+                               e.x, e.stream));
     if (logits) {
         TRY(gemv(e, e.output, t, nullptr, e.logits));
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));

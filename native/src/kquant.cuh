@@ -41,33 +41,6 @@ inline int block_bytes(int qtype) {
     }
 }
 
-// Activations quantised for dp4a (q8_1-like, fp32 fields): per row t of x [T, K], qs [T, K] int8 and
-// ds [T, K/32] float2 = (d, d * sum(q)) per 32-block, x ~= d * q.
-constexpr int kQ8Block = 32;
-
-// 16-byte global load that streams past L1 (weights are read once; L1 is kept for the activations).
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-// Shared-memory reads at 2-byte-aligned addresses (Q6_K and Q8_0 blocks are not 4-byte aligned).
-// Four consecutive words starting at a 2-byte-aligned address: the 5 aligned words around them (reads up
-// to 4 bytes past the 16 it returns) and 4 funnel shifts.
-__device__ __forceinline__ void lds_4x_u32_at(const uint8_t* base, int byte_off, int out[4]) {
-    const uint8_t* p = base + byte_off;
-    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);  // generic & shared agree mod 4
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);  // derived from base: stays ld.shared
-    const unsigned sh = static_cast<unsigned>(mis) * 8;
-    uint32_t v[5];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) v[i] = w[i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], sh));
-}
-
 __device__ __forceinline__ float f16_at(const uint8_t* p) {  // p is 2-byte aligned
     return __half2float(*reinterpret_cast<const __half*>(p));
 }
@@ -81,11 +54,6 @@ __device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, i
         sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
         m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
-}
-
-// Per byte b in [0, 63]: b - 32 as int8, without borrows between bytes (bytes lifted to [128, 191] first).
-__device__ __forceinline__ int sub32_bytes(int q) {
-    return ((q | 0x80808080) - 0x20202020) ^ 0x80808080;
 }
 
 }  // namespace openjet

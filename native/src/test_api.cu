@@ -6,9 +6,10 @@
 
 #include "api_common.cuh"
 #include "embed.cuh"
-#include "gemv_kquant.cuh"
+#include "gemv.cuh"
+#include "kquant.cuh"
 #include "openjet_test.h"
-#include "quantize_act.cuh"
+#include "act_pack.cuh"
 #include "rmsnorm.cuh"
 
 namespace {
@@ -29,8 +30,9 @@ int check_t(int t) {
 int check_weights(int qtype, int n, int k) {
     const int elems = block_elems(qtype);
     if (elems == 0) return fail(OPENJET_ERR_INVALID_ARGUMENT, "qtype %d: not a type the GEMV reads (0, 8, 12, 13, 14)", qtype);
-    if (n < 1 || k < 32 || k % elems || k % 32)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "n = %d, k = %d: k must be a positive multiple of %d and of 32", n, k, elems);
+    const int unit = qtype == kF32 ? 4 : kGemvUnit;
+    if (n < 1 || k < unit || k % unit)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "n = %d, k = %d: k must be a positive multiple of %d", n, k, unit);
     return OPENJET_OK;
 }
 
@@ -43,19 +45,33 @@ size_t weight_bytes(int qtype, int n, int k) {
 // One message for the whole test API (openjet_test_*, openjet_test_gdn_*, openjet_test_attn_*).
 extern "C" OPENJET_API const char* openjet_test_last_error(void) { return last_error<Api::kTest>().c_str(); }
 
-extern "C" OPENJET_API int openjet_test_quantize_act(const float* x, int t, int k, const float* norm_w, float eps,
-                                                     int8_t* xq, float* ds) {
-    if (!x || !xq || !ds || t < 1 || k < 32 || k % 32)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "quantize_act: null pointer, t < 1 or k (%d) not a multiple of 32", k);
-    DevBuf dx, dw, dq, dds;
+// A pack in device memory for t rows of k (all kActRows rows allocated, as the engine's).
+struct DevPack {
+    DevBuf h, sum, inv;
+    cudaError_t alloc(int k) {
+        cudaError_t e = h.alloc(sizeof(__half) * kActRows * k);
+        if (e == cudaSuccess) e = sum.alloc(sizeof(float) * kActRows * (k / kActBlock));
+        if (e == cudaSuccess) e = inv.alloc(sizeof(float) * kActRows);
+        return e;
+    }
+    ActPack view() { return ActPack{h.as<__half>(), sum.as<float>(), inv.as<float>()}; }
+};
+
+extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps,
+                                                 uint16_t* xh, float* xsum, float* xinv) {
+    if (!x || !xh || !xsum || !xinv || t < 1 || t > kActRows || k < kActBlock || k % kActBlock)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "pack_act: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of 32",
+                    t, kActRows, k);
+    DevBuf dx, dw;
+    DevPack p;
     CHECK(dx.upload(x, sizeof(float) * t * k));
-    CHECK(dq.alloc(static_cast<size_t>(t) * k));
-    CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+    CHECK(p.alloc(k));
     if (norm_w) CHECK(dw.upload(norm_w, sizeof(float) * k));
-    CHECK(launch_quantize_act(dx.as<float>(), t, k, dw.as<float>(), eps, dq.as<int8_t>(), dds.as<float2>(), 0));
+    CHECK(launch_pack_act(dx.as<float>(), t, k, dw.as<float>(), eps, p.view(), 0));
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(xq, dq.p, static_cast<size_t>(t) * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(ds, dds.p, sizeof(float2) * t * (k / 32), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(float) * t * (k / kActBlock), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
@@ -73,34 +89,37 @@ extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, co
 
 namespace {
 
-// Shared body of the two GEMV entry points: x (float) or xq/ds (already quantised).
-int run_gemv(int qtype, const void* w, int n, int k, const float* x, const int8_t* xq, const float* ds, int t,
-             float* y) {
+// Shared body of the two GEMV entry points: x (float; packed on the device) or a pack given by the host.
+int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const float* xsum,
+             const float* xinv, int t, float* y) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
-    if (!w || !y || (!x && !xq) || (xq && !ds)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
+    if (!w || !y || (!x && !xh) || (xh && (!xsum || !xinv))) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
     const size_t wb = weight_bytes(qtype, n, k);
-    DevBuf dw, dx, dq, dds, dy;
+    DevBuf dw, dx, dy;
+    DevPack p;
     CHECK(dw.upload(w, wb));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
-    GemvArgs a{qtype, dw.p, n, k, t, nullptr, nullptr, nullptr, dy.as<float>()};
+    GemvArgs a{qtype, dw.p, n, k, t, ActPack{}, nullptr, dy.as<float>()};
     if (qtype == kF32) {
         if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: F32 weights take float activations");
         CHECK(dx.upload(x, sizeof(float) * t * k));
         a.xf = dx.as<float>();
     } else {
-        if (xq) {
-            CHECK(dq.upload(xq, static_cast<size_t>(t) * k));
-            CHECK(dds.upload(ds, sizeof(float2) * t * (k / 32)));
+        CHECK(p.alloc(k));
+        CHECK(cudaMemset(p.h.p, 0xFF, sizeof(__half) * kActRows * k));  // NaN in rows >= t: must not leak
+        CHECK(cudaMemset(p.sum.p, 0xFF, sizeof(float) * kActRows * (k / kActBlock)));
+        CHECK(cudaMemset(p.inv.p, 0xFF, sizeof(float) * kActRows));
+        if (xh) {
+            CHECK(cudaMemcpy(p.h.p, xh, sizeof(uint16_t) * t * k, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(p.sum.p, xsum, sizeof(float) * t * (k / kActBlock), cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(p.inv.p, xinv, sizeof(float) * t, cudaMemcpyHostToDevice));
         } else {
-            CHECK(dq.alloc(static_cast<size_t>(t) * k));
-            CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
             CHECK(dx.upload(x, sizeof(float) * t * k));
-            CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
+            CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
         }
-        a.xq = dq.as<int8_t>();
-        a.xds = dds.as<float2>();
+        a.x = p.view();
     }
     CHECK(launch_gemv(a, 0));
     CHECK(cudaDeviceSynchronize());
@@ -112,14 +131,14 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const int8_
 
 extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y) {
     if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: x is null");
-    return run_gemv(qtype, w, n, k, x, nullptr, nullptr, t, y);
+    return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y);
 }
 
-extern "C" OPENJET_API int openjet_test_gemv_q8(int qtype, const void* w, int n, int k, const int8_t* xq,
-                                                const float* ds, int t, float* y) {
-    if (qtype == kF32) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_q8: F32 weights take float activations");
-    if (!xq || !ds) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_q8: xq or ds is null");
-    return run_gemv(qtype, w, n, k, nullptr, xq, ds, t, y);
+extern "C" OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
+                                                    const float* xsum, const float* xinv, int t, float* y) {
+    if (qtype == kF32) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_packed: F32 weights take float activations");
+    if (!xh || !xsum || !xinv) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_packed: xh, xsum or xinv is null");
+    return run_gemv(qtype, w, n, k, nullptr, xh, xsum, xinv, t, y);
 }
 
 extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
@@ -141,10 +160,10 @@ extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int 
     return OPENJET_OK;
 }
 
-extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int t, int* rows_per_warp,
-                                                   int* warps_per_block, int* blocks) {
-    if (!rows_per_warp || !warps_per_block || !blocks) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_shape: null pointer");
-    CHECK(gemv_launch_shape(qtype, n, k, t, rows_per_warp, warps_per_block, blocks));
+extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block,
+                                                   int* blocks) {
+    if (!rows_per_block || !warps_per_block || !blocks) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_shape: null pointer");
+    CHECK(gemv_launch_shape(qtype, n, k, rows_per_block, warps_per_block, blocks));
     return OPENJET_OK;
 }
 
@@ -159,16 +178,16 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     for (auto& b : dw) CHECK(b.alloc(wb));
     CHECK(cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice));
     for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
-    // Activations: a fixed pseudo-random x (never zeros), quantised once.
+    // Activations: a fixed pseudo-random x (never zeros), packed once.
     std::vector<float> x(static_cast<size_t>(t) * k);
     fill_pseudo_random(x);
-    DevBuf dx, dq, dds, dy;
+    DevBuf dx, dy;
+    DevPack p;
     CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
-    CHECK(dq.alloc(x.size()));
-    CHECK(dds.alloc(sizeof(float2) * t * (k / 32)));
+    CHECK(p.alloc(k));
     CHECK(dy.alloc(sizeof(float) * t * n));
-    CHECK(launch_quantize_act(dx.as<float>(), t, k, nullptr, 0.0f, dq.as<int8_t>(), dds.as<float2>(), 0));
-    GemvArgs a{qtype, nullptr, n, k, t, dq.as<int8_t>(), dds.as<float2>(), dx.as<float>(), dy.as<float>()};
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
+    GemvArgs a{qtype, nullptr, n, k, t, p.view(), dx.as<float>(), dy.as<float>()};
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.w = dw[i % copies].p;

@@ -47,12 +47,12 @@ def _bind(what: str, signatures: dict[str, list]) -> ctypes.CDLL:
 
 def _lib() -> ctypes.CDLL:
     return _bind("test API", {
-        "quantize_act": [_P, _I, _I, _P, _F, _P, _P],
+        "pack_act": [_P, _I, _I, _P, _F, _P, _P, _P],
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
-        "gemv_q8": [_I, _P, _I, _I, _P, _P, _I, _P],
+        "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
-        "gemv_shape": [_I, _I, _I, _I, _P, _P, _P],
+        "gemv_shape": [_I, _I, _I, _P, _P, _P],
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
     })
@@ -97,16 +97,18 @@ def _weights(qtype: int, w: np.ndarray, k: int) -> tuple[np.ndarray, int]:
     return raw, raw.shape[0]
 
 
-def quantize_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """(xq int8 [t, k], ds float32 [t, k/32, 2]) for x [t, k]; with norm_w, of rmsnorm(x) * norm_w."""
+def pack_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The GEMV's input format for x [t, k] (with norm_w, of rmsnorm(x) * norm_w): (xh uint16 [t, k] fp16 bits,
+    quads stored 0, 2, 1, 3; xsum float32 [t, k/32]; xinv float32 [t]); see native/src/act_pack.cuh."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
     w = None if norm_w is None else _f32(norm_w, 1)
-    xq = np.empty((t, k), np.int8)
-    ds = np.empty((t, k // 32, 2), np.float32)
-    _check(lib, lib.openjet_test_quantize_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xq), _ptr(ds)), "quantize_act")
-    return xq, ds
+    xh = np.empty((t, k), np.uint16)
+    xsum = np.empty((t, k // 32), np.float32)
+    xinv = np.empty(t, np.float32)
+    _check(lib, lib.openjet_test_pack_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "pack_act")
+    return xh, xsum, xinv
 
 
 def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
@@ -119,7 +121,7 @@ def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
 
 
 def gemv(qtype: int, w, x) -> np.ndarray:
-    """y [t, n] = W x (x quantised to int8 blocks first, unless W is F32)."""
+    """y [t, n] = W x (x packed to fp16 first, unless W is F32)."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
@@ -129,17 +131,17 @@ def gemv(qtype: int, w, x) -> np.ndarray:
     return y
 
 
-def gemv_q8(qtype: int, w, xq, ds) -> np.ndarray:
-    """y [t, n] = W x for activations already quantised (as quantize_act returns them)."""
+def gemv_packed(qtype: int, w, xh, xsum, xinv) -> np.ndarray:
+    """y [t, n] = W x for activations already packed (as pack_act returns them)."""
     lib = _lib()
-    xq = np.ascontiguousarray(xq, dtype=np.int8)
-    ds = np.ascontiguousarray(ds, dtype=np.float32)
-    t, k = xq.shape
-    if ds.shape != (t, k // 32, 2):
-        raise ValueError(f"ds has shape {ds.shape}, expected {(t, k // 32, 2)}")
+    xh = np.ascontiguousarray(xh, dtype=np.uint16)
+    t, k = xh.shape
+    xsum = _f32_shaped(xsum, (t, k // 32), "xsum")
+    xinv = _f32_shaped(xinv, (t,), "xinv")
     raw, n = _weights(qtype, w, k)
     y = np.empty((t, n), np.float32)
-    _check(lib, lib.openjet_test_gemv_q8(qtype, _ptr(raw), n, k, _ptr(xq), _ptr(ds), t, _ptr(y)), "gemv_q8")
+    _check(lib, lib.openjet_test_gemv_packed(qtype, _ptr(raw), n, k, _ptr(xh), _ptr(xsum), _ptr(xinv), t, _ptr(y)),
+           "gemv_packed")
     return y
 
 
@@ -153,13 +155,13 @@ def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
     return out
 
 
-def gemv_shape(qtype: int, n: int, k: int, t: int) -> dict:
-    """The launch shape the GEMV picks on this device."""
+def gemv_shape(qtype: int, n: int, k: int) -> dict:
+    """The launch shape of the GEMV for these sizes (the same on every GPU and for every t)."""
     lib = _lib()
     v = (ctypes.c_int * 3)()
-    _check(lib, lib.openjet_test_gemv_shape(qtype, n, k, t, ctypes.byref(v, 0), ctypes.byref(v, 4),
+    _check(lib, lib.openjet_test_gemv_shape(qtype, n, k, ctypes.byref(v, 0), ctypes.byref(v, 4),
                                             ctypes.byref(v, 8)), "gemv_shape")
-    return {"rows_per_warp": v[0], "warps_per_block": v[1], "blocks": v[2]}
+    return {"rows_per_block": v[0], "warps_per_block": v[1], "blocks": v[2]}
 
 
 def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int) -> list[float]:

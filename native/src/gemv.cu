@@ -1,16 +1,10 @@
-// launch_gemv: the dispatcher of the decode GEMV family (k-quant kernels in gemv_kquant_<type>.cu), the
-// launch shape sized from the device, and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
-#include "gemv_kquant.cuh"
+// launch_gemv: the dispatcher of the decode GEMV family (the k-quant tensor-core kernels are in
+// gemv_mma_<type>.cu) and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
+#include "gemv.cuh"
+#include "gemv_mma.cuh"
 
 namespace openjet {
 namespace {
-
-int sm_count_of_current_device() {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-    return sms;
-}
 
 // y[t, n] = W[n, :] . x[t, :] for F32 W: one block per row, 128 threads, float4 loads, fixed-order sums.
 template <int T>
@@ -73,47 +67,36 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-// Rows per warp: 4 shares each activation load among 4 weight rows (at T = 8 the activation bytes read
-// from L1 are 3T/R times the weight bytes), as long as the grid still gives every SM >= 8 warps; fewer
-// rows per warp for small n. Warps per block: 4, halved while the grid would leave SMs without 2 blocks.
-// Neither depends on T, and a row's arithmetic depends on neither (see gemv_kquant.cuh).
-cudaError_t gemv_launch_shape(int qtype, int n, int k, int t, int* rows_per_warp, int* warps_per_block,
-                              int* blocks) {
-    const int elems = block_elems(qtype);
-    if (elems == 0 || n <= 0 || k <= 0 || k % elems || k % kQ8Block || t < 1 || t > kGemvMaxT)
-        return cudaErrorInvalidValue;
-    const int sms = sm_count_of_current_device();
-    if (sms <= 0) return cudaErrorNoDevice;
+cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {
+    if (n <= 0 || k <= 0) return cudaErrorInvalidValue;
     if (qtype == kF32) {
-        *rows_per_warp = 1;
+        if (k % 4) return cudaErrorInvalidValue;
+        *rows_per_block = 1;
         *warps_per_block = 4;
         *blocks = n;
         return cudaSuccess;
     }
-    int r = 4;
-    while (r > 1 && (n + r - 1) / r < 8 * sms) r /= 2;
-    const int warps = (n + r - 1) / r;
-    int wpb = kGemvMaxWarpsPerBlock;
-    while (wpb > 1 && (warps + wpb - 1) / wpb < 2 * sms) wpb /= 2;
-    *rows_per_warp = r;
-    *warps_per_block = wpb;
-    *blocks = (warps + wpb - 1) / wpb;
+    if (block_elems(qtype) == 0 || k % kUnitElems) return cudaErrorInvalidValue;
+    *rows_per_block = kMmaRows;
+    *warps_per_block = kGemvWarps;
+    *blocks = (n + kMmaRows - 1) / kMmaRows;
     return cudaSuccess;
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
     int r = 0, wpb = 0, blocks = 0;
-    const cudaError_t e = gemv_launch_shape(a.qtype, a.n, a.k, a.t, &r, &wpb, &blocks);
+    const cudaError_t e = gemv_launch_shape(a.qtype, a.n, a.k, &r, &wpb, &blocks);
     if (e != cudaSuccess) return e;
-    if (!a.w || !a.y) return cudaErrorInvalidValue;
+    if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
     if (a.qtype == kF32) return launch_gemv_f32(a, stream);
-    if (!a.xq || !a.xds || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xq)) & 15)
+    if (!a.x.h || !a.x.sum || !a.x.inv || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
+                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)
         return cudaErrorInvalidValue;
     switch (a.qtype) {
-        case kQ4_K: return launch_gemv_type<kQ4_K>(a, r, wpb, stream);
-        case kQ5_K: return launch_gemv_type<kQ5_K>(a, r, wpb, stream);
-        case kQ6_K: return launch_gemv_type<kQ6_K>(a, r, wpb, stream);
-        case kQ8_0: return launch_gemv_type<kQ8_0>(a, r, wpb, stream);
+        case kQ4_K: return launch_gemv_mma<kQ4_K>(a, stream);
+        case kQ5_K: return launch_gemv_mma<kQ5_K>(a, stream);
+        case kQ6_K: return launch_gemv_mma<kQ6_K>(a, stream);
+        case kQ8_0: return launch_gemv_mma<kQ8_0>(a, stream);
         default: return cudaErrorInvalidValue;
     }
 }

@@ -1,0 +1,73 @@
+// The activations a GEMV reads (the B operand of its tensor-core tiles): per token row t of x [t, k]
+//   s      = 2^e with e chosen so that max|x| * s lies in [2^14, 2^15) (fp16 cannot overflow; exact scaling)
+//   h      = fp16(x * s), each aligned quad of elements stored in the order 0, 2, 1, 3 (so one 8-byte load
+//            gives a thread its two mma B registers: see gemv_mma.cuh)
+//   sum    = per 32-block, the fp32 sum of the h values (the Q4_K/Q5_K min term reads it)
+//   inv    = 1 / s, applied to each GEMV output
+// fp16 keeps 11 significant bits per element: ~30x less rounding than int8 blocks of 32, which moved the
+// logits far enough to flip 2-3% of the top-1 tokens of our synthetic models (issue 6 notes).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "rmsnorm.cuh"  // kRowThreads
+
+namespace openjet {
+
+constexpr int kActRows = 8;    // rows a pack holds: the mma N; rows >= t are never read
+constexpr int kActBlock = 32;  // elements per sum
+
+struct ActPack {
+    __half* h;   // [kActRows, k]
+    float* sum;  // [kActRows, k / 32]
+    float* inv;  // [kActRows]
+};
+
+// Position of element i of its quad in storage: 0, 2, 1, 3.
+__device__ __forceinline__ int act_quad_pos(int i) {
+    const int r = i & 3;
+    return (i & ~3) | (r == 1 ? 2 : r == 2 ? 1 : r);
+}
+
+// Packs row `row` of the pack from value(i), i in [0, k) (called twice per element: it must be pure), by
+// the whole block of kRowThreads threads. Sums and maxima run in a fixed order: the bits depend on the row.
+template <class Value>
+__device__ __forceinline__ void pack_act_row(const Value& value, int k, const ActPack& p, int row) {
+    __shared__ float part[kRowThreads / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < k; i += kRowThreads) m = fmaxf(m, fabsf(value(i)));
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) part[warp] = m;
+    __syncthreads();
+    float amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowThreads / 32; ++w) amax = fmaxf(amax, part[w]);
+    __syncthreads();  // part may be reused by the caller
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    const int sh = amax > 0.0f ? min(100, max(-100, 15 - e)) : 0;
+    const float s = ldexpf(1.0f, sh);
+    __half* h = p.h + static_cast<long long>(row) * k;
+    float* sum = p.sum + static_cast<long long>(row) * (k / kActBlock);
+    for (int b = warp; b < k / kActBlock; b += kRowThreads / 32) {
+        const int i = b * kActBlock + lane;
+        const __half v = __float2half_rn(__fmul_rn(value(i), s));
+        h[act_quad_pos(i)] = v;
+        float t = __half2float(v);
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane == 0) sum[b] = t;
+    }
+    if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+}
+
+// Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= kActRows, k % 32 == 0.
+cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
+                            cudaStream_t stream);
+
+}  // namespace openjet

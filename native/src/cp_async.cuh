@@ -1,0 +1,19 @@
+// cp.async helpers (sm_80+): global -> shared copies that bypass the registers, grouped and waited on, so a
+// warp streams the next tiles in while it computes on the current one. Shared by the GEMV and attention.
+#pragma once
+
+namespace openjet {
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {  // L1 bypassed
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+}  // namespace openjet

@@ -1,0 +1,388 @@
+// Decode GEMV on tensor cores, straight from GGUF k-quant blocks (gemv.cuh has the contract).
+//
+// One mma.sync m16n8k16 (fp16 x fp16 -> fp32) multiplies 16 weight rows by the 8 token columns of the
+// activation pack over 16 elements of k. A warp owns a 16-row tile over a quarter of k; the four warps of a
+// block sum their partials in a fixed order. Every column is computed whatever t is (columns >= t read
+// zeros), so a row's arithmetic is the same for t = 1 and t = 8.
+//
+// Weights: each warp streams its tile's rows one unit (256 elements: one super-block, or 8 Q8_0 blocks) at
+// a time global -> shared with 16-byte cp.async, kStages deep. Q6_K units (210 bytes) are not 16-byte
+// aligned: a unit is copied from its 16-byte floor and read back with funnel shifts.
+//
+// Fragments: lane = (g, tq) = (lane / 4, lane % 4) holds A rows g and g + 8, B column g, C rows g, g + 8 x
+// columns 2tq, 2tq + 1. In each mma the lane's four k slots are four consecutive elements e..e+3 whose codes
+// sit in one 32-bit word: bytes (0, 2) go to k slots (2tq, 2tq + 1) and bytes (1, 3) to (2tq + 8, 2tq + 9);
+// the pack stores each quad as (0, 2, 1, 3), so one 8-byte load is the matching B pair. Which elements a
+// lane takes in which mma is free (a sum does not care), and is chosen so its weight bytes are contiguous.
+//
+// Codes become fp16 exactly with the magic-number trick: (0x6400 | c) is the fp16 1024 + c.
+//   Q4_K / Q5_K: A = q * sc (<= 1953, exact in fp16) by one fma; the unit's sum is scaled by d once, and the
+//                min term -dmin * sum_j m_j * sum(x in sub-block j) comes from the pack's 32-block sums.
+//   Q6_K:        A = q - 32; each mma covers one 16-element sub-block and is scaled by d * sc in fp32
+//                ((q - 32) * sc reaches 4064, which fp16 would round).
+//   Q8_0:        A = q; two mma per 32-block, scaled by d in fp32.
+// So the weights enter exactly as the reference dequantises them, and the only rounding on the way in is
+// the activations' fp16.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "act_pack.cuh"
+#include "cp_async.cuh"
+#include "gemv.cuh"
+#include "kquant.cuh"
+
+namespace openjet {
+
+constexpr int kMmaRows = 16;    // weight rows per tile
+constexpr int kGemvWarps = 4;   // warps per tile, splitting k; fixed, so the sum order is the same on every GPU
+constexpr int kGemvStages = 3;  // cp.async depth per warp
+constexpr int kUnitElems = kGemvUnit;
+
+template <int QT> struct MmaShape {
+    static constexpr int kUnitBytes = Block<QT>::kBytes * (kUnitElems / Block<QT>::kElems);
+    static constexpr bool kAligned = kUnitBytes % 16 == 0;  // then every unit of every row is 16-byte aligned
+    static constexpr int kWords = kAligned ? kUnitBytes / 16 : (kUnitBytes + 14 + 15) / 16;  // per row and stage
+    static constexpr int kStageWords = kMmaRows * kWords;
+    static constexpr int kWarpWords = kGemvStages * kStageWords;
+    static constexpr int kSmemBytes = kGemvWarps * kWarpWords * 16 + 16;  // +16: funnel reads one word past
+};
+
+// ------------------------------------------------------------------------------------------ arithmetic
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024)
+
+// fp16x2 (v, v) of a small non-negative integer v < 1024, exactly.
+__device__ __forceinline__ uint32_t h2_of_int(int v) {
+    return hsub2_u(kMagic | static_cast<uint32_t>(v) | (static_cast<uint32_t>(v) << 16), kMagic);
+}
+
+// 32-bit word at a 2-byte-aligned shared address (two aligned loads and a funnel shift).
+__device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) {
+    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+    return __funnelshift_r(w[0], w[1], 8 * mis);
+}
+
+// The lane's B registers for elements e..e+3 of its column (zeros for a column >= t).
+__device__ __forceinline__ void load_b(const __half* xcol, int e, bool valid, uint32_t b[2]) {
+    if (valid) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(xcol + e));
+        b[0] = v.x;
+        b[1] = v.y;
+    } else {
+        b[0] = b[1] = 0u;
+    }
+}
+
+// ------------------------------------------------------------------------------------------ one unit
+
+// What unit_mma needs besides the weights: the lane's B column at the unit's start, and the pack's 32-block
+// sums of columns 2tq and 2tq + 1 at the unit's start.
+struct UnitX {
+    const __half* col;
+    bool valid;
+    const float* sum0;
+    const float* sum1;
+};
+
+// acc (this lane's C fragment) += the unit's W[16 rows, 256] x[256, 8]. r[0], r[1]: rows g and g + 8 of the
+// unit in shared memory.
+template <int QT>
+__device__ __forceinline__ void unit_mma(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]);
+
+template <int QT>
+__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    constexpr int kQs = QT == kQ4_K ? 16 : 48;
+    float xs[2][8];
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(x.sum0 + j));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(x.sum1 + j));
+        xs[0][j] = a.x, xs[0][j + 1] = a.y, xs[0][j + 2] = a.z, xs[0][j + 3] = a.w;
+        xs[1][j] = b.x, xs[1][j + 1] = b.y, xs[1][j + 2] = b.z, xs[1][j + 3] = b.w;
+    }
+    // Per row: d, dmin, sum_j m_j * xsum_j for both columns, and the lane's four sub-block scales
+    // (sub-block 2 jj + nb with jj = tq / 2 + 2 hv) as fp16x2 sc and -1024 sc.
+    float d[2], mins[2][2];
+    uint32_t sc2[2][4], nsc2[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint8_t* p = r[i];
+        d[i] = f16_at(p);
+        const float dmin = f16_at(p + 2);
+        float m0 = 0.0f, m1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            k4_scale_min(p + 4, j, sc, m);
+            m0 = __fmaf_rn(static_cast<float>(m), xs[0][j], m0);
+            m1 = __fmaf_rn(static_cast<float>(m), xs[1][j], m1);
+        }
+        mins[i][0] = __fmul_rn(dmin, m0);
+        mins[i][1] = __fmul_rn(dmin, m1);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            int sc, m;
+            k4_scale_min(p + 4, 2 * ((tq >> 1) + 2 * (s >> 1)) + (s & 1), sc, m);
+            sc2[i][s] = h2_of_int(sc);
+            nsc2[i][s] = hfma2_u(sc2[i][s], 0xE400E400u, 0u);  // sc * -1024, exact
+        }
+    }
+    uint4 qh[2];
+    if constexpr (QT == kQ5_K) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
+    }
+    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int hv = 0; hv < 2; ++hv) {
+        const int jj = (tq >> 1) + 2 * hv;
+        uint4 q[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) {
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                uint32_t b[2];
+                load_b(x.col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x.valid, b);
+                uint32_t a[4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const uint32_t qw = (&q[i].x)[wd] >> (4 * nb);
+                    uint32_t lo = qw & 0x000F000Fu, hi = (qw >> 8) & 0x000F000Fu;
+                    if constexpr (QT == kQ5_K) {
+                        const uint32_t hb = (&qh[i].x)[wd] >> (2 * jj + nb);
+                        lo |= (hb & 0x00010001u) << 4;
+                        hi |= ((hb >> 8) & 0x00010001u) << 4;
+                    }
+                    a[i] = hfma2_u(lo | kMagic, sc2[i][2 * hv + nb], nsc2[i][2 * hv + nb]);
+                    a[2 + i] = hfma2_u(hi | kMagic, sc2[i][2 * hv + nb], nsc2[i][2 * hv + nb]);
+                }
+                mma_16816(u, a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(d[c >> 1], u[c], __fsub_rn(acc[c], mins[c >> 1][c & 1]));
+}
+
+template <>
+__device__ __forceinline__ void unit_mma<kQ4_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    unit_mma_k4<kQ4_K>(r, x, tq, acc);
+}
+template <>
+__device__ __forceinline__ void unit_mma<kQ5_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    unit_mma_k4<kQ5_K>(r, x, tq, acc);
+}
+
+// Q6_K: element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l]
+// (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh].
+template <>
+__device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
+    float d[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) d[i] = f16_at(r[i] + 208);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+        for (int lh = 0; lh < 2; ++lh) {
+            uint32_t ql[2][2], qh[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int l = 16 * lh + 4 * tq;
+                ql[i][0] = lds_u32(r[i] + 64 * hh + l);
+                ql[i][1] = lds_u32(r[i] + 64 * hh + 32 + l);
+                qh[i] = lds_u32(r[i] + 128 + 32 * hh + l);
+            }
+#pragma unroll
+            for (int qd = 0; qd < 4; ++qd) {
+                uint32_t b[2];
+                load_b(x.col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x.valid, b);
+                uint32_t a[4];
+                float coef[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const uint32_t w = ql[i][qd & 1] >> (4 * (qd >> 1)), h = qh[i] >> (2 * qd);
+                    const uint32_t lo = (w & 0x000F000Fu) | ((h & 0x00030003u) << 4);
+                    const uint32_t hi = ((w >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4);
+                    a[i] = hsub2_u(lo | kMagic, k1056);
+                    a[2 + i] = hsub2_u(hi | kMagic, k1056);
+                    const int8_t sc = static_cast<int8_t>(r[i][192 + 8 * hh + 2 * qd + lh]);
+                    coef[i] = __fmul_rn(d[i], static_cast<float>(sc));
+                }
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_16816(s, a, b);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(coef[c >> 1], s[c], acc[c]);
+            }
+        }
+    }
+}
+
+// Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
+template <>
+__device__ __forceinline__ void unit_mma<kQ8_0>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128)
+#pragma unroll 2
+    for (int blk = 0; blk < 8; ++blk) {
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            uint32_t b[2];
+            load_b(x.col, 32 * blk + 16 * hf + 4 * tq, x.valid, b);
+            uint32_t a[4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq) ^ 0x80808080u;  // q + 128
+                a[i] = hsub2_u((w & 0x00FF00FFu) | kMagic, k1152);
+                a[2 + i] = hsub2_u(((w >> 8) & 0x00FF00FFu) | kMagic, k1152);
+            }
+            mma_16816(s, a, b);
+        }
+        const float d0 = f16_at(r[0] + 34 * blk), d1 = f16_at(r[1] + 34 * blk);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(c < 2 ? d0 : d1, s[c], acc[c]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------ one warp
+
+// The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), into acc (its C fragment).
+// smem: this warp's kWarpWords. A device function, so that a persistent kernel can call it per work item.
+template <int QT>
+__device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
+                                               int u0, int u1, const ActPack& x, int k, int t, uint4* smem,
+                                               float acc[4]) {
+    using S = MmaShape<QT>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(w);
+
+    auto issue = [&](int it) {
+        const int u = u0 + it;
+        if (u < u1) {
+            uint4* dst = smem + (it % kGemvStages) * S::kStageWords;
+#pragma unroll
+            for (int j = 0; j < (S::kStageWords + 31) / 32; ++j) {
+                const int i = lane + 32 * j;
+                const int rr = i / S::kWords, wi = i - rr * S::kWords;
+                if (i < S::kStageWords && row0 + rr < n) {
+                    const uintptr_t a = base + static_cast<uintptr_t>((row0 + rr) * row_bytes +
+                                                                      static_cast<long long>(u) * S::kUnitBytes);
+                    if (S::kAligned || wi * 16 < static_cast<int>(a & 15) + S::kUnitBytes)
+                        cp_async16(dst + i, reinterpret_cast<const void*>((a & ~uintptr_t(15)) + 16 * wi));
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+#pragma unroll
+    for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
+
+    const int kb = k / kActBlock;
+    UnitX ux;
+    ux.valid = g < t;
+    const long long rows_g[2] = {row0 + g, row0 + g + 8};
+    for (int u = u0; u < u1; ++u) {
+        const int it = u - u0;
+        cp_async_wait<kGemvStages - 2>();
+        __syncwarp();
+        const uint8_t* stage = reinterpret_cast<const uint8_t*>(smem + (it % kGemvStages) * S::kStageWords);
+        const uint8_t* r[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int mis = S::kAligned ? 0
+                                        : static_cast<int>((base + rows_g[i] * row_bytes +
+                                                            static_cast<long long>(u) * S::kUnitBytes) & 15);
+            r[i] = stage + (g + 8 * i) * S::kWords * 16 + mis;
+        }
+        ux.col = x.h + static_cast<long long>(g) * k + u * kUnitElems;
+        ux.sum0 = x.sum + static_cast<long long>(2 * tq) * kb + u * (kUnitElems / kActBlock);
+        ux.sum1 = ux.sum0 + kb;
+        unit_mma<QT>(r, ux, tq, acc);
+        __syncwarp();
+        issue(it + kGemvStages - 1);
+    }
+    cp_async_wait<0>();
+}
+
+// One block = one 16-row tile; warp i takes units [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four
+// partials in order and writes y[col, row] = sum * inv[col] for col < t.
+template <int QT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+                float* __restrict__ y) {
+    extern __shared__ uint4 smem[];
+    __shared__ float part[kGemvWarps][32][4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nu = k / kUnitElems, row0 = blockIdx.x * kMmaRows;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    gemv_tile_warp<QT>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
+                       smem + warp * MmaShape<QT>::kWarpWords, acc);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[warp][lane][c] = acc[c];
+    __syncthreads();
+    if (warp == 0) {
+        const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float v = part[0][lane][c];
+#pragma unroll
+            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][lane][c]);
+            const int row = row0 + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
+            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, x.inv[col]);
+        }
+    }
+}
+
+template <int QT>
+cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
+    using S = MmaShape<QT>;
+    auto kernel = gemv_mma_kernel<QT>;
+    if (S::kSmemBytes > 48 * 1024) {  // above the default dynamic limit: opt in once
+        static const cudaError_t opted =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+        if (opted != cudaSuccess) return opted;
+    }
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const int blocks = (a.n + kMmaRows - 1) / kMmaRows;
+    kernel<<<blocks, kGemvWarps * 32, S::kSmemBytes, stream>>>(static_cast<const uint8_t*>(a.w), row_bytes, a.n,
+                                                                a.k, a.x, a.t, a.y);
+    return cudaGetLastError();
+}
+
+}  // namespace openjet
+
+// Defines launch_gemv_mma<QT> in the including file.
+#define OPENJET_GEMV_MMA_INSTANCE(QT)                                                                 \
+    namespace openjet {                                                                              \
+    template <>                                                                                      \
+    cudaError_t launch_gemv_mma<QT>(const GemvArgs& a, cudaStream_t stream) {                        \
+        return launch_gemv_mma_impl<QT>(a, stream);                                                  \
+    }                                                                                                \
+    }

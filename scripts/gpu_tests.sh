@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: build the engine for this GPU, run the GPU tests and the GEMV benchmark, results in $OUT.
+#   run(carry=[".whl"], command="bash scripts/gpu_tests.sh")
+# .whl/ holds the wheels the bare GPU image lacks (gguf, platformdirs, ...: docs in scripts/gpu_synth_full.sh).
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+( time (cmake -S . -B /tmp/b -G Ninja -DOPENJET_CUDA_ARCHITECTURES="${arch}-real" -DOPENJET_PTXAS_VERBOSE=ON &&
+        cmake --build /tmp/b) ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT=$OUT/gpu.jsonl
+timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py -x 2>&1 | tail -25 | tee "$OUT/pytest-gemv.log"
+timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py tests/test_gpu_attn.py \
+  tests/test_probe.py 2>&1 | tail -30 | tee "$OUT/pytest-engine.log"
+timeout 100 python3 native/bench/bench_gemv.py > "$OUT/gemv.json" 2> "$OUT/gemv.err"; tail -c 1500 "$OUT/gemv.json"
