@@ -26,10 +26,10 @@ OPENJET_API const char* openjet_test_last_error(void);
 
 /* Activation packing, the GEMV's input format (optionally fused RMSNorm: norm_w != NULL, then
  * v = x*rsqrt(mean x^2+eps)*w): per row, s = 2^e with max|v|*s in [2^14, 2^15); xh [t, k] fp16 bits of v*s,
- * each aligned quad stored in the order 0, 2, 1, 3; xsum [t, k/32] the fp32 sums of the fp16 values per
- * 32-block; xinv [t] = 1/s. t is 1..8, k % 32 == 0. */
+ * each aligned quad stored in the order 0, 2, 1, 3; xsum [t, k/32 * 2] fp16 bits of each 32-block's sum S
+ * / 32 as hi + lo, in native/src/act_pack.cuh's order; xinv [t] = 1/s. t is 1..8, k % 32 == 0. */
 OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps, uint16_t* xh,
-                                      float* xsum, float* xinv);
+                                      uint16_t* xsum, float* xinv);
 
 /* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
 OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
@@ -40,7 +40,7 @@ OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const 
 
 /* y [t, n] = W x for k-quant W and activations already packed (openjet_test_pack_act's xh, xsum, xinv). */
 OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
-                                         const float* xsum, const float* xinv, int t, float* y);
+                                         const uint16_t* xsum, const float* xinv, int t, float* y);
 
 /* out [n_ids, dim] = rows ids of a Q4_K table [vocab, dim] (qtype 12), dequantised. */
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,

@@ -2,7 +2,11 @@
 //   s      = 2^e with e chosen so that max|x| * s lies in [2^14, 2^15) (fp16 cannot overflow; exact scaling)
 //   h      = fp16(x * s), each aligned quad of elements stored in the order 0, 2, 1, 3 (so one 8-byte load
 //            gives a thread its two mma B registers: see gemv_mma.cuh)
-//   sum    = per 32-block, the fp32 sum of the h values (the Q4_K/Q5_K min term reads it)
+//   sum    = per 32-block j, S_j = the fp32 sum of its h values, as two fp16: hi = fp16(S_j / 32) and
+//            lo = fp16(S_j / 32 - hi) (22 significant bits; / 32 keeps |S_j| <= 32 * 2^15 in fp16 range).
+//            The Q4_K/Q5_K min term sum_j m_j S_j is one mma over them (gemv_mma.cuh). Per 256-element unit
+//            the 16 halves are stored as 4 groups (hi_2q, hi_2q+1, lo_2q, lo_2q+1), q = 0..3: the B pair of
+//            lane tq = q is one 8-byte load.
 //   inv    = 1 / s, applied to each GEMV output
 // fp16 keeps 11 significant bits per element: ~30x less rounding than int8 blocks of 32, which moved the
 // logits far enough to flip 2-3% of the top-1 tokens of our synthetic models (issue 6 notes).
@@ -21,10 +25,13 @@ constexpr int kActRows = 8;    // rows a pack holds: the mma N; rows >= t are ne
 constexpr int kActBlock = 32;  // elements per sum
 
 struct ActPack {
-    __half* h;   // [kActRows, k]
-    float* sum;  // [kActRows, k / 32]
-    float* inv;  // [kActRows]
+    __half* h;    // [kActRows, k]
+    __half* sum;  // [kActRows, k / 32 * 2]
+    float* inv;   // [kActRows]
 };
+
+// Where hi of 32-block b lies in its row of `sum` (lo: 2 halves further).
+__host__ __device__ __forceinline__ int act_sum_pos(int b) { return (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1); }
 
 // Position of element i of its quad in storage: 0, 2, 1, 3.
 __device__ __forceinline__ int act_quad_pos(int i) {
@@ -53,7 +60,7 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     const int sh = amax > 0.0f ? min(100, max(-100, 15 - e)) : 0;
     const float s = ldexpf(1.0f, sh);
     __half* h = p.h + static_cast<long long>(row) * k;
-    float* sum = p.sum + static_cast<long long>(row) * (k / kActBlock);
+    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
     for (int b = warp; b < k / kActBlock; b += kRowThreads / 32) {
         const int i = b * kActBlock + lane;
         const __half v = __float2half_rn(__fmul_rn(value(i), s));
@@ -61,7 +68,12 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
         float t = __half2float(v);
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (lane == 0) sum[b] = t;
+        if (lane == 0) {
+            const float t32 = __fmul_rn(t, 1.0f / 32.0f);  // exact
+            const __half hi = __float2half_rn(t32);
+            sum[act_sum_pos(b)] = hi;
+            sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+        }
     }
     if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
 }

@@ -330,7 +330,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.h, sizeof(float) * T * E},
         {(void**)&e.a, sizeof(float) * T * E},
         {(void**)&e.x.h, sizeof(__half) * kActRows * kmax},
-        {(void**)&e.x.sum, sizeof(float) * kActRows * (kmax / kActBlock)},
+        {(void**)&e.x.sum, sizeof(__half) * kActRows * (kmax / kActBlock) * 2},
         {(void**)&e.x.inv, sizeof(float) * kActRows},
         {(void**)&e.big1, sizeof(float) * T * big1},
         {(void**)&e.big2, sizeof(float) * T * big2},

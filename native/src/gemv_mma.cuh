@@ -17,7 +17,8 @@
 //
 // Codes become fp16 exactly with the magic-number trick: (0x6400 | c) is the fp16 1024 + c.
 //   Q4_K / Q5_K: A = q * sc (<= 1953, exact in fp16) by one fma; the unit's sum is scaled by d once, and the
-//                min term -dmin * sum_j m_j * sum(x in sub-block j) comes from the pack's 32-block sums.
+//                min term -dmin * sum_j m_j * sum(x in sub-block j) is one more mma over the pack's 32-block
+//                sums (split in two fp16 each: 22 bits).
 //   Q6_K:        A = q - 32; each mma covers one 16-element sub-block and is scaled by d * sc in fp32
 //                ((q - 32) * sc reaches 4064, which fp16 would round).
 //   Q8_0:        A = q; two mma per 32-block, scaled by d in fp32.
@@ -38,8 +39,14 @@
 namespace openjet {
 
 constexpr int kMmaRows = 16;    // weight rows per tile
-constexpr int kGemvWarps = 4;   // warps per tile, splitting k; fixed, so the sum order is the same on every GPU
-constexpr int kGemvStages = 3;  // cp.async depth per warp
+#ifndef OPENJET_GEMV_WARPS   // build-time experiment knobs (native/bench); the defaults are the measured best
+#define OPENJET_GEMV_WARPS 4
+#endif
+#ifndef OPENJET_GEMV_STAGES
+#define OPENJET_GEMV_STAGES 4
+#endif
+constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
+constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 constexpr int kUnitElems = kGemvUnit;
 
 template <int QT> struct MmaShape {
@@ -99,14 +106,22 @@ __device__ __forceinline__ void load_b(const __half* xcol, int e, bool valid, ui
 
 // ------------------------------------------------------------------------------------------ one unit
 
-// What unit_mma needs besides the weights: the lane's B column at the unit's start, and the pack's 32-block
-// sums of columns 2tq and 2tq + 1 at the unit's start.
+// What unit_mma needs besides the weights: the lane's B column at the unit's start, and its B pair of the
+// pack's 32-block sums (hi, lo of sub-blocks 2tq, 2tq + 1 of column g).
 struct UnitX {
     const __half* col;
     bool valid;
-    const float* sum0;
-    const float* sum1;
+    const __half* sum;
 };
+
+// fp16x2 (v, v) of byte `idx` of w (a value < 1024), exactly: the byte is placed in both halves' mantissas.
+__device__ __forceinline__ uint32_t h2_of_byte(uint32_t w, int idx) {
+    return hsub2_u(__byte_perm(w, 0u, 0x4040u | idx | (idx << 8)) | kMagic, kMagic);
+}
+// fp16x2 (byte idx, byte idx + 1) of w, exactly.
+__device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
+    return hsub2_u(__byte_perm(w, 0u, 0x4040u | idx | ((idx + 1) << 8)) | kMagic, kMagic);
+}
 
 // acc (this lane's C fragment) += the unit's W[16 rows, 256] x[256, 8]. r[0], r[1]: rows g and g + 8 of the
 // unit in shared memory.
@@ -116,47 +131,42 @@ __device__ __forceinline__ void unit_mma(const uint8_t* const r[2], const UnitX&
 template <int QT>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    float xs[2][8];
-#pragma unroll
-    for (int j = 0; j < 8; j += 4) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(x.sum0 + j));
-        const float4 b = __ldg(reinterpret_cast<const float4*>(x.sum1 + j));
-        xs[0][j] = a.x, xs[0][j + 1] = a.y, xs[0][j + 2] = a.z, xs[0][j + 3] = a.w;
-        xs[1][j] = b.x, xs[1][j + 1] = b.y, xs[1][j + 2] = b.z, xs[1][j + 3] = b.w;
-    }
-    // Per row: d, dmin, sum_j m_j * xsum_j for both columns, and the lane's four sub-block scales
-    // (sub-block 2 jj + nb with jj = tq / 2 + 2 hv) as fp16x2 sc and -1024 sc.
-    float d[2], mins[2][2];
-    uint32_t sc2[2][4], nsc2[2][4];
+    // Header of each row: d, dmin and the 12 scale bytes, unpacked in registers (ggml get_scale_min_k4) to
+    // the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each.
+    float d[2], dm32[2];
+    uint32_t sc[2][2], mn[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const uint8_t* p = r[i];
-        d[i] = f16_at(p);
-        const float dmin = f16_at(p + 2);
-        float m0 = 0.0f, m1 = 0.0f;
+        const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
+        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
+        d[i] = dd.x;
+        dm32[i] = __fmul_rn(dd.y, 32.0f);  // the sums are stored / 32
+        sc[i][0] = hd.y & 0x3F3F3F3Fu;
+        mn[i][0] = hd.z & 0x3F3F3F3Fu;
+        sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    }
+    // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
+    float mins[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    {
+        uint32_t a[4], b[2];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int sc, m;
-            k4_scale_min(p + 4, j, sc, m);
-            m0 = __fmaf_rn(static_cast<float>(m), xs[0][j], m0);
-            m1 = __fmaf_rn(static_cast<float>(m), xs[1][j], m1);
+        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? mn[i][1] : mn[i][0], 2 * (tq & 1));
+        if (x.valid) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2*>(x.sum + 4 * tq));
+            b[0] = v.x;
+            b[1] = v.y;
+        } else {
+            b[0] = b[1] = 0u;
         }
-        mins[i][0] = __fmul_rn(dmin, m0);
-        mins[i][1] = __fmul_rn(dmin, m1);
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            int sc, m;
-            k4_scale_min(p + 4, 2 * ((tq >> 1) + 2 * (s >> 1)) + (s & 1), sc, m);
-            sc2[i][s] = h2_of_int(sc);
-            nsc2[i][s] = hfma2_u(sc2[i][s], 0xE400E400u, 0u);  // sc * -1024, exact
-        }
+        mma_16816(mins, a, b);
     }
     uint4 qh[2];
     if constexpr (QT == kQ5_K) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
-    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float u[4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv) {
         const int jj = (tq >> 1) + 2 * hv;
@@ -164,9 +174,16 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
 #pragma unroll
         for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
 #pragma unroll
-        for (int wd = 0; wd < 4; ++wd) {
+        for (int nb = 0; nb < 2; ++nb) {
+            // A = q * sc of sub-block 2 jj + nb (= byte 2 (tq / 2) + nb of word hv), exactly: (1024 + q) * sc - 1024 * sc
+            uint32_t sc2[2], nsc2[2];
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
+            for (int i = 0; i < 2; ++i) {
+                sc2[i] = h2_of_byte(sc[i][hv], 2 * (tq >> 1) + nb);
+                nsc2[i] = hfma2_u(sc2[i], 0xE400E400u, 0u);  // * -1024
+            }
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
                 uint32_t b[2];
                 load_b(x.col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x.valid, b);
                 uint32_t a[4];
@@ -179,15 +196,18 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
                         lo |= (hb & 0x00010001u) << 4;
                         hi |= ((hb >> 8) & 0x00010001u) << 4;
                     }
-                    a[i] = hfma2_u(lo | kMagic, sc2[i][2 * hv + nb], nsc2[i][2 * hv + nb]);
-                    a[2 + i] = hfma2_u(hi | kMagic, sc2[i][2 * hv + nb], nsc2[i][2 * hv + nb]);
+                    a[i] = hfma2_u(lo | kMagic, sc2[i], nsc2[i]);
+                    a[2 + i] = hfma2_u(hi | kMagic, sc2[i], nsc2[i]);
                 }
-                mma_16816(u, a, b);
+                mma_16816(u[wd], a, b);
             }
         }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(d[c >> 1], u[c], __fsub_rn(acc[c], mins[c >> 1][c & 1]));
+    for (int c = 0; c < 4; ++c) {
+        const float uc = __fadd_rn(__fadd_rn(u[0][c], u[1][c]), __fadd_rn(u[2][c], u[3][c]));
+        acc[c] = __fmaf_rn(d[c >> 1], uc, __fmaf_rn(-dm32[c >> 1], mins[c], acc[c]));
+    }
 }
 
 template <>
@@ -199,14 +219,27 @@ __device__ __forceinline__ void unit_mma<kQ5_K>(const uint8_t* const r[2], const
     unit_mma_k4<kQ5_K>(r, x, tq, acc);
 }
 
+// 32-bit word at a 4-byte-aligned (kAligned4) or 2-byte-aligned shared address.
+template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uint8_t* p) {
+    if constexpr (kAligned4) return *reinterpret_cast<const uint32_t*>(p);
+    else return lds_u32(p);
+}
+
 // Q6_K: element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l]
-// (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh].
-template <>
-__device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+// (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
+// aligned; kAligned4 when both rows' units are 4-byte aligned (every other unit when a row has an even
+// number of units: then the branch is the same for the whole warp).
+template <bool kAligned4>
+__device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
     float d[2];
+    uint32_t scw[2][4];  // the 16 int8 scales
 #pragma unroll
-    for (int i = 0; i < 2; ++i) d[i] = f16_at(r[i] + 208);
+    for (int i = 0; i < 2; ++i) {
+        d[i] = f16_at(r[i] + 208);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scw[i][j] = lds_word<kAligned4>(r[i] + 192 + 4 * j);
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
 #pragma unroll
@@ -215,9 +248,9 @@ __device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int l = 16 * lh + 4 * tq;
-                ql[i][0] = lds_u32(r[i] + 64 * hh + l);
-                ql[i][1] = lds_u32(r[i] + 64 * hh + 32 + l);
-                qh[i] = lds_u32(r[i] + 128 + 32 * hh + l);
+                ql[i][0] = lds_word<kAligned4>(r[i] + 64 * hh + l);
+                ql[i][1] = lds_word<kAligned4>(r[i] + 64 * hh + 32 + l);
+                qh[i] = lds_word<kAligned4>(r[i] + 128 + 32 * hh + l);
             }
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
@@ -232,7 +265,8 @@ __device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const
                     const uint32_t hi = ((w >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4);
                     a[i] = hsub2_u(lo | kMagic, k1056);
                     a[2 + i] = hsub2_u(hi | kMagic, k1056);
-                    const int8_t sc = static_cast<int8_t>(r[i][192 + 8 * hh + 2 * qd + lh]);
+                    const int sb = 8 * hh + 2 * qd + lh;
+                    const int8_t sc = static_cast<int8_t>(scw[i][sb >> 2] >> (8 * (sb & 3)));
                     coef[i] = __fmul_rn(d[i], static_cast<float>(sc));
                 }
                 float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -242,6 +276,14 @@ __device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const
             }
         }
     }
+}
+
+template <>
+__device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+    if (((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0)
+        unit_mma_q6_k<true>(r, x, tq, acc);
+    else
+        unit_mma_q6_k<false>(r, x, tq, acc);
 }
 
 // Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
@@ -322,8 +364,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
             r[i] = stage + (g + 8 * i) * S::kWords * 16 + mis;
         }
         ux.col = x.h + static_cast<long long>(g) * k + u * kUnitElems;
-        ux.sum0 = x.sum + static_cast<long long>(2 * tq) * kb + u * (kUnitElems / kActBlock);
-        ux.sum1 = ux.sum0 + kb;
+        ux.sum = x.sum + static_cast<long long>(g) * kb * 2 + u * 16;
         unit_mma<QT>(r, ux, tq, acc);
         __syncwarp();
         issue(it + kGemvStages - 1);

@@ -50,15 +50,15 @@ struct DevPack {
     DevBuf h, sum, inv;
     cudaError_t alloc(int k) {
         cudaError_t e = h.alloc(sizeof(__half) * kActRows * k);
-        if (e == cudaSuccess) e = sum.alloc(sizeof(float) * kActRows * (k / kActBlock));
+        if (e == cudaSuccess) e = sum.alloc(sizeof(__half) * kActRows * (k / kActBlock) * 2);
         if (e == cudaSuccess) e = inv.alloc(sizeof(float) * kActRows);
         return e;
     }
-    ActPack view() { return ActPack{h.as<__half>(), sum.as<float>(), inv.as<float>()}; }
+    ActPack view() { return ActPack{h.as<__half>(), sum.as<__half>(), inv.as<float>()}; }
 };
 
 extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps,
-                                                 uint16_t* xh, float* xsum, float* xinv) {
+                                                 uint16_t* xh, uint16_t* xsum, float* xinv) {
     if (!x || !xh || !xsum || !xinv || t < 1 || t > kActRows || k < kActBlock || k % kActBlock)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "pack_act: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of 32",
                     t, kActRows, k);
@@ -70,7 +70,7 @@ extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, c
     CHECK(launch_pack_act(dx.as<float>(), t, k, dw.as<float>(), eps, p.view(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(float) * t * (k / kActBlock), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
@@ -90,7 +90,7 @@ extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, co
 namespace {
 
 // Shared body of the two GEMV entry points: x (float; packed on the device) or a pack given by the host.
-int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const float* xsum,
+int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
              const float* xinv, int t, float* y) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
@@ -109,11 +109,11 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
     } else {
         CHECK(p.alloc(k));
         CHECK(cudaMemset(p.h.p, 0xFF, sizeof(__half) * kActRows * k));  // NaN in rows >= t: must not leak
-        CHECK(cudaMemset(p.sum.p, 0xFF, sizeof(float) * kActRows * (k / kActBlock)));
+        CHECK(cudaMemset(p.sum.p, 0xFF, sizeof(__half) * kActRows * (k / kActBlock) * 2));
         CHECK(cudaMemset(p.inv.p, 0xFF, sizeof(float) * kActRows));
         if (xh) {
             CHECK(cudaMemcpy(p.h.p, xh, sizeof(uint16_t) * t * k, cudaMemcpyHostToDevice));
-            CHECK(cudaMemcpy(p.sum.p, xsum, sizeof(float) * t * (k / kActBlock), cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(p.sum.p, xsum, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(p.inv.p, xinv, sizeof(float) * t, cudaMemcpyHostToDevice));
         } else {
             CHECK(dx.upload(x, sizeof(float) * t * k));
@@ -135,7 +135,7 @@ extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, in
 }
 
 extern "C" OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
-                                                    const float* xsum, const float* xinv, int t, float* y) {
+                                                    const uint16_t* xsum, const float* xinv, int t, float* y) {
     if (qtype == kF32) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_packed: F32 weights take float activations");
     if (!xh || !xsum || !xinv) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_packed: xh, xsum or xinv is null");
     return run_gemv(qtype, w, n, k, nullptr, xh, xsum, xinv, t, y);
