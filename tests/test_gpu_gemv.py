@@ -32,7 +32,7 @@ SHAPES_SMALL = [(1, 256), (3, 512), (7, 768), (33, 1280), (130, 2304)]
 
 
 def pack_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(xh uint16 [t, k], xsum float32 [t, k/32], xinv float32 [t]) exactly as act_pack.cuh computes them."""
+    """(xh uint16 [t, k], xsum uint16 [t, k/32 * 2], xinv float32 [t]) exactly as act_pack.cuh computes them."""
     t, k = x.shape
     x = x.astype(np.float32)
     amax = np.abs(x).max(axis=1)
@@ -43,7 +43,14 @@ def pack_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for m in (16, 8, 4, 2, 1):  # the kernel's xor butterfly; lane 0 writes
         s = s + s[..., np.arange(32) ^ m]
     xh = h.view(np.uint16).reshape(t, k // 4, 4)[..., [0, 2, 1, 3]].reshape(t, k)
-    return xh, s[..., 0], np.ldexp(np.float32(1), -sh).astype(np.float32)
+    s32 = s[..., 0] / np.float32(32)
+    hi = s32.astype(np.float16)
+    lo = (s32 - hi.astype(np.float32)).astype(np.float16)
+    b = np.arange(k // 32)
+    pos = (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1)  # act_sum_pos
+    xsum = np.zeros((t, k // 32 * 2), np.uint16)
+    xsum[:, pos], xsum[:, pos + 2] = hi.view(np.uint16), lo.view(np.uint16)
+    return xh, xsum, np.ldexp(np.float32(1), -sh).astype(np.float32)
 
 
 def unpack_act(xh: np.ndarray, xinv: np.ndarray) -> np.ndarray:

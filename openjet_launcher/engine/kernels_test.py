@@ -99,13 +99,14 @@ def _weights(qtype: int, w: np.ndarray, k: int) -> tuple[np.ndarray, int]:
 
 def pack_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The GEMV's input format for x [t, k] (with norm_w, of rmsnorm(x) * norm_w): (xh uint16 [t, k] fp16 bits,
-    quads stored 0, 2, 1, 3; xsum float32 [t, k/32]; xinv float32 [t]); see native/src/act_pack.cuh."""
+    quads stored 0, 2, 1, 3; xsum uint16 [t, k/32 * 2] fp16 bits of the 32-block sums / 32 as hi + lo;
+    xinv float32 [t]); see native/src/act_pack.cuh."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
     w = None if norm_w is None else _f32(norm_w, 1)
     xh = np.empty((t, k), np.uint16)
-    xsum = np.empty((t, k // 32), np.float32)
+    xsum = np.empty((t, k // 32 * 2), np.uint16)
     xinv = np.empty(t, np.float32)
     _check(lib, lib.openjet_test_pack_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "pack_act")
     return xh, xsum, xinv
@@ -136,7 +137,9 @@ def gemv_packed(qtype: int, w, xh, xsum, xinv) -> np.ndarray:
     lib = _lib()
     xh = np.ascontiguousarray(xh, dtype=np.uint16)
     t, k = xh.shape
-    xsum = _f32_shaped(xsum, (t, k // 32), "xsum")
+    xsum = np.ascontiguousarray(xsum, dtype=np.uint16)
+    if xsum.shape != (t, k // 32 * 2):
+        raise ValueError(f"xsum has shape {xsum.shape}, expected {(t, k // 32 * 2)}")
     xinv = _f32_shaped(xinv, (t,), "xinv")
     raw, n = _weights(qtype, w, k)
     y = np.empty((t, n), np.float32)
