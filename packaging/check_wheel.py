@@ -10,6 +10,8 @@ Fails (exit 1, one line per problem) unless:
 * on Linux, the library needs no CUDA runtime shared library: its NEEDED entries are glibc, libstdc++
   and libgcc_s only; and auditwheel grafted nothing (no *.libs folder, no other shared library);
 * the package data the launcher needs at run time is there (the chat template) and nothing from tests/;
+* the trained demo model is there with its recorded sha256 (`openjet_launcher/assets/openjet-demo.gguf` and
+  `.sha256` beside it, equal to the repository's record when run from a checkout), and no other .gguf file;
 * the license files are in .dist-info/licenses/.
 Only the standard library is needed; the probe runs in a child Python (--python, default this one)
 that imports the package from the unpacked wheel.
@@ -18,6 +20,7 @@ that imports the package from the unpacked wheel.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -30,6 +33,9 @@ from pathlib import Path
 DEFAULT_ARCHS = "86-real;89-real;90-real;120-real;120-virtual"
 ENGINE = {"linux": "openjet_launcher/engine/libopenjet.so", "win": "openjet_launcher/engine/openjet.dll"}
 RUNTIME_DATA = ["openjet_launcher/model/chat_template.jinja"]
+DEMO_MODEL = "openjet_launcher/assets/openjet-demo.gguf"   # the trained demo model (docs/DEMO_MODEL.md)
+DEMO_SHA256 = DEMO_MODEL + ".sha256"                         # its sha256, `sha256sum` format
+REPO_DEMO_SHA256 = Path(__file__).resolve().parents[1] / DEMO_SHA256   # the record in a checkout, if any
 LICENSES = ["LICENSE", "THIRD_PARTY_NOTICES.md", "packaging/licenses/NVIDIA-CUDA-EULA.txt"]
 # glibc's parts (libdl, libpthread, librt are separate files before glibc 2.34, as on manylinux_2_28),
 # the C++ runtime and the dynamic loader: everything else (libcudart.so above all) is a failure.
@@ -70,6 +76,33 @@ def probe_build(root: Path, lib: Path, python: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def check_demo_model(z: zipfile.ZipFile, names: list[str]) -> list[str]:
+    """The bundled demo model: present, hashing to the sha256 recorded beside it (and in the checkout), alone."""
+    problems = []
+    others = [n for n in names if n.lower().endswith(".gguf") and n != DEMO_MODEL]
+    if others:
+        problems.append(f".gguf files other than the demo model in the wheel: {others[:5]}")
+    if DEMO_MODEL not in names or DEMO_SHA256 not in names:
+        missing = [n for n in (DEMO_MODEL, DEMO_SHA256) if n not in names]
+        return problems + [f"the demo model is incomplete in the wheel: {missing} missing"]
+    m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S+)\s*", z.read(DEMO_SHA256).decode("utf-8", "replace"))
+    if not m or m.group(2) != Path(DEMO_MODEL).name:
+        return problems + [f"{DEMO_SHA256} is not one sha256sum line for {Path(DEMO_MODEL).name}"]
+    digest = hashlib.sha256()
+    with z.open(DEMO_MODEL) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    size = z.getinfo(DEMO_MODEL).file_size
+    print(f"demo model: {DEMO_MODEL} ({size / 1e6:.2f} MB unpacked), sha256 {digest.hexdigest()}")
+    if digest.hexdigest() != m.group(1):
+        problems.append(f"{DEMO_MODEL} has sha256 {digest.hexdigest()}, its record says {m.group(1)}")
+    if REPO_DEMO_SHA256.is_file():
+        recorded = REPO_DEMO_SHA256.read_text(encoding="utf-8").split()[0]
+        if recorded != m.group(1):
+            problems.append(f"the wheel's {DEMO_SHA256} ({m.group(1)}) differs from the checkout's ({recorded})")
+    return problems
+
+
 def check(wheel: Path, max_mb: float, archs: str, python: str) -> list[str]:
     problems: list[str] = []
     size = wheel.stat().st_size
@@ -86,6 +119,7 @@ def check(wheel: Path, max_mb: float, archs: str, python: str) -> list[str]:
         for name in RUNTIME_DATA:
             if name not in names:
                 problems.append(f"package data {name} missing")
+        problems += check_demo_model(z, names)
         tests = [n for n in names if n.startswith("tests/") or "/tests/" in n or "conftest" in n]
         if tests:
             problems.append(f"files from tests/ in the wheel: {tests[:5]}")

@@ -126,3 +126,61 @@ def test_wheel_holds_the_package_only():
     assert not (ROOT / "openjet_launcher" / "tests").exists()
     # run-time data the launcher reads from the package
     assert (ROOT / "openjet_launcher" / "model" / "chat_template.jinja").is_file()
+
+
+# --- the trained demo model: the one GGUF in git, the sdist and the wheel (docs/DEMO_MODEL.md) ----------
+
+DEMO = "openjet_launcher/assets/openjet-demo.gguf"
+
+
+def test_the_demo_model_is_the_only_gguf_the_sdist_lets_through():
+    sdist = pyproject()["tool"]["scikit-build"]["sdist"]
+    assert "*.gguf" in sdist["exclude"]
+    assert [p.lstrip("/") for p in sdist["include"]] == [DEMO]
+
+
+def test_the_demo_model_and_its_sha256_record_are_in_the_package_tree():
+    path = ROOT / DEMO
+    if not path.is_file():
+        pytest.skip(f"{DEMO} is not in this checkout (serve falls back to the synthetic tiny model)")
+    digest, name = (ROOT / (DEMO + ".sha256")).read_text(encoding="utf-8").split()
+    assert name == path.name and re.fullmatch(r"[0-9a-f]{64}", digest)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    # check_wheel.py looks for it at the same place in the wheel
+    check_wheel = (ROOT / "packaging" / "check_wheel.py").read_text(encoding="utf-8")
+    assert f'DEMO_MODEL = "{DEMO}"' in check_wheel
+
+
+def test_git_tracks_the_demo_model_and_ignores_other_gguf_files():
+    import shutil
+    import subprocess
+
+    if not shutil.which("git") or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(rel: str) -> bool:
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT)
+        assert r.returncode in (0, 1), f"git check-ignore failed for {rel}"
+        return r.returncode == 0
+    assert not ignored(DEMO)
+    assert ignored("openjet_launcher/assets/other.gguf") and ignored("model.gguf")
+
+
+def test_scikit_build_core_selects_the_demo_model_for_sdist_and_wheel(monkeypatch):
+    """scikit-build-core's own file walk (what build_sdist and the wheel's package copy run) with our settings:
+    the demo model and its record are in, no other .gguf."""
+    import inspect
+
+    fp = pytest.importorskip("scikit_build_core.build._file_processor")
+    skb = pyproject()["tool"]["scikit-build"]
+    kw = {"mode": "default"} if "mode" in inspect.signature(fp.each_unignored_file).parameters else {}
+    monkeypatch.chdir(ROOT)  # the walk runs from the project root
+    for start in (".", "openjet_launcher"):   # the sdist; the package files copied into the wheel
+        files = {p.as_posix() for p in fp.each_unignored_file(
+            Path(start), include=skb["sdist"]["include"], exclude=skb["sdist"]["exclude"],
+            build_dir=skb["build-dir"], **kw)}
+        gguf = sorted(f for f in files if f.endswith(".gguf"))
+        if (ROOT / DEMO).is_file():
+            assert gguf == [DEMO] and DEMO + ".sha256" in files, (start, gguf)
+        else:
+            assert gguf == [], (start, gguf)

@@ -1,7 +1,7 @@
 """`openjet-launch` with no command: from nothing to a served model with a tray icon.
 
     lock (one launcher per user) -> port free? -> engine: the GPU checked and settings chosen, or the CPU
-    path explained -> model file (download, or the generated demo) -> can our engine run it? (else
+    path explained -> model file (download, or the bundled demo) -> can our engine run it? (else
     `--fallback llama-server`) -> Supervisor starts the server -> tray icon, or the terminal's status line
     -> Quit / Ctrl-C stops the server and releases the lock.
 
@@ -38,8 +38,8 @@ def add_default_options(parser: argparse.ArgumentParser) -> None:
         f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1 and show a tray icon. No NVIDIA GPU? `{CPU_PATH}` serves a "
         "tiny demo model on the CPU to try the API and your clients.")
     g.add_argument("--model", default=None, metavar="REPO/FILE|PATH|demo",
-                   help="the model: a Hugging Face REPO/FILE, a local .gguf path, or 'demo' (a tiny built-in "
-                        "model for the CPU path). Default: unsloth/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf")
+                   help="the model: a Hugging Face REPO/FILE, a local .gguf path, or 'demo' (the small trained "
+                        "model bundled for the CPU path). Default: unsloth/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf")
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
                         "the network, use --api-key then)")

@@ -6,12 +6,16 @@ The lead wires `add_serve_parser(subparsers)` into openjet_launcher/cli.py.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ipaddress
 import logging
 import os
+import re
+import sys
+from importlib import resources
 from pathlib import Path
 
-from ..errors import OpenJetError
+from ..errors import ModelFileError, OpenJetError
 from .errors import escape_for_log
 from .settings import ServerSettings
 
@@ -25,8 +29,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve a model over HTTP (OpenAI chat completions, completions, Responses; Anthropic messages)",
         description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/responses, "
                     "/v1/messages, /v1/models, /health, /props, /metrics, /tokenize, /detokenize. MODEL 'demo' "
-                    "serves the tiny synthetic model (generated into the cache folder on first use); a Hugging Face "
-                    "REPO/FILE.gguf is downloaded into the models folder and verified.")
+                    "serves the small trained demo model bundled with the package (27 MB, docs/DEMO_MODEL.md); a "
+                    "Hugging Face REPO/FILE.gguf is downloaded into the models folder and verified.")
     D = ServerSettings()
     p.add_argument("model", metavar="MODEL",
                    help="path of a qwen35 GGUF file, a Hugging Face REPO/FILE.gguf or REPO (downloaded on first "
@@ -67,8 +71,50 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def demo_model_path() -> Path:
-    """The tiny synthetic model in the cache folder (`$OPENJET_CACHE`, launcher/dirs.py), written on first use."""
+DEMO_FILE = "openjet-demo.gguf"  # openjet_launcher/assets/: the trained demo model (docs/DEMO_MODEL.md)
+_verified_demo: set[Path] = set()  # files whose sha256 this process has checked
+
+
+def bundled_demo_file() -> Path:
+    """Where the package keeps the trained demo model. The file may be absent (a source checkout without it)."""
+    ref = resources.files("openjet_launcher").joinpath("assets").joinpath(DEMO_FILE)
+    # A wheel or a checkout gives a pathlib.Path (the engines map the file); any other Traversable: beside us.
+    return ref if isinstance(ref, Path) else Path(__file__).resolve().parents[1] / "assets" / DEMO_FILE
+
+
+def _recorded_sha256(path: Path) -> str:
+    """The sha256 recorded beside the file, in `sha256sum` format (`PATH.sha256`: "HEX  NAME")."""
+    sums = path.with_name(path.name + ".sha256")
+    try:
+        line = sums.read_text(encoding="utf-8").strip()
+    except OSError:
+        line = ""
+    m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S+)", line)
+    if not m or m.group(2) != path.name:
+        raise ModelFileError(f"{sums}: missing or not a sha256sum line for {path.name}; this OpenJet install is "
+                             f"incomplete: reinstall openjet-launcher (pip install --force-reinstall openjet-launcher)")
+    return m.group(1)
+
+
+def verify_demo_model(path: Path) -> Path:
+    """Check the bundled demo model against its recorded sha256, once per process and file (~50 ms)."""
+    if path in _verified_demo:
+        return path
+    want = _recorded_sha256(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != want:
+        raise ModelFileError(f"{path}: the bundled demo model is damaged (sha256 {digest.hexdigest()}, expected "
+                             f"{want}); reinstall openjet-launcher (pip install --force-reinstall openjet-launcher)")
+    _verified_demo.add(path)
+    return path
+
+
+def synthetic_demo_path() -> Path:
+    """The tiny synthetic model (random weights) in the cache folder (`$OPENJET_CACHE`, launcher/dirs.py),
+    written on first use: the demo when the package has no trained one."""
     from ..launcher.dirs import cache_dir
 
     path = cache_dir() / "models" / "openjet-synthetic-tiny.gguf"
@@ -79,6 +125,18 @@ def demo_model_path() -> Path:
         synthesize("tiny", tmp, show_progress=False)
         tmp.replace(path)
     return path
+
+
+def demo_model_path() -> Path:
+    """MODEL 'demo': the trained demo model bundled in the package, checked against its sha256 (a mismatch is
+    an error, never a silent fallback). Without the file (a source checkout where it was removed), the
+    synthetic `tiny` model, with a one-line warning on stderr."""
+    path = bundled_demo_file()
+    if path.is_file():
+        return verify_demo_model(path)
+    print(f"openjet-launch: warning: the bundled demo model ({path}) is missing; serving the synthetic tiny "
+          f"model with random weights instead (its text is noise)", file=sys.stderr, flush=True)
+    return synthetic_demo_path()
 
 
 def model_path(spec: str) -> Path:

@@ -83,14 +83,41 @@ def test_serve_resolves_a_hugging_face_spec_through_ensure_model(monkeypatch, ti
     assert ran["app"].state.core.settings.model_id == tiny_path.name
 
 
-def test_serve_takes_a_path_or_demo_without_the_hub(monkeypatch, tiny_path, tmp_path):
+def test_serve_takes_a_path_or_demo_without_the_hub(monkeypatch, tiny_path, tmp_path, capsys):
     def no_hub(spec, **kw):
         raise AssertionError(f"{spec} went to the Hub")
     monkeypatch.setattr(download, "ensure_model", no_hub)
     assert _serve_in_process(monkeypatch, str(tiny_path))["app"].state.core.settings.model_id == tiny_path.name
     monkeypatch.setenv("OPENJET_CACHE", str(tmp_path))
+    if cli.bundled_demo_file().is_file():       # the trained demo model in the package
+        assert cli.model_path("demo") == cli.bundled_demo_file()
+        assert capsys.readouterr().err == ""
+    # without it (a checkout where it was removed): the synthetic tiny model in the cache, with a warning
+    monkeypatch.setattr(cli, "bundled_demo_file", lambda: tmp_path / "absent" / cli.DEMO_FILE)
     assert cli.model_path("demo") == tmp_path / "models" / "openjet-synthetic-tiny.gguf"
     assert cli.model_path("demo").is_file()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "bundled demo model" in err[0] and "synthetic tiny model" in err[0]
+
+
+def test_serve_demo_answers_an_openai_sdk_chat_request(monkeypatch):
+    """`serve demo` as the CLI builds it (bundled model, reference engine), live, through the real OpenAI SDK;
+    the answer separated from the thinking, as the demo model was trained to give it."""
+    openai = pytest.importorskip("openai")
+    from .conftest import LiveServer
+
+    if not cli.bundled_demo_file().is_file():
+        pytest.skip("no bundled demo model in this checkout")
+    app = _serve_in_process(monkeypatch, "demo")["app"]
+    assert app.state.core.settings.model_id == cli.DEMO_FILE
+    with LiveServer(app) as server, openai.OpenAI(base_url=server.base + "/v1", api_key="none", timeout=60) as client:
+        t0 = time.monotonic()
+        r = client.chat.completions.create(model=cli.DEMO_FILE, max_tokens=120, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi, who are you?"}])
+        seconds = time.monotonic() - t0
+    assert r.choices[0].finish_reason == "stop"
+    assert "OpenJet" in r.choices[0].message.content and "</think>" not in r.choices[0].message.content
+    assert seconds < 30, seconds
 
 
 def test_a_missing_local_path_is_an_error_that_says_so(tmp_path):
