@@ -227,8 +227,8 @@ template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uin
 
 // Q6_K: element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l]
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
-// aligned; kAligned4 when both rows' units are 4-byte aligned (every other unit when a row has an even
-// number of units: then the branch is the same for the whole warp).
+// aligned; kAligned4 when every row's unit in the warp is 4-byte aligned (every other unit when a row has
+// an even number of units).
 template <bool kAligned4>
 __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
@@ -280,7 +280,9 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 
 template <>
 __device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
-    if (((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0)
+    // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a row
+    // has an odd number of units.
+    if (__all_sync(0xffffffffu, ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
         unit_mma_q6_k<true>(r, x, tq, acc);
     else
         unit_mma_q6_k<false>(r, x, tq, acc);
