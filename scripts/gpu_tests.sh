@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build the engine for this GPU, run the GPU tests and the GEMV benchmark, results in $OUT.
 #   run(carry=[".whl"], command="bash scripts/gpu_tests.sh")
-# .whl/ holds the wheels the bare GPU image lacks (gguf, platformdirs, ...: docs in scripts/gpu_synth_full.sh).
+# .whl/ holds the wheels the bare GPU image lacks: scripts/fetch_device_wheels.sh downloads them.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

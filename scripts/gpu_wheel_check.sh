@@ -4,7 +4,8 @@
 # `serve demo --engine cuda` answering a chat request; and doctor with an engine built without this GPU's
 # architecture (.prebuilt/libopenjet-no-sm90.so, through OPENJET_LIBRARY). Results in $OUT.
 #   run(carry=[".whl", "wheelhouse", ".prebuilt"], command="bash scripts/gpu_wheel_check.sh")
-# .whl/ holds the dependency wheels the offline image lacks (installed with --no-deps next to the system ones).
+# .whl/ holds the dependency wheels the offline image lacks (scripts/fetch_device_wheels.sh; installed with
+# --no-deps next to the system ones). On 2026-11-30 the first attempt lacked anyio, so the CLI could not import.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SRC=$PWD
