@@ -312,3 +312,41 @@ def test_every_visible_gpu_runs_the_probe_kernel(report):
         kernel = device["kernel"]
         assert kernel["ok"] and kernel["error"] is None, kernel
         assert kernel["arch"] == arch
+
+
+# ------------------------------------------------------------------- refusing a GPU the engine cannot run on
+
+def _report(**device) -> dict:
+    d = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "sm": 90, "error": None,
+         "kernel": {"ok": True, "arch": 90, "error": None}}
+    d.update(device)
+    return {"error": None, "device_count": 1, "devices": [d],
+            "build": {"cuda_architectures": "86-real;89-real;120-real;120-virtual", "sass": [86, 89, 120], "ptx": [120]}}
+
+
+def test_a_device_whose_kernel_ran_is_accepted():
+    assert device_probe.require_runnable_device(_report(), 0)["name"] == "NVIDIA H200"
+
+
+def test_no_compiled_code_for_the_gpu_is_refused_with_what_to_install():
+    err = {"code": 209, "name": "cudaErrorNoKernelImageForDevice",
+           "message": "no kernel image is available for execution on the device", "call": "kernel launch",
+           "hint": None}
+    with pytest.raises(OpenJetError) as e:
+        device_probe.require_runnable_device(_report(kernel={"ok": False, "arch": None, "error": err}), 0)
+    msg = str(e.value)
+    assert "NVIDIA H200" in msg and "9.0" in msg and "no code for it" in msg
+    assert "cudaErrorNoKernelImageForDevice" in msg and "sm_90" in msg and "OPENJET_CUDA_ARCHITECTURES=90-real" in msg
+    assert "[86, 89, 120]" in msg
+
+
+def test_no_gpu_or_a_missing_device_index_is_refused():
+    none = {"error": {"name": "cudaErrorInsufficientDriver", "message": "CUDA driver version is insufficient",
+                      "hint": "Install an NVIDIA driver."}, "device_count": 0, "devices": []}
+    with pytest.raises(OpenJetError, match="No usable NVIDIA GPU.*cudaErrorInsufficientDriver.*Install"):
+        device_probe.require_runnable_device(none, 0)
+    with pytest.raises(OpenJetError, match="GPU 1 does not exist: CUDA sees 1 device"):
+        device_probe.require_runnable_device(_report(), 1)
+    broken = _report(error={"name": "cudaErrorDevicesUnavailable", "message": "busy", "hint": None}, kernel=None)
+    with pytest.raises(OpenJetError, match="could not be opened.*cudaErrorDevicesUnavailable"):
+        device_probe.require_runnable_device(broken, 0)

@@ -32,6 +32,7 @@ from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
                         StepOutput, TokenIds, argmax, check_token_ids)
+from .device_probe import probe, require_runnable_device
 from .native import load_library
 
 KV_TYPES = {"f16": 1, "q8_0": 8}
@@ -161,6 +162,7 @@ class CudaEngine(Engine):
             replaced = reencode(gguf, verdict.conversions)
 
         lib = _declare(load_library())
+        require_runnable_device(probe(), device)   # a clear message instead of a failed first kernel launch
         cfg = EngineConfig(
             n_embd=s.n_embd, n_ff=s.n_ff, n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
             head_dim=s.head_dim, n_rot=s.n_rot, ssm_n_k_heads=s.ssm_n_k_heads, ssm_n_v_heads=s.ssm_n_v_heads,

@@ -41,6 +41,35 @@ def probe() -> dict[str, Any]:
     return json.loads(probe_json())
 
 
+def require_runnable_device(report: dict[str, Any], device: int) -> dict[str, Any]:
+    """The report's entry of `device` when the engine's code runs on it; else an OpenJetError that says why
+    (no driver or GPU, no such device, or no compiled code for its architecture) and what to do."""
+    def advice(err: dict[str, Any] | None) -> str:
+        if not err:
+            return ""
+        text = f"{err.get('name') or 'error'}: {err.get('message') or ''}".strip()
+        return f" ({text}){' ' + err['hint'] if err.get('hint') else ''}"
+
+    if report.get("error"):
+        raise OpenJetError(f"No usable NVIDIA GPU{advice(report['error'])}")
+    devices = report.get("devices") or []
+    if not 0 <= device < len(devices):
+        raise OpenJetError(f"GPU {device} does not exist: CUDA sees {len(devices)} device(s)")
+    d = devices[device]
+    name = f"GPU {device} ({d.get('name')}, compute capability {d.get('compute_capability')})"
+    if d.get("error"):
+        raise OpenJetError(f"{name} could not be opened{advice(d['error'])}")
+    kernel = d.get("kernel") or {}
+    if not kernel.get("ok"):
+        build = report.get("build") or {}
+        sm = d.get("sm")
+        raise OpenJetError(
+            f"{name}: this OpenJet engine has no code for it (built for SASS {build.get('sass')} and PTX "
+            f"{build.get('ptx')}){advice(kernel.get('error'))}. Install a release wheel that includes sm_{sm}, "
+            f"or rebuild: OPENJET_CUDA_ARCHITECTURES={sm}-real pip install --force-reinstall --no-deps .")
+    return d
+
+
 def probe_in_child(timeout_s: float = 120.0) -> dict[str, Any]:
     """probe() in a child Python process, so a crash or a hang in the driver stays there.
 
