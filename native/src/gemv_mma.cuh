@@ -375,9 +375,11 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 }
 
 // One block = one 16-row tile; warp i takes units [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four
-// partials in order and writes y[col, row] = sum * inv[col] for col < t.
+// partials in order and writes y[col, row] = sum * inv[col] for col < t. Min 4 blocks per SM caps the
+// registers at 128 (4 blocks' shared memory fits anyway); without it ptxas gave sm_86's Q6_K 80 registers
+// and a 4-byte spill.
 template <int QT>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvWarps * 32, 4)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                 float* __restrict__ y) {
     extern __shared__ uint4 smem[];
