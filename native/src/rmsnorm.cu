@@ -1,4 +1,4 @@
-// launch_rmsnorm: one block per token row (the fused norm + activation quantisation is in quantize_act.cu).
+// launch_rmsnorm: one block per token row (the fused norm + activation packing is in act_pack.cu).
 #include "rmsnorm.cuh"
 
 namespace openjet {

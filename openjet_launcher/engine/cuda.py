@@ -2,8 +2,9 @@
 
 What v1 is (and is not):
 
-* ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (dp4a GEMVs on the GGUF blocks, the
-  recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one kernel launch per op.
+* ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (tensor-core GEMVs on the GGUF blocks with
+  fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
+  kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
 * ``prefill`` is decode in steps of up to 8 tokens: the same results, not yet the fast path. Tensor-core
   prefill with the chunked WY Gated DeltaNet (qwen38.md §3.4) is future work; ``chunk_size`` is checked and
   otherwise ignored.
@@ -13,8 +14,8 @@ What v1 is (and is not):
   position evicted first); ``truncate`` restores the latest checkpoint at or before the target and replays
   the tokens after it (rollback by replay, interface.py), without computing logits.
 * ``mtp_draft`` raises NotImplementedError: the MTP head comes with the speculative-decoding issue.
-* Files: the unsloth Q4_K_M recipe (the synthetic models use it). Plain llama-quantize Q4_K_M files need
-  four tensor roles re-encoded at load; v1 refuses them with a message.
+* Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
+  four differing tensor roles are re-encoded at load (model/reencode.py).
 """
 
 from __future__ import annotations
