@@ -169,8 +169,6 @@ def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models):
         assert same
         with pytest.raises(OpenJetError, match="outside the vocabulary"):
             engine.decode(state, [engine.config.shape.n_vocab])
-        with pytest.raises(NotImplementedError):
-            engine.mtp_draft(state, 1)
         old = state
         engine.new_state()
         with pytest.raises(OpenJetError, match="retired"):
@@ -223,3 +221,84 @@ def test_demo_model_agrees_with_the_reference(kv_type):
     m = compare(ref_logits, got)
     report(test="demo_teacher_forced", kv_type=kv_type, positions=len(ids), metrics=m)
     assert m["mean_kl"] <= KL_BAR and m["top1"] >= TOP1_BAR, m
+
+
+# ------------------------------------------------------------------------------------ the MTP head on the GPU
+
+def _draft_agreement(rd, gd) -> dict:
+    """Per draft step until the first differing draft: rel L2 of logits and h', KL(ref || gpu); and whether the
+    first difference (if any) is at a near-tie of the reference's logits."""
+    out = {"steps": [], "diverged_at": None, "gap": None}
+    for k in range(len(rd.tokens)):
+        r, g = rd.logits[k].astype(np.float64), gd.logits[k].astype(np.float64)
+        pr, pg = np.exp(r - r.max()), np.exp(g - g.max())
+        pr, pg = pr / pr.sum(), pg / pg.sum()
+        out["steps"].append({
+            "logits_rel_l2": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
+            "hidden_rel_l2": float(np.linalg.norm(gd.hidden[k] - rd.hidden[k]) / np.linalg.norm(rd.hidden[k])),
+            "kl": float(np.sum(pr * (np.log(pr + 1e-30) - np.log(pg + 1e-30))))})
+        if rd.tokens[k] != gd.tokens[k]:
+            top2 = np.sort(r)[-2:]
+            out["diverged_at"], out["gap"] = k, float(top2[1] - top2[0])
+            break
+    return out
+
+
+@pytest.mark.parametrize("which", ["tiny", "demo"])
+def test_mtp_drafts_match_the_reference(models, which):
+    """Drafts after a prefill (steps of 8 and a partial one: the cache fill with and without a carried hidden
+    row), after a 4-token decode step, and after a truncate that restores a checkpoint (the carried hidden
+    row comes back from the slot)."""
+    if which == "demo" and not DEMO.exists():
+        pytest.skip("the bundled demo model is not in this tree")
+    path = models["tiny"] if which == "tiny" else DEMO
+    ref = ReferenceEngine.load(path)
+    engine = CudaEngine.load(path, n_ctx=256, n_checkpoints=2)
+    assert engine.has_mtp
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, ref.config.shape.n_vocab, 64)
+    results = []
+    try:
+        rs, gs = ref.new_state(), engine.new_state()
+
+        def both(stage: str, token: int) -> None:
+            rd, gd = ref.mtp_draft(rs, token, 3), engine.mtp_draft(gs, token, 3)
+            results.append({"stage": stage, **_draft_agreement(rd, gd)})
+
+        ref.prefill(rs, ids[:37])
+        engine.prefill(gs, ids[:37])
+        both("after prefill of 37", int(ids[37]))
+        engine.checkpoint(gs)
+        ref.checkpoint(rs)
+        ref.decode(rs, ids[37:41])
+        engine.decode(gs, ids[37:41])
+        both("after a 4-token step", int(ids[41]))
+        ref.decode(rs, ids[41:42])
+        engine.decode(gs, ids[41:42])
+        ref.truncate(rs, 39)
+        engine.truncate(gs, 39)
+        both("after truncate to 39", int(ids[39]))
+        report(test="mtp_drafts", model=which, results=results)
+    finally:
+        engine.close()
+    for r in results:
+        for st in r["steps"]:
+            assert st["logits_rel_l2"] < 5e-3 and st["hidden_rel_l2"] < 5e-3 and st["kl"] < 1e-3, r
+        assert r["diverged_at"] is None or r["gap"] < GREEDY_TIE, r
+
+
+def test_mtp_draft_errors(models):
+    engine = CudaEngine.load(models["tiny"], n_ctx=64)
+    try:
+        state = engine.new_state()
+        with pytest.raises(OpenJetError, match="prefill first"):
+            engine.mtp_draft(state, 1, 1)
+        engine.prefill(state, [1, 2, 3])
+        with pytest.raises(OpenJetError, match="outside the vocabulary"):
+            engine.mtp_draft(state, engine.config.shape.n_vocab, 1)
+        with pytest.raises(OpenJetError, match="at least 1"):
+            engine.mtp_draft(state, 1, 0)
+        assert len(engine.mtp_draft(state, 1, 2).tokens) == 2
+        assert state.n_tokens == 3                      # drafting leaves the sequence as it was
+    finally:
+        engine.close()

@@ -95,6 +95,17 @@ OPENJET_API int openjet_engine_restore(openjet_engine* engine, int slot);
 
 OPENJET_API int openjet_engine_memory(const openjet_engine* engine, openjet_engine_memory_report* report);
 
+/* *has_mtp = 1 when the model has an MTP head (blk.{n_layer}.nextn.*), else 0. With one, every decode step also
+ * extends the head's own KV cache by the step's (token, previous hidden) pairs (qwen38.md §3.3). */
+OPENJET_API int openjet_engine_has_mtp(const openjet_engine* engine, int* has_mtp);
+
+/* Draft step k (0, 1, ...) of a chain after the last processed token: the MTP head on (token, h), h = the
+ * trunk's last hidden row for k = 0, else the head's own output of step k - 1; it writes its cache row
+ * n_past - 1 + k (past the committed rows: the next decode step overwrites it). logits [n_vocab] and hidden
+ * [n_embd] (h', the head's post-norm output) are host buffers, either may be NULL. The sequence is
+ * unchanged. Needs n_past >= 1. */
+OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, int k, float* logits, float* hidden);
+
 #ifdef __cplusplus
 }
 #endif

@@ -111,6 +111,8 @@ struct AttnDecodeArgs {
     float* o;                // [t, n_head * 256] = attention * sigmoid(gate)
     float* work;             // attn_decode_work_floats() floats
     int sm_count;            // multiprocessors; <= 0: read from the current device
+    int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
+                             // row r holds the token at position r + 1)
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes
@@ -153,7 +155,7 @@ __device__ __forceinline__ void attn_prep_row(const AttnDecodeArgs& a, int t, in
     y[d] = __fmul_rn(__fmul_rn(x[d], scale), w[d]);
     __syncthreads();
     const int pos = a.n_past + t;
-    const float r = rope_neox_dim(y, d, pos, a.n_rot, a.rope_base);
+    const float r = rope_neox_dim(y, d, pos + a.rope_offset, a.n_rot, a.rope_base);
     __syncthreads();  // y may be reused by a persistent caller's next row
     if (is_q) {
         a.work[(static_cast<size_t>(t) * a.n_head + i) * kAttnHeadDim + d] = r;

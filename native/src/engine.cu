@@ -8,6 +8,9 @@
 //              h += mix; f = rms(h, post_attention_norm) -> int8; up/gate = W f;
 //              mix = W_down quant(silu(gate) * up)          (the next layer's norm adds mix to h first)
 //   hidden = rms(h + mix, output_norm); logits = W_output hidden (Q6_K)
+// MTP head (qwen38.md §3.3, when the file has blk.{n_layer}.nextn.*): after every step its attention layer's
+// cache is extended by the step's pairs (x_{i+1}, hidden_i) (row r of that cache = position r + 1);
+// openjet_engine_mtp_step runs the whole head for one drafted token on rows past the committed ones.
 // Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
 // position bit for bit, except when attention's context split changes (attn_decode.cuh).
 //
@@ -84,9 +87,12 @@ struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
-    int n_gdn = 0, n_attn = 0;
+    int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
+    bool has_mtp = false;
+    LayerW mtp;                               // the MTP head's attention layer + FFN (blk.{n_layer}.*)
+    DevTensor mtp_enorm, mtp_hnorm, mtp_eh_proj, mtp_head_norm;
 
     char* weights = nullptr;
     char* state = nullptr;
@@ -108,6 +114,9 @@ struct openjet_engine {
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
     ActPack x{};  // the next GEMV's activations
+    // MTP scratch: pair hidden rows [T, E], concat input [T, 2E], residual [T, E]; the trunk's last hidden
+    // row (kept across steps and in checkpoints) and the head's own last output h' [E].
+    float *mtp_hs = nullptr, *mtp_c = nullptr, *mtp_u = nullptr, *mtp_last = nullptr, *mtp_hp = nullptr;
 
     ~openjet_engine() {
         if (weights) cudaFree(weights);
@@ -160,6 +169,7 @@ class TensorTable {
         for (int i = 0; i < n; ++i)
             if (t[i].name) map_[t[i].name] = &t[i];
     }
+    bool has(const std::string& name) const { return map_.count(name) != 0; }
     int get(const std::string& name, const std::vector<int>& types, int64_t ne0, int64_t ne1, DevTensor& out) {
         auto it = map_.find(name);
         if (it == map_.end()) return fail(OPENJET_ENGINE_ERR_MODEL, "tensor %s is missing", name.c_str());
@@ -208,6 +218,27 @@ class TensorTable {
 const std::vector<int> kVec = {kF32};
 const std::vector<int> kMat = {kQ4_K, kQ5_K, kQ6_K, kQ8_0};
 
+// attn_norm and the gated attention of layer prefix p ("blk.N.").
+int bind_attention(TensorTable& tt, const std::string& p, openjet_engine& e, LayerW& L) {
+    const auto& c = e.cfg;
+    const int E = c.n_embd;
+    TRY(tt.get(p + "attn_norm.weight", kVec, E, 1, L.attn_norm));
+    TRY(tt.get(p + "attn_q.weight", kMat, E, 2 * e.q_dim(), L.wq));
+    TRY(tt.get(p + "attn_k.weight", kMat, E, e.kv_dim(), L.wk));
+    TRY(tt.get(p + "attn_v.weight", kMat, E, e.kv_dim(), L.wv));
+    TRY(tt.get(p + "attn_q_norm.weight", kVec, c.head_dim, 1, L.q_norm));
+    TRY(tt.get(p + "attn_k_norm.weight", kVec, c.head_dim, 1, L.k_norm));
+    return tt.get(p + "attn_output.weight", kMat, e.q_dim(), E, L.wo);
+}
+
+int bind_ffn(TensorTable& tt, const std::string& p, const openjet_engine_config& c, LayerW& L) {
+    const int E = c.n_embd;
+    TRY(tt.get(p + "post_attention_norm.weight", kVec, E, 1, L.post_norm));
+    TRY(tt.get(p + "ffn_gate.weight", kMat, E, c.n_ff, L.ffn_gate));
+    TRY(tt.get(p + "ffn_up.weight", kMat, E, c.n_ff, L.ffn_up));
+    return tt.get(p + "ffn_down.weight", kMat, c.n_ff, E, L.ffn_down);
+}
+
 int bind_weights(openjet_engine& e, const openjet_tensor_desc* tensors, int n) {
     TensorTable tt(tensors, n);
     const auto& c = e.cfg;
@@ -221,15 +252,10 @@ int bind_weights(openjet_engine& e, const openjet_tensor_desc* tensors, int n) {
         const std::string p = "blk." + std::to_string(il) + ".";
         L.attn = (il + 1) % c.full_attn_interval == 0;
         L.idx = L.attn ? e.n_attn++ : e.n_gdn++;
-        TRY(tt.get(p + "attn_norm.weight", kVec, E, 1, L.attn_norm));
         if (L.attn) {
-            TRY(tt.get(p + "attn_q.weight", kMat, E, 2 * e.q_dim(), L.wq));
-            TRY(tt.get(p + "attn_k.weight", kMat, E, e.kv_dim(), L.wk));
-            TRY(tt.get(p + "attn_v.weight", kMat, E, e.kv_dim(), L.wv));
-            TRY(tt.get(p + "attn_q_norm.weight", kVec, c.head_dim, 1, L.q_norm));
-            TRY(tt.get(p + "attn_k_norm.weight", kVec, c.head_dim, 1, L.k_norm));
-            TRY(tt.get(p + "attn_output.weight", kMat, e.q_dim(), E, L.wo));
+            TRY(bind_attention(tt, p, e, L));
         } else {
+            TRY(tt.get(p + "attn_norm.weight", kVec, E, 1, L.attn_norm));
             const int nv = c.ssm_n_v_heads;
             TRY(tt.get(p + "attn_qkv.weight", kMat, E, e.conv_dim(), L.qkv));
             TRY(tt.get(p + "attn_gate.weight", kMat, E, e.d_inner(), L.gate));
@@ -241,10 +267,20 @@ int bind_weights(openjet_engine& e, const openjet_tensor_desc* tensors, int n) {
             TRY(tt.get(p + "ssm_norm.weight", kVec, c.ssm_head_dim, 1, L.ssm_norm));
             TRY(tt.get(p + "ssm_out.weight", kMat, e.d_inner(), E, L.ssm_out));
         }
-        TRY(tt.get(p + "post_attention_norm.weight", kVec, E, 1, L.post_norm));
-        TRY(tt.get(p + "ffn_gate.weight", kMat, E, c.n_ff, L.ffn_gate));
-        TRY(tt.get(p + "ffn_up.weight", kMat, E, c.n_ff, L.ffn_up));
-        TRY(tt.get(p + "ffn_down.weight", kMat, c.n_ff, E, L.ffn_down));
+        TRY(bind_ffn(tt, p, c, L));
+    }
+    const std::string p = "blk." + std::to_string(c.n_layer) + ".";
+    e.has_mtp = tt.has(p + "nextn.eh_proj.weight");
+    if (e.has_mtp) {
+        LayerW& L = e.mtp;
+        L.attn = true;
+        L.idx = e.n_attn++;
+        TRY(tt.get(p + "nextn.enorm.weight", kVec, E, 1, e.mtp_enorm));
+        TRY(tt.get(p + "nextn.hnorm.weight", kVec, E, 1, e.mtp_hnorm));
+        TRY(tt.get(p + "nextn.eh_proj.weight", kMat, 2 * E, E, e.mtp_eh_proj));
+        TRY(tt.get(p + "nextn.shared_head_norm.weight", kVec, E, 1, e.mtp_head_norm));
+        TRY(bind_attention(tt, p, e, L));
+        TRY(bind_ffn(tt, p, c, L));
     }
     return OPENJET_OK;
 }
@@ -253,7 +289,7 @@ template <class F> void for_each_tensor(openjet_engine& e, F f) {
     f(e.tok_embd);
     f(e.out_norm);
     f(e.output);
-    for (LayerW& L : e.layers) {
+    auto layer = [&](LayerW& L) {
         for (DevTensor* t : {&L.attn_norm, &L.post_norm, &L.ffn_gate, &L.ffn_up, &L.ffn_down})
             f(*t);
         if (L.attn) {
@@ -263,6 +299,11 @@ template <class F> void for_each_tensor(openjet_engine& e, F f) {
                                  &L.ssm_out})
                 f(*t);
         }
+    };
+    for (LayerW& L : e.layers) layer(L);
+    if (e.has_mtp) {
+        layer(e.mtp);
+        for (DevTensor* t : {&e.mtp_enorm, &e.mtp_hnorm, &e.mtp_eh_proj, &e.mtp_head_norm}) f(*t);
     }
 }
 
@@ -289,6 +330,8 @@ size_t attn_work_floats_max(const openjet_engine& e) {
     }
     return attn_decode_work_floats(e.cfg.n_head, OPENJET_ENGINE_MAX_T, max_chunks);
 }
+
+size_t ckpt_slot_bytes(const openjet_engine& e);
 
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
@@ -317,9 +360,10 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t conv_b = align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn);
     e.kv_bytes = align_up(2 * e.kv_layer_half * e.n_attn);
     e.gdn_bytes = ssm_b + 2 * conv_b;
-    e.ckpt_bytes = static_cast<size_t>(c.n_checkpoints) * (ssm_b + conv_b);
+    e.ckpt_bytes = static_cast<size_t>(c.n_checkpoints) * ckpt_slot_bytes(e);
 
-    const size_t E = c.n_embd, kmax = std::max({(size_t)c.n_embd, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim()});
+    const size_t E = c.n_embd;
+    const size_t kmax = std::max({E, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim(), e.has_mtp ? 2 * E : E});
     const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff});
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
@@ -341,6 +385,11 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.mix, sizeof(float) * T * E},
         {(void**)&e.logits, sizeof(float) * T * c.n_vocab},
         {(void**)&e.attn_work, sizeof(float) * work},
+        {(void**)&e.mtp_hs, e.has_mtp ? sizeof(float) * T * E : 0},
+        {(void**)&e.mtp_c, e.has_mtp ? sizeof(float) * T * 2 * E : 0},
+        {(void**)&e.mtp_u, e.has_mtp ? sizeof(float) * T * E : 0},
+        {(void**)&e.mtp_last, e.has_mtp ? sizeof(float) * E : 0},
+        {(void**)&e.mtp_hp, e.has_mtp ? sizeof(float) * E : 0},
     };
     size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
     e.scratch_bytes = 0;
@@ -424,14 +473,16 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
-// The attention mixer of layer L at positions n_past.. : a -> e.mix; appends k, v to the layer's cache.
-int attn_mixer(openjet_engine& e, const LayerW& L, int t) {
+// The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
+// appends k, v to the layer's cache.
+int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
     const auto& c = e.cfg;
     TRY(gemv(e, L.wq, t, e.a, e.big1));
     TRY(gemv(e, L.wk, t, e.a, e.big2));
     TRY(gemv(e, L.wv, t, e.a, e.big3));
     AttnDecodeArgs a{};
-    a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.t = t, a.n_past = e.n_past;
+    a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.t = t, a.n_past = n_past;
+    a.rope_offset = rope_offset;
     a.capacity = c.n_ctx, a.n_rot = c.n_rot, a.eps = c.rms_eps, a.rope_base = c.rope_base;
     a.qproj = e.big1, a.k = e.big2, a.v = e.big3;
     a.q_norm = static_cast<const float*>(L.q_norm.d);
@@ -444,6 +495,52 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t) {
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
 
+// The MTP head over t pairs (ids [t] on the device, hidden rows hs [t, E]) at its cache rows row0.. (qwen38.md
+// §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with `full`, also u += ffn(rms(u))
+// and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits. Without `full` only the
+// attention runs: what filling the cache needs.
+int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs, int t, int row0, bool full) {
+    const auto& c = e.cfg;
+    const int E = c.n_embd;
+    CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, E, ids, t, e.mtp_u, e.stream));
+    for (int r = 0; r < t; ++r) {  // rows of [embedding | hidden], the embedding half first
+        CHECK(launch_rmsnorm(e.mtp_u + r * E, static_cast<const float*>(e.mtp_enorm.d), 1, E, c.rms_eps,
+                             e.mtp_c + r * 2 * E, e.stream));
+        CHECK(launch_rmsnorm(hs + r * E, static_cast<const float*>(e.mtp_hnorm.d), 1, E, c.rms_eps,
+                             e.mtp_c + r * 2 * E + E, e.stream));
+    }
+    CHECK(launch_pack_act(e.mtp_c, t, 2 * E, nullptr, 0.0f, e.x, e.stream));
+    TRY(gemv(e, e.mtp_eh_proj, t, nullptr, e.mtp_u));
+    const LayerW& L = e.mtp;
+    CHECK(launch_add_norm_pack(e.mtp_u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr,
+                               e.x, e.stream));
+    TRY(attn_mixer(e, L, t, row0, 1));
+    if (!full) return OPENJET_OK;
+    CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
+                               e.x, e.stream));
+    TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
+    TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
+    CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
+    TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
+    CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
+                               e.mtp_hp, e.x, e.stream));
+    return gemv(e, e.output, t, nullptr, e.logits);
+}
+
+// After a trunk step of t tokens that started at n_past0 (hidden rows in e.a): the MTP cache rows of the pairs
+// (x_i, hidden_{i-1}) for i in the step (x_0 has none), then e.mtp_last = the step's last hidden row.
+int mtp_fill(openjet_engine& e, int t, int n_past0) {
+    const size_t row = sizeof(float) * e.cfg.n_embd;
+    const int first = n_past0 == 0 ? 1 : 0;  // the sequence's first token has no pair
+    if (first == 0) CHECK(cudaMemcpyAsync(e.mtp_hs, e.mtp_last, row, cudaMemcpyDeviceToDevice, e.stream));
+    if (t > 1)
+        CHECK(cudaMemcpyAsync(e.mtp_hs + (1 - first) * e.cfg.n_embd, e.a, row * (t - 1), cudaMemcpyDeviceToDevice,
+                              e.stream));
+    CHECK(cudaMemcpyAsync(e.mtp_last, e.a + (t - 1) * e.cfg.n_embd, row, cudaMemcpyDeviceToDevice, e.stream));
+    if (t - first > 0) TRY(mtp_rows(e, e.ids + first, e.mtp_hs, t - first, n_past0 + first - 1, false));
+    return OPENJET_OK;
+}
+
 int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
@@ -453,7 +550,7 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
         const LayerW& L = e.layers[il];
         CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
                                    c.rms_eps, e.a, e.x, e.stream));
-        TRY(L.attn ? attn_mixer(e, L, t) : gdn_mixer(e, L, t));
+        TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0) : gdn_mixer(e, L, t));
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream));
         TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
@@ -468,14 +565,18 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     }
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    if (e.has_mtp) TRY(mtp_fill(e, t, e.n_past));  // after the copies: it reuses e.a, e.x and e.mix
     CHECK(cudaStreamSynchronize(e.stream));
     e.n_past += t;
     if (e.n_gdn) e.conv_cur ^= 1;
     return OPENJET_OK;
 }
 
+// A checkpoint slot: GDN states, the current conv-state buffer and (with an MTP head) the trunk's last hidden
+// row, which the next step's first MTP pair needs.
 size_t ckpt_slot_bytes(const openjet_engine& e) {
-    return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn) + align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn);
+    return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn) + align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn) +
+           (e.has_mtp ? align_up(sizeof(float) * e.cfg.n_embd) : 0);
 }
 
 int check_engine(const openjet_engine* e) {
@@ -562,6 +663,9 @@ extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot
     char* dst = e->ckpt + slot * ckpt_slot_bytes(*e);
     CHECK(cudaMemcpyAsync(dst, e->ssm, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaMemcpyAsync(dst + ssm_b, e->conv[e->conv_cur], conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    if (e->has_mtp)
+        CHECK(cudaMemcpyAsync(dst + ssm_b + align_up(conv_b), e->mtp_last, sizeof(float) * e->cfg.n_embd,
+                              cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     e->ckpt_n_past[slot] = e->n_past;
     return OPENJET_OK;
@@ -577,8 +681,40 @@ extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
     const char* src = e->ckpt + slot * ckpt_slot_bytes(*e);
     CHECK(cudaMemcpyAsync(e->ssm, src, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ssm_b, conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    if (e->has_mtp)
+        CHECK(cudaMemcpyAsync(e->mtp_last, src + ssm_b + align_up(conv_b), sizeof(float) * e->cfg.n_embd,
+                              cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = e->ckpt_n_past[slot];
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_has_mtp(const openjet_engine* e, int* has_mtp) {
+    TRY(check_engine(e));
+    if (!has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "has_mtp is NULL");
+    *has_mtp = e->has_mtp ? 1 : 0;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t token, int k, float* logits,
+                                                   float* hidden) {
+    TRY(check_engine(e));
+    const auto& c = e->cfg;
+    if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: the model has no MTP head");
+    if (e->n_past < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: no token processed yet (prefill first)");
+    if (token < 0 || token >= c.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: token id %d is outside the vocabulary [0, %d)", token,
+                    c.n_vocab);
+    const int row = e->n_past - 1 + k;  // the draft's cache row, past the committed ones
+    if (k < 0 || row >= c.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: draft step %d at %d tokens exceeds the context of %d", k,
+                    e->n_past, c.n_ctx);
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, 1, row, true));
+    if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * c.n_vocab, cudaMemcpyDeviceToHost, e->stream));
+    if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
     return OPENJET_OK;
 }
 

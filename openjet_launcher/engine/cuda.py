@@ -13,7 +13,9 @@ What v1 is (and is not):
 * ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
   position evicted first); ``truncate`` restores the latest checkpoint at or before the target and replays
   the tokens after it (rollback by replay, interface.py), without computing logits.
-* ``mtp_draft`` raises NotImplementedError: the MTP head comes with the speculative-decoding issue.
+* ``mtp_draft`` runs the MTP head on the device one draft step per call of the C API (its cache is filled by
+  every decode step); the host picks each drafted token. Not yet run on a GPU (2026-11-30: written after the
+  session's device time was spent): tests/test_gpu_engine.py checks it against the reference.
 * Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
   four differing tensor roles are re-encoded at load (model/reencode.py).
 """
@@ -79,6 +81,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_checkpoint": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_restore": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
+        "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
     }
     try:
         for name, (args, res) in sig.items():
@@ -250,9 +254,34 @@ class CudaEngine(Engine):
             return StepOutput(np.concatenate(logits), np.concatenate(hidden))
         return StepOutput(logits[-1][-1:], hidden[-1][-1:])
 
+    @property
+    def has_mtp(self) -> bool:
+        flag = ctypes.c_int(0)
+        self._check(self._lib.openjet_engine_has_mtp(self._handle, ctypes.byref(flag)), "has_mtp")
+        return bool(flag.value)
+
     def mtp_draft(self, state: CudaState, token: int, n_draft: int = 1, choose: Choose = argmax) -> DraftOutput:
-        raise NotImplementedError("the CUDA engine v1 has no MTP head yet (speculative decoding is the next "
-                                  "issue); decode without drafts")
+        """The MTP head on the device, one launch sequence per draft step; ``choose`` runs here between steps
+        (the engine's own on-device drafting loop is issue 7's cycle)."""
+        s = self.config.shape
+        if not self.has_mtp:
+            raise OpenJetError(f"{self.config.name}: the file has no MTP head (blk.{s.n_layer}.nextn.*), "
+                               "so it cannot draft tokens; decode without speculation")
+        (tok,) = self._token_ids(state, [token])
+        if state.n_tokens == 0:
+            raise OpenJetError("mtp_draft needs the hidden state of a processed token: prefill first")
+        if n_draft < 1:
+            raise OpenJetError(f"n_draft must be at least 1, not {n_draft}")
+        t0 = time.perf_counter()
+        drafted, logits, hidden = [], np.empty((n_draft, s.n_vocab), np.float32), np.empty((n_draft, s.n_embd), np.float32)
+        for k in range(n_draft):
+            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), k, _f32p(logits[k]),
+                                                          _f32p(hidden[k])), "mtp_draft")
+            tok = int(choose(logits[k]))
+            drafted.append(tok)
+        self._stats.draft_tokens += n_draft
+        self._stats.draft_seconds += time.perf_counter() - t0
+        return DraftOutput(drafted, logits, hidden)
 
     def checkpoint(self, state: CudaState) -> None:
         self._check_state(state)
