@@ -1,21 +1,45 @@
-"""Decode-step time of the CUDA engine v1 (openjet_launcher/engine/cuda.py), printed as JSON.
+"""The CUDA engine's decode steps, prefill and memory on one model, printed as JSON (issue 6's benchmark).
 
-    OPENJET_LIBRARY=/tmp/b/native/libopenjet.so python3 native/bench/bench_decode.py --preset small \
-        [--model file.gguf] [--out result.json]
+    OPENJET_LIBRARY=/tmp/b/native/libopenjet.so python3 native/bench/bench_decode.py --preset full \
+        --model /tmp/full.gguf [--kv q8_0,f16] [--ctx 0,4096,32768] [--t 1..8] [--prefill 512,4096,16384] \
+        [--steps 30] [--budget-s 300] [--out result.json]
+    python3 native/bench/bench_decode.py --preset full --dry-run      # the plan, bytes per step, the JSON's shape
 
-Per (T, context): a fresh sequence is filled to the context with decode steps, then `--steps` decode steps of T
-tokens are timed one by one on the host clock around the C call (it synchronises: logits [T, n_vocab] are
-back in host memory when it returns) and the median is kept. The roofline share is the time the step's bytes
-(every trunk weight + the lm_head once, the KV rows the attention reads, the recurrent state read and written)
-take at the measured device copy bandwidth, over the measured step time. v1 launches one kernel per op, so
-small models measure launch overhead more than bandwidth.
+What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with it):
+
+* load the model (``--model``: reused when the file exists, else the ``--preset`` synthetic model is written
+  there first) with ``n_ctx`` = ``--n-ctx`` (32768) and the engine's default 4 checkpoint slots; record
+  ``engine.memory()``, the load time and the device memory in use (cudaMemGetInfo via the probe, nvidia-smi);
+* the device copy bandwidth (the first load only): the roofline's denominator;
+* decode at each context of ``--ctx`` (a context above n_ctx - max T is lowered to it: 32768 -> 32760 with
+  T <= 8): for each T, ``--warmup`` + ``--steps`` steps of T random tokens, each one timed alone on the host
+  clock around the C call (it returns when the logits [T, n_vocab] are in host memory), with the sequence
+  put back to exactly that context before every step (checkpoint slot 0 restored, or reset at context 0;
+  untimed), so every timed step reads the same bytes. The median is kept;
+* prefill: one sequence grows through the sorted prefill lengths and contexts with ``engine.prefill``; the
+  prefill time of N tokens is the sum of its segments from 0 to N (``--prefill-mode incremental``: the same
+  work as one prefill of N tokens, since v1's prefill is decode steps of 8 and every length here is a multiple
+  of 8; the decode measurements between segments are undone by restoring the checkpoint). ``fresh`` prefills
+  each length from an empty sequence instead (more device time).
+
+The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the
+KV rows the attention reads, the recurrent state read and written; with an MTP head also its eh_proj and
+attention weights and its own KV rows, which every step fills) / (measured copy bandwidth), over the
+measured step time. It does not count the logits' copy to host memory (T x n_vocab x 4 bytes), which the
+measured time includes.
+
+``--budget-s`` (or ``--deadline``, a Unix time) bounds the run: before each part its time is estimated from
+what was measured so far and a part that would not end in time is skipped and listed under ``skipped``. The
+JSON is rewritten to ``--out`` after every part, so a run killed at its limit still leaves its results.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,12 +49,395 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
-from openjet_launcher.engine.native import load_library  # noqa: E402
-from openjet_launcher.model.gguf_file import GGUFFile  # noqa: E402
-from openjet_launcher.model.synth import synthesize  # noqa: E402
+from openjet_launcher.model.shape import PRESETS, ModelShape  # noqa: E402
+
+GIB = 1 << 30
+KV_ROW_BYTES = {"f16": 512, "q8_0": 272}        # one head's K (or V) row of head_dim 256 (engine.cu kv_row_bytes)
+FOOTPRINT_CTX = 32768
+FILL_CHUNK = 2048                    # tokens per engine.prefill call while filling (a multiple of 8)
+ACCEPT = {"decode_t1_roofline_share_min": 0.70, "t4_over_t1_max": 1.35, "prefill_4096_tok_s_min": 3000.0}
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_ints(text: str) -> list[int]:
+    """'0,4096,32768', '1..8', '1-8', '4K', '' or 'none' (empty list)."""
+    out: list[int] = []
+    text = text.strip()
+    if text.lower() in ("", "none"):
+        return out
+    for part in text.split(","):
+        part = part.strip().lower()
+        for sep in ("..", "-"):
+            if sep in part:
+                a, b = part.split(sep, 1)
+                out += list(range(_int(a), _int(b) + 1))
+                break
+        else:
+            out.append(_int(part))
+    return out
+
+
+def _int(s: str) -> int:
+    s = s.strip().lower()
+    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
+
+
+def run_cmd(cmd: list[str], cwd: Path | None = None) -> str:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=20)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def commit_id() -> dict:
+    env = os.environ.get("OPENJET_COMMIT", "").strip()
+    git = run_cmd(["git", "rev-parse", "HEAD"], cwd=ROOT)
+    dirty = None
+    if git:
+        dirty = bool(run_cmd(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT))
+    return {"commit": env or git, "from": "OPENJET_COMMIT" if env else ("git" if git else None),
+            "git_dirty": dirty}
+
+
+def source_sha256() -> str:
+    """One hash over native/ and openjet_launcher/ sources (not .gguf/.so/caches): compare with a --dry-run
+    of the same tree to tell which code a result came from when the device copy has no .git."""
+    h = hashlib.sha256()
+    files = []
+    for top in ("native", "openjet_launcher"):
+        for p in sorted((ROOT / top).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp", ".in", ".txt", ".map"):
+                if "__pycache__" not in p.parts:
+                    files.append(p)
+    for p in files:
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+SMI_FIELDS = ["name", "driver_version", "memory.total", "memory.used", "clocks.sm", "clocks.mem",
+              "clocks.max.sm", "clocks.max.mem", "power.draw", "temperature.gpu", "pstate"]
+
+
+def gpu_query(when: str) -> dict:
+    """nvidia-smi's view of GPU 0 ({} when there is no nvidia-smi); MiB and MHz as numbers where they parse."""
+    out = run_cmd(["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits", "-i", "0"])
+    if not out:
+        return {"when": when, "nvidia_smi": None}
+    vals = [v.strip() for v in out.splitlines()[0].split(",")]
+    rec: dict = {"when": when}
+    for k, v in zip(SMI_FIELDS, vals):
+        try:
+            rec[k] = float(v) if k not in ("name", "driver_version", "pstate") else v
+        except ValueError:
+            rec[k] = v
+    return rec
+
+
+# -------------------------------------------------------------------------------------------- bytes model
+
+def tensor_bytes_of(preset: str, model: str | None) -> tuple[ModelShape, dict[str, int], str]:
+    """The model's shape and bytes per tensor: from the file when it exists, else from the preset's plan."""
+    if model and Path(model).is_file():
+        from openjet_launcher.model.config import read_config
+        from openjet_launcher.model.gguf_file import GGUFFile
+        g = GGUFFile(model)
+        return read_config(g).shape, {n: i.n_bytes for n, i in g.tensors.items()}, "file"
+    from openjet_launcher.model.synth import plan_tensors
+    shape = PRESETS[preset]
+    return shape, {p.spec.name: p.n_bytes for p in plan_tensors(shape)}, f"preset {preset} plan"
+
+
+# The MTP head's tensors a decode step reads: with an MTP head every step also writes the head's KV cache rows
+# of its (token, previous hidden) pairs (engine.cu mtp_fill: eh_proj, then the head's attention, no FFN).
+MTP_STEP_TENSORS = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "attn_norm", "attn_q", "attn_k", "attn_v",
+                    "attn_q_norm", "attn_k_norm", "attn_output")
+
+
+def has_mtp(s: ModelShape, tb: dict[str, int]) -> bool:
+    return f"blk.{s.n_layer}.nextn.eh_proj.weight" in tb
+
+
+def kv_bytes_at(s: ModelShape, tb: dict[str, int], kv: str, n_ctx: int) -> int:
+    """engine.cu: 2 * n_head_kv * n_ctx * row bytes per attention layer, the MTP head's cache one more layer
+    (before the allocation's 256-byte alignment)."""
+    n_attn = s.n_layer // s.full_attn_interval + has_mtp(s, tb)
+    return n_attn * 2 * s.n_head_kv * n_ctx * KV_ROW_BYTES[kv]
+
+
+def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> dict[str, int]:
+    """Bytes a decode step of t tokens after ctx tokens must read: the trunk's weights and the lm_head once,
+    the KV rows its attention layers read (ctx + t each), the recurrent states read and written; with an MTP
+    head also its eh_proj and attention weights and its KV rows (none when the step is the sequence's first
+    token alone: the first token has no MTP pair)."""
+    embd = tb["token_embd.weight"]
+    mtp_all = sum(b for n, b in tb.items() if n.startswith(f"blk.{s.n_layer}."))
+    weights = sum(tb.values()) - embd - mtp_all
+    n_attn = s.n_layer // s.full_attn_interval
+    row = 2 * s.n_head_kv * (ctx + t) * KV_ROW_BYTES[kv]             # K and V of one layer
+    mtp_rows = (t - (1 if ctx == 0 else 0)) if has_mtp(s, tb) else 0
+    mtp_w = sum(tb.get(f"blk.{s.n_layer}.{n}.weight", 0) for n in MTP_STEP_TENSORS) if mtp_rows > 0 else 0
+    kv_b = n_attn * row + (row if mtp_rows > 0 else 0)
+    n_gdn = s.n_layer - n_attn
+    state = n_gdn * s.ssm_n_v_heads * s.ssm_head_dim ** 2 * 4 * 2
+    return {"weights": weights, "mtp_weights": mtp_w, "kv": kv_b, "state": state,
+            "total": weights + mtp_w + kv_b + state, "logits_to_host": t * s.n_vocab * 4}
+
+
+# --------------------------------------------------------------------------------------------- the bench
+
+class Budget:
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.time()
+
+    def fits(self, est_s: float) -> bool:
+        return est_s <= self.left()
+
+
+class Bench:
+    def __init__(self, args, shape: ModelShape, tb: dict[str, int], path: str):
+        self.a, self.s, self.tb, self.path = args, shape, tb, path
+        self.budget = Budget(args.deadline)
+        self.t0 = time.time()
+        self.rng = np.random.default_rng(0)
+        self.bw = float("nan")
+        self.load_s_est = args.assume_load_s
+        self.step_s: dict[int, float] = {}          # measured median step seconds at context 0 per T
+        self.fill_rate: tuple[int, float] | None = None   # (mid context, seconds per token) of the last segment
+        self.out = skeleton(args, shape, tb, path)
+
+    # ----- estimates (seconds), from what was measured, else the --assume-* numbers
+    def est_step(self, kv: str, ctx: int, t: int) -> float:
+        b0 = step_bytes(self.s, self.tb, kv, 0, t)["total"]
+        b = step_bytes(self.s, self.tb, kv, ctx, t)["total"]
+        base = self.step_s.get(t, self.a.assume_step_ms * 1e-3 * (1 + 0.05 * (t - 1)))
+        return base * b / b0
+
+    def est_sweep(self, kv: str, ctx: int, t: int) -> float:
+        return (self.a.warmup + self.a.steps) * (self.est_step(kv, ctx, t) + 0.002)
+
+    def est_fill(self, kv: str, a: int, b: int) -> float:
+        mid = (a + b) // 2
+        if self.fill_rate:
+            m0, rate = self.fill_rate
+            ratio = step_bytes(self.s, self.tb, kv, mid, 8)["total"] / step_bytes(self.s, self.tb, kv, m0, 8)["total"]
+            return 1.15 * (b - a) * rate * ratio
+        return 1.15 * (b - a) / 8 * self.est_step(kv, mid, 8)
+
+    def skip(self, run: dict, what: str, est: float) -> None:
+        run["skipped"].append({"part": what, "estimate_s": round(est, 1), "left_s": round(self.budget.left(), 1)})
+        log(f"SKIP {what}: needs ~{est:.0f} s, {self.budget.left():.0f} s left")
+
+    def save(self) -> None:
+        self.out["elapsed_s"] = round(time.time() - self.t0, 1)
+        self.out["acceptance"] = acceptance(self.out)
+        text = json.dumps(self.out, indent=1)
+        if self.a.out:
+            tmp = Path(self.a.out + ".tmp")
+            tmp.write_text(text + "\n")
+            tmp.replace(self.a.out)
+
+    # ----- the run
+    def run(self) -> dict:
+        from openjet_launcher.engine.cuda import CudaEngine
+        from openjet_launcher.engine.device_probe import probe
+        from openjet_launcher.engine.native import load_library
+        lib = load_library()
+        self.out["gpu"]["before_cuda"] = gpu_query("before the process made a CUDA context")
+        rep = probe()
+        dev = (rep.get("devices") or [{}])[0]
+        self.out["gpu"]["probe"] = {k: rep.get(k) for k in ("driver_version", "runtime_version", "build")}
+        self.out["gpu"]["probe"]["device"] = {k: dev.get(k) for k in (
+            "name", "compute_capability", "sm_count", "total_memory_bytes", "free_memory_bytes")}
+        self.save()
+        for kv in self.a.kv:
+            run = self.out["runs"][kv]
+            if not self.budget.fits(self.load_s_est + 10):
+                self.skip(run, f"{kv}: everything (load)", self.load_s_est + 10)
+                continue
+            log(f"{kv}: loading {self.path} with n_ctx={self.a.n_ctx}")
+            t0 = time.time()
+            try:
+                engine = CudaEngine.load(self.path, n_ctx=self.a.n_ctx, kv_type=kv)
+            except Exception as e:                 # recorded; the next KV type may still load
+                run["error"] = f"load: {type(e).__name__}: {e}"
+                log(run["error"])
+                self.save()
+                continue
+            load_s = time.time() - t0
+            self.load_s_est = load_s
+            after = probe()
+            d = (after.get("devices") or [{}])[0]
+            smi = gpu_query(f"{kv}: after load")
+            run.update(kv_type=kv, load_s=round(load_s, 1), n_ctx=engine.n_ctx, n_checkpoints=engine.n_checkpoints,
+                       has_mtp=getattr(engine, "has_mtp", None), memory=engine.memory_report())
+            mem = run["memory"]
+            used = (d.get("total_memory_bytes") or 0) - (d.get("free_memory_bytes") or 0)
+            base_mib = self.out["gpu"]["before_cuda"].get("memory.used")
+            run["device_memory"] = {
+                "used_bytes_cudaMemGetInfo": used or None,
+                "nvidia_smi_used_mib": smi.get("memory.used"),
+                "nvidia_smi_used_mib_before_cuda": base_mib,
+                "process_bytes": (used - int(base_mib * 2**20)) if used and isinstance(base_mib, float) else None,
+            }
+            log(f"{kv}: loaded in {load_s:.1f} s; engine {mem['total_bytes'] / GIB:.2f} GiB "
+                f"(weights {mem['weights_bytes'] / GIB:.2f}, kv {mem['kv_bytes'] / GIB:.3f}, "
+                f"checkpoints {mem['checkpoint_bytes'] / GIB:.3f}); device in use {used / GIB:.2f} GiB")
+            if kv == "q8_0" or self.out["footprint_32k_q8_0"] is None:
+                self.out["footprint_32k_q8_0"] = footprint(self.s, self.tb, run, self.a)
+            if self.out["copy_gbps"] is None:          # the first load
+                self.bw = copy_bandwidth_gbps(lib)
+                self.out["copy_gbps"] = round(self.bw, 1)
+                self.out["gpu"]["clocks"].append(gpu_query("after the copy-bandwidth test"))
+                log(f"copy bandwidth {self.bw:.1f} GB/s (read + write)")
+            self.save()
+            try:
+                self.sweep(engine, kv, run)
+            except (Exception, SystemExit) as e:     # a failed step: keep what was measured, try the next KV
+                run["error"] = f"{type(e).__name__}: {e}"
+                log(f"{kv}: {run['error']}")
+            finally:
+                engine.close()
+            self.save()
+        self.out["complete"] = not any(r["skipped"] or r["error"] for r in self.out["runs"].values())
+        self.save()
+        return self.out
+
+    def sweep(self, engine, kv: str, run: dict) -> None:
+        a, s = self.a, self.s
+        max_t = max(a.t)
+        cap = engine.n_ctx - max_t
+        ctxs = sorted({min(c, cap) for c in a.ctx})
+        if any(c > cap for c in a.ctx):
+            run["notes"].append(f"contexts above n_ctx - max T = {cap} are measured at {cap}")
+        prefills = sorted(p for p in a.prefill if 0 < p <= engine.n_ctx)
+        for p in a.prefill:
+            if p > engine.n_ctx:
+                run["skipped"].append({"part": f"prefill {p}", "why": f"past n_ctx {engine.n_ctx}"})
+        lib, h = engine._lib, engine._handle
+        logits = np.empty((8, s.n_vocab), np.float32)
+        hidden = np.empty((8, s.n_embd), np.float32)
+        f32 = ctypes.POINTER(ctypes.c_float)
+        i32 = ctypes.POINTER(ctypes.c_int32)
+
+        def check(rc: int, what: str) -> None:
+            if rc != 0:
+                raise SystemExit(f"{what}: {lib.openjet_engine_last_error().decode(errors='replace')}")
+
+        def decode_sweep(ctx: int, back) -> None:
+            for t in a.t:
+                est = self.est_sweep(kv, ctx, t)
+                if not self.budget.fits(est):
+                    self.skip(run, f"{kv}: decode ctx {ctx} T {t}", est)
+                    continue
+                ids = self.rng.integers(0, s.n_vocab, (a.warmup + a.steps, t)).astype(np.int32)
+                times = []
+                for i in range(a.warmup + a.steps):
+                    back()
+                    t0 = time.perf_counter()
+                    rc = lib.openjet_engine_decode(h, ids[i].ctypes.data_as(i32), t, logits.ctypes.data_as(f32),
+                                                   hidden.ctypes.data_as(f32))
+                    dt = time.perf_counter() - t0
+                    check(rc, f"decode ctx {ctx} T {t}")
+                    if i >= a.warmup:
+                        times.append(dt)
+                med = statistics.median(times)
+                if ctx == 0:
+                    self.step_s[t] = med
+                nb = step_bytes(s, self.tb, kv, ctx, t)
+                roof = nb["total"] / (self.bw * 1e9)
+                rec = {"context": ctx, "t": t, "median_ms": round(med * 1e3, 3), "min_ms": round(min(times) * 1e3, 3),
+                       "max_ms": round(max(times) * 1e3, 3), "tok_s": round(t / med, 1), "step_bytes": nb["total"],
+                       "kv_bytes_read": nb["kv"], "mtp_weight_bytes": nb["mtp_weights"],
+                       "roofline_ms": round(roof * 1e3, 3),
+                       "roofline_share": round(roof / med, 4), "n": len(times)}
+                t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
+                rec["cost_vs_t1"] = 1.0 if t == 1 else (round(med * 1e3 / t1["median_ms"], 3) if t1 else None)
+                run["decode"].append(rec)
+                log(f"{kv} ctx {ctx:>6} T {t}: {rec['median_ms']:8.3f} ms  {rec['tok_s']:8.1f} tok/s  "
+                    f"roofline {rec['roofline_share'] * 100:5.1f} %  vs T1 {rec['cost_vs_t1']}")
+            self.out["gpu"]["clocks"].append(gpu_query(f"{kv}: right after the decode steps at context {ctx}"))
+            self.save()
+
+        slot = 0
+        if 0 in ctxs and has_mtp(s, self.tb):
+            run["notes"].append("context 0: the sequence's first token has no MTP pair, so a T-token step at "
+                                "position 0 fills T - 1 MTP cache rows (none for T = 1); later contexts fill T")
+        if 0 in ctxs:
+            engine.new_state()
+            decode_sweep(0, lambda: check(lib.openjet_engine_reset(h), "reset"))
+
+        def prefill_rec(n: int, seconds: float, method: str) -> None:
+            run["prefill"].append({"tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 1),
+                                   "method": method})
+            log(f"{kv} prefill {n:>6}: {seconds:7.2f} s  {n / seconds:8.1f} tok/s ({method})")
+
+        ids_all = self.rng.integers(0, s.n_vocab, max([*prefills, *ctxs, 1]))
+        if a.prefill_mode == "fresh":
+            for p in prefills:
+                est = self.est_fill(kv, 0, p)
+                if not self.budget.fits(est):
+                    self.skip(run, f"{kv}: prefill {p} (fresh)", est)
+                    continue
+                state = engine.new_state()
+                t0 = time.perf_counter()
+                engine.prefill(state, ids_all[:p])
+                dt = time.perf_counter() - t0
+                self.fill_rate = (p // 2, dt / p)
+                prefill_rec(p, dt, "fresh")
+                self.save()
+            points = [c for c in ctxs if c > 0]
+        else:
+            points = sorted(set(prefills) | {c for c in ctxs if c > 0})
+
+        state = engine.new_state()
+        n, total = 0, 0.0
+        for p in points:
+            est = self.est_fill(kv, n, p)
+            if not self.budget.fits(est + (self.est_sweep(kv, p, max_t) if p in ctxs else 0)):
+                for q in points[points.index(p):]:
+                    self.skip(run, f"{kv}: fill to {q} (and what needs it)", self.est_fill(kv, n, q))
+                break
+            dt = 0.0
+            for c0 in range(n, p, FILL_CHUNK):          # chunks: progress and a deadline check between them
+                c1 = min(p, c0 + FILL_CHUNK)
+                t0 = time.perf_counter()
+                engine.prefill(state, ids_all[c0:c1])
+                dt += time.perf_counter() - t0
+                if c1 < p:
+                    log(f"{kv} fill {n} -> {p}: at {c1} after {dt:.1f} s")
+                    if self.budget.left() < 0:
+                        break
+            if state.n_tokens != p:
+                run["skipped"].append({"part": f"{kv}: fill to {p} and after", "why": "deadline passed at "
+                                       f"{state.n_tokens} tokens ({dt:.1f} s into the segment)"})
+                log(f"{kv}: deadline passed during the fill to {p}: stopped at {state.n_tokens}")
+                break
+            total += dt
+            run["fill_segments"].append({"from": n, "to": p, "seconds": round(dt, 3),
+                                         "tok_s": round((p - n) / dt, 1)})
+            self.fill_rate = ((n + p) // 2, dt / (p - n))
+            n = p
+            if p in prefills and a.prefill_mode == "incremental":
+                prefill_rec(p, total, "incremental")
+            else:
+                log(f"{kv} filled to {p} in {dt:.2f} s")
+            self.save()
+            if p in ctxs:
+                check(lib.openjet_engine_checkpoint(h, slot), "checkpoint")
+                decode_sweep(p, lambda: check(lib.openjet_engine_restore(h, slot), "restore"))
+                check(lib.openjet_engine_restore(h, slot), "restore")     # back to exactly p tokens
 
 
 def copy_bandwidth_gbps(lib, nbytes: int = 1 << 30, reps: int = 10, runs: int = 5) -> float:
@@ -42,90 +449,196 @@ def copy_bandwidth_gbps(lib, nbytes: int = 1 << 30, reps: int = 10, runs: int = 
     return float(np.median(out))
 
 
-def step_bytes(engine: CudaEngine, gguf: GGUFFile, ctx: int, t: int) -> int:
-    s = engine.config.shape
-    embd = gguf.tensors["token_embd.weight"].n_bytes
-    mtp = sum(i.n_bytes for n, i in gguf.tensors.items() if n.startswith(f"blk.{s.n_layer}."))
-    weights = sum(i.n_bytes for i in gguf.tensors.values()) - embd - mtp
-    n_attn = s.n_layer // s.full_attn_interval
-    row = 512 if engine.kv_type == "f16" else 272
-    kv = n_attn * 2 * s.n_head_kv * (ctx + t) * row
-    n_gdn = s.n_layer - n_attn
-    state = n_gdn * s.ssm_n_v_heads * s.ssm_head_dim ** 2 * 4 * 2
-    return weights + kv + state
+def footprint(s: ModelShape, tb: dict[str, int], run: dict, a) -> dict:
+    """The q8_0 engine's bytes at n_ctx = 32768 against a 24 GB card."""
+    mem = run["memory"]
+    exact = run["n_ctx"] == FOOTPRINT_CTX and run.get("kv_type") == "q8_0"
+    total = mem["total_bytes"] if exact else (mem["total_bytes"] - mem["kv_bytes"]
+                                              + kv_bytes_at(s, tb, "q8_0", FOOTPRINT_CTX))
+    card = int(a.card_gib * GIB)
+    margin = int(a.cuda_context_gib * GIB)
+    proc = run["device_memory"].get("process_bytes")
+    if proc is not None and not exact:
+        proc = proc - mem["kv_bytes"] + kv_bytes_at(s, tb, "q8_0", FOOTPRINT_CTX)
+    return {
+        "n_ctx": FOOTPRINT_CTX, "kv_type": "q8_0", "n_checkpoints": run["n_checkpoints"],
+        "engine_bytes": total, "engine_gib": round(total / GIB, 3),
+        "how": "engine.memory() of the engine loaded with n_ctx=32768, kv_type=q8_0" if exact else
+               f"engine.memory() of the {run.get('kv_type')} engine at n_ctx={run['n_ctx']}, its KV bytes "
+               "replaced by q8_0's at 32768 (engine.cu: linear in n_ctx, 272-byte rows)",
+        "process_bytes_on_this_gpu": proc,
+        "card_bytes": card, "reserve_bytes": margin, "limit_bytes": card - margin,
+        "fits_24gb": total <= card - margin,
+        "headroom_gib": round((card - margin - total) / GIB, 3),
+        "assumption": (f"a 24 GB card offers {a.card_gib} GiB ({a.card_gib * 1024:.0f} MiB, e.g. RTX 3090/4090); "
+                       f"the CUDA context, the driver and a desktop take {a.cuda_context_gib} GiB of it, so the "
+                       "engine's own allocations must stay within the rest. process_bytes_on_this_gpu is the "
+                       "device memory in use after load minus nvidia-smi's reading before this process made "
+                       "its CUDA context: it includes this GPU's CUDA context, whose size differs per GPU."),
+    }
 
 
-def main() -> None:
+def acceptance(out: dict) -> dict:
+    res: dict = {"thresholds": ACCEPT}
+    for kv, run in out["runs"].items():
+        d = {(r["context"], r["t"]): r for r in run["decode"]}
+        t1, t4 = d.get((0, 1)), d.get((0, 4))
+        pre = next((p for p in run["prefill"] if p["tokens"] == 4096), None)
+        res[kv] = {
+            "decode_t1_ctx0_roofline_share": t1 and t1["roofline_share"],
+            "decode_t1_ok": None if not t1 else t1["roofline_share"] >= ACCEPT["decode_t1_roofline_share_min"],
+            "t4_over_t1_ctx0": t4 and t4["cost_vs_t1"],
+            "t4_over_t1_ok": None if not (t4 and t4["cost_vs_t1"]) else t4["cost_vs_t1"] <= ACCEPT["t4_over_t1_max"],
+            "t4_over_t1_by_context": {str(c): r["cost_vs_t1"] for (c, t), r in d.items() if t == 4},
+            "prefill_4096_tok_s": pre and pre["tok_s"],
+            "prefill_4096_ok": None if not pre else pre["tok_s"] >= ACCEPT["prefill_4096_tok_s_min"],
+        }
+    fp = out.get("footprint_32k_q8_0")
+    res["footprint_32k_q8_0_fits_24gb"] = fp and fp["fits_24gb"]
+    res["footprint_32k_q8_0_gib"] = fp and fp["engine_gib"]
+    return res
+
+
+def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
+    return {
+        "bench": "engine (issue 6)", "engine": "cuda-v1", "model": {
+            "preset": args.preset, "path": path, "tensor_bytes": sum(tb.values()), "n_tensors": len(tb),
+            "trunk_step_weight_bytes": step_bytes(shape, tb, "f16", 0, 1)["weights"],
+            "mtp_head": has_mtp(shape, tb),
+            "mtp_step_weight_bytes": step_bytes(shape, tb, "f16", 1, 1)["mtp_weights"]},
+        **commit_id(), "source_sha256": source_sha256(),
+        "gpu": {"before_cuda": None, "probe": None, "clocks": []},
+        "copy_gbps": None,
+        "options": {"kv": args.kv, "ctx": args.ctx, "t": args.t, "prefill": args.prefill, "n_ctx": args.n_ctx,
+                    "steps": args.steps, "warmup": args.warmup, "prefill_mode": args.prefill_mode,
+                    "deadline": args.deadline},
+        "method": ("decode: each step timed alone on the host clock around openjet_engine_decode (logits and "
+                   "hidden back in host memory), the sequence restored to the context before each step; median "
+                   "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
+                   "engine.prefill wall time (v1: decode steps of 8)."),
+        "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
+                      "memory": None, "device_memory": None,
+                      "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}
+                 for kv in args.kv},
+        "footprint_32k_q8_0": None, "acceptance": None, "elapsed_s": None, "complete": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- dry run
+
+def dry_run(args, shape: ModelShape, tb: dict[str, int], source: str, path: str) -> None:
+    gbps = args.assume_gbps
+    print(f"model: {path} (bytes per tensor from the {source}); {len(tb)} tensors, {sum(tb.values()):,} bytes")
+    print(f"assumed: copy {gbps} GB/s, step T=1 at context 0 {args.assume_step_ms} ms (+5 % per extra token), "
+          f"load {args.assume_load_s} s; budget {args.budget_s if args.budget_s else 'none'}")
+    bench = Bench.__new__(Bench)
+    bench.a, bench.s, bench.tb, bench.step_s, bench.fill_rate = args, shape, tb, {}, None
+    cap = args.n_ctx - max(args.t)
+    ctxs = sorted({min(c, cap) for c in args.ctx})
+    prefills = sorted(p for p in args.prefill if 0 < p <= args.n_ctx)
+    total = 0.0
+    for kv in args.kv:
+        print(f"\n== kv {kv}: n_ctx {args.n_ctx}, KV cache {kv_bytes_at(shape, tb, kv, args.n_ctx) / GIB:.3f} GiB")
+        est = args.assume_load_s
+        print(f"  load                                   ~{est:6.1f} s")
+        print(f"  {'ctx':>6} {'T':>2} {'step bytes':>15} {'weights':>15} {'kv read':>13} {'roofline ms':>11} "
+              f"{'est ms':>7} {'sweep s':>7}")
+        for c in ctxs:
+            for t in args.t:
+                nb = step_bytes(shape, tb, kv, c, t)
+                sw = bench.est_sweep(kv, c, t)
+                est += sw
+                print(f"  {c:>6} {t:>2} {nb['total']:>15,} {nb['weights'] + nb['mtp_weights']:>15,} {nb['kv']:>13,} "
+                      f"{nb['total'] / (gbps * 1e9) * 1e3:>11.3f} {bench.est_step(kv, c, t) * 1e3:>7.2f} {sw:>7.1f}")
+        if args.prefill_mode == "fresh":
+            for p in prefills:
+                f = bench.est_fill(kv, 0, p)
+                est += f
+                print(f"  prefill {p:>6} (fresh)                 ~{f:6.1f} s")
+            points = [c for c in ctxs if c > 0]
+        else:
+            points = sorted(set(prefills) | {c for c in ctxs if c > 0})
+        n = 0
+        for p in points:
+            f = bench.est_fill(kv, n, p)
+            est += f
+            tag = " + ".join(w for w, on in (("prefill", p in prefills and args.prefill_mode == "incremental"),
+                                             ("decode", p in ctxs)) if on)
+            print(f"  fill {n:>6} -> {p:>6} ({(p - n) // 8:>5} steps of 8) ~{f:6.1f} s   [{tag}]")
+            n = p
+        print(f"  total for {kv}: ~{est:.0f} s")
+        total += est
+    print(f"\nall KV types: ~{total:.0f} s (plus ~5 s start and the copy test); in one device call with the "
+          f"full model's synth (~{args.assume_synth_s:.0f} s, the build beside it): "
+          f"~{total + args.assume_synth_s + 10:.0f} s "
+          "(scripts/gpu_bench_engine.sh gives the bench a deadline 570 s after its start)")
+    out = skeleton(args, shape, tb, path)
+    out["footprint_32k_q8_0_estimate_gib_kv_only"] = round(kv_bytes_at(shape, tb, "q8_0", FOOTPRINT_CTX) / GIB, 3)
+    print("\nJSON skeleton (filled in by a real run):")
+    print(json.dumps(out, indent=1))
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--model", help="a GGUF file (default: synthesize the preset into a temp folder)")
-    ap.add_argument("--contexts", default="0,1024")
-    ap.add_argument("--tokens", default="1,4")
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--kv-type", default="f16")
-    ap.add_argument("--out")
-    args = ap.parse_args()
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--model", help="a GGUF file; written from --preset when it does not exist "
+                                    "(default: the preset in a temp folder)")
+    ap.add_argument("--ctx", "--contexts", dest="ctx", type=parse_ints, default=parse_ints("0,4096,32768"),
+                    help="decode contexts (default 0,4096,32768; above n_ctx - max T they are lowered to it)")
+    ap.add_argument("--t", "--tokens", dest="t", type=parse_ints, default=parse_ints("1..8"),
+                    help="tokens per decode step (default 1..8)")
+    ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384"),
+                    help="prefill lengths (default 512,4096,16384; 'none' for none)")
+    ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="incremental")
+    ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",
+                    type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
+                    help="KV cache types, in order (default q8_0,f16)")
+    ap.add_argument("--n-ctx", type=int, default=FOOTPRINT_CTX, help="engine KV capacity (default 32768)")
+    ap.add_argument("--steps", type=int, default=30, help="timed decode steps per (context, T) (default 30)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, help="stop starting parts that would end later than this many "
+                                                   "seconds after the start")
+    ap.add_argument("--deadline", type=float, help="the same as a Unix time (the earlier of the two wins)")
+    ap.add_argument("--card-gib", type=float, default=24.0, help="the small card's memory (default 24 GiB)")
+    ap.add_argument("--cuda-context-gib", type=float, default=0.5,
+                    help="kept free on that card for the CUDA context and others (default 0.5 GiB)")
+    ap.add_argument("--out", help="write the JSON here too (rewritten after every part)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, bytes per step, time estimates and "
+                                                           "the JSON skeleton; no CUDA")
+    ap.add_argument("--assume-step-ms", type=float, default=15.0, help="dry run / before measuring: T=1 step ms")
+    ap.add_argument("--assume-gbps", type=float, default=4224.5, help="dry run: copy bandwidth GB/s")
+    ap.add_argument("--assume-load-s", type=float, default=30.0, help="before the first load: its seconds")
+    ap.add_argument("--assume-synth-s", type=float, default=245.0, help="dry run: the full model's synth seconds")
+    args = ap.parse_args(argv)
+    for kv in args.kv:
+        if kv not in KV_ROW_BYTES:
+            ap.error(f"--kv: {kv!r} is not one of {', '.join(KV_ROW_BYTES)}")
+    if not args.t or min(args.t) < 1 or max(args.t) > 8:
+        ap.error("--t: 1..8 tokens per step")
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps >= 1, --warmup >= 0")
+    if args.budget_s is not None:
+        d = time.time() + args.budget_s
+        args.deadline = d if args.deadline is None else min(args.deadline, d)
 
-    path = args.model
-    if not path:
-        path = str(Path(tempfile.mkdtemp()) / f"{args.preset}.gguf")
+    if args.dry_run:
+        shape, tb, source = tensor_bytes_of(args.preset, args.model)
+        dry_run(args, shape, tb, source, args.model or f"(a temp folder)/{args.preset}.gguf")
+        return
+    path = args.model or str(Path(tempfile.mkdtemp()) / f"{args.preset}.gguf")
+    if not Path(path).is_file():
+        from openjet_launcher.model.synth import synthesize
+        log(f"writing the {args.preset} model to {path}")
+        t0 = time.time()
         synthesize(args.preset, path, show_progress=False)
-    contexts = [int(x) for x in args.contexts.split(",")]
-    tokens = [int(x) for x in args.tokens.split(",")]
-    n_ctx = max(contexts) + max(tokens) * (args.steps + 10) + 16
-    engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=args.kv_type)
-    gguf = GGUFFile(path)
-    lib = load_library()
-    bw = copy_bandwidth_gbps(lib)
-    s = engine.config.shape
-    rng = np.random.default_rng(0)
-    logits = np.empty((8, s.n_vocab), np.float32)
-    hidden = np.empty((8, s.n_embd), np.float32)
-    f32 = ctypes.POINTER(ctypes.c_float)
-    results = []
-    for ctx in contexts:
-        for t in tokens:
-            state = engine.new_state()
-            if ctx:
-                engine.prefill(state, rng.integers(0, s.n_vocab, ctx))
-            ids = rng.integers(0, s.n_vocab, (args.steps + 5, t)).astype(np.int32)
-            times = []
-            for i in range(args.steps + 5):
-                t0 = time.perf_counter()
-                rc = engine._lib.openjet_engine_decode(engine._handle, ids[i].ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                                                       t, logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32))
-                dt = time.perf_counter() - t0
-                if rc != 0:
-                    raise SystemExit(engine._lib.openjet_engine_last_error().decode())
-                if i >= 5:                       # warm-up steps
-                    times.append(dt)
-            med = statistics.median(times)
-            nbytes = step_bytes(engine, gguf, ctx + args.steps // 2 * t, t)
-            results.append({"context": ctx, "t": t, "median_us": round(med * 1e6, 1),
-                            "min_us": round(min(times) * 1e6, 1), "tok_s": round(t / med, 1),
-                            "step_bytes": nbytes, "roofline_us": round(nbytes / (bw * 1e9) * 1e6, 1),
-                            "roofline_share": round(nbytes / (bw * 1e9) / med, 4)})
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
-    except OSError:
-        gpu = ""
-    t1 = {r["context"]: r["median_us"] for r in results if r["t"] == 1}
-    for r in results:
-        r["cost_vs_t1"] = round(r["median_us"] / t1[r["context"]], 3) if r["context"] in t1 else None
-    out = {"bench": "decode", "engine": "cuda-v1 (one launch per op)", "model": args.preset if not args.model else path,
-           "kv_type": args.kv_type, "commit": commit, "gpu": gpu, "copy_gbps": round(bw, 1),
-           "memory": engine.memory(), "steps": args.steps, "results": results}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    engine.close()
+        log(f"written in {time.time() - t0:.0f} s")
+    shape, tb, source = tensor_bytes_of(args.preset, path)
+    bench = Bench(args, shape, tb, path)
+    bench.out["model"]["file_bytes"] = Path(path).stat().st_size
+    out = bench.run()
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
