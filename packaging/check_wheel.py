@@ -12,6 +12,8 @@ Fails (exit 1, one line per problem) unless:
 * the package data the launcher needs at run time is there (the chat template) and nothing from tests/;
 * the trained demo model is there with its recorded sha256 (`openjet_launcher/assets/openjet-demo.gguf` and
   `.sha256` beside it, equal to the repository's record when run from a checkout), and no other .gguf file;
+* the draft vocabulary of the MTP head is there and well formed (`openjet_launcher/assets/draft-vocab-qwen35.bin`:
+  OJDV magic and version, size, checksum; equal to the checkout's file when run from a checkout);
 * the license files are in .dist-info/licenses/.
 Only the standard library is needed; the probe runs in a child Python (--python, default this one)
 that imports the package from the unpacked wheel.
@@ -24,10 +26,12 @@ import hashlib
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 DEFAULT_ARCHS = "86-real;89-real;90-real;120-real;120-virtual"
@@ -36,6 +40,8 @@ RUNTIME_DATA = ["openjet_launcher/model/chat_template.jinja"]
 DEMO_MODEL = "openjet_launcher/assets/openjet-demo.gguf"   # the trained demo model (docs/DEMO_MODEL.md)
 DEMO_SHA256 = DEMO_MODEL + ".sha256"                         # its sha256, `sha256sum` format
 REPO_DEMO_SHA256 = Path(__file__).resolve().parents[1] / DEMO_SHA256   # the record in a checkout, if any
+DRAFT_VOCAB = "openjet_launcher/assets/draft-vocab-qwen35.bin"   # openjet_launcher/model/draft_vocab.py
+REPO_DRAFT_VOCAB = Path(__file__).resolve().parents[1] / DRAFT_VOCAB
 LICENSES = ["LICENSE", "THIRD_PARTY_NOTICES.md", "packaging/licenses/NVIDIA-CUDA-EULA.txt"]
 # glibc's parts (libdl, libpthread, librt are separate files before glibc 2.34, as on manylinux_2_28),
 # the C++ runtime and the dynamic loader: everything else (libcudart.so above all) is a failure.
@@ -103,6 +109,25 @@ def check_demo_model(z: zipfile.ZipFile, names: list[str]) -> list[str]:
     return problems
 
 
+def check_draft_vocab(z: zipfile.ZipFile, names: list[str]) -> list[str]:
+    """The MTP head's draft vocabulary: present, an OJDV version-1 file whose length and crc32 match its
+    header (the format of openjet_launcher/model/draft_vocab.py), and the checkout's file when there is one."""
+    if DRAFT_VOCAB not in names:
+        return [f"the draft vocabulary {DRAFT_VOCAB} is missing from the wheel"]
+    data = z.read(DRAFT_VOCAB)
+    if len(data) < 36 or data[:4] != b"OJDV":
+        return [f"{DRAFT_VOCAB} is not a draft-vocabulary file (magic {data[:4]!r})"]
+    version, _, n_vocab, count = struct.unpack_from("<HHII", data, 4)
+    if version != 1:
+        return [f"{DRAFT_VOCAB} has format version {version}, expected 1"]
+    if len(data) != 36 + 4 * count or struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
+        return [f"{DRAFT_VOCAB} is truncated or corrupt ({len(data)} bytes for {count} ids)"]
+    print(f"draft vocabulary: {DRAFT_VOCAB} ({count} ids of {n_vocab}, fingerprint {data[16:32].hex()})")
+    if REPO_DRAFT_VOCAB.is_file() and REPO_DRAFT_VOCAB.read_bytes() != data:
+        return [f"the wheel's {DRAFT_VOCAB} differs from the checkout's"]
+    return []
+
+
 def check(wheel: Path, max_mb: float, archs: str, python: str) -> list[str]:
     problems: list[str] = []
     size = wheel.stat().st_size
@@ -120,6 +145,7 @@ def check(wheel: Path, max_mb: float, archs: str, python: str) -> list[str]:
             if name not in names:
                 problems.append(f"package data {name} missing")
         problems += check_demo_model(z, names)
+        problems += check_draft_vocab(z, names)
         tests = [n for n in names if n.startswith("tests/") or "/tests/" in n or "conftest" in n]
         if tests:
             problems.append(f"files from tests/ in the wheel: {tests[:5]}")

@@ -184,3 +184,65 @@ def test_scikit_build_core_selects_the_demo_model_for_sdist_and_wheel(monkeypatc
             assert gguf == [DEMO] and DEMO + ".sha256" in files, (start, gguf)
         else:
             assert gguf == [], (start, gguf)
+
+
+# --- the MTP head's draft vocabulary (issue 7): package data in git, the sdist and the wheel -------------
+
+DRAFT_VOCAB = "openjet_launcher/assets/draft-vocab-qwen35.bin"
+
+
+def _check_wheel_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_wheel", ROOT / "packaging" / "check_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_draft_vocabulary_is_package_data_that_git_and_scikit_build_core_keep(monkeypatch):
+    import inspect
+    import shutil
+    import subprocess
+
+    assert (ROOT / DRAFT_VOCAB).is_file(), f"{DRAFT_VOCAB} is missing: run scripts/build_draft_vocab.py"
+    assert _check_wheel_module().DRAFT_VOCAB == DRAFT_VOCAB
+    if shutil.which("git") and (ROOT / ".git").exists():
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", DRAFT_VOCAB], cwd=ROOT)
+        assert r.returncode == 1, f"{DRAFT_VOCAB} is ignored by git"
+    fp = pytest.importorskip("scikit_build_core.build._file_processor")
+    skb = pyproject()["tool"]["scikit-build"]
+    kw = {"mode": "default"} if "mode" in inspect.signature(fp.each_unignored_file).parameters else {}
+    monkeypatch.chdir(ROOT)
+    for start in (".", "openjet_launcher"):   # the sdist; the package files copied into the wheel
+        files = {p.as_posix() for p in fp.each_unignored_file(
+            Path(start), include=skb["sdist"]["include"], exclude=skb["sdist"]["exclude"],
+            build_dir=skb["build-dir"], **kw)}
+        assert DRAFT_VOCAB in files, start
+
+
+def test_check_wheel_finds_a_missing_truncated_or_corrupt_draft_vocabulary(tmp_path, monkeypatch):
+    import zipfile
+
+    cw = _check_wheel_module()
+    good = (ROOT / DRAFT_VOCAB).read_bytes()
+
+    def problems(data: bytes | None) -> list[str]:
+        path = tmp_path / "w.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            if data is not None:
+                z.writestr(DRAFT_VOCAB, data)
+        with zipfile.ZipFile(path) as z:
+            return cw.check_draft_vocab(z, z.namelist())
+
+    assert problems(good) == []
+    assert "missing" in problems(None)[0]
+    assert "truncated or corrupt" in problems(good[:-8])[0]
+    flipped = bytearray(good)
+    flipped[100] ^= 1
+    assert "truncated or corrupt" in problems(bytes(flipped))[0]
+    assert "not a draft-vocabulary file" in problems(b"GGUF" + good[4:])[0]
+    assert "version" in problems(good[:4] + b"\x02\x00" + good[6:])[0]
+    monkeypatch.setattr(cw, "REPO_DRAFT_VOCAB", tmp_path / "other.bin")
+    (tmp_path / "other.bin").write_bytes(good[:-4] + b"\x00\x00\x00\x00")
+    assert "differs from the checkout's" in problems(good)[0]
