@@ -12,9 +12,7 @@ bench/results/demo-train-h200.json.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
-import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from openjet_launcher.errors import ModelFileError
 from openjet_launcher.server import cli
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = cli.bundled_demo_file()
@@ -31,17 +30,6 @@ MAX_BYTES = 30_000_000                      # the issue's limit for a file insid
 ACCEPTANCE_BAR = 0.40                       # the issue's bar for the first draft
 
 needs_demo = pytest.mark.skipif(not DEMO.is_file(), reason=f"{DEMO} is not in this checkout")
-
-
-def _train_demo():
-    """scripts/train_demo.py as a module: its held-out rule and its acceptance measurement (no torch)."""
-    if "train_demo" in sys.modules:
-        return sys.modules["train_demo"]
-    spec = importlib.util.spec_from_file_location("train_demo", ROOT / "scripts" / "train_demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_demo"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +135,7 @@ def _held_out_code(td, tok) -> np.ndarray:
 def test_mtp_first_draft_acceptance_on_held_out_stdlib_code(engine, text_layer):
     """The report's measurement (train_demo.self_checks: 6 prompts of 48 held-out tokens at seed 0 + 2,
     48 tokens each, 3 drafts), on this Python's stdlib. The H200 report: first draft 0.597."""
-    td = _train_demo()
+    td = load_script("train_demo")
     tok, _ = text_layer
     code = _held_out_code(td, tok)
     if len(code) < 2000:

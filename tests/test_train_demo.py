@@ -7,8 +7,6 @@ GGUF (the engine's view of the text).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,22 +22,14 @@ from openjet_launcher.model.recipe import UNSLOTH_Q4_K_M, classify  # noqa: E402
 from openjet_launcher.reference import ReferenceEngine  # noqa: E402
 from openjet_launcher.text.chat import ChatTemplate  # noqa: E402
 from openjet_launcher.text.tokenizer import Tokenizer  # noqa: E402
+from script_module import load_script  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_demo.py"
 TOY_STEPS = 20
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_demo"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def td():
-    return _load_script()
+    return load_script("train_demo")
 
 
 @pytest.fixture(scope="module")

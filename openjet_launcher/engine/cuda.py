@@ -34,7 +34,7 @@ from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
-                        StepOutput, TokenIds, argmax, check_token_ids)
+                        StepOutput, TokenIds, argmax, check_draft_request, check_token_ids)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -264,14 +264,8 @@ class CudaEngine(Engine):
         """The MTP head on the device, one launch sequence per draft step; ``choose`` runs here between steps
         (the engine's own on-device drafting loop is issue 7's cycle)."""
         s = self.config.shape
-        if not self.has_mtp:
-            raise OpenJetError(f"{self.config.name}: the file has no MTP head (blk.{s.n_layer}.nextn.*), "
-                               "so it cannot draft tokens; decode without speculation")
         (tok,) = self._token_ids(state, [token])
-        if state.n_tokens == 0:
-            raise OpenJetError("mtp_draft needs the hidden state of a processed token: prefill first")
-        if n_draft < 1:
-            raise OpenJetError(f"n_draft must be at least 1, not {n_draft}")
+        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
         t0 = time.perf_counter()
         drafted, logits, hidden = [], np.empty((n_draft, s.n_vocab), np.float32), np.empty((n_draft, s.n_embd), np.float32)
         for k in range(n_draft):

@@ -51,6 +51,17 @@ def argmax(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def check_draft_request(model: str, n_layer: int, has_mtp: bool, n_tokens: int, n_draft: int) -> None:
+    """What every engine's mtp_draft checks besides the token id: an MTP head, a processed token, n_draft >= 1."""
+    if not has_mtp:
+        raise OpenJetError(f"{model}: the file has no MTP head (blk.{n_layer}.nextn.*), so it cannot draft tokens; "
+                           "decode without speculation")
+    if n_tokens == 0:
+        raise OpenJetError("mtp_draft needs the hidden state of a processed token: prefill first")
+    if n_draft < 1:
+        raise OpenJetError(f"n_draft must be at least 1, not {n_draft}")
+
+
 def check_token_ids(tokens: TokenIds, n_vocab: int) -> np.ndarray:
     """A non-empty 1-D array of ids inside [0, n_vocab), as int64; OpenJetError naming the problem otherwise."""
     ids = np.asarray(tokens)

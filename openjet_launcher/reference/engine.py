@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from ..engine.interface import (Choose, DraftOutput, Engine, EngineStats, StepOutput, TokenIds, argmax,
-                                check_token_ids)
+                                check_draft_request, check_token_ids)
 from ..errors import ModelFileError, OpenJetError
 from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
@@ -81,14 +81,8 @@ class ReferenceEngine(Engine):
     def mtp_draft(self, state: ReferenceState, token: int, n_draft: int = 1,
                   choose: Choose = argmax) -> DraftOutput:
         m, s, w = self.weights.mtp, self.config.shape, self.weights
-        if m is None:
-            raise OpenJetError(f"{self.config.name}: the file has no MTP head (blk.{s.n_layer}.nextn.*), "
-                               "so it cannot draft tokens; decode without speculation")
         (tok,) = self._token_ids(state, [token])
-        if state.n_tokens == 0:
-            raise OpenJetError("mtp_draft needs the hidden state of a processed token: prefill first")
-        if n_draft < 1:
-            raise OpenJetError(f"n_draft must be at least 1, not {n_draft}")
+        check_draft_request(self.config.name, s.n_layer, m is not None, state.n_tokens, n_draft)
         cache = state.mtp_kv
         committed = cache.length
         assert committed == state.n_tokens - 1, (committed, state.n_tokens)
