@@ -1,8 +1,30 @@
 """Live servers for the HTTP tests: uvicorn in a thread on a free loopback port, the tiny synthetic
-model (module-scoped) or a scripted engine double."""
+model (module-scoped) or a scripted engine double.
+
+Which engine serves the tiny model: OPENJET_TEST_ENGINE=reference (default: the numpy ReferenceEngine, with
+2 MTP drafts per greedy step) or cuda (the GPU engine v1, built exactly as `serve MODEL --engine cuda` builds
+it: server/cli.py's own code path, so top_k <= 32 and no drafts). scripts/gpu_server_tests.sh runs the cuda
+mode on the GPU machine. What the switch changes:
+
+* `tiny_server` (test_openai_api, test_anthropic_api, test_responses_api: the model-backed API tests) and the
+  live `serve` launch of test_serve_cli run on the chosen engine. Those tests check the API's shape, usage,
+  timings, streaming == non-streaming, seeded repeats and conversation reuse: none depends on what the
+  random tiny model writes, so they run on either engine.
+* Under cuda, without a GPU or a built engine library, they skip with the GPU probe's reason (the same
+  probe as the `gpu` marker's, tests/conftest.py); OPENJET_REQUIRE_GPU=1 makes that a failure instead.
+* Skipped under cuda (`reference_only`, with the reason), one category:
+  - MTP speculative decoding (1 test, test_openai_api): `serve --engine cuda` refuses --draft (server/cli.py),
+    so the cuda server runs without drafts. Once serve accepts --draft there, pass "--draft", "2" in
+    `tiny_server` below and drop the mark.
+* Not affected, on both settings: the tests on the scripted engine double (exact known output: tool calls,
+  thinking, stop strings, malformed requests, limits, faults, fuzzing) and the `serve demo` test, which runs
+  the bundled trained model on the reference engine, as `serve demo` does by default.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import socket
 import threading
 import time
@@ -22,6 +44,17 @@ from openjet_launcher.text.chat import ChatTemplate  # noqa: E402
 from openjet_launcher.text.tokenizer import Tokenizer  # noqa: E402
 
 from .scripted import ScriptedEngine  # noqa: E402
+
+ENGINES = ("reference", "cuda")
+TEST_ENGINE = os.environ.get("OPENJET_TEST_ENGINE", "").strip().lower() or "reference"
+if TEST_ENGINE not in ENGINES:
+    raise pytest.UsageError(f"OPENJET_TEST_ENGINE={TEST_ENGINE!r}: use one of {', '.join(ENGINES)}")
+
+
+def reference_only(why: str) -> pytest.MarkDecorator:
+    """Skip the test unless the model-backed servers run on the reference engine; `why`: what it needs."""
+    return pytest.mark.skipif(TEST_ENGINE != "reference",
+                              reason=f"OPENJET_TEST_ENGINE={TEST_ENGINE}: reference engine only ({why})")
 
 
 def free_port() -> int:
@@ -48,6 +81,10 @@ class LiveServer:
                     return self
             except httpx.TransportError:
                 pass
+            load_error = self.app.state.core.worker.load_error
+            if load_error:                  # the model will never load: say why now, not in 60 s
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"the server's model failed to load: {load_error}")
             time.sleep(0.05)
         raise RuntimeError("the server did not become ready")
 
@@ -83,11 +120,53 @@ def text_layer(tiny_path):
     return Tokenizer.from_gguf(gguf), ChatTemplate.from_gguf(gguf)
 
 
+@pytest.fixture(scope="session")
+def engine_under_test() -> str:
+    """OPENJET_TEST_ENGINE, once it can run here: under cuda, skips (or, with OPENJET_REQUIRE_GPU=1, fails)
+    the tests that use it when no GPU can run the engine or the library is not built."""
+    if TEST_ENGINE == "cuda":
+        from conftest import gpu_unavailable_reason     # tests/conftest.py: the `gpu` marker's probe
+
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            message = f"OPENJET_TEST_ENGINE=cuda needs a GPU and the built engine: {reason}"
+            if os.environ.get("OPENJET_REQUIRE_GPU", "") not in ("", "0"):
+                pytest.fail(f"OPENJET_REQUIRE_GPU is set: {message}")
+            pytest.skip(message)
+    return TEST_ENGINE
+
+
+@pytest.fixture(scope="session")
+def serve_engine_args(engine_under_test) -> list[str]:
+    """The `serve` options that pick the engine under test (none for the reference engine, the default)."""
+    return [] if engine_under_test == "reference" else ["--engine", engine_under_test]
+
+
+def serve_app(model: str, *options: str):
+    """The app `openjet-launch serve MODEL OPTIONS...` would serve, built by server/cli.py and not started
+    (uvicorn.run is stubbed). The model loads when a LiveServer starts it."""
+    from openjet_launcher.server import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", model, *options])
+    ran = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(uvicorn, "run", lambda app, **kw: ran.update(app=app))
+        mp.delenv("OPENJET_API_KEY", raising=False)
+        assert args.func(args) == 0
+    return ran["app"]
+
+
 @pytest.fixture(scope="module")
-def tiny_server(tiny_path, text_layer):
-    tokenizer, template = text_layer
-    settings = ServerSettings(model_id="tiny", n_ctx=1024, n_draft=2)
-    with LiveServer(create_app(ReferenceEngine.load(tiny_path), tokenizer, template, settings)) as server:
+def tiny_server(tiny_path, text_layer, engine_under_test, serve_engine_args):
+    if engine_under_test == "reference":
+        tokenizer, template = text_layer
+        settings = ServerSettings(model_id="tiny", n_ctx=1024, n_draft=2)
+        app = create_app(ReferenceEngine.load(tiny_path), tokenizer, template, settings)
+    else:       # as `serve` builds it: no drafts, top_k <= 32 (server/cli.py)
+        app = serve_app(str(tiny_path), *serve_engine_args, "--ctx", "1024", "--model-id", "tiny")
+    with LiveServer(app) as server:
         yield server
 
 

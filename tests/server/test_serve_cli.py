@@ -35,14 +35,15 @@ def test_loopback_detection():
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.com")
 
 
-def test_serve_warns_beyond_loopback_without_a_key_and_answers(tiny_path):
+def test_serve_warns_beyond_loopback_without_a_key_and_answers(tiny_path, serve_engine_args):
     port = free_port()
     code = ("import argparse,sys; from openjet_launcher.server.cli import add_serve_parser;"
             "p=argparse.ArgumentParser(); add_serve_parser(p.add_subparsers());"
             "a=p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
     env = {k: v for k, v in os.environ.items() if k != "OPENJET_API_KEY"}
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny_path), "--host", "0.0.0.0",
-                             "--port", str(port), "--ctx", "512"], stderr=subprocess.PIPE, text=True, env=env)
+                             "--port", str(port), "--ctx", "512", *serve_engine_args],
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline, ok = time.monotonic() + 60, False
         while time.monotonic() < deadline and not ok:
