@@ -390,6 +390,17 @@ def test_the_demo_model_is_served_on_the_reference_engine(tmp_path, monkeypatch)
     assert plan.env["OPENJET_API_KEY"] == "sekret" and "sekret" not in " ".join(plan.command)
 
 
+def test_the_demo_model_on_the_gpu_engine_needs_a_gpu_like_any_model(monkeypatch):
+    """--engine cuda with the demo model is the GPU path (the demo file is Q4_K_M): without a GPU it says so."""
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import plan_launch
+
+    _no_gpu(monkeypatch)
+    with pytest.raises(OpenJetError) as e:
+        plan_launch(_default_args("--model", "demo", "--engine", "cuda"))
+    assert "No NVIDIA driver was found." in str(e.value)
+
+
 def _other_architecture_gguf(path: Path) -> Path:
     import numpy as np
     from gguf import GGUFWriter

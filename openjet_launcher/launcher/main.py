@@ -124,9 +124,7 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
 
     gpu = None
     gpu_problem = None
-    if engine == "cuda":
-        if demo:
-            raise OpenJetError(f"the demo model runs on the reference engine: {CPU_PATH}")
+    if engine == "cuda":                       # the demo model too: it is a Q4_K_M file the GPU engine loads
         from ..server.cli import ENGINES
 
         from .hardware import detect
