@@ -13,7 +13,8 @@ Fails (exit 1, one line per problem) unless:
 * the trained demo model is there with its recorded sha256 (`openjet_launcher/assets/openjet-demo.gguf` and
   `.sha256` beside it, equal to the repository's record when run from a checkout), and no other .gguf file;
 * the draft vocabulary of the MTP head is there and well formed (`openjet_launcher/assets/draft-vocab-qwen35.bin`:
-  OJDV magic and version, size, checksum; equal to the checkout's file when run from a checkout);
+  OJDV magic and version 2, size, checksum, its token strings; equal to the checkout's file when run from a
+  checkout);
 * the license files are in .dist-info/licenses/.
 Only the standard library is needed; the probe runs in a child Python (--python, default this one)
 that imports the package from the unpacked wheel.
@@ -110,19 +111,36 @@ def check_demo_model(z: zipfile.ZipFile, names: list[str]) -> list[str]:
 
 
 def check_draft_vocab(z: zipfile.ZipFile, names: list[str]) -> list[str]:
-    """The MTP head's draft vocabulary: present, an OJDV version-1 file whose length and crc32 match its
-    header (the format of openjet_launcher/model/draft_vocab.py), and the checkout's file when there is one."""
+    """The MTP head's draft vocabulary: present, an OJDV version-2 file whose length and crc32 match its
+    header and whose zlib body holds the count of token strings the header says, NUL-separated, UTF-8, in
+    strictly increasing byte order (the format of openjet_launcher/model/draft_vocab.py), and the checkout's
+    file when there is one."""
     if DRAFT_VOCAB not in names:
         return [f"the draft vocabulary {DRAFT_VOCAB} is missing from the wheel"]
     data = z.read(DRAFT_VOCAB)
-    if len(data) < 36 or data[:4] != b"OJDV":
+    if len(data) < 6 or data[:4] != b"OJDV":
         return [f"{DRAFT_VOCAB} is not a draft-vocabulary file (magic {data[:4]!r})"]
-    version, _, n_vocab, count = struct.unpack_from("<HHII", data, 4)
-    if version != 1:
-        return [f"{DRAFT_VOCAB} has format version {version}, expected 1"]
-    if len(data) != 36 + 4 * count or struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
-        return [f"{DRAFT_VOCAB} is truncated or corrupt ({len(data)} bytes for {count} ids)"]
-    print(f"draft vocabulary: {DRAFT_VOCAB} ({count} ids of {n_vocab}, fingerprint {data[16:32].hex()})")
+    (version,) = struct.unpack_from("<H", data, 4)
+    if version != 2:
+        return [f"{DRAFT_VOCAB} has format version {version}, expected 2"]
+    if len(data) < 40:
+        return [f"{DRAFT_VOCAB} is truncated or corrupt ({len(data)} bytes, shorter than the header)"]
+    count, n_vocab = struct.unpack_from("<II", data, 8)
+    (body_len,) = struct.unpack_from("<I", data, 32)
+    if len(data) != 40 + body_len or struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
+        return [f"{DRAFT_VOCAB} is truncated or corrupt ({len(data)} bytes for a body of {body_len})"]
+    try:
+        joined = zlib.decompress(data[36:-4])
+        raw = joined.split(b"\x00") if joined else []
+        for t in raw:
+            t.decode("utf-8", "surrogatepass")
+    except (zlib.error, UnicodeDecodeError) as e:
+        return [f"{DRAFT_VOCAB} is malformed: its body does not decode ({e})"]
+    if len(raw) != count or any(not t for t in raw) or any(a >= b for a, b in zip(raw, raw[1:])):
+        return [f"{DRAFT_VOCAB} is malformed: {len(raw)} tokens for a header's {count}, or not non-empty "
+                f"and in strictly increasing byte order"]
+    print(f"draft vocabulary: {DRAFT_VOCAB} ({count} tokens, {len(data)} bytes; built with a vocabulary of "
+          f"{n_vocab}, fingerprint {data[16:32].hex()})")
     if REPO_DRAFT_VOCAB.is_file() and REPO_DRAFT_VOCAB.read_bytes() != data:
         return [f"the wheel's {DRAFT_VOCAB} differs from the checkout's"]
     return []

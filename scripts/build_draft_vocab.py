@@ -4,11 +4,12 @@
     python scripts/build_draft_vocab.py                       # -> openjet_launcher/assets/draft-vocab-qwen35.bin
     python scripts/build_draft_vocab.py --out /tmp/dv.bin --size 16384 --doc-mb 0 --man-mb 0
 
-The vocabulary is `full_vocab()` (openjet_launcher/model/vocab.py): the 248,320 rows of Qwen3.5/3.8 with the
-real added tokens at their real ids, whose BPE part is llama.cpp's qwen35 test vocabulary (the Qwen2 BPE,
-ids 0..151642) followed by filler tokens that never encode; so the list holds real tokens only, and its
-fingerprint matches models built with that vocabulary (our synthetic full-shape models), not a real
-Qwen3.8 file, whose tokens above 151,642 differ (draft_ids_for then returns None).
+The list is built with `full_vocab()` (openjet_launcher/model/vocab.py): the 248,320 rows of Qwen3.5/3.8 with
+the real added tokens at their real ids, whose BPE part is llama.cpp's qwen35 test vocabulary (the Qwen2 BPE,
+ids 0..151642) followed by filler tokens that never encode; so the list holds real tokens only. It is stored
+by token string (format 2), so it maps onto any vocabulary that has those strings, a real Qwen3.8 GGUF's
+included, whose ids above 151,642 differ; the report records how much of it maps onto llama.cpp's test
+vocabularies of other models (--map-onto).
 
 Text, each source walked in sorted order, files cut at a per-file cap, and under a source's total cap the
 files taken in the order of the sha256 of their names (a spread over the whole tree, not its first letters):
@@ -38,6 +39,7 @@ import sys
 import sysconfig
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -258,6 +260,16 @@ def coverage(tok: Tokenizer, ids: np.ndarray, texts: list[tuple[str, str]]) -> d
             "in_list_or_sequence": round(hit_seq / total, 5) if total else None}
 
 
+def llama_cpp_vocab_tokens(name: str) -> list[str]:
+    """tokenizer.ggml.tokens of llama.cpp's test vocabulary ggml-vocab-NAME.gguf (from the llama-cpp-python
+    sdist), read as the launcher reads a model's (GGUFFile: UTF-8, invalid bytes replaced)."""
+    from openjet_launcher.model.gguf_file import GGUFFile
+    from openjet_launcher.model.sdist import sdist_member_path
+
+    return GGUFFile(sdist_member_path(f"vendor/llama.cpp/models/ggml-vocab-{name}.gguf")).metadata[
+        "tokenizer.ggml.tokens"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=dv.SHIPPED)
@@ -269,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--man-mb", type=float, default=12.0, help="cap on English man pages")
     ap.add_argument("--locale-mb", type=float, default=2.0, help="cap on translated messages")
     ap.add_argument("--file-kb", type=float, default=256.0, help="characters kept per file, in thousands")
+    ap.add_argument("--map-onto", nargs="*", default=["qwen35", "llama-bpe", "gpt-2", "gemma-4"],
+                    help="llama.cpp test vocabularies (ggml-vocab-NAME.gguf) to map the list onto, for the report")
     ap.add_argument("--held-out-mb", type=float, default=2.0, help="held-out characters measured per source")
     args = ap.parse_args(argv)
 
@@ -304,11 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     dv.write(args.out, built)
     back = dv.read(args.out)
-    assert np.array_equal(back.ids, built.ids) and back.fingerprint == built.fingerprint
+    assert back == built, "the list does not read back"
+    own = dv.map_onto(back, tok, min_share=1.0)  # every string at its one id of the build vocabulary
+    assert own.ids is not None and own.found == len(built.tokens) == len(own.ids), own.describe()
+    t_select = time.perf_counter() - t4
     t_build = time.perf_counter() - t0
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(built.ids)} ids) in {t_build:.1f} s", flush=True)
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(built.tokens)} tokens) in {t_build:.1f} s",
+          flush=True)
 
-    ids = built.ids
+    ids = own.ids
     real_bpe = int(np.sum(ids < 151_643))
     fillers = int(np.sum((ids >= 151_643) & (ids < vocab.FULL_FIRST_ADDED_ID)))
     if fillers:
@@ -318,6 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     for key, c in cov.items():
         print(f"held-out {key}: {c['tokens']} tokens, in list {c['in_list']}, "
               f"in list or sequence {c['in_list_or_sequence']}")
+    mapped = {}
+    for name in args.map_onto:
+        t5 = time.perf_counter()
+        tokens = llama_cpp_vocab_tokens(name)
+        m = dv.draft_ids_for(tokens, args.out)
+        mapped[name] = {"n_vocab": len(tokens), "found": m.found, "ambiguous": m.ambiguous,
+                        "share": round(m.share, 5), "used": m.ids is not None,
+                        "seconds": round(time.perf_counter() - t5, 2)}
+        print(f"onto ggml-vocab-{name}.gguf ({len(tokens)} tokens): {m.describe()}", flush=True)
 
     seen = int(np.count_nonzero(counts))
     report = {
@@ -325,12 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         "sha256": hashlib.sha256(args.out.read_bytes()).hexdigest(),
         "bytes": args.out.stat().st_size,
         "format_version": dv.VERSION,
-        "size": len(ids),
+        "size": len(built.tokens),
+        "body_bytes_uncompressed": sum(len(t.encode("utf-8", "surrogatepass")) + 1 for t in built.tokens) - 1,
         "vocabulary": {
             "what": "openjet_launcher.model.vocab.full_vocab(): llama.cpp's qwen35 test vocabulary (Qwen2 BPE, ids "
                     "0..151642) + filler ids 151643..248043 that never encode + the 33 real added tokens + [PAD] rows",
             "n_vocab": built.n_vocab, "fingerprint": built.fingerprint.hex(),
         },
+        "stored_as": "token strings (tokenizer.ggml.tokens), mapped onto a model's ids at load",
         "ids_real_bpe": real_bpe, "ids_added": int(np.sum(ids >= vocab.FULL_FIRST_ADDED_ID)), "ids_filler": fillers,
         "required_ids": dv.required_ids(tok),
         "distinct_tokens_seen": seen, "tokens_counted": int(counts.sum()),
@@ -338,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
         "least_count_in_list": int(counts[np.setdiff1d(ids, dv.required_ids(tok))].min()),  # the frequency cut
         "held_out_rule": "sha256(path relative to the source root) starts with hex 0 (draft_vocab.held_out)",
         "held_out_coverage": cov,
+        "mapped_onto": {"what": "llama.cpp's test vocabularies (vendor/llama.cpp/models/ggml-vocab-NAME.gguf of "
+                                "the llama-cpp-python sdist): the share of the list's tokens found, used when >= "
+                                f"{dv.MIN_SHARE}", **mapped},
         "sources": report_sources,
         "caps": {k: v for k, v in vars(args).items() if k.endswith("_mb") or k == "file_kb"},
-        "python": platform.python_version(), "stdlib": sysconfig.get_paths()["stdlib"],
+        "python": platform.python_version(), "zlib": zlib.ZLIB_RUNTIME_VERSION,
+        "stdlib": sysconfig.get_paths()["stdlib"],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "seconds": {"vocabulary": round(t_vocab, 1), "read_text": round(t_read, 1),
                     "build_total": round(t_build, 1), "with_coverage": round(t_total, 1),
-                    "select_and_write": round(time.perf_counter() - t4, 1)},
+                    "select_and_write": round(t_select, 1),
+                    "map_onto": round(sum(m["seconds"] for m in mapped.values()), 1)},
     }
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -1,13 +1,18 @@
-"""Draft vocabulary of the MTP head (issue 7): builder, OJDV file, fingerprint gate, union with the sequence.
+"""Draft vocabulary of the MTP head (issue 7): builder, OJDV file (token strings), mapping onto a model's
+vocabulary by string, the found-share refusal, union with the sequence.
 
 CPU only. The builder and the file are tested on the small synthetic vocabulary; the shipped list against
-`full_vocab()`, which needs the llama-cpp-python sdist from PyPI (skipped when it cannot be fetched).
+`full_vocab()` and llama.cpp's test vocabularies, which need the llama-cpp-python sdist from PyPI (skipped
+when it cannot be fetched).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import random
+import struct
 import sysconfig
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +65,17 @@ def test_most_frequent_ranks_by_count_then_smaller_id_and_keeps_required_ids():
         dv.most_frequent(counts, 3, required=[8])
 
 
+def ids_of(built: dv.DraftVocab, tok: Tokenizer) -> list[int]:
+    """The list's ids in the vocabulary it was built with (every string there, exactly once)."""
+    return sorted(tok.token_to_id(t) for t in built.tokens)
+
+
 def test_build_is_deterministic_and_independent_of_text_order(small):
     first, second = a_list(small), a_list(small)
-    assert np.array_equal(first.ids, second.ids)
-    assert np.array_equal(dv.build(small, list(reversed(TEXTS)), 300).ids, first.ids)
-    assert first.ids.dtype == np.int32 and len(first.ids) == 300
-    assert np.all(np.diff(first.ids) > 0)
+    assert first == second
+    assert dv.build(small, list(reversed(TEXTS)), 300) == first
+    assert len(first.tokens) == len(set(first.tokens)) == 300
+    assert list(first.tokens) == sorted(first.tokens, key=lambda t: t.encode("utf-8"))
     assert (first.n_vocab, first.fingerprint) == (small.n_vocab, dv.vocab_fingerprint(small))
 
 
@@ -76,9 +86,10 @@ def test_build_takes_the_most_frequent_tokens_and_the_chat_tokens(small):
     names = {small.id_to_piece(i) for i in required}
     assert {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
             "<|endoftext|>"} <= names
-    assert set(required) <= set(built.ids.tolist())
-    rest = [i for i in built.ids.tolist() if i not in required]
-    others = np.setdiff1d(np.arange(small.n_vocab), built.ids)
+    ids = ids_of(built, small)
+    assert set(required) <= set(ids)
+    rest = [i for i in ids if i not in required]
+    others = np.setdiff1d(np.arange(small.n_vocab), ids)
     assert counts[rest].min() >= counts[others].max()  # nothing left out is more frequent than what is in
     # encoding as text: "<think>" (USER_DEFINED) is matched as a token, as the tokenizer always does
     assert counts[small.token_to_id("<think>")] == 3 and counts[small.token_to_id("<|im_start|>")] == 0
@@ -87,8 +98,37 @@ def test_build_takes_the_most_frequent_tokens_and_the_chat_tokens(small):
 def test_build_never_chooses_padding_rows(small):
     built = dv.build(small, TEXTS, small.n_vocab)
     pad = [i for i in range(small.n_vocab) if small.token_type(i) == TokenType.UNUSED]
-    assert pad and not set(pad) & set(built.ids.tolist())
-    assert len(built.ids) == small.n_vocab - len(pad)
+    assert pad and not set(pad) & set(ids_of(built, small))
+    assert len(built.tokens) == small.n_vocab - len(pad)
+
+
+class _Renamed:
+    """A Tokenizer with some ids' strings changed (what from_counts reads of it: no encoding)."""
+
+    def __init__(self, tok: Tokenizer, renamed: dict[int, str]):
+        self._tok, self._renamed = tok, renamed
+        self.n_vocab, self.eog_ids, self.bos_id, self.eos_id = tok.n_vocab, tok.eog_ids, tok.bos_id, tok.eos_id
+        self.token_type = tok.token_type
+
+    def id_to_piece(self, i: int) -> str:
+        return self._renamed.get(i, self._tok.id_to_piece(i))
+
+    def token_to_id(self, t: str) -> int | None:
+        return next((i for i in range(self.n_vocab) if self.id_to_piece(i) == t), None)
+
+
+def test_build_takes_a_repeated_string_once_and_skips_strings_the_file_cannot_hold(small, tmp_path):
+    counts = dv.count_tokens(small, TEXTS)
+    top = np.argsort(-counts, kind="stable")[:3].tolist()
+    first, repeat = sorted(top[:2])
+    tok = _Renamed(small, {repeat: small.id_to_piece(first), top[2]: "x\x00y"})  # a repeated string; a NUL
+    ok = dv.storable(tok)
+    assert ok[first] and not ok[repeat] and not ok[top[2]]  # a repeated string counts at its first id
+    built = dv.from_counts(tok, counts, 300)
+    assert len(built.tokens) == len(set(built.tokens)) == 300
+    assert small.id_to_piece(first) in built.tokens and "x\x00y" not in built.tokens
+    dv.write(tmp_path / "dv.bin", built)  # and the file can hold it
+    assert dv.read(tmp_path / "dv.bin") == built
 
 
 # --------------------------------------------------------------------------------------------- fingerprint
@@ -123,24 +163,51 @@ def test_file_round_trip(small, tmp_path):
     built = a_list(small)
     path = tmp_path / "dv.bin"
     dv.write(path, built)
-    assert path.stat().st_size == 32 + 4 * len(built.ids) + 4
+    data = path.read_bytes()
+    assert data[:4] == b"OJDV" and struct.unpack_from("<HHII", data, 4) == (2, 0, 300, small.n_vocab)
+    body = zlib.decompress(data[36:-4])
+    assert len(data) == 36 + struct.unpack_from("<I", data, 32)[0] + 4
+    assert body.split(b"\x00") == [t.encode("utf-8") for t in built.tokens]  # sorted by bytes, NUL-joined
     back = dv.read(path)
-    assert np.array_equal(back.ids, built.ids) and back.ids.dtype == np.int32
-    assert (back.n_vocab, back.fingerprint) == (built.n_vocab, built.fingerprint)
-    assert not back.ids.flags.writeable
-    empty = dv.DraftVocab(np.zeros(0, np.int32), 10, b"\x01" * 16)
+    assert back == built and isinstance(back.tokens, tuple)
+    # any order in, byte order out
+    dv.write(path, dv.DraftVocab(tuple(reversed(built.tokens)), built.n_vocab, built.fingerprint))
+    assert dv.read(path) == built and path.read_bytes() == data
+    empty = dv.DraftVocab((), 10, b"\x01" * 16)
     dv.write(path, empty)
-    assert dv.read(path).ids.size == 0
+    assert dv.read(path) == empty
+
+
+def test_file_round_trip_of_non_ascii_and_special_tokens(tmp_path):
+    tokens = ("<|im_end|>", "ĠçļĦ", "Ġthe", "a", "日本", "\udcff", "é", "[PAD248077]")  # a lone surrogate too
+    built = dv.DraftVocab(tokens, 7, b"\x02" * 16)
+    dv.write(tmp_path / "dv.bin", built)
+    back = dv.read(tmp_path / "dv.bin")
+    assert set(back.tokens) == set(tokens) and len(back.tokens) == len(tokens)
+    assert list(back.tokens) == sorted(tokens, key=lambda t: t.encode("utf-8", "surrogatepass"))
 
 
 def test_write_refuses_a_list_that_would_not_read_back(tmp_path):
     fp = b"\x00" * 16
-    with pytest.raises(dv.DraftVocabError, match="strictly increasing"):
-        dv.write(tmp_path / "a.bin", dv.DraftVocab(np.array([3, 3, 5]), 10, fp))
-    with pytest.raises(dv.DraftVocabError, match="outside"):
-        dv.write(tmp_path / "a.bin", dv.DraftVocab(np.array([3, 10]), 10, fp))
+    with pytest.raises(dv.DraftVocabError, match="appears twice"):
+        dv.write(tmp_path / "a.bin", dv.DraftVocab(("a", "b", "a"), 10, fp))
+    with pytest.raises(dv.DraftVocabError, match="empty or hold a NUL"):
+        dv.write(tmp_path / "a.bin", dv.DraftVocab(("a", ""), 10, fp))
+    with pytest.raises(dv.DraftVocabError, match="empty or hold a NUL"):
+        dv.write(tmp_path / "a.bin", dv.DraftVocab(("a", "b\x00c"), 10, fp))
     with pytest.raises(dv.DraftVocabError, match="16 bytes"):
-        dv.write(tmp_path / "a.bin", dv.DraftVocab(np.array([3]), 10, b"short"))
+        dv.write(tmp_path / "a.bin", dv.DraftVocab(("a",), 10, b"short"))
+    assert not (tmp_path / "a.bin").exists()
+
+
+def _with_body(data: bytes, body: bytes, count: int | None = None) -> bytes:
+    """`data` (a good file) with another compressed body (and count), its length and checksum made right."""
+    head = bytearray(data[:36])
+    if count is not None:
+        struct.pack_into("<I", head, 8, count)
+    struct.pack_into("<I", head, 32, len(body))
+    out = bytes(head) + body
+    return out + struct.pack("<I", zlib.crc32(out))
 
 
 def test_damaged_files_give_clear_errors_naming_the_file(small, tmp_path):
@@ -162,29 +229,113 @@ def test_damaged_files_give_clear_errors_naming_the_file(small, tmp_path):
     assert "cannot read" in error(None)
     assert "not a draft-vocabulary file" in error(b"")
     assert "not a draft-vocabulary file" in error(b"GGUF" + data[4:])
-    assert "version 2" in error(data[:4] + b"\x02\x00" + data[6:])
-    for cut in (5, 31, 35, len(data) - 4, len(data) - 1):
+    assert "version 1; this OpenJet reads 2" in error(data[:4] + b"\x01\x00" + data[6:])
+    assert "version 3" in error(data[:4] + b"\x03\x00" + data[6:])
+    for cut in (5, 31, 35, 39, len(data) - 4, len(data) - 1):
         assert "truncated" in error(data[:cut]), cut
     assert "longer than its header says" in error(data + b"\x00")
-    for at in (10, 20, 40, len(data) - 2):  # header, fingerprint, an id, the checksum itself
+    assert "truncated" in error(data[:32] + struct.pack("<I", len(data)) + data[36:])  # the body's length
+    for at in (10, 20, 40, len(data) // 2, len(data) - 6, len(data) - 2):  # header, body, the checksum
         flipped = bytearray(data)
         flipped[at] ^= 0x10
         assert "corrupt" in error(bytes(flipped)), at
+    # the checksum holds but the body is wrong: another writer's file
+    tokens = zlib.decompress(data[36:-4]).split(b"\x00")
+    assert "malformed" in error(_with_body(data, b"not zlib"))
+    assert "malformed" in error(_with_body(data, zlib.compress(b"\x00".join(tokens)) + b"extra"))
+    assert "header says 299" in error(_with_body(data, zlib.compress(b"\x00".join(tokens)), 299))
+    assert "strictly increasing" in error(_with_body(data, zlib.compress(b"\x00".join(tokens[::-1]))))
+    assert "strictly increasing" in error(_with_body(data, zlib.compress(b"\x00".join(tokens[:1] + tokens[:-1]))))
+    assert "not UTF-8" in error(_with_body(data, zlib.compress(b"\x00".join(tokens[:-1] + [b"\xff\xfe"]))))
+    bomb = zlib.compress(b"a" * (dv.MAX_BODY + 1))
+    assert "at most" in error(_with_body(data, bomb, 1))
 
 
 # ----------------------------------------------------------------------------------------------------- use
 
 
-def test_draft_ids_for_gives_the_list_only_to_its_own_vocabulary(small, tmp_path):
+def test_draft_ids_for_maps_the_list_onto_its_own_vocabulary(small, tmp_path):
     built = a_list(small)
     path = tmp_path / "dv.bin"
     dv.write(path, built)
-    ids = dv.draft_ids_for(dv.vocab_fingerprint(small), small.n_vocab, path)
-    assert ids is not None and np.array_equal(ids, built.ids)
-    assert dv.draft_ids_for(b"\x00" * 16, small.n_vocab, path) is None  # another vocabulary
-    assert dv.draft_ids_for(built.fingerprint, small.n_vocab + 1, path) is None
+    m = dv.draft_ids_for(small, path)
+    assert m.ids is not None and m.ids.tolist() == ids_of(built, small)
+    assert m.ids.dtype == np.int32 and not m.ids.flags.writeable
+    assert (m.found, m.total, m.ambiguous, m.reason, m.share) == (300, 300, 0, None, 1.0)
+    assert m.source == str(path) and "300 of 300 tokens (100.0%)" in m.describe()
+    same = dv.draft_ids_for(vocab.small_vocab().tokens, path)  # a token list works as well as a Tokenizer
+    assert np.array_equal(same.ids, m.ids)
     with pytest.raises(dv.DraftVocabError, match="cannot read"):
-        dv.draft_ids_for(built.fingerprint, small.n_vocab, tmp_path / "absent.bin")
+        dv.draft_ids_for(small, tmp_path / "absent.bin")
+
+
+def test_a_shuffled_vocabulary_gets_the_ids_of_the_same_strings(small, tmp_path):
+    built = a_list(small)
+    path = tmp_path / "dv.bin"
+    dv.write(path, built)
+    tokens = list(vocab.small_vocab().tokens)
+    random.Random(7).shuffle(tokens)
+    m = dv.draft_ids_for(tokens, path)
+    assert m.ids is not None and m.found == 300
+    assert sorted(tokens[i] for i in m.ids) == sorted(built.tokens)  # every id carries one of the list's strings
+    assert np.all(np.diff(m.ids) > 0)
+    assert m.ids.tolist() != ids_of(built, small)  # other ids: nothing kept from the build vocabulary
+
+
+def test_a_different_vocabulary_gets_the_strings_it_has_and_no_others(small, tmp_path):
+    built = a_list(small, 1000)
+    path = tmp_path / "dv.bin"
+    dv.write(path, built)
+    other = vocab.small_vocab(2048).tokens  # trained on the same text to another size: ids and strings differ
+    m = dv.draft_ids_for(other, path)
+    shared = set(built.tokens) & set(other)
+    assert m.found == len(shared) == len(m.ids) and 500 <= m.found < 1000
+    assert {other[i] for i in m.ids} == shared
+    assert all(other.index(other[i]) == i for i in m.ids)
+
+
+def test_a_string_at_several_ids_is_left_out_not_guessed(small, tmp_path):
+    built = a_list(small)
+    path = tmp_path / "dv.bin"
+    dv.write(path, built)
+    tokens = list(vocab.small_vocab().tokens)
+    twice = built.tokens[5]
+    tokens[-1] = twice  # a [PAD] row renamed to a string of the list
+    m = dv.draft_ids_for(tokens, path)
+    assert (m.found, m.ambiguous) == (299, 1) and "1 at several ids left out" in m.describe()
+    assert twice not in {tokens[i] for i in m.ids}
+
+
+def test_a_vocabulary_with_few_of_the_tokens_is_refused_with_the_reason(tmp_path):
+    fp = b"\x00" * 16
+    path = tmp_path / "dv.bin"
+    dv.write(path, dv.DraftVocab(("a", "b", "c", "d"), 4, fp))
+    half = dv.draft_ids_for(["x", "b", "a", "y"], path)
+    assert half.ids is not None and half.ids.tolist() == [1, 2] and half.share == 0.5
+    few = dv.draft_ids_for(["x", "b", "y", "z"], path)
+    assert few.ids is None and (few.found, few.total) == (1, 4)
+    assert "25.0%" in few.reason and "under 50%" in few.reason
+    assert "not used" in few.describe() and "full vocabulary" in few.describe()
+    assert dv.draft_ids_for(["x", "b", "y", "z"], path, min_share=0.25).ids.tolist() == [1]
+    assert dv.draft_ids_for(["a", "b", "c", "z"], path, min_share=1.0).ids is None
+    with pytest.raises(ValueError):
+        dv.draft_ids_for(["a"], path, min_share=1.5)
+    dv.write(path, dv.DraftVocab((), 4, fp))
+    empty = dv.draft_ids_for(["a", "b"], path)
+    assert empty.ids is None and empty.reason == "the list is empty"
+
+
+def test_the_file_is_read_again_when_it_changes(tmp_path):
+    import os
+
+    fp = b"\x00" * 16
+    path = tmp_path / "dv.bin"
+    dv.write(path, dv.DraftVocab(("a", "b"), 4, fp))
+    assert dv.draft_ids_for(["a", "b", "c"], path).ids.tolist() == [0, 1]
+    dv.write(path, dv.DraftVocab(("b", "c", "d"), 4, fp))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a new mtime even on a coarse clock
+    assert dv.draft_ids_for(["a", "b", "c"], path).ids.tolist() == [1, 2]
 
 
 def test_draft_subset_is_the_sorted_union_with_the_sequence():
@@ -214,18 +365,45 @@ def full() -> Tokenizer:
 
 def test_the_shipped_list_reads_and_has_the_default_size():
     shipped = dv.read(dv.SHIPPED)
-    assert len(shipped.ids) == dv.DEFAULT_SIZE and shipped.n_vocab == vocab.FULL_N_VOCAB
+    assert len(shipped.tokens) == dv.DEFAULT_SIZE and shipped.n_vocab == vocab.FULL_N_VOCAB
+    assert {"<|im_end|>", "<|im_start|>", "<think>", "</think>", "<tool_call>", "Ġthe"} <= set(shipped.tokens)
+    assert dv.SHIPPED.stat().st_size < 131_108  # smaller than the ids of format 1
 
 
 @pytest.mark.slow
-def test_the_shipped_list_belongs_to_the_full_vocabulary_and_holds_real_tokens_only(full):
+def test_the_shipped_list_maps_onto_the_full_vocabulary_real_tokens_only(full):
     shipped = dv.read(dv.SHIPPED)
     assert shipped.fingerprint == dv.vocab_fingerprint(full)
-    ids = dv.draft_ids_for(dv.vocab_fingerprint(full), full.n_vocab)
-    assert ids is not None and np.array_equal(ids, shipped.ids)
-    assert set(dv.required_ids(full)) <= set(ids.tolist())
-    fillers = (ids >= 151_643) & (ids < vocab.FULL_FIRST_ADDED_ID)  # full_vocab's tokens that never encode
-    assert not fillers.any() and ids.max() < 248_077  # and no [PAD] row
+    m = dv.draft_ids_for(full)
+    assert m.ids is not None and (m.found, m.total, m.ambiguous) == (dv.DEFAULT_SIZE, dv.DEFAULT_SIZE, 0)
+    assert [full.id_to_piece(int(i)) for i in m.ids] == sorted(shipped.tokens, key=full.token_to_id)
+    assert set(dv.required_ids(full)) <= set(m.ids.tolist())
+    fillers = (m.ids >= 151_643) & (m.ids < vocab.FULL_FIRST_ADDED_ID)  # full_vocab's tokens that never encode
+    assert not fillers.any() and m.ids.max() < 248_077  # and no [PAD] row
+
+
+def _test_vocab_tokens(name: str) -> list[str]:
+    try:
+        from openjet_launcher.model.sdist import sdist_member_path
+
+        path = sdist_member_path(f"vendor/llama.cpp/models/ggml-vocab-{name}.gguf")
+    except SdistError as e:
+        pytest.skip(f"llama-cpp-python sdist unavailable: {e}")
+    return GGUFFile(path).metadata["tokenizer.ggml.tokens"]
+
+
+@pytest.mark.slow
+def test_the_shipped_list_maps_onto_a_vocabulary_with_other_ids_and_refuses_another_family(full):
+    """llama.cpp's qwen35 test vocabulary: the Qwen2 BPE at the same ids, but its 3 CONTROL tokens at
+    151643..151645 where full_vocab (and a real Qwen3.8) has them at 248044.. and no <think> etc."""
+    qwen = _test_vocab_tokens("qwen35")
+    assert len(qwen) != full.n_vocab and qwen[151_645] == "<|im_end|>" != full.id_to_piece(151_645)
+    m = dv.draft_ids_for(qwen)
+    assert m.ids is not None and m.found >= dv.DEFAULT_SIZE - 12 and m.share > 0.99
+    assert {qwen[i] for i in m.ids} <= set(dv.read(dv.SHIPPED).tokens)
+    assert qwen.index("<|im_end|>") in m.ids and full.token_to_id("<|im_end|>") not in m.ids
+    small = dv.draft_ids_for(vocab.small_vocab().tokens)  # a 4,096-token BPE: few of the list's strings
+    assert small.ids is None and small.share < 0.1 and "another family" in small.reason
 
 
 def _held_out_stdlib(max_chars: int) -> list[str]:
@@ -247,7 +425,7 @@ def test_held_out_standard_library_text_is_mostly_inside_the_shipped_list(full):
     texts = _held_out_stdlib(400_000)
     assert sum(map(len, texts)) > 100_000
     in_list = np.zeros(full.n_vocab, dtype=bool)
-    in_list[dv.read(dv.SHIPPED).ids] = True
+    in_list[dv.draft_ids_for(full).ids] = True
     seq = np.concatenate([np.asarray(full.encode(t), dtype=np.int64) for t in texts])
     share = float(in_list[seq].mean())
     print(f"held-out stdlib: {seq.size} tokens, {share:.4f} inside the shipped list")

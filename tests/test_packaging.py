@@ -222,7 +222,9 @@ def test_the_draft_vocabulary_is_package_data_that_git_and_scikit_build_core_kee
 
 
 def test_check_wheel_finds_a_missing_truncated_or_corrupt_draft_vocabulary(tmp_path, monkeypatch):
+    import struct
     import zipfile
+    import zlib
 
     cw = _check_wheel_module()
     good = (ROOT / DRAFT_VOCAB).read_bytes()
@@ -235,14 +237,29 @@ def test_check_wheel_finds_a_missing_truncated_or_corrupt_draft_vocabulary(tmp_p
         with zipfile.ZipFile(path) as z:
             return cw.check_draft_vocab(z, z.namelist())
 
+    def with_body(body: bytes, count: int | None = None) -> bytes:  # checksum and lengths made right
+        head = bytearray(good[:36])
+        if count is not None:
+            struct.pack_into("<I", head, 8, count)
+        struct.pack_into("<I", head, 32, len(body))
+        return bytes(head) + body + struct.pack("<I", zlib.crc32(bytes(head) + body))
+
     assert problems(good) == []
     assert "missing" in problems(None)[0]
     assert "truncated or corrupt" in problems(good[:-8])[0]
+    assert "truncated or corrupt" in problems(good[:30])[0]
     flipped = bytearray(good)
     flipped[100] ^= 1
     assert "truncated or corrupt" in problems(bytes(flipped))[0]
     assert "not a draft-vocabulary file" in problems(b"GGUF" + good[4:])[0]
-    assert "version" in problems(good[:4] + b"\x02\x00" + good[6:])[0]
+    assert "version 1, expected 2" in problems(good[:4] + b"\x01\x00" + good[6:])[0]
+    tokens = zlib.decompress(good[36:-4]).split(b"\x00")
+    assert "malformed" in problems(with_body(b"not zlib"))[0]
+    assert "malformed" in problems(with_body(zlib.compress(b"\x00".join(tokens)), len(tokens) - 1))[0]
+    assert "malformed" in problems(with_body(zlib.compress(b"\x00".join(tokens[::-1]))))[0]
+    assert "malformed" in problems(with_body(zlib.compress(b"\x00".join(tokens[:-1] + [b"\xff"]))))[0]
+    assert problems(with_body(zlib.compress(b"\x00".join(tokens), 1))) == [  # well formed, other bytes
+        f"the wheel's {DRAFT_VOCAB} differs from the checkout's"]
     monkeypatch.setattr(cw, "REPO_DRAFT_VOCAB", tmp_path / "other.bin")
     (tmp_path / "other.bin").write_bytes(good[:-4] + b"\x00\x00\x00\x00")
     assert "differs from the checkout's" in problems(good)[0]
