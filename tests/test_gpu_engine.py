@@ -302,3 +302,23 @@ def test_mtp_draft_errors(models):
         assert state.n_tokens == 3                      # drafting leaves the sequence as it was
     finally:
         engine.close()
+
+
+def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
+    """mtp=False leaves the head out (what `serve --engine cuda` does without drafts): the trunk's logits do not
+    change by a bit, and drafting says there is no head."""
+    ids = np.random.default_rng(5).integers(0, 4096, 21)
+    out = {}
+    for mtp in (True, False):
+        engine = CudaEngine.load(models["tiny"], n_ctx=64, mtp=mtp)
+        try:
+            assert engine.has_mtp == mtp
+            state = engine.new_state()
+            out[mtp] = np.concatenate([engine.prefill(state, ids[:13], all_logits=True).logits,
+                                       engine.decode(state, ids[13:21]).logits])
+            if not mtp:
+                with pytest.raises(OpenJetError, match="no MTP head"):
+                    engine.mtp_draft(state, 1, 1)
+        finally:
+            engine.close()
+    np.testing.assert_array_equal(out[True], out[False])

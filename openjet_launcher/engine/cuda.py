@@ -145,10 +145,11 @@ class CudaEngine(Engine):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, kv_type: str = "f16",
-             n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0) -> "CudaEngine":
+             n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0, mtp: bool = True) -> "CudaEngine":
         """Upload the trunk of an unsloth Q4_K_M file (a plain llama-quantize Q4_K_M file is re-encoded to the
         unsloth types at load: model/reencode.py). ``n_ctx``: KV cache capacity in tokens (default
-        min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"."""
+        min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"; ``mtp``: also upload the MTP head (when the
+        file has one) and keep its cache filled, for mtp_draft; False leaves it out (less memory, no drafts)."""
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
@@ -175,7 +176,8 @@ class CudaEngine(Engine):
             full_attn_interval=s.full_attn_interval, n_vocab=s.n_vocab, rms_eps=s.rms_eps,
             rope_base=s.rope_base, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type], n_checkpoints=n_checkpoints,
             device=device)
-        names = list(gguf.tensors)
+        mtp_prefix = f"blk.{s.n_layer}."
+        names = [n for n in gguf.tensors if mtp or not n.startswith(mtp_prefix)]
         descs = (TensorDesc * len(names))()
         keep = []                                           # the memory-mapped arrays and names, alive
         for d, name in zip(descs, names):

@@ -209,7 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.draft:
             raise OpenJetError("--draft needs the MTP head, which the CUDA engine v1 does not run yet")
         settings.max_top_k = GPU_MAX_TOP_K       # the API contract of the GPU path (design.md §6)
-        load = lambda: CudaEngine.load(path, n_ctx=n_ctx)  # noqa: E731
+        # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill.
+        load = lambda: CudaEngine.load(path, n_ctx=n_ctx, mtp=False)  # noqa: E731
     else:
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
     app = create_app(load, tokenizer, template, settings)
