@@ -1,12 +1,12 @@
 // The decode engine v1 (include/openjet_engine.h): the qwen35 trunk (qwen38.md §3) assembled from the kernel
 // families, one launch per op on one stream. Per step of T <= 8 tokens:
 //   h = embed(ids)
-//   per layer: a = rms(h, attn_norm) -> int8 (+ float for the F32 projections)
-//              GDN:  qkv, z = W a; beta, alpha = W_f32 a; y = gdn_step(...); mix = W_ssm_out quant(y)
+//   per layer: a = rms(h, attn_norm) -> pack (fp16, act_pack.cuh; + float for the F32 projections)
+//              GDN:  qkv, z = W a; beta, alpha = W_f32 a; y = gdn_step(...); mix = W_ssm_out pack(y)
 //              attn: qg, k, v = W a; o = attn_decode(...) (prep, chunks, combine with sigmoid gate);
-//                    mix = W_attn_output quant(o)
-//              h += mix; f = rms(h, post_attention_norm) -> int8; up/gate = W f;
-//              mix = W_down quant(silu(gate) * up)          (the next layer's norm adds mix to h first)
+//                    mix = W_attn_output pack(o)
+//              h += mix; f = rms(h, post_attention_norm) -> pack; up/gate = W f;
+//              mix = W_down pack(silu(gate) * up)          (the next layer's norm adds mix to h first)
 //   hidden = rms(h + mix, output_norm); logits = W_output hidden (Q6_K)
 // MTP head (qwen38.md §3.3, when the file has blk.{n_layer}.nextn.*): after every step its attention layer's
 // cache is extended by the step's pairs (x_{i+1}, hidden_i) (row r of that cache = position r + 1);
