@@ -85,6 +85,16 @@ def test_malformed_request_is_a_4xx_with_an_openai_error_and_the_next_request_wo
     assert chat(server, OK).status_code == 200
 
 
+def test_blank_tool_call_arguments_mean_no_arguments(server):
+    """Whitespace-only arguments pass validation as {}; the template must read them the same way (schemathesis
+    found a 500 here: the validator and the template decoded them differently)."""
+    r = chat(server, {"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "\r\n "}}]},
+        {"role": "tool", "content": "ok"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
 def test_context_error_names_both_numbers(server):
     r = chat(server, msg("word " * 400))
     assert r.status_code == 400 and "300" in r.json()["error"]["message"]

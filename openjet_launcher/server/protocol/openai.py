@@ -33,6 +33,10 @@ class ToolCallFunction(RequestModel):
     name: str
     arguments: str = "{}"
 
+    def decoded_arguments(self) -> Any:
+        """The arguments string decoded; blank (only whitespace) means no arguments, {}."""
+        return json.loads(self.arguments) if self.arguments.strip() else {}
+
 
 class ToolCallIn(RequestModel):
     id: str | None = None
@@ -43,7 +47,7 @@ class ToolCallIn(RequestModel):
     @classmethod
     def _arguments_are_an_object(cls, f: ToolCallFunction) -> ToolCallFunction:
         try:
-            value = json.loads(f.arguments) if f.arguments.strip() else {}
+            value = f.decoded_arguments()
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
         if not isinstance(value, dict):
@@ -105,7 +109,7 @@ class ChatMessage(BaseModel):
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.function.name,
-                                               "arguments": json.loads(c.function.arguments or "{}")}}
+                                               "arguments": c.function.decoded_arguments()}}
                                  for c in self.tool_calls]
         return out
 
