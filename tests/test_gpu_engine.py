@@ -322,3 +322,31 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
         finally:
             engine.close()
     np.testing.assert_array_equal(out[True], out[False])
+
+
+def _greedy_after(engine: CudaEngine, parts: list[np.ndarray], chunk_size: int, n: int = 32) -> list[int]:
+    """Greedy ids after prefilling the prompt in `parts` (separate prefill calls: turns of a conversation)."""
+    state = engine.new_state()
+    for part in parts:
+        logits = engine.prefill(state, part, chunk_size=chunk_size).logits[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = engine.decode(state, [out[-1]]).logits[-1]
+    return out
+
+
+def test_prefill_chunk_sizes_and_turns_give_the_same_greedy_ids(models):
+    """Issue 6: chunk sizes 128, 512 and 2,048 leave states that give identical greedy ids, and a prompt
+    prefilled in two turns gives the ids of the same text prefilled at once (different step boundaries)."""
+    ids = np.random.default_rng(21).integers(0, 4096, 2300)
+    engine = CudaEngine.load(models["tiny"], n_ctx=2400, mtp=False)
+    try:
+        runs = {c: _greedy_after(engine, [ids], c) for c in (128, 512, 2048)}
+        turns = _greedy_after(engine, [ids[:1173], ids[1173:]], 512)
+    finally:
+        engine.close()
+    report(test="prefill_identity", chunk_sizes=list(runs), same=all(r == runs[128] for r in runs.values()),
+           two_turns_same=turns == runs[512])
+    assert runs[128] == runs[512] == runs[2048]
+    assert turns == runs[512]
