@@ -1,11 +1,5 @@
-"""The generation loop over any ``Engine``: plain decoding, and greedy MTP speculative decoding.
-
-Speculative (greedy) in a few lines, as the GPU megakernel will do it in one launch per cycle:
-  draft n tokens with the MTP head after the last chosen token, verify [last, d_1..d_n] in one decode
-  step, keep the longest prefix of drafts equal to the target's argmax plus the target's own next token,
-  and roll back the rest (truncate to the accepted length). The output is token-identical to plain
-  greedy decoding; only the number of engine steps changes.
-"""
+"""The generation loop over any ``Engine``: plain decoding, and MTP speculative decoding (speculative.py:
+greedy output token-identical to plain greedy decoding, sampled output with plain sampling's distribution)."""
 
 from __future__ import annotations
 
@@ -13,10 +7,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from .engine.interface import Engine, SequenceState
 from .sampling import Sampler
+from .speculative import can_speculate, speculative_cycle
 
 
 @dataclass
@@ -46,7 +40,7 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
              stop_ids: Iterable[int], n_draft: int = 0,
              on_token: Callable[[int], None] | None = None) -> Generation:
     """Prefill ``prompt`` into ``state`` and generate up to ``max_tokens`` tokens (stop ids included in
-    the result but ending it). ``n_draft`` > 0 uses MTP speculation (greedy sampling only)."""
+    the result but ending it). ``n_draft`` > 0 uses MTP speculation (requests without penalties)."""
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     stop = frozenset(stop_ids)
@@ -54,10 +48,7 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
     t0 = time.perf_counter()
     logits = engine.prefill(state, prompt).logits[-1]
     gen.prefill_seconds = time.perf_counter() - t0
-    p = sampler.params
-    # Exact only for greedy choice without penalties (a penalty would depend on the drafts before a row).
-    speculate = (n_draft > 0 and p.greedy and not p.presence_penalty and not p.frequency_penalty
-                 and engine.config.has_mtp)
+    speculate = can_speculate(engine, sampler, n_draft)
 
     t0 = time.perf_counter()
     token = sampler.sample(logits)
@@ -74,21 +65,12 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
             token = sampler.sample(engine.decode(state, [token]).logits[0])
             gen.steps += 1
             continue
-        # One speculative cycle: verify [token, d_1..d_n]; emit the accepted drafts, keep the bonus token.
-        n = min(n_draft, max_tokens - len(gen.tokens))
-        drafts = engine.mtp_draft(state, token, n).tokens
-        base = state.n_tokens
-        engine.checkpoint(state)
-        out = engine.decode(state, [token, *drafts])
+        cycle = speculative_cycle(engine, state, sampler, token, min(n_draft, max_tokens - len(gen.tokens)))
         gen.steps += 1
-        gen.drafted += len(drafts)
-        targets = [int(np.argmax(row[: sampler.n_valid])) for row in out.logits]
-        k = 0
-        while k < len(drafts) and drafts[k] == targets[k]:
-            k += 1
-        gen.accepted += k
-        engine.truncate(state, base + 1 + k)                    # keep token and the k accepted drafts
-        for d in drafts[:k]:
+        gen.drafted += cycle.drafted
+        gen.accepted += len(cycle.accepted)
+        for d in cycle.accepted:
+            sampler.note(d)
             gen.tokens.append(d)
             if on_token:
                 on_token(d)
@@ -96,6 +78,7 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
                 gen.stop_reason = "eos" if d in stop else "length"
                 gen.decode_seconds = time.perf_counter() - t0
                 return gen
-        token = targets[k]
+        token = cycle.next_token
+        sampler.note(token)
     gen.decode_seconds = time.perf_counter() - t0
     return gen

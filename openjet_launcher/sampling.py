@@ -118,13 +118,18 @@ class Sampler:
             return cand[np.argsort(-z[cand], kind="stable")][:k]
         return np.argsort(-z, kind="stable")
 
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from unnormalised probabilities by inverse CDF with one uniform number (not counted)."""
+        cdf = np.cumsum(probs)
+        # the first index whose cumulative mass exceeds u: it always has a non-zero probability
+        return int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+
+    def note(self, token: int) -> None:
+        """Count a generated token (for the penalties)."""
+        self.counts[token] = self.counts.get(token, 0) + 1
+
     def sample(self, logits: np.ndarray) -> int:
         probs = self.probabilities(logits)
-        if self.params.greedy:
-            token = int(np.argmax(probs))
-        else:
-            cdf = np.cumsum(probs)
-            # the first index whose cumulative mass exceeds u: it always has a non-zero probability
-            token = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        self.counts[token] = self.counts.get(token, 0) + 1
+        token = int(np.argmax(probs)) if self.params.greedy else self.draw(probs)
+        self.note(token)
         return token

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..engine.interface import Engine, SequenceState
 from ..sampling import Sampler, SamplingParams
+from ..speculative import can_speculate, speculative_cycle
 from ..text.tokenizer import StreamingDetokenizer, Tokenizer
 from .errors import APIError, escape_for_log
 from .metrics import Metrics
@@ -330,13 +331,12 @@ class EngineWorker:
     def _tokens(self, state: SequenceState, sampler: Sampler, token: int, budget: int,
                 result: GenerationResult) -> Iterator[int]:
         """The chosen tokens one by one, starting with `token` (chosen from the prompt's logits). The engine
-        runs the next step only when the caller asks for the next token. Greedy requests without
-        penalties use MTP speculation (`n_draft` > 0): same tokens, fewer engine steps."""
+        runs the next step only when the caller asks for the next token. Requests without penalties use MTP
+        speculation (`n_draft` > 0, speculative.py): greedy gives the same tokens, sampled the same
+        distribution, in fewer engine steps."""
         engine = self.engine
         assert engine is not None
-        p = sampler.params
-        speculate = (self.n_draft > 0 and p.greedy and not p.presence_penalty and not p.frequency_penalty
-                     and engine.config.has_mtp)
+        speculate = can_speculate(engine, sampler, self.n_draft)
         emitted = 0
         while True:
             yield token
@@ -348,25 +348,16 @@ class EngineWorker:
                 token = sampler.sample(engine.decode(state, [token]).logits[0])
                 result.decode_seconds += time.perf_counter() - t0
                 continue
-            n = min(self.n_draft, budget - emitted)
-            drafts = engine.mtp_draft(state, token, n).tokens
-            base = state.n_tokens
-            engine.checkpoint(state)
-            out = engine.decode(state, [token, *drafts])
-            targets = [int(np.argmax(row[: sampler.n_valid])) for row in out.logits]
-            k = 0
-            while k < len(drafts) and drafts[k] == targets[k]:
-                k += 1
-            engine.truncate(state, base + 1 + k)     # keep the token and the k accepted drafts
-            result.drafted += len(drafts)
-            result.accepted += k
+            cycle = speculative_cycle(engine, state, sampler, token, min(self.n_draft, budget - emitted))
+            result.drafted += cycle.drafted
+            result.accepted += len(cycle.accepted)
             result.decode_seconds += time.perf_counter() - t0
-            for d in drafts[:k]:
-                sampler.counts[d] = sampler.counts.get(d, 0) + 1
+            for d in cycle.accepted:
+                sampler.note(d)
                 yield d
                 emitted += 1
-            token = targets[k]
-            sampler.counts[token] = sampler.counts.get(token, 0) + 1
+            token = cycle.next_token
+            sampler.note(token)
 
     def _account(self, job: Job, r: GenerationResult) -> None:
         t = r.timings()

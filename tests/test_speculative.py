@@ -1,0 +1,78 @@
+"""Exact speculative sampling (openjet_launcher/speculative.py): the tokens a sampled MTP cycle emits must have
+plain sampling's distribution. Oracle: the target distribution itself (Sampler.probabilities of the target's
+logits), by a chi-square goodness-of-fit test, on hand-made distributions and on the reference engine."""
+
+import numpy as np
+import pytest
+
+from openjet_launcher.model.synth import synthesize
+from openjet_launcher.reference import ReferenceEngine
+from openjet_launcher.sampling import Sampler, SamplingParams
+from openjet_launcher.speculative import accept_sampled, speculative_cycle
+
+# chi-square critical values at significance 1e-3 by degrees of freedom (scipy.stats.chi2.ppf(0.999, df))
+CHI2_999 = {3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26}
+
+
+def chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic of observed counts against probabilities (cells with expectation < 5 pooled)."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+
+
+def test_accept_sampled_keeps_the_target_distribution():
+    """Two positions over 6 tokens with a draft distribution far from the target: the first emitted token
+    ~ p_0, and, when the first draft is kept, the second ~ p_1 (both the accept and the residual paths)."""
+    rng = np.random.default_rng(0)
+    p0, p1, p2 = (rng.dirichlet(np.ones(6)) for _ in range(3))
+    q0, q1 = rng.dirichlet(np.ones(6) * 0.5), rng.dirichlet(np.ones(6) * 0.5)
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=1), 6)
+    first, second = np.zeros(6), np.zeros(6)
+    for _ in range(20000):
+        drafts = [sampler.draw(q0), sampler.draw(q1)]
+        k, nxt = accept_sampled([p0, p1, p2], [q0, q1], drafts, sampler)
+        emitted = drafts[:k] + [nxt]
+        first[emitted[0]] += 1
+        if k >= 1:
+            second[emitted[1]] += 1
+    for counts, p in ((first, p0), (second, p1)):
+        stat, df = chi2(counts, p)
+        assert stat < CHI2_999[df], (stat, df, counts / counts.sum(), p)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec") / "tiny.gguf"
+    synthesize("tiny", path, show_progress=False)
+    return ReferenceEngine.load(path)
+
+
+def test_a_sampled_cycle_on_the_engine_emits_the_plain_distribution(tiny):
+    """After a prompt and a chosen token, the first token a cycle emits (a kept draft or the target's own)
+    must follow the target's distribution at that position; the random synthetic model's drafts are often
+    rejected, so the residual path carries most of the mass. The state is rolled back between samples."""
+    params = SamplingParams(temperature=1.0, top_k=8, seed=3)
+    sampler = Sampler(params, tiny.config.shape.n_vocab)
+    state = tiny.new_state()
+    tiny.prefill(state, [11, 402, 7, 1999, 3, 250, 96])
+    token = 1234
+    base = state.n_tokens
+    tiny.checkpoint(state)
+    target = sampler.probabilities(tiny.decode(state, [token]).logits[0])
+    tiny.truncate(state, base)
+    counts = np.zeros(len(target))
+    kept = 0
+    for _ in range(400):
+        cycle = speculative_cycle(tiny, state, sampler, token, 2)
+        counts[(cycle.accepted + [cycle.next_token])[0]] += 1
+        kept += len(cycle.accepted)
+        tiny.truncate(state, base)
+    support = np.flatnonzero(target)
+    assert counts[np.setdiff1d(np.arange(len(target)), support)].sum() == 0     # never outside top-k
+    stat, df = chi2(counts[support], target[support])
+    assert stat < CHI2_999[df], (stat, df, kept)
