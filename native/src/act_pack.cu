@@ -18,8 +18,7 @@ __global__ void __launch_bounds__(kRowThreads) pack_act_kernel(const float* __re
 
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream) {
-    if (!x || !p.h || !p.sum || !p.inv || t < 1 || t > kActRows || k < kActBlock || k % kActBlock)
-        return cudaErrorInvalidValue;
+    if (!x || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (norm_w)
         pack_act_kernel<true><<<t, kRowThreads, 0, stream>>>(x, k, norm_w, eps, p);
     else

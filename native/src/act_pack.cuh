@@ -78,6 +78,11 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
 }
 
+// Whether a pack can hold t rows of k (every launcher that writes one checks this).
+inline bool act_pack_fits(const ActPack& p, int t, int k) {
+    return p.h && p.sum && p.inv && t >= 1 && t <= kActRows && k >= kActBlock && k % kActBlock == 0;
+}
+
 // Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= kActRows, k % 32 == 0.
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream);

@@ -29,22 +29,18 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
     pack_act_row([&](int i) { return swiglu1(g[i], u[i]); }, k, p, row);
 }
 
-bool pack_ok(const ActPack& p, int t, int k) {
-    return p.h && p.sum && p.inv && t >= 1 && t <= kActRows && k >= kActBlock && k % kActBlock == 0;
-}
-
 }  // namespace
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
-    if (!h || !w || !pack_ok(p, t, k)) return cudaErrorInvalidValue;
+    if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     add_norm_pack_kernel<<<t, kRowThreads, 0, stream>>>(h, delta, w, k, eps, a_out, p);
     return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
                                cudaStream_t stream) {
-    if (!gate || !up || !pack_ok(p, t, k)) return cudaErrorInvalidValue;
+    if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     swiglu_pack_kernel<<<t, kRowThreads, 0, stream>>>(gate, up, k, p);
     return cudaGetLastError();
 }

@@ -81,11 +81,6 @@ __device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) 
 
 constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024)
 
-// fp16x2 (v, v) of a small non-negative integer v < 1024, exactly.
-__device__ __forceinline__ uint32_t h2_of_int(int v) {
-    return hsub2_u(kMagic | static_cast<uint32_t>(v) | (static_cast<uint32_t>(v) << 16), kMagic);
-}
-
 // 32-bit word at a 2-byte-aligned shared address (two aligned loads and a funnel shift).
 __device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) {
     const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);

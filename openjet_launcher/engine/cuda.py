@@ -34,7 +34,7 @@ from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
-                        StepOutput, TokenIds, argmax, check_draft_request, check_token_ids)
+                        StepOutput, TokenIds, argmax, check_chunk_size, check_draft_request, check_token_ids)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -238,8 +238,7 @@ class CudaEngine(Engine):
     def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = 64,
                 all_logits: bool = False) -> StepOutput:
         """v1: decode steps of up to 8 tokens (same results; tensor-core prefill is future work)."""
-        if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-            raise OpenJetError(f"chunk_size must be a positive integer, not {chunk_size!r}")
+        check_chunk_size(chunk_size)
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
         logits, hidden = [], []

@@ -51,6 +51,13 @@ def argmax(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def check_chunk_size(chunk_size: object) -> int:
+    """prefill's chunk_size: a positive integer (OpenJetError otherwise)."""
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise OpenJetError(f"chunk_size must be a positive integer, not {chunk_size!r}")
+    return int(chunk_size)
+
+
 def check_draft_request(model: str, n_layer: int, has_mtp: bool, n_tokens: int, n_draft: int) -> None:
     """What every engine's mtp_draft checks besides the token id: an MTP head, a processed token, n_draft >= 1."""
     if not has_mtp:

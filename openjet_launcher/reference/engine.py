@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from ..engine.interface import (Choose, DraftOutput, Engine, EngineStats, StepOutput, TokenIds, argmax,
-                                check_draft_request, check_token_ids)
+                                check_chunk_size, check_draft_request, check_token_ids)
 from ..errors import ModelFileError, OpenJetError
 from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
@@ -60,11 +60,10 @@ class ReferenceEngine(Engine):
 
     def prefill(self, state: ReferenceState, tokens: TokenIds, *, chunk_size: int = 64,
                 all_logits: bool = False) -> StepOutput:
-        if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-            raise OpenJetError(f"chunk_size must be a positive integer, not {chunk_size!r}")
+        chunk_size = check_chunk_size(chunk_size)
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
-        out = self._forward(state, ids, int(chunk_size), rows="all" if all_logits else "last")
+        out = self._forward(state, ids, chunk_size, rows="all" if all_logits else "last")
         self._stats.prefill_tokens += len(ids)
         self._stats.prefill_seconds += time.perf_counter() - t0
         return out

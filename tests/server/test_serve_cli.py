@@ -9,7 +9,6 @@ import sys
 import time
 
 import httpx
-import uvicorn
 
 import pytest
 
@@ -17,7 +16,7 @@ from openjet_launcher.launcher import download
 from openjet_launcher.server import cli
 from openjet_launcher.server.cli import add_serve_parser, is_loopback
 
-from .conftest import free_port
+from .conftest import free_port, serve_app
 
 
 def test_serve_parser_defaults_and_options():
@@ -61,17 +60,6 @@ def test_serve_warns_beyond_loopback_without_a_key_and_answers(tiny_path, serve_
     assert "without an API key" in err
 
 
-def _serve_in_process(monkeypatch, model: str) -> dict:
-    """Run `serve MODEL` up to uvicorn.run (not started); what it would serve."""
-    ran = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(app=app, **kw))
-    parser = argparse.ArgumentParser()
-    add_serve_parser(parser.add_subparsers())
-    args = parser.parse_args(["serve", model, "--ctx", "512"])
-    assert args.func(args) == 0
-    return ran
-
-
 def test_serve_resolves_a_hugging_face_spec_through_ensure_model(monkeypatch, tiny_path):
     asked = []
 
@@ -79,16 +67,16 @@ def test_serve_resolves_a_hugging_face_spec_through_ensure_model(monkeypatch, ti
         asked.append(spec)
         return download.LocalModel(path=tiny_path, parts=(tiny_path,), repo="someone/model", commit="c0ffee")
     monkeypatch.setattr(download, "ensure_model", ensure_model)
-    ran = _serve_in_process(monkeypatch, "someone/model/tiny-Q8_0.gguf")
+    app = serve_app("someone/model/tiny-Q8_0.gguf", "--ctx", "512")
     assert asked == ["someone/model/tiny-Q8_0.gguf"]
-    assert ran["app"].state.core.settings.model_id == tiny_path.name
+    assert app.state.core.settings.model_id == tiny_path.name
 
 
 def test_serve_takes_a_path_or_demo_without_the_hub(monkeypatch, tiny_path, tmp_path, capsys):
     def no_hub(spec, **kw):
         raise AssertionError(f"{spec} went to the Hub")
     monkeypatch.setattr(download, "ensure_model", no_hub)
-    assert _serve_in_process(monkeypatch, str(tiny_path))["app"].state.core.settings.model_id == tiny_path.name
+    assert serve_app(str(tiny_path), "--ctx", "512").state.core.settings.model_id == tiny_path.name
     monkeypatch.setenv("OPENJET_CACHE", str(tmp_path))
     if cli.bundled_demo_file().is_file():       # the trained demo model in the package
         assert cli.model_path("demo") == cli.bundled_demo_file()
@@ -109,7 +97,7 @@ def test_serve_demo_answers_an_openai_sdk_chat_request(monkeypatch):
 
     if not cli.bundled_demo_file().is_file():
         pytest.skip("no bundled demo model in this checkout")
-    app = _serve_in_process(monkeypatch, "demo")["app"]
+    app = serve_app("demo", "--ctx", "512")
     assert app.state.core.settings.model_id == cli.DEMO_FILE
     with LiveServer(app) as server, openai.OpenAI(base_url=server.base + "/v1", api_key="none", timeout=60) as client:
         t0 = time.monotonic()
