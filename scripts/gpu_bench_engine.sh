@@ -32,12 +32,8 @@ MODEL=${MODEL:-/tmp/full.gguf}
 export PYTHONUNBUFFERED=1
 say() { echo "[gpu_bench_engine +$(( $(date +%s) - START ))s] $*"; }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 ||
-    say "warning: installing the carried wheels failed"
-fi
-export PYTHONPATH=/tmp/site:$PWD
-[ -d .cache/openjet ] && export OPENJET_CACHE=$PWD/.cache/openjet
+. scripts/device_common.sh
+device_wheels
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,clocks.max.sm \
   --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 say "cpus $(nproc), free disk in $(dirname "$MODEL"): $(df -h --output=avail "$(dirname "$MODEL")" | tail -1)"
@@ -53,14 +49,11 @@ else
 fi
 
 # 2. the library for this GPU's architecture, meanwhile
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-if ! ( time (cmake -S . -B /tmp/b -G Ninja -DOPENJET_CUDA_ARCHITECTURES="${arch}-real" &&
-             cmake --build /tmp/b) ) > "$OUT/build.log" 2>&1; then
-  tail -50 "$OUT/build.log"
+if ! build_engine /tmp/b "$OUT/build.log"; then
   [ -n "$SYNTH_PID" ] && kill "$SYNTH_PID"
   say "build failed"; exit 1
 fi
-say "library built for sm_${arch}"
+say "library built for sm_$(gpu_arch)"
 
 if [ -n "$SYNTH_PID" ]; then
   wait "$SYNTH_PID"; rc=$?

@@ -6,23 +6,20 @@
 #   run(carry=[".whl"], command="bash scripts/gpu_server_tests.sh", timeout_s=600)
 # OPENJET_REQUIRE_GPU=1: a GPU or engine that cannot run fails the tests instead of skipping them.
 set -o pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/device_common.sh
 if ! ls .whl/*.whl >/dev/null 2>&1; then
   echo "no .whl/*.whl: run scripts/fetch_device_wheels.sh on the developer machine and carry .whl"; exit 2
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+device_wheels
+export PYTHONUNBUFFERED=1
 # Everything tests/server needs but schemathesis (test_fuzz.py skips without it): fail here, not as skips.
 python3 -c "import httpx, openai, anthropic, fastapi, uvicorn, gguf, platformdirs, pytest
 print('python', __import__('sys').version.split()[0], 'openai', openai.__version__, 'anthropic', anthropic.__version__,
       'fastapi', fastapi.__version__, 'httpx', httpx.__version__)" || exit 1
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.used,memory.total --format=csv,noheader
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
 t0=$SECONDS
-(cmake -S . -B /tmp/b -G Ninja -DOPENJET_CUDA_ARCHITECTURES="${arch}-real" && cmake --build /tmp/b) \
-  > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "engine built for sm_${arch} in $((SECONDS - t0)) s"
+build_engine /tmp/b "$OUT/build.log" || exit 1
+echo "engine built for sm_$(gpu_arch) in $((SECONDS - t0)) s"
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_TEST_ENGINE=cuda
 per_test=()
 python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout=180)   # one hung test cannot eat the call

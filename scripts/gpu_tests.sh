@@ -3,14 +3,9 @@
 #   run(carry=[".whl"], command="bash scripts/gpu_tests.sh")
 # .whl/ holds the wheels the bare GPU image lacks: scripts/fetch_device_wheels.sh downloads them.
 set -o pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-( time (cmake -S . -B /tmp/b -G Ninja -DOPENJET_CUDA_ARCHITECTURES="${arch}-real" -DOPENJET_PTXAS_VERBOSE=ON &&
-        cmake --build /tmp/b) ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+. scripts/device_common.sh
+device_wheels
+build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT=$OUT/gpu.jsonl
 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py -x 2>&1 | tail -25 | tee "$OUT/pytest-gemv.log"
 timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py tests/test_gpu_attn.py \

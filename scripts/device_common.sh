@@ -1,0 +1,27 @@
+# Sourced by the scripts/gpu_*.sh device scripts (run from the repository root on the GPU machine):
+# $OUT, the carried wheels on PYTHONPATH, the carried vocabulary cache, and the engine built for this GPU.
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+
+# .whl/ (scripts/fetch_device_wheels.sh) into /tmp/site, ahead of the image's own packages.
+device_wheels() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+      > "$OUT/wheels.log" 2>&1 || echo "warning: installing .whl/ failed (see wheels.log)"
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+  if [ -d .cache/openjet ]; then export OPENJET_CACHE=$PWD/.cache/openjet; fi
+}
+
+# Compute capability of GPU 0 as cmake spells it ("90").
+gpu_arch() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .; }
+
+# build_engine DIR LOG [cmake options...]: the library for this GPU's architecture in DIR (outside the tree:
+# build outputs inside it do not survive between calls), its log and time in LOG; the log's tail on failure.
+build_engine() {
+  local dir=$1 log=$2; shift 2
+  if ! { time { cmake -S . -B "$dir" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$(gpu_arch)-real" "$@" &&
+                cmake --build "$dir"; }; } > "$log" 2>&1; then
+    tail -50 "$log"
+    return 1
+  fi
+}
