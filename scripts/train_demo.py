@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from
 from openjet_launcher.model.hf_convert import hf_to_gguf, load_hf_state, shape_from_hf, tiny_hf_config  # noqa: E402
 from openjet_launcher.model.synth import plan_tensors  # noqa: E402
 from openjet_launcher.model.vocab import small_vocab  # noqa: E402
+from openjet_launcher.sampling import Sampler, SamplingParams  # noqa: E402
+from openjet_launcher.speculative import speculative_cycle  # noqa: E402
 from openjet_launcher.text.chat import ChatTemplate  # noqa: E402
 from openjet_launcher.text.tokenizer import Tokenizer  # noqa: E402
 
@@ -543,28 +545,24 @@ def engine_vs_torch(engine, model, mtp, ids: list[int]) -> dict:
 
 
 def speculative_acceptance(engine, prompts: list[list[int]], n_tokens: int, n_draft: int = N_DRAFT) -> dict:
-    """Greedy MTP speculation as generate.py runs it, counting per draft position k: reached (the drafts
-    before k were all accepted) and accepted. Rates: accepted/reached (conditional) and accepted/cycles."""
+    """Greedy MTP speculation as generate.py runs it (speculative_cycle), counting per draft position k:
+    reached (the drafts before k were all accepted) and accepted. Rates: accepted/reached (conditional) and
+    accepted/cycles."""
     reached, accepted, cycles = [0] * n_draft, [0] * n_draft, 0
+    greedy = Sampler(SamplingParams(temperature=0.0), engine.config.shape.n_vocab)
     for prompt in prompts:
         state = engine.new_state()
         token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
         made = 1
         while made < n_tokens:
-            drafts = engine.mtp_draft(state, token, n_draft).tokens
-            base = state.n_tokens
-            engine.checkpoint(state)
-            targets = [int(np.argmax(r)) for r in engine.decode(state, [token, *drafts]).logits]
+            cycle = speculative_cycle(engine, state, greedy, token, n_draft)
             cycles += 1
-            k = 0
-            while k < n_draft:
-                reached[k] += 1
-                if drafts[k] != targets[k]:
-                    break
-                accepted[k] += 1
-                k += 1
-            engine.truncate(state, base + 1 + k)
-            token = targets[k]
+            k = len(cycle.accepted)
+            for j in range(min(k + 1, n_draft)):
+                reached[j] += 1
+            for j in range(k):
+                accepted[j] += 1
+            token = cycle.next_token
             made += k + 1
     return {"cycles": cycles, "n_draft": n_draft, "reached": reached, "accepted": accepted,
             "conditional_rate": [round(a / r, 4) if r else None for a, r in zip(accepted, reached)],
