@@ -10,8 +10,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SRC=$PWD
 python3 -m venv --system-site-packages /tmp/venv || exit 1
-/tmp/venv/bin/pip install -q --no-index --no-deps "$SRC"/.whl/*.whl "$SRC"/wheelhouse/*.whl > "$OUT/install.log" 2>&1 ||
+# The image's own packages (numpy, jinja2, tokenizers, ...) sit in folders a venv does not see even with
+# --system-site-packages (on 2026-12-01 jinja2 was missing there): list the system interpreter's package folders in
+# a .pth so the venv sees what the image has, then let pip resolve the wheel's dependencies against that and .whl/;
+# a dependency found in neither fails the install with its name.
+python3 -c "import sys, os; print('\n'.join(p for p in sys.path if p.endswith(('-packages',)) and os.path.isdir(p)))" \
+  | tee "$OUT/system-site.txt" > "$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image-packages.pth"
+/tmp/venv/bin/pip install -q --no-index --find-links "$SRC"/.whl "$SRC"/wheelhouse/*.whl > "$OUT/install.log" 2>&1 ||
   { cat "$OUT/install.log"; exit 1; }
+/tmp/venv/bin/pip list 2>/dev/null > "$OUT/pip-list.txt"
 cd /tmp   # nothing of the source tree on the path from here
 OJ=/tmp/venv/bin/openjet-launch
 /tmp/venv/bin/python -c "import openjet_launcher, sys; print(openjet_launcher.__file__)" | tee "$OUT/package.txt"

@@ -86,12 +86,12 @@ def cuda_error(name):
     return {"code": 35, "name": name, "message": "CUDA says so", "call": "cudaGetDeviceCount", "hint": None}
 
 
-def probe_report(devices=(), error=None, driver_raw=13000, runtime="13.0"):
+def probe_report(devices=(), error=None, driver_raw=13000, runtime="13.0", sass=(86, 89, 90, 120)):
     return {"api_version": 1, "library_version": "0.1.0",
             "driver_version": f"{driver_raw // 1000}.{driver_raw % 1000 // 10}" if driver_raw else None,
             "driver_version_raw": driver_raw, "runtime_version": runtime, "runtime_version_raw": 13000,
-            "build": {"cuda_toolkit": "13.0", "cuda_architectures": "86-real;89-real;90-real;120",
-                      "sass": [86, 89, 90, 120], "ptx": [120]},
+            "build": {"cuda_toolkit": "13.0", "cuda_architectures": ";".join(f"{a}-real" for a in sass) + ";120",
+                      "sass": list(sass), "ptx": [120]},
             "error": error, "device_count": len(devices), "devices": list(devices)}
 
 
@@ -178,7 +178,21 @@ def test_a_gpu_the_build_has_no_code_for_names_the_compiled_architectures(machin
     msg = g.problems[0].message
     assert g.problems[0].code == "no_kernel_image"
     assert "compute capability 7.5" in msg and "sm_86, sm_89, sm_90, sm_120" in msg and "compute_120" in msg
-    assert "OPENJET_CUDA_ARCHITECTURES" in msg
+    assert "8.0 or newer" in msg and "--engine reference" in msg
+
+
+def test_a_supported_gpu_without_code_in_this_build_is_told_to_get_a_wheel_that_has_it(machine):
+    # Issue 9: a wheel built without sm_90 on an H200 says "no kernel image" and names the wheel to install.
+    h200 = nvml_gpu(0, "NVIDIA H200", cc=(9, 0), total=140 * GiB, free=139 * GiB)
+    machine(FakeNvml([h200]),
+            probe_report([probe_device(0, h200, 132, kernel_error=cuda_error("cudaErrorNoKernelImageForDevice"))],
+                         sass=[86, 89, 120]))
+    r = hardware.detect()
+    msg = r.gpus[0].problems[0].message
+    assert r.gpus[0].problems[0].code == "no_kernel_image" and not r.ok
+    assert msg.startswith("No kernel image for this GPU") and "compute capability 9.0" in msg
+    assert "sm_86, sm_89, sm_120" in msg and "release wheel, which includes sm_90" in msg
+    assert "OPENJET_CUDA_ARCHITECTURES=90-real" in msg
 
 
 def test_an_engine_that_was_not_built_lists_the_gpus_without_probing(machine):
@@ -261,7 +275,9 @@ def test_gpu_n_picks_that_gpu_or_says_why_it_cannot(machine):
     assert hardware.detect(gpu=0).chosen.index == 0
     r = hardware.detect(gpu=2)
     assert r.chosen is None and codes(r.why_not()) == ["no_kernel_image"]
-    assert r.why_not()[0].message.startswith("GPU 2 (NVIDIA A100): This OpenJet build has no code")
+    msg = r.why_not()[0].message
+    assert msg.startswith("GPU 2 (NVIDIA A100): No kernel image for this GPU")
+    assert "Release wheels do not carry sm_80" in msg and "OPENJET_CUDA_ARCHITECTURES=80-real" in msg
     r = hardware.detect(gpu=5)
     assert r.chosen is None and codes(r.problems) == ["no_such_gpu"] and "GPU 1 (NVIDIA H100" in r.problems[0].message
 
@@ -315,3 +331,15 @@ def test_on_this_machine_without_a_driver_detect_says_so_and_doctor_points_to_th
     assert args.func(args) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"]["path"] == "cpu" and report["verdict"]["command"].startswith("openjet-launch --engine")
+
+
+def test_the_release_architectures_the_advice_names_are_those_the_release_builds_compile():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    archs = {m for m in re.findall(r'OPENJET_CUDA_ARCHITECTURES = "([^"]+)"', text)}
+    assert len(archs) == 1, archs  # Linux and Windows release builds agree
+    tomllib.loads(text)  # and the file still parses
+    assert {int(a.split("-")[0]) for a in archs.pop().split(";") if a.endswith("-real")} == set(hardware.RELEASE_SASS)

@@ -27,6 +27,8 @@ PROBE_TIMEOUT_S = 60.0
 
 # The oldest driver branch each bundled CUDA runtime major version runs on (CUDA minor-version compatibility).
 DRIVER_FLOOR = {12: "525", 13: "580"}
+# Machine code in the release wheels (packaging/, pyproject's cibuildwheel settings); newer GPUs run the PTX.
+RELEASE_SASS = (86, 89, 90, 120)
 
 
 @dataclass(frozen=True)
@@ -236,10 +238,18 @@ def cuda_problem(err: dict[str, Any], probe: dict[str, Any], gpu: GpuInfo | None
         return Problem("no_gpu", f"No CUDA GPU is visible to this process{env}. Check CUDA_VISIBLE_DEVICES and, "
                                  f"in a container, that it has GPU access. Without a GPU: {CPU_PATH}")
     if name == "cudaErrorNoKernelImageForDevice":
-        what = f"compute capability {gpu.compute_capability}" if gpu and gpu.compute_capability else "this GPU"
-        return Problem("no_kernel_image", f"This OpenJet build has no code for {what}: it carries {_archs(probe)}. "
-                                          "Use a GPU of those architectures, or build from source with "
-                                          "OPENJET_CUDA_ARCHITECTURES naming this one (it must be 8.0 or newer).")
+        cc = gpu.compute_capability if gpu and gpu.compute_capability else None
+        head = (f"No kernel image for this GPU: this OpenJet build has no code for "
+                f"{f'compute capability {cc}' if cc else 'this GPU'}; it carries {_archs(probe)}.")
+        if cc and int(cc.split(".")[0]) < 8:
+            return Problem("no_kernel_image", f"{head} OpenJet needs compute capability 8.0 or newer "
+                                              f"(RTX 30-series and later). Without such a GPU: {CPU_PATH}")
+        sm = cc.replace(".", "") if cc else "<major><minor>"
+        build = f"build from source with OPENJET_CUDA_ARCHITECTURES={sm}-real"
+        if cc and int(sm) not in RELEASE_SASS and int(sm) < RELEASE_SASS[-1]:
+            return Problem("no_kernel_image", f"{head} Release wheels do not carry sm_{sm} either: {build}.")
+        return Problem("no_kernel_image", f"{head} Install a release wheel, which includes sm_{sm} "
+                                          f"(pip install --force-reinstall openjet-launcher), or {build}.")
     if name == "cudaErrorUnsupportedPtxVersion":
         return Problem("unsupported_ptx", f"The driver is too old to compile this build's PTX (CUDA {runtime}) for "
                                           f"this GPU ({_archs(probe)}): update the NVIDIA driver.")
