@@ -324,6 +324,37 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     np.testing.assert_array_equal(out[True], out[False])
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type):
+    """Prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and 128, the last chunk partial) and
+    decode steps of up to 8 tokens (all_logits) leave the same state bit for bit: the last logits and hidden
+    row, the next decode step's logits, and the MTP head's drafts (its cache filled by the prefill)."""
+    ids = np.random.default_rng(23).integers(0, 4096, 301)
+    engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
+    try:
+        def run(chunk: int | None):
+            state = engine.new_state()
+            if chunk is None:
+                out = engine.prefill(state, ids[:300], all_logits=True)
+                first = (out.logits[-1], out.hidden[-1])
+            else:
+                out = engine.prefill(state, ids[:150], chunk_size=chunk)   # two calls: a turn boundary too
+                out = engine.prefill(state, ids[150:300], chunk_size=chunk)
+                first = (out.logits[-1], out.hidden[-1])
+            nxt = engine.decode(state, ids[300:301]).logits[-1]
+            draft = engine.mtp_draft(state, int(np.argmax(nxt)), 2)
+            return [*first, nxt, draft.logits]
+
+        steps = run(None)
+        for chunk in (8, 40, 128):
+            got = run(chunk)
+            for name, a, b in zip(("logits", "hidden", "next logits", "draft logits"), got, steps):
+                np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
+        report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, chunks=[8, 40, 128], equal=True)
+    finally:
+        engine.close()
+
+
 def _greedy_after(engine: CudaEngine, parts: list[np.ndarray], chunk_size: int, n: int = 32) -> list[int]:
     """Greedy ids after prefilling the prompt in `parts` (separate prefill calls: turns of a conversation)."""
     state = engine.new_state()

@@ -214,6 +214,28 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
+@pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
+def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype):
+    """A prefill call of up to 128 rows (groups of 8 side by side over each weight tile) gives every row the
+    bits of a decode call holding it; partial last groups included. Also checked against the emulation."""
+    rng = np.random.default_rng(16)
+    n, k = (48, 5120) if qtype == "F32" else (1040, 2560)  # 65 tiles: the group/tile split of the grid
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    raw = w if qtype == "F32" else quantize(w, Q[qtype])
+    x = random_x(rng, 128, k)
+    steps = np.concatenate([kt.gemv(Q[qtype], raw, x[i:i + 8]) for i in range(0, 128, 8)])
+    for t in (9, 37, 128):
+        np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), steps[:t], err_msg=f"T={t}")
+    # steps' rows 121..127 came from one 8-row call: a 3-row tail call must agree with it too
+    np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[125:128]), steps[125:128])
+    if qtype != "F32":
+        xh, _, xinv = pack_act_numpy(x)
+        ref = (dequantize(raw, Q[qtype]).astype(np.float64) @ unpack_act(xh, xinv).T).T
+        e = rel_err(steps, ref)
+        report(test="gemv_prefill_rows", qtype=qtype, t=128, rel_err_vs_emulated=e)
+        assert e < 1e-5
+
+
 def test_f32_projection_matches_numpy():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((48, 5120), dtype=np.float32)
@@ -252,8 +274,8 @@ def test_embed_full_vocabulary_table_last_rows():
 def test_errors_are_values_with_messages():
     rng = np.random.default_rng(10)
     raw = quantize(rng.standard_normal((4, 256), dtype=np.float32), Q["Q4_K"])
-    with pytest.raises(OpenJetError, match="token rows must be 1..8"):
-        kt.gemv(Q["Q4_K"], raw, np.ones((9, 256), np.float32))
+    with pytest.raises(OpenJetError, match="token rows must be 1..128"):
+        kt.gemv(Q["Q4_K"], raw, np.ones((129, 256), np.float32))
     with pytest.raises(OpenJetError, match="outside the vocabulary"):
         kt.embed(Q["Q4_K"], raw, 256, np.array([4], np.int32))
     q8 = quantize(rng.standard_normal((4, 96), dtype=np.float32), Q["Q8_0"])

@@ -1,7 +1,9 @@
 """Decode GEMV benchmark (issue 6): time per call of y = W x for the 27B model's shapes and weight types at
 T = 1, 2, 4, 8 token rows, the achieved GB/s of weight bytes against the device-to-device copy bandwidth
 measured in the same run, the T=4/T=1 cost ratio, and a whole decode step's GEMV mix (unsloth Q4_K_M
-recipe) as % of roofline. Prints JSON.
+recipe) as % of roofline. Prefill: the same mix without the lm_head at T = 32 and 128 rows (one call per
+weight, rows in groups of 8 that share it through L2), as tokens/s and TFLOP/s of the projections alone.
+Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gemv.py > gemv.json
 
@@ -27,6 +29,7 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
+PREFILL_TS = (32, 128)    # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -76,22 +79,22 @@ def weight_bytes(qtype: str, n: int, k: int) -> int:
     return n * (k // epb) * bpb
 
 
-def measure(rng, qtype: str, n: int, k: int) -> dict:
+def measure(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     try:
-        return measure_or_raise(rng, qtype, n, k)
+        return measure_or_raise(rng, qtype, n, k, ts)
     except Exception as e:  # one failing configuration must not lose the others' figures
         print(f"{qtype} {n}x{k}: {e}", file=sys.stderr)
         nan = float("nan")
         return {"type": qtype, "n": n, "k": k, "weight_bytes": weight_bytes(qtype, n, k), "error": str(e),
-                "us": {t: nan for t in TS}, "shape": {}}
+                "us": {t: nan for t in ts}, "shape": {}}
 
 
-def measure_or_raise(rng, qtype: str, n: int, k: int) -> dict:
+def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     w = random_weights(rng, qtype, n, k)
     nbytes = weight_bytes(qtype, n, k)
     copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
     out = {"type": qtype, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies, "us": {}, "shape": {}}
-    for t in TS:
+    for t in ts:
         probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
         reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
         us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
@@ -107,16 +110,18 @@ def main() -> None:
     copy_gbs = float(np.median(copy))
     results = []
     seen = {}
+    mix = decode_step_mix()
+    prefill_keys = {key for key in mix if key[0] != 248320}  # prefill runs the lm_head on the last row only
     for name, (n, k) in SHAPES.items():
         for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
-            r = measure(rng, qtype, n, k)
+            r = measure(rng, qtype, n, k, TS + PREFILL_TS if (n, k, qtype) in prefill_keys else TS)
             r["name"] = name
             seen[(n, k, qtype)] = r
             results.append(r)
-    for key in decode_step_mix():
+    for key in mix:
         if key not in seen:
             n, k, qtype = key
-            r = measure(rng, qtype, n, k)
+            r = measure(rng, qtype, n, k, TS + PREFILL_TS if key in prefill_keys else TS)
             r["name"] = f"{k}->{n}"
             seen[key] = r
             results.append(r)
@@ -126,12 +131,16 @@ def main() -> None:
         r["t4_over_t1"] = r["us"][4] / r["us"][1]
         r["t8_over_t1"] = r["us"][8] / r["us"][1]
     step = {}
-    mix = decode_step_mix()
     total_bytes = sum(weight_bytes(q, n, k) * c for (n, k, q), c in mix.items())
     for t in TS:
         us = sum(seen[key]["us"][t] * c for key, c in mix.items())
         step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
                    "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
+    prefill = {}
+    flop_per_token = sum(2 * n * k * c for (n, k, q), c in mix.items() if (n, k, q) in prefill_keys)
+    for t in PREFILL_TS:
+        us = sum(seen[key]["us"][t] * c for key, c in mix.items() if key in prefill_keys)
+        prefill[t] = {"us": us, "tok_s": t / (us * 1e-6), "tflops": flop_per_token * t / (us * 1e-6) / 1e12}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     gpu = dev.get("devices", [{}])[0] if isinstance(dev, dict) else {}
@@ -141,6 +150,8 @@ def main() -> None:
         "decode_step_gemv_mix": {"weight_bytes": total_bytes, "calls": sum(mix.values()),
                                  "by_t": step, "t4_over_t1": step[4]["us"] / step[1]["us"],
                                  "note": "sum of isolated per-call times (each with its launch), Q4_K_M recipe"},
+        "prefill_gemm_mix": {"by_t": prefill, "flop_per_token": flop_per_token,
+                             "note": "trunk projections only (no lm_head, GDN, attention): a ceiling on prefill tok/s"},
         "results": results,
     }
     json.dump(report, sys.stdout, indent=1, default=str)
@@ -157,6 +168,9 @@ def main() -> None:
         print(f"decode step mix T={t}: {step[t]['us']:.0f} us, {step[t]['gbs']:.0f} GB/s, "
               f"{step[t]['pct_roofline']:.1f}% of copy bw", file=sys.stderr)
     print(f"step T4/T1 = {step[4]['us'] / step[1]['us']:.3f}", file=sys.stderr)
+    for t, p in prefill.items():
+        print(f"prefill projections T={t}: {p['us']:.0f} us per chunk, {p['tok_s']:.0f} tok/s, "
+              f"{p['tflops']:.1f} TFLOP/s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
  *
  * One engine = the weights of one qwen35 GGUF file on one GPU + ONE sequence (KV caches, Gated DeltaNet
  * recurrent and conv states) + a few device checkpoint slots of the recurrent state for rollback.
- * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts). */
+ * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts), up to 128 in a
+ * prefill chunk. */
 #ifndef OPENJET_ENGINE_H
 #define OPENJET_ENGINE_H
 
@@ -20,7 +21,8 @@ extern "C" {
 #define OPENJET_ENGINE_ERR_CUDA (-4)        /* a CUDA call or kernel failed (message has the CUDA error) */
 #define OPENJET_ENGINE_ERR_DEVICE_MEMORY (-5) /* cudaMalloc failed: the message says how many bytes */
 #define OPENJET_ENGINE_ERR_MODEL (-6)       /* a tensor is missing, or has a shape or type we cannot run */
-#define OPENJET_ENGINE_MAX_T 8
+#define OPENJET_ENGINE_MAX_T 8            /* token rows of a decode step (1 + drafts) */
+#define OPENJET_ENGINE_PREFILL_ROWS 128   /* token rows of a prefill chunk (its weights are read once) */
 
 /* Model dimensions (the ModelShape fields of the GGUF file) and the sequence's sizes. */
 typedef struct openjet_engine_config {
@@ -84,6 +86,14 @@ OPENJET_API int openjet_engine_n_past(const openjet_engine* engine, int* n_past)
  * unchanged when the failure is a bad argument, and undefined after a CUDA failure (reset it). */
 OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids, int t, float* logits,
                                       float* hidden);
+
+/* Prefill: n tokens at positions n_past .. n_past + n - 1 in chunks of `chunk` rows (1..PREFILL_ROWS), each
+ * chunk reading every weight once. Every row gets the bits a decode step of 1..8 rows gives it, so the state
+ * left (and any later output) is the same, bit for bit, whatever the chunk size and however the tokens are
+ * split between calls. logits [n_vocab] and hidden [n_embd] of the last token (either may be NULL). Errors
+ * as decode. */
+OPENJET_API int openjet_engine_prefill(openjet_engine* engine, const int32_t* ids, int n, int chunk, float* logits,
+                                       float* hidden);
 
 /* Copies the recurrent + conv states and n_past into checkpoint slot `slot` (device to device). */
 OPENJET_API int openjet_engine_checkpoint(openjet_engine* engine, int slot);

@@ -21,13 +21,21 @@
 
 namespace openjet {
 
-constexpr int kActRows = 8;    // rows a pack holds: the mma N; rows >= t are never read
-constexpr int kActBlock = 32;  // elements per sum
+constexpr int kActRows = 8;        // token columns of one mma (N): a GEMV reads a pack in groups of 8 rows
+constexpr int kActMaxRows = 128;   // rows a prefill pack holds (OPENJET_ENGINE_PREFILL_ROWS)
+constexpr int kActBlock = 32;      // elements per sum
 
 struct ActPack {
-    __half* h;    // [kActRows, k]
-    __half* sum;  // [kActRows, k / 32 * 2]
-    float* inv;   // [kActRows]
+    __half* h;    // [rows, k]
+    __half* sum;  // [rows, k / 32 * 2]
+    float* inv;   // [rows]
+    int rows = kActRows;  // capacity (rows allocated)
+
+    // The pack seen from row r0 on (a group of the prefill GEMM): same k, rows - r0 rows.
+    __host__ __device__ ActPack from_row(int r0, int k) const {
+        return ActPack{h + static_cast<long long>(r0) * k, sum + static_cast<long long>(r0) * (k / kActBlock) * 2,
+                       inv + r0, rows - r0};
+    }
 };
 
 // Where hi of 32-block b lies in its row of `sum` (lo: 2 halves further).
@@ -80,10 +88,11 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
 
 // Whether a pack can hold t rows of k (every launcher that writes one checks this).
 inline bool act_pack_fits(const ActPack& p, int t, int k) {
-    return p.h && p.sum && p.inv && t >= 1 && t <= kActRows && k >= kActBlock && k % kActBlock == 0;
+    return p.h && p.sum && p.inv && t >= 1 && t <= p.rows && p.rows <= kActMaxRows && k >= kActBlock &&
+           k % kActBlock == 0;
 }
 
-// Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= kActRows, k % 32 == 0.
+// Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= p.rows, k % 32 == 0.
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream);
 

@@ -109,7 +109,7 @@ struct openjet_engine {
     int n_past = 0;
     std::vector<int> ckpt_n_past;      // -1: empty slot
 
-    // scratch arena (T = 8 rows each)
+    // scratch arena: kPrefillRows rows for the trunk's buffers (a prefill chunk), 8 for logits and the MTP head
     int32_t* ids = nullptr;
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
@@ -352,7 +352,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         off = align_up(off + t.bytes + 16);  // +16: the GEMV may read to the next 16-byte boundary
     });
     e.weights_bytes = off;
-    const int T = OPENJET_ENGINE_MAX_T;
+    const int T = OPENJET_ENGINE_MAX_T, R = OPENJET_ENGINE_PREFILL_ROWS;
     e.ssm_layer_floats = static_cast<size_t>(c.ssm_n_v_heads) * kGdnHeadDim * kGdnHeadDim;
     e.conv_layer_floats = static_cast<size_t>(kGdnConvTaps - 1) * e.conv_dim();
     e.kv_layer_half = static_cast<size_t>(c.n_head_kv) * c.n_ctx * e.kv_row_bytes();
@@ -370,19 +370,19 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t work = e.n_attn ? attn_work_floats_max(e) : 1;
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
-        {(void**)&e.ids, sizeof(int32_t) * T},
-        {(void**)&e.h, sizeof(float) * T * E},
-        {(void**)&e.a, sizeof(float) * T * E},
-        {(void**)&e.x.h, sizeof(__half) * kActRows * kmax},
-        {(void**)&e.x.sum, sizeof(__half) * kActRows * (kmax / kActBlock) * 2},
-        {(void**)&e.x.inv, sizeof(float) * kActRows},
-        {(void**)&e.big1, sizeof(float) * T * big1},
-        {(void**)&e.big2, sizeof(float) * T * big2},
-        {(void**)&e.big3, sizeof(float) * T * e.kv_dim()},
-        {(void**)&e.sb, sizeof(float) * T * c.ssm_n_v_heads},
-        {(void**)&e.sa, sizeof(float) * T * c.ssm_n_v_heads},
-        {(void**)&e.y, sizeof(float) * T * ybuf},
-        {(void**)&e.mix, sizeof(float) * T * E},
+        {(void**)&e.ids, sizeof(int32_t) * R},
+        {(void**)&e.h, sizeof(float) * R * E},
+        {(void**)&e.a, sizeof(float) * R * E},
+        {(void**)&e.x.h, sizeof(__half) * R * kmax},
+        {(void**)&e.x.sum, sizeof(__half) * R * (kmax / kActBlock) * 2},
+        {(void**)&e.x.inv, sizeof(float) * R},
+        {(void**)&e.big1, sizeof(float) * R * big1},
+        {(void**)&e.big2, sizeof(float) * R * big2},
+        {(void**)&e.big3, sizeof(float) * R * e.kv_dim()},
+        {(void**)&e.sb, sizeof(float) * R * c.ssm_n_v_heads},
+        {(void**)&e.sa, sizeof(float) * R * c.ssm_n_v_heads},
+        {(void**)&e.y, sizeof(float) * R * ybuf},
+        {(void**)&e.mix, sizeof(float) * R * E},
         {(void**)&e.logits, sizeof(float) * T * c.n_vocab},
         {(void**)&e.attn_work, sizeof(float) * work},
         {(void**)&e.mtp_hs, e.has_mtp ? sizeof(float) * T * E : 0},
@@ -434,6 +434,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.conv[1] = reinterpret_cast<float*>(e.state + ssm_b + conv_b);
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
+    e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
@@ -450,7 +451,16 @@ int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y
     return OPENJET_OK;
 }
 
-// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix.
+// Token rows of a step are mixed in sub-steps of up to 8 (the GDN step and the attention kernel take at most
+// 8 rows; both give a row the same bits whatever its sub-step), while every projection reads its weights once
+// for all t rows (the GEMV's groups of 8).
+constexpr int kSubRows = OPENJET_ENGINE_MAX_T;
+static_assert(OPENJET_ENGINE_PREFILL_ROWS <= kActMaxRows && OPENJET_ENGINE_MAX_T == kActRows,
+              "the activation pack holds a prefill chunk; a decode step is one GEMV group");
+int sub_steps(int t) { return (t + kSubRows - 1) / kSubRows; }
+
+// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. Sub-step s reads conv buffer
+// conv_cur ^ (s & 1) and writes the other; the caller flips conv_cur by sub_steps(t) once all layers ran.
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     const auto& c = e.cfg;
     TRY(gemv(e, L.qkv, t, e.a, e.big1));
@@ -458,39 +468,51 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     TRY(gemv(e, L.beta, t, e.a, e.sb));
     TRY(gemv(e, L.alpha, t, e.a, e.sa));
     GdnStepArgs g{};
-    g.n_k = c.ssm_n_k_heads, g.n_v = c.ssm_n_v_heads, g.t = t, g.eps = c.rms_eps;
-    g.qkv = e.big1, g.z = e.big2, g.b = e.sb, g.alpha = e.sa;
+    g.n_k = c.ssm_n_k_heads, g.n_v = c.ssm_n_v_heads, g.eps = c.rms_eps;
     g.conv_w = static_cast<const float*>(L.conv.d);
-    g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
-    g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
     g.ssm_a = static_cast<const float*>(L.ssm_a.d);
     g.dt_bias = static_cast<const float*>(L.dt_bias.d);
     g.norm_w = static_cast<const float*>(L.ssm_norm.d);
     g.state = e.ssm + e.ssm_layer_floats * L.idx;
-    g.y = e.y;
-    CHECK(launch_gdn_step(g, e.stream));
+    for (int s = 0; s < sub_steps(t); ++s) {
+        const long long r0 = static_cast<long long>(s) * kSubRows;
+        const int cur = e.conv_cur ^ (s & 1);
+        g.t = std::min(kSubRows, t - static_cast<int>(r0));
+        g.qkv = e.big1 + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
+        g.b = e.sb + r0 * c.ssm_n_v_heads, g.alpha = e.sa + r0 * c.ssm_n_v_heads;
+        g.conv_state_in = e.conv[cur] + e.conv_layer_floats * L.idx;
+        g.conv_state_out = e.conv[cur ^ 1] + e.conv_layer_floats * L.idx;
+        g.y = e.y + r0 * e.d_inner();
+        CHECK(launch_gdn_step(g, e.stream));
+    }
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
-// appends k, v to the layer's cache.
+// appends k, v to the layer's cache (sub-step by sub-step: each one attends to the rows before it).
 int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
     const auto& c = e.cfg;
     TRY(gemv(e, L.wq, t, e.a, e.big1));
     TRY(gemv(e, L.wk, t, e.a, e.big2));
     TRY(gemv(e, L.wv, t, e.a, e.big3));
     AttnDecodeArgs a{};
-    a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.t = t, a.n_past = n_past;
+    a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv;
     a.rope_offset = rope_offset;
     a.capacity = c.n_ctx, a.n_rot = c.n_rot, a.eps = c.rms_eps, a.rope_base = c.rope_base;
-    a.qproj = e.big1, a.k = e.big2, a.v = e.big3;
     a.q_norm = static_cast<const float*>(L.q_norm.d);
     a.k_norm = static_cast<const float*>(L.k_norm.d);
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
-    a.o = e.y, a.work = e.attn_work, a.sm_count = e.sm_count;
-    CHECK(launch_attn_decode(a, e.stream));
+    a.work = e.attn_work, a.sm_count = e.sm_count;
+    for (int s = 0; s < sub_steps(t); ++s) {
+        const int r0 = s * kSubRows;
+        a.t = std::min(kSubRows, t - r0), a.n_past = n_past + r0;
+        a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
+        a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
+        a.o = e.y + static_cast<long long>(r0) * e.q_dim();
+        CHECK(launch_attn_decode(a, e.stream));
+    }
     CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
@@ -527,24 +549,26 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
     return gemv(e, e.output, t, nullptr, e.logits);
 }
 
-// After a trunk step of t tokens that started at n_past0 (hidden rows in e.a): the MTP cache rows of the pairs
-// (x_i, hidden_{i-1}) for i in the step (x_0 has none), then e.mtp_last = the step's last hidden row.
-int mtp_fill(openjet_engine& e, int t, int n_past0) {
+// After a trunk step of t <= 8 tokens that started at n_past0 (hidden rows hs [t, E], on the device): the
+// MTP cache rows of the pairs (x_i, hidden_{i-1}) for i in the step (x_0 has none), then e.mtp_last = the
+// step's last hidden row. ids: the step's ids on the device.
+int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int n_past0) {
     const size_t row = sizeof(float) * e.cfg.n_embd;
     const int first = n_past0 == 0 ? 1 : 0;  // the sequence's first token has no pair
     if (first == 0) CHECK(cudaMemcpyAsync(e.mtp_hs, e.mtp_last, row, cudaMemcpyDeviceToDevice, e.stream));
     if (t > 1)
-        CHECK(cudaMemcpyAsync(e.mtp_hs + (1 - first) * e.cfg.n_embd, e.a, row * (t - 1), cudaMemcpyDeviceToDevice,
+        CHECK(cudaMemcpyAsync(e.mtp_hs + (1 - first) * e.cfg.n_embd, hs, row * (t - 1), cudaMemcpyDeviceToDevice,
                               e.stream));
-    CHECK(cudaMemcpyAsync(e.mtp_last, e.a + (t - 1) * e.cfg.n_embd, row, cudaMemcpyDeviceToDevice, e.stream));
-    if (t - first > 0) TRY(mtp_rows(e, e.ids + first, e.mtp_hs, t - first, n_past0 + first - 1, false));
+    CHECK(cudaMemcpyAsync(e.mtp_last, hs + (t - 1) * e.cfg.n_embd, row, cudaMemcpyDeviceToDevice, e.stream));
+    if (t - first > 0) TRY(mtp_rows(e, ids + first, e.mtp_hs, t - first, n_past0 + first - 1, false));
     return OPENJET_OK;
 }
 
-int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+// The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
+// in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
+// sub-steps of 8, and every row gets the bits it gets in a decode step of 1..8 rows.
+int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
-    CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
@@ -560,15 +584,59 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     }
     CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
                                e.x, e.stream));
+    return OPENJET_OK;
+}
+
+// What follows a trunk step of t rows: the MTP head's cache rows (in steps of <= 8, as decode fills them),
+// then the sequence advances.
+int commit_rows(openjet_engine& e, int t) {
+    if (e.has_mtp)  // after the caller's copies: it reuses e.x and e.mix
+        for (int r0 = 0; r0 < t; r0 += kSubRows)
+            TRY(mtp_fill(e, e.ids + r0, e.a + static_cast<long long>(r0) * e.cfg.n_embd, std::min(kSubRows, t - r0),
+                         e.n_past + r0));
+    e.n_past += t;
+    if (e.n_gdn) e.conv_cur ^= sub_steps(t) & 1;
+    return OPENJET_OK;
+}
+
+int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+    const auto& c = e.cfg;
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    TRY(trunk(e, t));
     if (logits) {
         TRY(gemv(e, e.output, t, nullptr, e.logits));
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     }
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
-    if (e.has_mtp) TRY(mtp_fill(e, t, e.n_past));  // after the copies: it reuses e.a, e.x and e.mix
+    TRY(commit_rows(e, t));
     CHECK(cudaStreamSynchronize(e.stream));
-    e.n_past += t;
-    if (e.n_gdn) e.conv_cur ^= 1;
+    return OPENJET_OK;
+}
+
+// n tokens in chunks of up to `chunk` rows (<= OPENJET_ENGINE_PREFILL_ROWS); the last token's logits and
+// hidden row. The lm_head runs on that row alone (packed by itself: the bits decode's pack gives it).
+int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden) {
+    const auto& c = e.cfg;
+    CHECK(cudaSetDevice(c.device));
+    for (int i0 = 0; i0 < n; i0 += chunk) {
+        const int t = std::min(chunk, n - i0);
+        CHECK(cudaMemcpyAsync(e.ids, ids + i0, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+        TRY(trunk(e, t));
+        if (i0 + t == n) {
+            const float* last = e.a + static_cast<long long>(t - 1) * c.n_embd;
+            if (hidden) CHECK(cudaMemcpyAsync(hidden, last, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+            if (logits) {
+                CHECK(launch_pack_act(last, 1, c.n_embd, nullptr, 0.0f, e.x, e.stream));
+                TRY(gemv(e, e.output, 1, nullptr, e.logits));
+                CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+            }
+        }
+        TRY(commit_rows(e, t));
+        // Pageable host ids: the copy above is staged before it returns, so the next chunk may overwrite e.ids
+        // only after this chunk's kernels read it: stream order sees to that.
+    }
+    CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
 }
 
@@ -651,6 +719,22 @@ extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: %d + %d tokens exceed the context of %d tokens", e->n_past, t,
                     e->cfg.n_ctx);
     return decode_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32_t* ids, int n, int chunk,
+                                                  float* logits, float* hidden) {
+    TRY(check_engine(e));
+    if (!ids || n < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: ids is NULL or n = %d < 1", n);
+    if (chunk < 1 || chunk > OPENJET_ENGINE_PREFILL_ROWS)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: chunk = %d is not 1..%d", chunk, OPENJET_ENGINE_PREFILL_ROWS);
+    for (int i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: token id %d (position %d) is outside the vocabulary "
+                        "[0, %d)", ids[i], i, e->cfg.n_vocab);
+    if (static_cast<long long>(e->n_past) + n > e->cfg.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: %d + %d tokens exceed the context of %d tokens", e->n_past,
+                    n, e->cfg.n_ctx);
+    return prefill_impl(*e, ids, n, chunk, logits, hidden);
 }
 
 extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot) {

@@ -1,5 +1,7 @@
 // launch_gemv: the dispatcher of the decode GEMV family (the k-quant tensor-core kernels are in
 // gemv_mma_<type>.cu) and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
+#include <algorithm>
+
 #include "gemv.cuh"
 #include "gemv_mma.cuh"
 
@@ -49,9 +51,7 @@ cudaError_t launch_gemv_f32_t(const GemvArgs& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
-    if (a.k % 4 || !a.xf || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15)
-        return cudaErrorInvalidValue;
+cudaError_t launch_gemv_f32_rows(const GemvArgs& a, cudaStream_t stream) {
     switch (a.t) {
         case 1: return launch_gemv_f32_t<1>(a, stream);
         case 2: return launch_gemv_f32_t<2>(a, stream);
@@ -63,6 +63,21 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
         case 8: return launch_gemv_f32_t<8>(a, stream);
         default: return cudaErrorInvalidValue;
     }
+}
+
+// Rows in launches of up to 8 (a row's sum does not depend on its launch).
+cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
+    if (a.k % 4 || !a.xf || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15)
+        return cudaErrorInvalidValue;
+    for (int r0 = 0; r0 < a.t; r0 += kActRows) {
+        GemvArgs part = a;
+        part.t = std::min(kActRows, a.t - r0);
+        part.xf = a.xf + static_cast<long long>(r0) * a.k;
+        part.y = a.y + static_cast<long long>(r0) * a.n;
+        const cudaError_t e = launch_gemv_f32_rows(part, stream);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 }  // namespace
@@ -89,8 +104,8 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
     if (a.qtype == kF32) return launch_gemv_f32(a, stream);
-    if (!a.x.h || !a.x.sum || !a.x.inv || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
-                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)
+    if (!act_pack_fits(a.x, a.t, a.k) || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
+                                          reinterpret_cast<uintptr_t>(a.x.sum)) & 15)
         return cudaErrorInvalidValue;
     switch (a.qtype) {
         case kQ4_K: return launch_gemv_mma<kQ4_K>(a, stream);

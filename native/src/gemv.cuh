@@ -1,8 +1,11 @@
-// The decode GEMV family: y[t, n] = sum_k W[n, k] * x[t, k] for t <= 8 token rows sharing one read of W.
+// The decode GEMV family: y[t, n] = sum_k W[n, k] * x[t, k] for t <= 8 token rows sharing one read of W;
+// prefill passes up to 128 rows, computed as groups of 8 whose blocks run next to each other so that W comes
+// from L2 after the first group (a GEMM whose every group does exactly a decode step's arithmetic).
 // k-quant W (Q4_K, Q5_K, Q6_K, Q8_0) stays in its GGUF blocks and meets fp16 activations (act_pack.cuh) on
 // tensor cores (gemv_mma.cuh); F32 W (the small ssm_alpha / ssm_beta projections) reads float activations.
 // The arithmetic of an output row never depends on t or on the GPU: row r of a t-row call is bit-identical
-// to a 1-row call on the same x row, on any SM count (speculative decoding relies on it).
+// to a 1-row call on the same x row, on any SM count (speculative decoding relies on it, and prefill leaves
+// bit for bit the state that decoding its tokens one by one would).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,19 +14,20 @@
 
 namespace openjet {
 
-constexpr int kGemvMaxT = kActRows;  // token rows per call (1 + drafts)
+constexpr int kGemvMaxT = kActMaxRows;  // token rows per call (decode: 1 + drafts <= 8; prefill: a chunk)
 constexpr int kGemvUnit = 256;       // k of a k-quant GEMV is a multiple of this (one super-block)
 
 struct GemvArgs {
     int qtype;        // GGML type id (kquant.cuh)
     const void* w;    // n rows of k elements in GGUF blocks, 16-byte aligned, readable 16 bytes past the end
-    int n, k, t;
+    int n, k, t;      // t <= x.rows (k-quant) or <= kGemvMaxT (F32)
     ActPack x;        // k-quant W
     const float* xf;  // [t, k] float activations (F32 W)
     float* y;         // [t, n]
 };
 
-// The launch shape for (qtype, n, k): rows per block, warps per block, blocks. Invalid shapes:
+// The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks
+// (a t-row call launches ceil(t / 8) times as many). Invalid shapes:
 // cudaErrorInvalidValue (k must be a multiple of 256 for the k-quants, of 4 for F32).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks);
 

@@ -369,18 +369,27 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     cp_async_wait<0>();
 }
 
-// One block = one 16-row tile; warp i takes units [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four
-// partials in order and writes y[col, row] = sum * inv[col] for col < t. Min 4 blocks per SM caps the
+// One block = one 16-row tile x one group of 8 token rows (x rows 8 grp ..; the groups of a tile are
+// consecutive blocks, so they run together and share the tile's weights through L2); warp i takes units
+// [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four partials in order and writes y[col, row] = sum *
+// inv[col] for col < t. A group's arithmetic is the 1-group (decode) kernel's. Min 4 blocks per SM caps the
 // registers at 128 (4 blocks' shared memory fits anyway); without it ptxas gave sm_86's Q6_K 80 registers
 // and a 4-byte spill.
 template <int QT>
 __global__ void __launch_bounds__(kGemvWarps * 32, 4)
-gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int groups,
                 float* __restrict__ y) {
     extern __shared__ uint4 smem[];
     __shared__ float part[kGemvWarps][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int nu = k / kUnitElems, row0 = blockIdx.x * kMmaRows;
+    const int grp = blockIdx.x % groups, tile = blockIdx.x / groups;
+    if (grp > 0) {  // this group's rows as a pack of their own
+        x = x.from_row(grp * kActRows, k);
+        y += static_cast<long long>(grp) * kActRows * n;
+        t -= grp * kActRows;
+    }
+    t = min(t, kActRows);
+    const int nu = k / kUnitElems, row0 = tile * kMmaRows;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     gemv_tile_warp<QT>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
                        smem + warp * MmaShape<QT>::kWarpWords, acc);
@@ -410,9 +419,11 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
         if (opted != cudaSuccess) return opted;
     }
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
-    const int blocks = (a.n + kMmaRows - 1) / kMmaRows;
-    kernel<<<blocks, kGemvWarps * 32, S::kSmemBytes, stream>>>(static_cast<const uint8_t*>(a.w), row_bytes, a.n,
-                                                                a.k, a.x, a.t, a.y);
+    const int groups = (a.t + kActRows - 1) / kActRows;
+    const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * groups;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream>>>(
+        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, groups, a.y);
     return cudaGetLastError();
 }
 

@@ -45,27 +45,29 @@ size_t weight_bytes(int qtype, int n, int k) {
 // One message for the whole test API (openjet_test_*, openjet_test_gdn_*, openjet_test_attn_*).
 extern "C" OPENJET_API const char* openjet_test_last_error(void) { return last_error<Api::kTest>().c_str(); }
 
-// A pack in device memory for t rows of k (all kActRows rows allocated, as the engine's).
+// A pack in device memory for t rows of k: t rounded up to whole groups of 8 rows, as the engine's.
 struct DevPack {
     DevBuf h, sum, inv;
-    cudaError_t alloc(int k) {
-        cudaError_t e = h.alloc(sizeof(__half) * kActRows * k);
-        if (e == cudaSuccess) e = sum.alloc(sizeof(__half) * kActRows * (k / kActBlock) * 2);
-        if (e == cudaSuccess) e = inv.alloc(sizeof(float) * kActRows);
+    int rows = 0;
+    cudaError_t alloc(int t, int k) {
+        rows = (t + kActRows - 1) / kActRows * kActRows;
+        cudaError_t e = h.alloc(sizeof(__half) * rows * k);
+        if (e == cudaSuccess) e = sum.alloc(sizeof(__half) * rows * (k / kActBlock) * 2);
+        if (e == cudaSuccess) e = inv.alloc(sizeof(float) * rows);
         return e;
     }
-    ActPack view() { return ActPack{h.as<__half>(), sum.as<__half>(), inv.as<float>()}; }
+    ActPack view() { return ActPack{h.as<__half>(), sum.as<__half>(), inv.as<float>(), rows}; }
 };
 
 extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps,
                                                  uint16_t* xh, uint16_t* xsum, float* xinv) {
-    if (!x || !xh || !xsum || !xinv || t < 1 || t > kActRows || k < kActBlock || k % kActBlock)
+    if (!x || !xh || !xsum || !xinv || t < 1 || t > kActMaxRows || k < kActBlock || k % kActBlock)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "pack_act: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of 32",
-                    t, kActRows, k);
+                    t, kActMaxRows, k);
     DevBuf dx, dw;
     DevPack p;
     CHECK(dx.upload(x, sizeof(float) * t * k));
-    CHECK(p.alloc(k));
+    CHECK(p.alloc(t, k));
     if (norm_w) CHECK(dw.upload(norm_w, sizeof(float) * k));
     CHECK(launch_pack_act(dx.as<float>(), t, k, dw.as<float>(), eps, p.view(), 0));
     CHECK(cudaDeviceSynchronize());
@@ -107,10 +109,10 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
         CHECK(dx.upload(x, sizeof(float) * t * k));
         a.xf = dx.as<float>();
     } else {
-        CHECK(p.alloc(k));
-        CHECK(cudaMemset(p.h.p, 0xFF, sizeof(__half) * kActRows * k));  // NaN in rows >= t: must not leak
-        CHECK(cudaMemset(p.sum.p, 0xFF, sizeof(__half) * kActRows * (k / kActBlock) * 2));
-        CHECK(cudaMemset(p.inv.p, 0xFF, sizeof(float) * kActRows));
+        CHECK(p.alloc(t, k));
+        CHECK(cudaMemset(p.h.p, 0xFF, sizeof(__half) * p.rows * k));  // NaN in rows >= t: must not leak
+        CHECK(cudaMemset(p.sum.p, 0xFF, sizeof(__half) * p.rows * (k / kActBlock) * 2));
+        CHECK(cudaMemset(p.inv.p, 0xFF, sizeof(float) * p.rows));
         if (xh) {
             CHECK(cudaMemcpy(p.h.p, xh, sizeof(uint16_t) * t * k, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(p.sum.p, xsum, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyHostToDevice));
@@ -184,7 +186,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     DevBuf dx, dy;
     DevPack p;
     CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
-    CHECK(p.alloc(k));
+    CHECK(p.alloc(t, k));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
     GemvArgs a{qtype, nullptr, n, k, t, p.view(), dx.as<float>(), dy.as<float>()};

@@ -5,17 +5,19 @@ What v1 is (and is not):
 * ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (tensor-core GEMVs on the GGUF blocks with
   fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
   kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
-* ``prefill`` is decode in steps of up to 8 tokens: the same results, not yet the fast path. Tensor-core
-  prefill with the chunked WY Gated DeltaNet (qwen38.md §3.4) is future work; ``chunk_size`` is checked and
-  otherwise ignored.
+* ``prefill`` runs chunks of up to PREFILL_ROWS (128) tokens: every projection reads its weights once per
+  chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
+  L2); the GDN step and attention run in sub-steps of 8 rows. Each row gets the bits a decode step gives it,
+  so prefill and decode leave the same state, bit for bit, whatever the chunk size. Still ahead (issue 8):
+  the chunked WY Gated DeltaNet (qwen38.md §3.4) and flash attention over whole chunks.
 * One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets
   it and retires every state made before; using a retired state raises. ``SequenceState.copy`` raises.
 * ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
   position evicted first); ``truncate`` restores the latest checkpoint at or before the target and replays
   the tokens after it (rollback by replay, interface.py), without computing logits.
 * ``mtp_draft`` runs the MTP head on the device one draft step per call of the C API (its cache is filled by
-  every decode step); the host picks each drafted token. Not yet run on a GPU (2026-11-30: written after the
-  session's device time was spent): tests/test_gpu_engine.py checks it against the reference.
+  every decode and prefill step); the host picks each drafted token. tests/test_gpu_engine.py checks it
+  against the reference (passed on the H200, 2026-12-01).
 * Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
   four differing tensor roles are re-encoded at load (model/reencode.py).
 """
@@ -41,6 +43,7 @@ from .native import load_library
 KV_TYPES = {"f16": 1, "q8_0": 8}
 DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
+PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
 
 
 class EngineConfig(ctypes.Structure):
@@ -83,6 +86,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
     }
     try:
         for name, (args, res) in sig.items():
@@ -237,10 +241,17 @@ class CudaEngine(Engine):
 
     def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = 64,
                 all_logits: bool = False) -> StepOutput:
-        """v1: decode steps of up to 8 tokens (same results; tensor-core prefill is future work)."""
-        check_chunk_size(chunk_size)
+        """Chunks of up to PREFILL_ROWS tokens, each reading the weights once (openjet_engine_prefill); every
+        row gets the bits a decode step gives it, so the state does not depend on chunk_size. all_logits: decode
+        steps of up to 8 tokens, for every row's logits (teacher forcing)."""
+        chunk = min(check_chunk_size(chunk_size), PREFILL_ROWS)
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
+        if not all_logits and len(ids):
+            out = self._prefill(state, ids, chunk)
+            self._stats.prefill_tokens += len(ids)
+            self._stats.prefill_seconds += time.perf_counter() - t0
+            return out
         logits, hidden = [], []
         for i in range(0, len(ids), MAX_GPU_DECODE_TOKENS):
             part = ids[i:i + MAX_GPU_DECODE_TOKENS]
@@ -352,6 +363,19 @@ class CudaEngine(Engine):
         self._check(rc, "decode")
         state.token_ids.extend(int(x) for x in ids)
         return StepOutput(logits=lg.copy() if logits else None, hidden=self._hidden[:t].copy())
+
+    def _prefill(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
+        n = len(ids)
+        if state.n_tokens + n > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + n} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+        lg, hd = self._logits[:1], self._hidden[:1]
+        rc = self._lib.openjet_engine_prefill(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                              n, chunk, _f32p(lg), _f32p(hd))
+        self._check(rc, "prefill")
+        state.token_ids.extend(int(x) for x in ids)
+        return StepOutput(logits=lg.copy(), hidden=hd.copy())
 
     def _touch(self, slot: int) -> None:
         self._clock += 1

@@ -3,7 +3,8 @@ numpy arrays, for the GPU tests (tests/test_gpu_gemv.py) and benchmarks (native/
 binding helpers (_bind, _check, _ptr, _f32, _f32_shaped) that kernels_test_gdn and kernels_test_attn share.
 
 Weights are GGUF bytes as `openjet_launcher.model.quants.quantize` writes them: uint8 [n, row_bytes]
-(F32: float32 [n, k] also accepted). Activations are float32 [t, k] with t = 1..8 token rows.
+(F32: float32 [n, k] also accepted). Activations are float32 [t, k] with t = 1..128 token rows (decode:
+1..8; more: the prefill path, groups of 8).
 """
 
 from __future__ import annotations
