@@ -48,6 +48,7 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 constexpr int kUnitElems = kGemvUnit;
+constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
 template <int QT> struct MmaShape {
     static constexpr int kUnitBytes = Block<QT>::kBytes * (kUnitElems / Block<QT>::kElems);
@@ -118,13 +119,15 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
     return hsub2_u(__byte_perm(w, 0u, 0x4040u | idx | ((idx + 1) << 8)) | kMagic, kMagic);
 }
 
-// acc (this lane's C fragment) += the unit's W[16 rows, 256] x[256, 8]. r[0], r[1]: rows g and g + 8 of the
-// unit in shared memory.
-template <int QT>
-__device__ __forceinline__ void unit_mma(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]);
+// acc[j] (this lane's C fragment of group j) += the unit's W[16 rows, 256] x_j[256, 8] for NG groups of 8
+// token columns: each A fragment is decoded once and meets the NG groups' B fragments, and a group's sequence
+// of operations is the same for every NG (so NG = 4 gives each group the bits NG = 1 gives it). r[0], r[1]:
+// rows g and g + 8 of the unit in shared memory.
+template <int QT, int NG> struct UnitMma;
 
-template <int QT>
-__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+template <int QT, int NG>
+__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                            float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
     // Header of each row: d, dmin and the 12 scale bytes, unpacked in registers (ggml get_scale_min_k4) to
     // the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each.
@@ -142,26 +145,30 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
     }
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
-    float mins[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float mins[NG][4] = {};
     {
-        uint32_t a[4], b[2];
+        uint32_t a[4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? mn[i][1] : mn[i][0], 2 * (tq & 1));
-        if (x.valid) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2*>(x.sum + 4 * tq));
-            b[0] = v.x;
-            b[1] = v.y;
-        } else {
-            b[0] = b[1] = 0u;
+#pragma unroll
+        for (int j = 0; j < NG; ++j) {
+            uint32_t b[2];
+            if (x[j].valid) {
+                const uint2 v = __ldg(reinterpret_cast<const uint2*>(x[j].sum + 4 * tq));
+                b[0] = v.x;
+                b[1] = v.y;
+            } else {
+                b[0] = b[1] = 0u;
+            }
+            mma_16816(mins[j], a, b);
         }
-        mma_16816(mins, a, b);
     }
     uint4 qh[2];
     if constexpr (QT == kQ5_K) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
-    float u[4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
+    float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv) {
         const int jj = (tq >> 1) + 2 * hv;
@@ -179,8 +186,6 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
-                uint32_t b[2];
-                load_b(x.col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x.valid, b);
                 uint32_t a[4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
@@ -194,25 +199,37 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
                     a[i] = hfma2_u(lo | kMagic, sc2[i], nsc2[i]);
                     a[2 + i] = hfma2_u(hi | kMagic, sc2[i], nsc2[i]);
                 }
-                mma_16816(u[wd], a, b);
+#pragma unroll
+                for (int j = 0; j < NG; ++j) {
+                    uint32_t b[2];
+                    load_b(x[j].col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x[j].valid, b);
+                    mma_16816(u[j][wd], a, b);
+                }
             }
         }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const float uc = __fadd_rn(__fadd_rn(u[0][c], u[1][c]), __fadd_rn(u[2][c], u[3][c]));
-        acc[c] = __fmaf_rn(d[c >> 1], uc, __fmaf_rn(-dm32[c >> 1], mins[c], acc[c]));
+    for (int j = 0; j < NG; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const float uc = __fadd_rn(__fadd_rn(u[j][0][c], u[j][1][c]), __fadd_rn(u[j][2][c], u[j][3][c]));
+            acc[j][c] = __fmaf_rn(d[c >> 1], uc, __fmaf_rn(-dm32[c >> 1], mins[j][c], acc[j][c]));
+        }
     }
 }
 
-template <>
-__device__ __forceinline__ void unit_mma<kQ4_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
-    unit_mma_k4<kQ4_K>(r, x, tq, acc);
-}
-template <>
-__device__ __forceinline__ void unit_mma<kQ5_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
-    unit_mma_k4<kQ5_K>(r, x, tq, acc);
-}
+template <int NG> struct UnitMma<kQ4_K, NG> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                               float (&acc)[NG][4]) {
+        unit_mma_k4<kQ4_K, NG>(r, x, tq, acc);
+    }
+};
+template <int NG> struct UnitMma<kQ5_K, NG> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                               float (&acc)[NG][4]) {
+        unit_mma_k4<kQ5_K, NG>(r, x, tq, acc);
+    }
+};
 
 // 32-bit word at a 4-byte-aligned (kAligned4) or 2-byte-aligned shared address.
 template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uint8_t* p) {
@@ -224,8 +241,9 @@ template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uin
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
 // aligned; kAligned4 when every row's unit in the warp is 4-byte aligned (every other unit when a row has
 // an even number of units).
-template <bool kAligned4>
-__device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
+template <bool kAligned4, int NG>
+__device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                              float (&acc)[NG][4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
     float d[2];
     uint32_t scw[2][4];  // the 16 int8 scales
@@ -249,8 +267,6 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
             }
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
-                uint32_t b[2];
-                load_b(x.col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x.valid, b);
                 uint32_t a[4];
                 float coef[2];
 #pragma unroll
@@ -264,59 +280,76 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
                     const int8_t sc = static_cast<int8_t>(scw[i][sb >> 2] >> (8 * (sb & 3)));
                     coef[i] = __fmul_rn(d[i], static_cast<float>(sc));
                 }
-                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_16816(s, a, b);
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(coef[c >> 1], s[c], acc[c]);
+                for (int j = 0; j < NG; ++j) {
+                    uint32_t b[2];
+                    load_b(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x[j].valid, b);
+                    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_16816(s, a, b);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(coef[c >> 1], s[c], acc[j][c]);
+                }
             }
         }
     }
 }
 
-template <>
-__device__ __forceinline__ void unit_mma<kQ6_K>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
-    // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a row
-    // has an odd number of units.
-    if (__all_sync(0xffffffffu, ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
-        unit_mma_q6_k<true>(r, x, tq, acc);
-    else
-        unit_mma_q6_k<false>(r, x, tq, acc);
-}
+template <int NG> struct UnitMma<kQ6_K, NG> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                               float (&acc)[NG][4]) {
+        // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a
+        // row has an odd number of units.
+        if (__all_sync(0xffffffffu,
+                       ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
+            unit_mma_q6_k<true, NG>(r, x, tq, acc);
+        else
+            unit_mma_q6_k<false, NG>(r, x, tq, acc);
+    }
+};
 
 // Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
-template <>
-__device__ __forceinline__ void unit_mma<kQ8_0>(const uint8_t* const r[2], const UnitX& x, int tq, float acc[4]) {
-    constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128)
+template <int NG> struct UnitMma<kQ8_0, NG> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                               float (&acc)[NG][4]) {
+        constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128)
 #pragma unroll 2
-    for (int blk = 0; blk < 8; ++blk) {
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int blk = 0; blk < 8; ++blk) {
+            float s[NG][4] = {};
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            uint32_t b[2];
-            load_b(x.col, 32 * blk + 16 * hf + 4 * tq, x.valid, b);
-            uint32_t a[4];
+            for (int hf = 0; hf < 2; ++hf) {
+                uint32_t a[4];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq) ^ 0x80808080u;  // q + 128
-                a[i] = hsub2_u((w & 0x00FF00FFu) | kMagic, k1152);
-                a[2 + i] = hsub2_u(((w >> 8) & 0x00FF00FFu) | kMagic, k1152);
+                for (int i = 0; i < 2; ++i) {
+                    const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq) ^ 0x80808080u;  // q + 128
+                    a[i] = hsub2_u((w & 0x00FF00FFu) | kMagic, k1152);
+                    a[2 + i] = hsub2_u(((w >> 8) & 0x00FF00FFu) | kMagic, k1152);
+                }
+#pragma unroll
+                for (int j = 0; j < NG; ++j) {
+                    uint32_t b[2];
+                    load_b(x[j].col, 32 * blk + 16 * hf + 4 * tq, x[j].valid, b);
+                    mma_16816(s[j], a, b);
+                }
             }
-            mma_16816(s, a, b);
-        }
-        const float d0 = f16_at(r[0] + 34 * blk), d1 = f16_at(r[1] + 34 * blk);
+            const float d0 = f16_at(r[0] + 34 * blk), d1 = f16_at(r[1] + 34 * blk);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(c < 2 ? d0 : d1, s[c], acc[c]);
+            for (int j = 0; j < NG; ++j) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(c < 2 ? d0 : d1, s[j][c], acc[j][c]);
+            }
+        }
     }
-}
+};
 
 // ------------------------------------------------------------------------------------------ one warp
 
-// The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), into acc (its C fragment).
-// smem: this warp's kWarpWords. A device function, so that a persistent kernel can call it per work item.
-template <int QT>
+// The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), for NG groups of 8 token rows of x
+// starting at group grp0 (rows >= t read as zeros), into acc (its C fragments). smem: this warp's
+// kWarpWords. A device function, so that a persistent kernel can call it per work item.
+template <int QT, int NG>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
-                                               int u0, int u1, const ActPack& x, int k, int t, uint4* smem,
-                                               float acc[4]) {
+                                               int u0, int u1, const ActPack& x, int k, int t, int grp0,
+                                               uint4* smem, float (&acc)[NG][4]) {
     using S = MmaShape<QT>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const uintptr_t base = reinterpret_cast<uintptr_t>(w);
@@ -344,8 +377,13 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
 
     const int kb = k / kActBlock;
-    UnitX ux;
-    ux.valid = g < t;
+    UnitX ux[NG];
+    long long col[NG];
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+        col[j] = static_cast<long long>(grp0 + j) * kActRows + g;  // this lane's token row in group j
+        ux[j].valid = col[j] < t;
+    }
     const long long rows_g[2] = {row0 + g, row0 + g + 8};
     for (int u = u0; u < u1; ++u) {
         const int it = u - u0;
@@ -360,71 +398,78 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
                                                             static_cast<long long>(u) * S::kUnitBytes) & 15);
             r[i] = stage + (g + 8 * i) * S::kWords * 16 + mis;
         }
-        ux.col = x.h + static_cast<long long>(g) * k + u * kUnitElems;
-        ux.sum = x.sum + static_cast<long long>(g) * kb * 2 + u * 16;
-        unit_mma<QT>(r, ux, tq, acc);
+#pragma unroll
+        for (int j = 0; j < NG; ++j) {
+            ux[j].col = x.h + col[j] * k + u * kUnitElems;
+            ux[j].sum = x.sum + col[j] * kb * 2 + u * 16;
+        }
+        UnitMma<QT, NG>::run(r, ux, tq, acc);
         __syncwarp();
         issue(it + kGemvStages - 1);
     }
     cp_async_wait<0>();
 }
 
-// One block = one 16-row tile x one group of 8 token rows (x rows 8 grp ..; the groups of a tile are
-// consecutive blocks, so they run together and share the tile's weights through L2); warp i takes units
-// [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four partials in order and writes y[col, row] = sum *
-// inv[col] for col < t. A group's arithmetic is the 1-group (decode) kernel's. Min 4 blocks per SM caps the
-// registers at 128 (4 blocks' shared memory fits anyway); without it ptxas gave sm_86's Q6_K 80 registers
-// and a 4-byte spill.
-template <int QT>
-__global__ void __launch_bounds__(kGemvWarps * 32, 4)
-gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int groups,
+// One block = one 16-row tile x NG groups of 8 token rows (decode: NG = 1, one group; prefill: NG = 4, the
+// tile's weights decoded once for 32 token rows); the blocks of a tile are consecutive, so they run together
+// and share its weights through L2. Warp i takes units [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four
+// partials in order and writes y[col, row] = sum * inv[col] for col < t. A group's arithmetic does not
+// depend on NG. NG = 1: min 4 blocks per SM caps the registers at 128 (without it ptxas gave sm_86's Q6_K 80
+// registers and a 4-byte spill); NG = 4 needs about twice that.
+template <int QT, int NG>
+__global__ void __launch_bounds__(kGemvWarps * 32, NG == 1 ? 4 : 2)
+gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
                 float* __restrict__ y) {
     extern __shared__ uint4 smem[];
-    __shared__ float part[kGemvWarps][32][4];
+    __shared__ float part[kGemvWarps][NG][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int grp = blockIdx.x % groups, tile = blockIdx.x / groups;
-    if (grp > 0) {  // this group's rows as a pack of their own
-        x = x.from_row(grp * kActRows, k);
-        y += static_cast<long long>(grp) * kActRows * n;
-        t -= grp * kActRows;
-    }
-    t = min(t, kActRows);
+    const int grp0 = blockIdx.x % blocks_per_tile * NG, tile = blockIdx.x / blocks_per_tile;
     const int nu = k / kUnitElems, row0 = tile * kMmaRows;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    gemv_tile_warp<QT>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
-                       smem + warp * MmaShape<QT>::kWarpWords, acc);
+    float acc[NG][4] = {};
+    gemv_tile_warp<QT, NG>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
+                           grp0, smem + warp * MmaShape<QT>::kWarpWords, acc);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) part[warp][lane][c] = acc[c];
+    for (int j = 0; j < NG; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part[warp][j][lane][c] = acc[j][c];
     __syncthreads();
     if (warp == 0) {
         const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float v = part[0][lane][c];
+        for (int j = 0; j < NG; ++j) {
 #pragma unroll
-            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][lane][c]);
-            const int row = row0 + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
-            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, x.inv[col]);
+            for (int c = 0; c < 4; ++c) {
+                float v = part[0][j][lane][c];
+#pragma unroll
+                for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
+                const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
+                if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, x.inv[col]);
+            }
         }
     }
 }
 
-template <int QT>
-cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
+template <int QT, int NG>
+cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     using S = MmaShape<QT>;
-    auto kernel = gemv_mma_kernel<QT>;
-    if (S::kSmemBytes > 48 * 1024) {  // above the default dynamic limit: opt in once
-        static const cudaError_t opted =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-        if (opted != cudaSuccess) return opted;
-    }
+    auto kernel = gemv_mma_kernel<QT, NG>;
+    // Opt in once to the dynamic size (static part[] included, the block may pass the default 48 KiB).
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+    if (opted != cudaSuccess) return opted;
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
-    const int groups = (a.t + kActRows - 1) / kActRows;
-    const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * groups;
+    const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
+    const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
     kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream>>>(
-        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, groups, a.y);
+        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y);
     return cudaGetLastError();
+}
+
+// Decode (t <= 8): one group per block. Prefill: four (a group past t reads zeros and writes nothing).
+template <int QT>
+cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
+    return a.t <= kActRows ? launch_gemv_mma_ng<QT, 1>(a, stream) : launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
 }
 
 }  // namespace openjet
