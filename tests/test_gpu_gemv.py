@@ -214,10 +214,14 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
+@pytest.mark.parametrize("kernel", ["shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
-def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype):
-    """A prefill call of up to 128 rows (groups of 8 side by side over each weight tile) gives every row the
-    bits of a decode call holding it; partial last groups included. Also checked against the emulation."""
+def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):
+    """A prefill call of up to 128 rows gives every row the bits of a decode call holding it, partial last
+    groups and row blocks included; with the grouped kernel (the default) and the shared-activation one
+    (OPENJET_PREFILL_GEMM=shared, opt-in until this passes on a GPU). Also checked against the emulation."""
+    if kernel == "shared":
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "shared")
     rng = np.random.default_rng(16)
     n, k = (48, 5120) if qtype == "F32" else (1040, 2560)  # 65 tiles: the group/tile split of the grid
     w = rng.standard_normal((n, k), dtype=np.float32)
@@ -232,7 +236,7 @@ def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype):
         xh, _, xinv = pack_act_numpy(x)
         ref = (dequantize(raw, Q[qtype]).astype(np.float64) @ unpack_act(xh, xinv).T).T
         e = rel_err(steps, ref)
-        report(test="gemv_prefill_rows", qtype=qtype, t=128, rel_err_vs_emulated=e)
+        report(test="gemv_prefill_rows", qtype=qtype, kernel=kernel, t=128, rel_err_vs_emulated=e)
         assert e < 1e-5
 
 

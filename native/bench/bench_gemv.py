@@ -6,6 +6,7 @@ weight, rows in groups of 8 that share it through L2), as tokens/s and TFLOP/s o
 Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gemv.py > gemv.json
+    ... bench_gemv.py --prefill-only    # only the prefill mix (about a minute on the H200)
 
 Timing: openjet_test_bench_gemv captures `reps` calls in a CUDA graph (weights rotated over copies that
 together exceed L2 several times), each figure is the median of `runs` graph replays.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -29,7 +31,8 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128)    # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
+PREFILL_TS = (32, 128, "128-shared")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128); "-shared":
+                                      # OPENJET_PREFILL_GEMM=shared (the opt-in kernel)
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -94,24 +97,59 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     nbytes = weight_bytes(qtype, n, k)
     copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
     out = {"type": qtype, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies, "us": {}, "shape": {}}
-    for t in ts:
-        probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
-        reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
-        us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
-        out["us"][t] = us
+    for key in ts:
+        t = int(str(key).split("-")[0])
+        if str(key).endswith("-shared"):
+            os.environ["OPENJET_PREFILL_GEMM"] = "shared"
+        try:
+            probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
+            reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
+            us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
+        finally:
+            os.environ.pop("OPENJET_PREFILL_GEMM", None)
+        out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)
     return out
+
+
+def prefill_mix(seen: dict, mix: dict, prefill_keys: set) -> tuple[dict, int]:
+    """Per prefill row count: the projection mix's time per chunk, tok/s and TFLOP/s; and the FLOP per token."""
+    prefill = {}
+    flop_per_token = sum(2 * n * k * c for (n, k, q), c in mix.items() if (n, k, q) in prefill_keys)
+    for tk in PREFILL_TS:
+        t = int(str(tk).split("-")[0])
+        us = sum(seen[key]["us"][tk] * c for key, c in mix.items() if key in prefill_keys)
+        prefill[tk] = {"us": us, "tok_s": t / (us * 1e-6), "tflops": flop_per_token * t / (us * 1e-6) / 1e12}
+    return prefill, flop_per_token
+
+
+def print_prefill(prefill: dict) -> None:
+    for t, p in prefill.items():
+        print(f"prefill projections T={t}: {p['us']:.0f} us per chunk, {p['tok_s']:.0f} tok/s, "
+              f"{p['tflops']:.1f} TFLOP/s", file=sys.stderr)
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
     dev = probe()
+    mix = decode_step_mix()
+    prefill_keys = {key for key in mix if key[0] != 248320}  # prefill runs the lm_head on the last row only
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    gpu = dev.get("devices", [{}])[0] if isinstance(dev, dict) else {}
+    if "--prefill-only" in sys.argv[1:]:
+        seen = {key: measure(rng, key[2], key[0], key[1], PREFILL_TS) for key in sorted(prefill_keys)}
+        prefill, flop_per_token = prefill_mix(seen, mix, prefill_keys)
+        json.dump({"bench": "gemv-prefill", "commit": commit, "host": platform.node(), "gpu": gpu,
+                   "prefill_gemm_mix": {"by_t": prefill, "flop_per_token": flop_per_token},
+                   "results": list(seen.values())}, sys.stdout, indent=1, default=str)
+        print()
+        print_prefill(prefill)
+        return
     copy = kt.bench_copy(1 << 30, 10, RUNS)
     copy_gbs = float(np.median(copy))
     results = []
     seen = {}
-    mix = decode_step_mix()
-    prefill_keys = {key for key in mix if key[0] != 248320}  # prefill runs the lm_head on the last row only
     for name, (n, k) in SHAPES.items():
         for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
             r = measure(rng, qtype, n, k, TS + PREFILL_TS if (n, k, qtype) in prefill_keys else TS)
@@ -136,14 +174,7 @@ def main() -> None:
         us = sum(seen[key]["us"][t] * c for key, c in mix.items())
         step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
                    "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
-    prefill = {}
-    flop_per_token = sum(2 * n * k * c for (n, k, q), c in mix.items() if (n, k, q) in prefill_keys)
-    for t in PREFILL_TS:
-        us = sum(seen[key]["us"][t] * c for key, c in mix.items() if key in prefill_keys)
-        prefill[t] = {"us": us, "tok_s": t / (us * 1e-6), "tflops": flop_per_token * t / (us * 1e-6) / 1e12}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    gpu = dev.get("devices", [{}])[0] if isinstance(dev, dict) else {}
+    prefill, flop_per_token = prefill_mix(seen, mix, prefill_keys)
     report = {
         "bench": "gemv", "commit": commit, "host": platform.node(), "gpu": gpu,
         "copy_gbs_d2d_read_plus_write": copy_gbs, "copy_gbs_runs": copy,

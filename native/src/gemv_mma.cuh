@@ -30,6 +30,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "act_pack.cuh"
 #include "cp_async.cuh"
@@ -89,10 +91,18 @@ __device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) {
     return __funnelshift_r(w[0], w[1], 8 * mis);
 }
 
+// 8 bytes of activations: from global memory through the read-only path, or from shared memory (kSmemB:
+// the prefill kernel stages them there for all its warps).
+template <bool kSmemB> __device__ __forceinline__ uint2 ld_b(const __half* p) {
+    if constexpr (kSmemB) return *reinterpret_cast<const uint2*>(p);
+    else return __ldg(reinterpret_cast<const uint2*>(p));
+}
+
 // The lane's B registers for elements e..e+3 of its column (zeros for a column >= t).
+template <bool kSmemB>
 __device__ __forceinline__ void load_b(const __half* xcol, int e, bool valid, uint32_t b[2]) {
     if (valid) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(xcol + e));
+        const uint2 v = ld_b<kSmemB>(xcol + e);
         b[0] = v.x;
         b[1] = v.y;
     } else {
@@ -123,9 +133,9 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
 // token columns: each A fragment is decoded once and meets the NG groups' B fragments, and a group's sequence
 // of operations is the same for every NG (so NG = 4 gives each group the bits NG = 1 gives it). r[0], r[1]:
 // rows g and g + 8 of the unit in shared memory.
-template <int QT, int NG> struct UnitMma;
+template <int QT, int NG, bool kSmemB = false> struct UnitMma;
 
-template <int QT, int NG>
+template <int QT, int NG, bool kSmemB>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                             float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
@@ -154,7 +164,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
             if (x[j].valid) {
-                const uint2 v = __ldg(reinterpret_cast<const uint2*>(x[j].sum + 4 * tq));
+                const uint2 v = ld_b<kSmemB>(x[j].sum + 4 * tq);
                 b[0] = v.x;
                 b[1] = v.y;
             } else {
@@ -202,7 +212,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b(x[j].col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x[j].valid, b);
+                    load_b<kSmemB>(x[j].col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x[j].valid, b);
                     mma_16816(u[j][wd], a, b);
                 }
             }
@@ -218,16 +228,16 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
     }
 }
 
-template <int NG> struct UnitMma<kQ4_K, NG> {
+template <int NG, bool kSmemB> struct UnitMma<kQ4_K, NG, kSmemB> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ4_K, NG>(r, x, tq, acc);
+        unit_mma_k4<kQ4_K, NG, kSmemB>(r, x, tq, acc);
     }
 };
-template <int NG> struct UnitMma<kQ5_K, NG> {
+template <int NG, bool kSmemB> struct UnitMma<kQ5_K, NG, kSmemB> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ5_K, NG>(r, x, tq, acc);
+        unit_mma_k4<kQ5_K, NG, kSmemB>(r, x, tq, acc);
     }
 };
 
@@ -241,7 +251,7 @@ template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uin
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
 // aligned; kAligned4 when every row's unit in the warp is 4-byte aligned (every other unit when a row has
 // an even number of units).
-template <bool kAligned4, int NG>
+template <bool kAligned4, int NG, bool kSmemB>
 __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                               float (&acc)[NG][4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
@@ -283,7 +293,7 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x[j].valid, b);
+                    load_b<kSmemB>(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x[j].valid, b);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816(s, a, b);
 #pragma unroll
@@ -294,21 +304,21 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
     }
 }
 
-template <int NG> struct UnitMma<kQ6_K, NG> {
+template <int NG, bool kSmemB> struct UnitMma<kQ6_K, NG, kSmemB> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
         // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a
         // row has an odd number of units.
         if (__all_sync(0xffffffffu,
                        ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
-            unit_mma_q6_k<true, NG>(r, x, tq, acc);
+            unit_mma_q6_k<true, NG, kSmemB>(r, x, tq, acc);
         else
-            unit_mma_q6_k<false, NG>(r, x, tq, acc);
+            unit_mma_q6_k<false, NG, kSmemB>(r, x, tq, acc);
     }
 };
 
 // Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
-template <int NG> struct UnitMma<kQ8_0, NG> {
+template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
         constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128)
@@ -327,7 +337,7 @@ template <int NG> struct UnitMma<kQ8_0, NG> {
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b(x[j].col, 32 * blk + 16 * hf + 4 * tq, x[j].valid, b);
+                    load_b<kSmemB>(x[j].col, 32 * blk + 16 * hf + 4 * tq, x[j].valid, b);
                     mma_16816(s[j], a, b);
                 }
             }
@@ -343,6 +353,38 @@ template <int NG> struct UnitMma<kQ8_0, NG> {
 
 // ------------------------------------------------------------------------------------------ one warp
 
+// The warp's cp.async of unit u of rows [row0, row0 + 16) (rows >= n skipped) into dst (one stage).
+template <int QT>
+__device__ __forceinline__ void copy_tile_unit(uintptr_t base, long long row_bytes, int n, int row0, int u,
+                                               uint4* dst, int lane) {
+    using S = MmaShape<QT>;
+#pragma unroll
+    for (int j = 0; j < (S::kStageWords + 31) / 32; ++j) {
+        const int i = lane + 32 * j;
+        const int rr = i / S::kWords, wi = i - rr * S::kWords;
+        if (i < S::kStageWords && row0 + rr < n) {
+            const uintptr_t a =
+                base + static_cast<uintptr_t>((row0 + rr) * row_bytes + static_cast<long long>(u) * S::kUnitBytes);
+            if (S::kAligned || wi * 16 < static_cast<int>(a & 15) + S::kUnitBytes)
+                cp_async16(dst + i, reinterpret_cast<const void*>((a & ~uintptr_t(15)) + 16 * wi));
+        }
+    }
+}
+
+// Rows g and g + 8 of unit u in a stage that copy_tile_unit filled.
+template <int QT>
+__device__ __forceinline__ void tile_unit_rows(const uint4* stage, uintptr_t base, long long row_bytes, int row0,
+                                               int g, int u, const uint8_t* r[2]) {
+    using S = MmaShape<QT>;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int mis = S::kAligned ? 0
+                                    : static_cast<int>((base + (row0 + g + 8 * i) * row_bytes +
+                                                        static_cast<long long>(u) * S::kUnitBytes) & 15);
+        r[i] = reinterpret_cast<const uint8_t*>(stage) + (g + 8 * i) * S::kWords * 16 + mis;
+    }
+}
+
 // The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), for NG groups of 8 token rows of x
 // starting at group grp0 (rows >= t read as zeros), into acc (its C fragments). smem: this warp's
 // kWarpWords. A device function, so that a persistent kernel can call it per work item.
@@ -356,20 +398,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 
     auto issue = [&](int it) {
         const int u = u0 + it;
-        if (u < u1) {
-            uint4* dst = smem + (it % kGemvStages) * S::kStageWords;
-#pragma unroll
-            for (int j = 0; j < (S::kStageWords + 31) / 32; ++j) {
-                const int i = lane + 32 * j;
-                const int rr = i / S::kWords, wi = i - rr * S::kWords;
-                if (i < S::kStageWords && row0 + rr < n) {
-                    const uintptr_t a = base + static_cast<uintptr_t>((row0 + rr) * row_bytes +
-                                                                      static_cast<long long>(u) * S::kUnitBytes);
-                    if (S::kAligned || wi * 16 < static_cast<int>(a & 15) + S::kUnitBytes)
-                        cp_async16(dst + i, reinterpret_cast<const void*>((a & ~uintptr_t(15)) + 16 * wi));
-                }
-            }
-        }
+        if (u < u1) copy_tile_unit<QT>(base, row_bytes, n, row0, u, smem + (it % kGemvStages) * S::kStageWords, lane);
         cp_async_commit();
     };
 
@@ -384,20 +413,12 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
         col[j] = static_cast<long long>(grp0 + j) * kActRows + g;  // this lane's token row in group j
         ux[j].valid = col[j] < t;
     }
-    const long long rows_g[2] = {row0 + g, row0 + g + 8};
     for (int u = u0; u < u1; ++u) {
         const int it = u - u0;
         cp_async_wait<kGemvStages - 2>();
         __syncwarp();
-        const uint8_t* stage = reinterpret_cast<const uint8_t*>(smem + (it % kGemvStages) * S::kStageWords);
         const uint8_t* r[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int mis = S::kAligned ? 0
-                                        : static_cast<int>((base + rows_g[i] * row_bytes +
-                                                            static_cast<long long>(u) * S::kUnitBytes) & 15);
-            r[i] = stage + (g + 8 * i) * S::kWords * 16 + mis;
-        }
+        tile_unit_rows<QT>(smem + (it % kGemvStages) * S::kStageWords, base, row_bytes, row0, g, u, r);
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             ux[j].col = x.h + col[j] * k + u * kUnitElems;
@@ -449,6 +470,133 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     }
 }
 
+// ------------------------------------------------------------------------------------------ prefill
+
+// Prefill (t > 8 rows): the grouped kernel above re-reads the activations from L2 for every 16-row tile,
+// which bounds it near 45 TFLOP/s on the H200. This one stages them in shared memory for kPrefillWarps
+// tiles at once: a block = kPrefillWarps warps x one 16-row tile each, over the same kPrefillGroups groups
+// of 8 token rows; each unit's activations (and 32-block sums) are copied once per block, beside each
+// warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
+// summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
+// one quarter each.
+constexpr int kPrefillWarps = 4;
+constexpr int kPrefillStages = 3;
+constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
+constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
+constexpr int kBStageHalves = kPrefillGroups * kBGroupHalves;
+
+template <int QT> struct PrefillShape {
+    static constexpr int kWeightBytes = kPrefillWarps * kPrefillStages * MmaShape<QT>::kStageWords * 16;
+    static constexpr int kSmemBytes = kWeightBytes + kPrefillStages * kBStageHalves * 2 + 16;
+};
+
+// Block-wide cp.async of unit u's activations for groups grp0.. (rows < t only) into one B stage.
+__device__ __forceinline__ void copy_act_unit(const ActPack& x, int k, int t, int grp0, int u, __half* dst) {
+    constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
+    constexpr int kChunks = kPrefillGroups * kActRows * (kRowChunks + 2);
+    const int kb2 = k / kActBlock * 2;
+    for (int i = threadIdx.x; i < kChunks; i += kPrefillWarps * 32) {
+        const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 kPrefillGroups - 1
+        const long long col = static_cast<long long>(grp0) * kActRows + row;
+        if (col >= t) continue;
+        __half* gdst = dst + (row / kActRows) * kBGroupHalves;
+        const int rr = row % kActRows;
+        if (c < kRowChunks)
+            cp_async16(gdst + rr * kBRowHalves + 8 * c, x.h + col * k + u * kUnitElems + 8 * c);
+        else
+            cp_async16(gdst + kActRows * kBRowHalves + rr * 16 + 8 * (c - kRowChunks), x.sum + col * kb2 + u * 16 +
+                                                                                         8 * (c - kRowChunks));
+    }
+}
+
+template <int QT>
+__global__ void __launch_bounds__(kPrefillWarps * 32, 1)
+prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+                   int blocks_per_rows, float* __restrict__ y) {
+    constexpr int NG = kPrefillGroups;
+    using S = MmaShape<QT>;
+    extern __shared__ uint4 smem[];
+    __shared__ float total[kPrefillWarps][NG][32][4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int grp0 = blockIdx.x % blocks_per_rows * NG;
+    const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;
+    const int nu = k / kUnitElems;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(w);
+    uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
+    __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT>::kWeightBytes);
+
+    auto issue = [&](int u) {
+        if (u < nu) {
+            copy_tile_unit<QT>(base, row_bytes, n, row0, u, wsm + (u % kPrefillStages) * S::kStageWords, lane);
+            copy_act_unit(x, k, t, grp0, u, bsm + (u % kPrefillStages) * kBStageHalves);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kPrefillStages - 1; ++s) issue(s);
+
+    UnitX ux[NG];
+#pragma unroll
+    for (int j = 0; j < NG; ++j) ux[j].valid = static_cast<long long>(grp0 + j) * kActRows + g < t;
+    int u = 0;
+#pragma unroll 1
+    for (int q = 0; q < kGemvWarps; ++q) {
+        float acc[NG][4] = {};
+        for (const int u1 = nu * (q + 1) / kGemvWarps; u < u1; ++u) {
+            cp_async_wait<kPrefillStages - 2>();
+            __syncthreads();  // the stage's activations came from every thread of the block
+            const uint8_t* r[2];
+            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, base, row_bytes, row0, g, u, r);
+            const __half* b = bsm + (u % kPrefillStages) * kBStageHalves;
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                ux[j].col = b + j * kBGroupHalves + g * kBRowHalves;
+                ux[j].sum = b + j * kBGroupHalves + kActRows * kBRowHalves + g * 16;
+            }
+            UnitMma<QT, NG, true>::run(r, ux, tq, acc);
+            issue(u + kPrefillStages - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
+        }
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                total[warp][j][lane][c] = q == 0 ? acc[j][c] : __fadd_rn(total[warp][j][lane][c], acc[j][c]);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
+            if (row < n && col < t)
+                y[static_cast<long long>(col) * n + row] = __fmul_rn(total[warp][j][lane][c], x.inv[col]);
+        }
+    }
+}
+
+template <int QT>
+cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool* launched) {
+    *launched = false;
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return e;
+    constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
+    if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
+    auto kernel = prefill_mma_kernel<QT>;
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
+    if (opted != cudaSuccess) return opted;
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
+    const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
+    if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
+    kernel<<<static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, PrefillShape<QT>::kSmemBytes, stream>>>(
+        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
+    *launched = true;
+    return cudaGetLastError();
+}
+
 template <int QT, int NG>
 cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     using S = MmaShape<QT>;
@@ -466,10 +614,20 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// Decode (t <= 8): one group per block. Prefill: four (a group past t reads zeros and writes nothing).
+// Decode (t <= 8): one group per block. Prefill: four groups per block (a group past t reads zeros and
+// writes nothing); with OPENJET_PREFILL_GEMM=shared, the shared-activation kernel where its shared memory
+// fits the GPU. That kernel was written on 2026-12-01 after the session's GPU time was spent: it stays
+// opt-in until tests/test_gpu_gemv.py and test_gpu_engine.py (which run both) pass on a GPU.
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
-    return a.t <= kActRows ? launch_gemv_mma_ng<QT, 1>(a, stream) : launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
+    if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
+    const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
+    if (choice && std::strcmp(choice, "shared") == 0) {
+        bool launched = false;
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, &launched);
+        if (e != cudaSuccess || launched) return e;
+    }
+    return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
 }
 
 }  // namespace openjet
