@@ -8,6 +8,6 @@ device_wheels
 build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT=$OUT/gpu.jsonl
 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py -x 2>&1 | tail -25 | tee "$OUT/pytest-gemv.log"
-timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py tests/test_gpu_attn.py \
+timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_topk.py tests/test_gpu_gdn.py tests/test_gpu_attn.py \
   tests/test_probe.py 2>&1 | tail -30 | tee "$OUT/pytest-engine.log"
 timeout 170 python3 native/bench/bench_gemv.py > "$OUT/gemv.json" 2> "$OUT/gemv.err"; tail -c 1500 "$OUT/gemv.json"

@@ -358,6 +358,42 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
         engine.close()
 
 
+def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models):
+    """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
+    logits a decode step returns from the same state, values bit for bit; both steps advance the sequence
+    alike (the next step's logits agree), and the padding ids above n_valid never appear."""
+    from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler
+    ids = np.random.default_rng(29).integers(0, 4096, 40)
+    engine = CudaEngine.load(models["tiny"], n_ctx=128, n_checkpoints=2)
+    try:
+        n_vocab = engine.config.shape.n_vocab
+        state = engine.new_state()
+        engine.prefill(state, ids[:30])
+        engine.checkpoint(state)
+        full = engine.decode(state, ids[30:34]).logits
+        after_full = engine.decode(state, ids[34:35]).logits
+        engine.truncate(state, 30)
+        first = int(np.argmax(full[0]))
+        penalties = {first: np.float32(1.5), 7: np.float32(-0.25), 100: np.float32(0.5)}
+        n_valid = n_vocab - 3
+        top = engine.decode_top(state, ids[30:34], n_valid=n_valid, penalties=penalties)
+        after_top = engine.decode(state, ids[34:35]).logits
+        assert top.values.shape == (4, GPU_MAX_TOP_K)
+        for r in range(4):
+            z = full[r][:n_valid].copy()
+            for i, d in penalties.items():
+                z[i] = np.float32(z[i] - d)
+            order = Sampler._descending(z, GPU_MAX_TOP_K)
+            np.testing.assert_array_equal(top.ids[r], order, err_msg=f"row {r}")
+            np.testing.assert_array_equal(top.values[r], z[order], err_msg=f"row {r}")
+        np.testing.assert_array_equal(after_top, after_full)
+        report(test="decode_top", rows=4, k=GPU_MAX_TOP_K, equal=True)
+        with pytest.raises(OpenJetError, match="penalised|outside"):
+            engine.decode_top(state, [1], penalties={n_vocab: 1.0})
+    finally:
+        engine.close()
+
+
 def _greedy_after(engine: CudaEngine, parts: list[np.ndarray], chunk_size: int, n: int = 32) -> list[int]:
     """Greedy ids after prefilling the prompt in `parts` (separate prefill calls: turns of a conversation)."""
     state = engine.new_state()

@@ -95,6 +95,15 @@ OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids
 OPENJET_API int openjet_engine_prefill(openjet_engine* engine, const int32_t* ids, int n, int chunk, float* logits,
                                        float* hidden);
 
+/* A decode step that returns, instead of the logits, each row's top k (1..32) among ids < n_valid, by
+ * decreasing logit then increasing id, after logit[pen_ids[i]] -= pen_deltas[i] (presence / frequency
+ * penalties computed as sampling.py does; ids unique, < n_valid; n_pen may be 0): top_values / top_ids
+ * [t, k] on the host, hidden [t, n_embd] or NULL. The host sampler draws from these k, so a step copies
+ * 32 values per row instead of n_vocab. Otherwise as decode. */
+OPENJET_API int openjet_engine_decode_top(openjet_engine* engine, const int32_t* ids, int t, int k, int n_valid,
+                                          const int32_t* pen_ids, const float* pen_deltas, int n_pen,
+                                          float* top_values, int32_t* top_ids, float* hidden);
+
 /* Copies the recurrent + conv states and n_past into checkpoint slot `slot` (device to device). */
 OPENJET_API int openjet_engine_checkpoint(openjet_engine* engine, int slot);
 

@@ -46,6 +46,11 @@ OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k,
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                    int n_ids, float* out);
 
+/* values / ids [rows, k] = the top k (1..32) of each row of x [rows, n] among ids < n_valid, by decreasing
+ * value then increasing id, after z[pen_ids[i]] -= pen_deltas[i] (ids unique and < n_valid; n_pen may be 0). */
+OPENJET_API int openjet_test_topk(const float* x, int rows, int n, int n_valid, int k, const int32_t* pen_ids,
+                                  const float* pen_deltas, int n_pen, float* values, int32_t* ids);
+
 /* The launch shape the GEMV picks on the current device. */
 OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block,
                                         int* blocks);

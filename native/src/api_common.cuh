@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -79,6 +80,18 @@ struct Event {
 };
 
 // Fixed pseudo-random values in [-1, 1), never all zero: the benchmarks' activations (an LCG from seed 12345).
+// The sampler's penalty list (topk.cuh): ids in [0, n_valid) and unique, since a device thread updates
+// each one. nullptr when fine, else what is wrong.
+inline const char* penalty_list_problem(const int32_t* ids, int n, int n_valid) {
+    std::vector<int32_t> sorted(ids, ids + n);
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < n; ++i) {
+        if (sorted[i] < 0 || sorted[i] >= n_valid) return "a penalised token id is outside the vocabulary";
+        if (i && sorted[i] == sorted[i - 1]) return "a token id is penalised twice";
+    }
+    return nullptr;
+}
+
 inline void fill_pseudo_random(std::vector<float>& v) {
     uint32_t s = 12345u;
     for (auto& x : v) {

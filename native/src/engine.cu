@@ -33,6 +33,7 @@
 #include "gemv.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
+#include "topk.cuh"
 #include "openjet_engine.h"
 #include "act_pack.cuh"
 
@@ -114,6 +115,12 @@ struct openjet_engine {
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
     ActPack x{};  // the next GEMV's activations
+    // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
+    float* top_values = nullptr;
+    int32_t* top_ids = nullptr;
+    void* top_work = nullptr;
+    int32_t* pen_ids = nullptr;
+    float* pen_deltas = nullptr;
     // MTP scratch: pair hidden rows [T, E], concat input [T, 2E], residual [T, E]; the trunk's last hidden
     // row (kept across steps and in checkpoints) and the head's own last output h' [E].
     float *mtp_hs = nullptr, *mtp_c = nullptr, *mtp_u = nullptr, *mtp_last = nullptr, *mtp_hp = nullptr;
@@ -385,6 +392,11 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.mix, sizeof(float) * R * E},
         {(void**)&e.logits, sizeof(float) * T * c.n_vocab},
         {(void**)&e.attn_work, sizeof(float) * work},
+        {(void**)&e.top_values, sizeof(float) * T * kTopKMax},
+        {(void**)&e.top_ids, sizeof(int32_t) * T * kTopKMax},
+        {(void**)&e.top_work, topk_work_bytes(T, c.n_vocab)},
+        {(void**)&e.pen_ids, sizeof(int32_t) * c.n_vocab},
+        {(void**)&e.pen_deltas, sizeof(float) * c.n_vocab},
         {(void**)&e.mtp_hs, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.mtp_c, e.has_mtp ? sizeof(float) * T * 2 * E : 0},
         {(void**)&e.mtp_u, e.has_mtp ? sizeof(float) * T * E : 0},
@@ -599,14 +611,36 @@ int commit_rows(openjet_engine& e, int t) {
     return OPENJET_OK;
 }
 
-int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+// What decode_top asks for instead of the logits: each row's top k after the penalties (checked by the caller).
+struct TopRequest {
+    int k, n_valid;
+    const int32_t* pen_ids;
+    const float* pen_deltas;
+    int n_pen;
+    float* values;    // host [t, k]
+    int32_t* ids;     // host [t, k]
+};
+
+int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
+                const TopRequest* top = nullptr) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
     TRY(trunk(e, t));
-    if (logits) {
-        TRY(gemv(e, e.output, t, nullptr, e.logits));
+    if (logits || top) TRY(gemv(e, e.output, t, nullptr, e.logits));
+    if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+    if (top) {
+        if (top->n_pen) {
+            CHECK(cudaMemcpyAsync(e.pen_ids, top->pen_ids, sizeof(int32_t) * top->n_pen, cudaMemcpyHostToDevice,
+                                  e.stream));
+            CHECK(cudaMemcpyAsync(e.pen_deltas, top->pen_deltas, sizeof(float) * top->n_pen, cudaMemcpyHostToDevice,
+                                  e.stream));
+        }
+        CHECK(launch_topk(e.logits, t, c.n_vocab, top->n_valid, top->k, e.pen_ids, e.pen_deltas, top->n_pen,
+                          e.top_values, e.top_ids, e.top_work, e.stream));
+        CHECK(cudaMemcpyAsync(top->values, e.top_values, sizeof(float) * t * top->k, cudaMemcpyDeviceToHost, e.stream));
+        CHECK(cudaMemcpyAsync(top->ids, e.top_ids, sizeof(int32_t) * t * top->k, cudaMemcpyDeviceToHost, e.stream));
     }
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
     TRY(commit_rows(e, t));
@@ -719,6 +753,32 @@ extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: %d + %d tokens exceed the context of %d tokens", e->n_past, t,
                     e->cfg.n_ctx);
     return decode_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
+                                                     const int32_t* pen_ids, const float* pen_deltas, int n_pen,
+                                                     float* top_values, int32_t* top_ids, float* hidden) {
+    TRY(check_engine(e));
+    const int n_vocab = e->cfg.n_vocab;
+    if (!top_values || !top_ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: null output, k = %d not in 1..%d, or n_valid = %d not "
+                    "in k..%d", k, kTopKMax, n_valid, n_vocab);
+    if (n_pen < 0 || n_pen > n_valid || (n_pen && (!pen_ids || !pen_deltas)))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: n_pen = %d with a null list, or more than n_valid", n_pen);
+    if (const char* why = n_pen ? penalty_list_problem(pen_ids, n_pen, n_valid) : nullptr)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: %s", why);
+    if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: ids is NULL or t = %d is not 1..%d", t,
+                    OPENJET_ENGINE_MAX_T);
+    for (int i = 0; i < t; ++i)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: token id %d is outside the vocabulary [0, %d)",
+                        ids[i], n_vocab);
+    if (e->n_past + t > e->cfg.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: %d + %d tokens exceed the context of %d tokens",
+                    e->n_past, t, e->cfg.n_ctx);
+    const TopRequest top{k, n_valid, pen_ids, pen_deltas, n_pen, top_values, top_ids};
+    return decode_impl(*e, ids, t, nullptr, hidden, &top);
 }
 
 extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32_t* ids, int n, int chunk,

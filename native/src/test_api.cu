@@ -6,6 +6,7 @@
 
 #include "api_common.cuh"
 #include "embed.cuh"
+#include "topk.cuh"
 #include "gemv.cuh"
 #include "kquant.cuh"
 #include "openjet_test.h"
@@ -159,6 +160,33 @@ extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int 
     CHECK(launch_embed(qtype, dt.p, vocab, dim, di.as<int32_t>(), n_ids, dout.as<float>(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(out, dout.p, sizeof(float) * n_ids * dim, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_topk(const float* x, int rows, int n, int n_valid, int k,
+                                              const int32_t* pen_ids, const float* pen_deltas, int n_pen,
+                                              float* values, int32_t* ids) {
+    if (!x || !values || !ids || rows < 1 || n < 1 || n_pen < 0 || (n_pen && (!pen_ids || !pen_deltas)))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "topk: null pointer or bad shape");
+    if (k < 1 || k > kTopKMax || n_valid < k || n_valid > n)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "topk: k = %d not in 1..%d, or n_valid = %d not in k..n", k, kTopKMax,
+                    n_valid);
+    if (const char* why = n_pen ? penalty_list_problem(pen_ids, n_pen, n_valid) : nullptr)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "topk: %s", why);
+    DevBuf dx, dpi, dpd, dv, di, dw;
+    CHECK(dx.upload(x, sizeof(float) * rows * n));
+    if (n_pen) {
+        CHECK(dpi.upload(pen_ids, sizeof(int32_t) * n_pen));
+        CHECK(dpd.upload(pen_deltas, sizeof(float) * n_pen));
+    }
+    CHECK(dv.alloc(sizeof(float) * rows * k));
+    CHECK(di.alloc(sizeof(int32_t) * rows * k));
+    CHECK(dw.alloc(topk_work_bytes(rows, n)));
+    CHECK(launch_topk(dx.as<float>(), rows, n, n_valid, k, dpi.as<int32_t>(), dpd.as<float>(), n_pen, dv.as<float>(),
+                      di.as<int32_t>(), dw.p, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(values, dv.p, sizeof(float) * rows * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ids, di.p, sizeof(int32_t) * rows * k, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 

@@ -28,6 +28,7 @@ import ctypes
 import os
 import time
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
                         StepOutput, TokenIds, argmax, check_chunk_size, check_draft_request, check_token_ids)
+from ..sampling import GPU_MAX_TOP_K
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -44,6 +46,14 @@ KV_TYPES = {"f16": 1, "q8_0": 8}
 DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
+
+
+@dataclass
+class TopOutput:
+    """decode_top's result: each row's top k logits by value (ties: lower id) and the hidden rows."""
+    values: np.ndarray      # [t, k] float32
+    ids: np.ndarray         # [t, k] int32
+    hidden: np.ndarray      # [t, n_embd] float32
 
 
 class EngineConfig(ctypes.Structure):
@@ -87,6 +97,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_decode_top": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, i32p, f32p, ctypes.c_int,
+                                       f32p, i32p, f32p], ctypes.c_int),
     }
     try:
         for name, (args, res) in sig.items():
@@ -239,7 +251,36 @@ class CudaEngine(Engine):
         self._stats.decode_seconds += time.perf_counter() - t0
         return out
 
-    def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = 64,
+    def decode_top(self, state: CudaState, tokens: TokenIds, *, k: int = GPU_MAX_TOP_K,
+                   n_valid: int | None = None, penalties: dict[int, float] | None = None) -> TopOutput:
+        """A decode step that brings back each row's top k logits (by value, ties to the lower id, ids below
+        n_valid) after the penalties {id: delta} (logit -= delta, float32), instead of the whole vocabulary:
+        what the sampler needs (sampling.py keeps at most the top 32 on the GPU)."""
+        ids = self._token_ids(state, tokens)
+        t = len(ids)
+        if t > MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"decode takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, got {t}")
+        if state.n_tokens + t > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + t} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
+        pen_ids = np.fromiter((penalties or {}).keys(), np.int32, len(penalties or {}))
+        pen_deltas = np.fromiter((penalties or {}).values(), np.float32, len(penalties or {}))
+        values, top_ids = np.empty((t, k), np.float32), np.empty((t, k), np.int32)
+        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+        i32 = ctypes.POINTER(ctypes.c_int32)
+        t0 = time.perf_counter()
+        rc = self._lib.openjet_engine_decode_top(self._handle, ids32.ctypes.data_as(i32), t, k, n_valid,
+                                                 pen_ids.ctypes.data_as(i32), _f32p(pen_deltas), len(pen_ids),
+                                                 _f32p(values), top_ids.ctypes.data_as(i32), _f32p(self._hidden[:t]))
+        self._check(rc, "decode_top")
+        state.token_ids.extend(int(x) for x in ids)
+        self._stats.decode_tokens += t
+        self._stats.decode_steps += 1
+        self._stats.decode_seconds += time.perf_counter() - t0
+        return TopOutput(values, top_ids, self._hidden[:t].copy())
+
+    def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = PREFILL_ROWS,
                 all_logits: bool = False) -> StepOutput:
         """Chunks of up to PREFILL_ROWS tokens, each reading the weights once (openjet_engine_prefill); every
         row gets the bits a decode step gives it, so the state does not depend on chunk_size. all_logits: decode

@@ -53,6 +53,7 @@ def _lib() -> ctypes.CDLL:
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
+        "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
@@ -157,6 +158,21 @@ def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
     out = np.empty((len(ids), dim), np.float32)
     _check(lib, lib.openjet_test_embed(qtype, _ptr(raw), vocab, dim, _ptr(ids), len(ids), _ptr(out)), "embed")
     return out
+
+
+def topk(x, k: int, n_valid: int | None = None, penalties: dict[int, float] | None = None
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """(values float32 [rows, k], ids int32 [rows, k]): each row's top k among ids < n_valid after
+    z[id] -= delta for the penalties (the device sampler's first step)."""
+    lib = _lib()
+    x = _f32(x, 2)
+    rows, n = x.shape
+    pen_ids = np.fromiter((penalties or {}).keys(), np.int32)
+    pen_deltas = np.fromiter((penalties or {}).values(), np.float32)
+    values, ids = np.empty((rows, k), np.float32), np.empty((rows, k), np.int32)
+    _check(lib, lib.openjet_test_topk(_ptr(x), rows, n, n if n_valid is None else n_valid, k, _ptr(pen_ids),
+                                      _ptr(pen_deltas), len(pen_ids), _ptr(values), _ptr(ids)), "topk")
+    return values, ids
 
 
 def gemv_shape(qtype: int, n: int, k: int) -> dict:

@@ -1,0 +1,116 @@
+// launch_topk (topk.cuh): two passes of bitonic sorts in shared memory over 64-bit keys that order by value
+// (descending) then id (ascending), so the result is deterministic and equals a stable sort's prefix.
+//   pass 1: one block per (chunk of 4096 logits, row) sorts its chunk and keeps its first 32 keys;
+//   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
+#include "topk.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunk = 4096;                    // logits per pass-1 block (16 per thread)
+constexpr int kMaxChunks = 64;                  // pass 2 sorts kMaxChunks * 32 keys: n <= 262,144
+constexpr unsigned long long kNone = ~0ull;     // sorts last: padding, beyond n
+
+// Ascending in v as unsigned: flip all bits of negatives, set the sign bit of positives.
+__device__ __forceinline__ uint32_t orderable(float v) {
+    const uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float from_orderable(uint32_t o) {
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+// Ascending key = descending value, then ascending id.
+__device__ __forceinline__ unsigned long long make_key(float v, int id) {
+    if (v == 0.0f) v = 0.0f;  // -0 ties with +0, as in numpy's comparisons
+    return (static_cast<unsigned long long>(~orderable(v)) << 32) | static_cast<uint32_t>(id);
+}
+
+// Sorts s[0, n) ascending (n a power of two), every thread of the block taking part.
+__device__ void bitonic_sort(unsigned long long* s, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int ixj = i ^ j;
+                if (ixj > i) {
+                    const unsigned long long a = s[i], b = s[ixj];
+                    if ((a > b) == ((i & k) == 0)) {
+                        s[i] = b;
+                        s[ixj] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, const int32_t* ids,
+                                                            const float* deltas, int n_pen) {
+    float* row = x + static_cast<long long>(blockIdx.y) * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_pen; i += gridDim.x * blockDim.x)
+        row[ids[i]] = __fsub_rn(row[ids[i]], deltas[i]);
+}
+
+__global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
+                                                              unsigned long long* __restrict__ out, int n_chunks) {
+    __shared__ unsigned long long s[kChunk];
+    const int chunk = blockIdx.x, row = blockIdx.y;
+    const float* xr = x + static_cast<long long>(row) * n;
+    const int lim = min(n, n_valid);
+    for (int i = threadIdx.x; i < kChunk; i += kThreads) {
+        const int id = chunk * kChunk + i;
+        s[i] = id < lim ? make_key(xr[id], id) : kNone;
+    }
+    __syncthreads();
+    bitonic_sort(s, kChunk);
+    if (threadIdx.x < kTopKMax) out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax + threadIdx.x] = s[threadIdx.x];
+}
+
+__global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned long long* __restrict__ in, int n_chunks,
+                                                              int k, float* __restrict__ values,
+                                                              int32_t* __restrict__ ids) {
+    __shared__ unsigned long long s[kMaxChunks * kTopKMax];
+    const int row = blockIdx.x;
+    int m = kTopKMax;
+    while (m < n_chunks * kTopKMax) m <<= 1;  // a power of two
+    const unsigned long long* r = in + static_cast<long long>(row) * n_chunks * kTopKMax;
+    for (int i = threadIdx.x; i < m; i += kThreads) s[i] = i < n_chunks * kTopKMax ? r[i] : kNone;
+    __syncthreads();
+    bitonic_sort(s, m);
+    if (threadIdx.x < k) {
+        const unsigned long long key = s[threadIdx.x];
+        values[static_cast<long long>(row) * k + threadIdx.x] = from_orderable(~static_cast<uint32_t>(key >> 32));
+        ids[static_cast<long long>(row) * k + threadIdx.x] = static_cast<int32_t>(key & 0xffffffffu);
+    }
+}
+
+int n_chunks_for(int n) { return (n + kChunk - 1) / kChunk; }
+
+}  // namespace
+
+size_t topk_work_bytes(int rows, int n) {
+    return sizeof(unsigned long long) * static_cast<size_t>(rows) * n_chunks_for(n) * kTopKMax;
+}
+
+cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int32_t* pen_ids,
+                        const float* pen_deltas, int n_pen, float* values, int32_t* ids, void* work,
+                        cudaStream_t stream) {
+    const int n_chunks = n_chunks_for(n);
+    // k must leave no padding key in the output: at least k valid ids.
+    if (!x || !values || !ids || !work || rows < 1 || rows > 65535 || n < 1 || n_chunks > kMaxChunks ||
+        k < 1 || k > kTopKMax || n_valid < k || n_pen < 0 || (n_pen > 0 && (!pen_ids || !pen_deltas)))
+        return cudaErrorInvalidValue;
+    if (n_pen > 0) {
+        penalise_kernel<<<dim3((n_pen + kThreads - 1) / kThreads, rows), kThreads, 0, stream>>>(x, n, pen_ids,
+                                                                                               pen_deltas, n_pen);
+        if (cudaError_t e = cudaGetLastError()) return e;
+    }
+    auto* keys = static_cast<unsigned long long*>(work);
+    topk_chunk_kernel<<<dim3(n_chunks, rows), kThreads, 0, stream>>>(x, n, n_valid, keys, n_chunks);
+    if (cudaError_t e = cudaGetLastError()) return e;
+    topk_merge_kernel<<<rows, kThreads, 0, stream>>>(keys, n_chunks, k, values, ids);
+    return cudaGetLastError();
+}
+
+}  // namespace openjet

@@ -1,0 +1,89 @@
+"""The device top-k (native/src/topk.cu) against the host sampler's order (sampling.py): the first k of a
+stable sort by decreasing logit, ties by lower id, after the penalties, never a padding id. Bit-equal:
+the values are the logits themselves (float32), the ids exactly the sampler's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.errors import OpenJetError
+from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+def host_top(z: np.ndarray, k: int, n_valid: int, penalties: dict[int, float] | None = None):
+    """The sampler's own ranking (Sampler._descending over the penalised valid logits)."""
+    z = z[:n_valid].astype(np.float32).copy()
+    for i, d in (penalties or {}).items():
+        z[i] = np.float32(z[i] - np.float32(d))
+    order = Sampler._descending(z, k)
+    return z[order], order.astype(np.int32)
+
+
+@pytest.mark.parametrize("rows, n, n_valid", [(1, 248320, 248077), (8, 248320, 248320), (3, 4096, 4000),
+                                              (2, 100, 100), (5, 262144, 262144)])
+@pytest.mark.parametrize("k", [1, 7, GPU_MAX_TOP_K])
+def test_topk_equals_the_samplers_order(rows, n, n_valid, k):
+    rng = np.random.default_rng(rows * 1000 + k)
+    x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+    x[:, n_valid:] = 1e30                                      # padding rows must never win
+    v, ids = kt.topk(x, k, n_valid)
+    for r in range(rows):
+        hv, hi = host_top(x[r], k, n_valid)
+        np.testing.assert_array_equal(ids[r], hi, err_msg=f"row {r}")
+        np.testing.assert_array_equal(v[r], hv, err_msg=f"row {r}")
+
+
+def test_ties_go_to_the_lower_id_across_chunks_and_signed_zeros_tie():
+    n = 3 * 4096 + 5
+    x = np.full((2, n), -1.0, np.float32)
+    tied = [9000, 5, 4096, 12000, 4100, 8191]                  # spread over three pass-1 chunks
+    x[0, tied] = 2.5
+    x[0, 77] = 3.0
+    x[1, [40, 6000, 10]] = 0.0
+    x[1, [7, 9001]] = -0.0
+    x[1, 3] = np.float32(np.inf)
+    v, ids = kt.topk(x, 8)
+    for r in range(2):
+        hv, hi = host_top(x[r], 8, n)
+        np.testing.assert_array_equal(ids[r], hi)
+        assert np.array_equal(v[r], hv)                         # -0.0 == 0.0
+    assert list(ids[0][:7]) == [77, 5, 4096, 4100, 8191, 9000, 12000]
+    assert list(ids[1][:6]) == [3, 7, 10, 40, 6000, 9001]
+
+
+def test_penalties_apply_before_ranking_as_the_sampler_applies_them():
+    rng = np.random.default_rng(3)
+    n = 50000
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    top = np.argsort(-x[0], kind="stable")[:10]
+    params = SamplingParams(temperature=0.7, top_k=32, presence_penalty=1.5, frequency_penalty=0.3)
+    sampler = Sampler(params, n)
+    for i, t in enumerate(top):
+        for _ in range(i % 3 + 1):
+            sampler.note(int(t))
+    sampler.note(int(np.argmin(x[0])))
+    deltas = {t: np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * np.float32(c)
+              for t, c in sampler.counts.items()}
+    v, ids = kt.topk(x, GPU_MAX_TOP_K, n, deltas)
+    for r in range(2):
+        z = sampler._penalised(x[r])                           # the host sampler's own penalised logits
+        order = Sampler._descending(z, GPU_MAX_TOP_K)
+        np.testing.assert_array_equal(ids[r], order)
+        np.testing.assert_array_equal(v[r], z[order])
+
+
+def test_bad_arguments_are_errors_with_messages():
+    x = np.zeros((1, 100), np.float32)
+    with pytest.raises(OpenJetError, match="k = 33"):
+        kt.topk(x, 33)
+    with pytest.raises(OpenJetError, match="penalised twice|outside the vocabulary"):
+        kt.topk(x, 4, 100, {100: 1.0})
+    with pytest.raises(OpenJetError, match="n_valid"):
+        kt.topk(x, 4, 3)
+    v, ids = kt.topk(x, 4)                                       # still works after errors
+    assert list(ids[0]) == [0, 1, 2, 3]
