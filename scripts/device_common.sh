@@ -2,11 +2,12 @@
 # $OUT, the carried wheels on PYTHONPATH, the carried vocabulary cache, and the engine built for this GPU.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 
-# .whl/ (scripts/fetch_device_wheels.sh) into /tmp/site, ahead of the image's own packages.
+# .whl/ and, where carried, .whl-sdk/ (scripts/fetch_device_wheels.sh) into /tmp/site, ahead of the image's
+# own packages.
 device_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-      > "$OUT/wheels.log" 2>&1 || echo "warning: installing .whl/ failed (see wheels.log)"
+      $(ls .whl-sdk/*.whl 2>/dev/null) > "$OUT/wheels.log" 2>&1 || echo "warning: installing .whl/ failed (see wheels.log)"
   fi
   export PYTHONPATH=/tmp/site:$PWD
   if [ -d .cache/openjet ]; then export OPENJET_CACHE=$PWD/.cache/openjet; fi

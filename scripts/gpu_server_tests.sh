@@ -3,12 +3,13 @@
 # model-backed servers on the CUDA engine (OPENJET_TEST_ENGINE=cuda: tests/server/conftest.py says what that
 # changes and what it skips). Results in $OUT: build.log, pytest-server.log, server-junit.xml.
 #   bash scripts/fetch_device_wheels.sh        # here first: .whl/ (fastapi, uvicorn, openai, anthropic, ...)
-#   run(carry=[".whl"], command="bash scripts/gpu_server_tests.sh", timeout_s=600)
+#   run(carry=[".whl", ".whl-sdk"], command="bash scripts/gpu_server_tests.sh", timeout_s=600)
 # OPENJET_REQUIRE_GPU=1: a GPU or engine that cannot run fails the tests instead of skipping them.
 set -o pipefail
 . scripts/device_common.sh
-if ! ls .whl/*.whl >/dev/null 2>&1; then
-  echo "no .whl/*.whl: run scripts/fetch_device_wheels.sh on the developer machine and carry .whl"; exit 2
+if ! ls .whl/*.whl .whl-sdk/*.whl >/dev/null 2>&1; then
+  echo "no .whl/*.whl or .whl-sdk/*.whl: run scripts/fetch_device_wheels.sh on the developer machine and carry both"
+  exit 2
 fi
 device_wheels
 export PYTHONUNBUFFERED=1
