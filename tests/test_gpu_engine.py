@@ -358,6 +358,39 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
         engine.close()
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_type):
+    """Issue 7's exactness for a cached conversation: turn 1 prefilled, a reply decoded token by token, turn 2
+    prefilled onto the cache; then the whole text prefilled at once in a new sequence. The next logits are
+    the same bits, and so are 24 greedy tokens after them."""
+    rng = np.random.default_rng(31)
+    turn1, turn2 = rng.integers(0, 4096, 150), rng.integers(0, 4096, 67)
+    engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
+    try:
+        def greedy(state, logits, n):
+            out = []
+            for _ in range(n):
+                out.append(int(np.argmax(logits)))
+                logits = engine.decode(state, out[-1:]).logits[-1]
+            return out, logits
+
+        state = engine.new_state()
+        reply, _ = greedy(state, engine.prefill(state, turn1).logits[-1], 20)   # every reply token decoded
+        resumed = engine.prefill(state, turn2).logits[-1]
+        after_resumed, _ = greedy(state, resumed, 24)
+
+        state = engine.new_state()
+        text = np.concatenate([turn1, reply, turn2])
+        fresh = engine.prefill(state, text).logits[-1]
+        after_fresh, _ = greedy(state, fresh, 24)
+    finally:
+        engine.close()
+    report(test="resumed_equals_fresh", kv_type=kv_type, equal=bool(np.array_equal(resumed, fresh)),
+           ids_equal=after_resumed == after_fresh)
+    np.testing.assert_array_equal(resumed, fresh)
+    assert after_resumed == after_fresh
+
+
 def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models):
     """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
     logits a decode step returns from the same state, values bit for bit; both steps advance the sequence
