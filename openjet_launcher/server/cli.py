@@ -43,7 +43,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require this key (Authorization: Bearer KEY or x-api-key); default $OPENJET_API_KEY")
     p.add_argument("--draft", type=int, default=0, metavar="N",
-                   help="MTP speculative decoding with N drafts per step for greedy requests (default 0)")
+                   help="MTP speculative decoding with N drafts per step, for requests without penalties; the "
+                        "tokens keep their distribution (greedy: the same tokens). Default 0; at most 7 on the "
+                        "CUDA engine")
     p.add_argument("--model-id", default=None, help="the id /v1/models reports (default: the file name)")
     limits = p.add_argument_group("limits (on by default; see openjet_launcher/server/limits.py)")
     limits.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -190,6 +192,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise OpenJetError(f"--ctx {n_ctx} is too small")
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
+    if args.draft < 0:
+        raise OpenJetError(f"--draft {args.draft}: the number of drafts per step cannot be negative")
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY") or None
     if not is_loopback(args.host) and not api_key:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
@@ -206,11 +210,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..engine.cuda import CudaEngine
         from ..sampling import GPU_MAX_TOP_K
 
-        if args.draft:
-            raise OpenJetError("--draft needs the MTP head, which the CUDA engine v1 does not run yet")
+        from ..engine.interface import MAX_GPU_DECODE_TOKENS
+
+        if args.draft >= MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"--draft {args.draft}: the CUDA engine verifies at most "
+                               f"{MAX_GPU_DECODE_TOKENS - 1} drafts per step (one step holds "
+                               f"{MAX_GPU_DECODE_TOKENS} tokens)")
         settings.max_top_k = GPU_MAX_TOP_K       # the API contract of the GPU path (design.md §6)
-        # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill.
-        load = lambda: CudaEngine.load(path, n_ctx=n_ctx, mtp=False)  # noqa: E731
+        # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill. With
+        # them, the host runs each cycle (speculative.py); a rejection rolls back by checkpoint and replay.
+        use_mtp = args.draft > 0
+        load = lambda: CudaEngine.load(path, n_ctx=n_ctx, mtp=use_mtp)  # noqa: E731
     else:
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
     app = create_app(load, tokenizer, template, settings)

@@ -3,7 +3,7 @@ model (module-scoped) or a scripted engine double.
 
 Which engine serves the tiny model: OPENJET_TEST_ENGINE=reference (default: the numpy ReferenceEngine, with
 2 MTP drafts per greedy step) or cuda (the GPU engine v1, built exactly as `serve MODEL --engine cuda` builds
-it: server/cli.py's own code path, so top_k <= 32 and no drafts). scripts/gpu_server_tests.sh runs the cuda
+it: server/cli.py's own code path, so top_k <= 32, also with 2 drafts). scripts/gpu_server_tests.sh runs the cuda
 mode on the GPU machine. What the switch changes:
 
 * `tiny_server` (test_openai_api, test_anthropic_api, test_responses_api: the model-backed API tests) and the
@@ -12,10 +12,8 @@ mode on the GPU machine. What the switch changes:
   random tiny model writes, so they run on either engine.
 * Under cuda, without a GPU or a built engine library, they skip with the GPU probe's reason (the same
   probe as the `gpu` marker's, tests/conftest.py); OPENJET_REQUIRE_GPU=1 makes that a failure instead.
-* Skipped under cuda (`reference_only`, with the reason), one category:
-  - MTP speculative decoding (1 test, test_openai_api): `serve --engine cuda` refuses --draft (server/cli.py),
-    so the cuda server runs without drafts. Once serve accepts --draft there, pass "--draft", "2" in
-    `tiny_server` below and drop the mark.
+* Every model-backed test runs on both engines, the speculative one too (the cuda server takes --draft 2
+  since 2026-12-01; before, `serve --engine cuda` refused drafts and that test was reference-only).
 * Not affected, on both settings: the tests on the scripted engine double (exact known output: tool calls,
   thinking, stop strings, malformed requests, limits, faults, fuzzing) and the `serve demo` test, which runs
   the bundled trained model on the reference engine, as `serve demo` does by default.
@@ -49,12 +47,6 @@ ENGINES = ("reference", "cuda")
 TEST_ENGINE = os.environ.get("OPENJET_TEST_ENGINE", "").strip().lower() or "reference"
 if TEST_ENGINE not in ENGINES:
     raise pytest.UsageError(f"OPENJET_TEST_ENGINE={TEST_ENGINE!r}: use one of {', '.join(ENGINES)}")
-
-
-def reference_only(why: str) -> pytest.MarkDecorator:
-    """Skip the test unless the model-backed servers run on the reference engine; `why`: what it needs."""
-    return pytest.mark.skipif(TEST_ENGINE != "reference",
-                              reason=f"OPENJET_TEST_ENGINE={TEST_ENGINE}: reference engine only ({why})")
 
 
 def free_port() -> int:
@@ -164,8 +156,8 @@ def tiny_server(tiny_path, text_layer, engine_under_test, serve_engine_args):
         tokenizer, template = text_layer
         settings = ServerSettings(model_id="tiny", n_ctx=1024, n_draft=2)
         app = create_app(ReferenceEngine.load(tiny_path), tokenizer, template, settings)
-    else:       # as `serve` builds it: no drafts, top_k <= 32 (server/cli.py)
-        app = serve_app(str(tiny_path), *serve_engine_args, "--ctx", "1024", "--model-id", "tiny")
+    else:       # as `serve` builds it: top_k <= 32 (server/cli.py)
+        app = serve_app(str(tiny_path), *serve_engine_args, "--ctx", "1024", "--model-id", "tiny", "--draft", "2")
     with LiveServer(app) as server:
         yield server
 

@@ -6,7 +6,6 @@ import httpx
 import openai
 import pytest
 
-from .conftest import reference_only
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
@@ -84,7 +83,6 @@ def test_tokenize_detokenize_round_trip(tiny_server):
     assert text == "Hello world<|im_end|>"
 
 
-@reference_only("MTP speculative decoding: serve --engine cuda refuses --draft, so that server has no drafts")
 def test_speculative_greedy_matches_plain_and_reports_drafts(tiny_server, client):
     # tiny_server runs with n_draft=2: greedy requests speculate; penalties switch it off (same tokens)
     r = client.completions.create(model="tiny", prompt="The sea", max_tokens=12, temperature=0)

@@ -114,14 +114,15 @@ def test_a_missing_local_path_is_an_error_that_says_so(tmp_path):
         cli.model_path(str(tmp_path / "nope.gguf"))
 
 
-def test_serve_engine_cuda_refuses_drafts_and_reports_a_failed_load_on_health(tiny_path):
-    """The GPU engine v1 has no MTP head: --draft is refused up front. Where no GPU (or no built engine) is
-    present, /health says why the model failed to load instead of the server dying."""
+def test_serve_engine_cuda_refuses_more_drafts_than_a_step_holds_and_reports_a_failed_load_on_health(tiny_path):
+    """A GPU verify step holds 8 tokens: --draft 8 (or a negative count) is refused up front. Where no GPU (or
+    no built engine) is present, /health says why the model failed to load instead of the server dying."""
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", str(tiny_path), "--engine", "cuda", "--draft", "2"])
-    with pytest.raises(cli.OpenJetError, match="--draft needs the MTP head"):
-        cli.cmd_serve(args)
+    for n, msg in (("8", "at most 7 drafts"), ("-1", "cannot be negative")):
+        args = parser.parse_args(["serve", str(tiny_path), "--engine", "cuda", "--draft", n])
+        with pytest.raises(cli.OpenJetError, match=msg):
+            cli.cmd_serve(args)
     from openjet_launcher.engine import probe
     try:
         has_gpu = bool(probe()["devices"])
