@@ -5,12 +5,14 @@
 # f16 KV). Results in $OUT: bench-engine.json (copy it to bench/results/), bench-engine.log, build.log,
 # synth.json, synth.err.
 #
-#   run(carry=[".whl", ".cache"], timeout_s=600,
+#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600,
 #       command="OPENJET_COMMIT=<the hash of `git rev-parse HEAD`, written out> bash scripts/gpu_bench_engine.sh")
 #
 # .whl/   the wheels the bare image lacks (gguf, platformdirs, ...): scripts/fetch_device_wheels.sh
 # .cache/ OPENJET_CACHE holding llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf (the
-#         full preset's vocabulary); both are git-ignored, hence carried.
+#         full preset's vocabulary, 5.9 MB); both are git-ignored, hence carried. Make it here with
+#         OPENJET_CACHE=$PWD/.cache/openjet python -c "from openjet_launcher.model.vocab import full_vocab; full_vocab()"
+#         and carry only that folder: the sdist archive beside it (77 MB) would pass the 64 MiB limit.
 #
 # Time on the 16-core H200 machine: the synth ~245 s (242 s measured, all 16 cores: synthesize() uses
 # min(cpus, 16) worker processes), the build ~20 s running beside it, then the bench: ~10-30 s per load and
