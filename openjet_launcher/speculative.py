@@ -1,7 +1,7 @@
 """One MTP speculative cycle over any Engine, greedy or sampled (qwen38.md §3.3; issue 7 fuses it on the device).
 
 A cycle after the last chosen token: draft n tokens with the MTP head, verify [token, d_1..d_n] in one decode
-step, keep a prefix of the drafts, take the target's next token, roll back the rest (truncate).
+step (Engine.verify), keep a prefix of the drafts, take the target's next token, drop the rest (Engine.accept).
 
 * Greedy: the drafts are the head's argmax; the kept prefix is the longest one equal to the target's argmax,
   and the next token is the target's argmax after it. Token-identical to plain greedy decoding.
@@ -55,9 +55,7 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
     else:
         draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: sampler.draw(sampler.probabilities(lg)))
     drafts = list(draft.tokens)
-    base = state.n_tokens
-    engine.checkpoint(state)
-    out = engine.decode(state, [token, *drafts])
+    out = engine.verify(state, [token, *drafts])
     if greedy:
         targets = [int(np.argmax(row[: sampler.n_valid])) for row in out.logits]
         k = 0
@@ -67,5 +65,5 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
     else:
         k, next_token = accept_sampled([sampler.probabilities(row) for row in out.logits],
                                        [sampler.probabilities(row) for row in draft.logits], drafts, sampler)
-    engine.truncate(state, base + 1 + k)                    # keep token and the k kept drafts
+    engine.accept(state, 1 + k)                             # keep token and the k kept drafts
     return Cycle(drafts[:k], next_token, len(drafts))

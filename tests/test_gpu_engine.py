@@ -391,6 +391,57 @@ def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_typ
     assert after_resumed == after_fresh
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows(models, kv_type):
+    """Issue 7's rollback without a trunk replay: verify([token, 4 drafts]) gives decode's logits, and accept(n)
+    leaves the state a decode of the first n rows leaves (the next step's logits and the MTP drafts, bit for
+    bit), for every n; between the two, other calls are refused."""
+    ids = np.random.default_rng(37).integers(0, 4096, 64)
+    engine = CudaEngine.load(models["tiny"], n_ctx=256, kv_type=kv_type, n_checkpoints=2)
+    engine.native_verify = True
+    try:
+        state = engine.new_state()
+        engine.prefill(state, ids[:50])
+        engine.checkpoint(state)
+        step = ids[50:55]
+        plain = engine.decode(state, step).logits
+        expected = {}
+        for n in range(1, 6):
+            engine.truncate(state, 50)
+            engine.decode(state, step[:n])
+            nxt = engine.decode(state, ids[55:56]).logits[-1]
+            draft = engine.mtp_draft(state, int(np.argmax(nxt)), 2).logits
+            expected[n] = (nxt, draft)
+        for n in range(1, 6):
+            engine.truncate(state, 50)
+            got = engine.verify(state, step)
+            np.testing.assert_array_equal(got.logits, plain)
+            assert state.n_tokens == 50
+            with pytest.raises(OpenJetError, match="awaits openjet_engine_accept"):
+                engine.decode(state, [1])
+            with pytest.raises(OpenJetError, match="is not 1..5"):
+                engine.accept(state, 6)
+            engine.accept(state, n)
+            assert state.n_tokens == 50 + n and state.token_ids[50:] == [int(x) for x in step[:n]]
+            nxt = engine.decode(state, ids[55:56]).logits[-1]
+            draft = engine.mtp_draft(state, int(np.argmax(nxt)), 2).logits
+            np.testing.assert_array_equal(nxt, expected[n][0], err_msg=f"accept({n}): next logits")
+            np.testing.assert_array_equal(draft, expected[n][1], err_msg=f"accept({n}): drafts")
+        with pytest.raises(OpenJetError, match="no verify step is pending"):
+            engine.accept(state, 1)
+        report(test="verify_accept_bits", kv_type=kv_type, accepted=list(range(1, 6)), equal=True)
+    finally:
+        engine.close()
+    engine = CudaEngine.load(models["tiny"], n_ctx=64, mtp=False)
+    engine.native_verify = True
+    try:
+        state = engine.new_state()
+        with pytest.raises(OpenJetError, match="without the MTP head"):
+            engine.verify(state, [1, 2])
+    finally:
+        engine.close()
+
+
 def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models):
     """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
     logits a decode step returns from the same state, values bit for bit; both steps advance the sequence

@@ -76,3 +76,30 @@ def test_a_sampled_cycle_on_the_engine_emits_the_plain_distribution(tiny):
     assert counts[np.setdiff1d(np.arange(len(target)), support)].sum() == 0     # never outside top-k
     stat, df = chi2(counts[support], target[support])
     assert stat < CHI2_999[df], (stat, df, kept)
+
+
+def test_verify_then_accept_keeps_the_first_rows_as_decode_would(tiny):
+    """Engine.verify / accept (the interface's default: checkpoint, decode, truncate): accept(n) leaves the
+    state a decode of the first n rows leaves; misuse is an error that says what is wrong."""
+    from openjet_launcher.errors import OpenJetError
+
+    engine = tiny
+    ids = [int(x) for x in np.random.default_rng(4).integers(0, engine.config.shape.n_vocab, 16)]
+    plain = engine.new_state()
+    engine.prefill(plain, ids[:10])
+    engine.decode(plain, ids[10:12])
+    expected = engine.decode(plain, ids[12:13]).logits
+
+    state = engine.new_state()
+    engine.prefill(state, ids[:10])
+    with pytest.raises(OpenJetError, match="no verify step is pending"):
+        engine.accept(state, 1)
+    out = engine.verify(state, ids[10:14])
+    assert out.logits.shape[0] == 4
+    with pytest.raises(OpenJetError, match="still waiting for accept"):
+        engine.verify(state, ids[10:12])
+    with pytest.raises(OpenJetError, match="has 4 rows"):
+        engine.accept(state, 5)
+    engine.accept(state, 2)
+    assert state.tokens == tuple(ids[:12])
+    np.testing.assert_array_equal(engine.decode(state, ids[12:13]).logits, expected)

@@ -104,6 +104,15 @@ OPENJET_API int openjet_engine_decode_top(openjet_engine* engine, const int32_t*
                                           const int32_t* pen_ids, const float* pen_deltas, int n_pen,
                                           float* top_values, int32_t* top_ids, float* hidden);
 
+/* Speculative verification without a rollback (engines created with the MTP head): verify runs a decode step
+ * over t rows (the last token and its drafts; logits [t, n_vocab], hidden [t, n_embd] as decode) but leaves the
+ * sequence where it was; accept(n) then commits its first n rows (1 <= n <= t): each GDN layer's recurrent
+ * step is replayed over them from the inputs the verify step kept (the same kernel on the same inputs: the
+ * bits a decode of those rows leaves), their KV and MTP cache rows stay, n_past advances by n. Between the
+ * two, every call but accept and reset is refused. */
+OPENJET_API int openjet_engine_verify(openjet_engine* engine, const int32_t* ids, int t, float* logits, float* hidden);
+OPENJET_API int openjet_engine_accept(openjet_engine* engine, int n);
+
 /* Copies the recurrent + conv states and n_past into checkpoint slot `slot` (device to device). */
 OPENJET_API int openjet_engine_checkpoint(openjet_engine* engine, int slot);
 

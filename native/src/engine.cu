@@ -108,6 +108,16 @@ struct openjet_engine {
     size_t ssm_layer_floats = 0, conv_layer_floats = 0, kv_layer_half = 0;  // kv: bytes of K (or V) of a layer
     int conv_cur = 0;
     int n_past = 0;
+    // A verify step (openjet_engine_verify) leaves the committed GDN state as it was and keeps what its
+    // accepted rows need: `pending` rows await openjet_engine_accept, which replays them from the ring onto
+    // the committed state (the same kernel on the same inputs: decode's bits) instead of a trunk replay.
+    int pending = 0;
+    bool verifying = false;
+    float* ssm_shadow = nullptr;       // [n_gdn, n_v, 128, 128] the verify step's own GDN states
+    float* ring_qkv = nullptr;         // [n_gdn, T, conv_dim] the verify step's GDN inputs, by layer
+    float* ring_b = nullptr;           // [n_gdn, T, n_v]
+    float* ring_a = nullptr;           // [n_gdn, T, n_v]
+    float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
     std::vector<int> ckpt_n_past;      // -1: empty slot
 
     // scratch arena: kPrefillRows rows for the trunk's buffers (a prefill chunk), 8 for logits and the MTP head
@@ -402,6 +412,12 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.mtp_u, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.mtp_last, e.has_mtp ? sizeof(float) * E : 0},
         {(void**)&e.mtp_hp, e.has_mtp ? sizeof(float) * E : 0},
+        // speculation (verify / accept) only with the MTP head that drafts
+        {(void**)&e.ssm_shadow, e.has_mtp ? sizeof(float) * e.ssm_layer_floats * e.n_gdn : 0},
+        {(void**)&e.ring_qkv, e.has_mtp ? sizeof(float) * e.n_gdn * T * e.conv_dim() : 0},
+        {(void**)&e.ring_b, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
+        {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
+        {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
     };
     size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
     e.scratch_bytes = 0;
@@ -471,14 +487,9 @@ static_assert(OPENJET_ENGINE_PREFILL_ROWS <= kActMaxRows && OPENJET_ENGINE_MAX_T
               "the activation pack holds a prefill chunk; a decode step is one GEMV group");
 int sub_steps(int t) { return (t + kSubRows - 1) / kSubRows; }
 
-// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. Sub-step s reads conv buffer
-// conv_cur ^ (s & 1) and writes the other; the caller flips conv_cur by sub_steps(t) once all layers ran.
-int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
+// The GDN step's arguments that depend only on the layer (weights, its committed state).
+GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
     const auto& c = e.cfg;
-    TRY(gemv(e, L.qkv, t, e.a, e.big1));
-    TRY(gemv(e, L.gate, t, e.a, e.big2));
-    TRY(gemv(e, L.beta, t, e.a, e.sb));
-    TRY(gemv(e, L.alpha, t, e.a, e.sa));
     GdnStepArgs g{};
     g.n_k = c.ssm_n_k_heads, g.n_v = c.ssm_n_v_heads, g.eps = c.rms_eps;
     g.conv_w = static_cast<const float*>(L.conv.d);
@@ -486,12 +497,30 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.dt_bias = static_cast<const float*>(L.dt_bias.d);
     g.norm_w = static_cast<const float*>(L.ssm_norm.d);
     g.state = e.ssm + e.ssm_layer_floats * L.idx;
+    return g;
+}
+
+// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. Sub-step s reads conv buffer
+// conv_cur ^ (s & 1) and writes the other; the caller flips conv_cur by sub_steps(t) once all layers ran.
+int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
+    const auto& c = e.cfg;
+    // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
+    const size_t ring_rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T;
+    float* qkv = e.verifying ? e.ring_qkv + ring_rows * e.conv_dim() : e.big1;
+    float* b = e.verifying ? e.ring_b + ring_rows * c.ssm_n_v_heads : e.sb;
+    float* alpha = e.verifying ? e.ring_a + ring_rows * c.ssm_n_v_heads : e.sa;
+    TRY(gemv(e, L.qkv, t, e.a, qkv));
+    TRY(gemv(e, L.gate, t, e.a, e.big2));
+    TRY(gemv(e, L.beta, t, e.a, b));
+    TRY(gemv(e, L.alpha, t, e.a, alpha));
+    GdnStepArgs g = gdn_layer_args(e, L);
+    if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
     for (int s = 0; s < sub_steps(t); ++s) {
         const long long r0 = static_cast<long long>(s) * kSubRows;
         const int cur = e.conv_cur ^ (s & 1);
         g.t = std::min(kSubRows, t - static_cast<int>(r0));
-        g.qkv = e.big1 + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
-        g.b = e.sb + r0 * c.ssm_n_v_heads, g.alpha = e.sa + r0 * c.ssm_n_v_heads;
+        g.qkv = qkv + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
+        g.b = b + r0 * c.ssm_n_v_heads, g.alpha = alpha + r0 * c.ssm_n_v_heads;
         g.conv_state_in = e.conv[cur] + e.conv_layer_floats * L.idx;
         g.conv_state_out = e.conv[cur ^ 1] + e.conv_layer_floats * L.idx;
         g.y = e.y + r0 * e.d_inner();
@@ -674,6 +703,53 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
     return OPENJET_OK;
 }
 
+// A verify step: decode's trunk and lm_head over t <= 8 rows (the MTP cache rows of its pairs filled too),
+// but the committed GDN and conv states stay as they were; the GDN inputs wait in the ring for accept.
+int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+    const auto& c = e.cfg;
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    e.verifying = true;
+    const int status = trunk(e, t);
+    e.verifying = false;
+    TRY(status);
+    TRY(gemv(e, e.output, t, nullptr, e.logits));
+    if (logits)
+        CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+    if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
+    CHECK(cudaStreamSynchronize(e.stream));
+    e.pending = t;
+    return OPENJET_OK;
+}
+
+// Commits the first n rows of the pending verify step: each GDN layer's step replayed over them from the ring
+// onto the committed state (in place) and conv state, the MTP head's carried hidden row set to row n - 1.
+int accept_impl(openjet_engine& e, int n) {
+    const auto& c = e.cfg;
+    CHECK(cudaSetDevice(c.device));
+    for (const LayerW& L : e.layers) {
+        if (L.attn) continue;
+        GdnStepArgs g = gdn_layer_args(e, L);
+        const size_t ring_rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T;
+        g.t = n;
+        g.qkv = e.ring_qkv + ring_rows * e.conv_dim();
+        g.b = e.ring_b + ring_rows * c.ssm_n_v_heads, g.alpha = e.ring_a + ring_rows * c.ssm_n_v_heads;
+        g.z = e.big2, g.y = e.y;  // the step's output is not needed: scratch
+        g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
+        g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
+        CHECK(launch_gdn_step(g, e.stream));
+    }
+    CHECK(cudaMemcpyAsync(e.mtp_last, e.verify_hidden + static_cast<size_t>(n - 1) * c.n_embd,
+                          sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    CHECK(cudaStreamSynchronize(e.stream));
+    if (e.n_gdn) e.conv_cur ^= 1;
+    e.n_past += n;
+    e.pending = 0;
+    return OPENJET_OK;
+}
+
 // A checkpoint slot: GDN states, the current conv-state buffer and (with an MTP head) the trunk's last hidden
 // row, which the next step's first MTP pair needs.
 size_t ckpt_slot_bytes(const openjet_engine& e) {
@@ -683,6 +759,31 @@ size_t ckpt_slot_bytes(const openjet_engine& e) {
 
 int check_engine(const openjet_engine* e) {
     if (!e) return fail(OPENJET_ERR_INVALID_ARGUMENT, "engine is NULL");
+    return OPENJET_OK;
+}
+
+// An engine that may start a new operation: none but accept (or reset) while a verify step is pending.
+int check_idle(const openjet_engine* e, const char* what) {
+    TRY(check_engine(e));
+    if (e->pending)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: a verify step of %d rows awaits openjet_engine_accept", what,
+                    e->pending);
+    return OPENJET_OK;
+}
+
+// A step of t <= 8 token ids at n_past.. (decode, decode_top, verify).
+int check_step(const openjet_engine* e, const int32_t* ids, int t, const char* what) {
+    TRY(check_idle(e, what));
+    if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: ids is NULL or t = %d is not 1..%d", what, t,
+                    OPENJET_ENGINE_MAX_T);
+    for (int i = 0; i < t; ++i)
+        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: token id %d is outside the vocabulary [0, %d)", what,
+                        ids[i], e->cfg.n_vocab);
+    if (e->n_past + t > e->cfg.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d + %d tokens exceed the context of %d tokens", what,
+                    e->n_past, t, e->cfg.n_ctx);
     return OPENJET_OK;
 }
 
@@ -730,6 +831,7 @@ extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = 0;
     e->conv_cur = 0;
+    e->pending = 0;
     return OPENJET_OK;
 }
 
@@ -742,23 +844,31 @@ extern "C" OPENJET_API int openjet_engine_n_past(const openjet_engine* e, int* n
 
 extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_t* ids, int t, float* logits,
                                                  float* hidden) {
-    TRY(check_engine(e));
-    if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: ids is NULL or t = %d is not 1..%d", t, OPENJET_ENGINE_MAX_T);
-    for (int i = 0; i < t; ++i)
-        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: token id %d is outside the vocabulary [0, %d)", ids[i],
-                        e->cfg.n_vocab);
-    if (e->n_past + t > e->cfg.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode: %d + %d tokens exceed the context of %d tokens", e->n_past, t,
-                    e->cfg.n_ctx);
+    TRY(check_step(e, ids, t, "decode"));
     return decode_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_verify(openjet_engine* e, const int32_t* ids, int t, float* logits,
+                                                 float* hidden) {
+    TRY(check_step(e, ids, t, "verify"));
+    if (!e->has_mtp)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify: the engine was created without the MTP head, and with it "
+                    "the buffers speculation needs");
+    return verify_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {
+    TRY(check_engine(e));
+    if (!e->pending) return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: no verify step is pending");
+    if (n < 1 || n > e->pending)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: n = %d is not 1..%d (the verify step's rows)", n, e->pending);
+    return accept_impl(*e, n);
 }
 
 extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
                                                      const int32_t* pen_ids, const float* pen_deltas, int n_pen,
                                                      float* top_values, int32_t* top_ids, float* hidden) {
-    TRY(check_engine(e));
+    TRY(check_step(e, ids, t, "decode_top"));
     const int n_vocab = e->cfg.n_vocab;
     if (!top_values || !top_ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > n_vocab)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: null output, k = %d not in 1..%d, or n_valid = %d not "
@@ -767,23 +877,13 @@ extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const in
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: n_pen = %d with a null list, or more than n_valid", n_pen);
     if (const char* why = n_pen ? penalty_list_problem(pen_ids, n_pen, n_valid) : nullptr)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: %s", why);
-    if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: ids is NULL or t = %d is not 1..%d", t,
-                    OPENJET_ENGINE_MAX_T);
-    for (int i = 0; i < t; ++i)
-        if (ids[i] < 0 || ids[i] >= n_vocab)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: token id %d is outside the vocabulary [0, %d)",
-                        ids[i], n_vocab);
-    if (e->n_past + t > e->cfg.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: %d + %d tokens exceed the context of %d tokens",
-                    e->n_past, t, e->cfg.n_ctx);
     const TopRequest top{k, n_valid, pen_ids, pen_deltas, n_pen, top_values, top_ids};
     return decode_impl(*e, ids, t, nullptr, hidden, &top);
 }
 
 extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32_t* ids, int n, int chunk,
                                                   float* logits, float* hidden) {
-    TRY(check_engine(e));
+    TRY(check_idle(e, "prefill"));
     if (!ids || n < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: ids is NULL or n = %d < 1", n);
     if (chunk < 1 || chunk > OPENJET_ENGINE_PREFILL_ROWS)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: chunk = %d is not 1..%d", chunk, OPENJET_ENGINE_PREFILL_ROWS);
@@ -798,7 +898,7 @@ extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32
 }
 
 extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot) {
-    TRY(check_engine(e));
+    TRY(check_idle(e, "checkpoint"));
     if (slot < 0 || slot >= e->cfg.n_checkpoints)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "checkpoint slot %d: the engine has %d slots", slot, e->cfg.n_checkpoints);
     CHECK(cudaSetDevice(e->cfg.device));
@@ -816,7 +916,7 @@ extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot
 }
 
 extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
-    TRY(check_engine(e));
+    TRY(check_idle(e, "restore"));
     if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
     CHECK(cudaSetDevice(e->cfg.device));
@@ -842,7 +942,7 @@ extern "C" OPENJET_API int openjet_engine_has_mtp(const openjet_engine* e, int* 
 
 extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t token, int k, float* logits,
                                                    float* hidden) {
-    TRY(check_engine(e));
+    TRY(check_idle(e, "mtp_step"));
     const auto& c = e->cfg;
     if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: the model has no MTP head");
     if (e->n_past < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: no token processed yet (prefill first)");

@@ -21,6 +21,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     const size_t conv_dim = (size_t)(2 * a.n_k + a.n_v) * kGdnHeadDim;
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
+    if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
+        return cudaErrorInvalidValue;
     gdn_step_kernel<<<a.n_v, kGdnThreads, 0, stream>>>(a);
     return cudaGetLastError();
 }

@@ -43,8 +43,10 @@ struct GdnStepArgs {
     const float* ssm_a;               // [n_v] = -exp(A_log)
     const float* dt_bias;             // [n_v]
     const float* norm_w;              // [128] gated RMSNorm weight (plain w)
-    float* state;                     // [n_v, 128 (k), 128 (v)] fp32, updated in place
+    float* state;                     // [n_v, 128 (k), 128 (v)] fp32, updated in place unless state_out
     float* y;                         // [t, n_v*128] rms(o)·w·silu(z), input of ssm_out
+    float* state_out = nullptr;       // or where the updated state goes (state is then only read; a verify
+                                      // step keeps the committed state for its accepted rows' replay)
 };
 
 // One GDN decode step for all value heads: grid n_v blocks of kGdnThreads.
@@ -197,8 +199,9 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
         if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
     }
+    float* so = a.state_out ? a.state_out + (st - a.state) : st;
 #pragma unroll
-    for (int i = 0; i < R; ++i) st[i * D] = s[i];
+    for (int i = 0; i < R; ++i) so[i * D] = s[i];
     __syncthreads();
 
     // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.

@@ -97,6 +97,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_accept": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_decode_top": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, i32p, f32p, ctypes.c_int,
                                        f32p, i32p, f32p], ctypes.c_int),
     }
@@ -150,6 +152,7 @@ class CudaEngine(Engine):
         self.n_ctx, self.kv_type, self.n_checkpoints = n_ctx, kv_type, n_checkpoints
         self._stats = EngineStats()
         self._generation = 0
+        self._pending: list[int] = []            # ids of a verify step awaiting accept
         self._state: CudaState | None = None
         self._slot_clock: list[int] = [0] * n_checkpoints     # last use, for eviction
         self._clock = 0
@@ -235,6 +238,7 @@ class CudaEngine(Engine):
     def new_state(self) -> CudaState:
         self._check(self._lib.openjet_engine_reset(self._handle), "reset")
         self._generation += 1
+        self._pending = []
         self._state = CudaState(self, self._generation)
         self._slot_clock = [0] * self.n_checkpoints
         return self._state
@@ -250,6 +254,48 @@ class CudaEngine(Engine):
         self._stats.decode_steps += 1
         self._stats.decode_seconds += time.perf_counter() - t0
         return out
+
+    # The device's verify / accept (openjet_engine_verify): no checkpoint, no trunk replay. Off until
+    # tests/test_gpu_engine.py::test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows passes on
+    # a GPU (written 2026-12-01 after the session's device time was spent); until then the interface's
+    # checkpoint + decode + truncate.
+    native_verify = False
+
+    def verify(self, state: CudaState, tokens: TokenIds) -> StepOutput:
+        """A speculative verify step over [token, drafts...]: decode's logits and hidden rows, but the sequence
+        stays where it was until accept(state, n) commits the first n rows, replaying only the GDN recurrence
+        from the inputs the step kept (no trunk replay). Needs the MTP head (load with mtp=True)."""
+        if not self.native_verify:
+            return super().verify(state, tokens)
+        ids = self._token_ids(state, tokens)
+        t = len(ids)
+        if t > MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"verify takes at most {MAX_GPU_DECODE_TOKENS} tokens per step, got {t}")
+        if state.n_tokens + t > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + t} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+        lg, hd = self._logits[:t], self._hidden[:t]
+        t0 = time.perf_counter()
+        rc = self._lib.openjet_engine_verify(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), t,
+                                             _f32p(lg), _f32p(hd))
+        self._check(rc, "verify")
+        self._pending = [int(x) for x in ids]
+        state.verify_rows = t
+        self._stats.decode_tokens += t
+        self._stats.decode_steps += 1
+        self._stats.decode_seconds += time.perf_counter() - t0
+        return StepOutput(logits=lg.copy(), hidden=hd.copy())
+
+    def accept(self, state: CudaState, n: int) -> None:
+        """Commit the first n rows of the pending verify step (1 <= n <= its rows)."""
+        if not self.native_verify:
+            return super().accept(state, n)
+        self._check_state(state)
+        self._check(self._lib.openjet_engine_accept(self._handle, int(n)), "accept")
+        state.token_ids.extend(self._pending[:n])
+        state.verify_rows = 0
+        self._pending = []
 
     def decode_top(self, state: CudaState, tokens: TokenIds, *, k: int = GPU_MAX_TOP_K,
                    n_valid: int | None = None, penalties: dict[int, float] | None = None) -> TopOutput:

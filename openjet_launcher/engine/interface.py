@@ -123,6 +123,7 @@ class SequenceState(abc.ABC):
     Every state keeps the ids it has processed in ``token_ids`` (the engine appends and cuts them)."""
 
     token_ids: list[int]
+    verify_rows: int = 0            # rows of a verify step awaiting accept (Engine.verify)
 
     @property
     def n_tokens(self) -> int:
@@ -183,6 +184,26 @@ class Engine(abc.ABC):
         processed) with the MTP head, chained (§3.3 item 5): step 1 runs the head on (token, h_{n-1}) at
         position n; step k > 1 on (draft_{k-1}, h'_{k-1}) at position n+k-1, h' being the head's own output.
         Needs n >= 1 and a file with an MTP head (OpenJetError otherwise). Leaves ``state`` unchanged."""
+
+    def verify(self, state: SequenceState, tokens: TokenIds) -> StepOutput:
+        """A speculative verify step over [token, drafts...]: decode's output for these rows, to be followed by
+        ``accept(state, n)``, which keeps the first n. Here: checkpoint, decode, and accept truncates (rollback
+        by replay); an engine may do better (the CUDA engine replays only the GDN recurrence)."""
+        if state.verify_rows:
+            raise OpenJetError("a verify step is still waiting for accept")
+        self.checkpoint(state)
+        out = self.decode(state, tokens)
+        state.verify_rows = len(out.hidden)
+        return out
+
+    def accept(self, state: SequenceState, n: int) -> None:
+        """Keep the first n rows (1 <= n <= its rows) of the verify step that ``state`` is waiting on."""
+        t = state.verify_rows
+        if not 1 <= n <= t:
+            raise OpenJetError(f"accept({n}): the pending verify step has {t} rows" if t else
+                               "accept: no verify step is pending")
+        state.verify_rows = 0
+        self.truncate(state, state.n_tokens - t + n)
 
     @abc.abstractmethod
     def checkpoint(self, state: SequenceState) -> None:
