@@ -18,6 +18,11 @@ What v1 is (and is not):
 * ``mtp_draft`` runs the MTP head on the device one draft step per call of the C API (its cache is filled by
   every decode and prefill step); the host picks each drafted token. tests/test_gpu_engine.py checks it
   against the reference (passed on the H200, 2026-12-01).
+* ``verify`` / ``accept`` (speculative.py's cycle): with ``native_verify`` the device keeps the committed GDN
+  state through a verify step and ``accept(n)`` replays only the GDN recurrence over the kept rows; off
+  (checkpoint + decode + truncate) until its GPU test has passed. ``decode_top`` brings back each row's top
+  32 logits instead of the vocabulary (not yet used by the server).
+  Both were written on 2026-12-01 after that session's device time was spent: not yet run.
 * Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
   four differing tensor roles are re-encoded at load (model/reencode.py).
 """
