@@ -18,9 +18,11 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   untimed), so every timed step reads the same bytes. The median is kept;
 * prefill: one sequence grows through the sorted prefill lengths and contexts with ``engine.prefill``; the
   prefill time of N tokens is the sum of its segments from 0 to N (``--prefill-mode incremental``: the same
-  work as one prefill of N tokens, since v1's prefill is decode steps of 8 and every length here is a multiple
-  of 8; the decode measurements between segments are undone by restoring the checkpoint). ``fresh`` prefills
-  each length from an empty sequence instead (more device time).
+  work as one prefill of N tokens, since prefill runs chunks of 128 rows whose arithmetic does not depend on
+  the chunking and every length here is a multiple of 128; the decode measurements between segments are
+  undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
+  device time). OPENJET_PREFILL_GEMM=shared in the environment measures the opt-in prefill kernel (recorded
+  as "prefill_gemm").
 
 The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the
 KV rows the attention reads, the recurrent state read and written; with an MTP head also its eh_proj and
@@ -515,7 +517,8 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         "method": ("decode: each step timed alone on the host clock around openjet_engine_decode (logits and "
                    "hidden back in host memory), the sequence restored to the context before each step; median "
                    "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
-                   "engine.prefill wall time (v1: decode steps of 8)."),
+                   "engine.prefill wall time (chunks of 128 rows; each weight read once per chunk)."),
+        "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "grouped",
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
                       "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}
