@@ -249,15 +249,10 @@ class CudaEngine(Engine):
         return self._state
 
     def decode(self, state: CudaState, tokens: TokenIds) -> StepOutput:
-        ids = self._token_ids(state, tokens)
-        if len(ids) > MAX_GPU_DECODE_TOKENS:
-            raise OpenJetError(f"decode takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, "
-                               f"got {len(ids)}: use prefill for longer runs")
+        ids32 = self._step_ids(state, tokens, "decode")
         t0 = time.perf_counter()
-        out = self._step(state, ids, logits=True)
-        self._stats.decode_tokens += len(ids)
-        self._stats.decode_steps += 1
-        self._stats.decode_seconds += time.perf_counter() - t0
+        out = self._step(state, ids32, logits=True)
+        self._count_step(len(ids32), t0)
         return out
 
     # The device's verify / accept (openjet_engine_verify): no checkpoint, no trunk replay. Off until
@@ -272,24 +267,16 @@ class CudaEngine(Engine):
         from the inputs the step kept (no trunk replay). Needs the MTP head (load with mtp=True)."""
         if not self.native_verify:
             return super().verify(state, tokens)
-        ids = self._token_ids(state, tokens)
-        t = len(ids)
-        if t > MAX_GPU_DECODE_TOKENS:
-            raise OpenJetError(f"verify takes at most {MAX_GPU_DECODE_TOKENS} tokens per step, got {t}")
-        if state.n_tokens + t > self.n_ctx:
-            raise OpenJetError(f"the sequence would reach {state.n_tokens + t} tokens, past this engine's "
-                               f"context of {self.n_ctx} (load with a larger n_ctx)")
-        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+        ids32 = self._step_ids(state, tokens, "verify")
+        t = len(ids32)
         lg, hd = self._logits[:t], self._hidden[:t]
         t0 = time.perf_counter()
         rc = self._lib.openjet_engine_verify(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), t,
                                              _f32p(lg), _f32p(hd))
         self._check(rc, "verify")
-        self._pending = [int(x) for x in ids]
+        self._pending = [int(x) for x in ids32]
         state.verify_rows = t
-        self._stats.decode_tokens += t
-        self._stats.decode_steps += 1
-        self._stats.decode_seconds += time.perf_counter() - t0
+        self._count_step(t, t0)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
 
     def accept(self, state: CudaState, n: int) -> None:
@@ -307,28 +294,20 @@ class CudaEngine(Engine):
         """A decode step that brings back each row's top k logits (by value, ties to the lower id, ids below
         n_valid) after the penalties {id: delta} (logit -= delta, float32), instead of the whole vocabulary:
         what the sampler needs (sampling.py keeps at most the top 32 on the GPU)."""
-        ids = self._token_ids(state, tokens)
-        t = len(ids)
-        if t > MAX_GPU_DECODE_TOKENS:
-            raise OpenJetError(f"decode takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, got {t}")
-        if state.n_tokens + t > self.n_ctx:
-            raise OpenJetError(f"the sequence would reach {state.n_tokens + t} tokens, past this engine's "
-                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        ids32 = self._step_ids(state, tokens, "decode_top")
+        t = len(ids32)
         n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
         pen_ids = np.fromiter((penalties or {}).keys(), np.int32, len(penalties or {}))
         pen_deltas = np.fromiter((penalties or {}).values(), np.float32, len(penalties or {}))
         values, top_ids = np.empty((t, k), np.float32), np.empty((t, k), np.int32)
-        ids32 = np.ascontiguousarray(ids, dtype=np.int32)
         i32 = ctypes.POINTER(ctypes.c_int32)
         t0 = time.perf_counter()
         rc = self._lib.openjet_engine_decode_top(self._handle, ids32.ctypes.data_as(i32), t, k, n_valid,
                                                  pen_ids.ctypes.data_as(i32), _f32p(pen_deltas), len(pen_ids),
                                                  _f32p(values), top_ids.ctypes.data_as(i32), _f32p(self._hidden[:t]))
         self._check(rc, "decode_top")
-        state.token_ids.extend(int(x) for x in ids)
-        self._stats.decode_tokens += t
-        self._stats.decode_steps += 1
-        self._stats.decode_seconds += time.perf_counter() - t0
+        state.token_ids.extend(int(x) for x in ids32)
+        self._count_step(t, t0)
         return TopOutput(values, top_ids, self._hidden[:t].copy())
 
     def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = PREFILL_ROWS,
@@ -455,6 +434,22 @@ class CudaEngine(Engine):
         self._check(rc, "decode")
         state.token_ids.extend(int(x) for x in ids)
         return StepOutput(logits=lg.copy() if logits else None, hidden=self._hidden[:t].copy())
+
+    def _step_ids(self, state: CudaState, tokens: TokenIds, what: str) -> np.ndarray:
+        """The ids of one step (decode, verify, decode_top) as int32, checked: vocabulary, rows, context."""
+        ids = self._token_ids(state, tokens)
+        if len(ids) > MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"{what} takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, "
+                               f"got {len(ids)}: use prefill for longer runs")
+        if state.n_tokens + len(ids) > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + len(ids)} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+    def _count_step(self, t: int, t0: float) -> None:
+        self._stats.decode_tokens += t
+        self._stats.decode_steps += 1
+        self._stats.decode_seconds += time.perf_counter() - t0
 
     def _prefill(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
         n = len(ids)
