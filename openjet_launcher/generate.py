@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .engine.interface import Engine, SequenceState
 from .sampling import Sampler
-from .speculative import can_speculate, speculative_cycle
+from .speculative import can_speculate, plain_step, speculative_cycle
 
 
 @dataclass
@@ -62,7 +62,7 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
         if len(gen.tokens) >= max_tokens:
             break
         if not speculate:
-            token = sampler.sample(engine.decode(state, [token]).logits[0])
+            token = plain_step(engine, state, sampler, token)
             gen.steps += 1
             continue
         cycle = speculative_cycle(engine, state, sampler, token, min(n_draft, max_tokens - len(gen.tokens)))

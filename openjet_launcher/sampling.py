@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .engine.interface import top_k_order
 from .errors import OpenJetError
 
 GPU_MAX_TOP_K = 32   # the device sampler keeps the top 32 logits
@@ -84,7 +85,15 @@ class Sampler:
             out[int(np.argmax(z))] = 1.0
             return out
         order = self._descending(z, p.top_k)              # survivors of top-k, best first, ties by id
-        zs = z[order].astype(np.float64) / p.temperature
+        order, probs = self._survivors(z[order], order)
+        out[order] = probs
+        return out
+
+    def _survivors(self, ranked: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 2-3 after top-k: (ids, normalised probabilities) of the tokens that top-p and min-p keep,
+        from the top-k logits `ranked` (best first) of ids `order`."""
+        p = self.params
+        zs = ranked.astype(np.float64) / p.temperature
         probs = np.exp(zs - zs[0])
         probs /= probs.sum()
         if p.top_p < 1.0:
@@ -94,8 +103,36 @@ class Sampler:
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             probs, order = probs[keep], order[keep]
-        out[order] = probs / probs.sum()
-        return out
+        return order, probs / probs.sum()
+
+    def top_request(self, max_k: int) -> int | None:
+        """How many top logits the next token needs (Engine.decode_top's k): 1 when greedy, top_k when it is
+        1..max_k (and below the vocabulary); None when the sampler needs the whole row (top-k off or larger)."""
+        p = self.params
+        if p.greedy:
+            return 1
+        return p.top_k if 0 < p.top_k <= min(max_k, self.n_valid) else None
+
+    def penalty_deltas(self) -> dict[int, np.float32]:
+        """Step 1 as {id: delta} (logit -= delta, float32): the same subtraction _penalised makes."""
+        p = self.params
+        if not self.counts or not (p.presence_penalty or p.frequency_penalty):
+            return {}
+        presence, frequency = np.float32(p.presence_penalty), np.float32(p.frequency_penalty)
+        return {t: np.float32(presence + frequency * np.float32(c)) for t, c in self.counts.items()}
+
+    def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
+        """sample() from one row of Engine.decode_top (k = top_request(), penalty_deltas() applied): the token
+        sample() picks from the whole row, with the same draw (the CDF runs over the survivors in id order,
+        as it does over the whole vocabulary)."""
+        if self.params.greedy:
+            token = int(ids[0])
+        else:
+            order, probs = self._survivors(np.asarray(values), np.asarray(ids))
+            by_id = np.argsort(order, kind="stable")
+            token = int(order[by_id][self.draw(probs[by_id])])
+        self.note(token)
+        return token
 
     def _penalised(self, logits: np.ndarray) -> np.ndarray:
         z = np.asarray(logits[: self.n_valid], dtype=np.float32)
@@ -109,14 +146,9 @@ class Sampler:
 
     @staticmethod
     def _descending(z: np.ndarray, k: int) -> np.ndarray:
-        """Ids by decreasing logit (ties: lower id first), only the first k when k > 0. With k set, a
-        partial selection finds the candidates (every id tied with the k-th included), so the result
-        equals the first k of a full stable sort without sorting the whole vocabulary."""
-        if 0 < k < len(z):
-            kth = np.partition(z, len(z) - k)[len(z) - k]
-            cand = np.flatnonzero(z >= kth)
-            return cand[np.argsort(-z[cand], kind="stable")][:k]
-        return np.argsort(-z, kind="stable")
+        """Ids by decreasing logit (ties: lower id first), only the first k when k > 0 (engine/interface.py's
+        top_k_order: the ranking every engine's decode_top gives)."""
+        return top_k_order(z, k)
 
     def draw(self, probs: np.ndarray) -> int:
         """One token from unnormalised probabilities by inverse CDF with one uniform number (not counted)."""

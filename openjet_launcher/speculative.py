@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine.interface import Engine, SequenceState
-from .sampling import Sampler
+from .sampling import GPU_MAX_TOP_K, Sampler
 
 
 def can_speculate(engine: Engine, sampler: Sampler, n_draft: int) -> bool:
@@ -45,6 +45,17 @@ def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: l
             continue
         return k, sampler.draw(np.maximum(p_rows[k] - q_rows[k], 0.0))
     return len(drafts), sampler.draw(p_rows[len(drafts)])
+
+
+def plain_step(engine: Engine, state: SequenceState, sampler: Sampler, token: int) -> int:
+    """The cycle without drafts: decode `token`, sample the next one (noted in the sampler). Through
+    Engine.decode_top when the request needs only the top logits (greedy, or top_k <= GPU_MAX_TOP_K), so an
+    engine that ranks on the device hands over k values instead of the vocabulary; the same token either way."""
+    k = sampler.top_request(GPU_MAX_TOP_K)
+    if k is None:
+        return sampler.sample(engine.decode(state, [token]).logits[0])
+    top = engine.decode_top(state, [token], k=k, n_valid=sampler.n_valid, penalties=sampler.penalty_deltas())
+    return sampler.sample_top(top.values[0], top.ids[0])
 
 
 def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, token: int, n_draft: int) -> Cycle:

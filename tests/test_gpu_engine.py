@@ -449,6 +449,7 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
     from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     engine = CudaEngine.load(models["tiny"], n_ctx=128, n_checkpoints=2)
+    engine.native_top = True
     try:
         n_vocab = engine.config.shape.n_vocab
         state = engine.new_state()

@@ -87,3 +87,41 @@ def test_top_k_selection_equals_a_full_stable_sort_with_ties():
         z = rng.integers(-3, 3, size=500).astype(np.float32)      # many ties at the k-th value
         k = int(rng.integers(1, 40))
         assert (Sampler._descending(z, k) == np.argsort(-z, kind="stable")[:k]).all()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, presence_penalty=1.0, frequency_penalty=0.5),
+    SamplingParams(temperature=0.8, top_k=GPU_MAX_TOP_K, seed=3),
+    SamplingParams(temperature=1.3, top_k=7, top_p=0.8, seed=4),
+    SamplingParams(temperature=0.6, top_k=20, min_p=0.05, presence_penalty=0.7, frequency_penalty=-0.3, seed=5),
+])
+def test_sampling_from_decode_top_picks_the_tokens_sampling_from_the_whole_row_picks(params):
+    """The GPU path (speculative.plain_step): the engine hands over each row's top k after the penalties
+    (Engine.decode_top, here its host ranking) and sample_top draws from them. Same seed, same tokens as
+    sample() on the whole row, over a run where the penalties change with every token and ties occur."""
+    from openjet_launcher.engine.interface import top_k_order
+
+    rng = np.random.default_rng(11)
+    n, n_valid = 3000, 2990
+    whole, top = Sampler(params, n_valid), Sampler(params, n_valid)
+    for step in range(300):
+        row = np.round(rng.standard_normal(n) * 3, 1).astype(np.float32)   # rounded: many ties
+        k = top.top_request(GPU_MAX_TOP_K)
+        assert k == (1 if params.greedy else params.top_k)
+        z = row[:n_valid].copy()
+        for i, d in top.penalty_deltas().items():
+            z[i] = np.float32(z[i] - d)
+        np.testing.assert_array_equal(z, whole._penalised(row))           # the same float32 subtraction
+        order = top_k_order(z, k)
+        a = whole.sample(row)
+        b = top.sample_top(z[order], order.astype(np.int32))
+        assert a == b, f"step {step}"
+    assert whole.counts == top.counts
+
+
+def test_top_request_says_when_the_whole_row_is_needed():
+    assert Sampler(SamplingParams(temperature=1.0, top_k=0), 100).top_request(GPU_MAX_TOP_K) is None
+    assert Sampler(SamplingParams(temperature=1.0, top_k=40), 100).top_request(GPU_MAX_TOP_K) is None
+    assert Sampler(SamplingParams(temperature=1.0, top_k=40), 30).top_request(64) is None   # past the vocabulary
+    assert Sampler(SamplingParams(temperature=0.0, top_k=0), 100).top_request(GPU_MAX_TOP_K) == 1

@@ -33,7 +33,6 @@ import ctypes
 import os
 import time
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,9 +40,9 @@ from ..errors import ModelFileError, OpenJetError
 from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
-from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState,
-                        StepOutput, TokenIds, argmax, check_chunk_size, check_draft_request, check_token_ids)
 from ..sampling import GPU_MAX_TOP_K
+from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState, TopOutput,
+                        StepOutput, TokenIds, argmax, check_chunk_size, check_draft_request, check_token_ids)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -52,13 +51,6 @@ DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
 
-
-@dataclass
-class TopOutput:
-    """decode_top's result: each row's top k logits by value (ties: lower id) and the hidden rows."""
-    values: np.ndarray      # [t, k] float32
-    ids: np.ndarray         # [t, k] int32
-    hidden: np.ndarray      # [t, n_embd] float32
 
 
 class EngineConfig(ctypes.Structure):
@@ -289,11 +281,18 @@ class CudaEngine(Engine):
         state.verify_rows = 0
         self._pending = []
 
+    # The device's top-k (openjet_engine_decode_top). Off until tests/test_gpu_topk.py and test_gpu_engine.py's
+    # decode_top test pass on a GPU (written 2026-12-01 after the session's device time was spent); until then
+    # the interface's decode + ranking on the host.
+    native_top = False
+
     def decode_top(self, state: CudaState, tokens: TokenIds, *, k: int = GPU_MAX_TOP_K,
                    n_valid: int | None = None, penalties: dict[int, float] | None = None) -> TopOutput:
         """A decode step that brings back each row's top k logits (by value, ties to the lower id, ids below
         n_valid) after the penalties {id: delta} (logit -= delta, float32), instead of the whole vocabulary:
         what the sampler needs (sampling.py keeps at most the top 32 on the GPU)."""
+        if not self.native_top:
+            return super().decode_top(state, tokens, k=k, n_valid=n_valid, penalties=penalties)
         ids32 = self._step_ids(state, tokens, "decode_top")
         t = len(ids32)
         n_valid = self.config.shape.n_vocab if n_valid is None else n_valid

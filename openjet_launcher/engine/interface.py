@@ -90,6 +90,25 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
+class TopOutput:
+    """decode_top's rows: each row's top k logits (after the penalties) by value, ties to the lower id."""
+    values: np.ndarray      # [T, k] float32
+    ids: np.ndarray         # [T, k] int32
+    hidden: np.ndarray      # [T, n_embd] float32
+
+
+def top_k_order(z: np.ndarray, k: int) -> np.ndarray:
+    """Ids by decreasing value (ties: lower id first), only the first k when k > 0. With k set, a partial
+    selection finds the candidates (every id tied with the k-th included), so the result equals the first k
+    of a full stable sort without sorting the whole vocabulary."""
+    if 0 < k < len(z):
+        kth = np.partition(z, len(z) - k)[len(z) - k]
+        cand = np.flatnonzero(z >= kth)
+        return cand[np.argsort(-z[cand], kind="stable")][:k]
+    return np.argsort(-z, kind="stable")
+
+
+@dataclass(frozen=True)
 class DraftOutput:
     """Chained MTP drafts: ``tokens[k]`` is ``choose(logits[k])``; ``hidden[k]`` is the MTP output h'."""
     tokens: list[int]
@@ -184,6 +203,23 @@ class Engine(abc.ABC):
         processed) with the MTP head, chained (§3.3 item 5): step 1 runs the head on (token, h_{n-1}) at
         position n; step k > 1 on (draft_{k-1}, h'_{k-1}) at position n+k-1, h' being the head's own output.
         Needs n >= 1 and a file with an MTP head (OpenJetError otherwise). Leaves ``state`` unchanged."""
+
+    def decode_top(self, state: SequenceState, tokens: TokenIds, *, k: int, n_valid: int | None = None,
+                   penalties: dict[int, float] | None = None) -> TopOutput:
+        """``decode``, but each row comes back as its top k logits among ids < n_valid (default: all) after
+        logit[id] -= delta for the penalties (float32): all a sampler with top-k <= k needs. Here: decode and
+        rank on the host; the CUDA engine ranks on the device and copies k values per row, not the vocabulary."""
+        out = self.decode(state, tokens)
+        n_valid = out.logits.shape[1] if n_valid is None else n_valid
+        values, ids = np.empty((len(out.logits), k), np.float32), np.empty((len(out.logits), k), np.int32)
+        for r, row in enumerate(out.logits):
+            z = row[:n_valid].astype(np.float32)              # a copy
+            if penalties:
+                for i, d in penalties.items():
+                    z[i] = np.float32(z[i] - np.float32(d))
+            order = top_k_order(z, k)
+            values[r], ids[r] = z[order], order
+        return TopOutput(values, ids, out.hidden)
 
     def verify(self, state: SequenceState, tokens: TokenIds) -> StepOutput:
         """A speculative verify step over [token, drafts...]: decode's output for these rows, to be followed by

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..engine.interface import Engine, SequenceState
 from ..sampling import Sampler, SamplingParams
-from ..speculative import can_speculate, speculative_cycle
+from ..speculative import can_speculate, plain_step, speculative_cycle
 from ..text.tokenizer import StreamingDetokenizer, Tokenizer
 from .errors import APIError, escape_for_log
 from .metrics import Metrics
@@ -345,7 +345,7 @@ class EngineWorker:
                 return
             t0 = time.perf_counter()
             if not speculate:
-                token = sampler.sample(engine.decode(state, [token]).logits[0])
+                token = plain_step(engine, state, sampler, token)
                 result.decode_seconds += time.perf_counter() - t0
                 continue
             cycle = speculative_cycle(engine, state, sampler, token, min(self.n_draft, budget - emitted))
