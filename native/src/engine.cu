@@ -13,6 +13,10 @@
 // openjet_engine_mtp_step runs the whole head for one drafted token on rows past the committed ones.
 // Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
 // position bit for bit, except when attention's context split changes (attn_decode.cuh).
+// Prefill (openjet_engine_prefill) runs the same trunk over chunks of up to 128 rows: the projections take
+// all rows at once (the GEMV's groups of 8), GDN and attention go in sub-steps of 8, so its rows carry
+// decode's bits. A verify step (openjet_engine_verify) is a decode step that leaves the committed GDN state
+// alone; openjet_engine_accept replays the GDN recurrence over the kept rows from a ring of their inputs.
 //
 // Memory: four device arenas, each one cudaMalloc: weights, sequence state (GDN states, the two conv-state
 // buffers the GDN kernel ping-pongs, KV caches), checkpoint slots, scratch. Sizes are computed and checked
