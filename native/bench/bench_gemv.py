@@ -136,7 +136,7 @@ def main() -> None:
     prefill_keys = {key for key in mix if key[0] != 248320}  # prefill runs the lm_head on the last row only
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    gpu = dev.get("devices", [{}])[0] if isinstance(dev, dict) else {}
+    gpu = (dev.get("devices") or [{}])[0] if isinstance(dev, dict) else {}
     if "--prefill-only" in sys.argv[1:]:
         seen = {key: measure(rng, key[2], key[0], key[1], PREFILL_TS) for key in sorted(prefill_keys)}
         prefill, flop_per_token = prefill_mix(seen, mix, prefill_keys)
