@@ -546,10 +546,9 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_device():
     """Issue 7's sampled exactness on the CUDA engine (device verify/accept), on the demo model (its trained
     head gets drafts kept): at two positions, the first token of 2,000 cycles of 3 drafts follows the target's
     distribution there by a chi-square test at significance 1e-3."""
-    from test_speculative import CHI2_999, chi2
+    from test_speculative import CHI2_999, chi2, first_token_counts
 
     from openjet_launcher.sampling import Sampler, SamplingParams
-    from openjet_launcher.speculative import speculative_cycle
 
     engine = CudaEngine.load(DEMO, n_ctx=256, n_checkpoints=2)
     engine.native_verify = True
@@ -558,19 +557,8 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_device():
     try:
         for seed, prompt in ((5, [12, 400, 7, 1999, 3, 250, 96]), (6, [40, 41, 42, 43, 44, 45, 46, 47, 48])):
             sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=seed), n_vocab)
-            state = engine.new_state()
-            logits = engine.prefill(state, prompt).logits[-1]
-            token = int(np.argmax(logits))
-            base = state.n_tokens
-            engine.checkpoint(state)
-            target = sampler.probabilities(engine.decode(state, [token]).logits[0])
-            engine.truncate(state, base)
-            counts, kept = np.zeros(len(target)), 0
-            for _ in range(2000):
-                cycle = speculative_cycle(engine, state, sampler, token, 3)
-                counts[(cycle.accepted + [cycle.next_token])[0]] += 1
-                kept += len(cycle.accepted)
-                engine.truncate(state, base)
+            token = int(np.argmax(engine.prefill(engine.new_state(), prompt).logits[-1]))
+            target, counts, kept = first_token_counts(engine, sampler, prompt, token, 3, 2000)
             support = np.flatnonzero(target)
             stat, df = chi2(counts[support], target[support])
             results.append({"prompt": len(prompt), "chi2": stat, "df": df, "kept_drafts": kept,
@@ -580,3 +568,40 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_device():
     report(test="sampled_speculation_chi2", model="demo", samples=2000, results=results)
     for r in results:
         assert r["outside_support"] == 0 and r["chi2"] < CHI2_999[r["df"]], r
+
+
+def test_a_draft_vocabulary_gives_the_full_heads_logits_on_its_rows(models):
+    """Issue 7's draft vocabulary on the device: with every other id as the list, the head's logits are finite
+    exactly on the list, the sequence's tokens and the drafted-after token, and there bit-equal to the full
+    vocabulary's (the same rows through the same GEMV); generation keeps its ids (verification is full)."""
+    from openjet_launcher.generate import generate
+    from openjet_launcher.sampling import Sampler, SamplingParams
+
+    engine = CudaEngine.load(models["tiny"], n_ctx=256, n_checkpoints=2)
+    engine.native_verify = True
+    n_vocab = engine.config.shape.n_vocab
+    listed = np.arange(0, n_vocab, 2)
+    seq = [int(x) for x in np.random.default_rng(43).integers(0, n_vocab, 30)]
+    fixed = lambda lg: 2  # noqa: E731  (the same chain with and without the list)
+    try:
+        state = engine.new_state()
+        engine.prefill(state, seq)
+        full = engine.mtp_draft(state, 1001, 3, choose=fixed)
+        engine.set_draft_vocabulary(listed)
+        part = engine.mtp_draft(state, 1001, 3, choose=fixed)
+        rows = np.union1d(listed, seq + [1001])
+        for k in range(3):
+            finite = np.flatnonzero(np.isfinite(part.logits[k]))
+            np.testing.assert_array_equal(finite, rows)
+            np.testing.assert_array_equal(part.logits[k][rows], full.logits[k][rows], err_msg=f"step {k}")
+        np.testing.assert_array_equal(part.hidden, full.hidden)
+        prompt = seq[:20]
+        with_list = generate(engine, engine.new_state(), prompt, Sampler(SamplingParams(temperature=0.0), n_vocab),
+                             64, (), n_draft=3)
+        engine.set_draft_vocabulary(None)
+        without = generate(engine, engine.new_state(), prompt, Sampler(SamplingParams(temperature=0.0), n_vocab),
+                           64, (), n_draft=3)
+        assert with_list.tokens == without.tokens
+        report(test="draft_vocabulary", rows=int(len(rows)), equal=True)
+    finally:
+        engine.close()

@@ -52,26 +52,31 @@ def tiny(tmp_path_factory):
     return ReferenceEngine.load(path)
 
 
+def first_token_counts(engine, sampler: Sampler, prompt: list[int], token: int, n_draft: int, n: int):
+    """(target distribution after `prompt` + `token`, counts of the first token n cycles emit there, drafts
+    kept in all): the sequence is rolled back to the prompt + nothing after every cycle."""
+    state = engine.new_state()
+    engine.prefill(state, prompt)
+    base = state.n_tokens
+    engine.checkpoint(state)
+    target = sampler.probabilities(engine.decode(state, [token]).logits[0])
+    engine.truncate(state, base)
+    counts, kept = np.zeros(len(target)), 0
+    for _ in range(n):
+        cycle = speculative_cycle(engine, state, sampler, token, n_draft)
+        counts[(cycle.accepted + [cycle.next_token])[0]] += 1
+        kept += len(cycle.accepted)
+        engine.truncate(state, base)
+    return target, counts, kept
+
+
 def test_a_sampled_cycle_on_the_engine_emits_the_plain_distribution(tiny):
     """After a prompt and a chosen token, the first token a cycle emits (a kept draft or the target's own)
     must follow the target's distribution at that position; the random synthetic model's drafts are often
     rejected, so the residual path carries most of the mass. The state is rolled back between samples."""
     params = SamplingParams(temperature=1.0, top_k=8, seed=3)
     sampler = Sampler(params, tiny.config.shape.n_vocab)
-    state = tiny.new_state()
-    tiny.prefill(state, [11, 402, 7, 1999, 3, 250, 96])
-    token = 1234
-    base = state.n_tokens
-    tiny.checkpoint(state)
-    target = sampler.probabilities(tiny.decode(state, [token]).logits[0])
-    tiny.truncate(state, base)
-    counts = np.zeros(len(target))
-    kept = 0
-    for _ in range(400):
-        cycle = speculative_cycle(tiny, state, sampler, token, 2)
-        counts[(cycle.accepted + [cycle.next_token])[0]] += 1
-        kept += len(cycle.accepted)
-        tiny.truncate(state, base)
+    target, counts, kept = first_token_counts(tiny, sampler, [11, 402, 7, 1999, 3, 250, 96], 1234, 2, 400)
     support = np.flatnonzero(target)
     assert counts[np.setdiff1d(np.arange(len(target)), support)].sum() == 0     # never outside top-k
     stat, df = chi2(counts[support], target[support])

@@ -129,10 +129,17 @@ OPENJET_API int openjet_engine_has_mtp(const openjet_engine* engine, int* has_mt
 
 /* Draft step k (0, 1, ...) of a chain after the last processed token: the MTP head on (token, h), h = the
  * trunk's last hidden row for k = 0, else the head's own output of step k - 1; it writes its cache row
- * n_past - 1 + k (past the committed rows: the next decode step overwrites it). logits [n_vocab] and hidden
- * [n_embd] (h', the head's post-norm output) are host buffers, either may be NULL. The sequence is
- * unchanged. Needs n_past >= 1. */
+ * n_past - 1 + k (past the committed rows: the next decode step overwrites it). logits [n_vocab] (with a
+ * draft vocabulary, set_draft_rows: [its count]) and hidden [n_embd] (h', the head's post-norm output) are
+ * host buffers, either may be NULL. The sequence is unchanged. Needs n_past >= 1. */
 OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, int k, float* logits, float* hidden);
+
+/* The MTP head's draft vocabulary (issue 7): from now on mtp_step computes only the lm_head rows ids[0..n)
+ * and its logits hold n values, logits[i] that of token ids[i], bit for bit the value the full lm_head gives
+ * (the same rows, the same GEMV). Rows ids[0..keep) are kept as they are (keep <= the current count), the
+ * rest gathered from output.weight: extending the list as a sequence brings new tokens costs only those
+ * rows. n = 0: every row again. Verification never uses it, so drafts may change, the output never does. */
+OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* engine, const int32_t* ids, int n, int keep);
 
 #ifdef __cplusplus
 }

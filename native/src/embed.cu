@@ -42,4 +42,25 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
     return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_t* __restrict__ src, size_t row_bytes,
+                                                                    const int32_t* __restrict__ ids,
+                                                                    uint8_t* __restrict__ dst) {
+    const uint8_t* s = src + static_cast<size_t>(ids[blockIdx.x]) * row_bytes;
+    uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
+    for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b];
+}
+
+}  // namespace
+
+cudaError_t launch_gather_rows(const void* src, size_t row_bytes, const int32_t* ids, int n, void* dst,
+                               cudaStream_t stream) {
+    if (!src || !ids || !dst || n < 0 || row_bytes == 0) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    gather_rows_kernel<<<n, kEmbedThreads, 0, stream>>>(static_cast<const uint8_t*>(src), row_bytes, ids,
+                                                        static_cast<uint8_t*>(dst));
+    return cudaGetLastError();
+}
+
 }  // namespace openjet

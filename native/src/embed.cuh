@@ -1,5 +1,6 @@
 // Token embedding: rows of a Q4_K table [vocab, dim] gathered by token id and dequantised to float32,
-// with ggml's float steps ((d * sc) * q - dmin * m, no fused multiply-add) so rows equal ggml's bit for bit.
+// with ggml's float steps ((d * sc) * q - dmin * m, no fused multiply-add) so rows equal ggml's bit for bit;
+// and the same gather without dequantisation (rows of a quantised matrix copied as they are).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,5 +13,10 @@ namespace openjet {
 // zeros for an id outside it rather than read beyond the table). qtype: kQ4_K only.
 cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids, int n_ids,
                          float* out, cudaStream_t stream);
+
+// dst row i = src row ids[i] (rows of row_bytes, copied as they are: any block type), i < n. ids must lie in
+// [0, n_src) (the caller checks). The MTP head's draft rows of the lm_head (issue 7's draft vocabulary).
+cudaError_t launch_gather_rows(const void* src, size_t row_bytes, const int32_t* ids, int n, void* dst,
+                               cudaStream_t stream);
 
 }  // namespace openjet

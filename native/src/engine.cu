@@ -122,6 +122,11 @@ struct openjet_engine {
     float* ring_b = nullptr;           // [n_gdn, T, n_v]
     float* ring_a = nullptr;           // [n_gdn, T, n_v]
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
+    // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
+    // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
+    char* draft_rows = nullptr;
+    int32_t* draft_ids = nullptr;      // device copy of the ids (the gather's input)
+    int draft_n = 0, draft_cap = 0;
     std::vector<int> ckpt_n_past;      // -1: empty slot
 
     // scratch arena: kPrefillRows rows for the trunk's buffers (a prefill chunk), 8 for logits and the MTP head
@@ -140,6 +145,8 @@ struct openjet_engine {
     float *mtp_hs = nullptr, *mtp_c = nullptr, *mtp_u = nullptr, *mtp_last = nullptr, *mtp_hp = nullptr;
 
     ~openjet_engine() {
+        if (draft_rows) cudaFree(draft_rows);
+        if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
         if (state) cudaFree(state);
         if (ckpt) cudaFree(ckpt);
@@ -152,6 +159,15 @@ struct openjet_engine {
     int q_dim() const { return cfg.n_head * cfg.head_dim; }
     int kv_dim() const { return cfg.n_head_kv * cfg.head_dim; }
     size_t kv_row_bytes() const { return cfg.kv_type == kKvF16 ? 512 : 272; }
+    size_t output_row_bytes() const { return static_cast<size_t>(output.ne0) / block_elems(output.type) * block_bytes(output.type); }
+    size_t draft_bytes() const { return draft_cap ? static_cast<size_t>(draft_cap) * (output_row_bytes() + 4) + 16 : 0; }
+    // The lm_head the MTP head drafts with: the draft rows when set, else output.weight.
+    DevTensor draft_head() const {
+        if (!draft_n) return output;
+        DevTensor t = output;
+        t.d = draft_rows, t.ne1 = draft_n;
+        return t;
+    }
 };
 
 namespace {
@@ -591,7 +607,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
     TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
                                e.mtp_hp, e.x, e.stream));
-    return gemv(e, e.output, t, nullptr, e.logits);
+    return gemv(e, e.draft_head(), t, nullptr, e.logits);
 }
 
 // After a trunk step of t <= 8 tokens that started at n_past0 (hidden rows hs [t, E], on the device): the
@@ -960,9 +976,49 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, 1, row, true));
-    if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * c.n_vocab, cudaMemcpyDeviceToHost, e->stream));
+    const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
+    if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, const int32_t* ids, int n, int keep) {
+    TRY(check_idle(e, "set_draft_rows"));
+    const int n_vocab = e->cfg.n_vocab;
+    if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_draft_rows: the engine has no MTP head");
+    if (keep < 0 || keep > e->draft_n || n < keep || n > n_vocab || (n > keep && !ids))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_draft_rows: keep = %d not in 0..%d, or n = %d not in keep..%d, "
+                    "or ids is NULL", keep, e->draft_n, n, n_vocab);
+    for (int i = keep; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_draft_rows: ids[%d] = %d is outside the vocabulary [0, %d)", i,
+                        ids[i], n_vocab);
+    CHECK(cudaSetDevice(e->cfg.device));
+    const size_t rb = e->output_row_bytes();
+    if (n > e->draft_cap) {  // grow by an eighth (a sequence adds a few rows at a time), keeping `keep` rows
+        const int cap = std::min(n_vocab, std::max(n, e->draft_cap + std::max(1024, e->draft_cap / 8)));
+        char* rows = nullptr;
+        int32_t* dids = nullptr;
+        const size_t bytes = static_cast<size_t>(cap) * rb + 16;  // +16: the GEMV may read to a 16-byte boundary
+        if (cudaMalloc(&rows, bytes) != cudaSuccess || cudaMalloc(&dids, sizeof(int32_t) * cap) != cudaSuccess) {
+            cudaGetLastError();
+            if (rows) cudaFree(rows);
+            return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "set_draft_rows: cudaMalloc of %.1f MiB for %d draft rows "
+                        "failed", bytes / 1048576.0, cap);
+        }
+        if (keep) CHECK(cudaMemcpy(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice));
+        if (e->draft_rows) cudaFree(e->draft_rows);
+        if (e->draft_ids) cudaFree(e->draft_ids);
+        e->draft_rows = rows, e->draft_ids = dids, e->draft_cap = cap;
+    }
+    if (n > keep) {
+        CHECK(cudaMemcpyAsync(e->draft_ids + keep, ids + keep, sizeof(int32_t) * (n - keep), cudaMemcpyHostToDevice,
+                              e->stream));
+        CHECK(launch_gather_rows(e->output.d, rb, e->draft_ids + keep, n - keep, e->draft_rows + keep * rb, e->stream));
+        CHECK(cudaStreamSynchronize(e->stream));
+    }
+    e->draft_n = n;
     return OPENJET_OK;
 }
 
@@ -973,7 +1029,7 @@ extern "C" OPENJET_API int openjet_engine_memory(const openjet_engine* e, openje
     r->kv_bytes = e->kv_bytes;
     r->state_bytes = e->gdn_bytes;
     r->checkpoint_bytes = e->ckpt_bytes;
-    r->scratch_bytes = e->scratch_bytes;
-    r->total_bytes = e->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + e->scratch_bytes;
+    r->scratch_bytes = e->scratch_bytes + e->draft_bytes();
+    r->total_bytes = e->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + r->scratch_bytes;
     return OPENJET_OK;
 }

@@ -93,6 +93,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_set_draft_rows": ([_P, i32p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_accept": ([_P, ctypes.c_int], ctypes.c_int),
@@ -150,6 +151,12 @@ class CudaEngine(Engine):
         self._stats = EngineStats()
         self._generation = 0
         self._pending: list[int] = []            # ids of a verify step awaiting accept
+        # The MTP head's draft vocabulary (set_draft_vocabulary): the device's rows in order, and which
+        # state's tokens they already cover (generation, count).
+        self._draft_base: np.ndarray | None = None
+        self._draft_rows: list[int] = []
+        self._draft_index: dict[int, int] = {}
+        self._draft_synced = (0, 0)
         self._state: CudaState | None = None
         self._slot_clock: list[int] = [0] * n_checkpoints     # last use, for eviction
         self._clock = 0
@@ -236,6 +243,8 @@ class CudaEngine(Engine):
         self._check(self._lib.openjet_engine_reset(self._handle), "reset")
         self._generation += 1
         self._pending = []
+        if self._draft_base is not None and len(self._draft_rows) > len(self._draft_base):
+            self._set_draft_rows(self._draft_base.tolist(), keep=len(self._draft_base))  # the last sequence's go
         self._state = CudaState(self, self._generation)
         self._slot_clock = [0] * self.n_checkpoints
         return self._state
@@ -342,17 +351,60 @@ class CudaEngine(Engine):
         self._check(self._lib.openjet_engine_has_mtp(self._handle, ctypes.byref(flag)), "has_mtp")
         return bool(flag.value)
 
+    def set_draft_vocabulary(self, ids: np.ndarray | None) -> None:
+        """Draft over these token ids only (model/draft_vocab.py's list mapped onto this model: sorted unique
+        ids), plus every token of the current sequence, added as it appears; None: the full vocabulary.
+        Drafted logits outside the rows are -inf. Verification always uses the full vocabulary, so this changes
+        only how many drafts are accepted (and how fast the head drafts), never the output."""
+        if ids is None:
+            self._draft_base = None
+            self._set_draft_rows([], keep=0)
+            return
+        base = np.unique(np.asarray(ids, dtype=np.int64))
+        if base.size == 0 or base[0] < 0 or base[-1] >= self.config.shape.n_vocab:
+            raise OpenJetError(f"draft vocabulary: ids must be a non-empty set inside [0, {self.config.shape.n_vocab})")
+        self._draft_base = base.astype(np.int32)
+        self._set_draft_rows(self._draft_base.tolist(), keep=0)
+
+    def _set_draft_rows(self, rows: list[int], keep: int) -> None:
+        arr = np.ascontiguousarray(rows, dtype=np.int32)
+        self._check(self._lib.openjet_engine_set_draft_rows(self._handle, arr.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_int32)), len(arr), keep), "draft vocabulary")
+        self._draft_rows = list(rows)
+        self._draft_index = {t: i for i, t in enumerate(rows)}
+        self._draft_synced = (0, 0)
+
+    def _sync_draft_rows(self, state: CudaState, token: int) -> None:
+        """Add the sequence's tokens (and the token being drafted after) that the draft rows lack."""
+        gen, done = self._draft_synced
+        start = done if gen == state.generation and done <= state.n_tokens else 0
+        new = [t for t in dict.fromkeys([*state.token_ids[start:], token]) if t not in self._draft_index]
+        if new:
+            self._set_draft_rows(self._draft_rows + new, keep=len(self._draft_rows))
+        self._draft_synced = (state.generation, state.n_tokens)
+
     def mtp_draft(self, state: CudaState, token: int, n_draft: int = 1, choose: Choose = argmax) -> DraftOutput:
         """The MTP head on the device, one launch sequence per draft step; ``choose`` runs here between steps
-        (the engine's own on-device drafting loop is issue 7's cycle)."""
+        (the engine's own on-device drafting loop is issue 7's cycle). With a draft vocabulary the head
+        computes only its rows; the other logits come back as -inf."""
         s = self.config.shape
         (tok,) = self._token_ids(state, [token])
         check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
         t0 = time.perf_counter()
-        drafted, logits, hidden = [], np.empty((n_draft, s.n_vocab), np.float32), np.empty((n_draft, s.n_embd), np.float32)
+        subset = None
+        if self._draft_base is not None:
+            self._sync_draft_rows(state, int(tok))
+            subset = np.asarray(self._draft_rows, dtype=np.int64)
+            compact = np.empty(len(subset), np.float32)
+        drafted, hidden = [], np.empty((n_draft, s.n_embd), np.float32)
+        logits = np.full((n_draft, s.n_vocab), -np.inf, np.float32) if subset is not None else \
+            np.empty((n_draft, s.n_vocab), np.float32)
         for k in range(n_draft):
-            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), k, _f32p(logits[k]),
+            out = compact if subset is not None else logits[k]
+            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), k, _f32p(out),
                                                           _f32p(hidden[k])), "mtp_draft")
+            if subset is not None:
+                logits[k, subset] = compact
             tok = int(choose(logits[k]))
             drafted.append(tok)
         self._stats.draft_tokens += n_draft
@@ -387,6 +439,8 @@ class CudaEngine(Engine):
         if n_tokens == state.n_tokens:
             return
         state.slots = {p: s for p, s in state.slots.items() if p <= n_tokens}
+        gen, done = self._draft_synced
+        self._draft_synced = (gen, min(done, n_tokens))          # tokens after n_tokens may come back changed
         base = max(state.slots, default=0)
         if base:
             self._check(self._lib.openjet_engine_restore(self._handle, state.slots[base]), "restore")

@@ -163,6 +163,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def draft_vocabulary(tokenizer):
+    """The shipped draft-vocabulary list (model/draft_vocab.py) mapped onto this model's tokens (sorted int32
+    ids), or None (the MTP head then drafts over the full vocabulary); logged either way."""
+    from ..model.draft_vocab import DraftVocabError, draft_ids_for
+
+    try:
+        mapping = draft_ids_for(tokenizer)
+    except DraftVocabError as e:
+        log.warning("draft vocabulary unreadable, drafting over the full vocabulary: %s", escape_for_log(e))
+        return None
+    log.info("%s", escape_for_log(mapping.describe()))
+    return mapping.ids
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -220,7 +234,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill. With
         # them, the host runs each cycle (speculative.py); a rejection rolls back by checkpoint and replay.
         use_mtp = args.draft > 0
-        load = lambda: CudaEngine.load(path, n_ctx=n_ctx, mtp=use_mtp)  # noqa: E731
+        draft_ids = draft_vocabulary(tokenizer) if use_mtp else None
+
+        def load():
+            engine = CudaEngine.load(path, n_ctx=n_ctx, mtp=use_mtp)
+            if draft_ids is not None and engine.has_mtp:
+                engine.set_draft_vocabulary(draft_ids)
+            return engine
     else:
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
     app = create_app(load, tokenizer, template, settings)

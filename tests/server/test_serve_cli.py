@@ -151,3 +151,20 @@ def test_serve_engine_cuda_refuses_more_drafts_than_a_step_holds_and_reports_a_f
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_draft_vocabulary_is_used_only_where_the_list_maps_onto_the_model(text_layer, caplog):
+    """`serve --draft` maps the shipped list onto the model's tokens: the tiny model's own small vocabulary
+    holds too few of them, so drafting stays on the full vocabulary and the log says why; a vocabulary made of
+    the list's own strings maps onto all of them."""
+    import logging
+
+    from openjet_launcher.model.draft_vocab import SHIPPED, load
+
+    tokenizer, _ = text_layer
+    with caplog.at_level(logging.INFO, logger=cli.log.name):
+        assert cli.draft_vocabulary(tokenizer) is None
+    assert "not used" in caplog.text and "full vocabulary" in caplog.text
+    strings = list(load(SHIPPED).tokens)
+    ids = cli.draft_vocabulary(["<pad>", *strings])
+    assert ids is not None and list(ids) == list(range(1, len(strings) + 1))
