@@ -93,6 +93,11 @@ for kv, r in d["runs"].items():
               f"roofline {x['roofline_share'] * 100:5.1f} % x{x['cost_vs_t1']}")
     for p in r["prefill"]:
         print(f"  prefill {p['tokens']:>6}: {p['seconds']:7.2f} s {p['tok_s']:8.1f} tok/s")
+    sp = r.get("speculation")
+    if sp:
+        print(f"  speculation at {sp['context']}: draft {sp['draft_ms_full']} ms full / {sp['draft_ms_subset']} ms "
+              f"{sp['draft_rows']} rows; verify {sp['verify_ms']}; accept {sp['accept_ms']} ms; plain "
+              f"{sp['tok_s_plain']} tok/s; best at acceptance 0.7: {sp['best_at_acceptance_0.7']}")
     for s in r["skipped"]:
         print("  skipped", s)
 print("footprint", json.dumps({k: v for k, v in (d.get("footprint_32k_q8_0") or {}).items() if k != "assumption"}))

@@ -60,6 +60,8 @@ GIB = 1 << 30
 KV_ROW_BYTES = {"f16": 512, "q8_0": 272}        # one head's K (or V) row of head_dim 256 (engine.cu kv_row_bytes)
 FOOTPRINT_CTX = 32768
 FILL_CHUNK = 2048                    # tokens per engine.prefill call while filling (a multiple of 8)
+SPEC_CTX = 1024                      # context of the speculation figures (issue 7)
+SPEC_EST_S = 40.0                    # their time, at most (fill, ~1,000 timed calls)
 ACCEPT = {"decode_t1_roofline_share_min": 0.70, "t4_over_t1_max": 1.35, "prefill_4096_tok_s_min": 3000.0}
 
 
@@ -379,6 +381,11 @@ class Bench:
         if 0 in ctxs:
             engine.new_state()
             decode_sweep(0, lambda: check(lib.openjet_engine_reset(h), "reset"))
+        if has_mtp(s, self.tb) and getattr(engine, "has_mtp", False):
+            if self.budget.fits(SPEC_EST_S):
+                self.speculation(engine, run, check)
+            else:
+                self.skip(run, f"{kv}: speculation", SPEC_EST_S)
 
         def prefill_rec(n: int, seconds: float, method: str) -> None:
             run["prefill"].append({"tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 1),
@@ -440,6 +447,80 @@ class Bench:
                 check(lib.openjet_engine_checkpoint(h, slot), "checkpoint")
                 decode_sweep(p, lambda: check(lib.openjet_engine_restore(h, slot), "restore"))
                 check(lib.openjet_engine_restore(h, slot), "restore")     # back to exactly p tokens
+
+
+    def speculation(self, engine, run: dict, check) -> None:
+        """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
+        head, and over a 32,768-row draft vocabulary), a verify step of 1 + n rows and an accept, each median of
+        --steps; then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens per cycle
+        (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
+        a, s = self.a, self.s
+        lib, h = engine._lib, engine._handle
+        f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
+        logits = np.empty((8, s.n_vocab), np.float32)
+        ids = self.rng.integers(0, s.n_vocab, SPEC_CTX + 8).astype(np.int32)
+        engine.new_state()
+        check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), SPEC_CTX, 128, None, None), "spec prefill")
+        check(lib.openjet_engine_checkpoint(h, 0), "spec checkpoint")
+
+        def timed(fn, n=a.steps) -> float:
+            times = []
+            for i in range(a.warmup + n):
+                t0 = time.perf_counter()
+                fn()
+                if i >= a.warmup:
+                    times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+
+        def draft_step():
+            check(lib.openjet_engine_mtp_step(h, int(ids[SPEC_CTX]), 0, logits.ctypes.data_as(f32), None), "mtp_step")
+
+        rec = {"context": SPEC_CTX, "draft_ms_full": round(timed(draft_step) * 1e3, 3)}
+        subset = np.sort(self.rng.choice(s.n_vocab, min(32768, s.n_vocab), replace=False)).astype(np.int32)
+        check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
+        rec["draft_rows"] = len(subset)
+        rec["draft_ms_subset"] = round(timed(draft_step) * 1e3, 3)
+        check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
+        verify_ms, accept_ms = {}, None
+        for n in range(0, 8):
+            row = ids[SPEC_CTX:SPEC_CTX + 1 + n]
+
+            def verify_accept(row=row):
+                check(lib.openjet_engine_restore(h, 0), "restore")
+                check(lib.openjet_engine_verify(h, row.ctypes.data_as(i32), len(row), logits.ctypes.data_as(f32),
+                                                None), "verify")
+                t0 = time.perf_counter()
+                check(lib.openjet_engine_accept(h, 1), "accept")
+                return time.perf_counter() - t0
+            times, acc = [], []
+            for i in range(a.warmup + a.steps):
+                t0 = time.perf_counter()
+                acc_s = verify_accept()
+                if i >= a.warmup:
+                    times.append(time.perf_counter() - t0 - acc_s)
+                    acc.append(acc_s)
+            verify_ms[1 + n] = round(statistics.median(times) * 1e3, 3)
+            accept_ms = round(statistics.median(acc) * 1e3, 3)
+        check(lib.openjet_engine_restore(h, 0), "restore")
+        rec.update(verify_ms=verify_ms, accept_ms=accept_ms)
+        plain = verify_ms[1] + accept_ms
+        table = {}
+        for draft_key in ("draft_ms_full", "draft_ms_subset"):
+            for n in range(1, 8):
+                cycle = n * rec[draft_key] + verify_ms[1 + n] + accept_ms
+                for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
+                    tokens = (1 - alpha ** (n + 1)) / (1 - alpha)
+                    table.setdefault(draft_key, {}).setdefault(str(n), {})[str(alpha)] = round(tokens / cycle * 1e3, 1)
+        rec["tok_s_by_drafts_and_acceptance"] = table
+        rec["tok_s_plain"] = round(1e3 / plain, 1)
+        best = max(((v, k, n, al) for k, d in table.items() for n, r in d.items() for al, v in r.items()
+                    if al == "0.7"), default=None)
+        rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
+        run["speculation"] = rec
+        log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
+            f"({len(subset)} rows), verify {verify_ms}, accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, "
+            f"best at 0.7: {rec['best_at_acceptance_0.7']}")
+        self.save()
 
 
 def copy_bandwidth_gbps(lib, nbytes: int = 1 << 30, reps: int = 10, runs: int = 5) -> float:
