@@ -453,7 +453,6 @@ class Bench:
                     run["notes"].append(f"speculation failed: {type(e).__name__}: {e}")
                     log(run["notes"][-1])
 
-
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
         head, and over a 32,768-row draft vocabulary), a verify step of 1 + n rows and an accept, each median of
