@@ -1,0 +1,172 @@
+"""The CUDA engine's Python side (openjet_launcher/engine/cuda.py) over a fake native library: the host
+bookkeeping that the GPU tests exercise only on a GPU. The fake keeps the device's sequence (n_past, the draft
+rows, a pending verify step) and checks every call's arguments the way the C API does, so this catches a
+binding that passes the wrong count, forgets a row or loses track of the sequence."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from openjet_launcher.engine.cuda import CudaEngine
+from openjet_launcher.errors import OpenJetError
+
+N_VOCAB, N_EMBD = 300, 16
+
+
+def head_logit(token_id: int) -> float:
+    """What the fake MTP head gives a token: highest at id 77."""
+    return -abs(token_id - 77) / 10
+
+
+class FakeLib:
+    """openjet_engine_* on the host: the calls cuda.py makes, with the C API's checks."""
+
+    def __init__(self):
+        self.n_past, self.pending, self.rows, self.slots = 0, 0, [], {}
+        self.calls: list[tuple] = []
+        self.error = b""
+
+    def _fail(self, msg: str) -> int:
+        self.error = msg.encode()
+        return -1
+
+    def openjet_engine_last_error(self):
+        return self.error
+
+    def openjet_engine_reset(self, h):
+        self.n_past, self.pending = 0, 0
+        return 0
+
+    def openjet_engine_has_mtp(self, h, out):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = 1
+        return 0
+
+    def _step(self, name, ids, t):
+        self.calls.append((name, [int(ids[i]) for i in range(t)]))
+        if self.pending:
+            return self._fail(f"{name}: a verify step awaits openjet_engine_accept")
+        return 0
+
+    def openjet_engine_decode(self, h, ids, t, logits, hidden):
+        rc = self._step("decode", ids, t)
+        if rc == 0:
+            self.n_past += t
+        return rc
+
+    def openjet_engine_verify(self, h, ids, t, logits, hidden):
+        rc = self._step("verify", ids, t)
+        if rc == 0:
+            self.pending = t
+        return rc
+
+    def openjet_engine_accept(self, h, n):
+        if not 1 <= n <= self.pending:
+            return self._fail(f"accept: n = {n} is not 1..{self.pending}")
+        self.n_past += n
+        self.pending = 0
+        return 0
+
+    def openjet_engine_decode_top(self, h, ids, t, k, n_valid, pen_ids, pen_deltas, n_pen, values, top_ids, hidden):
+        rc = self._step("decode_top", ids, t)
+        if rc == 0:
+            self.n_past += t
+            out = np.ctypeslib.as_array(top_ids, shape=(t, k))
+            out[:] = np.arange(k)
+        return rc
+
+    def openjet_engine_checkpoint(self, h, slot):
+        self.slots[slot] = self.n_past
+        return 0
+
+    def openjet_engine_restore(self, h, slot):
+        self.n_past = self.slots[slot]
+        return 0
+
+    def openjet_engine_set_draft_rows(self, h, ids, n, keep):
+        if not 0 <= keep <= len(self.rows) or n < keep:
+            return self._fail("set_draft_rows: keep")
+        self.rows = self.rows[:keep] + [int(ids[i]) for i in range(keep, n)]
+        self.calls.append(("set_draft_rows", n, keep))
+        return 0
+
+    def openjet_engine_mtp_step(self, h, token, k, logits, hidden):
+        n = len(self.rows) or N_VOCAB
+        out = np.ctypeslib.as_array(logits, shape=(n,))
+        out[:] = [head_logit(i) for i in (self.rows or range(N_VOCAB))]
+        return 0
+
+    def openjet_engine_destroy(self, h):
+        return None
+
+
+@pytest.fixture
+def engine():
+    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
+    config = types.SimpleNamespace(shape=shape, name="fake")
+    e = CudaEngine(config, FakeLib(), 1, 64, "f16", 2)
+    yield e
+    e._handle = ctypes.c_void_p()
+
+
+def test_the_draft_rows_follow_the_list_and_the_sequence(engine):
+    lib = engine._lib
+    engine.set_draft_vocabulary(np.array([5, 3, 90]))
+    assert lib.rows == [3, 5, 90]
+    state = engine.new_state()
+    engine.decode(state, [3, 150, 151])
+    draft = engine.mtp_draft(state, 200, 2)
+    assert lib.rows == [3, 5, 90, 150, 151, 200]                # the sequence's tokens and the drafted-after one
+    finite = np.flatnonzero(np.isfinite(draft.logits[0]))
+    assert list(finite) == lib.rows
+    assert draft.logits[0][90] == np.float32(head_logit(90)) and draft.tokens == [90, 90]   # nearest to 77
+    engine.truncate(state, 1)                                    # back to [3]: then new tokens at old positions
+    engine.decode(state, [160, 161])
+    engine.mtp_draft(state, 3, 1)
+    assert lib.rows[-2:] == [160, 161]
+    assert [c for c in lib.calls if c[0] == "set_draft_rows"][-1] == ("set_draft_rows", 8, 6)   # kept rows kept
+    engine.new_state()                                            # a new sequence: the list's rows only
+    assert lib.rows == [3, 5, 90]
+    engine.set_draft_vocabulary(None)
+    assert lib.rows == []
+    state = engine.new_state()
+    engine.decode(state, [1])
+    assert np.isfinite(engine.mtp_draft(state, 3, 1).logits).all()   # the full head again
+
+
+def test_native_verify_keeps_the_sequence_until_accept(engine):
+    lib = engine._lib
+    engine.native_verify = True
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    out = engine.verify(state, [3, 4, 5])
+    assert out.logits.shape == (3, N_VOCAB) and state.n_tokens == 2 and state.verify_rows == 3
+    with pytest.raises(OpenJetError, match="awaits openjet_engine_accept"):
+        engine.decode(state, [9])
+    with pytest.raises(OpenJetError, match="is not 1..3"):
+        engine.accept(state, 4)
+    engine.accept(state, 2)
+    assert state.tokens == (1, 2, 3, 4) and state.verify_rows == 0 and lib.n_past == 4
+
+
+def test_the_default_verify_checkpoints_decodes_and_truncates(engine):
+    lib = engine._lib
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    engine.verify(state, [3, 4, 5])
+    assert state.n_tokens == 5 and lib.n_past == 5 and 2 in state.slots      # decoded, checkpoint at 2
+    engine.accept(state, 1)
+    assert state.tokens == (1, 2, 3) and lib.n_past == 3                      # restored to 2, 3 replayed
+    assert lib.calls[-1] == ("decode", [3])
+
+
+def test_native_top_returns_the_devices_rows_and_advances(engine):
+    engine.native_top = True
+    state = engine.new_state()
+    top = engine.decode_top(state, [7, 8], k=4, penalties={2: 0.5})
+    assert top.ids.shape == (2, 4) and list(top.ids[0]) == [0, 1, 2, 3] and state.tokens == (7, 8)
+    with pytest.raises(OpenJetError, match="at most 8 tokens"):
+        engine.decode_top(state, list(range(9)), k=4)
