@@ -136,9 +136,9 @@ OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, i
 
 /* The MTP head's draft vocabulary (issue 7): from now on mtp_step computes only the lm_head rows ids[0..n)
  * and its logits hold n values, logits[i] that of token ids[i], bit for bit the value the full lm_head gives
- * (the same rows, the same GEMV). Rows ids[0..keep) are kept as they are (keep <= the current count), the
- * rest gathered from output.weight: extending the list as a sequence brings new tokens costs only those
- * rows. n = 0: every row again. Verification never uses it, so drafts may change, the output never does. */
+ * (the same rows, the same GEMV). Rows 0..keep are kept as they are (keep <= the current count; ids[0..keep)
+ * is not read), the rest gathered from output.weight: extending the list as a sequence brings new tokens
+ * costs only those rows. n = 0: every row again. Verification never uses it, so drafts may change, the output never does. */
 OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* engine, const int32_t* ids, int n, int keep);
 
 #ifdef __cplusplus

@@ -20,9 +20,9 @@ What v1 is (and is not):
   against the reference (passed on the H200, 2026-12-01).
 * ``verify`` / ``accept`` (speculative.py's cycle): with ``native_verify`` the device keeps the committed GDN
   state through a verify step and ``accept(n)`` replays only the GDN recurrence over the kept rows; off
-  (checkpoint + decode + truncate) until its GPU test has passed. ``decode_top`` brings back each row's top
-  32 logits instead of the vocabulary (not yet used by the server).
-  Both were written on 2026-12-01 after that session's device time was spent: not yet run.
+  (checkpoint + decode + truncate) until its GPU test has passed. ``decode_top`` (what the sampler uses for
+  greedy and top_k <= 32 requests) ranks on the device with ``native_top``, else on the host. Both device
+  paths were written on 2026-12-01 after that session's device time was spent: not yet run.
 * Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
   four differing tensor roles are re-encoded at load (model/reencode.py).
 """
@@ -244,7 +244,7 @@ class CudaEngine(Engine):
         self._generation += 1
         self._pending = []
         if self._draft_base is not None and len(self._draft_rows) > len(self._draft_base):
-            self._set_draft_rows(self._draft_base.tolist(), keep=len(self._draft_base))  # the last sequence's go
+            self._draft_rows_to_device(len(self._draft_base), [])  # the last sequence's tokens go
         self._state = CudaState(self, self._generation)
         self._slot_clock = [0] * self.n_checkpoints
         return self._state
@@ -358,20 +358,28 @@ class CudaEngine(Engine):
         only how many drafts are accepted (and how fast the head drafts), never the output."""
         if ids is None:
             self._draft_base = None
-            self._set_draft_rows([], keep=0)
+            self._draft_rows_to_device(0, [])
             return
         base = np.unique(np.asarray(ids, dtype=np.int64))
         if base.size == 0 or base[0] < 0 or base[-1] >= self.config.shape.n_vocab:
             raise OpenJetError(f"draft vocabulary: ids must be a non-empty set inside [0, {self.config.shape.n_vocab})")
         self._draft_base = base.astype(np.int32)
-        self._set_draft_rows(self._draft_base.tolist(), keep=0)
+        self._draft_rows_to_device(0, self._draft_base.tolist())
 
-    def _set_draft_rows(self, rows: list[int], keep: int) -> None:
-        arr = np.ascontiguousarray(rows, dtype=np.int32)
+    def _draft_rows_to_device(self, n_keep: int, new: list[int]) -> None:
+        """The device's draft rows become the first n_keep of the current ones, then `new` (only those are
+        sent and gathered: the C API does not read ids[0..keep))."""
+        n = n_keep + len(new)
+        arr = np.empty(n, np.int32)
+        arr[n_keep:] = new
         self._check(self._lib.openjet_engine_set_draft_rows(self._handle, arr.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_int32)), len(arr), keep), "draft vocabulary")
-        self._draft_rows = list(rows)
-        self._draft_index = {t: i for i, t in enumerate(rows)}
+            ctypes.POINTER(ctypes.c_int32)), n, n_keep), "draft vocabulary")
+        for t in self._draft_rows[n_keep:]:
+            del self._draft_index[t]
+        del self._draft_rows[n_keep:]
+        for t in new:
+            self._draft_index[t] = len(self._draft_rows)
+            self._draft_rows.append(t)
         self._draft_synced = (0, 0)
 
     def _sync_draft_rows(self, state: CudaState, token: int) -> None:
@@ -380,7 +388,7 @@ class CudaEngine(Engine):
         start = done if gen == state.generation and done <= state.n_tokens else 0
         new = [t for t in dict.fromkeys([*state.token_ids[start:], token]) if t not in self._draft_index]
         if new:
-            self._set_draft_rows(self._draft_rows + new, keep=len(self._draft_rows))
+            self._draft_rows_to_device(len(self._draft_rows), new)
         self._draft_synced = (state.generation, state.n_tokens)
 
     def mtp_draft(self, state: CudaState, token: int, n_draft: int = 1, choose: Choose = argmax) -> DraftOutput:
