@@ -605,3 +605,29 @@ def test_a_draft_vocabulary_gives_the_full_heads_logits_on_its_rows(models):
         report(test="draft_vocabulary", rows=int(len(rows)), equal=True)
     finally:
         engine.close()
+
+
+def test_the_profile_splits_a_step_into_phases_and_changes_no_bit(models):
+    """set_profile(True): one decode step reports device time per phase (every phase of a GDN and an attention
+    layer, the FFN, the lm_head); the logits are the same bits as without it; off, nothing is recorded."""
+    ids = np.random.default_rng(47).integers(0, 4096, 12)
+    engine = CudaEngine.load(models["tiny"], n_ctx=64)
+    try:
+        state = engine.new_state()
+        engine.prefill(state, ids[:8])
+        engine.checkpoint(state)
+        plain = engine.decode(state, ids[8:10]).logits
+        assert engine.profile()["calls"] == 0
+        engine.truncate(state, 8)
+        engine.set_profile(True)
+        profiled = engine.decode(state, ids[8:10]).logits
+        prof = engine.profile(reset=True)
+        engine.set_profile(False)
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(profiled, plain)
+    report(test="profile", phases={k: v["ms"] for k, v in prof["phases"].items()})
+    assert prof["on"] and prof["calls"] == 1
+    for phase in ("embed", "norm", "gdn.in_proj", "gdn.step", "gdn.out_proj", "attn.in_proj", "attn.core",
+                  "attn.out_proj", "ffn", "lm_head", "mtp.fill"):
+        assert prof["phases"][phase]["ms"] > 0, phase

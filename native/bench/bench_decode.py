@@ -229,7 +229,8 @@ class Bench:
         return base * b / b0
 
     def est_sweep(self, kv: str, ctx: int, t: int) -> float:
-        return (self.a.warmup + self.a.steps) * (self.est_step(kv, ctx, t) + 0.002)
+        steps = self.a.warmup + self.a.steps + self.a.profile_steps
+        return steps * (self.est_step(kv, ctx, t) + 0.002)
 
     def est_fill(self, kv: str, a: int, b: int) -> float:
         mid = (a + b) // 2
@@ -356,6 +357,17 @@ class Bench:
                     check(rc, f"decode ctx {ctx} T {t}")
                     if i >= a.warmup:
                         times.append(dt)
+                prof = None
+                if a.profile_steps:                           # untimed: events between phases slow the step
+                    engine.set_profile(True)
+                    engine.profile(reset=True)
+                    for i in range(a.profile_steps):
+                        back()
+                        check(lib.openjet_engine_decode(h, ids[i % len(ids)].ctypes.data_as(i32), t,
+                                                        logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)),
+                              "profiled decode")
+                    prof = engine.profile(reset=True)
+                    engine.set_profile(False)
                 med = statistics.median(times)
                 if ctx == 0:
                     self.step_s[t] = med
@@ -366,6 +378,9 @@ class Bench:
                        "kv_bytes_read": nb["kv"], "mtp_weight_bytes": nb["mtp_weights"],
                        "roofline_ms": round(roof * 1e3, 3),
                        "roofline_share": round(roof / med, 4), "n": len(times)}
+                if prof and prof["calls"]:
+                    rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
+                                                  for k, v in sorted(prof["phases"].items())}
                 t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
                 rec["cost_vs_t1"] = 1.0 if t == 1 else (round(med * 1e3 / t1["median_ms"], 3) if t1 else None)
                 run["decode"].append(rec)
@@ -685,6 +700,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="KV cache types, in order (default q8_0,f16)")
     ap.add_argument("--n-ctx", type=int, default=FOOTPRINT_CTX, help="engine KV capacity (default 32768)")
     ap.add_argument("--steps", type=int, default=30, help="timed decode steps per (context, T) (default 30)")
+    ap.add_argument("--profile-steps", type=int, default=5,
+                    help="after each (context, T) sweep, this many untimed steps with the per-phase profile on, "
+                         "reported as profile_ms_per_step (0: none)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, help="stop starting parts that would end later than this many "
                                                    "seconds after the start")

@@ -134,6 +134,14 @@ OPENJET_API int openjet_engine_has_mtp(const openjet_engine* engine, int* has_mt
  * host buffers, either may be NULL. The sequence is unchanged. Needs n_past >= 1. */
 OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, int k, float* logits, float* hidden);
 
+/* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON
+ * {"on": bool, "calls": n, "phases": {"gdn.step": {"ms": total, "marks": n}, ...}} of the device time between
+ * phase marks (embed, norm, gdn.in_proj, gdn.step, gdn.out_proj, attn.in_proj, attn.core, attn.out_proj, ffn,
+ * lm_head, topk, mtp.fill, mtp.draft, accept), summed over calls since the last reset. Events between every
+ * phase slow the engine a little; off, nothing is recorded. reset != 0 clears the totals. */
+OPENJET_API int openjet_engine_profile(openjet_engine* engine, char* json, size_t capacity, int reset);
+OPENJET_API int openjet_engine_set_profile(openjet_engine* engine, int on);
+
 /* The MTP head's draft vocabulary (issue 7): from now on mtp_step computes only the lm_head rows ids[0..n)
  * and its logits hold n values, logits[i] that of token ids[i], bit for bit the value the full lm_head gives
  * (the same rows, the same GEMV). Rows 0..keep are kept as they are (keep <= the current count; ids[0..keep)

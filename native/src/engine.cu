@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <cstdlib>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -127,6 +129,17 @@ struct openjet_engine {
     char* draft_rows = nullptr;
     int32_t* draft_ids = nullptr;      // device copy of the ids (the gather's input)
     int draft_n = 0, draft_cap = 0;
+    // Per-phase profile (OPENJET_PROFILE=1 at create; openjet_engine_profile reads it): an event recorded on the
+    // stream at every phase mark; after a call's sync the time between consecutive marks is added to the
+    // earlier mark's phase. Off: one branch per mark.
+    struct Profile {
+        bool on = false;
+        std::vector<cudaEvent_t> events;
+        std::vector<const char*> labels;
+        size_t used = 0;
+        std::map<std::string, std::pair<double, long>> phases;  // ms, marks
+        long calls = 0;
+    } prof;
     std::vector<int> ckpt_n_past;      // -1: empty slot
 
     // scratch arena: kPrefillRows rows for the trunk's buffers (a prefill chunk), 8 for logits and the MTP head
@@ -145,6 +158,7 @@ struct openjet_engine {
     float *mtp_hs = nullptr, *mtp_c = nullptr, *mtp_u = nullptr, *mtp_last = nullptr, *mtp_hp = nullptr;
 
     ~openjet_engine() {
+        for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
@@ -486,10 +500,53 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
+    const char* prof = std::getenv("OPENJET_PROFILE");
+    e.prof.on = prof && *prof && std::strcmp(prof, "0") != 0;
     e.n_past = 0;
     e.conv_cur = 0;
     CHECK(cudaDeviceSynchronize());
     return OPENJET_OK;
+}
+
+// A phase mark of the profile (nothing when it is off): what runs on the stream from here to the next mark
+// is counted as `label`.
+void mark(openjet_engine& e, const char* label) {
+    auto& p = e.prof;
+    if (!p.on) return;
+    if (p.used == p.events.size()) {
+        cudaEvent_t ev = nullptr;
+        if (cudaEventCreate(&ev) != cudaSuccess) {
+            cudaGetLastError();
+            p.on = false;  // no events: no profile, the engine runs on
+            return;
+        }
+        p.events.push_back(ev);
+        p.labels.push_back(nullptr);
+    }
+    if (cudaEventRecord(p.events[p.used], e.stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    p.labels[p.used++] = label;
+}
+
+// After the stream's sync: the marks' intervals into the totals.
+void collect_profile(openjet_engine& e) {
+    auto& p = e.prof;
+    if (!p.on || !p.used) return;
+    mark(e, "end");
+    cudaEventSynchronize(p.events[p.used - 1]);
+    for (size_t i = 0; i + 1 < p.used; ++i) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, p.events[i], p.events[i + 1]) == cudaSuccess) {
+            auto& slot = p.phases[p.labels[i]];
+            slot.first += ms;
+            slot.second += 1;
+        }
+    }
+    cudaGetLastError();
+    p.used = 0;
+    p.calls += 1;
 }
 
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
@@ -529,10 +586,12 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     float* qkv = e.verifying ? e.ring_qkv + ring_rows * e.conv_dim() : e.big1;
     float* b = e.verifying ? e.ring_b + ring_rows * c.ssm_n_v_heads : e.sb;
     float* alpha = e.verifying ? e.ring_a + ring_rows * c.ssm_n_v_heads : e.sa;
+    mark(e, "gdn.in_proj");
     TRY(gemv(e, L.qkv, t, e.a, qkv));
     TRY(gemv(e, L.gate, t, e.a, e.big2));
     TRY(gemv(e, L.beta, t, e.a, b));
     TRY(gemv(e, L.alpha, t, e.a, alpha));
+    mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
     if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
     for (int s = 0; s < sub_steps(t); ++s) {
@@ -546,6 +605,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
         g.y = e.y + r0 * e.d_inner();
         CHECK(launch_gdn_step(g, e.stream));
     }
+    mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
@@ -554,9 +614,11 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
 // appends k, v to the layer's cache (sub-step by sub-step: each one attends to the rows before it).
 int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
     const auto& c = e.cfg;
+    mark(e, "attn.in_proj");
     TRY(gemv(e, L.wq, t, e.a, e.big1));
     TRY(gemv(e, L.wk, t, e.a, e.big2));
     TRY(gemv(e, L.wv, t, e.a, e.big3));
+    mark(e, "attn.core");
     AttnDecodeArgs a{};
     a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv;
     a.rope_offset = rope_offset;
@@ -574,6 +636,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
         CHECK(launch_attn_decode(a, e.stream));
     }
+    mark(e, "attn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
@@ -630,19 +693,24 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
 // sub-steps of 8, and every row gets the bits it gets in a decode step of 1..8 rows.
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
+    mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
+        mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
                                    c.rms_eps, e.a, e.x, e.stream));
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0) : gdn_mixer(e, L, t));
+        mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream));
+        mark(e, "ffn");
         TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
         TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
         CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
+    mark(e, "norm");
     CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
                                e.x, e.stream));
     return OPENJET_OK;
@@ -651,6 +719,7 @@ int trunk(openjet_engine& e, int t) {
 // What follows a trunk step of t rows: the MTP head's cache rows (in steps of <= 8, as decode fills them),
 // then the sequence advances.
 int commit_rows(openjet_engine& e, int t) {
+    mark(e, "mtp.fill");
     if (e.has_mtp)  // after the caller's copies: it reuses e.x and e.mix
         for (int r0 = 0; r0 < t; r0 += kSubRows)
             TRY(mtp_fill(e, e.ids + r0, e.a + static_cast<long long>(r0) * e.cfg.n_embd, std::min(kSubRows, t - r0),
@@ -676,10 +745,12 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
     TRY(trunk(e, t));
+    mark(e, "lm_head");
     if (logits || top) TRY(gemv(e, e.output, t, nullptr, e.logits));
     if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     if (top) {
+        mark(e, "topk");
         if (top->n_pen) {
             CHECK(cudaMemcpyAsync(e.pen_ids, top->pen_ids, sizeof(int32_t) * top->n_pen, cudaMemcpyHostToDevice,
                                   e.stream));
@@ -694,6 +765,7 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
     TRY(commit_rows(e, t));
     CHECK(cudaStreamSynchronize(e.stream));
+    collect_profile(e);
     return OPENJET_OK;
 }
 
@@ -710,6 +782,7 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
             const float* last = e.a + static_cast<long long>(t - 1) * c.n_embd;
             if (hidden) CHECK(cudaMemcpyAsync(hidden, last, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
             if (logits) {
+                mark(e, "lm_head");
                 CHECK(launch_pack_act(last, 1, c.n_embd, nullptr, 0.0f, e.x, e.stream));
                 TRY(gemv(e, e.output, 1, nullptr, e.logits));
                 CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
@@ -718,6 +791,7 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
         TRY(commit_rows(e, t));
         // Pageable host ids: the copy above is staged before it returns, so the next chunk may overwrite e.ids
         // only after this chunk's kernels read it: stream order sees to that.
+        if (e.prof.on) collect_profile(e);  // per chunk: the profile's events are reused
     }
     CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
@@ -733,13 +807,16 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     const int status = trunk(e, t);
     e.verifying = false;
     TRY(status);
+    mark(e, "lm_head");
     TRY(gemv(e, e.output, t, nullptr, e.logits));
     if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
     CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    mark(e, "mtp.fill");
     TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
     CHECK(cudaStreamSynchronize(e.stream));
+    collect_profile(e);
     e.pending = t;
     return OPENJET_OK;
 }
@@ -749,6 +826,7 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
 int accept_impl(openjet_engine& e, int n) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
+    mark(e, "accept");
     for (const LayerW& L : e.layers) {
         if (L.attn) continue;
         GdnStepArgs g = gdn_layer_args(e, L);
@@ -764,6 +842,7 @@ int accept_impl(openjet_engine& e, int n) {
     CHECK(cudaMemcpyAsync(e.mtp_last, e.verify_hidden + static_cast<size_t>(n - 1) * c.n_embd,
                           sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     CHECK(cudaStreamSynchronize(e.stream));
+    collect_profile(e);
     if (e.n_gdn) e.conv_cur ^= 1;
     e.n_past += n;
     e.pending = 0;
@@ -975,11 +1054,45 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
                     e->n_past, c.n_ctx);
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    mark(*e, "mtp.draft");
     TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, 1, row, true));
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_set_profile(openjet_engine* e, int on) {
+    TRY(check_idle(e, "set_profile"));
+    e->prof.on = on != 0;
+    e->prof.used = 0;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json, size_t capacity, int reset) {
+    TRY(check_engine(e));
+    const auto& p = e->prof;
+    std::string out = "{\"on\": " + std::string(p.on ? "true" : "false") + ", \"calls\": " + std::to_string(p.calls) +
+                      ", \"phases\": {";
+    bool first = true;
+    for (const auto& [label, v] : p.phases) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "%s\"%s\": {\"ms\": %.4f, \"marks\": %ld}", first ? "" : ", ", label.c_str(),
+                      v.first, v.second);
+        out += buf;
+        first = false;
+    }
+    out += "}}";
+    if (!json || capacity < out.size() + 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "profile: the buffer holds %zu bytes, the report needs %zu", capacity,
+                    out.size() + 1);
+    std::memcpy(json, out.c_str(), out.size() + 1);
+    if (reset) {
+        e->prof.phases.clear();
+        e->prof.calls = 0;
+    }
     return OPENJET_OK;
 }
 

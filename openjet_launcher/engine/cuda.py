@@ -30,6 +30,7 @@ What v1 is (and is not):
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import time
 import weakref
@@ -93,6 +94,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
+        "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_draft_rows": ([_P, i32p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
@@ -350,6 +353,17 @@ class CudaEngine(Engine):
         flag = ctypes.c_int(0)
         self._check(self._lib.openjet_engine_has_mtp(self._handle, ctypes.byref(flag)), "has_mtp")
         return bool(flag.value)
+
+    def set_profile(self, on: bool) -> None:
+        """Record per-phase device times from now on (an event between phases: a little slower) or stop."""
+        self._check(self._lib.openjet_engine_set_profile(self._handle, int(on)), "set_profile")
+
+    def profile(self, reset: bool = False) -> dict:
+        """Device milliseconds per phase (embed, norm, gdn.step, attn.core, ffn, lm_head, ...) summed over the
+        calls since the last reset, while profiling is on (set_profile, or OPENJET_PROFILE=1 at load)."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        self._check(self._lib.openjet_engine_profile(self._handle, buf, len(buf), int(reset)), "profile")
+        return json.loads(buf.value.decode())
 
     def set_draft_vocabulary(self, ids: np.ndarray | None) -> None:
         """Draft over these token ids only (model/draft_vocab.py's list mapped onto this model: sorted unique
