@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Where the GEMV's time goes, from the hardware counters (Nsight Compute; it reads them on the Firecracker
+# machines, KINDS.md): one launch each of the decode kernel at T=1 and T=8 (Q4_K 17408x5120, the FFN up/gate
+# shape; Q6_K the lm_head, 248320x5120) and of both prefill kernels at T=128 (Q4_K). Speed of light, memory
+# workload, occupancy, warp stall reasons and scheduler statistics per launch, in $OUT/ncu-gemv.csv; the
+# headline numbers in the output's tail. About 2 minutes.
+#   run(carry=[".whl"], command="bash scripts/gpu_ncu_gemv.sh", timeout_s=400)
+set -o pipefail
+. scripts/device_common.sh
+device_wheels
+build_engine /tmp/b "$OUT/build.log" || exit 1
+export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
+cat > /tmp/one_gemv.py <<'PY'
+import sys
+import numpy as np
+from openjet_launcher.engine import kernels_test as kt
+qtype, n, k, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(0)
+elems, nbytes = kt.BLOCK[kt.QTYPES[qtype]]
+w = rng.integers(0, 256, (n, k // elems * nbytes), dtype=np.uint8)   # random blocks: the timing does not care
+w.view(np.uint16)[:, 0] = 0x2000                                     # a small finite first scale per row
+kt.gemv(kt.QTYPES[qtype], w, rng.standard_normal((t, k), dtype=np.float32))
+PY
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
+sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats"
+: > "$OUT/ncu-gemv.csv"
+run_one() {  # label env... -- args
+  local label=$1; shift
+  echo "== $label" | tee -a "$OUT/ncu-gemv.csv"
+  env "$@" timeout 120 "$NCU" --clock-control none --kernel-name regex:"gemv_mma_kernel|prefill_mma_kernel" \
+    --launch-count 1 $sections --csv --page details python3 /tmp/one_gemv.py $ARGS >> "$OUT/ncu-gemv.csv" 2> "$OUT/ncu-$label.err"
+  grep -E '"(Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible)"' \
+    "$OUT/ncu-gemv.csv" | tail -9 | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}'
+}
+ARGS="Q4_K 17408 5120 1" run_one decode-q4k-t1 A=1
+ARGS="Q4_K 17408 5120 8" run_one decode-q4k-t8 A=1
+ARGS="Q6_K 248320 5120 1" run_one lmhead-q6k-t1 A=1
+ARGS="Q4_K 17408 5120 128" run_one prefill-grouped-t128 OPENJET_PREFILL_GEMM=grouped
+ARGS="Q4_K 17408 5120 128" run_one prefill-shared-t128 OPENJET_PREFILL_GEMM=shared
