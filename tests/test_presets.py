@@ -1,5 +1,7 @@
 """The memory model and the preset policy: figures checked against hand arithmetic from qwen38.md §1, each
-known card against the settings it must get, refusals against the messages a user needs."""
+known card against the settings it must get, refusals against the messages a user needs. The policy tests
+run for the planned engine (presets.PLANNED: q4_0 KV, the embedding table in host memory, agents); the
+last section checks it within what the CUDA engine v1 does (presets.CUDA_V1), which the launcher uses."""
 
 from __future__ import annotations
 
@@ -12,12 +14,24 @@ from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher import presets
 from openjet_launcher.launcher.memory import (CUDA_CONTEXT_BYTES, STATE_COPIES, GiB, KV_FORMATS, MiB,
                                               memory_model, safety_margin_bytes)
-from openjet_launcher.launcher.presets import (CARDS, CTX_STEP, MIN_CTX, choose_settings, format_table,
-                                               smallest_plan, table_rows)
+from openjet_launcher.launcher.presets import CARDS, CTX_STEP, CUDA_V1, MIN_CTX, PLANNED, format_table
 from openjet_launcher.model.shape import PRESETS, QWEN38_27B
 
 MM = memory_model(QWEN38_27B)
 CARD = {c.name: c for c in CARDS}
+
+
+def choose_settings(*args, **kw):
+    """The policy for the planned engine (most tests here); CUDA_V1's tests pass engine= themselves."""
+    return presets.choose_settings(*args, **{"engine": PLANNED, **kw})
+
+
+def smallest_plan(total, engine=PLANNED):
+    return presets.smallest_plan(total, QWEN38_27B, engine)
+
+
+def table_rows(**kw):
+    return presets.table_rows(**{"engine": PLANNED, **kw})
 
 
 # --- memory model against qwen38.md §1 ---------------------------------------------------------------------
@@ -149,7 +163,7 @@ def test_a_requested_setting_that_does_not_fit_is_refused_with_what_would_fit():
                         requested_kv="fp16")
     msg = str(e.value)
     assert msg.startswith("262144 tokens of fp16 KV do not fit")
-    fits = presets.what_fits(MM, c.free_vram, c.total_vram, 1)
+    fits = presets.what_fits(MM, c.free_vram, c.total_vram, 1, PLANNED)
     assert f"fp16 up to {fits['fp16']} tokens" in msg and f"q8_0 up to {fits['q8_0']} tokens" in msg
     assert fits["fp16"] < fits["q8_0"] < fits["q4_0"] == 262144
 
@@ -207,3 +221,48 @@ def test_the_table_lists_every_card_and_explains_the_refusal(capsys):
     assert args.func(args) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["gpu"] for r in rows] == ["this card"] and rows[0]["settings"]["kv_format"] == "fp16"
+
+
+# --- within what the CUDA engine v1 does (what the launcher and doctor use) ----------------------------------
+
+@pytest.mark.parametrize("name", ["RTX 3090", "RTX 4090", "RTX 5090", "H200"])
+def test_the_engine_v1_settings_fit_what_it_allocates(name):
+    """fp16 or q8_0 KV, the embedding table on the GPU, one sequence: the context is the largest such plan
+    that fits, so the engine's own memory check (engine.cu) passes at it."""
+    c = CARD[name]
+    s = presets.choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, engine=CUDA_V1)
+    assert s.kv_format in ("fp16", "q8_0") and not s.embd_on_host and not s.agents_allowed
+    assert s.memory.token_embd_host == 0 and s.memory.total <= c.free_vram
+    if s.n_ctx < QWEN38_27B.n_ctx_train:
+        bigger = MM.plan(n_ctx=s.n_ctx + CTX_STEP, kv_format=s.kv_format, chunk=s.prefill_chunk, n_agents=1,
+                         embd_on_host=False, total_vram=c.total_vram)
+        assert bigger.total > c.free_vram
+    planned = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability)
+    assert s.n_ctx <= planned.n_ctx                    # the planned engine never gets less
+
+
+def test_the_engine_v1_refuses_what_it_cannot_keep():
+    c = CARD["RTX 4090"]
+    with pytest.raises(OpenJetError, match="KV format q4_0: the CUDA engine v1 keeps its KV cache as fp16 or q8_0"):
+        presets.choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_kv="q4_0",
+                                engine=CUDA_V1)
+    with pytest.raises(OpenJetError, match="2 agents requested: the CUDA engine v1 holds 1 sequence"):
+        presets.choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_agents=2,
+                                engine=CUDA_V1)
+    with pytest.raises(OpenJetError) as e:                # the full context needs q4_0, which v1 lacks
+        presets.choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, requested_ctx=262144,
+                                engine=CUDA_V1)
+    assert "do not fit" in str(e.value) and "q4_0" not in str(e.value)
+
+
+def test_the_presets_command_shows_the_engine_v1_unless_asked_for_the_planned_one(capsys):
+    parser = argparse.ArgumentParser()
+    presets.add_presets_parser(parser.add_subparsers())
+    for flags, fmt in (([], "q8_0"), (["--planned"], "q8_0")):
+        args = parser.parse_args(["presets", "--json", "--vram", "24", "--sms", "128", "--cc", "8.9", "--only",
+                                  *flags])
+        assert args.func(args) == 0
+        s = json.loads(capsys.readouterr().out)[0]["settings"]
+        assert s["kv_format"] == fmt and s["embd_on_host"] == bool(flags)
+    text = format_table(presets.table_rows())
+    assert "for the CUDA engine v1: KV fp16 or q8_0, embedding table on the GPU" in text

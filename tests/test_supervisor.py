@@ -513,3 +513,28 @@ def _health_ok(port: int) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine_can_allocate(monkeypatch,
+                                                                                              tiny_model):
+    """The settings the launcher picks reach `serve`: the context and the KV format (q8_0 on a 24 GB card),
+    chosen within what the CUDA engine v1 does (presets.CUDA_V1): no q4_0, the embedding table on the GPU."""
+    from openjet_launcher.launcher import hardware
+    from openjet_launcher.launcher.main import plan_launch
+    from openjet_launcher.launcher.presets import CUDA_V1, choose_settings
+    from openjet_launcher.server import cli
+
+    gib = 1 << 30
+    gpu = hardware.GpuInfo(0, 0, "NVIDIA GeForce RTX 3090", "GPU-test", "8.6", 24 * gib, 23 * gib, 82, True, 86)
+    report = hardware.HardwareReport("580.1", "13.0", "13.0", {"built": True}, [gpu], gpu, [])
+    monkeypatch.setattr(hardware, "detect", lambda gpu=None, *a, **k: report)
+    monkeypatch.setattr(cli, "ENGINES", ("reference", "cuda"))
+    plan = plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda"))
+    cmd = plan.command
+    expected = choose_settings(24 * gib, 23 * gib, 82, "8.6", engine=CUDA_V1)
+    assert cmd[cmd.index("--kv") + 1] == "q8_0" == expected.kv_format
+    assert int(cmd[cmd.index("--ctx") + 1]) == expected.n_ctx and not expected.embd_on_host
+    parser = argparse.ArgumentParser()
+    cli.add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(cmd[cmd.index("serve"):])          # `serve` takes what the launcher passes
+    assert args.kv == "q8_0" and args.ctx == expected.n_ctx

@@ -29,6 +29,7 @@ DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 LOCK_NAME = "openjet-launch.lock"
 SERVE_PREFIX: list[str] | None = None  # None: `python -m openjet_launcher serve` (tests point it elsewhere)
 EXIT_ALREADY_RUNNING = 3
+SERVE_KV = {"fp16": "f16", "q8_0": "q8_0"}  # the presets' KV format -> `serve --kv` (the CUDA engine's names)
 
 
 def add_default_options(parser: argparse.ArgumentParser) -> None:
@@ -159,17 +160,20 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         return LaunchPlan(command, path.name, "llama-server", env, notes)
 
     ctx = args.ctx
+    extra: list[str] = []
     device = "CPU (reference engine)"
     if gpu is not None:
         from .presets import choose_settings
 
         s = choose_settings(gpu.total_memory_bytes, gpu.free_memory_bytes, gpu.sm_count, gpu.compute_capability,
-                            requested_ctx=args.ctx)
+                            requested_ctx=args.ctx)   # within what the CUDA engine v1 does (presets.CUDA_V1)
         ctx = s.n_ctx
+        extra = ["--kv", SERVE_KV[s.kv_format]]
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # by uuid: CUDA's order may differ from nvidia-smi's
         device = gpu.label
         notes.append(f"{gpu.label}: KV {s.kv_format}, context {s.n_ctx} tokens, prefill chunk {s.prefill_chunk}")
-    command = serve_command(path, engine=engine, host=args.host, port=args.port, ctx=ctx, prefix=SERVE_PREFIX)
+    command = serve_command(path, engine=engine, host=args.host, port=args.port, ctx=ctx, extra=extra,
+                            prefix=SERVE_PREFIX)
     return LaunchPlan(command, "demo" if demo else path.name, device, env, notes)
 
 

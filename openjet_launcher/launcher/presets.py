@@ -20,6 +20,11 @@ The policy, in the order it decides (the memory figures come from ``memory.Memor
    costs one 2.8 KiB row read over PCIe per prompt token.
 
 A requested context or KV format that does not fit is refused with what would fit on this GPU.
+
+The policy is applied within what the engine that will run can do (``EngineLimits``): ``CUDA_V1``, the engine
+in native/ today, keeps its KV cache as fp16 or q8_0, holds the embedding table on the GPU and one sequence;
+``PLANNED`` is the design's engine (q4_0 KV, the table in host memory, up to 8 agents). The launcher, doctor
+and the presets table use CUDA_V1, so the context they choose is one the engine can allocate.
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ AGENTS_MIN_SMS = 80
 MAX_AGENTS = 8           # DECODE_ROWS x MAX_AGENTS rows is the largest verify batch the engine plans for
 MIN_COMPUTE_CAPABILITY = (8, 0)
 CPU_PATH = "openjet-launch --engine reference --model demo"
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the engine that will serve can do, as far as the settings are concerned."""
+    name: str
+    kv_formats: tuple[str, ...]    # the KV cache formats it keeps, most precise first
+    embd_on_host: bool             # it can read the token-embedding table from host memory
+    max_agents: int                # sequences it holds at once
+
+
+PLANNED = EngineLimits("the planned engine", tuple(KV_FORMATS), True, MAX_AGENTS)
+CUDA_V1 = EngineLimits("the CUDA engine v1", ("fp16", "q8_0"), False, 1)   # native/src/engine.cu
 
 
 @dataclass(frozen=True)
@@ -79,11 +97,13 @@ def _cap(mm: MemoryModel, n: int) -> int:
     return min(n, mm.shape.n_ctx_train)
 
 
-def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int) -> dict[str, int]:
-    """The most tokens per agent each KV format allows (smallest chunk, embedding table in host memory)."""
+def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int,
+              engine: EngineLimits = CUDA_V1) -> dict[str, int]:
+    """The most tokens per agent each of the engine's KV formats allows (smallest chunk, the embedding table
+    in host memory where the engine can read it there)."""
     return {fmt: _cap(mm, mm.max_ctx(free_vram=free_vram, total_vram=total_vram, kv_format=fmt,
-                                     chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=True))
-            for fmt in KV_FORMATS}
+                                     chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=engine.embd_on_host))
+            for fmt in engine.kv_formats}
 
 
 def _fits_text(fits: dict[str, int], n_agents: int) -> str:
@@ -92,31 +112,39 @@ def _fits_text(fits: dict[str, int], n_agents: int) -> str:
     return (", ".join(parts) + per) if parts else "nothing"
 
 
-def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B) -> MemoryPlan:
-    """The least memory OpenJet runs in: q4_0 KV for MIN_CTX tokens, 1 agent, the smallest chunk, the
-    embedding table in host memory. A card whose total is below this is refused."""
-    return memory_model(model).plan(n_ctx=MIN_CTX, kv_format="q4_0", chunk=CHUNKS[-1], n_agents=1,
-                                    embd_on_host=True, total_vram=total_vram)
+def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B, engine: EngineLimits = CUDA_V1) -> MemoryPlan:
+    """The least memory the engine runs in: its most compact KV format for MIN_CTX tokens, 1 agent, the
+    smallest chunk, the embedding table in host memory if it can read it there. A card below this is refused."""
+    return memory_model(model).plan(n_ctx=MIN_CTX, kv_format=engine.kv_formats[-1], chunk=CHUNKS[-1], n_agents=1,
+                                    embd_on_host=engine.embd_on_host, total_vram=total_vram)
 
 
 def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                     compute_capability: str | float | int | tuple[int, int],
                     requested_ctx: int | None = None, requested_agents: int = 1,
-                    model: ModelShape = QWEN38_27B, requested_kv: str | None = None) -> Settings:
-    """The settings for a GPU with these figures (bytes, SMs, "8.6"); OpenJetError saying why when none."""
+                    model: ModelShape = QWEN38_27B, requested_kv: str | None = None,
+                    engine: EngineLimits = CUDA_V1) -> Settings:
+    """The settings for a GPU with these figures (bytes, SMs, "8.6") within what `engine` can do;
+    OpenJetError saying why when none."""
     mm = memory_model(model)
     free = total_vram if free_vram is None else min(free_vram, total_vram)
     cc = parse_compute_capability(compute_capability)
     agents = requested_agents
-    agents_allowed = sm_count >= AGENTS_MIN_SMS
+    agents_allowed = sm_count >= AGENTS_MIN_SMS and engine.max_agents > 1
 
     if cc < MIN_COMPUTE_CAPABILITY:
         raise OpenJetError(f"compute capability {cc[0]}.{cc[1]} is too old: the engine's kernels need 8.0 or "
                            f"newer (RTX 30xx, A10, L4, RTX 40xx/50xx, H100/H200). CPU path: {CPU_PATH}")
     if requested_kv is not None and requested_kv not in KV_FORMATS:
         raise OpenJetError(f"unknown KV format {requested_kv!r}: choose one of {', '.join(KV_FORMATS)}")
+    if requested_kv is not None and requested_kv not in engine.kv_formats:
+        raise OpenJetError(f"KV format {requested_kv}: {engine.name} keeps its KV cache as "
+                           f"{' or '.join(engine.kv_formats)}")
     if not 1 <= agents <= MAX_AGENTS:
         raise OpenJetError(f"{agents} agents requested: OpenJet serves 1 to {MAX_AGENTS} agents on one GPU")
+    if agents > engine.max_agents:
+        raise OpenJetError(f"{agents} agents requested: {engine.name} holds {engine.max_agents} sequence"
+                           f"{'s' if engine.max_agents > 1 else ''} at a time")
     if agents > 1 and not agents_allowed:
         raise OpenJetError(f"{agents} agents need a GPU with at least {AGENTS_MIN_SMS} SMs, this one has "
                            f"{sm_count}: agents share one weight read per step only where the extra rows "
@@ -124,12 +152,13 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     if requested_ctx is not None and not 1 <= requested_ctx <= model.n_ctx_train:
         raise OpenJetError(f"context {requested_ctx}: the model takes 1 to {model.n_ctx_train} tokens")
 
-    smallest = smallest_plan(total_vram, model)
+    smallest = smallest_plan(total_vram, model, engine)
     if smallest.total > total_vram:
+        where = "embedding table in host memory" if engine.embd_on_host else "embedding table included"
         raise OpenJetError(
             f"this GPU has {gib(total_vram)}, too little for Qwen3.8-27B: the weights alone take "
-            f"{gib(smallest.weights)} (embedding table in host memory), and the smallest setup ({MIN_CTX} "
-            f"tokens of q4_0 KV, 512-token prefill chunks, CUDA context, safety margin) needs "
+            f"{gib(smallest.weights)} ({where}), and the smallest setup ({MIN_CTX} tokens of "
+            f"{engine.kv_formats[-1]} KV, 512-token prefill chunks, CUDA context, safety margin) needs "
             f"{gib(smallest.total)}. Cards with 24 GB or more run it. Without one: {CPU_PATH}")
     if smallest.total > free:
         raise OpenJetError(
@@ -139,9 +168,9 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
 
     def room(fmt: str, chunk: int, on_host: bool) -> int:
         return mm.max_ctx(free_vram=free, total_vram=total_vram, kv_format=fmt, chunk=chunk,
-                          n_agents=agents, embd_on_host=on_host)
+                          n_agents=agents, embd_on_host=on_host and engine.embd_on_host)
 
-    formats = [requested_kv] if requested_kv else list(KV_FORMATS)
+    formats = [requested_kv] if requested_kv else list(engine.kv_formats)
     if requested_ctx is not None:
         targets = [requested_ctx]
     else:
@@ -151,7 +180,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
             t //= 2
     choice = next(((t, c, f) for t in targets for c in CHUNKS for f in formats if room(f, c, True) >= t), None)
     if choice is None:
-        fits = what_fits(mm, free, total_vram, agents)
+        fits = what_fits(mm, free, total_vram, agents, engine)
         asked = (f"{requested_ctx} tokens" if requested_ctx else f"{MIN_CTX} tokens (the minimum)")
         asked += f" of {requested_kv} KV" if requested_kv else ""
         asked += f" for each of {agents} agents" if agents > 1 else ""
@@ -162,12 +191,12 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     reasons = []
     if requested_ctx is not None:
         n_ctx = requested_ctx
-        on_host = room(fmt, chunk, False) < n_ctx
+        on_host = engine.embd_on_host and room(fmt, chunk, False) < n_ctx
         reasons.append(f"context {n_ctx}: requested")
     else:
         grown = _cap(mm, room(fmt, chunk, True)) // CTX_STEP * CTX_STEP
         grown_on_gpu = _cap(mm, room(fmt, chunk, False)) // CTX_STEP * CTX_STEP
-        on_host = grown_on_gpu < grown
+        on_host = engine.embd_on_host and grown_on_gpu < grown
         n_ctx = grown
         reasons.append(f"context {n_ctx}: target {target}, grown to what fits (model maximum "
                        f"{model.n_ctx_train})")
@@ -180,6 +209,10 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                    "embedding table on the GPU")
     if not agents_allowed:
         reasons.append(f"1 agent: {sm_count} SMs < {AGENTS_MIN_SMS}")
+    if engine is not PLANNED:
+        reasons.append(f"within what {engine.name} does: KV {' or '.join(engine.kv_formats)}, "
+                       + ("embedding table in host memory allowed" if engine.embd_on_host else
+                          "embedding table on the GPU") + f", {engine.max_agents} sequence(s)")
     plan = mm.plan(n_ctx=n_ctx, kv_format=fmt, chunk=chunk, n_agents=agents, embd_on_host=on_host,
                    total_vram=total_vram)
     return Settings(kv_format=fmt, n_ctx=n_ctx, n_agents=agents, prefill_chunk=chunk, embd_on_host=on_host,
@@ -221,7 +254,8 @@ CARDS: tuple[Card, ...] = (
 
 
 def table_rows(cards: tuple[Card, ...] = CARDS, requested_ctx: int | None = None, requested_agents: int = 1,
-               requested_kv: str | None = None, model: ModelShape = QWEN38_27B) -> list[dict]:
+               requested_kv: str | None = None, model: ModelShape = QWEN38_27B,
+               engine: EngineLimits = CUDA_V1) -> list[dict]:
     rows = []
     for card in cards:
         row = {"gpu": card.name, "total_vram": card.total_vram, "free_vram": card.free_vram,
@@ -229,7 +263,7 @@ def table_rows(cards: tuple[Card, ...] = CARDS, requested_ctx: int | None = None
         try:
             s = choose_settings(card.total_vram, card.free_vram, card.sm_count, card.compute_capability,
                                 requested_ctx=requested_ctx, requested_agents=requested_agents,
-                                model=model, requested_kv=requested_kv)
+                                model=model, requested_kv=requested_kv, engine=engine)
             row["settings"] = s.to_dict()
         except OpenJetError as e:
             row["refused"] = str(e)
@@ -237,7 +271,7 @@ def table_rows(cards: tuple[Card, ...] = CARDS, requested_ctx: int | None = None
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
     head = f"{'GPU':<14} {'VRAM':>9} {'free':>9} {'SMs':>4} {'CC':>4}  {'KV':<5} {'context':>7} {'chunk':>5} " \
            f"{'embd':<4} {'agents':<6} {'KV cache':>9}"
     lines = [head, "-" * len(head)]
@@ -255,6 +289,9 @@ def format_table(rows: list[dict]) -> str:
                             f"{'host' if s['embd_on_host'] else 'gpu':<4} {agents:<6} "
                             f"{gib(s['memory']['kv_cache']):>9}")
     lines.append("")
+    lines.append(f"for {engine.name}: KV {' or '.join(engine.kv_formats)}, embedding table "
+                 + ("in host memory where that gives context" if engine.embd_on_host else "on the GPU")
+                 + f", {engine.max_agents} sequence(s)" + ("" if engine is PLANNED else " (--planned: the design's engine)"))
     lines.append("free: assumed (a desktop holds ~1 GiB, a datacenter card ~0.25 GiB); `openjet-launch doctor` "
                  "uses this machine's figures.")
     lines.append(f"embd: where the token-embedding table lives; agents: how many may share the GPU (context "
@@ -268,8 +305,10 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     if args.vram is not None:
         cards = (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),) if args.only else \
             CARDS + (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),)
-    rows = table_rows(cards, requested_ctx=args.ctx, requested_agents=args.agents, requested_kv=args.kv)
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    engine = PLANNED if args.planned else CUDA_V1
+    rows = table_rows(cards, requested_ctx=args.ctx, requested_agents=args.agents, requested_kv=args.kv,
+                      engine=engine)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows, engine))
     return 0
 
 
@@ -290,5 +329,8 @@ def add_presets_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--cc", default="8.6", help="compute capability of the --vram card (default 8.6)")
     p.add_argument("--only", action="store_true", help="with --vram: print that card alone")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--planned", action="store_true",
+                   help="the settings of the planned engine (q4_0 KV, embedding table in host memory, agents) "
+                        "instead of the CUDA engine v1's")
     p.set_defaults(func=_cmd_presets)
     return p

@@ -42,6 +42,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="context size in tokens, prompt and output together (default: the model's, at most 32768)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require this key (Authorization: Bearer KEY or x-api-key); default $OPENJET_API_KEY")
+    p.add_argument("--kv", choices=["f16", "q8_0"], default=None,
+                   help="the CUDA engine's KV cache format (default f16; q8_0 holds about twice the context; "
+                        "openjet-launch picks it per GPU)")
     p.add_argument("--draft", type=int, default=0, metavar="N",
                    help="MTP speculative decoding with N drafts per step, for requests without penalties; the "
                         "tokens keep their distribution (greedy: the same tokens). Default 0; at most 7 on the "
@@ -222,6 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.max_tokens_ceiling = args.max_tokens
     if args.engine == "cuda":
         from ..engine.cuda import CudaEngine
+        from ..launcher.memory import STATE_COPIES
         from ..sampling import GPU_MAX_TOP_K
 
         from ..engine.interface import MAX_GPU_DECODE_TOKENS
@@ -236,12 +240,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         use_mtp = args.draft > 0
         draft_ids = draft_vocabulary(tokenizer) if use_mtp else None
 
+        kv_type = args.kv or "f16"
+        # The launcher's memory plan holds the working state and STATE_COPIES - 1 copies (launcher/memory.py).
+        n_checkpoints = STATE_COPIES - 1
+
         def load():
-            engine = CudaEngine.load(path, n_ctx=n_ctx, mtp=use_mtp)
+            engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=kv_type, n_checkpoints=n_checkpoints, mtp=use_mtp)
             if draft_ids is not None and engine.has_mtp:
                 engine.set_draft_vocabulary(draft_ids)
             return engine
     else:
+        if args.kv:
+            log.warning("--kv %s: the reference engine keeps its caches in float32; ignored", args.kv)
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
     app = create_app(load, tokenizer, template, settings)
     log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,
