@@ -101,6 +101,8 @@ def top_k_order(z: np.ndarray, k: int) -> np.ndarray:
     """Ids by decreasing value (ties: lower id first), only the first k when k > 0. With k set, a partial
     selection finds the candidates (every id tied with the k-th included), so the result equals the first k
     of a full stable sort without sorting the whole vocabulary."""
+    if k == 1:
+        return np.array([np.argmax(z)])     # the first maximum: the lowest id among ties, as the sort's
     if 0 < k < len(z):
         kth = np.partition(z, len(z) - k)[len(z) - k]
         cand = np.flatnonzero(z >= kth)
@@ -213,8 +215,9 @@ class Engine(abc.ABC):
         n_valid = out.logits.shape[1] if n_valid is None else n_valid
         values, ids = np.empty((len(out.logits), k), np.float32), np.empty((len(out.logits), k), np.int32)
         for r, row in enumerate(out.logits):
-            z = row[:n_valid].astype(np.float32)              # a copy
+            z = np.asarray(row[:n_valid], dtype=np.float32)
             if penalties:
+                z = z.copy()
                 for i, d in penalties.items():
                     z[i] = np.float32(z[i] - np.float32(d))
             order = top_k_order(z, k)
