@@ -84,7 +84,7 @@ class Sampler:
         if p.greedy:
             out[int(np.argmax(z))] = 1.0
             return out
-        order = self._descending(z, p.top_k)              # survivors of top-k, best first, ties by id
+        order = top_k_order(z, p.top_k)                   # survivors of top-k, best first, ties by id
         order, probs = self._survivors(z[order], order)
         out[order] = probs
         return out
@@ -143,12 +143,6 @@ class Sampler:
             cnt = np.fromiter(self.counts.values(), dtype=np.float32)
             z[ids] -= np.float32(p.presence_penalty) + np.float32(p.frequency_penalty) * cnt
         return z
-
-    @staticmethod
-    def _descending(z: np.ndarray, k: int) -> np.ndarray:
-        """Ids by decreasing logit (ties: lower id first), only the first k when k > 0 (engine/interface.py's
-        top_k_order: the ranking every engine's decode_top gives)."""
-        return top_k_order(z, k)
 
     def draw(self, probs: np.ndarray) -> int:
         """One token from unnormalised probabilities by inverse CDF with one uniform number (not counted)."""

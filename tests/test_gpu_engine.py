@@ -446,7 +446,8 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
     """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
     logits a decode step returns from the same state, values bit for bit; both steps advance the sequence
     alike (the next step's logits agree), and the padding ids above n_valid never appear."""
-    from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler
+    from openjet_launcher.engine.interface import top_k_order
+    from openjet_launcher.sampling import GPU_MAX_TOP_K
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     engine = CudaEngine.load(models["tiny"], n_ctx=128, n_checkpoints=2)
     engine.native_top = True
@@ -468,7 +469,7 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
             z = full[r][:n_valid].copy()
             for i, d in penalties.items():
                 z[i] = np.float32(z[i] - d)
-            order = Sampler._descending(z, GPU_MAX_TOP_K)
+            order = top_k_order(z, GPU_MAX_TOP_K)
             np.testing.assert_array_equal(top.ids[r], order, err_msg=f"row {r}")
             np.testing.assert_array_equal(top.values[r], z[order], err_msg=f"row {r}")
         np.testing.assert_array_equal(after_top, after_full)

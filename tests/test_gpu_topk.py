@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.engine.interface import top_k_order
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler, SamplingParams
 
@@ -16,11 +17,11 @@ pytestmark = pytest.mark.gpu
 
 
 def host_top(z: np.ndarray, k: int, n_valid: int, penalties: dict[int, float] | None = None):
-    """The sampler's own ranking (Sampler._descending over the penalised valid logits)."""
+    """The sampler's own ranking (top_k_order over the penalised valid logits)."""
     z = z[:n_valid].astype(np.float32).copy()
     for i, d in (penalties or {}).items():
         z[i] = np.float32(z[i] - np.float32(d))
-    order = Sampler._descending(z, k)
+    order = top_k_order(z, k)
     return z[order], order.astype(np.int32)
 
 
@@ -72,7 +73,7 @@ def test_penalties_apply_before_ranking_as_the_sampler_applies_them():
     v, ids = kt.topk(x, GPU_MAX_TOP_K, n, deltas)
     for r in range(2):
         z = sampler._penalised(x[r])                           # the host sampler's own penalised logits
-        order = Sampler._descending(z, GPU_MAX_TOP_K)
+        order = top_k_order(z, GPU_MAX_TOP_K)
         np.testing.assert_array_equal(ids[r], order)
         np.testing.assert_array_equal(v[r], z[order])
 

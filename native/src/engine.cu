@@ -577,15 +577,22 @@ GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
     return g;
 }
 
+// Where a verify step keeps GDN layer L's inputs (its T rows of qkv, beta and alpha): accept replays them.
+struct GdnRing {
+    float *qkv, *b, *alpha;
+};
+GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
+    const size_t rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T, n_v = e.cfg.ssm_n_v_heads;
+    return {e.ring_qkv + rows * e.conv_dim(), e.ring_b + rows * n_v, e.ring_a + rows * n_v};
+}
+
 // The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. Sub-step s reads conv buffer
 // conv_cur ^ (s & 1) and writes the other; the caller flips conv_cur by sub_steps(t) once all layers ran.
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     const auto& c = e.cfg;
     // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
-    const size_t ring_rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T;
-    float* qkv = e.verifying ? e.ring_qkv + ring_rows * e.conv_dim() : e.big1;
-    float* b = e.verifying ? e.ring_b + ring_rows * c.ssm_n_v_heads : e.sb;
-    float* alpha = e.verifying ? e.ring_a + ring_rows * c.ssm_n_v_heads : e.sa;
+    const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
+    float *qkv = in.qkv, *b = in.b, *alpha = in.alpha;
     mark(e, "gdn.in_proj");
     TRY(gemv(e, L.qkv, t, e.a, qkv));
     TRY(gemv(e, L.gate, t, e.a, e.big2));
@@ -830,10 +837,9 @@ int accept_impl(openjet_engine& e, int n) {
     for (const LayerW& L : e.layers) {
         if (L.attn) continue;
         GdnStepArgs g = gdn_layer_args(e, L);
-        const size_t ring_rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T;
+        const GdnRing ring = gdn_ring(e, L);
         g.t = n;
-        g.qkv = e.ring_qkv + ring_rows * e.conv_dim();
-        g.b = e.ring_b + ring_rows * c.ssm_n_v_heads, g.alpha = e.ring_a + ring_rows * c.ssm_n_v_heads;
+        g.qkv = ring.qkv, g.b = ring.b, g.alpha = ring.alpha;
         g.z = e.big2, g.y = e.y;  // the step's output is not needed: scratch
         g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
         g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;

@@ -42,7 +42,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="context size in tokens, prompt and output together (default: the model's, at most 32768)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require this key (Authorization: Bearer KEY or x-api-key); default $OPENJET_API_KEY")
-    p.add_argument("--kv", choices=["f16", "q8_0"], default=None,
+    from ..engine.cuda import KV_TYPES
+
+    p.add_argument("--kv", choices=list(KV_TYPES), default=None,
                    help="the CUDA engine's KV cache format (default f16; q8_0 holds about twice the context; "
                         "openjet-launch picks it per GPU)")
     p.add_argument("--draft", type=int, default=0, metavar="N",
