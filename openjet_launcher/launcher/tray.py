@@ -71,6 +71,7 @@ class Tray:
         self._dirty = threading.Event()
         self._alive = False
         self._x_lock = threading.Lock()     # one thread at a time talks to pystray (paint vs stop)
+        self._loop_ended = threading.Event()
 
     def _item(self, e: MenuEntry):
         if e.action is None:
@@ -140,10 +141,13 @@ class Tray:
         # Quit from elsewhere (Ctrl-C handler, tests) also ends the loop.
         self._watch = threading.Thread(target=self._wait_quit, daemon=True)
         self._watch.start()
+        threading.Thread(target=_nudge_x11_loop, args=(self.icon, self._loop_ended), name="openjet-tray-nudge",
+                         daemon=True).start()
         try:
             self.icon.run(setup=setup)
         finally:
             self._alive = False
+            self._loop_ended.set()
             self._dirty.set()
 
     def _wait_quit(self) -> None:
@@ -154,9 +158,62 @@ class Tray:
                 self.icon.stop()
             except Exception:
                 pass
+        if not self._loop_ended.wait(STOP_GRACE_S):
+            _wake_x11_loop(self.icon)
 
     def stop(self) -> None:
         self.controller.quit_requested.set()
+
+
+# pystray's X11 loop runs the other threads' calls (show, update, stop) from ClientMessages they send it, and
+# ends on its window's DestroyNotify. Under load it was seen to stay blocked in Xlib's select() with such an
+# event already read (python-xlib queues it while no thread waits for it): then the tray never appeared, or
+# Quit never returned (1 run in 5 of tests/test_tray_xvfb.py with two busy cores). Two remedies: a no-op
+# ClientMessage to the icon's window every NUDGE_S wakes a stuck select() (the loop then finds what was
+# queued); and STOP_GRACE_S after stop() the connection is shut down, which ends the loop for good (Xlib
+# raises, pystray logs it): the window is already gone then, nothing else is lost.
+STOP_GRACE_S = 3.0
+NUDGE_S = 0.5
+
+
+def _nudge_x11_loop(icon, ended: threading.Event) -> None:
+    """Until the loop ends: a ClientMessage of an atom of our own to the icon's window, over our own connection."""
+    window = getattr(icon, "_window", None)
+    if type(icon).__module__ != "pystray._xorg" or window is None:
+        return
+    try:
+        import Xlib.X
+        import Xlib.display
+        from Xlib.protocol import event
+
+        display = Xlib.display.Display()
+        display.set_error_handler(lambda *error: None)   # a nudge after the window is destroyed: BadWindow
+    except Exception:
+        return
+    try:
+        target = display.create_resource_object("window", window.id)
+        nudge = display.intern_atom("_OPENJET_NUDGE")
+        while not ended.wait(NUDGE_S):
+            try:
+                target.send_event(event.ClientMessage(window=target, client_type=nudge, data=(32, [0, 0, 0, 0, 0])),
+                                  event_mask=Xlib.X.NoEventMask)
+                display.flush()
+            except Exception:
+                return                      # the window or the server is gone
+    finally:
+        display.close()
+
+
+def _wake_x11_loop(icon) -> None:
+    """End pystray's X11 loop by shutting its X connection's socket (both directions)."""
+    if type(icon).__module__ != "pystray._xorg":
+        return
+    try:
+        import socket
+
+        icon._display.display.socket.shutdown(socket.SHUT_RDWR)
+    except Exception:
+        pass
 
 
 def _listen_for_clicks_on_x11(icon) -> None:
