@@ -24,7 +24,9 @@
 # /tmp does not survive between calls: a fresh machine is bare and a warm one is given back ~30 s after a
 # call returns, so a second call nearly always writes the model again (~4 min). The model is far too large
 # to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf, BUDGET_S=570,
-# BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments).
+# BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
+# tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, at most 200 s, its
+# output in $OUT/while-synth.log; only when the model is being written).
 set -o pipefail
 START=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -57,6 +59,14 @@ if ! build_engine /tmp/b "$OUT/build.log"; then
 fi
 say "library built for sm_$(gpu_arch)"
 
+export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
+if [ -n "$SYNTH_PID" ] && [ -n "${WHILE_SYNTH:-}" ]; then
+  say "while the model is written: $WHILE_SYNTH"
+  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout 200 bash -c "$WHILE_SYNTH" \
+    > "$OUT/while-synth.log" 2>&1
+  say "done (rc $?): $(tail -1 "$OUT/while-synth.log")"
+fi
+
 if [ -n "$SYNTH_PID" ]; then
   wait "$SYNTH_PID"; rc=$?
   if [ $rc -ne 0 ] || [ ! -s "$MODEL" ]; then
@@ -69,7 +79,6 @@ fi
 DEADLINE=$((START + BUDGET_S))
 LEFT=$((DEADLINE - $(date +%s)))
 say "bench: ${LEFT} s left before the deadline"
-export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
 timeout $((LEFT > 0 ? LEFT + 25 : 25)) python3 native/bench/bench_decode.py --preset full --model "$MODEL" \
   --deadline "$DEADLINE" --out "$OUT/bench-engine.json" ${BENCH_ARGS:-} 2>&1 >/dev/null | tee "$OUT/bench-engine.log"

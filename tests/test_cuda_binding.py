@@ -29,6 +29,7 @@ class FakeLib:
         self.n_past, self.pending, self.rows, self.slots = 0, 0, [], {}
         self.calls: list[tuple] = []
         self.error = b""
+        self.mtp = 1
 
     def _fail(self, msg: str) -> int:
         self.error = msg.encode()
@@ -42,7 +43,7 @@ class FakeLib:
         return 0
 
     def openjet_engine_has_mtp(self, h, out):
-        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = 1
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = self.mtp
         return 0
 
     def _step(self, name, ids, t):
@@ -152,8 +153,15 @@ def test_native_verify_keeps_the_sequence_until_accept(engine):
     assert state.tokens == (1, 2, 3, 4) and state.verify_rows == 0 and lib.n_past == 4
 
 
-def test_the_default_verify_checkpoints_decodes_and_truncates(engine):
+@pytest.mark.parametrize("why", ["switched off", "no MTP head"])
+def test_the_interfaces_verify_checkpoints_decodes_and_truncates(engine, why):
+    """Without the device's verify (switched off, or no MTP head: no shadow state on the device) the
+    interface's default runs: checkpoint, decode, and on accept restore + replay."""
     lib = engine._lib
+    if why == "switched off":
+        engine.native_verify = False
+    else:
+        lib.mtp = 0
     state = engine.new_state()
     engine.decode(state, [1, 2])
     engine.verify(state, [3, 4, 5])

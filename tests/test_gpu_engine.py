@@ -324,14 +324,14 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     np.testing.assert_array_equal(out[True], out[False])
 
 
-@pytest.mark.parametrize("kv_type, gemm", [("f16", "grouped"), ("q8_0", "grouped"), ("f16", "shared")])
+@pytest.mark.parametrize("kv_type, gemm", [("f16", "auto"), ("q8_0", "auto"), ("f16", "shared"), ("f16", "grouped")])
 def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monkeypatch):
     """Prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and 128, the last chunk partial) and
     decode steps of up to 8 tokens (all_logits) leave the same state bit for bit: the last logits and hidden
-    row, the next decode step's logits, and the MTP head's drafts (its cache filled by the prefill). Both
-    prefill GEMV kernels (OPENJET_PREFILL_GEMM=shared: the opt-in one)."""
-    if gemm == "shared":
-        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "shared")
+    row, the next decode step's logits, and the MTP head's drafts (its cache filled by the prefill). The
+    default per-shape choice of prefill kernel and each kernel forced (OPENJET_PREFILL_GEMM)."""
+    if gemm != "auto":
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
     ids = np.random.default_rng(23).integers(0, 4096, 301)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
     try:

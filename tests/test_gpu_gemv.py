@@ -218,17 +218,16 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
 def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):
     """A prefill call of up to 128 rows gives every row the bits of a decode call holding it, partial last
-    groups and row blocks included; with the grouped kernel (the default) and the shared-activation one
-    (OPENJET_PREFILL_GEMM=shared, opt-in until this passes on a GPU). Also checked against the emulation."""
-    if kernel == "shared":
-        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "shared")
+    groups and row blocks included; with each prefill kernel forced (OPENJET_PREFILL_GEMM; by default the
+    engine picks one per shape, so both must hold). Also checked against the emulation."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", kernel)
     rng = np.random.default_rng(16)
     n, k = (48, 5120) if qtype == "F32" else (1040, 2560)  # 65 tiles: the group/tile split of the grid
     w = rng.standard_normal((n, k), dtype=np.float32)
     raw = w if qtype == "F32" else quantize(w, Q[qtype])
     x = random_x(rng, 128, k)
     steps = np.concatenate([kt.gemv(Q[qtype], raw, x[i:i + 8]) for i in range(0, 128, 8)])
-    for t in (9, 37, 128):
+    for t in (9, 37, 120, 128):  # F32: 120 = full groups only, in one launch
         np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), steps[:t], err_msg=f"T={t}")
     # steps' rows 121..127 came from one 8-row call: a 3-row tail call must agree with it too
     np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[125:128]), steps[125:128])

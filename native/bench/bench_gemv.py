@@ -31,8 +31,8 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, "128-shared")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128); "-shared":
-                                      # OPENJET_PREFILL_GEMM=shared (the opt-in kernel)
+PREFILL_TS = (32, 128, "128-grouped", "128-shared")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
+# with the default kernel choice; "-grouped" / "-shared": OPENJET_PREFILL_GEMM forcing one of the two
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -99,8 +99,8 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     out = {"type": qtype, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies, "us": {}, "shape": {}}
     for key in ts:
         t = int(str(key).split("-")[0])
-        if str(key).endswith("-shared"):
-            os.environ["OPENJET_PREFILL_GEMM"] = "shared"
+        if "-" in str(key):
+            os.environ["OPENJET_PREFILL_GEMM"] = str(key).split("-")[1]
         try:
             probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
             reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))

@@ -574,23 +574,40 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     }
 }
 
+// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and benchmarks
+// run both; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
+// least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
+// wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
+// loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
+// leave SMs idle or in a tail wave.
+enum class PrefillGemm { kAuto, kShared, kGrouped };
+
+inline PrefillGemm prefill_gemm_choice() {
+    const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
+    if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
+    if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
+    return PrefillGemm::kAuto;
+}
+
 template <int QT>
-cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool* launched) {
+cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
     *launched = false;
-    int dev = 0, optin = 0;
+    int dev = 0, optin = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
     constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
     if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
-    auto kernel = prefill_mma_kernel<QT>;
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
-    if (opted != cudaSuccess) return opted;
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
+    if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
+    auto kernel = prefill_mma_kernel<QT>;
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
+    if (opted != cudaSuccess) return opted;
     kernel<<<static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, PrefillShape<QT>::kSmemBytes, stream>>>(
         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
     *launched = true;
@@ -614,17 +631,15 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// Decode (t <= 8): one group per block. Prefill: four groups per block (a group past t reads zeros and
-// writes nothing); with OPENJET_PREFILL_GEMM=shared, the shared-activation kernel where its shared memory
-// fits the GPU. That kernel was written on 2026-12-01 after the session's GPU time was spent: it stays
-// opt-in until tests/test_gpu_gemv.py and test_gpu_engine.py (which run both) pass on a GPU.
+// Decode (t <= 8): one group per block. Prefill: the shared-activation kernel where prefill_gemm_choice()
+// and its shared memory allow, else four groups per block (a group past t reads zeros and writes nothing).
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
-    const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
-    if (choice && std::strcmp(choice, "shared") == 0) {
+    const PrefillGemm choice = prefill_gemm_choice();
+    if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
-        const cudaError_t e = launch_prefill_mma<QT>(a, stream, &launched);
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
         if (e != cudaSuccess || launched) return e;
     }
     return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);

@@ -18,11 +18,12 @@ What v1 is (and is not):
 * ``mtp_draft`` runs the MTP head on the device one draft step per call of the C API (its cache is filled by
   every decode and prefill step); the host picks each drafted token. tests/test_gpu_engine.py checks it
   against the reference (passed on the H200, 2026-12-01).
-* ``verify`` / ``accept`` (speculative.py's cycle): with ``native_verify`` the device keeps the committed GDN
-  state through a verify step and ``accept(n)`` replays only the GDN recurrence over the kept rows; off
-  (checkpoint + decode + truncate) until its GPU test has passed. ``decode_top`` (what the sampler uses for
-  greedy and top_k <= 32 requests) ranks on the device with ``native_top``, else on the host. Both device
-  paths were written on 2026-12-01 after that session's device time was spent: not yet run.
+* ``verify`` / ``accept`` (speculative.py's cycle): the device keeps the committed GDN state through a verify
+  step and ``accept(n)`` replays only the GDN recurrence over the kept rows (``native_verify``; without the
+  MTP head, or with it False, the interface's checkpoint + decode + truncate). ``decode_top`` (what the
+  sampler uses for greedy and top_k <= 32 requests) ranks on the device (``native_top``; False: on the host).
+  Both device paths passed their GPU tests on the H200 on 2026-12-01 (bits equal to decode, ids equal to
+  the host ranking) and are on by default since.
 * Files: the unsloth Q4_K_M recipe (the synthetic models use it) and plain llama-quantize Q4_K_M files, whose
   four differing tensor roles are re-encoded at load (model/reencode.py).
 """
@@ -259,17 +260,16 @@ class CudaEngine(Engine):
         self._count_step(len(ids32), t0)
         return out
 
-    # The device's verify / accept (openjet_engine_verify): no checkpoint, no trunk replay. Off until
-    # tests/test_gpu_engine.py::test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows passes on
-    # a GPU (written 2026-12-01 after the session's device time was spent); until then the interface's
-    # checkpoint + decode + truncate.
-    native_verify = False
+    # The device's verify / accept (openjet_engine_verify): no checkpoint, no trunk replay. Its shadow state
+    # and input ring exist only with the MTP head; False (or no head): the interface's checkpoint + decode +
+    # truncate. tests/test_gpu_engine.py checks both give decode's bits.
+    native_verify = True
 
     def verify(self, state: CudaState, tokens: TokenIds) -> StepOutput:
         """A speculative verify step over [token, drafts...]: decode's logits and hidden rows, but the sequence
         stays where it was until accept(state, n) commits the first n rows, replaying only the GDN recurrence
         from the inputs the step kept (no trunk replay). Needs the MTP head (load with mtp=True)."""
-        if not self.native_verify:
+        if not (self.native_verify and self.has_mtp):
             return super().verify(state, tokens)
         ids32 = self._step_ids(state, tokens, "verify")
         t = len(ids32)
@@ -285,7 +285,7 @@ class CudaEngine(Engine):
 
     def accept(self, state: CudaState, n: int) -> None:
         """Commit the first n rows of the pending verify step (1 <= n <= its rows)."""
-        if not self.native_verify:
+        if not (self.native_verify and self.has_mtp):
             return super().accept(state, n)
         self._check_state(state)
         self._check(self._lib.openjet_engine_accept(self._handle, int(n)), "accept")
@@ -293,10 +293,8 @@ class CudaEngine(Engine):
         state.verify_rows = 0
         self._pending = []
 
-    # The device's top-k (openjet_engine_decode_top). Off until tests/test_gpu_topk.py and test_gpu_engine.py's
-    # decode_top test pass on a GPU (written 2026-12-01 after the session's device time was spent); until then
-    # the interface's decode + ranking on the host.
-    native_top = False
+    # The device's top-k (openjet_engine_decode_top); False: the interface's decode + ranking on the host.
+    native_top = True
 
     def decode_top(self, state: CudaState, tokens: TokenIds, *, k: int = GPU_MAX_TOP_K,
                    n_valid: int | None = None, penalties: dict[int, float] | None = None) -> TopOutput:
