@@ -25,8 +25,9 @@
 # call returns, so a second call nearly always writes the model again (~4 min). The model is far too large
 # to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf, BUDGET_S=570,
 # BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
-# tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, at most 200 s, its
-# output in $OUT/while-synth.log; only when the model is being written).
+# tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, at most WHILE_SYNTH_S
+# = 200 s, its output in $OUT/while-synth.log; only when the model is being written). The device returns
+# at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log come back packed in $OUT/misc.tgz.
 set -o pipefail
 START=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -62,7 +63,7 @@ say "library built for sm_$(gpu_arch)"
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
 if [ -n "$SYNTH_PID" ] && [ -n "${WHILE_SYNTH:-}" ]; then
   say "while the model is written: $WHILE_SYNTH"
-  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout 200 bash -c "$WHILE_SYNTH" \
+  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout "${WHILE_SYNTH_S:-200}" bash -c "$WHILE_SYNTH" \
     > "$OUT/while-synth.log" 2>&1
   say "done (rc $?): $(tail -1 "$OUT/while-synth.log")"
 fi
@@ -112,3 +113,4 @@ for kv, r in d["runs"].items():
 print("footprint", json.dumps({k: v for k, v in (d.get("footprint_32k_q8_0") or {}).items() if k != "assumption"}))
 print("acceptance", json.dumps(d.get("acceptance")))
 PY
+(cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log 2>/dev/null)

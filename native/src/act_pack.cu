@@ -5,7 +5,7 @@ namespace openjet {
 namespace {
 
 template <bool kNorm>
-__global__ void __launch_bounds__(kRowThreads) pack_act_kernel(const float* __restrict__ x, int k,
+__global__ void __launch_bounds__(kPackThreads) pack_act_kernel(const float* __restrict__ x, int k,
                                                                const float* __restrict__ norm_w, float eps,
                                                                ActPack p) {
     const int row = blockIdx.x;
@@ -20,9 +20,9 @@ cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, f
                             cudaStream_t stream) {
     if (!x || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (norm_w)
-        pack_act_kernel<true><<<t, kRowThreads, 0, stream>>>(x, k, norm_w, eps, p);
+        pack_act_kernel<true><<<t, kPackThreads, 0, stream>>>(x, k, norm_w, eps, p);
     else
-        pack_act_kernel<false><<<t, kRowThreads, 0, stream>>>(x, k, nullptr, eps, p);
+        pack_act_kernel<false><<<t, kPackThreads, 0, stream>>>(x, k, nullptr, eps, p);
     return cudaGetLastError();
 }
 

@@ -47,21 +47,27 @@ __device__ __forceinline__ int act_quad_pos(int i) {
     return (i & ~3) | (r == 1 ? 2 : r == 2 ? 1 : r);
 }
 
+// Threads of the kernels that pack a row (one block per row). At T = 1 a row is the whole launch on one SM,
+// so its passes are latency-bound: 1024 threads take a 17,408-element row in 17 steps instead of 68. The
+// bits do not depend on the count (a maximum; each 32-block summed by one warp; row_rms_scale's fixed order).
+constexpr int kPackThreads = 1024;
+
 // Packs row `row` of the pack from value(i), i in [0, k) (called twice per element: it must be pure), by
-// the whole block of kRowThreads threads. Sums and maxima run in a fixed order: the bits depend on the row.
+// the whole block of kPackThreads threads. Sums and maxima run in a fixed order: the bits depend on the row.
 template <class Value>
 __device__ __forceinline__ void pack_act_row(const Value& value, int k, const ActPack& p, int row) {
-    __shared__ float part[kRowThreads / 32];
+    constexpr int kThreads = kPackThreads;
+    __shared__ float part[kThreads / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float m = 0.0f;
-    for (int i = threadIdx.x; i < k; i += kRowThreads) m = fmaxf(m, fabsf(value(i)));
+    for (int i = threadIdx.x; i < k; i += kThreads) m = fmaxf(m, fabsf(value(i)));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) part[warp] = m;
     __syncthreads();
     float amax = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kRowThreads / 32; ++w) amax = fmaxf(amax, part[w]);
+    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, part[w]);
     __syncthreads();  // part may be reused by the caller
     int e = 0;
     frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
@@ -69,7 +75,7 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     const float s = ldexpf(1.0f, sh);
     __half* h = p.h + static_cast<long long>(row) * k;
     __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
-    for (int b = warp; b < k / kActBlock; b += kRowThreads / 32) {
+    for (int b = warp; b < k / kActBlock; b += kThreads / 32) {
         const int i = b * kActBlock + lane;
         const __half v = __float2half_rn(__fmul_rn(value(i), s));
         h[act_quad_pos(i)] = v;

@@ -1,27 +1,27 @@
-// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): one block of kRowThreads per row.
+// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): one block of kPackThreads per row.
 #include "elementwise.cuh"
 
 namespace openjet {
 namespace {
 
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kPackThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
                      float eps, float* __restrict__ a_out, ActPack p) {
     const int row = blockIdx.x;
     float* hr = h + static_cast<long long>(row) * k;
     if (delta) {
         const float* dr = delta + static_cast<long long>(row) * k;
-        for (int i = threadIdx.x; i < k; i += kRowThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
+        for (int i = threadIdx.x; i < k; i += kPackThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
     }
     __syncthreads();
     const float scale = row_rms_scale(hr, k, eps);
     const auto value = [&](int i) { return __fmul_rn(__fmul_rn(hr[i], scale), w[i]); };
     if (a_out)
-        for (int i = threadIdx.x; i < k; i += kRowThreads) a_out[static_cast<long long>(row) * k + i] = value(i);
+        for (int i = threadIdx.x; i < k; i += kPackThreads) a_out[static_cast<long long>(row) * k + i] = value(i);
     pack_act_row(value, k, p, row);
 }
 
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kPackThreads)
 swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
     const int row = blockIdx.x;
     const float* g = gate + static_cast<long long>(row) * k;
@@ -34,14 +34,14 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    add_norm_pack_kernel<<<t, kRowThreads, 0, stream>>>(h, delta, w, k, eps, a_out, p);
+    add_norm_pack_kernel<<<t, kPackThreads, 0, stream>>>(h, delta, w, k, eps, a_out, p);
     return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
                                cudaStream_t stream) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    swiglu_pack_kernel<<<t, kRowThreads, 0, stream>>>(gate, up, k, p);
+    swiglu_pack_kernel<<<t, kPackThreads, 0, stream>>>(gate, up, k, p);
     return cudaGetLastError();
 }
 

@@ -2,7 +2,7 @@
 // the next GEMV needs (act_pack.cuh's format and arithmetic, bit for bit):
 //   add_norm_pack: h += delta; a = rms(h) * w; (a written as float when asked); a -> the pack.
 //   swiglu_pack:   a = silu(gate) * up -> the pack (the ffn_down input).
-// One block of kRowThreads per token row, in a fixed order (the add, the squares of row_rms_scale, the
+// One block of kPackThreads per token row, in a fixed order (the add, the squares of row_rms_scale, the
 // packer's max and sums), so each row's arithmetic depends on that row alone: T rows give the bits of T
 // one-row calls.
 #pragma once

@@ -8,14 +8,18 @@ namespace openjet {
 constexpr int kRowThreads = 256;  // one block of this many threads per token row
 
 // rsqrt(mean(x[0..k)^2) + eps) for the calling block's row, returned to every thread. The sum runs in a
-// fixed order (thread-strided, then lanes by xor butterfly, then warps 0..7), so it depends on x alone.
+// fixed order (thread-strided over the first kRowThreads threads, then lanes by xor butterfly, then warps
+// 0..7), so it depends on x alone, whatever the block size (>= kRowThreads: larger blocks' other threads
+// wait; the pack kernels run 1024 threads for their other passes and keep these bits).
 __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int k, float eps) {
     __shared__ float part[kRowThreads / 32];
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < k; i += kRowThreads) s = __fmaf_rn(x[i], x[i], s);
+    if (threadIdx.x < kRowThreads) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < k; i += kRowThreads) s = __fmaf_rn(x[i], x[i], s);
 #pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+        for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    }
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
