@@ -31,7 +31,7 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, "128-grouped", "128-shared", "128-shared8")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
+PREFILL_TS = (32, 128, "128-grouped", "128-shared")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
 # with the default kernel choice; "-grouped" / "-shared": OPENJET_PREFILL_GEMM forcing one of the two
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long

@@ -473,31 +473,29 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // ------------------------------------------------------------------------------------------ prefill
 
 // Prefill (t > 8 rows): the grouped kernel above re-reads the activations from L2 for every 16-row tile,
-// which bounds it near 45 TFLOP/s on the H200. This one stages them in shared memory for W tiles at once
-// (W = 4, or 8 where the GPU's shared memory allows: twice the reuse of each staged activation and twice
-// the warps per SM): a block = W warps x one 16-row tile each, over the same kPrefillGroups groups
+// which bounds it near 45 TFLOP/s on the H200. This one stages them in shared memory for kPrefillWarps
+// tiles at once: a block = kPrefillWarps warps x one 16-row tile each, over the same kPrefillGroups groups
 // of 8 token rows; each unit's activations (and 32-block sums) are copied once per block, beside each
 // warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
 // summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
 // one quarter each.
+constexpr int kPrefillWarps = 4;
 constexpr int kPrefillStages = 3;
 constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
 constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
 constexpr int kBStageHalves = kPrefillGroups * kBGroupHalves;
 
-template <int QT, int W> struct PrefillShape {
-    static constexpr int kWeightBytes = W * kPrefillStages * MmaShape<QT>::kStageWords * 16;
+template <int QT> struct PrefillShape {
+    static constexpr int kWeightBytes = kPrefillWarps * kPrefillStages * MmaShape<QT>::kStageWords * 16;
     static constexpr int kSmemBytes = kWeightBytes + kPrefillStages * kBStageHalves * 2 + 16;
-    static constexpr int kStaticBytes = sizeof(float) * W * kPrefillGroups * 32 * 4;  // total[] below
 };
 
-// Block-wide (W warps) cp.async of unit u's activations for groups grp0.. (rows < t only) into one B stage.
-template <int W>
+// Block-wide cp.async of unit u's activations for groups grp0.. (rows < t only) into one B stage.
 __device__ __forceinline__ void copy_act_unit(const ActPack& x, int k, int t, int grp0, int u, __half* dst) {
     constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
     constexpr int kChunks = kPrefillGroups * kActRows * (kRowChunks + 2);
     const int kb2 = k / kActBlock * 2;
-    for (int i = threadIdx.x; i < kChunks; i += W * 32) {
+    for (int i = threadIdx.x; i < kChunks; i += kPrefillWarps * 32) {
         const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 kPrefillGroups - 1
         const long long col = static_cast<long long>(grp0) * kActRows + row;
         if (col >= t) continue;
@@ -511,26 +509,26 @@ __device__ __forceinline__ void copy_act_unit(const ActPack& x, int k, int t, in
     }
 }
 
-template <int QT, int W>
-__global__ void __launch_bounds__(W * 32, 1)
+template <int QT>
+__global__ void __launch_bounds__(kPrefillWarps * 32, 1)
 prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                    int blocks_per_rows, float* __restrict__ y) {
     constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
-    __shared__ float total[W][NG][32][4];
+    __shared__ float total[kPrefillWarps][NG][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int grp0 = blockIdx.x % blocks_per_rows * NG;
-    const int row0 = (blockIdx.x / blocks_per_rows * W + warp) * kMmaRows;
+    const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;
     const int nu = k / kUnitElems;
     const uintptr_t base = reinterpret_cast<uintptr_t>(w);
     uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
-    __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT, W>::kWeightBytes);
+    __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT>::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
             copy_tile_unit<QT>(base, row_bytes, n, row0, u, wsm + (u % kPrefillStages) * S::kStageWords, lane);
-            copy_act_unit<W>(x, k, t, grp0, u, bsm + (u % kPrefillStages) * kBStageHalves);
+            copy_act_unit(x, k, t, grp0, u, bsm + (u % kPrefillStages) * kBStageHalves);
         }
         cp_async_commit();
     };
@@ -576,45 +574,41 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     }
 }
 
-// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared (4 warps), shared8 (8 warps, where the GPU's
-// shared memory takes it) or grouped forces one (tests and benchmarks run each; they give the same bits),
-// else the 4-warp shared-activation kernel where its grid fills the GPU at least three times over.
-// Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it wins from 384 blocks of
-// 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and loses below (n = 5120, 320
-// blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles leave SMs idle or in a tail
-// wave. The 8-warp variant is new (2026-12-01, after that run): measured next, default if it wins.
-enum class PrefillGemm { kAuto, kShared, kShared8, kGrouped };
+// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and benchmarks
+// run both; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
+// least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
+// wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
+// loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
+// leave SMs idle or in a tail wave.
+enum class PrefillGemm { kAuto, kShared, kGrouped };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
-    if (choice && std::strcmp(choice, "shared8") == 0) return PrefillGemm::kShared8;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
     return PrefillGemm::kAuto;
 }
 
-// Launches the W-warp shared-activation kernel unless its shared memory does not fit the GPU or (unless
-// forced) its grid is under three waves; *launched says which.
-template <int QT, int W>
+template <int QT>
 cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
-    using P = PrefillShape<QT, W>;
     *launched = false;
     int dev = 0, optin = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
-    if (P::kSmemBytes + P::kStaticBytes > optin) return cudaSuccess;  // the caller takes another kernel
+    constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
+    if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
-    const long long row_blocks = (a.n + W * kMmaRows - 1) / (W * kMmaRows);
+    const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
-    auto kernel = prefill_mma_kernel<QT, W>;
+    auto kernel = prefill_mma_kernel<QT>;
     static const cudaError_t opted =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
     if (opted != cudaSuccess) return opted;
-    kernel<<<static_cast<unsigned>(row_blocks * per_rows), W * 32, P::kSmemBytes, stream>>>(
+    kernel<<<static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, PrefillShape<QT>::kSmemBytes, stream>>>(
         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
     *launched = true;
     return cudaGetLastError();
@@ -643,12 +637,11 @@ template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
     const PrefillGemm choice = prefill_gemm_choice();
-    bool launched = false;
-    cudaError_t e = cudaSuccess;
-    if (choice == PrefillGemm::kShared8) e = launch_prefill_mma<QT, 8>(a, stream, true, &launched);
-    if (e == cudaSuccess && !launched && choice != PrefillGemm::kGrouped)
-        e = launch_prefill_mma<QT, 4>(a, stream, choice != PrefillGemm::kAuto, &launched);
-    if (e != cudaSuccess || launched) return e;
+    if (choice != PrefillGemm::kGrouped) {
+        bool launched = false;
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
+        if (e != cudaSuccess || launched) return e;
+    }
     return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
 }
 
