@@ -128,11 +128,19 @@ class Sampler:
         if self.params.greedy:
             token = int(ids[0])
         else:
-            order, probs = self._survivors(np.asarray(values), np.asarray(ids))
-            by_id = np.argsort(order, kind="stable")
-            token = int(order[by_id][self.draw(probs[by_id])])
+            order, probs = self.distribution_top(values, ids)
+            token = int(order[self.draw(probs)])
         self.note(token)
         return token
+
+    def distribution_top(self, values: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """probabilities() from one row's top logits (ranked as top_k_order ranks them, at least top_k of them,
+        penalties applied), as (surviving ids in increasing order, their probabilities): the non-zeros of
+        probabilities(), the same numbers in the same order."""
+        k = self.params.top_k if self.params.top_k > 0 else len(ids)
+        order, probs = self._survivors(np.asarray(values)[:k], np.asarray(ids)[:k])
+        by_id = np.argsort(order, kind="stable")
+        return order[by_id], probs[by_id]
 
     def _penalised(self, logits: np.ndarray) -> np.ndarray:
         z = np.asarray(logits[: self.n_valid], dtype=np.float32)

@@ -12,6 +12,12 @@ step (Engine.verify), keep a prefix of the drafts, take the target's next token,
   p_{n+1}. Every emitted token then has exactly the distribution of plain sampling; only the random stream
   differs, so a seed gives other (equally distributed) tokens than without drafts.
 Penalties depend on the tokens before each row, drafts included, so requests with penalties do not speculate.
+
+Distributions are kept sparse, as (ids in increasing order, probabilities): the survivors of the request's
+transform. When the request needs only the top logits (greedy, or top_k <= GPU_MAX_TOP_K) the verify step
+hands over each row's top k (Engine.verify_top: on the CUDA engine ranked on the device) and nothing touches
+the whole vocabulary; the numbers, the random draws and hence the tokens are those of the dense computation
+(tests/test_speculative.py checks this against a dense implementation).
 """
 
 from __future__ import annotations
@@ -20,8 +26,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.interface import Engine, SequenceState
+from .engine.interface import Engine, SequenceState, top_k_order
 from .sampling import GPU_MAX_TOP_K, Sampler
+
+Dist = tuple[np.ndarray, np.ndarray]  # (token ids, increasing; their probabilities, float64)
+
+
+def sparse(probs: np.ndarray) -> Dist:
+    """A dense distribution over the vocabulary as (its non-zero ids, their probabilities)."""
+    ids = np.flatnonzero(probs)
+    return ids, probs[ids]
+
+
+def prob_at(dist: Dist, ids: np.ndarray) -> np.ndarray:
+    """The distribution's probabilities of `ids` (0 where it has none)."""
+    have, probs = dist
+    at = np.minimum(np.searchsorted(have, ids), len(have) - 1)
+    return np.where(have[at] == ids, probs[at], 0.0)
+
+
+def row_distribution(sampler: Sampler, logits: np.ndarray, k: int | None) -> Dist:
+    """The request's distribution for one row of logits: from its top k (k = the sampler's top_request) when
+    set, else from the whole row."""
+    if k is None:
+        return sparse(sampler.probabilities(logits))
+    z = np.asarray(logits[: sampler.n_valid], dtype=np.float32)
+    order = top_k_order(z, k)
+    return sampler.distribution_top(z[order], order)
 
 
 def can_speculate(engine: Engine, sampler: Sampler, n_draft: int) -> bool:
@@ -36,15 +67,17 @@ class Cycle:
     drafted: int
 
 
-def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: list[int],
-                   sampler: Sampler) -> tuple[int, int]:
+def accept_sampled(p_rows: list[Dist], q_rows: list[Dist], drafts: list[int], sampler: Sampler) -> tuple[int, int]:
     """(number of kept drafts, next token) by exact speculative sampling: p_rows [n + 1] target distributions,
     q_rows [n] draft distributions the drafts were drawn from."""
     for k, d in enumerate(drafts):
-        if sampler.rng.random() * q_rows[k][d] < p_rows[k][d]:      # u < p/q (q(d) > 0: d was drawn from q)
+        p_d, q_d = prob_at(p_rows[k], np.array([d]))[0], prob_at(q_rows[k], np.array([d]))[0]
+        if sampler.rng.random() * q_d < p_d:                        # u < p/q (q(d) > 0: d was drawn from q)
             continue
-        return k, sampler.draw(np.maximum(p_rows[k] - q_rows[k], 0.0))
-    return len(drafts), sampler.draw(p_rows[len(drafts)])
+        ids, p = p_rows[k]                                          # max(p - q, 0) is 0 outside p's support
+        return k, int(ids[sampler.draw(np.maximum(p - prob_at(q_rows[k], ids), 0.0))])
+    ids, p = p_rows[len(drafts)]
+    return len(drafts), int(ids[sampler.draw(p)])
 
 
 def plain_step(engine: Engine, state: SequenceState, sampler: Sampler, token: int) -> int:
@@ -61,20 +94,31 @@ def plain_step(engine: Engine, state: SequenceState, sampler: Sampler, token: in
 def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, token: int, n_draft: int) -> Cycle:
     """One cycle after `token` (chosen, not yet processed): on return `state` holds token and the kept drafts."""
     greedy = sampler.params.greedy
+    k_top = sampler.top_request(GPU_MAX_TOP_K)                 # 1 when greedy; None: the whole rows
+    q_rows: list[Dist] = []
     if greedy:
         draft = engine.mtp_draft(state, token, n_draft)
     else:
-        draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: sampler.draw(sampler.probabilities(lg)))
+        def choose(logits: np.ndarray) -> int:
+            q_rows.append(row_distribution(sampler, logits, k_top))
+            ids, q = q_rows[-1]
+            return int(ids[sampler.draw(q)])
+        draft = engine.mtp_draft(state, token, n_draft, choose=choose)
     drafts = list(draft.tokens)
-    out = engine.verify(state, [token, *drafts])
+    rows = [token, *drafts]
+    if k_top is not None:
+        top = engine.verify_top(state, rows, k=k_top, n_valid=sampler.n_valid)
+        p_rows = [sampler.distribution_top(v, i) for v, i in zip(top.values, top.ids)] if not greedy else []
+        targets = [int(i[0]) for i in top.ids]
+    else:
+        out = engine.verify(state, rows)
+        p_rows = [row_distribution(sampler, row, None) for row in out.logits]
     if greedy:
-        targets = [int(np.argmax(row[: sampler.n_valid])) for row in out.logits]
         k = 0
         while k < len(drafts) and drafts[k] == targets[k]:
             k += 1
         next_token = targets[k]
     else:
-        k, next_token = accept_sampled([sampler.probabilities(row) for row in out.logits],
-                                       [sampler.probabilities(row) for row in draft.logits], drafts, sampler)
+        k, next_token = accept_sampled(p_rows, q_rows, drafts, sampler)
     engine.accept(state, 1 + k)                             # keep token and the k kept drafts
     return Cycle(drafts[:k], next_token, len(drafts))

@@ -64,6 +64,13 @@ class FakeLib:
             self.pending = t
         return rc
 
+    def openjet_engine_verify_top(self, h, ids, t, k, n_valid, values, top_ids, hidden):
+        rc = self._step("verify_top", ids, t)
+        if rc == 0:
+            self.pending = t
+            np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = np.arange(k)[::-1]
+        return rc
+
     def openjet_engine_accept(self, h, n):
         if not 1 <= n <= self.pending:
             return self._fail(f"accept: n = {n} is not 1..{self.pending}")
@@ -178,3 +185,19 @@ def test_native_top_returns_the_devices_rows_and_advances(engine):
     assert top.ids.shape == (2, 4) and list(top.ids[0]) == [0, 1, 2, 3] and state.tokens == (7, 8)
     with pytest.raises(OpenJetError, match="at most 8 tokens"):
         engine.decode_top(state, list(range(9)), k=4)
+
+
+def test_verify_top_is_a_verify_step_that_returns_the_devices_rows(engine):
+    """verify_top goes through openjet_engine_verify_top (the device's ranking), holds the sequence like
+    verify until accept, and without native_top takes the interface's verify + host ranking."""
+    lib = engine._lib
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    top = engine.verify_top(state, [3, 4, 5], k=4)
+    assert lib.calls[-1] == ("verify_top", [3, 4, 5]) and list(top.ids[0]) == [3, 2, 1, 0]
+    assert state.n_tokens == 2 and lib.pending == 3
+    engine.accept(state, 2)
+    assert state.tokens == (1, 2, 3, 4) and lib.n_past == 4
+    engine.native_top = False
+    engine.verify_top(state, [6, 7], k=2)
+    assert lib.calls[-1] == ("verify", [6, 7])

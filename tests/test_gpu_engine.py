@@ -495,6 +495,35 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
         engine.close()
 
 
+@pytest.mark.parametrize("k", [1, 20])
+def test_verify_top_gives_the_ranking_of_the_logits_verify_gives(models, k):
+    """verify_top (the verify step ranked on the device) equals the host ranking of the logits verify returns
+    from the same state, values bit for bit, and accept after it leaves what accept after verify leaves."""
+    from openjet_launcher.engine.interface import top_k_order
+    ids = np.random.default_rng(41).integers(0, 4096, 40)
+    engine = CudaEngine.load(models["tiny"], n_ctx=128, n_checkpoints=2)
+    try:
+        n_valid = engine.config.shape.n_vocab - 3
+        state = engine.new_state()
+        engine.prefill(state, ids[:30])
+        full = engine.verify(state, ids[30:35]).logits
+        engine.accept(state, 3)
+        after_full = engine.decode(state, ids[35:36]).logits
+        state = engine.new_state()
+        engine.prefill(state, ids[:30])
+        top = engine.verify_top(state, ids[30:35], k=k, n_valid=n_valid)
+        engine.accept(state, 3)
+        after_top = engine.decode(state, ids[35:36]).logits
+        for r in range(5):
+            order = top_k_order(full[r][:n_valid], k)
+            np.testing.assert_array_equal(top.ids[r], order, err_msg=f"row {r}")
+            np.testing.assert_array_equal(top.values[r], full[r][order], err_msg=f"row {r}")
+        np.testing.assert_array_equal(after_top, after_full)
+        report(test="verify_top", rows=5, k=k, equal=True)
+    finally:
+        engine.close()
+
+
 def _greedy_after(engine: CudaEngine, parts: list[np.ndarray], chunk_size: int, n: int = 32) -> list[int]:
     """Greedy ids after prefilling the prompt in `parts` (separate prefill calls: turns of a conversation)."""
     state = engine.new_state()

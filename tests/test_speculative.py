@@ -8,7 +8,7 @@ import pytest
 from openjet_launcher.model.synth import synthesize
 from openjet_launcher.reference import ReferenceEngine
 from openjet_launcher.sampling import Sampler, SamplingParams
-from openjet_launcher.speculative import accept_sampled, speculative_cycle
+from openjet_launcher.speculative import accept_sampled, sparse, speculative_cycle
 
 # chi-square critical values at significance 1e-3 by degrees of freedom (scipy.stats.chi2.ppf(0.999, df))
 CHI2_999 = {3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26}
@@ -35,7 +35,7 @@ def test_accept_sampled_keeps_the_target_distribution():
     first, second = np.zeros(6), np.zeros(6)
     for _ in range(20000):
         drafts = [sampler.draw(q0), sampler.draw(q1)]
-        k, nxt = accept_sampled([p0, p1, p2], [q0, q1], drafts, sampler)
+        k, nxt = accept_sampled([sparse(p) for p in (p0, p1, p2)], [sparse(q0), sparse(q1)], drafts, sampler)
         emitted = drafts[:k] + [nxt]
         first[emitted[0]] += 1
         if k >= 1:
@@ -108,3 +108,66 @@ def test_verify_then_accept_keeps_the_first_rows_as_decode_would(tiny):
     engine.accept(state, 2)
     assert state.tokens == tuple(ids[:12])
     np.testing.assert_array_equal(engine.decode(state, ids[12:13]).logits, expected)
+
+
+def dense_cycle(engine, state, sampler: Sampler, token: int, n_draft: int) -> tuple[list[int], int]:
+    """The textbook cycle over whole-vocabulary distributions (Sampler.probabilities of every row), the oracle
+    of the sparse one: (kept drafts, next token)."""
+    draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: sampler.draw(sampler.probabilities(lg)))
+    drafts = list(draft.tokens)
+    out = engine.verify(state, [token, *drafts])
+    p = [sampler.probabilities(row) for row in out.logits]
+    q = [sampler.probabilities(row) for row in draft.logits]
+    for k, d in enumerate(drafts):
+        if sampler.rng.random() * q[k][d] < p[k][d]:
+            continue
+        engine.accept(state, 1 + k)
+        return drafts[:k], sampler.draw(np.maximum(p[k] - q[k], 0.0))
+    engine.accept(state, 1 + len(drafts))
+    return drafts, sampler.draw(p[len(drafts)])
+
+
+@pytest.mark.parametrize("top_k", [8, 0])
+def test_the_sparse_cycle_emits_the_dense_cycles_tokens(tiny, top_k):
+    """speculative_cycle keeps distributions as their survivors and, with top_k <= 32, reads only each verify
+    row's top k (Engine.verify_top): the same numbers and random draws as the whole-vocabulary computation,
+    hence the same tokens for the same seed, cycle after cycle (top_k = 0: the whole rows, sparse after)."""
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9, min_p=0.02, seed=11)
+    prompt = [11, 402, 7, 1999, 3, 250, 96]
+    emitted = {}
+    for name in ("dense", "sparse"):
+        sampler = Sampler(params, tiny.config.shape.n_vocab)
+        state = tiny.new_state()
+        tiny.prefill(state, prompt)
+        token, out = 1234, []
+        for _ in range(12):
+            if name == "dense":
+                kept, token = dense_cycle(tiny, state, sampler, token, 3)
+            else:
+                cycle = speculative_cycle(tiny, state, sampler, token, 3)
+                kept, token = cycle.accepted, cycle.next_token
+            out += kept + [token]
+        emitted[name] = out
+    assert emitted["sparse"] == emitted["dense"]
+    assert len(emitted["dense"]) >= 12
+
+
+def test_verify_top_ranks_the_rows_verify_gives(tiny):
+    """The interface's verify_top: each row's top k of verify's logits (ties to the lower id), and the
+    sequence waits for accept as after verify."""
+    from openjet_launcher.engine.interface import top_k_order
+
+    ids = [5, 17, 300, 41, 9, 2000]
+    state = tiny.new_state()
+    tiny.prefill(state, ids[:3])
+    tiny.checkpoint(state)
+    full = tiny.verify(state, ids[3:]).logits
+    tiny.accept(state, 1)
+    tiny.truncate(state, 3)
+    top = tiny.verify_top(state, ids[3:], k=5, n_valid=4000)
+    for r, row in enumerate(full):
+        order = top_k_order(row[:4000], 5)
+        np.testing.assert_array_equal(top.ids[r], order)
+        np.testing.assert_array_equal(top.values[r], row[order])
+    tiny.accept(state, 2)
+    assert state.tokens == tuple(ids[:5])

@@ -520,7 +520,8 @@ def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine
     """The settings the launcher picks reach `serve`: the context and the KV format (q8_0 on a 24 GB card),
     chosen within what the CUDA engine v1 does (presets.CUDA_V1): no q4_0, the embedding table on the GPU."""
     from openjet_launcher.launcher import hardware
-    from openjet_launcher.launcher.main import plan_launch
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import DEFAULT_DRAFTS, plan_launch
     from openjet_launcher.launcher.presets import CUDA_V1, choose_settings
     from openjet_launcher.server import cli
 
@@ -538,3 +539,9 @@ def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine
     cli.add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(cmd[cmd.index("serve"):])          # `serve` takes what the launcher passes
     assert args.kv == "q8_0" and args.ctx == expected.n_ctx
+    assert args.draft == DEFAULT_DRAFTS                          # MTP speculation on by default
+    args = parser.parse_args(plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda",
+                                                       "--draft", "0")).command[cmd.index("serve"):])
+    assert args.draft == 0
+    with pytest.raises(OpenJetError, match="--draft 8"):
+        plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda", "--draft", "8"))

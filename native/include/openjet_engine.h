@@ -111,6 +111,9 @@ OPENJET_API int openjet_engine_decode_top(openjet_engine* engine, const int32_t*
  * bits a decode of those rows leaves), their KV and MTP cache rows stay, n_past advances by n. Between the
  * two, every call but accept and reset is refused. */
 OPENJET_API int openjet_engine_verify(openjet_engine* engine, const int32_t* ids, int t, float* logits, float* hidden);
+/* verify, handing back each row's top k as decode_top does (no penalties: speculation runs without them). */
+OPENJET_API int openjet_engine_verify_top(openjet_engine* engine, const int32_t* ids, int t, int k, int n_valid,
+                                          float* top_values, int32_t* top_ids, float* hidden);
 OPENJET_API int openjet_engine_accept(openjet_engine* engine, int n);
 
 /* Copies the recurrent + conv states and n_past into checkpoint slot `slot` (device to device). */

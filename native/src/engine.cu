@@ -746,6 +746,22 @@ struct TopRequest {
     int32_t* ids;     // host [t, k]
 };
 
+// Each of the t rows of e.logits ranked on the device (the request's penalties first), its top k copied to
+// the host: what decode_top and verify_top hand back instead of the logits.
+int top_rows(openjet_engine& e, int t, const TopRequest& top) {
+    mark(e, "topk");
+    if (top.n_pen) {
+        CHECK(cudaMemcpyAsync(e.pen_ids, top.pen_ids, sizeof(int32_t) * top.n_pen, cudaMemcpyHostToDevice, e.stream));
+        CHECK(cudaMemcpyAsync(e.pen_deltas, top.pen_deltas, sizeof(float) * top.n_pen, cudaMemcpyHostToDevice,
+                              e.stream));
+    }
+    CHECK(launch_topk(e.logits, t, e.cfg.n_vocab, top.n_valid, top.k, e.pen_ids, e.pen_deltas, top.n_pen,
+                      e.top_values, e.top_ids, e.top_work, e.stream));
+    CHECK(cudaMemcpyAsync(top.values, e.top_values, sizeof(float) * t * top.k, cudaMemcpyDeviceToHost, e.stream));
+    CHECK(cudaMemcpyAsync(top.ids, e.top_ids, sizeof(int32_t) * t * top.k, cudaMemcpyDeviceToHost, e.stream));
+    return OPENJET_OK;
+}
+
 int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
                 const TopRequest* top = nullptr) {
     const auto& c = e.cfg;
@@ -756,19 +772,7 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     if (logits || top) TRY(gemv(e, e.output, t, nullptr, e.logits));
     if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
-    if (top) {
-        mark(e, "topk");
-        if (top->n_pen) {
-            CHECK(cudaMemcpyAsync(e.pen_ids, top->pen_ids, sizeof(int32_t) * top->n_pen, cudaMemcpyHostToDevice,
-                                  e.stream));
-            CHECK(cudaMemcpyAsync(e.pen_deltas, top->pen_deltas, sizeof(float) * top->n_pen, cudaMemcpyHostToDevice,
-                                  e.stream));
-        }
-        CHECK(launch_topk(e.logits, t, c.n_vocab, top->n_valid, top->k, e.pen_ids, e.pen_deltas, top->n_pen,
-                          e.top_values, e.top_ids, e.top_work, e.stream));
-        CHECK(cudaMemcpyAsync(top->values, e.top_values, sizeof(float) * t * top->k, cudaMemcpyDeviceToHost, e.stream));
-        CHECK(cudaMemcpyAsync(top->ids, e.top_ids, sizeof(int32_t) * t * top->k, cudaMemcpyDeviceToHost, e.stream));
-    }
+    if (top) TRY(top_rows(e, t, *top));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
     TRY(commit_rows(e, t));
     CHECK(cudaStreamSynchronize(e.stream));
@@ -806,7 +810,8 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
 
 // A verify step: decode's trunk and lm_head over t <= 8 rows (the MTP cache rows of its pairs filled too),
 // but the committed GDN and conv states stay as they were; the GDN inputs wait in the ring for accept.
-int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden) {
+int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
+                const TopRequest* top = nullptr) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
@@ -818,6 +823,7 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     TRY(gemv(e, e.output, t, nullptr, e.logits));
     if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
+    if (top) TRY(top_rows(e, t, *top));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
     CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     mark(e, "mtp.fill");
@@ -960,6 +966,19 @@ extern "C" OPENJET_API int openjet_engine_verify(openjet_engine* e, const int32_
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify: the engine was created without the MTP head, and with it "
                     "the buffers speculation needs");
     return verify_impl(*e, ids, t, logits, hidden);
+}
+
+extern "C" OPENJET_API int openjet_engine_verify_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
+                                                     float* top_values, int32_t* top_ids, float* hidden) {
+    TRY(check_step(e, ids, t, "verify_top"));
+    if (!e->has_mtp)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify_top: the engine was created without the MTP head, and with "
+                    "it the buffers speculation needs");
+    if (!top_values || !top_ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > e->cfg.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify_top: null output, k = %d not in 1..%d, or n_valid = %d not "
+                    "in k..%d", k, kTopKMax, n_valid, e->cfg.n_vocab);
+    const TopRequest top{k, n_valid, nullptr, nullptr, 0, top_values, top_ids};
+    return verify_impl(*e, ids, t, nullptr, hidden, &top);
 }
 
 extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {

@@ -101,6 +101,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_accept": ([_P, ctypes.c_int], ctypes.c_int),
+        "openjet_engine_verify_top": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, f32p, i32p, f32p],
+                                      ctypes.c_int),
         "openjet_engine_decode_top": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, i32p, f32p, ctypes.c_int,
                                        f32p, i32p, f32p], ctypes.c_int),
     }
@@ -282,6 +284,25 @@ class CudaEngine(Engine):
         state.verify_rows = t
         self._count_step(t, t0)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
+
+    def verify_top(self, state: CudaState, tokens: TokenIds, *, k: int, n_valid: int | None = None) -> TopOutput:
+        """verify, with each row ranked on the device (openjet_engine_verify_top): k values per row come back
+        instead of the vocabulary (with native_verify and native_top; else the interface's host ranking)."""
+        if not (self.native_verify and self.native_top and self.has_mtp):
+            return super().verify_top(state, tokens, k=k, n_valid=n_valid)
+        ids32 = self._step_ids(state, tokens, "verify_top")
+        t = len(ids32)
+        n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
+        values, top_ids = np.empty((t, k), np.float32), np.empty((t, k), np.int32)
+        i32 = ctypes.POINTER(ctypes.c_int32)
+        t0 = time.perf_counter()
+        rc = self._lib.openjet_engine_verify_top(self._handle, ids32.ctypes.data_as(i32), t, k, n_valid,
+                                                 _f32p(values), top_ids.ctypes.data_as(i32), _f32p(self._hidden[:t]))
+        self._check(rc, "verify_top")
+        self._pending = [int(x) for x in ids32]
+        state.verify_rows = t
+        self._count_step(t, t0)
+        return TopOutput(values, top_ids, self._hidden[:t].copy())
 
     def accept(self, state: CudaState, n: int) -> None:
         """Commit the first n rows of the pending verify step (1 <= n <= its rows)."""

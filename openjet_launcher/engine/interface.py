@@ -110,6 +110,23 @@ def top_k_order(z: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-z, kind="stable")
 
 
+def rank_rows(logits: np.ndarray, hidden: np.ndarray, k: int, n_valid: int | None,
+              penalties: dict[int, float] | None) -> TopOutput:
+    """Each row's top k logits among ids < n_valid after logit[id] -= delta (float32): decode_top's and
+    verify_top's answer computed on the host."""
+    n_valid = logits.shape[1] if n_valid is None else n_valid
+    values, ids = np.empty((len(logits), k), np.float32), np.empty((len(logits), k), np.int32)
+    for r, row in enumerate(logits):
+        z = np.asarray(row[:n_valid], dtype=np.float32)
+        if penalties:
+            z = z.copy()
+            for i, d in penalties.items():
+                z[i] = np.float32(z[i] - np.float32(d))
+        order = top_k_order(z, k)
+        values[r], ids[r] = z[order], order
+    return TopOutput(values, ids, hidden)
+
+
 @dataclass(frozen=True)
 class DraftOutput:
     """Chained MTP drafts: ``tokens[k]`` is ``choose(logits[k])``; ``hidden[k]`` is the MTP output h'."""
@@ -212,17 +229,7 @@ class Engine(abc.ABC):
         logit[id] -= delta for the penalties (float32): all a sampler with top-k <= k needs. Here: decode and
         rank on the host; the CUDA engine ranks on the device and copies k values per row, not the vocabulary."""
         out = self.decode(state, tokens)
-        n_valid = out.logits.shape[1] if n_valid is None else n_valid
-        values, ids = np.empty((len(out.logits), k), np.float32), np.empty((len(out.logits), k), np.int32)
-        for r, row in enumerate(out.logits):
-            z = np.asarray(row[:n_valid], dtype=np.float32)
-            if penalties:
-                z = z.copy()
-                for i, d in penalties.items():
-                    z[i] = np.float32(z[i] - np.float32(d))
-            order = top_k_order(z, k)
-            values[r], ids[r] = z[order], order
-        return TopOutput(values, ids, out.hidden)
+        return rank_rows(out.logits, out.hidden, k, n_valid, penalties)
 
     def verify(self, state: SequenceState, tokens: TokenIds) -> StepOutput:
         """A speculative verify step over [token, drafts...]: decode's output for these rows, to be followed by
@@ -234,6 +241,13 @@ class Engine(abc.ABC):
         out = self.decode(state, tokens)
         state.verify_rows = len(out.hidden)
         return out
+
+    def verify_top(self, state: SequenceState, tokens: TokenIds, *, k: int, n_valid: int | None = None) -> TopOutput:
+        """``verify``, but each row comes back as its top k logits among ids < n_valid, as decode_top gives
+        them (no penalties: speculation runs without them): what greedy verification (k = 1) and speculative
+        sampling with top-k <= k need. Here: verify and rank on the host; ``accept`` follows either way."""
+        out = self.verify(state, tokens)
+        return rank_rows(out.logits, out.hidden, k, n_valid, None)
 
     def accept(self, state: SequenceState, n: int) -> None:
         """Keep the first n rows (1 <= n <= its rows) of the verify step that ``state`` is waiting on."""

@@ -30,6 +30,11 @@ LOCK_NAME = "openjet-launch.lock"
 SERVE_PREFIX: list[str] | None = None  # None: `python -m openjet_launcher serve` (tests point it elsewhere)
 EXIT_ALREADY_RUNNING = 3
 SERVE_KV = {"fp16": "f16", "q8_0": "q8_0"}  # the presets' KV format -> `serve --kv` (the CUDA engine's names)
+# MTP drafts per step on the CUDA engine. H200, 27B synthetic model (bench/results/engine-full-h200-packs.json):
+# 3 drafts give the most tok/s or within 2% of it at every acceptance rate from 0.5 to 0.7 (1.55-2.1x plain
+# decoding's 67.8 tok/s) and 0.95x the best at 0.8; more drafts only pay above 0.8.
+DEFAULT_DRAFTS = 3
+MAX_DRAFTS = 7  # one GPU step verifies the token and at most 7 drafts (engine.interface.MAX_GPU_DECODE_TOKENS)
 
 
 def add_default_options(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +62,9 @@ def add_default_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fallback", choices=["llama-server"], default=None,
                    help="for a GGUF OpenJet's engine cannot run (another quant or architecture), serve it with "
                         "llama.cpp's llama-server from PATH instead, with the same host, port and context")
+    g.add_argument("--draft", type=int, default=None, metavar="N",
+                   help=f"MTP speculative decoding on the GPU with N drafts per step (0 turns it off, at most 7; "
+                        f"default {DEFAULT_DRAFTS}); the output is what plain decoding gives")
     g.add_argument("--no-tray", action="store_true",
                    help="no tray icon: status in the terminal, Ctrl-C stops (headless machines, services)")
     g.add_argument("--chat-url", default=None, metavar="URL",
@@ -117,6 +125,8 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     """Decide engine, model file, settings and command; raises OpenJetError with what to do."""
     demo = args.model == "demo"
     engine = args.engine or ("reference" if demo else "cuda")
+    if args.draft is not None and not 0 <= args.draft <= MAX_DRAFTS:
+        raise OpenJetError(f"--draft {args.draft}: choose 0 (no speculation) to {MAX_DRAFTS} drafts per step")
     notes: list[str] = []
     env: dict[str, str] = {}
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY")
@@ -168,7 +178,8 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         s = choose_settings(gpu.total_memory_bytes, gpu.free_memory_bytes, gpu.sm_count, gpu.compute_capability,
                             requested_ctx=args.ctx)   # within what the CUDA engine v1 does (presets.CUDA_V1)
         ctx = s.n_ctx
-        extra = ["--kv", SERVE_KV[s.kv_format]]
+        n_draft = DEFAULT_DRAFTS if args.draft is None else args.draft
+        extra = ["--kv", SERVE_KV[s.kv_format], "--draft", str(n_draft)]
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # by uuid: CUDA's order may differ from nvidia-smi's
         device = gpu.label
         notes.append(f"{gpu.label}: KV {s.kv_format}, context {s.n_ctx} tokens, prefill chunk {s.prefill_chunk}")

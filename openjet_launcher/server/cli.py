@@ -238,13 +238,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                f"{MAX_GPU_DECODE_TOKENS} tokens)")
         settings.max_top_k = GPU_MAX_TOP_K       # the API contract of the GPU path (design.md §6)
         # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill. With
-        # them, the host runs each cycle (speculative.py); a rejection rolls back by checkpoint and replay.
+        # them, the host runs each cycle (speculative.py); the device keeps the state a rejection returns to.
         use_mtp = args.draft > 0
         draft_ids = draft_vocabulary(tokenizer) if use_mtp else None
 
         kv_type = args.kv or "f16"
-        # The launcher's memory plan holds the working state and STATE_COPIES - 1 copies (launcher/memory.py).
-        n_checkpoints = STATE_COPIES - 1
+        # The launcher's memory plan holds STATE_COPIES states (launcher/memory.py): the live one, the one a
+        # rejected draft returns to (with drafts the engine's own verify shadow, else a checkpoint) and a
+        # checkpoint at the prompt's end.
+        n_checkpoints = STATE_COPIES - 2 if use_mtp else STATE_COPIES - 1
 
         def load():
             engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=kv_type, n_checkpoints=n_checkpoints, mtp=use_mtp)

@@ -172,14 +172,16 @@ def test_the_draft_vocabulary_is_used_only_where_the_list_maps_onto_the_model(te
 
 def test_serve_engine_cuda_loads_with_the_kv_format_and_checkpoints_the_memory_plan_assumes(tiny_path, monkeypatch):
     """`serve --engine cuda --kv q8_0` (what openjet-launch passes on a 24 GB card) loads the engine with that
-    KV format and the checkpoint count the launcher's memory plan holds (STATE_COPIES - 1); --draft adds the
-    MTP head."""
+    KV format and the state copies the launcher's memory plan holds (STATE_COPIES: the live state and
+    checkpoints; with --draft, which adds the MTP head, the engine's verify shadow takes one checkpoint's
+    place)."""
     from openjet_launcher.engine.cuda import CudaEngine
     from openjet_launcher.launcher.memory import STATE_COPIES
 
     seen = {}
     monkeypatch.setattr(CudaEngine, "load", classmethod(lambda cls, path, **kw: seen.update(kw) or "engine"))
-    for extra, kv, mtp in (([], "f16", False), (["--kv", "q8_0", "--draft", "3"], "q8_0", True)):
+    for extra, kv, mtp, checkpoints in (([], "f16", False, STATE_COPIES - 1),
+                                        (["--kv", "q8_0", "--draft", "3"], "q8_0", True, STATE_COPIES - 2)):
         app = serve_app(str(tiny_path), "--engine", "cuda", "--ctx", "2048", *extra)
         assert app.state.core.worker._engine_or_loader() == "engine"
-        assert seen == {"n_ctx": 2048, "kv_type": kv, "n_checkpoints": STATE_COPIES - 1, "mtp": mtp}
+        assert seen == {"n_ctx": 2048, "kv_type": kv, "n_checkpoints": checkpoints, "mtp": mtp}
