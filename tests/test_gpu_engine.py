@@ -676,3 +676,30 @@ def test_the_profile_splits_a_step_into_phases_and_changes_no_bit(models):
     for phase in ("embed", "norm", "gdn.in_proj", "gdn.step", "gdn.out_proj", "attn.in_proj", "attn.core",
                   "attn.out_proj", "ffn", "lm_head", "mtp.fill"):
         assert prof["phases"][phase]["ms"] > 0, phase
+
+
+def test_a_wider_attention_split_keeps_rows_t_invariant_and_close(models, monkeypatch):
+    """set_attn_spread (more attention chunks per SM, a benchmark knob): within the cap OPENJET_ATTN_SPREAD
+    gave at load; with it a 4-row step still gives each row the bits of one-row steps, and the logits stay
+    within float rounding of the default split's (only the partials' merge order differs)."""
+    monkeypatch.setenv("OPENJET_ATTN_SPREAD", "4")
+    ids = np.random.default_rng(53).integers(0, 4096, 1200)
+    engine = CudaEngine.load(models["tiny"], n_ctx=1280, n_checkpoints=2)
+    try:
+        state = engine.new_state()
+        engine.prefill(state, ids[:1190])
+        engine.checkpoint(state)
+        default = engine.decode(state, ids[1190:1194]).logits
+        engine.truncate(state, 1190)
+        engine.set_attn_spread(4)
+        wide = engine.decode(state, ids[1190:1194]).logits
+        engine.truncate(state, 1190)
+        singles = np.concatenate([engine.decode(state, ids[1190 + i:1191 + i]).logits for i in range(4)])
+        with pytest.raises(OpenJetError, match="is not 1..4"):
+            engine.set_attn_spread(5)
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(wide, singles)
+    err = float(np.abs(wide - default).max() / np.abs(default).max())
+    report(test="attn_spread", spread=4, rel_err_vs_default=err)
+    assert err < 1e-4

@@ -274,6 +274,8 @@ class Bench:
             log(f"{kv}: loading {self.path} with n_ctx={self.a.n_ctx}")
             t0 = time.time()
             try:
+                if self.a.attn_spread:  # the workspace is sized for the largest spread at load
+                    os.environ["OPENJET_ATTN_SPREAD"] = str(max(self.a.attn_spread))
                 engine = CudaEngine.load(self.path, n_ctx=self.a.n_ctx, kv_type=kv)
             except Exception as e:                 # recorded; the next KV type may still load
                 run["error"] = f"load: {type(e).__name__}: {e}"
@@ -318,6 +320,35 @@ class Bench:
         self.out["complete"] = not any(r["skipped"] or r["error"] for r in self.out["runs"].values())
         self.save()
         return self.out
+
+    def attn_spread_sweep(self, engine, run: dict, ctx: int, back, check) -> None:
+        """Decode T = 1 and 4 at this context for each --attn-spread (attention chunk blocks per SM), median ms."""
+        s, lib, h = self.s, engine._lib, engine._handle
+        logits = np.empty((8, s.n_vocab), np.float32)
+        f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
+        out = run.setdefault("attn_spread", [])
+        for spread in self.a.attn_spread:
+            for t in (1, 4):
+                est = self.est_sweep(run["kv_type"], ctx, t)
+                if not self.budget.fits(est):
+                    self.skip(run, f"{run['kv_type']}: attention spread {spread} T {t}", est)
+                    continue
+                engine.set_attn_spread(spread)
+                times = []
+                for i in range(self.a.warmup + self.a.steps):
+                    ids = self.rng.integers(0, s.n_vocab, t).astype(np.int32)
+                    back()
+                    t0 = time.perf_counter()
+                    rc = lib.openjet_engine_decode(h, ids.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), None)
+                    dt = time.perf_counter() - t0
+                    check(rc, f"decode ctx {ctx} T {t} attn spread {spread}")
+                    if i >= self.a.warmup:
+                        times.append(dt)
+                rec = {"context": ctx, "t": t, "spread": spread, "median_ms": round(statistics.median(times) * 1e3, 3)}
+                out.append(rec)
+                log(f"{run['kv_type']} ctx {ctx} T {t} attention spread {spread}: {rec['median_ms']:.3f} ms")
+        engine.set_attn_spread(1)
+        self.save()
 
     def sweep(self, engine, kv: str, run: dict) -> None:
         a, s = self.a, self.s
@@ -456,6 +487,9 @@ class Bench:
             if p in ctxs:
                 check(lib.openjet_engine_checkpoint(h, slot), "checkpoint")
                 decode_sweep(p, lambda: check(lib.openjet_engine_restore(h, slot), "restore"))
+                if p == max(ctxs) and a.attn_spread:
+                    self.attn_spread_sweep(engine, run, p, lambda: check(lib.openjet_engine_restore(h, slot),
+                                                                         "restore"), check)
                 check(lib.openjet_engine_restore(h, slot), "restore")     # back to exactly p tokens
         # Last: the newest code paths (verify / accept, draft rows) must not cost the figures above.
         if has_mtp(s, self.tb) and getattr(engine, "has_mtp", False):
@@ -704,6 +738,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="after each (context, T) sweep, this many untimed steps with the per-phase profile on, "
                          "reported as profile_ms_per_step (0: none)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--attn-spread", type=parse_ints, default=[],
+                    help="after the decode sweep at the largest context, T = 1 and 4 again with these attention "
+                         "chunk blocks per SM (e.g. 1,2,4,8; loads with OPENJET_ATTN_SPREAD = their maximum)")
     ap.add_argument("--budget-s", type=float, help="stop starting parts that would end later than this many "
                                                    "seconds after the start")
     ap.add_argument("--deadline", type=float, help="the same as a Unix time (the earlier of the two wins)")

@@ -90,10 +90,17 @@ const char* type_name(int t) {
 
 }  // namespace
 
+// Attention chunk blocks per SM the split aims at (attn_chunk_keys gets sm_count x spread): 1 is the design's
+// one block per SM; openjet_engine_set_attn_spread raises it up to the cap OPENJET_ATTN_SPREAD gave at create
+// (the workspace is sized for the cap: ~13 MB per unit at 27B, 32K context, 132 SMs). A benchmark knob until
+// measured: at 32K context the chunk blocks are latency-bound (one block of 8 warps per SM, ~7% of bandwidth).
+constexpr int kMaxAttnSpread = 8;
+
 struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
+    int attn_spread = 1, attn_spread_cap = 1;  // 1 <= spread <= cap <= kMaxAttnSpread
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -372,10 +379,10 @@ int device_alloc(char** p, size_t bytes, const char* what) {
 }
 
 // Largest attention workspace over every position of the cache at T = 8 (the split depends on n_past).
-size_t attn_work_floats_max(const openjet_engine& e) {
+size_t attn_work_floats_max(const openjet_engine& e, int spread) {
     int max_chunks = 1;
     for (int n_past = 0; n_past < e.cfg.n_ctx; ++n_past) {
-        const int ck = attn_chunk_keys(n_past, e.cfg.n_head_kv, e.sm_count);
+        const int ck = attn_chunk_keys(n_past, e.cfg.n_head_kv, e.sm_count * spread);
         const int nc = attn_n_chunks(n_past, OPENJET_ENGINE_MAX_T, ck);
         if (nc > max_chunks) max_chunks = nc;
     }
@@ -418,7 +425,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff});
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
-    const size_t work = e.n_attn ? attn_work_floats_max(e) : 1;
+    if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD"))
+        e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
+    const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
         {(void**)&e.ids, sizeof(int32_t) * R},
@@ -634,7 +643,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.k_norm = static_cast<const float*>(L.k_norm.d);
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
-    a.work = e.attn_work, a.sm_count = e.sm_count;
+    a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
     for (int s = 0; s < sub_steps(t); ++s) {
         const int r0 = s * kSubRows;
         a.t = std::min(kSubRows, t - r0), a.n_past = n_past + r0;
@@ -1086,6 +1095,16 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_set_attn_spread(openjet_engine* e, int spread) {
+    TRY(check_idle(e, "set_attn_spread"));
+    if (spread < 1 || spread > e->attn_spread_cap)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_attn_spread: %d is not 1..%d (the workspace was sized for "
+                    "%d: create the engine with OPENJET_ATTN_SPREAD=%d for more, at most %d)", spread,
+                    e->attn_spread_cap, e->attn_spread_cap, std::min(spread, kMaxAttnSpread), kMaxAttnSpread);
+    e->attn_spread = spread;
     return OPENJET_OK;
 }
 
