@@ -62,6 +62,7 @@ class FakeLib:
         rc = self._step("verify", ids, t)
         if rc == 0:
             self.pending = t
+            np.ctypeslib.as_array(logits, shape=(t, N_VOCAB))[:] = [head_logit(i) for i in range(N_VOCAB)]
         return rc
 
     def openjet_engine_verify_top(self, h, ids, t, k, n_valid, values, top_ids, hidden):
@@ -199,5 +200,7 @@ def test_verify_top_is_a_verify_step_that_returns_the_devices_rows(engine):
     engine.accept(state, 2)
     assert state.tokens == (1, 2, 3, 4) and lib.n_past == 4
     engine.native_top = False
-    engine.verify_top(state, [6, 7], k=2)
+    top = engine.verify_top(state, [6, 7], k=2)
     assert lib.calls[-1] == ("verify", [6, 7])
+    best = sorted(range(N_VOCAB), key=lambda i: (-np.float32(head_logit(i)), i))[:2]   # host ranking
+    assert [list(r) for r in top.ids] == [best, best]
