@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.interface import Engine, SequenceState, top_k_order
+from .engine.interface import Engine, SequenceState
 from .sampling import GPU_MAX_TOP_K, Sampler
 
 Dist = tuple[np.ndarray, np.ndarray]  # (token ids, increasing; their probabilities, float64)
@@ -45,14 +45,6 @@ def prob_at(dist: Dist, ids: np.ndarray) -> np.ndarray:
     return np.where(have[at] == ids, probs[at], 0.0)
 
 
-def row_distribution(sampler: Sampler, logits: np.ndarray, k: int | None) -> Dist:
-    """The request's distribution for one row of logits: from its top k (k = the sampler's top_request) when
-    set, else from the whole row."""
-    if k is None:
-        return sparse(sampler.probabilities(logits))
-    z = np.asarray(logits[: sampler.n_valid], dtype=np.float32)
-    order = top_k_order(z, k)
-    return sampler.distribution_top(z[order], order)
 
 
 def can_speculate(engine: Engine, sampler: Sampler, n_draft: int) -> bool:
@@ -96,14 +88,18 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
     greedy = sampler.params.greedy
     k_top = sampler.top_request(GPU_MAX_TOP_K)                 # 1 when greedy; None: the whole rows
     q_rows: list[Dist] = []
+
+    def draw(dist: Dist) -> int:                           # a draft from q, noted for the acceptance test
+        q_rows.append(dist)
+        return int(dist[0][sampler.draw(dist[1])])
+
     if greedy:
-        draft = engine.mtp_draft(state, token, n_draft)
+        draft = engine.mtp_draft_top(state, token, n_draft, k=1, n_valid=sampler.n_valid)
+    elif k_top is not None:
+        draft = engine.mtp_draft_top(state, token, n_draft, k=k_top, n_valid=sampler.n_valid,
+                                     choose=lambda values, ids: draw(sampler.distribution_top(values, ids)))
     else:
-        def choose(logits: np.ndarray) -> int:
-            q_rows.append(row_distribution(sampler, logits, k_top))
-            ids, q = q_rows[-1]
-            return int(ids[sampler.draw(q)])
-        draft = engine.mtp_draft(state, token, n_draft, choose=choose)
+        draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: draw(sparse(sampler.probabilities(lg))))
     drafts = list(draft.tokens)
     rows = [token, *drafts]
     if k_top is not None:
@@ -112,7 +108,7 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
         targets = [int(i[0]) for i in top.ids]
     else:
         out = engine.verify(state, rows)
-        p_rows = [row_distribution(sampler, row, None) for row in out.logits]
+        p_rows = [sparse(sampler.probabilities(row)) for row in out.logits]
     if greedy:
         k = 0
         while k < len(drafts) and drafts[k] == targets[k]:

@@ -204,3 +204,24 @@ def test_verify_top_is_a_verify_step_that_returns_the_devices_rows(engine):
     assert lib.calls[-1] == ("verify", [6, 7])
     best = sorted(range(N_VOCAB), key=lambda i: (-np.float32(head_logit(i)), i))[:2]   # host ranking
     assert [list(r) for r in top.ids] == [best, best]
+
+
+def test_draft_top_ranks_only_the_draft_rows_as_the_whole_row_would_rank(engine):
+    """mtp_draft_top with a draft vocabulary ranks its rows alone; the result is the whole (-inf padded) row's
+    ranking (value down, ties to the lower id: the fake head ties 76 with 78), within n_valid; with fewer
+    rows than k it ranks the whole row."""
+    from openjet_launcher.engine.interface import top_k_order
+
+    engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77]))
+    state = engine.new_state()
+    engine.decode(state, [3, 150])
+    full = engine.mtp_draft(state, 200, 2)
+    for k, n_valid in ((1, N_VOCAB), (4, N_VOCAB), (4, 78), (12, N_VOCAB)):
+        top = engine.mtp_draft_top(state, 200, 2, k=k, n_valid=n_valid)
+        for j in range(2):
+            order = top_k_order(full.logits[j][:n_valid], k)
+            np.testing.assert_array_equal(top.ids[j], order, err_msg=f"k={k} n_valid={n_valid}")
+            np.testing.assert_array_equal(top.values[j], full.logits[j][order])
+        assert top.tokens == [int(top.ids[0][0]), int(top.ids[1][0])]
+    picked = engine.mtp_draft_top(state, 200, 2, k=4, choose=lambda values, ids: int(ids[-1]))
+    assert picked.tokens == [int(picked.ids[0][-1]), int(picked.ids[1][-1])]

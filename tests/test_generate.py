@@ -2,9 +2,10 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from openjet_launcher.engine.interface import DraftOutput
+from openjet_launcher.engine.interface import DraftOutput, DraftTopOutput
 from openjet_launcher.generate import generate
 from openjet_launcher.model.synth import synthesize
 from openjet_launcher.reference import ReferenceEngine
@@ -41,6 +42,12 @@ class OracleDrafter:
         tokens += real.tokens[len(tokens):]
         tokens = [t if (start + i) % 3 else (t + 1) % 4000 for i, t in enumerate(tokens)]
         return DraftOutput(tokens, real.logits, real.hidden)
+
+    def mtp_draft_top(self, state, token, n_draft, *, k, n_valid=None, choose=None):
+        assert k == 1                                      # greedy drafting: the drafted ids are the top 1
+        d = self.mtp_draft(state, token, n_draft)
+        ids = np.array(d.tokens, np.int32)[:, None]
+        return DraftTopOutput(d.tokens, d.logits[np.arange(n_draft), d.tokens][:, None], ids, d.hidden)
 
 
 def test_speculation_with_the_real_mtp_head_keeps_the_greedy_tokens(engine):

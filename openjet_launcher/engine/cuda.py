@@ -43,8 +43,9 @@ from ..model.config import ModelConfig, read_config
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from ..sampling import GPU_MAX_TOP_K
-from .interface import (MAX_GPU_DECODE_TOKENS, Choose, DraftOutput, Engine, EngineStats, SequenceState, TopOutput,
-                        StepOutput, TokenIds, argmax, check_chunk_size, check_draft_request, check_token_ids)
+from .interface import (MAX_GPU_DECODE_TOKENS, Choose, ChooseTop, DraftOutput, DraftTopOutput, Engine, EngineStats,
+                        SequenceState, StepOutput, TokenIds, TopOutput, argmax, check_chunk_size, check_draft_request,
+                        check_token_ids, rank_rows, rank_subset)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -434,6 +435,44 @@ class CudaEngine(Engine):
         """The MTP head on the device, one launch sequence per draft step; ``choose`` runs here between steps
         (the engine's own on-device drafting loop is issue 7's cycle). With a draft vocabulary the head
         computes only its rows; the other logits come back as -inf."""
+        logits = np.empty((n_draft, self.config.shape.n_vocab), np.float32)
+
+        def on_row(j: int, row: np.ndarray, subset: np.ndarray | None) -> int:
+            if subset is not None:
+                logits[j] = -np.inf
+                logits[j, subset] = row
+            return int(choose(logits[j]))
+
+        drafted, hidden = self._draft_steps(state, token, n_draft, on_row, logits)
+        return DraftOutput(drafted, logits, hidden)
+
+    def mtp_draft_top(self, state: CudaState, token: int, n_draft: int, *, k: int, n_valid: int | None = None,
+                      choose: ChooseTop | None = None) -> DraftTopOutput:
+        """mtp_draft through each row's top k: with a draft vocabulary only its rows are ranked (a whole row,
+        mostly -inf, takes numpy's partition ~5 ms at 248,320 entries; its 32,768 rows ~0.03 ms)."""
+        n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
+        pick = choose or (lambda values, ids: int(ids[0]))
+        values, ids = np.empty((n_draft, k), np.float32), np.empty((n_draft, k), np.int32)
+        full = np.empty((n_draft, self.config.shape.n_vocab), np.float32)
+
+        def on_row(j: int, row: np.ndarray, subset: np.ndarray | None) -> int:
+            top = rank_subset(row, subset, k, n_valid) if subset is not None else None
+            if top is None:                              # the whole row (no draft vocabulary, or too few rows)
+                if subset is not None:
+                    full[j] = -np.inf
+                    full[j, subset] = row
+                ranked = rank_rows(full[j][None], full[j][None], k, n_valid, None)
+                top = ranked.values[0], ranked.ids[0]
+            values[j], ids[j] = top
+            return int(pick(values[j], ids[j]))
+
+        drafted, hidden = self._draft_steps(state, token, n_draft, on_row, full)
+        return DraftTopOutput(drafted, values, ids, hidden)
+
+    def _draft_steps(self, state: CudaState, token: int, n_draft: int, on_row, full: np.ndarray):
+        """The draft loop of mtp_draft and mtp_draft_top: per step the head's logits (the draft vocabulary's
+        rows in their order, or the whole row written into full[j]), then on_row(j, logits, subset or None)
+        picks the token the next step drafts after."""
         s = self.config.shape
         (tok,) = self._token_ids(state, [token])
         check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
@@ -444,19 +483,15 @@ class CudaEngine(Engine):
             subset = np.asarray(self._draft_rows, dtype=np.int64)
             compact = np.empty(len(subset), np.float32)
         drafted, hidden = [], np.empty((n_draft, s.n_embd), np.float32)
-        logits = np.full((n_draft, s.n_vocab), -np.inf, np.float32) if subset is not None else \
-            np.empty((n_draft, s.n_vocab), np.float32)
-        for k in range(n_draft):
-            out = compact if subset is not None else logits[k]
-            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), k, _f32p(out),
-                                                          _f32p(hidden[k])), "mtp_draft")
-            if subset is not None:
-                logits[k, subset] = compact
-            tok = int(choose(logits[k]))
+        for j in range(n_draft):
+            out = compact if subset is not None else full[j]
+            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), j, _f32p(out),
+                                                          _f32p(hidden[j])), "mtp_draft")
+            tok = on_row(j, out, subset)
             drafted.append(tok)
         self._stats.draft_tokens += n_draft
         self._stats.draft_seconds += time.perf_counter() - t0
-        return DraftOutput(drafted, logits, hidden)
+        return drafted, hidden
 
     def checkpoint(self, state: CudaState) -> None:
         self._check_state(state)

@@ -44,6 +44,7 @@ MAX_GPU_DECODE_TOKENS = 8
 
 TokenIds = Sequence[int] | np.ndarray
 Choose = Callable[[np.ndarray], int]          # logits [n_vocab] float32 -> token id
+ChooseTop = Callable[[np.ndarray, np.ndarray], int]  # a row's top values [k], their ids [k] -> token id
 
 
 def argmax(logits: np.ndarray) -> int:
@@ -125,6 +126,28 @@ def rank_rows(logits: np.ndarray, hidden: np.ndarray, k: int, n_valid: int | Non
         order = top_k_order(z, k)
         values[r], ids[r] = z[order], order
     return TopOutput(values, ids, hidden)
+
+
+def rank_subset(values: np.ndarray, ids: np.ndarray, k: int, n_valid: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The top k of a row whose other entries are -inf, given as its finite part (values of ids, any order):
+    (values, ids) as top_k_order ranks the whole row (value down, ties to the lower id), or None when fewer
+    than k of them are below n_valid (the whole row's top k would reach into the -inf entries)."""
+    keep = ids < n_valid
+    v, i = values[keep], ids[keep]
+    if len(v) < k:
+        return None
+    cand = np.flatnonzero(v >= np.partition(v, len(v) - k)[len(v) - k]) if k < len(v) else np.arange(len(v))
+    order = cand[np.lexsort((i[cand], -v[cand]))][:k]
+    return v[order], i[order]
+
+
+@dataclass(frozen=True)
+class DraftTopOutput:
+    """Chained MTP drafts seen through each row's top k: ``tokens[j]`` is ``choose(values[j], ids[j])``."""
+    tokens: list[int]
+    values: np.ndarray      # [n_draft, k] float32, by value down, ties to the lower id
+    ids: np.ndarray         # [n_draft, k] int32
+    hidden: np.ndarray      # [n_draft, n_embd] float32, post shared_head_norm
 
 
 @dataclass(frozen=True)
@@ -222,6 +245,23 @@ class Engine(abc.ABC):
         processed) with the MTP head, chained (§3.3 item 5): step 1 runs the head on (token, h_{n-1}) at
         position n; step k > 1 on (draft_{k-1}, h'_{k-1}) at position n+k-1, h' being the head's own output.
         Needs n >= 1 and a file with an MTP head (OpenJetError otherwise). Leaves ``state`` unchanged."""
+
+    def mtp_draft_top(self, state: SequenceState, token: int, n_draft: int, *, k: int, n_valid: int | None = None,
+                      choose: ChooseTop | None = None) -> DraftTopOutput:
+        """``mtp_draft`` where each draft row is reduced to its top k logits among ids < n_valid before
+        ``choose(values, ids)`` picks the token (default: the first, i.e. the argmax): what greedy drafting
+        (k = 1) and speculative sampling with top-k <= k need. Here: rank each whole row on the host; the CUDA
+        engine ranks only the rows of its draft vocabulary."""
+        pick = choose or (lambda values, ids: int(ids[0]))
+        rows: list[TopOutput] = []
+
+        def choose_row(logits: np.ndarray) -> int:
+            rows.append(rank_rows(logits[None], logits[None], k, n_valid, None))
+            return pick(rows[-1].values[0], rows[-1].ids[0])
+
+        out = self.mtp_draft(state, token, n_draft, choose=choose_row)
+        return DraftTopOutput(out.tokens, np.stack([r.values[0] for r in rows]), np.stack([r.ids[0] for r in rows]),
+                              out.hidden)
 
     def decode_top(self, state: SequenceState, tokens: TokenIds, *, k: int, n_valid: int | None = None,
                    penalties: dict[int, float] | None = None) -> TopOutput:
