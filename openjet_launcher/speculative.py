@@ -45,8 +45,6 @@ def prob_at(dist: Dist, ids: np.ndarray) -> np.ndarray:
     return np.where(have[at] == ids, probs[at], 0.0)
 
 
-
-
 def can_speculate(engine: Engine, sampler: Sampler, n_draft: int) -> bool:
     p = sampler.params
     return n_draft > 0 and engine.config.has_mtp and not p.presence_penalty and not p.frequency_penalty
@@ -93,11 +91,10 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
         q_rows.append(dist)
         return int(dist[0][sampler.draw(dist[1])])
 
-    if greedy:
-        draft = engine.mtp_draft_top(state, token, n_draft, k=1, n_valid=sampler.n_valid)
-    elif k_top is not None:
+    if k_top is not None:                                  # greedy: the first of each row's top 1
         draft = engine.mtp_draft_top(state, token, n_draft, k=k_top, n_valid=sampler.n_valid,
-                                     choose=lambda values, ids: draw(sampler.distribution_top(values, ids)))
+                                     choose=None if greedy else
+                                     lambda values, ids: draw(sampler.distribution_top(values, ids)))
     else:
         draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: draw(sparse(sampler.probabilities(lg))))
     drafts = list(draft.tokens)

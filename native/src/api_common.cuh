@@ -79,7 +79,6 @@ struct Event {
     }
 };
 
-// Fixed pseudo-random values in [-1, 1), never all zero: the benchmarks' activations (an LCG from seed 12345).
 // The sampler's penalty list (topk.cuh): ids in [0, n_valid) and unique, since a device thread updates
 // each one. nullptr when fine, else what is wrong.
 inline const char* penalty_list_problem(const int32_t* ids, int n, int n_valid) {
@@ -92,6 +91,7 @@ inline const char* penalty_list_problem(const int32_t* ids, int n, int n_valid) 
     return nullptr;
 }
 
+// Fixed pseudo-random values in [-1, 1), never all zero: the benchmarks' activations (an LCG from seed 12345).
 inline void fill_pseudo_random(std::vector<float>& v) {
     uint32_t s = 12345u;
     for (auto& x : v) {

@@ -771,18 +771,34 @@ int top_rows(openjet_engine& e, int t, const TopRequest& top) {
     return OPENJET_OK;
 }
 
-int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
-                const TopRequest* top = nullptr) {
+// What a decode or verify step of t rows hands back after the trunk (each output may be NULL): the lm_head's
+// logits, their top k ranked on the device, the hidden rows.
+int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const TopRequest* top) {
     const auto& c = e.cfg;
-    CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
-    TRY(trunk(e, t));
     mark(e, "lm_head");
     if (logits || top) TRY(gemv(e, e.output, t, nullptr, e.logits));
     if (logits)
         CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     if (top) TRY(top_rows(e, t, *top));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    return OPENJET_OK;
+}
+
+// The trunk of a decode or verify step over t <= 8 host ids (verifying: the GDN states go to the shadow and
+// the GDN inputs to the ring, the committed state stays).
+int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
+    CHECK(cudaSetDevice(e.cfg.device));
+    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    e.verifying = verifying;
+    const int status = trunk(e, t);
+    e.verifying = false;
+    return status;
+}
+
+int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
+                const TopRequest* top = nullptr) {
+    TRY(step_trunk(e, ids, t, false));
+    TRY(step_outputs(e, t, logits, hidden, top));
     TRY(commit_rows(e, t));
     CHECK(cudaStreamSynchronize(e.stream));
     collect_profile(e);
@@ -821,20 +837,9 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
 // but the committed GDN and conv states stay as they were; the GDN inputs wait in the ring for accept.
 int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
                 const TopRequest* top = nullptr) {
-    const auto& c = e.cfg;
-    CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
-    e.verifying = true;
-    const int status = trunk(e, t);
-    e.verifying = false;
-    TRY(status);
-    mark(e, "lm_head");
-    TRY(gemv(e, e.output, t, nullptr, e.logits));
-    if (logits)
-        CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
-    if (top) TRY(top_rows(e, t, *top));
-    if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
-    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    TRY(step_trunk(e, ids, t, true));
+    TRY(step_outputs(e, t, logits, hidden, top));
+    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * e.cfg.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     mark(e, "mtp.fill");
     TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
     CHECK(cudaStreamSynchronize(e.stream));
@@ -891,19 +896,42 @@ int check_idle(const openjet_engine* e, const char* what) {
     return OPENJET_OK;
 }
 
+// n token ids (ids non-NULL) that fit the vocabulary and, after n_past, the context.
+int check_ids(const openjet_engine* e, const int32_t* ids, int n, const char* what) {
+    for (int i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: token id %d (position %d) is outside the vocabulary "
+                        "[0, %d)", what, ids[i], i, e->cfg.n_vocab);
+    if (static_cast<long long>(e->n_past) + n > e->cfg.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d + %d tokens exceed the context of %d tokens", what,
+                    e->n_past, n, e->cfg.n_ctx);
+    return OPENJET_OK;
+}
+
 // A step of t <= 8 token ids at n_past.. (decode, decode_top, verify).
 int check_step(const openjet_engine* e, const int32_t* ids, int t, const char* what) {
     TRY(check_idle(e, what));
     if (!ids || t < 1 || t > OPENJET_ENGINE_MAX_T)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: ids is NULL or t = %d is not 1..%d", what, t,
                     OPENJET_ENGINE_MAX_T);
-    for (int i = 0; i < t; ++i)
-        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: token id %d is outside the vocabulary [0, %d)", what,
-                        ids[i], e->cfg.n_vocab);
-    if (e->n_past + t > e->cfg.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d + %d tokens exceed the context of %d tokens", what,
-                    e->n_past, t, e->cfg.n_ctx);
+    return check_ids(e, ids, t, what);
+}
+
+// A verify step: a step, on an engine created with the MTP head (its shadow state and input ring).
+int check_verify(const openjet_engine* e, const int32_t* ids, int t, const char* what) {
+    TRY(check_step(e, ids, t, what));
+    if (!e->has_mtp)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the engine was created without the MTP head, and with it "
+                    "the buffers speculation needs", what);
+    return OPENJET_OK;
+}
+
+// The outputs of a top-k request (decode_top, verify_top): k in 1..kTopKMax, n_valid in k..n_vocab.
+int check_top(const openjet_engine* e, int k, int n_valid, const float* values, const int32_t* ids,
+              const char* what) {
+    if (!values || !ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > e->cfg.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: null output, k = %d not in 1..%d, or n_valid = %d not in "
+                    "k..%d", what, k, kTopKMax, n_valid, e->cfg.n_vocab);
     return OPENJET_OK;
 }
 
@@ -970,22 +998,14 @@ extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_
 
 extern "C" OPENJET_API int openjet_engine_verify(openjet_engine* e, const int32_t* ids, int t, float* logits,
                                                  float* hidden) {
-    TRY(check_step(e, ids, t, "verify"));
-    if (!e->has_mtp)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify: the engine was created without the MTP head, and with it "
-                    "the buffers speculation needs");
+    TRY(check_verify(e, ids, t, "verify"));
     return verify_impl(*e, ids, t, logits, hidden);
 }
 
 extern "C" OPENJET_API int openjet_engine_verify_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
                                                      float* top_values, int32_t* top_ids, float* hidden) {
-    TRY(check_step(e, ids, t, "verify_top"));
-    if (!e->has_mtp)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify_top: the engine was created without the MTP head, and with "
-                    "it the buffers speculation needs");
-    if (!top_values || !top_ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > e->cfg.n_vocab)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "verify_top: null output, k = %d not in 1..%d, or n_valid = %d not "
-                    "in k..%d", k, kTopKMax, n_valid, e->cfg.n_vocab);
+    TRY(check_verify(e, ids, t, "verify_top"));
+    TRY(check_top(e, k, n_valid, top_values, top_ids, "verify_top"));
     const TopRequest top{k, n_valid, nullptr, nullptr, 0, top_values, top_ids};
     return verify_impl(*e, ids, t, nullptr, hidden, &top);
 }
@@ -1002,10 +1022,7 @@ extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const in
                                                      const int32_t* pen_ids, const float* pen_deltas, int n_pen,
                                                      float* top_values, int32_t* top_ids, float* hidden) {
     TRY(check_step(e, ids, t, "decode_top"));
-    const int n_vocab = e->cfg.n_vocab;
-    if (!top_values || !top_ids || k < 1 || k > kTopKMax || n_valid < k || n_valid > n_vocab)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: null output, k = %d not in 1..%d, or n_valid = %d not "
-                    "in k..%d", k, kTopKMax, n_valid, n_vocab);
+    TRY(check_top(e, k, n_valid, top_values, top_ids, "decode_top"));
     if (n_pen < 0 || n_pen > n_valid || (n_pen && (!pen_ids || !pen_deltas)))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "decode_top: n_pen = %d with a null list, or more than n_valid", n_pen);
     if (const char* why = n_pen ? penalty_list_problem(pen_ids, n_pen, n_valid) : nullptr)
@@ -1020,13 +1037,7 @@ extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32
     if (!ids || n < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: ids is NULL or n = %d < 1", n);
     if (chunk < 1 || chunk > OPENJET_ENGINE_PREFILL_ROWS)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: chunk = %d is not 1..%d", chunk, OPENJET_ENGINE_PREFILL_ROWS);
-    for (int i = 0; i < n; ++i)
-        if (ids[i] < 0 || ids[i] >= e->cfg.n_vocab)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: token id %d (position %d) is outside the vocabulary "
-                        "[0, %d)", ids[i], i, e->cfg.n_vocab);
-    if (static_cast<long long>(e->n_past) + n > e->cfg.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: %d + %d tokens exceed the context of %d tokens", e->n_past,
-                    n, e->cfg.n_ctx);
+    TRY(check_ids(e, ids, n, "prefill"));
     return prefill_impl(*e, ids, n, chunk, logits, hidden);
 }
 

@@ -45,7 +45,7 @@ from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from ..sampling import GPU_MAX_TOP_K
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, ChooseTop, DraftOutput, DraftTopOutput, Engine, EngineStats,
                         SequenceState, StepOutput, TokenIds, TopOutput, argmax, check_chunk_size, check_draft_request,
-                        check_token_ids, rank_rows, rank_subset)
+                        check_token_ids, first_id, rank_row, rank_subset)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -53,8 +53,6 @@ KV_TYPES = {"f16": 1, "q8_0": 8}
 DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
-
-
 
 class EngineConfig(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in (
@@ -282,9 +280,7 @@ class CudaEngine(Engine):
         rc = self._lib.openjet_engine_verify(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), t,
                                              _f32p(lg), _f32p(hd))
         self._check(rc, "verify")
-        self._pending = [int(x) for x in ids32]
-        state.verify_rows = t
-        self._count_step(t, t0)
+        self._await_accept(state, ids32, t0)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
 
     def verify_top(self, state: CudaState, tokens: TokenIds, *, k: int, n_valid: int | None = None) -> TopOutput:
@@ -301,10 +297,14 @@ class CudaEngine(Engine):
         rc = self._lib.openjet_engine_verify_top(self._handle, ids32.ctypes.data_as(i32), t, k, n_valid,
                                                  _f32p(values), top_ids.ctypes.data_as(i32), _f32p(self._hidden[:t]))
         self._check(rc, "verify_top")
-        self._pending = [int(x) for x in ids32]
-        state.verify_rows = t
-        self._count_step(t, t0)
+        self._await_accept(state, ids32, t0)
         return TopOutput(values, top_ids, self._hidden[:t].copy())
+
+    def _await_accept(self, state: CudaState, ids32: np.ndarray, t0: float) -> None:
+        """After the device's verify step: the sequence waits for accept, which adds the kept ids."""
+        self._pending = [int(x) for x in ids32]
+        state.verify_rows = len(ids32)
+        self._count_step(len(ids32), t0)
 
     def accept(self, state: CudaState, n: int) -> None:
         """Commit the first n rows of the pending verify step (1 <= n <= its rows)."""
@@ -451,7 +451,7 @@ class CudaEngine(Engine):
         """mtp_draft through each row's top k: with a draft vocabulary only its rows are ranked (a whole row,
         mostly -inf, takes numpy's partition ~5 ms at 248,320 entries; its 32,768 rows ~0.03 ms)."""
         n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
-        pick = choose or (lambda values, ids: int(ids[0]))
+        pick = choose or first_id
         values, ids = np.empty((n_draft, k), np.float32), np.empty((n_draft, k), np.int32)
         full = np.empty((n_draft, self.config.shape.n_vocab), np.float32)
 
@@ -461,8 +461,7 @@ class CudaEngine(Engine):
                 if subset is not None:
                     full[j] = -np.inf
                     full[j, subset] = row
-                ranked = rank_rows(full[j][None], full[j][None], k, n_valid, None)
-                top = ranked.values[0], ranked.ids[0]
+                top = rank_row(full[j], k, n_valid)
             values[j], ids[j] = top
             return int(pick(values[j], ids[j]))
 
@@ -576,10 +575,13 @@ class CudaEngine(Engine):
         if len(ids) > MAX_GPU_DECODE_TOKENS:
             raise OpenJetError(f"{what} takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, "
                                f"got {len(ids)}: use prefill for longer runs")
-        if state.n_tokens + len(ids) > self.n_ctx:
-            raise OpenJetError(f"the sequence would reach {state.n_tokens + len(ids)} tokens, past this engine's "
-                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        self._check_room(state, len(ids))
         return np.ascontiguousarray(ids, dtype=np.int32)
+
+    def _check_room(self, state: CudaState, n: int) -> None:
+        if state.n_tokens + n > self.n_ctx:
+            raise OpenJetError(f"the sequence would reach {state.n_tokens + n} tokens, past this engine's "
+                               f"context of {self.n_ctx} (load with a larger n_ctx)")
 
     def _count_step(self, t: int, t0: float) -> None:
         self._stats.decode_tokens += t
@@ -588,9 +590,7 @@ class CudaEngine(Engine):
 
     def _prefill(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
         n = len(ids)
-        if state.n_tokens + n > self.n_ctx:
-            raise OpenJetError(f"the sequence would reach {state.n_tokens + n} tokens, past this engine's "
-                               f"context of {self.n_ctx} (load with a larger n_ctx)")
+        self._check_room(state, n)
         ids32 = np.ascontiguousarray(ids, dtype=np.int32)
         lg, hd = self._logits[:1], self._hidden[:1]
         rc = self._lib.openjet_engine_prefill(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),

@@ -47,6 +47,11 @@ Choose = Callable[[np.ndarray], int]          # logits [n_vocab] float32 -> toke
 ChooseTop = Callable[[np.ndarray, np.ndarray], int]  # a row's top values [k], their ids [k] -> token id
 
 
+def first_id(values: np.ndarray, ids: np.ndarray) -> int:
+    """Greedy choice from a ranked top k: its first id."""
+    return int(ids[0])
+
+
 def argmax(logits: np.ndarray) -> int:
     """Greedy choice: the first index of the largest logit."""
     return int(np.argmax(logits))
@@ -111,20 +116,24 @@ def top_k_order(z: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-z, kind="stable")
 
 
+def rank_row(row: np.ndarray, k: int, n_valid: int | None = None,
+             penalties: dict[int, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(values, ids) of one row's top k logits among ids < n_valid after logit[id] -= delta (float32)."""
+    z = np.asarray(row[:n_valid], dtype=np.float32)
+    if penalties:
+        z = z.copy()
+        for i, d in penalties.items():
+            z[i] = np.float32(z[i] - np.float32(d))
+    order = top_k_order(z, k)
+    return z[order], order
+
+
 def rank_rows(logits: np.ndarray, hidden: np.ndarray, k: int, n_valid: int | None,
               penalties: dict[int, float] | None) -> TopOutput:
-    """Each row's top k logits among ids < n_valid after logit[id] -= delta (float32): decode_top's and
-    verify_top's answer computed on the host."""
-    n_valid = logits.shape[1] if n_valid is None else n_valid
+    """rank_row of every row: decode_top's and verify_top's answer computed on the host."""
     values, ids = np.empty((len(logits), k), np.float32), np.empty((len(logits), k), np.int32)
     for r, row in enumerate(logits):
-        z = np.asarray(row[:n_valid], dtype=np.float32)
-        if penalties:
-            z = z.copy()
-            for i, d in penalties.items():
-                z[i] = np.float32(z[i] - np.float32(d))
-        order = top_k_order(z, k)
-        values[r], ids[r] = z[order], order
+        values[r], ids[r] = rank_row(row, k, n_valid, penalties)
     return TopOutput(values, ids, hidden)
 
 
@@ -252,16 +261,16 @@ class Engine(abc.ABC):
         ``choose(values, ids)`` picks the token (default: the first, i.e. the argmax): what greedy drafting
         (k = 1) and speculative sampling with top-k <= k need. Here: rank each whole row on the host; the CUDA
         engine ranks only the rows of its draft vocabulary."""
-        pick = choose or (lambda values, ids: int(ids[0]))
-        rows: list[TopOutput] = []
+        pick = choose or first_id
+        rows: list[tuple[np.ndarray, np.ndarray]] = []
 
         def choose_row(logits: np.ndarray) -> int:
-            rows.append(rank_rows(logits[None], logits[None], k, n_valid, None))
-            return pick(rows[-1].values[0], rows[-1].ids[0])
+            rows.append(rank_row(logits, k, n_valid))
+            return pick(*rows[-1])
 
         out = self.mtp_draft(state, token, n_draft, choose=choose_row)
-        return DraftTopOutput(out.tokens, np.stack([r.values[0] for r in rows]), np.stack([r.ids[0] for r in rows]),
-                              out.hidden)
+        values, ids = zip(*rows)
+        return DraftTopOutput(out.tokens, np.stack(values), np.stack(ids).astype(np.int32), out.hidden)
 
     def decode_top(self, state: SequenceState, tokens: TokenIds, *, k: int, n_valid: int | None = None,
                    penalties: dict[int, float] | None = None) -> TopOutput:

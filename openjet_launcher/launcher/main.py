@@ -34,7 +34,6 @@ SERVE_KV = {"fp16": "f16", "q8_0": "q8_0"}  # the presets' KV format -> `serve -
 # 3 drafts give the most tok/s or within 2% of it at every acceptance rate from 0.5 to 0.7 (1.55-2.1x plain
 # decoding's 67.8 tok/s) and 0.95x the best at 0.8; more drafts only pay above 0.8.
 DEFAULT_DRAFTS = 3
-MAX_DRAFTS = 7  # one GPU step verifies the token and at most 7 drafts (engine.interface.MAX_GPU_DECODE_TOKENS)
 
 
 def add_default_options(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +62,9 @@ def add_default_options(parser: argparse.ArgumentParser) -> None:
                    help="for a GGUF OpenJet's engine cannot run (another quant or architecture), serve it with "
                         "llama.cpp's llama-server from PATH instead, with the same host, port and context")
     g.add_argument("--draft", type=int, default=None, metavar="N",
-                   help=f"MTP speculative decoding on the GPU with N drafts per step (0 turns it off, at most 7; "
-                        f"default {DEFAULT_DRAFTS}); the output is what plain decoding gives")
+                   help=f"MTP speculative decoding on the GPU with N drafts per step (0 turns it off; default "
+                        f"{DEFAULT_DRAFTS}, at most what one GPU step verifies); the output is what plain decoding "
+                        "gives")
     g.add_argument("--no-tray", action="store_true",
                    help="no tray icon: status in the terminal, Ctrl-C stops (headless machines, services)")
     g.add_argument("--chat-url", default=None, metavar="URL",
@@ -125,8 +125,12 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     """Decide engine, model file, settings and command; raises OpenJetError with what to do."""
     demo = args.model == "demo"
     engine = args.engine or ("reference" if demo else "cuda")
-    if args.draft is not None and not 0 <= args.draft <= MAX_DRAFTS:
-        raise OpenJetError(f"--draft {args.draft}: choose 0 (no speculation) to {MAX_DRAFTS} drafts per step")
+    if args.draft is not None:
+        from ..engine.interface import MAX_GPU_DECODE_TOKENS  # one step verifies the token and its drafts
+
+        if not 0 <= args.draft < MAX_GPU_DECODE_TOKENS:
+            raise OpenJetError(f"--draft {args.draft}: choose 0 (no speculation) to {MAX_GPU_DECODE_TOKENS - 1} "
+                               "drafts per step")
     notes: list[str] = []
     env: dict[str, str] = {}
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY")

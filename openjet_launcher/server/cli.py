@@ -227,10 +227,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.max_tokens_ceiling = args.max_tokens
     if args.engine == "cuda":
         from ..engine.cuda import CudaEngine
+        from ..engine.interface import MAX_GPU_DECODE_TOKENS
         from ..launcher.memory import STATE_COPIES
         from ..sampling import GPU_MAX_TOP_K
-
-        from ..engine.interface import MAX_GPU_DECODE_TOKENS
 
         if args.draft >= MAX_GPU_DECODE_TOKENS:
             raise OpenJetError(f"--draft {args.draft}: the CUDA engine verifies at most "
