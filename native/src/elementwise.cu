@@ -11,14 +11,13 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
     float* hr = h + static_cast<long long>(row) * k;
     if (delta) {
         const float* dr = delta + static_cast<long long>(row) * k;
+#pragma unroll 4
         for (int i = threadIdx.x; i < k; i += kPackThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
     }
     __syncthreads();
     const float scale = row_rms_scale(hr, k, eps);
-    const auto value = [&](int i) { return __fmul_rn(__fmul_rn(hr[i], scale), w[i]); };
-    if (a_out)
-        for (int i = threadIdx.x; i < k; i += kPackThreads) a_out[static_cast<long long>(row) * k + i] = value(i);
-    pack_act_row(value, k, p, row);
+    pack_act_row([&](int i) { return __fmul_rn(__fmul_rn(hr[i], scale), w[i]); }, k, p, row,
+                 a_out ? a_out + static_cast<long long>(row) * k : nullptr);
 }
 
 __global__ void __launch_bounds__(kPackThreads)

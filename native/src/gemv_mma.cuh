@@ -91,32 +91,45 @@ __device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) {
     return __funnelshift_r(w[0], w[1], 8 * mis);
 }
 
-// 8 bytes of activations: from global memory through the read-only path, or from shared memory (kSmemB:
-// the prefill kernel stages them there for all its warps).
+// Activations: from global memory through the read-only path, or from shared memory (kSmemB: the prefill
+// kernel stages them there for all its warps). 8 bytes: one mma's B pair; 16 bytes: two.
 template <bool kSmemB> __device__ __forceinline__ uint2 ld_b(const __half* p) {
     if constexpr (kSmemB) return *reinterpret_cast<const uint2*>(p);
     else return __ldg(reinterpret_cast<const uint2*>(p));
 }
+template <bool kSmemB> __device__ __forceinline__ uint4 ld_b2(const __half* p) {
+    if constexpr (kSmemB) return *reinterpret_cast<const uint4*>(p);
+    else return __ldg(reinterpret_cast<const uint4*>(p));
+}
 
-// The lane's B registers for elements e..e+3 of its column (zeros for a column >= t).
-template <bool kSmemB>
-__device__ __forceinline__ void load_b(const __half* xcol, int e, bool valid, uint32_t b[2]) {
-    if (valid) {
-        const uint2 v = ld_b<kSmemB>(xcol + e);
-        b[0] = v.x;
-        b[1] = v.y;
-    } else {
-        b[0] = b[1] = 0u;
-    }
+// The lane's B registers for elements e..e+3 of its column.
+template <bool kSmemB> __device__ __forceinline__ void load_b(const __half* xcol, int e, uint32_t b[2]) {
+    const uint2 v = ld_b<kSmemB>(xcol + e);
+    b[0] = v.x;
+    b[1] = v.y;
+}
+
+// (a & kMask) | kMagic in one lop3 (the compiler splits it in two: two immediates).
+template <uint32_t kMask> __device__ __forceinline__ uint32_t mask_magic(uint32_t a) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(kMask), "r"(kMagic));
+    return d;
+}
+// (a & kMask) | b in one lop3.
+template <uint32_t kMask> __device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(kMask), "r"(b));
+    return d;
 }
 
 // ------------------------------------------------------------------------------------------ one unit
 
 // What unit_mma needs besides the weights: the lane's B column at the unit's start, and its B pair of the
-// pack's 32-block sums (hi, lo of sub-blocks 2tq, 2tq + 1 of column g).
+// pack's 32-block sums (hi, lo of sub-blocks 2tq, 2tq + 1 of column g). A lane whose column is >= t reads
+// column t - 1 instead (its callers clamp): the mma's columns are independent and columns >= t are never
+// written, so loads need neither predicates nor zeros.
 struct UnitX {
     const __half* col;
-    bool valid;
     const __half* sum;
 };
 
@@ -163,13 +176,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
-            if (x[j].valid) {
-                const uint2 v = ld_b<kSmemB>(x[j].sum + 4 * tq);
-                b[0] = v.x;
-                b[1] = v.y;
-            } else {
-                b[0] = b[1] = 0u;
-            }
+            load_b<kSmemB>(x[j].sum, 4 * tq, b);
             mma_16816(mins[j], a, b);
         }
     }
@@ -187,32 +194,55 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
-            // A = q * sc of sub-block 2 jj + nb (= byte 2 (tq / 2) + nb of word hv), exactly: (1024 + q) * sc - 1024 * sc
+            // A = q * sc of sub-block 2 jj + nb (= byte 2 (tq / 2) + nb of word hv), exactly, by one fma on the
+            // code as an fp16 with the magic exponent: nb = 0 takes the low nibble, (1024 + q) * sc - 1024 sc;
+            // nb = 1 the high nibble where it lies, (1024 + 16 q) * (sc / 16) - 64 sc (no shift; sc / 16 is exact).
             uint32_t sc2[2], nsc2[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 sc2[i] = h2_of_byte(sc[i][hv], 2 * (tq >> 1) + nb);
-                nsc2[i] = hfma2_u(sc2[i], 0xE400E400u, 0u);  // * -1024
+                if (nb) sc2[i] = hfma2_u(sc2[i], 0x2C002C00u, 0u);  // * 1/16
+                nsc2[i] = hfma2_u(sc2[i], 0xE400E400u, 0u);          // * -1024
+            }
+            // The B pairs of the four mma: elements 128 hv + 32 nb + 16 (tq & 1) + 64 (tq / 2) + 4 wd, wd = 0..3,
+            // are 16 consecutive halves: two 16-byte loads per group.
+            uint4 bv[NG][2];
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                const __half* xb = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb;
+                bv[j][0] = ld_b2<kSmemB>(xb);
+                bv[j][1] = ld_b2<kSmemB>(xb + 8);
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
                 uint32_t a[4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const uint32_t qw = (&q[i].x)[wd] >> (4 * nb);
-                    uint32_t lo = qw & 0x000F000Fu, hi = (qw >> 8) & 0x000F000Fu;
-                    if constexpr (QT == kQ5_K) {
+                    const uint32_t w = (&q[i].x)[wd], w8 = w >> 8;  // bytes (0, 2) -> a[i], (1, 3) -> a[2 + i]
+                    uint32_t lo, hi;
+                    if constexpr (QT == kQ5_K) {  // bit 2 jj + nb of each qh byte: the code's fifth bit
                         const uint32_t hb = (&qh[i].x)[wd] >> (2 * jj + nb);
-                        lo |= (hb & 0x00010001u) << 4;
-                        hi |= ((hb >> 8) & 0x00010001u) << 4;
+                        if (nb == 0) {
+                            lo = mask_or<0x000F000Fu>(w, mask_magic<0x00100010u>(hb << 4));
+                            hi = mask_or<0x000F000Fu>(w8, mask_magic<0x00100010u>(hb >> 4));
+                        } else {
+                            lo = mask_or<0x00F000F0u>(w, mask_magic<0x01000100u>(hb << 8));
+                            hi = mask_or<0x00F000F0u>(w8, mask_magic<0x01000100u>(hb));
+                        }
+                    } else if (nb == 0) {
+                        lo = mask_magic<0x000F000Fu>(w);
+                        hi = mask_magic<0x000F000Fu>(w8);
+                    } else {
+                        lo = mask_magic<0x00F000F0u>(w);
+                        hi = mask_magic<0x00F000F0u>(w8);
                     }
-                    a[i] = hfma2_u(lo | kMagic, sc2[i], nsc2[i]);
-                    a[2 + i] = hfma2_u(hi | kMagic, sc2[i], nsc2[i]);
+                    a[i] = hfma2_u(lo, sc2[i], nsc2[i]);
+                    a[2 + i] = hfma2_u(hi, sc2[i], nsc2[i]);
                 }
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
-                    uint32_t b[2];
-                    load_b<kSmemB>(x[j].col, 64 * jj + 32 * nb + 16 * (tq & 1) + 4 * wd, x[j].valid, b);
+                    const uint4& v = bv[j][wd >> 1];
+                    const uint32_t b[2] = {(wd & 1) ? v.z : v.x, (wd & 1) ? v.w : v.y};
                     mma_16816(u[j][wd], a, b);
                 }
             }
@@ -241,11 +271,22 @@ template <int NG, bool kSmemB> struct UnitMma<kQ5_K, NG, kSmemB> {
     }
 };
 
-// 32-bit word at a 4-byte-aligned (kAligned4) or 2-byte-aligned shared address.
-template <bool kAligned4> __device__ __forceinline__ uint32_t lds_word(const uint8_t* p) {
-    if constexpr (kAligned4) return *reinterpret_cast<const uint32_t*>(p);
-    else return lds_u32(p);
-}
+// 32-bit words of a row's unit in shared memory at byte offsets that are multiples of 4 from its start,
+// which is 4-byte aligned (kAligned4) or 2-byte aligned: then two aligned loads and a funnel shift by the
+// row's misalignment, worked out once per row.
+template <bool kAligned4> struct RowWords {
+    const uint32_t* w;
+    int sh;
+    __device__ __forceinline__ explicit RowWords(const uint8_t* p) {
+        const int mis = kAligned4 ? 0 : static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+        w = reinterpret_cast<const uint32_t*>(p - mis);
+        sh = 8 * mis;
+    }
+    __device__ __forceinline__ uint32_t operator[](int i) const {  // the word at byte offset 4 i
+        if constexpr (kAligned4) return w[i];
+        else return __funnelshift_r(w[i], w[i + 1], sh);
+    }
+};
 
 // Q6_K: element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l]
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
@@ -257,11 +298,12 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
     float d[2];
     uint32_t scw[2][4];  // the 16 int8 scales
+    const RowWords<kAligned4> rw[2] = {RowWords<kAligned4>(r[0]), RowWords<kAligned4>(r[1])};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         d[i] = f16_at(r[i] + 208);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) scw[i][j] = lds_word<kAligned4>(r[i] + 192 + 4 * j);
+        for (int j = 0; j < 4; ++j) scw[i][j] = rw[i][48 + j];
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -270,10 +312,10 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
             uint32_t ql[2][2], qh[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                const int l = 16 * lh + 4 * tq;
-                ql[i][0] = lds_word<kAligned4>(r[i] + 64 * hh + l);
-                ql[i][1] = lds_word<kAligned4>(r[i] + 64 * hh + 32 + l);
-                qh[i] = lds_word<kAligned4>(r[i] + 128 + 32 * hh + l);
+                const int l4 = 4 * lh + tq;  // byte 16 lh + 4 tq
+                ql[i][0] = rw[i][16 * hh + l4];
+                ql[i][1] = rw[i][16 * hh + 8 + l4];
+                qh[i] = rw[i][32 + 8 * hh + l4];
             }
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
@@ -281,11 +323,18 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
                 float coef[2];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const uint32_t w = ql[i][qd & 1] >> (4 * (qd >> 1)), h = qh[i] >> (2 * qd);
-                    const uint32_t lo = (w & 0x000F000Fu) | ((h & 0x00030003u) << 4);
-                    const uint32_t hi = ((w >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4);
-                    a[i] = hsub2_u(lo | kMagic, k1056);
-                    a[2 + i] = hsub2_u(hi | kMagic, k1056);
+                    // A = q - 32 exactly, from the code as an fp16 with the magic exponent: the low nibble (qd < 2)
+                    // as (1024 + q) - 1056; the high nibble where it lies, (1024 + 16 q) / 16 - 96 (no shift).
+                    const uint32_t w = ql[i][qd & 1], w8 = w >> 8, h = qh[i] >> (2 * qd);
+                    if (qd < 2) {
+                        a[i] = hsub2_u(mask_or<0x000F000Fu>(w, mask_magic<0x00300030u>(h << 4)), k1056);
+                        a[2 + i] = hsub2_u(mask_or<0x000F000Fu>(w8, mask_magic<0x00300030u>(h >> 4)), k1056);
+                    } else {
+                        a[i] = hfma2_u(mask_or<0x00F000F0u>(w, mask_magic<0x03000300u>(h << 8)), 0x2C002C00u,
+                                       0xD600D600u);
+                        a[2 + i] = hfma2_u(mask_or<0x00F000F0u>(w8, mask_magic<0x03000300u>(h)), 0x2C002C00u,
+                                           0xD600D600u);
+                    }
                     const int sb = 8 * hh + 2 * qd + lh;
                     const int8_t sc = static_cast<int8_t>(scw[i][sb >> 2] >> (8 * (sb & 3)));
                     coef[i] = __fmul_rn(d[i], static_cast<float>(sc));
@@ -293,7 +342,7 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b<kSmemB>(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, x[j].valid, b);
+                    load_b<kSmemB>(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, b);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816(s, a, b);
 #pragma unroll
@@ -337,7 +386,7 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b<kSmemB>(x[j].col, 32 * blk + 16 * hf + 4 * tq, x[j].valid, b);
+                    load_b<kSmemB>(x[j].col, 32 * blk + 16 * hf + 4 * tq, b);
                     mma_16816(s[j], a, b);
                 }
             }
@@ -353,52 +402,73 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
 
 // ------------------------------------------------------------------------------------------ one warp
 
-// The warp's cp.async of unit u of rows [row0, row0 + 16) (rows >= n skipped) into dst (one stage).
-template <int QT>
-__device__ __forceinline__ void copy_tile_unit(uintptr_t base, long long row_bytes, int n, int row0, int u,
-                                               uint4* dst, int lane) {
+// A warp's cp.async plan for its 16-row tile, worked out once: the lane copies words i = lane + 32 j of each
+// stage (row i / kWords, word i % kWords of that row), kept as byte offsets from the tile's first row (-1: a
+// word past the stage or in a row >= n). Per unit only the tile's address moves, by kUnitBytes: the unit loop
+// spends a few instructions per copy instead of a 64-bit row-address product (SASS: ~100 of its ~540).
+template <int QT> struct TileCopy {
     using S = MmaShape<QT>;
+    static constexpr int kJ = (S::kStageWords + 31) / 32;
+    int off[kJ];  // rr * row_bytes (+ 16 wi when every unit is aligned)
+
+    __device__ __forceinline__ TileCopy(long long row_bytes, int n, int row0, int lane) {
 #pragma unroll
-    for (int j = 0; j < (S::kStageWords + 31) / 32; ++j) {
-        const int i = lane + 32 * j;
-        const int rr = i / S::kWords, wi = i - rr * S::kWords;
-        if (i < S::kStageWords && row0 + rr < n) {
-            const uintptr_t a =
-                base + static_cast<uintptr_t>((row0 + rr) * row_bytes + static_cast<long long>(u) * S::kUnitBytes);
-            if (S::kAligned || wi * 16 < static_cast<int>(a & 15) + S::kUnitBytes)
-                cp_async16(dst + i, reinterpret_cast<const void*>((a & ~uintptr_t(15)) + 16 * wi));
+        for (int j = 0; j < kJ; ++j) {
+            const int i = lane + 32 * j, rr = i / S::kWords, wi = i - rr * S::kWords;
+            off[j] = i < S::kStageWords && row0 + rr < n
+                         ? static_cast<int>(rr * row_bytes) + (S::kAligned ? 16 * wi : 0)
+                         : -1;
         }
     }
-}
 
-// Rows g and g + 8 of unit u in a stage that copy_tile_unit filled.
+    // The lane's copies of one unit into dst (one stage); tile: that unit's address in the tile's first row.
+    __device__ __forceinline__ void issue(uintptr_t tile, uint4* dst, int lane) const {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+            if (off[j] < 0) continue;
+            const int i = lane + 32 * j;
+            const uintptr_t a = tile + off[j];
+            if constexpr (S::kAligned) {
+                cp_async16(dst + i, reinterpret_cast<const void*>(a));
+            } else {  // a row's unit from its 16-byte floor: the words that hold some of its bytes
+                const int wi = i % S::kWords;
+                if (wi * 16 < static_cast<int>(a & 15) + S::kUnitBytes)
+                    cp_async16(dst + i, reinterpret_cast<const void*>((a & ~uintptr_t(15)) + 16 * wi));
+            }
+        }
+    }
+};
+
+// Whether a tile's row offsets fit TileCopy's ints (every k-quant row up to ~130 MB does).
+inline bool tile_offsets_fit(long long row_bytes) { return row_bytes * kMmaRows < 0x7fffffffLL; }
+
+// Rows g and g + 8 of the unit at `tile` (its address in the tile's first row) in a stage that TileCopy filled.
 template <int QT>
-__device__ __forceinline__ void tile_unit_rows(const uint4* stage, uintptr_t base, long long row_bytes, int row0,
-                                               int g, int u, const uint8_t* r[2]) {
+__device__ __forceinline__ void tile_unit_rows(const uint4* stage, uintptr_t tile, long long row_bytes, int g,
+                                               const uint8_t* r[2]) {
     using S = MmaShape<QT>;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int mis = S::kAligned ? 0
-                                    : static_cast<int>((base + (row0 + g + 8 * i) * row_bytes +
-                                                        static_cast<long long>(u) * S::kUnitBytes) & 15);
+        const int mis = S::kAligned ? 0 : static_cast<int>((tile + static_cast<int>((g + 8 * i) * row_bytes)) & 15);
         r[i] = reinterpret_cast<const uint8_t*>(stage) + (g + 8 * i) * S::kWords * 16 + mis;
     }
 }
 
 // The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), for NG groups of 8 token rows of x
-// starting at group grp0 (rows >= t read as zeros), into acc (its C fragments). smem: this warp's
-// kWarpWords. A device function, so that a persistent kernel can call it per work item.
+// starting at group grp0 (rows >= t: UnitX), into acc (its C fragments). smem: this warp's kWarpWords. A
+// device function, so that a persistent kernel can call it per work item.
 template <int QT, int NG>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,
                                                uint4* smem, float (&acc)[NG][4]) {
     using S = MmaShape<QT>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const uintptr_t base = reinterpret_cast<uintptr_t>(w);
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;  // unit 0 of the tile's first row
+    const TileCopy<QT> copy(row_bytes, n, row0, lane);
 
     auto issue = [&](int it) {
         const int u = u0 + it;
-        if (u < u1) copy_tile_unit<QT>(base, row_bytes, n, row0, u, smem + (it % kGemvStages) * S::kStageWords, lane);
+        if (u < u1) copy.issue(tile0 + u * S::kUnitBytes, smem + (it % kGemvStages) * S::kStageWords, lane);
         cp_async_commit();
     };
 
@@ -407,22 +477,23 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 
     const int kb = k / kActBlock;
     UnitX ux[NG];
-    long long col[NG];
+    const __half *xh[NG], *xs[NG];  // this lane's token row in group j (t - 1 past t: UnitX) at unit u0
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
-        col[j] = static_cast<long long>(grp0 + j) * kActRows + g;  // this lane's token row in group j
-        ux[j].valid = col[j] < t;
+        const long long col = min(static_cast<long long>(grp0 + j) * kActRows + g, static_cast<long long>(t - 1));
+        xh[j] = x.h + col * k + u0 * kUnitElems;
+        xs[j] = x.sum + col * kb * 2 + u0 * 16;
     }
     for (int u = u0; u < u1; ++u) {
         const int it = u - u0;
         cp_async_wait<kGemvStages - 2>();
         __syncwarp();
         const uint8_t* r[2];
-        tile_unit_rows<QT>(smem + (it % kGemvStages) * S::kStageWords, base, row_bytes, row0, g, u, r);
+        tile_unit_rows<QT>(smem + (it % kGemvStages) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
-            ux[j].col = x.h + col[j] * k + u * kUnitElems;
-            ux[j].sum = x.sum + col[j] * kb * 2 + u * 16;
+            ux[j].col = xh[j] + it * kUnitElems;
+            ux[j].sum = xs[j] + it * 16;
         }
         UnitMma<QT, NG>::run(r, ux, tq, acc);
         __syncwarp();
@@ -521,13 +592,14 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const int grp0 = blockIdx.x % blocks_per_rows * NG;
     const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;
     const int nu = k / kUnitElems;
-    const uintptr_t base = reinterpret_cast<uintptr_t>(w);
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
+    const TileCopy<QT> copy(row_bytes, n, row0, lane);
     uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
     __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT>::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
-            copy_tile_unit<QT>(base, row_bytes, n, row0, u, wsm + (u % kPrefillStages) * S::kStageWords, lane);
+            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % kPrefillStages) * S::kStageWords, lane);
             copy_act_unit(x, k, t, grp0, u, bsm + (u % kPrefillStages) * kBStageHalves);
         }
         cp_async_commit();
@@ -535,9 +607,16 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 #pragma unroll
     for (int s = 0; s < kPrefillStages - 1; ++s) issue(s);
 
-    UnitX ux[NG];
+    // This lane's token row of group j in a B stage: past t, row t - 1 (staged: grp0 * 8 < t), as UnitX says.
+    int bcol[NG], bsum[NG];
 #pragma unroll
-    for (int j = 0; j < NG; ++j) ux[j].valid = static_cast<long long>(grp0 + j) * kActRows + g < t;
+    for (int j = 0; j < NG; ++j) {
+        const int row = min((grp0 + j) * kActRows + g, t - 1) - grp0 * kActRows;
+        const int grp = row / kActRows, rr = row % kActRows;
+        bcol[j] = grp * kBGroupHalves + rr * kBRowHalves;
+        bsum[j] = grp * kBGroupHalves + kActRows * kBRowHalves + rr * 16;
+    }
+    UnitX ux[NG];
     int u = 0;
 #pragma unroll 1
     for (int q = 0; q < kGemvWarps; ++q) {
@@ -546,12 +625,12 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
             cp_async_wait<kPrefillStages - 2>();
             __syncthreads();  // the stage's activations came from every thread of the block
             const uint8_t* r[2];
-            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, base, row_bytes, row0, g, u, r);
+            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
             const __half* b = bsm + (u % kPrefillStages) * kBStageHalves;
 #pragma unroll
             for (int j = 0; j < NG; ++j) {
-                ux[j].col = b + j * kBGroupHalves + g * kBRowHalves;
-                ux[j].sum = b + j * kBGroupHalves + kActRows * kBRowHalves + g * 16;
+                ux[j].col = b + bcol[j];
+                ux[j].sum = b + bsum[j];
             }
             UnitMma<QT, NG, true>::run(r, ux, tq, acc);
             issue(u + kPrefillStages - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
@@ -600,6 +679,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
     if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
@@ -623,6 +703,7 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;

@@ -15,6 +15,7 @@ __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int 
     __shared__ float part[kRowThreads / 32];
     if (threadIdx.x < kRowThreads) {
         float s = 0.0f;
+#pragma unroll 8  // loads ahead of the (ordered) chain of fmas
         for (int i = threadIdx.x; i < k; i += kRowThreads) s = __fmaf_rn(x[i], x[i], s);
 #pragma unroll
         for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);

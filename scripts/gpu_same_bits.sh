@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Does a change keep every bit, and what does it gain? In ONE device call (~5 min): builds the library of the
+# working tree and of a baseline source tree carried in .base/, dumps both libraries' outputs with
+# native/bench/bits_dump.py (every GEMV type over the 27B shapes for T = 1..8, 40, 128, the packs, and
+# prefill + decode logits of the tiny and small synthetic models, f16 and q8_0 KV) and compares them bit for
+# bit, then times decode steps of a 4-layer model of the 27B's widths (native/bench/step_kernels.py) with
+# each library, alternating, and runs the GEMV GPU tests on the new one.
+#
+#   git archive <baseline commit> CMakeLists.txt native | (rm -rf .base && mkdir .base && tar -x -C .base)
+#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36", ".base"], timeout_s=600,
+#       command="bash scripts/gpu_same_bits.sh")
+# (.base/ is git-ignored through .git/info/exclude.) Output: the comparison and the timings in the tail,
+# $OUT/same-bits.json.
+set -o pipefail
+START=$(date +%s)
+say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
+. scripts/device_common.sh
+device_wheels
+[ -f .base/CMakeLists.txt ] || { echo ".base/ is missing: see the header of $0"; exit 2; }
+export PYTHONUNBUFFERED=1
+python3 -m openjet_launcher synth --preset tiny --quiet /tmp/tiny.gguf > /dev/null 2> "$OUT/synth.err" &
+python3 -m openjet_launcher synth --preset small --quiet /tmp/small.gguf > /dev/null 2>> "$OUT/synth.err" &
+python3 native/bench/step_kernels.py --model /tmp/full4.gguf --warmup 0 --steps 1 > /dev/null 2>> "$OUT/synth.err" &
+SYNTH=$!
+build_engine /tmp/b "$OUT/build.log" & B1=$!
+(cd .base && build_engine /tmp/b_base "$OUT/build-base.log") & B2=$!
+wait $B1 || { say "build failed"; exit 1; }
+wait $B2 || { say "baseline build failed"; exit 1; }
+say "both libraries built"
+wait
+[ -s /tmp/full4.gguf ] || { tail "$OUT/synth.err"; say "synth failed"; exit 1; }
+say "models written"
+NEW=/tmp/b/native/libopenjet.so BASE=/tmp/b_base/native/libopenjet.so
+OPENJET_LIBRARY=$BASE python3 native/bench/bits_dump.py /tmp/base.npz --models /tmp/tiny.gguf,/tmp/small.gguf 2>&1 | tail -2
+OPENJET_LIBRARY=$NEW python3 native/bench/bits_dump.py /tmp/new.npz --models /tmp/tiny.gguf,/tmp/small.gguf 2>&1 | tail -2
+SAME=0
+python3 native/bench/bits_dump.py --compare /tmp/base.npz /tmp/new.npz > "$OUT/compare.txt" || SAME=1
+head -40 "$OUT/compare.txt"; tail -1 "$OUT/compare.txt"
+for mode in ${BITS_MODES:-}; do  # e.g. BITS_MODES="OPENJET_DECODE_B=staged OPENJET_DECODE_B=global"
+  env "$mode" OPENJET_LIBRARY=$NEW python3 native/bench/bits_dump.py /tmp/mode.npz --models /tmp/tiny.gguf,/tmp/small.gguf 2>&1 | tail -1
+  python3 native/bench/bits_dump.py --compare /tmp/base.npz /tmp/mode.npz > "$OUT/compare-mode.txt" || SAME=1
+  echo "$mode: $(head -20 "$OUT/compare-mode.txt")"
+done
+say "compared (rc $SAME)"
+: > "$OUT/same-bits.json"
+for round in 1 2; do
+  for lib in base new; do
+    L=$BASE; [ $lib = new ] && L=$NEW
+    OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
+      --decode-b "$([ $lib = new ] && echo "${DECODE_B_MODES:-}")" 2>/dev/null |
+      sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
+  done
+done
+say "timed"
+OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py 2>&1 | tail -5
+say "done; bit-identical: $([ $SAME = 0 ] && echo yes || echo NO)"

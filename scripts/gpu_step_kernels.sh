@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Where a decode step's time goes, kernel by kernel, and what the GEMV's hardware counters say (Nsight
+# Compute), in ONE device call of ~4 minutes:
+#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, command="bash scripts/gpu_step_kernels.sh")
+# 1. writes a 4-layer model of the 27B's widths (native/bench/step_kernels.py; ~1.7 GB), times decode steps
+#    (T = 1 and 4, contexts 0 and 8K) and lists one step's kernels with their durations under ncu:
+#    $OUT/step-*.csv, summed per kernel name in the output (the step's wall time minus the kernels' sum is
+#    what launches and gaps cost);
+# 2. scripts/gpu_ncu_gemv.sh's counters (speed of light, stalls, issue) for the decode GEMV shapes.
+set -o pipefail
+. scripts/device_common.sh
+device_wheels
+build_engine /tmp/b "$OUT/build.log" || exit 1
+export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONUNBUFFERED=1
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+python3 native/bench/step_kernels.py --steps 5 --warmup 1 2> "$OUT/synth4.err" || { tail "$OUT/synth4.err"; exit 1; }
+for cfg in "1 0" "4 0" "1 8192"; do
+  set -- $cfg
+  label=step-t$1-ctx$2
+  python3 native/bench/step_kernels.py --t "$1" --ctx "$2" > "$OUT/$label.json" 2>> "$OUT/synth4.err"
+  echo "== $label $(cat "$OUT/$label.json")"
+  [ -n "$NCU" ] || continue
+  timeout 200 "$NCU" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
+    --csv python3 native/bench/step_kernels.py --t "$1" --ctx "$2" --warmup 2 --steps 3 > "$OUT/$label.csv" 2> "$OUT/$label.err"
+  python3 - "$OUT/$label.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+tot = collections.defaultdict(lambda: [0.0, 0]); n = 0; s = 0.0
+for r in rows:
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    v = float(r["Metric Value"].replace(",", "")); unit = r["Metric Unit"]
+    us = v / 1000 if unit == "nsecond" else v if unit == "usecond" else v * 1000
+    name = r["Kernel Name"].split("(")[0].split("<")[0].replace("void ", "")
+    tot[name][0] += us; tot[name][1] += 1; n += 1; s += us
+print(f"  {n} kernels, sum {s/1000:.3f} ms")
+for k, (us, c) in sorted(tot.items(), key=lambda x: -x[1][0]):
+    print(f"  {us:9.1f} us {c:4d} x  {k}")
+PY
+done
+[ -n "$NCU" ] && bash scripts/gpu_ncu_gemv.sh
