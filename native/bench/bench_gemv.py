@@ -7,6 +7,7 @@ Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gemv.py > gemv.json
     ... bench_gemv.py --prefill-only    # only the prefill mix (about a minute on the H200)
+    ... bench_gemv.py --decode-only     # only the decode mix's shapes, no prefill rows
 
 Timing: openjet_test_bench_gemv captures `reps` calls in a CUDA graph (weights rotated over copies that
 together exceed L2 several times), each figure is the median of `runs` graph replays.
@@ -150,7 +151,8 @@ def main() -> None:
     copy_gbs = float(np.median(copy))
     results = []
     seen = {}
-    for name, (n, k) in SHAPES.items():
+    decode_only = "--decode-only" in sys.argv[1:]  # the decode mix's shapes alone, no prefill (variant sweeps)
+    for name, (n, k) in ({} if decode_only else SHAPES).items():
         for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
             r = measure(rng, qtype, n, k, TS + PREFILL_TS if (n, k, qtype) in prefill_keys else TS)
             r["name"] = name
@@ -159,7 +161,7 @@ def main() -> None:
     for key in mix:
         if key not in seen:
             n, k, qtype = key
-            r = measure(rng, qtype, n, k, TS + PREFILL_TS if key in prefill_keys else TS)
+            r = measure(rng, qtype, n, k, TS + PREFILL_TS if key in prefill_keys and not decode_only else TS)
             r["name"] = f"{k}->{n}"
             seen[key] = r
             results.append(r)
@@ -174,7 +176,7 @@ def main() -> None:
         us = sum(seen[key]["us"][t] * c for key, c in mix.items())
         step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
                    "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
-    prefill, flop_per_token = prefill_mix(seen, mix, prefill_keys)
+    prefill, flop_per_token = ({}, 0) if decode_only else prefill_mix(seen, mix, prefill_keys)
     report = {
         "bench": "gemv", "commit": commit, "host": platform.node(), "gpu": gpu,
         "copy_gbs_d2d_read_plus_write": copy_gbs, "copy_gbs_runs": copy,

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "act_pack.cuh"
 #include "cp_async.cuh"
@@ -45,7 +46,28 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 #define OPENJET_GEMV_WARPS 4
 #endif
 #ifndef OPENJET_GEMV_STAGES
-#define OPENJET_GEMV_STAGES 4
+#define OPENJET_GEMV_STAGES 3
+#endif
+// Decode blocks per SM the kernel's registers are cut for (__launch_bounds__), as many as shared memory holds
+// at 3 stages (per block: Q4_K 27.6 KB, Q5_K 33.8, Q6_K 43.0): sm_90/100 (228 KB per SM) take 4 blocks, and
+// for Q6_K 6 (80 registers, no spills there; H200: Q6_K 5120 -> 10240 27.4 -> 21.7 us, lm_head 417 ->
+// 391); 100 KB (sm_86, sm_89, sm_120) hold 3 and 2 (sm_120 spilled Q6_K at 80 and at 128 registers).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000)
+#define OPENJET_GEMV_SMEM_BIG 1
+#endif
+#ifndef OPENJET_GEMV_MIN_BLOCKS
+#ifdef OPENJET_GEMV_SMEM_BIG
+#define OPENJET_GEMV_MIN_BLOCKS 4
+#else
+#define OPENJET_GEMV_MIN_BLOCKS 3
+#endif
+#endif
+#ifndef OPENJET_GEMV_MIN_BLOCKS_Q6K
+#ifdef OPENJET_GEMV_SMEM_BIG
+#define OPENJET_GEMV_MIN_BLOCKS_Q6K 6
+#else
+#define OPENJET_GEMV_MIN_BLOCKS_Q6K 2
+#endif
 #endif
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
@@ -205,13 +227,13 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
                 nsc2[i] = hfma2_u(sc2[i], 0xE400E400u, 0u);          // * -1024
             }
             // The B pairs of the four mma: elements 128 hv + 32 nb + 16 (tq & 1) + 64 (tq / 2) + 4 wd, wd = 0..3,
-            // are 16 consecutive halves: two 16-byte loads per group.
-            uint4 bv[NG][2];
-#pragma unroll
-            for (int j = 0; j < NG; ++j) {
-                const __half* xb = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb;
-                bv[j][0] = ld_b2<kSmemB>(xb);
-                bv[j][1] = ld_b2<kSmemB>(xb + 8);
+            // are 16 consecutive halves: two 16-byte loads (one group; several groups load each pair where it
+            // is used: 32 more live registers per group spilled on sm_120).
+            const int e0 = 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb;
+            uint4 bv[2];
+            if constexpr (NG == 1) {
+                bv[0] = ld_b2<kSmemB>(x[0].col + e0);
+                bv[1] = ld_b2<kSmemB>(x[0].col + e0 + 8);
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
@@ -241,8 +263,14 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
                 }
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
-                    const uint4& v = bv[j][wd >> 1];
-                    const uint32_t b[2] = {(wd & 1) ? v.z : v.x, (wd & 1) ? v.w : v.y};
+                    uint32_t b[2];
+                    if constexpr (NG == 1) {
+                        const uint4& v = bv[wd >> 1];
+                        b[0] = (wd & 1) ? v.z : v.x;
+                        b[1] = (wd & 1) ? v.w : v.y;
+                    } else {
+                        load_b<kSmemB>(x[j].col, e0 + 4 * wd, b);
+                    }
                     mma_16816(u[j][wd], a, b);
                 }
             }
@@ -287,6 +315,16 @@ template <bool kAligned4> struct RowWords {
         else return __funnelshift_r(w[i], w[i + 1], sh);
     }
 };
+// The same words, each address worked out where it is read: fewer live registers, for the kernels that
+// hold several groups' accumulators (sm_120 spilled with RowWords there).
+template <bool kAligned4> struct RowWordsLean {
+    const uint8_t* p;
+    __device__ __forceinline__ explicit RowWordsLean(const uint8_t* p_) : p(p_) {}
+    __device__ __forceinline__ uint32_t operator[](int i) const {
+        if constexpr (kAligned4) return *reinterpret_cast<const uint32_t*>(p + 4 * i);
+        else return lds_u32(p + 4 * i);
+    }
+};
 
 // Q6_K: element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l]
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
@@ -298,7 +336,8 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
     float d[2];
     uint32_t scw[2][4];  // the 16 int8 scales
-    const RowWords<kAligned4> rw[2] = {RowWords<kAligned4>(r[0]), RowWords<kAligned4>(r[1])};
+    using Words = std::conditional_t<NG == 1, RowWords<kAligned4>, RowWordsLean<kAligned4>>;
+    const Words rw[2] = {Words(r[0]), Words(r[1])};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         d[i] = f16_at(r[i] + 208);
@@ -509,7 +548,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 // depend on NG. NG = 1: min 4 blocks per SM caps the registers at 128 (without it ptxas gave sm_86's Q6_K 80
 // registers and a 4-byte spill); NG = 4 needs about twice that.
 template <int QT, int NG>
-__global__ void __launch_bounds__(kGemvWarps * 32, NG == 1 ? 4 : 2)
+__global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
                 float* __restrict__ y) {
     extern __shared__ uint4 smem[];
