@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Does a change keep every bit, and what does it gain? In ONE device call (~5 min): builds the library of the
+# Does a change keep every bit, and what does it gain? In ONE device call (~4 min): builds the library of the
 # working tree and of a baseline source tree carried in .base/, dumps both libraries' outputs with
-# native/bench/bits_dump.py (every GEMV type over the 27B shapes for T = 1..8, 40, 128, the packs, and
-# prefill + decode logits of the tiny and small synthetic models, f16 and q8_0 KV) and compares them bit for
-# bit, then times decode steps of a 4-layer model of the 27B's widths (native/bench/step_kernels.py) with
-# each library, alternating, and runs the GEMV GPU tests on the new one.
+# native/bench/bits_dump.py (every GEMV type over the 27B shapes for T = 1..8, 40, 128 with both prefill
+# kernels, the packs, and prefill + decode logits of the tiny and small synthetic models, f16 and q8_0 KV)
+# and compares them bit for bit, then times decode steps of a 4-layer model of the 27B's widths
+# (native/bench/step_kernels.py, T = STEP_TS) with each library, alternating, and runs the GEMV GPU tests
+# on the new one.
 #
-#   git archive <baseline commit> CMakeLists.txt native | (rm -rf .base && mkdir .base && tar -x -C .base)
+#   git archive <baseline commit> CMakeLists.txt native pyproject.toml | (rm -rf .base && mkdir .base && tar -x -C .base)
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36", ".base"], timeout_s=600,
-#       command="bash scripts/gpu_same_bits.sh")
-# (.base/ is git-ignored through .git/info/exclude.) Output: the comparison and the timings in the tail,
-# $OUT/same-bits.json.
+#       command="BITS_MODES='OPENJET_PDL=1' TIME_PDL=1 bash scripts/gpu_same_bits.sh")
+# (.base/ is git-ignored.) BITS_MODES: environment settings under which the new library's dump is compared
+# too; TIME_PDL=1 also times the new library with OPENJET_PDL=1. Output: the comparison and the timings in
+# the tail, $OUT/same-bits.json.
 set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
@@ -44,13 +46,13 @@ done
 say "compared (rc $SAME)"
 : > "$OUT/same-bits.json"
 for round in 1 2; do
-  for lib in base new; do
-    L=$BASE; [ $lib = new ] && L=$NEW
-    OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
-      --decode-b "$([ $lib = new ] && echo "${DECODE_B_MODES:-}")" 2>/dev/null |
+  for lib in base new ${TIME_PDL:+pdl}; do  # TIME_PDL=1: also the new library with OPENJET_PDL=1
+    L=$BASE; [ $lib != base ] && L=$NEW
+    OPENJET_PDL=$([ $lib = pdl ] && echo 1 || echo 0) OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
+      2>/dev/null |
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
 done
 say "timed"
-OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py 2>&1 | tail -5
+OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py tests/test_gpu_pdl.py 2>&1 | tail -5
 say "done; bit-identical: $([ $SAME = 0 ] && echo yes || echo NO)"

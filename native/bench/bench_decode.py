@@ -21,8 +21,8 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   work as one prefill of N tokens, since prefill runs chunks of 128 rows whose arithmetic does not depend on
   the chunking and every length here is a multiple of 128; the decode measurements between segments are
   undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
-  device time). OPENJET_PREFILL_GEMM=shared in the environment measures the opt-in prefill kernel (recorded
-  as "prefill_gemm").
+  device time). OPENJET_PREFILL_GEMM=shared or =grouped in the environment forces one prefill kernel
+  (recorded as "prefill_gemm"); OPENJET_PDL=1 measures with programmatic dependent launch ("pdl").
 
 The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the
 KV rows the attention reads, the recurrent state read and written; with an MTP head also its eh_proj and
@@ -652,7 +652,8 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
                    "hidden back in host memory), the sequence restored to the context before each step; median "
                    "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
                    "engine.prefill wall time (chunks of 128 rows; each weight read once per chunk)."),
-        "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "grouped",
+        "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
+        "pdl": os.environ.get("OPENJET_PDL") == "1",  # programmatic dependent launch (native/src/pdl.cuh)
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
                       "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}

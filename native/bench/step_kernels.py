@@ -33,8 +33,6 @@ def main() -> None:
     ap.add_argument("--model", default="/tmp/full4.gguf")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--t", default="1", help="token rows per step, or a list: 1,4,8 (one JSON line each)")
-    ap.add_argument("--decode-b", default="", help="OPENJET_DECODE_B values to time in turn, e.g. global,staged,"
-                    " (empty: the default choice); the profiled step runs with the last")
     ap.add_argument("--ctx", type=int, default=0, help="tokens prefilled before the timed steps")
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--warmup", type=int, default=10)
@@ -70,21 +68,17 @@ def main() -> None:
             raise SystemExit(lib.openjet_engine_last_error().decode(errors="replace"))
     lib.openjet_engine_checkpoint(h, 0)
     ts = [int(v) for v in a.t.split(",")]
-    for mode in a.decode_b.split(","):
-        if mode:
-            os.environ["OPENJET_DECODE_B"] = mode
-        else:
-            os.environ.pop("OPENJET_DECODE_B", None)
-        for t in ts:
-            times = []
-            for i in range(a.warmup + a.steps):
-                lib.openjet_engine_restore(h, 0)
-                dt = step(rng.integers(0, n_vocab, t).astype(np.int32))
-                if i >= a.warmup:
-                    times.append(dt)
-            print(json.dumps({"layers": a.layers, "t": t, "ctx": a.ctx, "kv": a.kv, "decode_b": mode or "default",
-                              "step_ms_median": round(statistics.median(times) * 1e3, 4),
-                              "step_ms_min": round(min(times) * 1e3, 4)}), flush=True)
+    for t in ts:
+        times = []
+        for i in range(a.warmup + a.steps):
+            lib.openjet_engine_restore(h, 0)
+            dt = step(rng.integers(0, n_vocab, t).astype(np.int32))
+            if i >= a.warmup:
+                times.append(dt)
+        print(json.dumps({"layers": a.layers, "t": t, "ctx": a.ctx, "kv": a.kv,
+                          "pdl": os.environ.get("OPENJET_PDL", "") == "1",
+                          "step_ms_median": round(statistics.median(times) * 1e3, 4),
+                          "step_ms_min": round(min(times) * 1e3, 4)}), flush=True)
     lib.openjet_engine_restore(h, 0)
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuProfilerStart()

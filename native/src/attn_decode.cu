@@ -1,21 +1,28 @@
 // launch_attn_decode: the three standalone kernels of attn_decode.cuh (prep, chunks, combine).
 #include "attn_decode.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
 
 template <class Fmt>
 __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     attn_prep_row<Fmt>(a, blockIdx.y, blockIdx.x);
 }
 
 template <class Fmt, int MAXR>
 __global__ void __launch_bounds__(kAttnThreads, 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, smem);
 }
 
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     attn_combine_row(a, chunk_keys, blockIdx.y, blockIdx.x);
 }
 
@@ -36,14 +43,13 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    attn_chunk_kernel<Fmt, MAXR><<<dim3(n_chunks, a.n_kv), kAttnThreads, smem, stream>>>(a, chunk_keys);
-    return cudaGetLastError();
+    return launch_kernel(attn_chunk_kernel<Fmt, MAXR>, dim3(n_chunks, a.n_kv), kAttnThreads, smem, stream, a,
+                         chunk_keys);
 }
 
 template <class Fmt>
 cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
-    attn_prep_kernel<Fmt><<<dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream>>>(a);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = launch_kernel(attn_prep_kernel<Fmt>, dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream, a);
     if (e != cudaSuccess) return e;
     const int rows = a.n_head / a.n_kv * a.t;  // instantiations by rows per block: T=1,2,4,8 of the 27B model
     if (rows <= 8) e = launch_chunks<Fmt, 8>(a, chunk_keys, n_chunks, stream);
@@ -52,8 +58,7 @@ cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cu
     else if (rows <= 48) e = launch_chunks<Fmt, 48>(a, chunk_keys, n_chunks, stream);
     else e = launch_chunks<Fmt, 64>(a, chunk_keys, n_chunks, stream);
     if (e != cudaSuccess) return e;
-    attn_combine_kernel<<<dim3(a.n_head, a.t), kAttnThreads, 0, stream>>>(a, chunk_keys);
-    return cudaGetLastError();
+    return launch_kernel(attn_combine_kernel, dim3(a.n_head, a.t), kAttnThreads, 0, stream, a, chunk_keys);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // launch_embed: one block per token; each thread dequantises elements e = threadIdx.x + 256 i of its row.
 #include "embed.cuh"
 #include "kquant.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
@@ -11,6 +12,8 @@ constexpr int kEmbedThreads = 256;
 __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t* __restrict__ table, int vocab,
                                                                    int dim, const int32_t* __restrict__ ids,
                                                                    float* __restrict__ out) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const int id = ids[blockIdx.x];
     float* o = out + (long long)blockIdx.x * dim;
     if (id < 0 || id >= vocab) {
@@ -38,8 +41,8 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
     if (qtype != kQ4_K || !table || !ids || !out || vocab < 1 || dim < 256 || dim % 256 || n_ids < 0)
         return cudaErrorInvalidValue;
     if (n_ids == 0) return cudaSuccess;
-    embed_q4_k_kernel<<<n_ids, kEmbedThreads, 0, stream>>>(static_cast<const uint8_t*>(table), vocab, dim, ids, out);
-    return cudaGetLastError();
+    return launch_kernel(embed_q4_k_kernel, n_ids, kEmbedThreads, 0, stream, static_cast<const uint8_t*>(table),
+                         vocab, dim, ids, out);
 }
 
 namespace {
@@ -47,6 +50,8 @@ namespace {
 __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_t* __restrict__ src, size_t row_bytes,
                                                                     const int32_t* __restrict__ ids,
                                                                     uint8_t* __restrict__ dst) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const uint8_t* s = src + static_cast<size_t>(ids[blockIdx.x]) * row_bytes;
     uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
     for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b];
@@ -58,9 +63,8 @@ cudaError_t launch_gather_rows(const void* src, size_t row_bytes, const int32_t*
                                cudaStream_t stream) {
     if (!src || !ids || !dst || n < 0 || row_bytes == 0) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    gather_rows_kernel<<<n, kEmbedThreads, 0, stream>>>(static_cast<const uint8_t*>(src), row_bytes, ids,
-                                                        static_cast<uint8_t*>(dst));
-    return cudaGetLastError();
+    return launch_kernel(gather_rows_kernel, n, kEmbedThreads, 0, stream, static_cast<const uint8_t*>(src), row_bytes,
+                         ids, static_cast<uint8_t*>(dst));
 }
 
 }  // namespace openjet

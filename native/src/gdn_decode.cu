@@ -1,11 +1,14 @@
 // launch_gdn_step: the standalone launch of gdn_step_head (gdn_decode.cuh), one block per value head.
 #include "gdn_decode.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
 
 __global__ void __launch_bounds__(kGdnThreads, 1) gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     gdn_step_head(a, blockIdx.x, sm);
 }
 
@@ -23,8 +26,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
     if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
         return cudaErrorInvalidValue;
-    gdn_step_kernel<<<a.n_v, kGdnThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_kernel(gdn_step_kernel, a.n_v, kGdnThreads, 0, stream, a);
 }
 
 }  // namespace openjet

@@ -4,6 +4,7 @@
 
 #include "gemv.cuh"
 #include "gemv_mma.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
@@ -15,6 +16,8 @@ template <int T>
 __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__ w, const float* __restrict__ x,
                                                        int n, int k, float* __restrict__ y) {
     __shared__ float part[4][T];
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const int row = blockIdx.x, k4 = k / 4;
     x += static_cast<long long>(blockIdx.y) * T * k;
     y += static_cast<long long>(blockIdx.y) * T * n;
@@ -51,8 +54,8 @@ __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__
 
 template <int T>
 cudaError_t launch_gemv_f32_t(const GemvArgs& a, cudaStream_t stream, int groups = 1) {
-    gemv_f32_kernel<T><<<dim3(a.n, groups), 128, 0, stream>>>(static_cast<const float*>(a.w), a.xf, a.n, a.k, a.y);
-    return cudaGetLastError();
+    return launch_kernel(gemv_f32_kernel<T>, dim3(a.n, groups), 128, 0, stream, static_cast<const float*>(a.w), a.xf,
+                         a.n, a.k, a.y);
 }
 
 cudaError_t launch_gemv_f32_rows(const GemvArgs& a, cudaStream_t stream) {

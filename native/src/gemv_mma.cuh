@@ -38,6 +38,7 @@
 #include "cp_async.cuh"
 #include "gemv.cuh"
 #include "kquant.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 
@@ -513,6 +514,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
+    pdl_wait();  // the weights above are immutable; the activations and outputs are the stream's (pdl.cuh)
 
     const int kb = k / kActBlock;
     UnitX ux[NG];
@@ -553,6 +555,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
                 float* __restrict__ y) {
     extern __shared__ uint4 smem[];
     __shared__ float part[kGemvWarps][NG][32][4];
+    pdl_launch_dependents();  // pdl_wait() is in gemv_tile_warp, after its first weight copies
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp0 = blockIdx.x % blocks_per_tile * NG, tile = blockIdx.x / blocks_per_tile;
     const int nu = k / kUnitElems, row0 = tile * kMmaRows;
@@ -627,6 +630,8 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
+    pdl_wait();  // pdl.cuh (its first copies include activations)
+    pdl_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int grp0 = blockIdx.x % blocks_per_rows * NG;
     const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;
@@ -727,10 +732,10 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
     if (opted != cudaSuccess) return opted;
-    kernel<<<static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, PrefillShape<QT>::kSmemBytes, stream>>>(
-        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
     *launched = true;
-    return cudaGetLastError();
+    return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32,
+                         PrefillShape<QT>::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k,
+                         a.x, a.t, per_rows, a.y);
 }
 
 template <int QT, int NG>
@@ -746,9 +751,8 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream>>>(
-        static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y);
-    return cudaGetLastError();
+    return launch_kernel(kernel, static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream,
+                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y);
 }
 
 // Decode (t <= 8): one group per block. Prefill: the shared-activation kernel where prefill_gemm_choice()

@@ -1,11 +1,14 @@
 // launch_rmsnorm: one block per token row (the fused norm + activation packing is in act_pack.cu).
 #include "rmsnorm.cuh"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
 
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                               int k, float eps, float* __restrict__ y) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const float* xr = x + (long long)blockIdx.x * k;
     float* yr = y + (long long)blockIdx.x * k;
     const float scale = row_rms_scale(xr, k, eps);
@@ -16,8 +19,7 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(const float* __res
 
 cudaError_t launch_rmsnorm(const float* x, const float* w, int t, int k, float eps, float* y, cudaStream_t stream) {
     if (!x || !w || !y || t < 1 || k < 1) return cudaErrorInvalidValue;
-    rmsnorm_kernel<<<t, kRowThreads, 0, stream>>>(x, w, k, eps, y);
-    return cudaGetLastError();
+    return launch_kernel(rmsnorm_kernel, t, kRowThreads, 0, stream, x, w, k, eps, y);
 }
 
 }  // namespace openjet

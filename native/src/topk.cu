@@ -4,6 +4,8 @@
 //   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
 #include "topk.cuh"
 
+#include "pdl.cuh"
+
 namespace openjet {
 namespace {
 
@@ -47,6 +49,8 @@ __device__ void bitonic_sort(unsigned long long* s, int n) {
 
 __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, const int32_t* ids,
                                                             const float* deltas, int n_pen) {
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     float* row = x + static_cast<long long>(blockIdx.y) * n;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_pen; i += gridDim.x * blockDim.x)
         row[ids[i]] = __fsub_rn(row[ids[i]], deltas[i]);
@@ -55,6 +59,8 @@ __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, con
 __global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
                                                               unsigned long long* __restrict__ out, int n_chunks) {
     __shared__ unsigned long long s[kChunk];
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const int chunk = blockIdx.x, row = blockIdx.y;
     const float* xr = x + static_cast<long long>(row) * n;
     const int lim = min(n, n_valid);
@@ -71,6 +77,8 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
                                                               int k, float* __restrict__ values,
                                                               int32_t* __restrict__ ids) {
     __shared__ unsigned long long s[kMaxChunks * kTopKMax];
+    pdl_wait();  // pdl.cuh
+    pdl_launch_dependents();
     const int row = blockIdx.x;
     int m = kTopKMax;
     while (m < n_chunks * kTopKMax) m <<= 1;  // a power of two
@@ -102,15 +110,15 @@ cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int
         k < 1 || k > kTopKMax || n_valid < k || n_pen < 0 || (n_pen > 0 && (!pen_ids || !pen_deltas)))
         return cudaErrorInvalidValue;
     if (n_pen > 0) {
-        penalise_kernel<<<dim3((n_pen + kThreads - 1) / kThreads, rows), kThreads, 0, stream>>>(x, n, pen_ids,
-                                                                                               pen_deltas, n_pen);
-        if (cudaError_t e = cudaGetLastError()) return e;
+        if (cudaError_t e = launch_kernel(penalise_kernel, dim3((n_pen + kThreads - 1) / kThreads, rows), kThreads, 0,
+                                          stream, x, n, pen_ids, pen_deltas, n_pen))
+            return e;
     }
     auto* keys = static_cast<unsigned long long*>(work);
-    topk_chunk_kernel<<<dim3(n_chunks, rows), kThreads, 0, stream>>>(x, n, n_valid, keys, n_chunks);
-    if (cudaError_t e = cudaGetLastError()) return e;
-    topk_merge_kernel<<<rows, kThreads, 0, stream>>>(keys, n_chunks, k, values, ids);
-    return cudaGetLastError();
+    if (cudaError_t e = launch_kernel(topk_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n, n_valid, keys,
+                                      n_chunks))
+        return e;
+    return launch_kernel(topk_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, k, values, ids);
 }
 
 }  // namespace openjet

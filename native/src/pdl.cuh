@@ -1,0 +1,53 @@
+// Programmatic dependent launch (sm_90 and later): the next kernel in the stream may be launched while this
+// one ends, so its blocks take the SMs this one's tail leaves idle and a GEMV streams its first weights in
+// while the kernel before it (a one-block pack, say) still runs. ~850 kernels make a decode step.
+//
+// The rule every kernel launched through launch_kernel follows: pdl_wait() before it reads or writes any
+// memory another kernel of the stream writes or reads (only immutable weights may be read before it), and
+// pdl_launch_dependents() once it needs no more SMs than it has (lets the next kernel launch). Both are
+// no-ops where the launch did not ask for it and on GPUs before sm_90.
+//
+// The launch attribute is off unless OPENJET_PDL=1 (set before the first launch), until its gain and the
+// bits are measured (scripts/gpu_same_bits.sh with OPENJET_PDL=1 in BITS_MODES).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace openjet {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device ask for programmatic serialization (OPENJET_PDL=1, sm_90+).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where pdl_enabled(); the kernel must
+// follow the rule above. Returns the launch's error.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace openjet

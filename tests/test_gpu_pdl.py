@@ -1,0 +1,62 @@
+"""Programmatic dependent launch (native/src/pdl.cuh, OPENJET_PDL=1) changes when kernels start, never what
+they compute: the engine's outputs with it must equal those without it bit for bit. Each side runs in its own
+process (the switch is read once per process): a prefill of 300 tokens in chunks of 128, then decode steps
+of T = 1..8, then a verify step of 5 with accept 3, one more decode step and 3 MTP drafts (which read the
+cache rows every step fills), on the `small` synthetic model with f16 and q8_0 KV. A missing pdl_wait() in a
+kernel shows up here as a race: differing logits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from openjet_launcher.model.synth import synthesize
+
+pytestmark = pytest.mark.gpu
+
+RUN = r"""
+import sys
+import numpy as np
+from openjet_launcher.engine.cuda import CudaEngine
+eng = CudaEngine.load(sys.argv[1], n_ctx=1024, kv_type=sys.argv[2])
+rng = np.random.default_rng(7)
+V = eng.config.shape.n_vocab
+st = eng.new_state()
+out = [eng.prefill(st, rng.integers(0, V, 300).tolist(), chunk_size=128).logits]
+for t in range(1, 9):
+    out.append(eng.decode(st, rng.integers(0, V, t).tolist()).logits)
+out.append(eng.verify(st, rng.integers(0, V, 5).tolist()).logits)
+eng.accept(st, 3)
+out.append(eng.decode(st, rng.integers(0, V, 2).tolist()).logits)
+out.append(eng.mtp_draft(st, int(rng.integers(0, V)), n_draft=3).logits)  # the MTP head's cache rows too
+np.save(sys.argv[3], np.concatenate([np.asarray(o, np.float32).ravel() for o in out]))
+"""
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pdl") / "small.gguf"
+    synthesize("small", path, show_progress=False)
+    return path
+
+
+def run_engine(model, kv: str, pdl: bool, out) -> np.ndarray:
+    env = dict(os.environ, OPENJET_PDL="1" if pdl else "0")
+    proc = subprocess.run([sys.executable, "-c", RUN, str(model), kv, str(out)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return np.load(out)
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_pdl_keeps_every_bit(small_model, tmp_path, kv):
+    plain = run_engine(small_model, kv, False, tmp_path / "plain.npy")
+    pdl = run_engine(small_model, kv, True, tmp_path / "pdl.npy")
+    assert plain.shape == pdl.shape and np.isfinite(plain).all()
+    differ = int((plain.view(np.uint32) != pdl.view(np.uint32)).sum())
+    assert differ == 0, f"{differ} of {plain.size} logits differ with OPENJET_PDL=1"
