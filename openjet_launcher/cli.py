@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
     r.add_argument("--seed", type=int, default=None, help="sampling seed")
     r.add_argument("--draft", type=int, default=0, metavar="N",
-                   help="greedy only: MTP speculative decoding with N drafts per step (same output)")
+                   help="greedy only: MTP speculative decoding with at most N drafts per step (same output)")
     r.set_defaults(func=_cmd_run)
 
     from .launcher.doctor import add_doctor_parser

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
+from .draft_depth import DraftDepth
 from .engine.interface import Engine, SequenceState
 from .sampling import Sampler
 from .speculative import can_speculate, plain_step, speculative_cycle
@@ -40,7 +41,8 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
              stop_ids: Iterable[int], n_draft: int = 0,
              on_token: Callable[[int], None] | None = None) -> Generation:
     """Prefill ``prompt`` into ``state`` and generate up to ``max_tokens`` tokens (stop ids included in
-    the result but ending it). ``n_draft`` > 0 uses MTP speculation (requests without penalties)."""
+    the result but ending it). ``n_draft`` > 0 uses MTP speculation (requests without penalties) with at most
+    ``n_draft`` drafts per cycle, as many as DraftDepth expects to pay best."""
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     stop = frozenset(stop_ids)
@@ -49,6 +51,7 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
     logits = engine.prefill(state, prompt).logits[-1]
     gen.prefill_seconds = time.perf_counter() - t0
     speculate = can_speculate(engine, sampler, n_draft)
+    depth = DraftDepth(n_draft) if speculate else None
 
     t0 = time.perf_counter()
     token = sampler.sample(logits)
@@ -65,7 +68,8 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
             token = plain_step(engine, state, sampler, token)
             gen.steps += 1
             continue
-        cycle = speculative_cycle(engine, state, sampler, token, min(n_draft, max_tokens - len(gen.tokens)))
+        cycle = speculative_cycle(engine, state, sampler, token, depth.next(max_tokens - len(gen.tokens)))
+        depth.update(cycle.drafted, len(cycle.accepted))
         gen.steps += 1
         gen.drafted += cycle.drafted
         gen.accepted += len(cycle.accepted)

@@ -30,10 +30,11 @@ LOCK_NAME = "openjet-launch.lock"
 SERVE_PREFIX: list[str] | None = None  # None: `python -m openjet_launcher serve` (tests point it elsewhere)
 EXIT_ALREADY_RUNNING = 3
 SERVE_KV = {"fp16": "f16", "q8_0": "q8_0"}  # the presets' KV format -> `serve --kv` (the CUDA engine's names)
-# MTP drafts per step on the CUDA engine. H200, 27B synthetic model (bench/results/engine-full-h200-packs.json):
-# 3 drafts give the most tok/s or within 2% of it at every acceptance rate from 0.5 to 0.7 (1.55-2.1x plain
-# decoding's 67.8 tok/s) and 0.95x the best at 0.8; more drafts only pay above 0.8.
-DEFAULT_DRAFTS = 3
+# At most this many MTP drafts per step on the CUDA engine: each cycle drafts as many as draft_depth.DraftDepth
+# expects to pay best (measured acceptance per depth, measured cycle times). On the demo model's acceptance with
+# the 27B's H200 cycle costs (bench/draft_depth.py) that beat a fixed 3 by 3% and came within 1.6% of the best
+# fixed depth (2 there), whether it was allowed 3 or 7; 7 lets text that repeats draft deep.
+DEFAULT_DRAFTS = 7
 
 
 def add_default_options(parser: argparse.ArgumentParser) -> None:
@@ -62,9 +63,9 @@ def add_default_options(parser: argparse.ArgumentParser) -> None:
                    help="for a GGUF OpenJet's engine cannot run (another quant or architecture), serve it with "
                         "llama.cpp's llama-server from PATH instead, with the same host, port and context")
     g.add_argument("--draft", type=int, default=None, metavar="N",
-                   help=f"MTP speculative decoding on the GPU with N drafts per step (0 turns it off; default "
-                        f"{DEFAULT_DRAFTS}, at most what one GPU step verifies); the output is what plain decoding "
-                        "gives")
+                   help=f"MTP speculative decoding on the GPU with at most N drafts per step, as many as pay "
+                        f"(0 turns it off; default {DEFAULT_DRAFTS}, what one GPU step verifies); the output is what "
+                        "plain decoding gives")
     g.add_argument("--no-tray", action="store_true",
                    help="no tray icon: status in the terminal, Ctrl-C stops (headless machines, services)")
     g.add_argument("--chat-url", default=None, metavar="URL",

@@ -48,9 +48,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="the CUDA engine's KV cache format (default f16; q8_0 holds about twice the context; "
                         "openjet-launch picks it per GPU)")
     p.add_argument("--draft", type=int, default=0, metavar="N",
-                   help="MTP speculative decoding with N drafts per step, for requests without penalties; the "
-                        "tokens keep their distribution (greedy: the same tokens). Default 0; at most 7 on the "
-                        "CUDA engine")
+                   help="MTP speculative decoding with at most N drafts per step (each step drafts as many as "
+                        "the request's acceptance so far makes pay), for requests without penalties; the tokens "
+                        "keep their distribution (greedy: the same tokens). Default 0; at most 7 on the CUDA engine")
     p.add_argument("--model-id", default=None, help="the id /v1/models reports (default: the file name)")
     limits = p.add_argument_group("limits (on by default; see openjet_launcher/server/limits.py)")
     limits.add_argument("--max-tokens", type=int, default=None, metavar="N",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..draft_depth import DraftDepth
 from ..engine.interface import Engine, SequenceState
 from ..sampling import Sampler, SamplingParams
 from ..speculative import can_speculate, plain_step, speculative_cycle
@@ -333,10 +334,12 @@ class EngineWorker:
         """The chosen tokens one by one, starting with `token` (chosen from the prompt's logits). The engine
         runs the next step only when the caller asks for the next token. Requests without penalties use MTP
         speculation (`n_draft` > 0, speculative.py): greedy gives the same tokens, sampled the same
-        distribution, in fewer engine steps."""
+        distribution, in fewer engine steps; each cycle drafts as many tokens (at most `n_draft`) as
+        DraftDepth expects to pay best from this request's acceptance so far."""
         engine = self.engine
         assert engine is not None
         speculate = can_speculate(engine, sampler, self.n_draft)
+        depth = DraftDepth(self.n_draft) if speculate else None
         emitted = 0
         while True:
             yield token
@@ -348,7 +351,8 @@ class EngineWorker:
                 token = plain_step(engine, state, sampler, token)
                 result.decode_seconds += time.perf_counter() - t0
                 continue
-            cycle = speculative_cycle(engine, state, sampler, token, min(self.n_draft, budget - emitted))
+            cycle = speculative_cycle(engine, state, sampler, token, depth.next(budget - emitted))
+            depth.update(cycle.drafted, len(cycle.accepted))
             result.drafted += cycle.drafted
             result.accepted += len(cycle.accepted)
             result.decode_seconds += time.perf_counter() - t0
