@@ -602,20 +602,33 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
     const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
     float *qkv = in.qkv, *b = in.b, *alpha = in.alpha;
+    // F32 beta and alpha (the usual case) are projected inside the step (GdnStepArgs: two launches fewer per
+    // layer, the same bits); another type takes its GEMV.
+    const bool fused = L.beta.type == kF32 && L.alpha.type == kF32;
     mark(e, "gdn.in_proj");
     TRY(gemv(e, L.qkv, t, e.a, qkv));
     TRY(gemv(e, L.gate, t, e.a, e.big2));
-    TRY(gemv(e, L.beta, t, e.a, b));
-    TRY(gemv(e, L.alpha, t, e.a, alpha));
+    if (!fused) {
+        TRY(gemv(e, L.beta, t, e.a, b));
+        TRY(gemv(e, L.alpha, t, e.a, alpha));
+    }
     mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
     if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
+    if (fused) {
+        g.w_beta = static_cast<const float*>(L.beta.d), g.w_alpha = static_cast<const float*>(L.alpha.d);
+        g.proj_k = c.n_embd;
+    }
     for (int s = 0; s < sub_steps(t); ++s) {
         const long long r0 = static_cast<long long>(s) * kSubRows;
         const int cur = e.conv_cur ^ (s & 1);
         g.t = std::min(kSubRows, t - static_cast<int>(r0));
         g.qkv = qkv + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
         g.b = b + r0 * c.ssm_n_v_heads, g.alpha = alpha + r0 * c.ssm_n_v_heads;
+        if (fused) {  // the logits go where the GEMVs would have put them (a verify step's ring: accept reads them)
+            g.x_in = e.a + r0 * c.n_embd;
+            g.b_out = b + r0 * c.ssm_n_v_heads, g.alpha_out = alpha + r0 * c.ssm_n_v_heads;
+        }
         g.conv_state_in = e.conv[cur] + e.conv_layer_floats * L.idx;
         g.conv_state_out = e.conv[cur ^ 1] + e.conv_layer_floats * L.idx;
         g.y = e.y + r0 * e.d_inner();

@@ -22,6 +22,8 @@
 
 #include <cuda_runtime.h>
 
+#include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
+
 namespace openjet {
 
 constexpr int kGdnHeadDim = 128;     // linear_key_head_dim = linear_value_head_dim
@@ -47,6 +49,15 @@ struct GdnStepArgs {
     float* y;                         // [t, n_v*128] rms(o)·w·silu(z), input of ssm_out
     float* state_out = nullptr;       // or where the updated state goes (state is then only read; a verify
                                       // step keeps the committed state for its accepted rows' replay)
+    // The beta and alpha projections fused (F32 W [n_v, proj_k], both set): each block computes its head's
+    // logits from x_in [t, proj_k] in the F32 GEMV's order (f32_dot_lanes: the same bits as the two launches
+    // it saves) and writes them to b_out / alpha_out where set (a verify step's ring); b and alpha unread.
+    const float* w_beta = nullptr;
+    const float* w_alpha = nullptr;
+    const float* x_in = nullptr;
+    int proj_k = 0;
+    float* b_out = nullptr;
+    float* alpha_out = nullptr;
 };
 
 // One GDN decode step for all value heads: grid n_v blocks of kGdnThreads.
@@ -62,6 +73,7 @@ struct GdnSmem {
     float norm_w[kGdnHeadDim];
     float red[2][2][kGdnRowGroups][kGdnHeadDim];  // [token parity][k·S', q·S'][row group][column]
     float beta[kGdnMaxT], decay[kGdnMaxT], kq[kGdnMaxT];
+    float proj[2 * kGdnMaxT][4];  // fused projections: [2 t + (alpha)][warp of the 128-thread group]
 };
 
 __device__ __forceinline__ float gdn_sigmoid(float x) { return __frcp_rn(__fadd_rn(1.0f, expf(-x))); }
@@ -91,6 +103,20 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const int n_tok = a.t, kh = h % a.n_k;                     // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
 
+    // The fused beta (even jobs) and alpha (odd) projections of each token, a 128-thread group per row; first,
+    // so that their registers are free again before the state's 16 per thread are loaded (64 at most).
+    if (a.w_beta) {
+        constexpr int kGroups = kGdnThreads / 128;
+#pragma unroll 1
+        for (int job = tid / 128; job < 2 * n_tok; job += kGroups) {
+            const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
+            float acc[1];
+            f32_dot_lanes<1, 2>(w, a.x_in + (size_t)(job >> 1) * a.proj_k, a.proj_k, tid % 128, acc);
+            const float v = f32_warp_sum(acc[0]);
+            if (lane == 0) sm.proj[job][warp % 4] = v;
+        }
+    }  // sm.proj is read after the next barrier
+
     // Issue every global load first (state, inputs, weights): they are all in flight at once, and
     // nothing later waits on a global load (a load after a store through a maybe-aliasing pointer would).
     float* st = a.state + (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at st[i*D]
@@ -114,11 +140,6 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     if (tid < 3 * D) {
         w0 = a.conv_w[c * 4 + 0]; w1 = a.conv_w[c * 4 + 1]; w2 = a.conv_w[c * 4 + 2]; w3 = a.conv_w[c * 4 + 3];
         x0 = a.conv_state_in[c]; x1 = a.conv_state_in[conv_dim + c]; x2 = a.conv_state_in[2 * conv_dim + c];
-    } else if (tid < 3 * D + n_tok) {  // gates: β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g
-        const int t = tid - 3 * D;
-        sm.beta[t] = gdn_sigmoid(a.b[t * a.n_v + h]);
-        const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(a.alpha[t * a.n_v + h], a.dt_bias[h])));
-        sm.decay[t] = expf(g);
     } else if (tid >= 4 * D && tid < 5 * D) {
         sm.norm_w[j] = a.norm_w[j];
     }
@@ -130,7 +151,26 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     if (tid < n_tok * D) sm.z[tid / D][j] = zr;
     __syncthreads();
 
-    // 1. Causal conv over this head's 384 channels, then SiLU, in place.
+    // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
+    // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
+    if (tid >= 3 * D && tid < 3 * D + n_tok) {
+        const int t = tid - 3 * D;
+        float bl, al;  // the logits: computed above (the F32 GEMV's final sum), or read
+        if (a.w_beta) {
+            const float* pb = sm.proj[2 * t];
+            const float* pa = sm.proj[2 * t + 1];
+            bl = ((pb[0] + pb[1]) + pb[2]) + pb[3];
+            al = ((pa[0] + pa[1]) + pa[2]) + pa[3];
+            if (a.b_out) a.b_out[t * a.n_v + h] = bl;
+            if (a.alpha_out) a.alpha_out[t * a.n_v + h] = al;
+        } else {
+            bl = a.b[t * a.n_v + h];
+            al = a.alpha[t * a.n_v + h];
+        }
+        sm.beta[t] = gdn_sigmoid(bl);
+        const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
+        sm.decay[t] = expf(g);
+    }
     if (tid < 3 * D) {
         float* xc = &sm.x[part][0][j];
         for (int t = 0; t < n_tok; ++t) {

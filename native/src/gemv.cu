@@ -10,39 +10,23 @@ namespace openjet {
 namespace {
 
 // y[t, n] = W[n, :] . x[t, :] for F32 W: one block per row and group of T token rows (blockIdx.y: prefill
-// takes every full group of 8 in one launch), 128 threads, float4 loads, fixed-order sums: a row's bits do
-// not depend on T or on the group.
+// takes every full group of 8 in one launch), 128 threads, float4 loads, fixed-order sums (f32_dot_lanes,
+// gemv.cuh): a row's bits do not depend on T or on the group.
 template <int T>
 __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__ w, const float* __restrict__ x,
                                                        int n, int k, float* __restrict__ y) {
     __shared__ float part[4][T];
     pdl_wait();  // pdl.cuh
     pdl_launch_dependents();
-    const int row = blockIdx.x, k4 = k / 4;
+    const int row = blockIdx.x;
     x += static_cast<long long>(blockIdx.y) * T * k;
     y += static_cast<long long>(blockIdx.y) * T * n;
-    const float4* wr = reinterpret_cast<const float4*>(w + (long long)row * k);
     float acc[T];
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-    for (int i = threadIdx.x; i < k4; i += 128) {
-        const float4 a = wr[i];
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const float4 b = __ldg(reinterpret_cast<const float4*>(x + (long long)t * k) + i);
-            float s = acc[t];
-            s = __fmaf_rn(a.x, b.x, s);
-            s = __fmaf_rn(a.y, b.y, s);
-            s = __fmaf_rn(a.z, b.z, s);
-            acc[t] = __fmaf_rn(a.w, b.w, s);
-        }
-    }
+    f32_dot_lanes<T>(w + static_cast<long long>(row) * k, x, k, threadIdx.x, acc);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-        float v = acc[t];
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+        const float v = f32_warp_sum(acc[t]);
         if (lane == 0) part[warp][t] = v;
     }
     __syncthreads();

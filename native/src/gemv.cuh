@@ -36,4 +36,35 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
 
+// The F32 projection's order (gemv.cu; the GDN step's fused beta/alpha too): thread i of 128 fma-chains float4
+// i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed
+// lanes first (f32_warp_sum), then the four warps as ((w0 + w1) + w2) + w3. k % 4 == 0, rows 16-byte aligned.
+// kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is).
+template <int T, int kUnroll = 0>
+__device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, const float* __restrict__ x, int k,
+                                              int i, float (&acc)[T]) {
+    const float4* wr = reinterpret_cast<const float4*>(w_row);
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+#pragma unroll(kUnroll > 0 ? kUnroll : 4)
+    for (int j = i; j < k / 4; j += 128) {
+        const float4 a = wr[j];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float4 b = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
+            float s = acc[t];
+            s = __fmaf_rn(a.x, b.x, s);
+            s = __fmaf_rn(a.y, b.y, s);
+            s = __fmaf_rn(a.z, b.z, s);
+            acc[t] = __fmaf_rn(a.w, b.w, s);
+        }
+    }
+}
+
+__device__ __forceinline__ float f32_warp_sum(float v) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
 }  // namespace openjet
