@@ -5,7 +5,8 @@
 Kernel level (random GGUF blocks, seed fixed): every GEMV type over the 27B's shapes for T = 1..8 and T = 40
 and 128 (both prefill kernels), the activation pack, add-norm and swiglu packs through the engine. Engine level,
 per model and KV type (f16, q8_0): a 300-token prefill in chunks of 128 (the last row's logits), then decode
-steps of T = 1..8 tokens (all their logits), then a verify step of 5 and accept of 3, then one more decode step.
+steps of T = 1..8 tokens (all their logits), then (with an MTP head) a verify step of 5, accept of 3, a decode
+step of 2 and 3 MTP drafts.
 Every array is saved as it came back; compare two dumps with --compare A.npz B.npz (exit 1 on any difference).
 """
 
@@ -70,6 +71,11 @@ def engine_outputs(out: dict, model: str) -> None:
             for t in range(1, 9):
                 o = eng.decode(st, rng.integers(0, V, t).tolist())
                 out[f"engine/{tag}/{kv}/decode{t}"] = np.asarray(o.logits)
+            if eng.config.has_mtp:  # the speculative path: verify 5 rows, keep 3, decode on, draft 3
+                out[f"engine/{tag}/{kv}/verify5"] = np.asarray(eng.verify(st, rng.integers(0, V, 5).tolist()).logits)
+                eng.accept(st, 3)
+                out[f"engine/{tag}/{kv}/after_accept"] = np.asarray(eng.decode(st, rng.integers(0, V, 2).tolist()).logits)
+                out[f"engine/{tag}/{kv}/draft3"] = np.asarray(eng.mtp_draft(st, int(rng.integers(0, V)), 3).logits)
         finally:
             eng.close()
 
