@@ -26,7 +26,8 @@
 # to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf, BUDGET_S=570,
 # BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
 # tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, at most WHILE_SYNTH_S
-# = 200 s, its output in $OUT/while-synth.log; only when the model is being written). The device returns
+# = 200 s, its output in $OUT/while-synth.log; only when the model is being written), VARIANTS="OPENJET_PDL=0
+# OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log come back packed in $OUT/misc.tgz.
 set -o pipefail
 START=$(date +%s)
@@ -78,22 +79,19 @@ fi
 
 # 3. the benchmark, until the deadline
 DEADLINE=$((START + BUDGET_S))
-LEFT=$((DEADLINE - $(date +%s)))
-say "bench: ${LEFT} s left before the deadline"
-# shellcheck disable=SC2086  # BENCH_ARGS is a list of words
-timeout $((LEFT > 0 ? LEFT + 25 : 25)) python3 native/bench/bench_decode.py --preset full --model "$MODEL" \
-  --deadline "$DEADLINE" --out "$OUT/bench-engine.json" ${BENCH_ARGS:-} 2>&1 >/dev/null | tee "$OUT/bench-engine.log"
-say "bench finished (rc $?)"
-
-# 4. the figures that matter, in the output's tail
-python3 - "$OUT/bench-engine.json" <<'PY'
+# VARIANTS: environment settings to bench in turn, one bench-engine-<i>.json each ("OPENJET_PDL=0 OPENJET_PDL=1";
+# "A=1,B=2" sets two), the time left shared out evenly; unset: one run, bench-engine.json.
+read -r -a VARS <<< "${VARIANTS:-}"
+[ ${#VARS[@]} -gt 0 ] || VARS=("")
+summarise() {  # the figures that matter, in the output's tail
+python3 - "$1" <<'PY'
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     sys.exit(f"no result: {e}")
 print("commit", d.get("commit"), "source", d.get("source_sha256"), "copy GB/s", d.get("copy_gbps"),
-      "elapsed", d.get("elapsed_s"), "complete", d.get("complete"))
+      "elapsed", d.get("elapsed_s"), "complete", d.get("complete"), "pdl", d.get("pdl"))
 for kv, r in d["runs"].items():
     m = r.get("memory") or {}
     print(f"{kv}: load {r.get('load_s')} s, engine {m.get('total_bytes', 0) / 2**30:.2f} GiB, "
@@ -113,4 +111,19 @@ for kv, r in d["runs"].items():
 print("footprint", json.dumps({k: v for k, v in (d.get("footprint_32k_q8_0") or {}).items() if k != "assumption"}))
 print("acceptance", json.dumps(d.get("acceptance")))
 PY
+}
+for i in "${!VARS[@]}"; do
+  v=${VARS[$i]}
+  name=bench-engine; [ ${#VARS[@]} -gt 1 ] && name=bench-engine-$i
+  left=$((DEADLINE - $(date +%s)))
+  until_t=$(( $(date +%s) + left / (${#VARS[@]} - i) ))
+  say "bench ${v:+($v) }until +$((until_t - START))s (${left} s left in all)"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
+  env ${v//,/ } timeout $(( until_t - $(date +%s) + 25 )) python3 native/bench/bench_decode.py --preset full \
+    --model "$MODEL" --deadline "$until_t" --out "$OUT/$name.json" ${BENCH_ARGS:-} 2>&1 >/dev/null |
+    tee "$OUT/$name.log"
+  say "bench finished (rc $?)"
+  echo "== ${v:-default settings}"
+  summarise "$OUT/$name.json"
+done
 (cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log 2>/dev/null)
