@@ -2,7 +2,7 @@
 measures better"). Prints JSON.
 
     python bench/draft_depth.py [--model openjet_launcher/assets/openjet-demo.gguf] [--prompts 4] [--tokens 160]
-                                [--kind random|repeat]
+                                [--kind random|repeat|code]
 
 Greedy speculation accepts, at a cycle that starts at position p, the longest prefix of the MTP head's chain
 of drafts that equals the trunk's greedy tokens; drafting n accepts min(n, r_p), r_p the length of that run
@@ -51,6 +51,24 @@ def run_lengths(engine: ReferenceEngine, prompt: list[int], n_tokens: int) -> li
     return runs
 
 
+def code_windows(model: str, n: int, rng) -> list[list[int]]:
+    """n windows of 64 tokens, each from a random Python file of this interpreter's standard library."""
+    import sysconfig
+
+    from openjet_launcher.model.gguf_file import GGUFFile
+    from openjet_launcher.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(model))
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    out: list[list[int]] = []
+    while len(out) < n:
+        ids = tok.encode(files[int(rng.integers(len(files)))].read_text(errors="replace")[:20000])
+        if len(ids) >= 128:
+            start = int(rng.integers(0, len(ids) - 64))
+            out.append(ids[start:start + 64])
+    return out
+
+
 def replay(runs: list[int], choose, observe=None) -> dict:
     """A policy over one prompt's runs: choose(limit) -> n; observe(n, accepted, ms) after each cycle."""
     p = cycles = 0
@@ -74,9 +92,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kind", choices=("random", "repeat"), default="random",
-                    help="prompts of 24 random ids, or a random 8-id phrase said 3 times (text that repeats: "
-                         "code, lists, quotes; the drafts run longer)")
+    ap.add_argument("--kind", choices=("random", "repeat", "code"), default="random",
+                    help="prompts of 24 random ids; a random 8-id phrase said 3 times (the drafts of text "
+                         "that repeats); or 64-token windows of Python files of the standard library (the "
+                         "demo model was trained on code)")
     a = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -86,7 +105,11 @@ def main() -> None:
     rng = np.random.default_rng(a.seed)
     vocab = engine.config.shape.n_vocab
 
+    code = code_windows(a.model, a.prompts, rng) if a.kind == "code" else []
+
     def prompt() -> list[int]:
+        if a.kind == "code":
+            return code.pop()
         return rng.integers(0, vocab, 24).tolist() if a.kind == "random" else rng.integers(0, vocab, 8).tolist() * 3
 
     all_runs = [run_lengths(engine, prompt(), a.tokens) for _ in range(a.prompts)]
