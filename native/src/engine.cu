@@ -101,6 +101,7 @@ struct openjet_engine {
     cudaStream_t stream = nullptr;
     int sm_count = 0;
     int attn_spread = 1, attn_spread_cap = 1;  // 1 <= spread <= cap <= kMaxAttnSpread
+    bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -425,6 +426,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff});
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
+    if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD"))
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
@@ -604,7 +606,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     float *qkv = in.qkv, *b = in.b, *alpha = in.alpha;
     // F32 beta and alpha (the usual case) are projected inside the step (GdnStepArgs: two launches fewer per
     // layer, the same bits); another type takes its GEMV.
-    const bool fused = L.beta.type == kF32 && L.alpha.type == kF32;
+    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32;
     mark(e, "gdn.in_proj");
     TRY(gemv(e, L.qkv, t, e.a, qkv));
     TRY(gemv(e, L.gate, t, e.a, e.big2));
