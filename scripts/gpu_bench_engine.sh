@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6's benchmark in ONE device call: build the engine for this GPU, write the `full` synthetic model
 # (exact 27B shapes, 17.1 GB) to $MODEL unless it is there, run native/bench/bench_decode.py on it (decode
-# T = 1..8 at contexts 0, 4K, 32K; prefill 512, 4096, 16384; memory and the 32K q8_0 footprint; q8_0 then
+# T = 1..8 at contexts 0, 4K, 32K; prefill 512, 4096, 16384, 32768 with TFLOP/s against the tensor cores' rate
+# measured in the same run (torch fp16 matmul); memory and the 32K q8_0 footprint; q8_0 then
 # f16 KV). Results in $OUT: bench-engine.json (copy it to bench/results/), bench-engine.log, build.log,
 # synth.json, synth.err.
 #
@@ -91,6 +92,7 @@ try:
 except (OSError, ValueError) as e:
     sys.exit(f"no result: {e}")
 print("commit", d.get("commit"), "source", d.get("source_sha256"), "copy GB/s", d.get("copy_gbps"),
+      "tensor-core TFLOP/s", d.get("tensor_core_tflops"),
       "elapsed", d.get("elapsed_s"), "complete", d.get("complete"), "pdl", d.get("pdl"))
 for kv, r in d["runs"].items():
     m = r.get("memory") or {}
@@ -100,7 +102,8 @@ for kv, r in d["runs"].items():
         print(f"  ctx {x['context']:>6} T {x['t']}: {x['median_ms']:8.3f} ms {x['tok_s']:8.1f} tok/s "
               f"roofline {x['roofline_share'] * 100:5.1f} % x{x['cost_vs_t1']}")
     for p in r["prefill"]:
-        print(f"  prefill {p['tokens']:>6}: {p['seconds']:7.2f} s {p['tok_s']:8.1f} tok/s")
+        print(f"  prefill {p['tokens']:>6}: {p['seconds']:7.2f} s {p['tok_s']:8.1f} tok/s {p.get('tflops')} TFLOP/s "
+              f"(tensor-core share {p.get('tensor_core_share')})")
     sp = r.get("speculation")
     if sp:
         print(f"  speculation at {sp['context']}: draft {sp['draft_ms_full']} ms full / {sp['draft_ms_subset']} ms "

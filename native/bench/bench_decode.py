@@ -1,7 +1,7 @@
 """The CUDA engine's decode steps, prefill and memory on one model, printed as JSON (issue 6's benchmark).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so python3 native/bench/bench_decode.py --preset full \
-        --model /tmp/full.gguf [--kv q8_0,f16] [--ctx 0,4096,32768] [--t 1..8] [--prefill 512,4096,16384] \
+        --model /tmp/full.gguf [--kv q8_0,f16] [--ctx 0,4096,32768] [--t 1..8] [--prefill 512,4096,16384,32768] \
         [--steps 30] [--budget-s 300] [--out result.json]
     python3 native/bench/bench_decode.py --preset full --dry-run      # the plan, bytes per step, the JSON's shape
 
@@ -196,6 +196,55 @@ def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> 
             "total": weights + mtp_w + kv_b + state, "logits_to_host": t * s.n_vocab * 4}
 
 
+def prefill_flops(s: ModelShape, n: int, mtp: bool) -> int:
+    """Multiply-adds x 2 of prefilling n tokens from position 0 (issue 8's TFLOP/s): every trunk projection
+    (embedding lookups excluded) per token, causal attention QK^T and PV (4 * n_head * head_dim per query-key
+    pair, n (n + 1) / 2 pairs per layer), with an MTP head its cache rows (eh_proj and the head's attention,
+    engine.cu mtp_fill), and the lm_head for the last token. The Gated DeltaNet recurrence (~4 * 128^2 per
+    head and token) is left out: 0.3% of a token's projections."""
+    E, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    d_inner = s.ssm_n_v_heads * s.ssm_head_dim
+    conv_dim = 2 * s.ssm_n_k_heads * s.ssm_head_dim + d_inner
+    n_attn = sum(1 for il in range(s.n_layer) if s.is_attention_layer(il))
+    attn_proj = E * (2 * q_dim + 2 * kv_dim) + q_dim * E             # q (+ gate), k, v, output
+    gdn_proj = E * (conv_dim + d_inner + 2 * s.ssm_n_v_heads) + d_inner * E
+    ffn = 3 * E * s.n_ff
+    per_token = n_attn * attn_proj + (s.n_layer - n_attn) * gdn_proj + s.n_layer * ffn
+    attn_pairs = n * (n + 1) // 2
+    total = 2 * per_token * n + n_attn * 4 * q_dim * attn_pairs + 2 * s.n_vocab * E
+    if mtp:  # rows for tokens 1..n-1: eh_proj [E, 2E] and the head's attention
+        total += 2 * (2 * E * E + attn_proj) * (n - 1) + 4 * q_dim * (n - 1) * n // 2
+    return total
+
+
+def tensor_core_tflops() -> float | None:
+    """The GPU's dense fp16 matmul rate (fp32 accumulation) as PyTorch reaches it, 8192^3, median of 5 timings
+    of 10 products: the denominator of the prefill's tensor-core share. None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        a @ b
+    rates = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            a @ b
+        end.record()
+        end.synchronize()
+        rates.append(10 * 2 * n ** 3 / (start.elapsed_time(end) * 1e-3) / 1e12)
+    del a, b
+    torch.cuda.empty_cache()
+    return float(statistics.median(rates))
+
+
 # --------------------------------------------------------------------------------------------- the bench
 
 class Budget:
@@ -306,6 +355,11 @@ class Bench:
             if self.out["copy_gbps"] is None:          # the first load
                 self.bw = copy_bandwidth_gbps(lib)
                 self.out["copy_gbps"] = round(self.bw, 1)
+                if self.a.prefill:
+                    tc = tensor_core_tflops()
+                    self.out["tensor_core_tflops"] = round(tc, 1) if tc else None
+                    log("tensor cores (fp16 matmul 8192^3 through torch): "
+                        + (f"{tc:.1f} TFLOP/s" if tc else "not measured (no torch or no GPU)"))
                 self.out["gpu"]["clocks"].append(gpu_query("after the copy-bandwidth test"))
                 log(f"copy bandwidth {self.bw:.1f} GB/s (read + write)")
             self.save()
@@ -429,9 +483,14 @@ class Bench:
             decode_sweep(0, lambda: check(lib.openjet_engine_reset(h), "reset"))
 
         def prefill_rec(n: int, seconds: float, method: str) -> None:
+            flop = prefill_flops(s, n, bool(getattr(engine, "has_mtp", False)))
+            tflops = flop / seconds / 1e12
+            tc = self.out.get("tensor_core_tflops")
             run["prefill"].append({"tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 1),
-                                   "method": method})
-            log(f"{kv} prefill {n:>6}: {seconds:7.2f} s  {n / seconds:8.1f} tok/s ({method})")
+                                   "method": method, "flop": flop, "tflops": round(tflops, 2),
+                                   "tensor_core_share": round(tflops / tc, 4) if tc else None})
+            log(f"{kv} prefill {n:>6}: {seconds:7.2f} s  {n / seconds:8.1f} tok/s ({method}), {tflops:.1f} TFLOP/s"
+                + (f" = {100 * tflops / tc:.1f}% of the tensor cores' {tc:.0f}" if tc else ""))
 
         ids_all = self.rng.integers(0, s.n_vocab, max([*prefills, *ctxs, 1]))
         if a.prefill_mode == "fresh":
@@ -645,6 +704,7 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         **commit_id(), "source_sha256": source_sha256(),
         "gpu": {"before_cuda": None, "probe": None, "clocks": []},
         "copy_gbps": None,
+        "tensor_core_tflops": None,
         "options": {"kv": args.kv, "ctx": args.ctx, "t": args.t, "prefill": args.prefill, "n_ctx": args.n_ctx,
                     "steps": args.steps, "warmup": args.warmup, "prefill_mode": args.prefill_mode,
                     "deadline": args.deadline},
@@ -727,8 +787,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="decode contexts (default 0,4096,32768; above n_ctx - max T they are lowered to it)")
     ap.add_argument("--t", "--tokens", dest="t", type=parse_ints, default=parse_ints("1..8"),
                     help="tokens per decode step (default 1..8)")
-    ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384"),
-                    help="prefill lengths (default 512,4096,16384; 'none' for none)")
+    ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384,32768"),
+                    help="prefill lengths (default 512,4096,16384,32768; 'none' for none)")
     ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="incremental")
     ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",
                     type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
