@@ -196,6 +196,27 @@ def test_verify_row_equals_sequential_decode(fmt, n_past):
     report(test="verify_vs_sequential", fmt=fmt, n_past=n_past, bit_identical=True)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("limit", [90_000, 60_000])
+def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypatch):
+    """The 100 KB SMs of sm_86/89/120 cannot hold a chunk block of all 48 rows of an 8-row step with an F16
+    cache (123 KB): the rows go to several blocks (attn_rows_per_block_max). Emulated here by a lower limit
+    (OPENJET_ATTN_SMEM_LIMIT, bytes; 90,000: blocks of 16 rows F16, 32 Q8_0; 60,000: 8 and 16; the real
+    101,376 bytes: 16 and 48): every output bit equals the one-block run."""
+    n_head, n_kv = SIZES["27b"]
+    inputs = step_inputs(np.random.default_rng(11), 8, n_head, n_kv)
+    for n_past in (100, 4096):
+        for t in (1, 3, 8):
+            cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
+            monkeypatch.delenv("OPENJET_ATTN_SMEM_LIMIT", raising=False)
+            whole = run(fmt, n_head, n_kv, n_past, cut)
+            monkeypatch.setenv("OPENJET_ATTN_SMEM_LIMIT", str(limit))
+            split = run(fmt, n_head, n_kv, n_past, cut)
+            for a, b in zip(whole, split):
+                np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} t={t} limit={limit}")
+    report(test="rows_split", fmt=fmt, limit=limit, bit_identical=True)
+
+
 def test_split_depends_on_context_not_t():
     for n_past in (0, 1, 100, 4096, 32768, 100000):
         splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]

@@ -1,4 +1,7 @@
 // launch_attn_decode: the three standalone kernels of attn_decode.cuh (prep, chunks, combine).
+#include <algorithm>
+#include <cstdlib>
+
 #include "attn_decode.cuh"
 #include "pdl.cuh"
 
@@ -17,13 +20,28 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attn_chunk_kernel(const AttnD
     extern __shared__ __align__(16) char smem[];
     pdl_wait();  // pdl.cuh
     pdl_launch_dependents();
-    attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, smem);
+    attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
 }
 
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
     pdl_wait();  // pdl.cuh
     pdl_launch_dependents();
     attn_combine_row(a, chunk_keys, blockIdx.y, blockIdx.x);
+}
+
+// The most rows a chunk block takes on this device: the largest instantiation whose shared memory fits the
+// device's per-block limit (OPENJET_ATTN_SMEM_LIMIT=bytes lowers it: tests run the split on an H200).
+int attn_rows_per_block_max(int smem_stride) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return kAttnMaxRows;  // the launch reports the error
+    if (const char* lim = std::getenv("OPENJET_ATTN_SMEM_LIMIT")) optin = std::min(optin, std::atoi(lim));
+    for (const int r : {64, 48, 32, 16})  // attn_chunk_smem_bytes<r>
+        if (sizeof(float) * r * (kAttnHeadDim + kAttnTile + 1) + 4ull * kAttnTile * smem_stride <=
+            static_cast<size_t>(optin))
+            return r;
+    return 8;
 }
 
 int device_sm_count() {
@@ -43,15 +61,19 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    return launch_kernel(attn_chunk_kernel<Fmt, MAXR>, dim3(n_chunks, a.n_kv), kAttnThreads, smem, stream, a,
-                         chunk_keys);
+    const int rows = a.n_head / a.n_kv * a.t;  // blockIdx.z: rows in blocks of MAXR (when rows > MAXR)
+    return launch_kernel(attn_chunk_kernel<Fmt, MAXR>, dim3(n_chunks, a.n_kv, (rows + MAXR - 1) / MAXR), kAttnThreads,
+                         smem, stream, a, chunk_keys);
 }
 
 template <class Fmt>
 cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
     cudaError_t e = launch_kernel(attn_prep_kernel<Fmt>, dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream, a);
     if (e != cudaSuccess) return e;
-    const int rows = a.n_head / a.n_kv * a.t;  // instantiations by rows per block: T=1,2,4,8 of the 27B model
+    // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
+    // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
+    // rows with an F16 cache: 86 KB; 48 with Q8_0).
+    const int rows = std::min(a.n_head / a.n_kv * a.t, attn_rows_per_block_max(Fmt::kSmemStride));
     if (rows <= 8) e = launch_chunks<Fmt, 8>(a, chunk_keys, n_chunks, stream);
     else if (rows <= 16) e = launch_chunks<Fmt, 16>(a, chunk_keys, n_chunks, stream);
     else if (rows <= 32) e = launch_chunks<Fmt, 32>(a, chunk_keys, n_chunks, stream);

@@ -193,9 +193,12 @@ __device__ __forceinline__ void attn_issue_tile(const AttnDecodeArgs& a, int kv,
 }
 
 // Chunk c of kv head kv: per row r = t * group + g (q head kv * group + g) writes (max, sum) in the exp2
-// domain and the unnormalised o[256]. smem: attn_chunk_smem_bytes<MAXR>(Fmt::kSmemStride) bytes, 16-aligned.
+// domain and the unnormalised o[256], for rows row0 .. row0 + MAXR - 1 of the group's t * group (a block takes
+// them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit).
+// smem: attn_chunk_smem_bytes<MAXR>(Fmt::kSmemStride) bytes, 16-aligned.
 template <class Fmt, int MAXR>
-__device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, char* smem) {
+__device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, int row0,
+                                           char* smem) {
     constexpr int kRowsPerWarp = MAXR / 8;
     float* q_s = reinterpret_cast<float*>(smem);                 // [MAXR][256]
     float* p_s = q_s + MAXR * kAttnHeadDim;                      // [MAXR][32] probabilities of the tile
@@ -203,7 +206,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     char* stages = reinterpret_cast<char*>(alpha_s + MAXR);      // [2][K, V][32][stride]
     constexpr int kStage = 2 * kAttnTile * Fmt::kSmemStride;
 
-    const int group = a.n_head / a.n_kv, n_rows = group * a.t;
+    const int group = a.n_head / a.n_kv, n_rows = min(MAXR, group * a.t - row0);  // local rows r: row0 + r
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c0 = c * chunk_keys, c1 = min(c0 + chunk_keys, a.n_past + a.t);
     const int n_tiles = (c1 - c0 + kAttnTile - 1) / kAttnTile;
@@ -211,7 +214,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     attn_issue_tile<Fmt>(a, kv, c0, min(kAttnTile, c1 - c0), stages);
     for (int idx = tid; idx < n_rows * kAttnHeadDim; idx += kAttnThreads) {
         const int r = idx / kAttnHeadDim, d = idx - r * kAttnHeadDim;
-        const int t = r / group, h = kv * group + (r - t * group);
+        const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
         q_s[idx] = a.work[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d];
     }
 
@@ -264,7 +267,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int r = warp + 8 * i;
             if (r < n_rows) {
-                const int t = r / group;
+                const int t = (row0 + r) / group;
                 const bool valid = pos < c1 && pos <= a.n_past + t;  // causal inside the step
                 const float s = valid ? acc[i] * score_scale : -INFINITY;
                 float mt = s;
@@ -318,7 +321,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
 #pragma unroll
     for (int r = 0; r < MAXR; ++r) {
         if (r < n_rows) {
-            const int t = r / group, h = kv * group + (r - t * group);
+            const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
             o_part[((static_cast<size_t>(c) * a.t + t) * a.n_head + h) * kAttnHeadDim + tid] = o[r];
         }
     }
@@ -327,7 +330,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int r = warp + 8 * i;
             if (r < n_rows) {
-                const int t = r / group, h = kv * group + (r - t * group);
+                const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
                 ml[(static_cast<size_t>(c) * a.t + t) * a.n_head + h] = make_float2(m_run[i], l_run[i]);
             }
         }
