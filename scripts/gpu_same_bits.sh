@@ -54,5 +54,5 @@ for round in 1 2; do
   done
 done
 say "timed"
-OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py tests/test_gpu_pdl.py 2>&1 | tail -5
+OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py tests/test_gpu_pdl.py tests/test_gpu_attn.py 2>&1 | tail -5
 say "done; bit-identical: $([ $SAME = 0 ] && echo yes || echo NO)"
