@@ -69,15 +69,11 @@ class DraftDepth:
             out.append(above)
         return out
 
-    def cost(self, n: int) -> float:
-        """The cycle cost (ms) the choice assumes for n drafts."""
-        return self._cost[n]
-
     def next(self, limit: int | None = None) -> int:
         """The draft count for the next cycle, at most ``limit`` (the tokens still wanted, say)."""
         top = self.max_draft if limit is None else max(1, min(self.max_draft, limit))
         rates = self.rates()
-        return max(range(1, top + 1), key=lambda n: expected_tokens(rates[:n]) / self.cost(n))
+        return max(range(1, top + 1), key=lambda n: expected_tokens(rates[:n]) / self._cost[n])
 
     def update(self, proposed: int, accepted: int) -> None:
         """What a cycle did: ``proposed`` drafts, the first ``accepted`` of them kept."""

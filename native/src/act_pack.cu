@@ -9,8 +9,7 @@ template <bool kNorm>
 __global__ void __launch_bounds__(kPackThreads) pack_act_kernel(const float* __restrict__ x, int k,
                                                                const float* __restrict__ norm_w, float eps,
                                                                ActPack p) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     const float* xr = x + static_cast<long long>(row) * k;
     const float scale = kNorm ? row_rms_scale(xr, k, eps) : 1.0f;

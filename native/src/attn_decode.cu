@@ -10,37 +10,38 @@ namespace {
 
 template <class Fmt>
 __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     attn_prep_row<Fmt>(a, blockIdx.y, blockIdx.x);
 }
 
 template <class Fmt, int MAXR>
 __global__ void __launch_bounds__(kAttnThreads, 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
 }
 
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     attn_combine_row(a, chunk_keys, blockIdx.y, blockIdx.x);
 }
 
 // The most rows a chunk block takes on this device: the largest instantiation whose shared memory fits the
 // device's per-block limit (OPENJET_ATTN_SMEM_LIMIT=bytes lowers it: tests run the split on an H200).
 int attn_rows_per_block_max(int smem_stride) {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return kAttnMaxRows;  // the launch reports the error
+    constexpr int kMaxDevices = 64;
+    static int optin_of[kMaxDevices] = {};  // per device, asked once (a benign race: the same value)
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return kAttnMaxRows;  // launch reports
+    if (!optin_of[dev] &&
+        cudaDeviceGetAttribute(&optin_of[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        optin_of[dev] = 0;
+        return kAttnMaxRows;
+    }
+    int optin = optin_of[dev];
     if (const char* lim = std::getenv("OPENJET_ATTN_SMEM_LIMIT")) optin = std::min(optin, std::atoi(lim));
-    for (const int r : {64, 48, 32, 16})  // attn_chunk_smem_bytes<r>
-        if (sizeof(float) * r * (kAttnHeadDim + kAttnTile + 1) + 4ull * kAttnTile * smem_stride <=
-            static_cast<size_t>(optin))
-            return r;
+    for (const int r : {64, 48, 32, 16})
+        if (attn_chunk_smem_bytes(r, smem_stride) <= static_cast<size_t>(optin)) return r;
     return 8;
 }
 
@@ -53,7 +54,7 @@ int device_sm_count() {
 
 template <class Fmt, int MAXR>
 cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
-    constexpr size_t smem = attn_chunk_smem_bytes<MAXR>(Fmt::kSmemStride);
+    constexpr size_t smem = attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride);
     static bool opted_in = false;  // per instantiation; raising the limit twice is harmless
     if (!opted_in) {
         const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel<Fmt, MAXR>,

@@ -135,9 +135,9 @@ __host__ __device__ inline size_t attn_decode_work_floats(int n_head, int t, int
     return static_cast<size_t>(t) * n_head * kAttnHeadDim * (1 + n_chunks) + 2ull * n_chunks * t * n_head;
 }
 
-template <int MAXR>
-__host__ __device__ constexpr size_t attn_chunk_smem_bytes(int smem_stride) {
-    return sizeof(float) * (MAXR * kAttnHeadDim + MAXR * kAttnTile + MAXR) + 4ull * kAttnTile * smem_stride;
+// Shared memory of a chunk block of max_rows rows: q rows, probabilities, rescales, two stages of K and V tiles.
+__host__ __device__ constexpr size_t attn_chunk_smem_bytes(int max_rows, int smem_stride) {
+    return sizeof(float) * max_rows * (kAttnHeadDim + kAttnTile + 1) + 4ull * kAttnTile * smem_stride;
 }
 
 // ------------------------------------------------------------------------------------------ 1. prep
@@ -195,7 +195,7 @@ __device__ __forceinline__ void attn_issue_tile(const AttnDecodeArgs& a, int kv,
 // Chunk c of kv head kv: per row r = t * group + g (q head kv * group + g) writes (max, sum) in the exp2
 // domain and the unnormalised o[256], for rows row0 .. row0 + MAXR - 1 of the group's t * group (a block takes
 // them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit).
-// smem: attn_chunk_smem_bytes<MAXR>(Fmt::kSmemStride) bytes, 16-aligned.
+// smem: attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride) bytes, 16-aligned.
 template <class Fmt, int MAXR>
 __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, int row0,
                                            char* smem) {

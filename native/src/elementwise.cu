@@ -8,8 +8,7 @@ namespace {
 __global__ void __launch_bounds__(kPackThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
                      float eps, float* __restrict__ a_out, ActPack p) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     float* hr = h + static_cast<long long>(row) * k;
     if (delta) {
@@ -25,8 +24,7 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
 
 __global__ void __launch_bounds__(kPackThreads)
 swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     const float* g = gate + static_cast<long long>(row) * k;
     const float* u = up + static_cast<long long>(row) * k;

@@ -12,8 +12,7 @@ constexpr int kEmbedThreads = 256;
 __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t* __restrict__ table, int vocab,
                                                                    int dim, const int32_t* __restrict__ ids,
                                                                    float* __restrict__ out) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int id = ids[blockIdx.x];
     float* o = out + (long long)blockIdx.x * dim;
     if (id < 0 || id >= vocab) {
@@ -50,8 +49,7 @@ namespace {
 __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_t* __restrict__ src, size_t row_bytes,
                                                                     const int32_t* __restrict__ ids,
                                                                     uint8_t* __restrict__ dst) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const uint8_t* s = src + static_cast<size_t>(ids[blockIdx.x]) * row_bytes;
     uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
     for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b];

@@ -627,9 +627,10 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
         g.t = std::min(kSubRows, t - static_cast<int>(r0));
         g.qkv = qkv + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
         g.b = b + r0 * c.ssm_n_v_heads, g.alpha = alpha + r0 * c.ssm_n_v_heads;
-        if (fused) {  // the logits go where the GEMVs would have put them (a verify step's ring: accept reads them)
+        if (fused) {
             g.x_in = e.a + r0 * c.n_embd;
-            g.b_out = b + r0 * c.ssm_n_v_heads, g.alpha_out = alpha + r0 * c.ssm_n_v_heads;
+            if (e.verifying)  // the logits kept in the ring, where accept's replay reads them
+                g.b_out = b + r0 * c.ssm_n_v_heads, g.alpha_out = alpha + r0 * c.ssm_n_v_heads;
         }
         g.conv_state_in = e.conv[cur] + e.conv_layer_floats * L.idx;
         g.conv_state_out = e.conv[cur ^ 1] + e.conv_layer_floats * L.idx;

@@ -9,8 +9,7 @@ namespace {
 
 __global__ void __launch_bounds__(kGdnThreads, 1) gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     gdn_step_head(a, blockIdx.x, sm);
 }
 

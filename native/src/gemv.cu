@@ -16,8 +16,7 @@ template <int T>
 __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__ w, const float* __restrict__ x,
                                                        int n, int k, float* __restrict__ y) {
     __shared__ float part[4][T];
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     x += static_cast<long long>(blockIdx.y) * T * k;
     y += static_cast<long long>(blockIdx.y) * T * n;

@@ -652,8 +652,7 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
-    pdl_wait();  // pdl.cuh (its first copies include activations)
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh (its first copies include activations)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int grp0 = blockIdx.x % blocks_per_rows * NG;
     const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;

@@ -29,6 +29,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The start of a kernel that touches the stream's memory from its first instruction: wait for the kernel before,
+// then let the next one launch.
+__device__ __forceinline__ void pdl_start() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
 // Whether launches on the current device ask for programmatic serialization (OPENJET_PDL=1, sm_90+).
 bool pdl_enabled();
 

@@ -7,8 +7,7 @@ namespace {
 
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                               int k, float eps, float* __restrict__ y) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const float* xr = x + (long long)blockIdx.x * k;
     float* yr = y + (long long)blockIdx.x * k;
     const float scale = row_rms_scale(xr, k, eps);

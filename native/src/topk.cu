@@ -49,8 +49,7 @@ __device__ void bitonic_sort(unsigned long long* s, int n) {
 
 __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, const int32_t* ids,
                                                             const float* deltas, int n_pen) {
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     float* row = x + static_cast<long long>(blockIdx.y) * n;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_pen; i += gridDim.x * blockDim.x)
         row[ids[i]] = __fsub_rn(row[ids[i]], deltas[i]);
@@ -59,8 +58,7 @@ __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, con
 __global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
                                                               unsigned long long* __restrict__ out, int n_chunks) {
     __shared__ unsigned long long s[kChunk];
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int chunk = blockIdx.x, row = blockIdx.y;
     const float* xr = x + static_cast<long long>(row) * n;
     const int lim = min(n, n_valid);
@@ -77,8 +75,7 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
                                                               int k, float* __restrict__ values,
                                                               int32_t* __restrict__ ids) {
     __shared__ unsigned long long s[kMaxChunks * kTopKMax];
-    pdl_wait();  // pdl.cuh
-    pdl_launch_dependents();
+    pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     int m = kTopKMax;
     while (m < n_chunks * kTopKMax) m <<= 1;  // a power of two

@@ -54,6 +54,13 @@ DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
 
+
+def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
+    """A whole-vocabulary row from the draft vocabulary's logits: -inf outside the subset."""
+    dst[:] = -np.inf
+    dst[subset] = row
+
+
 class EngineConfig(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in (
         "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "head_dim", "n_rot", "ssm_n_k_heads",
@@ -439,8 +446,7 @@ class CudaEngine(Engine):
 
         def on_row(j: int, row: np.ndarray, subset: np.ndarray | None) -> int:
             if subset is not None:
-                logits[j] = -np.inf
-                logits[j, subset] = row
+                _pad(logits[j], subset, row)
             return int(choose(logits[j]))
 
         drafted, hidden = self._draft_steps(state, token, n_draft, on_row, logits)
@@ -459,8 +465,7 @@ class CudaEngine(Engine):
             top = rank_subset(row, subset, k, n_valid) if subset is not None else None
             if top is None:                              # the whole row (no draft vocabulary, or too few rows)
                 if subset is not None:
-                    full[j] = -np.inf
-                    full[j, subset] = row
+                    _pad(full[j], subset, row)
                 top = rank_row(full[j], k, n_valid)
             values[j], ids[j] = top
             return int(pick(values[j], ids[j]))
