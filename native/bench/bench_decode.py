@@ -22,7 +22,7 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   the chunking and every length here is a multiple of 128; the decode measurements between segments are
   undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
   device time). OPENJET_PREFILL_GEMM=shared or =grouped in the environment forces one prefill kernel
-  (recorded as "prefill_gemm"); OPENJET_PDL=1 measures with programmatic dependent launch ("pdl").
+  (recorded as "prefill_gemm"); OPENJET_PDL=0 measures without programmatic dependent launch (recorded as "pdl").
 
 The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the
 KV rows the attention reads, the recurrent state read and written; with an MTP head also its eh_proj and
@@ -381,6 +381,7 @@ class Bench:
         logits = np.empty((8, s.n_vocab), np.float32)
         f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
         out = run.setdefault("attn_spread", [])
+        default = engine.attn_spread()
         for spread in self.a.attn_spread:
             for t in (1, 4):
                 est = self.est_sweep(run["kv_type"], ctx, t)
@@ -401,7 +402,7 @@ class Bench:
                 rec = {"context": ctx, "t": t, "spread": spread, "median_ms": round(statistics.median(times) * 1e3, 3)}
                 out.append(rec)
                 log(f"{run['kv_type']} ctx {ctx} T {t} attention spread {spread}: {rec['median_ms']:.3f} ms")
-        engine.set_attn_spread(1)
+        engine.set_attn_spread(default)
         self.save()
 
     def sweep(self, engine, kv: str, run: dict) -> None:
@@ -713,7 +714,7 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
                    "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
                    "engine.prefill wall time (chunks of 128 rows; each weight read once per chunk)."),
         "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
-        "pdl": os.environ.get("OPENJET_PDL") == "1",  # programmatic dependent launch (native/src/pdl.cuh)
+        "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
                       "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}

@@ -76,7 +76,7 @@ def main() -> None:
             if i >= a.warmup:
                 times.append(dt)
         print(json.dumps({"layers": a.layers, "t": t, "ctx": a.ctx, "kv": a.kv,
-                          "pdl": os.environ.get("OPENJET_PDL", "") == "1",
+                          "pdl": os.environ.get("OPENJET_PDL", "") != "0",
                           "step_ms_median": round(statistics.median(times) * 1e3, 4),
                           "step_ms_min": round(min(times) * 1e3, 4)}), flush=True)
     lib.openjet_engine_restore(h, 0)

@@ -145,11 +145,12 @@ OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, i
 OPENJET_API int openjet_engine_profile(openjet_engine* engine, char* json, size_t capacity, int reset);
 OPENJET_API int openjet_engine_set_profile(openjet_engine* engine, int on);
 
-/* Attention chunk blocks per SM that the split-K attention aims at (1 at create; at most the cap that
- * OPENJET_ATTN_SPREAD (1..8, default 1) gave at create, which sizes the workspace): more chunks of fewer keys.
- * Rows stay T-invariant (the split depends on the context, the SM count and this, never on T); the rounding
- * of attention changes with it. A benchmark knob (bench_decode.py --attn-spread) until measured. */
+/* Attention chunk blocks per SM that the split-K attention aims at (2 at create, measured fastest at 32K on the
+ * H200; at most the cap that OPENJET_ATTN_SPREAD (1..8, default 2) gave at create, which sizes the workspace):
+ * more chunks of fewer keys. Rows stay T-invariant (the split depends on the context, the SM count and this,
+ * never on T); the rounding of attention at long contexts changes with it. attn_spread reads the current one. */
 OPENJET_API int openjet_engine_set_attn_spread(openjet_engine* engine, int spread);
+OPENJET_API int openjet_engine_attn_spread(const openjet_engine* engine, int* spread);
 
 /* The MTP head's draft vocabulary (issue 7): from now on mtp_step computes only the lm_head rows ids[0..n)
  * and its logits hold n values, logits[i] that of token ids[i], bit for bit the value the full lm_head gives

@@ -90,17 +90,20 @@ const char* type_name(int t) {
 
 }  // namespace
 
-// Attention chunk blocks per SM the split aims at (attn_chunk_keys gets sm_count x spread): 1 is the design's
-// one block per SM; openjet_engine_set_attn_spread raises it up to the cap OPENJET_ATTN_SPREAD gave at create
-// (the workspace is sized for the cap: ~13 MB per unit at 27B, 32K context, 132 SMs). A benchmark knob until
-// measured: at 32K context the chunk blocks are latency-bound (one block of 8 warps per SM, ~7% of bandwidth).
+// Attention chunk blocks per SM the split aims at (attn_chunk_keys gets sm_count x spread). 2 by default: at
+// 32K context on the 27B (H200) one block of 8 warps per SM left the chunk blocks latency-bound; 2 per SM took
+// T=1 from 17.79 to 16.73 ms and T=4 from 22.53 to 20.30 (4: 17.08 / 21.14, 8: 18.50 / 22.56). It changes
+// the partials' merge order at long contexts only (logits within 4e-5 relative, tests/test_gpu_engine.py).
+// openjet_engine_set_attn_spread picks 1..cap, the cap OPENJET_ATTN_SPREAD gave at create (default 2; the
+// workspace is sized for the cap: ~13 MB per unit at 27B, 32K context, 132 SMs).
+constexpr int kDefaultAttnSpread = 2;
 constexpr int kMaxAttnSpread = 8;
 
 struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
-    int attn_spread = 1, attn_spread_cap = 1;  // 1 <= spread <= cap <= kMaxAttnSpread
+    int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
@@ -427,8 +430,10 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
-    if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD"))
+    if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
+        e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
+    }
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
@@ -1132,6 +1137,13 @@ extern "C" OPENJET_API int openjet_engine_set_attn_spread(openjet_engine* e, int
                     "%d: create the engine with OPENJET_ATTN_SPREAD=%d for more, at most %d)", spread,
                     e->attn_spread_cap, e->attn_spread_cap, std::min(spread, kMaxAttnSpread), kMaxAttnSpread);
     e->attn_spread = spread;
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_attn_spread(const openjet_engine* e, int* spread) {
+    TRY(check_engine(e));
+    if (!spread) return fail(OPENJET_ERR_INVALID_ARGUMENT, "spread is NULL");
+    *spread = e->attn_spread;
     return OPENJET_OK;
 }
 

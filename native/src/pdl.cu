@@ -1,4 +1,4 @@
-// pdl_enabled (pdl.cuh): OPENJET_PDL=1 read once, the compute capability once per device.
+// pdl_enabled (pdl.cuh): OPENJET_PDL=0 read once, the compute capability once per device.
 #include <cstdlib>
 #include <cstring>
 
@@ -9,7 +9,7 @@ namespace openjet {
 bool pdl_enabled() {
     static const bool asked = [] {
         const char* v = std::getenv("OPENJET_PDL");
-        return v && std::strcmp(v, "1") == 0;
+        return !(v && std::strcmp(v, "0") == 0);
     }();
     if (!asked) return false;
     constexpr int kMaxDevices = 64;

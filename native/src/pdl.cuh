@@ -7,8 +7,8 @@
 // pdl_launch_dependents() once it needs no more SMs than it has (lets the next kernel launch). Both are
 // no-ops where the launch did not ask for it and on GPUs before sm_90.
 //
-// The launch attribute is off unless OPENJET_PDL=1 (set before the first launch), until its gain and the
-// bits are measured (scripts/gpu_same_bits.sh with OPENJET_PDL=1 in BITS_MODES).
+// On by default on sm_90+ (the same bits, scripts/gpu_same_bits.sh; the 27B's decode step at T=1 12.38 ->
+// 11.46 ms on the H200); OPENJET_PDL=0, set before the first launch, turns the launch attribute off.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +36,7 @@ __device__ __forceinline__ void pdl_start() {
     pdl_launch_dependents();
 }
 
-// Whether launches on the current device ask for programmatic serialization (OPENJET_PDL=1, sm_90+).
+// Whether launches on the current device ask for programmatic serialization (sm_90+, unless OPENJET_PDL=0).
 bool pdl_enabled();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where pdl_enabled(); the kernel must

@@ -104,6 +104,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_attn_spread": ([_P, ctypes.c_int], ctypes.c_int),
+        "openjet_engine_attn_spread": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_set_draft_rows": ([_P, i32p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
@@ -383,9 +384,14 @@ class CudaEngine(Engine):
         return bool(flag.value)
 
     def set_attn_spread(self, spread: int) -> None:
-        """Attention chunk blocks per SM (1 at load; up to OPENJET_ATTN_SPREAD at load time, 1..8): a benchmark
-        knob; rows stay T-invariant, attention's rounding changes with it."""
+        """Attention chunk blocks per SM (2 at load; 1 up to OPENJET_ATTN_SPREAD at load time, at most 8): rows
+        stay T-invariant, attention's rounding at long contexts changes with it."""
         self._check(self._lib.openjet_engine_set_attn_spread(self._handle, int(spread)), "set_attn_spread")
+
+    def attn_spread(self) -> int:
+        spread = ctypes.c_int(0)
+        self._check(self._lib.openjet_engine_attn_spread(self._handle, ctypes.byref(spread)), "attn_spread")
+        return spread.value
 
     def set_profile(self, on: bool) -> None:
         """Record per-phase device times from now on (an event between phases: a little slower) or stop."""
