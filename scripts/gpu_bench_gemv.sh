@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build the engine for this GPU once per variant and run the GEMV benchmark with each.
-# A variant is "WARPS-STAGES[-MINBLOCKS[-MINBLOCKS_Q6K[-PAIR]]]" (gemv_mma.cuh's build-time knobs; PAIR=1: two
-# units per wait, e.g. 4-4-3-3-1; MINBLOCKS on sm_90, the others' defaults are 3 and 2), or "base": the
+# A variant is "WARPS-STAGES[-MINBLOCKS[-MINBLOCKS_Q6K]]" (gemv_mma.cuh's build-time knobs; MINBLOCKS on
+# sm_90, the others' defaults are 3 and 2), or "base": the
 # tree carried in .base/ (scripts/gpu_same_bits.sh says how to make it). Results in $OUT/gemv-<variant>.json.
 #   bash scripts/gpu_bench_gemv.sh base 4-4 4-3-5-6
 # BENCH_ARGS (e.g. --decode-only) go to native/bench/bench_gemv.py.
@@ -12,9 +12,9 @@ for v in "${@:-4-4}"; do  # the builds side by side (16 cores), then the benchma
   if [ "$v" = base ]; then
     (cd .base && build_engine /tmp/b-base "$OUT/build-base.log") &
   else
-    IFS=- read -r w st mb mb6 pair <<< "$v"
+    IFS=- read -r w st mb mb6 <<< "$v"
     build_engine "/tmp/b-$v" "$OUT/build-$v.log" -DCMAKE_CUDA_FLAGS="-DOPENJET_GEMV_WARPS=$w -DOPENJET_GEMV_STAGES=$st \
-      -DOPENJET_GEMV_MIN_BLOCKS=${mb:-4} -DOPENJET_GEMV_MIN_BLOCKS_Q6K=${mb6:-${mb:-4}} -DOPENJET_GEMV_PAIR=${pair:-0}" &
+      -DOPENJET_GEMV_MIN_BLOCKS=${mb:-4} -DOPENJET_GEMV_MIN_BLOCKS_Q6K=${mb6:-${mb:-4}}" &
   fi
 done
 wait

@@ -70,10 +70,6 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 #define OPENJET_GEMV_MIN_BLOCKS_Q6K 2
 #endif
 #endif
-#ifndef OPENJET_GEMV_PAIR  // 1: the decode warp waits for two units at a time (a build knob being measured)
-#define OPENJET_GEMV_PAIR 0
-#endif
-constexpr bool kGemvPair = OPENJET_GEMV_PAIR != 0;
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 constexpr int kUnitElems = kGemvUnit;
@@ -542,20 +538,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
         UnitMma<QT, NG>::run(r, ux, tq, acc);
     };
     const int nu = u1 - u0;
-    int it = 0;
-    if constexpr (kGemvPair && NG == 1) {  // two units per wait: their independent chains interleave (measuring)
-        static_assert(kGemvStages >= 3, "a pair needs a stage to prefetch into");
-        for (; it + 1 < nu; it += 2) {
-            cp_async_wait<kGemvStages - 3>();  // the groups of units it and it + 1 are in
-            __syncwarp();
-            unit(it);
-            unit(it + 1);  // in order: acc gets unit it's sum first, as one unit per wait gives it
-            __syncwarp();
-            issue(it + kGemvStages - 1);  // into the stages of units it - 1 and it, both read
-            issue(it + kGemvStages);
-        }
-    }
-    for (; it < nu; ++it) {
+    for (int it = 0; it < nu; ++it) {
         cp_async_wait<kGemvStages - 2>();
         __syncwarp();
         unit(it);
