@@ -30,6 +30,7 @@ class FakeLib:
         self.calls: list[tuple] = []
         self.error = b""
         self.mtp = 1
+        self.prefill_rows = 1024
 
     def _fail(self, msg: str) -> int:
         self.error = msg.encode()
@@ -50,6 +51,13 @@ class FakeLib:
         self.calls.append((name, [int(ids[i]) for i in range(t)]))
         if self.pending:
             return self._fail(f"{name}: a verify step awaits openjet_engine_accept")
+        return 0
+
+    def openjet_engine_prefill(self, h, ids, n, chunk, logits, hidden):
+        self.calls.append(("prefill", n, chunk))
+        if not 1 <= chunk <= self.prefill_rows:
+            return self._fail(f"prefill: chunk = {chunk} is not 1..{self.prefill_rows} (the engine's prefill_rows)")
+        self.n_past += n
         return 0
 
     def openjet_engine_decode(self, h, ids, t, logits, hidden):
@@ -223,3 +231,37 @@ def test_draft_top_ranks_only_the_draft_rows_as_the_whole_row_would_rank(engine)
         assert top.tokens == [int(top.ids[0][0]), int(top.ids[1][0])]
     picked = engine.mtp_draft_top(state, 200, 2, k=4, choose=lambda values, ids: int(ids[-1]))
     assert picked.tokens == [int(picked.ids[0][-1]), int(picked.ids[1][-1])]
+
+
+def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them():
+    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
+    e = CudaEngine(types.SimpleNamespace(shape=shape, name="fake"), FakeLib(), 1, 4096, "f16", 2, prefill_rows=1024)
+    try:
+        state = e.new_state()
+        e.prefill(state, [i % N_VOCAB for i in range(3000)])
+        e.prefill(state, list(range(10)), chunk_size=4096)   # asked for more than the engine holds: its rows
+        e.prefill(state, list(range(10)), chunk_size=64)
+        assert [c for c in e._lib.calls if c[0] == "prefill"] == [("prefill", 3000, 1024), ("prefill", 10, 1024),
+                                                                  ("prefill", 10, 64)]
+        assert len(state.token_ids) == 3020
+    finally:
+        e._handle = ctypes.c_void_p()
+
+
+def test_the_config_structure_matches_the_header_field_by_field():
+    """cuda.py's EngineConfig is the C struct openjet_engine_create reads: a field out of order or missing
+    (prefill_rows was added at the end) would hand the engine wrong sizes without an error."""
+    import re
+    from pathlib import Path
+
+    from openjet_launcher.engine.cuda import EngineConfig
+
+    header = (Path(__file__).resolve().parents[1] / "native/include/openjet_engine.h").read_text()
+    body = re.search(r"typedef struct openjet_engine_config \{(.*?)\} openjet_engine_config;", header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        ctype, names = decl.split(None, 1)
+        fields += [(n.strip(), {"int": ctypes.c_int, "float": ctypes.c_float}[ctype]) for n in names.split(",")]
+    assert fields == list(EngineConfig._fields_)
+    assert fields[-1][0] == "prefill_rows"

@@ -359,6 +359,33 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
         engine.close()
 
 
+def test_prefill_chunks_of_128_512_and_2048_leave_the_same_bits(models):
+    """Issue 6: chunk sizes 128, 512 and 2,048 (an engine loaded with prefill_rows = 2048; each chunk reads the
+    weights once) leave the same state bit for bit: the last logits and hidden row and the next decode step's
+    logits. The C API refuses a chunk above the engine's prefill_rows, naming it."""
+    ids = np.random.default_rng(59).integers(0, 4096, 2600)
+    engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048)
+    try:
+        def run(chunk):
+            state = engine.new_state()
+            out = engine.prefill(state, ids[:2599], chunk_size=chunk)
+            nxt = engine.decode(state, ids[2599:2600]).logits[-1]
+            return out.logits[-1], out.hidden[-1], nxt
+
+        ref = run(128)
+        for chunk in (512, 2048):
+            for name, a, b in zip(("logits", "hidden", "next logits"), run(chunk), ref):
+                np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
+        engine.new_state()
+        ids32 = np.ascontiguousarray(ids[:4], dtype=np.int32)
+        rc = engine._lib.openjet_engine_prefill(engine._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                                4, 2049, None, None)
+        assert rc != 0 and b"not 1..2048" in engine._lib.openjet_engine_last_error()
+        report(test="prefill_chunks_128_512_2048_equal", equal=True, tokens=2599)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_type):
     """Issue 7's exactness for a cached conversation: turn 1 prefilled, a reply decoded token by token, turn 2

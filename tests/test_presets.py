@@ -70,10 +70,20 @@ def test_prefill_scratch_formula_by_hand_for_the_27b_shape():
            + 48 * (64 + 2 * 128) * 4)                  # chunked delta rule rows (64-token chunks)
     ffn = 3 * 17408 * 2
     attn = 2 * 6144 * 4 + 2 * 1024 * 4 + 6144 * 4
-    assert gdn > max(ffn, attn)                        # the GDN layer sets the scratch size
+    assert gdn > max(ffn, attn)                        # the GDN layer sets the design's scratch size
+    # The CUDA engine v1's arena per row (engine.cu create_impl), larger: it counts.
+    v1 = (4                                            # token id
+          + 3 * 5120 * 4                               # residual, normed row, sub-layer output (fp32)
+          + 17408 * 2 + 17408 // 32 * 2 * 2 + 4        # activation pack at the widest input: fp16, sums, scale
+          + 2 * 17408 * 4                              # FFN gate and up (the widest of conv / q+gate / FFN)
+          + 1024 * 4 + 2 * 48 * 4                      # V rows; beta and alpha
+          + 6144 * 4)                                  # the mixer's output
+    assert MM.engine_v1_row_bytes == v1 == 266_760 > trunk + gdn
     for chunk in (512, 1024, 2048):
         assert MM.prefill_scratch_bytes(chunk) == chunk * (trunk + gdn) + 248320 * 4
+        assert MM.prefill_scratch_bytes(chunk, v1_arena=True) == chunk * v1 + 248320 * 4
     assert 470 * MiB < MM.prefill_scratch_bytes(2048) < 480 * MiB
+    assert 520 * MiB < MM.prefill_scratch_bytes(2048, v1_arena=True) < 524 * MiB
 
 
 def test_a_plan_adds_up_its_terms_and_moves_the_embedding_table_to_host_memory():

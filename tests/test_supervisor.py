@@ -539,6 +539,7 @@ def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine
     cli.add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(cmd[cmd.index("serve"):])          # `serve` takes what the launcher passes
     assert args.kv == "q8_0" and args.ctx == expected.n_ctx
+    assert args.prefill_chunk == expected.prefill_chunk                # the chunk its scratch was planned for
     assert args.draft == DEFAULT_DRAFTS                          # MTP speculation on by default
     args = parser.parse_args(plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda",
                                                        "--draft", "0")).command[cmd.index("serve"):])

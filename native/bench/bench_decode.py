@@ -18,8 +18,8 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   untimed), so every timed step reads the same bytes. The median is kept;
 * prefill: one sequence grows through the sorted prefill lengths and contexts with ``engine.prefill``; the
   prefill time of N tokens is the sum of its segments from 0 to N (``--prefill-mode incremental``: the same
-  work as one prefill of N tokens, since prefill runs chunks of 128 rows whose arithmetic does not depend on
-  the chunking and every length here is a multiple of 128; the decode measurements between segments are
+  work as one prefill of N tokens, since prefill runs chunks of ``--prefill-rows`` rows (default 512) whose
+  arithmetic does not depend on the chunking; the decode measurements between segments are
   undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
   device time). OPENJET_PREFILL_GEMM=shared or =grouped in the environment forces one prefill kernel
   (recorded as "prefill_gemm"); OPENJET_PDL=0 measures without programmatic dependent launch (recorded as "pdl").
@@ -54,6 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from openjet_launcher.engine.cuda import PREFILL_ROWS  # noqa: E402
 from openjet_launcher.model.shape import PRESETS, ModelShape  # noqa: E402
 
 GIB = 1 << 30
@@ -325,7 +326,7 @@ class Bench:
             try:
                 if self.a.attn_spread:  # the workspace is sized for the largest spread at load
                     os.environ["OPENJET_ATTN_SPREAD"] = str(max(self.a.attn_spread))
-                engine = CudaEngine.load(self.path, n_ctx=self.a.n_ctx, kv_type=kv)
+                engine = CudaEngine.load(self.path, n_ctx=self.a.n_ctx, kv_type=kv, prefill_rows=self.a.prefill_rows)
             except Exception as e:                 # recorded; the next KV type may still load
                 run["error"] = f"load: {type(e).__name__}: {e}"
                 log(run["error"])
@@ -708,11 +709,11 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         "tensor_core_tflops": None,
         "options": {"kv": args.kv, "ctx": args.ctx, "t": args.t, "prefill": args.prefill, "n_ctx": args.n_ctx,
                     "steps": args.steps, "warmup": args.warmup, "prefill_mode": args.prefill_mode,
-                    "deadline": args.deadline},
+                    "prefill_rows": args.prefill_rows, "deadline": args.deadline},
         "method": ("decode: each step timed alone on the host clock around openjet_engine_decode (logits and "
                    "hidden back in host memory), the sequence restored to the context before each step; median "
                    "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
-                   "engine.prefill wall time (chunks of 128 rows; each weight read once per chunk)."),
+                   "engine.prefill wall time (chunks of prefill_rows rows; each weight read once per chunk)."),
         "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
@@ -791,6 +792,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384,32768"),
                     help="prefill lengths (default 512,4096,16384,32768; 'none' for none)")
     ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="incremental")
+    ap.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
+                    help=f"the engine's prefill chunk (CudaEngine.load; default {PREFILL_ROWS}, at most 2048)")
     ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",
                     type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
                     help="KV cache types, in order (default q8_0,f16)")

@@ -4,8 +4,8 @@
  *
  * One engine = the weights of one qwen35 GGUF file on one GPU + ONE sequence (KV caches, Gated DeltaNet
  * recurrent and conv states) + a few device checkpoint slots of the recurrent state for rollback.
- * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts), up to 128 in a
- * prefill chunk. */
+ * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts), up to the
+ * config's prefill_rows (512 by default, at most 2048) in a prefill chunk. */
 #ifndef OPENJET_ENGINE_H
 #define OPENJET_ENGINE_H
 
@@ -22,7 +22,8 @@ extern "C" {
 #define OPENJET_ENGINE_ERR_DEVICE_MEMORY (-5) /* cudaMalloc failed: the message says how many bytes */
 #define OPENJET_ENGINE_ERR_MODEL (-6)       /* a tensor is missing, or has a shape or type we cannot run */
 #define OPENJET_ENGINE_MAX_T 8            /* token rows of a decode step (1 + drafts) */
-#define OPENJET_ENGINE_PREFILL_ROWS 128   /* token rows of a prefill chunk (its weights are read once) */
+#define OPENJET_ENGINE_PREFILL_ROWS 512   /* default token rows of a prefill chunk (its weights are read once) */
+#define OPENJET_ENGINE_PREFILL_ROWS_MAX 2048 /* the most a config's prefill_rows may ask */
 
 /* Model dimensions (the ModelShape fields of the GGUF file) and the sequence's sizes. */
 typedef struct openjet_engine_config {
@@ -37,6 +38,8 @@ typedef struct openjet_engine_config {
     int kv_type;                            /* GGML type id of the KV cache: 1 F16, 8 Q8_0 */
     int n_checkpoints;                      /* device slots for openjet_engine_checkpoint (0 .. 64) */
     int device;                             /* CUDA device ordinal */
+    int prefill_rows;                       /* token rows of a prefill chunk the scratch holds (~260 KB each at
+                                               27B): 0 = OPENJET_ENGINE_PREFILL_ROWS, at most ..._MAX */
 } openjet_engine_config;
 
 /* One tensor of the file: its GGUF name, GGML type id, ne (ne[0] = the input dimension; unused dims 1),
@@ -87,7 +90,7 @@ OPENJET_API int openjet_engine_n_past(const openjet_engine* engine, int* n_past)
 OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids, int t, float* logits,
                                       float* hidden);
 
-/* Prefill: n tokens at positions n_past .. n_past + n - 1 in chunks of `chunk` rows (1..PREFILL_ROWS), each
+/* Prefill: n tokens at positions n_past .. n_past + n - 1 in chunks of `chunk` rows (1..prefill_rows), each
  * chunk reading every weight once. Every row gets the bits a decode step of 1..8 rows gives it, so the state
  * left (and any later output) is the same, bit for bit, whatever the chunk size and however the tokens are
  * split between calls. logits [n_vocab] and hidden [n_embd] of the last token (either may be NULL). Errors

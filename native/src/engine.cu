@@ -13,7 +13,8 @@
 // openjet_engine_mtp_step runs the whole head for one drafted token on rows past the committed ones.
 // Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
 // position bit for bit, except when attention's context split changes (attn_decode.cuh).
-// Prefill (openjet_engine_prefill) runs the same trunk over chunks of up to 128 rows: the projections take
+// Prefill (openjet_engine_prefill) runs the same trunk over chunks of up to prefill_rows rows (config; 512 by
+// default, at most 2048): the projections take
 // all rows at once (the GEMV's groups of 8), GDN and attention go in sub-steps of 8, so its rows carry
 // decode's bits. A verify step (openjet_engine_verify) is a decode step that leaves the committed GDN state
 // alone; openjet_engine_accept replays the GDN recurrence over the kept rows from a ring of their inputs.
@@ -103,6 +104,7 @@ struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
+    int prefill_rows = OPENJET_ENGINE_PREFILL_ROWS;  // the scratch's rows (config.prefill_rows, 0: the default)
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
@@ -219,6 +221,9 @@ int check_config(const openjet_engine_config& c) {
     if (c.n_ctx < 1) return bad("n_ctx", c.n_ctx, ">= 1");
     if (c.kv_type != kKvF16 && c.kv_type != kKvQ8_0) return bad("kv_type", c.kv_type, "1 (F16) or 8 (Q8_0)");
     if (c.n_checkpoints < 0 || c.n_checkpoints > 64) return bad("n_checkpoints", c.n_checkpoints, "0..64");
+    if (c.prefill_rows < 0 || c.prefill_rows > OPENJET_ENGINE_PREFILL_ROWS_MAX)
+        return bad("prefill_rows", c.prefill_rows, "0 (the default) .. 2048");
+    static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX == 2048, "the message above");
     if (!(c.rms_eps > 0.0f) || !(c.rope_base > 0.0f))
         return fail(OPENJET_ENGINE_ERR_MODEL, "config: rms_eps and rope_base must be positive");
     return OPENJET_OK;
@@ -398,6 +403,7 @@ size_t ckpt_slot_bytes(const openjet_engine& e);
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
     TRY(check_config(c));
+    if (c.prefill_rows) e.prefill_rows = c.prefill_rows;
     TRY(bind_weights(e, tensors, n_tensors));
 
     int n_dev = 0;
@@ -414,7 +420,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         off = align_up(off + t.bytes + 16);  // +16: the GEMV may read to the next 16-byte boundary
     });
     e.weights_bytes = off;
-    const int T = OPENJET_ENGINE_MAX_T, R = OPENJET_ENGINE_PREFILL_ROWS;
+    const int T = OPENJET_ENGINE_MAX_T, R = e.prefill_rows;
     e.ssm_layer_floats = static_cast<size_t>(c.ssm_n_v_heads) * kGdnHeadDim * kGdnHeadDim;
     e.conv_layer_floats = static_cast<size_t>(kGdnConvTaps - 1) * e.conv_dim();
     e.kv_layer_half = static_cast<size_t>(c.n_head_kv) * c.n_ctx * e.kv_row_bytes();
@@ -576,7 +582,7 @@ int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y
 // 8 rows; both give a row the same bits whatever its sub-step), while every projection reads its weights once
 // for all t rows (the GEMV's groups of 8).
 constexpr int kSubRows = OPENJET_ENGINE_MAX_T;
-static_assert(OPENJET_ENGINE_PREFILL_ROWS <= kActMaxRows && OPENJET_ENGINE_MAX_T == kActRows,
+static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX <= kActMaxRows && OPENJET_ENGINE_MAX_T == kActRows,
               "the activation pack holds a prefill chunk; a decode step is one GEMV group");
 int sub_steps(int t) { return (t + kSubRows - 1) / kSubRows; }
 
@@ -826,7 +832,7 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     return OPENJET_OK;
 }
 
-// n tokens in chunks of up to `chunk` rows (<= OPENJET_ENGINE_PREFILL_ROWS); the last token's logits and
+// n tokens in chunks of up to `chunk` rows (<= e.prefill_rows); the last token's logits and
 // hidden row. The lm_head runs on that row alone (packed by itself: the bits decode's pack gives it).
 int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden) {
     const auto& c = e.cfg;
@@ -1056,8 +1062,9 @@ extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32
                                                   float* logits, float* hidden) {
     TRY(check_idle(e, "prefill"));
     if (!ids || n < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: ids is NULL or n = %d < 1", n);
-    if (chunk < 1 || chunk > OPENJET_ENGINE_PREFILL_ROWS)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: chunk = %d is not 1..%d", chunk, OPENJET_ENGINE_PREFILL_ROWS);
+    if (chunk < 1 || chunk > e->prefill_rows)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: chunk = %d is not 1..%d (the engine's prefill_rows)", chunk,
+                    e->prefill_rows);
     TRY(check_ids(e, ids, n, "prefill"));
     return prefill_impl(*e, ids, n, chunk, logits, hidden);
 }

@@ -1,5 +1,5 @@
 // The decode GEMV family: y[t, n] = sum_k W[n, k] * x[t, k] for t <= 8 token rows sharing one read of W;
-// prefill passes up to 128 rows, computed as groups of 8 whose blocks run next to each other so that W comes
+// prefill passes up to 2048 rows (a chunk), computed as groups of 8 whose blocks run next to each other so that W comes
 // from L2 after the first group (a GEMM whose every group does exactly a decode step's arithmetic).
 // k-quant W (Q4_K, Q5_K, Q6_K, Q8_0) stays in its GGUF blocks and meets fp16 activations (act_pack.cuh) on
 // tensor cores (gemv_mma.cuh); F32 W (the small ssm_alpha / ssm_beta projections) reads float activations.

@@ -5,7 +5,8 @@ What v1 is (and is not):
 * ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (tensor-core GEMVs on the GGUF blocks with
   fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
   kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
-* ``prefill`` runs chunks of up to PREFILL_ROWS (128) tokens: every projection reads its weights once per
+* ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 2048,
+  ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step and attention run in sub-steps of 8 rows. Each row gets the bits a decode step gives it,
   so prefill and decode leave the same state, bit for bit, whatever the chunk size. Still ahead (issue 8):
@@ -52,7 +53,8 @@ from .native import load_library
 KV_TYPES = {"f16": 1, "q8_0": 8}
 DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
-PREFILL_ROWS = 128  # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): token rows of one prefill chunk
+PREFILL_ROWS = 512        # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): default token rows of a prefill chunk
+PREFILL_ROWS_MAX = 2048   # OPENJET_ENGINE_PREFILL_ROWS_MAX
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
@@ -67,7 +69,7 @@ class EngineConfig(ctypes.Structure):
         "ssm_n_v_heads", "ssm_head_dim", "ssm_conv_kernel", "full_attn_interval", "n_vocab")] + [
         ("rms_eps", ctypes.c_float), ("rope_base", ctypes.c_float),
         ("n_ctx", ctypes.c_int), ("kv_type", ctypes.c_int), ("n_checkpoints", ctypes.c_int),
-        ("device", ctypes.c_int)]
+        ("device", ctypes.c_int), ("prefill_rows", ctypes.c_int)]
 
 
 class TensorDesc(ctypes.Structure):
@@ -157,8 +159,9 @@ class CudaState(SequenceState):
 
 class CudaEngine(Engine):
     def __init__(self, config: ModelConfig, lib: ctypes.CDLL, handle: int, n_ctx: int, kv_type: str,
-                 n_checkpoints: int):
+                 n_checkpoints: int, prefill_rows: int = PREFILL_ROWS):
         self.config = config
+        self.prefill_rows = prefill_rows
         self._lib = lib
         self._handle = ctypes.c_void_p(handle)
         self.n_ctx, self.kv_type, self.n_checkpoints = n_ctx, kv_type, n_checkpoints
@@ -182,11 +185,14 @@ class CudaEngine(Engine):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, kv_type: str = "f16",
-             n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0, mtp: bool = True) -> "CudaEngine":
+             n_checkpoints: int = DEFAULT_CHECKPOINTS, device: int = 0, mtp: bool = True,
+             prefill_rows: int = PREFILL_ROWS) -> "CudaEngine":
         """Upload the trunk of an unsloth Q4_K_M file (a plain llama-quantize Q4_K_M file is re-encoded to the
         unsloth types at load: model/reencode.py). ``n_ctx``: KV cache capacity in tokens (default
         min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"; ``mtp``: also upload the MTP head (when the
-        file has one) and keep its cache filled, for mtp_draft; False leaves it out (less memory, no drafts)."""
+        file has one) and keep its cache filled, for mtp_draft; False leaves it out (less memory, no drafts);
+        ``prefill_rows``: the longest prefill chunk (1..2048 tokens; each reads the weights once, and costs ~260
+        KB of device scratch per row at 27B)."""
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
@@ -195,6 +201,9 @@ class CudaEngine(Engine):
             raise ModelFileError(f"{gguf.path.name}: the CUDA engine v1 runs Q4_K_M files (unsloth or plain llama-quantize) only ({why})")
         if kv_type not in KV_TYPES:
             raise OpenJetError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, (int, np.integer)) \
+                or not 1 <= prefill_rows <= PREFILL_ROWS_MAX:
+            raise OpenJetError(f"prefill_rows must be 1..{PREFILL_ROWS_MAX} tokens, not {prefill_rows!r}")
         s = config.shape
         n_ctx = min(s.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else int(n_ctx)
         if not 1 <= n_ctx <= 262144:
@@ -212,7 +221,7 @@ class CudaEngine(Engine):
             ssm_head_dim=s.ssm_head_dim, ssm_conv_kernel=s.ssm_conv_kernel,
             full_attn_interval=s.full_attn_interval, n_vocab=s.n_vocab, rms_eps=s.rms_eps,
             rope_base=s.rope_base, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type], n_checkpoints=n_checkpoints,
-            device=device)
+            device=device, prefill_rows=int(prefill_rows))
         mtp_prefix = f"blk.{s.n_layer}."
         names = [n for n in gguf.tensors if mtp or not n.startswith(mtp_prefix)]
         descs = (TensorDesc * len(names))()
@@ -233,7 +242,7 @@ class CudaEngine(Engine):
             raise OpenJetError(f"{gguf.path.name}: the CUDA engine could not load it: "
                                f"{lib.openjet_engine_last_error().decode(errors='replace')}")
         del keep
-        return cls(config, lib, handle.value, n_ctx, kv_type, n_checkpoints)
+        return cls(config, lib, handle.value, n_ctx, kv_type, n_checkpoints, int(prefill_rows))
 
     def close(self) -> None:
         """Free the device memory now (also done when the engine is garbage-collected)."""
@@ -350,12 +359,13 @@ class CudaEngine(Engine):
         self._count_step(t, t0)
         return TopOutput(values, top_ids, self._hidden[:t].copy())
 
-    def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int = PREFILL_ROWS,
+    def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int | None = None,
                 all_logits: bool = False) -> StepOutput:
-        """Chunks of up to PREFILL_ROWS tokens, each reading the weights once (openjet_engine_prefill); every
-        row gets the bits a decode step gives it, so the state does not depend on chunk_size. all_logits: decode
-        steps of up to 8 tokens, for every row's logits (teacher forcing)."""
-        chunk = min(check_chunk_size(chunk_size), PREFILL_ROWS)
+        """Chunks of chunk_size tokens (default and most: the engine's prefill_rows), each reading the weights
+        once (openjet_engine_prefill); every row gets the bits a decode step gives it, so the state does not
+        depend on chunk_size. all_logits: decode steps of up to 8 tokens, for every row's logits (teacher
+        forcing)."""
+        chunk = self.prefill_rows if chunk_size is None else min(check_chunk_size(chunk_size), self.prefill_rows)
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
         if not all_logits and len(ids):

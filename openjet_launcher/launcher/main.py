@@ -185,7 +185,7 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
                             requested_ctx=args.ctx)   # within what the CUDA engine v1 does (presets.CUDA_V1)
         ctx = s.n_ctx
         n_draft = DEFAULT_DRAFTS if args.draft is None else args.draft
-        extra = ["--kv", SERVE_KV[s.kv_format], "--draft", str(n_draft)]
+        extra = ["--kv", SERVE_KV[s.kv_format], "--draft", str(n_draft), "--prefill-chunk", str(s.prefill_chunk)]
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # by uuid: CUDA's order may differ from nvidia-smi's
         device = gpu.label
         notes.append(f"{gpu.label}: KV {s.kv_format}, context {s.n_ctx} tokens, prefill chunk {s.prefill_chunk}")

@@ -124,7 +124,7 @@ class MemoryModel:
         return STATE_COPIES * (self.gdn_state_bytes + self.conv_state_bytes)
 
     # --- work buffers --------------------------------------------------------------------------------
-    def prefill_scratch_bytes(self, chunk: int) -> int:
+    def prefill_scratch_bytes(self, chunk: int, v1_arena: bool = False) -> int:
         """Activations of one prefill chunk of ``chunk`` tokens; buffers are reused layer to layer.
 
         per token = residual stream (fp32) + normed input (fp16) + sub-layer output (fp32)
@@ -135,7 +135,8 @@ class MemoryModel:
                             K K^T and of W and U (GDN_CHUNK x head_dim each), fp32
                     attention: query and gate (fp32) + K and V before the cache write (fp32) + output (fp32)
         plus the logits of the chunk's last token (fp32). Flash-attention tiles live in shared memory.
-        27B: 244,096 bytes per token, i.e. 477 MiB for a 2048-token chunk.
+        27B: 244,096 bytes per token, i.e. 477 MiB for a 2048-token chunk. ``v1_arena``: the CUDA engine v1,
+        which holds more per row (``engine_v1_row_bytes``: 266,760 at 27B, 522 MiB at 2048): the larger counts.
         """
         s = self.shape
         trunk = s.n_embd * 4 + s.n_embd * 2 + s.n_embd * 4
@@ -143,7 +144,21 @@ class MemoryModel:
         gdn = (2 * s.ssm_conv_dim * 4 + 2 * s.ssm_d_inner * 4 + 2 * s.ssm_n_v_heads * 4
                + s.ssm_n_v_heads * (GDN_CHUNK + 2 * s.ssm_head_dim) * 4)
         attn = 2 * s.q_dim * 4 + 2 * s.kv_dim * 4 + s.q_dim * 4
-        return chunk * (trunk + max(ffn, gdn, attn)) + s.n_vocab * 4
+        per_row = trunk + max(ffn, gdn, attn)
+        return chunk * (max(per_row, self.engine_v1_row_bytes) if v1_arena else per_row) + s.n_vocab * 4
+
+    @property
+    def engine_v1_row_bytes(self) -> int:
+        """Scratch per prefill row of the CUDA engine v1 (native/src/engine.cu create_impl's arena): token id,
+        residual, normed rows and sub-layer output (fp32), the activation pack (fp16 at the widest input, its
+        32-block sums as two fp16, the row scale), two wide buffers (fp32: the widest of conv channels, query
+        and gate, FFN), K/V rows, beta and alpha, the mixer output (fp32)."""
+        s = self.shape
+        kmax = max(s.n_embd, s.n_ff, s.ssm_d_inner, s.q_dim, 2 * s.n_embd)
+        big1 = max(s.ssm_conv_dim, 2 * s.q_dim, s.n_ff)
+        big2 = max(s.ssm_d_inner, s.kv_dim, s.n_ff)
+        return (4 + 3 * s.n_embd * 4 + kmax * 2 + kmax // 32 * 2 * 2 + 4 + (big1 + big2) * 4 + s.kv_dim * 4
+                + 2 * s.ssm_n_v_heads * 4 + max(s.ssm_d_inner, s.q_dim) * 4)
 
     def decode_workspace_bytes(self, n_agents: int) -> int:
         """Logits and activations of DECODE_ROWS rows per agent (fp32): vocab + FFN + conv + q/gate widths."""
@@ -153,24 +168,25 @@ class MemoryModel:
 
     # --- the whole ------------------------------------------------------------------------------------
     def plan(self, *, n_ctx: int, kv_format: str, chunk: int, n_agents: int, embd_on_host: bool,
-             total_vram: int) -> MemoryPlan:
-        """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each."""
+             total_vram: int, v1_arena: bool = False) -> MemoryPlan:
+        """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each (``v1_arena``: the CUDA engine v1's
+        prefill scratch)."""
         return MemoryPlan(
             weights=self.weights_bytes - (self.token_embd_bytes if embd_on_host else 0),
             token_embd_host=self.token_embd_bytes if embd_on_host else 0,
             kv_cache=n_agents * n_ctx * self.kv_bytes_per_token(kv_format),
             agent_state=n_agents * self.agent_state_bytes,
-            prefill_scratch=self.prefill_scratch_bytes(chunk),
+            prefill_scratch=self.prefill_scratch_bytes(chunk, v1_arena),
             decode_workspace=self.decode_workspace_bytes(n_agents),
             cuda_context=CUDA_CONTEXT_BYTES,
             safety_margin=safety_margin_bytes(total_vram),
         )
 
     def max_ctx(self, *, free_vram: int, total_vram: int, kv_format: str, chunk: int, n_agents: int,
-                embd_on_host: bool) -> int:
+                embd_on_host: bool, v1_arena: bool = False) -> int:
         """The most tokens per agent that fit in ``free_vram`` (0 when not even the fixed terms fit)."""
         fixed = self.plan(n_ctx=0, kv_format=kv_format, chunk=chunk, n_agents=n_agents,
-                          embd_on_host=embd_on_host, total_vram=total_vram).total
+                          embd_on_host=embd_on_host, total_vram=total_vram, v1_arena=v1_arena).total
         room = free_vram - fixed
         if room <= 0:
             return 0

@@ -54,10 +54,11 @@ class EngineLimits:
     kv_formats: tuple[str, ...]    # the KV cache formats it keeps, most precise first
     embd_on_host: bool             # it can read the token-embedding table from host memory
     max_agents: int                # sequences it holds at once
+    v1_arena: bool = False         # its prefill scratch is engine v1's (MemoryModel.engine_v1_row_bytes)
 
 
 PLANNED = EngineLimits("the planned engine", tuple(KV_FORMATS), True, MAX_AGENTS)
-CUDA_V1 = EngineLimits("the CUDA engine v1", ("fp16", "q8_0"), False, 1)   # native/src/engine.cu
+CUDA_V1 = EngineLimits("the CUDA engine v1", ("fp16", "q8_0"), False, 1, True)   # native/src/engine.cu
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int,
     """The most tokens per agent each of the engine's KV formats allows (smallest chunk, the embedding table
     in host memory where the engine can read it there)."""
     return {fmt: _cap(mm, mm.max_ctx(free_vram=free_vram, total_vram=total_vram, kv_format=fmt,
-                                     chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=engine.embd_on_host))
+                                     chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=engine.embd_on_host,
+                                     v1_arena=engine.v1_arena))
             for fmt in engine.kv_formats}
 
 
@@ -116,7 +118,8 @@ def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B, engine: Engin
     """The least memory the engine runs in: its most compact KV format for MIN_CTX tokens, 1 agent, the
     smallest chunk, the embedding table in host memory if it can read it there. A card below this is refused."""
     return memory_model(model).plan(n_ctx=MIN_CTX, kv_format=engine.kv_formats[-1], chunk=CHUNKS[-1], n_agents=1,
-                                    embd_on_host=engine.embd_on_host, total_vram=total_vram)
+                                    embd_on_host=engine.embd_on_host, total_vram=total_vram,
+                                    v1_arena=engine.v1_arena)
 
 
 def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
@@ -168,7 +171,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
 
     def room(fmt: str, chunk: int, on_host: bool) -> int:
         return mm.max_ctx(free_vram=free, total_vram=total_vram, kv_format=fmt, chunk=chunk,
-                          n_agents=agents, embd_on_host=on_host and engine.embd_on_host)
+                          n_agents=agents, embd_on_host=on_host and engine.embd_on_host, v1_arena=engine.v1_arena)
 
     formats = [requested_kv] if requested_kv else list(engine.kv_formats)
     if requested_ctx is not None:
@@ -214,7 +217,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                        + ("embedding table in host memory allowed" if engine.embd_on_host else
                           "embedding table on the GPU") + f", {engine.max_agents} sequence(s)")
     plan = mm.plan(n_ctx=n_ctx, kv_format=fmt, chunk=chunk, n_agents=agents, embd_on_host=on_host,
-                   total_vram=total_vram)
+                   total_vram=total_vram, v1_arena=engine.v1_arena)
     return Settings(kv_format=fmt, n_ctx=n_ctx, n_agents=agents, prefill_chunk=chunk, embd_on_host=on_host,
                     agents_allowed=agents_allowed, max_ctx=_cap(mm, room(fmt, chunk, on_host)), memory=plan,
                     reasons=tuple(reasons))

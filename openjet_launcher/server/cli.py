@@ -21,7 +21,7 @@ from .settings import ServerSettings
 
 log = logging.getLogger("openjet.server")
 
-ENGINES = ("reference", "cuda")    # cuda: engine v1 (decode path; prefill by 8-token decode steps, no MTP yet)
+ENGINES = ("reference", "cuda")    # cuda: engine v1 (native/include/openjet_engine.h)
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="context size in tokens, prompt and output together (default: the model's, at most 32768)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require this key (Authorization: Bearer KEY or x-api-key); default $OPENJET_API_KEY")
-    from ..engine.cuda import KV_TYPES
+    from ..engine.cuda import KV_TYPES, PREFILL_ROWS, PREFILL_ROWS_MAX
 
     p.add_argument("--kv", choices=list(KV_TYPES), default=None,
                    help="the CUDA engine's KV cache format (default f16; q8_0 holds about twice the context; "
@@ -51,6 +51,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="MTP speculative decoding with at most N drafts per step (each step drafts as many as "
                         "the request's acceptance so far makes pay), for requests without penalties; the tokens "
                         "keep their distribution (greedy: the same tokens). Default 0; at most 7 on the CUDA engine")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help=f"the CUDA engine's prompt tokens per prefill chunk, 1..{PREFILL_ROWS_MAX} (default "
+                        f"{PREFILL_ROWS}; each chunk reads the weights once and takes ~260 KB of GPU memory per "
+                        "token at 27B; openjet-launch picks it per GPU)")
     p.add_argument("--model-id", default=None, help="the id /v1/models reports (default: the file name)")
     limits = p.add_argument_group("limits (on by default; see openjet_launcher/server/limits.py)")
     limits.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -213,6 +217,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
     if args.draft < 0:
         raise OpenJetError(f"--draft {args.draft}: the number of drafts per step cannot be negative")
+    from ..engine.cuda import PREFILL_ROWS, PREFILL_ROWS_MAX
+
+    if args.prefill_chunk is not None and not 1 <= args.prefill_chunk <= PREFILL_ROWS_MAX:
+        raise OpenJetError(f"--prefill-chunk {args.prefill_chunk}: expected 1..{PREFILL_ROWS_MAX} tokens")
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY") or None
     if not is_loopback(args.host) and not api_key:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
@@ -248,13 +256,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         n_checkpoints = STATE_COPIES - 2 if use_mtp else STATE_COPIES - 1
 
         def load():
-            engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=kv_type, n_checkpoints=n_checkpoints, mtp=use_mtp)
+            engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=kv_type, n_checkpoints=n_checkpoints, mtp=use_mtp,
+                                     prefill_rows=args.prefill_chunk or PREFILL_ROWS)
             if draft_ids is not None and engine.has_mtp:
                 engine.set_draft_vocabulary(draft_ids)
             return engine
     else:
         if args.kv:
             log.warning("--kv %s: the reference engine keeps its caches in float32; ignored", args.kv)
+        if args.prefill_chunk:
+            log.warning("--prefill-chunk %d: the reference engine's prefill is not chunked that way; ignored",
+                        args.prefill_chunk)
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
     app = create_app(load, tokenizer, template, settings)
     log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,

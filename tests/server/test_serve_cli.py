@@ -175,13 +175,18 @@ def test_serve_engine_cuda_loads_with_the_kv_format_and_checkpoints_the_memory_p
     KV format and the state copies the launcher's memory plan holds (STATE_COPIES: the live state and
     checkpoints; with --draft, which adds the MTP head, the engine's verify shadow takes one checkpoint's
     place)."""
-    from openjet_launcher.engine.cuda import CudaEngine
+    from openjet_launcher.engine.cuda import PREFILL_ROWS, CudaEngine
     from openjet_launcher.launcher.memory import STATE_COPIES
 
     seen = {}
     monkeypatch.setattr(CudaEngine, "load", classmethod(lambda cls, path, **kw: seen.update(kw) or "engine"))
-    for extra, kv, mtp, checkpoints in (([], "f16", False, STATE_COPIES - 1),
-                                        (["--kv", "q8_0", "--draft", "3"], "q8_0", True, STATE_COPIES - 2)):
+    for extra, kv, mtp, checkpoints, rows in (([], "f16", False, STATE_COPIES - 1, PREFILL_ROWS),
+                                              (["--kv", "q8_0", "--draft", "3", "--prefill-chunk", "2048"], "q8_0",
+                                               True, STATE_COPIES - 2, 2048)):
         app = serve_app(str(tiny_path), "--engine", "cuda", "--ctx", "2048", *extra)
         assert app.state.core.worker._engine_or_loader() == "engine"
-        assert seen == {"n_ctx": 2048, "kv_type": kv, "n_checkpoints": checkpoints, "mtp": mtp}
+        assert seen == {"n_ctx": 2048, "kv_type": kv, "n_checkpoints": checkpoints, "mtp": mtp,
+                        "prefill_rows": rows}
+    for bad in ("0", "2049"):
+        with pytest.raises(cli.OpenJetError, match=f"--prefill-chunk {bad}: expected 1..2048"):
+            serve_app(str(tiny_path), "--engine", "cuda", "--prefill-chunk", bad)
