@@ -608,24 +608,46 @@ template <int QT> struct PrefillShape {
     static constexpr int kSmemBytes = kWeightBytes + kPrefillStages * kBStageHalves * 2 + 16;
 };
 
-// Block-wide cp.async of unit u's activations for groups grp0.. (rows < t only) into one B stage.
-__device__ __forceinline__ void copy_act_unit(const ActPack& x, int k, int t, int grp0, int u, __half* dst) {
-    constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
-    constexpr int kChunks = kPrefillGroups * kActRows * (kRowChunks + 2);
-    const int kb2 = k / kActBlock * 2;
-    for (int i = threadIdx.x; i < kChunks; i += kPrefillWarps * 32) {
-        const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 kPrefillGroups - 1
-        const long long col = static_cast<long long>(grp0) * kActRows + row;
-        if (col >= t) continue;
-        __half* gdst = dst + (row / kActRows) * kBGroupHalves;
-        const int rr = row % kActRows;
-        if (c < kRowChunks)
-            cp_async16(gdst + rr * kBRowHalves + 8 * c, x.h + col * k + u * kUnitElems + 8 * c);
-        else
-            cp_async16(gdst + kActRows * kBRowHalves + rr * 16 + 8 * (c - kRowChunks), x.sum + col * kb2 + u * 16 +
-                                                                                         8 * (c - kRowChunks));
+// A thread's share of the block's activation copies per unit (each unit: the 8 kPrefillGroups token rows'
+// 32 chunks of 16 bytes and their 2 chunks of 32-block sums, rows < t only, into one B stage), worked out once
+// per block like TileCopy: per unit only two base addresses move (before: a division, a modulo and 64-bit
+// address arithmetic per copy, ~9 copies per thread per unit).
+struct ActCopy {
+    static constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
+    static constexpr int kChunks = kPrefillGroups * kActRows * (kRowChunks + 2);
+    static constexpr int kJ = (kChunks + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
+    int src[kJ];    // halves from the unit's start in x.h (a row chunk) or in x.sum (a sums chunk)
+    int dst[kJ];    // halves into the B stage; -1: nothing to copy (past the chunks or a row >= t)
+    unsigned sums;  // bit j: chunk j is a sums chunk
+
+    __device__ __forceinline__ ActCopy(int k, int t, int grp0) : sums(0) {
+        const int kb2 = k / kActBlock * 2;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+            const int i = threadIdx.x + j * kPrefillWarps * 32;
+            const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 kPrefillGroups - 1
+            const int col = grp0 * kActRows + row, grp = row / kActRows, rr = row % kActRows;
+            src[j] = 0, dst[j] = -1;
+            if (i >= kChunks || col >= t) continue;
+            if (c < kRowChunks) {
+                src[j] = col * k + 8 * c;
+                dst[j] = grp * kBGroupHalves + rr * kBRowHalves + 8 * c;
+            } else {
+                src[j] = col * kb2 + 8 * (c - kRowChunks);
+                dst[j] = grp * kBGroupHalves + kActRows * kBRowHalves + rr * 16 + 8 * (c - kRowChunks);
+                sums |= 1u << j;
+            }
+        }
     }
-}
+
+    __device__ __forceinline__ void issue(const ActPack& x, int u, __half* stage) const {
+        const __half* h = x.h + static_cast<long long>(u) * kUnitElems;
+        const __half* s = x.sum + u * 16;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+            if (dst[j] >= 0) cp_async16(stage + dst[j], ((sums >> j) & 1 ? s : h) + src[j]);
+    }
+};
 
 template <int QT>
 __global__ void __launch_bounds__(kPrefillWarps * 32, 1)
@@ -642,13 +664,14 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const int nu = k / kUnitElems;
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
     const TileCopy<QT> copy(row_bytes, n, row0, lane);
+    const ActCopy act(k, t, grp0);
     uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
     __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT>::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
             copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % kPrefillStages) * S::kStageWords, lane);
-            copy_act_unit(x, k, t, grp0, u, bsm + (u % kPrefillStages) * kBStageHalves);
+            act.issue(x, u, bsm + (u % kPrefillStages) * kBStageHalves);
         }
         cp_async_commit();
     };
@@ -728,6 +751,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
+    if (static_cast<long long>(a.t) * a.k > 0x7fffffffLL) return cudaSuccess;  // ActCopy's int offsets: grouped
     const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
