@@ -6,7 +6,7 @@
 #   bash scripts/fetch_device_wheels.sh      # here first
 #   run(carry=[".whl", ".whl-sdk"], command="bash scripts/gpu_session.sh", timeout_s=600)
 # Each part has its own limit, together under 560 s: build 60, GEMV tests 110, engine tests 230, prefill
-# bench 70, server tests 90 (the decode GEMV mix is gpu_tests.sh's, not run here).
+# bench 90, server tests 70 (the decode GEMV mix is gpu_tests.sh's, not run here).
 set -o pipefail
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
 PARTS=/tmp/session-parts; rm -rf "$PARTS"; mkdir -p "$PARTS"
@@ -29,10 +29,10 @@ device_wheels
       tests/test_probe.py > "$PARTS/pytest-engine.log" 2>&1
     tail -25 "$PARTS/pytest-engine.log" | grep -E "passed|failed|FAILED|ERROR|Error" | head -15
     echo "== bench_gemv.py --prefill-only"
-    timeout 70 python3 native/bench/bench_gemv.py --prefill-only > "$PARTS/gemv-prefill.json" 2> "$PARTS/gemv-prefill.err"
+    timeout 90 python3 native/bench/bench_gemv.py --prefill-only > "$PARTS/gemv-prefill.json" 2> "$PARTS/gemv-prefill.err"
     echo "rc=$?"; tail -4 "$PARTS/gemv-prefill.err"
     echo "== server tests on the CUDA engine"
-    OPENJET_TEST_ENGINE=cuda timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/server > "$PARTS/pytest-server.log" 2>&1
+    OPENJET_TEST_ENGINE=cuda timeout 70 python3 -m pytest -q -rs -p no:cacheprovider tests/server > "$PARTS/pytest-server.log" 2>&1
     tail -12 "$PARTS/pytest-server.log" | grep -E "passed|failed|FAILED|SKIPPED|ERROR" | head -10
   fi
 } 2>&1 | tee "$FINAL/summary.txt"

@@ -1,7 +1,7 @@
 """Decode GEMV benchmark (issue 6): time per call of y = W x for the 27B model's shapes and weight types at
 T = 1, 2, 4, 8 token rows, the achieved GB/s of weight bytes against the device-to-device copy bandwidth
 measured in the same run, the T=4/T=1 cost ratio, and a whole decode step's GEMV mix (unsloth Q4_K_M
-recipe) as % of roofline. Prefill: the same mix without the lm_head at T = 32 and 128 rows (one call per
+recipe) as % of roofline. Prefill: the same mix without the lm_head at T = 32, 128 and 512 rows (one call per
 weight, rows in groups of 8 that share it through L2), as tokens/s and TFLOP/s of the projections alone.
 Prints JSON.
 
@@ -32,7 +32,7 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, "128-grouped", "128-shared")  # prefill chunk rows (OPENJET_ENGINE_PREFILL_ROWS = 128)
+PREFILL_TS = (32, 128, 512, "128-grouped", "128-shared")  # prefill chunk rows (the engine's default: 512)
 # with the default kernel choice; "-grouped" / "-shared": OPENJET_PREFILL_GEMM forcing one of the two
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
