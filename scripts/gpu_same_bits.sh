@@ -11,7 +11,8 @@
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36", ".base"], timeout_s=600,
 #       command="BITS_MODES='OPENJET_PDL=0' TIME_PDL=1 bash scripts/gpu_same_bits.sh")
 # (.base/ is git-ignored.) BITS_MODES: environment settings under which the new library's dump is compared
-# too (OPENJET_GDN_FUSED=0 takes the GDN step's fused projections out, to bisect a difference); TIME_PDL=1 times the new library with OPENJET_PDL=0 and =1 (the default on sm_90+). Output: the comparison and the timings in
+# too (OPENJET_GDN_FUSED=0 takes the GDN step's fused projections out, OPENJET_GEMV_PAIRS=0 the paired
+# projection launches, to bisect a difference); TIME_PDL=1 times the new library with OPENJET_PDL=0 and =1 (the default on sm_90+). Output: the comparison and the timings in
 # the tail, $OUT/same-bits.json.
 set -o pipefail
 START=$(date +%s)

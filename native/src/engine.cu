@@ -571,10 +571,21 @@ void collect_profile(openjet_engine& e) {
     p.calls += 1;
 }
 
+GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
+    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y};
+}
+
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    const GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y};
-    const cudaError_t err = launch_gemv(a, e.stream);
+    const cudaError_t err = launch_gemv(gemv_args(e, w, t, xf, y), e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv");
+    return OPENJET_OK;
+}
+
+// Two projections of the same activations (one launch where they share type and k: launch_gemv_pair).
+int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t,
+              const float* xf) {
+    const cudaError_t err = launch_gemv_pair(gemv_args(e, wa, t, xf, ya), gemv_args(e, wb, t, xf, yb), e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "gemv_pair");
     return OPENJET_OK;
 }
 
@@ -619,8 +630,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     // layer, the same bits); another type takes its GEMV.
     const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32;
     mark(e, "gdn.in_proj");
-    TRY(gemv(e, L.qkv, t, e.a, qkv));
-    TRY(gemv(e, L.gate, t, e.a, e.big2));
+    TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
     if (!fused) {
         TRY(gemv(e, L.beta, t, e.a, b));
         TRY(gemv(e, L.alpha, t, e.a, alpha));
@@ -658,8 +668,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
 int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
     const auto& c = e.cfg;
     mark(e, "attn.in_proj");
-    TRY(gemv(e, L.wq, t, e.a, e.big1));
-    TRY(gemv(e, L.wk, t, e.a, e.big2));
+    TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
     TRY(gemv(e, L.wv, t, e.a, e.big3));
     mark(e, "attn.core");
     AttnDecodeArgs a{};
@@ -707,8 +716,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
     if (!full) return OPENJET_OK;
     CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
                                e.x, e.stream));
-    TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
-    TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
+    TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
     CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
     TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
@@ -748,8 +756,7 @@ int trunk(openjet_engine& e, int t) {
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream));
         mark(e, "ffn");
-        TRY(gemv(e, L.ffn_gate, t, nullptr, e.big1));
-        TRY(gemv(e, L.ffn_up, t, nullptr, e.big2));
+        TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
         CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }

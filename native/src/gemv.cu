@@ -1,6 +1,8 @@
 // launch_gemv: the dispatcher of the decode GEMV family (the k-quant tensor-core kernels are in
 // gemv_mma_<type>.cu) and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "gemv.cuh"
 #include "gemv_mma.cuh"
@@ -91,15 +93,47 @@ cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int*
     return cudaSuccess;
 }
 
-cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+// The arguments' checks (launch_gemv_f32 checks F32's own).
+static cudaError_t check_gemv(const GemvArgs& a) {
     int r = 0, wpb = 0, blocks = 0;
     const cudaError_t e = gemv_launch_shape(a.qtype, a.n, a.k, &r, &wpb, &blocks);
     if (e != cudaSuccess) return e;
     if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
-    if (a.qtype == kF32) return launch_gemv_f32(a, stream);
+    if (a.qtype == kF32) return cudaSuccess;
     if (!act_pack_fits(a.x, a.t, a.k) || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)
         return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
+    static const bool pairs = [] {
+        const char* v = std::getenv("OPENJET_GEMV_PAIRS");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    const bool shared = pairs && a.qtype == b.qtype && a.qtype != kF32 && a.k == b.k && a.t == b.t &&
+                        a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv;
+    if (!shared) {
+        const cudaError_t e = launch_gemv(a, stream);
+        return e != cudaSuccess ? e : launch_gemv(b, stream);
+    }
+    for (const GemvArgs* g : {&a, &b}) {
+        const cudaError_t e = check_gemv(*g);
+        if (e != cudaSuccess) return e;
+    }
+    switch (a.qtype) {
+        case kQ4_K: return launch_gemv_mma_pair<kQ4_K>(a, b, stream);
+        case kQ5_K: return launch_gemv_mma_pair<kQ5_K>(a, b, stream);
+        case kQ6_K: return launch_gemv_mma_pair<kQ6_K>(a, b, stream);
+        case kQ8_0: return launch_gemv_mma_pair<kQ8_0>(a, b, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+    const cudaError_t e = check_gemv(a);
+    if (e != cudaSuccess) return e;
+    if (a.qtype == kF32) return launch_gemv_f32(a, stream);
     switch (a.qtype) {
         case kQ4_K: return launch_gemv_mma<kQ4_K>(a, stream);
         case kQ5_K: return launch_gemv_mma<kQ5_K>(a, stream);

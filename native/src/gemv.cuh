@@ -33,8 +33,15 @@ cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int*
 
 cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 
+// a and b (two projections of the same activations, e.g. FFN gate and up) in one launch where they can share
+// it: the same k-quant type, k, t <= 8 and pack. Every output row gets the bits launch_gemv gives it; b's blocks
+// fill the SMs a's last wave leaves idle, and one launch is saved. Otherwise (or OPENJET_GEMV_PAIRS=0 in the
+// environment at the first call) two launch_gemv calls.
+cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
+
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
+template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
 // The F32 projection's order (gemv.cu; the GDN step's fused beta/alpha too): thread i of 128 fma-chains float4
 // i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed

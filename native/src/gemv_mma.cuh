@@ -548,6 +548,15 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     cp_async_wait<0>();
 }
 
+// A second weight matrix one launch may carry (launch_gemv_mma_pair): blocks from `from` on compute it, with
+// the first's type, k and activations. Its blocks do exactly what its own launch's blocks would do.
+struct GemvSecond {
+    const uint8_t* w = nullptr;
+    int n = 0;
+    float* y = nullptr;
+    int from = 0x7fffffff;  // none
+};
+
 // One block = one 16-row tile x NG groups of 8 token rows (decode: NG = 1, one group; prefill: NG = 4, the
 // tile's weights decoded once for 32 token rows); the blocks of a tile are consecutive, so they run together
 // and share its weights through L2. Warp i takes units [nu * i / 4, nu * (i + 1) / 4); warp 0 sums the four
@@ -557,12 +566,14 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 template <int QT, int NG>
 __global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
-                float* __restrict__ y) {
+                float* __restrict__ y, GemvSecond second) {
     extern __shared__ uint4 smem[];
     __shared__ float part[kGemvWarps][NG][32][4];
     pdl_launch_dependents();  // pdl_wait() is in gemv_tile_warp, after its first weight copies
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int grp0 = blockIdx.x % blocks_per_tile * NG, tile = blockIdx.x / blocks_per_tile;
+    int block = blockIdx.x;
+    if (block >= second.from) w = second.w, n = second.n, y = second.y, block -= second.from;
+    const int grp0 = block % blocks_per_tile * NG, tile = block / blocks_per_tile;
     const int nu = k / kUnitElems, row0 = tile * kMmaRows;
     float acc[NG][4] = {};
     gemv_tile_warp<QT, NG>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
@@ -766,8 +777,9 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
                          a.x, a.t, per_rows, a.y);
 }
 
+// a's GEMV, and b's in the same launch when given (same type, k, t and activations).
 template <int QT, int NG>
-cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
     using S = MmaShape<QT>;
     auto kernel = gemv_mma_kernel<QT, NG>;
     // Opt in once to the dynamic size (static part[] included, the block may pass the default 48 KiB).
@@ -777,10 +789,20 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream) {
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
-    const long long blocks = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
+    const long long first = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
+    const long long blocks = first + (b ? static_cast<long long>((b->n + kMmaRows - 1) / kMmaRows) * per_tile : 0);
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    GemvSecond second;
+    if (b) second = {static_cast<const uint8_t*>(b->w), b->n, b->y, static_cast<int>(first)};
     return launch_kernel(kernel, static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y);
+                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second);
+}
+
+// Two projections of the same activations (decode: t <= 8; same type and k, checked by launch_gemv_pair) in
+// one launch: b's tiles follow a's, so the GPU fills with b's blocks where a's last wave leaves SMs idle.
+template <int QT>
+cudaError_t launch_gemv_mma_pair_impl(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
+    return launch_gemv_mma_ng<QT, 1>(a, stream, &b);
 }
 
 // Decode (t <= 8): one group per block. Prefill: the shared-activation kernel where prefill_gemm_choice()
@@ -805,5 +827,9 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     template <>                                                                                      \
     cudaError_t launch_gemv_mma<QT>(const GemvArgs& a, cudaStream_t stream) {                        \
         return launch_gemv_mma_impl<QT>(a, stream);                                                  \
+    }                                                                                                \
+    template <>                                                                                      \
+    cudaError_t launch_gemv_mma_pair<QT>(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) { \
+        return launch_gemv_mma_pair_impl<QT>(a, b, stream);                                          \
     }                                                                                                \
     }
