@@ -59,7 +59,8 @@ typedef struct openjet_engine_memory_report {
     size_t kv_bytes;           /* K and V caches of the attention layers at n_ctx */
     size_t state_bytes;        /* Gated DeltaNet recurrent states + both conv-state buffers */
     size_t checkpoint_bytes;   /* the checkpoint slots */
-    size_t scratch_bytes;      /* activations, logits and attention workspace of a T = 8 step */
+    size_t scratch_bytes;      /* activations of a prefill chunk (prefill_rows rows), logits and attention
+                                  workspace of a T = 8 step */
     size_t total_bytes;
 } openjet_engine_memory_report;
 
