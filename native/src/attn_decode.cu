@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "attn_decode.cuh"
+#include "device_attr.cuh"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -29,16 +30,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDe
 // The most rows a chunk block takes on this device: the largest instantiation whose shared memory fits the
 // device's per-block limit (OPENJET_ATTN_SMEM_LIMIT=bytes lowers it: tests run the split on an H200).
 int attn_rows_per_block_max(int smem_stride) {
-    constexpr int kMaxDevices = 64;
-    static int optin_of[kMaxDevices] = {};  // per device, asked once (a benign race: the same value)
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return kAttnMaxRows;  // launch reports
-    if (!optin_of[dev] &&
-        cudaDeviceGetAttribute(&optin_of[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        optin_of[dev] = 0;
-        return kAttnMaxRows;
-    }
-    int optin = optin_of[dev];
+    int optin = 0;
+    if (device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) != cudaSuccess)
+        return kAttnMaxRows;  // the launch reports the error
     if (const char* lim = std::getenv("OPENJET_ATTN_SMEM_LIMIT")) optin = std::min(optin, std::atoi(lim));
     for (const int r : {64, 48, 32, 16})
         if (attn_chunk_smem_bytes(r, smem_stride) <= static_cast<size_t>(optin)) return r;
@@ -46,10 +40,8 @@ int attn_rows_per_block_max(int smem_stride) {
 }
 
 int device_sm_count() {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-    return sms;
+    int sms = 0;
+    return device_attribute(cudaDevAttrMultiProcessorCount, &sms) == cudaSuccess ? sms : 0;
 }
 
 template <class Fmt, int MAXR>

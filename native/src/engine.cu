@@ -104,7 +104,7 @@ struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
-    int prefill_rows = OPENJET_ENGINE_PREFILL_ROWS;  // the scratch's rows (config.prefill_rows, 0: the default)
+    int prefill_rows = 0;  // the scratch's rows: config.prefill_rows, or OPENJET_ENGINE_PREFILL_ROWS for 0
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
@@ -222,8 +222,8 @@ int check_config(const openjet_engine_config& c) {
     if (c.kv_type != kKvF16 && c.kv_type != kKvQ8_0) return bad("kv_type", c.kv_type, "1 (F16) or 8 (Q8_0)");
     if (c.n_checkpoints < 0 || c.n_checkpoints > 64) return bad("n_checkpoints", c.n_checkpoints, "0..64");
     if (c.prefill_rows < 0 || c.prefill_rows > OPENJET_ENGINE_PREFILL_ROWS_MAX)
-        return bad("prefill_rows", c.prefill_rows, "0 (the default) .. 2048");
-    static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX == 2048, "the message above");
+        return fail(OPENJET_ENGINE_ERR_MODEL, "config: prefill_rows = %d, expected 0 (the default) .. %d",
+                    c.prefill_rows, OPENJET_ENGINE_PREFILL_ROWS_MAX);
     if (!(c.rms_eps > 0.0f) || !(c.rope_base > 0.0f))
         return fail(OPENJET_ENGINE_ERR_MODEL, "config: rms_eps and rope_base must be positive");
     return OPENJET_OK;
@@ -403,7 +403,7 @@ size_t ckpt_slot_bytes(const openjet_engine& e);
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
     TRY(check_config(c));
-    if (c.prefill_rows) e.prefill_rows = c.prefill_rows;
+    e.prefill_rows = c.prefill_rows ? c.prefill_rows : OPENJET_ENGINE_PREFILL_ROWS;
     TRY(bind_weights(e, tensors, n_tensors));
 
     int n_dev = 0;

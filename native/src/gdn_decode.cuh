@@ -159,8 +159,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         if (a.w_beta) {
             const float* pb = sm.proj[2 * t];
             const float* pa = sm.proj[2 * t + 1];
-            bl = ((pb[0] + pb[1]) + pb[2]) + pb[3];
-            al = ((pa[0] + pa[1]) + pa[2]) + pa[3];
+            bl = f32_warps_total(pb[0], pb[1], pb[2], pb[3]);
+            al = f32_warps_total(pa[0], pa[1], pa[2], pa[3]);
             if (a.b_out) a.b_out[t * a.n_v + h] = bl;
             if (a.alpha_out) a.alpha_out[t * a.n_v + h] = al;
         } else {

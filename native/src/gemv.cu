@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__
     __syncthreads();
     if (threadIdx.x < T) {
         const int t = threadIdx.x;
-        y[(long long)t * n + row] = ((part[0][t] + part[1][t]) + part[2][t]) + part[3][t];
+        y[(long long)t * n + row] = f32_warps_total(part[0][t], part[1][t], part[2][t], part[3][t]);
     }
 }
 

@@ -74,4 +74,9 @@ __device__ __forceinline__ float f32_warp_sum(float v) {
     return v;
 }
 
+// The four warps' f32_warp_sum results, in the F32 projection's order.
+__device__ __forceinline__ float f32_warps_total(float w0, float w1, float w2, float w3) {
+    return ((w0 + w1) + w2) + w3;
+}
+
 }  // namespace openjet

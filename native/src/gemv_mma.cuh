@@ -36,6 +36,7 @@
 
 #include "act_pack.cuh"
 #include "cp_async.cuh"
+#include "device_attr.cuh"
 #include "gemv.cuh"
 #include "kquant.cuh"
 #include "pdl.cuh"
@@ -753,10 +754,9 @@ inline PrefillGemm prefill_gemm_choice() {
 template <int QT>
 cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
     *launched = false;
-    int dev = 0, optin = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    int optin = 0, sms = 0;
+    cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
+    if (e == cudaSuccess) e = device_attribute(cudaDevAttrMultiProcessorCount, &sms);
     if (e != cudaSuccess) return e;
     constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
     if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel

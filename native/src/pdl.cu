@@ -1,7 +1,8 @@
-// pdl_enabled (pdl.cuh): OPENJET_PDL=0 read once, the compute capability once per device.
+// pdl_enabled (pdl.cuh): OPENJET_PDL=0 read once; the compute capability from device_attribute.
 #include <cstdlib>
 #include <cstring>
 
+#include "device_attr.cuh"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -11,16 +12,8 @@ bool pdl_enabled() {
         const char* v = std::getenv("OPENJET_PDL");
         return !(v && std::strcmp(v, "0") == 0);
     }();
-    if (!asked) return false;
-    constexpr int kMaxDevices = 64;
-    static int major[kMaxDevices] = {};  // 0: not asked yet (a benign race: every writer writes the same value)
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-    if (!major[dev] && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        major[dev] = 0;
-        return false;
-    }
-    return major[dev] >= 9;
+    int major = 0;
+    return asked && device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9;
 }
 
 }  // namespace openjet
