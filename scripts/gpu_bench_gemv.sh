@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
 # One device call: build the engine for this GPU once per variant and run the GEMV benchmark with each.
-# A variant is "WARPS-STAGES[-MINBLOCKS[-MINBLOCKS_Q6K]]" (gemv_mma.cuh's build-time knobs; MINBLOCKS on
-# sm_90, the others' defaults are 3 and 2), or "base": the
-# tree carried in .base/ (scripts/gpu_same_bits.sh says how to make it). Results in $OUT/gemv-<variant>.json.
+# A variant is "WARPS-STAGES[-MINBLOCKS[-MINBLOCKS_Q6K]]" (gemv_mma.cuh's build-time knobs; one left out keeps
+# gemv_mma.cuh's default for the architecture: 4-3 is the default build), or "base": the tree carried in .base/ (scripts/gpu_same_bits.sh says how to make it). Results in $OUT/gemv-<variant>.json.
 #   bash scripts/gpu_bench_gemv.sh base 4-4 4-3-5-6
 # BENCH_ARGS (e.g. --decode-only) go to native/bench/bench_gemv.py.
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
-for v in "${@:-4-4}"; do  # the builds side by side (16 cores), then the benchmarks one at a time
+for v in "${@:-4-3}"; do  # the builds side by side (16 cores), then the benchmarks one at a time
   if [ "$v" = base ]; then
     (cd .base && build_engine /tmp/b-base "$OUT/build-base.log") &
   else
     IFS=- read -r w st mb mb6 <<< "$v"
-    build_engine "/tmp/b-$v" "$OUT/build-$v.log" -DCMAKE_CUDA_FLAGS="-DOPENJET_GEMV_WARPS=$w -DOPENJET_GEMV_STAGES=$st \
-      -DOPENJET_GEMV_MIN_BLOCKS=${mb:-4} -DOPENJET_GEMV_MIN_BLOCKS_Q6K=${mb6:-${mb:-4}}" &
+    build_engine "/tmp/b-$v" "$OUT/build-$v.log" -DCMAKE_CUDA_FLAGS="-DOPENJET_GEMV_WARPS=$w -DOPENJET_GEMV_STAGES=$st\
+${mb:+ -DOPENJET_GEMV_MIN_BLOCKS=$mb}${mb6:+ -DOPENJET_GEMV_MIN_BLOCKS_Q6K=$mb6}" &
   fi
 done
 wait
-for v in "${@:-4-4}"; do
+for v in "${@:-4-3}"; do
   b=/tmp/b-$v
   [ -f $b/native/libopenjet.so ] || { echo "$v: build failed"; tail -5 "$OUT/build-$v.log"; continue; }
   grep -o "spill stores[^;]*" "$OUT/build-$v.log" 2>/dev/null | sort | uniq -c | grep -v " 0 bytes" | head -3
