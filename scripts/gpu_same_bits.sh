@@ -13,7 +13,9 @@
 # (.base/ is git-ignored.) BITS_MODES: environment settings under which the new library's dump is compared
 # too (OPENJET_GDN_FUSED=0 takes the GDN step's fused projections out, OPENJET_GEMV_PAIRS=0 the paired
 # projection launches, to bisect a difference); TIME_PDL=1 times the new library with OPENJET_PDL=0 and =1 (the default on sm_90+). Output: the comparison and the timings in
-# the tail, $OUT/same-bits.json.
+# the tail, $OUT/same-bits.json. PREFILL=N: also a prefill of N tokens of the 4-layer model with each library
+# (wall time, then the per-phase profile; step_kernels.py --prefill). BENCH_GDN=1: native/bench/bench_gdn.py with
+# each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention).
 set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
@@ -54,6 +56,16 @@ for round in 1 2; do
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
 done
+for lib in ${PREFILL:+base new}; do
+  L=$BASE; [ $lib = new ] && L=$NEW
+  OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --prefill "$PREFILL" 2>/dev/null |
+    sed "s/^{/{\"lib\": \"$lib\", /" | tee -a "$OUT/same-bits.json"
+done
+for lib in ${BENCH_GDN:+base new}; do
+  L=$BASE; [ $lib = new ] && L=$NEW
+  echo "bench_gdn $lib"; OPENJET_LIBRARY=$L python3 native/bench/bench_gdn.py 2>&1 > "$OUT/gdn-$lib.json" | tail -8
+done
 say "timed"
-OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_gemv.py tests/test_gpu_pdl.py tests/test_gpu_attn.py 2>&1 | tail -5
+OPENJET_LIBRARY=$NEW OPENJET_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -m gpu \
+  ${TESTS:-tests/test_gpu_gemv.py tests/test_gpu_pdl.py tests/test_gpu_attn.py} 2>&1 | tail -5
 say "done; bit-identical: $([ $SAME = 0 ] && echo yes || echo NO)"

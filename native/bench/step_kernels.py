@@ -37,6 +37,9 @@ def main() -> None:
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="instead of decode steps: time a prefill of this many tokens (the engine's chunk), then "
+                         "one more with the per-phase profile on (JSON lines; the 27B's layers in the same 3:1 mix)")
     a = ap.parse_args()
 
     if not Path(a.model).exists():
@@ -46,7 +49,10 @@ def main() -> None:
         print(json.dumps(synth.synthesize(name, a.model, show_progress=False)), file=sys.stderr)
 
     from openjet_launcher.engine.cuda import CudaEngine
-    eng = CudaEngine.load(a.model, n_ctx=max(4096, a.ctx + 64), kv_type=a.kv)
+    eng = CudaEngine.load(a.model, n_ctx=max(4096, a.ctx + a.prefill + 64), kv_type=a.kv)
+    if a.prefill:
+        prefill_profile(eng, a)
+        return
     lib, h = eng._lib, eng._handle
     n_vocab = eng.config.shape.n_vocab
     rng = np.random.default_rng(0)
@@ -84,6 +90,27 @@ def main() -> None:
     cuda.cuProfilerStart()
     step(rng.integers(0, n_vocab, ts[0]).astype(np.int32))
     cuda.cuProfilerStop()
+
+
+def prefill_profile(eng, a) -> None:
+    """Prefill wall time (median of 3 after one warm-up) and, in one more run, the device ms per phase."""
+    ids = np.random.default_rng(1).integers(0, eng.config.shape.n_vocab, a.prefill).astype(np.int32)
+    times = []
+    for i in range(4):
+        state = eng.new_state()
+        t0 = time.perf_counter()
+        eng.prefill(state, ids)
+        if i:
+            times.append(time.perf_counter() - t0)
+    wall = statistics.median(times)
+    eng.set_profile(True)
+    eng.profile(reset=True)
+    eng.prefill(eng.new_state(), ids)
+    prof = eng.profile(reset=True)
+    eng.set_profile(False)
+    print(json.dumps({"layers": a.layers, "prefill": a.prefill, "chunk": eng.prefill_rows, "kv": a.kv,
+                      "wall_ms": round(wall * 1e3, 3), "tok_s": round(a.prefill / wall, 1),
+                      "profile_ms": {k: round(v["ms"], 3) for k, v in prof["phases"].items()}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cu
 }  // namespace
 
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count) {
-    if (n_past < 0 || n_kv < 1 || t < 1 || t > kAttnMaxT) return cudaErrorInvalidValue;
+    if (n_past < 0 || n_kv < 1 || t < 1 || t > kAttnMaxCallT) return cudaErrorInvalidValue;
     const int sms = device_sm_count();
     if (sms < 1) return cudaErrorNoDevice;
     const int ck = attn_chunk_keys(n_past, n_kv, sms);
@@ -91,8 +91,8 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
 
 cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) {
     AttnDecodeArgs a = a_in;
-    if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.t < 1 || a.t > kAttnMaxT ||
-        a.n_head / a.n_kv * a.t > kAttnMaxRows || a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 ||
+    if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.t < 1 || a.t > kAttnMaxCallT ||
+        a.n_head / a.n_kv > kAttnMaxRows || a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 ||
         a.n_rot % 2 || a.n_rot > kAttnHeadDim || !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm ||
         !a.k_cache || !a.v_cache || !a.o || !a.work)
         return cudaErrorInvalidValue;

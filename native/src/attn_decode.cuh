@@ -1,5 +1,5 @@
 // Gated full-attention decode (qwen38.md §3.2) over a KV cache, for T <= 8 query rows (a verify step: row t
-// sits at position n_past + t and attends to the cache and rows 0..t of this step).
+// sits at position n_past + t and attends to the cache and rows 0..t of this step), or up to 64 of a prefill.
 //
 // Design (T-invariant split-K flash decoding):
 //   1. attn_prep_row: one block per (row t, q head or kv head): RMSNorm (row_rms_scale), partial NeoX RoPE on
@@ -31,7 +31,9 @@ constexpr int kAttnHeadDim = 256;          // qwen35 head_dim; one thread per di
 constexpr int kAttnThreads = 256;
 constexpr int kAttnTile = 32;              // keys per shared-memory tile: one per lane in the score stage
 constexpr int kAttnMinChunk = 64;          // keys (2 tiles): below this the partials cost more than the K/V they save
-constexpr int kAttnMaxT = 8;
+constexpr int kAttnMaxT = 8;              // query rows of a decode or verify step
+constexpr int kAttnMaxCallT = 64;         // query rows one call takes (a prefill merges sub-steps of 8 whose split
+                                          // agrees: attn_chunk_keys; the chunk blocks take them MAXR rows at a time)
 constexpr int kAttnMaxRows = 64;           // (n_head / n_kv) * T rows per chunk block
 constexpr int kKvF16 = 1;                  // GGML type ids of the cache formats
 constexpr int kKvQ8_0 = 8;
@@ -96,7 +98,7 @@ struct KvQ8_0 {
 struct AttnDecodeArgs {
     int kv_type;             // kKvF16 or kKvQ8_0
     int n_head, n_kv;        // q heads, kv heads (n_head % n_kv == 0)
-    int t;                   // query rows this step, 1..8
+    int t;                   // query rows this step, 1..kAttnMaxCallT
     int n_past;              // cache length before the step; row t is at position n_past + t
     int capacity;            // cache rows per kv head (>= n_past + t)
     int n_rot;               // rotated dims (64), even, <= 256

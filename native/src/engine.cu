@@ -14,10 +14,11 @@
 // Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
 // position bit for bit, except when attention's context split changes (attn_decode.cuh).
 // Prefill (openjet_engine_prefill) runs the same trunk over chunks of up to prefill_rows rows (config; 512 by
-// default, at most 2048): the projections take
-// all rows at once (the GEMV's groups of 8), GDN and attention go in sub-steps of 8, so its rows carry
-// decode's bits. A verify step (openjet_engine_verify) is a decode step that leaves the committed GDN state
-// alone; openjet_engine_accept replays the GDN recurrence over the kept rows from a ring of their inputs.
+// default, at most 2048): the projections take all rows at once (the GEMV's groups of 8), the GDN step takes
+// them in one launch (sub-steps of 8 inside), attention in sub-steps of 8 (merged into launches of up to 64
+// rows where no bit changes), so its rows carry decode's bits. A verify step (openjet_engine_verify) is a
+// decode step that leaves the committed GDN state alone; openjet_engine_accept replays the GDN recurrence over
+// the kept rows from a ring of their inputs.
 //
 // Memory: four device arenas, each one cudaMalloc: weights, sequence state (GDN states, the two conv-state
 // buffers the GDN kernel ping-pongs, KV caches), checkpoint slots, scratch. Sizes are computed and checked
@@ -159,6 +160,7 @@ struct openjet_engine {
     int32_t* ids = nullptr;
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
+    size_t attn_work_floats = 0;  // its size: a T = 8 step's at the longest split (prefill groups fit in it)
     ActPack x{};  // the next GEMV's activations
     // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
     float* top_values = nullptr;
@@ -166,9 +168,9 @@ struct openjet_engine {
     void* top_work = nullptr;
     int32_t* pen_ids = nullptr;
     float* pen_deltas = nullptr;
-    // MTP scratch: pair hidden rows [T, E], concat input [T, 2E], residual [T, E]; the trunk's last hidden
-    // row (kept across steps and in checkpoints) and the head's own last output h' [E].
-    float *mtp_hs = nullptr, *mtp_c = nullptr, *mtp_u = nullptr, *mtp_last = nullptr, *mtp_hp = nullptr;
+    // MTP: the trunk's last hidden row (kept across steps and in checkpoints) and the head's own last output h'
+    // [E] (its scratch is the trunk's: mtp_rows).
+    float *mtp_last = nullptr, *mtp_hp = nullptr;
 
     ~openjet_engine() {
         for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
@@ -432,7 +434,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
 
     const size_t E = c.n_embd;
     const size_t kmax = std::max({E, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim(), e.has_mtp ? 2 * E : E});
-    const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff});
+    const size_t big1 = std::max({(size_t)e.conv_dim(), (size_t)2 * e.q_dim(), (size_t)c.n_ff, 2 * E});  // 2E: mtp_rows
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
@@ -441,6 +443,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
     }
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
+    e.attn_work_floats = work;
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
         {(void**)&e.ids, sizeof(int32_t) * R},
@@ -463,9 +466,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.top_work, topk_work_bytes(T, c.n_vocab)},
         {(void**)&e.pen_ids, sizeof(int32_t) * c.n_vocab},
         {(void**)&e.pen_deltas, sizeof(float) * c.n_vocab},
-        {(void**)&e.mtp_hs, e.has_mtp ? sizeof(float) * T * E : 0},
-        {(void**)&e.mtp_c, e.has_mtp ? sizeof(float) * T * 2 * E : 0},
-        {(void**)&e.mtp_u, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.mtp_last, e.has_mtp ? sizeof(float) * E : 0},
         {(void**)&e.mtp_hp, e.has_mtp ? sizeof(float) * E : 0},
         // speculation (verify / accept) only with the MTP head that drafts
@@ -589,13 +589,12 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
     return OPENJET_OK;
 }
 
-// Token rows of a step are mixed in sub-steps of up to 8 (the GDN step and the attention kernel take at most
-// 8 rows; both give a row the same bits whatever its sub-step), while every projection reads its weights once
-// for all t rows (the GEMV's groups of 8).
+// Attention mixes a step's token rows in sub-steps of up to 8 (its kernels take at most 8 rows and give a row
+// the same bits whatever its sub-step; the GDN step loops over such sub-steps itself), while every projection
+// reads its weights once for all t rows (the GEMV's groups of 8).
 constexpr int kSubRows = OPENJET_ENGINE_MAX_T;
 static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX <= kActMaxRows && OPENJET_ENGINE_MAX_T == kActRows,
               "the activation pack holds a prefill chunk; a decode step is one GEMV group");
-int sub_steps(int t) { return (t + kSubRows - 1) / kSubRows; }
 
 // The GDN step's arguments that depend only on the layer (weights, its committed state).
 GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
@@ -619,16 +618,18 @@ GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
     return {e.ring_qkv + rows * e.conv_dim(), e.ring_b + rows * n_v, e.ring_a + rows * n_v};
 }
 
-// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. Sub-step s reads conv buffer
-// conv_cur ^ (s & 1) and writes the other; the caller flips conv_cur by sub_steps(t) once all layers ran.
+// The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. One step over all t rows (the kernel takes
+// them in sub-steps of 8, the state held on chip between them): it reads conv buffer conv_cur and writes the
+// other; the caller flips conv_cur once all layers ran.
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     const auto& c = e.cfg;
     // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
     const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
     float *qkv = in.qkv, *b = in.b, *alpha = in.alpha;
-    // F32 beta and alpha (the usual case) are projected inside the step (GdnStepArgs: two launches fewer per
-    // layer, the same bits); another type takes its GEMV.
-    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32;
+    // F32 beta and alpha (the usual case) of a decode or verify step are projected inside the step (GdnStepArgs:
+    // two launches fewer per layer, the same bits); a prefill chunk (many sub-steps, where the step's projections
+    // would stall each one) or another type takes the GEMV.
+    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows;
     mark(e, "gdn.in_proj");
     TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
     if (!fused) {
@@ -638,39 +639,52 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
     if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
+    g.t = t;
+    g.qkv = qkv, g.z = e.big2, g.b = b, g.alpha = alpha;
     if (fused) {
         g.w_beta = static_cast<const float*>(L.beta.d), g.w_alpha = static_cast<const float*>(L.alpha.d);
-        g.proj_k = c.n_embd;
+        g.proj_k = c.n_embd, g.x_in = e.a;
+        if (e.verifying) g.b_out = b, g.alpha_out = alpha;  // the logits kept in the ring, where accept's replay reads them
     }
-    for (int s = 0; s < sub_steps(t); ++s) {
-        const long long r0 = static_cast<long long>(s) * kSubRows;
-        const int cur = e.conv_cur ^ (s & 1);
-        g.t = std::min(kSubRows, t - static_cast<int>(r0));
-        g.qkv = qkv + r0 * e.conv_dim(), g.z = e.big2 + r0 * e.d_inner();
-        g.b = b + r0 * c.ssm_n_v_heads, g.alpha = alpha + r0 * c.ssm_n_v_heads;
-        if (fused) {
-            g.x_in = e.a + r0 * c.n_embd;
-            if (e.verifying)  // the logits kept in the ring, where accept's replay reads them
-                g.b_out = b + r0 * c.ssm_n_v_heads, g.alpha_out = alpha + r0 * c.ssm_n_v_heads;
-        }
-        g.conv_state_in = e.conv[cur] + e.conv_layer_floats * L.idx;
-        g.conv_state_out = e.conv[cur ^ 1] + e.conv_layer_floats * L.idx;
-        g.y = e.y + r0 * e.d_inner();
-        CHECK(launch_gdn_step(g, e.stream));
-    }
+    g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
+    g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
+    g.y = e.y;
+    CHECK(launch_gdn_step(g, e.stream));
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
-// The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
-// appends k, v to the layer's cache (sub-step by sub-step: each one attends to the rows before it).
-int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
+// Rows of the next attention launch from position n_past (left: rows still to go): a sub-step of up to `first`
+// (8, or what aligns the MTP head's rows with its 8-row fills), and the following sub-steps with it while their
+// split is the same (attn_chunk_keys at each sub-step's start: then every row gets the bits its own 8-row launch
+// gives it), the launch takes them (kAttnMaxCallT) and their partials fit the workspace (sized for an 8-row step at the longest split: the merge happens at short
+// contexts, where a prefill's early chunks spend most launches for the least work).
+int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count, int first = kSubRows) {
     const auto& c = e.cfg;
-    mark(e, "attn.in_proj");
+    const int ck = attn_chunk_keys(n_past, c.n_head_kv, sm_count);
+    int rows = std::min(first, left);
+    while (rows < left && rows + kSubRows <= kAttnMaxCallT &&
+           attn_chunk_keys(n_past + rows, c.n_head_kv, sm_count) == ck) {
+        const int more = std::min(kSubRows, left - rows);
+        if (attn_decode_work_floats(c.n_head, rows + more, attn_n_chunks(n_past, rows + more, ck)) > e.attn_work_floats)
+            break;
+        rows += more;
+    }
+    return rows;
+}
+
+// The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
+// appends k, v to the layer's cache (in sub-steps of 8, the first of first_rows: each attends to the rows
+// before it; attn_group_rows merges sub-steps into one launch where that keeps every bit).
+int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, int first_rows = kSubRows) {
+    const auto& c = e.cfg;
+    // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
+    const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
+    phase("attn.in_proj");
     TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
     TRY(gemv(e, L.wv, t, e.a, e.big3));
-    mark(e, "attn.core");
+    phase("attn.core");
     AttnDecodeArgs a{};
     a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv;
     a.rope_offset = rope_offset;
@@ -680,68 +694,74 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
-    for (int s = 0; s < sub_steps(t); ++s) {
-        const int r0 = s * kSubRows;
-        a.t = std::min(kSubRows, t - r0), a.n_past = n_past + r0;
+    for (int r0 = 0; r0 < t;) {
+        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, r0 ? kSubRows : first_rows);
+        a.t = rows, a.n_past = n_past + r0;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
         CHECK(launch_attn_decode(a, e.stream));
+        r0 += rows;
     }
-    mark(e, "attn.out_proj");
+    phase("attn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
 
-// The MTP head over t pairs (ids [t] on the device, hidden rows hs [t, E]) at its cache rows row0.. (qwen38.md
-// §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with `full`, also u += ffn(rms(u))
-// and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits. Without `full` only the
-// attention runs: what filling the cache needs.
-int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs, int t, int row0, bool full) {
+// The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
+// its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
+// `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
+// Without `full` only the attention runs: what filling the cache needs (first_rows: its first sub-step). Scratch:
+// u in e.h (the trunk's residual, free between steps), [embedding | hidden] rows in e.big1 until packed.
+int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full,
+             int first_rows = kSubRows) {
     const auto& c = e.cfg;
     const int E = c.n_embd;
-    CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, E, ids, t, e.mtp_u, e.stream));
-    for (int r = 0; r < t; ++r) {  // rows of [embedding | hidden], the embedding half first
-        CHECK(launch_rmsnorm(e.mtp_u + r * E, static_cast<const float*>(e.mtp_enorm.d), 1, E, c.rms_eps,
-                             e.mtp_c + r * 2 * E, e.stream));
-        CHECK(launch_rmsnorm(hs + r * E, static_cast<const float*>(e.mtp_hnorm.d), 1, E, c.rms_eps,
-                             e.mtp_c + r * 2 * E + E, e.stream));
-    }
-    CHECK(launch_pack_act(e.mtp_c, t, 2 * E, nullptr, 0.0f, e.x, e.stream));
-    TRY(gemv(e, e.mtp_eh_proj, t, nullptr, e.mtp_u));
+    float *u = e.h, *cat = e.big1;
+    const float* hnorm = static_cast<const float*>(e.mtp_hnorm.d);
+    CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, E, ids, t, u, e.stream));
+    CHECK(launch_rmsnorm(u, static_cast<const float*>(e.mtp_enorm.d), t, E, c.rms_eps, cat, e.stream, 2 * E));
+    CHECK(launch_rmsnorm(hs0, hnorm, 1, E, c.rms_eps, cat + E, e.stream));
+    if (t > 1) CHECK(launch_rmsnorm(hs1, hnorm, t - 1, E, c.rms_eps, cat + 3 * E, e.stream, 2 * E));
+    CHECK(launch_pack_act(cat, t, 2 * E, nullptr, 0.0f, e.x, e.stream));
+    TRY(gemv(e, e.mtp_eh_proj, t, nullptr, u));
     const LayerW& L = e.mtp;
-    CHECK(launch_add_norm_pack(e.mtp_u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr,
-                               e.x, e.stream));
-    TRY(attn_mixer(e, L, t, row0, 1));
+    CHECK(launch_add_norm_pack(u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr, e.x,
+                               e.stream));
+    TRY(attn_mixer(e, L, t, row0, 1, first_rows));
     if (!full) return OPENJET_OK;
-    CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
-                               e.x, e.stream));
+    CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr, e.x,
+                               e.stream));
     TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
     CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
     TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
-    CHECK(launch_add_norm_pack(e.mtp_u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
-                               e.mtp_hp, e.x, e.stream));
+    CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps, e.mtp_hp,
+                               e.x, e.stream));
     return gemv(e, e.draft_head(), t, nullptr, e.logits);
 }
 
-// After a trunk step of t <= 8 tokens that started at n_past0 (hidden rows hs [t, E], on the device): the
-// MTP cache rows of the pairs (x_i, hidden_{i-1}) for i in the step (x_0 has none), then e.mtp_last = the
-// step's last hidden row. ids: the step's ids on the device.
+// After a trunk step or prefill chunk of t tokens that started at n_past0 (hidden rows hs [t, E], on the device):
+// the MTP cache rows of the pairs (x_i, hidden_{i-1}) for i in the step (x_0 has none: the carried e.mtp_last
+// gives the step's first row its hidden), then e.mtp_last = the step's last hidden row. ids: the step's ids on
+// the device. The head's attention takes the rows in sub-steps that start where 8-row steps from n_past0 would
+// start theirs (row n_past0 - 1 + 8 j: so a chunk fills the cache bit for bit as its 8-row steps do).
 int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int n_past0) {
-    const size_t row = sizeof(float) * e.cfg.n_embd;
+    mark(e, "mtp.fill");
+    const int E = e.cfg.n_embd;
     const int first = n_past0 == 0 ? 1 : 0;  // the sequence's first token has no pair
-    if (first == 0) CHECK(cudaMemcpyAsync(e.mtp_hs, e.mtp_last, row, cudaMemcpyDeviceToDevice, e.stream));
-    if (t > 1)
-        CHECK(cudaMemcpyAsync(e.mtp_hs + (1 - first) * e.cfg.n_embd, hs, row * (t - 1), cudaMemcpyDeviceToDevice,
-                              e.stream));
-    CHECK(cudaMemcpyAsync(e.mtp_last, hs + (t - 1) * e.cfg.n_embd, row, cudaMemcpyDeviceToDevice, e.stream));
-    if (t - first > 0) TRY(mtp_rows(e, ids + first, e.mtp_hs, t - first, n_past0 + first - 1, false));
+    if (t - first > 0) {
+        const float* hs0 = first ? hs : e.mtp_last;        // hidden of the first pair
+        const float* hs1 = first ? hs + E : hs;            // of the later ones
+        TRY(mtp_rows(e, ids + first, hs0, hs1, t - first, n_past0 + first - 1, false, kSubRows - first));
+    }
+    CHECK(cudaMemcpyAsync(e.mtp_last, hs + static_cast<long long>(t - 1) * E, sizeof(float) * E,
+                          cudaMemcpyDeviceToDevice, e.stream));
     return OPENJET_OK;
 }
 
 // The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
 // in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
-// sub-steps of 8, and every row gets the bits it gets in a decode step of 1..8 rows.
+// sub-steps of 8 (GDN's inside one launch), and every row gets the bits it gets in a decode step of 1..8 rows.
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
@@ -769,13 +789,9 @@ int trunk(openjet_engine& e, int t) {
 // What follows a trunk step of t rows: the MTP head's cache rows (in steps of <= 8, as decode fills them),
 // then the sequence advances.
 int commit_rows(openjet_engine& e, int t) {
-    mark(e, "mtp.fill");
-    if (e.has_mtp)  // after the caller's copies: it reuses e.x and e.mix
-        for (int r0 = 0; r0 < t; r0 += kSubRows)
-            TRY(mtp_fill(e, e.ids + r0, e.a + static_cast<long long>(r0) * e.cfg.n_embd, std::min(kSubRows, t - r0),
-                         e.n_past + r0));
+    if (e.has_mtp) TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // after the caller's copies: it reuses e.x and e.mix
     e.n_past += t;
-    if (e.n_gdn) e.conv_cur ^= sub_steps(t) & 1;
+    if (e.n_gdn) e.conv_cur ^= 1;  // every GDN layer's step wrote the other conv buffer
     return OPENJET_OK;
 }
 
@@ -874,7 +890,6 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     TRY(step_trunk(e, ids, t, true));
     TRY(step_outputs(e, t, logits, hidden, top));
     CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * e.cfg.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    mark(e, "mtp.fill");
     TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
     CHECK(cudaStreamSynchronize(e.stream));
     collect_profile(e);
@@ -1135,7 +1150,7 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     mark(*e, "mtp.draft");
-    TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, 1, row, true));
+    TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, row, true));
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));

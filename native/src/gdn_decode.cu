@@ -18,7 +18,7 @@ bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b <
 }  // namespace
 
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
-    if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxT || !(a.eps >= 0.0f))
+    if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxRows || !(a.eps >= 0.0f))
         return cudaErrorInvalidValue;
     if (!a.qkv || !a.z || !a.conv_w || !a.conv_state_in || !a.conv_state_out || !a.ssm_a || !a.dt_bias || !a.norm_w ||
         !a.state || !a.y)
@@ -26,7 +26,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (a.w_beta) {  // fused projections: F32 rows and x rows 16-byte aligned (float4 loads)
         const uintptr_t bits = reinterpret_cast<uintptr_t>(a.w_beta) | reinterpret_cast<uintptr_t>(a.w_alpha) |
                                reinterpret_cast<uintptr_t>(a.x_in);
-        if (!a.w_alpha || !a.x_in || a.proj_k < 4 || a.proj_k % 4 || bits & 15) return cudaErrorInvalidValue;
+        if (!a.w_alpha || !a.x_in || a.proj_k < 4 || a.proj_k % 4 || bits & 15 || a.t > kGdnMaxT)
+            return cudaErrorInvalidValue;
     } else if (!a.b || !a.alpha) {
         return cudaErrorInvalidValue;
     }

@@ -1,4 +1,5 @@
-// Gated DeltaNet decode step (qwen38.md §3.1 steps 2-7) for T <= 8 tokens, one thread block per value head.
+// Gated DeltaNet recurrent step (qwen38.md §3.1 steps 2-7) over T tokens (a decode or verify step's <= 8, or a
+// prefill chunk's rows), one thread block per value head.
 //
 // Design. The delta rule is independent per column j of S[k][j] (j = value dim): δ_j, the update of column
 // j and o_j need only column j, q, k, β and g. A block owns one value head; thread (rg, j) keeps rows
@@ -28,12 +29,13 @@ namespace openjet {
 
 constexpr int kGdnHeadDim = 128;     // linear_key_head_dim = linear_value_head_dim
 constexpr int kGdnConvTaps = 4;      // linear_conv_kernel_dim; the state holds the last 3 raw inputs
-constexpr int kGdnMaxT = 8;          // token rows per call (decode + verify)
+constexpr int kGdnMaxT = 8;          // token rows per sub-step (shared memory holds one sub-step's inputs)
+constexpr int kGdnMaxRows = 2048;    // token rows per call (a prefill chunk: OPENJET_ENGINE_PREFILL_ROWS_MAX)
 constexpr int kGdnRowsPerThread = 16;                                        // R: state rows in registers
 constexpr int kGdnThreads = kGdnHeadDim * (kGdnHeadDim / kGdnRowsPerThread);  // 1024: one per (row group, column)
 
 struct GdnStepArgs {
-    int n_k, n_v, t;                  // key heads, value heads (n_v % n_k == 0), tokens 1..8
+    int n_k, n_v, t;                  // key heads, value heads (n_v % n_k == 0), tokens 1..kGdnMaxRows
     float eps;                        // L2 norm and gated RMSNorm eps (1e-6)
     const float* qkv;                 // [t, conv_dim] projection output, conv_dim = 2*n_k*128 + n_v*128
     const float* z;                   // [t, n_v*128] gate projection
@@ -49,8 +51,8 @@ struct GdnStepArgs {
     float* y;                         // [t, n_v*128] rms(o)·w·silu(z), input of ssm_out
     float* state_out = nullptr;       // or where the updated state goes (state is then only read; a verify
                                       // step keeps the committed state for its accepted rows' replay)
-    // The beta and alpha projections fused (F32 W [n_v, proj_k], both set): each block computes its head's
-    // logits from x_in [t, proj_k] in the F32 GEMV's order (f32_dot_lanes: the same bits as the two launches
+    // The beta and alpha projections fused (F32 W [n_v, proj_k], both set; t <= kGdnMaxT): each block computes its
+    // head's logits from x_in [t, proj_k] in the F32 GEMV's order (f32_dot_lanes: the same bits as the two launches
     // it saves) and writes them to b_out / alpha_out where set (a verify step's ring); b and alpha unread.
     const float* w_beta = nullptr;
     const float* w_alpha = nullptr;
@@ -71,6 +73,8 @@ struct GdnSmem {
     float z[kGdnMaxT][kGdnHeadDim];     // gate projection of this head
     float o[kGdnMaxT][kGdnHeadDim];     // S_tᵀ q_t
     float norm_w[kGdnHeadDim];
+    float4 conv_w[3 * kGdnHeadDim];     // this head's conv taps (q, k, v channels) and its window of the last
+    float conv_x[3][3 * kGdnHeadDim];   // three raw inputs, carried between sub-steps (each thread its own)
     float red[2][2][kGdnRowGroups][kGdnHeadDim];  // [token parity][k·S', q·S'][row group][column]
     float beta[kGdnMaxT], decay[kGdnMaxT], kq[kGdnMaxT];
     float proj[2 * kGdnMaxT][4];  // fused projections: [2 t + (alpha)][warp of the 128-thread group]
@@ -96,19 +100,22 @@ __device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
 }
 
 // The whole step for value head h, run by one block of exactly kGdnThreads threads (a persistent kernel
-// calls this per head; it contains __syncthreads, so all threads of the block must call it).
+// calls this per head; it contains __syncthreads, so all threads of the block must call it). The call's
+// a.t rows go in sub-steps of kGdnMaxT: the state and the conv window stay in registers between them, and the
+// next sub-step's inputs are loaded while the delta rule of this one runs.
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     const int tid = threadIdx.x, j = tid % D, rg = tid / D, lane = tid & 31, warp = tid >> 5;
-    const int n_tok = a.t, kh = h % a.n_k;                     // tiled pairing: value head h reads key head h mod n_k
+    const int kh = h % a.n_k;                                  // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
 
-    // The fused beta (even jobs) and alpha (odd) projections of each token, a 128-thread group per row; first,
-    // so that their registers are free again before the state's 16 per thread are loaded (64 at most).
+    // The fused beta (even jobs) and alpha (odd) projections of each token (a call of one sub-step: the launcher
+    // checks), a 128-thread group per row; first, so that their registers are free again before the state's 16
+    // per thread are loaded (64 at most).
     if (a.w_beta) {
         constexpr int kGroups = kGdnThreads / 128;
 #pragma unroll 1
-        for (int job = tid / 128; job < 2 * n_tok; job += kGroups) {
+        for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
             const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
             float acc[1];
             f32_dot_lanes<1, 2>(w, a.x_in + (size_t)(job >> 1) * a.proj_k, a.proj_k, tid % 128, acc);
@@ -119,141 +126,159 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
 
     // Issue every global load first (state, inputs, weights): they are all in flight at once, and
     // nothing later waits on a global load (a load after a store through a maybe-aliasing pointer would).
-    float* st = a.state + (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at st[i*D]
+    const size_t st = (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at [st + i*D]
     float s[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) s[i] = st[i * D];
+    for (int i = 0; i < R; ++i) s[i] = a.state[st + i * D];
     const auto channel = [&](int part, int cl) {  // conv channel of q / k (key head kh) or v (head h)
         return part == 0 ? kh * D + cl : part == 1 ? key_dim + kh * D + cl : 2 * key_dim + h * D + cl;
     };
     constexpr int kLoads = (kGdnMaxT * 3 * D + kGdnThreads - 1) / kGdnThreads;  // raw qkv values per thread
     static_assert(kGdnMaxT * D <= kGdnThreads, "one z value per thread");
     float xr[kLoads], zr = 0.0f;
+    const auto load_rows = [&](int t0) {  // this thread's raw qkv and z values of rows t0 .. t0 + kGdnMaxT - 1
+        const int n = min(kGdnMaxT, a.t - t0);
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-        const int e = tid + u * kGdnThreads, t = e / (3 * D);
-        xr[u] = e < n_tok * 3 * D ? a.qkv[(size_t)t * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
-    }
-    if (tid < n_tok * D) zr = a.z[(size_t)(tid / D) * value_dim + h * D + j];
-    float w0 = 0.0f, w1 = 0.0f, w2 = 0.0f, w3 = 0.0f, x0 = 0.0f, x1 = 0.0f, x2 = 0.0f;
-    const int part = tid / D, c = channel(part, j);  // conv threads: tid < 3*D, channel c
-    if (tid < 3 * D) {
-        w0 = a.conv_w[c * 4 + 0]; w1 = a.conv_w[c * 4 + 1]; w2 = a.conv_w[c * 4 + 2]; w3 = a.conv_w[c * 4 + 3];
-        x0 = a.conv_state_in[c]; x1 = a.conv_state_in[conv_dim + c]; x2 = a.conv_state_in[2 * conv_dim + c];
+        for (int u = 0; u < kLoads; ++u) {
+            const int e = tid + u * kGdnThreads, t = e / (3 * D);
+            xr[u] = e < n * 3 * D ? a.qkv[(size_t)(t0 + t) * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
+        }
+        if (tid < n * D) zr = a.z[(size_t)(t0 + tid / D) * value_dim + h * D + j];
+    };
+    load_rows(0);
+    if (tid < 3 * D) {  // conv thread of channel c; what it puts in shared memory only it reads back: no barrier
+        const int c = channel(tid / D, j);
+        sm.conv_w[tid] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
+#pragma unroll
+        for (int i = 0; i < 3; ++i) sm.conv_x[i][tid] = a.conv_state_in[i * conv_dim + c];
     } else if (tid >= 4 * D && tid < 5 * D) {
         sm.norm_w[j] = a.norm_w[j];
     }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-        const int e = tid + u * kGdnThreads;
-        if (e < n_tok * 3 * D) sm.x[(e / D) % 3][e / (3 * D)][e % D] = xr[u];
-    }
-    if (tid < n_tok * D) sm.z[tid / D][j] = zr;
-    __syncthreads();
 
-    // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
-    // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
-    if (tid >= 3 * D && tid < 3 * D + n_tok) {
-        const int t = tid - 3 * D;
-        float bl, al;  // the logits: computed above (the F32 GEMV's final sum), or read
-        if (a.w_beta) {
-            const float* pb = sm.proj[2 * t];
-            const float* pa = sm.proj[2 * t + 1];
-            bl = f32_warps_total(pb[0], pb[1], pb[2], pb[3]);
-            al = f32_warps_total(pa[0], pa[1], pa[2], pa[3]);
-            if (a.b_out) a.b_out[t * a.n_v + h] = bl;
-            if (a.alpha_out) a.alpha_out[t * a.n_v + h] = al;
-        } else {
-            bl = a.b[t * a.n_v + h];
-            al = a.alpha[t * a.n_v + h];
-        }
-        sm.beta[t] = gdn_sigmoid(bl);
-        const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
-        sm.decay[t] = expf(g);
-    }
-    if (tid < 3 * D) {
-        float* xc = &sm.x[part][0][j];
-        for (int t = 0; t < n_tok; ++t) {
-            const float xt = xc[t * D];
-            // Σ_j w_j x_{t-3+j}, multiplied then added tap by tap, as the numpy reference.
-            const float out = __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, w0), __fmul_rn(x1, w1)), __fmul_rn(x2, w2)),
-                                        __fmul_rn(xt, w3));
-            xc[t * D] = gdn_silu(out);
-            x0 = x1; x1 = x2; x2 = xt;
-        }
-        if (part == 2 || h == kh) {  // q/k channels: the one block with h < n_k writes them
-            a.conv_state_out[c] = x0;
-            a.conv_state_out[conv_dim + c] = x1;
-            a.conv_state_out[2 * conv_dim + c] = x2;
-        }
-    }
-    __syncthreads();
+#pragma unroll 1
+    for (int t0 = 0; t0 < a.t; t0 += kGdnMaxT) {
+        const int n_tok = min(kGdnMaxT, a.t - t0);
+        if (t0) __syncthreads();  // the last sub-step's readers of shared memory are done
 
-    // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps): one warp per (token, q|k) row.
-    if (warp < 2 * n_tok) {
-        float* row = sm.x[warp & 1][warp >> 1];
-        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), a.eps)));
-        const float scale = (warp & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float x = __fmul_rn(row[lane + 32 * i], inv);
-            row[lane + 32 * i] = (warp & 1) ? x : __fmul_rn(x, scale);
+        for (int u = 0; u < kLoads; ++u) {
+            const int e = tid + u * kGdnThreads;
+            if (e < n_tok * 3 * D) sm.x[(e / D) % 3][e / (3 * D)][e % D] = xr[u];
         }
-    }
-    __syncthreads();
-    if (warp < n_tok) {  // k·q per token, for o = S'ᵀq + δ (k·q)
-        float p = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p = __fmaf_rn(sm.x[1][warp][lane + 32 * i], sm.x[0][warp][lane + 32 * i], p);
-        p = gdn_warp_sum(p);
-        if (lane == 0) sm.kq[warp] = p;
-    }
-    __syncthreads();
-
-    // 3. Delta rule, token by token, state in registers. One barrier per token (red is double-buffered:
-    // a thread writing red[t&1] for token t has passed token t-1's barrier, after every read of red[t&1]
-    // from token t-2).
-    for (int t = 0; t < n_tok; ++t) {
-        const float decay = sm.decay[t];
-        const float* kt = &sm.x[1][t][rg * R];
-        const float* qt = &sm.x[0][t][rg * R];
-        float pk = 0.0f, pq = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            s[i] = __fmul_rn(s[i], decay);  // S' = e^g S
-            pk = __fmaf_rn(s[i], kt[i], pk);
-            pq = __fmaf_rn(s[i], qt[i], pq);
-        }
-        const int buf = t & 1;
-        sm.red[buf][0][rg][j] = pk;
-        sm.red[buf][1][rg][j] = pq;
+        if (tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
-        float ks = 0.0f, qs = 0.0f;  // S'ᵀk, S'ᵀq of column j: row groups summed 0..7, the same in every thread
-#pragma unroll
-        for (int r = 0; r < kGdnRowGroups; ++r) {
-            ks = __fadd_rn(ks, sm.red[buf][0][r][j]);
-            qs = __fadd_rn(qs, sm.red[buf][1][r][j]);
+
+        // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
+        // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
+        if (tid >= 3 * D && tid < 3 * D + n_tok) {
+            const int t = tid - 3 * D, row = t0 + t;
+            float bl, al;  // the logits: computed above (the F32 GEMV's final sum), or read
+            if (a.w_beta) {
+                const float* pb = sm.proj[2 * t];
+                const float* pa = sm.proj[2 * t + 1];
+                bl = f32_warps_total(pb[0], pb[1], pb[2], pb[3]);
+                al = f32_warps_total(pa[0], pa[1], pa[2], pa[3]);
+                if (a.b_out) a.b_out[row * a.n_v + h] = bl;
+                if (a.alpha_out) a.alpha_out[row * a.n_v + h] = al;
+            } else {
+                bl = a.b[row * a.n_v + h];
+                al = a.alpha[row * a.n_v + h];
+            }
+            sm.beta[t] = gdn_sigmoid(bl);
+            const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
+            sm.decay[t] = expf(g);
         }
-        const float delta = __fmul_rn(sm.beta[t], __fsub_rn(sm.x[2][t][j], ks));  // δ = β (v − S'ᵀk)
+        if (tid < 3 * D) {
+            float* xc = &sm.x[tid / D][0][j];
+            const float4 cw = sm.conv_w[tid];
+            const float w0 = cw.x, w1 = cw.y, w2 = cw.z, w3 = cw.w;
+            float x0 = sm.conv_x[0][tid], x1 = sm.conv_x[1][tid], x2 = sm.conv_x[2][tid];
+            for (int t = 0; t < n_tok; ++t) {
+                const float xt = xc[t * D];
+                // Σ_j w_j x_{t-3+j}, multiplied then added tap by tap, as the numpy reference.
+                const float out = __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, w0), __fmul_rn(x1, w1)),
+                                                      __fmul_rn(x2, w2)),
+                                            __fmul_rn(xt, w3));
+                xc[t * D] = gdn_silu(out);
+                x0 = x1; x1 = x2; x2 = xt;
+            }
+            sm.conv_x[0][tid] = x0, sm.conv_x[1][tid] = x1, sm.conv_x[2][tid] = x2;
+        }
+        __syncthreads();
+
+        // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps): one warp per (token, q|k) row.
+        if (warp < 2 * n_tok) {
+            float* row = sm.x[warp & 1][warp >> 1];
+            const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), a.eps)));
+            const float scale = (warp & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
 #pragma unroll
-        for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
-        if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
+            for (int i = 0; i < 4; ++i) {
+                float x = __fmul_rn(row[lane + 32 * i], inv);
+                row[lane + 32 * i] = (warp & 1) ? x : __fmul_rn(x, scale);
+            }
+        }
+        __syncthreads();
+        if (warp < n_tok) {  // k·q per token, for o = S'ᵀq + δ (k·q)
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p = __fmaf_rn(sm.x[1][warp][lane + 32 * i], sm.x[0][warp][lane + 32 * i], p);
+            p = gdn_warp_sum(p);
+            if (lane == 0) sm.kq[warp] = p;
+        }
+        __syncthreads();
+        if (t0 + kGdnMaxT < a.t) load_rows(t0 + kGdnMaxT);  // in flight during the delta rule
+
+        // 3. Delta rule, token by token, state in registers. One barrier per token (red is double-buffered:
+        // a thread writing red[t&1] for token t has passed token t-1's barrier, after every read of red[t&1]
+        // from token t-2).
+        for (int t = 0; t < n_tok; ++t) {
+            const float decay = sm.decay[t];
+            const float* kt = &sm.x[1][t][rg * R];
+            const float* qt = &sm.x[0][t][rg * R];
+            float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                s[i] = __fmul_rn(s[i], decay);  // S' = e^g S
+                pk = __fmaf_rn(s[i], kt[i], pk);
+                pq = __fmaf_rn(s[i], qt[i], pq);
+            }
+            const int buf = t & 1;
+            sm.red[buf][0][rg][j] = pk;
+            sm.red[buf][1][rg][j] = pq;
+            __syncthreads();
+            float ks = 0.0f, qs = 0.0f;  // S'ᵀk, S'ᵀq of column j: row groups summed 0..7, the same in every thread
+#pragma unroll
+            for (int r = 0; r < kGdnRowGroups; ++r) {
+                ks = __fadd_rn(ks, sm.red[buf][0][r][j]);
+                qs = __fadd_rn(qs, sm.red[buf][1][r][j]);
+            }
+            const float delta = __fmul_rn(sm.beta[t], __fsub_rn(sm.x[2][t][j], ks));  // δ = β (v − S'ᵀk)
+#pragma unroll
+            for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
+            if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
+        }
+        __syncthreads();
+
+        // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.
+        if (warp < n_tok) {
+            const float* o = sm.o[warp];
+            const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), a.eps)));
+            const size_t row = (size_t)(t0 + warp) * value_dim + (size_t)h * D;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int c = lane + 32 * i;
+                a.y[row + c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), sm.norm_w[c]), gdn_silu(sm.z[warp][c]));
+            }
+        }
     }
-    float* so = a.state_out ? a.state_out + (st - a.state) : st;
+
+    float* so = (a.state_out ? a.state_out : a.state) + st;  // st: cheap to recompute, so not kept live
 #pragma unroll
     for (int i = 0; i < R; ++i) so[i * D] = s[i];
-    __syncthreads();
-
-    // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.
-    if (warp < n_tok) {
-        const float* o = sm.o[warp];
-        const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), a.eps)));
-        const size_t row = (size_t)warp * value_dim + (size_t)h * D;
+    if (tid < 3 * D && (tid >= 2 * D || h == kh)) {  // q/k channels: the one block with h < n_k writes them
+        const int c = channel(tid / D, j);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int c = lane + 32 * i;
-            a.y[row + c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), sm.norm_w[c]), gdn_silu(sm.z[warp][c]));
-        }
+        for (int i = 0; i < 3; ++i) a.conv_state_out[i * conv_dim + c] = sm.conv_x[i][tid];
     }
 }
 

@@ -29,7 +29,8 @@ __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int 
     return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
 }
 
-// y[t, :] = rmsnorm(x[t, :]) * w for t rows of k floats.
-cudaError_t launch_rmsnorm(const float* x, const float* w, int t, int k, float eps, float* y, cudaStream_t stream);
+// y[t, :] = rmsnorm(x[t, :]) * w for t rows of k floats; y's rows y_stride floats apart (0: k).
+cudaError_t launch_rmsnorm(const float* x, const float* w, int t, int k, float eps, float* y, cudaStream_t stream,
+                           long long y_stride = 0);
 
 }  // namespace openjet

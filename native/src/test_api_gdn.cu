@@ -20,7 +20,8 @@ int cuda_fail(cudaError_t e, const char* what) {
 }
 
 int check_dims(int n_k, int n_v, int t) {
-    if (t < 1 || t > kGdnMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGdnMaxT);
+    if (t < 1 || t > kGdnMaxRows)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kGdnMaxRows);
     if (n_k < 1 || n_v < n_k || n_v % n_k)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "n_k = %d, n_v = %d: n_v must be a positive multiple of n_k", n_k, n_v);
     return OPENJET_OK;

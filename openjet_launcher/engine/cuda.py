@@ -8,7 +8,8 @@ What v1 is (and is not):
 * ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 2048,
   ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
-  L2); the GDN step and attention run in sub-steps of 8 rows. Each row gets the bits a decode step gives it,
+  L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
+  in sub-steps of 8 rows inside), the MTP head's cache fill too. Each row gets the bits a decode step gives it,
   so prefill and decode leave the same state, bit for bit, whatever the chunk size. Still ahead (issue 8):
   the chunked WY Gated DeltaNet (qwen38.md §3.4) and flash attention over whole chunks.
 * One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets

@@ -155,7 +155,7 @@ class MemoryModel:
         and gate, FFN), K/V rows, beta and alpha, the mixer output (fp32)."""
         s = self.shape
         kmax = max(s.n_embd, s.n_ff, s.ssm_d_inner, s.q_dim, 2 * s.n_embd)
-        big1 = max(s.ssm_conv_dim, 2 * s.q_dim, s.n_ff)
+        big1 = max(s.ssm_conv_dim, 2 * s.q_dim, s.n_ff, 2 * s.n_embd)  # 2 n_embd: the MTP head's [embedding | hidden]
         big2 = max(s.ssm_d_inner, s.kv_dim, s.n_ff)
         return (4 + 3 * s.n_embd * 4 + kmax * 2 + kmax // 32 * 2 * 2 + 4 + (big1 + big2) * 4 + s.kv_dim * 4
                 + 2 * s.ssm_n_v_heads * 4 + max(s.ssm_d_inner, s.q_dim) * 4)
