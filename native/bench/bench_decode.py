@@ -552,6 +552,8 @@ class Bench:
                     self.attn_spread_sweep(engine, run, p, lambda: check(lib.openjet_engine_restore(h, slot),
                                                                          "restore"), check)
                 check(lib.openjet_engine_restore(h, slot), "restore")     # back to exactly p tokens
+        if a.prefill_profile:
+            self.prefill_profile(engine, run, kv)
         # Last: the newest code paths (verify / accept, draft rows) must not cost the figures above.
         if has_mtp(s, self.tb) and getattr(engine, "has_mtp", False):
             if not self.budget.fits(SPEC_EST_S):
@@ -562,6 +564,28 @@ class Bench:
                 except (Exception, SystemExit) as e:
                     run["notes"].append(f"speculation failed: {type(e).__name__}: {e}")
                     log(run["notes"][-1])
+
+    def prefill_profile(self, engine, run: dict, kv: str) -> None:
+        """Where a prefill's time goes: one more prefill of --prefill-profile tokens from an empty sequence with
+        the per-phase profile on (device ms per phase: embed, norm, gdn.*, attn.*, ffn, mtp.fill, lm_head),
+        as run["prefill_profile"]. Events between phases make it a little slower than the timed prefill."""
+        n = min(self.a.prefill_profile, engine.n_ctx)
+        est = 1.5 * self.est_fill(kv, 0, n)
+        if not self.budget.fits(est):
+            self.skip(run, f"{kv}: prefill profile {n}", est)
+            return
+        ids = self.rng.integers(0, self.s.n_vocab, n)
+        engine.set_profile(True)
+        engine.profile(reset=True)
+        try:
+            engine.prefill(engine.new_state(), ids)
+            prof = engine.profile(reset=True)
+        finally:
+            engine.set_profile(False)
+        ms = {k: round(v["ms"], 3) for k, v in sorted(prof["phases"].items(), key=lambda kv_: -kv_[1]["ms"])}
+        run["prefill_profile"] = {"tokens": n, "chunk": self.a.prefill_rows, "ms": ms}
+        log(f"{kv} prefill {n} profile (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items()))
+        self.save()
 
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
@@ -792,6 +816,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384,32768"),
                     help="prefill lengths (default 512,4096,16384,32768; 'none' for none)")
     ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="incremental")
+    ap.add_argument("--prefill-profile", type=int, default=2048,
+                    help="after the prefill and decode figures, one more prefill of this many tokens with the "
+                         "per-phase profile on, reported as prefill_profile (default 2048; 0: none)")
     ap.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
                     help=f"the engine's prefill chunk (CudaEngine.load; default {PREFILL_ROWS}, at most 2048)")
     ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",

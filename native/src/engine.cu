@@ -160,7 +160,8 @@ struct openjet_engine {
     int32_t* ids = nullptr;
     float *h = nullptr, *a = nullptr, *big1 = nullptr, *big2 = nullptr, *big3 = nullptr, *sb = nullptr,
           *sa = nullptr, *y = nullptr, *mix = nullptr, *logits = nullptr, *attn_work = nullptr;
-    size_t attn_work_floats = 0;  // its size: a T = 8 step's at the longest split (prefill groups fit in it)
+    size_t attn_work_floats = 0;  // its size: a T = 8 step's at the longest split
+    size_t big2_floats = 0;       // big2's size (a prefill chunk's attention takes its tail as the workspace)
     ActPack x{};  // the next GEMV's activations
     // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
     float* top_values = nullptr;
@@ -444,6 +445,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     }
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     e.attn_work_floats = work;
+    e.big2_floats = R * big2;
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
         {(void**)&e.ids, sizeof(int32_t) * R},
@@ -453,7 +455,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.x.sum, sizeof(__half) * R * (kmax / kActBlock) * 2},
         {(void**)&e.x.inv, sizeof(float) * R},
         {(void**)&e.big1, sizeof(float) * R * big1},
-        {(void**)&e.big2, sizeof(float) * R * big2},
+        {(void**)&e.big2, sizeof(float) * R * big2},  // (big2_floats, set below)
         {(void**)&e.big3, sizeof(float) * R * e.kv_dim()},
         {(void**)&e.sb, sizeof(float) * R * c.ssm_n_v_heads},
         {(void**)&e.sa, sizeof(float) * R * c.ssm_n_v_heads},
@@ -658,16 +660,17 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
 // Rows of the next attention launch from position n_past (left: rows still to go): a sub-step of up to `first`
 // (8, or what aligns the MTP head's rows with its 8-row fills), and the following sub-steps with it while their
 // split is the same (attn_chunk_keys at each sub-step's start: then every row gets the bits its own 8-row launch
-// gives it), the launch takes them (kAttnMaxCallT) and their partials fit the workspace (sized for an 8-row step at the longest split: the merge happens at short
-// contexts, where a prefill's early chunks spend most launches for the least work).
-int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count, int first = kSubRows) {
+// gives it), the launch takes them (kAttnMaxCallT) and their partials fit work_floats: decode's workspace (sized
+// for an 8-row step at the longest split) or, for a prefill chunk, big2's tail (attn_mixer).
+int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count, size_t work_floats,
+                    int first = kSubRows) {
     const auto& c = e.cfg;
     const int ck = attn_chunk_keys(n_past, c.n_head_kv, sm_count);
     int rows = std::min(first, left);
     while (rows < left && rows + kSubRows <= kAttnMaxCallT &&
            attn_chunk_keys(n_past + rows, c.n_head_kv, sm_count) == ck) {
         const int more = std::min(kSubRows, left - rows);
-        if (attn_decode_work_floats(c.n_head, rows + more, attn_n_chunks(n_past, rows + more, ck)) > e.attn_work_floats)
+        if (attn_decode_work_floats(c.n_head, rows + more, attn_n_chunks(n_past, rows + more, ck)) > work_floats)
             break;
         rows += more;
     }
@@ -694,8 +697,14 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
+    size_t work_floats = e.attn_work_floats;
+    // A prefill chunk's partials go to big2's tail, past the chunk's k rows, where it is larger (no bit depends
+    // on where they lie): big2 is a chunk's FFN width, so the merged launches grow with the chunk.
+    const size_t k_floats = (static_cast<size_t>(t) * e.kv_dim() + 63) / 64 * 64;
+    if (t > kSubRows && e.big2_floats > k_floats && e.big2_floats - k_floats > work_floats)
+        a.work = e.big2 + k_floats, work_floats = e.big2_floats - k_floats;
     for (int r0 = 0; r0 < t;) {
-        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, r0 ? kSubRows : first_rows);
+        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats, r0 ? kSubRows : first_rows);
         a.t = rows, a.n_past = n_past + r0;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
