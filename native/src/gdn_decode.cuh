@@ -203,6 +203,12 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                 x0 = x1; x1 = x2; x2 = xt;
             }
             sm.conv_x[0][tid] = x0, sm.conv_x[1][tid] = x1, sm.conv_x[2][tid] = x2;
+            if (t0 + n_tok == a.t && (tid >= 2 * D || h == kh)) {  // the call's last rows: q/k channels are written
+                const int c = channel(tid / D, j);                  // by the one block with h < n_k
+                a.conv_state_out[c] = x0;
+                a.conv_state_out[conv_dim + c] = x1;
+                a.conv_state_out[2 * conv_dim + c] = x2;
+            }
         }
         __syncthreads();
 
@@ -257,6 +263,11 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
             if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
         }
+        if (t0 + n_tok == a.t) {  // the call's last rows: the state goes out while y is computed
+            float* so = (a.state_out ? a.state_out : a.state) + st;
+#pragma unroll
+            for (int i = 0; i < R; ++i) so[i * D] = s[i];
+        }
         __syncthreads();
 
         // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.
@@ -270,15 +281,6 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                 a.y[row + c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), sm.norm_w[c]), gdn_silu(sm.z[warp][c]));
             }
         }
-    }
-
-    float* so = (a.state_out ? a.state_out : a.state) + st;  // st: cheap to recompute, so not kept live
-#pragma unroll
-    for (int i = 0; i < R; ++i) so[i * D] = s[i];
-    if (tid < 3 * D && (tid >= 2 * D || h == kh)) {  // q/k channels: the one block with h < n_k writes them
-        const int c = channel(tid / D, j);
-#pragma unroll
-        for (int i = 0; i < 3; ++i) a.conv_state_out[i * conv_dim + c] = sm.conv_x[i][tid];
     }
 }
 
