@@ -73,8 +73,8 @@ struct GdnSmem {
     float z[kGdnMaxT][kGdnHeadDim];     // gate projection of this head
     float o[kGdnMaxT][kGdnHeadDim];     // S_tᵀ q_t
     float norm_w[kGdnHeadDim];
-    float4 conv_w[3 * kGdnHeadDim];     // this head's conv taps (q, k, v channels) and its window of the last
-    float conv_x[3][3 * kGdnHeadDim];   // three raw inputs, carried between sub-steps (each thread its own)
+    float4 conv_w[3 * kGdnHeadDim];     // this head's conv taps (q, k, v channels), and the window of their
+    float conv_x[3][3 * kGdnHeadDim];   // last three raw inputs carried between sub-steps (each thread its own)
     float red[2][2][kGdnRowGroups][kGdnHeadDim];  // [token parity][k·S', q·S'][row group][column]
     float beta[kGdnMaxT], decay[kGdnMaxT], kq[kGdnMaxT];
     float proj[2 * kGdnMaxT][4];  // fused projections: [2 t + (alpha)][warp of the 128-thread group]
@@ -101,8 +101,8 @@ __device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
 
 // The whole step for value head h, run by one block of exactly kGdnThreads threads (a persistent kernel
 // calls this per head; it contains __syncthreads, so all threads of the block must call it). The call's
-// a.t rows go in sub-steps of kGdnMaxT: the state and the conv window stay in registers between them, and the
-// next sub-step's inputs are loaded while the delta rule of this one runs.
+// a.t rows go in sub-steps of kGdnMaxT: the state stays in registers and the conv window in shared memory
+// between them, and the next sub-step's inputs are loaded while the delta rule of this one runs.
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     const int tid = threadIdx.x, j = tid % D, rg = tid / D, lane = tid & 31, warp = tid >> 5;
