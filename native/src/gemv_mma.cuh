@@ -441,6 +441,125 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
     }
 };
 
+// unit_mma_k4's arithmetic for the wide prefill kernel (kPrefillWideGroups groups, B in shared memory) with
+// fewer live registers: the same mma into each u[wd] in the same (hv, nb) order and the same sums, but wd is the
+// outer loop, so (u0 + u1) is formed before u2 starts and three chains per group are live instead of four; the
+// min term's inner fma is done right after its mma (its operands are final there). The B stage is b, group j's
+// token row at b + bcol[j], its sums at b + bsum[j] (offsets, not pointers: 16 registers fewer). Each group's
+// bits are those unit_mma_k4 gives it.
+template <int QT, int NG>
+__device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], const __half* b, const int (&bcol)[NG],
+                                                 const int (&bsum)[NG], int tq, float (&acc)[NG][4]) {
+    constexpr int kQs = QT == kQ4_K ? 16 : 48;
+    float d[2], dm32[2];
+    uint32_t sc[2][2], mn[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
+        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
+        d[i] = dd.x;
+        dm32[i] = __fmul_rn(dd.y, 32.0f);
+        sc[i][0] = hd.y & 0x3F3F3F3Fu;
+        mn[i][0] = hd.z & 0x3F3F3F3Fu;
+        sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    }
+    {
+        uint32_t a[4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? mn[i][1] : mn[i][0], 2 * (tq & 1));
+#pragma unroll
+        for (int j = 0; j < NG; ++j) {
+            uint32_t bb[2];
+            load_b<true>(b + bsum[j], 4 * tq, bb);
+            float mins[4] = {};
+            mma_16816(mins, a, bb);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(-dm32[c >> 1], mins[c], acc[j][c]);
+        }
+    }
+    // The scales of the four (hv, nb) sub-blocks this lane's rows meet, as unit_mma_k4 forms them.
+    uint32_t sc2[2][2][2], nsc2[2][2][2];  // [hv][nb][row]
+#pragma unroll
+    for (int hv = 0; hv < 2; ++hv)
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                uint32_t v = h2_of_byte(sc[i][hv], 2 * (tq >> 1) + nb);
+                if (nb) v = hfma2_u(v, 0x2C002C00u, 0u);
+                sc2[hv][nb][i] = v;
+                nsc2[hv][nb][i] = hfma2_u(v, 0xE400E400u, 0u);
+            }
+    // One word wd of the lane's codes through its four (hv, nb) mma per group, into u (zero on entry).
+    const auto wd_pass = [&](int wd, float (&u)[NG][4]) {
+#pragma unroll
+        for (int hv = 0; hv < 2; ++hv) {
+            const int jj = (tq >> 1) + 2 * hv;
+            uint32_t wq[2], wh[2];  // this lane's code word wd of rows g, g + 8 (and Q5_K's fifth bits)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                wq[i] = *reinterpret_cast<const uint32_t*>(r[i] + kQs + 16 * (tq + 4 * hv) + 4 * wd);
+                if constexpr (QT == kQ5_K) wh[i] = *reinterpret_cast<const uint32_t*>(r[i] + 16 + 16 * (tq & 1) + 4 * wd);
+            }
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                uint32_t a[4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const uint32_t w = wq[i], w8 = w >> 8;
+                    uint32_t lo, hi;
+                    if constexpr (QT == kQ5_K) {
+                        const uint32_t hb = wh[i] >> (2 * jj + nb);
+                        if (nb == 0) {
+                            lo = mask_or<0x000F000Fu>(w, mask_magic<0x00100010u>(hb << 4));
+                            hi = mask_or<0x000F000Fu>(w8, mask_magic<0x00100010u>(hb >> 4));
+                        } else {
+                            lo = mask_or<0x00F000F0u>(w, mask_magic<0x01000100u>(hb << 8));
+                            hi = mask_or<0x00F000F0u>(w8, mask_magic<0x01000100u>(hb));
+                        }
+                    } else if (nb == 0) {
+                        lo = mask_magic<0x000F000Fu>(w);
+                        hi = mask_magic<0x000F000Fu>(w8);
+                    } else {
+                        lo = mask_magic<0x00F000F0u>(w);
+                        hi = mask_magic<0x00F000F0u>(w8);
+                    }
+                    a[i] = hfma2_u(lo, sc2[hv][nb][i], nsc2[hv][nb][i]);
+                    a[2 + i] = hfma2_u(hi, sc2[hv][nb][i], nsc2[hv][nb][i]);
+                }
+                const int e = 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb + 4 * wd;
+#pragma unroll
+                for (int j = 0; j < NG; ++j) {
+                    uint32_t bb[2];
+                    load_b<true>(b + bcol[j], e, bb);
+                    mma_16816(u[j], a, bb);
+                }
+            }
+        }
+    };
+    // uc = (u0 + u1) + (u2 + u3): an even word's chain waits in `keep` for its odd partner, the first pair's sum in
+    // p01 for the second's (a loop, not unrolled: unrolled, ptxas spilled at 255 registers).
+    float keep[NG][4], p01[NG][4];
+#pragma unroll 1
+    for (int wd = 0; wd < 4; ++wd) {
+        float u[NG][4] = {};
+        wd_pass(wd, u);
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                if ((wd & 1) == 0) {
+                    keep[j][c] = u[j][c];
+                } else {
+                    const float pair = __fadd_rn(keep[j][c], u[j][c]);
+                    if (wd == 1) p01[j][c] = pair;
+                    else acc[j][c] = __fmaf_rn(d[c >> 1], __fadd_rn(p01[j][c], pair), acc[j][c]);
+                }
+            }
+    }
+}
+
 // ------------------------------------------------------------------------------------------ one warp
 
 // A warp's cp.async plan for its 16-row tile, worked out once: the lane copies words i = lane + 32 j of each
@@ -609,35 +728,39 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
 // summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
 // one quarter each.
+// Two shapes (PrefillGemm): kPrefillGroups groups (32 token rows) x 3 stages, and "wide", kPrefillWideGroups
+// (64 rows: each weight decode meets twice the tokens) x 2 stages, its Q4_K/Q5_K unit in unit_mma_k4_wide.
 constexpr int kPrefillWarps = 4;
-constexpr int kPrefillStages = 3;
+constexpr int kPrefillWideGroups = 8;
 constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
 constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
-constexpr int kBStageHalves = kPrefillGroups * kBGroupHalves;
 
-template <int QT> struct PrefillShape {
-    static constexpr int kWeightBytes = kPrefillWarps * kPrefillStages * MmaShape<QT>::kStageWords * 16;
-    static constexpr int kSmemBytes = kWeightBytes + kPrefillStages * kBStageHalves * 2 + 16;
+template <int QT, int NG, int STAGES> struct PrefillShape {
+    static constexpr int kStageHalves = NG * kBGroupHalves;  // one unit's activations of the NG groups
+    static constexpr int kWeightBytes = kPrefillWarps * STAGES * MmaShape<QT>::kStageWords * 16;
+    static constexpr int kSmemBytes = kWeightBytes + STAGES * kStageHalves * 2 + 16;
+    static constexpr int kStaticBytes = sizeof(float) * kPrefillWarps * NG * 32 * 4;  // the kernel's total[]
 };
 
-// A thread's share of the block's activation copies per unit (each unit: the 8 kPrefillGroups token rows'
-// 32 chunks of 16 bytes and their 2 chunks of 32-block sums, rows < t only, into one B stage), worked out once
-// per block like TileCopy: per unit only two base addresses move (before: a division, a modulo and 64-bit
-// address arithmetic per copy, ~9 copies per thread per unit).
-struct ActCopy {
+// A thread's share of the block's activation copies per unit (each unit: the 8 NG token rows' 32 chunks of 16
+// bytes and their 2 chunks of 32-block sums, rows < t only, into one B stage), worked out once per block like
+// TileCopy: per unit only two base addresses move (before: a division, a modulo and 64-bit address arithmetic
+// per copy, ~9 copies per thread per unit).
+template <int NG> struct ActCopy {
     static constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
-    static constexpr int kChunks = kPrefillGroups * kActRows * (kRowChunks + 2);
+    static constexpr int kChunks = NG * kActRows * (kRowChunks + 2);
     static constexpr int kJ = (kChunks + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
     int src[kJ];    // halves from the unit's start in x.h (a row chunk) or in x.sum (a sums chunk)
     int dst[kJ];    // halves into the B stage; -1: nothing to copy (past the chunks or a row >= t)
     unsigned sums;  // bit j: chunk j is a sums chunk
+    static_assert(kJ <= 32, "sums holds a bit per copy");
 
     __device__ __forceinline__ ActCopy(int k, int t, int grp0) : sums(0) {
         const int kb2 = k / kActBlock * 2;
 #pragma unroll
         for (int j = 0; j < kJ; ++j) {
             const int i = threadIdx.x + j * kPrefillWarps * 32;
-            const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 kPrefillGroups - 1
+            const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 NG - 1
             const int col = grp0 * kActRows + row, grp = row / kActRows, rr = row % kActRows;
             src[j] = 0, dst[j] = -1;
             if (i >= kChunks || col >= t) continue;
@@ -661,12 +784,12 @@ struct ActCopy {
     }
 };
 
-template <int QT>
+template <int QT, int NG, int STAGES>
 __global__ void __launch_bounds__(kPrefillWarps * 32, 1)
 prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                    int blocks_per_rows, float* __restrict__ y) {
-    constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
+    using P = PrefillShape<QT, NG, STAGES>;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
     pdl_start();  // pdl.cuh (its first copies include activations)
@@ -676,19 +799,19 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const int nu = k / kUnitElems;
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
     const TileCopy<QT> copy(row_bytes, n, row0, lane);
-    const ActCopy act(k, t, grp0);
-    uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
-    __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + PrefillShape<QT>::kWeightBytes);
+    const ActCopy<NG> act(k, t, grp0);
+    uint4* wsm = smem + warp * STAGES * S::kStageWords;
+    __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + P::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
-            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % kPrefillStages) * S::kStageWords, lane);
-            act.issue(x, u, bsm + (u % kPrefillStages) * kBStageHalves);
+            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % STAGES) * S::kStageWords, lane);
+            act.issue(x, u, bsm + (u % STAGES) * P::kStageHalves);
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (int s = 0; s < kPrefillStages - 1; ++s) issue(s);
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
 
     // This lane's token row of group j in a B stage: past t, row t - 1 (staged: grp0 * 8 < t), as UnitX says.
     int bcol[NG], bsum[NG];
@@ -705,18 +828,22 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     for (int q = 0; q < kGemvWarps; ++q) {
         float acc[NG][4] = {};
         for (const int u1 = nu * (q + 1) / kGemvWarps; u < u1; ++u) {
-            cp_async_wait<kPrefillStages - 2>();
+            cp_async_wait<STAGES - 2>();
             __syncthreads();  // the stage's activations came from every thread of the block
             const uint8_t* r[2];
-            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
-            const __half* b = bsm + (u % kPrefillStages) * kBStageHalves;
+            tile_unit_rows<QT>(wsm + (u % STAGES) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
+            const __half* b = bsm + (u % STAGES) * P::kStageHalves;
+            if constexpr (NG == kPrefillWideGroups) {  // Q4_K, Q5_K (launch_prefill_mma)
+                unit_mma_k4_wide<QT, NG>(r, b, bcol, bsum, tq, acc);
+            } else {
 #pragma unroll
-            for (int j = 0; j < NG; ++j) {
-                ux[j].col = b + bcol[j];
-                ux[j].sum = b + bsum[j];
+                for (int j = 0; j < NG; ++j) {
+                    ux[j].col = b + bcol[j];
+                    ux[j].sum = b + bsum[j];
+                }
+                UnitMma<QT, NG, true>::run(r, ux, tq, acc);
             }
-            UnitMma<QT, NG, true>::run(r, ux, tq, acc);
-            issue(u + kPrefillStages - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
+            issue(u + STAGES - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
         }
 #pragma unroll
         for (int j = 0; j < NG; ++j)
@@ -737,44 +864,62 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 }
 
 // The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and benchmarks
-// run both; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
-// least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
-// wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
-// loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
-// leave SMs idle or in a tail wave.
-enum class PrefillGemm { kAuto, kShared, kGrouped };
+// run both; they give the same bits), =wide the shared kernel of kPrefillWideGroups groups where two of its
+// blocks fit an SM (not yet measured: opt-in; the same bits too), else the shared-activation kernel where its
+// grid fills the GPU at least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only,
+// 2026-12-01): it wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's
+// time) and loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row
+// tiles leave SMs idle or in a tail wave.
+enum class PrefillGemm { kAuto, kShared, kGrouped, kWide };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
+    if (choice && std::strcmp(choice, "wide") == 0) return PrefillGemm::kWide;
     return PrefillGemm::kAuto;
 }
 
-template <int QT>
-cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
+// The shared-activation kernel of NG groups x STAGES; *launched stays false where min_blocks of it do not fit
+// an SM's shared memory (static total[] included) or, unless forced, its grid is too small.
+template <int QT, int NG, int STAGES>
+cudaError_t launch_prefill_shape(const GemvArgs& a, cudaStream_t stream, bool force, int min_blocks, bool* launched) {
+    using P = PrefillShape<QT, NG, STAGES>;
     *launched = false;
-    int optin = 0, sms = 0;
+    int optin = 0, per_sm = 0, sms = 0;
     cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
+    if (e == cudaSuccess) e = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, &per_sm);
     if (e == cudaSuccess) e = device_attribute(cudaDevAttrMultiProcessorCount, &sms);
     if (e != cudaSuccess) return e;
-    constexpr int kStatic = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;
-    if (PrefillShape<QT>::kSmemBytes + kStatic > optin) return cudaSuccess;  // the caller takes the grouped kernel
+    constexpr int kBlockBytes = P::kSmemBytes + P::kStaticBytes;
+    if (kBlockBytes > optin || min_blocks * kBlockBytes > per_sm) return cudaSuccess;  // the caller takes another
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     if (static_cast<long long>(a.t) * a.k > 0x7fffffffLL) return cudaSuccess;  // ActCopy's int offsets: grouped
-    const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
+    const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + NG - 1) / NG;
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
-    auto kernel = prefill_mma_kernel<QT>;
+    auto kernel = prefill_mma_kernel<QT, NG, STAGES>;
     static const cudaError_t opted =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillShape<QT>::kSmemBytes);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     *launched = true;
-    return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32,
-                         PrefillShape<QT>::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k,
-                         a.x, a.t, per_rows, a.y);
+    return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, P::kSmemBytes,
+                         stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
+}
+
+// The shared-activation kernel as `choice` asks (wide: its shape where two blocks fit an SM, else the usual;
+// Q4_K and Q5_K only: Q6_K's and Q8_0's larger weight stages never leave room for two).
+template <int QT>
+cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, PrefillGemm choice, bool* launched) {
+    if constexpr (QT == kQ4_K || QT == kQ5_K) {
+        if (choice == PrefillGemm::kWide) {
+            const cudaError_t e = launch_prefill_shape<QT, kPrefillWideGroups, 2>(a, stream, true, 2, launched);
+            if (e != cudaSuccess || *launched) return e;
+        }
+    }
+    return launch_prefill_shape<QT, kPrefillGroups, 3>(a, stream, choice != PrefillGemm::kAuto, 1, launched);
 }
 
 // a's GEMV, and b's in the same launch when given (same type, k, t and activations).
@@ -813,7 +958,7 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     const PrefillGemm choice = prefill_gemm_choice();
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
-        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice, &launched);
         if (e != cudaSuccess || launched) return e;
     }
     return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
