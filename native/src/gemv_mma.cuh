@@ -172,6 +172,61 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
 // rows g and g + 8 of the unit in shared memory.
 template <int QT, int NG, bool kSmemB = false> struct UnitMma;
 
+// Q4_K / Q5_K pieces of the unit loops: k4_a_regs serves both; K4Header and k4_scale_pair the wide one only
+// (unit_mma_k4 spells the same steps out: written with them, its decode kernels' SASS grew by 8-32
+// instructions). A row's header: d, dmin and the 12 scale bytes, unpacked in registers (ggml
+// get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each.
+struct K4Header {
+    float d, dm32;        // dm32 = dmin * 32: the pack's sums are stored / 32
+    uint32_t sc[2], mn[2];
+    __device__ __forceinline__ explicit K4Header(const uint8_t* row) {
+        const uint4 hd = *reinterpret_cast<const uint4*>(row);
+        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
+        d = dd.x;
+        dm32 = __fmul_rn(dd.y, 32.0f);
+        sc[0] = hd.y & 0x3F3F3F3Fu;
+        mn[0] = hd.z & 0x3F3F3F3Fu;
+        sc[1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        mn[1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    }
+};
+
+// A = q * sc of sub-block 2 jj + nb (= byte 2 (tq / 2) + nb of scale word hv), exactly, by one fma on the code
+// as an fp16 with the magic exponent: nb = 0 takes the low nibble, (1024 + q) * sc - 1024 sc; nb = 1 the high
+// nibble where it lies, (1024 + 16 q) * (sc / 16) - 64 sc (no shift; sc / 16 is exact). The pair (sc2, nsc2):
+template <int nb> __device__ __forceinline__ void k4_scale_pair(uint32_t sc_word, int tq, uint32_t& sc2,
+                                                                uint32_t& nsc2) {
+    sc2 = h2_of_byte(sc_word, 2 * (tq >> 1) + nb);
+    if (nb) sc2 = hfma2_u(sc2, 0x2C002C00u, 0u);  // * 1/16
+    nsc2 = hfma2_u(sc2, 0xE400E400u, 0u);          // * -1024
+}
+
+// A row's two A registers from its code word w (bytes (0, 2) -> lo, (1, 3) -> hi) of nibble nb; Q5_K: hb, the
+// qh word shifted so that bit 0 of each byte is the code's fifth bit.
+template <int QT, int nb>
+__device__ __forceinline__ void k4_a_regs(uint32_t w, uint32_t hb, uint32_t sc2, uint32_t nsc2, uint32_t& a_lo,
+                                          uint32_t& a_hi) {
+    const uint32_t w8 = w >> 8;
+    uint32_t lo, hi;
+    if constexpr (QT == kQ5_K) {
+        if (nb == 0) {
+            lo = mask_or<0x000F000Fu>(w, mask_magic<0x00100010u>(hb << 4));
+            hi = mask_or<0x000F000Fu>(w8, mask_magic<0x00100010u>(hb >> 4));
+        } else {
+            lo = mask_or<0x00F000F0u>(w, mask_magic<0x01000100u>(hb << 8));
+            hi = mask_or<0x00F000F0u>(w8, mask_magic<0x01000100u>(hb));
+        }
+    } else if (nb == 0) {
+        lo = mask_magic<0x000F000Fu>(w);
+        hi = mask_magic<0x000F000Fu>(w8);
+    } else {
+        lo = mask_magic<0x00F000F0u>(w);
+        hi = mask_magic<0x00F000F0u>(w8);
+    }
+    a_lo = hfma2_u(lo, sc2, nsc2);
+    a_hi = hfma2_u(hi, sc2, nsc2);
+}
+
 template <int QT, int NG, bool kSmemB>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                             float (&acc)[NG][4]) {
@@ -241,27 +296,10 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             for (int wd = 0; wd < 4; ++wd) {
                 uint32_t a[4];
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const uint32_t w = (&q[i].x)[wd], w8 = w >> 8;  // bytes (0, 2) -> a[i], (1, 3) -> a[2 + i]
-                    uint32_t lo, hi;
-                    if constexpr (QT == kQ5_K) {  // bit 2 jj + nb of each qh byte: the code's fifth bit
-                        const uint32_t hb = (&qh[i].x)[wd] >> (2 * jj + nb);
-                        if (nb == 0) {
-                            lo = mask_or<0x000F000Fu>(w, mask_magic<0x00100010u>(hb << 4));
-                            hi = mask_or<0x000F000Fu>(w8, mask_magic<0x00100010u>(hb >> 4));
-                        } else {
-                            lo = mask_or<0x00F000F0u>(w, mask_magic<0x01000100u>(hb << 8));
-                            hi = mask_or<0x00F000F0u>(w8, mask_magic<0x01000100u>(hb));
-                        }
-                    } else if (nb == 0) {
-                        lo = mask_magic<0x000F000Fu>(w);
-                        hi = mask_magic<0x000F000Fu>(w8);
-                    } else {
-                        lo = mask_magic<0x00F000F0u>(w);
-                        hi = mask_magic<0x00F000F0u>(w8);
-                    }
-                    a[i] = hfma2_u(lo, sc2[i], nsc2[i]);
-                    a[2 + i] = hfma2_u(hi, sc2[i], nsc2[i]);
+                for (int i = 0; i < 2; ++i) {  // Q5_K: bit 2 jj + nb of each qh byte is the code's fifth bit
+                    const uint32_t w = (&q[i].x)[wd], hb = QT == kQ5_K ? (&qh[i].x)[wd] >> (2 * jj + nb) : 0u;
+                    if (nb) k4_a_regs<QT, 1>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
+                    else k4_a_regs<QT, 0>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
                 }
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
@@ -451,23 +489,11 @@ template <int QT, int NG>
 __device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], const __half* b, const int (&bcol)[NG],
                                                  const int (&bsum)[NG], int tq, float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    float d[2], dm32[2];
-    uint32_t sc[2][2], mn[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
-        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
-        d[i] = dd.x;
-        dm32[i] = __fmul_rn(dd.y, 32.0f);
-        sc[i][0] = hd.y & 0x3F3F3F3Fu;
-        mn[i][0] = hd.z & 0x3F3F3F3Fu;
-        sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
-        mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
-    }
+    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[1])};
     {
         uint32_t a[4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? mn[i][1] : mn[i][0], 2 * (tq & 1));
+        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t bb[2];
@@ -475,22 +501,18 @@ __device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], cons
             float mins[4] = {};
             mma_16816(mins, a, bb);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(-dm32[c >> 1], mins[c], acc[j][c]);
+            for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(-hdr[c >> 1].dm32, mins[c], acc[j][c]);
         }
     }
-    // The scales of the four (hv, nb) sub-blocks this lane's rows meet, as unit_mma_k4 forms them.
+    // The scales of the four (hv, nb) sub-blocks this lane's rows meet (k4_scale_pair).
     uint32_t sc2[2][2][2], nsc2[2][2][2];  // [hv][nb][row]
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv)
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                uint32_t v = h2_of_byte(sc[i][hv], 2 * (tq >> 1) + nb);
-                if (nb) v = hfma2_u(v, 0x2C002C00u, 0u);
-                sc2[hv][nb][i] = v;
-                nsc2[hv][nb][i] = hfma2_u(v, 0xE400E400u, 0u);
-            }
+        for (int i = 0; i < 2; ++i) {
+            k4_scale_pair<0>(hdr[i].sc[hv], tq, sc2[hv][0][i], nsc2[hv][0][i]);
+            k4_scale_pair<1>(hdr[i].sc[hv], tq, sc2[hv][1][i], nsc2[hv][1][i]);
+        }
     // One word wd of the lane's codes through its four (hv, nb) mma per group, into u (zero on entry).
     const auto wd_pass = [&](int wd, float (&u)[NG][4]) {
 #pragma unroll
@@ -507,26 +529,9 @@ __device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], cons
                 uint32_t a[4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const uint32_t w = wq[i], w8 = w >> 8;
-                    uint32_t lo, hi;
-                    if constexpr (QT == kQ5_K) {
-                        const uint32_t hb = wh[i] >> (2 * jj + nb);
-                        if (nb == 0) {
-                            lo = mask_or<0x000F000Fu>(w, mask_magic<0x00100010u>(hb << 4));
-                            hi = mask_or<0x000F000Fu>(w8, mask_magic<0x00100010u>(hb >> 4));
-                        } else {
-                            lo = mask_or<0x00F000F0u>(w, mask_magic<0x01000100u>(hb << 8));
-                            hi = mask_or<0x00F000F0u>(w8, mask_magic<0x01000100u>(hb));
-                        }
-                    } else if (nb == 0) {
-                        lo = mask_magic<0x000F000Fu>(w);
-                        hi = mask_magic<0x000F000Fu>(w8);
-                    } else {
-                        lo = mask_magic<0x00F000F0u>(w);
-                        hi = mask_magic<0x00F000F0u>(w8);
-                    }
-                    a[i] = hfma2_u(lo, sc2[hv][nb][i], nsc2[hv][nb][i]);
-                    a[2 + i] = hfma2_u(hi, sc2[hv][nb][i], nsc2[hv][nb][i]);
+                    const uint32_t hb = QT == kQ5_K ? wh[i] >> (2 * jj + nb) : 0u;
+                    if (nb) k4_a_regs<QT, 1>(wq[i], hb, sc2[hv][1][i], nsc2[hv][1][i], a[i], a[2 + i]);
+                    else k4_a_regs<QT, 0>(wq[i], hb, sc2[hv][0][i], nsc2[hv][0][i], a[i], a[2 + i]);
                 }
                 const int e = 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb + 4 * wd;
 #pragma unroll
@@ -554,7 +559,7 @@ __device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], cons
                 } else {
                     const float pair = __fadd_rn(keep[j][c], u[j][c]);
                     if (wd == 1) p01[j][c] = pair;
-                    else acc[j][c] = __fmaf_rn(d[c >> 1], __fadd_rn(p01[j][c], pair), acc[j][c]);
+                    else acc[j][c] = __fmaf_rn(hdr[c >> 1].d, __fadd_rn(p01[j][c], pair), acc[j][c]);
                 }
             }
     }
