@@ -15,7 +15,8 @@
 # projection launches, to bisect a difference); TIME_PDL=1 times the new library with OPENJET_PDL=0 and =1 (the default on sm_90+). Output: the comparison and the timings in
 # the tail, $OUT/same-bits.json. PREFILL=N: also a prefill of N tokens of the 4-layer model with each library
 # (wall time, then the per-phase profile; step_kernels.py --prefill). BENCH_GDN=1: native/bench/bench_gdn.py with
-# each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention).
+# each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention). TIME_MODES: environment
+# settings under which the new library's steps are timed too (each round).
 set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
@@ -54,6 +55,10 @@ for round in 1 2; do
     OPENJET_PDL=$([ $lib = pdl ] && echo 1 || echo 0) OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
       2>/dev/null |
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
+  done
+  for mode in ${TIME_MODES:-}; do  # e.g. TIME_MODES="OPENJET_PACK_CLUSTER=1": the new library (PDL on) under it
+    env "$mode" OPENJET_LIBRARY=$NEW python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
+      2>/dev/null | sed "s/^{/{\"lib\": \"new $mode\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
 done
 for lib in ${PREFILL:+base new}; do

@@ -3,7 +3,8 @@ they compute: the engine's outputs with it must equal those without it bit for b
 process (the switch is read once per process): a prefill of 300 tokens in chunks of 128, then decode steps
 of T = 1..8, then a verify step of 5 with accept 3, one more decode step and 3 MTP drafts (which read the
 cache rows every step fills), on the `small` synthetic model with f16 and q8_0 KV. A missing pdl_wait() in a
-kernel shows up here as a race: differing logits.
+kernel shows up here as a race: differing logits. The same harness checks the cluster packs (OPENJET_PACK_CLUSTER=1,
+native/src/elementwise.cu: a row's add-norm or swiglu pack split over a cluster of blocks on sm_90+).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from gpu_report import report
 from openjet_launcher.model.synth import synthesize
 
 pytestmark = pytest.mark.gpu
@@ -45,8 +47,8 @@ def small_model(tmp_path_factory):
     return path
 
 
-def run_engine(model, kv: str, pdl: bool, out) -> np.ndarray:
-    env = dict(os.environ, OPENJET_PDL="1" if pdl else "0")
+def run_engine(model, kv: str, pdl: bool, out, **env_more: str) -> np.ndarray:
+    env = dict(os.environ, OPENJET_PDL="1" if pdl else "0", **env_more)
     proc = subprocess.run([sys.executable, "-c", RUN, str(model), kv, str(out)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -60,3 +62,16 @@ def test_pdl_keeps_every_bit(small_model, tmp_path, kv):
     assert plain.shape == pdl.shape and np.isfinite(plain).all()
     differ = int((plain.view(np.uint32) != pdl.view(np.uint32)).sum())
     assert differ == 0, f"{differ} of {plain.size} logits differ with OPENJET_PDL=1"
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
+    """The small model's widths (1,024 and 3,072) are whole parts of 8 x 32 elements: every add-norm and swiglu
+    pack of the run takes the cluster kernels where the GPU has clusters (sm_90+), else the same kernels as the
+    plain run (then this passes trivially; the device runs are on an H200, sm_90)."""
+    plain = run_engine(small_model, kv, True, tmp_path / "plain.npy")
+    clustered = run_engine(small_model, kv, True, tmp_path / "cluster.npy", OPENJET_PACK_CLUSTER="1")
+    assert plain.shape == clustered.shape and np.isfinite(plain).all()
+    differ = int((plain.view(np.uint32) != clustered.view(np.uint32)).sum())
+    report(test="cluster_packs_same_bits", kv=kv, logits=int(plain.size), differ=differ)
+    assert differ == 0, f"{differ} of {plain.size} logits differ with OPENJET_PACK_CLUSTER=1"

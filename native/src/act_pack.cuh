@@ -75,6 +75,13 @@ __device__ __forceinline__ void pack_block(float v, float s, int b, __half* h, _
     }
 }
 
+// The pack's power-of-two row scale s = 2^shift for the row's max |x|: amax * s in [2^14, 2^15).
+__device__ __forceinline__ int act_pack_shift(float amax) {
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    return amax > 0.0f ? min(100, max(-100, 15 - e)) : 0;
+}
+
 // Packs row `row` of the pack from value(i), i in [0, k) (pure: a long row calls it twice per element), by
 // the whole block of kPackThreads threads; copy (optional): value(i) also written there as float. Sums and
 // maxima run in a fixed order: the bits depend on the row alone, cached or not.
@@ -114,9 +121,7 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, part[w]);
     __syncthreads();  // part may be reused by the caller
-    int e = 0;
-    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    const int sh = amax > 0.0f ? min(100, max(-100, 15 - e)) : 0;
+    const int sh = act_pack_shift(amax);
     const float s = ldexpf(1.0f, sh);
     __half* h = p.h + static_cast<long long>(row) * k;
     __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;

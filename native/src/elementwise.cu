@@ -1,4 +1,11 @@
-// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): one block of kPackThreads per row.
+// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): one block of kPackThreads per row, or (opt-in,
+// OPENJET_PACK_CLUSTER=1, sm_90+) a cluster of kPackCluster blocks per row.
+#include <cooperative_groups.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "device_attr.cuh"
 #include "elementwise.cuh"
 #include "pdl.cuh"
 
@@ -56,11 +63,155 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
     pack_act_row([&](int i) { return swiglu1(g[i], u[i]); }, k, p, row);
 }
 
+// ------------------------------------------------------------------------------------------ cluster packs
+// A decode step's rows are one block each above: on one SM, a 17,408-element swiglu row takes ~19 us (ncu,
+// cold) and an add-norm row ~8, ~190 launches per step. Here a row is split over a cluster of kPackCluster
+// blocks (sm_90+: thread-block clusters): block r takes 32-blocks [r nb / C, (r + 1) nb / C) of the row's nb,
+// each warp its 32-blocks warp, warp + 8, ... (lane = element, as pack_block wants), values in registers.
+// The row's max |value| (order-free, so exact) meets in distributed shared memory, and the add-norm's sum of
+// squares reads the whole row there in row_rms_scale's order: every block computes the bits the one-block
+// kernel computes. NOT yet measured (2026-12-02): opt-in.
+constexpr int kPackCluster = 8;                // blocks per row
+constexpr int kPackClusterThreads = 256;       // row_rms_scale's kRowThreads: its order needs exactly these
+constexpr int kPackClusterCached = 12;         // 32-blocks per warp kept in registers: rows up to 24,576
+static_assert(kPackClusterThreads == kRowThreads, "the add-norm cluster pack sums squares as row_rms_scale");
+constexpr int kPackClusterWarps = kPackClusterThreads / 32;
+constexpr int kPackClusterMaxK = kPackCluster * kPackClusterWarps * kPackClusterCached * kActBlock;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPENJET_PACK_CLUSTER_ARCH 1  // the device code of the cluster packs (empty kernels below sm_90: not launched)
+
+// The row's max |v| over the cluster: this thread's m, reduced in the block, exchanged through each block's
+// block_max (the caller's __shared__ float), then the max over the blocks; ends with a cluster barrier after
+// which every block_max may be rewritten.
+__device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
+    namespace cg = cooperative_groups;
+    __shared__ float part[kPackClusterWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) part[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float bm = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kPackClusterWarps; ++w) bm = fmaxf(bm, part[w]);
+        *block_max = bm;
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's block_max is written
+    float amax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kPackCluster; ++r) amax = fmaxf(amax, *cluster.map_shared_rank(block_max, r));
+    cluster.sync();  // every block has read them
+    return amax;
+}
+
+// The pack of this block's 32-blocks b0 + warp + 8 j (values v[j]) at scale 2^sh, and the row's inv (rank 0).
+__device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackClusterCached], int b0, int b1, int sh,
+                                                   int k, const ActPack& p, int row, int rank) {
+    const int warp = threadIdx.x >> 5;
+    const float s = ldexpf(1.0f, sh);
+    __half* h = p.h + static_cast<long long>(row) * k;
+    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j;
+        if (b < b1) pack_block(v[j], s, b, h, sum);
+    }
+    if (rank == 0 && threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+}
+#endif
+
+__global__ void __launch_bounds__(kPackClusterThreads)
+swiglu_pack_cluster_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
+#ifdef OPENJET_PACK_CLUSTER_ARCH
+    __shared__ float block_max;
+    pdl_start();  // pdl.cuh
+    const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank()), row = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
+    const int b0 = nb * rank / kPackCluster, b1 = nb * (rank + 1) / kPackCluster;
+    const float* g = gate + static_cast<long long>(row) * k;
+    const float* u = up + static_cast<long long>(row) * k;
+    float v[kPackClusterCached], m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        v[j] = b < b1 ? swiglu1(g[i], u[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
+    const int sh = act_pack_shift(cluster_row_max(m, &block_max));
+    cluster_pack_slice(v, b0, b1, sh, k, p, row, rank);
+#endif
+}
+
+// h += delta (this block's part), a = rms(h) * w, packed; nb % kPackCluster == 0 (equal parts: the owner of
+// element i is i / part_elems).
+__global__ void __launch_bounds__(kPackClusterThreads)
+add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w,
+                             int k, float eps, float* __restrict__ a_out, ActPack p) {
+#ifdef OPENJET_PACK_CLUSTER_ARCH
+    namespace cg = cooperative_groups;
+    extern __shared__ float hs[];  // this block's part of the row after the add
+    __shared__ float block_max;
+    pdl_start();  // pdl.cuh
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
+    const int part_blocks = nb / kPackCluster, part_elems = part_blocks * kActBlock;
+    const int b0 = part_blocks * rank, b1 = b0 + part_blocks;
+    float* hr = h + static_cast<long long>(row) * k;
+    const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
+    float x[kPackClusterCached];
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        x[j] = 0.0f;
+        if (b < b1) {
+            x[j] = dr ? __fadd_rn(hr[i], dr[i]) : hr[i];
+            if (dr) hr[i] = x[j];
+            hs[i - b0 * kActBlock] = x[j];
+        }
+    }
+    cluster.sync();  // every part of the row is in its block's shared memory
+    const float scale = row_rms_scale_of(
+        [&](int i) { return *cluster.map_shared_rank(hs + i % part_elems, i / part_elems); }, k, eps);
+    float* copy = a_out ? a_out + static_cast<long long>(row) * k : nullptr;
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), w[i]) : 0.0f;
+        m = fmaxf(m, fabsf(x[j]));
+        if (copy && b < b1) copy[i] = x[j];
+    }
+    const int sh = act_pack_shift(cluster_row_max(m, &block_max));  // its barriers also keep hs alive for the
+    cluster_pack_slice(x, b0, b1, sh, k, p, row, rank);              // other blocks' reads above
+#endif
+}
+
+// Whether the cluster packs take a row of k: asked (OPENJET_PACK_CLUSTER=1, read once), sm_90+, and k in equal
+// parts of whole 32-blocks that the registers hold.
+bool pack_cluster_takes(int k) {
+    static const bool asked = [] {
+        const char* v = std::getenv("OPENJET_PACK_CLUSTER");
+        return v && std::strcmp(v, "1") == 0;
+    }();
+    int major = 0;
+    return asked && k % (kActBlock * kPackCluster) == 0 && k <= kPackClusterMaxK &&
+           device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9;
+}
+
 }  // namespace
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (pack_cluster_takes(k))
+        return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
+                                     sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
+                                     a_out, p);
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,
                              k, eps, a_out, p);
@@ -70,6 +221,9 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
                                cudaStream_t stream) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (pack_cluster_takes(k))
+        return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
+                                     stream, kPackCluster, gate, up, k, p);
     return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p);
 }
 

@@ -39,22 +39,48 @@ __device__ __forceinline__ void pdl_start() {
 // Whether launches on the current device ask for programmatic serialization (sm_90+, unless OPENJET_PDL=0).
 bool pdl_enabled();
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where pdl_enabled(); the kernel must
-// follow the rule above. Returns the launch's error.
+// kernel<<<grid, block, smem, stream>>>(args...) with the first n of attrs.
 template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          Args&&... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_kernel_with(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               cudaLaunchAttribute* attrs, unsigned n, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+inline cudaLaunchAttribute pdl_attribute() {
+    cudaLaunchAttribute a{};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+    return a;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where pdl_enabled(); the kernel must
+// follow the rule above. Returns the launch's error.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+    cudaLaunchAttribute attr[1] = {pdl_attribute()};
+    return launch_kernel_with(kernel, grid, block, smem, stream, attr, pdl_enabled() ? 1 : 0,
+                              std::forward<Args>(args)...);
+}
+
+// The same in thread-block clusters of cluster_x blocks along x (sm_90+; the kernel may use cluster APIs).
+template <class... Params, class... Args>
+cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  unsigned cluster_x, Args&&... args) {
+    cudaLaunchAttribute attr[2] = {{}, pdl_attribute()};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    return launch_kernel_with(kernel, grid, block, smem, stream, attr, pdl_enabled() ? 2 : 1,
+                              std::forward<Args>(args)...);
 }
 
 }  // namespace openjet
