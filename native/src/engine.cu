@@ -455,7 +455,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.x.sum, sizeof(__half) * R * (kmax / kActBlock) * 2},
         {(void**)&e.x.inv, sizeof(float) * R},
         {(void**)&e.big1, sizeof(float) * R * big1},
-        {(void**)&e.big2, sizeof(float) * R * big2},  // (big2_floats, set below)
+        {(void**)&e.big2, sizeof(float) * R * big2},  // e.big2_floats
         {(void**)&e.big3, sizeof(float) * R * e.kv_dim()},
         {(void**)&e.sb, sizeof(float) * R * c.ssm_n_v_heads},
         {(void**)&e.sa, sizeof(float) * R * c.ssm_n_v_heads},
@@ -597,6 +597,9 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
 constexpr int kSubRows = OPENJET_ENGINE_MAX_T;
 static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX <= kActMaxRows && OPENJET_ENGINE_MAX_T == kActRows,
               "the activation pack holds a prefill chunk; a decode step is one GEMV group");
+static_assert(OPENJET_ENGINE_PREFILL_ROWS_MAX <= kGdnMaxRows && OPENJET_ENGINE_MAX_T <= kGdnMaxT &&
+                  OPENJET_ENGINE_MAX_T <= kAttnMaxT && kSubRows <= kAttnMaxCallT,
+              "one GDN step takes a chunk, one attention call a step");
 
 // The GDN step's arguments that depend only on the layer (weights, its committed state).
 GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
@@ -795,8 +798,8 @@ int trunk(openjet_engine& e, int t) {
     return OPENJET_OK;
 }
 
-// What follows a trunk step of t rows: the MTP head's cache rows (in steps of <= 8, as decode fills them),
-// then the sequence advances.
+// What follows a trunk step of t rows: the MTP head's cache rows (mtp_fill: their attention in the sub-steps
+// decode's 8-row steps would take), then the sequence advances.
 int commit_rows(openjet_engine& e, int t) {
     if (e.has_mtp) TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // after the caller's copies: it reuses e.x and e.mix
     e.n_past += t;

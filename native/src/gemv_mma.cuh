@@ -172,10 +172,9 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
 // rows g and g + 8 of the unit in shared memory.
 template <int QT, int NG, bool kSmemB = false> struct UnitMma;
 
-// Q4_K / Q5_K pieces of the unit loops: k4_a_regs serves both; K4Header and k4_scale_pair the wide one only
-// (unit_mma_k4 spells the same steps out: written with them, its decode kernels' SASS grew by 8-32
-// instructions). A row's header: d, dmin and the 12 scale bytes, unpacked in registers (ggml
-// get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each.
+// Q4_K / Q5_K pieces of both unit loops (unit_mma_k4, unit_mma_k4_wide). A row's header: d, dmin and the 12
+// scale bytes, unpacked in registers (ggml get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7,
+// one byte each. (Index sc / mn with constants: a lane-dependent index put the array in local memory.)
 struct K4Header {
     float d, dm32;        // dm32 = dmin * 32: the pack's sums are stored / 32
     uint32_t sc[2], mn[2];
@@ -231,27 +230,13 @@ template <int QT, int NG, bool kSmemB>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                             float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    // Header of each row: d, dmin and the 12 scale bytes, unpacked in registers (ggml get_scale_min_k4) to
-    // the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each.
-    float d[2], dm32[2];
-    uint32_t sc[2][2], mn[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
-        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
-        d[i] = dd.x;
-        dm32[i] = __fmul_rn(dd.y, 32.0f);  // the sums are stored / 32
-        sc[i][0] = hd.y & 0x3F3F3F3Fu;
-        mn[i][0] = hd.z & 0x3F3F3F3Fu;
-        sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
-        mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
-    }
+    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[1])};
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
     float mins[NG][4] = {};
     {
         uint32_t a[4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? mn[i][1] : mn[i][0], 2 * (tq & 1));
+        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
@@ -273,15 +258,11 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
-            // A = q * sc of sub-block 2 jj + nb (= byte 2 (tq / 2) + nb of word hv), exactly, by one fma on the
-            // code as an fp16 with the magic exponent: nb = 0 takes the low nibble, (1024 + q) * sc - 1024 sc;
-            // nb = 1 the high nibble where it lies, (1024 + 16 q) * (sc / 16) - 64 sc (no shift; sc / 16 is exact).
-            uint32_t sc2[2], nsc2[2];
+            uint32_t sc2[2], nsc2[2];  // k4_scale_pair: A = q * sc of sub-block 2 jj + nb, exactly
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                sc2[i] = h2_of_byte(sc[i][hv], 2 * (tq >> 1) + nb);
-                if (nb) sc2[i] = hfma2_u(sc2[i], 0x2C002C00u, 0u);  // * 1/16
-                nsc2[i] = hfma2_u(sc2[i], 0xE400E400u, 0u);          // * -1024
+                if (nb) k4_scale_pair<1>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
+                else k4_scale_pair<0>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
             }
             // The B pairs of the four mma: elements 128 hv + 32 nb + 16 (tq & 1) + 64 (tq / 2) + 4 wd, wd = 0..3,
             // are 16 consecutive halves: two 16-byte loads (one group; several groups load each pair where it
@@ -321,7 +302,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const float uc = __fadd_rn(__fadd_rn(u[j][0][c], u[j][1][c]), __fadd_rn(u[j][2][c], u[j][3][c]));
-            acc[j][c] = __fmaf_rn(d[c >> 1], uc, __fmaf_rn(-dm32[c >> 1], mins[j][c], acc[j][c]));
+            acc[j][c] = __fmaf_rn(hdr[c >> 1].d, uc, __fmaf_rn(-hdr[c >> 1].dm32, mins[j][c], acc[j][c]));
         }
     }
 }
