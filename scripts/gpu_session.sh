@@ -6,7 +6,7 @@
 #   bash scripts/fetch_device_wheels.sh      # here first
 #   run(carry=[".whl", ".whl-sdk"], command="bash scripts/gpu_session.sh", timeout_s=600)
 # Each part has its own limit, together under 560 s: build 60, GEMV tests 110, engine tests 200 (131 used on
-# 2026-12-01), prefill bench 120 (grouped, shared and wide kernels), server tests 70 (the decode GEMV mix is
+# 2026-12-01), prefill bench 120 (grouped and shared kernels), server tests 70 (the decode GEMV mix is
 # gpu_tests.sh's, not run here).
 set -o pipefail
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"

@@ -172,9 +172,9 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
 // rows g and g + 8 of the unit in shared memory.
 template <int QT, int NG, bool kSmemB = false> struct UnitMma;
 
-// Q4_K / Q5_K pieces of both unit loops (unit_mma_k4, unit_mma_k4_wide). A row's header: d, dmin and the 12
-// scale bytes, unpacked in registers (ggml get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7,
-// one byte each. (Index sc / mn with constants: a lane-dependent index put the array in local memory.)
+// Q4_K / Q5_K pieces of unit_mma_k4. A row's header: d, dmin and the 12 scale bytes, unpacked in registers
+// (ggml get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each. (Index sc / mn
+// with constants: a lane-dependent index put the array in local memory.)
 struct K4Header {
     float d, dm32;        // dm32 = dmin * 32: the pack's sums are stored / 32
     uint32_t sc[2], mn[2];
@@ -460,92 +460,6 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
     }
 };
 
-// unit_mma_k4's arithmetic for the wide prefill kernel (kPrefillWideGroups groups, B in shared memory) with
-// fewer live registers: the same mma into each u[wd] in the same (hv, nb) order and the same sums, but wd is the
-// outer loop, so (u0 + u1) is formed before u2 starts and three chains per group are live instead of four; the
-// min term's inner fma is done right after its mma (its operands are final there). The B stage is b, group j's
-// token row at b + bcol[j], its sums at b + bsum[j] (offsets, not pointers: 16 registers fewer). Each group's
-// bits are those unit_mma_k4 gives it.
-template <int QT, int NG>
-__device__ __forceinline__ void unit_mma_k4_wide(const uint8_t* const r[2], const __half* b, const int (&bcol)[NG],
-                                                 const int (&bsum)[NG], int tq, float (&acc)[NG][4]) {
-    constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[1])};
-    {
-        uint32_t a[4];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
-#pragma unroll
-        for (int j = 0; j < NG; ++j) {
-            uint32_t bb[2];
-            load_b<true>(b + bsum[j], 4 * tq, bb);
-            float mins[4] = {};
-            mma_16816(mins, a, bb);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(-hdr[c >> 1].dm32, mins[c], acc[j][c]);
-        }
-    }
-    // The scales of the four (hv, nb) sub-blocks this lane's rows meet (k4_scale_pair).
-    uint32_t sc2[2][2][2], nsc2[2][2][2];  // [hv][nb][row]
-#pragma unroll
-    for (int hv = 0; hv < 2; ++hv)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            k4_scale_pair<0>(hdr[i].sc[hv], tq, sc2[hv][0][i], nsc2[hv][0][i]);
-            k4_scale_pair<1>(hdr[i].sc[hv], tq, sc2[hv][1][i], nsc2[hv][1][i]);
-        }
-    // One word wd of the lane's codes through its four (hv, nb) mma per group, into u (zero on entry).
-    const auto wd_pass = [&](int wd, float (&u)[NG][4]) {
-#pragma unroll
-        for (int hv = 0; hv < 2; ++hv) {
-            const int jj = (tq >> 1) + 2 * hv;
-            uint32_t wq[2], wh[2];  // this lane's code word wd of rows g, g + 8 (and Q5_K's fifth bits)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                wq[i] = *reinterpret_cast<const uint32_t*>(r[i] + kQs + 16 * (tq + 4 * hv) + 4 * wd);
-                if constexpr (QT == kQ5_K) wh[i] = *reinterpret_cast<const uint32_t*>(r[i] + 16 + 16 * (tq & 1) + 4 * wd);
-            }
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                uint32_t a[4];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const uint32_t hb = QT == kQ5_K ? wh[i] >> (2 * jj + nb) : 0u;
-                    if (nb) k4_a_regs<QT, 1>(wq[i], hb, sc2[hv][1][i], nsc2[hv][1][i], a[i], a[2 + i]);
-                    else k4_a_regs<QT, 0>(wq[i], hb, sc2[hv][0][i], nsc2[hv][0][i], a[i], a[2 + i]);
-                }
-                const int e = 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb + 4 * wd;
-#pragma unroll
-                for (int j = 0; j < NG; ++j) {
-                    uint32_t bb[2];
-                    load_b<true>(b + bcol[j], e, bb);
-                    mma_16816(u[j], a, bb);
-                }
-            }
-        }
-    };
-    // uc = (u0 + u1) + (u2 + u3): an even word's chain waits in `keep` for its odd partner, the first pair's sum in
-    // p01 for the second's (a loop, not unrolled: unrolled, ptxas spilled at 255 registers).
-    float keep[NG][4], p01[NG][4];
-#pragma unroll 1
-    for (int wd = 0; wd < 4; ++wd) {
-        float u[NG][4] = {};
-        wd_pass(wd, u);
-#pragma unroll
-        for (int j = 0; j < NG; ++j)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                if ((wd & 1) == 0) {
-                    keep[j][c] = u[j][c];
-                } else {
-                    const float pair = __fadd_rn(keep[j][c], u[j][c]);
-                    if (wd == 1) p01[j][c] = pair;
-                    else acc[j][c] = __fmaf_rn(hdr[c >> 1].d, __fadd_rn(p01[j][c], pair), acc[j][c]);
-                }
-            }
-    }
-}
-
 // ------------------------------------------------------------------------------------------ one warp
 
 // A warp's cp.async plan for its 16-row tile, worked out once: the lane copies words i = lane + 32 j of each
@@ -714,10 +628,9 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
 // summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
 // one quarter each.
-// Two shapes (PrefillGemm): kPrefillGroups groups (32 token rows) x 3 stages, and "wide", kPrefillWideGroups
-// (64 rows: each weight decode meets twice the tokens) x 2 stages, its Q4_K/Q5_K unit in unit_mma_k4_wide.
+// Its shape (template arguments NG, STAGES): kPrefillGroups groups (32 token rows) x kPrefillStages stages.
 constexpr int kPrefillWarps = 4;
-constexpr int kPrefillWideGroups = 8;
+constexpr int kPrefillStages = 3;
 constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
 constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
 
@@ -819,16 +732,12 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
             const uint8_t* r[2];
             tile_unit_rows<QT>(wsm + (u % STAGES) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
             const __half* b = bsm + (u % STAGES) * P::kStageHalves;
-            if constexpr (NG == kPrefillWideGroups) {  // Q4_K, Q5_K (launch_prefill_mma)
-                unit_mma_k4_wide<QT, NG>(r, b, bcol, bsum, tq, acc);
-            } else {
 #pragma unroll
-                for (int j = 0; j < NG; ++j) {
-                    ux[j].col = b + bcol[j];
-                    ux[j].sum = b + bsum[j];
-                }
-                UnitMma<QT, NG, true>::run(r, ux, tq, acc);
+            for (int j = 0; j < NG; ++j) {
+                ux[j].col = b + bcol[j];
+                ux[j].sum = b + bsum[j];
             }
+            UnitMma<QT, NG, true>::run(r, ux, tq, acc);
             issue(u + STAGES - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
         }
 #pragma unroll
@@ -850,62 +759,46 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 }
 
 // The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and benchmarks
-// run both; they give the same bits), =wide the shared kernel of kPrefillWideGroups groups where two of its
-// blocks fit an SM (not yet measured: opt-in; the same bits too), else the shared-activation kernel where its
-// grid fills the GPU at least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only,
-// 2026-12-01): it wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's
-// time) and loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row
-// tiles leave SMs idle or in a tail wave.
-enum class PrefillGemm { kAuto, kShared, kGrouped, kWide };
+// run both; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
+// least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
+// wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
+// loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
+// leave SMs idle or in a tail wave. (An 8-group, 2-stage shape, OPENJET_PREFILL_GEMM=wide, was slower on the
+// H200 and removed: NOTES_gemv.md.)
+enum class PrefillGemm { kAuto, kShared, kGrouped };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
-    if (choice && std::strcmp(choice, "wide") == 0) return PrefillGemm::kWide;
     return PrefillGemm::kAuto;
 }
 
-// The shared-activation kernel of NG groups x STAGES; *launched stays false where min_blocks of it do not fit
-// an SM's shared memory (static total[] included) or, unless forced, its grid is too small.
-template <int QT, int NG, int STAGES>
-cudaError_t launch_prefill_shape(const GemvArgs& a, cudaStream_t stream, bool force, int min_blocks, bool* launched) {
-    using P = PrefillShape<QT, NG, STAGES>;
+// The shared-activation kernel; *launched stays false where it does not fit a block's shared memory (static
+// total[] included) or, unless forced, its grid is too small.
+template <int QT>
+cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
+    using P = PrefillShape<QT, kPrefillGroups, kPrefillStages>;
     *launched = false;
-    int optin = 0, per_sm = 0, sms = 0;
+    int optin = 0, sms = 0;
     cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
-    if (e == cudaSuccess) e = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, &per_sm);
     if (e == cudaSuccess) e = device_attribute(cudaDevAttrMultiProcessorCount, &sms);
     if (e != cudaSuccess) return e;
-    constexpr int kBlockBytes = P::kSmemBytes + P::kStaticBytes;
-    if (kBlockBytes > optin || min_blocks * kBlockBytes > per_sm) return cudaSuccess;  // the caller takes another
+    if (P::kSmemBytes + P::kStaticBytes > optin) return cudaSuccess;  // the caller takes the grouped kernel
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     if (static_cast<long long>(a.t) * a.k > 0x7fffffffLL) return cudaSuccess;  // ActCopy's int offsets: grouped
-    const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + NG - 1) / NG;
+    const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
-    auto kernel = prefill_mma_kernel<QT, NG, STAGES>;
+    auto kernel = prefill_mma_kernel<QT, kPrefillGroups, kPrefillStages>;
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     *launched = true;
     return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, P::kSmemBytes,
                          stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
-}
-
-// The shared-activation kernel as `choice` asks (wide: its shape where two blocks fit an SM, else the usual;
-// Q4_K and Q5_K only: Q6_K's and Q8_0's larger weight stages never leave room for two).
-template <int QT>
-cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, PrefillGemm choice, bool* launched) {
-    if constexpr (QT == kQ4_K || QT == kQ5_K) {
-        if (choice == PrefillGemm::kWide) {
-            const cudaError_t e = launch_prefill_shape<QT, kPrefillWideGroups, 2>(a, stream, true, 2, launched);
-            if (e != cudaSuccess || *launched) return e;
-        }
-    }
-    return launch_prefill_shape<QT, kPrefillGroups, 3>(a, stream, choice != PrefillGemm::kAuto, 1, launched);
 }
 
 // a's GEMV, and b's in the same launch when given (same type, k, t and activations).
@@ -944,7 +837,7 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     const PrefillGemm choice = prefill_gemm_choice();
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
-        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice, &launched);
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
         if (e != cudaSuccess || launched) return e;
     }
     return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
