@@ -16,7 +16,7 @@
 # the tail, $OUT/same-bits.json. PREFILL=N: also a prefill of N tokens of the 4-layer model with each library
 # (wall time, then the per-phase profile; step_kernels.py --prefill). BENCH_GDN=1: native/bench/bench_gdn.py with
 # each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention). TIME_MODES: environment
-# settings under which the new library's steps are timed too (each round).
+# settings under which the new library's steps are timed too (each round). STEP_CTX: tokens prefilled before the timed steps (default 0).
 set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
@@ -53,12 +53,12 @@ for round in 1 2; do
   for lib in base new ${TIME_PDL:+pdl}; do  # TIME_PDL=1: also the new library with OPENJET_PDL=1
     L=$BASE; [ $lib != base ] && L=$NEW
     OPENJET_PDL=$([ $lib = pdl ] && echo 1 || echo 0) OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
-      2>/dev/null |
+      --ctx "${STEP_CTX:-0}" 2>/dev/null |
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
   for mode in ${TIME_MODES:-}; do  # e.g. TIME_MODES="OPENJET_PACK_CLUSTER=1": the new library (PDL on) under it
     env "$mode" OPENJET_LIBRARY=$NEW python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
-      2>/dev/null | sed "s/^{/{\"lib\": \"new $mode\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
+      --ctx "${STEP_CTX:-0}" 2>/dev/null | sed "s/^{/{\"lib\": \"new $mode\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
 done
 for lib in ${PREFILL:+base new}; do

@@ -65,7 +65,7 @@ cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cu
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
     // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
-    // rows with an F16 cache: 86 KB; 48 with Q8_0).
+    // rows with an F16 cache: 94 KB; 32 with Q8_0: 88 KB).
     const int rows = std::min(a.n_head / a.n_kv * a.t, attn_rows_per_block_max(Fmt::kSmemStride));
     if (rows <= 8) e = launch_chunks<Fmt, 8>(a, chunk_keys, n_chunks, stream);
     else if (rows <= 16) e = launch_chunks<Fmt, 16>(a, chunk_keys, n_chunks, stream);

@@ -7,7 +7,10 @@
 //      are appended to the cache at n_past + t, as F16 or as ggml Q8_0 blocks (Fmt, a template parameter).
 //   2. attn_chunk: one block per (context chunk, kv head) serves all n_head/n_kv q heads x T rows of that kv
 //      head (<= 64 rows), so K and V are read from memory once. Tiles of 32 keys go through a 2-stage
-//      cp.async pipeline; per row an online softmax in fp32 (exp2 domain) gives (max, sum, o[256]).
+//      cp.async pipeline. Scores and P V run on tensor cores (mma m16n8k16, fp32 accumulation): the cache's
+//      codes enter exactly (F16 values, or Q8_0 int8 codes with the block scale applied in fp32), q and the
+//      probabilities as hi + lo fp16 pairs (~22 bits), so the result stays within ~1e-6 of fp32 arithmetic;
+//      per row an online softmax in fp32 (exp2 domain) gives (max, sum, o[256]).
 //   3. attn_combine_row: per (t, q head) the chunks' partials are merged in chunk order, divided by the sum
 //      and multiplied by sigmoid(gate).
 // T-invariance: the chunk size depends on n_past, n_kv and the SM count (attn_chunk_keys), never on T; tile
@@ -22,6 +25,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "mma_f16.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 
@@ -46,18 +50,32 @@ struct KvF16 {
     static __device__ __forceinline__ void store(char* row, int d, float y) {
         reinterpret_cast<__half*>(row)[d] = __float2half_rn(y);
     }
-    static __device__ __forceinline__ void load8(const char* s, int d0, float out[8]) {
-        const uint4 u = *reinterpret_cast<const uint4*>(s + 2 * d0);
-        const __half2* h = reinterpret_cast<const __half2*>(&u);
+    // Score A fragments of keys key0 + (g, g + 8) over dims d0 .. d0 + 63 (4 k-steps): the values themselves.
+    static __device__ __forceinline__ void key_frags(const char* k_s, int key0, int d0, int g, int tq,
+                                                     uint32_t ka[4][4], float (&)[2][2]) {
+        const char* r0 = k_s + (key0 + g) * kSmemStride + 2 * (d0 + 2 * tq);
+        const char* r1 = r0 + 8 * kSmemStride;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __half22float2(h[i]);
-            out[2 * i] = f.x;
-            out[2 * i + 1] = f.y;
+        for (int ks = 0; ks < 4; ++ks) {
+            ka[ks][0] = *reinterpret_cast<const uint32_t*>(r0 + 32 * ks);
+            ka[ks][1] = *reinterpret_cast<const uint32_t*>(r1 + 32 * ks);
+            ka[ks][2] = *reinterpret_cast<const uint32_t*>(r0 + 32 * ks + 16);
+            ka[ks][3] = *reinterpret_cast<const uint32_t*>(r1 + 32 * ks + 16);
         }
     }
-    static __device__ __forceinline__ float load1(const char* s, int d) {
-        return __half2float(reinterpret_cast<const __half*>(s)[d]);
+    // P V B fragments of dims 32 blk + 8 nt + g (n-tile nt) over the tile's keys (2 k-steps of 16).
+    static __device__ __forceinline__ void value_frags(const char* v_s, int blk, int g, int tq, uint32_t vb[2][4][2],
+                                                       float (&)[2][4]) {
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const char* p = v_s + (16 * ks + 8 * hf + 2 * tq) * kSmemStride + 2 * (32 * blk + 8 * nt + g);
+                    vb[ks][nt][hf] = __byte_perm(*reinterpret_cast<const uint16_t*>(p),
+                                                 *reinterpret_cast<const uint16_t*>(p + kSmemStride), 0x5410);
+                }
     }
 };
 
@@ -77,21 +95,45 @@ struct KvQ8_0 {
         blk[2 + (d & 31)] = static_cast<char>(static_cast<int>(roundf(y * id)));
         if ((d & 31) == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(dq);
     }
-    static __device__ __forceinline__ void load8(const char* s, int d0, float out[8]) {
-        const char* blk = s + 34 * (d0 >> 5);
-        const float sc = __half2float(*reinterpret_cast<const __half*>(blk));
-        const short* qs = reinterpret_cast<const short*>(blk + 2 + (d0 & 31));
+    // Score A fragments of keys key0 + (g, g + 8) over dims d0 .. d0 + 63 (blocks d0 / 32 and d0 / 32 + 1): the
+    // int8 codes, exact in fp16; kd[b][i]: the scale of block b for key g (i = 0) and g + 8 (i = 1).
+    static __device__ __forceinline__ void key_frags(const char* k_s, int key0, int d0, int g, int tq,
+                                                     uint32_t ka[4][4], float (&kd)[2][2]) {
+        const char* r0 = k_s + (key0 + g) * kSmemStride + 34 * (d0 >> 5);
+        const char* r1 = r0 + 8 * kSmemStride;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = qs[i];
-            out[2 * i] = static_cast<float>(static_cast<int8_t>(v & 0xff)) * sc;  // int8 * fp16: exact in fp32
-            out[2 * i + 1] = static_cast<float>(static_cast<int8_t>(v >> 8)) * sc;
+        for (int ks = 0; ks < 4; ++ks) {
+            const int o = 34 * (ks >> 1) + 2 + 16 * (ks & 1) + 2 * tq;
+            ka[ks][0] = h2_of_s8x2(*reinterpret_cast<const uint16_t*>(r0 + o));
+            ka[ks][1] = h2_of_s8x2(*reinterpret_cast<const uint16_t*>(r1 + o));
+            ka[ks][2] = h2_of_s8x2(*reinterpret_cast<const uint16_t*>(r0 + o + 8));
+            ka[ks][3] = h2_of_s8x2(*reinterpret_cast<const uint16_t*>(r1 + o + 8));
+        }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            kd[b][0] = __half2float(*reinterpret_cast<const __half*>(r0 + 34 * b));
+            kd[b][1] = __half2float(*reinterpret_cast<const __half*>(r1 + 34 * b));
         }
     }
-    static __device__ __forceinline__ float load1(const char* s, int d) {
-        const char* blk = s + 34 * (d >> 5);
-        return static_cast<float>(static_cast<int8_t>(blk[2 + (d & 31)])) *
-               __half2float(*reinterpret_cast<const __half*>(blk));
+    // P V B fragments of dims 32 blk + 8 nt + g (n-tile nt: all in block blk) over the tile's keys (2 k-steps of
+    // 16): the int8 codes; vd[ks][j]: block blk's scale for key 16 ks + 2 tq + (0, 1, 8, 9)[j].
+    static __device__ __forceinline__ void value_frags(const char* v_s, int blk, int g, int tq, uint32_t vb[2][4][2],
+                                                       float (&vd)[2][4]) {
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const char* row = v_s + (16 * ks + 8 * hf + 2 * tq) * kSmemStride + 34 * blk;
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const uint32_t q0 = *reinterpret_cast<const uint8_t*>(row + 2 + 8 * nt + g);
+                    const uint32_t q1 = *reinterpret_cast<const uint8_t*>(row + kSmemStride + 2 + 8 * nt + g);
+                    vb[ks][nt][hf] = h2_of_s8_bytes02(__byte_perm(q0, q1, 0x5410));
+                }
+                vd[ks][2 * hf] = __half2float(*reinterpret_cast<const __half*>(row));
+                vd[ks][2 * hf + 1] = __half2float(*reinterpret_cast<const __half*>(row + kSmemStride));
+            }
+        }
     }
 };
 
@@ -137,9 +179,15 @@ __host__ __device__ inline size_t attn_decode_work_floats(int n_head, int t, int
     return static_cast<size_t>(t) * n_head * kAttnHeadDim * (1 + n_chunks) + 2ull * n_chunks * t * n_head;
 }
 
-// Shared memory of a chunk block of max_rows rows: q rows, probabilities, rescales, two stages of K and V tiles.
+// Shared memory of a chunk block of max_rows rows: two stages of K and V tiles, q as fp16 hi and lo, the
+// score partials of the 4 dim quarters (the probabilities overwrite quarter 0's), the rescales. Score and
+// probability rows are padded to whole 16-row mma tiles; q rows are 16 B apart and shifted by 4 banks.
+constexpr int kAttnQStride = kAttnHeadDim + 8;  // halves per q row
+constexpr int kAttnSStride = kAttnTile + 4;     // floats per score row: the score mma's stores hit 32 banks
+__host__ __device__ constexpr int attn_rows_padded(int max_rows) { return (max_rows + 15) / 16 * 16; }
 __host__ __device__ constexpr size_t attn_chunk_smem_bytes(int max_rows, int smem_stride) {
-    return sizeof(float) * max_rows * (kAttnHeadDim + kAttnTile + 1) + 4ull * kAttnTile * smem_stride;
+    return 4ull * kAttnTile * smem_stride + 2ull * 2 * max_rows * kAttnQStride +
+           4ull * attn_rows_padded(max_rows) * (4 * kAttnSStride + 1);
 }
 
 // ------------------------------------------------------------------------------------------ 1. prep
@@ -196,36 +244,56 @@ __device__ __forceinline__ void attn_issue_tile(const AttnDecodeArgs& a, int kv,
 
 // Chunk c of kv head kv: per row r = t * group + g (q head kv * group + g) writes (max, sum) in the exp2
 // domain and the unnormalised o[256], for rows row0 .. row0 + MAXR - 1 of the group's t * group (a block takes
-// them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit).
+// them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit: an mma's
+// output element depends only on its own row of A and column of B).
 // smem: attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride) bytes, 16-aligned.
 template <class Fmt, int MAXR>
 __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, int row0,
                                            char* smem) {
-    constexpr int kRowsPerWarp = MAXR / 8;
-    float* q_s = reinterpret_cast<float*>(smem);                 // [MAXR][256]
-    float* p_s = q_s + MAXR * kAttnHeadDim;                      // [MAXR][32] probabilities of the tile
-    float* alpha_s = p_s + MAXR * kAttnTile;                     // [MAXR] rescale of o for the tile
-    char* stages = reinterpret_cast<char*>(alpha_s + MAXR);      // [2][K, V][32][stride]
+    static_assert(MAXR % 8 == 0 && MAXR <= 64, "score n-tiles: 8 rows each, one per warp at most");
+    constexpr int kRowsPerWarp = MAXR / 8, kNTiles = MAXR / 8;  // softmax rows per warp; score row tiles
+    constexpr int kRowsPad = attn_rows_padded(MAXR), kMTiles = kRowsPad / 16;
     constexpr int kStage = 2 * kAttnTile * Fmt::kSmemStride;
+    constexpr int kQuarter = kRowsPad * kAttnSStride;  // floats of one dim quarter's score partials
+    char* stages = smem;                                                           // [2][K, V][32][stride]
+    __half* qhi_s = reinterpret_cast<__half*>(stages + 2 * kStage);                // [MAXR][kAttnQStride]
+    __half* qlo_s = qhi_s + MAXR * kAttnQStride;
+    float* part_s = reinterpret_cast<float*>(qlo_s + MAXR * kAttnQStride);         // [4][kRowsPad][kAttnSStride]
+    float* p_s = part_s;                                    // probabilities: over quarter 0, element by element
+    float* alpha_s = part_s + 4 * kQuarter;                 // [kRowsPad] rescale of o for the tile
 
     const int group = a.n_head / a.n_kv, n_rows = min(MAXR, group * a.t - row0);  // local rows r: row0 + r
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int c0 = c * chunk_keys, c1 = min(c0 + chunk_keys, a.n_past + a.t);
     const int n_tiles = (c1 - c0 + kAttnTile - 1) / kAttnTile;
 
     attn_issue_tile<Fmt>(a, kv, c0, min(kAttnTile, c1 - c0), stages);
-    for (int idx = tid; idx < n_rows * kAttnHeadDim; idx += kAttnThreads) {
+    for (int idx = tid; idx < MAXR * kAttnHeadDim; idx += kAttnThreads) {
         const int r = idx / kAttnHeadDim, d = idx - r * kAttnHeadDim;
-        const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
-        q_s[idx] = a.work[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d];
+        float x = 0.0f;
+        if (r < n_rows) {
+            const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
+            x = a.work[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d];
+        }
+        const __half hi = __float2half_rn(x);
+        qhi_s[r * kAttnQStride + d] = hi;
+        qlo_s[r * kAttnQStride + d] = __float2half_rn(x - __half2float(hi));
     }
+    for (int idx = tid; idx < kQuarter; idx += kAttnThreads) p_s[idx] = 0.0f;  // rows >= n_rows stay 0
+    for (int idx = tid; idx < kRowsPad; idx += kAttnThreads) alpha_s[idx] = 1.0f;
 
-    float m_run[kRowsPerWarp], l_run[kRowsPerWarp], o[MAXR];
+    float m_run[kRowsPerWarp], l_run[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) m_run[i] = -INFINITY, l_run[i] = 0.0f;
+    float o[kMTiles][4][4];  // C fragments: rows 16 mt + (g, g + 8), dims 32 warp + 8 nt + 2 tq + (0, 1)
 #pragma unroll
-    for (int r = 0; r < MAXR; ++r) o[r] = 0.0f;
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.0f;
     const float score_scale = rsqrtf(static_cast<float>(kAttnHeadDim)) * kLog2e;  // 1/16 * log2(e)
+    constexpr bool kScaled = Fmt::kType == kKvQ8_0;  // codes times a per-32-dim block scale
 
     for (int it = 0; it < n_tiles; ++it) {
         const int key0 = c0 + it * kAttnTile;
@@ -240,38 +308,58 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
         const char* k_s = stages + (it & 1) * kStage;
         const char* v_s = k_s + kAttnTile * Fmt::kSmemStride;
 
-        // Scores: lane = key, warp w = rows w, w + 8, ...; each dot product in dim order by one thread.
-        float acc[kRowsPerWarp];
+        // Scores: warp w takes keys 16 (w & 1) .. + 15 over dims 64 (w >> 1) .. + 63 for every row: A = the keys,
+        // B = q hi then lo per k-step (Q8_0: each 32-dim block's sum times the key's scale, in block order). The
+        // quarter's partial goes to part_s; the softmax adds the 4 quarters in order.
+        {
+            const int mt = warp & 1, dq = warp >> 1;
+            uint32_t ka[4][4];
+            float kd[2][2];
+            Fmt::key_frags(k_s, 16 * mt, 64 * dq, g, tq, ka, kd);
+            float* part = part_s + dq * kQuarter;
 #pragma unroll
-        for (int i = 0; i < kRowsPerWarp; ++i) acc[i] = 0.0f;
-        const char* k_row = k_s + lane * Fmt::kSmemStride;
-#pragma unroll 2
-        for (int d0 = 0; d0 < kAttnHeadDim; d0 += 8) {
-            float kf[8];
-            Fmt::load8(k_row, d0, kf);
+            for (int nt = 0; nt < kNTiles; ++nt) {
+                if (8 * nt >= n_rows) break;
+                const int qo = (8 * nt + g) * kAttnQStride + 64 * dq + 2 * tq;
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int i = 0; i < kRowsPerWarp; ++i) {
-                const int r = warp + 8 * i;
-                if (r < n_rows) {
-                    const float4 qa = *reinterpret_cast<const float4*>(q_s + r * kAttnHeadDim + d0);
-                    const float4 qb = *reinterpret_cast<const float4*>(q_s + r * kAttnHeadDim + d0 + 4);
-                    float s = acc[i];
-                    s = fmaf(qa.x, kf[0], s); s = fmaf(qa.y, kf[1], s); s = fmaf(qa.z, kf[2], s);
-                    s = fmaf(qa.w, kf[3], s); s = fmaf(qb.x, kf[4], s); s = fmaf(qb.y, kf[5], s);
-                    s = fmaf(qb.z, kf[6], s); s = fmaf(qb.w, kf[7], s);
-                    acc[i] = s;
+                for (int blk = 0; blk < 2; ++blk) {
+                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    float(&acc)[4] = kScaled ? u : s;
+#pragma unroll
+                    for (int ks = 2 * blk; ks < 2 * blk + 2; ++ks) {
+                        const uint32_t bh[2] = {*reinterpret_cast<const uint32_t*>(qhi_s + qo + 16 * ks),
+                                                *reinterpret_cast<const uint32_t*>(qhi_s + qo + 16 * ks + 8)};
+                        const uint32_t bl[2] = {*reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks),
+                                                *reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks + 8)};
+                        mma_16816(acc, ka[ks], bh);
+                        mma_16816(acc, ka[ks], bl);
+                    }
+                    if constexpr (kScaled) {
+                        s[0] = fmaf(u[0], kd[blk][0], s[0]);
+                        s[1] = fmaf(u[1], kd[blk][0], s[1]);
+                        s[2] = fmaf(u[2], kd[blk][1], s[2]);
+                        s[3] = fmaf(u[3], kd[blk][1], s[3]);
+                    }
                 }
+                const int r = 8 * nt + 2 * tq, key = 16 * mt + g;  // s: (key, r), (key, r + 1), (key + 8, ...)
+                if (r < n_rows) part[r * kAttnSStride + key] = s[0], part[r * kAttnSStride + key + 8] = s[2];
+                if (r + 1 < n_rows) part[(r + 1) * kAttnSStride + key] = s[1], part[(r + 1) * kAttnSStride + key + 8] = s[3];
             }
         }
-        // Online softmax per row over the tile's 32 keys (one per lane), exp2 domain.
+        __syncthreads();
+
+        // Online softmax per row over the tile's 32 keys (one per lane), exp2 domain; warp w: rows w, w + 8, ...
         const int pos = key0 + lane;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int r = warp + 8 * i;
             if (r < n_rows) {
                 const int t = (row0 + r) / group;
+                const float* pr = part_s + r * kAttnSStride + lane;
+                const float dot = ((pr[0] + pr[kQuarter]) + pr[2 * kQuarter]) + pr[3 * kQuarter];
                 const bool valid = pos < c1 && pos <= a.n_past + t;  // causal inside the step
-                const float s = valid ? acc[i] * score_scale : -INFINITY;
+                const float s = valid ? dot * score_scale : -INFINITY;
                 float mt = s;
 #pragma unroll
                 for (int m = 16; m >= 1; m >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, m));
@@ -286,34 +374,52 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
                 for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
                 l_run[i] = fmaf(l_run[i], alpha, sum);
                 m_run[i] = m_new;
-                p_s[r * kAttnTile + lane] = p;
+                p_s[r * kAttnSStride + lane] = p;
                 if (lane == 0) alpha_s[r] = alpha;
             }
         }
         __syncthreads();
 
-        // o[r][d] = o[r][d] * alpha[r] + sum_j p[r][j] v[j][d]: thread = dim d, keys in order.
-        const int d = tid;
+        // o = o * alpha + P V: warp w owns dims 32 w .. + 31 (Q8_0: block w) for every row; A = the tile's
+        // probabilities (Q8_0: times the key's scale of block w) as hi + lo fp16, B = the values' codes.
+        {
+            uint32_t vb[2][4][2];
+            float vd[2][4];
+            Fmt::value_frags(v_s, warp, g, tq, vb, vd);
 #pragma unroll
-        for (int r = 0; r < MAXR; ++r)
-            if (r < n_rows) o[r] *= alpha_s[r];
-#pragma unroll 2
-        for (int j0 = 0; j0 < kAttnTile; j0 += 4) {
-            float vv[4];
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                if (16 * mt >= n_rows) break;
+                const float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
 #pragma unroll
-            for (int jj = 0; jj < 4; ++jj) vv[jj] = Fmt::load1(v_s + (j0 + jj) * Fmt::kSmemStride, d);
+                for (int nt = 0; nt < 4; ++nt) {
+                    o[mt][nt][0] *= al0, o[mt][nt][1] *= al0;
+                    o[mt][nt][2] *= al1, o[mt][nt][3] *= al1;
+                }
 #pragma unroll
-            for (int r = 0; r < MAXR; ++r) {
-                if (r < n_rows) {
-                    const float4 p = *reinterpret_cast<const float4*>(p_s + r * kAttnTile + j0);
-                    float acc_o = o[r];
-                    acc_o = fmaf(p.x, vv[0], acc_o); acc_o = fmaf(p.y, vv[1], acc_o);
-                    acc_o = fmaf(p.z, vv[2], acc_o); acc_o = fmaf(p.w, vv[3], acc_o);
-                    o[r] = acc_o;
+                for (int ks = 0; ks < 2; ++ks) {
+                    const float* p0 = p_s + (16 * mt + g) * kAttnSStride + 16 * ks + 2 * tq;  // row g
+                    const float* p1 = p0 + 8 * kAttnSStride;                                   // row g + 8
+                    float2 x[4] = {*reinterpret_cast<const float2*>(p0), *reinterpret_cast<const float2*>(p1),
+                                   *reinterpret_cast<const float2*>(p0 + 8), *reinterpret_cast<const float2*>(p1 + 8)};
+                    if constexpr (kScaled) {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {  // x[j]: keys 2 tq (+ 8 for j >= 2), + 1
+                            x[j].x *= vd[ks][j & 2];
+                            x[j].y *= vd[ks][(j & 2) + 1];
+                        }
+                    }
+                    uint32_t ah[4], al[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) split_h2(x[j].x, x[j].y, ah[j], al[j]);
+#pragma unroll
+                    for (int nt = 0; nt < 4; ++nt) {
+                        mma_16816(o[mt][nt], ah, vb[ks][nt]);
+                        mma_16816(o[mt][nt], al, vb[ks][nt]);
+                    }
                 }
             }
         }
-        __syncthreads();  // the next iteration's copy overwrites this stage
+        __syncthreads();  // the next iteration's copy overwrites this stage, its scores part_s
     }
 
     // Partials: row (t, h) of chunk c.
@@ -321,10 +427,18 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     float2* ml = reinterpret_cast<float2*>(o_part + static_cast<size_t>(attn_n_chunks(a.n_past, a.t, chunk_keys)) *
                                                         a.t * a.n_head * kAttnHeadDim);
 #pragma unroll
-    for (int r = 0; r < MAXR; ++r) {
-        if (r < n_rows) {
-            const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
-            o_part[((static_cast<size_t>(c) * a.t + t) * a.n_head + h) * kAttnHeadDim + tid] = o[r];
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int r = 16 * mt + 8 * hf + g;
+            if (r < n_rows) {
+                const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
+                float* dst = o_part + ((static_cast<size_t>(c) * a.t + t) * a.n_head + h) * kAttnHeadDim + 32 * warp +
+                             2 * tq;
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+                    *reinterpret_cast<float2*>(dst + 8 * nt) = make_float2(o[mt][nt][2 * hf], o[mt][nt][2 * hf + 1]);
+            }
         }
     }
     if (lane == 0) {
