@@ -11,7 +11,7 @@ with a memory of ~``memory`` cycles, so the depth follows the text (code repeats
 n drafts is a verify step of 1 + n rows, n draft steps and the accept: the H200 figures below (only their
 ratios matter). They are not measured as the request runs on purpose: the depth then depends only on what
 was accepted, so a seeded request drafts, draws and answers the same every time (its drafts consume random
-numbers); the ratios (a verify of 8 rows ~1.5x one of 1) are the GEMV's, similar on the 24 GB cards.
+numbers); the ratios (a verify of 8 rows ~1.3x one of 1) are the GEMV's, similar on the 24 GB cards.
 
 The choice changes only how many drafts are proposed, never which tokens come out: greedy output is the plain
 greedy output for every n, sampled output keeps its distribution (speculative.py), and n is fixed before the
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024 (bench/results/
-# engine-full-h200-spread.json at 241dff3): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft
-# vocabulary (0.407 ms) and the accept (0.408 ms) when n > 0. Only the ratios matter until measured.
-VERIFY_MS = (14.381, 14.844, 15.403, 16.104, 17.521, 18.758, 20.271, 21.895)
-DRAFT_MS, ACCEPT_MS = 0.407, 0.408
+# engine-full-h200-5e5d185.json): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft
+# vocabulary (0.34 ms) and the accept (0.345 ms) when n > 0. Only the ratios matter (8 rows cost 1.29x one).
+VERIFY_MS = (10.995, 11.447, 11.913, 12.404, 12.681, 13.524, 13.822, 14.153)
+DRAFT_MS, ACCEPT_MS = 0.34, 0.345
 DEFAULT_COST_MS = tuple(v + n * DRAFT_MS + (ACCEPT_MS if n else 0.0) for n, v in enumerate(VERIFY_MS))
 
 

@@ -24,14 +24,16 @@ def simulate(depth: DraftDepth, true_rates: list[float], cycles: int, rng, n: in
     return chosen
 
 
+def yield_per_ms(true_rates: list[float], n: int) -> float:
+    reach, total = 1.0, 1.0
+    for a in true_rates[:n]:
+        reach *= a
+        total += reach
+    return total / DEFAULT_COST_MS[n]
+
+
 def best_depth(true_rates: list[float], max_draft: int) -> int:
-    def rate(n):
-        reach, total = 1.0, 1.0
-        for a in true_rates[:n]:
-            reach *= a
-            total += reach
-        return total / DEFAULT_COST_MS[n]
-    return max(range(1, max_draft + 1), key=rate)
+    return max(range(1, max_draft + 1), key=lambda n: yield_per_ms(true_rates, n))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.75, 0.99])
@@ -58,7 +60,9 @@ def test_choice_settles_on_the_best_depth_for_the_true_rates(true, want_deep):
     chosen = simulate(depth, true, 3000, np.random.default_rng(1))
     best = best_depth(true, 7)
     late = chosen[-500:]
-    assert max(set(late), key=late.count) == best
+    mode = max(set(late), key=late.count)
+    # the best depth, or one within 1% of its yield (the demo rates make depths 2 and 3 a near-tie: 0.2%)
+    assert yield_per_ms(true, mode) >= 0.99 * yield_per_ms(true, best), (mode, best)
     assert (best >= 5) == want_deep
 
 
