@@ -268,16 +268,18 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     const int n_tiles = (c1 - c0 + kAttnTile - 1) / kAttnTile;
 
     attn_issue_tile<Fmt>(a, kv, c0, min(kAttnTile, c1 - c0), stages);
-    for (int idx = tid; idx < MAXR * kAttnHeadDim; idx += kAttnThreads) {
-        const int r = idx / kAttnHeadDim, d = idx - r * kAttnHeadDim;
-        float x = 0.0f;
+    for (int idx = tid; idx < MAXR * kAttnHeadDim / 4; idx += kAttnThreads) {  // 4 dims per thread and load
+        const int r = idx / (kAttnHeadDim / 4), d = 4 * (idx - r * (kAttnHeadDim / 4));
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < n_rows) {
             const int t = (row0 + r) / group, h = kv * group + (row0 + r - t * group);
-            x = a.work[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d];
+            x = *reinterpret_cast<const float4*>(a.work + (static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d);
         }
-        const __half hi = __float2half_rn(x);
-        qhi_s[r * kAttnQStride + d] = hi;
-        qlo_s[r * kAttnQStride + d] = __float2half_rn(x - __half2float(hi));
+        uint32_t hi[2], lo[2];
+        split_h2(x.x, x.y, hi[0], lo[0]);
+        split_h2(x.z, x.w, hi[1], lo[1]);
+        *reinterpret_cast<uint2*>(qhi_s + r * kAttnQStride + d) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(qlo_s + r * kAttnQStride + d) = make_uint2(lo[0], lo[1]);
     }
     for (int idx = tid; idx < kQuarter; idx += kAttnThreads) p_s[idx] = 0.0f;  // rows >= n_rows stay 0
     for (int idx = tid; idx < kRowsPad; idx += kAttnThreads) alpha_s[idx] = 1.0f;
@@ -456,24 +458,50 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
 // ------------------------------------------------------------------------------------------ 3. combine
 
 // Row t, q head h (blockDim 256): o = sum_c 2^(m_c - M) o_c / sum_c 2^(m_c - M) l_c * sigmoid(gate), over the
-// chunks that hold keys of row t (0 .. ceil((n_past + t + 1) / chunk) - 1), in chunk order.
+// chunks that hold keys of row t (0 .. ceil((n_past + t + 1) / chunk) - 1), in chunk order. The chunks' (max,
+// sum) pairs are loaded by all threads at once (M: fmaxf is exact in any order) and each thread loads its dim
+// of kBatch chunks' partials before it adds them, so the loads overlap instead of costing an L2 round trip per
+// chunk; the sums are the chunk-ordered fma chains of one loop.
 __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int chunk_keys, int t, int h) {
-    const int d = threadIdx.x;
+    constexpr int kBatch = 8;
+    __shared__ float2 ml_s[kAttnThreads];
+    __shared__ float max_s[kAttnThreads / 32];
+    const int d = threadIdx.x, lane = d & 31, warp = d >> 5;
     const int n_chunks = attn_n_chunks(a.n_past, a.t, chunk_keys);
     const int n_mine = (a.n_past + t + chunk_keys) / chunk_keys;
     const float* o_part = a.work + static_cast<size_t>(a.t) * a.n_head * kAttnHeadDim;
     const float2* ml = reinterpret_cast<const float2*>(o_part + static_cast<size_t>(n_chunks) * a.t * a.n_head *
                                                                     kAttnHeadDim);
+    const auto row_of = [&](int c) { return (static_cast<size_t>(c) * a.t + t) * a.n_head + h; };
     float m_max = -INFINITY;
-    for (int c = 0; c < n_mine; ++c) m_max = fmaxf(m_max, ml[(static_cast<size_t>(c) * a.t + t) * a.n_head + h].x);
+    for (int c = d; c < n_mine; c += kAttnThreads) m_max = fmaxf(m_max, ml[row_of(c)].x);
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, m));
+    if (lane == 0) max_s[warp] = m_max;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kAttnThreads / 32; ++w) m_max = fmaxf(m_max, max_s[w]);
     float acc = 0.0f, l_sum = 0.0f;
-    for (int c = 0; c < n_mine; ++c) {
-        const size_t row = (static_cast<size_t>(c) * a.t + t) * a.n_head + h;
-        const float2 v = ml[row];
-        if (v.x == -INFINITY) continue;  // no key of row t in this chunk
-        const float w = exp2f(v.x - m_max);
-        l_sum = fmaf(w, v.y, l_sum);
-        acc = fmaf(w, o_part[row * kAttnHeadDim + d], acc);
+    for (int c_base = 0; c_base < n_mine; c_base += kAttnThreads) {  // chunks in batches of the block's threads
+        const int n_here = min(kAttnThreads, n_mine - c_base);
+        __syncthreads();  // every thread is done with the previous batch's pairs
+        if (d < n_here) ml_s[d] = ml[row_of(c_base + d)];
+        __syncthreads();
+        for (int c0 = 0; c0 < n_here; c0 += kBatch) {
+            float ov[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j)
+                ov[j] = c0 + j < n_here ? o_part[row_of(c_base + c0 + j) * kAttnHeadDim + d] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+                if (c0 + j >= n_here) break;
+                const float2 v = ml_s[c0 + j];
+                if (v.x == -INFINITY) continue;  // no key of row t in this chunk
+                const float w = exp2f(v.x - m_max);
+                l_sum = fmaf(w, v.y, l_sum);
+                acc = fmaf(w, ov[j], acc);
+            }
+        }
     }
     const float gate = a.qproj[(static_cast<size_t>(t) * a.n_head + h) * 2 * kAttnHeadDim + kAttnHeadDim + d];
     const float sig = 1.0f / (1.0f + expf(-gate));
