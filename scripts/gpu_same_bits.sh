@@ -17,6 +17,7 @@
 # (wall time, then the per-phase profile; step_kernels.py --prefill). BENCH_GDN=1: native/bench/bench_gdn.py with
 # each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention). TIME_MODES: environment
 # settings under which the new library's steps are timed too (each round). STEP_CTX: tokens prefilled before the timed steps (default 0).
+# PREFILL_MODES: environment settings under which the new library's prefill is timed too (with PREFILL).
 set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
@@ -65,6 +66,10 @@ for lib in ${PREFILL:+base new}; do
   L=$BASE; [ $lib = new ] && L=$NEW
   OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --prefill "$PREFILL" 2>/dev/null |
     sed "s/^{/{\"lib\": \"$lib\", /" | tee -a "$OUT/same-bits.json"
+done
+for mode in ${PREFILL:+${PREFILL_MODES:-}}; do  # e.g. PREFILL_MODES="OPENJET_ATTN_SMEM_LIMIT=100000"
+  env "$mode" OPENJET_LIBRARY=$NEW python3 native/bench/step_kernels.py --model /tmp/full4.gguf --prefill "$PREFILL" \
+    2>/dev/null | sed "s/^{/{\"lib\": \"new $mode\", /" | tee -a "$OUT/same-bits.json"
 done
 for lib in ${BENCH_GDN:+base new}; do
   L=$BASE; [ $lib = new ] && L=$NEW
