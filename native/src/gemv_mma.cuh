@@ -634,10 +634,10 @@ template <int QT, int NG, int STAGES> struct PrefillShape {
 // bytes and their 2 chunks of 32-block sums, rows < t only, into one B stage), worked out once per block like
 // TileCopy: per unit only two base addresses move (before: a division, a modulo and 64-bit address arithmetic
 // per copy, ~9 copies per thread per unit).
-template <int NG, int kThreads = kPrefillWarps * 32> struct ActCopy {
+template <int NG> struct ActCopy {
     static constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
     static constexpr int kChunks = NG * kActRows * (kRowChunks + 2);
-    static constexpr int kJ = (kChunks + kThreads - 1) / kThreads;
+    static constexpr int kJ = (kChunks + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
     int src[kJ];    // halves from the unit's start in x.h (a row chunk) or in x.sum (a sums chunk)
     int dst[kJ];    // halves into the B stage; -1: nothing to copy (past the chunks or a row >= t)
     unsigned sums;  // bit j: chunk j is a sums chunk
@@ -647,7 +647,7 @@ template <int NG, int kThreads = kPrefillWarps * 32> struct ActCopy {
         const int kb2 = k / kActBlock * 2;
 #pragma unroll
         for (int j = 0; j < kJ; ++j) {
-            const int i = threadIdx.x + j * kThreads;
+            const int i = threadIdx.x + j * kPrefillWarps * 32;
             const int row = i / (kRowChunks + 2), c = i - row * (kRowChunks + 2);  // row: 0 .. 8 NG - 1
             const int col = grp0 * kActRows + row, grp = row / kActRows, rr = row % kActRows;
             src[j] = 0, dst[j] = -1;
@@ -747,27 +747,19 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     }
 }
 
-}  // namespace openjet
-
-#include "prefill_staged.cuh"  // the staged kernel (opt-in), built from the pieces above
-
-namespace openjet {
-
 // The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and benchmarks
-// run both; they give the same bits), =staged takes prefill_staged.cuh's kernel for Q4_K / Q5_K where it fits
-// (not yet measured; the same bits by construction) and the default for the other types, else the shared-activation kernel where its grid fills the GPU at
+// run both; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
 // least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
 // wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
 // loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
 // leave SMs idle or in a tail wave. (An 8-group, 2-stage shape, OPENJET_PREFILL_GEMM=wide, was slower on the
 // H200 and removed: NOTES_gemv.md.)
-enum class PrefillGemm { kAuto, kShared, kGrouped, kStaged };
+enum class PrefillGemm { kAuto, kShared, kGrouped };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
-    if (choice && std::strcmp(choice, "staged") == 0) return PrefillGemm::kStaged;
     return PrefillGemm::kAuto;
 }
 
@@ -832,11 +824,6 @@ template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
     const PrefillGemm choice = prefill_gemm_choice();
-    if (choice == PrefillGemm::kStaged) {
-        bool launched = false;
-        const cudaError_t e = launch_prefill_staged<QT>(a, stream, &launched);
-        if (e != cudaSuccess || launched) return e;
-    }
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
         const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
