@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the GEMV's time goes, from the hardware counters (Nsight Compute; it reads them on the Firecracker
 # machines, KINDS.md): one launch each of the decode kernel at T=1 and T=8 (Q4_K 17408x5120, the FFN up/gate
-# shape; Q6_K the lm_head, 248320x5120) and of both prefill kernels at T=128 (Q4_K). Speed of light, memory
+# shape; Q6_K the lm_head, 248320x5120) and of both prefill kernels at T=128 and the shared one at T=512, the engine's chunk (Q4_K). Speed of light, memory
 # workload, occupancy, warp stall reasons and scheduler statistics per launch, in $OUT/ncu-gemv.csv; the
 # headline numbers in the output's tail. About 2 minutes.
 #   run(carry=[".whl"], command="bash scripts/gpu_ncu_gemv.sh", timeout_s=400)
@@ -38,3 +38,4 @@ ARGS="Q4_K 17408 5120 8" run_one decode-q4k-t8 A=1
 ARGS="Q6_K 248320 5120 1" run_one lmhead-q6k-t1 A=1
 ARGS="Q4_K 17408 5120 128" run_one prefill-grouped-t128 OPENJET_PREFILL_GEMM=grouped
 ARGS="Q4_K 17408 5120 128" run_one prefill-shared-t128 OPENJET_PREFILL_GEMM=shared
+ARGS="Q4_K 17408 5120 512" run_one prefill-shared-t512 OPENJET_PREFILL_GEMM=shared
