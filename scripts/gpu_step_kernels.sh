@@ -3,10 +3,12 @@
 # Compute), in ONE device call of ~4 minutes:
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, command="bash scripts/gpu_step_kernels.sh")
 # 1. writes a 4-layer model of the 27B's widths (native/bench/step_kernels.py; ~1.7 GB), times decode steps
-#    (T = 1 and 4, contexts 0 and 8K) and lists one step's kernels with their durations under ncu:
+#    (T = 1 and 4, contexts 0 and 8K; STEP_CFGS) and lists one step's kernels with their durations under ncu:
 #    $OUT/step-*.csv, summed per kernel name in the output (the step's wall time minus the kernels' sum is
 #    what launches and gaps cost);
-# 2. scripts/gpu_ncu_gemv.sh's counters (speed of light, stalls, issue) for the decode GEMV shapes.
+# 2. scripts/gpu_ncu_gemv.sh's counters (speed of light, stalls, issue) for the decode GEMV shapes (NCU_GEMV=0:
+#    not). E.g. STEP_CFGS="1:0 1:32768 8:32768" PREFILL_KERNELS=2048 NCU_GEMV=0 (a 2,048-token prefill is
+#    ~400 kernels; ncu times each once).
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
@@ -14,14 +16,17 @@ build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 python3 native/bench/step_kernels.py --steps 5 --warmup 1 2> "$OUT/synth4.err" || { tail "$OUT/synth4.err"; exit 1; }
-for cfg in "1 0" "4 0" "1 8192"; do
-  set -- $cfg
-  label=step-t$1-ctx$2
-  python3 native/bench/step_kernels.py --t "$1" --ctx "$2" > "$OUT/$label.json" 2>> "$OUT/synth4.err"
+# STEP_CFGS: "T:context" decode steps to list (default 1:0 4:0 1:8192); PREFILL_KERNELS=N: also the kernels of
+# a prefill of N tokens (label prefill-N).
+for cfg in ${STEP_CFGS:-1:0 4:0 1:8192} ${PREFILL_KERNELS:+prefill:$PREFILL_KERNELS}; do
+  IFS=: read -r t ctx <<< "$cfg"
+  if [ "$t" = prefill ]; then label=prefill-$ctx; args=(--prefill "$ctx"); else label=step-t$t-ctx$ctx; args=(--t "$t" --ctx "$ctx"); fi
+  python3 native/bench/step_kernels.py "${args[@]}" > "$OUT/$label.json" 2>> "$OUT/synth4.err"
   echo "== $label $(cat "$OUT/$label.json")"
   [ -n "$NCU" ] || continue
+  [ "$t" = prefill ] || args+=(--warmup 2 --steps 3)
   timeout 200 "$NCU" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
-    --csv python3 native/bench/step_kernels.py --t "$1" --ctx "$2" --warmup 2 --steps 3 > "$OUT/$label.csv" 2> "$OUT/$label.err"
+    --csv python3 native/bench/step_kernels.py "${args[@]}" > "$OUT/$label.csv" 2> "$OUT/$label.err"
   python3 - "$OUT/$label.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
@@ -37,4 +42,4 @@ for k, (us, c) in sorted(tot.items(), key=lambda x: -x[1][0]):
     print(f"  {us:9.1f} us {c:4d} x  {k}")
 PY
 done
-[ -n "$NCU" ] && bash scripts/gpu_ncu_gemv.sh
+[ -n "$NCU" ] && [ "${NCU_GEMV:-1}" = 1 ] && bash scripts/gpu_ncu_gemv.sh

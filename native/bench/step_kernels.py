@@ -39,7 +39,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--prefill", type=int, default=0,
                     help="instead of decode steps: time a prefill of this many tokens (the engine's chunk), then "
-                         "one more with the per-phase profile on (JSON lines; the 27B's layers in the same 3:1 mix)")
+                         "one more with the per-phase profile on (JSON lines; the 27B's layers in the same 3:1 mix), "
+                         "then one more between cuProfilerStart and cuProfilerStop (for ncu --profile-from-start off)")
     a = ap.parse_args()
 
     if not Path(a.model).exists():
@@ -93,7 +94,8 @@ def main() -> None:
 
 
 def prefill_profile(eng, a) -> None:
-    """Prefill wall time (median of 3 after one warm-up) and, in one more run, the device ms per phase."""
+    """Prefill wall time (median of 3 after one warm-up), in one more run the device ms per phase, and one more
+    run inside the profiler range (its kernels are what ncu --profile-from-start off lists)."""
     ids = np.random.default_rng(1).integers(0, eng.config.shape.n_vocab, a.prefill).astype(np.int32)
     times = []
     for i in range(4):
@@ -111,6 +113,10 @@ def prefill_profile(eng, a) -> None:
     print(json.dumps({"layers": a.layers, "prefill": a.prefill, "chunk": eng.prefill_rows, "kv": a.kv,
                       "wall_ms": round(wall * 1e3, 3), "tok_s": round(a.prefill / wall, 1),
                       "profile_ms": {k: round(v["ms"], 3) for k, v in prof["phases"].items()}}), flush=True)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuProfilerStart()
+    eng.prefill(eng.new_state(), ids)
+    cuda.cuProfilerStop()
 
 
 if __name__ == "__main__":
