@@ -99,8 +99,11 @@ for kv, r in d["runs"].items():
     print(f"{kv}: load {r.get('load_s')} s, engine {m.get('total_bytes', 0) / 2**30:.2f} GiB, "
           f"device {r.get('device_memory')}, error {r.get('error')}")
     for x in r["decode"]:
+        tk = x.get("top_k") or {}
         print(f"  ctx {x['context']:>6} T {x['t']}: {x['median_ms']:8.3f} ms {x['tok_s']:8.1f} tok/s "
-              f"roofline {x['roofline_share'] * 100:5.1f} % x{x['cost_vs_t1']}")
+              f"roofline {x['roofline_share'] * 100:5.1f} % x{x['cost_vs_t1']}"
+              + (f"; top-k path {tk['median_ms']:8.3f} ms {tk['roofline_share'] * 100:5.1f} % x{tk['cost_vs_t1']}"
+                 if tk else ""))
     for p in r["prefill"]:
         print(f"  prefill {p['tokens']:>6}: {p['seconds']:7.2f} s {p['tok_s']:8.1f} tok/s {p.get('tflops')} TFLOP/s "
               f"(tensor-core share {p.get('tensor_core_share')})")

@@ -62,6 +62,7 @@ KV_ROW_BYTES = {"f16": 512, "q8_0": 272}        # one head's K (or V) row of hea
 FOOTPRINT_CTX = 32768
 FILL_CHUNK = 2048                    # tokens per engine.prefill call while filling (a multiple of 8)
 SPEC_CTX = 1024                      # context of the speculation figures (issue 7)
+TOP_K = 32                           # decode_top's k in the decode sweep: the server's (sampling.GPU_MAX_TOP_K)
 SPEC_EST_S = 40.0                    # their time, at most (fill, ~1,000 timed calls)
 ACCEPT = {"decode_t1_roofline_share_min": 0.70, "t4_over_t1_max": 1.35, "prefill_4096_tok_s_min": 3000.0}
 
@@ -279,7 +280,7 @@ class Bench:
         return base * b / b0
 
     def est_sweep(self, kv: str, ctx: int, t: int) -> float:
-        steps = self.a.warmup + self.a.steps + self.a.profile_steps
+        steps = 2 * (self.a.warmup + self.a.steps) + self.a.profile_steps  # full logits, then the top-k path
         return steps * (self.est_step(kv, ctx, t) + 0.002)
 
     def est_fill(self, kv: str, a: int, b: int) -> float:
@@ -420,6 +421,7 @@ class Bench:
         lib, h = engine._lib, engine._handle
         logits = np.empty((8, s.n_vocab), np.float32)
         hidden = np.empty((8, s.n_embd), np.float32)
+        top_vals, top_ids = np.empty((8, TOP_K), np.float32), np.empty((8, TOP_K), np.int32)
         f32 = ctypes.POINTER(ctypes.c_float)
         i32 = ctypes.POINTER(ctypes.c_int32)
 
@@ -444,6 +446,19 @@ class Bench:
                     check(rc, f"decode ctx {ctx} T {t}")
                     if i >= a.warmup:
                         times.append(dt)
+                # The server's path: openjet_engine_decode_top, the top TOP_K logits of each row back instead of
+                # the vocabulary (t x 1 MB of pageable copies fewer).
+                top_times = []
+                for i in range(a.warmup + a.steps):
+                    back()
+                    t0 = time.perf_counter()
+                    rc = lib.openjet_engine_decode_top(h, ids[i].ctypes.data_as(i32), t, TOP_K, s.n_vocab, None, None,
+                                                       0, top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32),
+                                                       hidden.ctypes.data_as(f32))
+                    dt = time.perf_counter() - t0
+                    check(rc, f"decode_top ctx {ctx} T {t}")
+                    if i >= a.warmup:
+                        top_times.append(dt)
                 prof = None
                 if a.profile_steps:                           # untimed: events between phases slow the step
                     engine.set_profile(True)
@@ -465,14 +480,20 @@ class Bench:
                        "kv_bytes_read": nb["kv"], "mtp_weight_bytes": nb["mtp_weights"],
                        "roofline_ms": round(roof * 1e3, 3),
                        "roofline_share": round(roof / med, 4), "n": len(times)}
+                top_med = statistics.median(top_times)
+                rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3), "roofline_share": round(roof / top_med, 4)}
                 if prof and prof["calls"]:
                     rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
                                                   for k, v in sorted(prof["phases"].items())}
                 t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
                 rec["cost_vs_t1"] = 1.0 if t == 1 else (round(med * 1e3 / t1["median_ms"], 3) if t1 else None)
+                rec["top_k"]["cost_vs_t1"] = 1.0 if t == 1 else (
+                    round(top_med * 1e3 / t1["top_k"]["median_ms"], 3) if t1 else None)
                 run["decode"].append(rec)
                 log(f"{kv} ctx {ctx:>6} T {t}: {rec['median_ms']:8.3f} ms  {rec['tok_s']:8.1f} tok/s  "
-                    f"roofline {rec['roofline_share'] * 100:5.1f} %  vs T1 {rec['cost_vs_t1']}")
+                    f"roofline {rec['roofline_share'] * 100:5.1f} %  vs T1 {rec['cost_vs_t1']}; top-{TOP_K} path "
+                    f"{rec['top_k']['median_ms']:8.3f} ms ({rec['top_k']['roofline_share'] * 100:5.1f} %, vs T1 "
+                    f"{rec['top_k']['cost_vs_t1']})")
             self.out["gpu"]["clocks"].append(gpu_query(f"{kv}: right after the decode steps at context {ctx}"))
             self.save()
 
@@ -589,13 +610,15 @@ class Bench:
 
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
-        head, and over a 32,768-row draft vocabulary), a verify step of 1 + n rows and an accept, each median of
+        head, and over a 32,768-row draft vocabulary), a verify step of 1 + n rows (verify_top: the top TOP_K
+        logits per row come back, as the server asks) and an accept, each median of
         --steps; then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens per cycle
         (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
         a, s = self.a, self.s
         lib, h = engine._lib, engine._handle
         f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
         logits = np.empty((8, s.n_vocab), np.float32)
+        top_vals, top_ids = np.empty((8, TOP_K), np.float32), np.empty((8, TOP_K), np.int32)
         ids = self.rng.integers(0, s.n_vocab, SPEC_CTX + 8).astype(np.int32)
         engine.new_state()
         check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), SPEC_CTX, 128, None, None), "spec prefill")
@@ -613,7 +636,8 @@ class Bench:
         def draft_step():
             check(lib.openjet_engine_mtp_step(h, int(ids[SPEC_CTX]), 0, logits.ctypes.data_as(f32), None), "mtp_step")
 
-        rec = {"context": SPEC_CTX, "draft_ms_full": round(timed(draft_step) * 1e3, 3)}
+        rec = {"context": SPEC_CTX, "verify_path": f"openjet_engine_verify_top, k = {TOP_K} (the server's)",
+               "draft_ms_full": round(timed(draft_step) * 1e3, 3)}
         subset = np.sort(self.rng.choice(s.n_vocab, min(32768, s.n_vocab), replace=False)).astype(np.int32)
         check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
         rec["draft_rows"] = len(subset)
@@ -625,8 +649,9 @@ class Bench:
 
             def verify_accept(row=row):
                 check(lib.openjet_engine_restore(h, 0), "restore")
-                check(lib.openjet_engine_verify(h, row.ctypes.data_as(i32), len(row), logits.ctypes.data_as(f32),
-                                                None), "verify")
+                check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), TOP_K, s.n_vocab,
+                                                    top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32), None),
+                      "verify_top")
                 t0 = time.perf_counter()
                 check(lib.openjet_engine_accept(h, 1), "accept")
                 return time.perf_counter() - t0
@@ -713,6 +738,11 @@ def acceptance(out: dict) -> dict:
             "t4_over_t1_by_context": {str(c): r["cost_vs_t1"] for (c, t), r in d.items() if t == 4},
             "prefill_4096_tok_s": pre and pre["tok_s"],
             "prefill_4096_ok": None if not pre else pre["tok_s"] >= ACCEPT["prefill_4096_tok_s_min"],
+            # the same through the server's path (decode_top: the top 32 logits per row come back)
+            "top_k_path": {
+                "decode_t1_ctx0_roofline_share": t1 and t1.get("top_k", {}).get("roofline_share"),
+                "t4_over_t1_ctx0": t4 and t4.get("top_k", {}).get("cost_vs_t1"),
+            },
         }
     fp = out.get("footprint_32k_q8_0")
     res["footprint_32k_q8_0_fits_24gb"] = fp and fp["fits_24gb"]
@@ -736,7 +766,8 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
                     "prefill_rows": args.prefill_rows, "deadline": args.deadline},
         "method": ("decode: each step timed alone on the host clock around openjet_engine_decode (logits and "
                    "hidden back in host memory), the sequence restored to the context before each step; median "
-                   "of --steps after --warmup. roofline_share = step_bytes / copy bandwidth / median. prefill: "
+                   "of --steps after --warmup; top_k: the same steps through openjet_engine_decode_top (the "
+                   "server's path: the top 32 logits per row come back, not the vocabulary). roofline_share = step_bytes / copy bandwidth / median. prefill: "
                    "engine.prefill wall time (chunks of prefill_rows rows; each weight read once per chunk)."),
         "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
