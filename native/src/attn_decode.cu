@@ -15,8 +15,11 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecod
     attn_prep_row<Fmt>(a, blockIdx.y, blockIdx.x);
 }
 
+// Blocks of up to 48 rows (decode and verify steps) are cut to 128 registers so that two fit an SM: a step
+// launches ~2 chunk blocks per SM (the spread), in one wave. (Uncut, 48 rows took 145 registers: one block per
+// SM, two waves at T = 6..8; sm_90 ptxas: now 126-128, no spills; 64 rows keep 148-165 for prefill.)
 template <class Fmt, int MAXR>
-__global__ void __launch_bounds__(kAttnThreads, 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
+__global__ void __launch_bounds__(kAttnThreads, MAXR <= 48 ? 2 : 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
     pdl_start();  // pdl.cuh
     attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
