@@ -9,10 +9,11 @@
 namespace openjet {
 namespace {
 
+// Block (x, y): row y, head first + x of attn_prep_row's numbering (q heads, then kv heads).
 template <class Fmt>
-__global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a) {
+__global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a, int first) {
     pdl_start();  // pdl.cuh
-    attn_prep_row<Fmt>(a, blockIdx.y, blockIdx.x);
+    attn_prep_row<Fmt>(a, blockIdx.y, first + blockIdx.x);
 }
 
 // Blocks of up to 48 rows (decode and verify steps) are cut to 128 registers so that two fit an SM: a step
@@ -64,7 +65,7 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
 
 template <class Fmt>
 cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
-    cudaError_t e = launch_kernel(attn_prep_kernel<Fmt>, dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream, a);
+    cudaError_t e = launch_kernel(attn_prep_kernel<Fmt>, dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream, a, 0);
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
     // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
@@ -90,6 +91,16 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     if (n_chunks) *n_chunks = attn_n_chunks(n_past, t, ck);
     if (sm_count) *sm_count = sms;
     return cudaSuccess;
+}
+
+cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream) {
+    if (a.n_head < 1 || a.n_kv < 1 || a.t < 1 || a.t > 65535 || a.n_past < 0 || a.capacity < a.n_past + a.t ||
+        a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim || !a.k || !a.v || !a.k_norm || !a.k_cache || !a.v_cache)
+        return cudaErrorInvalidValue;
+    const dim3 grid(a.n_kv, a.t);  // the prep kernel's kv blocks alone
+    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, a.n_head);
+    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, a.n_head);
+    return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) {

@@ -511,6 +511,10 @@ __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int ch
 // Standalone launches: prep, chunks, combine on one stream. Returns cudaErrorInvalidValue on bad arguments.
 cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream);
 
+// Step 1's cache stores alone (k normed and rotated, v raw, rows n_past .. n_past + t - 1; t < 65,536): what
+// filling a cache needs when nothing attends (the MTP head's fill). Reads k, v, k_norm and the caches only.
+cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream);
+
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 

@@ -660,16 +660,15 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 
-// Rows of the next attention launch from position n_past (left: rows still to go): a sub-step of up to `first`
-// (8, or what aligns the MTP head's rows with its 8-row fills), and the following sub-steps with it while their
-// split is the same (attn_chunk_keys at each sub-step's start: then every row gets the bits its own 8-row launch
-// gives it), the launch takes them (kAttnMaxCallT) and their partials fit work_floats: decode's workspace (sized
-// for an 8-row step at the longest split) or, for a prefill chunk, big2's tail (attn_mixer).
-int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count, size_t work_floats,
-                    int first = kSubRows) {
+// Rows of the next attention launch from position n_past (left: rows still to go): a sub-step of up to 8, and
+// the following sub-steps with it while their split is the same (attn_chunk_keys at each sub-step's start: then
+// every row gets the bits its own 8-row launch gives it), the launch takes them (kAttnMaxCallT) and their
+// partials fit work_floats: decode's workspace (sized for an 8-row step at the longest split) or, for a prefill
+// chunk, big2's tail (attn_mixer).
+int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count, size_t work_floats) {
     const auto& c = e.cfg;
     const int ck = attn_chunk_keys(n_past, c.n_head_kv, sm_count);
-    int rows = std::min(first, left);
+    int rows = std::min(kSubRows, left);
     while (rows < left && rows + kSubRows <= kAttnMaxCallT &&
            attn_chunk_keys(n_past + rows, c.n_head_kv, sm_count) == ck) {
         const int more = std::min(kSubRows, left - rows);
@@ -680,17 +679,9 @@ int attn_group_rows(const openjet_engine& e, int n_past, int left, int sm_count,
     return rows;
 }
 
-// The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
-// appends k, v to the layer's cache (in sub-steps of 8, the first of first_rows: each attends to the rows
-// before it; attn_group_rows merges sub-steps into one launch where that keeps every bit).
-int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, int first_rows = kSubRows) {
+// What every attention launch of layer L shares: the shapes, norms, RoPE and the layer's cache.
+AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offset) {
     const auto& c = e.cfg;
-    // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
-    const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
-    phase("attn.in_proj");
-    TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
-    TRY(gemv(e, L.wv, t, e.a, e.big3));
-    phase("attn.core");
     AttnDecodeArgs a{};
     a.kv_type = c.kv_type, a.n_head = c.n_head, a.n_kv = c.n_head_kv;
     a.rope_offset = rope_offset;
@@ -699,6 +690,20 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.k_norm = static_cast<const float*>(L.k_norm.d);
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
+    return a;
+}
+
+// The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
+// appends k, v to the layer's cache (in sub-steps of 8: each attends to the rows before it; attn_group_rows
+// merges sub-steps into one launch where that keeps every bit).
+int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
+    // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
+    const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
+    phase("attn.in_proj");
+    TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
+    TRY(gemv(e, L.wv, t, e.a, e.big3));
+    phase("attn.core");
+    AttnDecodeArgs a = attn_args(e, L, rope_offset);
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's partials go to big2's tail, past the chunk's k rows, where it is larger (no bit depends
@@ -707,7 +712,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     if (t > kSubRows && e.big2_floats > k_floats && e.big2_floats - k_floats > work_floats)
         a.work = e.big2 + k_floats, work_floats = e.big2_floats - k_floats;
     for (int r0 = 0; r0 < t;) {
-        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats, r0 ? kSubRows : first_rows);
+        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
         a.t = rows, a.n_past = n_past + r0;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
@@ -723,10 +728,21 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
 // The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
 // its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
 // `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
-// Without `full` only the attention runs: what filling the cache needs (first_rows: its first sub-step). Scratch:
-// u in e.h (the trunk's residual, free between steps), [embedding | hidden] rows in e.big1 until packed.
-int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full,
-             int first_rows = kSubRows) {
+// Layer L's cache rows n_past.. of t rows whose attention input is packed in e.x: k (normed, rotated) and v,
+// stored exactly as attn_mixer's launch stores them (the prep kernel's kv blocks). Filling a cache needs no q, no
+// attention and no output projection.
+int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
+    TRY(gemv(e, L.wk, t, e.a, e.big2));  // gemv_pair(wq, wk)'s k blocks do what this launch's do: the same bits
+    TRY(gemv(e, L.wv, t, e.a, e.big3));
+    AttnDecodeArgs a = attn_args(e, L, rope_offset);
+    a.t = t, a.n_past = n_past, a.k = e.big2, a.v = e.big3;
+    CHECK(launch_attn_store_kv(a, e.stream));
+    return OPENJET_OK;
+}
+
+// Without `full` only the head's k and v rows are made and stored: what filling its cache needs. Scratch: u in
+// e.h (the trunk's residual, free between steps), [embedding | hidden] rows in e.big1 until packed.
+int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full) {
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
@@ -740,8 +756,8 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const LayerW& L = e.mtp;
     CHECK(launch_add_norm_pack(u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr, e.x,
                                e.stream));
-    TRY(attn_mixer(e, L, t, row0, 1, first_rows));
-    if (!full) return OPENJET_OK;
+    if (!full) return attn_store_kv(e, L, t, row0, 1);
+    TRY(attn_mixer(e, L, t, row0, 1));
     CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr, e.x,
                                e.stream));
     TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
@@ -755,8 +771,8 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
 // After a trunk step or prefill chunk of t tokens that started at n_past0 (hidden rows hs [t, E], on the device):
 // the MTP cache rows of the pairs (x_i, hidden_{i-1}) for i in the step (x_0 has none: the carried e.mtp_last
 // gives the step's first row its hidden), then e.mtp_last = the step's last hidden row. ids: the step's ids on
-// the device. The head's attention takes the rows in sub-steps that start where 8-row steps from n_past0 would
-// start theirs (row n_past0 - 1 + 8 j: so a chunk fills the cache bit for bit as its 8-row steps do).
+// the device. Each cache row depends on its own pair alone, so a chunk fills the cache bit for bit as its 8-row
+// steps do.
 int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int n_past0) {
     mark(e, "mtp.fill");
     const int E = e.cfg.n_embd;
@@ -764,7 +780,7 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
     if (t - first > 0) {
         const float* hs0 = first ? hs : e.mtp_last;        // hidden of the first pair
         const float* hs1 = first ? hs + E : hs;            // of the later ones
-        TRY(mtp_rows(e, ids + first, hs0, hs1, t - first, n_past0 + first - 1, false, kSubRows - first));
+        TRY(mtp_rows(e, ids + first, hs0, hs1, t - first, n_past0 + first - 1, false));
     }
     CHECK(cudaMemcpyAsync(e.mtp_last, hs + static_cast<long long>(t - 1) * E, sizeof(float) * E,
                           cudaMemcpyDeviceToDevice, e.stream));
