@@ -814,8 +814,8 @@ int trunk(openjet_engine& e, int t) {
     return OPENJET_OK;
 }
 
-// What follows a trunk step of t rows: the MTP head's cache rows (mtp_fill: their attention in the sub-steps
-// decode's 8-row steps would take), then the sequence advances.
+// What follows a trunk step of t rows: the MTP head's cache rows (mtp_fill: their k and v), then the sequence
+// advances.
 int commit_rows(openjet_engine& e, int t) {
     if (e.has_mtp) TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // after the caller's copies: it reuses e.x and e.mix
     e.n_past += t;
