@@ -69,8 +69,10 @@ cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cu
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
     // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
-    // rows with an F16 cache: 94 KB; 32 with Q8_0: 88 KB).
-    const int rows = std::min(a.n_head / a.n_kv * a.t, attn_rows_per_block_max(Fmt::kSmemStride));
+    // rows with an F16 cache: 94 KB; 32 with Q8_0: 88 KB), as even as the instantiations allow (a prefill call's
+    // 96 rows: two blocks of 48, which fit two per SM, rather than 64 + 32; rows keep their bits in any split).
+    const int total = a.n_head / a.n_kv * a.t, cap = attn_rows_per_block_max(Fmt::kSmemStride);
+    const int n_blocks = (total + cap - 1) / cap, rows = (total + n_blocks - 1) / n_blocks;
     if (rows <= 8) e = launch_chunks<Fmt, 8>(a, chunk_keys, n_chunks, stream);
     else if (rows <= 16) e = launch_chunks<Fmt, 16>(a, chunk_keys, n_chunks, stream);
     else if (rows <= 32) e = launch_chunks<Fmt, 32>(a, chunk_keys, n_chunks, stream);
