@@ -7,8 +7,8 @@
 #    $OUT/step-*.csv, summed per kernel name in the output (the step's wall time minus the kernels' sum is
 #    what launches and gaps cost);
 # 2. scripts/gpu_ncu_gemv.sh's counters (speed of light, stalls, issue) for the decode GEMV shapes (NCU_GEMV=0:
-#    not). E.g. STEP_CFGS="1:0 1:32768 8:32768" PREFILL_KERNELS=2048 NCU_GEMV=0 (a 2,048-token prefill is
-#    ~400 kernels; ncu times each once).
+#    not). E.g. STEP_CFGS="1:0 1:32768 8:32768" PREFILL_KERNELS=512 PREFILL_CTX=16384 NCU_GEMV=0 (a
+#    512-token prefill is ~100 kernels; ncu times each once).
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
@@ -17,10 +17,14 @@ export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 python3 native/bench/step_kernels.py --steps 5 --warmup 1 2> "$OUT/synth4.err" || { tail "$OUT/synth4.err"; exit 1; }
 # STEP_CFGS: "T:context" decode steps to list (default 1:0 4:0 1:8192); PREFILL_KERNELS=N: also the kernels of
-# a prefill of N tokens (label prefill-N).
+# a prefill of N tokens (label prefill-N-ctxC), after PREFILL_CTX=C tokens already in the sequence (default 0).
 for cfg in ${STEP_CFGS:-1:0 4:0 1:8192} ${PREFILL_KERNELS:+prefill:$PREFILL_KERNELS}; do
   IFS=: read -r t ctx <<< "$cfg"
-  if [ "$t" = prefill ]; then label=prefill-$ctx; args=(--prefill "$ctx"); else label=step-t$t-ctx$ctx; args=(--t "$t" --ctx "$ctx"); fi
+  if [ "$t" = prefill ]; then
+    label=prefill-$ctx-ctx${PREFILL_CTX:-0}; args=(--prefill "$ctx" --ctx "${PREFILL_CTX:-0}")
+  else
+    label=step-t$t-ctx$ctx; args=(--t "$t" --ctx "$ctx")
+  fi
   python3 native/bench/step_kernels.py "${args[@]}" > "$OUT/$label.json" 2>> "$OUT/synth4.err"
   echo "== $label $(cat "$OUT/$label.json")"
   [ -n "$NCU" ] || continue

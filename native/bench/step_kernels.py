@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("--model", default="/tmp/full4.gguf")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--t", default="1", help="token rows per step, or a list: 1,4,8 (one JSON line each)")
-    ap.add_argument("--ctx", type=int, default=0, help="tokens prefilled before the timed steps")
+    ap.add_argument("--ctx", type=int, default=0,
+                    help="tokens prefilled before the timed steps (with --prefill: before the timed prefill, which "
+                         "then extends that sequence: a long context's prefill without profiling all of it)")
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=50)
@@ -95,27 +97,46 @@ def main() -> None:
 
 def prefill_profile(eng, a) -> None:
     """Prefill wall time (median of 3 after one warm-up), in one more run the device ms per phase, and one more
-    run inside the profiler range (its kernels are what ncu --profile-from-start off lists)."""
-    ids = np.random.default_rng(1).integers(0, eng.config.shape.n_vocab, a.prefill).astype(np.int32)
-    times = []
-    for i in range(4):
+    run inside the profiler range (its kernels are what ncu --profile-from-start off lists). With --ctx, each run
+    extends a sequence of --ctx tokens (prefilled once, restored from a checkpoint before each run)."""
+    lib, h = eng._lib, eng._handle
+    i32 = ctypes.POINTER(ctypes.c_int32)
+    ids = np.random.default_rng(1).integers(0, eng.config.shape.n_vocab, a.ctx + a.prefill).astype(np.int32)
+    new = ids[a.ctx:]
+
+    def check(rc: int, what: str) -> None:
+        if rc:
+            raise SystemExit(f"{what}: {lib.openjet_engine_last_error().decode(errors='replace')}")
+
+    if a.ctx:
+        eng.new_state()
+        check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, eng.prefill_rows, None, None), "ctx")
+        check(lib.openjet_engine_checkpoint(h, 0), "checkpoint")
+
+    def once() -> float:
+        if a.ctx:
+            check(lib.openjet_engine_restore(h, 0), "restore")
+            t0 = time.perf_counter()
+            check(lib.openjet_engine_prefill(h, new.ctypes.data_as(i32), a.prefill, eng.prefill_rows, None, None),
+                  "prefill")
+            return time.perf_counter() - t0
         state = eng.new_state()
         t0 = time.perf_counter()
-        eng.prefill(state, ids)
-        if i:
-            times.append(time.perf_counter() - t0)
-    wall = statistics.median(times)
+        eng.prefill(state, new)
+        return time.perf_counter() - t0
+
+    wall = statistics.median([once() for _ in range(4)][1:])
     eng.set_profile(True)
     eng.profile(reset=True)
-    eng.prefill(eng.new_state(), ids)
+    once()
     prof = eng.profile(reset=True)
     eng.set_profile(False)
-    print(json.dumps({"layers": a.layers, "prefill": a.prefill, "chunk": eng.prefill_rows, "kv": a.kv,
-                      "wall_ms": round(wall * 1e3, 3), "tok_s": round(a.prefill / wall, 1),
+    print(json.dumps({"layers": a.layers, "prefill": a.prefill, "ctx": a.ctx, "chunk": eng.prefill_rows,
+                      "kv": a.kv, "wall_ms": round(wall * 1e3, 3), "tok_s": round(a.prefill / wall, 1),
                       "profile_ms": {k: round(v["ms"], 3) for k, v in prof["phases"].items()}}), flush=True)
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuProfilerStart()
-    eng.prefill(eng.new_state(), ids)
+    once()
     cuda.cuProfilerStop()
 
 
