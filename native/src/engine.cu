@@ -725,9 +725,6 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     return gemv(e, L.wo, t, nullptr, e.mix);
 }
 
-// The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
-// its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
-// `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
 // Layer L's cache rows n_past.. of t rows whose attention input is packed in e.x: k (normed, rotated) and v,
 // stored exactly as attn_mixer's launch stores them (the prep kernel's kv blocks). Filling a cache needs no q, no
 // attention and no output projection.
@@ -740,6 +737,9 @@ int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rop
     return OPENJET_OK;
 }
 
+// The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
+// its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
+// `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
 // Without `full` only the head's k and v rows are made and stored: what filling its cache needs. Scratch: u in
 // e.h (the trunk's residual, free between steps), [embedding | hidden] rows in e.big1 until packed.
 int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full) {
