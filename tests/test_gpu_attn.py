@@ -218,6 +218,28 @@ def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypat
     report(test="rows_split", fmt=fmt, limit=limit, bit_identical=True)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_past", [0, 100, 4096])
+def test_store_kv_appends_the_rows_a_step_appends(fmt, n_past):
+    """launch_attn_store_kv (the MTP head's cache fill: no q, no attention) appends, byte for byte, the k and v rows
+    a full attention step of the same inputs appends (the step's own rows checked against numpy above), also for a
+    prefill-sized 40 rows, which the full step takes in 8-row steps here."""
+    n_head, n_kv = SIZES["27b"]
+    _, _, kc, vc = prefix(fmt, n_kv, n_past)
+    rng = np.random.default_rng(5 + n_past)
+    for t in (1, 5, 8, 40):
+        qproj, k, v, qn, kn = step_inputs(rng, t, n_head, n_kv)
+        k_store, v_store = ka.attn_store_kv(ka.KV_TYPES[fmt], k, v, kn, kc, vc, n_head=n_head, n_kv=n_kv)
+        k_step, v_step = kc, vc
+        for r0 in range(0, t, 8):
+            r1 = min(t, r0 + 8)
+            _, k_step, v_step = ka.attn_decode(ka.KV_TYPES[fmt], qproj[r0:r1], k[r0:r1], v[r0:r1], qn, kn, k_step,
+                                               v_step, n_head=n_head, n_kv=n_kv)
+        np.testing.assert_array_equal(k_store, k_step, err_msg=f"{fmt} n_past={n_past} t={t}: k rows")
+        np.testing.assert_array_equal(v_store, v_step, err_msg=f"{fmt} n_past={n_past} t={t}: v rows")
+    report(test="store_kv", fmt=fmt, n_past=n_past, bit_identical=True)
+
+
 def test_split_depends_on_context_not_t():
     for n_past in (0, 1, 100, 4096, 32768, 100000):
         splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]

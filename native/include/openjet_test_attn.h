@@ -24,6 +24,12 @@ OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int n_kv, int 
                                          float eps, float rope_base, int n_rot, const void* k_in, const void* v_in,
                                          void* k_out, void* v_out, float* o);
 
+/* The cache stores of a step alone (launch_attn_store_kv: what the MTP head's fill runs): t = 1..4096 rows of
+ * k (RMSNorm, RoPE) and v appended after the n_past cached rows, as openjet_test_attn_decode appends them. */
+OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, int n_past, int t, const float* k,
+                                           const float* v, const float* k_norm, float eps, float rope_base, int n_rot,
+                                           const void* k_in, const void* v_in, void* k_out, void* v_out);
+
 /* The split the launch picks on this device: keys per chunk, chunks, and the SM count it read. */
 OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 

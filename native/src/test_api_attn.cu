@@ -94,6 +94,40 @@ extern "C" OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int
     return OPENJET_OK;
 }
 
+extern "C" OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, int n_past, int t,
+                                                      const float* k, const float* v, const float* k_norm, float eps,
+                                                      float rope_base, int n_rot, const void* k_in, const void* v_in,
+                                                      void* k_out, void* v_out) {
+    if (int s = check_shape(kv_type, n_head, n_kv, n_past, 1)) return s;  // t: its own limit below
+    if (t < 1 || t > 4096) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: must be 1..4096", t);
+    if (!k || !v || !k_norm || !k_out || !v_out || (n_past > 0 && (!k_in || !v_in)))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "attn_store_kv: null pointer");
+    const size_t rb = row_bytes(kv_type), cap = static_cast<size_t>(n_past) + t;
+    const size_t n_k = static_cast<size_t>(t) * n_kv * kAttnHeadDim;
+    DevBuf dk, dv, dkn, dkc, dvc;
+    CHECK(dk.upload(k, sizeof(float) * n_k));
+    CHECK(dv.upload(v, sizeof(float) * n_k));
+    CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
+    CHECK(dkc.alloc(rb * cap * n_kv));
+    CHECK(dvc.alloc(rb * cap * n_kv));
+    CHECK(cudaMemset(dkc.p, 0xFF, rb * cap * n_kv));  // NaN poison: the rows the call must write
+    CHECK(cudaMemset(dvc.p, 0xFF, rb * cap * n_kv));
+    if (n_past > 0) {
+        CHECK(cudaMemcpy2D(dkc.p, cap * rb, k_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy2D(dvc.p, cap * rb, v_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
+    }
+    AttnDecodeArgs a{};
+    a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
+    a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
+    a.k = dk.as<float>(), a.v = dv.as<float>(), a.k_norm = dkn.as<float>();
+    a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>();
+    CHECK(launch_attn_store_kv(a, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(k_out, dkc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(v_out, dvc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_head, int n_kv, int n_past, int t,
                                                           int split_factor, int copies, int reps, int runs,
                                                           float* us_out) {

@@ -23,6 +23,7 @@ def _lib() -> ctypes.CDLL:
     return _bind("attention test API", {
         "attn_decode": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
         "attn_split": [_I, _I, _I, _P, _P, _P],
+        "attn_store_kv": [_I, _I, _I, _I, _I, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P],
         "bench_attn_decode": [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
     })
 
@@ -52,6 +53,30 @@ def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, 
                                              _ptr(k_cache) if n_past else None, _ptr(v_cache) if n_past else None,
                                              _ptr(k_out), _ptr(v_out), _ptr(o)), "attn_decode")
     return o, k_out, v_out
+
+
+def attn_store_kv(kv_type: int, k, v, k_norm, k_cache, v_cache, *, n_head: int, n_kv: int, eps: float = 1e-6,
+                  rope_base: float = 1e7, n_rot: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """The cache rows of t = len(k) tokens appended after the n_past cached rows (launch_attn_store_kv: no q, no
+    attention). Returns (k_cache', v_cache') [n_kv, n_past + t, row_bytes]."""
+    lib = _lib()
+    rb = ROW_BYTES.get(kv_type, 1)
+    t = len(k)
+    k = _f32_shaped(k, (t, n_kv * HEAD_DIM), "k")
+    v = _f32_shaped(v, (t, n_kv * HEAD_DIM), "v")
+    k_norm = _f32_shaped(k_norm, (HEAD_DIM,), "k_norm")
+    k_cache = np.ascontiguousarray(k_cache, dtype=np.uint8)
+    v_cache = np.ascontiguousarray(v_cache, dtype=np.uint8)
+    n_past = k_cache.shape[1]
+    if kv_type in ROW_BYTES and (k_cache.shape != (n_kv, n_past, rb) or v_cache.shape != k_cache.shape):
+        raise ValueError(f"caches must be uint8 [{n_kv}, n_past, {rb}], got {k_cache.shape} and {v_cache.shape}")
+    k_out = np.empty((n_kv, n_past + t, rb), np.uint8)
+    v_out = np.empty_like(k_out)
+    _check(lib, lib.openjet_test_attn_store_kv(kv_type, n_head, n_kv, n_past, t, _ptr(k), _ptr(v), _ptr(k_norm),
+                                               eps, rope_base, n_rot, _ptr(k_cache) if n_past else None,
+                                               _ptr(v_cache) if n_past else None, _ptr(k_out), _ptr(v_out)),
+           "attn_store_kv")
+    return k_out, v_out
 
 
 def attn_split(n_past: int, n_kv: int, t: int) -> dict:
