@@ -20,7 +20,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecod
 // launches ~2 chunk blocks per SM (the spread), in one wave. (Uncut, 48 rows took 145 registers: one block per
 // SM, two waves at T = 6..8; sm_90 ptxas: now 126-128, no spills; 64 rows keep 148-165 for prefill.)
 template <class Fmt, int MAXR>
-__global__ void __launch_bounds__(kAttnThreads, MAXR <= 48 ? 2 : 1) attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
+__global__ void __launch_bounds__(kAttnThreads, MAXR <= 48 ? 2 : 1)
+attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
     pdl_start();  // pdl.cuh
     attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
@@ -100,8 +101,10 @@ cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream) {
         a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim || !a.k || !a.v || !a.k_norm || !a.k_cache || !a.v_cache)
         return cudaErrorInvalidValue;
     const dim3 grid(a.n_kv, a.t);  // the prep kernel's kv blocks alone
-    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, a.n_head);
-    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, a.n_head);
+    if (a.kv_type == kKvF16)
+        return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, a.n_head);
+    if (a.kv_type == kKvQ8_0)
+        return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, a.n_head);
     return cudaErrorInvalidValue;
 }
 

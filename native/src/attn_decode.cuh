@@ -346,7 +346,8 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
                 }
                 const int r = 8 * nt + 2 * tq, key = 16 * mt + g;  // s: (key, r), (key, r + 1), (key + 8, ...)
                 if (r < n_rows) part[r * kAttnSStride + key] = s[0], part[r * kAttnSStride + key + 8] = s[2];
-                if (r + 1 < n_rows) part[(r + 1) * kAttnSStride + key] = s[1], part[(r + 1) * kAttnSStride + key + 8] = s[3];
+                if (r + 1 < n_rows)
+                    part[(r + 1) * kAttnSStride + key] = s[1], part[(r + 1) * kAttnSStride + key + 8] = s[3];
             }
         }
         __syncthreads();

@@ -28,6 +28,7 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
     const int row = blockIdx.x;
     float* hr = h + static_cast<long long>(row) * k;
     const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
+    const float *xr = hr, *wr = w;  // where the norm and the pack read the row and the weights
     if constexpr (kStaged) {
         float* sh = staged;
         float* sw = staged + k;
@@ -38,20 +39,15 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
             sh[i] = x;
             sw[i] = w[i];
         }
-        __syncthreads();
-        const float scale = row_rms_scale(sh, k, eps);
-        pack_act_row([&](int i) { return __fmul_rn(__fmul_rn(sh[i], scale), sw[i]); }, k, p, row,
-                     a_out ? a_out + static_cast<long long>(row) * k : nullptr);
-    } else {
-        if (dr) {
+        xr = sh, wr = sw;
+    } else if (dr) {
 #pragma unroll 4
-            for (int i = threadIdx.x; i < k; i += kPackThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
-        }
-        __syncthreads();
-        const float scale = row_rms_scale(hr, k, eps);
-        pack_act_row([&](int i) { return __fmul_rn(__fmul_rn(hr[i], scale), w[i]); }, k, p, row,
-                     a_out ? a_out + static_cast<long long>(row) * k : nullptr);
+        for (int i = threadIdx.x; i < k; i += kPackThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
     }
+    __syncthreads();
+    const float scale = row_rms_scale(xr, k, eps);
+    pack_act_row([&](int i) { return __fmul_rn(__fmul_rn(xr[i], scale), wr[i]); }, k, p, row,
+                 a_out ? a_out + static_cast<long long>(row) * k : nullptr);
 }
 
 __global__ void __launch_bounds__(kPackThreads)

@@ -419,7 +419,6 @@ template <int NG, bool kSmemB> struct UnitMma<kQ6_K, NG, kSmemB> {
 template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128)
 #pragma unroll 2
         for (int blk = 0; blk < 8; ++blk) {
             float s[NG][4] = {};
@@ -428,9 +427,9 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
                 uint32_t a[4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq) ^ 0x80808080u;  // q + 128
-                    a[i] = hsub2_u((w & 0x00FF00FFu) | kMagic, k1152);
-                    a[2 + i] = hsub2_u(((w >> 8) & 0x00FF00FFu) | kMagic, k1152);
+                    const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq);  // int8 codes
+                    a[i] = h2_of_s8_bytes02(w & 0x00FF00FFu);
+                    a[2 + i] = h2_of_s8_bytes02((w >> 8) & 0x00FF00FFu);
                 }
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
@@ -617,7 +616,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
 // summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
 // one quarter each.
-// Its shape (template arguments NG, STAGES): kPrefillGroups groups (32 token rows) x kPrefillStages stages; the
+// Its shape: kPrefillGroups groups (32 token rows) x STAGES stages, kPrefillStages by default; the
 // "lean" shape (OPENJET_PREFILL_GEMM=lean, not yet measured) has kPrefillLeanStages and registers cut for
 // kPrefillLeanBlocks blocks per SM (12 warps instead of 8: the kernel stalls more than it issues, NOTES_gemv.md;
 // sm_90 ptxas: 168 registers, Q4_K 40 and Q5_K 16 bytes of spills). Same bits: the staging depth changes no sum.
@@ -627,11 +626,11 @@ constexpr int kPrefillLeanStages = 2, kPrefillLeanBlocks = 3;
 constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
 constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
 
-template <int QT, int NG, int STAGES> struct PrefillShape {
-    static constexpr int kStageHalves = NG * kBGroupHalves;  // one unit's activations of the NG groups
+template <int QT, int STAGES> struct PrefillShape {
+    static constexpr int kStageHalves = kPrefillGroups * kBGroupHalves;  // one unit's activations of the groups
     static constexpr int kWeightBytes = kPrefillWarps * STAGES * MmaShape<QT>::kStageWords * 16;
     static constexpr int kSmemBytes = kWeightBytes + STAGES * kStageHalves * 2 + 16;
-    static constexpr int kStaticBytes = sizeof(float) * kPrefillWarps * NG * 32 * 4;  // the kernel's total[]
+    static constexpr int kStaticBytes = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;  // total[]
 };
 
 // A thread's share of the block's activation copies per unit (each unit: the 8 NG token rows' 32 chunks of 16
@@ -676,12 +675,13 @@ template <int NG> struct ActCopy {
     }
 };
 
-template <int QT, int NG, int STAGES>
+template <int QT, int STAGES>
 __global__ void __launch_bounds__(kPrefillWarps * 32, STAGES == kPrefillLeanStages ? kPrefillLeanBlocks : 1)
 prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                    int blocks_per_rows, float* __restrict__ y) {
+    constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
-    using P = PrefillShape<QT, NG, STAGES>;
+    using P = PrefillShape<QT, STAGES>;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
     pdl_start();  // pdl.cuh (its first copies include activations)
@@ -752,8 +752,8 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 }
 
 // The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared, =grouped or =lean forces one (tests and
-// benchmarks run them all; they give the same bits), else the shared-activation kernel where its grid fills the GPU at
-// least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
+// benchmarks run them all; they give the same bits), else the shared-activation kernel where its grid fills
+// the GPU at least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
 // wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
 // loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
 // leave SMs idle or in a tail wave. (An 8-group, 2-stage shape, OPENJET_PREFILL_GEMM=wide, was slower on the
@@ -772,7 +772,7 @@ inline PrefillGemm prefill_gemm_choice() {
 // total[] included) or, unless forced, its grid is too small.
 template <int QT, int STAGES = kPrefillStages>
 cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
-    using P = PrefillShape<QT, kPrefillGroups, STAGES>;
+    using P = PrefillShape<QT, STAGES>;
     *launched = false;
     int optin = 0, sms = 0;
     cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
@@ -786,7 +786,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
-    auto kernel = prefill_mma_kernel<QT, kPrefillGroups, STAGES>;
+    auto kernel = prefill_mma_kernel<QT, STAGES>;
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
     if (opted != cudaSuccess) return opted;
@@ -816,13 +816,6 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
                          static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second);
 }
 
-// Two projections of the same activations (decode: t <= 8; same type and k, checked by launch_gemv_pair) in
-// one launch: b's tiles follow a's, so the GPU fills with b's blocks where a's last wave leaves SMs idle.
-template <int QT>
-cudaError_t launch_gemv_mma_pair_impl(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
-    return launch_gemv_mma_ng<QT, 1>(a, stream, &b);
-}
-
 // Decode (t <= 8): one group per block. Prefill: the shared-activation kernel where prefill_gemm_choice()
 // and its shared memory allow, else four groups per block (a group past t reads zeros and writes nothing).
 template <int QT>
@@ -850,6 +843,6 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     }                                                                                                \
     template <>                                                                                      \
     cudaError_t launch_gemv_mma_pair<QT>(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) { \
-        return launch_gemv_mma_pair_impl<QT>(a, b, stream);                                          \
+        return launch_gemv_mma_ng<QT, 1>(a, stream, &b); /* b's tiles after a's (launch_gemv_pair) */ \
     }                                                                                                \
     }

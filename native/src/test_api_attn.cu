@@ -39,6 +39,22 @@ __global__ void fill_cache_kernel(char* cache, uint32_t seed) {
     Fmt::store(cache + static_cast<size_t>(blockIdx.x) * Fmt::kRowBytes, threadIdx.x, y);
 }
 
+// Device caches of n_past + t rows per kv head, NaN-poisoned (the rows a call must write), the host's n_past rows
+// ([n_kv, n_past, rb], NULL when n_past == 0) copied in front.
+int upload_caches(int kv_type, int n_kv, int n_past, int t, const void* k_in, const void* v_in, DevBuf& dkc,
+                  DevBuf& dvc) {
+    const size_t rb = row_bytes(kv_type), cap = static_cast<size_t>(n_past) + t;
+    CHECK(dkc.alloc(rb * cap * n_kv));
+    CHECK(dvc.alloc(rb * cap * n_kv));
+    CHECK(cudaMemset(dkc.p, 0xFF, rb * cap * n_kv));
+    CHECK(cudaMemset(dvc.p, 0xFF, rb * cap * n_kv));
+    if (n_past > 0) {  // host [n_kv, n_past, rb] -> device [n_kv, cap, rb]
+        CHECK(cudaMemcpy2D(dkc.p, cap * rb, k_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy2D(dvc.p, cap * rb, v_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
+    }
+    return OPENJET_OK;
+}
+
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks,
@@ -67,19 +83,12 @@ extern "C" OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int
     CHECK(dv.upload(v, sizeof(float) * n_k));
     CHECK(dqn.upload(q_norm, sizeof(float) * kAttnHeadDim));
     CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
-    CHECK(dkc.alloc(rb * cap * n_kv));
-    CHECK(dvc.alloc(rb * cap * n_kv));
+    if (int s = upload_caches(kv_type, n_kv, n_past, t, k_in, v_in, dkc, dvc)) return s;
     CHECK(dout.alloc(sizeof(float) * n_o));
     CHECK(dwork.alloc(sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    // NaN poison: rows the step must write, and the output
-    CHECK(cudaMemset(dkc.p, 0xFF, rb * cap * n_kv));
-    CHECK(cudaMemset(dvc.p, 0xFF, rb * cap * n_kv));
+    // NaN poison: the output
     CHECK(cudaMemset(dout.p, 0xFF, sizeof(float) * n_o));
     CHECK(cudaMemset(dwork.p, 0xFF, sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    if (n_past > 0) {  // host [n_kv, n_past, rb] -> device [n_kv, cap, rb]
-        CHECK(cudaMemcpy2D(dkc.p, cap * rb, k_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
-        CHECK(cudaMemcpy2D(dvc.p, cap * rb, v_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
-    }
     AttnDecodeArgs a{};
     a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
     a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
@@ -108,14 +117,7 @@ extern "C" OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, i
     CHECK(dk.upload(k, sizeof(float) * n_k));
     CHECK(dv.upload(v, sizeof(float) * n_k));
     CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
-    CHECK(dkc.alloc(rb * cap * n_kv));
-    CHECK(dvc.alloc(rb * cap * n_kv));
-    CHECK(cudaMemset(dkc.p, 0xFF, rb * cap * n_kv));  // NaN poison: the rows the call must write
-    CHECK(cudaMemset(dvc.p, 0xFF, rb * cap * n_kv));
-    if (n_past > 0) {
-        CHECK(cudaMemcpy2D(dkc.p, cap * rb, k_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
-        CHECK(cudaMemcpy2D(dvc.p, cap * rb, v_in, n_past * rb, n_past * rb, n_kv, cudaMemcpyHostToDevice));
-    }
+    if (int s = upload_caches(kv_type, n_kv, n_past, t, k_in, v_in, dkc, dvc)) return s;
     AttnDecodeArgs a{};
     a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
     a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
