@@ -221,15 +221,23 @@ def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypat
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past", [0, 100, 4096])
 def test_store_kv_appends_the_rows_a_step_appends(fmt, n_past):
-    """launch_attn_store_kv (the MTP head's cache fill: no q, no attention) appends, byte for byte, the k and v rows
-    a full attention step of the same inputs appends (the step's own rows checked against numpy above), also for a
-    prefill-sized 40 rows, which the full step takes in 8-row steps here."""
+    """launch_attn_store_kv (the MTP head's cache fill: no q, no attention) leaves the prefix alone, appends v as
+    numpy quantises it and k within the format's rounding of the reference's RMSNorm + RoPE, and byte for byte
+    the rows a full attention step of the same inputs appends, also for a prefill-sized 40 rows, which the full
+    step takes in 8-row steps here."""
     n_head, n_kv = SIZES["27b"]
     _, _, kc, vc = prefix(fmt, n_kv, n_past)
     rng = np.random.default_rng(5 + n_past)
     for t in (1, 5, 8, 40):
         qproj, k, v, qn, kn = step_inputs(rng, t, n_head, n_kv)
         k_store, v_store = ka.attn_store_kv(ka.KV_TYPES[fmt], k, v, kn, kc, vc, n_head=n_head, n_kv=n_kv)
+        np.testing.assert_array_equal(k_store[:, :n_past], kc)
+        np.testing.assert_array_equal(v_store[:, :n_past], vc)
+        np.testing.assert_array_equal(v_store[:, n_past:], quantize_rows(v.reshape(t, n_kv, HD).swapaxes(0, 1), fmt))
+        _, k_ref = reference_qk(qproj, k, qn, kn, n_past, n_head, n_kv)
+        np.testing.assert_allclose(dequantize_rows(k_store[:, n_past:], fmt), k_ref.swapaxes(0, 1),
+                                   rtol=2.0 ** -10 if fmt == "F16" else 0,
+                                   atol=1e-6 if fmt == "F16" else float(np.abs(k_ref).max()) / 127 + 1e-6)
         k_step, v_step = kc, vc
         for r0 in range(0, t, 8):
             r1 = min(t, r0 + 8)

@@ -67,8 +67,12 @@ def test_pdl_keeps_every_bit(small_model, tmp_path, kv):
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
 def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
     """The small model's widths (1,024 and 3,072) are whole parts of 8 x 32 elements: every add-norm and swiglu
-    pack of the run takes the cluster kernels where the GPU has clusters (sm_90+), else the same kernels as the
-    plain run (then this passes trivially; the device runs are on an H200, sm_90)."""
+    pack of the run takes the cluster kernels (sm_90+: thread-block clusters; below, the library keeps the
+    one-block kernels, so there is nothing to compare and the test skips)."""
+    from openjet_launcher.engine import probe_in_child
+
+    if probe_in_child()["devices"][0]["sm"] < 90:
+        pytest.skip("no thread-block clusters below sm_90: OPENJET_PACK_CLUSTER=1 changes nothing there")
     plain = run_engine(small_model, kv, True, tmp_path / "plain.npy")
     clustered = run_engine(small_model, kv, True, tmp_path / "cluster.npy", OPENJET_PACK_CLUSTER="1")
     assert plain.shape == clustered.shape and np.isfinite(plain).all()

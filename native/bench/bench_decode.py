@@ -436,29 +436,26 @@ class Bench:
                     self.skip(run, f"{kv}: decode ctx {ctx} T {t}", est)
                     continue
                 ids = self.rng.integers(0, s.n_vocab, (a.warmup + a.steps, t)).astype(np.int32)
-                times = []
-                for i in range(a.warmup + a.steps):
-                    back()
-                    t0 = time.perf_counter()
-                    rc = lib.openjet_engine_decode(h, ids[i].ctypes.data_as(i32), t, logits.ctypes.data_as(f32),
-                                                   hidden.ctypes.data_as(f32))
-                    dt = time.perf_counter() - t0
-                    check(rc, f"decode ctx {ctx} T {t}")
-                    if i >= a.warmup:
-                        times.append(dt)
+                def timed_steps(step, what: str) -> list[float]:
+                    """Seconds of --steps calls of step(ids row) after --warmup, each from the restored context."""
+                    out = []
+                    for i in range(a.warmup + a.steps):
+                        back()
+                        t0 = time.perf_counter()
+                        rc = step(ids[i])
+                        dt = time.perf_counter() - t0
+                        check(rc, f"{what} ctx {ctx} T {t}")
+                        if i >= a.warmup:
+                            out.append(dt)
+                    return out
+
+                times = timed_steps(lambda row: lib.openjet_engine_decode(
+                    h, row.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)), "decode")
                 # The server's path: openjet_engine_decode_top, the top TOP_K logits of each row back instead of
                 # the vocabulary (t x 1 MB of pageable copies fewer).
-                top_times = []
-                for i in range(a.warmup + a.steps):
-                    back()
-                    t0 = time.perf_counter()
-                    rc = lib.openjet_engine_decode_top(h, ids[i].ctypes.data_as(i32), t, TOP_K, s.n_vocab, None, None,
-                                                       0, top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32),
-                                                       hidden.ctypes.data_as(f32))
-                    dt = time.perf_counter() - t0
-                    check(rc, f"decode_top ctx {ctx} T {t}")
-                    if i >= a.warmup:
-                        top_times.append(dt)
+                top_times = timed_steps(lambda row: lib.openjet_engine_decode_top(
+                    h, row.ctypes.data_as(i32), t, TOP_K, s.n_vocab, None, None, 0, top_vals.ctypes.data_as(f32),
+                    top_ids.ctypes.data_as(i32), hidden.ctypes.data_as(f32)), "decode_top")
                 prof = None
                 if a.profile_steps:                           # untimed: events between phases slow the step
                     engine.set_profile(True)
@@ -481,7 +478,8 @@ class Bench:
                        "roofline_ms": round(roof * 1e3, 3),
                        "roofline_share": round(roof / med, 4), "n": len(times)}
                 top_med = statistics.median(top_times)
-                rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3), "roofline_share": round(roof / top_med, 4)}
+                rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3),
+                                "roofline_share": round(roof / top_med, 4)}
                 if prof and prof["calls"]:
                     rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
                                                   for k, v in sorted(prof["phases"].items())}
@@ -767,7 +765,8 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         "method": ("decode: each step timed alone on the host clock around openjet_engine_decode (logits and "
                    "hidden back in host memory), the sequence restored to the context before each step; median "
                    "of --steps after --warmup; top_k: the same steps through openjet_engine_decode_top (the "
-                   "server's path: the top 32 logits per row come back, not the vocabulary). roofline_share = step_bytes / copy bandwidth / median. prefill: "
+                   "server's path: the top 32 logits per row come back, not the vocabulary). roofline_share = "
+                   "step_bytes / copy bandwidth / median. prefill: "
                    "engine.prefill wall time (chunks of prefill_rows rows; each weight read once per chunk)."),
         "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)

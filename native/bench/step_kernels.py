@@ -28,6 +28,12 @@ from openjet_launcher.model import synth  # noqa: E402
 from openjet_launcher.model.shape import PRESETS, QWEN38_27B  # noqa: E402
 
 
+def check(lib, rc: int, what: str) -> None:
+    """Exit naming the failed engine call and the library's message."""
+    if rc:
+        raise SystemExit(f"{what}: {lib.openjet_engine_last_error().decode(errors='replace')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="/tmp/full4.gguf")
@@ -66,15 +72,12 @@ def main() -> None:
         t0 = time.perf_counter()
         rc = lib.openjet_engine_decode(h, ids.ctypes.data_as(i32), len(ids), logits.ctypes.data_as(f32), None)
         dt = time.perf_counter() - t0
-        if rc:
-            raise SystemExit(lib.openjet_engine_last_error().decode(errors="replace"))
+        check(lib, rc, "decode")
         return dt
 
     if a.ctx:
         ids = rng.integers(0, n_vocab, a.ctx).astype(np.int32)
-        rc = lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, 128, None, None)
-        if rc:
-            raise SystemExit(lib.openjet_engine_last_error().decode(errors="replace"))
+        check(lib, lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, 128, None, None), "ctx prefill")
     lib.openjet_engine_checkpoint(h, 0)
     ts = [int(v) for v in a.t.split(",")]
     for t in ts:
@@ -104,21 +107,18 @@ def prefill_profile(eng, a) -> None:
     ids = np.random.default_rng(1).integers(0, eng.config.shape.n_vocab, a.ctx + a.prefill).astype(np.int32)
     new = ids[a.ctx:]
 
-    def check(rc: int, what: str) -> None:
-        if rc:
-            raise SystemExit(f"{what}: {lib.openjet_engine_last_error().decode(errors='replace')}")
-
     if a.ctx:
         eng.new_state()
-        check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, eng.prefill_rows, None, None), "ctx")
-        check(lib.openjet_engine_checkpoint(h, 0), "checkpoint")
+        rc = lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, eng.prefill_rows, None, None)
+        check(lib, rc, "ctx prefill")
+        check(lib, lib.openjet_engine_checkpoint(h, 0), "checkpoint")
 
     def once() -> float:
         if a.ctx:
-            check(lib.openjet_engine_restore(h, 0), "restore")
+            check(lib, lib.openjet_engine_restore(h, 0), "restore")
             t0 = time.perf_counter()
-            check(lib.openjet_engine_prefill(h, new.ctypes.data_as(i32), a.prefill, eng.prefill_rows, None, None),
-                  "prefill")
+            check(lib, lib.openjet_engine_prefill(h, new.ctypes.data_as(i32), a.prefill, eng.prefill_rows, None,
+                                                  None), "prefill")
             return time.perf_counter() - t0
         state = eng.new_state()
         t0 = time.perf_counter()

@@ -28,26 +28,34 @@ def _lib() -> ctypes.CDLL:
     })
 
 
+def _kv_inputs(kv_type: int, t: int, k, v, k_norm, k_cache, v_cache, n_kv: int):
+    """The step's k, v rows and k_norm as float32 of their shapes, the caches as contiguous uint8 [n_kv, n_past,
+    row_bytes] (checked), n_past, and empty outputs for the n_past + t rows."""
+    rb = ROW_BYTES.get(kv_type, 1)  # an unknown type: the library names the error
+    k = _f32_shaped(k, (t, n_kv * HEAD_DIM), "k")
+    v = _f32_shaped(v, (t, n_kv * HEAD_DIM), "v")
+    k_norm = _f32_shaped(k_norm, (HEAD_DIM,), "k_norm")
+    k_cache = np.ascontiguousarray(k_cache, dtype=np.uint8)
+    v_cache = np.ascontiguousarray(v_cache, dtype=np.uint8)
+    n_past = k_cache.shape[1]
+    if kv_type in ROW_BYTES and (k_cache.shape != (n_kv, n_past, rb) or v_cache.shape != k_cache.shape):
+        raise ValueError(f"caches must be uint8 [{n_kv}, n_past, {rb}], got {k_cache.shape} and {v_cache.shape}")
+    k_out = np.empty((n_kv, n_past + t, rb), np.uint8)
+    return k, v, k_norm, k_cache, v_cache, n_past, k_out, np.empty_like(k_out)
+
+
 def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, n_head: int, n_kv: int,
                 eps: float = 1e-6, rope_base: float = 1e7, n_rot: int = 64
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One step of t = len(qproj) rows after the n_past cached rows of k_cache / v_cache (uint8
     [n_kv, n_past, row_bytes]). Returns (o [t, n_head*256], k_cache', v_cache' [n_kv, n_past + t, row_bytes])."""
     lib = _lib()
-    rb = ROW_BYTES.get(kv_type, 1)  # an unknown type: the library names the error
     t = len(qproj)
     qproj = _f32_shaped(qproj, (t, n_head * 2 * HEAD_DIM), "qproj")
-    k = _f32_shaped(k, (t, n_kv * HEAD_DIM), "k")
-    v = _f32_shaped(v, (t, n_kv * HEAD_DIM), "v")
-    q_norm, k_norm = _f32_shaped(q_norm, (HEAD_DIM,), "q_norm"), _f32_shaped(k_norm, (HEAD_DIM,), "k_norm")
-    k_cache = np.ascontiguousarray(k_cache, dtype=np.uint8)
-    v_cache = np.ascontiguousarray(v_cache, dtype=np.uint8)
-    n_past = k_cache.shape[1]
-    if kv_type in ROW_BYTES and (k_cache.shape != (n_kv, n_past, rb) or v_cache.shape != k_cache.shape):
-        raise ValueError(f"caches must be uint8 [{n_kv}, n_past, {rb}], got {k_cache.shape} and {v_cache.shape}")
+    q_norm = _f32_shaped(q_norm, (HEAD_DIM,), "q_norm")
+    k, v, k_norm, k_cache, v_cache, n_past, k_out, v_out = _kv_inputs(kv_type, t, k, v, k_norm, k_cache, v_cache,
+                                                                      n_kv)
     o = np.empty((t, n_head * HEAD_DIM), np.float32)
-    k_out = np.empty((n_kv, n_past + t, rb), np.uint8)
-    v_out = np.empty_like(k_out)
     _check(lib, lib.openjet_test_attn_decode(kv_type, n_head, n_kv, n_past, t, _ptr(qproj), _ptr(k), _ptr(v),
                                              _ptr(q_norm), _ptr(k_norm), eps, rope_base, n_rot,
                                              _ptr(k_cache) if n_past else None, _ptr(v_cache) if n_past else None,
@@ -60,18 +68,9 @@ def attn_store_kv(kv_type: int, k, v, k_norm, k_cache, v_cache, *, n_head: int, 
     """The cache rows of t = len(k) tokens appended after the n_past cached rows (launch_attn_store_kv: no q, no
     attention). Returns (k_cache', v_cache') [n_kv, n_past + t, row_bytes]."""
     lib = _lib()
-    rb = ROW_BYTES.get(kv_type, 1)
     t = len(k)
-    k = _f32_shaped(k, (t, n_kv * HEAD_DIM), "k")
-    v = _f32_shaped(v, (t, n_kv * HEAD_DIM), "v")
-    k_norm = _f32_shaped(k_norm, (HEAD_DIM,), "k_norm")
-    k_cache = np.ascontiguousarray(k_cache, dtype=np.uint8)
-    v_cache = np.ascontiguousarray(v_cache, dtype=np.uint8)
-    n_past = k_cache.shape[1]
-    if kv_type in ROW_BYTES and (k_cache.shape != (n_kv, n_past, rb) or v_cache.shape != k_cache.shape):
-        raise ValueError(f"caches must be uint8 [{n_kv}, n_past, {rb}], got {k_cache.shape} and {v_cache.shape}")
-    k_out = np.empty((n_kv, n_past + t, rb), np.uint8)
-    v_out = np.empty_like(k_out)
+    k, v, k_norm, k_cache, v_cache, n_past, k_out, v_out = _kv_inputs(kv_type, t, k, v, k_norm, k_cache, v_cache,
+                                                                      n_kv)
     _check(lib, lib.openjet_test_attn_store_kv(kv_type, n_head, n_kv, n_past, t, _ptr(k), _ptr(v), _ptr(k_norm),
                                                eps, rope_base, n_rot, _ptr(k_cache) if n_past else None,
                                                _ptr(v_cache) if n_past else None, _ptr(k_out), _ptr(v_out)),
