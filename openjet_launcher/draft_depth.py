@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024 (bench/results/
-# engine-full-h200-5e5d185.json): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft
-# vocabulary (0.34 ms) and the accept (0.345 ms) when n > 0. Only the ratios matter (8 rows cost 1.29x one).
-VERIFY_MS = (10.995, 11.447, 11.913, 12.404, 12.681, 13.524, 13.822, 14.153)
-DRAFT_MS, ACCEPT_MS = 0.34, 0.345
+# engine-full-h200-4261402.json; verify through verify_top, the server's path): verify T = n + 1 rows, plus n
+# draft steps over the 32,768-row draft vocabulary (0.334 ms) and the accept (0.357 ms) when n > 0. Only the
+# ratios matter (8 rows cost 1.23x one).
+VERIFY_MS = (10.843, 11.106, 11.488, 11.89, 12.042, 12.552, 12.751, 13.32)
+DRAFT_MS, ACCEPT_MS = 0.334, 0.357
 DEFAULT_COST_MS = tuple(v + n * DRAFT_MS + (ACCEPT_MS if n else 0.0) for n, v in enumerate(VERIFY_MS))
 
 

@@ -214,7 +214,7 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
-@pytest.mark.parametrize("kernel", ["shared", "grouped", "lean"])
+@pytest.mark.parametrize("kernel", ["shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
 def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):
     """A prefill call of up to 128 rows gives every row the bits of a decode call holding it, partial last

@@ -21,7 +21,7 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   work as one prefill of N tokens, since prefill runs chunks of ``--prefill-rows`` rows (default 512) whose
   arithmetic does not depend on the chunking; the decode measurements between segments are
   undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
-  device time). OPENJET_PREFILL_GEMM=shared, =grouped or =lean in the environment forces one prefill kernel
+  device time). OPENJET_PREFILL_GEMM=shared or =grouped in the environment forces one prefill kernel
   (recorded as "prefill_gemm"); OPENJET_PDL=0 measures without programmatic dependent launch (recorded as "pdl").
 
 The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the

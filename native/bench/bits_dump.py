@@ -43,7 +43,7 @@ def kernel_outputs(out: dict) -> None:
                     d16[:, :, 2:4] = np.frombuffer(np.float16(2 ** -14).tobytes(), np.uint8)
             for t in (1, 2, 3, 4, 5, 6, 7, 8, 40, 128):
                 x = rng.standard_normal((t, k), dtype=np.float32)
-                kinds = ("grouped", "shared", "lean") if t > 8 else ("",)  # lean: a library without it takes auto
+                kinds = ("grouped", "shared") if t > 8 else ("",)
                 for kind in kinds:
                     if kind:
                         os.environ["OPENJET_PREFILL_GEMM"] = kind

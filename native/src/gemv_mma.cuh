@@ -616,17 +616,15 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // warp's own weight stream. A warp walks the whole of k in the decode kernel's four quarters, each
 // summed from zero and added to the total in order: the bits of the decode kernel, whose four warps take
 // one quarter each.
-// Its shape: kPrefillGroups groups (32 token rows) x STAGES stages, kPrefillStages by default; the
-// "lean" shape (OPENJET_PREFILL_GEMM=lean, not yet measured) has kPrefillLeanStages and registers cut for
-// kPrefillLeanBlocks blocks per SM (12 warps instead of 8: the kernel stalls more than it issues, NOTES_gemv.md;
-// sm_90 ptxas: 168 registers, Q4_K 40 and Q5_K 16 bytes of spills). Same bits: the staging depth changes no sum.
+// Its shape: kPrefillGroups groups (32 token rows) x kPrefillStages stages. (A "lean" shape, 2 stages and
+// registers cut for 3 blocks per SM, was slower on the H200, 2,594 against 2,692 tok/s, and removed: NOTES_gemv.md.)
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillStages = 3;
-constexpr int kPrefillLeanStages = 2, kPrefillLeanBlocks = 3;
 constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
 constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
 
-template <int QT, int STAGES> struct PrefillShape {
+template <int QT> struct PrefillShape {
+    static constexpr int STAGES = kPrefillStages;
     static constexpr int kStageHalves = kPrefillGroups * kBGroupHalves;  // one unit's activations of the groups
     static constexpr int kWeightBytes = kPrefillWarps * STAGES * MmaShape<QT>::kStageWords * 16;
     static constexpr int kSmemBytes = kWeightBytes + STAGES * kStageHalves * 2 + 16;
@@ -675,13 +673,14 @@ template <int NG> struct ActCopy {
     }
 };
 
-template <int QT, int STAGES>
-__global__ void __launch_bounds__(kPrefillWarps * 32, STAGES == kPrefillLeanStages ? kPrefillLeanBlocks : 1)
+template <int QT>
+__global__ void __launch_bounds__(kPrefillWarps * 32, 1)
 prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                    int blocks_per_rows, float* __restrict__ y) {
     constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
-    using P = PrefillShape<QT, STAGES>;
+    using P = PrefillShape<QT>;
+    constexpr int STAGES = P::STAGES;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
     pdl_start();  // pdl.cuh (its first copies include activations)
@@ -751,28 +750,27 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     }
 }
 
-// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared, =grouped or =lean forces one (tests and
+// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and
 // benchmarks run them all; they give the same bits), else the shared-activation kernel where its grid fills
 // the GPU at least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
 // wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
 // loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
-// leave SMs idle or in a tail wave. (An 8-group, 2-stage shape, OPENJET_PREFILL_GEMM=wide, was slower on the
-// H200 and removed: NOTES_gemv.md.)
-enum class PrefillGemm { kAuto, kShared, kGrouped, kLean };
+// leave SMs idle or in a tail wave. (The "wide" and "lean" shapes were slower on the H200 and removed:
+// NOTES_gemv.md.)
+enum class PrefillGemm { kAuto, kShared, kGrouped };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
-    if (choice && std::strcmp(choice, "lean") == 0) return PrefillGemm::kLean;
     return PrefillGemm::kAuto;
 }
 
 // The shared-activation kernel; *launched stays false where it does not fit a block's shared memory (static
 // total[] included) or, unless forced, its grid is too small.
-template <int QT, int STAGES = kPrefillStages>
+template <int QT>
 cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool force, bool* launched) {
-    using P = PrefillShape<QT, STAGES>;
+    using P = PrefillShape<QT>;
     *launched = false;
     int optin = 0, sms = 0;
     cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
@@ -786,7 +784,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     const long long row_blocks = (a.n + kPrefillWarps * kMmaRows - 1) / (kPrefillWarps * kMmaRows);
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
-    auto kernel = prefill_mma_kernel<QT, STAGES>;
+    auto kernel = prefill_mma_kernel<QT>;
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
     if (opted != cudaSuccess) return opted;
@@ -824,9 +822,7 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     const PrefillGemm choice = prefill_gemm_choice();
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
-        const cudaError_t e = choice == PrefillGemm::kLean
-                                  ? launch_prefill_mma<QT, kPrefillLeanStages>(a, stream, true, &launched)
-                                  : launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
+        const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
         if (e != cudaSuccess || launched) return e;
     }
     return launch_gemv_mma_ng<QT, kPrefillGroups>(a, stream);
