@@ -620,8 +620,20 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 // registers cut for 3 blocks per SM, was slower on the H200, 2,594 against 2,692 tok/s, and removed: NOTES_gemv.md.)
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillStages = 3;
-constexpr int kBRowHalves = kUnitElems + 8;  // a token row of a unit in shared memory, padded: no bank conflicts
-constexpr int kBGroupHalves = kActRows * kBRowHalves + kActRows * 16;  // + the rows' 16 sum halves
+// A B stage holds, per group, its 8 token rows of one unit and then their 32-block sums (16 halves a row).
+// Where token row rr starts (halves): 256 rr, shifted by h(rr) 16-byte chunks so that a half-warp's 8-byte B
+// loads (rows g = 0..3 or 4..7) hit as few 128-byte bank lines as they can. Q4_K/Q5_K lanes read elements
+// 64 (tq / 2) + 16 (tq % 2) + c: chunks h + 2 (tq % 2) (mod 8) must differ over g, so h = 0, 1, 4, 5 (two lanes
+// per chunk remain, 128 bytes apart: 2 wavefronts, was 4 with rows 528 bytes apart); Q6_K/Q8_0 lanes read 4 tq
+// + c: chunks h + tq / 2, so h = 0, 2, 4, 6 (1 wavefront, was 2). Layout only: the same bits.
+template <int QT> __host__ __device__ constexpr int b_row_halves(int rr) {
+    return rr * kUnitElems + 8 * (QT == kQ4_K || QT == kQ5_K ? (rr & 1) | ((rr & 2) << 1) : 2 * (rr & 3));
+}
+constexpr int kBSumHalves = kActRows * kUnitElems + 64;  // past every shifted row (at most 48 halves), 128-byte aligned
+constexpr int kBGroupHalves = kBSumHalves + kActRows * 16;  // a multiple of 64 halves: groups keep the bank pattern
+static_assert(b_row_halves<kQ6_K>(kActRows - 1) + kUnitElems <= kBSumHalves &&
+                  b_row_halves<kQ4_K>(kActRows - 1) + kUnitElems <= kBSumHalves && kBGroupHalves % 64 == 0,
+              "B stage layout");
 
 template <int QT> struct PrefillShape {
     static constexpr int STAGES = kPrefillStages;
@@ -635,7 +647,7 @@ template <int QT> struct PrefillShape {
 // bytes and their 2 chunks of 32-block sums, rows < t only, into one B stage), worked out once per block like
 // TileCopy: per unit only two base addresses move (before: a division, a modulo and 64-bit address arithmetic
 // per copy, ~9 copies per thread per unit).
-template <int NG> struct ActCopy {
+template <int QT, int NG> struct ActCopy {
     static constexpr int kRowChunks = kUnitElems * 2 / 16;  // 32 chunks of 16 bytes per token row
     static constexpr int kChunks = NG * kActRows * (kRowChunks + 2);
     static constexpr int kJ = (kChunks + kPrefillWarps * 32 - 1) / (kPrefillWarps * 32);
@@ -655,10 +667,10 @@ template <int NG> struct ActCopy {
             if (i >= kChunks || col >= t) continue;
             if (c < kRowChunks) {
                 src[j] = col * k + 8 * c;
-                dst[j] = grp * kBGroupHalves + rr * kBRowHalves + 8 * c;
+                dst[j] = grp * kBGroupHalves + b_row_halves<QT>(rr) + 8 * c;
             } else {
                 src[j] = col * kb2 + 8 * (c - kRowChunks);
-                dst[j] = grp * kBGroupHalves + kActRows * kBRowHalves + rr * 16 + 8 * (c - kRowChunks);
+                dst[j] = grp * kBGroupHalves + kBSumHalves + rr * 16 + 8 * (c - kRowChunks);
                 sums |= 1u << j;
             }
         }
@@ -690,7 +702,7 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const int nu = k / kUnitElems;
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
     const TileCopy<QT> copy(row_bytes, n, row0, lane);
-    const ActCopy<NG> act(k, t, grp0);
+    const ActCopy<QT, NG> act(k, t, grp0);
     uint4* wsm = smem + warp * STAGES * S::kStageWords;
     __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + P::kWeightBytes);
 
@@ -710,8 +722,8 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     for (int j = 0; j < NG; ++j) {
         const int row = min((grp0 + j) * kActRows + g, t - 1) - grp0 * kActRows;
         const int grp = row / kActRows, rr = row % kActRows;
-        bcol[j] = grp * kBGroupHalves + rr * kBRowHalves;
-        bsum[j] = grp * kBGroupHalves + kActRows * kBRowHalves + rr * 16;
+        bcol[j] = grp * kBGroupHalves + b_row_halves<QT>(rr);
+        bsum[j] = grp * kBGroupHalves + kBSumHalves + rr * 16;
     }
     UnitX ux[NG];
     int u = 0;
