@@ -150,6 +150,23 @@ def test_t_tokens_in_one_call_equal_t_single_calls_bitwise(size, t):
     np.testing.assert_array_equal(s_all, s)
 
 
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [9, 100])
+def test_column_split_equals_whole_head_blocks_bitwise(size, t, monkeypatch):
+    """A call of more than 8 rows runs on blocks of 32 state columns (4 per head) and a second launch for the
+    gated RMSNorm; OPENJET_GDN_SPLIT=0 keeps one block per head. Same operations per value: the same bits."""
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(57 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    cs, s = random_state(rng, n_k, n_v)
+    split = gpu_step(n_k, n_v, tok, par, cs, s)
+    monkeypatch.setenv("OPENJET_GDN_SPLIT", "0")
+    whole = gpu_step(n_k, n_v, tok, par, cs, s)
+    for name, x, y in zip(("y", "conv_state", "state"), split, whole):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    check_close(f"{size} t={t} split", split, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
+
+
 def test_value_heads_read_key_heads_tiled_not_grouped():
     n_k, n_v = SIZES["tiny"]
     rng = np.random.default_rng(5)

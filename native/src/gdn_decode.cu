@@ -1,5 +1,8 @@
-// launch_gdn_step: the standalone launch of gdn_step_head (gdn_decode.cuh), one block per value head.
+// launch_gdn_step: the standalone launch of gdn_step_head (gdn_decode.cuh), one block per value head, or per
+// kGdnSplitCols columns of one (the column split) followed by the gated RMSNorm's launch.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "gdn_decode.cuh"
 #include "pdl.cuh"
@@ -7,10 +10,38 @@
 namespace openjet {
 namespace {
 
-__global__ void __launch_bounds__(kGdnThreads, 1) gdn_step_kernel(const GdnStepArgs a) {
+// The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
+// would run in two waves on 170 SMs).
+template <int kCols>
+__global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
+gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
     pdl_start();  // pdl.cuh
-    gdn_step_head(a, blockIdx.x, sm);
+    constexpr int kSplits = kGdnHeadDim / kCols;
+    gdn_step_head<kCols>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);
+}
+
+constexpr int kNormThreads = 256;
+
+// The column split's second launch: y = gated RMSNorm of the o rows the step wrote to y, in place; one warp per
+// (token, head), the operations of gdn_step_head's step 4.
+__global__ void __launch_bounds__(kNormThreads) gdn_gated_norm_kernel(const GdnStepArgs a) {
+    pdl_start();
+    const int w = static_cast<int>((blockIdx.x * kNormThreads + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (w >= a.t * a.n_v) return;  // whole warps
+    const int tok = w / a.n_v, h = w % a.n_v;
+    const size_t row = (size_t)tok * a.n_v * kGdnHeadDim + (size_t)h * kGdnHeadDim;
+    const float* z = a.z + row;
+    gdn_gated_norm_row(a.y + row, [&](int c) { return a.norm_w[c]; }, [&](int c) { return z[c]; }, a.eps, lane,
+                       a.y + row);
+}
+
+// The column split for a prefill call's rows: more than one sub-step, no fused projections (whose per-head
+// logits every block of the head would compute again); OPENJET_GDN_SPLIT=0 turns it off (to compare).
+// (Read at each launch, a prefill chunk's 48: tests switch it.)
+bool gdn_split(const GdnStepArgs& a) {
+    const char* v = std::getenv("OPENJET_GDN_SPLIT");
+    return !(v && std::strcmp(v, "0") == 0) && !a.w_beta && a.t > kGdnMaxT;
 }
 
 bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b < a + n; }
@@ -35,7 +66,14 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
     if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
         return cudaErrorInvalidValue;
-    return launch_kernel(gdn_step_kernel, a.n_v, kGdnThreads, 0, stream, a);
+    if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
+    constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
+    if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits, kGdnRowGroups * kGdnSplitCols,
+                                      0, stream, a))
+        return e;
+    const long long threads = 32LL * a.t * a.n_v;
+    return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
+                         kNormThreads, 0, stream, a);
 }
 
 }  // namespace openjet

@@ -13,6 +13,13 @@
 // The block also does the head's causal conv (q/k channels of key head h mod n_k, v channels of head h),
 // the L2 norms, the gates and the gated RMSNorm, so one launch (48 blocks) is the whole step.
 //
+// Column split (prefill calls, t > 8 rows without the fused projections): the same per-column work on blocks
+// of kGdnSplitCols columns (4 blocks per head, 192 at 27B instead of 48: a chunk's token-by-token recurrence,
+// ~1.1 us a token on one SM per head, spreads over the whole GPU). Each block does the conv, norms and gates of
+// q and k (all 128 rows, which every column reads) and of its own v columns, and writes its columns' o to y;
+// a second launch (one warp per token and head) applies the gated RMSNorm, which needs the whole o row, in
+// place. Every value is computed by the same operations in the same order: the same bits.
+//
 // T-invariance: every per-token quantity is computed by the same code in the same order whether a token
 // comes first in a call or later, and the state round-trips through memory as exact fp32, so T tokens in
 // one call equal T one-token calls bit for bit.
@@ -33,6 +40,7 @@ constexpr int kGdnMaxT = 8;          // token rows per sub-step (shared memory h
 constexpr int kGdnMaxRows = 2048;    // token rows per call (a prefill chunk: OPENJET_ENGINE_PREFILL_ROWS_MAX)
 constexpr int kGdnRowsPerThread = 16;                                        // R: state rows in registers
 constexpr int kGdnThreads = kGdnHeadDim * (kGdnHeadDim / kGdnRowsPerThread);  // 1024: one per (row group, column)
+constexpr int kGdnSplitCols = 32;                                            // columns per block, column split
 
 struct GdnStepArgs {
     int n_k, n_v, t;                  // key heads, value heads (n_v % n_k == 0), tokens 1..kGdnMaxRows
@@ -62,7 +70,8 @@ struct GdnStepArgs {
     float* alpha_out = nullptr;
 };
 
-// One GDN decode step for all value heads: grid n_v blocks of kGdnThreads.
+// One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
+// without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split and its gated RMSNorm launch.
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
@@ -99,21 +108,41 @@ __device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
     return gdn_warp_sum(s);
 }
 
-// The whole step for value head h, run by one block of exactly kGdnThreads threads (a persistent kernel
-// calls this per head; it contains __syncthreads, so all threads of the block must call it). The call's
-// a.t rows go in sub-steps of kGdnMaxT: the state stays in registers and the conv window in shared memory
-// between them, and the next sub-step's inputs are loaded while the delta rule of this one runs.
-__device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm) {
+// y = o·rsqrt(mean o² + eps)·w·silu(z) of one token's head row o (128 values), by one warp; out may be o.
+template <class W, class Z>
+__device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm_w, const Z& z, float eps, int lane,
+                                                   float* out) {
+    constexpr int D = kGdnHeadDim;
+    const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), eps)));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // each lane rewrites only the elements it read: in place is safe
+        const int c = lane + 32 * i;
+        out[c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), norm_w(c)), gdn_silu(z(c)));
+    }
+}
+
+// The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols
+// threads (a persistent kernel calls this per head; it contains __syncthreads, so all threads of the block
+// must call it). kCols = 128 (c0 = 0) is the whole head: y written; fewer is the column split: its columns'
+// o written to y, gdn_gated_norm_row to follow. The call's a.t rows go in sub-steps of kGdnMaxT: the state
+// stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
+// loaded while the delta rule of this one runs.
+template <int kCols = kGdnHeadDim>
+__device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
-    const int tid = threadIdx.x, j = tid % D, rg = tid / D, lane = tid & 31, warp = tid >> 5;
+    constexpr bool kWhole = kCols == D;
+    constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
+    constexpr int W = 2 * D + kCols;  // conv channels of the block: q, k (all rows), v (its columns)
+    static_assert(D % kCols == 0 && kCols % 32 == 0, "whole warps of columns");
+    const int tid = threadIdx.x, j = c0 + tid % kCols, rg = tid / kCols, lane = tid & 31, warp = tid >> 5;
     const int kh = h % a.n_k;                                  // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
 
     // The fused beta (even jobs) and alpha (odd) projections of each token (a call of one sub-step: the launcher
     // checks), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
-    if (a.w_beta) {
-        constexpr int kGroups = kGdnThreads / 128;
+    if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
+        constexpr int kGroups = kThreads / 128;
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
             const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
@@ -133,27 +162,50 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const auto channel = [&](int part, int cl) {  // conv channel of q / k (key head kh) or v (head h)
         return part == 0 ? kh * D + cl : part == 1 ? key_dim + kh * D + cl : 2 * key_dim + h * D + cl;
     };
-    constexpr int kLoads = (kGdnMaxT * 3 * D + kGdnThreads - 1) / kGdnThreads;  // raw qkv values per thread
-    static_assert(kGdnMaxT * D <= kGdnThreads, "one z value per thread");
+    // The block's channel ch (0 .. W - 1): its part (q, k, v) and column there (v: the block's columns).
+    const auto part_of = [](int ch) { return kWhole ? ch / D : ch < D ? 0 : ch < 2 * D ? 1 : 2; };
+    const auto column_of = [&](int ch) { return kWhole ? ch % D : ch < 2 * D ? ch % D : c0 + ch - 2 * D; };
+    // f(ch) for each of this thread's conv channels; f(i) for i = warp, warp + kWarps, ... < n (whole head: one).
+    const auto for_channels = [&](auto&& f) {
+        if constexpr (kWhole) {
+            if (tid < W) f(tid);
+        } else {
+#pragma unroll 1
+            for (int ch = tid; ch < W; ch += kThreads) f(ch);
+        }
+    };
+    const auto for_warp_jobs = [&](int n, auto&& f) {
+        if constexpr (kWhole) {
+            if (warp < n) f(warp);
+        } else {
+#pragma unroll 1
+            for (int i = warp; i < n; i += kWarps) f(i);
+        }
+    };
+    constexpr int kLoads = (kGdnMaxT * W + kThreads - 1) / kThreads;  // raw qkv values per thread
+    static_assert(!kWhole || kGdnMaxT * D <= kThreads, "one z value per thread");
     float xr[kLoads], zr = 0.0f;
-    const auto load_rows = [&](int t0) {  // this thread's raw qkv and z values of rows t0 .. t0 + kGdnMaxT - 1
+    const auto load_rows = [&](int t0) {  // this thread's raw qkv (and z) values of rows t0 .. t0 + kGdnMaxT - 1
         const int n = min(kGdnMaxT, a.t - t0);
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
-            const int e = tid + u * kGdnThreads, t = e / (3 * D);
-            xr[u] = e < n * 3 * D ? a.qkv[(size_t)(t0 + t) * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
+            const int e = tid + u * kThreads, t = e / W, ch = e - t * W;
+            if constexpr (kWhole)
+                xr[u] = e < n * W ? a.qkv[(size_t)(t0 + t) * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
+            else
+                xr[u] = e < n * W ? a.qkv[(size_t)(t0 + t) * conv_dim + channel(part_of(ch), column_of(ch))] : 0.0f;
         }
-        if (tid < n * D) zr = a.z[(size_t)(t0 + tid / D) * value_dim + h * D + j];
+        if (kWhole && tid < n * D) zr = a.z[(size_t)(t0 + tid / D) * value_dim + h * D + j];
     };
     load_rows(0);
-    if (tid < 3 * D) {  // conv thread of channel c; what it puts in shared memory only it reads back: no barrier
-        const int c = channel(tid / D, j);
-        sm.conv_w[tid] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
+    // Conv thread of channel ch: what it puts in shared memory only it reads back.
+    for_channels([&](int ch) {
+        const int c = channel(part_of(ch), column_of(ch));
+        sm.conv_w[ch] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
 #pragma unroll
-        for (int i = 0; i < 3; ++i) sm.conv_x[i][tid] = a.conv_state_in[i * conv_dim + c];
-    } else if (tid >= 4 * D && tid < 5 * D) {
-        sm.norm_w[j] = a.norm_w[j];
-    }
+        for (int i = 0; i < 3; ++i) sm.conv_x[i][ch] = a.conv_state_in[i * conv_dim + c];
+    });
+    if (kWhole && tid >= 4 * D && tid < 5 * D) sm.norm_w[j] = a.norm_w[j];
 
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += kGdnMaxT) {
@@ -162,16 +214,19 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
 
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
-            const int e = tid + u * kGdnThreads;
-            if (e < n_tok * 3 * D) sm.x[(e / D) % 3][e / (3 * D)][e % D] = xr[u];
+            const int e = tid + u * kThreads, t = e / W, ch = e - t * W;
+            if (e >= n_tok * W) continue;
+            if (kWhole) sm.x[(e / D) % 3][t][e % D] = xr[u];
+            else sm.x[part_of(ch)][t][column_of(ch)] = xr[u];
         }
-        if (tid < n_tok * D) sm.z[tid / D][j] = zr;
+        if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
-        if (tid >= 3 * D && tid < 3 * D + n_tok) {
-            const int t = tid - 3 * D, row = t0 + t;
+        constexpr int kGateTid = kWhole ? 3 * D : 0;  // whole head: threads without a conv channel
+        if (tid >= kGateTid && tid < kGateTid + n_tok) {
+            const int t = tid - kGateTid, row = t0 + t;
             float bl, al;  // the logits: computed above (the F32 GEMV's final sum), or read
             if (a.w_beta) {
                 const float* pb = sm.proj[2 * t];
@@ -188,11 +243,11 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
             sm.decay[t] = expf(g);
         }
-        if (tid < 3 * D) {
-            float* xc = &sm.x[tid / D][0][j];
-            const float4 cw = sm.conv_w[tid];
+        for_channels([&](int ch) {
+            float* xc = &sm.x[part_of(ch)][0][column_of(ch)];
+            const float4 cw = sm.conv_w[ch];
             const float w0 = cw.x, w1 = cw.y, w2 = cw.z, w3 = cw.w;
-            float x0 = sm.conv_x[0][tid], x1 = sm.conv_x[1][tid], x2 = sm.conv_x[2][tid];
+            float x0 = sm.conv_x[0][ch], x1 = sm.conv_x[1][ch], x2 = sm.conv_x[2][ch];
             for (int t = 0; t < n_tok; ++t) {
                 const float xt = xc[t * D];
                 // Σ_j w_j x_{t-3+j}, multiplied then added tap by tap, as the numpy reference.
@@ -202,35 +257,36 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                 xc[t * D] = gdn_silu(out);
                 x0 = x1; x1 = x2; x2 = xt;
             }
-            sm.conv_x[0][tid] = x0, sm.conv_x[1][tid] = x1, sm.conv_x[2][tid] = x2;
-            if (t0 + n_tok == a.t && (tid >= 2 * D || h == kh)) {  // the call's last rows: q/k channels are written
-                const int c = channel(tid / D, j);                  // by the one block with h < n_k
+            sm.conv_x[0][ch] = x0, sm.conv_x[1][ch] = x1, sm.conv_x[2][ch] = x2;
+            // The call's last rows: q/k channels are written by the one block with h < n_k (and c0 = 0).
+            if (t0 + n_tok == a.t && (ch >= 2 * D || (h == kh && c0 == 0))) {
+                const int c = channel(part_of(ch), column_of(ch));
                 a.conv_state_out[c] = x0;
                 a.conv_state_out[conv_dim + c] = x1;
                 a.conv_state_out[2 * conv_dim + c] = x2;
             }
-        }
+        });
         __syncthreads();
 
         // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps): one warp per (token, q|k) row.
-        if (warp < 2 * n_tok) {
-            float* row = sm.x[warp & 1][warp >> 1];
+        for_warp_jobs(2 * n_tok, [&](int rw) {
+            float* row = sm.x[rw & 1][rw >> 1];
             const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), a.eps)));
-            const float scale = (warp & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
+            const float scale = (rw & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float x = __fmul_rn(row[lane + 32 * i], inv);
-                row[lane + 32 * i] = (warp & 1) ? x : __fmul_rn(x, scale);
+                row[lane + 32 * i] = (rw & 1) ? x : __fmul_rn(x, scale);
             }
-        }
+        });
         __syncthreads();
-        if (warp < n_tok) {  // k·q per token, for o = S'ᵀq + δ (k·q)
+        for_warp_jobs(n_tok, [&](int tw) {  // k·q per token, for o = S'ᵀq + δ (k·q)
             float p = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) p = __fmaf_rn(sm.x[1][warp][lane + 32 * i], sm.x[0][warp][lane + 32 * i], p);
+            for (int i = 0; i < 4; ++i) p = __fmaf_rn(sm.x[1][tw][lane + 32 * i], sm.x[0][tw][lane + 32 * i], p);
             p = gdn_warp_sum(p);
-            if (lane == 0) sm.kq[warp] = p;
-        }
+            if (lane == 0) sm.kq[tw] = p;
+        });
         __syncthreads();
         if (t0 + kGdnMaxT < a.t) load_rows(t0 + kGdnMaxT);  // in flight during the delta rule
 
@@ -261,7 +317,11 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             const float delta = __fmul_rn(sm.beta[t], __fsub_rn(sm.x[2][t][j], ks));  // δ = β (v − S'ᵀk)
 #pragma unroll
             for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
-            if (rg == 0) sm.o[t][j] = __fmaf_rn(delta, sm.kq[t], qs);             // o = S'ᵀq + δ (k·q)
+            const float o = __fmaf_rn(delta, sm.kq[t], qs);                       // o = S'ᵀq + δ (k·q)
+            if (rg == 0) {
+                if (kWhole) sm.o[t][j] = o;
+                else a.y[(size_t)(t0 + t) * value_dim + (size_t)h * D + j] = o;  // normed by the next launch
+            }
         }
         if (t0 + n_tok == a.t) {  // the call's last rows: the state goes out while y is computed
             float* so = (a.state_out ? a.state_out : a.state) + st;
@@ -270,16 +330,11 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         }
         __syncthreads();
 
-        // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token.
-        if (warp < n_tok) {
-            const float* o = sm.o[warp];
-            const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), a.eps)));
-            const size_t row = (size_t)(t0 + warp) * value_dim + (size_t)h * D;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int c = lane + 32 * i;
-                a.y[row + c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), sm.norm_w[c]), gdn_silu(sm.z[warp][c]));
-            }
+        // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token (the column split: a launch of its own).
+        if (kWhole && warp < n_tok) {
+            const float* zt = sm.z[warp];
+            gdn_gated_norm_row(sm.o[warp], [&](int c) { return sm.norm_w[c]; }, [&](int c) { return zt[c]; }, a.eps,
+                               lane, a.y + (size_t)(t0 + warp) * value_dim + (size_t)h * D);
         }
     }
 }
