@@ -37,6 +37,59 @@ __global__ void __launch_bounds__(128) gemv_f32_kernel(const float* __restrict__
     }
 }
 
+// Prefill's full groups of 8 token rows: one block per group of kF32Rows weight rows and group of 8 token rows,
+// each x chunk loaded once for the kF32Rows rows (the one-row blocks above read every token row from L2 once per
+// weight row: ~550 MB of L2 reads for the 27B's [48, 5120] at 512 rows, ~70 us). Each (row, token) dot is
+// f32_dot_lanes' chain over the same lanes' float4 chunks in the same order, summed as gemv_f32_kernel sums:
+// the same bits.
+constexpr int kF32Rows = 8;
+__global__ void __launch_bounds__(128) gemv_f32_rows_kernel(const float* __restrict__ w, const float* __restrict__ x,
+                                                            int n, int k, float* __restrict__ y) {
+    constexpr int T = kActRows, RB = kF32Rows;
+    __shared__ float part[4][RB][T];
+    pdl_start();  // pdl.cuh
+    const int r0 = blockIdx.x * RB, rows = min(RB, n - r0);
+    x += static_cast<long long>(blockIdx.y) * T * k;
+    y += static_cast<long long>(blockIdx.y) * T * n;
+    float acc[RB][T];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+#pragma unroll 1
+    for (int j = threadIdx.x; j < k / 4; j += 128) {
+        float4 b[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) b[t] = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+            if (r >= rows) break;  // the same for the whole block
+            const float4 a = reinterpret_cast<const float4*>(w + static_cast<long long>(r0 + r) * k)[j];
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                float s = acc[r][t];
+                s = __fmaf_rn(a.x, b[t].x, s);
+                s = __fmaf_rn(a.y, b[t].y, s);
+                s = __fmaf_rn(a.z, b[t].z, s);
+                acc[r][t] = __fmaf_rn(a.w, b[t].w, s);
+            }
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float v = f32_warp_sum(acc[r][t]);
+            if (lane == 0) part[warp][r][t] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < RB * T) {
+        const int r = threadIdx.x / T, t = threadIdx.x % T;
+        if (r < rows) y[(long long)t * n + r0 + r] = f32_warps_total(part[0][r][t], part[1][r][t], part[2][r][t], part[3][r][t]);
+    }
+}
+
 template <int T>
 cudaError_t launch_gemv_f32_t(const GemvArgs& a, cudaStream_t stream, int groups = 1) {
     return launch_kernel(gemv_f32_kernel<T>, dim3(a.n, groups), 128, 0, stream, static_cast<const float*>(a.w), a.xf,
@@ -57,15 +110,16 @@ cudaError_t launch_gemv_f32_rows(const GemvArgs& a, cudaStream_t stream) {
     }
 }
 
-// Every full group of 8 rows in one launch (before: one launch of 48 blocks per group, 104 us for a
-// 128-row chunk on the H200), then the rest.
+// Every full group of 8 rows in one launch of gemv_f32_rows_kernel (before: one launch of 48 blocks per group,
+// 104 us for a 128-row chunk on the H200), then the rest.
 cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
     if (a.k % 4 || !a.xf || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15)
         return cudaErrorInvalidValue;
     const int full = a.t / kActRows, rest = a.t % kActRows;
     if (full > 65535) return cudaErrorInvalidValue;  // gridDim.y
     if (full > 0) {
-        const cudaError_t e = launch_gemv_f32_t<kActRows>(a, stream, full);
+        const cudaError_t e = launch_kernel(gemv_f32_rows_kernel, dim3((a.n + kF32Rows - 1) / kF32Rows, full), 128, 0,
+                                           stream, static_cast<const float*>(a.w), a.xf, a.n, a.k, a.y);
         if (e != cudaSuccess || rest == 0) return e;
     }
     GemvArgs part = a;
