@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(128) gemv_f32_rows_kernel(const float* __restr
     for (int j = threadIdx.x; j < k / 4; j += 128) {
         float4 b[T];
 #pragma unroll
-        for (int t = 0; t < T; ++t) b[t] = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
+        for (int t = 0; t < T; ++t)
+            b[t] = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
 #pragma unroll
         for (int r = 0; r < RB; ++r) {
             if (r >= rows) break;  // the same for the whole block
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(128) gemv_f32_rows_kernel(const float* __restr
     __syncthreads();
     if (threadIdx.x < RB * T) {
         const int r = threadIdx.x / T, t = threadIdx.x % T;
-        if (r < rows) y[(long long)t * n + r0 + r] = f32_warps_total(part[0][r][t], part[1][r][t], part[2][r][t], part[3][r][t]);
+        if (r < rows)
+            y[(long long)t * n + r0 + r] = f32_warps_total(part[0][r][t], part[1][r][t], part[2][r][t], part[3][r][t]);
     }
 }
 
