@@ -579,6 +579,36 @@ def test_prefill_chunk_sizes_and_turns_give_the_same_greedy_ids(models):
     assert turns == runs[512]
 
 
+def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, monkeypatch):
+    """OPENJET_PREFILL_GEMM=fast (prefill_gemm.cuh: Q4_K projections of prefill rows on fp16-dequantised weights,
+    numerics of its own): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave
+    the same bits, since every prefill row takes the fast GEMM; and 64 teacher-forced decode steps after it stay
+    within issue 6's bar of the same steps after the default, decode-exact prefill."""
+    ids = np.random.default_rng(61).integers(0, 4096, 2670)
+    prompt, follow = ids[:2605], ids[2605:]
+
+    def after(engine, parts, chunk):
+        state = engine.new_state()
+        for part in parts:
+            engine.prefill(state, part, chunk_size=chunk)
+        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+
+    engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
+    try:
+        exact = after(engine, [prompt], 512)
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+        runs = {c: after(engine, [prompt], c) for c in (128, 512, 2048)}
+        turns = after(engine, [prompt[:2600], prompt[2600:]], 512)
+    finally:
+        engine.close()
+    for c in (512, 2048):
+        np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
+    np.testing.assert_array_equal(turns, runs[512], err_msg="two turns")
+    c = compare(exact, runs[512])
+    report(test="fast_prefill_vs_exact_prefill", **c)
+    assert c["mean_kl"] <= 2e-3 and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
+
+
 @pytest.mark.parametrize("which", ["tiny", "small", "demo"])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with

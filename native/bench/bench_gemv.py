@@ -32,8 +32,9 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, 512, "128-grouped", "128-shared", "512-shared")  # prefill chunk rows (the
-# engine's default: 512) with the default kernel choice; "-grouped" / "-shared": OPENJET_PREFILL_GEMM
+PREFILL_TS = (32, 128, 512, "128-grouped", "128-shared", "512-shared", "512-fast", "2048-fast")  # prefill chunk
+# rows (the engine's default: 512) with the default kernel choice; "-grouped" / "-shared" / "-fast": OPENJET_PREFILL_GEMM
+# ("fast": Q4_K through prefill_gemm.cuh's GEMM, numerics of its own; the other types as by default)
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7

@@ -133,6 +133,7 @@ struct openjet_engine {
     // the committed state (the same kernel on the same inputs: decode's bits) instead of a trunk replay.
     int pending = 0;
     bool verifying = false;
+    bool prefilling = false;  // inside openjet_engine_prefill: its GEMVs say so (GemvArgs::prefill)
     float* ssm_shadow = nullptr;       // [n_gdn, n_v, 128, 128] the verify step's own GDN states
     float* ring_qkv = nullptr;         // [n_gdn, T, conv_dim] the verify step's GDN inputs, by layer
     float* ring_b = nullptr;           // [n_gdn, T, n_v]
@@ -574,7 +575,7 @@ void collect_profile(openjet_engine& e) {
 }
 
 GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y};
+    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y, e.prefilling};
 }
 
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
@@ -888,6 +889,11 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
 int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
+    struct Prefilling {  // e.prefilling for this call's GEMVs, cleared however it returns
+        openjet_engine& e;
+        explicit Prefilling(openjet_engine& e_) : e(e_) { e.prefilling = true; }
+        ~Prefilling() { e.prefilling = false; }
+    } prefilling(e);
     for (int i0 = 0; i0 < n; i0 += chunk) {
         const int t = std::min(chunk, n - i0);
         CHECK(cudaMemcpyAsync(e.ids, ids + i0, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));

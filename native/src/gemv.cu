@@ -168,7 +168,8 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
         return !(v && std::strcmp(v, "0") == 0);
     }();
     const bool shared = pairs && a.qtype == b.qtype && a.qtype != kF32 && a.k == b.k && a.t == b.t &&
-                        a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv;
+                        a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv &&
+                        !(a.prefill && prefill_gemm_choice() == PrefillGemm::kFast);  // fast: each its own GEMM
     if (!shared) {
         const cudaError_t e = launch_gemv(a, stream);
         return e != cudaSuccess ? e : launch_gemv(b, stream);

@@ -41,6 +41,7 @@
 #include "kquant.cuh"
 #include "mma_f16.cuh"
 #include "pdl.cuh"
+#include "prefill_gemm.cuh"
 
 namespace openjet {
 
@@ -88,12 +89,7 @@ template <int QT> struct MmaShape {
 
 // ------------------------------------------------------------------------------------------ arithmetic
 
-// mma_16816, hsub2_u: mma_f16.cuh.
-__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
+// mma_16816, hsub2_u, hfma2_u: mma_f16.cuh.
 
 constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024)
 
@@ -768,13 +764,15 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 // wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
 // loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
 // leave SMs idle or in a tail wave. (The "wide" and "lean" shapes were slower on the H200 and removed:
-// NOTES_gemv.md.)
-enum class PrefillGemm { kAuto, kShared, kGrouped };
+// NOTES_gemv.md.) OPENJET_PREFILL_GEMM=fast: Q4_K through prefill_gemm.cuh's GEMM, numerics of its own (an
+// experiment: prefill then no longer leaves decode's bits).
+enum class PrefillGemm { kAuto, kShared, kGrouped, kFast };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
+    if (choice && std::strcmp(choice, "fast") == 0) return PrefillGemm::kFast;
     return PrefillGemm::kAuto;
 }
 
@@ -830,6 +828,9 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 // and its shared memory allow, else four groups per block (a group past t reads zeros and writes nothing).
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
+    // (A decode step reads no environment: only prefill rows, or a call of more than 8, ask for the choice.)
+    if (QT == kQ4_K && (a.prefill || a.t > kActRows) && prefill_gemm_choice() == PrefillGemm::kFast)
+        return launch_prefill_gemm_q4_k(a, stream);
     if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
     const PrefillGemm choice = prefill_gemm_choice();
     if (choice != PrefillGemm::kGrouped) {

@@ -56,4 +56,17 @@ __device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, i
     }
 }
 
+// The same from the scale bytes held in registers (s03 = bytes 0-3, s47 = 4-7, s8b = 8-11), j in 0..7; j < 4
+// must be the same for a whole warp to avoid a branch (it is for a k step of a tile).
+__device__ __forceinline__ void k4_scale_min_words(uint32_t s03, uint32_t s47, uint32_t s8b, int j, int& sc, int& m) {
+    const int sh = 8 * (j & 3);
+    if (j < 4) {
+        sc = (s03 >> sh) & 63;
+        m = (s47 >> sh) & 63;
+    } else {
+        sc = ((s8b >> sh) & 0x0F) | (((s03 >> sh) >> 6 & 3) << 4);
+        m = ((s8b >> sh) >> 4 & 0x0F) | (((s47 >> sh) >> 6 & 3) << 4);
+    }
+}
+
 }  // namespace openjet

@@ -26,6 +26,11 @@ __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
+__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {  // a * b + c, one rounding
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 
 // fp16x2 of the int8 values in bytes 0 (low half) and 2 (high half) of v, the other bytes zero, exactly:
 // (0x64 << 8 | (q ^ 0x80)) is the fp16 1024 + 128 + q.
