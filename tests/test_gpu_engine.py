@@ -580,7 +580,7 @@ def test_prefill_chunk_sizes_and_turns_give_the_same_greedy_ids(models):
 
 
 def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, monkeypatch):
-    """OPENJET_PREFILL_GEMM=fast (prefill_gemm.cuh: Q4_K projections of prefill rows on fp16-dequantised weights,
+    """OPENJET_PREFILL_GEMM=fast (prefill_gemm.cuh: the k-quant projections of prefill rows on fp16-dequantised weights,
     numerics of its own): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave
     the same bits, since every prefill row takes the fast GEMM; and 64 teacher-forced decode steps after it stay
     within issue 6's bar of the same steps after the default, decode-exact prefill."""

@@ -239,47 +239,65 @@ def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatc
         assert e < 1e-5
 
 
-def fast_q4_k_weights(raw: np.ndarray) -> np.ndarray:
-    """The fast prefill GEMM's Q4_K weights (prefill_gemm.cuh) in numpy: w = fp16(q ds - dm), ds = fp16(d sc),
-    dm = fp16(dmin m), rounded once from the exact value (float64 holds q ds - dm exactly)."""
+def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
+    """The fast prefill GEMM's weights (prefill_gemm.cuh) in numpy, each rounded once from the exact value (float64
+    holds it exactly): Q4_K/Q5_K w = fp16(q ds - dm), ds = fp16(d sc), dm = fp16(dmin m); Q6_K w = fp16((q - 32)
+    ds), ds = fp16(d sc), sc the element's 16-element sub-block scale (ggml's layouts)."""
     n = raw.shape[0]
-    b = raw.reshape(n, -1, 144)
-    nb = b.shape[1]
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    sc, m = _k4_scales(b[..., 4:16].reshape(n * nb, 12))
-    ds = (d.reshape(-1, 1) * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
-    dm = (dmin.reshape(-1, 1) * m.astype(np.float32)).astype(np.float16).astype(np.float64)
-    qs = b[..., 16:].reshape(n * nb, 4, 1, 32)
-    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n * nb, 8, 32).astype(np.float64)  # sub-block 2j + half
-    return (q * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, nb * 256)
+    epb, bpb = kt.BLOCK[Q[qtype]]
+    b = raw.reshape(n * (raw.shape[1] // bpb), bpb)
+    f16 = lambda at: b[:, at:at + 2].copy().view(np.float16)[:, 0].astype(np.float32)  # noqa: E731
+    if qtype == "Q6_K":
+        ql, qh, sc = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8)
+        ds = (f16(208)[:, None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
+        w = np.empty((len(b), 256))
+        for half in range(2):
+            for p in range(4):
+                low = (ql[:, 64 * half + 32 * (p & 1):][:, :32] >> (4 * (p >> 1))) & 15
+                high = (qh[:, 32 * half:32 * half + 32] >> (2 * p)) & 3
+                q = (low | (high << 4)).astype(np.float64) - 32
+                scale = ds[:, 8 * half + 2 * p + np.arange(32) // 16]
+                w[:, 128 * half + 32 * p:128 * half + 32 * p + 32] = q * scale
+        return w.astype(np.float16).reshape(n, -1)
+    sc, m = _k4_scales(b[:, 4:16])
+    ds = (f16(0)[:, None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
+    dm = (f16(2)[:, None] * m.astype(np.float32)).astype(np.float16).astype(np.float64)
+    qs = b[:, 16:] if qtype == "Q4_K" else b[:, 48:]
+    qs = qs.reshape(len(b), 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(len(b), 8, 32)  # sub-block 2j + half, element l
+    if qtype == "Q5_K":
+        q = q | (((b[:, None, 16:48] >> np.arange(8)[None, :, None]) & 1) << 4)  # bit sb of qh[l]
+    return (q.astype(np.float64) * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, -1)
 
 
-@pytest.mark.parametrize("n, k", [(1040, 2560), (200, 256)])
-def test_fast_prefill_gemm_matches_its_numerics(n, k, monkeypatch):
-    """OPENJET_PREFILL_GEMM=fast (Q4_K, t > 8 rows): against its own numerics in numpy (fp16 weights as the kernel
-    rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against the exact
-    weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output depends on its
-    own row and token only). Partial row and token tiles included; k = 256: fewer k steps than B stages."""
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256)])
+def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
+    """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K, t > 8 rows): against its own numerics in numpy (fp16 weights as
+    the kernel rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against
+    the exact weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output
+    depends on its own row and token only). Partial row and token tiles; k = 256: fewer k steps than B stages;
+    n = 201 with Q6_K: rows that start off 4-byte alignment."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     rng = np.random.default_rng(n + k)
-    raw = random_raw(rng, "Q4_K", n, k)
+    raw = random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)
     xh, _, xinv = pack_act_numpy(x)
     xd = unpack_act(xh, xinv)
-    w16 = fast_q4_k_weights(raw).astype(np.float64)
-    w = dequantize(raw, Q["Q4_K"]).astype(np.float64)
+    w16 = fast_weights(qtype, raw).astype(np.float64)
+    w = dequantize(raw, Q[qtype]).astype(np.float64)
     for t in (9, 130, 300):
-        y = kt.gemv(Q["Q4_K"], raw, x[:t])
+        y = kt.gemv(Q[qtype], raw, x[:t])
         assert np.isfinite(y).all()
         ref = (w16 @ xd[:t].T).T
         scale = (np.abs(w16) @ np.abs(xd[:t]).T).T
         e_own, e_exact = rel_err(y, ref, scale), rel_err(y, (w @ xd[:t].T).T, scale)
-        report(test="fast_prefill_gemm", n=n, k=k, t=t, err_vs_own_numerics=e_own, err_vs_exact_weights=e_exact)
+        report(test="fast_prefill_gemm", qtype=qtype, n=n, k=k, t=t, err_vs_own_numerics=e_own,
+               err_vs_exact_weights=e_exact)
         assert e_own < 1e-5, f"t={t}: {e_own:.2e} of |W| @ |x| against the kernel's own numerics"
         assert e_exact < 1e-3, f"t={t}: {e_exact:.2e} of |W| @ |x| against the exact weights"
-    whole = kt.gemv(Q["Q4_K"], raw, x)
-    halves = np.concatenate([kt.gemv(Q["Q4_K"], raw, x[:150]), kt.gemv(Q["Q4_K"], raw, x[150:])])
+    whole = kt.gemv(Q[qtype], raw, x)
+    halves = np.concatenate([kt.gemv(Q[qtype], raw, x[:150]), kt.gemv(Q[qtype], raw, x[150:])])
     np.testing.assert_array_equal(whole, halves)
 
 

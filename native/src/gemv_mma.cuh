@@ -764,8 +764,8 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 // wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
 // loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
 // leave SMs idle or in a tail wave. (The "wide" and "lean" shapes were slower on the H200 and removed:
-// NOTES_gemv.md.) OPENJET_PREFILL_GEMM=fast: Q4_K through prefill_gemm.cuh's GEMM, numerics of its own (an
-// experiment: prefill then no longer leaves decode's bits).
+// NOTES_gemv.md.) OPENJET_PREFILL_GEMM=fast: Q4_K, Q5_K and Q6_K through prefill_gemm.cuh's GEMM, numerics of
+// its own (an experiment: prefill then no longer leaves decode's bits), every row of a prefill included.
 enum class PrefillGemm { kAuto, kShared, kGrouped, kFast };
 
 inline PrefillGemm prefill_gemm_choice() {
@@ -829,8 +829,9 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     // (A decode step reads no environment: only prefill rows, or a call of more than 8, ask for the choice.)
-    if (QT == kQ4_K && (a.prefill || a.t > kActRows) && prefill_gemm_choice() == PrefillGemm::kFast)
-        return launch_prefill_gemm_q4_k(a, stream);
+    if ((QT == kQ4_K || QT == kQ5_K || QT == kQ6_K) && (a.prefill || a.t > kActRows) &&
+        prefill_gemm_choice() == PrefillGemm::kFast)
+        return launch_prefill_gemm(a, stream);
     if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
     const PrefillGemm choice = prefill_gemm_choice();
     if (choice != PrefillGemm::kGrouped) {

@@ -1,10 +1,9 @@
-// launch_prefill_gemm_q4_k (prefill_gemm.cuh): the fp16-dequantised-weight GEMM of a prefill chunk.
+// launch_prefill_gemm (prefill_gemm.cuh): the fp16-dequantised-weight GEMM of a prefill chunk.
 //
 // Block = kBM weight rows x kBN tokens, 8 warps as 2 (rows) x 4 (tokens), warp tile 64 x 32 (4 x 4 mma tiles,
 // 64 fp32 accumulators a thread); k in steps of kBK = 64. Per step:
-// - A: thread (row, half) holds the raw bytes of its row's next step in registers (loaded a step ahead: the
-//   block header and the step's 32 code bytes) and dequantises the 32 weights of one Q4_K sub-block (the low or
-//   the high nibbles of those bytes) into the shared tile, double-buffered;
+// - A: thread (row, half) holds the raw bytes of its row's next step in registers (loaded a step ahead: FastA
+//   per weight type) and dequantises its half of the step, 32 weights, into the shared tile, double-buffered;
 // - B: the tokens' 64 activations of the step arrive by cp.async, kStagesB deep;
 // - each warp runs ldmatrix + 64 mma.
 // Both tiles keep the pack's element order (each aligned quad stored 0, 2, 1, 3: act_pack.cuh), so the k slots
@@ -36,51 +35,147 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
                  : "r"(s));
 }
 
-// The raw bytes a thread dequantises for one k step: its row's block header (d, dmin, 12 scale bytes) and the
-// step's 32 code bytes (step s: block s / 4, bytes 32 (s % 4) .. + 31 of its qs).
-struct RawStep {
-    uint4 hdr, q0, q1;
-};
+constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024): (kMagic | q) is 1024 + q exactly, q < 1024
 
-__device__ __forceinline__ RawStep load_raw(const uint8_t* row, int s) {
-    const uint8_t* blk = row + (s >> 2) * Block<kQ4_K>::kBytes;
-    const int q = 16 + 32 * (s & 3);
-    return {__ldg(reinterpret_cast<const uint4*>(blk)), __ldg(reinterpret_cast<const uint4*>(blk + q)),
-            __ldg(reinterpret_cast<const uint4*>(blk + q + 16))};
+// fp16x2 (a, a) as a 32-bit word.
+__device__ __forceinline__ uint32_t h2_bits(__half a) {
+    const __half2 h = __half2half2(a);
+    return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The 32 weights of sub-block 2 (s % 4) + half (elements 32 half .. 32 half + 31 of the step) in the pack's
-// order, stored to dst (its 64 bytes): code word i (bytes 4i .. 4i + 3, elements 4i .. 4i + 3 of the nibble
-// half) gives the fp16x2 words (w0, w2) and (w1, w3); two 16-byte stores per 4 code words.
-__device__ __forceinline__ void dequant_half(const RawStep& r, int s, int half, uint4* dst) {
-    constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024): (kMagic | q) is 1024 + q exactly
-    const __half2 dd = *reinterpret_cast<const __half2*>(&r.hdr.x);  // (d, dmin)
-    int sc, m;
-    k4_scale_min_words(r.hdr.y, r.hdr.z, r.hdr.w, 2 * (s & 3) + half, sc, m);
-    const __half2 ds = __half2half2(__float2half_rn(__low2float(dd) * static_cast<float>(sc)));
-    const __half2 ndm = __half2half2(__float2half_rn(-(__high2float(dd) * static_cast<float>(m))));
-    const uint32_t ds_u = *reinterpret_cast<const uint32_t*>(&ds), ndm_u = *reinterpret_cast<const uint32_t*>(&ndm);
-    const int sh = 4 * half;  // the high nibbles moved down
+// Each weight type's side of A: Raw, what a thread holds of its row for one k step (loaded a step ahead, in
+// registers); load(row, s, half); store(raw, row, s, half, dst): the 32 weights of the thread's half of step s (its
+// elements 32 half .. 32 half + 31) in the pack's order to dst (64 bytes), as words(i, o) gives them: code word i
+// (elements 4i .. 4i + 3 of the half) -> o[0] = (w0, w2), o[1] = (w1, w3).
+template <class Words> __device__ __forceinline__ void store_half(const Words& words, uint4* dst) {
 #pragma unroll
-    for (int hq = 0; hq < 2; ++hq) {
-        const uint4 q = hq ? r.q1 : r.q0;
+    for (int hq = 0; hq < 2; ++hq) {  // 4 code words (8 output words, two 16-byte stores) at a time: fewer registers
         uint32_t o[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t v = (&q.x)[i] >> sh;
-            const uint32_t q02 = hsub2_u(((v & 0x000F000Fu) | kMagic), kMagic);         // (q0, q2) exactly
-            const uint32_t q13 = hsub2_u((((v >> 8) & 0x000F000Fu) | kMagic), kMagic);  // (q1, q3)
-            o[2 * i] = hfma2_u(q02, ds_u, ndm_u);  // fp16(q ds - dm), one rounding
-            o[2 * i + 1] = hfma2_u(q13, ds_u, ndm_u);
-        }
+        for (int i = 0; i < 4; ++i) words(4 * hq + i, &o[2 * i]);
         dst[2 * hq] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[2 * hq + 1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
 }
 
+template <int QT> struct FastA;
+
+// Q4_K / Q5_K: w = fp16(q ds - dm), ds = fp16(d sc), dm = fp16(dmin m) of sub-block 2 (s % 4) + half; step s is
+// block s / 4, elements 64 (s % 4) .. + 63: the low (half 0) or high (half 1) nibbles of qs bytes 32 (s % 4) ..
+// + 31, and for Q5_K bit 2 (s % 4) + half of each qh byte as the fifth bit.
+template <int QT> struct FastAK4 {
+    static constexpr bool kQ5 = QT == kQ5_K;
+    static constexpr int kQs = kQ5 ? 48 : 16;
+    struct Raw {
+        uint4 hdr, q0, q1, h0, h1;  // h0, h1: Q5_K's qh (unused for Q4_K)
+    };
+    __device__ __forceinline__ static Raw load(const uint8_t* row, int s, int) {
+        const uint8_t* blk = row + (s >> 2) * Block<QT>::kBytes;
+        const uint8_t* q = blk + kQs + 32 * (s & 3);
+        Raw r;
+        r.hdr = __ldg(reinterpret_cast<const uint4*>(blk));
+        r.q0 = __ldg(reinterpret_cast<const uint4*>(q));
+        r.q1 = __ldg(reinterpret_cast<const uint4*>(q + 16));
+        if constexpr (kQ5) {
+            r.h0 = __ldg(reinterpret_cast<const uint4*>(blk + 16));
+            r.h1 = __ldg(reinterpret_cast<const uint4*>(blk + 32));
+        }
+        return r;
+    }
+    __device__ __forceinline__ static void store(const Raw& r, const uint8_t*, int s, int half, uint4* dst) {
+        const __half2 dd = *reinterpret_cast<const __half2*>(&r.hdr.x);  // (d, dmin)
+        const int sb = 2 * (s & 3) + half;
+        int sc, m;
+        k4_scale_min_words(r.hdr.y, r.hdr.z, r.hdr.w, sb, sc, m);
+        const uint32_t ds = h2_bits(__float2half_rn(__low2float(dd) * static_cast<float>(sc)));
+        const uint32_t ndm = h2_bits(__float2half_rn(-(__high2float(dd) * static_cast<float>(m))));
+        const int sh = 4 * half;  // the high nibbles moved down
+        store_half([&](int i, uint32_t* o) {
+            const uint32_t v = (&(i < 4 ? r.q0 : r.q1).x)[i & 3] >> sh;
+            uint32_t hb02 = 0, hb13 = 0;  // Q5_K: the fifth bits, at bit 4 of bytes 0 and 2
+            if constexpr (kQ5) {
+                const uint32_t h = (&(i < 4 ? r.h0 : r.h1).x)[i & 3] >> sb;
+                hb02 = (h & 0x00010001u) << 4;
+                hb13 = ((h >> 8) & 0x00010001u) << 4;
+            }
+            const uint32_t q02 = hsub2_u((v & 0x000F000Fu) | hb02 | kMagic, kMagic);          // (q0, q2) exactly
+            const uint32_t q13 = hsub2_u(((v >> 8) & 0x000F000Fu) | hb13 | kMagic, kMagic);   // (q1, q3)
+            o[0] = hfma2_u(q02, ds, ndm);  // fp16(q ds - dm), one rounding
+            o[1] = hfma2_u(q13, ds, ndm);
+        }, dst);
+    }
+};
+template <> struct FastA<kQ4_K> : FastAK4<kQ4_K> {};
+template <> struct FastA<kQ5_K> : FastAK4<kQ5_K> {};
+
+// N aligned 32-bit words from the word holding p on (p 2-byte aligned: Q6_K blocks are 210 bytes); the bytes from
+// p on are then funnel(w, i, 8 (p % 4)).
+template <int N> __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[N]) {
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __ldg(a + i);
+}
+template <int N> __device__ __forceinline__ uint32_t funnel(const uint32_t (&w)[N], int i, int sh) {
+    return __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+// Q6_K: w = fp16((q - 32) ds), ds = fp16(d sc) of the element's 16-element sub-block. Step s is block s / 4,
+// elements 64 (s % 4) .. + 63, which ggml's layout takes from the 128-element half n = (s % 4) / 2: element
+// 128 n + 32 p + l (p = 2 ((s % 4) % 2) + half, l < 32) has its low 4 bits in ql[64 n + 32 (p % 2) + l] (nibble
+// p / 2), its high 2 bits at bits 2p of qh[32 n + l] and its scale in sc[8 n + 2p + l / 16].
+template <> struct FastA<kQ6_K> {
+    struct Raw {
+        uint32_t ql[9], qh[9], sc, d;
+    };
+    struct Where {  // byte addresses of a thread's step
+        const uint8_t *ql, *qh, *sc, *d;
+        int p;
+        __device__ __forceinline__ Where(const uint8_t* row, int s, int half) {
+            const uint8_t* blk = row + (s >> 2) * Block<kQ6_K>::kBytes;
+            const int n = (s & 3) >> 1;
+            p = 2 * (s & 1) + half;
+            ql = blk + 64 * n + 32 * half;
+            qh = blk + 128 + 32 * n;
+            sc = blk + 192 + 8 * n + 2 * p;
+            d = blk + 208;
+        }
+    };
+    __device__ __forceinline__ static int shift(const uint8_t* p) {
+        return 8 * static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+    }
+    __device__ __forceinline__ static Raw load(const uint8_t* row, int s, int half) {
+        const Where at(row, s, half);
+        Raw r;
+        load_words(at.ql, r.ql);
+        load_words(at.qh, r.qh);
+        r.sc = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(at.sc) & ~uintptr_t(3)));
+        r.d = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(at.d) & ~uintptr_t(3)));
+        return r;
+    }
+    __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int s, int half, uint4* dst) {
+        constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32, 1024 + 32)
+        const Where at(row, s, half);
+        const int sh_ql = shift(at.ql), sh_qh = shift(at.qh), nib = 4 * (s & 1), hsh = 2 * at.p;
+        const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(r.d >> shift(at.d))));
+        const uint32_t scw = r.sc >> shift(at.sc);
+        const uint32_t ds0 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>(scw & 0xFF))));
+        const uint32_t ds1 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>((scw >> 8) & 0xFF))));
+        store_half([&](int i, uint32_t* o) {
+            const uint32_t v = funnel(r.ql, i, sh_ql) >> nib, h = funnel(r.qh, i, sh_qh) >> hsh;
+            const uint32_t q02 = hsub2_u((v & 0x000F000Fu) | ((h & 0x00030003u) << 4) | kMagic, k1056);  // q - 32
+            const uint32_t q13 = hsub2_u(((v >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4) | kMagic, k1056);
+            const uint32_t ds = i < 4 ? ds0 : ds1;  // elements l < 16: the first scale
+            o[0] = hfma2_u(q02, ds, 0x80008000u);  // fp16((q - 32) ds), one rounding (+ -0 changes nothing)
+            o[1] = hfma2_u(q13, ds, 0x80008000u);
+        }, dst);
+    }
+};
+
+template <int QT>
 __global__ void __launch_bounds__(kThreads, 2)
-prefill_gemm_q4_k_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                         float* __restrict__ y) {
+prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+                    float* __restrict__ y) {
+    using A = FastA<QT>;
     extern __shared__ uint4 smem[];
     __half* as = reinterpret_cast<__half*>(smem);  // [2][kBM][kLd]
     __half* bs = as + 2 * kTileHalves;             // [kStagesB][kBN][kLd]
@@ -91,8 +186,8 @@ prefill_gemm_q4_k_kernel(const uint8_t* __restrict__ w, long long row_bytes, int
     const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half
     const uint8_t* wrow = w + static_cast<long long>(row0 + arow < n ? row0 + arow : 0) * row_bytes;
     __half* adst = as + arow * kLd + 32 * ahalf;
-    const auto store_a = [&](const RawStep& r, int s) {
-        dequant_half(r, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
+    const auto store_a = [&](const typename A::Raw& r, int s) {
+        A::store(r, wrow, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
     };
     const auto load_b = [&](int s) {  // 128 tokens x 64 halves: 1,024 chunks of 16 bytes, 4 a thread
         __half* stage = bs + (s % kStagesB) * kTileHalves;
@@ -110,9 +205,9 @@ prefill_gemm_q4_k_kernel(const uint8_t* __restrict__ w, long long row_bytes, int
         if (s < steps) load_b(s);
         cp_async_commit();
     }
-    RawStep raw = load_raw(wrow, 0);
+    typename A::Raw raw = A::load(wrow, 0, ahalf);
     store_a(raw, 0);
-    if (steps > 1) raw = load_raw(wrow, 1);
+    if (steps > 1) raw = A::load(wrow, 1, ahalf);
 
     const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows 64 wm.., tokens 32 wn..
     float acc[4][4][4] = {};
@@ -145,7 +240,7 @@ prefill_gemm_q4_k_kernel(const uint8_t* __restrict__ w, long long row_bytes, int
         }
         if (s + 1 < steps) {  // the other A buffer: every warp finished reading it (step s - 1) at the barrier
             store_a(raw, s + 1);
-            if (s + 2 < steps) raw = load_raw(wrow, s + 2);
+            if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
         }
     }
     cp_async_wait<0>();
@@ -163,20 +258,30 @@ prefill_gemm_q4_k_kernel(const uint8_t* __restrict__ w, long long row_bytes, int
             }
 }
 
-}  // namespace
-
-cudaError_t launch_prefill_gemm_q4_k(const GemvArgs& a, cudaStream_t stream) {
-    if (a.qtype != kQ4_K || a.t < 1 || a.t > a.x.rows || a.k % Block<kQ4_K>::kElems || !a.x.h || !a.x.inv || !a.y)
-        return cudaErrorInvalidValue;
+template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    static const cudaError_t opted = cudaFuncSetAttribute(
-        prefill_gemm_q4_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(prefill_gemm_kernel<QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<kQ4_K>::kElems) * Block<kQ4_K>::kBytes;
-    return launch_kernel(prefill_gemm_q4_k_kernel, dim3((a.t + kBN - 1) / kBN, static_cast<unsigned>(row_blocks)),
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    return launch_kernel(prefill_gemm_kernel<QT>, dim3((a.t + kBN - 1) / kBN, static_cast<unsigned>(row_blocks)),
                          kThreads, kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
                          a.t, a.y);
+}
+
+}  // namespace
+
+bool prefill_gemm_takes(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K; }
+
+cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
+    if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y)
+        return cudaErrorInvalidValue;
+    switch (a.qtype) {
+        case kQ4_K: return launch_prefill_gemm_t<kQ4_K>(a, stream);
+        case kQ5_K: return launch_prefill_gemm_t<kQ5_K>(a, stream);
+        default: return launch_prefill_gemm_t<kQ6_K>(a, stream);
+    }
 }
 
 }  // namespace openjet
