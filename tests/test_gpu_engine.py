@@ -609,6 +609,33 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
     assert c["mean_kl"] <= 2e-3 and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
 
 
+def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):
+    """Under OPENJET_PREFILL_GEMM=fast prefill no longer leaves decode's bits, so the server's Slot keeps at most the
+    previous prompt (Engine.prefill_matches_decode) and truncate replays by prefill: turn 1, 20 decoded reply
+    tokens, then turn 2 through the Slot give the logits of the whole text prefilled in a fresh sequence."""
+    from openjet_launcher.server.worker import Slot
+
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+    rng = np.random.default_rng(37)
+    turn1, turn2 = rng.integers(0, 4096, 150), rng.integers(0, 4096, 67)
+    engine = CudaEngine.load(models["tiny"], n_ctx=512)
+    try:
+        assert not engine.prefill_matches_decode
+        slot = Slot(engine)
+        logits, _ = slot.load_prompt(list(turn1))
+        reply = []
+        for _ in range(20):
+            reply.append(int(np.argmax(logits)))
+            logits = engine.decode(slot.state, reply[-1:]).logits[-1]
+        text = [*turn1, *reply, *turn2]
+        resumed, kept = slot.load_prompt(text)
+        fresh, _ = Slot(engine).load_prompt(text)
+    finally:
+        engine.close()
+    assert kept <= len(turn1)
+    np.testing.assert_array_equal(resumed, fresh)
+
+
 @pytest.mark.parametrize("which", ["tiny", "small", "demo"])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with

@@ -182,6 +182,11 @@ class CudaEngine(Engine):
         self._logits = np.empty((MAX_GPU_DECODE_TOKENS, s.n_vocab), np.float32)
         self._hidden = np.empty((MAX_GPU_DECODE_TOKENS, s.n_embd), np.float32)
 
+    @property
+    def prefill_matches_decode(self) -> bool:
+        # The library reads OPENJET_PREFILL_GEMM at each prefill call: so does this.
+        return os.environ.get("OPENJET_PREFILL_GEMM") != "fast"
+
     # ------------------------------------------------------------------------------------------ loading
 
     @classmethod
@@ -553,8 +558,11 @@ class CudaEngine(Engine):
         replay = np.array(state.token_ids[base:n_tokens], dtype=np.int64)
         del state.token_ids[base:]
         t0 = time.perf_counter()
-        for i in range(0, len(replay), MAX_GPU_DECODE_TOKENS):
-            self._step(state, replay[i:i + MAX_GPU_DECODE_TOKENS], logits=False)
+        if len(replay) and not self.prefill_matches_decode:  # the tokens as a fresh prefill leaves them
+            self._prefill(state, replay, self.prefill_rows)
+        else:
+            for i in range(0, len(replay), MAX_GPU_DECODE_TOKENS):
+                self._step(state, replay[i:i + MAX_GPU_DECODE_TOKENS], logits=False)
         self._stats.replay_tokens += len(replay)
         self._stats.replay_seconds += time.perf_counter() - t0
 

@@ -317,6 +317,14 @@ class Engine(abc.ABC):
         caches, restore the latest checkpoint at a position <= n_tokens and replay the tokens after it.
         Checkpoints past n_tokens are dropped."""
 
+    @property
+    def prefill_matches_decode(self) -> bool:
+        """Whether prefilling tokens leaves, bit for bit, the state that decoding them one by one leaves. Where it
+        does not (the CUDA engine under its opt-in prefill numerics, OPENJET_PREFILL_GEMM=fast), a conversation
+        that goes on after decoded tokens equals a fresh prefill only if those tokens are prefilled again: the
+        server's conversation reuse then keeps no more than the previous prompt (worker.Slot)."""
+        return True
+
     @abc.abstractmethod
     def memory(self) -> dict[str, int]:
         """Bytes held: ``weights_bytes``; ``states_bytes`` and ``n_states`` over the live states this engine

@@ -19,7 +19,9 @@ Design note.
   which restores the latest checkpoint at or before the cut and replays the rest. A checkpoint is
   recorded before the last token of every prompt, so a repeated prompt (a regenerated answer) or a
   conversation whose re-rendered history diverges after the previous prompt rewinds cheaply; a divergence before any checkpoint starts over. A failed
-  request resets the state: a half-updated cache never serves the next request.
+  request resets the state: a half-updated cache never serves the next request. An engine whose prefill does not
+  leave decode's bits (`Engine.prefill_matches_decode`) keeps no more than the previous prompt: the tokens decoded
+  after it are prefilled again, so the next answer is the one a fresh prefill of the conversation gives.
 """
 
 from __future__ import annotations
@@ -172,9 +174,11 @@ class Slot:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.state: SequenceState = engine.new_state()
+        self.prompt_end = 0  # tokens of the state that prefill wrote (the last prompt); decode wrote the rest
 
     def reset(self) -> None:
         self.state = self.engine.new_state()
+        self.prompt_end = 0
 
     def load_prompt(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Bring the state to exactly `prompt`, prefilling only what it lacks. Returns the last prompt
@@ -182,6 +186,8 @@ class Slot:
         state = self.state
         # At least the last prompt token is run again: its logits are not kept.
         common = min(common_prefix(state.tokens, prompt), len(prompt) - 1)
+        if not self.engine.prefill_matches_decode:  # decoded tokens are prefilled again (see the design note)
+            common = min(common, self.prompt_end)
         if common < state.n_tokens:
             if common > 0 and any(p <= common for p in state.checkpoint_positions):
                 self.engine.truncate(state, common)
@@ -197,6 +203,7 @@ class Slot:
         if state.n_tokens not in state.checkpoint_positions:
             self.engine.checkpoint(state)
         logits = self.engine.prefill(state, rest).logits[-1]
+        self.prompt_end = len(prompt)
         return logits, common
 
 

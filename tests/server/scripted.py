@@ -42,6 +42,7 @@ class ScriptedEngine(Engine):
         self.fail_on_prefill = False
         self.step_delay = 0.0
         self.prefills: list[int] = []          # tokens per prefill call, for reuse checks
+        self.exact_prefill = True              # prefill_matches_decode (False: the decoded tokens are prefilled again)
         self._i = 0
         self._lock = threading.Lock()
 
@@ -56,6 +57,10 @@ class ScriptedEngine(Engine):
 
     def new_state(self):
         return ScriptedState()
+
+    @property
+    def prefill_matches_decode(self):
+        return self.exact_prefill
 
     def prefill(self, state, tokens, *, chunk_size=64, all_logits=False):
         if self.fail_on_prefill:

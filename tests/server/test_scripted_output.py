@@ -119,3 +119,21 @@ def test_conversation_reuse_counts_reused_and_new_prompt_tokens(scripted, client
     assert t["cache_n"] >= a.usage.prompt_tokens - 1 and t["cache_n"] + t["prompt_n"] == b.usage.prompt_tokens
     assert sum(scripted.engine.prefills) == t["prompt_n"]
     assert b.usage.prompt_tokens_details.cached_tokens == t["cache_n"]
+
+
+def test_an_engine_whose_prefill_is_not_decodes_keeps_only_the_previous_prompt(scripted, client, say):
+    """Engine.prefill_matches_decode False (the CUDA engine under OPENJET_PREFILL_GEMM=fast): the next turn keeps
+    at most the previous prompt and prefills the decoded answer again, so its state is a fresh prefill's."""
+    say("Fine.</think>\n\nOK.")
+    scripted.engine.exact_prefill = False
+    try:
+        a = client.chat.completions.create(model="m", messages=ASK, max_tokens=20)
+        history = ASK + [{"role": "assistant", "content": "OK.", "reasoning_content": "Fine."},
+                         {"role": "user", "content": "Thanks"}]
+        scripted.engine.prefills.clear()
+        b = client.chat.completions.create(model="m", messages=history, max_tokens=20)
+    finally:
+        scripted.engine.exact_prefill = True
+    t = b.model_extra["timings"]
+    assert a.usage.prompt_tokens - 1 <= t["cache_n"] <= a.usage.prompt_tokens
+    assert sum(scripted.engine.prefills) == t["prompt_n"] == b.usage.prompt_tokens - t["cache_n"]
