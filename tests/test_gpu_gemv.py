@@ -271,13 +271,14 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256)])
+@pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
 def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
     """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K, t > 8 rows): against its own numerics in numpy (fp16 weights as
     the kernel rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against
     the exact weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output
-    depends on its own row and token only). Partial row and token tiles; k = 256: fewer k steps than B stages;
-    n = 201 with Q6_K: rows that start off 4-byte alignment."""
+    depends on its own row and token only), across its two tile shapes too (64-token tiles where 128-token ones
+    would not fill a wave: the small calls here; 128 from n = 17408 and 130 rows up on the H200). Partial row and
+    token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off 4-byte alignment."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
@@ -299,6 +300,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
     whole = kt.gemv(Q[qtype], raw, x)
     halves = np.concatenate([kt.gemv(Q[qtype], raw, x[:150]), kt.gemv(Q[qtype], raw, x[150:])])
     np.testing.assert_array_equal(whole, halves)
+    np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:9]), whole[:9])
 
 
 def test_f32_projection_matches_numpy():

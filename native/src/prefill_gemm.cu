@@ -1,7 +1,8 @@
 // launch_prefill_gemm (prefill_gemm.cuh): the fp16-dequantised-weight GEMM of a prefill chunk.
 //
-// Block = kBM weight rows x kBN tokens, 8 warps as 2 (rows) x 4 (tokens), warp tile 64 x 32 (4 x 4 mma tiles,
-// 64 fp32 accumulators a thread); k in steps of kBK = 64. Per step:
+// Block = kBM weight rows x BN tokens, 8 warps: BN = 128 as 2 (rows) x 4 (tokens) of 64 x 32 (4 x 4 mma tiles,
+// 64 fp32 accumulators a thread); BN = 64, for grids under a wave of 128-token tiles (the n = 5120 projections
+// of a 512-row chunk: 160 blocks), as 4 x 2 of 32 x 32. k in steps of kBK = 64. Per step:
 // - A: thread (row, half) holds the raw bytes of its row's next step in registers (loaded a step ahead: FastA
 //   per weight type) and dequantises its half of the step, 32 weights, into the shared tile, double-buffered;
 // - B: the tokens' 64 activations of the step arrive by cp.async, kStagesB deep;
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "device_attr.cuh"
 #include "kquant.cuh"
 #include "mma_f16.cuh"
 #include "pdl.cuh"
@@ -20,13 +22,21 @@
 namespace openjet {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64;  // block tile: weight rows, tokens, k per step
-constexpr int kThreads = 256;                  // 8 warps; thread = (A row, half) of the dequantisation
+constexpr int kBM = 128, kBK = 64;  // block tile: weight rows, k per step (tokens: BN)
+constexpr int kThreads = 256;       // 8 warps; thread = (A row, half) of the dequantisation
 constexpr int kStagesB = 3;
-constexpr int kLd = kBK + 8;                   // halves per tile row in shared memory
-constexpr int kTileHalves = kBM * kLd;         // one A or B tile (kBM == kBN)
-constexpr int kSmemBytes = (2 + kStagesB) * kTileHalves * 2;  // 92,160: 2 blocks per SM on sm_90, 1 on 100 KB SMs
-static_assert(kBM == kBN && kThreads == 2 * kBM, "one thread per A row half; B tiles the size of A tiles");
+constexpr int kLd = kBK + 8;        // halves per tile row in shared memory
+static_assert(kThreads == 2 * kBM, "one thread per A row half");
+
+// The block's shape for BN tokens: warps along rows x tokens, each warp's tile, shared memory.
+template <int BN> struct FastShape {
+    static constexpr int kWarpsN = BN == 128 ? 4 : 2, kWarpsM = 8 / kWarpsN;
+    static constexpr int kWarpRows = kBM / kWarpsM, kMt = kWarpRows / 16;  // mma row tiles a warp
+    static constexpr int kWarpToks = BN / kWarpsN, kNt = kWarpToks / 8;    // mma token tiles a warp
+    static constexpr int kATile = kBM * kLd, kBTile = BN * kLd;            // halves
+    static constexpr int kSmemBytes = (2 * kATile + kStagesB * kBTile) * 2;  // BN 128: 92,160; 64: 64,512
+    static_assert(kWarpToks == 32 && kNt % 2 == 0 && BN * kBK / 8 % kThreads == 0, "B by ldmatrix.x4 pairs");
+};
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -171,16 +181,18 @@ template <> struct FastA<kQ6_K> {
     }
 };
 
-template <int QT>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int QT, int BN>
+__global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 3)
 prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                     float* __restrict__ y) {
     using A = FastA<QT>;
+    using S = FastShape<BN>;
+    constexpr int kTileHalves = S::kATile;
     extern __shared__ uint4 smem[];
     __half* as = reinterpret_cast<__half*>(smem);  // [2][kBM][kLd]
-    __half* bs = as + 2 * kTileHalves;             // [kStagesB][kBN][kLd]
+    __half* bs = as + 2 * kTileHalves;             // [kStagesB][BN][kLd]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int col0 = blockIdx.x * kBN, row0 = blockIdx.y * kBM;  // consecutive blocks share the weight tile
+    const int col0 = blockIdx.x * BN, row0 = blockIdx.y * kBM;  // consecutive blocks share the weight tile
     const int steps = k / kBK;
 
     const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half
@@ -189,10 +201,10 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     const auto store_a = [&](const typename A::Raw& r, int s) {
         A::store(r, wrow, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
     };
-    const auto load_b = [&](int s) {  // 128 tokens x 64 halves: 1,024 chunks of 16 bytes, 4 a thread
-        __half* stage = bs + (s % kStagesB) * kTileHalves;
+    const auto load_b = [&](int s) {  // BN tokens x 64 halves: BN * 8 chunks of 16 bytes
+        __half* stage = bs + (s % kStagesB) * S::kBTile;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < BN * kBK / 8 / kThreads; ++i) {
             const int c = tid + kThreads * i, r = c >> 3, part = c & 7;
             const long long tok = min(col0 + r, t - 1);
             cp_async16(stage + r * kLd + 8 * part, x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
@@ -209,11 +221,11 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     store_a(raw, 0);
     if (steps > 1) raw = A::load(wrow, 1, ahalf);
 
-    const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows 64 wm.., tokens 32 wn..
-    float acc[4][4][4] = {};
+    const int wm = warp / S::kWarpsN, wn = warp % S::kWarpsN;  // warp tile: rows kWarpRows wm.., tokens 32 wn..
+    float acc[S::kMt][S::kNt][4] = {};
     // ldmatrix rows: A lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8; B lanes 0-7 tokens 0-7 at
     // k 0, 8-15 tokens 0-7 at k 8, 16-23 tokens 8-15 at k 0, 24-31 tokens 8-15 at k 8.
-    const int a_off = (64 * wm + (lane & 15)) * kLd + 8 * (lane >> 4);
+    const int a_off = (S::kWarpRows * wm + (lane & 15)) * kLd + 8 * (lane >> 4);
     const int b_off = (32 * wn + (lane & 7) + 8 * (lane >> 4)) * kLd + 8 * ((lane >> 3) & 1);
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
@@ -222,18 +234,18 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
         if (s + kStagesB - 1 < steps) load_b(s + kStagesB - 1);
         cp_async_commit();
         const __half* at = as + (s & 1) * kTileHalves + a_off;
-        const __half* bt = bs + (s % kStagesB) * kTileHalves + b_off;
+        const __half* bt = bs + (s % kStagesB) * S::kBTile + b_off;
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-            uint32_t a[4][4], b[2][4];
+            uint32_t a[S::kMt][4], b[S::kNt / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < 4; ++mt) ldmatrix_x4(a[mt], at + mt * 16 * kLd + 16 * kk);
+            for (int mt = 0; mt < S::kMt; ++mt) ldmatrix_x4(a[mt], at + mt * 16 * kLd + 16 * kk);
 #pragma unroll
-            for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], bt + np * 16 * kLd + 16 * kk);
+            for (int np = 0; np < S::kNt / 2; ++np) ldmatrix_x4(b[np], bt + np * 16 * kLd + 16 * kk);
 #pragma unroll
-            for (int mt = 0; mt < 4; ++mt)
+            for (int mt = 0; mt < S::kMt; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
+                for (int nt = 0; nt < S::kNt; ++nt) {
                     const uint32_t bb[2] = {b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]};
                     mma_16816(acc[mt][nt], a[mt], bb);
                 }
@@ -246,28 +258,40 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < S::kMt; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < S::kNt; ++nt)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const int row = row0 + 64 * wm + 16 * mt + g + 8 * (c >> 1);
+                const int row = row0 + S::kWarpRows * wm + 16 * mt + g + 8 * (c >> 1);
                 const int tok = col0 + 32 * wn + 8 * nt + 2 * tq + (c & 1);
                 if (row < n && tok < t)
                     y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[mt][nt][c], x.inv[tok]);
             }
 }
 
+template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, long long row_blocks,
+                                                            cudaStream_t stream) {
+    using S = FastShape<BN>;
+    static const cudaError_t opted = cudaFuncSetAttribute(prefill_gemm_kernel<QT, BN>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+    if (opted != cudaSuccess) return opted;
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    return launch_kernel(prefill_gemm_kernel<QT, BN>, dim3((a.t + BN - 1) / BN, static_cast<unsigned>(row_blocks)),
+                         kThreads, S::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
+                         a.t, a.y);
+}
+
+// 128-token tiles, or 64 where those do not fill one wave of 2 blocks per SM (the 64-token kernel's 63 KB of
+// shared memory fit 3): n = 5120 or 6144 at 512 rows. An output's bits do not depend on the tile (the same
+// chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(prefill_gemm_kernel<QT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
-    return launch_kernel(prefill_gemm_kernel<QT>, dim3((a.t + kBN - 1) / kBN, static_cast<unsigned>(row_blocks)),
-                         kThreads, kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
-                         a.t, a.y);
+    int sms = 0;
+    if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+    if (row_blocks * ((a.t + 127) / 128) < 2LL * sms) return launch_prefill_gemm_bn<QT, 64>(a, row_blocks, stream);
+    return launch_prefill_gemm_bn<QT, 128>(a, row_blocks, stream);
 }
 
 }  // namespace
