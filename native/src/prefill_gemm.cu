@@ -6,7 +6,7 @@
 // - A: thread (row, half) holds the raw bytes of its row's next step in registers (loaded a step ahead: FastA
 //   per weight type) and dequantises its half of the step, 32 weights, into the shared tile, double-buffered;
 // - B: the tokens' 64 activations of the step arrive by cp.async, kStagesB deep;
-// - each warp runs ldmatrix + 64 mma.
+// - each warp runs ldmatrix + its 64 (BN = 64: 32) mma.
 // Both tiles keep the pack's element order (each aligned quad stored 0, 2, 1, 3: act_pack.cuh), so the k slots
 // of A and B match without a permutation; rows are kLd = 72 halves apart, so ldmatrix's 8 rows of 16 bytes
 // fall on 8 different bank groups. Rows past n read row 0 and tokens past t read token t - 1; neither is stored.
