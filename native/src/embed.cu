@@ -24,7 +24,8 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t
         const uint8_t* p = row + (e / 256) * Block<kQ4_K>::kBytes;
         const int s = (e % 256) / 32;
         int sc, m;
-        k4_scale_min(p + 4, s, sc, m);
+        const uint32_t* sw = reinterpret_cast<const uint32_t*>(p + 4);  // blocks are 16-byte aligned
+        k4_scale_min_words(sw[0], sw[1], sw[2], s, sc, m);
         const int byte = p[16 + 32 * (s / 2) + e % 32];
         const int q = (s & 1) ? byte >> 4 : byte & 0x0F;
         const float ds = __fmul_rn(f16_at(p), static_cast<float>(sc));

@@ -38,10 +38,11 @@ __global__ void __launch_bounds__(kNormThreads) gdn_gated_norm_kernel(const GdnS
 
 // The column split for a prefill call's rows: more than one sub-step, no fused projections (whose per-head
 // logits every block of the head would compute again); OPENJET_GDN_SPLIT=0 turns it off (to compare).
-// (Read at each launch, a prefill chunk's 48: tests switch it.)
+// (Read at each such launch, a prefill chunk's 48, never on a decode step: tests switch it.)
 bool gdn_split(const GdnStepArgs& a) {
+    if (a.w_beta || a.t <= kGdnMaxT) return false;
     const char* v = std::getenv("OPENJET_GDN_SPLIT");
-    return !(v && std::strcmp(v, "0") == 0) && !a.w_beta && a.t > kGdnMaxT;
+    return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b < a + n; }

@@ -67,13 +67,7 @@ __global__ void __launch_bounds__(128) gemv_f32_rows_kernel(const float* __restr
             if (r >= rows) break;  // the same for the whole block
             const float4 a = reinterpret_cast<const float4*>(w + static_cast<long long>(r0 + r) * k)[j];
 #pragma unroll
-            for (int t = 0; t < T; ++t) {
-                float s = acc[r][t];
-                s = __fmaf_rn(a.x, b[t].x, s);
-                s = __fmaf_rn(a.y, b[t].y, s);
-                s = __fmaf_rn(a.z, b[t].z, s);
-                acc[r][t] = __fmaf_rn(a.w, b[t].w, s);
-            }
+            for (int t = 0; t < T; ++t) acc[r][t] = f32_fma4(a, b[t], acc[r][t]);
         }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -169,7 +163,7 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
     }();
     const bool shared = pairs && a.qtype == b.qtype && a.qtype != kF32 && a.k == b.k && a.t == b.t &&
                         a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv &&
-                        !(a.prefill && prefill_gemm_choice() == PrefillGemm::kFast);  // fast: each its own GEMM
+                        !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
     if (!shared) {
         const cudaError_t e = launch_gemv(a, stream);
         return e != cudaSuccess ? e : launch_gemv(b, stream);

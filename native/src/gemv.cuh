@@ -49,6 +49,14 @@ template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const Gemv
 // i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed
 // lanes first (f32_warp_sum), then the four warps as ((w0 + w1) + w2) + w3. k % 4 == 0, rows 16-byte aligned.
 // kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is).
+// One float4 chunk into a chain: s + a.x b.x + a.y b.y + a.z b.z + a.w b.w, in that order.
+__device__ __forceinline__ float f32_fma4(const float4& a, const float4& b, float s) {
+    s = __fmaf_rn(a.x, b.x, s);
+    s = __fmaf_rn(a.y, b.y, s);
+    s = __fmaf_rn(a.z, b.z, s);
+    return __fmaf_rn(a.w, b.w, s);
+}
+
 template <int T, int kUnroll = 0>
 __device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, const float* __restrict__ x, int k,
                                               int i, float (&acc)[T]) {
@@ -61,11 +69,7 @@ __device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, c
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             const float4 b = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
-            float s = acc[t];
-            s = __fmaf_rn(a.x, b.x, s);
-            s = __fmaf_rn(a.y, b.y, s);
-            s = __fmaf_rn(a.z, b.z, s);
-            acc[t] = __fmaf_rn(a.w, b.w, s);
+            acc[t] = f32_fma4(a, b, acc[t]);
         }
     }
 }

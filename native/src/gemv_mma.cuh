@@ -89,9 +89,7 @@ template <int QT> struct MmaShape {
 
 // ------------------------------------------------------------------------------------------ arithmetic
 
-// mma_16816, hsub2_u, hfma2_u: mma_f16.cuh.
-
-constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024)
+// mma_16816, hsub2_u, hfma2_u, kMagic: mma_f16.cuh.
 
 // 32-bit word at a 2-byte-aligned shared address (two aligned loads and a funnel shift).
 __device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) {
@@ -632,10 +630,9 @@ static_assert(b_row_halves<kQ6_K>(kActRows - 1) + kUnitElems <= kBSumHalves &&
               "B stage layout");
 
 template <int QT> struct PrefillShape {
-    static constexpr int STAGES = kPrefillStages;
     static constexpr int kStageHalves = kPrefillGroups * kBGroupHalves;  // one unit's activations of the groups
-    static constexpr int kWeightBytes = kPrefillWarps * STAGES * MmaShape<QT>::kStageWords * 16;
-    static constexpr int kSmemBytes = kWeightBytes + STAGES * kStageHalves * 2 + 16;
+    static constexpr int kWeightBytes = kPrefillWarps * kPrefillStages * MmaShape<QT>::kStageWords * 16;
+    static constexpr int kSmemBytes = kWeightBytes + kPrefillStages * kStageHalves * 2 + 16;
     static constexpr int kStaticBytes = sizeof(float) * kPrefillWarps * kPrefillGroups * 32 * 4;  // total[]
 };
 
@@ -688,7 +685,6 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
     using P = PrefillShape<QT>;
-    constexpr int STAGES = P::STAGES;
     extern __shared__ uint4 smem[];
     __shared__ float total[kPrefillWarps][NG][32][4];
     pdl_start();  // pdl.cuh (its first copies include activations)
@@ -699,18 +695,18 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
     const TileCopy<QT> copy(row_bytes, n, row0, lane);
     const ActCopy<QT, NG> act(k, t, grp0);
-    uint4* wsm = smem + warp * STAGES * S::kStageWords;
+    uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
     __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + P::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
-            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % STAGES) * S::kStageWords, lane);
-            act.issue(x, u, bsm + (u % STAGES) * P::kStageHalves);
+            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % kPrefillStages) * S::kStageWords, lane);
+            act.issue(x, u, bsm + (u % kPrefillStages) * P::kStageHalves);
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+    for (int s = 0; s < kPrefillStages - 1; ++s) issue(s);
 
     // This lane's token row of group j in a B stage: past t, row t - 1 (staged: grp0 * 8 < t), as UnitX says.
     int bcol[NG], bsum[NG];
@@ -727,18 +723,18 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     for (int q = 0; q < kGemvWarps; ++q) {
         float acc[NG][4] = {};
         for (const int u1 = nu * (q + 1) / kGemvWarps; u < u1; ++u) {
-            cp_async_wait<STAGES - 2>();
+            cp_async_wait<kPrefillStages - 2>();
             __syncthreads();  // the stage's activations came from every thread of the block
             const uint8_t* r[2];
-            tile_unit_rows<QT>(wsm + (u % STAGES) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
-            const __half* b = bsm + (u % STAGES) * P::kStageHalves;
+            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
+            const __half* b = bsm + (u % kPrefillStages) * P::kStageHalves;
 #pragma unroll
             for (int j = 0; j < NG; ++j) {
                 ux[j].col = b + bcol[j];
                 ux[j].sum = b + bsum[j];
             }
             UnitMma<QT, NG, true>::run(r, ux, tq, acc);
-            issue(u + STAGES - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
+            issue(u + kPrefillStages - 1);  // overwrites the stage of u - 1: every warp is past it (barrier)
         }
 #pragma unroll
         for (int j = 0; j < NG; ++j)
@@ -774,6 +770,12 @@ inline PrefillGemm prefill_gemm_choice() {
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
     if (choice && std::strcmp(choice, "fast") == 0) return PrefillGemm::kFast;
     return PrefillGemm::kAuto;
+}
+
+// Whether the call goes to prefill_gemm.cuh's GEMM under `choice`: the rows of a prefill (any count) or a call
+// of more than 8 rows, of a type it takes.
+inline bool fast_prefill_call(const GemvArgs& a, PrefillGemm choice) {
+    return choice == PrefillGemm::kFast && prefill_gemm_takes(a.qtype) && (a.prefill || a.t > kActRows);
 }
 
 // The shared-activation kernel; *launched stays false where it does not fit a block's shared memory (static
@@ -828,12 +830,10 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 // and its shared memory allow, else four groups per block (a group past t reads zeros and writes nothing).
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
-    // (A decode step reads no environment: only prefill rows, or a call of more than 8, ask for the choice.)
-    if ((QT == kQ4_K || QT == kQ5_K || QT == kQ6_K) && (a.prefill || a.t > kActRows) &&
-        prefill_gemm_choice() == PrefillGemm::kFast)
-        return launch_prefill_gemm(a, stream);
-    if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
+    if (a.t <= kActRows && !a.prefill) return launch_gemv_mma_ng<QT, 1>(a, stream);  // decode: no environment read
     const PrefillGemm choice = prefill_gemm_choice();
+    if (fast_prefill_call(a, choice)) return launch_prefill_gemm(a, stream);
+    if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
         const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);

@@ -45,19 +45,8 @@ __device__ __forceinline__ float f16_at(const uint8_t* p) {  // p is 2-byte alig
     return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
-// ggml get_scale_min_k4: 6-bit scale and min of sub-block j (0..7) from Q4_K/Q5_K's 12 scale bytes.
-__device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-// The same from the scale bytes held in registers (s03 = bytes 0-3, s47 = 4-7, s8b = 8-11), j in 0..7; j < 4
-// must be the same for a whole warp to avoid a branch (it is for a k step of a tile).
+// ggml get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) from Q4_K/Q5_K's 12 scale bytes, held as
+// three words (s03 = bytes 0-3, s47 = 4-7, s8b = 8-11). A warp whose j < 4 differs between lanes takes both paths.
 __device__ __forceinline__ void k4_scale_min_words(uint32_t s03, uint32_t s47, uint32_t s8b, int j, int& sc, int& m) {
     const int sh = 8 * (j & 3);
     if (j < 4) {

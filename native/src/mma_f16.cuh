@@ -21,6 +21,8 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024): (kMagic | q) is the fp16 1024 + q, q < 1024
+
 __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));

@@ -45,8 +45,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
                  : "r"(s));
 }
 
-constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024): (kMagic | q) is 1024 + q exactly, q < 1024
-
 // fp16x2 (a, a) as a 32-bit word.
 __device__ __forceinline__ uint32_t h2_bits(__half a) {
     const __half2 h = __half2half2(a);
