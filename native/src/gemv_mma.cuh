@@ -619,14 +619,22 @@ constexpr int kPrefillStages = 3;
 // loads (rows g = 0..3 or 4..7) hit as few 128-byte bank lines as they can. Q4_K/Q5_K lanes read elements
 // 64 (tq / 2) + 16 (tq % 2) + c: chunks h + 2 (tq % 2) (mod 8) must differ over g, so h = 0, 1, 4, 5 (two lanes
 // per chunk remain, 128 bytes apart: 2 wavefronts, was 4 with rows 528 bytes apart); Q6_K/Q8_0 lanes read 4 tq
-// + c: chunks h + tq / 2, so h = 0, 2, 4, 6 (1 wavefront, was 2). Layout only: the same bits.
+// + c: chunks h + tq / 2, so h = 0, 2, 4, 6 (1 wavefront, was 2). Rows 4..7 sit one more bank line (64 halves)
+// on, since h falls from row 3 to row 4 and rows must not overlap. Layout only: the same bits.
 template <int QT> __host__ __device__ constexpr int b_row_halves(int rr) {
-    return rr * kUnitElems + 8 * (QT == kQ4_K || QT == kQ5_K ? (rr & 1) | ((rr & 2) << 1) : 2 * (rr & 3));
+    const int h = QT == kQ4_K || QT == kQ5_K ? (rr & 1) | ((rr & 2) << 1) : 2 * (rr & 3);
+    return rr * kUnitElems + 64 * (rr >> 2) + 8 * h;
 }
-constexpr int kBSumHalves = kActRows * kUnitElems + 64;  // past every shifted row (at most 48 halves), 128-byte aligned
+constexpr int kBSumHalves = kActRows * kUnitElems + 128;  // past every shifted row, 128-byte aligned
 constexpr int kBGroupHalves = kBSumHalves + kActRows * 16;  // a multiple of 64 halves: groups keep the bank pattern
-static_assert(b_row_halves<kQ6_K>(kActRows - 1) + kUnitElems <= kBSumHalves &&
-                  b_row_halves<kQ4_K>(kActRows - 1) + kUnitElems <= kBSumHalves && kBGroupHalves % 64 == 0,
+template <int QT> constexpr bool b_rows_apart() {  // each row ends before the next begins, the last before the sums
+    for (int rr = 0; rr < kActRows; ++rr)
+        if (b_row_halves<QT>(rr) + kUnitElems > (rr + 1 < kActRows ? b_row_halves<QT>(rr + 1) : kBSumHalves))
+            return false;
+    return true;
+}
+static_assert(b_rows_apart<kQ4_K>() && b_rows_apart<kQ5_K>() && b_rows_apart<kQ6_K>() && b_rows_apart<kQ8_0>() &&
+                  kBGroupHalves % 64 == 0,
               "B stage layout");
 
 template <int QT> struct PrefillShape {
