@@ -265,3 +265,38 @@ def test_the_config_structure_matches_the_header_field_by_field():
         fields += [(n.strip(), {"int": ctypes.c_int, "float": ctypes.c_float}[ctype]) for n in names.split(",")]
     assert fields == list(EngineConfig._fields_)
     assert fields[-1][0] == "prefill_rows"
+
+
+def test_truncate_replays_each_run_the_way_it_was_first_run(engine):
+    """Prefill and decode need not leave the same bits (the default prefill numerics), so a rollback replays
+    prefilled tokens by prefill and decoded ones by decode steps: a prompt, a decoded reply, a second turn."""
+    lib = engine._lib
+    state = engine.new_state()
+    engine.prefill(state, [1, 2, 3, 4, 5])
+    engine.checkpoint(state)
+    engine.decode(state, [6])
+    for tok in range(7, 17):                      # 10 more decoded tokens: replayed in steps of at most 8
+        engine.decode(state, [tok])
+    engine.prefill(state, [17, 18, 19])
+    assert bytes(state.prefilled) == b"\x01" * 5 + b"\x00" * 11 + b"\x01" * 3
+    del lib.calls[:]
+    engine.truncate(state, 18)                     # restore at 5, replay 6..16 decoded, 17 and 18 prefilled
+    assert lib.calls == [("decode", list(range(6, 14))), ("decode", [14, 15, 16]),
+                         ("prefill", 2, engine.prefill_rows)]
+    assert state.tokens == tuple(range(1, 19)) and lib.n_past == 18
+    assert bytes(state.prefilled) == b"\x01" * 5 + b"\x00" * 11 + b"\x01" * 2
+    del lib.calls[:]
+    engine.truncate(state, 3)                      # before the checkpoint: from the start, one prefill
+    assert lib.calls == [("prefill", 3, engine.prefill_rows)] and state.tokens == (1, 2, 3)
+    assert bytes(state.prefilled) == b"\x01" * 3 and state.checkpoint_positions == ()
+
+
+def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refused(engine, monkeypatch, tmp_path):
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    assert not engine.prefill_matches_decode            # the fast GEMM by default
+    for value, matches in (("fast", False), ("exact", True), ("shared", True), ("grouped", True)):
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", value)
+        assert engine.prefill_matches_decode == matches, value
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "lean")
+    with pytest.raises(OpenJetError, match="OPENJET_PREFILL_GEMM='lean' is not one of fast, exact"):
+        CudaEngine.load(tmp_path / "missing.gguf")      # refused before the file is looked at

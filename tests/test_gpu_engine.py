@@ -149,7 +149,12 @@ def test_greedy_generation_follows_the_reference(models, preset):
     assert all(m["gap"] < GREEDY_TIE for m in misses), misses
 
 
-def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models):
+@pytest.mark.parametrize("gemm", ["fast", "exact"])
+def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models, gemm, monkeypatch):
+    """Rollback by replay gives the bits of the run it cuts short, with either prefill numerics (decoded tokens
+    are replayed by decode steps, prefilled ones by prefill); under "exact" a prefill of tokens first decoded
+    gives their bits too, under "fast" that of a fresh prefill of the same tokens."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
     engine = CudaEngine.load(models["tiny"], n_ctx=256, n_checkpoints=2)
     ids = np.random.default_rng(3).integers(0, engine.config.shape.n_vocab, 60)
     try:
@@ -165,8 +170,15 @@ def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models):
         assert state.checkpoint_positions == ()
         engine.prefill(state, ids[12:45])
         after = engine.decode(state, ids[45:46]).logits
-        same = all(np.array_equal(a, b) for a, b in zip(straight[3:], again)) and np.array_equal(after, straight[5])
-        report(test="truncate", bit_identical=bool(same))
+        if gemm == "exact":
+            expected = straight[5]
+        else:
+            fresh = engine.new_state()
+            engine.prefill(fresh, ids[:45])
+            expected = engine.decode(fresh, ids[45:46]).logits
+            state = fresh
+        same = all(np.array_equal(a, b) for a, b in zip(straight[3:], again)) and np.array_equal(after, expected)
+        report(test="truncate", gemm=gemm, bit_identical=bool(same))
         assert same
         with pytest.raises(OpenJetError, match="outside the vocabulary"):
             engine.decode(state, [engine.config.shape.n_vocab])
@@ -325,14 +337,13 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     np.testing.assert_array_equal(out[True], out[False])
 
 
-@pytest.mark.parametrize("kv_type, gemm", [("f16", "auto"), ("q8_0", "auto"), ("f16", "shared"), ("f16", "grouped")])
+@pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])
 def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monkeypatch):
-    """Prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and 128, the last chunk partial) and
-    decode steps of up to 8 tokens (all_logits) leave the same state bit for bit: the last logits and hidden
-    row, the next decode step's logits, and the MTP head's drafts (its cache filled by the prefill). The
-    default per-shape choice of prefill kernel and each kernel forced (OPENJET_PREFILL_GEMM)."""
-    if gemm != "auto":
-        monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    """Under OPENJET_PREFILL_GEMM=exact, prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and
+    128, the last chunk partial) and decode steps of up to 8 tokens (all_logits) leave the same state bit for
+    bit: the last logits and hidden row, the next decode step's logits, and the MTP head's drafts (its cache
+    filled by the prefill). Its per-shape choice of kernel and each kernel forced."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
     ids = np.random.default_rng(23).integers(0, 4096, 301)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
     try:
@@ -387,10 +398,12 @@ def test_prefill_chunks_of_128_512_and_2048_leave_the_same_bits(models):
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_type):
-    """Issue 7's exactness for a cached conversation: turn 1 prefilled, a reply decoded token by token, turn 2
-    prefilled onto the cache; then the whole text prefilled at once in a new sequence. The next logits are
-    the same bits, and so are 24 greedy tokens after them."""
+def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_type, monkeypatch):
+    """Issue 7's exactness for a cached conversation, under OPENJET_PREFILL_GEMM=exact: turn 1 prefilled, a reply
+    decoded token by token, turn 2 prefilled onto the cache; then the whole text prefilled at once in a new
+    sequence. The next logits are the same bits, and so are 24 greedy tokens after them. (With the default
+    prefill numerics the server's Slot prefills the reply again: the test after the fast prefill's.)"""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
     rng = np.random.default_rng(31)
     turn1, turn2 = rng.integers(0, 4096, 150), rng.integers(0, 4096, 67)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
@@ -580,10 +593,11 @@ def test_prefill_chunk_sizes_and_turns_give_the_same_greedy_ids(models):
 
 
 def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, monkeypatch):
-    """OPENJET_PREFILL_GEMM=fast (prefill_gemm.cuh: the k-quant projections of prefill rows on fp16-dequantised weights,
-    numerics of its own): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave
-    the same bits, since every prefill row takes the fast GEMM; and 64 teacher-forced decode steps after it stay
-    within issue 6's bar of the same steps after the default, decode-exact prefill."""
+    """The default prefill numerics (prefill_gemm.cuh: the k-quant projections of prefill rows on fp16-dequantised
+    weights): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave the same
+    bits, since every prefill row takes the fast GEMM, and OPENJET_PREFILL_GEMM=fast is the default; and 64
+    teacher-forced decode steps after it stay within issue 6's bar of the same steps after the decode-exact
+    prefill (OPENJET_PREFILL_GEMM=exact)."""
     ids = np.random.default_rng(61).integers(0, 4096, 2670)
     prompt, follow = ids[:2605], ids[2605:]
 
@@ -595,12 +609,16 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
 
     engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
     try:
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
         exact = after(engine, [prompt], 512)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
         runs = {c: after(engine, [prompt], c) for c in (128, 512, 2048)}
         turns = after(engine, [prompt[:2600], prompt[2600:]], 512)
+        monkeypatch.delenv("OPENJET_PREFILL_GEMM")
+        default = after(engine, [prompt], 2048)
     finally:
         engine.close()
+    np.testing.assert_array_equal(default, runs[128], err_msg="the default is not the fast GEMM")
     for c in (512, 2048):
         np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
     np.testing.assert_array_equal(turns, runs[512], err_msg="two turns")
@@ -610,12 +628,13 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
 
 
 def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):
-    """Under OPENJET_PREFILL_GEMM=fast prefill no longer leaves decode's bits, so the server's Slot keeps at most the
-    previous prompt (Engine.prefill_matches_decode) and truncate replays by prefill: turn 1, 20 decoded reply
-    tokens, then turn 2 through the Slot give the logits of the whole text prefilled in a fresh sequence."""
+    """With the default prefill numerics prefill does not leave decode's bits, so the server's Slot keeps at most
+    the previous prompt (Engine.prefill_matches_decode) and truncate replays its prefilled tokens by prefill: turn
+    1, 20 decoded reply tokens, then turn 2 through the Slot give the logits of the whole text prefilled in a
+    fresh sequence."""
     from openjet_launcher.server.worker import Slot
 
-    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
     rng = np.random.default_rng(37)
     turn1, turn2 = rng.integers(0, 4096, 150), rng.integers(0, 4096, 67)
     engine = CudaEngine.load(models["tiny"], n_ctx=512)

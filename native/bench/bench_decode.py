@@ -18,11 +18,12 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   untimed), so every timed step reads the same bytes. The median is kept;
 * prefill: one sequence grows through the sorted prefill lengths and contexts with ``engine.prefill``; the
   prefill time of N tokens is the sum of its segments from 0 to N (``--prefill-mode incremental``: the same
-  work as one prefill of N tokens, since prefill runs chunks of ``--prefill-rows`` rows (default 512) whose
-  arithmetic does not depend on the chunking; the decode measurements between segments are
+  work as one prefill of N tokens, since prefill runs chunks of ``--prefill-rows`` rows (default 2048, the
+  launcher's choice) whose arithmetic does not depend on the chunking; the decode measurements between segments are
   undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
-  device time). OPENJET_PREFILL_GEMM=shared or =grouped in the environment forces one prefill kernel
-  (recorded as "prefill_gemm"); OPENJET_PDL=0 measures without programmatic dependent launch (recorded as "pdl").
+  device time). OPENJET_PREFILL_GEMM=exact in the environment measures the prefill with decode's numerics
+  (=shared or =grouped: one of its kernels forced; recorded as "prefill_gemm"); OPENJET_PDL=0 measures
+  without programmatic dependent launch (recorded as "pdl").
 
 The roofline share of a decode step is (the bytes it must read: every trunk weight and the lm_head once, the
 KV rows the attention reads, the recurrent state read and written; with an MTP head also its eh_proj and
@@ -54,7 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from openjet_launcher.engine.cuda import PREFILL_ROWS  # noqa: E402
+from openjet_launcher.engine.cuda import PREFILL_ROWS_MAX, prefill_gemm  # noqa: E402
 from openjet_launcher.model.shape import PRESETS, ModelShape  # noqa: E402
 
 GIB = 1 << 30
@@ -768,7 +769,7 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
                    "server's path: the top 32 logits per row come back, not the vocabulary). roofline_share = "
                    "step_bytes / copy bandwidth / median. prefill: "
                    "engine.prefill wall time (chunks of prefill_rows rows; each weight read once per chunk)."),
-        "prefill_gemm": os.environ.get("OPENJET_PREFILL_GEMM") or "auto (per shape)",
+        "prefill_gemm": prefill_gemm(),
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
@@ -849,8 +850,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-profile", type=int, default=2048,
                     help="after the prefill and decode figures, one more prefill of this many tokens with the "
                          "per-phase profile on, reported as prefill_profile (default 2048; 0: none)")
-    ap.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
-                    help=f"the engine's prefill chunk (CudaEngine.load; default {PREFILL_ROWS}, at most 2048)")
+    ap.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS_MAX,
+                    help=f"the engine's prefill chunk (CudaEngine.load; default {PREFILL_ROWS_MAX}: what the launcher "
+                         f"picks on the 24 and 32 GB cards, launcher/presets.py)")
     ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",
                     type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
                     help="KV cache types, in order (default q8_0,f16)")

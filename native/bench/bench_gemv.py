@@ -32,9 +32,9 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, 512, "128-grouped", "128-shared", "512-shared", "512-fast", "2048-fast")  # prefill chunk
-# rows (the engine's default: 512) with the default kernel choice; "-grouped" / "-shared" / "-fast": OPENJET_PREFILL_GEMM
-# ("fast": Q4_K through prefill_gemm.cuh's GEMM, numerics of its own; the other types as by default)
+PREFILL_TS = (32, 128, 512, 2048, "512-exact", "128-grouped", "128-shared", "512-shared")  # prefill chunk rows
+# (the engine's default: 512; the launcher's first choice: 2048) with the default numerics (the fast GEMM for
+# Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared": OPENJET_PREFILL_GEMM (decode's numerics)
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7

@@ -3,16 +3,19 @@
     python3 native/bench/bits_dump.py OUT.npz --models tiny.gguf,small.gguf
 
 Kernel level (random GGUF blocks, seed fixed): every GEMV type over the 27B's shapes for T = 1..8 and T = 40
-and 128 (both prefill kernels), the activation pack, add-norm and swiglu packs through the engine. Engine level,
-per model and KV type (f16, q8_0): a 300-token prefill in chunks of 128 (the last row's logits), then decode
-steps of T = 1..8 tokens (all their logits), then (with an MTP head) a verify step of 5, accept of 3, a decode
-step of 2 and 3 MTP drafts.
+and 128 (the exact prefill's two kernels and the fast GEMM), the activation pack, add-norm and swiglu packs
+through the engine. Engine level, per model and KV type (f16, q8_0), with each prefill numerics
+(OPENJET_PREFILL_GEMM=exact: keys engine/<model>/<kv>/...; =fast: engine/<model>/<kv>/fast/...): a 300-token
+prefill in chunks of 128 (the last row's logits), then decode steps of T = 1..8 tokens (all their logits), then
+(with an MTP head) a verify step of 5, accept of 3, a decode step of 2 and 3 MTP drafts. (A library older than
+the fast GEMM, 17e727b, reads "fast" as its default: its fast arrays differ from a newer one's.)
 Every array is saved as it came back; compare two dumps with --compare A.npz B.npz (exit 1 on any difference).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -23,6 +26,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GEMV_SHAPES = [(10240, 5120), (17408, 5120), (5120, 17408), (5120, 6144), (33, 1280), (130, 2304)]
+
+
+@contextlib.contextmanager
+def prefill_gemm(kind: str):
+    """OPENJET_PREFILL_GEMM=kind for the block ("" leaves it as it is), the caller's value back after it."""
+    before = os.environ.get("OPENJET_PREFILL_GEMM")
+    if kind:
+        os.environ["OPENJET_PREFILL_GEMM"] = kind
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OPENJET_PREFILL_GEMM", None)
+        else:
+            os.environ["OPENJET_PREFILL_GEMM"] = before
 
 
 def kernel_outputs(out: dict) -> None:
@@ -43,12 +61,9 @@ def kernel_outputs(out: dict) -> None:
                     d16[:, :, 2:4] = np.frombuffer(np.float16(2 ** -14).tobytes(), np.uint8)
             for t in (1, 2, 3, 4, 5, 6, 7, 8, 40, 128):
                 x = rng.standard_normal((t, k), dtype=np.float32)
-                kinds = ("grouped", "shared") if t > 8 else ("",)
-                for kind in kinds:
-                    if kind:
-                        os.environ["OPENJET_PREFILL_GEMM"] = kind
-                    out[f"gemv/{name}/{n}x{k}/t{t}{kind}"] = kt.gemv(qtype, w, x)
-                os.environ.pop("OPENJET_PREFILL_GEMM", None)
+                for kind in ("grouped", "shared", "fast") if t > 8 else ("",):
+                    with prefill_gemm(kind):
+                        out[f"gemv/{name}/{n}x{k}/t{t}{kind}"] = kt.gemv(qtype, w, x)
     for k in (5120, 6144, 17408, 10240, 24576):
         x = rng.standard_normal((3, k), dtype=np.float32) * 3
         for i, a in enumerate(kt.pack_act(x)):
@@ -58,26 +73,31 @@ def kernel_outputs(out: dict) -> None:
 
 
 def engine_outputs(out: dict, model: str) -> None:
+    for numerics, suffix in (("exact", ""), ("fast", "/fast")):
+        with prefill_gemm(numerics):
+            for kv in ("f16", "q8_0"):
+                engine_run(out, model, kv, f"engine/{Path(model).stem}/{kv}{suffix}")
+
+
+def engine_run(out: dict, model: str, kv: str, key: str) -> None:
     from openjet_launcher.engine.cuda import CudaEngine
-    tag = Path(model).stem
-    for kv in ("f16", "q8_0"):
-        eng = CudaEngine.load(model, n_ctx=1024, kv_type=kv)
-        try:
-            rng = np.random.default_rng(2)
-            V = eng.config.shape.n_vocab
-            st = eng.new_state()
-            o = eng.prefill(st, rng.integers(0, V, 300).tolist(), chunk_size=128)
-            out[f"engine/{tag}/{kv}/prefill"] = np.asarray(o.logits)
-            for t in range(1, 9):
-                o = eng.decode(st, rng.integers(0, V, t).tolist())
-                out[f"engine/{tag}/{kv}/decode{t}"] = np.asarray(o.logits)
-            if eng.config.has_mtp:  # the speculative path: verify 5 rows, keep 3, decode on, draft 3
-                out[f"engine/{tag}/{kv}/verify5"] = np.asarray(eng.verify(st, rng.integers(0, V, 5).tolist()).logits)
-                eng.accept(st, 3)
-                out[f"engine/{tag}/{kv}/after_accept"] = np.asarray(eng.decode(st, rng.integers(0, V, 2).tolist()).logits)
-                out[f"engine/{tag}/{kv}/draft3"] = np.asarray(eng.mtp_draft(st, int(rng.integers(0, V)), 3).logits)
-        finally:
-            eng.close()
+    eng = CudaEngine.load(model, n_ctx=1024, kv_type=kv)
+    try:
+        rng = np.random.default_rng(2)
+        V = eng.config.shape.n_vocab
+        st = eng.new_state()
+        o = eng.prefill(st, rng.integers(0, V, 300).tolist(), chunk_size=128)
+        out[f"{key}/prefill"] = np.asarray(o.logits)
+        for t in range(1, 9):
+            o = eng.decode(st, rng.integers(0, V, t).tolist())
+            out[f"{key}/decode{t}"] = np.asarray(o.logits)
+        if eng.config.has_mtp:  # the speculative path: verify 5 rows, keep 3, decode on, draft 3
+            out[f"{key}/verify5"] = np.asarray(eng.verify(st, rng.integers(0, V, 5).tolist()).logits)
+            eng.accept(st, 3)
+            out[f"{key}/after_accept"] = np.asarray(eng.decode(st, rng.integers(0, V, 2).tolist()).logits)
+            out[f"{key}/draft3"] = np.asarray(eng.mtp_draft(st, int(rng.integers(0, V)), 3).logits)
+    finally:
+        eng.close()
 
 
 def compare(a_path: str, b_path: str) -> int:

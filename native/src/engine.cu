@@ -904,7 +904,12 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
             if (logits) {
                 mark(e, "lm_head");
                 CHECK(launch_pack_act(last, 1, c.n_embd, nullptr, 0.0f, e.x, e.stream));
-                TRY(gemv(e, e.output, 1, nullptr, e.logits));
+                // Decode's GEMV, not the fast prefill GEMM: one row, always one (so every chunking gives these
+                // bits), and the GEMM would dequantise all of output.weight for it (H200: 2.9 against 0.6 ms).
+                GemvArgs head = gemv_args(e, e.output, 1, nullptr, e.logits);
+                head.prefill = false;
+                const cudaError_t err = launch_gemv(head, e.stream);
+                if (err != cudaSuccess) return cuda_fail(err, "gemv (lm_head)");
                 CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
             }
         }

@@ -5,8 +5,8 @@
 // tensor cores (gemv_mma.cuh); F32 W (the small ssm_alpha / ssm_beta projections) reads float activations.
 // The arithmetic of an output row never depends on t or on the GPU: row r of a t-row call is bit-identical
 // to a 1-row call on the same x row, on any SM count (speculative decoding relies on it, and prefill leaves
-// bit for bit the state that decoding its tokens one by one would; not under the OPENJET_PREFILL_GEMM=fast
-// experiment, prefill_gemm.cuh).
+// bit for bit the state that decoding its tokens one by one would under OPENJET_PREFILL_GEMM=exact; by default
+// a prefill's Q4_K/Q5_K/Q6_K rows take prefill_gemm.cuh's numerics instead).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,7 +25,7 @@ struct GemvArgs {
     ActPack x;        // k-quant W
     const float* xf;  // [t, k] float activations (F32 W)
     float* y;         // [t, n]
-    bool prefill = false;  // rows of a prefill chunk (t <= 8 too): OPENJET_PREFILL_GEMM=fast takes them all
+    bool prefill = false;  // rows of a prefill chunk (t <= 8 too): the fast prefill GEMM takes them all
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks

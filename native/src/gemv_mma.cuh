@@ -762,26 +762,31 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     }
 }
 
-// The prefill kernel to launch: OPENJET_PREFILL_GEMM=shared or =grouped forces one (tests and
-// benchmarks run them all; they give the same bits), else the shared-activation kernel where its grid fills
-// the GPU at least three times over. Measured on the H200 at 128 rows (bench_gemv.py --prefill-only, 2026-12-01): it
-// wins from 384 blocks of 132 SMs up (n >= 6144 at k = 5120: 0.69-0.96x the grouped kernel's time) and
-// loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024, 64 blocks: 1.7-2.6x), where its 64-row tiles
-// leave SMs idle or in a tail wave. (The "wide" and "lean" shapes were slower on the H200 and removed:
-// NOTES_gemv.md.) OPENJET_PREFILL_GEMM=fast: Q4_K, Q5_K and Q6_K through prefill_gemm.cuh's GEMM, numerics of
-// its own (an experiment: prefill then no longer leaves decode's bits), every row of a prefill included.
-enum class PrefillGemm { kAuto, kShared, kGrouped, kFast };
+// The prefill numerics and kernel (OPENJET_PREFILL_GEMM, read at each prefill call):
+// - unset or "fast" (the default since 2026-12-02): Q4_K, Q5_K and Q6_K rows of a prefill through
+//   prefill_gemm.cuh's GEMM on fp16-dequantised weights, numerics of its own, so a prefill no longer leaves
+//   decode's bits (Engine.prefill_matches_decode; H200, 27B projections of a 512-row chunk: 181 against 135
+//   TFLOP/s, 263 at 2,048 rows; the 4,096-token prefill 2,098 -> 2,584 tok/s). Q8_0 and F32 take the kernels below.
+// - "exact": decode's numerics, every prefill row the bits a decode step gives it: the shared-activation kernel
+//   where its grid fills the GPU at least three times over, else the grouped one. Measured on the H200 at 128
+//   rows (bench_gemv.py --prefill-only, 2026-12-01): it wins from 384 blocks of 132 SMs up (n >= 6144 at
+//   k = 5120: 0.69-0.96x the grouped kernel's time) and loses below (n = 5120, 320 blocks: 1.00-1.07x; n = 1024,
+//   64 blocks: 1.7-2.6x), where its 64-row tiles leave SMs idle or in a tail wave. ("wide" and "lean" shapes
+//   were slower on the H200 and removed: NOTES_gemv.md.)
+// - "shared" or "grouped": "exact" with one of its kernels forced (tests and benchmarks; the same bits).
+// Any other value is refused by the Python binding at load (CudaEngine.load); here it reads as the default.
+enum class PrefillGemm { kFast, kExact, kShared, kGrouped };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
+    if (choice && std::strcmp(choice, "exact") == 0) return PrefillGemm::kExact;
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
-    if (choice && std::strcmp(choice, "fast") == 0) return PrefillGemm::kFast;
-    return PrefillGemm::kAuto;
+    return PrefillGemm::kFast;
 }
 
 // Whether the call goes to prefill_gemm.cuh's GEMM under `choice`: the rows of a prefill (any count) or a call
-// of more than 8 rows, of a type it takes.
+// of more than 8 rows (only a prefill makes those), of a type it takes.
 inline bool fast_prefill_call(const GemvArgs& a, PrefillGemm choice) {
     return choice == PrefillGemm::kFast && prefill_gemm_takes(a.qtype) && (a.prefill || a.t > kActRows);
 }
@@ -834,8 +839,9 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
                          static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second);
 }
 
-// Decode (t <= 8): one group per block. Prefill: the shared-activation kernel where prefill_gemm_choice()
-// and its shared memory allow, else four groups per block (a group past t reads zeros and writes nothing).
+// Decode (t <= 8): one group per block. Prefill: the fast GEMM (prefill_gemm_choice(), the default), else the
+// shared-activation kernel where the choice and its shared memory allow, else four groups per block (a group
+// past t reads zeros and writes nothing).
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows && !a.prefill) return launch_gemv_mma_ng<QT, 1>(a, stream);  // decode: no environment read

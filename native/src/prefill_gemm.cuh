@@ -1,6 +1,6 @@
-// Prefill projections as a plain tensor-core GEMM over fp16-dequantised weights (issue 8). Opt-in
-// (OPENJET_PREFILL_GEMM=fast) for Q4_K, Q5_K and Q6_K: the experiment that says how far a prefill with numerics
-// of its own goes (NOTES_gemv.md, 2026-12-02); every other case takes the bit-exact kernels of gemv_mma.cuh.
+// Prefill projections as a plain tensor-core GEMM over fp16-dequantised weights (issue 8), for Q4_K, Q5_K and
+// Q6_K: the default prefill numerics since 2026-12-02 (OPENJET_PREFILL_GEMM=exact takes the bit-exact kernels of
+// gemv_mma.cuh instead; gemv_mma.cuh's prefill_gemm_choice has the figures); every other type takes those always.
 //
 // Numerics (declared, its own): each weight becomes, by one fp16 fma over the exact code, w = fp16(q ds - dm)
 // with ds = fp16(d sc), dm = fp16(dmin m) (Q4_K, Q5_K) or w = fp16((q - 32) ds), ds = fp16(d sc) (Q6_K); each

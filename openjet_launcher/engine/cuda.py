@@ -9,14 +9,18 @@ What v1 is (and is not):
   ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
-  in sub-steps of 8 rows inside), the MTP head's cache fill too. Each row gets the bits a decode step gives it,
-  so prefill and decode leave the same state, bit for bit, whatever the chunk size. Still ahead (issue 8):
-  the chunked WY Gated DeltaNet (qwen38.md §3.4) and flash attention over whole chunks.
+  in sub-steps of 8 rows inside), the MTP head's cache fill too. By default the Q4_K/Q5_K/Q6_K projections
+  of a prefill take a tensor-core GEMM over fp16-dequantised weights (numerics of its own, KL ~1e-6 nats from
+  decode's; the same bits whatever the chunk size or turn boundaries); OPENJET_PREFILL_GEMM=exact gives each
+  row the bits a decode step gives it instead (~20% slower). ``prefill_matches_decode`` says which holds;
+  ``truncate`` replays each run of tokens the way it was first run. Still ahead (issue 8): the chunked WY
+  Gated DeltaNet (qwen38.md §3.4) and flash attention over whole chunks.
 * One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets
   it and retires every state made before; using a retired state raises. ``SequenceState.copy`` raises.
 * ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
   position evicted first); ``truncate`` restores the latest checkpoint at or before the target and replays
-  the tokens after it (rollback by replay, interface.py), without computing logits.
+  the tokens after it (rollback by replay, interface.py; prefilled tokens by prefill, decoded ones by decode
+  steps), without computing logits.
 * ``mtp_draft`` runs the MTP head on the device one draft step per call of the C API (its cache is filled by
   every decode and prefill step); the host picks each drafted token. tests/test_gpu_engine.py checks it
   against the reference (passed on the H200, 2026-12-01).
@@ -56,6 +60,18 @@ DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 512        # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): default token rows of a prefill chunk
 PREFILL_ROWS_MAX = 2048   # OPENJET_ENGINE_PREFILL_ROWS_MAX
+# OPENJET_PREFILL_GEMM's values (native/src/gemv_mma.cuh, prefill_gemm_choice): "fast" (the default) gives a
+# prefill numerics of its own, "exact" decode's bits ("shared" / "grouped": "exact" with one kernel forced).
+PREFILL_GEMMS = ("fast", "exact", "shared", "grouped")
+
+
+def prefill_gemm() -> str:
+    """The prefill numerics OPENJET_PREFILL_GEMM asks for; an OpenJetError naming the valid values for others."""
+    value = os.environ.get("OPENJET_PREFILL_GEMM") or "fast"
+    if value not in PREFILL_GEMMS:
+        raise OpenJetError(f"OPENJET_PREFILL_GEMM={value!r} is not one of {', '.join(PREFILL_GEMMS)} (fast: the "
+                           f"default; exact: prefill leaves decode's bits, ~20% slower)")
+    return value
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
@@ -139,7 +155,19 @@ class CudaState(SequenceState):
         self._engine = weakref.ref(engine)
         self.generation = generation
         self.token_ids: list[int] = []
+        # Per token, 1 where a prefill processed it, 0 where a decode step did: truncate replays each run the
+        # way it was first run, since prefill's numerics (by default) are not decode's (prefill_matches_decode).
+        self.prefilled = bytearray()
         self.slots: dict[int, int] = {}          # checkpoint position -> device slot
+
+    def add(self, ids, *, prefilled: bool) -> None:
+        """Record ids the device has just processed (by a prefill or by a decode step)."""
+        n = len(self.token_ids)
+        self.token_ids.extend(int(x) for x in ids)
+        self.prefilled += (b"\x01" if prefilled else b"\x00") * (len(self.token_ids) - n)
+
+    def cut(self, n: int) -> None:
+        del self.token_ids[n:], self.prefilled[n:]
 
     @property
     def checkpoint_positions(self) -> tuple[int, ...]:
@@ -185,7 +213,7 @@ class CudaEngine(Engine):
     @property
     def prefill_matches_decode(self) -> bool:
         # The library reads OPENJET_PREFILL_GEMM at each prefill call: so does this.
-        return os.environ.get("OPENJET_PREFILL_GEMM") != "fast"
+        return prefill_gemm() != "fast"
 
     # ------------------------------------------------------------------------------------------ loading
 
@@ -199,6 +227,7 @@ class CudaEngine(Engine):
         file has one) and keep its cache filled, for mtp_draft; False leaves it out (less memory, no drafts);
         ``prefill_rows``: the longest prefill chunk (1..2048 tokens; each reads the weights once, and costs ~260
         KB of device scratch per row at 27B)."""
+        prefill_gemm()  # a bad OPENJET_PREFILL_GEMM is refused before anything is read
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
@@ -335,7 +364,7 @@ class CudaEngine(Engine):
             return super().accept(state, n)
         self._check_state(state)
         self._check(self._lib.openjet_engine_accept(self._handle, int(n)), "accept")
-        state.token_ids.extend(self._pending[:n])
+        state.add(self._pending[:n], prefilled=False)
         state.verify_rows = 0
         self._pending = []
 
@@ -361,16 +390,16 @@ class CudaEngine(Engine):
                                                  pen_ids.ctypes.data_as(i32), _f32p(pen_deltas), len(pen_ids),
                                                  _f32p(values), top_ids.ctypes.data_as(i32), _f32p(self._hidden[:t]))
         self._check(rc, "decode_top")
-        state.token_ids.extend(int(x) for x in ids32)
+        state.add(ids32, prefilled=False)
         self._count_step(t, t0)
         return TopOutput(values, top_ids, self._hidden[:t].copy())
 
     def prefill(self, state: CudaState, tokens: TokenIds, *, chunk_size: int | None = None,
                 all_logits: bool = False) -> StepOutput:
         """Chunks of chunk_size tokens (default and most: the engine's prefill_rows), each reading the weights
-        once (openjet_engine_prefill); every row gets the bits a decode step gives it, so the state does not
-        depend on chunk_size. all_logits: decode steps of up to 8 tokens, for every row's logits (teacher
-        forcing)."""
+        once (openjet_engine_prefill); a row's bits do not depend on chunk_size (nor, under
+        OPENJET_PREFILL_GEMM=exact, differ from a decode step's: prefill_matches_decode). all_logits: decode steps
+        of up to 8 tokens, for every row's logits (teacher forcing)."""
         chunk = self.prefill_rows if chunk_size is None else min(check_chunk_size(chunk_size), self.prefill_rows)
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
@@ -556,13 +585,20 @@ class CudaEngine(Engine):
         else:
             self._check(self._lib.openjet_engine_reset(self._handle), "reset")
         replay = np.array(state.token_ids[base:n_tokens], dtype=np.int64)
-        del state.token_ids[base:]
+        how = bytes(state.prefilled[base:n_tokens])
+        state.cut(base)
         t0 = time.perf_counter()
-        if len(replay) and not self.prefill_matches_decode:  # the tokens as a fresh prefill leaves them
-            self._prefill(state, replay, self.prefill_rows)
-        else:
-            for i in range(0, len(replay), MAX_GPU_DECODE_TOKENS):
-                self._step(state, replay[i:i + MAX_GPU_DECODE_TOKENS], logits=False)
+        i = 0
+        while i < len(replay):  # each run as it was first run: the bits it left then
+            j = i + 1
+            while j < len(replay) and how[j] == how[i]:
+                j += 1
+            if how[i]:
+                self._prefill(state, replay[i:j], self.prefill_rows)
+            else:
+                for k in range(i, j, MAX_GPU_DECODE_TOKENS):
+                    self._step(state, replay[k:min(j, k + MAX_GPU_DECODE_TOKENS)], logits=False)
+            i = j
         self._stats.replay_tokens += len(replay)
         self._stats.replay_seconds += time.perf_counter() - t0
 
@@ -596,7 +632,7 @@ class CudaEngine(Engine):
         rc = self._lib.openjet_engine_decode(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                                              t, _f32p(lg), _f32p(self._hidden[:t]))
         self._check(rc, "decode")
-        state.token_ids.extend(int(x) for x in ids)
+        state.add(ids, prefilled=False)
         return StepOutput(logits=lg.copy() if logits else None, hidden=self._hidden[:t].copy())
 
     def _step_ids(self, state: CudaState, tokens: TokenIds, what: str) -> np.ndarray:
@@ -626,7 +662,7 @@ class CudaEngine(Engine):
         rc = self._lib.openjet_engine_prefill(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                                               n, chunk, _f32p(lg), _f32p(hd))
         self._check(rc, "prefill")
-        state.token_ids.extend(int(x) for x in ids)
+        state.add(ids, prefilled=True)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
 
     def _touch(self, slot: int) -> None:

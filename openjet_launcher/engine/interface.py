@@ -320,9 +320,9 @@ class Engine(abc.ABC):
     @property
     def prefill_matches_decode(self) -> bool:
         """Whether prefilling tokens leaves, bit for bit, the state that decoding them one by one leaves. Where it
-        does not (the CUDA engine under its opt-in prefill numerics, OPENJET_PREFILL_GEMM=fast), a conversation
-        that goes on after decoded tokens equals a fresh prefill only if those tokens are prefilled again: the
-        server's conversation reuse then keeps no more than the previous prompt (worker.Slot)."""
+        does not (the CUDA engine with its default prefill numerics; under OPENJET_PREFILL_GEMM=exact it does), a
+        conversation that goes on after decoded tokens equals a fresh prefill only if those tokens are prefilled
+        again: the server's conversation reuse then keeps no more than the previous prompt (worker.Slot)."""
         return True
 
     @abc.abstractmethod
