@@ -15,8 +15,9 @@ Design note.
   events carry only text that will never be taken back. Parsing reasoning and tool calls is the
   handler's business.
 * Conversation reuse (`Slot.load_prompt`): the new prompt is matched against the state's tokens (the
-  previous prompt + the tokens emitted since); the common prefix stays, cut with `engine.truncate`,
-  which restores the latest checkpoint at or before the cut and replays the rest. A checkpoint is
+  previous prompt + the tokens emitted since); the state is cut back with `engine.truncate` to the latest
+  checkpoint at or before the end of the common prefix, and everything after it is prefilled in one call (the
+  reused count is that checkpoint's position: the tokens not run again). A checkpoint is
   recorded before the last token of every prompt, so a repeated prompt (a regenerated answer) or a
   conversation whose re-rendered history diverges after the previous prompt rewinds cheaply; a divergence before any checkpoint starts over. A failed
   request resets the state: a half-updated cache never serves the next request. An engine whose prefill does not
@@ -189,11 +190,14 @@ class Slot:
         if not self.engine.prefill_matches_decode:  # decoded tokens are prefilled again (see the design note)
             common = min(common, self.prompt_end)
         if common < state.n_tokens:
-            if common > 0 and any(p <= common for p in state.checkpoint_positions):
+            # Rewind to the latest checkpoint at or before the common prefix and prefill everything after it in
+            # one call below: what a truncate to `common` would replay, without a separate (short) replay call.
+            common = max((p for p in state.checkpoint_positions if p <= common), default=0)
+            if common:
                 self.engine.truncate(state, common)
             else:                                  # nothing to rewind to: start over
                 self.reset()
-                state, common = self.state, 0
+                state = self.state
         # Checkpoint before the last prompt token: the next request may repeat this prompt (a regenerated
         # answer) or diverge anywhere after it (a re-rendered history), and both rewind to here.
         rest = list(prompt[common:])

@@ -42,6 +42,7 @@ class ScriptedEngine(Engine):
         self.fail_on_prefill = False
         self.step_delay = 0.0
         self.prefills: list[int] = []          # tokens per prefill call, for reuse checks
+        self.replayed = 0                      # tokens a truncate would replay (after the checkpoint it restores)
         self.exact_prefill = True              # prefill_matches_decode (False: the decoded tokens are prefilled again)
         self._i = 0
         self._lock = threading.Lock()
@@ -86,6 +87,7 @@ class ScriptedEngine(Engine):
         state.cps.append(state.n_tokens)
 
     def truncate(self, state, n_tokens):
+        self.replayed += n_tokens - max((c for c in state.cps if c <= n_tokens), default=0)
         del state.token_ids[n_tokens:]
         state.cps = [c for c in state.cps if c <= n_tokens]
 

@@ -114,16 +114,19 @@ def test_conversation_reuse_counts_reused_and_new_prompt_tokens(scripted, client
     history = ASK + [{"role": "assistant", "content": "OK.", "reasoning_content": "Fine."},
                      {"role": "user", "content": "Thanks"}]
     scripted.engine.prefills.clear()
+    scripted.engine.replayed = 0
     b = client.chat.completions.create(model="m", messages=history, max_tokens=20)
     t = b.model_extra["timings"]
     assert t["cache_n"] >= a.usage.prompt_tokens - 1 and t["cache_n"] + t["prompt_n"] == b.usage.prompt_tokens
     assert sum(scripted.engine.prefills) == t["prompt_n"]
+    assert scripted.engine.replayed == 0     # rewound to a checkpoint: the rest is prefilled, not replayed
     assert b.usage.prompt_tokens_details.cached_tokens == t["cache_n"]
 
 
 def test_an_engine_whose_prefill_is_not_decodes_keeps_only_the_previous_prompt(scripted, client, say):
-    """Engine.prefill_matches_decode False (the CUDA engine under OPENJET_PREFILL_GEMM=fast): the next turn keeps
-    at most the previous prompt and prefills the decoded answer again, so its state is a fresh prefill's."""
+    """Engine.prefill_matches_decode False (the CUDA engine's default prefill numerics): the next turn keeps at
+    most the previous prompt and prefills the decoded answer again, so its state is a fresh prefill's; it
+    rewinds to the checkpoint before the previous prompt's last token and prefills from there in one call."""
     say("Fine.</think>\n\nOK.")
     scripted.engine.exact_prefill = False
     try:
@@ -131,9 +134,11 @@ def test_an_engine_whose_prefill_is_not_decodes_keeps_only_the_previous_prompt(s
         history = ASK + [{"role": "assistant", "content": "OK.", "reasoning_content": "Fine."},
                          {"role": "user", "content": "Thanks"}]
         scripted.engine.prefills.clear()
+        scripted.engine.replayed = 0
         b = client.chat.completions.create(model="m", messages=history, max_tokens=20)
     finally:
         scripted.engine.exact_prefill = True
     t = b.model_extra["timings"]
-    assert a.usage.prompt_tokens - 1 <= t["cache_n"] <= a.usage.prompt_tokens
+    assert t["cache_n"] == a.usage.prompt_tokens - 1
     assert sum(scripted.engine.prefills) == t["prompt_n"] == b.usage.prompt_tokens - t["cache_n"]
+    assert scripted.engine.replayed == 0 and len(scripted.engine.prefills) == 2   # the run, then the last token
