@@ -276,9 +276,10 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
     """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K, t > 8 rows): against its own numerics in numpy (fp16 weights as
     the kernel rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against
     the exact weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output
-    depends on its own row and token only), across its two tile shapes too (64-token tiles where 128-token ones
-    would not fill a wave: the small calls here; 128 from n = 17408 and 130 rows up on the H200). Partial row and
-    token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off 4-byte alignment."""
+    depends on its own row and token only), across its three tile shapes too (16-token tiles up to 16 rows, 64 up
+    to 64 rows and where 128-token ones would not fill a wave, 128 from n = 17408 and 130 rows up on the H200).
+    Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
+    4-byte alignment."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
@@ -287,7 +288,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
     xd = unpack_act(xh, xinv)
     w16 = fast_weights(qtype, raw).astype(np.float64)
     w = dequantize(raw, Q[qtype]).astype(np.float64)
-    for t in (9, 130, 300):
+    for t in (9, 16, 40, 130, 300):
         y = kt.gemv(Q[qtype], raw, x[:t])
         assert np.isfinite(y).all()
         ref = (w16 @ xd[:t].T).T
@@ -300,7 +301,8 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
     whole = kt.gemv(Q[qtype], raw, x)
     halves = np.concatenate([kt.gemv(Q[qtype], raw, x[:150]), kt.gemv(Q[qtype], raw, x[150:])])
     np.testing.assert_array_equal(whole, halves)
-    np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:9]), whole[:9])
+    for t in (9, 16, 17, 40):  # 16- and 64-token tiles against the 300-row call's
+        np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), whole[:t], err_msg=f"t={t}")
 
 
 def test_f32_projection_matches_numpy():

@@ -1,12 +1,15 @@
 // launch_prefill_gemm (prefill_gemm.cuh): the fp16-dequantised-weight GEMM of a prefill chunk.
 //
 // Block = kBM weight rows x BN tokens, 8 warps: BN = 128 as 2 (rows) x 4 (tokens) of 64 x 32 (4 x 4 mma tiles,
-// 64 fp32 accumulators a thread); BN = 64, for grids under a wave of 128-token tiles (the n = 5120 projections
-// of a 512-row chunk: 160 blocks), as 4 x 2 of 32 x 32. k in steps of kBK = 64. Per step:
+// 64 fp32 accumulators a thread); BN = 64, for calls of up to 64 rows and grids under a wave of 128-token tiles
+// (the n = 5120 projections of a 512-row chunk: 160 blocks), as 4 x 2 of 32 x 32; BN = 16, for calls of up to 16
+// rows (a prompt's short last chunk, the one-token prefill of a regenerated answer), as 8 x 1 of 16 x 16: the
+// mma work of 16 tokens instead of 128 (H200, one-row lm_head call with 128-token tiles: 2.9 ms against decode's
+// 0.6). k in steps of kBK = 64. Per step:
 // - A: thread (row, half) holds the raw bytes of its row's next step in registers (loaded a step ahead: FastA
 //   per weight type) and dequantises its half of the step, 32 weights, into the shared tile, double-buffered;
 // - B: the tokens' 64 activations of the step arrive by cp.async, kStagesB deep;
-// - each warp runs ldmatrix + its 64 (BN = 64: 32) mma.
+// - each warp runs ldmatrix + its 64 (BN = 64: 32; BN = 16: 8) mma.
 // Both tiles keep the pack's element order (each aligned quad stored 0, 2, 1, 3: act_pack.cuh), so the k slots
 // of A and B match without a permutation; rows are kLd = 72 halves apart, so ldmatrix's 8 rows of 16 bytes
 // fall on 8 different bank groups. Rows past n read row 0 and tokens past t read token t - 1; neither is stored.
@@ -30,12 +33,14 @@ static_assert(kThreads == 2 * kBM, "one thread per A row half");
 
 // The block's shape for BN tokens: warps along rows x tokens, each warp's tile, shared memory.
 template <int BN> struct FastShape {
-    static constexpr int kWarpsN = BN == 128 ? 4 : 2, kWarpsM = 8 / kWarpsN;
+    static constexpr int kWarpsN = BN == 128 ? 4 : BN == 64 ? 2 : 1, kWarpsM = 8 / kWarpsN;
     static constexpr int kWarpRows = kBM / kWarpsM, kMt = kWarpRows / 16;  // mma row tiles a warp
     static constexpr int kWarpToks = BN / kWarpsN, kNt = kWarpToks / 8;    // mma token tiles a warp
     static constexpr int kATile = kBM * kLd, kBTile = BN * kLd;            // halves
-    static constexpr int kSmemBytes = (2 * kATile + kStagesB * kBTile) * 2;  // BN 128: 92,160; 64: 64,512
-    static_assert(kWarpToks == 32 && kNt % 2 == 0 && BN * kBK / 8 % kThreads == 0, "B by ldmatrix.x4 pairs");
+    static constexpr int kSmemBytes = (2 * kATile + kStagesB * kBTile) * 2;  // BN 128: 92,160; 64: 64,512; 16: 43,776
+    static constexpr int kChunksB = BN * kBK / 8;  // 16-byte copies of a B stage
+    static_assert((BN == 128 || BN == 64 || BN == 16) && kWarpToks % 16 == 0 && kNt % 2 == 0,
+                  "B by ldmatrix.x4 of 16 tokens");
 };
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
@@ -202,8 +207,9 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     const auto load_b = [&](int s) {  // BN tokens x 64 halves: BN * 8 chunks of 16 bytes
         __half* stage = bs + (s % kStagesB) * S::kBTile;
 #pragma unroll
-        for (int i = 0; i < BN * kBK / 8 / kThreads; ++i) {
+        for (int i = 0; i < (S::kChunksB + kThreads - 1) / kThreads; ++i) {
             const int c = tid + kThreads * i, r = c >> 3, part = c & 7;
+            if (S::kChunksB % kThreads != 0 && c >= S::kChunksB) break;  // BN = 16: half the threads copy
             const long long tok = min(col0 + r, t - 1);
             cp_async16(stage + r * kLd + 8 * part, x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
         }
@@ -219,12 +225,12 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     store_a(raw, 0);
     if (steps > 1) raw = A::load(wrow, 1, ahalf);
 
-    const int wm = warp / S::kWarpsN, wn = warp % S::kWarpsN;  // warp tile: rows kWarpRows wm.., tokens 32 wn..
+    const int wm = warp / S::kWarpsN, wn = warp % S::kWarpsN;  // warp tile: rows kWarpRows wm.., tokens kWarpToks wn..
     float acc[S::kMt][S::kNt][4] = {};
     // ldmatrix rows: A lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8; B lanes 0-7 tokens 0-7 at
     // k 0, 8-15 tokens 0-7 at k 8, 16-23 tokens 8-15 at k 0, 24-31 tokens 8-15 at k 8.
     const int a_off = (S::kWarpRows * wm + (lane & 15)) * kLd + 8 * (lane >> 4);
-    const int b_off = (32 * wn + (lane & 7) + 8 * (lane >> 4)) * kLd + 8 * ((lane >> 3) & 1);
+    const int b_off = (S::kWarpToks * wn + (lane & 7) + 8 * (lane >> 4)) * kLd + 8 * ((lane >> 3) & 1);
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
         cp_async_wait<kStagesB - 2>();
@@ -262,7 +268,7 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int row = row0 + S::kWarpRows * wm + 16 * mt + g + 8 * (c >> 1);
-                const int tok = col0 + 32 * wn + 8 * nt + 2 * tq + (c & 1);
+                const int tok = col0 + S::kWarpToks * wn + 8 * nt + 2 * tq + (c & 1);
                 if (row < n && tok < t)
                     y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[mt][nt][c], x.inv[tok]);
             }
@@ -280,15 +286,17 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
                          a.t, a.y);
 }
 
-// 128-token tiles, or 64 where those do not fill one wave of 2 blocks per SM (the 64-token kernel's 63 KB of
-// shared memory fit 3): n = 5120 or 6144 at 512 rows. An output's bits do not depend on the tile (the same
-// chain over k).
+// 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
+// of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
+// 128. An output's bits do not depend on the tile (the same chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-    if (row_blocks * ((a.t + 127) / 128) < 2LL * sms) return launch_prefill_gemm_bn<QT, 64>(a, row_blocks, stream);
+    if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);
+    if (a.t <= 64 || row_blocks * ((a.t + 127) / 128) < 2LL * sms)
+        return launch_prefill_gemm_bn<QT, 64>(a, row_blocks, stream);
     return launch_prefill_gemm_bn<QT, 128>(a, row_blocks, stream);
 }
 
