@@ -32,9 +32,10 @@ from openjet_launcher.engine.device_probe import probe  # noqa: E402
 
 Q = kt.QTYPES
 TS = (1, 2, 4, 8)
-PREFILL_TS = (32, 128, 512, 2048, "512-exact", "128-grouped", "128-shared", "512-shared")  # prefill chunk rows
-# (the engine's default: 512; the launcher's first choice: 2048) with the default numerics (the fast GEMM for
-# Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared": OPENJET_PREFILL_GEMM (decode's numerics)
+# Prefill chunk rows (the engine's default: 512; the launcher's first choice: 2048; 16: a short last chunk) with
+# the default numerics (the fast GEMM for Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared":
+# OPENJET_PREFILL_GEMM (decode's numerics).
+PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "128-shared", "512-shared")
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
