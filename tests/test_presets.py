@@ -81,9 +81,53 @@ def test_prefill_scratch_formula_by_hand_for_the_27b_shape():
     assert MM.engine_v1_row_bytes == v1 == 266_760 > trunk + gdn
     for chunk in (512, 1024, 2048):
         assert MM.prefill_scratch_bytes(chunk) == chunk * (trunk + gdn) + 248320 * 4
-        assert MM.prefill_scratch_bytes(chunk, v1_arena=True) == chunk * v1 + 248320 * 4
+        # each of the arena's 13 row-sized parts rounded up to 256 bytes after 16 spare ones
+        assert chunk * v1 < MM.engine_v1_rows_bytes(chunk) <= chunk * v1 + 13 * 256
     assert 470 * MiB < MM.prefill_scratch_bytes(2048) < 480 * MiB
-    assert 520 * MiB < MM.prefill_scratch_bytes(2048, v1_arena=True) < 524 * MiB
+    assert 520 * MiB < MM.engine_v1_rows_bytes(2048) < 524 * MiB
+
+
+# What the CUDA engine v1 reported it allocated (engine.memory(), H200, 132 SMs, 4 checkpoints, 512-row chunks,
+# the MTP head loaded):
+# the full 27B at n_ctx 32768 with q8_0 KV (bench/results/engine-full-h200-773592c.json) and the tiny and small
+# synthetic models at n_ctx 2112 (test_gpu_engine's teacher-forced runs, gpu-tests-2026-12-02c-h200.jsonl).
+ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoint_bytes, scratch_bytes
+    (QWEN38_27B, 32768, "q8_0", 17095981568, 1212153856, 162791424, 627654656, 327195904),
+    (PRESETS["tiny"], 2112, "q8_0", 6074112, 4595712, 1271808, 4907008, 14272768),
+    (PRESETS["tiny"], 2112, "fp16", 6074112, 8650752, 1271808, 4907008, 14272768),
+    (PRESETS["small"], 2112, "q8_0", 101412864, 6893568, 5087232, 19628032, 37517568),
+]
+
+
+@pytest.mark.parametrize("shape, n_ctx, kv, weights, kv_bytes, state, ckpt, scratch", ENGINE_REPORTS)
+def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ctx, kv, weights, kv_bytes, state,
+                                                                     ckpt, scratch):
+    mm = memory_model(shape)
+    a = mm.engine_v1_arena(n_ctx=n_ctx, chunk=512, sm_count=132, n_checkpoints=4)  # CudaEngine.load's default
+    assert mm.weights_v1_bytes == weights
+    assert n_ctx * mm.kv_bytes_per_token(kv) == kv_bytes
+    assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch)
+
+
+def test_a_v1_plan_holds_the_engines_arena_with_the_workspace_of_the_longest_context():
+    """The launcher's plan for the CUDA engine v1 is its allocation: weights with the arena's alignment, state
+    and checkpoints, the row-sized scratch, and the rest (logits, top-k, verify's shadow state, the attention
+    workspace, which grows with the context and the SMs, sized for the longest context so max_ctx holds)."""
+    p = MM.plan(n_ctx=32768, kv_format="q8_0", chunk=2048, n_agents=1, embd_on_host=False, total_vram=24 * GiB,
+                v1_arena=True, sm_count=82)
+    at_ctx = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=82)
+    longest = MM.engine_v1_arena(n_ctx=262144, chunk=2048, sm_count=82)
+    assert p.weights == MM.weights_v1_bytes and p.agent_state == at_ctx.state_bytes + at_ctx.checkpoint_bytes
+    assert p.prefill_scratch == at_ctx.row_bytes == MM.engine_v1_rows_bytes(2048)
+    assert p.decode_workspace == longest.fixed_bytes >= at_ctx.fixed_bytes
+    more_sms = MM.engine_v1_arena(n_ctx=262144, chunk=2048, sm_count=170)
+    assert more_sms.fixed_bytes > longest.fixed_bytes        # more SMs, more attention chunks per step
+    free = 23 * GiB
+    n = MM.max_ctx(free_vram=free, total_vram=24 * GiB, kv_format="q8_0", chunk=2048, n_agents=1,
+                   embd_on_host=False, v1_arena=True, sm_count=82)
+    fits = MM.plan(n_ctx=n, kv_format="q8_0", chunk=2048, n_agents=1, embd_on_host=False, total_vram=24 * GiB,
+                   v1_arena=True, sm_count=82)
+    assert fits.total <= free < fits.total + MM.kv_bytes_per_token("q8_0")
 
 
 def test_a_plan_adds_up_its_terms_and_moves_the_embedding_table_to_host_memory():
@@ -245,7 +289,7 @@ def test_the_engine_v1_settings_fit_what_it_allocates(name):
     assert s.memory.token_embd_host == 0 and s.memory.total <= c.free_vram
     if s.n_ctx < QWEN38_27B.n_ctx_train:
         bigger = MM.plan(n_ctx=s.n_ctx + CTX_STEP, kv_format=s.kv_format, chunk=s.prefill_chunk, n_agents=1,
-                         embd_on_host=False, total_vram=c.total_vram)
+                         embd_on_host=False, total_vram=c.total_vram, v1_arena=True, sm_count=c.sm_count)
         assert bigger.total > c.free_vram
     planned = choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability)
     assert s.n_ctx <= planned.n_ctx                    # the planned engine never gets less

@@ -36,6 +36,57 @@ STATE_COPIES = 3
 GDN_CHUNK = 64          # tokens per chunk of the chunked delta rule in prefill
 DECODE_ROWS = 8         # 1 + n_draft rows per agent a decode step may verify (n_draft <= 7)
 
+# The CUDA engine v1's own allocation (native/src/engine.cu, create_impl), mirrored part by part so that a plan
+# for it is what the engine will ask for (tests/test_presets.py checks it against the engine's memory reports
+# on the H200). Each arena part takes align_up(bytes + 16) of V1_ALIGN.
+V1_ALIGN = 256
+V1_MAX_T = 8              # OPENJET_ENGINE_MAX_T: rows of a decode or verify step
+# Checkpoints `serve --engine cuda` loads the engine with when drafting (the launcher's default; server/cli.py):
+# STATE_COPIES less the live state and the engine's own verify shadow, which its scratch holds.
+V1_CHECKPOINTS = STATE_COPIES - 2
+V1_ATTN_SPREAD = 2        # attention chunk blocks per SM its workspace is sized for (kDefaultAttnSpread)
+V1_ATTN_MIN_CHUNK = 64    # kAttnMinChunk (attn_decode.cuh)
+V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
+V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
+V1_TOPK_MAX = 32          # kTopKMax
+V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
+
+
+def v1_align(n: int, pad: int = 16) -> int:
+    """The arena bytes of a part of n bytes (engine.cu: align_up(bytes + 16) for scratch parts, whose 16 spare
+    bytes let a GEMV read past the end; align_up(bytes) for the state arenas, pad = 0)."""
+    return (n + pad + V1_ALIGN - 1) // V1_ALIGN * V1_ALIGN
+
+
+def v1_attn_chunks(n_ctx: int, n_kv: int, sm_count: int, spread: int = V1_ATTN_SPREAD) -> int:
+    """The most chunks an attention step of V1_MAX_T rows splits the context into, over every position below
+    n_ctx (engine.cu attn_work_floats_max with attn_decode.cuh's attn_chunk_keys): within a range of positions
+    with one chunk size the count is largest at the range's end, so only those ends are looked at."""
+    units = sm_count * spread
+    target = (units + n_kv - 1) // n_kv if units > n_kv else 1
+    most, chunk, start = 1, V1_ATTN_MIN_CHUNK, 0
+    while start < n_ctx:
+        # chunk_keys(n_past) = chunk while ceil((n_past + 1) / target) <= chunk, i.e. n_past < chunk * target
+        end = min(n_ctx - 1, chunk * target - 1)
+        if end >= start:
+            most = max(most, (end + V1_MAX_T + chunk - 1) // chunk)
+            start = end + 1
+        chunk *= 2
+    return most
+
+
+@dataclass(frozen=True)
+class EngineV1Arena:
+    """What the CUDA engine v1 allocates besides its weights and KV cache (bytes; its memory report's names)."""
+    state_bytes: int        # recurrent state and two conv state copies
+    checkpoint_bytes: int   # n_checkpoints slots of state + conv (+ the MTP head's carried row)
+    row_bytes: int          # the scratch that grows with prefill_rows
+    fixed_bytes: int        # the rest of the scratch: step logits, attention workspace, top-k, verify's shadow
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.row_bytes + self.fixed_bytes
+
 
 @dataclass(frozen=True)
 class KvFormat:
@@ -88,6 +139,7 @@ class MemoryModel:
     shape: ModelShape
     weights_bytes: int          # every tensor of the recipe, MTP block included
     token_embd_bytes: int       # the share of token_embd.weight
+    weights_v1_bytes: int = 0   # the same in the CUDA engine v1's weight arena (each tensor v1_align'ed)
 
     # --- per token -----------------------------------------------------------------------------------
     @property
@@ -124,7 +176,7 @@ class MemoryModel:
         return STATE_COPIES * (self.gdn_state_bytes + self.conv_state_bytes)
 
     # --- work buffers --------------------------------------------------------------------------------
-    def prefill_scratch_bytes(self, chunk: int, v1_arena: bool = False) -> int:
+    def prefill_scratch_bytes(self, chunk: int) -> int:
         """Activations of one prefill chunk of ``chunk`` tokens; buffers are reused layer to layer.
 
         per token = residual stream (fp32) + normed input (fp16) + sub-layer output (fp32)
@@ -135,8 +187,8 @@ class MemoryModel:
                             K K^T and of W and U (GDN_CHUNK x head_dim each), fp32
                     attention: query and gate (fp32) + K and V before the cache write (fp32) + output (fp32)
         plus the logits of the chunk's last token (fp32). Flash-attention tiles live in shared memory.
-        27B: 244,096 bytes per token, i.e. 477 MiB for a 2048-token chunk. ``v1_arena``: the CUDA engine v1,
-        which holds more per row (``engine_v1_row_bytes``: 266,760 at 27B, 522 MiB at 2048): the larger counts.
+        27B: 244,096 bytes per token, i.e. 477 MiB for a 2048-token chunk (the design's engine; the CUDA engine
+        v1's own arena: ``engine_v1_arena``).
         """
         s = self.shape
         trunk = s.n_embd * 4 + s.n_embd * 2 + s.n_embd * 4
@@ -144,21 +196,51 @@ class MemoryModel:
         gdn = (2 * s.ssm_conv_dim * 4 + 2 * s.ssm_d_inner * 4 + 2 * s.ssm_n_v_heads * 4
                + s.ssm_n_v_heads * (GDN_CHUNK + 2 * s.ssm_head_dim) * 4)
         attn = 2 * s.q_dim * 4 + 2 * s.kv_dim * 4 + s.q_dim * 4
-        per_row = trunk + max(ffn, gdn, attn)
-        return chunk * (max(per_row, self.engine_v1_row_bytes) if v1_arena else per_row) + s.n_vocab * 4
+        return chunk * (trunk + max(ffn, gdn, attn)) + s.n_vocab * 4
+
+    def engine_v1_row_parts(self) -> list[int]:
+        """Bytes per prefill row of each row-sized part of the CUDA engine v1's scratch (native/src/engine.cu
+        create_impl, in its order): token id, residual and normed rows (fp32), the activation pack (fp16 at the
+        widest input, its 32-block sums as two fp16, the row scale), two wide buffers (fp32: the widest of conv
+        channels, query and gate, FFN), K/V rows, beta and alpha, the mixer's output and the sub-layer output."""
+        s = self.shape
+        kmax = max(s.n_embd, s.n_ff, s.ssm_d_inner, s.q_dim, 2 * s.n_embd if s.n_nextn else s.n_embd)
+        big1 = max(s.ssm_conv_dim, 2 * s.q_dim, s.n_ff, 2 * s.n_embd)  # 2 n_embd: the MTP head's [embedding | hidden]
+        big2 = max(s.ssm_d_inner, s.kv_dim, s.n_ff)
+        return [4, s.n_embd * 4, s.n_embd * 4, kmax * 2, kmax // 32 * 2 * 2, 4, big1 * 4, big2 * 4, s.kv_dim * 4,
+                s.ssm_n_v_heads * 4, s.ssm_n_v_heads * 4, max(s.ssm_d_inner, s.q_dim) * 4, s.n_embd * 4]
 
     @property
     def engine_v1_row_bytes(self) -> int:
-        """Scratch per prefill row of the CUDA engine v1 (native/src/engine.cu create_impl's arena): token id,
-        residual, normed rows and sub-layer output (fp32), the activation pack (fp16 at the widest input, its
-        32-block sums as two fp16, the row scale), two wide buffers (fp32: the widest of conv channels, query
-        and gate, FFN), K/V rows, beta and alpha, the mixer output (fp32)."""
-        s = self.shape
-        kmax = max(s.n_embd, s.n_ff, s.ssm_d_inner, s.q_dim, 2 * s.n_embd)
-        big1 = max(s.ssm_conv_dim, 2 * s.q_dim, s.n_ff, 2 * s.n_embd)  # 2 n_embd: the MTP head's [embedding | hidden]
-        big2 = max(s.ssm_d_inner, s.kv_dim, s.n_ff)
-        return (4 + 3 * s.n_embd * 4 + kmax * 2 + kmax // 32 * 2 * 2 + 4 + (big1 + big2) * 4 + s.kv_dim * 4
-                + 2 * s.ssm_n_v_heads * 4 + max(s.ssm_d_inner, s.q_dim) * 4)
+        """Scratch per prefill row of the CUDA engine v1 (before the arena's alignment)."""
+        return sum(self.engine_v1_row_parts())
+
+    def engine_v1_rows_bytes(self, chunk: int) -> int:
+        """The CUDA engine v1's row-sized scratch for prefill_rows = chunk, aligned as its arena is."""
+        return sum(v1_align(chunk * b) for b in self.engine_v1_row_parts())
+
+    def engine_v1_arena(self, *, n_ctx: int, chunk: int, sm_count: int = V1_SM_COUNT,
+                        n_checkpoints: int = V1_CHECKPOINTS) -> EngineV1Arena:
+        """The CUDA engine v1's state, checkpoints and scratch for this context, prefill chunk (prefill_rows)
+        and SM count, part by part as engine.cu create_impl allocates them."""
+        s, T = self.shape, V1_MAX_T
+        mtp = s.n_nextn > 0
+        ssm = self.gdn_state_bytes
+        conv = self.conv_state_bytes
+        rows = self.engine_v1_rows_bytes(chunk)
+        chunks = v1_attn_chunks(n_ctx, s.n_head_kv, sm_count)
+        attn_work = 4 * (T * s.n_head * V1_ATTN_HEAD_DIM * (1 + chunks) + 2 * chunks * T * s.n_head)
+        fixed = [T * s.n_vocab * 4, attn_work, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 4,
+                 8 * T * -(-s.n_vocab // V1_TOPK_CHUNK) * V1_TOPK_MAX, s.n_vocab * 4, s.n_vocab * 4]
+        # With the MTP head: its carried rows, verify's GDN shadow state, its ring of inputs and hidden rows
+        # (without it the parts stay, empty: each still takes its 16 spare bytes' alignment).
+        fixed += [b if mtp else 0 for b in (s.n_embd * 4, s.n_embd * 4, ssm, self.gdn_layers * T * s.ssm_conv_dim * 4,
+                                            self.gdn_layers * T * s.ssm_n_v_heads * 4,
+                                            self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
+        slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
+        return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
+                             checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
+                             fixed_bytes=sum(v1_align(b) for b in fixed))
 
     def decode_workspace_bytes(self, n_agents: int) -> int:
         """Logits and activations of DECODE_ROWS rows per agent (fp32): vocab + FFN + conv + q/gate widths."""
@@ -168,25 +250,36 @@ class MemoryModel:
 
     # --- the whole ------------------------------------------------------------------------------------
     def plan(self, *, n_ctx: int, kv_format: str, chunk: int, n_agents: int, embd_on_host: bool,
-             total_vram: int, v1_arena: bool = False) -> MemoryPlan:
-        """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each (``v1_arena``: the CUDA engine v1's
-        prefill scratch)."""
+             total_vram: int, v1_arena: bool = False, sm_count: int | None = None) -> MemoryPlan:
+        """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each. ``v1_arena``: what the CUDA engine v1
+        allocates (engine_v1_arena: its weight arena's alignment, state, checkpoints and scratch; the attention
+        workspace sized for the longest context the engine takes, so that max_ctx's room per token holds;
+        ``sm_count``: the card's, else V1_SM_COUNT)."""
+        embd = self.token_embd_bytes if embd_on_host else 0
+        if v1_arena:
+            arena = self.engine_v1_arena(n_ctx=self.shape.n_ctx_train, chunk=chunk,
+                                         sm_count=sm_count or V1_SM_COUNT)
+            weights, state = self.weights_v1_bytes - embd, arena.state_bytes + arena.checkpoint_bytes
+            scratch, workspace = arena.row_bytes, arena.fixed_bytes
+        else:
+            weights, state = self.weights_bytes - embd, self.agent_state_bytes
+            scratch, workspace = self.prefill_scratch_bytes(chunk), self.decode_workspace_bytes(n_agents)
         return MemoryPlan(
-            weights=self.weights_bytes - (self.token_embd_bytes if embd_on_host else 0),
-            token_embd_host=self.token_embd_bytes if embd_on_host else 0,
+            weights=weights,
+            token_embd_host=embd,
             kv_cache=n_agents * n_ctx * self.kv_bytes_per_token(kv_format),
-            agent_state=n_agents * self.agent_state_bytes,
-            prefill_scratch=self.prefill_scratch_bytes(chunk, v1_arena),
-            decode_workspace=self.decode_workspace_bytes(n_agents),
+            agent_state=n_agents * state,
+            prefill_scratch=scratch,
+            decode_workspace=workspace,
             cuda_context=CUDA_CONTEXT_BYTES,
             safety_margin=safety_margin_bytes(total_vram),
         )
 
     def max_ctx(self, *, free_vram: int, total_vram: int, kv_format: str, chunk: int, n_agents: int,
-                embd_on_host: bool, v1_arena: bool = False) -> int:
+                embd_on_host: bool, v1_arena: bool = False, sm_count: int | None = None) -> int:
         """The most tokens per agent that fit in ``free_vram`` (0 when not even the fixed terms fit)."""
-        fixed = self.plan(n_ctx=0, kv_format=kv_format, chunk=chunk, n_agents=n_agents,
-                          embd_on_host=embd_on_host, total_vram=total_vram, v1_arena=v1_arena).total
+        fixed = self.plan(n_ctx=0, kv_format=kv_format, chunk=chunk, n_agents=n_agents, embd_on_host=embd_on_host,
+                          total_vram=total_vram, v1_arena=v1_arena, sm_count=sm_count).total
         room = free_vram - fixed
         if room <= 0:
             return 0
@@ -203,4 +296,5 @@ def memory_model(shape: ModelShape = QWEN38_27B) -> MemoryModel:
         shape=shape,
         weights_bytes=sum(p.n_bytes for p in plans),
         token_embd_bytes=sum(p.n_bytes for p in plans if p.spec.role == "token_embd"),
+        weights_v1_bytes=sum(v1_align(p.n_bytes) for p in plans),
     )

@@ -54,7 +54,7 @@ class EngineLimits:
     kv_formats: tuple[str, ...]    # the KV cache formats it keeps, most precise first
     embd_on_host: bool             # it can read the token-embedding table from host memory
     max_agents: int                # sequences it holds at once
-    v1_arena: bool = False         # its prefill scratch is engine v1's (MemoryModel.engine_v1_row_bytes)
+    v1_arena: bool = False         # its memory is engine v1's own allocation (MemoryModel.engine_v1_arena)
 
 
 PLANNED = EngineLimits("the planned engine", tuple(KV_FORMATS), True, MAX_AGENTS)
@@ -99,12 +99,12 @@ def _cap(mm: MemoryModel, n: int) -> int:
 
 
 def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int,
-              engine: EngineLimits = CUDA_V1) -> dict[str, int]:
+              engine: EngineLimits = CUDA_V1, sm_count: int | None = None) -> dict[str, int]:
     """The most tokens per agent each of the engine's KV formats allows (smallest chunk, the embedding table
     in host memory where the engine can read it there)."""
     return {fmt: _cap(mm, mm.max_ctx(free_vram=free_vram, total_vram=total_vram, kv_format=fmt,
                                      chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=engine.embd_on_host,
-                                     v1_arena=engine.v1_arena))
+                                     v1_arena=engine.v1_arena, sm_count=sm_count))
             for fmt in engine.kv_formats}
 
 
@@ -171,7 +171,8 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
 
     def room(fmt: str, chunk: int, on_host: bool) -> int:
         return mm.max_ctx(free_vram=free, total_vram=total_vram, kv_format=fmt, chunk=chunk,
-                          n_agents=agents, embd_on_host=on_host and engine.embd_on_host, v1_arena=engine.v1_arena)
+                          n_agents=agents, embd_on_host=on_host and engine.embd_on_host, v1_arena=engine.v1_arena,
+                          sm_count=sm_count)
 
     formats = [requested_kv] if requested_kv else list(engine.kv_formats)
     if requested_ctx is not None:
@@ -183,7 +184,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
             t //= 2
     choice = next(((t, c, f) for t in targets for c in CHUNKS for f in formats if room(f, c, True) >= t), None)
     if choice is None:
-        fits = what_fits(mm, free, total_vram, agents, engine)
+        fits = what_fits(mm, free, total_vram, agents, engine, sm_count)
         asked = (f"{requested_ctx} tokens" if requested_ctx else f"{MIN_CTX} tokens (the minimum)")
         asked += f" of {requested_kv} KV" if requested_kv else ""
         asked += f" for each of {agents} agents" if agents > 1 else ""
@@ -217,7 +218,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                        + ("embedding table in host memory allowed" if engine.embd_on_host else
                           "embedding table on the GPU") + f", {engine.max_agents} sequence(s)")
     plan = mm.plan(n_ctx=n_ctx, kv_format=fmt, chunk=chunk, n_agents=agents, embd_on_host=on_host,
-                   total_vram=total_vram, v1_arena=engine.v1_arena)
+                   total_vram=total_vram, v1_arena=engine.v1_arena, sm_count=sm_count)
     return Settings(kv_format=fmt, n_ctx=n_ctx, n_agents=agents, prefill_chunk=chunk, embd_on_host=on_host,
                     agents_allowed=agents_allowed, max_ctx=_cap(mm, room(fmt, chunk, on_host)), memory=plan,
                     reasons=tuple(reasons))
@@ -276,7 +277,7 @@ def table_rows(cards: tuple[Card, ...] = CARDS, requested_ctx: int | None = None
 
 def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
     head = f"{'GPU':<14} {'VRAM':>9} {'free':>9} {'SMs':>4} {'CC':>4}  {'KV':<5} {'context':>7} {'chunk':>5} " \
-           f"{'embd':<4} {'agents':<6} {'KV cache':>9}"
+           f"{'embd':<4} {'agents':<6} {'KV cache':>9} {'scratch':>9} {'total':>9}"
     lines = [head, "-" * len(head)]
     refusals = []
     for r in rows:
@@ -290,7 +291,9 @@ def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
         agents = f"1-{MAX_AGENTS}" if s["agents_allowed"] else "1"
         lines.append(left + f"{s['kv_format']:<5} {s['n_ctx']:>7} {s['prefill_chunk']:>5} "
                             f"{'host' if s['embd_on_host'] else 'gpu':<4} {agents:<6} "
-                            f"{gib(s['memory']['kv_cache']):>9}")
+                            f"{gib(s['memory']['kv_cache']):>9} "
+                            f"{gib(s['memory']['prefill_scratch'] + s['memory']['decode_workspace']):>9} "
+                            f"{gib(s['memory']['total']):>9}")
     lines.append("")
     lines.append(f"for {engine.name}: KV {' or '.join(engine.kv_formats)}, embedding table "
                  + ("in host memory where that gives context" if engine.embd_on_host else "on the GPU")
@@ -299,6 +302,9 @@ def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
                  "uses this machine's figures.")
     lines.append(f"embd: where the token-embedding table lives; agents: how many may share the GPU (context "
                  f"shown for 1; fewer than {AGENTS_MIN_SMS} SMs: 1).")
+    lines.append("scratch: the prefill chunk's activations and the decode step's workspace (logits, attention "
+                 "partials, top-k, verification's shadow state); total: everything the plan holds, CUDA context and "
+                 "safety margin included.")
     lines += [f"[{i}] {text}" for i, text in enumerate(refusals, 1)]
     return "\n".join(lines)
 

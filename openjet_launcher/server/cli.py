@@ -236,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.engine == "cuda":
         from ..engine.cuda import CudaEngine
         from ..engine.interface import MAX_GPU_DECODE_TOKENS
-        from ..launcher.memory import STATE_COPIES
+        from ..launcher.memory import STATE_COPIES, V1_CHECKPOINTS
         from ..sampling import GPU_MAX_TOP_K
 
         if args.draft >= MAX_GPU_DECODE_TOKENS:
@@ -253,7 +253,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # The launcher's memory plan holds STATE_COPIES states (launcher/memory.py): the live one, the one a
         # rejected draft returns to (with drafts the engine's own verify shadow, else a checkpoint) and a
         # checkpoint at the prompt's end.
-        n_checkpoints = STATE_COPIES - 2 if use_mtp else STATE_COPIES - 1
+        n_checkpoints = V1_CHECKPOINTS if use_mtp else STATE_COPIES - 1
 
         def load():
             engine = CudaEngine.load(path, n_ctx=n_ctx, kv_type=kv_type, n_checkpoints=n_checkpoints, mtp=use_mtp,
