@@ -478,7 +478,11 @@ def test_openjet_launch_no_tray_demo_serves_refuses_a_second_and_stops_on_ctrl_c
     env.pop("DISPLAY", None)
     argv = [sys.executable, "-c", RUN_DEFAULT, json.dumps(_serve_prefix()), "--model", "demo", "--port", str(port),
             "--ctx", "512"]
-    first = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C reaches the launcher even where this test runs with SIGINT ignored (a shell's background job
+    # passes SIG_IGN on to its children, and Python then keeps it)
+    first = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if os.name == "posix"
+                             else None)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(first.stderr), daemon=True)
     reader.start()
