@@ -26,7 +26,9 @@
 # call returns, so a second call nearly always writes the model again (~4 min). The model is far too large
 # to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf, BUDGET_S=570,
 # BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
-# tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, at most WHILE_SYNTH_S
+# tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, on WHILE_SYNTH_CPUS (4) cores
+# of its own, the synth on the others, where taskset exists: on 2026-12-02 the GPU tests sharing all 16 cores with
+# the synth did not finish in 290 s against ~205 s alone; keep its output out of pipes, a timeout kills them; at most WHILE_SYNTH_S
 # = 200 s, its output in $OUT/while-synth.log; only when the model is being written), VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log come back packed in $OUT/misc.tgz.
@@ -51,7 +53,13 @@ if [ -s "$MODEL" ]; then
   say "reusing $MODEL ($(stat -c %s "$MODEL") bytes)"
 else
   say "writing the full synthetic model to $MODEL"
-  python3 -m openjet_launcher synth --preset full --quiet "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
+  PIN_SYNTH=() PIN_TESTS=()
+  NCPU=$(nproc) TCPU=${WHILE_SYNTH_CPUS:-4}
+  if [ -n "${WHILE_SYNTH:-}" ] && command -v taskset > /dev/null && [ "$NCPU" -gt $((TCPU + 2)) ]; then
+    PIN_TESTS=(taskset -c "0-$((TCPU - 1))") PIN_SYNTH=(taskset -c "$TCPU-$((NCPU - 1))")
+  fi
+  "${PIN_SYNTH[@]}" python3 -m openjet_launcher synth --preset full --quiet \
+    ${PIN_SYNTH:+--workers $((NCPU - TCPU))} "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
   SYNTH_PID=$!
 fi
 
@@ -65,7 +73,8 @@ say "library built for sm_$(gpu_arch)"
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
 if [ -n "$SYNTH_PID" ] && [ -n "${WHILE_SYNTH:-}" ]; then
   say "while the model is written: $WHILE_SYNTH"
-  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout "${WHILE_SYNTH_S:-200}" bash -c "$WHILE_SYNTH" \
+  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout "${WHILE_SYNTH_S:-200}" \
+    "${PIN_TESTS[@]}" bash -c "$WHILE_SYNTH" \
     > "$OUT/while-synth.log" 2>&1
   say "done (rc $?): $(tail -1 "$OUT/while-synth.log")"
 fi
