@@ -320,3 +320,24 @@ def test_the_presets_command_shows_the_engine_v1_unless_asked_for_the_planned_on
         assert s["kv_format"] == fmt and s["embd_on_host"] == bool(flags)
     text = format_table(presets.table_rows())
     assert "for the CUDA engine v1: KV fp16 or q8_0, embedding table on the GPU" in text
+
+
+def test_the_v1_plan_with_drafts_covers_serving_without_them():
+    """The plan assumes serve's default, drafts on: the MTP head, its KV layer and verify's shadow state, with
+    STATE_COPIES - 2 checkpoints. `--draft 0` loads the engine without the head and with STATE_COPIES - 1
+    checkpoints (server/cli.py): that takes less, so the same context still fits."""
+    import dataclasses
+
+    from openjet_launcher.launcher.memory import V1_CHECKPOINTS
+
+    c = CARD["RTX 3090"]
+    s = presets.choose_settings(c.total_vram, c.free_vram, c.sm_count, c.compute_capability, engine=CUDA_V1)
+    plan = s.memory
+    no_head = memory_model(dataclasses.replace(QWEN38_27B, n_nextn=0))
+    a = no_head.engine_v1_arena(n_ctx=s.n_ctx, chunk=s.prefill_chunk, sm_count=c.sm_count,
+                                n_checkpoints=STATE_COPIES - 1)
+    without = (no_head.weights_v1_bytes + s.n_ctx * no_head.kv_bytes_per_token(s.kv_format) + a.state_bytes
+               + a.checkpoint_bytes + a.scratch_bytes)
+    with_head = plan.weights + plan.kv_cache + plan.agent_state + plan.prefill_scratch + plan.decode_workspace
+    assert V1_CHECKPOINTS == STATE_COPIES - 2 and no_head.kv_layers == MM.kv_layers - 1
+    assert without < with_head
