@@ -28,8 +28,9 @@
 # BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
 # tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, on WHILE_SYNTH_CPUS (4) cores
 # of its own, the synth on the others, where taskset exists: on 2026-12-02 the GPU tests sharing all 16 cores with
-# the synth did not finish in 290 s against ~205 s alone; keep its output out of pipes, a timeout kills them; at most WHILE_SYNTH_S
-# = 200 s, its output in $OUT/while-synth.log; only when the model is being written), VARIANTS="OPENJET_PDL=0
+# the synth did not finish in 290 s against ~205 s alone; keep its output out of pipes, a timeout kills them; at
+# most WHILE_SYNTH_S = 200 s, its output in $OUT/while-synth.log; only when the model is being written),
+# VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log come back packed in $OUT/misc.tgz.
 set -o pipefail

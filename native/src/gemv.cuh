@@ -45,10 +45,6 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
 template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
-// The F32 projection's order (gemv.cu; the GDN step's fused beta/alpha too): thread i of 128 fma-chains float4
-// i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed
-// lanes first (f32_warp_sum), then the four warps as ((w0 + w1) + w2) + w3. k % 4 == 0, rows 16-byte aligned.
-// kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is).
 // One float4 chunk into a chain: s + a.x b.x + a.y b.y + a.z b.z + a.w b.w, in that order.
 __device__ __forceinline__ float f32_fma4(const float4& a, const float4& b, float s) {
     s = __fmaf_rn(a.x, b.x, s);
@@ -57,6 +53,10 @@ __device__ __forceinline__ float f32_fma4(const float4& a, const float4& b, floa
     return __fmaf_rn(a.w, b.w, s);
 }
 
+// The F32 projection's order (gemv.cu; the GDN step's fused beta/alpha too): thread i of 128 fma-chains float4
+// i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed
+// lanes first (f32_warp_sum), then the four warps as ((w0 + w1) + w2) + w3. k % 4 == 0, rows 16-byte aligned.
+// kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is).
 template <int T, int kUnroll = 0>
 __device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, const float* __restrict__ x, int k,
                                               int i, float (&acc)[T]) {

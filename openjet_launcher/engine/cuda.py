@@ -37,6 +37,7 @@ What v1 is (and is not):
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import time
@@ -589,16 +590,14 @@ class CudaEngine(Engine):
         state.cut(base)
         t0 = time.perf_counter()
         i = 0
-        while i < len(replay):  # each run as it was first run: the bits it left then
-            j = i + 1
-            while j < len(replay) and how[j] == how[i]:
-                j += 1
-            if how[i]:
-                self._prefill(state, replay[i:j], self.prefill_rows)
+        for prefilled, run in itertools.groupby(how):  # each run as it was first run: the bits it left then
+            part = replay[i:i + len(list(run))]
+            i += len(part)
+            if prefilled:
+                self._prefill(state, part, self.prefill_rows)
             else:
-                for k in range(i, j, MAX_GPU_DECODE_TOKENS):
-                    self._step(state, replay[k:min(j, k + MAX_GPU_DECODE_TOKENS)], logits=False)
-            i = j
+                for k in range(0, len(part), MAX_GPU_DECODE_TOKENS):
+                    self._step(state, part[k:k + MAX_GPU_DECODE_TOKENS], logits=False)
         self._stats.replay_tokens += len(replay)
         self._stats.replay_seconds += time.perf_counter() - t0
 

@@ -139,7 +139,7 @@ class MemoryModel:
     shape: ModelShape
     weights_bytes: int          # every tensor of the recipe, MTP block included
     token_embd_bytes: int       # the share of token_embd.weight
-    weights_v1_bytes: int = 0   # the same in the CUDA engine v1's weight arena (each tensor v1_align'ed)
+    weights_v1_bytes: int       # the same in the CUDA engine v1's weight arena (each tensor v1_align'ed)
 
     # --- per token -----------------------------------------------------------------------------------
     @property

@@ -108,14 +108,19 @@ def test_stop_on_end_of_generation_and_max_tokens(client, say):
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
 
 
-def test_conversation_reuse_counts_reused_and_new_prompt_tokens(scripted, client, say):
+def two_turns(scripted, client, say):
+    """ASK answered, then the conversation's second turn; the engine's prefill and replay counts of the second."""
     say("Fine.</think>\n\nOK.")
     a = client.chat.completions.create(model="m", messages=ASK, max_tokens=20)
     history = ASK + [{"role": "assistant", "content": "OK.", "reasoning_content": "Fine."},
                      {"role": "user", "content": "Thanks"}]
     scripted.engine.prefills.clear()
     scripted.engine.replayed = 0
-    b = client.chat.completions.create(model="m", messages=history, max_tokens=20)
+    return a, client.chat.completions.create(model="m", messages=history, max_tokens=20)
+
+
+def test_conversation_reuse_counts_reused_and_new_prompt_tokens(scripted, client, say):
+    a, b = two_turns(scripted, client, say)
     t = b.model_extra["timings"]
     assert t["cache_n"] >= a.usage.prompt_tokens - 1 and t["cache_n"] + t["prompt_n"] == b.usage.prompt_tokens
     assert sum(scripted.engine.prefills) == t["prompt_n"]
@@ -127,15 +132,9 @@ def test_an_engine_whose_prefill_is_not_decodes_keeps_only_the_previous_prompt(s
     """Engine.prefill_matches_decode False (the CUDA engine's default prefill numerics): the next turn keeps at
     most the previous prompt and prefills the decoded answer again, so its state is a fresh prefill's; it
     rewinds to the checkpoint before the previous prompt's last token and prefills from there in one call."""
-    say("Fine.</think>\n\nOK.")
     scripted.engine.exact_prefill = False
     try:
-        a = client.chat.completions.create(model="m", messages=ASK, max_tokens=20)
-        history = ASK + [{"role": "assistant", "content": "OK.", "reasoning_content": "Fine."},
-                         {"role": "user", "content": "Thanks"}]
-        scripted.engine.prefills.clear()
-        scripted.engine.replayed = 0
-        b = client.chat.completions.create(model="m", messages=history, max_tokens=20)
+        a, b = two_turns(scripted, client, say)
     finally:
         scripted.engine.exact_prefill = True
     t = b.model_extra["timings"]
