@@ -284,12 +284,15 @@ def _draft_agreement(rd, gd) -> dict:
 
 
 @pytest.mark.parametrize("which", ["tiny", "demo"])
-def test_mtp_drafts_match_the_reference(models, which):
+def test_mtp_drafts_match_the_reference(models, which, monkeypatch):
     """Drafts after a prefill (steps of 8 and a partial one: the cache fill with and without a carried hidden
     row), after a 4-token decode step, and after a truncate that restores a checkpoint (the carried hidden
-    row comes back from the slot)."""
+    row comes back from the slot). Under the decode-exact prefill: this checks the MTP head, and its 5e-3 bound
+    on the logits is tighter than the fast prefill's fp16 weights allow on the demo model (its third draft after
+    the 4-token step: 8.3e-3 with KL 1.2e-5, H200 2026-12-02); the fast prefill has its own reference tests."""
     if which == "demo" and not DEMO.exists():
         pytest.skip("the bundled demo model is not in this tree")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
     path = models["tiny"] if which == "tiny" else DEMO
     ref = ReferenceEngine.load(path)
     engine = CudaEngine.load(path, n_ctx=256, n_checkpoints=2)
