@@ -214,6 +214,30 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_half_tiles_give_the_bits_of_full_tiles(qtype):
+    """Decode calls in 8-row tiles (chosen where they fit one wave of the GPU) equal 16-row tiles bit for bit:
+    a tile's rows g + 8 become zeros in the mma, which leaves rows g alone. Partial tiles (n = 33, 1,000), rows
+    alternating 4-byte alignment (Q6_K at k = 1,280: 5 units a row), the 27B's n = 5,120 shape, t = 1, 3, 8."""
+    rng = np.random.default_rng(21)
+    try:
+        for n, k in [(33, 1280), (1000, 2560), (5120, 6144)]:
+            raw = random_raw(rng, qtype, n, k)
+            x = random_x(rng, 8, k)
+            for t in (1, 3, 8):
+                kt.set_gemv_tiles("16")
+                full = kt.gemv(Q[qtype], raw, x[:t])
+                kt.set_gemv_tiles("8")
+                half = kt.gemv(Q[qtype], raw, x[:t])
+                kt.set_gemv_tiles("auto")
+                auto = kt.gemv(Q[qtype], raw, x[:t])
+                assert np.isfinite(full).all()
+                np.testing.assert_array_equal(half, full, err_msg=f"{n}x{k} T={t}: half tiles")
+                np.testing.assert_array_equal(auto, full, err_msg=f"{n}x{k} T={t}: automatic choice")
+    finally:
+        kt.set_gemv_tiles("auto")
+
+
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
 def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):

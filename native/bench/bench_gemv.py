@@ -36,6 +36,8 @@ TS = (1, 2, 4, 8)
 # the default numerics (the fast GEMM for Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared":
 # OPENJET_PREFILL_GEMM (decode's numerics).
 PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "128-shared", "512-shared")
+# Decode with each tile shape forced ("-t16": 16-row tiles, "-t8": half tiles; plain T: the automatic choice).
+TILE_TS = ("1-t16", "1-t8", "8-t16", "8-t8")
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -101,15 +103,20 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
     out = {"type": qtype, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies, "us": {}, "shape": {}}
     for key in ts:
-        t = int(str(key).split("-")[0])
-        if "-" in str(key):
-            os.environ["OPENJET_PREFILL_GEMM"] = str(key).split("-")[1]
+        t, _, how = str(key).partition("-")
+        t = int(t)
+        if how.startswith("t"):
+            kt.set_gemv_tiles(how[1:])
+        elif how:
+            os.environ["OPENJET_PREFILL_GEMM"] = how
         try:
             probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
             reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
             us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
         finally:
             os.environ.pop("OPENJET_PREFILL_GEMM", None)
+            if how.startswith("t"):
+                kt.set_gemv_tiles("auto")
         out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)
     return out
@@ -156,14 +163,15 @@ def main() -> None:
     decode_only = "--decode-only" in sys.argv[1:]  # the decode mix's shapes alone, no prefill (variant sweeps)
     for name, (n, k) in ({} if decode_only else SHAPES).items():
         for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
-            r = measure(rng, qtype, n, k, TS + PREFILL_TS if (n, k, qtype) in prefill_keys else TS)
+            r = measure(rng, qtype, n, k, TS + TILE_TS + (PREFILL_TS if (n, k, qtype) in prefill_keys else ()))
             r["name"] = name
             seen[(n, k, qtype)] = r
             results.append(r)
     for key in mix:
         if key not in seen:
             n, k, qtype = key
-            r = measure(rng, qtype, n, k, TS + PREFILL_TS if key in prefill_keys and not decode_only else TS)
+            decode_ts = TS + (TILE_TS if qtype != "F32" else ())
+            r = measure(rng, qtype, n, k, decode_ts + (PREFILL_TS if key in prefill_keys and not decode_only else ()))
             r["name"] = f"{k}->{n}"
             seen[key] = r
             results.append(r)
@@ -178,12 +186,17 @@ def main() -> None:
         us = sum(seen[key]["us"][t] * c for key, c in mix.items())
         step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
                    "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
+    tiles = {}  # the mix with each tile shape forced (F32 calls as they are)
+    for key in TILE_TS:
+        t = int(key.split("-")[0])
+        us = sum(seen[mk]["us"].get(key, seen[mk]["us"][t]) * c for mk, c in mix.items())
+        tiles[key] = {"us": us, "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
     prefill, flop_per_token = ({}, 0) if decode_only else prefill_mix(seen, mix, prefill_keys)
     report = {
         "bench": "gemv", "commit": commit, "host": platform.node(), "gpu": gpu,
         "copy_gbs_d2d_read_plus_write": copy_gbs, "copy_gbs_runs": copy,
         "decode_step_gemv_mix": {"weight_bytes": total_bytes, "calls": sum(mix.values()),
-                                 "by_t": step, "t4_over_t1": step[4]["us"] / step[1]["us"],
+                                 "by_t": step, "t4_over_t1": step[4]["us"] / step[1]["us"], "tiles_forced": tiles,
                                  "note": "sum of isolated per-call times (each with its launch), Q4_K_M recipe"},
         "prefill_gemm_mix": {"by_t": prefill, "flop_per_token": flop_per_token,
                              "note": "trunk projections only (no lm_head, GDN, attention): a ceiling on prefill tok/s"},
@@ -193,6 +206,13 @@ def main() -> None:
     print()
     # a short table last (the device tool returns the output's tail)
     print(f"copy {copy_gbs:.0f} GB/s", file=sys.stderr)
+    print("decode mix, tiles forced: " + ", ".join(f"{k} {v['us']:.0f} us ({v['pct_roofline']:.1f}%)"
+                                                   for k, v in tiles.items()), file=sys.stderr)
+    for r in results:
+        if "1-t8" in r["us"]:
+            print(f"  {r['name']:>14} {r['type']:>5} T1 auto/16/8 " + " / ".join(
+                f"{r['us'][key]:.1f}" for key in (1, "1-t16", "1-t8")) + "  T8 auto/16/8 " + " / ".join(
+                f"{r['us'][key]:.1f}" for key in (8, "8-t16", "8-t8")), file=sys.stderr)
     print(f"{'shape':>14} {'type':>5} {'MB':>7} " + " ".join(f"T{t}:us  GB/s   %" .rjust(22) for t in TS)
           + "  T4/T1", file=sys.stderr)
     for r in results:

@@ -1,6 +1,7 @@
 // launch_gemv: the dispatcher of the decode GEMV family (the k-quant tensor-core kernels are in
 // gemv_mma_<type>.cu) and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -127,6 +128,27 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_half_tiles{-1};  // a GemvHalfTiles; -1: not read from the environment yet
+}  // namespace
+
+GemvHalfTiles gemv_half_tiles() {
+    int v = g_half_tiles.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char* e = std::getenv("OPENJET_GEMV_HALF");
+        const GemvHalfTiles mode = e && std::strcmp(e, "0") == 0   ? GemvHalfTiles::kNever
+                                   : e && std::strcmp(e, "1") == 0 ? GemvHalfTiles::kAlways
+                                                                   : GemvHalfTiles::kAuto;
+        int expected = -1;
+        g_half_tiles.compare_exchange_strong(expected, static_cast<int>(mode));
+        v = g_half_tiles.load(std::memory_order_relaxed);
+    }
+    return static_cast<GemvHalfTiles>(v);
+}
+
+void set_gemv_half_tiles(GemvHalfTiles mode) { g_half_tiles.store(static_cast<int>(mode)); }
+
+// The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {
     if (n <= 0 || k <= 0) return cudaErrorInvalidValue;
     if (qtype == kF32) {

@@ -41,6 +41,12 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // environment at the first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
+// Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. OPENJET_GEMV_HALF=0 / 1 in
+// the environment at the first call: never / always; otherwise where the half tiles fit one wave of the GPU.
+enum class GemvHalfTiles { kAuto, kNever, kAlways };
+GemvHalfTiles gemv_half_tiles();
+void set_gemv_half_tiles(GemvHalfTiles mode);  // tests: compare the tile shapes in one process
+
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
 template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);

@@ -73,16 +73,28 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 #define OPENJET_GEMV_MIN_BLOCKS_Q6K 2
 #endif
 #endif
+// The same for the half-tile kernels (8 rows, half the shared memory; sm_90: Q5_K spilled 4 bytes at 6 blocks'
+// 80 registers, none at 5 blocks' 96).
+#ifndef OPENJET_GEMV_MIN_BLOCKS_HALF
+#ifdef OPENJET_GEMV_SMEM_BIG
+#define OPENJET_GEMV_MIN_BLOCKS_HALF 5
+#else
+#define OPENJET_GEMV_MIN_BLOCKS_HALF 4
+#endif
+#endif
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 constexpr int kUnitElems = kGemvUnit;
 constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
-template <int QT> struct MmaShape {
+// kRows: weight rows per tile, 16 (an mma's rows) or 8 (a half tile: the mma's rows g + 8 are zeros; see
+// gemv_mma_kernel for why).
+template <int QT, int kRows = kMmaRows> struct MmaShape {
+    static_assert(kRows == 16 || kRows == 8, "a tile is an mma's 16 rows or its first 8");
     static constexpr int kUnitBytes = Block<QT>::kBytes * (kUnitElems / Block<QT>::kElems);
     static constexpr bool kAligned = kUnitBytes % 16 == 0;  // then every unit of every row is 16-byte aligned
     static constexpr int kWords = kAligned ? kUnitBytes / 16 : (kUnitBytes + 14 + 15) / 16;  // per row and stage
-    static constexpr int kStageWords = kMmaRows * kWords;
+    static constexpr int kStageWords = kRows * kWords;
     static constexpr int kWarpWords = kGemvStages * kStageWords;
     static constexpr int kSmemBytes = kGemvWarps * kWarpWords * 16 + 16;  // +16: funnel reads one word past
 };
@@ -152,8 +164,10 @@ __device__ __forceinline__ uint32_t h2_of_bytes(uint32_t w, int idx) {
 // acc[j] (this lane's C fragment of group j) += the unit's W[16 rows, 256] x_j[256, 8] for NG groups of 8
 // token columns: each A fragment is decoded once and meets the NG groups' B fragments, and a group's sequence
 // of operations is the same for every NG (so NG = 4 gives each group the bits NG = 1 gives it). r[0], r[1]:
-// rows g and g + 8 of the unit in shared memory.
-template <int QT, int NG, bool kSmemB = false> struct UnitMma;
+// rows g and g + 8 of the unit in shared memory. kHalves = 1: a half tile, only row g (r[0]); the A registers
+// of row g + 8 are zeros and acc[j][2..3] are left alone. An mma's output element depends only on its own row
+// of A, so row g gets the bits a full tile gives it.
+template <int QT, int NG, bool kSmemB = false, int kHalves = 2> struct UnitMma;
 
 // Q4_K / Q5_K pieces of unit_mma_k4. A row's header: d, dmin and the 12 scale bytes, unpacked in registers
 // (ggml get_scale_min_k4) to the 6-bit sc and m of sub-blocks 0..3 and 4..7, one byte each. (Index sc / mn
@@ -209,17 +223,17 @@ __device__ __forceinline__ void k4_a_regs(uint32_t w, uint32_t hb, uint32_t sc2,
     a_hi = hfma2_u(hi, sc2, nsc2);
 }
 
-template <int QT, int NG, bool kSmemB>
+template <int QT, int NG, bool kSmemB, int kHalves>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                             float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[1])};
+    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[kHalves - 1])};  // a half tile uses hdr[0] only
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
     float mins[NG][4] = {};
     {
-        uint32_t a[4];
+        uint32_t a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-        for (int i = 0; i < 2; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
+        for (int i = 0; i < kHalves; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
@@ -227,23 +241,23 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             mma_16816(mins[j], a, b);
         }
     }
-    uint4 qh[2];
+    uint4 qh[kHalves];
     if constexpr (QT == kQ5_K) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
+        for (int i = 0; i < kHalves; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
     float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv) {
         const int jj = (tq >> 1) + 2 * hv;
-        uint4 q[2];
+        uint4 q[kHalves];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
+        for (int i = 0; i < kHalves; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
-            uint32_t sc2[2], nsc2[2];  // k4_scale_pair: A = q * sc of sub-block 2 jj + nb, exactly
+            uint32_t sc2[kHalves], nsc2[kHalves];  // k4_scale_pair: A = q * sc of sub-block 2 jj + nb, exactly
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < kHalves; ++i) {
                 if (nb) k4_scale_pair<1>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
                 else k4_scale_pair<0>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
             }
@@ -258,9 +272,9 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
-                uint32_t a[4];
+                uint32_t a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {  // Q5_K: bit 2 jj + nb of each qh byte is the code's fifth bit
+                for (int i = 0; i < kHalves; ++i) {  // Q5_K: bit 2 jj + nb of each qh byte is the code's fifth bit
                     const uint32_t w = (&q[i].x)[wd], hb = QT == kQ5_K ? (&qh[i].x)[wd] >> (2 * jj + nb) : 0u;
                     if (nb) k4_a_regs<QT, 1>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
                     else k4_a_regs<QT, 0>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
@@ -283,23 +297,23 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 2 * kHalves; ++c) {
             const float uc = __fadd_rn(__fadd_rn(u[j][0][c], u[j][1][c]), __fadd_rn(u[j][2][c], u[j][3][c]));
             acc[j][c] = __fmaf_rn(hdr[c >> 1].d, uc, __fmaf_rn(-hdr[c >> 1].dm32, mins[j][c], acc[j][c]));
         }
     }
 }
 
-template <int NG, bool kSmemB> struct UnitMma<kQ4_K, NG, kSmemB> {
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ4_K, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ4_K, NG, kSmemB>(r, x, tq, acc);
+        unit_mma_k4<kQ4_K, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
-template <int NG, bool kSmemB> struct UnitMma<kQ5_K, NG, kSmemB> {
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ5_K, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ5_K, NG, kSmemB>(r, x, tq, acc);
+        unit_mma_k4<kQ5_K, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
 
@@ -334,16 +348,16 @@ template <bool kAligned4> struct RowWordsLean {
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
 // aligned; kAligned4 when every row's unit in the warp is 4-byte aligned (every other unit when a row has
 // an even number of units).
-template <bool kAligned4, int NG, bool kSmemB>
+template <bool kAligned4, int NG, bool kSmemB, int kHalves>
 __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                               float (&acc)[NG][4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
-    float d[2];
-    uint32_t scw[2][4];  // the 16 int8 scales
+    float d[kHalves];
+    uint32_t scw[kHalves][4];  // the 16 int8 scales
     using Words = std::conditional_t<NG == 1, RowWords<kAligned4>, RowWordsLean<kAligned4>>;
-    const Words rw[2] = {Words(r[0]), Words(r[1])};
+    const Words rw[2] = {Words(r[0]), Words(r[kHalves - 1])};
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kHalves; ++i) {
         d[i] = f16_at(r[i] + 208);
 #pragma unroll
         for (int j = 0; j < 4; ++j) scw[i][j] = rw[i][48 + j];
@@ -352,9 +366,9 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
     for (int hh = 0; hh < 2; ++hh) {
 #pragma unroll
         for (int lh = 0; lh < 2; ++lh) {
-            uint32_t ql[2][2], qh[2];
+            uint32_t ql[kHalves][2], qh[kHalves];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < kHalves; ++i) {
                 const int l4 = 4 * lh + tq;  // byte 16 lh + 4 tq
                 ql[i][0] = rw[i][16 * hh + l4];
                 ql[i][1] = rw[i][16 * hh + 8 + l4];
@@ -362,10 +376,10 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
             }
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {
-                uint32_t a[4];
-                float coef[2];
+                uint32_t a[4] = {0u, 0u, 0u, 0u};
+                float coef[kHalves];
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
+                for (int i = 0; i < kHalves; ++i) {
                     // A = q - 32 exactly, from the code as an fp16 with the magic exponent: the low nibble (qd < 2)
                     // as (1024 + q) - 1056; the high nibble where it lies, (1024 + 16 q) / 16 - 96 (no shift).
                     const uint32_t w = ql[i][qd & 1], w8 = w >> 8, h = qh[i] >> (2 * qd);
@@ -389,28 +403,28 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816(s, a, b);
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(coef[c >> 1], s[c], acc[j][c]);
+                    for (int c = 0; c < 2 * kHalves; ++c) acc[j][c] = __fmaf_rn(coef[c >> 1], s[c], acc[j][c]);
                 }
             }
         }
     }
 }
 
-template <int NG, bool kSmemB> struct UnitMma<kQ6_K, NG, kSmemB> {
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ6_K, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
         // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a
         // row has an odd number of units.
         if (__all_sync(0xffffffffu,
                        ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
-            unit_mma_q6_k<true, NG, kSmemB>(r, x, tq, acc);
+            unit_mma_q6_k<true, NG, kSmemB, kHalves>(r, x, tq, acc);
         else
-            unit_mma_q6_k<false, NG, kSmemB>(r, x, tq, acc);
+            unit_mma_q6_k<false, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
 
 // Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
-template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
 #pragma unroll 2
@@ -418,9 +432,9 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
             float s[NG][4] = {};
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                uint32_t a[4];
+                uint32_t a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
+                for (int i = 0; i < kHalves; ++i) {
                     const uint32_t w = lds_u32(r[i] + 34 * blk + 2 + 16 * hf + 4 * tq);  // int8 codes
                     a[i] = h2_of_s8_bytes02(w & 0x00FF00FFu);
                     a[2 + i] = h2_of_s8_bytes02((w >> 8) & 0x00FF00FFu);
@@ -432,11 +446,11 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
                     mma_16816(s[j], a, b);
                 }
             }
-            const float d0 = f16_at(r[0] + 34 * blk), d1 = f16_at(r[1] + 34 * blk);
+            const float d0 = f16_at(r[0] + 34 * blk), d1 = kHalves == 2 ? f16_at(r[1] + 34 * blk) : 0.0f;
 #pragma unroll
             for (int j = 0; j < NG; ++j) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[j][c] = __fmaf_rn(c < 2 ? d0 : d1, s[j][c], acc[j][c]);
+                for (int c = 0; c < 2 * kHalves; ++c) acc[j][c] = __fmaf_rn(c < 2 ? d0 : d1, s[j][c], acc[j][c]);
             }
         }
     }
@@ -448,8 +462,8 @@ template <int NG, bool kSmemB> struct UnitMma<kQ8_0, NG, kSmemB> {
 // stage (row i / kWords, word i % kWords of that row), kept as byte offsets from the tile's first row (-1: a
 // word past the stage or in a row >= n). Per unit only the tile's address moves, by kUnitBytes: the unit loop
 // spends a few instructions per copy instead of a 64-bit row-address product (SASS: ~100 of its ~540).
-template <int QT> struct TileCopy {
-    using S = MmaShape<QT>;
+template <int QT, int kRows = kMmaRows> struct TileCopy {
+    using S = MmaShape<QT, kRows>;
     static constexpr int kJ = (S::kStageWords + 31) / 32;
     int off[kJ];  // rr * row_bytes (+ 16 wi when every unit is aligned)
 
@@ -484,29 +498,35 @@ template <int QT> struct TileCopy {
 // Whether a tile's row offsets fit TileCopy's ints (every k-quant row up to ~130 MB does).
 inline bool tile_offsets_fit(long long row_bytes) { return row_bytes * kMmaRows < 0x7fffffffLL; }
 
-// Rows g and g + 8 of the unit at `tile` (its address in the tile's first row) in a stage that TileCopy filled.
-template <int QT>
+// Rows g and g + 8 of the unit at `tile` (its address in the tile's first row) in a stage that TileCopy filled;
+// a half tile (kRows = 8) has row g only, given twice.
+template <int QT, int kRows = kMmaRows>
 __device__ __forceinline__ void tile_unit_rows(const uint4* stage, uintptr_t tile, long long row_bytes, int g,
                                                const uint8_t* r[2]) {
-    using S = MmaShape<QT>;
+    using S = MmaShape<QT, kRows>;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+        if (kRows == 8 && i == 1) {
+            r[1] = r[0];
+            break;
+        }
         const int mis = S::kAligned ? 0 : static_cast<int>((tile + static_cast<int>((g + 8 * i) * row_bytes)) & 15);
         r[i] = reinterpret_cast<const uint8_t*>(stage) + (g + 8 * i) * S::kWords * 16 + mis;
     }
 }
 
-// The warp's part of a tile: rows [row0, row0 + 16) over units [u0, u1), for NG groups of 8 token rows of x
-// starting at group grp0 (rows >= t: UnitX), into acc (its C fragments). smem: this warp's kWarpWords. A
-// device function, so that a persistent kernel can call it per work item.
-template <int QT, int NG>
+// The warp's part of a tile: rows [row0, row0 + kRows) over units [u0, u1), for NG groups of 8 token rows of
+// x starting at group grp0 (rows >= t: UnitX), into acc (its C fragments; a half tile's rows g + 8, acc[j][2..3],
+// stay as they were). smem: this warp's kWarpWords. A device function, so that a persistent kernel can call it
+// per work item.
+template <int QT, int NG, int kRows = kMmaRows>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,
                                                uint4* smem, float (&acc)[NG][4]) {
-    using S = MmaShape<QT>;
+    using S = MmaShape<QT, kRows>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;  // unit 0 of the tile's first row
-    const TileCopy<QT> copy(row_bytes, n, row0, lane);
+    const TileCopy<QT, kRows> copy(row_bytes, n, row0, lane);
 
     auto issue = [&](int it) {
         const int u = u0 + it;
@@ -530,14 +550,14 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     }
     auto unit = [&](int it) {  // unit u0 + it from its stage into acc
         const uint8_t* r[2];
-        tile_unit_rows<QT>(smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords,
-                           tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
+        tile_unit_rows<QT, kRows>(smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords,
+                                  tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             ux[j].col = xh[j] + it * kUnitElems;
             ux[j].sum = xs[j] + it * 16;
         }
-        UnitMma<QT, NG>::run(r, ux, tq, acc);
+        UnitMma<QT, NG, false, kRows / 8>::run(r, ux, tq, acc);
     };
     const int nu = u1 - u0;
     for (int it = 0; it < nu; ++it) {
@@ -565,8 +585,12 @@ struct GemvSecond {
 // partials in order and writes y[col, row] = sum * inv[col] for col < t. A group's arithmetic does not
 // depend on NG. NG = 1: min 4 blocks per SM caps the registers at 128 (without it ptxas gave sm_86's Q6_K 80
 // registers and a 4-byte spill); NG = 4 needs about twice that.
-template <int QT, int NG>
-__global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
+// kRows = 8 (decode only): half tiles. Where a grid of 16-row tiles leaves block slots empty (every n = 5120
+// projection: 320 tiles), a warp's serial chain of units is what the call waits for; a half tile halves the
+// decoding per unit and doubles the blocks, with the bits of the full tile (UnitMma: rows are independent).
+template <int QT, int NG, int kRows = kMmaRows>
+__global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : kRows == 8 ? OPENJET_GEMV_MIN_BLOCKS_HALF
+                                                   : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
                 float* __restrict__ y, GemvSecond second) {
     extern __shared__ uint4 smem[];
@@ -576,10 +600,10 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     int block = blockIdx.x;
     if (block >= second.from) w = second.w, n = second.n, y = second.y, block -= second.from;
     const int grp0 = block % blocks_per_tile * NG, tile = block / blocks_per_tile;
-    const int nu = k / kUnitElems, row0 = tile * kMmaRows;
+    const int nu = k / kUnitElems, row0 = tile * kRows;
     float acc[NG][4] = {};
-    gemv_tile_warp<QT, NG>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k, t,
-                           grp0, smem + warp * MmaShape<QT>::kWarpWords, acc);
+    gemv_tile_warp<QT, NG, kRows>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k,
+                                  t, grp0, smem + warp * MmaShape<QT, kRows>::kWarpWords, acc);
 #pragma unroll
     for (int j = 0; j < NG; ++j)
 #pragma unroll
@@ -590,7 +614,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
+            for (int c = 0; c < 2 * (kRows / 8); ++c) {
                 float v = part[0][j][lane][c];
 #pragma unroll
                 for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
@@ -818,11 +842,11 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
                          stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
 }
 
-// a's GEMV, and b's in the same launch when given (same type, k, t and activations).
-template <int QT, int NG>
+// a's GEMV, and b's in the same launch when given (same type, k, t and activations), in tiles of kRows rows.
+template <int QT, int NG, int kRows = kMmaRows>
 cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
-    using S = MmaShape<QT>;
-    auto kernel = gemv_mma_kernel<QT, NG>;
+    using S = MmaShape<QT, kRows>;
+    auto kernel = gemv_mma_kernel<QT, NG, kRows>;
     // Opt in once to the dynamic size (static part[] included, the block may pass the default 48 KiB).
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
@@ -830,8 +854,8 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
-    const long long first = static_cast<long long>((a.n + kMmaRows - 1) / kMmaRows) * per_tile;
-    const long long blocks = first + (b ? static_cast<long long>((b->n + kMmaRows - 1) / kMmaRows) * per_tile : 0);
+    const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
+    const long long blocks = first + (b ? static_cast<long long>((b->n + kRows - 1) / kRows) * per_tile : 0);
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
     GemvSecond second;
     if (b) second = {static_cast<const uint8_t*>(b->w), b->n, b->y, static_cast<int>(first)};
@@ -839,15 +863,46 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
                          static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second);
 }
 
+// Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,
+// never, or where the half tiles fit one wave of the half-tile kernel's block slots (its occupancy, asked once,
+// x the SM count: nothing about the GPU is compiled in). Measured on the H200 (bench_gemv.py, 2026-12-02): half
+// tiles win where 16-row ones leave slots empty and every half tile finds one (n = 5,120: Q6_K 17408 -> 5120 at
+// T = 1 56.8 -> 34.9 us, Q5_K 6144 -> 5120 13.7 -> 11.4) and lose where they need a second wave (Q4_K 5120 -> 6144
+// 8.9 -> 12.9 us: 768 half tiles for 660 slots).
+template <int QT>
+bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
+    const GemvHalfTiles mode = gemv_half_tiles();
+    if (mode != GemvHalfTiles::kAuto) return mode == GemvHalfTiles::kAlways;
+    static const long long slots = [] {
+        int per_sm = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<QT, 1, 8>, kGemvWarps * 32,
+                                                          MmaShape<QT, 8>::kSmemBytes) != cudaSuccess ||
+            device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
+            cudaGetLastError();  // not sticky; the 16-row tiles then
+            return 0LL;
+        }
+        return static_cast<long long>(per_sm) * sms;
+    }();
+    const long long half_tiles = (a.n + 7) / 8 + (b ? (b->n + 7) / 8 : 0);
+    return half_tiles <= slots;
+}
+
+// One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles): the same bits.
+template <int QT>
+cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
+    if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
+    return launch_gemv_mma_ng<QT, 1>(a, stream, b);
+}
+
 // Decode (t <= 8): one group per block. Prefill: the fast GEMM (prefill_gemm_choice(), the default), else the
 // shared-activation kernel where the choice and its shared memory allow, else four groups per block (a group
 // past t reads zeros and writes nothing).
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
-    if (a.t <= kActRows && !a.prefill) return launch_gemv_mma_ng<QT, 1>(a, stream);  // decode: no environment read
+    if (a.t <= kActRows && !a.prefill) return launch_gemv_decode<QT>(a, stream);  // decode: no environment read
     const PrefillGemm choice = prefill_gemm_choice();
     if (fast_prefill_call(a, choice)) return launch_prefill_gemm(a, stream);
-    if (a.t <= kActRows) return launch_gemv_mma_ng<QT, 1>(a, stream);
+    if (a.t <= kActRows) return launch_gemv_decode<QT>(a, stream);
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;
         const cudaError_t e = launch_prefill_mma<QT>(a, stream, choice == PrefillGemm::kShared, &launched);
@@ -867,6 +922,6 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     }                                                                                                \
     template <>                                                                                      \
     cudaError_t launch_gemv_mma_pair<QT>(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) { \
-        return launch_gemv_mma_ng<QT, 1>(a, stream, &b); /* b's tiles after a's (launch_gemv_pair) */ \
+        return launch_gemv_decode<QT>(a, stream, &b); /* b's tiles after a's (launch_gemv_pair) */     \
     }                                                                                                \
     }

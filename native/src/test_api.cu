@@ -197,6 +197,15 @@ extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int*
     return OPENJET_OK;
 }
 
+// The decode GEMV's tile shape for the calls that follow, whatever OPENJET_GEMV_HALF says: 0 the automatic
+// choice (gemv_half_tiles), 1 16-row tiles, 2 half tiles. Process-wide: tests compare the shapes' bits, the
+// benchmark their times.
+extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
+    if (mode < 0 || mode > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_half: mode must be 0, 1 or 2");
+    set_gemv_half_tiles(static_cast<GemvHalfTiles>(mode));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {
     if (int s = check_t(t)) return s;

@@ -57,6 +57,7 @@ def _lib() -> ctypes.CDLL:
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
+        "set_gemv_half": [_I],
     })
 
 
@@ -191,6 +192,18 @@ def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int)
     us = np.empty(runs, np.float32)
     _check(lib, lib.openjet_test_bench_gemv(qtype, _ptr(raw), n, k, t, copies, reps, runs, _ptr(us)), "bench_gemv")
     return [float(v) for v in us]
+
+
+GEMV_TILES = {"auto": 0, "16": 1, "8": 2}
+
+
+def set_gemv_tiles(tiles: str) -> None:
+    """The decode GEMV's tile rows for the calls that follow, in this process: "16", "8" (half tiles, the same
+    bits) or "auto" (half tiles where they fit one wave of the GPU), whatever OPENJET_GEMV_HALF says."""
+    if tiles not in GEMV_TILES:
+        raise ValueError(f"tiles must be one of {', '.join(GEMV_TILES)}, got {tiles!r}")
+    lib = _lib()
+    _check(lib, lib.openjet_test_set_gemv_half(GEMV_TILES[tiles]), "set_gemv_half")
 
 
 def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
