@@ -136,9 +136,9 @@ GemvHalfTiles gemv_half_tiles() {
     int v = g_half_tiles.load(std::memory_order_relaxed);
     if (v < 0) {
         const char* e = std::getenv("OPENJET_GEMV_HALF");
-        const GemvHalfTiles mode = e && std::strcmp(e, "0") == 0   ? GemvHalfTiles::kNever
-                                   : e && std::strcmp(e, "1") == 0 ? GemvHalfTiles::kAlways
-                                                                   : GemvHalfTiles::kAuto;
+        const GemvHalfTiles mode = e && std::strcmp(e, "1") == 0      ? GemvHalfTiles::kAlways
+                                   : e && std::strcmp(e, "auto") == 0 ? GemvHalfTiles::kAuto
+                                                                      : GemvHalfTiles::kNever;
         int expected = -1;
         g_half_tiles.compare_exchange_strong(expected, static_cast<int>(mode));
         v = g_half_tiles.load(std::memory_order_relaxed);

@@ -41,8 +41,9 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // environment at the first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
-// Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. OPENJET_GEMV_HALF=0 / 1 in
-// the environment at the first call: never / always; otherwise where the half tiles fit one wave of the GPU.
+// Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. 16-row tiles unless
+// OPENJET_GEMV_HALF in the environment at the first call says 1 (always half) or auto (half where the half tiles
+// fit one wave of the GPU): an experiment, no faster in the engine on the H200 (gemv_mma.cuh, decode_half_tiles).
 enum class GemvHalfTiles { kAuto, kNever, kAlways };
 GemvHalfTiles gemv_half_tiles();
 void set_gemv_half_tiles(GemvHalfTiles mode);  // tests: compare the tile shapes in one process

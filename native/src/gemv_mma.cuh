@@ -864,11 +864,13 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 }
 
 // Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,
-// never, or where the half tiles fit one wave of the half-tile kernel's block slots (its occupancy, asked once,
-// x the SM count: nothing about the GPU is compiled in). Measured on the H200 (bench_gemv.py, 2026-12-02): half
-// tiles win where 16-row ones leave slots empty and every half tile finds one (n = 5,120: Q6_K 17408 -> 5120 at
-// T = 1 56.8 -> 34.9 us, Q5_K 6144 -> 5120 13.7 -> 11.4) and lose where they need a second wave (Q4_K 5120 -> 6144
-// 8.9 -> 12.9 us: 768 half tiles for 660 slots).
+// never (the default), or where the half tiles fit one wave of the half-tile kernel's block slots (its occupancy,
+// asked once, x the SM count: nothing about the GPU is compiled in). Measured on the H200 (2026-12-02): alone
+// (bench_gemv.py) half tiles won where 16-row ones leave slots empty and every half tile finds one (n = 5,120:
+// Q6_K 17408 -> 5120 at T = 1 56.8 -> 34.9 us, Q5_K 6144 -> 5120 13.7 -> 11.4) and lost where they need a second
+// wave (Q4_K 5120 -> 6144 8.9 -> 12.9 us: 768 half tiles for 660 slots); but in the 27B's decode step the phases
+// holding those calls did not move (T = 1: ffn 5.81 -> 5.79 ms, gdn.out_proj 0.92 -> 0.98) and T = 8 lost 2%, so
+// 16-row tiles stay the default. Kept for issue 7, whose persistent kernel can balance 8-row work items.
 template <int QT>
 bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
     const GemvHalfTiles mode = gemv_half_tiles();
