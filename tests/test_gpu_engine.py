@@ -384,7 +384,7 @@ def test_half_tile_gemvs_give_the_engine_the_same_bits(models):
             parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
             out[tiles] = np.concatenate(parts)
     finally:
-        kt.set_gemv_tiles("auto")
+        kt.set_gemv_tiles("env")
         engine.close()
     assert np.isfinite(out["16"]).all()
     np.testing.assert_array_equal(out["8"], out["16"])

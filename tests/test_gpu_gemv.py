@@ -235,7 +235,7 @@ def test_half_tiles_give_the_bits_of_full_tiles(qtype):
                 np.testing.assert_array_equal(half, full, err_msg=f"{n}x{k} T={t}: half tiles")
                 np.testing.assert_array_equal(auto, full, err_msg=f"{n}x{k} T={t}: automatic choice")
     finally:
-        kt.set_gemv_tiles("auto")
+        kt.set_gemv_tiles("env")
 
 
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])

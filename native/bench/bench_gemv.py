@@ -36,7 +36,9 @@ TS = (1, 2, 4, 8)
 # the default numerics (the fast GEMM for Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared":
 # OPENJET_PREFILL_GEMM (decode's numerics).
 PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "128-shared", "512-shared")
-# Decode with each tile shape forced ("-t16": 16-row tiles, "-t8": half tiles; plain T: the automatic choice).
+# Decode with each tile shape forced ("-t16": 16-row tiles, "-t8": half tiles; plain T: OPENJET_GEMV_HALF's choice,
+# by default 16). Under PDL, alone, the copies of one small-grid call overlap badly (H200: Q6_K 17408 -> 5120 at
+# T = 1 56.6 us in 16-row tiles with OPENJET_PDL=1, 43.4 with 0): its figure is not what the engine's step sees.
 TILE_TS = ("1-t16", "1-t8", "8-t16", "8-t8")
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
@@ -116,7 +118,7 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
         finally:
             os.environ.pop("OPENJET_PREFILL_GEMM", None)
             if how.startswith("t"):
-                kt.set_gemv_tiles("auto")
+                kt.set_gemv_tiles("env")
         out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)
     return out

@@ -146,7 +146,7 @@ GemvHalfTiles gemv_half_tiles() {
     return static_cast<GemvHalfTiles>(v);
 }
 
-void set_gemv_half_tiles(GemvHalfTiles mode) { g_half_tiles.store(static_cast<int>(mode)); }
+void set_gemv_half_tiles(const GemvHalfTiles* mode) { g_half_tiles.store(mode ? static_cast<int>(*mode) : -1); }
 
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {

@@ -46,7 +46,8 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 // fit one wave of the GPU): an experiment, no faster in the engine on the H200 (gemv_mma.cuh, decode_half_tiles).
 enum class GemvHalfTiles { kAuto, kNever, kAlways };
 GemvHalfTiles gemv_half_tiles();
-void set_gemv_half_tiles(GemvHalfTiles mode);  // tests: compare the tile shapes in one process
+// Tests and benchmarks compare the shapes in one process: a mode, or nullptr for the environment's choice again.
+void set_gemv_half_tiles(const GemvHalfTiles* mode);
 
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);

@@ -197,12 +197,13 @@ extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int*
     return OPENJET_OK;
 }
 
-// The decode GEMV's tile shape for the calls that follow, whatever OPENJET_GEMV_HALF says: 0 the automatic
-// choice (gemv_half_tiles), 1 16-row tiles, 2 half tiles. Process-wide: tests compare the shapes' bits, the
-// benchmark their times.
+// The decode GEMV's tile shape for the calls that follow: -1 what OPENJET_GEMV_HALF says (gemv_half_tiles), 0 the
+// automatic choice, 1 16-row tiles, 2 half tiles. Process-wide: tests compare the shapes' bits, the benchmark
+// their times.
 extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
-    if (mode < 0 || mode > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_half: mode must be 0, 1 or 2");
-    set_gemv_half_tiles(static_cast<GemvHalfTiles>(mode));
+    if (mode < -1 || mode > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_half: mode must be -1, 0, 1 or 2");
+    const GemvHalfTiles m = static_cast<GemvHalfTiles>(mode < 0 ? 0 : mode);
+    set_gemv_half_tiles(mode < 0 ? nullptr : &m);
     return OPENJET_OK;
 }
 

@@ -194,12 +194,13 @@ def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int)
     return [float(v) for v in us]
 
 
-GEMV_TILES = {"auto": 0, "16": 1, "8": 2}
+GEMV_TILES = {"env": -1, "auto": 0, "16": 1, "8": 2}
 
 
 def set_gemv_tiles(tiles: str) -> None:
     """The decode GEMV's tile rows for the calls that follow, in this process: "16", "8" (half tiles, the same
-    bits) or "auto" (half tiles where they fit one wave of the GPU), whatever OPENJET_GEMV_HALF says."""
+    bits), "auto" (half tiles where they fit one wave of the GPU) or "env" (what OPENJET_GEMV_HALF says: by
+    default 16)."""
     if tiles not in GEMV_TILES:
         raise ValueError(f"tiles must be one of {', '.join(GEMV_TILES)}, got {tiles!r}")
     lib = _lib()
