@@ -43,7 +43,7 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 
 // Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. 16-row tiles unless
 // OPENJET_GEMV_HALF in the environment at the first call says 1 (always half) or auto (half where the half tiles
-// fit one wave of the GPU): an experiment, no faster in the engine on the H200 (gemv_mma.cuh, decode_half_tiles).
+// fit one wave of the GPU and help there: gemv_mma.cuh, decode_half_tiles): an experiment, not yet faster in the step.
 enum class GemvHalfTiles { kAuto, kNever, kAlways };
 GemvHalfTiles gemv_half_tiles();
 // Tests and benchmarks compare the shapes in one process: a mode, or nullptr for the environment's choice again.

@@ -864,29 +864,38 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 }
 
 // Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,
-// never (the default), or where the half tiles fit one wave of the half-tile kernel's block slots (its occupancy,
-// asked once, x the SM count: nothing about the GPU is compiled in). Measured on the H200 (2026-12-02): alone
-// (bench_gemv.py) half tiles won where 16-row ones leave slots empty and every half tile finds one (n = 5,120:
-// Q6_K 17408 -> 5120 at T = 1 56.8 -> 34.9 us, Q5_K 6144 -> 5120 13.7 -> 11.4) and lost where they need a second
-// wave (Q4_K 5120 -> 6144 8.9 -> 12.9 us: 768 half tiles for 660 slots); but in the 27B's decode step the phases
-// holding those calls did not move (T = 1: ffn 5.81 -> 5.79 ms, gdn.out_proj 0.92 -> 0.98) and T = 8 lost 2%, so
-// 16-row tiles stay the default. Kept for issue 7, whose persistent kernel can balance 8-row work items.
+// never (the default), or "auto": where the half tiles fit one wave of the half-tile kernel's block slots (its
+// occupancy, asked once, x the SM count: nothing about the GPU is compiled in) and either the type is Q6_K (the
+// longest unit, so the longest chain per warp) or the 16-row grid fills less than a quarter of the 16-row
+// kernel's slots. From the H200's calls alone without PDL (bench_gemv.py, OPENJET_PDL=0, 2026-12-02: in the
+// step a small-grid GEMV is followed by a one-block pack, not by another GEMV whose early blocks share its SMs),
+// T = 1 16-row -> half: Q6_K 17408 -> 5120 43.4 -> 37.1 us, Q6_K 5120 -> 1024 10.4 -> 6.9, Q4_K 5120 -> 1024 5.9 ->
+// 5.5; lost: Q4_K 17408 -> 5120 22.0 -> 24.8, Q5_K 6144 -> 5120 12.2 -> 13.0, and every call whose half tiles
+// need a second wave (Q4_K 5120 -> 6144 9.4 -> 14.0). Expected ~0.24 ms of the 27B's 10.6 ms step, NOT yet
+// measured in the step: the first rule (every one-wave call) moved nothing there (T = 1 ffn 5.81 -> 5.79 ms,
+// gdn.out_proj 0.92 -> 0.98), so 16-row tiles stay the default until "auto" measures faster.
 template <int QT>
 bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
     const GemvHalfTiles mode = gemv_half_tiles();
     if (mode != GemvHalfTiles::kAuto) return mode == GemvHalfTiles::kAlways;
-    static const long long slots = [] {
-        int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<QT, 1, 8>, kGemvWarps * 32,
+    struct Slots {
+        long long half = 0, full = 0;  // block slots of the 8-row and the 16-row kernel; 0: unknown (16-row tiles)
+    };
+    static const Slots slots = [] {
+        int half = 0, full = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&half, gemv_mma_kernel<QT, 1, 8>, kGemvWarps * 32,
                                                           MmaShape<QT, 8>::kSmemBytes) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&full, gemv_mma_kernel<QT, 1>, kGemvWarps * 32,
+                                                          MmaShape<QT>::kSmemBytes) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
-            cudaGetLastError();  // not sticky; the 16-row tiles then
-            return 0LL;
+            cudaGetLastError();  // not sticky
+            return Slots{};
         }
-        return static_cast<long long>(per_sm) * sms;
+        return Slots{static_cast<long long>(half) * sms, static_cast<long long>(full) * sms};
     }();
+    const long long tiles = (a.n + kMmaRows - 1) / kMmaRows + (b ? (b->n + kMmaRows - 1) / kMmaRows : 0);
     const long long half_tiles = (a.n + 7) / 8 + (b ? (b->n + 7) / 8 : 0);
-    return half_tiles <= slots;
+    return half_tiles <= slots.half && (QT == kQ6_K || 4 * tiles < slots.full);
 }
 
 // One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles): the same bits.
