@@ -333,8 +333,10 @@ def test_real_server_on_tiny_start_health_crash_restart_stop(tiny_model, tmp_pat
             assert json.load(r)["choices"][0]["message"] is not None
         first = sup.proc.pid
         sup.proc.kill()  # a crash
-        assert _until(lambda: sup.starts == 2 and sup.state == READY, 120), sup.message
-        assert sup.proc.pid != first and states.count(READY) == 2
+        # the state is set before its callbacks run: wait for the second READY callback too (a loaded machine
+        # once checked between the two, 2026-12-02)
+        assert _until(lambda: sup.starts == 2 and sup.state == READY and states.count(READY) == 2, 120), sup.message
+        assert sup.proc.pid != first
         with pytest.raises(AlreadyRunning):  # a second launcher, same config folder
             with InstanceLock(tmp_path / "lock", "127.0.0.1", port):
                 InstanceLock(tmp_path / "lock", "127.0.0.1", port).acquire()

@@ -198,10 +198,10 @@ def test_tray_under_xvfb_start_stop_follow_the_server(xvfb, tmp_path):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     out = Lines(tray)
     try:
-        mgr.wait_for("MANAGER", 30)
+        mgr.wait_for("MANAGER", 90)
         assert out.wait_for("BACKEND", 60) == "BACKEND pystray._xorg no-menu"
-        out.wait_for("TRAY READY", 30)
-        _, x, y = mgr.wait_for("DOCKED", 30).split()
+        out.wait_for("TRAY READY", 90)
+        _, x, y = mgr.wait_for("DOCKED", 90).split()
         assert not _healthy(port)
 
         def act(action: str) -> None:
