@@ -126,12 +126,16 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
     assert m1["top1"] >= TOP1_BAR, m1
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("kv_type, gdn", [("f16", "recurrent"), ("q8_0", "recurrent"), ("f16", "chunked")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type):
+def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, gdn,
+                                                                             monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
-    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only."""
+    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. "chunked": the prefill's Gated DeltaNet
+    in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)."""
+    if gdn == "chunked":
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
     engine = CudaEngine.load(models[preset], n_ctx=N_POS + N_AFTER + 64, kv_type=kv_type)
     try:
@@ -144,7 +148,7 @@ def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(model
         engine.close()
     m = compare(ref_logits[N_POS - 1:N_POS + N_AFTER - 1], got)
     report(test="teacher_forced_after_prefill", preset=preset, kv_type=kv_type, prompt=N_POS, prefill=numerics,
-           metrics=m)
+           gdn=gdn, metrics=m)
     assert np.isfinite(got).all()
     assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), m
 

@@ -167,6 +167,24 @@ def test_column_split_equals_whole_head_blocks_bitwise(size, t, monkeypatch):
     check_close(f"{size} t={t} split", split, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
 
 
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [9, 32, 33, 100, 300])  # one partial chunk, one whole, a whole and one row, ...
+def test_chunked_form_matches_reference(size, t, monkeypatch):
+    """OPENJET_GDN_CHUNKED=1 (gdn_chunk.cuh): a prefill call's rows in chunks of 32 by the WY form (qwen38.md 3.4)
+    against the float64 recurrence: y, the conv state and the state within the recurrent kernel's bound. Its sums
+    run in another order, so it differs from the recurrent kernel in the last bits (which shows it ran)."""
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(91 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    cs, s = random_state(rng, n_k, n_v)
+    recurrent = gpu_step(n_k, n_v, tok, par, cs, s)
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+    chunked = gpu_step(n_k, n_v, tok, par, cs, s)
+    np.testing.assert_array_equal(chunked[1], recurrent[1], err_msg="conv state: the same operations")
+    assert not np.array_equal(chunked[0], recurrent[0]), "the chunked form did not run"
+    check_close(f"{size} t={t} chunked", chunked, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
+
+
 def test_value_heads_read_key_heads_tiled_not_grouped():
     n_k, n_v = SIZES["tiny"]
     rng = np.random.default_rng(5)

@@ -1,9 +1,11 @@
 // launch_gdn_step: the standalone launch of gdn_step_head (gdn_decode.cuh), one block per value head, or per
-// kGdnSplitCols columns of one (the column split) followed by the gated RMSNorm's launch.
+// kGdnSplitCols columns of one (the column split) followed by the gated RMSNorm's launch, or (opt-in) the chunked
+// form of gdn_chunk.cuh followed by the same launch.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
 #include "pdl.cuh"
 
@@ -67,11 +69,17 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
     if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
         return cudaErrorInvalidValue;
-    if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
-    constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
-    if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits, kGdnRowGroups * kGdnSplitCols,
-                                      0, stream, a))
-        return e;
+    bool chunked = false;  // OPENJET_GDN_CHUNKED=1: gdn_chunk.cuh, where the device holds its blocks
+    if (gdn_chunked(a)) {
+        if (cudaError_t e = launch_gdn_chunk(a, stream, &chunked)) return e;
+    }
+    if (!chunked) {
+        if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
+        constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
+        if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,
+                                          kGdnRowGroups * kGdnSplitCols, 0, stream, a))
+            return e;
+    }
     const long long threads = 32LL * a.t * a.n_v;
     return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
                          kNormThreads, 0, stream, a);

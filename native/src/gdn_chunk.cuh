@@ -1,0 +1,26 @@
+// The chunked WY Gated DeltaNet for a prefill call's rows (qwen38.md 3.4; openjet_launcher/reference/gdn.py,
+// delta_rule_chunked, is its numpy oracle): the same map as gdn_decode.cuh's token-by-token recurrence, kGdnChunk
+// tokens at a time, so a chunk costs a few small matrix products and ~7 barriers instead of one barrier and two
+// 128-row reductions per token. Numerics of its own (the sums run in another order): opt-in, OPENJET_GDN_CHUNKED=1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "gdn_decode.cuh"
+
+namespace openjet {
+
+constexpr int kGdnChunk = 32;      // tokens per chunk (C)
+constexpr int kGdnChunkCols = 32;  // state columns per block: 4 blocks per value head
+
+// Whether a call takes the chunked form: OPENJET_GDN_CHUNKED=1 (read at each such launch: tests switch it), more
+// than kGdnMaxT rows, no fused projections.
+bool gdn_chunked(const GdnStepArgs& a);
+
+// The conv, norms, gates and delta rule of a's rows for every value head, its o rows written to a.y (the gated
+// RMSNorm is the caller's next launch, as for the column split), a's state and conv state updated. *launched stays
+// false where the device's shared memory per block cannot hold a block's working set (the caller then takes the
+// recurrence).
+cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* launched);
+
+}  // namespace openjet
