@@ -5,6 +5,8 @@ Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
 
+Prefill calls (64 .. 2048 rows) are timed in both forms: the recurrence and the chunked WY form (gdn_chunk.cuh).
+
 Bytes per step: the recurrent state read + written (2 x n_v x 64 KiB = 6 MiB), the conv state read +
 written, the conv weights, and per token qkv, z (read) and y (written). Timing: openjet_test_bench_gdn
 rotates `copies` state sets (together several times L2) through `reps` graph-captured calls; each figure
@@ -25,6 +27,7 @@ for the gated norm's sum) to use all 132 SMs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -37,7 +40,8 @@ from openjet_launcher.engine import kernels_test_gdn as kg  # noqa: E402
 from openjet_launcher.errors import OpenJetError  # noqa: E402
 
 N_K, N_V, D = 16, 48, 128
-TS = (1, 2, 4, 8, 64, 512)  # 64, 512: prefill chunks (one call, sub-steps of 8 inside)
+TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
+CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -54,25 +58,30 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    for t in TS:
+    for t, form in [(t, "recurrent") for t in TS] + [(t, "chunked") for t in CHUNKED_TS]:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes
+        if form == "chunked":
+            os.environ["OPENJET_GDN_CHUNKED"] = "1"  # read at each launch (captured into the graphs)
         try:
             us = float(np.median(kg.bench_gdn(N_K, N_V, t, COPIES, reps, RUNS)))
+            us_l2 = float(np.median(kg.bench_gdn(N_K, N_V, t, 1, reps, RUNS)))  # one state set: L2-resident
         except OpenJetError as e:  # a library from before one call took a chunk's rows
-            print(f"t={t}: {e}", file=sys.stderr)
+            print(f"t={t} {form}: {e}", file=sys.stderr)
             continue
-        us_l2 = float(np.median(kg.bench_gdn(N_K, N_V, t, 1, reps, RUNS)))  # one state set: L2-resident
+        finally:
+            os.environ.pop("OPENJET_GDN_CHUNKED", None)
         b = step_bytes(t)
         floor_us = b["total"] / (copy_gbs * 1e3)
-        rows.append({"t": t, "us": us, "us_l2_resident": us_l2, "bytes": b, "gbs": b["total"] / (us * 1e3),
-                     "floor_us": floor_us, "pct_of_copy_bw": 100.0 * floor_us / us, "us_per_token": us / t})
+        rows.append({"t": t, "form": form, "us": us, "us_l2_resident": us_l2, "bytes": b,
+                     "gbs": b["total"] / (us * 1e3), "floor_us": floor_us, "pct_of_copy_bw": 100.0 * floor_us / us,
+                     "us_per_token": us / t})
     base = rows[0]["us"]
     for r in rows:
         r["cost_vs_t1"] = r["us"] / base
     print(json.dumps({"n_k": N_K, "n_v": N_V, "copy_gbs": copy_gbs, "steps": rows}, indent=1))
-    print("t   us/step  L2-res   GB/s   floor_us  %copyBW  vs_t1", file=sys.stderr)
+    print("t   form       us/step  L2-res   GB/s   floor_us  %copyBW  vs_t1", file=sys.stderr)
     for r in rows:
-        print(f"{r['t']}  {r['us']:8.2f} {r['us_l2_resident']:7.2f} {r['gbs']:7.0f} {r['floor_us']:8.2f} "
+        print(f"{r['t']}  {r['form']:>9} {r['us']:8.2f} {r['us_l2_resident']:7.2f} {r['gbs']:7.0f} {r['floor_us']:8.2f} "
               f"{r['pct_of_copy_bw']:7.1f} {r['cost_vs_t1']:6.2f}", file=sys.stderr)
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", file=sys.stderr)
 
