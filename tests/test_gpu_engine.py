@@ -370,17 +370,19 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     np.testing.assert_array_equal(out[True], out[False])
 
 
-def test_half_tile_gemvs_give_the_engine_the_same_bits(models):
-    """The decode GEMV's 8-row tiles (chosen per call where they fit one wave of the GPU) against 16-row
-    tiles everywhere and 8-row ones everywhere: after the same prefill, T = 1 and T = 5 steps (the FFN's gate + up
-    pair included) and MTP drafts give the same logits bit for bit."""
+def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
+    """The decode GEMV's experimental shapes against 16-row tiles everywhere: 8-row tiles everywhere, where they
+    fit one wave of the GPU (auto), and 16-row tiles taking two units per wait (OPENJET_GEMV_ILP=2): after the
+    same prefill, T = 1 and T = 5 steps (the FFN's gate + up pair included) and MTP drafts give the same logits
+    bit for bit."""
     from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(23).integers(0, 4096, 40)
     out = {}
     engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
     try:
-        for tiles in ("16", "8", "auto"):
-            kt.set_gemv_tiles(tiles)
+        for tiles in ("16", "8", "auto", "16-ilp"):
+            kt.set_gemv_tiles(tiles.split("-")[0])
+            kt.set_gemv_ilp(2 if tiles.endswith("ilp") else 1)
             state = engine.new_state()
             parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
             parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
@@ -389,10 +391,11 @@ def test_half_tile_gemvs_give_the_engine_the_same_bits(models):
             out[tiles] = np.concatenate(parts)
     finally:
         kt.set_gemv_tiles("env")
+        kt.set_gemv_ilp(0)
         engine.close()
     assert np.isfinite(out["16"]).all()
-    np.testing.assert_array_equal(out["8"], out["16"])
-    np.testing.assert_array_equal(out["auto"], out["16"])
+    for tiles in ("8", "auto", "16-ilp"):
+        np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
 @pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])

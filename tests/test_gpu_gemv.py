@@ -238,6 +238,27 @@ def test_half_tiles_give_the_bits_of_full_tiles(qtype):
         kt.set_gemv_tiles("env")
 
 
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_two_units_per_wait_give_the_bits_of_one(qtype):
+    """OPENJET_GEMV_ILP=2 (a decode warp computes two units per wait, gemv_tile_warp) against one unit per wait:
+    the same operations on the accumulators in the same order, so the same bits; warps with odd and even unit
+    counts (k = 1,280 / 2,560: 5 / 10 units over 4 warps), partial tiles, t = 1, 3, 8."""
+    rng = np.random.default_rng(22)
+    try:
+        for n, k in [(33, 1280), (1000, 2560), (5120, 6144)]:
+            raw = random_raw(rng, qtype, n, k)
+            x = random_x(rng, 8, k)
+            for t in (1, 3, 8):
+                kt.set_gemv_ilp(1)
+                one = kt.gemv(Q[qtype], raw, x[:t])
+                kt.set_gemv_ilp(2)
+                two = kt.gemv(Q[qtype], raw, x[:t])
+                assert np.isfinite(one).all()
+                np.testing.assert_array_equal(two, one, err_msg=f"{n}x{k} T={t}")
+    finally:
+        kt.set_gemv_ilp(0)
+
+
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
 def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):

@@ -148,6 +148,23 @@ GemvHalfTiles gemv_half_tiles() {
 
 void set_gemv_half_tiles(const GemvHalfTiles* mode) { g_half_tiles.store(mode ? static_cast<int>(*mode) : -1); }
 
+namespace {
+std::atomic<int> g_ilp{0};  // units per wait; 0: not read from the environment yet
+}  // namespace
+
+int gemv_ilp() {
+    int v = g_ilp.load(std::memory_order_relaxed);
+    if (v == 0) {
+        const char* e = std::getenv("OPENJET_GEMV_ILP");
+        int expected = 0;
+        g_ilp.compare_exchange_strong(expected, e && std::strcmp(e, "2") == 0 ? 2 : 1);
+        v = g_ilp.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+void set_gemv_ilp(int units) { g_ilp.store(units == 1 || units == 2 ? units : 0); }
+
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {
     if (n <= 0 || k <= 0) return cudaErrorInvalidValue;

@@ -49,6 +49,12 @@ GemvHalfTiles gemv_half_tiles();
 // Tests and benchmarks compare the shapes in one process: a mode, or nullptr for the environment's choice again.
 void set_gemv_half_tiles(const GemvHalfTiles* mode);
 
+// Units a decode warp takes per wait in 16-row tiles: 1, or 2 where OPENJET_GEMV_ILP=2 in the environment at the
+// first call (an experiment: gemv_mma.cuh, gemv_tile_warp; the same bits). set_gemv_ilp: tests and benchmarks
+// (0: the environment's choice again).
+int gemv_ilp();
+void set_gemv_ilp(int units);
+
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
 template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);

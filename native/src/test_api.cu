@@ -207,6 +207,14 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     return OPENJET_OK;
 }
 
+// Units per wait of the decode GEMV's 16-row tiles for the calls that follow: 1 or 2, or 0 for what
+// OPENJET_GEMV_ILP says (gemv_ilp).
+extern "C" OPENJET_API int openjet_test_set_gemv_ilp(int units) {
+    if (units < 0 || units > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_ilp: units must be 0, 1 or 2");
+    set_gemv_ilp(units);
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {
     if (int s = check_t(t)) return s;
