@@ -26,19 +26,25 @@ constexpr int kCols = kGdnChunkCols;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChannels = 2 * D + kCols;  // conv channels of a block: q, k (all 128) and its v columns
-constexpr int kRowPad = D + 1;            // q̂ / k̂ rows padded: a warp reading 32 rows at one d hits 32 banks
+constexpr int kRowPad = D + 4;            // q̂ / k̂ rows padded to 528 bytes: 8 rows' 16-byte loads at one d hit 8
+                                          // different 16-byte bank groups (the lane-varying loads of step 3)
 static_assert(kCols == 32 && C == 32 && C % kWarps == 0 && D % kWarps == 0, "lane = column, warp = row group");
 static_assert(kCols + D <= kThreads, "a thread per column of [U | W]");
 
+// Shared-memory traffic sets this kernel's speed (the first version, one output a thread with both operands read
+// from shared memory at each step, took 58 us a chunk on the H200: slower than the recurrence). So every product
+// reads its warp-uniform operand as 16-byte broadcasts and keeps its lane's operand in registers for 4 outputs.
 struct ChunkSmem {
     float4 conv_w[kChannels];       // the block's conv taps (tap 3: the current token)
     float conv_x[3][kChannels];     // each channel's last three raw inputs
-    float q[C][kRowPad], k[C][kRowPad];
+    alignas(16) float q[C][kRowPad];
+    alignas(16) float k[C][kRowPad];
     float v[C][kCols];
-    float w[C][D];                  // W
+    alignas(16) float w[C][D];      // W
     float u[C][kCols];              // U, then V'
     float s[D][kCols];              // S[k][column]
-    float a[C][C], aq[C][C];
+    alignas(16) float a[C][C];
+    alignas(16) float aq[C][C];
     float beta[C], gamma[C], e_gamma[C], e_rest[C];  // β, γ, e^γ, e^(Γ - γ)
 };
 
@@ -76,11 +82,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
             float x0 = sm.conv_x[0][ch], x1 = sm.conv_x[1][ch], x2 = sm.conv_x[2][ch];
             float* dst = ch < D ? &sm.q[0][ch] : ch < 2 * D ? &sm.k[0][ch - D] : &sm.v[0][ch - 2 * D];
             const int stride = ch < 2 * D ? kRowPad : kCols;
-#pragma unroll 4
+            float xin[C];  // every load in flight at once
+#pragma unroll
+            for (int t = 0; t < C; ++t) xin[t] = t < n ? a.qkv[(size_t)(t0 + t) * conv_dim + c] : 0.0f;
+#pragma unroll
             for (int t = 0; t < C; ++t) {
                 float out = 0.0f;
                 if (t < n) {
-                    const float xt = a.qkv[(size_t)(t0 + t) * conv_dim + c];
+                    const float xt = xin[t];
                     out = gdn_silu(__fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, cw.x), __fmul_rn(x1, cw.y)),
                                                        __fmul_rn(x2, cw.z)),
                                              __fmul_rn(xt, cw.w)));
@@ -126,25 +135,31 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         }
         __syncthreads();
 
-        // 3. A and Aq: entry (i, j = lane) for rows i = warp + 8 m; the decays e^γ and e^(Γ - γ).
+        // 3. A and Aq: entries (i, j = lane) for rows i = warp + 8 m (k̂_j in 16-byte steps, the rows' k̂_i, q̂_i
+        // broadcast); the decays e^γ and e^(Γ - γ).
         if (tid < C) {
             sm.e_gamma[tid] = expf(sm.gamma[tid]);
             sm.e_rest[tid] = expf(__fsub_rn(sm.gamma[C - 1], sm.gamma[tid]));
         }
-#pragma unroll 1
-        for (int m = 0; m < C / kWarps; ++m) {
-            const int i = warp + kWarps * m, j = lane;
-            float kk = 0.0f, qk = 0.0f, dec = 0.0f;
-            if (j <= i) {
-#pragma unroll 8
-                for (int d = 0; d < D; ++d) {
-                    kk = __fmaf_rn(sm.k[i][d], sm.k[j][d], kk);
-                    qk = __fmaf_rn(sm.q[i][d], sm.k[j][d], qk);
+        {
+            constexpr int M = C / kWarps;
+            float kk[M] = {}, qk[M] = {};
+#pragma unroll 4
+            for (int d = 0; d < D; d += 4) {
+                const float4 kj = *reinterpret_cast<const float4*>(&sm.k[lane][d]);
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    kk[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.k[warp + kWarps * m][d]), kj, kk[m]);
+                    qk[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.q[warp + kWarps * m][d]), kj, qk[m]);
                 }
-                dec = expf(__fsub_rn(sm.gamma[i], sm.gamma[j]));  // <= 1: masked before the exp
             }
-            sm.a[i][j] = j < i ? __fmul_rn(__fmul_rn(sm.beta[i], kk), dec) : 0.0f;
-            sm.aq[i][j] = __fmul_rn(qk, dec);
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const int i = warp + kWarps * m, j = lane;
+                const float dec = j <= i ? expf(__fsub_rn(sm.gamma[i], sm.gamma[j])) : 0.0f;  // masked before the exp
+                sm.a[i][j] = j < i ? __fmul_rn(__fmul_rn(sm.beta[i], kk[m]), dec) : 0.0f;
+                sm.aq[i][j] = j <= i ? __fmul_rn(qk[m], dec) : 0.0f;
+            }
         }
         __syncthreads();
 
@@ -153,13 +168,21 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         if (tid < kCols + D) {
             const bool is_u = tid < kCols;
             const int c = is_u ? tid : tid - kCols;
-            float x[C];
+            float x[C];  // zeros ahead of row i: A is zero there too, so the 16-byte steps past j = i - 1 add nothing
+#pragma unroll
+            for (int i = 0; i < C; ++i) x[i] = 0.0f;
 #pragma unroll
             for (int i = 0; i < C; ++i) {
                 float acc = is_u ? __fmul_rn(sm.beta[i], sm.v[i][c])
                                  : __fmul_rn(__fmul_rn(sm.beta[i], sm.e_gamma[i]), sm.k[i][c]);
 #pragma unroll
-                for (int j = 0; j < i; ++j) acc = __fmaf_rn(-sm.a[i][j], x[j], acc);
+                for (int j = 0; j < i; j += 4) {
+                    const float4 av = *reinterpret_cast<const float4*>(&sm.a[i][j]);
+                    acc = __fmaf_rn(-av.x, x[j], acc);
+                    acc = __fmaf_rn(-av.y, x[j + 1], acc);
+                    acc = __fmaf_rn(-av.z, x[j + 2], acc);
+                    acc = __fmaf_rn(-av.w, x[j + 3], acc);
+                }
                 x[i] = acc;
             }
 #pragma unroll
@@ -170,39 +193,75 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         }
         __syncthreads();
 
-        // 5. V' = U - W S, in place of U: entry (i, lane), rows i = warp + 8 m (each read and written by one thread).
+        // 5. V' = U - W S, in place of U: entries (i, lane), rows i = warp + 8 m (each read and written by one thread):
+        // the lane's S column in 4-row steps in registers, the rows of W broadcast.
+        {
+            constexpr int M = C / kWarps;
+            float ws[M] = {};
+#pragma unroll 4
+            for (int d = 0; d < D; d += 4) {
+                const float4 sv = make_float4(sm.s[d][lane], sm.s[d + 1][lane], sm.s[d + 2][lane], sm.s[d + 3][lane]);
 #pragma unroll
-        for (int m = 0; m < C / kWarps; ++m) {
-            const int i = warp + kWarps * m;
-            float ws = 0.0f;
-#pragma unroll 8
-            for (int d = 0; d < D; ++d) ws = __fmaf_rn(sm.w[i][d], sm.s[d][lane], ws);
-            sm.u[i][lane] = __fsub_rn(sm.u[i][lane], ws);
+                for (int m = 0; m < M; ++m)
+                    ws[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.w[warp + kWarps * m][d]), sv, ws[m]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const int i = warp + kWarps * m;
+                sm.u[i][lane] = __fsub_rn(sm.u[i][lane], ws[m]);
+            }
         }
         __syncthreads();
 
-        // 6. o = e^γ (q̂ S) + Aq V', rows < n written to y (the gated RMSNorm's launch reads them there).
-#pragma unroll 1
-        for (int m = 0; m < C / kWarps; ++m) {
-            const int i = warp + kWarps * m;
-            if (i >= n) continue;
-            float qs = 0.0f, av = 0.0f;
-#pragma unroll 8
-            for (int d = 0; d < D; ++d) qs = __fmaf_rn(sm.q[i][d], sm.s[d][lane], qs);
-            for (int j = 0; j <= i; ++j) av = __fmaf_rn(sm.aq[i][j], sm.u[j][lane], av);
-            a.y[(size_t)(t0 + i) * value_dim + (size_t)h * D + c0 + lane] = __fmaf_rn(sm.e_gamma[i], qs, av);
+        // 6. o = e^γ (q̂ S) + Aq V' (Aq is zero above the diagonal), rows < n written to y (the gated RMSNorm's
+        // launch reads them there); the same register / broadcast split as step 5.
+        {
+            constexpr int M = C / kWarps;
+            float qs[M] = {}, av[M] = {};
+#pragma unroll 4
+            for (int d = 0; d < D; d += 4) {
+                const float4 sv = make_float4(sm.s[d][lane], sm.s[d + 1][lane], sm.s[d + 2][lane], sm.s[d + 3][lane]);
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    qs[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.q[warp + kWarps * m][d]), sv, qs[m]);
+            }
+#pragma unroll
+            for (int j = 0; j < C; j += 4) {
+                const float4 vv = make_float4(sm.u[j][lane], sm.u[j + 1][lane], sm.u[j + 2][lane], sm.u[j + 3][lane]);
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    av[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.aq[warp + kWarps * m][j]), vv, av[m]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const int i = warp + kWarps * m;
+                if (i < n)
+                    a.y[(size_t)(t0 + i) * value_dim + (size_t)h * D + c0 + lane] = __fmaf_rn(sm.e_gamma[i], qs[m], av[m]);
+            }
         }
         __syncthreads();  // S is read above and rewritten below
 
-        // 7. S ← e^Γ S + Σ_i k̂_i e^(Γ - γ_i) V'_i: entry (r, lane), rows r = warp + 8 m.
-        const float e_all = expf(sm.gamma[C - 1]);
-#pragma unroll 2
-        for (int m = 0; m < D / kWarps; ++m) {
-            const int r = warp + kWarps * m;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int i = 0; i < C; ++i) acc = __fmaf_rn(__fmul_rn(sm.k[i][r], sm.e_rest[i]), sm.u[i][lane], acc);
-            sm.s[r][lane] = __fmaf_rn(e_all, sm.s[r][lane], acc);
+        // 7. S ← e^Γ S + Σ_i k̂_i (e^(Γ - γ_i) V'_i): entries (r, lane), the warp's 16 rows r = 16 warp + m (their k̂
+        // values of token i: four 16-byte broadcasts).
+        {
+            constexpr int R = D / kWarps;
+            const float e_all = expf(sm.gamma[C - 1]);
+            const int r0 = R * warp;
+            float acc[R] = {};
+#pragma unroll 4
+            for (int i = 0; i < C; ++i) {
+                const float vp = __fmul_rn(sm.u[i][lane], sm.e_rest[i]);
+#pragma unroll
+                for (int q4 = 0; q4 < R / 4; ++q4) {
+                    const float4 kv = *reinterpret_cast<const float4*>(&sm.k[i][r0 + 4 * q4]);
+                    acc[4 * q4 + 0] = __fmaf_rn(kv.x, vp, acc[4 * q4 + 0]);
+                    acc[4 * q4 + 1] = __fmaf_rn(kv.y, vp, acc[4 * q4 + 1]);
+                    acc[4 * q4 + 2] = __fmaf_rn(kv.z, vp, acc[4 * q4 + 2]);
+                    acc[4 * q4 + 3] = __fmaf_rn(kv.w, vp, acc[4 * q4 + 3]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < R; ++m) sm.s[r0 + m][lane] = __fmaf_rn(e_all, sm.s[r0 + m][lane], acc[m]);
         }
         __syncthreads();  // the next chunk rewrites q, k, v, u
     }
