@@ -126,16 +126,22 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
     assert m1["top1"] >= TOP1_BAR, m1
 
 
-@pytest.mark.parametrize("kv_type, gdn", [("f16", "recurrent"), ("q8_0", "recurrent"), ("f16", "chunked")])
+PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
+                    "attn-fast": {"OPENJET_PREFILL_ATTN": "fast"}}
+
+
+@pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
+                                              ("q8_0", "attn-fast")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, gdn,
+def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
-    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. "chunked": the prefill's Gated DeltaNet
-    in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)."""
-    if gdn == "chunked":
-        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too:
+    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh), "attn-fast" (OPENJET_PREFILL_ATTN=fast: single fp16 q
+    and probabilities in the prefill's attention)."""
+    for name, value in PREFILL_VARIANTS[variant].items():
+        monkeypatch.setenv(name, value)
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
     engine = CudaEngine.load(models[preset], n_ctx=N_POS + N_AFTER + 64, kv_type=kv_type)
     try:
@@ -148,7 +154,7 @@ def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(model
         engine.close()
     m = compare(ref_logits[N_POS - 1:N_POS + N_AFTER - 1], got)
     report(test="teacher_forced_after_prefill", preset=preset, kv_type=kv_type, prompt=N_POS, prefill=numerics,
-           gdn=gdn, metrics=m)
+           variant=variant, metrics=m)
     assert np.isfinite(got).all()
     assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), m
 
@@ -686,6 +692,41 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
     c = compare(exact, runs[512])
     report(test="fast_prefill_vs_exact_prefill", **c)
     assert c["mean_kl"] <= 2e-3 and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
+
+
+def test_opt_in_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
+    """OPENJET_GDN_CHUNKED=1 and OPENJET_PREFILL_ATTN=fast: prefill chunks of 128 / 512 / 2,048 rows still give
+    the same bits (a call's GDN chunks of 32 start at its first row, a multiple of 32 here); they change the fast
+    prefill's logits (so they ran); under OPENJET_PREFILL_GEMM=exact they change nothing (its prefill leaves
+    decode's bits: CudaEngine.prefill_matches_decode stays true)."""
+    ids = np.random.default_rng(71).integers(0, 4096, 700)
+    prompt, follow = ids[:640], ids[640:]
+
+    def after(engine, chunk):
+        state = engine.new_state()
+        engine.prefill(state, prompt, chunk_size=chunk)
+        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+
+    engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=2048, mtp=False)
+    try:
+        plain = after(engine, 512)
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
+        exact = after(engine, 512)
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+        monkeypatch.setenv("OPENJET_PREFILL_ATTN", "fast")
+        exact_flags = after(engine, 512)
+        assert engine.prefill_matches_decode
+        monkeypatch.delenv("OPENJET_PREFILL_GEMM")
+        runs = {c: after(engine, c) for c in (128, 512, 2048)}
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(exact_flags, exact, err_msg="the flags changed the exact prefill")
+    for c in (512, 2048):
+        np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
+    assert not np.array_equal(runs[512], plain), "the opt-in forms did not run"
+    c = compare(plain, runs[512])
+    report(test="opt_in_prefill_forms_vs_fast_prefill", **c)
+    assert c["mean_kl"] <= KL_BAR and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
 
 
 def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):

@@ -19,12 +19,12 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecod
 // Blocks of up to 48 rows (decode and verify steps) are cut to 128 registers so that two fit an SM: a step
 // launches ~2 chunk blocks per SM (the spread), in one wave. (Uncut, 48 rows took 145 registers: one block per
 // SM, two waves at T = 6..8; sm_90 ptxas: now 126-128, no spills; 64 rows keep 148-165 for prefill.)
-template <class Fmt, int MAXR>
+template <class Fmt, int MAXR, bool kHiOnly>
 __global__ void __launch_bounds__(kAttnThreads, MAXR <= 48 ? 2 : 1)
 attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
     pdl_start();  // pdl.cuh
-    attn_chunk<Fmt, MAXR>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
+    attn_chunk<Fmt, MAXR, kHiOnly>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
 }
 
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
@@ -49,19 +49,27 @@ int device_sm_count() {
     return device_attribute(cudaDevAttrMultiProcessorCount, &sms) == cudaSuccess ? sms : 0;
 }
 
-template <class Fmt, int MAXR>
-cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+template <class Fmt, int MAXR, bool kHiOnly>
+cudaError_t launch_chunks_numerics(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
     constexpr size_t smem = attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride);
     static bool opted_in = false;  // per instantiation; raising the limit twice is harmless
     if (!opted_in) {
-        const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel<Fmt, MAXR>,
+        const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel<Fmt, MAXR, kHiOnly>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
     const int rows = a.n_head / a.n_kv * a.t;  // blockIdx.z: rows in blocks of MAXR (when rows > MAXR)
-    return launch_kernel(attn_chunk_kernel<Fmt, MAXR>, dim3(n_chunks, a.n_kv, (rows + MAXR - 1) / MAXR), kAttnThreads,
-                         smem, stream, a, chunk_keys);
+    return launch_kernel(attn_chunk_kernel<Fmt, MAXR, kHiOnly>, dim3(n_chunks, a.n_kv, (rows + MAXR - 1) / MAXR),
+                         kAttnThreads, smem, stream, a, chunk_keys);
+}
+
+// The chunk blocks of MAXR rows, with decode's numerics or (a.hi_only, prefill calls only: their rows are > 8
+// or flagged, never a decode step's) single fp16 operands.
+template <class Fmt, int MAXR>
+cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+    if (a.hi_only) return launch_chunks_numerics<Fmt, MAXR, true>(a, chunk_keys, n_chunks, stream);
+    return launch_chunks_numerics<Fmt, MAXR, false>(a, chunk_keys, n_chunks, stream);
 }
 
 template <class Fmt>

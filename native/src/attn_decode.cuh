@@ -157,6 +157,8 @@ struct AttnDecodeArgs {
     int sm_count;            // multiprocessors; <= 0: read from the current device
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
+    bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
+                             // numerics of its own, OPENJET_PREFILL_ATTN=fast: the engine sets it)
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes
@@ -246,8 +248,9 @@ __device__ __forceinline__ void attn_issue_tile(const AttnDecodeArgs& a, int kv,
 // domain and the unnormalised o[256], for rows row0 .. row0 + MAXR - 1 of the group's t * group (a block takes
 // them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit: an mma's
 // output element depends only on its own row of A and column of B).
-// smem: attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride) bytes, 16-aligned.
-template <class Fmt, int MAXR>
+// smem: attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride) bytes, 16-aligned. kHiOnly (AttnDecodeArgs::hi_only): q
+// and the probabilities rounded once to fp16, the lo halves' mma left out (half the tensor-core work).
+template <class Fmt, int MAXR, bool kHiOnly = false>
 __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, int row0,
                                            char* smem) {
     static_assert(MAXR % 8 == 0 && MAXR <= 64, "score n-tiles: 8 rows each, one per warp at most");
@@ -332,10 +335,12 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
                     for (int ks = 2 * blk; ks < 2 * blk + 2; ++ks) {
                         const uint32_t bh[2] = {*reinterpret_cast<const uint32_t*>(qhi_s + qo + 16 * ks),
                                                 *reinterpret_cast<const uint32_t*>(qhi_s + qo + 16 * ks + 8)};
-                        const uint32_t bl[2] = {*reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks),
-                                                *reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks + 8)};
                         mma_16816(acc, ka[ks], bh);
-                        mma_16816(acc, ka[ks], bl);
+                        if constexpr (!kHiOnly) {
+                            const uint32_t bl[2] = {*reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks),
+                                                    *reinterpret_cast<const uint32_t*>(qlo_s + qo + 16 * ks + 8)};
+                            mma_16816(acc, ka[ks], bl);
+                        }
                     }
                     if constexpr (kScaled) {
                         s[0] = fmaf(u[0], kd[blk][0], s[0]);
@@ -417,7 +422,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
 #pragma unroll
                     for (int nt = 0; nt < 4; ++nt) {
                         mma_16816(o[mt][nt], ah, vb[ks][nt]);
-                        mma_16816(o[mt][nt], al, vb[ks][nt]);
+                        if constexpr (!kHiOnly) mma_16816(o[mt][nt], al, vb[ks][nt]);
                     }
                 }
             }

@@ -694,6 +694,13 @@ AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offs
     return a;
 }
 
+// OPENJET_PREFILL_ATTN=fast (read at each prefill call, an experiment): a prefill's attention with q and the
+// probabilities as single fp16 (AttnDecodeArgs::hi_only), where the prefill has numerics of its own.
+bool prefill_attn_fast() {
+    const char* v = std::getenv("OPENJET_PREFILL_ATTN");
+    return v && std::strcmp(v, "fast") == 0 && prefill_numerics_own();
+}
+
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
 // appends k, v to the layer's cache (in sub-steps of 8: each attends to the rows before it; attn_group_rows
 // merges sub-steps into one launch where that keeps every bit).
@@ -706,6 +713,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     phase("attn.core");
     AttnDecodeArgs a = attn_args(e, L, rope_offset);
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
+    a.hi_only = e.prefilling && prefill_attn_fast();
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's partials go to big2's tail, past the chunk's k rows, where it is larger (no bit depends
     // on where they lie): big2 is a chunk's FFN width, so the merged launches grow with the chunk.

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
 bool gdn_chunked(const GdnStepArgs& a) {
     if (a.w_beta || a.t <= kGdnMaxT) return false;
     const char* v = std::getenv("OPENJET_GDN_CHUNKED");
-    return v && std::strcmp(v, "1") == 0;
+    return v && std::strcmp(v, "1") == 0 && prefill_numerics_own();
 }
 
 cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* launched) {

@@ -14,7 +14,8 @@ constexpr int kGdnChunk = 32;      // tokens per chunk (C)
 constexpr int kGdnChunkCols = 32;  // state columns per block: 4 blocks per value head
 
 // Whether a call takes the chunked form: OPENJET_GDN_CHUNKED=1 (read at each such launch: tests switch it), more
-// than kGdnMaxT rows, no fused projections.
+// than kGdnMaxT rows, no fused projections, and prefill numerics of its own (not under OPENJET_PREFILL_GEMM=exact,
+// whose prefill leaves decode's bits: gemv.cuh, prefill_numerics_own).
 bool gdn_chunked(const GdnStepArgs& a);
 
 // The conv, norms, gates and delta rule of a's rows for every value head, its o rows written to a.y (the gated

@@ -165,6 +165,8 @@ int gemv_ilp() {
 
 void set_gemv_ilp(int units) { g_ilp.store(units == 1 || units == 2 ? units : 0); }
 
+bool prefill_numerics_own() { return prefill_gemm_choice() == PrefillGemm::kFast; }
+
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {
     if (n <= 0 || k <= 0) return cudaErrorInvalidValue;

@@ -55,6 +55,11 @@ void set_gemv_half_tiles(const GemvHalfTiles* mode);
 int gemv_ilp();
 void set_gemv_ilp(int units);
 
+// Whether a prefill takes numerics of its own (OPENJET_PREFILL_GEMM unset or "fast", read at each call): then the
+// prefill's other opt-in forms (OPENJET_GDN_CHUNKED, OPENJET_PREFILL_ATTN) may apply too; under "exact" a prefill
+// leaves decode's bits and none of them does.
+bool prefill_numerics_own();
+
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);
 template <int QT> cudaError_t launch_gemv_mma_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
