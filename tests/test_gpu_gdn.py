@@ -150,21 +150,27 @@ def test_t_tokens_in_one_call_equal_t_single_calls_bitwise(size, t):
     np.testing.assert_array_equal(s_all, s)
 
 
+def default_and_switched(size: str, t: int, seed_mul: int, monkeypatch, name: str, value: str):
+    """A random call of t rows at `size` (seed seed_mul * t + n_v) on the default kernels, then with the environment's
+    `name` set to `value`: (reference_step's arguments, the default result, the switched result)."""
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(seed_mul * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    args = (n_k, n_v, tok, par, *random_state(rng, n_k, n_v))
+    default = gpu_step(*args)
+    monkeypatch.setenv(name, value)
+    return args, default, gpu_step(*args)
+
+
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [9, 100])
 def test_column_split_equals_whole_head_blocks_bitwise(size, t, monkeypatch):
     """A call of more than 8 rows runs on blocks of 32 state columns (4 per head) and a second launch for the
     gated RMSNorm; OPENJET_GDN_SPLIT=0 keeps one block per head. Same operations per value: the same bits."""
-    n_k, n_v = SIZES[size]
-    rng = np.random.default_rng(57 * t + n_v)
-    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
-    cs, s = random_state(rng, n_k, n_v)
-    split = gpu_step(n_k, n_v, tok, par, cs, s)
-    monkeypatch.setenv("OPENJET_GDN_SPLIT", "0")
-    whole = gpu_step(n_k, n_v, tok, par, cs, s)
+    args, split, whole = default_and_switched(size, t, 57, monkeypatch, "OPENJET_GDN_SPLIT", "0")
     for name, x, y in zip(("y", "conv_state", "state"), split, whole):
         np.testing.assert_array_equal(x, y, err_msg=name)
-    check_close(f"{size} t={t} split", split, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
+    check_close(f"{size} t={t} split", split, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -173,16 +179,10 @@ def test_chunked_form_matches_reference(size, t, monkeypatch):
     """OPENJET_GDN_CHUNKED=1 (gdn_chunk.cuh): a prefill call's rows in chunks of 32 by the WY form (qwen38.md 3.4)
     against the float64 recurrence: y, the conv state and the state within the recurrent kernel's bound. Its sums
     run in another order, so it differs from the recurrent kernel in the last bits (which shows it ran)."""
-    n_k, n_v = SIZES[size]
-    rng = np.random.default_rng(91 * t + n_v)
-    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
-    cs, s = random_state(rng, n_k, n_v)
-    recurrent = gpu_step(n_k, n_v, tok, par, cs, s)
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
-    chunked = gpu_step(n_k, n_v, tok, par, cs, s)
+    args, recurrent, chunked = default_and_switched(size, t, 91, monkeypatch, "OPENJET_GDN_CHUNKED", "1")
     np.testing.assert_array_equal(chunked[1], recurrent[1], err_msg="conv state: the same operations")
     assert not np.array_equal(chunked[0], recurrent[0]), "the chunked form did not run"
-    check_close(f"{size} t={t} chunked", chunked, reference_step(n_k, n_v, tok, par, cs, s), n_k=n_k, n_v=n_v, t=t)
+    check_close(f"{size} t={t} chunked", chunked, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
 
 
 def test_value_heads_read_key_heads_tiled_not_grouped():

@@ -214,11 +214,21 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
+# The decode GEMV's experimental shapes, each a (tiles, units per wait) setting (kernels_test.set_gemv_tiles /
+# set_gemv_ilp): 8-row tiles everywhere, 8-row tiles where they fit one wave of the GPU, 16-row tiles with two units
+# per wait.
+DECODE_SHAPES = {"half": ("8", 1), "auto": ("auto", 1), "two-units": ("16", 2)}
+
+
+@pytest.mark.parametrize("shape", DECODE_SHAPES)
 @pytest.mark.parametrize("qtype", KQUANTS)
-def test_half_tiles_give_the_bits_of_full_tiles(qtype):
-    """Decode calls in 8-row tiles (chosen where they fit one wave of the GPU) equal 16-row tiles bit for bit:
-    a tile's rows g + 8 become zeros in the mma, which leaves rows g alone. Partial tiles (n = 33, 1,000), rows
-    alternating 4-byte alignment (Q6_K at k = 1,280: 5 units a row), the 27B's n = 5,120 shape, t = 1, 3, 8."""
+def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, shape):
+    """Each experimental decode shape against 16-row tiles taking one unit per wait, bit for bit: a half tile's rows
+    g + 8 are zeros in the mma, which leaves rows g alone; two units per wait do the same operations on the
+    accumulators in the same order. Partial tiles (n = 33, 1,000), warps with odd and even unit counts and rows
+    alternating 4-byte alignment (k = 1,280 / 2,560: 5 / 10 units a row), the 27B's n = 5,120 shape, t = 1, 3, 8;
+    the 16-row results are the ones the other tests check against numpy."""
+    tiles, units = DECODE_SHAPES[shape]
     rng = np.random.default_rng(21)
     try:
         for n, k in [(33, 1280), (1000, 2560), (5120, 6144)]:
@@ -226,36 +236,15 @@ def test_half_tiles_give_the_bits_of_full_tiles(qtype):
             x = random_x(rng, 8, k)
             for t in (1, 3, 8):
                 kt.set_gemv_tiles("16")
-                full = kt.gemv(Q[qtype], raw, x[:t])
-                kt.set_gemv_tiles("8")
-                half = kt.gemv(Q[qtype], raw, x[:t])
-                kt.set_gemv_tiles("auto")
-                auto = kt.gemv(Q[qtype], raw, x[:t])
-                assert np.isfinite(full).all()
-                np.testing.assert_array_equal(half, full, err_msg=f"{n}x{k} T={t}: half tiles")
-                np.testing.assert_array_equal(auto, full, err_msg=f"{n}x{k} T={t}: automatic choice")
+                kt.set_gemv_ilp(1)
+                base = kt.gemv(Q[qtype], raw, x[:t])
+                kt.set_gemv_tiles(tiles)
+                kt.set_gemv_ilp(units)
+                got = kt.gemv(Q[qtype], raw, x[:t])
+                assert np.isfinite(base).all()
+                np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t}")
     finally:
         kt.set_gemv_tiles("env")
-
-
-@pytest.mark.parametrize("qtype", KQUANTS)
-def test_two_units_per_wait_give_the_bits_of_one(qtype):
-    """OPENJET_GEMV_ILP=2 (a decode warp computes two units per wait, gemv_tile_warp) against one unit per wait:
-    the same operations on the accumulators in the same order, so the same bits; warps with odd and even unit
-    counts (k = 1,280 / 2,560: 5 / 10 units over 4 warps), partial tiles, t = 1, 3, 8."""
-    rng = np.random.default_rng(22)
-    try:
-        for n, k in [(33, 1280), (1000, 2560), (5120, 6144)]:
-            raw = random_raw(rng, qtype, n, k)
-            x = random_x(rng, 8, k)
-            for t in (1, 3, 8):
-                kt.set_gemv_ilp(1)
-                one = kt.gemv(Q[qtype], raw, x[:t])
-                kt.set_gemv_ilp(2)
-                two = kt.gemv(Q[qtype], raw, x[:t])
-                assert np.isfinite(one).all()
-                np.testing.assert_array_equal(two, one, err_msg=f"{n}x{k} T={t}")
-    finally:
         kt.set_gemv_ilp(0)
 
 

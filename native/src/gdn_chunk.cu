@@ -48,6 +48,23 @@ struct ChunkSmem {
     float beta[C], gamma[C], e_gamma[C], e_rest[C];  // β, γ, e^γ, e^(Γ - γ)
 };
 
+// out[m] = Σ_k rows[warp + 8 m][k] · cols[k][lane] over k < K (rows kLd floats apart, cols kCols): the lane's column
+// of the right operand 4 rows at a time in registers, the warp's rows as 16-byte broadcasts.
+template <int K, int kLd>
+__device__ __forceinline__ void warp_rows_times_lane_column(const float* rows, const float* cols, int warp, int lane,
+                                                            float (&out)[C / kWarps]) {
+#pragma unroll
+    for (int m = 0; m < C / kWarps; ++m) out[m] = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < K; k += 4) {
+        const float4 cv = make_float4(cols[k * kCols + lane], cols[(k + 1) * kCols + lane],
+                                      cols[(k + 2) * kCols + lane], cols[(k + 3) * kCols + lane]);
+#pragma unroll
+        for (int m = 0; m < C / kWarps; ++m)
+            out[m] = f32_fma4(*reinterpret_cast<const float4*>(rows + (warp + kWarps * m) * kLd + k), cv, out[m]);
+    }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     ChunkSmem& sm = *reinterpret_cast<ChunkSmem*>(smem_raw);
@@ -58,11 +75,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
     const int kh = h % a.n_k;  // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
     const auto channel = [&](int ch) {  // the block's channel ch in the qkv row
-        return ch < D ? kh * D + ch : ch < 2 * D ? key_dim + kh * D + (ch - D) : 2 * key_dim + h * D + c0 + (ch - 2 * D);
+        return ch < D       ? kh * D + ch
+               : ch < 2 * D ? key_dim + kh * D + (ch - D)
+                            : 2 * key_dim + h * D + c0 + (ch - 2 * D);
     };
-    const size_t s0 = (size_t)h * D * D + c0;  // S[h][r][c0 + c] at s0 + r * D + c
-
-    for (int e = tid; e < D * kCols; e += kThreads) sm.s[e / kCols][e % kCols] = a.state[s0 + (size_t)(e / kCols) * D + e % kCols];
+    // The block's state columns: element e of sm.s (row e / kCols, column e % kCols) is S[h][e / kCols][c0 + e % kCols].
+    const auto state_at = [&](int e) { return (size_t)h * D * D + (size_t)(e / kCols) * D + c0 + e % kCols; };
+    for (int e = tid; e < D * kCols; e += kThreads) (&sm.s[0][0])[e] = a.state[state_at(e)];
     for (int ch = tid; ch < kChannels; ch += kThreads) {
         const int c = channel(ch);
         sm.conv_w[ch] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
@@ -193,18 +212,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         }
         __syncthreads();
 
-        // 5. V' = U - W S, in place of U: entries (i, lane), rows i = warp + 8 m (each read and written by one thread):
-        // the lane's S column in 4-row steps in registers, the rows of W broadcast.
+        // 5. V' = U - W S, in place of U: entries (i, lane), rows i = warp + 8 m (each read and written by one thread).
         {
             constexpr int M = C / kWarps;
-            float ws[M] = {};
-#pragma unroll 4
-            for (int d = 0; d < D; d += 4) {
-                const float4 sv = make_float4(sm.s[d][lane], sm.s[d + 1][lane], sm.s[d + 2][lane], sm.s[d + 3][lane]);
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-                    ws[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.w[warp + kWarps * m][d]), sv, ws[m]);
-            }
+            float ws[M];
+            warp_rows_times_lane_column<D, D>(&sm.w[0][0], &sm.s[0][0], warp, lane, ws);
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const int i = warp + kWarps * m;
@@ -214,29 +226,16 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         __syncthreads();
 
         // 6. o = e^γ (q̂ S) + Aq V' (Aq is zero above the diagonal), rows < n written to y (the gated RMSNorm's
-        // launch reads them there); the same register / broadcast split as step 5.
+        // launch reads them there).
         {
             constexpr int M = C / kWarps;
-            float qs[M] = {}, av[M] = {};
-#pragma unroll 4
-            for (int d = 0; d < D; d += 4) {
-                const float4 sv = make_float4(sm.s[d][lane], sm.s[d + 1][lane], sm.s[d + 2][lane], sm.s[d + 3][lane]);
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-                    qs[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.q[warp + kWarps * m][d]), sv, qs[m]);
-            }
-#pragma unroll
-            for (int j = 0; j < C; j += 4) {
-                const float4 vv = make_float4(sm.u[j][lane], sm.u[j + 1][lane], sm.u[j + 2][lane], sm.u[j + 3][lane]);
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-                    av[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.aq[warp + kWarps * m][j]), vv, av[m]);
-            }
+            float qs[M], av[M];
+            warp_rows_times_lane_column<D, kRowPad>(&sm.q[0][0], &sm.s[0][0], warp, lane, qs);
+            warp_rows_times_lane_column<C, C>(&sm.aq[0][0], &sm.u[0][0], warp, lane, av);
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const int i = warp + kWarps * m;
-                if (i < n)
-                    a.y[(size_t)(t0 + i) * value_dim + (size_t)h * D + c0 + lane] = __fmaf_rn(sm.e_gamma[i], qs[m], av[m]);
+                if (i < n) a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = __fmaf_rn(sm.e_gamma[i], qs[m], av[m]);
             }
         }
         __syncthreads();  // S is read above and rewritten below
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
     }
 
     float* so = a.state_out ? a.state_out : a.state;
-    for (int e = tid; e < D * kCols; e += kThreads) so[s0 + (size_t)(e / kCols) * D + e % kCols] = sm.s[e / kCols][e % kCols];
+    for (int e = tid; e < D * kCols; e += kThreads) so[state_at(e)] = (&sm.s[0][0])[e];
 }
 
 }  // namespace

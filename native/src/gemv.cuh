@@ -44,14 +44,15 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 // Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. 16-row tiles unless
 // OPENJET_GEMV_HALF in the environment at the first call says 1 (always half) or auto (half where the half tiles
 // fit one wave of the GPU and help there: gemv_mma.cuh, decode_half_tiles): an experiment, not yet faster in the step.
-enum class GemvHalfTiles { kAuto, kNever, kAlways };
+enum class GemvHalfTiles { kAuto, kNever, kAlways };  // this order: openjet_test_set_gemv_half's 0, 1, 2
 GemvHalfTiles gemv_half_tiles();
-// Tests and benchmarks compare the shapes in one process: a mode, or nullptr for the environment's choice again.
-void set_gemv_half_tiles(const GemvHalfTiles* mode);
+// Tests and benchmarks compare the shapes in one process: a GemvHalfTiles value, or -1 for the environment's
+// choice again.
+void set_gemv_half_tiles(int mode);
 
 // Units a decode warp takes per wait in 16-row tiles: 1, or 2 where OPENJET_GEMV_ILP=2 in the environment at the
 // first call (an experiment: gemv_mma.cuh, gemv_tile_warp; the same bits). set_gemv_ilp: tests and benchmarks
-// (0: the environment's choice again).
+// (any other value: the environment's choice again).
 int gemv_ilp();
 void set_gemv_ilp(int units);
 

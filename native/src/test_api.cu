@@ -202,8 +202,7 @@ extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int*
 // their times.
 extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     if (mode < -1 || mode > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_half: mode must be -1, 0, 1 or 2");
-    const GemvHalfTiles m = static_cast<GemvHalfTiles>(mode < 0 ? 0 : mode);
-    set_gemv_half_tiles(mode < 0 ? nullptr : &m);
+    set_gemv_half_tiles(mode);  // -1: the environment's choice; 0 .. 2: GemvHalfTiles' order
     return OPENJET_OK;
 }
 
