@@ -127,19 +127,19 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 
 
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
-                    "attn-fast": {"OPENJET_PREFILL_ATTN": "fast"}}
+                    "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"}}
 
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
-                                              ("q8_0", "attn-fast")])
+                                              ("q8_0", "attn-pairs")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
     reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too:
-    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh), "attn-fast" (OPENJET_PREFILL_ATTN=fast: single fp16 q
-    and probabilities in the prefill's attention)."""
+    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh), "attn-pairs" (OPENJET_PREFILL_ATTN=pairs: decode's hi + lo
+    fp16 pairs for q and the probabilities in the prefill's attention instead of the default single fp16)."""
     for name, value in PREFILL_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
@@ -694,11 +694,12 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
     assert c["mean_kl"] <= 2e-3 and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
 
 
-def test_opt_in_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
-    """OPENJET_GDN_CHUNKED=1 and OPENJET_PREFILL_ATTN=fast: prefill chunks of 128 / 512 / 2,048 rows still give
-    the same bits (a call's GDN chunks of 32 start at its first row, a multiple of 32 here); they change the fast
-    prefill's logits (so they ran); under OPENJET_PREFILL_GEMM=exact they change nothing (its prefill leaves
-    decode's bits: CudaEngine.prefill_matches_decode stays true)."""
+def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
+    """OPENJET_GDN_CHUNKED=1 (opt-in) and the single-fp16 prefill attention (the default; OPENJET_PREFILL_ATTN=pairs
+    turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a call's GDN chunks of 32
+    start at its first row, a multiple of 32 here); they change the fast prefill's logits (so they ran); under
+    OPENJET_PREFILL_GEMM=exact they change nothing (its prefill leaves decode's bits:
+    CudaEngine.prefill_matches_decode stays true)."""
     ids = np.random.default_rng(71).integers(0, 4096, 700)
     prompt, follow = ids[:640], ids[640:]
 
@@ -709,11 +710,12 @@ def test_opt_in_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefi
 
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=2048, mtp=False)
     try:
+        monkeypatch.setenv("OPENJET_PREFILL_ATTN", "pairs")
         plain = after(engine, 512)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
         exact = after(engine, 512)
         monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
-        monkeypatch.setenv("OPENJET_PREFILL_ATTN", "fast")
+        monkeypatch.delenv("OPENJET_PREFILL_ATTN")
         exact_flags = after(engine, 512)
         assert engine.prefill_matches_decode
         monkeypatch.delenv("OPENJET_PREFILL_GEMM")

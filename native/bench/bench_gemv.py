@@ -37,7 +37,7 @@ TS = (1, 2, 4, 8)
 # OPENJET_PREFILL_GEMM (decode's numerics).
 PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "128-shared", "512-shared")
 # Decode with each shape forced ("-t16": 16-row tiles, "-t8": half tiles, "-i2": 16-row tiles taking two units per
-# wait; plain T: OPENJET_GEMV_HALF's and OPENJET_GEMV_ILP's choice, by default 16-row tiles, one unit). Under PDL
+# wait; plain T: OPENJET_GEMV_HALF's and OPENJET_GEMV_ILP's choice, by default "auto" tiles, one unit). Under PDL
 # the back-to-back copies of one small-grid call share SMs (H200: Q6_K 17408 -> 5120 at T = 1 56.6 us in 16-row
 # tiles with OPENJET_PDL=1, 43.4 with 0), which the engine's step never does: compare such calls with PDL off.
 TILE_TS = ("1-t16", "1-t8", "1-i2", "8-t16", "8-t8", "8-i2")

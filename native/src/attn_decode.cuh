@@ -158,7 +158,7 @@ struct AttnDecodeArgs {
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
     bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
-                             // numerics of its own, OPENJET_PREFILL_ATTN=fast: the engine sets it)
+                             // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes

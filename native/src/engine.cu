@@ -694,11 +694,13 @@ AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offs
     return a;
 }
 
-// OPENJET_PREFILL_ATTN=fast (read at each prefill call, an experiment): a prefill's attention with q and the
-// probabilities as single fp16 (AttnDecodeArgs::hi_only), where the prefill has numerics of its own.
+// A prefill's attention with q and the probabilities as single fp16 (AttnDecodeArgs::hi_only), where the prefill
+// has numerics of its own: the default (H200, 27B, 2,048-row chunk: attn.core 49.6 -> 47.3 ms with the chunked GDN
+// beside it, bench/results/engine-full-h200-13e6b67-chunked-fast.json); OPENJET_PREFILL_ATTN=pairs (read at each
+// prefill call) keeps decode's hi + lo pairs.
 bool prefill_attn_fast() {
     const char* v = std::getenv("OPENJET_PREFILL_ATTN");
-    return v && std::strcmp(v, "fast") == 0 && prefill_numerics_own();
+    return !(v && std::strcmp(v, "pairs") == 0) && prefill_numerics_own();
 }
 
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;

@@ -155,9 +155,9 @@ class DecodeSwitch {
 bool env_is(const char* e, const char* value) { return e && std::strcmp(e, value) == 0; }
 
 DecodeSwitch g_half_tiles("OPENJET_GEMV_HALF", [](const char* e) {
-    return static_cast<int>(env_is(e, "1")      ? GemvHalfTiles::kAlways
-                            : env_is(e, "auto") ? GemvHalfTiles::kAuto
-                                                : GemvHalfTiles::kNever);
+    return static_cast<int>(env_is(e, "1")   ? GemvHalfTiles::kAlways
+                            : env_is(e, "0") ? GemvHalfTiles::kNever
+                                             : GemvHalfTiles::kAuto);
 });
 DecodeSwitch g_ilp("OPENJET_GEMV_ILP", [](const char* e) { return env_is(e, "2") ? 2 : 1; });
 

@@ -41,9 +41,10 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // environment at the first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
-// Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. 16-row tiles unless
-// OPENJET_GEMV_HALF in the environment at the first call says 1 (always half) or auto (half where the half tiles
-// fit one wave of the GPU and help there: gemv_mma.cuh, decode_half_tiles): an experiment, not yet faster in the step.
+// Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. By default (auto) half tiles
+// where they fit one wave of the GPU and help there (gemv_mma.cuh, decode_half_tiles: Q6_K and small grids; the
+// 27B's T=1 step 10.69 -> 10.27 ms on the H200, bench/results/engine-full-h200-13e6b67-half-auto.json);
+// OPENJET_GEMV_HALF in the environment at the first call: 0 always 16-row tiles, 1 always half tiles.
 enum class GemvHalfTiles { kAuto, kNever, kAlways };  // this order: openjet_test_set_gemv_half's 0, 1, 2
 GemvHalfTiles gemv_half_tiles();
 // Tests and benchmarks compare the shapes in one process: a GemvHalfTiles value, or -1 for the environment's
@@ -57,8 +58,8 @@ int gemv_ilp();
 void set_gemv_ilp(int units);
 
 // Whether a prefill takes numerics of its own (OPENJET_PREFILL_GEMM unset or "fast", read at each call): then the
-// prefill's other opt-in forms (OPENJET_GDN_CHUNKED, OPENJET_PREFILL_ATTN) may apply too; under "exact" a prefill
-// leaves decode's bits and none of them does.
+// prefill's other forms of its own (the single-fp16 attention, OPENJET_PREFILL_ATTN; the opt-in chunked GDN,
+// OPENJET_GDN_CHUNKED) apply too; under "exact" a prefill leaves decode's bits and none of them does.
 bool prefill_numerics_own();
 
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).

@@ -201,7 +201,7 @@ GEMV_TILES = {"env": -1, "auto": 0, "16": 1, "8": 2}
 def set_gemv_tiles(tiles: str) -> None:
     """The decode GEMV's tile rows for the calls that follow, in this process: "16", "8" (half tiles, the same
     bits), "auto" (half tiles where they fit one wave of the GPU) or "env" (what OPENJET_GEMV_HALF says: by
-    default 16)."""
+    default auto)."""
     if tiles not in GEMV_TILES:
         raise ValueError(f"tiles must be one of {', '.join(GEMV_TILES)}, got {tiles!r}")
     lib = _lib()
