@@ -1,4 +1,5 @@
-"""Gated full-attention decode (native/src/attn_decode.cuh) against numpy, qwen38.md §3.2.
+"""Gated full-attention decode (native/src/attn_decode.cuh) and a prefill call's flash attention
+(native/src/attn_prefill.cuh) against numpy, qwen38.md §3.2.
 
 Oracles: the reference engine's ops (rms_norm, rope_tables, apply_rope: the cached k) and `attend` (float32
 attention over an unrounded float32 cache), and a float64 numpy model over the very cache the kernel holds
@@ -248,6 +249,65 @@ def test_store_kv_appends_the_rows_a_step_appends(fmt, n_past):
     report(test="store_kv", fmt=fmt, n_past=n_past, bit_identical=True)
 
 
+# A prefill call's flash attention (attn_prefill.cuh): q, the values and the probabilities as single fp16 (Q8_0
+# values as fp16(code * d)), so ~2^-12 relative per operand instead of decode's ~1e-6.
+PREFILL_BOUND_VS_MODEL = 4e-3
+PREFILL_BOUND_VS_F32_CACHE = {"F16": 5e-3, "Q8_0": 2.5e-2}
+
+
+def prefill(fmt, n_head, n_kv, inputs, k_cache, v_cache):
+    qproj, k, v, qn, kn = inputs
+    return ka.attn_prefill(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, k_cache, v_cache, n_head=n_head, n_kv=n_kv)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("n_past, t", [(0, 1), (0, 100), (100, 37), (4096, 300), (32768, 64)])
+def test_attn_prefill_matches_numpy(fmt, size, n_past, t):
+    """The flash kernel against float64 attention over the cache it wrote and against float32 over an unrounded
+    cache; the cache rows it appends are the ones a decode step's prep (attn_store_kv) appends, bit for bit."""
+    n_head, n_kv = SIZES[size]
+    rng = np.random.default_rng(7 * n_past + t + n_head)
+    k_pre, v_pre, kc_pre, vc_pre = prefix(fmt, n_kv, n_past)
+    inputs = step_inputs(rng, t, n_head, n_kv)
+    qproj, k, v, qn, kn = inputs
+    o, k_out, v_out = prefill(fmt, n_head, n_kv, inputs, kc_pre, vc_pre)
+    assert np.isfinite(o).all()
+    k_st, v_st = ka.attn_store_kv(ka.KV_TYPES[fmt], k, v, kn, kc_pre, vc_pre, n_head=n_head, n_kv=n_kv)
+    np.testing.assert_array_equal(k_out, k_st)
+    np.testing.assert_array_equal(v_out, v_st)
+
+    q_ref, k_ref = reference_qk(qproj, k, qn, kn, n_past, n_head, n_kv)
+    gate = sigmoid64(qproj.reshape(t, n_head, 2, HD)[:, :, 1].reshape(t, n_head * HD))
+    ref_model = attend64(q_ref, dequantize_rows(k_out, fmt), dequantize_rows(v_out, fmt), n_past, n_head, n_kv) * gate
+    e_model = rel_err(o, ref_model)
+    s = SimpleNamespace(n_head=n_head, n_head_kv=n_kv, head_dim=HD)
+    keys32 = np.concatenate([k_pre, k_ref.swapaxes(0, 1)], axis=1)
+    values32 = np.concatenate([v_pre, v.reshape(t, n_kv, HD).swapaxes(0, 1)], axis=1)
+    e_f32 = rel_err(o, attend(q_ref, keys32, values32, n_past, s).astype(np.float64) * gate)
+    report(test="attn_prefill", fmt=fmt, size=size, n_past=n_past, t=t, rel_err_vs_model=e_model,
+           rel_err_vs_f32_cache=e_f32)
+    assert e_model < PREFILL_BOUND_VS_MODEL, f"{fmt} {size} n_past={n_past} t={t}: {e_model:.2e} vs the f64 model"
+    assert e_f32 < PREFILL_BOUND_VS_F32_CACHE[fmt], f"{fmt} {size} n_past={n_past} t={t}: {e_f32:.2e} vs f32 cache"
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_attn_prefill_rows_keep_their_bits_in_any_split_of_calls(fmt):
+    """Row invariance (attn_prefill.cuh): 300 rows after 100 cached ones in one call, and in two calls cut at 37
+    and at 64 (the second call's blocks then start at other rows), give every row and cache byte the same bits."""
+    n_head, n_kv = SIZES["27b"]
+    _, _, kc, vc = prefix(fmt, n_kv, 100)
+    inputs = step_inputs(np.random.default_rng(88), 300, n_head, n_kv)
+    o_all, k_all, v_all = prefill(fmt, n_head, n_kv, inputs, kc, vc)
+    for cut in (37, 64):
+        o1, k1, v1 = prefill(fmt, n_head, n_kv, tuple(x[:cut] for x in inputs[:3]) + inputs[3:], kc, vc)
+        o2, k2, v2 = prefill(fmt, n_head, n_kv, tuple(x[cut:] for x in inputs[:3]) + inputs[3:], k1, v1)
+        np.testing.assert_array_equal(np.concatenate([o1, o2]), o_all, err_msg=f"calls cut at {cut}")
+        np.testing.assert_array_equal(k2, k_all)
+        np.testing.assert_array_equal(v2, v_all)
+    report(test="attn_prefill_row_invariance", fmt=fmt, bit_identical=True)
+
+
 def test_split_depends_on_context_not_t():
     for n_past in (0, 1, 100, 4096, 32768, 100000):
         splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]
@@ -269,3 +329,6 @@ def test_bad_arguments_raise():
         ka.attn_decode(1, *big, empty, empty, n_head=24, n_kv=4)
     with pytest.raises(OpenJetError, match="multiple of n_kv"):
         ka.attn_decode(1, qproj[:, :10 * 512], k[:, :4 * HD], v[:, :4 * HD], qn, kn, empty, empty, n_head=10, n_kv=4)
+    with pytest.raises(OpenJetError, match="t = 4097"):
+        ka.attn_prefill(1, *step_inputs(rng, 4097, 4, 2), np.zeros((2, 0, 512), np.uint8),
+                        np.zeros((2, 0, 512), np.uint8), n_head=4, n_kv=2)

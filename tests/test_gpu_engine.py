@@ -127,19 +127,20 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 
 
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
-                    "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"}}
+                    "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"}}
 
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
-                                              ("q8_0", "attn-pairs")])
+                                              ("q8_0", "attn-pairs"), ("f16", "attn-chunks")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
     reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too:
-    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh), "attn-pairs" (OPENJET_PREFILL_ATTN=pairs: decode's hi + lo
-    fp16 pairs for q and the probabilities in the prefill's attention instead of the default single fp16)."""
+    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh); the prefill's attention by decode's kernel instead of the
+    default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
+    OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs)."""
     for name, value in PREFILL_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
@@ -695,7 +696,7 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
-    """OPENJET_GDN_CHUNKED=1 (opt-in) and the single-fp16 prefill attention (the default; OPENJET_PREFILL_ATTN=pairs
+    """OPENJET_GDN_CHUNKED=1 (opt-in) and the flash prefill attention (the default; OPENJET_PREFILL_ATTN=pairs
     turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a call's GDN chunks of 32
     start at its first row, a multiple of 32 here); they change the fast prefill's logits (so they ran); under
     OPENJET_PREFILL_GEMM=exact they change nothing (its prefill leaves decode's bits:

@@ -30,6 +30,13 @@ OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, in
                                            const float* v, const float* k_norm, float eps, float rope_base, int n_rot,
                                            const void* k_in, const void* v_in, void* k_out, void* v_out);
 
+/* A prefill call's attention (launch_attn_prefill, attn_prefill.cuh: flash attention, numerics of its own): t =
+ * 1..4096 rows, otherwise as openjet_test_attn_decode. */
+OPENJET_API int openjet_test_attn_prefill(int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj,
+                                          const float* k, const float* v, const float* q_norm, const float* k_norm,
+                                          float eps, float rope_base, int n_rot, const void* k_in, const void* v_in,
+                                          void* k_out, void* v_out, float* o);
+
 /* The split the launch picks on this device: keys per chunk, chunks, and the SM count it read. */
 OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 

@@ -104,6 +104,13 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     return cudaSuccess;
 }
 
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream) {
+    const dim3 grid(a.n_head + a.n_kv, a.t);
+    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0);
+    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0);
+    return cudaErrorInvalidValue;
+}
+
 cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream) {
     if (a.n_head < 1 || a.n_kv < 1 || a.t < 1 || a.t > 65535 || a.n_past < 0 || a.capacity < a.n_past + a.t ||
         a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim || !a.k || !a.v || !a.k_norm || !a.k_cache || !a.v_cache)

@@ -521,6 +521,10 @@ cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream);
 // filling a cache needs when nothing attends (the MTP head's fill). Reads k, v, k_norm and the caches only.
 cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream);
 
+// Step 1 alone for rows 0 .. a.t - 1 (t < 65,536): q rows (normed, rotated) to a.work [t, n_head, 256], k and v to
+// the caches; the caller checked the arguments (attn_prefill.cu).
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream);
+
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 

@@ -36,6 +36,7 @@
 
 #include "api_common.cuh"
 #include "attn_decode.cuh"
+#include "attn_prefill.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
 #include "gemv.cuh"
@@ -694,13 +695,17 @@ AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offs
     return a;
 }
 
-// A prefill's attention with q and the probabilities as single fp16 (AttnDecodeArgs::hi_only), where the prefill
-// has numerics of its own: the default (H200, 27B, 2,048-row chunk: attn.core 49.6 -> 47.3 ms with the chunked GDN
-// beside it, bench/results/engine-full-h200-13e6b67-chunked-fast.json); OPENJET_PREFILL_ATTN=pairs (read at each
-// prefill call) keeps decode's hi + lo pairs.
-bool prefill_attn_fast() {
+// How a prefill's attention runs (OPENJET_PREFILL_ATTN, read at each prefill call), where the prefill has numerics
+// of its own (else always kPairs, decode's bits): kFlash (default) attn_prefill.cuh, every row of every prefill
+// call; "chunks": decode's kernel with q and the probabilities as single fp16 (AttnDecodeArgs::hi_only; 2,048-row
+// chunk on the H200: attn.core 49.6 -> 47.3 ms, bench/results/engine-full-h200-13e6b67-chunked-fast.json); "pairs":
+// decode's kernel and numerics.
+enum class PrefillAttn { kFlash, kChunks, kPairs };
+PrefillAttn prefill_attn(int kv_type) {
     const char* v = std::getenv("OPENJET_PREFILL_ATTN");
-    return !(v && std::strcmp(v, "pairs") == 0) && prefill_numerics_own();
+    if (!prefill_numerics_own() || (v && std::strcmp(v, "pairs") == 0)) return PrefillAttn::kPairs;
+    if ((v && std::strcmp(v, "chunks") == 0) || !attn_prefill_fits(kv_type)) return PrefillAttn::kChunks;
+    return PrefillAttn::kFlash;
 }
 
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
@@ -715,20 +720,25 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     phase("attn.core");
     AttnDecodeArgs a = attn_args(e, L, rope_offset);
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
-    a.hi_only = e.prefilling && prefill_attn_fast();
+    const PrefillAttn form = e.prefilling ? prefill_attn(a.kv_type) : PrefillAttn::kPairs;
+    a.hi_only = form == PrefillAttn::kChunks;
     size_t work_floats = e.attn_work_floats;
-    // A prefill chunk's partials go to big2's tail, past the chunk's k rows, where it is larger (no bit depends
-    // on where they lie): big2 is a chunk's FFN width, so the merged launches grow with the chunk.
+    // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit
+    // depends on where they lie): big2 is a chunk's FFN width, so the launches grow with the chunk.
     const size_t k_floats = (static_cast<size_t>(t) * e.kv_dim() + 63) / 64 * 64;
-    if (t > kSubRows && e.big2_floats > k_floats && e.big2_floats - k_floats > work_floats)
+    if ((t > kSubRows || form == PrefillAttn::kFlash) && e.big2_floats > k_floats &&
+        e.big2_floats - k_floats > work_floats)
         a.work = e.big2 + k_floats, work_floats = e.big2_floats - k_floats;
     for (int r0 = 0; r0 < t;) {
-        const int rows = attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
+        // Flash: as many rows per launch as their q rows fit the workspace (a row's bits do not depend on it).
+        const size_t flash_rows = work_floats / attn_prefill_work_floats(e.cfg.n_head, 1);
+        const int rows = form == PrefillAttn::kFlash ? static_cast<int>(std::min<size_t>(t - r0, flash_rows))
+                                                     : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
         a.t = rows, a.n_past = n_past + r0;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
-        CHECK(launch_attn_decode(a, e.stream));
+        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream));
         r0 += rows;
     }
     phase("attn.out_proj");

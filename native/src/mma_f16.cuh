@@ -21,6 +21,22 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four 8x8 fp16 matrices from shared memory, matrix i's 8 rows of 16 bytes at the addresses of lanes 8i .. 8i + 7:
+// r[i] holds row g, elements (2tq, 2tq + 1) of matrix i, an A or B fragment register. _trans: column g, rows
+// (2tq, 2tq + 1), a B register from a matrix stored k-major (attention's V rows).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 constexpr uint32_t kMagic = 0x64006400u;  // fp16x2 (1024, 1024): (kMagic | q) is the fp16 1024 + q, q < 1024
 
 __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {

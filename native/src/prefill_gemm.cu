@@ -43,13 +43,6 @@ template <int BN> struct FastShape {
                   "B by ldmatrix.x4 of 16 tokens");
 };
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
 // fp16x2 (a, a) as a 32-bit word.
 __device__ __forceinline__ uint32_t h2_bits(__half a) {
     const __half2 h = __half2half2(a);

@@ -6,6 +6,7 @@
 
 #include "api_common.cuh"
 #include "attn_decode.cuh"
+#include "attn_prefill.cuh"
 #include "openjet_test_attn.h"
 
 namespace {
@@ -55,6 +56,47 @@ int upload_caches(int kv_type, int n_kv, int n_past, int t, const void* k_in, co
     return OPENJET_OK;
 }
 
+// A step (prefill = false: launch_attn_decode, t = 1..8) or a prefill call (launch_attn_prefill, t = 1..4096) on
+// device copies of the inputs; the outputs copied back.
+int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj, const float* k,
+              const float* v, const float* q_norm, const float* k_norm, float eps, float rope_base, int n_rot,
+              const void* k_in, const void* v_in, void* k_out, void* v_out, float* o) {
+    if (int s = check_shape(kv_type, n_head, n_kv, n_past, prefill ? 1 : t)) return s;
+    if (prefill && (t < 1 || t > 4096)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: must be 1..4096", t);
+    if (!qproj || !k || !v || !q_norm || !k_norm || !o || (n_past > 0 && (!k_in || !v_in)))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "attn_%s: null pointer", prefill ? "prefill" : "decode");
+    const size_t rb = row_bytes(kv_type), cap = static_cast<size_t>(n_past) + t;
+    const size_t n_q = static_cast<size_t>(t) * n_head * 2 * kAttnHeadDim, n_k = static_cast<size_t>(t) * n_kv * kAttnHeadDim;
+    const size_t n_o = static_cast<size_t>(t) * n_head * kAttnHeadDim;
+    int chunk_keys = 0, n_chunks = 0, sms = 0;
+    if (!prefill) CHECK(attn_decode_split(n_past, n_kv, t, &chunk_keys, &n_chunks, &sms));
+    const size_t work = prefill ? attn_prefill_work_floats(n_head, t) : attn_decode_work_floats(n_head, t, n_chunks);
+    DevBuf dq, dk, dv, dqn, dkn, dkc, dvc, dout, dwork;
+    CHECK(dq.upload(qproj, sizeof(float) * n_q));
+    CHECK(dk.upload(k, sizeof(float) * n_k));
+    CHECK(dv.upload(v, sizeof(float) * n_k));
+    CHECK(dqn.upload(q_norm, sizeof(float) * kAttnHeadDim));
+    CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
+    if (int s = upload_caches(kv_type, n_kv, n_past, t, k_in, v_in, dkc, dvc)) return s;
+    CHECK(dout.alloc(sizeof(float) * n_o));
+    CHECK(dwork.alloc(sizeof(float) * work));
+    // NaN poison: the output
+    CHECK(cudaMemset(dout.p, 0xFF, sizeof(float) * n_o));
+    CHECK(cudaMemset(dwork.p, 0xFF, sizeof(float) * work));
+    AttnDecodeArgs a{};
+    a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
+    a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
+    a.qproj = dq.as<float>(), a.k = dk.as<float>(), a.v = dv.as<float>(), a.q_norm = dqn.as<float>(), a.k_norm = dkn.as<float>();
+    a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
+    a.sm_count = sms;
+    CHECK(prefill ? launch_attn_prefill(a, 0) : launch_attn_decode(a, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
+    if (k_out) CHECK(cudaMemcpy(k_out, dkc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
+    if (v_out) CHECK(cudaMemcpy(v_out, dvc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks,
@@ -69,38 +111,17 @@ extern "C" OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int
                                                     const float* q_norm, const float* k_norm, float eps,
                                                     float rope_base, int n_rot, const void* k_in, const void* v_in,
                                                     void* k_out, void* v_out, float* o) {
-    if (int s = check_shape(kv_type, n_head, n_kv, n_past, t)) return s;
-    if (!qproj || !k || !v || !q_norm || !k_norm || !o || (n_past > 0 && (!k_in || !v_in)))
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "attn_decode: null pointer");
-    const size_t rb = row_bytes(kv_type), cap = static_cast<size_t>(n_past) + t;
-    const size_t n_q = static_cast<size_t>(t) * n_head * 2 * kAttnHeadDim, n_k = static_cast<size_t>(t) * n_kv * kAttnHeadDim;
-    const size_t n_o = static_cast<size_t>(t) * n_head * kAttnHeadDim;
-    int chunk_keys = 0, n_chunks = 0, sms = 0;
-    CHECK(attn_decode_split(n_past, n_kv, t, &chunk_keys, &n_chunks, &sms));
-    DevBuf dq, dk, dv, dqn, dkn, dkc, dvc, dout, dwork;
-    CHECK(dq.upload(qproj, sizeof(float) * n_q));
-    CHECK(dk.upload(k, sizeof(float) * n_k));
-    CHECK(dv.upload(v, sizeof(float) * n_k));
-    CHECK(dqn.upload(q_norm, sizeof(float) * kAttnHeadDim));
-    CHECK(dkn.upload(k_norm, sizeof(float) * kAttnHeadDim));
-    if (int s = upload_caches(kv_type, n_kv, n_past, t, k_in, v_in, dkc, dvc)) return s;
-    CHECK(dout.alloc(sizeof(float) * n_o));
-    CHECK(dwork.alloc(sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    // NaN poison: the output
-    CHECK(cudaMemset(dout.p, 0xFF, sizeof(float) * n_o));
-    CHECK(cudaMemset(dwork.p, 0xFF, sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
-    AttnDecodeArgs a{};
-    a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
-    a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
-    a.qproj = dq.as<float>(), a.k = dk.as<float>(), a.v = dv.as<float>(), a.q_norm = dqn.as<float>(), a.k_norm = dkn.as<float>();
-    a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
-    a.sm_count = sms;
-    CHECK(launch_attn_decode(a, 0));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
-    if (k_out) CHECK(cudaMemcpy(k_out, dkc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
-    if (v_out) CHECK(cudaMemcpy(v_out, dvc.p, rb * cap * n_kv, cudaMemcpyDeviceToHost));
-    return OPENJET_OK;
+    return attn_call(false, kv_type, n_head, n_kv, n_past, t, qproj, k, v, q_norm, k_norm, eps, rope_base, n_rot,
+                     k_in, v_in, k_out, v_out, o);
+}
+
+extern "C" OPENJET_API int openjet_test_attn_prefill(int kv_type, int n_head, int n_kv, int n_past, int t,
+                                                     const float* qproj, const float* k, const float* v,
+                                                     const float* q_norm, const float* k_norm, float eps,
+                                                     float rope_base, int n_rot, const void* k_in, const void* v_in,
+                                                     void* k_out, void* v_out, float* o) {
+    return attn_call(true, kv_type, n_head, n_kv, n_past, t, qproj, k, v, q_norm, k_norm, eps, rope_base, n_rot,
+                     k_in, v_in, k_out, v_out, o);
 }
 
 extern "C" OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, int n_past, int t,

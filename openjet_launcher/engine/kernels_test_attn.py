@@ -2,7 +2,8 @@
 tests/test_gpu_attn.py; ``python -m openjet_launcher.engine.kernels_test_attn`` prints the benchmark.
 
 Caches are uint8 [n_kv, rows, row_bytes] as the kernel stores them: F16 (kv type 1) 256 halves per row, Q8_0
-(kv type 8) 8 ggml blocks {fp16 d, int8 q[32]} per row. Head dim 256, t = 1..8 query rows.
+(kv type 8) 8 ggml blocks {fp16 d, int8 q[32]} per row. Head dim 256, t = 1..8 query rows (a prefill call's
+flash attention, attn_prefill: 1..4096).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MAX_T = 8
 def _lib() -> ctypes.CDLL:
     return _bind("attention test API", {
         "attn_decode": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
+        "attn_prefill": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
         "attn_split": [_I, _I, _I, _P, _P, _P],
         "attn_store_kv": [_I, _I, _I, _I, _I, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P],
         "bench_attn_decode": [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
@@ -49,6 +51,21 @@ def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, 
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One step of t = len(qproj) rows after the n_past cached rows of k_cache / v_cache (uint8
     [n_kv, n_past, row_bytes]). Returns (o [t, n_head*256], k_cache', v_cache' [n_kv, n_past + t, row_bytes])."""
+    return _attn("attn_decode", kv_type, qproj, k, v, q_norm, k_norm, k_cache, v_cache, n_head, n_kv, eps,
+                 rope_base, n_rot)
+
+
+def attn_prefill(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, n_head: int, n_kv: int,
+                 eps: float = 1e-6, rope_base: float = 1e7, n_rot: int = 64
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A prefill call's attention (the flash kernel, attn_prefill.cuh) over t = len(qproj) <= 4096 rows, otherwise
+    as attn_decode."""
+    return _attn("attn_prefill", kv_type, qproj, k, v, q_norm, k_norm, k_cache, v_cache, n_head, n_kv, eps,
+                 rope_base, n_rot)
+
+
+def _attn(name: str, kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, n_head: int, n_kv: int,
+          eps: float, rope_base: float, n_rot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lib = _lib()
     t = len(qproj)
     qproj = _f32_shaped(qproj, (t, n_head * 2 * HEAD_DIM), "qproj")
@@ -56,10 +73,11 @@ def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, 
     k, v, k_norm, k_cache, v_cache, n_past, k_out, v_out = _kv_inputs(kv_type, t, k, v, k_norm, k_cache, v_cache,
                                                                       n_kv)
     o = np.empty((t, n_head * HEAD_DIM), np.float32)
-    _check(lib, lib.openjet_test_attn_decode(kv_type, n_head, n_kv, n_past, t, _ptr(qproj), _ptr(k), _ptr(v),
-                                             _ptr(q_norm), _ptr(k_norm), eps, rope_base, n_rot,
-                                             _ptr(k_cache) if n_past else None, _ptr(v_cache) if n_past else None,
-                                             _ptr(k_out), _ptr(v_out), _ptr(o)), "attn_decode")
+    _check(lib, getattr(lib, f"openjet_test_{name}")(kv_type, n_head, n_kv, n_past, t, _ptr(qproj), _ptr(k), _ptr(v),
+                                                   _ptr(q_norm), _ptr(k_norm), eps, rope_base, n_rot,
+                                                   _ptr(k_cache) if n_past else None,
+                                                   _ptr(v_cache) if n_past else None, _ptr(k_out), _ptr(v_out),
+                                                   _ptr(o)), name)
     return o, k_out, v_out
 
 

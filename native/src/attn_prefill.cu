@@ -1,0 +1,257 @@
+// launch_attn_prefill (attn_prefill.cuh): attn_decode.cuh's prep, then one flash-attention kernel.
+//
+// Block = 64 query rows of one q head (4 warps x 16 rows); grid (query tiles, q heads), the longest tiles first.
+// Per tile of 32 keys (K and V of the head's kv head, fp16, in shared memory):
+//   S = Q K^T     warp: its 16 rows x 32 keys over 256 dims, 64 mma (Q and K by ldmatrix);
+//   softmax       online, per row in fp32 (exp2 domain); the probabilities are rounded to fp16 in the
+//                 registers that held S (an m16n8k16 C fragment pair is the next mma's A fragment);
+//   O += P V      16 rows x 256 dims over the tile's keys, 64 mma (V by ldmatrix.trans).
+// O stays in registers (128 floats a thread); the row sum is a per-lane partial until the end. Tiles are rows of
+// 512 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so each ldmatrix's 8
+// rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
+// raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
+#include <cuda_fp16.h>
+
+#include "attn_prefill.cuh"
+#include "cp_async.cuh"
+#include "device_attr.cuh"
+#include "mma_f16.cuh"
+#include "pdl.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int D = kAttnHeadDim;
+constexpr int kRows = kAttnPrefillRows, kKeys = kAttnPrefillKeys;
+constexpr int kWarps = kRows / 16, kThreads = 32 * kWarps;
+constexpr int kRowChunks = D * 2 / 16;          // 16-byte chunks of an fp16 row: 32
+constexpr int kTileBytes = kKeys * D * 2;       // an fp16 K or V tile: 16 KB
+constexpr int kQBytes = kRows * D * 2;          // 32 KB
+constexpr int kRawBytes = 2 * kKeys * KvQ8_0::kRowBytes;  // a Q8_0 stage: K and V rows, 17 KB
+static_assert(KvQ8_0::kRowBytes % 16 == 0, "Q8_0 rows copy in 16-byte pieces");
+
+// Shared memory: q, then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw stages.
+template <class Fmt> constexpr int smem_bytes() {
+    return Fmt::kType == kKvF16 ? kQBytes + 2 * 2 * kTileBytes : kQBytes + 2 * kTileBytes + 2 * kRawBytes;
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of 512-byte rows.
+__device__ __forceinline__ int swz(int r, int c) { return r * (2 * D) + ((c ^ (r & 7)) << 4); }
+
+// Copies rows key0 .. key0 + 31 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V] tiles,
+// Q8_0 as raw rows [K rows | V rows].
+template <class Fmt>
+__device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int key0, int n_keys, char* dst) {
+    constexpr int kPieces = Fmt::kRowBytes / 16;
+    const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
+    for (int i = threadIdx.x; i < 2 * kKeys * kPieces; i += kThreads) {
+        const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
+        char* d = Fmt::kType == kKvF16 ? dst + which * kTileBytes + swz(j, c)
+                                       : dst + (which * kKeys + j) * Fmt::kRowBytes + 16 * c;
+        if (key0 + j < n_keys)
+            cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes + 16 * c);
+        else
+            *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_async_commit();
+}
+
+// Q8_0 raw rows -> fp16 [K | V] tiles: block b of a row (fp16 d, int8 q[32]) becomes its 32 values q * d (the
+// code exact in fp16, one rounding of the product), chunks 4b .. 4b + 3 of the row.
+__device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
+    for (int i = threadIdx.x; i < 2 * kKeys * 8; i += kThreads) {
+        const int which = i / (kKeys * 8), j = i / 8 % kKeys, b = i % 8;
+        const char* blk = raw + (which * kKeys + j) * KvQ8_0::kRowBytes + 34 * b;
+        const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
+        char* row = tiles + which * kTileBytes;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            uint32_t w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint32_t codes = h2_of_s8x2(q[4 * m + e]);
+                const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&codes), d2);
+                w[e] = *reinterpret_cast<const uint32_t*>(&v);
+            }
+            *reinterpret_cast<uint4*>(row + swz(j, 4 * b + m)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <class Fmt>
+__global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDecodeArgs a) {
+    extern __shared__ __align__(16) char smem[];
+    char* q_s = smem;
+    char* kv_s = smem + kQBytes;  // F16: stage s at kv_s + 2 s kTileBytes; Q8_0: the tiles, then raw stages
+    char* raw_s = kv_s + 2 * kTileBytes;
+    const int h = blockIdx.y, kv = h / (a.n_head / a.n_kv);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the longest (latest) query tiles start first
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int n_keys = a.n_past + min(a.t, q0 + kRows);  // the block's last row sees keys 0 .. n_keys - 1
+    const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+    pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
+
+    issue_tile<Fmt>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
+    for (int i = tid; i < kRows * kRowChunks; i += kThreads) {  // q rows as fp16; rows past t are zeros
+        const int r = i / kRowChunks, c = i % kRowChunks;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (q0 + r < a.t) {
+            const float4* src = reinterpret_cast<const float4*>(
+                a.work + (static_cast<size_t>(q0 + r) * a.n_head + h) * D + 8 * c);
+            const float4 x0 = src[0], x1 = src[1];
+            v = make_uint4(h2_bits(x0.x, x0.y), h2_bits(x0.z, x0.w), h2_bits(x1.x, x1.y), h2_bits(x1.z, x1.w));
+        }
+        *reinterpret_cast<uint4*>(q_s + swz(r, c)) = v;
+    }
+
+    const int wrow0 = q0 + 16 * warp;                   // the warp's first row; the lane's: r_lo, r_lo + 8
+    const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;
+    const bool warp_live = wrow0 < a.t;
+    constexpr float kScale = 0.0625f * kLog2e;          // 1 / sqrt(256), exp2 domain: decode's score_scale
+    float o[D / 8][4] = {};
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait<0>();
+        __syncthreads();  // tile it landed; every warp is done with the buffers tile it + 1 will overwrite
+        const char* k_t;
+        if constexpr (Fmt::kType == kKvF16) {
+            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, (it + 1) * kKeys, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+            k_t = kv_s + (it & 1) * 2 * kTileBytes;
+        } else {
+            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, (it + 1) * kKeys, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+            q8_0_to_tiles(raw_s + (it & 1) * kRawBytes, kv_s);
+            __syncthreads();
+            k_t = kv_s;
+        }
+        const char* v_t = k_t + kTileBytes;
+        const int key0 = it * kKeys;
+        if (!warp_live || key0 > a.n_past + wrow0 + 15) continue;  // no key of this tile for any row of the warp
+
+        // S = Q K^T: s[nt]: rows (g, g + 8) x keys key0 + 8 nt + 2 tq + (0, 1).
+        float s[kKeys / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t qa[4];
+            ldmatrix_x4(qa, q_s + swz(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < kKeys / 16; ++np) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, k_t + swz(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+                mma_16816(s[2 * np], qa, kb);
+                mma_16816(s[2 * np + 1], qa, kb + 2);
+            }
+        }
+
+        // Online softmax: this lane's 8 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's 32.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int key = key0 + 8 * nt + 2 * tq + (c & 1);
+                const float x = key <= (c < 2 ? pos_lo : pos_hi) ? s[nt][c] * kScale : -INFINITY;
+                s[nt][c] = x;
+                mx[c >> 1] = fmaxf(mx[c >> 1], x);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m_run[i], mx[i]);
+            alpha[i] = m_new == -INFINITY ? 1.0f : exp2f(m_run[i] - m_new);
+            mx[i] = m_new;  // the exponent's offset for this tile
+            m_run[i] = m_new;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const float p = s[nt][c] == -INFINITY ? 0.0f : exp2f(s[nt][c] - mx[c >> 1]);
+                s[nt][c] = p;
+                sum[c >> 1] += p;
+            }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], sum[i]);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        }
+
+        // O += P V: keys 16 ks .. + 15 are S's n-tiles 2 ks, 2 ks + 1, whose C fragments are the A fragment.
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) {
+            const uint32_t pa[4] = {h2_bits(s[2 * ks][0], s[2 * ks][1]), h2_bits(s[2 * ks][2], s[2 * ks][3]),
+                                    h2_bits(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                    h2_bits(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, v_t + swz(16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * np + (lane >> 4)));
+                mma_16816(o[2 * np], pa, vb);
+                mma_16816(o[2 * np + 1], pa, vb + 2);
+            }
+        }
+    }
+
+    // o / l * sigmoid(gate), as attn_combine_row ends; the quad's partial sums added in one order for every row.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = wrow0 + g + 8 * i;
+        if (r >= a.t) continue;
+        const float* gate = a.qproj + (static_cast<size_t>(r) * a.n_head + h) * 2 * D + D;
+        float* dst = a.o + (static_cast<size_t>(r) * a.n_head + h) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int d = 8 * n + 2 * tq;
+            const float2 gt = *reinterpret_cast<const float2*>(gate + d);
+            *reinterpret_cast<float2*>(dst + d) =
+                make_float2(o[n][2 * i] / l_run[i] * (1.0f / (1.0f + expf(-gt.x))),
+                            o[n][2 * i + 1] / l_run[i] * (1.0f / (1.0f + expf(-gt.y))));
+        }
+    }
+}
+
+template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
+    static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt>());
+    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
+    return launch_kernel(attn_prefill_kernel<Fmt>, dim3((a.t + kRows - 1) / kRows, a.n_head), kThreads,
+                         smem_bytes<Fmt>(), stream, a);
+}
+
+}  // namespace
+
+bool attn_prefill_fits(int kv_type) {
+    int optin = 0;
+    if (device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) != cudaSuccess) return false;
+    const int need = kv_type == kKvF16 ? smem_bytes<KvF16>() : smem_bytes<KvQ8_0>();
+    return need <= optin;
+}
+
+cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream) {
+    if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.n_head > 65535 || a.t < 1 || a.t > 65535 ||
+        a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim ||
+        !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work)
+        return cudaErrorInvalidValue;
+    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, stream);
+    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, stream);
+    return cudaErrorInvalidValue;
+}
+
+}  // namespace openjet
