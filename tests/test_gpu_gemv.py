@@ -304,17 +304,23 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, -1)
 
 
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
-def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
+def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch):
     """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K, t > 8 rows): against its own numerics in numpy (fp16 weights as
     the kernel rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against
     the exact weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output
     depends on its own row and token only), across its three tile shapes too (16-token tiles up to 16 rows, 64 up
     to 64 rows and where 128-token ones would not fill a wave, 128 from n = 17408 and 130 rows up on the H200).
     Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
-    4-byte alignment."""
+    4-byte alignment. kernel "wgmma": the Hopper kernel (OPENJET_PREFILL_WGMMA=1; a 90a build on an sm_90 GPU),
+    which takes 128-token tiles for every call: the same checks."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+    if kernel == "wgmma":
+        if not kt.prefill_wgmma_available():
+            pytest.skip("no wgmma kernel here: it needs a 90a build (OPENJET_CUDA_ARCHITECTURES=90a-real) on sm_90")
+        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", "1")
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)
@@ -328,7 +334,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, monkeypatch):
         ref = (w16 @ xd[:t].T).T
         scale = (np.abs(w16) @ np.abs(xd[:t]).T).T
         e_own, e_exact = rel_err(y, ref, scale), rel_err(y, (w @ xd[:t].T).T, scale)
-        report(test="fast_prefill_gemm", qtype=qtype, n=n, k=k, t=t, err_vs_own_numerics=e_own,
+        report(test="fast_prefill_gemm", kernel=kernel, qtype=qtype, n=n, k=k, t=t, err_vs_own_numerics=e_own,
                err_vs_exact_weights=e_exact)
         assert e_own < 1e-5, f"t={t}: {e_own:.2e} of |W| @ |x| against the kernel's own numerics"
         assert e_exact < 1e-3, f"t={t}: {e_exact:.2e} of |W| @ |x| against the exact weights"

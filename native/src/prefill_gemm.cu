@@ -14,6 +14,8 @@
 // of A and B match without a permutation; rows are kLd = 72 halves apart, so ldmatrix's 8 rows of 16 bytes
 // fall on 8 different bank groups. Rows past n read row 0 and tokens past t read token t - 1; neither is stored.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cp_async.cuh"
 #include "device_attr.cuh"
@@ -21,6 +23,7 @@
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
+#include "wgmma.cuh"
 
 namespace openjet {
 namespace {
@@ -53,14 +56,16 @@ __device__ __forceinline__ uint32_t h2_bits(__half a) {
 // registers); load(row, s, half); store(raw, row, s, half, dst): the 32 weights of the thread's half of step s (its
 // elements 32 half .. 32 half + 31) in the pack's order to dst (64 bytes), as words(i, o) gives them: code word i
 // (elements 4i .. 4i + 3 of the half) -> o[0] = (w0, w2), o[1] = (w1, w3).
-template <class Words> __device__ __forceinline__ void store_half(const Words& words, uint4* dst) {
+// kStride: 16-byte words between the four 16-byte pieces of the 64 bytes (1: contiguous; the wgmma kernel's tiles
+// put each 8-element piece in its own 8 x 8 core matrix).
+template <int kStride = 1, class Words> __device__ __forceinline__ void store_half(const Words& words, uint4* dst) {
 #pragma unroll
     for (int hq = 0; hq < 2; ++hq) {  // 4 code words (8 output words, two 16-byte stores) at a time: fewer registers
         uint32_t o[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) words(4 * hq + i, &o[2 * i]);
-        dst[2 * hq] = make_uint4(o[0], o[1], o[2], o[3]);
-        dst[2 * hq + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+        dst[kStride * 2 * hq] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[kStride * (2 * hq + 1)] = make_uint4(o[4], o[5], o[6], o[7]);
     }
 }
 
@@ -88,6 +93,7 @@ template <int QT> struct FastAK4 {
         }
         return r;
     }
+    template <int kStride = 1>
     __device__ __forceinline__ static void store(const Raw& r, const uint8_t*, int s, int half, uint4* dst) {
         const __half2 dd = *reinterpret_cast<const __half2*>(&r.hdr.x);  // (d, dmin)
         const int sb = 2 * (s & 3) + half;
@@ -96,7 +102,7 @@ template <int QT> struct FastAK4 {
         const uint32_t ds = h2_bits(__float2half_rn(__low2float(dd) * static_cast<float>(sc)));
         const uint32_t ndm = h2_bits(__float2half_rn(-(__high2float(dd) * static_cast<float>(m))));
         const int sh = 4 * half;  // the high nibbles moved down
-        store_half([&](int i, uint32_t* o) {
+        store_half<kStride>([&](int i, uint32_t* o) {
             const uint32_t v = (&(i < 4 ? r.q0 : r.q1).x)[i & 3] >> sh;
             uint32_t hb02 = 0, hb13 = 0;  // Q5_K: the fifth bits, at bit 4 of bytes 0 and 2
             if constexpr (kQ5) {
@@ -158,6 +164,7 @@ template <> struct FastA<kQ6_K> {
         r.d = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(at.d) & ~uintptr_t(3)));
         return r;
     }
+    template <int kStride = 1>
     __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int s, int half, uint4* dst) {
         constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32, 1024 + 32)
         const Where at(row, s, half);
@@ -166,7 +173,7 @@ template <> struct FastA<kQ6_K> {
         const uint32_t scw = r.sc >> shift(at.sc);
         const uint32_t ds0 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>(scw & 0xFF))));
         const uint32_t ds1 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>((scw >> 8) & 0xFF))));
-        store_half([&](int i, uint32_t* o) {
+        store_half<kStride>([&](int i, uint32_t* o) {
             const uint32_t v = funnel(r.ql, i, sh_ql) >> nib, h = funnel(r.qh, i, sh_qh) >> hsh;
             const uint32_t q02 = hsub2_u((v & 0x000F000Fu) | ((h & 0x00030003u) << 4) | kMagic, k1056);  // q - 32
             const uint32_t q13 = hsub2_u(((v >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4) | kMagic, k1056);
@@ -279,12 +286,127 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
                          a.t, a.y);
 }
 
+// ------------------------------------------------------------------------------------------ Hopper: wgmma
+// prefill_wgmma_kernel (OPENJET_PREFILL_WGMMA=1 on a 90a build, an experiment): the same weights and activations in
+// fp16 as above, but the products on warpgroup MMA, which reads both operands straight from shared memory. The
+// mma.sync kernel is bound by shared-memory traffic on the H200 (Nsight Compute, 2,048 rows, Q4_K 17408 x 5120:
+// L1/shared 84% busy, tensor pipe 48%; each warp's ldmatrix re-reads its fragments). Block = 2 warpgroups x 64
+// weight rows x 128 tokens, k steps of 64: every thread dequantises its row half into the A tile (FastA, as above,
+// into core-matrix order), B arrives by cp.async kWgStagesB deep, then each warpgroup issues 4 wgmma m64n128k16
+// and dequantises the next step while they run. Every call takes 128-token tiles (tokens past t read token t - 1,
+// never stored), so an output's bits do not depend on the call's row count: chunk sizes agree. Its bits differ
+// from the mma.sync kernel's (another order inside the tensor core): the same numerics family, not the same bits.
+constexpr int kWgRows = 128, kWgToks = 128, kWgThreads = 256, kWgStagesB = 3;
+constexpr int kWgATile = kWgRows * kBK * 2, kWgBTile = kWgToks * kBK * 2;
+constexpr int kWgSmemBytes = 2 * kWgATile + kWgStagesB * kWgBTile;  // 80 KB: two blocks per SM on sm_90
+static_assert(kWgThreads == 2 * kWgRows && kWgRows == kBM, "one thread per A row half; the same row blocks");
+
+#ifdef OPENJET_WGMMA_ARCH
+constexpr int kCoreBytes = 128;                     // an 8 x 8 fp16 core matrix: LBO (neighbour in k)
+constexpr int kGroupBytes = kBK / 8 * kCoreBytes;   // 8 rows x 64 k: SBO (neighbour in rows / tokens)
+// Byte offset of elements 8 c .. 8 c + 7 (k) of row r in a tile of 64 k, core-matrix order.
+__device__ __forceinline__ int core_at(int r, int c) { return (r >> 3) * kGroupBytes + c * kCoreBytes + (r & 7) * 16; }
+#endif
+
+template <int QT>
+__global__ void __launch_bounds__(kWgThreads, 2)
+prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+                     float* __restrict__ y) {
+#ifdef OPENJET_WGMMA_ARCH
+    using A = FastA<QT>;
+    extern __shared__ __align__(128) uint4 smem[];
+    char* as = reinterpret_cast<char*>(smem);  // [2][kWgATile]
+    char* bs = as + 2 * kWgATile;              // [kWgStagesB][kWgBTile]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, g = lane >> 2, tq = lane & 3;
+    const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
+    const int steps = k / kBK;
+
+    const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half: k 32 ahalf .. + 31 of each step
+    const uint8_t* wrow = w + static_cast<long long>(row0 + arow < n ? row0 + arow : 0) * row_bytes;
+    const auto store_a = [&](const typename A::Raw& r, int s) {
+        A::template store<kCoreBytes / 16>(
+            r, wrow, s, ahalf, reinterpret_cast<uint4*>(as + (s & 1) * kWgATile + core_at(arow, 4 * ahalf)));
+    };
+    const auto load_b = [&](int s) {  // 128 tokens x 64 halves: 1,024 pieces of 16 bytes, 4 a thread
+        char* stage = bs + (s % kWgStagesB) * kWgBTile;
+#pragma unroll
+        for (int i = 0; i < kWgToks * (kBK / 8) / kWgThreads; ++i) {
+            const int c = tid + kWgThreads * i, r = c >> 3, part = c & 7;
+            const long long tok = min(col0 + r, t - 1);
+            cp_async16(stage + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
+        }
+    };
+
+    pdl_start();  // pdl.cuh: the activations are the previous kernel's
+#pragma unroll
+    for (int s = 0; s < kWgStagesB - 1; ++s) {
+        if (s < steps) load_b(s);
+        cp_async_commit();
+    }
+    typename A::Raw raw = A::load(wrow, 0, ahalf);
+    store_a(raw, 0);
+    if (steps > 1) raw = A::load(wrow, 1, ahalf);
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s) {
+        cp_async_wait<kWgStagesB - 2>();
+        fence_proxy_async_shared();  // this thread's A stores and B copies, for the tensor cores' reads
+        __syncthreads();             // A tile s and B stage s complete; the buffers step s + 1 writes are free
+        if (s + kWgStagesB - 1 < steps) load_b(s + kWgStagesB - 1);
+        cp_async_commit();
+        const char* at = as + (s & 1) * kWgATile + wg * (64 / 8) * kGroupBytes;  // this warpgroup's 64 rows
+        const char* bt = bs + (s % kWgStagesB) * kWgBTile;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)  // k16 = two core matrices along k
+            wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
+                             wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
+        wgmma_commit();
+        if (s + 1 < steps) {  // the other A buffer, while the tensor cores work on this one
+            store_a(raw, s + 1);
+            if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
+        }
+        wgmma_wait_all();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int j = 0; j < kWgToks / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int row = row0 + 64 * wg + 16 * (warp & 3) + g + 8 * (c >> 1);
+            const int tok = col0 + 8 * j + 2 * tq + (c & 1);
+            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + c], x.inv[tok]);
+        }
+#endif
+}
+
+// OPENJET_PREFILL_WGMMA=1, read at each call.
+bool prefill_wgmma_on() {
+    const char* v = std::getenv("OPENJET_PREFILL_WGMMA");
+    return v && std::strcmp(v, "1") == 0 && prefill_wgmma_available();
+}
+
+template <int QT> cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
+    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_kernel<QT>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
+    if (opted != cudaSuccess) return opted;
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    return launch_kernel(prefill_wgmma_kernel<QT>, dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)),
+                         kWgThreads, kWgSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
+                         a.t, a.y);
+}
+
 // 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
 // of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
 // 128. An output's bits do not depend on the tile (the same chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
+    if (prefill_wgmma_on()) return launch_prefill_wgmma<QT>(a, row_blocks, stream);  // kWgRows == kBM
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);
@@ -296,6 +418,16 @@ template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStrea
 }  // namespace
 
 bool prefill_gemm_takes(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K; }
+
+bool prefill_wgmma_available() {
+#ifdef OPENJET_HAVE_SM90A
+    int major = 0, minor = 0;
+    return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
+           device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
 
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
     if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y)

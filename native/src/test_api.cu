@@ -10,6 +10,7 @@
 #include "gemv.cuh"
 #include "kquant.cuh"
 #include "openjet_test.h"
+#include "prefill_gemm.cuh"
 #include "act_pack.cuh"
 #include "rmsnorm.cuh"
 
@@ -213,6 +214,9 @@ extern "C" OPENJET_API int openjet_test_set_gemv_ilp(int units) {
     set_gemv_ilp(units);
     return OPENJET_OK;
 }
+
+// 1 where this build and device run the prefill GEMM's wgmma kernel (prefill_wgmma_available), else 0.
+extern "C" OPENJET_API int openjet_test_prefill_wgmma_available() { return prefill_wgmma_available() ? 1 : 0; }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {
