@@ -287,19 +287,29 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
 }
 
 // ------------------------------------------------------------------------------------------ Hopper: wgmma
-// prefill_wgmma_kernel (OPENJET_PREFILL_WGMMA=1 on a 90a build, an experiment): the same weights and activations in
-// fp16 as above, but the products on warpgroup MMA, which reads both operands straight from shared memory. The
-// mma.sync kernel is bound by shared-memory traffic on the H200 (Nsight Compute, 2,048 rows, Q4_K 17408 x 5120:
-// L1/shared 84% busy, tensor pipe 48%; each warp's ldmatrix re-reads its fragments). Block = 2 warpgroups x 64
-// weight rows x 128 tokens, k steps of 64: every thread dequantises its row half into the A tile (FastA, as above,
-// into core-matrix order), B arrives by cp.async kWgStagesB deep, then each warpgroup issues 4 wgmma m64n128k16
-// and dequantises the next step while they run. Every call takes 128-token tiles (tokens past t read token t - 1,
-// never stored), so an output's bits do not depend on the call's row count: chunk sizes agree. Its bits differ
-// from the mma.sync kernel's (another order inside the tensor core): the same numerics family, not the same bits.
-constexpr int kWgRows = 128, kWgToks = 128, kWgThreads = 256, kWgStagesB = 3;
+// prefill_wgmma_kernel (OPENJET_PREFILL_WGMMA=1 or 2 on a 90a build, an experiment): the same weights and
+// activations in fp16 as above, but the products on warpgroup MMA, which reads both operands straight from shared
+// memory. The mma.sync kernel is bound by shared-memory traffic on the H200 (Nsight Compute, 2,048 rows, Q4_K
+// 17408 x 5120: L1/shared 84% busy, tensor pipe 48%; each warp's ldmatrix re-reads its fragments). Block = 2
+// warpgroups x 64 weight rows x 128 tokens, k steps of 64: every thread dequantises its row half into an A tile
+// (FastA, as above, into core-matrix order), B arrives by cp.async two steps ahead, then each warpgroup issues 4
+// wgmma m64n128k16 and dequantises the next step while they run. kInFlight = 0 (OPENJET_PREFILL_WGMMA=1) waits for
+// them at the end of the step: correct on the H200 (7a9d5c3) but no faster (2,048 rows: Q4_K 17408 x 5120 1,374
+// against 1,167 us, Q6_K 5120 x 17408 1,811 against 1,974; bench/results/prefill-wgmma-h200-7a9d5c3.json).
+// kInFlight = 1 (=2, NOT yet run on a GPU) leaves one step's group running across the barrier (one more A and B
+// stage: 112 KB, still two blocks per SM). Every call takes 128-token tiles (tokens past t read token t - 1, never
+// stored), so an output's bits do not depend on the call's row count: chunk sizes agree. Its bits differ from the
+// mma.sync kernel's (another order inside the tensor core): the same numerics family, not the same bits.
+constexpr int kWgRows = 128, kWgToks = 128, kWgThreads = 256;
+constexpr int kWgAhead = 2;  // B is copied this many steps ahead
 constexpr int kWgATile = kWgRows * kBK * 2, kWgBTile = kWgToks * kBK * 2;
-constexpr int kWgSmemBytes = 2 * kWgATile + kWgStagesB * kWgBTile;  // 80 KB: two blocks per SM on sm_90
 static_assert(kWgThreads == 2 * kWgRows && kWgRows == kBM, "one thread per A row half; the same row blocks");
+// Stages of A and B when kInFlight groups of wgmma may still run at a step's end: A step s + 1 is written while
+// steps s - kInFlight .. s are read; B step s + kWgAhead is copied while those are read and steps s + 1 .. arrive.
+template <int kInFlight> struct WgStages {
+    static constexpr int kA = 2 + kInFlight, kB = kWgAhead + 1 + kInFlight;
+    static constexpr int kSmemBytes = kA * kWgATile + kB * kWgBTile;  // 80 KB / 112 KB: two blocks per SM
+};
 
 #ifdef OPENJET_WGMMA_ARCH
 constexpr int kCoreBytes = 128;                     // an 8 x 8 fp16 core matrix: LBO (neighbour in k)
@@ -308,15 +318,16 @@ constexpr int kGroupBytes = kBK / 8 * kCoreBytes;   // 8 rows x 64 k: SBO (neigh
 __device__ __forceinline__ int core_at(int r, int c) { return (r >> 3) * kGroupBytes + c * kCoreBytes + (r & 7) * 16; }
 #endif
 
-template <int QT>
+template <int QT, int kInFlight>
 __global__ void __launch_bounds__(kWgThreads, 2)
 prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
                      float* __restrict__ y) {
 #ifdef OPENJET_WGMMA_ARCH
     using A = FastA<QT>;
+    using S = WgStages<kInFlight>;
     extern __shared__ __align__(128) uint4 smem[];
-    char* as = reinterpret_cast<char*>(smem);  // [2][kWgATile]
-    char* bs = as + 2 * kWgATile;              // [kWgStagesB][kWgBTile]
+    char* as = reinterpret_cast<char*>(smem);  // [S::kA][kWgATile]
+    char* bs = as + S::kA * kWgATile;          // [S::kB][kWgBTile]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, g = lane >> 2, tq = lane & 3;
     const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
     const int steps = k / kBK;
@@ -325,10 +336,10 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
     const uint8_t* wrow = w + static_cast<long long>(row0 + arow < n ? row0 + arow : 0) * row_bytes;
     const auto store_a = [&](const typename A::Raw& r, int s) {
         A::template store<kCoreBytes / 16>(
-            r, wrow, s, ahalf, reinterpret_cast<uint4*>(as + (s & 1) * kWgATile + core_at(arow, 4 * ahalf)));
+            r, wrow, s, ahalf, reinterpret_cast<uint4*>(as + (s % S::kA) * kWgATile + core_at(arow, 4 * ahalf)));
     };
     const auto load_b = [&](int s) {  // 128 tokens x 64 halves: 1,024 pieces of 16 bytes, 4 a thread
-        char* stage = bs + (s % kWgStagesB) * kWgBTile;
+        char* stage = bs + (s % S::kB) * kWgBTile;
 #pragma unroll
         for (int i = 0; i < kWgToks * (kBK / 8) / kWgThreads; ++i) {
             const int c = tid + kWgThreads * i, r = c >> 3, part = c & 7;
@@ -339,7 +350,7 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
 
     pdl_start();  // pdl.cuh: the activations are the previous kernel's
 #pragma unroll
-    for (int s = 0; s < kWgStagesB - 1; ++s) {
+    for (int s = 0; s < kWgAhead; ++s) {
         if (s < steps) load_b(s);
         cp_async_commit();
     }
@@ -352,25 +363,26 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
-        cp_async_wait<kWgStagesB - 2>();
+        cp_async_wait<kWgAhead - 1>();
         fence_proxy_async_shared();  // this thread's A stores and B copies, for the tensor cores' reads
-        __syncthreads();             // A tile s and B stage s complete; the buffers step s + 1 writes are free
-        if (s + kWgStagesB - 1 < steps) load_b(s + kWgStagesB - 1);
+        __syncthreads();  // A tile s and B stage s complete; groups before s - kInFlight done in both warpgroups
+        if (s + kWgAhead < steps) load_b(s + kWgAhead);
         cp_async_commit();
-        const char* at = as + (s & 1) * kWgATile + wg * (64 / 8) * kGroupBytes;  // this warpgroup's 64 rows
-        const char* bt = bs + (s % kWgStagesB) * kWgBTile;
+        const char* at = as + (s % S::kA) * kWgATile + wg * (64 / 8) * kGroupBytes;  // this warpgroup's 64 rows
+        const char* bt = bs + (s % S::kB) * kWgBTile;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)  // k16 = two core matrices along k
             wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
                              wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
         wgmma_commit();
-        if (s + 1 < steps) {  // the other A buffer, while the tensor cores work on this one
+        if (s + 1 < steps) {  // the next A buffer, while the tensor cores work on this one
             store_a(raw, s + 1);
             if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
         }
-        wgmma_wait_all();
+        wgmma_wait<kInFlight>();
     }
+    wgmma_wait<0>();
     cp_async_wait<0>();
 
 #pragma unroll
@@ -384,20 +396,23 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
 #endif
 }
 
-// OPENJET_PREFILL_WGMMA=1, read at each call.
-bool prefill_wgmma_on() {
+// OPENJET_PREFILL_WGMMA, read at each call: 1 or 2 (the kernel with kInFlight = 0 or 1) where available, else 0.
+int prefill_wgmma_mode() {
     const char* v = std::getenv("OPENJET_PREFILL_WGMMA");
-    return v && std::strcmp(v, "1") == 0 && prefill_wgmma_available();
+    const int mode = v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : 0;
+    return mode && prefill_wgmma_available() ? mode : 0;
 }
 
-template <int QT> cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
-    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_kernel<QT>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes);
+template <int QT, int kInFlight>
+cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
+    constexpr int kSmem = WgStages<kInFlight>::kSmemBytes;
+    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_kernel<QT, kInFlight>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
-    return launch_kernel(prefill_wgmma_kernel<QT>, dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)),
-                         kWgThreads, kWgSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
-                         a.t, a.y);
+    return launch_kernel(prefill_wgmma_kernel<QT, kInFlight>,
+                         dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWgThreads, kSmem,
+                         stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
 }
 
 // 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
@@ -406,7 +421,9 @@ template <int QT> cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long 
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    if (prefill_wgmma_on()) return launch_prefill_wgmma<QT>(a, row_blocks, stream);  // kWgRows == kBM
+    if (const int mode = prefill_wgmma_mode())  // row blocks: kWgRows == kBM
+        return mode == 1 ? launch_prefill_wgmma<QT, 0>(a, row_blocks, stream)
+                         : launch_prefill_wgmma<QT, 1>(a, row_blocks, stream);
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);

@@ -21,8 +21,8 @@ namespace openjet {
 bool prefill_gemm_takes(int qtype);
 
 // Whether this build carries the Hopper (wgmma) kernel and the current device runs it: a 90a build
-// (OPENJET_CUDA_ARCHITECTURES=90a-real) on compute capability 9.0. OPENJET_PREFILL_WGMMA=1 then takes it for every
-// call (an experiment: prefill_gemm.cu).
+// (OPENJET_CUDA_ARCHITECTURES=90a-real) on compute capability 9.0. OPENJET_PREFILL_WGMMA=1 or 2 then takes it for
+// every call (an experiment: prefill_gemm.cu).
 bool prefill_wgmma_available();
 
 // y[t, n] = W x for a W of a type it takes and a pack of t rows (GemvArgs as launch_gemv's).

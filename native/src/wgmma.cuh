@@ -39,9 +39,10 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wgmma_wait_all() {
+// Waits until at most N of this warpgroup's committed groups are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
 #ifdef OPENJET_WGMMA_ARCH
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
