@@ -18,9 +18,11 @@ gpu_arch() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 
 
 # build_engine DIR LOG [cmake options...]: the library for this GPU's architecture in DIR (outside the tree:
 # build outputs inside it do not survive between calls), its log and time in LOG; the log's tail on failure.
+# OPENJET_DEVICE_ARCH overrides the architecture (e.g. 90a-real: the prefill GEMM's wgmma kernel, OPENJET_PREFILL_WGMMA).
 build_engine() {
   local dir=$1 log=$2; shift 2
-  if ! { time { cmake -S . -B "$dir" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$(gpu_arch)-real" "$@" &&
+  local arch=${OPENJET_DEVICE_ARCH:-$(gpu_arch)-real}
+  if ! { time { cmake -S . -B "$dir" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" "$@" &&
                 cmake --build "$dir"; }; } > "$log" 2>&1; then
     tail -50 "$log"
     return 1
