@@ -734,6 +734,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         const size_t flash_rows = work_floats / attn_prefill_work_floats(e.cfg.n_head, 1);
         const int rows = form == PrefillAttn::kFlash ? static_cast<int>(std::min<size_t>(t - r0, flash_rows))
                                                      : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
+        if (rows < 1) CHECK(cudaErrorInvalidValue);  // never: decode's workspace alone holds 8 rows' q
         a.t = rows, a.n_past = n_past + r0;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
