@@ -304,7 +304,7 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, -1)
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-deep"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-deep", "wgmma-ws"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
 def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch):
@@ -314,14 +314,14 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     depends on its own row and token only), across its three tile shapes too (16-token tiles up to 16 rows, 64 up
     to 64 rows and where 128-token ones would not fill a wave, 128 from n = 17408 and 130 rows up on the H200).
     Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
-    4-byte alignment. kernel "wgmma" / "wgmma-deep": the Hopper kernel (OPENJET_PREFILL_WGMMA=1 / 2: a step's
-    MMA waited for, or left running across the next barrier; a 90a build on an sm_90 GPU), which takes 128-token
-    tiles for every call: the same checks."""
+    4-byte alignment. kernel "wgmma" / "wgmma-deep" / "wgmma-ws": the Hopper kernels (OPENJET_PREFILL_WGMMA=1 / 2 /
+    3: a step's MMA waited for, left running across the next barrier, or a producer warpgroup feeding two
+    consumers; a 90a build on an sm_90 GPU), which take 128-token tiles for every call: the same checks."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     if kernel != "mma":
         if not kt.prefill_wgmma_available():
             pytest.skip("no wgmma kernel here: it needs a 90a build (OPENJET_CUDA_ARCHITECTURES=90a-real) on sm_90")
-        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", "1" if kernel == "wgmma" else "2")
+        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", {"wgmma": "1", "wgmma-deep": "2", "wgmma-ws": "3"}[kernel])
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)

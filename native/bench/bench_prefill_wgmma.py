@@ -1,6 +1,6 @@
 """The fast prefill GEMM at 2,048 rows on the 27B's main projection shapes: the mma.sync kernel
-(OPENJET_PREFILL_WGMMA=0) against the wgmma kernel (1: each step's MMA waited for; 2: left running across the next
-barrier; a 90a build on an sm_90 GPU, prefill_gemm.cu). Microseconds per call (3 runs, weight copies rotated) and
+(OPENJET_PREFILL_WGMMA=0) against the wgmma kernels (1: each step's MMA waited for; 2: left running across the next
+barrier; 3: a producer warpgroup feeding two consumers; a 90a build on an sm_90 GPU, prefill_gemm.cu). Microseconds per call (3 runs, weight copies rotated) and
 TFLOP/s of the best run: JSON on stdout, a table on stderr.
 
     OPENJET_LIBRARY=/path/libopenjet.so python native/bench/bench_prefill_wgmma.py > out.json
@@ -29,7 +29,7 @@ def main() -> None:
         elems, nbytes = kt.BLOCK[kt.QTYPES[qtype]]
         w = rng.integers(0, 256, (n, k // elems * nbytes), dtype=np.uint8)  # random blocks: timing only
         w.view(np.uint16)[:, 0] = 0x2000                                    # a small finite first scale per row
-        for mode in ("0", "1", "2"):
+        for mode in ("0", "1", "2", "3"):
             os.environ["OPENJET_PREFILL_WGMMA"] = mode
             us = kt.bench_gemv(kt.QTYPES[qtype], w, k, ROWS, 2, 4, 3)
             tflops = 2 * n * k * ROWS / (min(us) * 1e-6) / 1e12

@@ -396,10 +396,120 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
 #endif
 }
 
-// OPENJET_PREFILL_WGMMA, read at each call: 1 or 2 (the kernel with kInFlight = 0 or 1) where available, else 0.
+// prefill_wgmma_ws_kernel (OPENJET_PREFILL_WGMMA=3, NOT yet run on a GPU): the same tile and operands, the work
+// split by warpgroup instead of by step. Warpgroup 0 produces: for each k step it waits until the consumers freed
+// a ring slot (empty[slot]), copies B into it by cp.async, dequantises the step's 128 x 64 weights into it (a thread
+// per row, both halves, the raw words loaded a step ahead) and arrives on full[slot], whose phase also waits for
+// its copies. Warpgroups 1 and 2 consume: wait on full[slot], issue the step's 4 wgmma on their 64 rows, keep one
+// step's group in flight and free the slot of the step before. No block-wide barrier in the loop: the producer
+// runs up to kWsSlots steps ahead, so dequantisation, copies and the tensor cores overlap. The same products in the
+// same order as prefill_wgmma_kernel, so the same bits.
+constexpr int kWsSlots = 4, kWsThreads = 384;
+constexpr int kWsSlotBytes = kWgATile + kWgBTile;                                  // 32 KB
+constexpr int kWsSmemBytes = kWsSlots * kWsSlotBytes + 2 * kWsSlots * 8;          // + full and empty barriers
+
+template <int QT>
+__global__ void __launch_bounds__(kWsThreads, 1)
+prefill_wgmma_ws_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
+                        float* __restrict__ y) {
+#ifdef OPENJET_WGMMA_ARCH
+    using A = FastA<QT>;
+    extern __shared__ __align__(128) uint4 smem[];
+    char* ring = reinterpret_cast<char*>(smem);  // slot i: [A tile | B tile]
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + kWsSlots * kWsSlotBytes);
+    uint64_t* empty = full + kWsSlots;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
+    const int steps = k / kBK;
+    if (tid == 0) {
+        for (int i = 0; i < kWsSlots; ++i) {
+            mbar_init(&full[i], 128);   // the producer's threads (their copies ride on the same phase)
+            mbar_init(&empty[i], 256);  // the consumers' threads
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    pdl_start();  // pdl.cuh: the activations are the previous kernel's
+
+    if (wg == 0) {  // producer: thread = A row, both halves
+        const int row = tid;
+        const uint8_t* wrow = w + static_cast<long long>(row0 + row < n ? row0 + row : 0) * row_bytes;
+        typename A::Raw raw[2] = {A::load(wrow, 0, 0), A::load(wrow, 0, 1)};
+#pragma unroll 1
+        for (int s = 0; s < steps; ++s) {
+            const int slot = s % kWsSlots;
+            mbar_wait(&empty[slot], ((s / kWsSlots) & 1) ^ 1);
+            char* a_tile = ring + slot * kWsSlotBytes;
+            char* b_tile = a_tile + kWgATile;
+#pragma unroll
+            for (int i = 0; i < kWgToks * (kBK / 8) / 128; ++i) {  // 128 tokens x 64 halves: 8 pieces a thread
+                const int c = row + 128 * i, r = c >> 3, part = c & 7;
+                const long long tok = min(col0 + r, t - 1);
+                cp_async16(b_tile + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
+            }
+            mbar_arrive_on_copies(&full[slot]);
+            typename A::Raw next[2];
+            if (s + 1 < steps) next[0] = A::load(wrow, s + 1, 0), next[1] = A::load(wrow, s + 1, 1);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                A::template store<kCoreBytes / 16>(raw[half], wrow, s, half,
+                                                   reinterpret_cast<uint4*>(a_tile + core_at(row, 4 * half)));
+            fence_proxy_async_shared();  // the A stores, for the tensor cores' reads
+            mbar_arrive(&full[slot]);
+            if (s + 1 < steps) raw[0] = next[0], raw[1] = next[1];
+        }
+        return;
+    }
+
+    // consumers: warpgroup c = wg - 1 takes rows 64 c .. 64 c + 63
+    const int c = wg - 1, lane = tid & 31, warp = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s) {
+        const int slot = s % kWsSlots;
+        mbar_wait(&full[slot], (s / kWsSlots) & 1);
+        fence_proxy_async_shared();  // B arrived by cp.async (generic proxy): for the tensor cores' reads
+        const char* at = ring + slot * kWsSlotBytes + c * (64 / 8) * kGroupBytes;
+        const char* bt = ring + slot * kWsSlotBytes + kWgATile;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+            wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
+                             wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
+        wgmma_commit();
+        wgmma_wait<1>();  // step s - 1's group done: its slot is free
+        if (s > 0) mbar_arrive(&empty[(s - 1) % kWsSlots]);
+    }
+    wgmma_wait<0>();
+
+#pragma unroll
+    for (int j = 0; j < kWgToks / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + 64 * c + 16 * warp + g + 8 * (e >> 1);
+            const int tok = col0 + 8 * j + 2 * tq + (e & 1);
+            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + e], x.inv[tok]);
+        }
+#endif
+}
+
+template <int QT> cudaError_t launch_prefill_wgmma_ws(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
+    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<QT>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+    if (opted != cudaSuccess) return opted;
+    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    return launch_kernel(prefill_wgmma_ws_kernel<QT>,
+                         dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWsThreads,
+                         kWsSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
+}
+
+// OPENJET_PREFILL_WGMMA, read at each call: 1, 2 (prefill_wgmma_kernel with kInFlight = 0 or 1) or 3
+// (prefill_wgmma_ws_kernel) where available, else 0.
 int prefill_wgmma_mode() {
     const char* v = std::getenv("OPENJET_PREFILL_WGMMA");
-    const int mode = v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : 0;
+    const int mode = v && v[0] >= '1' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 0;
     return mode && prefill_wgmma_available() ? mode : 0;
 }
 
@@ -422,8 +532,9 @@ template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStrea
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
     if (const int mode = prefill_wgmma_mode())  // row blocks: kWgRows == kBM
-        return mode == 1 ? launch_prefill_wgmma<QT, 0>(a, row_blocks, stream)
-                         : launch_prefill_wgmma<QT, 1>(a, row_blocks, stream);
+        return mode == 1   ? launch_prefill_wgmma<QT, 0>(a, row_blocks, stream)
+               : mode == 2 ? launch_prefill_wgmma<QT, 1>(a, row_blocks, stream)
+                           : launch_prefill_wgmma_ws<QT>(a, row_blocks, stream);
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);
