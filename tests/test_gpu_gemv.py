@@ -344,6 +344,9 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     np.testing.assert_array_equal(whole, halves)
     for t in (9, 16, 17, 40):  # 16- and 64-token tiles against the 300-row call's
         np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), whole[:t], err_msg=f"t={t}")
+    if kernel in ("wgmma-deep", "wgmma-ws"):  # the same wgmma in the same order as the first form: the same bits
+        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", "1")
+        np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against OPENJET_PREFILL_WGMMA=1")
 
 
 def test_f32_projection_matches_numpy():
