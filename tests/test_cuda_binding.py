@@ -300,3 +300,19 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "lean")
     with pytest.raises(OpenJetError, match="OPENJET_PREFILL_GEMM='lean' is not one of fast, exact"):
         CudaEngine.load(tmp_path / "missing.gguf")      # refused before the file is looked at
+
+
+@pytest.mark.parametrize("name, bad, good", [("OPENJET_PREFILL_ATTN", "fast", "chunks"),
+                                             ("OPENJET_PREFILL_WGMMA", "yes", "3"),
+                                             ("OPENJET_GDN_CHUNKED", "true", "1")])
+def test_the_other_prefill_switches_refuse_unknown_values_at_load(name, bad, good, monkeypatch, tmp_path):
+    """A mistyped switch (OPENJET_PREFILL_ATTN=fast was the opt-in value of an earlier build) is an error naming the
+    valid values, not a silent default; a valid one passes the check (the missing file is what fails then)."""
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(OpenJetError, match=f"{name}='{bad}' is not one of"):
+        CudaEngine.load(tmp_path / "missing.gguf")
+    monkeypatch.setenv(name, good)
+    with pytest.raises(Exception) as err:
+        CudaEngine.load(tmp_path / "missing.gguf")
+    assert "is not one of" not in str(err.value)

@@ -75,6 +75,23 @@ def prefill_gemm() -> str:
     return value
 
 
+# The library's other prefill switches, read at each prefill call (docs/ENGINE.md, Switches): a value outside these
+# is refused at load instead of silently taking the default.
+PREFILL_SWITCHES = {
+    "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
+    "OPENJET_PREFILL_WGMMA": ("0", "1", "2", "3"),          # prefill_gemm.cu, prefill_wgmma_mode
+    "OPENJET_GDN_CHUNKED": ("0", "1"),                      # gdn_chunk.cu, gdn_chunked
+}
+
+
+def check_prefill_switches() -> None:
+    """An OpenJetError naming the variable and its valid values for a prefill switch set to anything else."""
+    for name, values in PREFILL_SWITCHES.items():
+        value = os.environ.get(name)
+        if value and value not in values:
+            raise OpenJetError(f"{name}={value!r} is not one of {', '.join(values)} (docs/ENGINE.md, Switches)")
+
+
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
     """A whole-vocabulary row from the draft vocabulary's logits: -inf outside the subset."""
     dst[:] = -np.inf
@@ -229,6 +246,7 @@ class CudaEngine(Engine):
         ``prefill_rows``: the longest prefill chunk (1..2048 tokens; each reads the weights once, and costs ~260
         KB of device scratch per row at 27B)."""
         prefill_gemm()  # a bad OPENJET_PREFILL_GEMM is refused before anything is read
+        check_prefill_switches()
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
