@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
         *reinterpret_cast<uint4*>(q_s + swz(r, c)) = v;
     }
 
-    const int wrow0 = q0 + 16 * warp;                   // the warp's first row; the lane's: r_lo, r_lo + 8
-    const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;
+    const int wrow0 = q0 + 16 * warp;                   // the warp's first row
+    const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;  // positions of this lane's rows g, g + 8
     const bool warp_live = wrow0 < a.t;
     constexpr float kScale = 0.0625f * kLog2e;          // 1 / sqrt(256), exp2 domain: decode's score_scale
     float o[D / 8][4] = {};
@@ -121,11 +121,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
         cp_async_wait<0>();
         __syncthreads();  // tile it landed; every warp is done with the buffers tile it + 1 will overwrite
         const char* k_t;
+        const int next0 = (it + 1) * kKeys;
         if constexpr (Fmt::kType == kKvF16) {
-            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, (it + 1) * kKeys, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
             k_t = kv_s + (it & 1) * 2 * kTileBytes;
         } else {
-            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, (it + 1) * kKeys, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
             q8_0_to_tiles(raw_s + (it & 1) * kRawBytes, kv_s);
             __syncthreads();
             k_t = kv_s;
@@ -227,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
 }
 
 template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
-    static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt>());
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(attn_prefill_kernel<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt>());
     if (opted != cudaSuccess) return opted;
     if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
     return launch_kernel(attn_prefill_kernel<Fmt>, dim3((a.t + kRows - 1) / kRows, a.n_head), kThreads,

@@ -1,6 +1,7 @@
-// Warpgroup MMA (sm_90a: wgmma.mma_async) pieces for the prefill GEMM's Hopper kernel (prefill_gemm.cu). Compiled
-// only where the architecture-specific target is built (OPENJET_CUDA_ARCHITECTURES=90a-real: __CUDA_ARCH_FEAT_SM90_ALL);
-// elsewhere the functions are empty and the host never launches their kernel (prefill_wgmma_built).
+// Warpgroup MMA (sm_90a: wgmma.mma_async) pieces for the prefill GEMM's Hopper kernels (prefill_gemm.cu). Compiled
+// only where the architecture-specific target is built (OPENJET_CUDA_ARCHITECTURES=90a-real, which defines
+// __CUDA_ARCH_FEAT_SM90_ALL); elsewhere the functions are empty and the host never launches their kernels
+// (prefill_wgmma_available).
 //
 // Operands in shared memory, K-major, no swizzle: 8 x 8 fp16 "core matrices" (8 rows of 16 bytes, 128 bytes each);
 // a descriptor gives the start, the byte distance between core matrices adjacent in k (LBO) and in rows (SBO).
