@@ -32,7 +32,9 @@
 # most WHILE_SYNTH_S = 200 s, its output in $OUT/while-synth.log; only when the model is being written),
 # VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
-# at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log come back packed in $OUT/misc.tgz.
+# at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log and the benches' logs (their figures are in the
+# JSON and this script's output) come back packed in $OUT/misc.tgz, so that four variants' JSON, the while-synth
+# log and report and misc.tgz fit (on 2026-12-02 four variants' logs crowded out the while-synth results).
 set -o pipefail
 START=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -142,4 +144,5 @@ for i in "${!VARS[@]}"; do
   echo "== ${v:-default settings}"
   summarise "$OUT/$name.json"
 done
-(cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log 2>/dev/null)
+(cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log \
+  bench-engine*.log 2>/dev/null)
