@@ -405,6 +405,28 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
+def test_l2_warm_up_keeps_every_bit(models, monkeypatch):
+    """OPENJET_L2_PREFETCH=1 (read at load; l2_prefetch.cuh): the kernels before each decode GEMV prefetch its weights
+    into L2. Prefetches are hints, so after the same prefill, T = 1 and T = 5 steps and MTP drafts give the same
+    logits bit for bit as without them (the same call sequence as the GEMV shape test above)."""
+    ids = np.random.default_rng(29).integers(0, 4096, 40)
+    out = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("OPENJET_L2_PREFETCH", switch)
+        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+        try:
+            state = engine.new_state()
+            parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
+            parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
+            parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 40, 5)]
+            parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
+            out[switch] = np.concatenate(parts)
+        finally:
+            engine.close()
+    assert np.isfinite(out["0"]).all()
+    np.testing.assert_array_equal(out["1"], out["0"])
+
+
 @pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])
 def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monkeypatch):
     """Under OPENJET_PREFILL_GEMM=exact, prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and

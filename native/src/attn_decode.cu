@@ -12,6 +12,7 @@ namespace {
 // Block (x, y): row y, head first + x of attn_prep_row's numbering (q heads, then kv heads).
 template <class Fmt>
 __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a, int first) {
+    l2_prefetch(a.l2_next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     attn_prep_row<Fmt>(a, blockIdx.y, first + blockIdx.x);
 }

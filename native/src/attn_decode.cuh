@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "l2_prefetch.cuh"
 #include "mma_f16.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -157,6 +158,7 @@ struct AttnDecodeArgs {
     int sm_count;            // multiprocessors; <= 0: read from the current device
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
+    L2Next l2_next;          // weights the prep kernel warms in L2 (l2_prefetch.cuh: the output projection's)
     bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
                              // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
 };

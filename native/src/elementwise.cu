@@ -22,8 +22,9 @@ constexpr int kAddNormStagedMax = 6016;
 template <bool kStaged>
 __global__ void __launch_bounds__(kPackThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
-                     float eps, float* __restrict__ a_out, ActPack p) {
+                     float eps, float* __restrict__ a_out, ActPack p, L2Next next) {
     extern __shared__ float staged[];  // kStaged: [k] the row after the add, [k] w
+    l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     float* hr = h + static_cast<long long>(row) * k;
@@ -51,7 +52,8 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
 }
 
 __global__ void __launch_bounds__(kPackThreads)
-swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
+swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p, L2Next next) {
+    l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x;
     const float* g = gate + static_cast<long long>(row) * k;
@@ -202,7 +204,7 @@ bool pack_cluster_takes(int k) {
 }  // namespace
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
-                                 float* a_out, const ActPack& p, cudaStream_t stream) {
+                                 float* a_out, const ActPack& p, cudaStream_t stream, L2Next next) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
@@ -210,17 +212,18 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
                                      a_out, p);
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,
-                             k, eps, a_out, p);
-    return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p);
+                             k, eps, a_out, p, next);
+    return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p,
+                         next);
 }
 
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, L2Next next) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
-    return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p);
+    return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p, next);
 }
 
 }  // namespace openjet

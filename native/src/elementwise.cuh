@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "act_pack.cuh"
+#include "l2_prefetch.cuh"
 #include "rmsnorm.cuh"
 
 namespace openjet {
@@ -22,11 +23,12 @@ __device__ __forceinline__ float swiglu1(float g, float u) {
 }
 
 // h [t, k] += delta (nullptr: no add); a = rms(h) * w -> a_out [t, k] (nullptr: not written) and the pack.
+// next: weights to warm in L2 meanwhile (l2_prefetch.cuh; not by the opt-in cluster packs).
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
-                                 float* a_out, const ActPack& p, cudaStream_t stream);
+                                 float* a_out, const ActPack& p, cudaStream_t stream, L2Next next = {});
 
-// The pack <- silu(gate) * up, rows [t, k].
+// The pack <- silu(gate) * up, rows [t, k]; next as above.
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream);
+                               cudaStream_t stream, L2Next next = {});
 
 }  // namespace openjet

@@ -18,6 +18,7 @@ template <int kCols>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
+    l2_prefetch(a.l2_next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     constexpr int kSplits = kGdnHeadDim / kCols;
     gdn_step_head<kCols>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);

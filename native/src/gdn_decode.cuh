@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
+#include "l2_prefetch.cuh"
 
 namespace openjet {
 
@@ -68,6 +69,7 @@ struct GdnStepArgs {
     int proj_k = 0;
     float* b_out = nullptr;
     float* alpha_out = nullptr;
+    L2Next l2_next;  // weights to warm in L2 while the step runs (l2_prefetch.cuh: the next GEMV's; none by default)
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows

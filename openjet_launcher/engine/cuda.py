@@ -75,17 +75,18 @@ def prefill_gemm() -> str:
     return value
 
 
-# The library's other prefill switches, read at each prefill call (docs/ENGINE.md, Switches): a value outside these
+# The library's other switches of the prefill and decode kernels (docs/ENGINE.md, Switches): a value outside these
 # is refused at load instead of silently taking the default.
 PREFILL_SWITCHES = {
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
     "OPENJET_PREFILL_WGMMA": ("0", "1", "2", "3"),          # prefill_gemm.cu, prefill_wgmma_mode
     "OPENJET_GDN_CHUNKED": ("0", "1"),                      # gdn_chunk.cu, gdn_chunked
+    "OPENJET_L2_PREFETCH": ("0", "1"),                      # engine.cu, l2_budget (decode; read at load)
 }
 
 
 def check_prefill_switches() -> None:
-    """An OpenJetError naming the variable and its valid values for a prefill switch set to anything else."""
+    """An OpenJetError naming the variable and its valid values for such a switch set to anything else."""
     for name, values in PREFILL_SWITCHES.items():
         value = os.environ.get(name)
         if value and value not in values:
