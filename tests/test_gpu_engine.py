@@ -405,14 +405,21 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-def test_l2_warm_up_keeps_every_bit(models, monkeypatch):
-    """OPENJET_L2_PREFETCH=1 (read at load; l2_prefetch.cuh): the kernels before each decode GEMV prefetch its weights
-    into L2. Prefetches are hints, so after the same prefill, T = 1 and T = 5 steps and MTP drafts give the same
-    logits bit for bit as without them (the same call sequence as the GEMV shape test above)."""
+@pytest.mark.parametrize("switch", ["OPENJET_L2_PREFETCH", "OPENJET_FFN_PERSISTENT"])
+def test_decode_experiments_keep_every_bit(models, switch, monkeypatch):
+    """Switches read at load that must not change a bit, each =1 against =0 after the same prefill, T = 1 and T = 5
+    steps and MTP drafts (the call sequence of the GEMV shape test above): OPENJET_L2_PREFETCH (l2_prefetch.cuh: the
+    kernels before each decode GEMV prefetch its weights into L2; prefetches are hints) and OPENJET_FFN_PERSISTENT
+    (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device functions; the small model's
+    Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes)."""
+    from openjet_launcher.model.gguf_file import GGUFFile
+    types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
+             if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}
+    assert types <= {"Q4_K", "Q6_K"}, types
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("OPENJET_L2_PREFETCH", switch)
+    for value in ("0", "1"):
+        monkeypatch.setenv(switch, value)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
             state = engine.new_state()
@@ -420,11 +427,11 @@ def test_l2_warm_up_keeps_every_bit(models, monkeypatch):
             parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
             parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 40, 5)]
             parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
-            out[switch] = np.concatenate(parts)
+            out[value] = np.concatenate(parts)
         finally:
             engine.close()
     assert np.isfinite(out["0"]).all()
-    np.testing.assert_array_equal(out["1"], out["0"])
+    np.testing.assert_array_equal(out["1"], out["0"], err_msg=switch)
 
 
 @pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])

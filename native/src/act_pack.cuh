@@ -83,25 +83,28 @@ __device__ __forceinline__ int act_pack_shift(float amax) {
 }
 
 // Packs row `row` of the pack from value(i), i in [0, k) (pure: a long row calls it twice per element), by
-// the whole block of kPackThreads threads; copy (optional): value(i) also written there as float. Sums and
-// maxima run in a fixed order: the bits depend on the row alone, cached or not.
-template <class Value>
+// the whole block of kThreads threads (kPackThreads, or fewer in a persistent kernel: ffn_persistent.cu), each
+// keeping up to kCached values in registers (rows longer than kCached * kThreads compute each value twice);
+// copy (optional): value(i) also written there as float. Sums and maxima run in a fixed order (the max is exact
+// in any order, each 32-block is summed by one warp in lane order): the bits depend on the row alone, cached or
+// not, whatever kThreads.
+template <int kThreads = kPackThreads, int kCached = kPackCached, class Value>
 __device__ __forceinline__ void pack_act_row(const Value& value, int k, const ActPack& p, int row,
                                              float* copy = nullptr) {
-    constexpr int kThreads = kPackThreads;
+    static_assert(kThreads % 32 == 0 && kThreads >= 256 && kThreads <= kPackThreads, "whole warps, >= row_rms's");
     __shared__ float part[kThreads / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool cached = k <= kPackCached * kThreads;
-    float v[kPackCached];
+    const bool cached = k <= kCached * kThreads;
+    float v[kCached];
     float m = 0.0f;
     if (cached) {
 #pragma unroll
-        for (int j = 0; j < kPackCached; ++j) {
+        for (int j = 0; j < kCached; ++j) {
             const int i = threadIdx.x + j * kThreads;
             v[j] = i < k ? value(i) : 0.0f;
         }
 #pragma unroll
-        for (int j = 0; j < kPackCached; ++j) {
+        for (int j = 0; j < kCached; ++j) {
             m = fmaxf(m, fabsf(v[j]));
             const int i = threadIdx.x + j * kThreads;
             if (copy && i < k) copy[i] = v[j];
@@ -128,8 +131,9 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     const int nb = k / kActBlock;
     if (cached) {
 #pragma unroll
-        for (int j = 0; j < kPackCached; ++j)
-            if (warp + 32 * j < nb) pack_block(v[j], s, warp + 32 * j, h, sum);  // whole warps: k % 32 == 0
+        for (int j = 0; j < kCached; ++j)
+            if (warp + kThreads / 32 * j < nb)  // v[j]: element threadIdx.x + j kThreads, 32-block warp + kThreads / 32 j
+                pack_block(v[j], s, warp + kThreads / 32 * j, h, sum);  // whole warps: k % 32 == 0
     } else {
         for (int b = warp; b < nb; b += kThreads / 32) pack_block(value(b * kActBlock + lane), s, b, h, sum);
     }

@@ -12,13 +12,6 @@
 namespace openjet {
 namespace {
 
-// Rows add_norm_pack stages in shared memory (2 k floats within the 48 KiB a launch gets without opting in, beside
-// the packer's and row_rms_scale's own 160 bytes): the 27B's 5,120.
-constexpr int kAddNormStagedMax = 6016;
-
-// kStaged (k <= kAddNormStagedMax): the summed row and the norm weights are staged in shared memory as they are
-// written, so the sum of squares and the pack read them there instead of from L2 again (two round trips fewer
-// per call, ~129 calls per 27B decode step); the same operations in the same order, so the same bits.
 template <bool kStaged>
 __global__ void __launch_bounds__(kPackThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
@@ -26,39 +19,14 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
     extern __shared__ float staged[];  // kStaged: [k] the row after the add, [k] w
     l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
-    const int row = blockIdx.x;
-    float* hr = h + static_cast<long long>(row) * k;
-    const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
-    const float *xr = hr, *wr = w;  // where the norm and the pack read the row and the weights
-    if constexpr (kStaged) {
-        float* sh = staged;
-        float* sw = staged + k;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < k; i += kPackThreads) {
-            const float x = dr ? __fadd_rn(hr[i], dr[i]) : hr[i];
-            if (dr) hr[i] = x;
-            sh[i] = x;
-            sw[i] = w[i];
-        }
-        xr = sh, wr = sw;
-    } else if (dr) {
-#pragma unroll 4
-        for (int i = threadIdx.x; i < k; i += kPackThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
-    }
-    __syncthreads();
-    const float scale = row_rms_scale(xr, k, eps);
-    pack_act_row([&](int i) { return __fmul_rn(__fmul_rn(xr[i], scale), wr[i]); }, k, p, row,
-                 a_out ? a_out + static_cast<long long>(row) * k : nullptr);
+    add_norm_pack_row<kStaged>(h, delta, w, k, eps, a_out, p, blockIdx.x, staged);
 }
 
 __global__ void __launch_bounds__(kPackThreads)
 swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p, L2Next next) {
     l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
-    const int row = blockIdx.x;
-    const float* g = gate + static_cast<long long>(row) * k;
-    const float* u = up + static_cast<long long>(row) * k;
-    pack_act_row([&](int i) { return swiglu1(g[i], u[i]); }, k, p, row);
+    swiglu_pack_row(gate, up, k, p, blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------ cluster packs

@@ -22,6 +22,53 @@ __device__ __forceinline__ float swiglu1(float g, float u) {
     return __fmul_rn(__fmul_rn(g, __frcp_rn(__fadd_rn(1.0f, expf(-g)))), u);
 }
 
+// Rows add_norm_pack stages in shared memory (2 k floats within the 48 KiB a launch gets without opting in, beside
+// the packer's and row_rms_scale's own 160 bytes): the 27B's 5,120.
+constexpr int kAddNormStagedMax = 6016;
+
+// Row `row` of add_norm_pack by the calling block of kThreads threads (its launch below: one block per row;
+// ffn_persistent.cu: 512). kStaged (k <= kAddNormStagedMax): the summed row and the norm weights are staged in
+// `staged` (2 k floats of shared memory) as they are written, so the sum of squares and the pack read them there
+// instead of from L2 again (two round trips fewer per call, ~129 calls per 27B decode step); the same operations
+// in the same order, so the same bits.
+template <bool kStaged, int kThreads = kPackThreads, int kCached = kPackCached>
+__device__ __forceinline__ void add_norm_pack_row(float* __restrict__ h, const float* __restrict__ delta,
+                                                  const float* __restrict__ w, int k, float eps,
+                                                  float* __restrict__ a_out, const ActPack& p, int row,
+                                                  float* staged) {
+    float* hr = h + static_cast<long long>(row) * k;
+    const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
+    const float *xr = hr, *wr = w;  // where the norm and the pack read the row and the weights
+    if constexpr (kStaged) {
+        float* sh = staged;
+        float* sw = staged + k;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < k; i += kThreads) {
+            const float x = dr ? __fadd_rn(hr[i], dr[i]) : hr[i];
+            if (dr) hr[i] = x;
+            sh[i] = x;
+            sw[i] = w[i];
+        }
+        xr = sh, wr = sw;
+    } else if (dr) {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < k; i += kThreads) hr[i] = __fadd_rn(hr[i], dr[i]);
+    }
+    __syncthreads();
+    const float scale = row_rms_scale(xr, k, eps);
+    pack_act_row<kThreads, kCached>([&](int i) { return __fmul_rn(__fmul_rn(xr[i], scale), wr[i]); }, k, p, row,
+                                    a_out ? a_out + static_cast<long long>(row) * k : nullptr);
+}
+
+// Row `row` of swiglu_pack by the calling block of kThreads threads.
+template <int kThreads = kPackThreads, int kCached = kPackCached>
+__device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, const float* __restrict__ up, int k,
+                                                const ActPack& p, int row) {
+    const float* g = gate + static_cast<long long>(row) * k;
+    const float* u = up + static_cast<long long>(row) * k;
+    pack_act_row<kThreads, kCached>([&](int i) { return swiglu1(g[i], u[i]); }, k, p, row);
+}
+
 // h [t, k] += delta (nullptr: no add); a = rms(h) * w -> a_out [t, k] (nullptr: not written) and the pack.
 // next: weights to warm in L2 meanwhile (l2_prefetch.cuh; not by the opt-in cluster packs).
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,

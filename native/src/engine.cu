@@ -40,6 +40,7 @@
 #include "device_attr.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
+#include "ffn_persistent.cuh"
 #include "gemv.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
@@ -114,6 +115,10 @@ struct openjet_engine {
     // many of its weight bytes (half the device's L2) when OPENJET_L2_PREFETCH=1 at create; 0: off (the default
     // until measured). The same bits either way.
     size_t l2_budget = 0;
+    // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT=1 at create, an
+    // experiment: the same bits) and its counters in scratch.
+    bool ffn_persistent = false;
+    int* ffn_counters = nullptr;
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -446,6 +451,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
+    if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT")) e.ffn_persistent = std::strcmp(f, "1") == 0;
     if (const char* l2 = std::getenv("OPENJET_L2_PREFETCH"); l2 && std::strcmp(l2, "1") == 0) {
         int l2_bytes = 0;
         if (device_attribute(cudaDevAttrL2CacheSize, &l2_bytes) == cudaSuccess) e.l2_budget = l2_bytes / 2;
@@ -487,6 +493,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ring_b, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
+        {(void**)&e.ffn_counters, sizeof(int) * kFfnCounters},
     };
     size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
     e.scratch_bytes = 0;
@@ -840,6 +847,19 @@ int trunk(openjet_engine& e, int t) {
         CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
                                    c.rms_eps, e.a, e.x, e.stream, l2_next(e, L.attn ? L.wq : L.qkv)));
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0) : gdn_mixer(e, L, t));
+        if (e.ffn_persistent && !e.prefilling) {
+            FfnPersistentArgs f;
+            f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
+            f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
+            f.gu_type = L.ffn_gate.type, f.down_type = L.ffn_down.type;
+            f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d;
+            f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
+            if (L.ffn_up.type == f.gu_type && ffn_persistent_takes(f)) {
+                mark(e, "ffn");  // the norm inside
+                CHECK(launch_ffn_persistent(f, e.stream));
+                continue;
+            }
+        }
         mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream, l2_next(e, L.ffn_gate)));

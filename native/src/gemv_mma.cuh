@@ -525,19 +525,25 @@ __device__ __forceinline__ void tile_unit_rows(const uint4* stage, uintptr_t til
     }
 }
 
+// What gemv_tile_warp waits for between its first weight copies and its first activation read: the kernel before
+// it in the stream (pdl.cuh), or, in a persistent kernel, a counter (ffn_persistent.cu).
+struct PdlWait {
+    __device__ __forceinline__ void operator()() const { pdl_wait(); }
+};
+
 // The stages of a warp's pipeline taking kIlp units per wait.
 template <int kIlp> __host__ __device__ constexpr int gemv_stages() { return kIlp == 1 ? kGemvStages : kGemvStagesIlp; }
 
 // The warp's part of a tile: rows [row0, row0 + kRows) over units [u0, u1), for NG groups of 8 token rows of
 // x starting at group grp0 (rows >= t: UnitX), into acc (its C fragments; a half tile's rows g + 8, acc[j][2..3],
 // stay as they were). smem: this warp's kWarpWords (MmaShape<QT, kRows, gemv_stages<kIlp>()>). A device function,
-// so that a persistent kernel can call it per work item. kIlp = 2: two units per wait, both in one stretch of code
+// so that a persistent kernel can call it per work item, with its own `wait` (PdlWait's place). kIlp = 2: two units per wait, both in one stretch of code
 // with no barrier between them, so that the second unit's loads and dequantisation can fill the first one's
 // stalls; the same operations on acc in the same order: the same bits.
-template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1>
+template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1, class Wait = PdlWait>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,
-                                               uint4* smem, float (&acc)[NG][4]) {
+                                               uint4* smem, float (&acc)[NG][4], const Wait& wait = Wait{}) {
     static_assert(kIlp == 1 || kIlp == 2, "one or two units per wait");
     constexpr int kStages = gemv_stages<kIlp>();
     using S = MmaShape<QT, kRows, kStages>;
@@ -554,7 +560,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
-    pdl_wait();  // the weights above are immutable; the activations and outputs are the stream's (pdl.cuh)
+    wait();  // the weights above are immutable; the activations and outputs are another kernel's (pdl.cuh)
 
     const int kb = k / kActBlock;
     UnitX ux[NG];
@@ -606,6 +612,25 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     cp_async_wait<0>();
 }
 
+// A tile's output from its warps' C fragments part[warp] (warp i: k quarter i), by one warp: the quarters added in
+// order, y[col, row] = sum * inv[col] for rows < n and columns < t.
+template <int NG, int kRows>
+__device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0, int grp0,
+                                               int n, int t, const float* inv, float* __restrict__ y) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2 * (kRows / 8); ++c) {
+            float v = part[0][j][lane][c];
+#pragma unroll
+            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
+            const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
+            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, inv[col]);
+        }
+    }
+}
+
 // A second weight matrix one launch may carry (launch_gemv_mma_pair): blocks from `from` on compute it, with
 // the first's type, k and activations. Its blocks do exactly what its own launch's blocks would do.
 struct GemvSecond {
@@ -648,20 +673,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
 #pragma unroll
         for (int c = 0; c < 4; ++c) part[warp][j][lane][c] = acc[j][c];
     __syncthreads();
-    if (warp == 0) {
-        const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-        for (int j = 0; j < NG; ++j) {
-#pragma unroll
-            for (int c = 0; c < 2 * (kRows / 8); ++c) {
-                float v = part[0][j][lane][c];
-#pragma unroll
-                for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
-                const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
-                if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, x.inv[col]);
-            }
-        }
-    }
+    if (warp == 0) tile_sum_store<NG, kRows>(part, lane, row0, grp0, n, t, x.inv, y);
 }
 
 // ------------------------------------------------------------------------------------------ prefill

@@ -82,6 +82,7 @@ PREFILL_SWITCHES = {
     "OPENJET_PREFILL_WGMMA": ("0", "1", "2", "3"),          # prefill_gemm.cu, prefill_wgmma_mode
     "OPENJET_GDN_CHUNKED": ("0", "1"),                      # gdn_chunk.cu, gdn_chunked
     "OPENJET_L2_PREFETCH": ("0", "1"),                      # engine.cu, l2_budget (decode; read at load)
+    "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }
 
 

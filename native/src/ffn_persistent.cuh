@@ -1,0 +1,41 @@
+// One layer's FFN of a decode step in one persistent launch (issue 7's build step 2, docs/MEGAKERNEL.md): the
+// post-attention add-norm pack, gate + up, the swiglu pack and down, as phases of one cooperative kernel whose
+// blocks wait on counters instead of kernel boundaries, so a phase's weights start streaming before its input is
+// ready. Every output is computed by the device functions the separate launches use, in the same order: the same
+// bits. Opt-in (OPENJET_FFN_PERSISTENT=1 at load) until measured.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "act_pack.cuh"
+
+namespace openjet {
+
+struct FfnPersistentArgs {
+    int t = 0;                    // token rows, 1..kActRows
+    int n_embd = 0, n_ff = 0;     // model width, FFN width (multiples of 256)
+    float eps = 0.0f;             // the norm's
+    float* h = nullptr;           // [t, n_embd] residual: h += mix_in
+    const float* mix_in = nullptr;     // [t, n_embd] the mixer's output
+    const float* post_norm = nullptr;  // [n_embd]
+    ActPack x;                    // the pack: the norm's rows at 0.., the swiglu rows at kActRows.. (>= 16 rows)
+    int gu_type = -1, down_type = -1;  // k-quant types of gate / up and of down
+    const void* gate = nullptr;   // [n_ff, n_embd]
+    const void* up = nullptr;     // [n_ff, n_embd]
+    const void* down = nullptr;   // [n_embd, n_ff]
+    float* g_out = nullptr;       // [t, n_ff]
+    float* u_out = nullptr;       // [t, n_ff]
+    float* mix_out = nullptr;     // [t, n_embd] down's output
+    int* counters = nullptr;      // kFfnCounters ints of device memory (zeroed by the launch)
+};
+
+constexpr int kFfnCounters = 4;
+
+// Whether the kernel is built for this pair of weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K
+// down), the pack holds its two row ranges and the shapes fit; otherwise the caller takes the separate launches.
+bool ffn_persistent_takes(const FfnPersistentArgs& a);
+
+// The cooperative launch on `stream` (after zeroing the counters there).
+cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream);
+
+}  // namespace openjet
