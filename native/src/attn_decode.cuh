@@ -158,7 +158,6 @@ struct AttnDecodeArgs {
     int sm_count;            // multiprocessors; <= 0: read from the current device
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
-    L2Next l2_next;          // weights the prep kernel warms in L2 (l2_prefetch.cuh: the output projection's)
     bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
                              // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
 };
@@ -517,7 +516,9 @@ __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int ch
 }
 
 // Standalone launches: prep, chunks, combine on one stream. Returns cudaErrorInvalidValue on bad arguments.
-cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream);
+// next: weights the prep kernel warms in L2 meanwhile (l2_prefetch.cuh: the output projection's), a kernel argument
+// of its own so that the chunk kernels' arguments (and registers) stay as they were.
+cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next = {});
 
 // Step 1's cache stores alone (k normed and rotated, v raw, rows n_past .. n_past + t - 1; t < 65,536): what
 // filling a cache needs when nothing attends (the MTP head's fill). Reads k, v, k_norm and the caches only.

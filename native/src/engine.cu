@@ -679,8 +679,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
     g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
     g.y = e.y;
-    g.l2_next = l2_next(e, L.ssm_out);
-    CHECK(launch_gdn_step(g, e.stream));
+    CHECK(launch_gdn_step(g, e.stream, l2_next(e, L.ssm_out)));
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
@@ -746,7 +745,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
     const PrefillAttn form = e.prefilling ? prefill_attn(a.kv_type) : PrefillAttn::kPairs;
     a.hi_only = form == PrefillAttn::kChunks;
-    a.l2_next = l2_next(e, L.wo);
+    const L2Next wo_next = l2_next(e, L.wo);
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit
     // depends on where they lie): big2 is a chunk's FFN width, so the launches grow with the chunk.
@@ -764,7 +763,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
-        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream));
+        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream, wo_next));
         r0 += rows;
     }
     phase("attn.out_proj");

@@ -69,12 +69,13 @@ struct GdnStepArgs {
     int proj_k = 0;
     float* b_out = nullptr;
     float* alpha_out = nullptr;
-    L2Next l2_next;  // weights to warm in L2 while the step runs (l2_prefetch.cuh: the next GEMV's; none by default)
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
 // without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split and its gated RMSNorm launch.
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream);
+// next: weights the step's kernel warms in L2 meanwhile (l2_prefetch.cuh: the output projection's), an argument of
+// its own so that GdnStepArgs (and the step's registers) stay as they were.
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, L2Next next = {});
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 
