@@ -132,7 +132,8 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     if (cached) {
 #pragma unroll
         for (int j = 0; j < kCached; ++j)
-            if (warp + kThreads / 32 * j < nb)  // v[j]: element threadIdx.x + j kThreads, 32-block warp + kThreads / 32 j
+            // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j
+            if (warp + kThreads / 32 * j < nb)
                 pack_block(v[j], s, warp + kThreads / 32 * j, h, sum);  // whole warps: k % 32 == 0
     } else {
         for (int b = warp; b < nb; b += kThreads / 32) pack_block(value(b * kActBlock + lane), s, b, h, sum);

@@ -96,13 +96,13 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     // 1. the post-attention add-norm pack
     if (blockIdx.x < a.t) {
-        float* staged = reinterpret_cast<float*>(smem);
+        float* staged = reinterpret_cast<float*>(smem);  // the teams' stages are not in use yet
         if (a.n_embd <= kAddNormStagedMax)
-            add_norm_pack_row<true, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr, a.x, blockIdx.x,
-                                              staged);
+            add_norm_pack_row<true, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr,
+                                                               a.x, blockIdx.x, staged);
         else
-            add_norm_pack_row<false, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr, a.x,
-                                               blockIdx.x, staged);
+            add_norm_pack_row<false, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr,
+                                                                a.x, blockIdx.x, staged);
         block_release(&ctr[0], 1);
     }
 
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     const int g_tiles = (a.n_ff + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < 2 * g_tiles; i += n_teams) {
         const bool up = i >= g_tiles;
-        tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd, (up ? i - g_tiles : i) * kMmaRows,
-             a.x, up ? a.u_out : a.g_out, CounterWait{&ctr[0], a.t});
+        tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd,
+             (up ? i - g_tiles : i) * kMmaRows, a.x, up ? a.u_out : a.g_out, CounterWait{&ctr[0], a.t});
     }
     int mine = 0;
     for (int tm = 0; tm < kTeams; ++tm) mine += team_tiles(blockIdx.x * kTeams + tm, n_teams, 2 * g_tiles);
@@ -137,7 +137,8 @@ template <int QG, int QD, int kTeams>
 cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
     const size_t smem = smem_bytes<QG, QD, kTeams>(a.n_embd);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
+    if (cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
         return e;
     int sms = 0, per_sm = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;

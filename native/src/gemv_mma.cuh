@@ -537,9 +537,9 @@ template <int kIlp> __host__ __device__ constexpr int gemv_stages() { return kIl
 // The warp's part of a tile: rows [row0, row0 + kRows) over units [u0, u1), for NG groups of 8 token rows of
 // x starting at group grp0 (rows >= t: UnitX), into acc (its C fragments; a half tile's rows g + 8, acc[j][2..3],
 // stay as they were). smem: this warp's kWarpWords (MmaShape<QT, kRows, gemv_stages<kIlp>()>). A device function,
-// so that a persistent kernel can call it per work item, with its own `wait` (PdlWait's place). kIlp = 2: two units per wait, both in one stretch of code
-// with no barrier between them, so that the second unit's loads and dequantisation can fill the first one's
-// stalls; the same operations on acc in the same order: the same bits.
+// so that a persistent kernel can call it per work item, with its own `wait` (PdlWait's place). kIlp = 2: two
+// units per wait, both in one stretch of code with no barrier between them, so that the second unit's loads and
+// dequantisation can fill the first one's stalls; the same operations on acc in the same order: the same bits.
 template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1, class Wait = PdlWait>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,

@@ -23,7 +23,8 @@ __device__ __forceinline__ void l2_prefetch(const L2Next& next) {
     const uintptr_t first = reinterpret_cast<uintptr_t>(next.p) & ~uintptr_t(127);
     const uintptr_t end = reinterpret_cast<uintptr_t>(next.p) + next.bytes;
     const size_t lines = (end - first + 127) / 128;
-    const size_t threads = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z;
+    const size_t threads =
+        static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z;
     const size_t block = (static_cast<size_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const size_t tid = block * blockDim.x * blockDim.y * blockDim.z +
                        (static_cast<size_t>(threadIdx.z) * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
