@@ -2,7 +2,7 @@
 # The kernel benchmarks a session runs beside gpu_bench_engine.sh, in ONE device call (~4 minutes with the machine's
 # start): the engine built for this GPU, the GDN step (bench_gdn.py: decode rows, and prefill calls of 64 / 512 /
 # 2,048 rows by the recurrence and by the chunked WY form), the decode GEMV mix with every shape forced
-# (bench_gemv.py --decode-only: 16-row tiles, half tiles, two units per wait) with programmatic dependent launch
+# (bench_gemv.py --decode-only: 16-row tiles, half tiles) with programmatic dependent launch
 # off, since back-to-back copies of one small-grid call share SMs under it, which the engine's step does not
 # (NOTES_gemv.md, 2026-12-02), then the server's API tests on the CUDA engine. Results in $OUT: gdn.json,
 # gemv-decode-nopdl.json, their .err tables, pytest-server.log, build.log.

@@ -377,38 +377,40 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     np.testing.assert_array_equal(out[True], out[False])
 
 
+def decode_sequence_logits(engine, ids) -> np.ndarray:
+    """A fresh sequence's logits over a 13-token prefill (all rows), 7 T = 1 and 4 T = 5 decode steps after it (the
+    FFN's gate + up pair included) and 3 MTP drafts: the call sequence the decode bit tests compare."""
+    state = engine.new_state()
+    parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
+    parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
+    parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 40, 5)]
+    parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
+    return np.concatenate(parts)
+
+
 def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
-    """The decode GEMV's experimental shapes against 16-row tiles everywhere: 8-row tiles everywhere, where they
-    fit one wave of the GPU (auto), and 16-row tiles taking two units per wait (OPENJET_GEMV_ILP=2): after the
-    same prefill, T = 1 and T = 5 steps (the FFN's gate + up pair included) and MTP drafts give the same logits
-    bit for bit."""
+    """The decode GEMV's tile settings against 16-row tiles everywhere: 8-row tiles everywhere and where they fit
+    one wave of the GPU (auto, the default) give the same logits bit for bit (decode_sequence_logits)."""
     from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(23).integers(0, 4096, 40)
     out = {}
     engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
     try:
-        for tiles in ("16", "8", "auto", "16-ilp"):
-            kt.set_gemv_tiles(tiles.split("-")[0])
-            kt.set_gemv_ilp(2 if tiles.endswith("ilp") else 1)
-            state = engine.new_state()
-            parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
-            parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
-            parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 40, 5)]
-            parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
-            out[tiles] = np.concatenate(parts)
+        for tiles in ("16", "8", "auto"):
+            kt.set_gemv_tiles(tiles)
+            out[tiles] = decode_sequence_logits(engine, ids)
     finally:
         kt.set_gemv_tiles("env")
-        kt.set_gemv_ilp(0)
         engine.close()
     assert np.isfinite(out["16"]).all()
-    for tiles in ("8", "auto", "16-ilp"):
+    for tiles in ("8", "auto"):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
 @pytest.mark.parametrize("switch", ["OPENJET_L2_PREFETCH", "OPENJET_FFN_PERSISTENT"])
 def test_decode_experiments_keep_every_bit(models, switch, monkeypatch):
-    """Switches read at load that must not change a bit, each =1 against =0 after the same prefill, T = 1 and T = 5
-    steps and MTP drafts (the call sequence of the GEMV shape test above): OPENJET_L2_PREFETCH (l2_prefetch.cuh: the
+    """Switches read at load that must not change a bit, each =1 against =0 over decode_sequence_logits:
+    OPENJET_L2_PREFETCH (l2_prefetch.cuh: the
     kernels before each decode GEMV prefetch its weights into L2; prefetches are hints) and OPENJET_FFN_PERSISTENT
     (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device functions; the small model's
     Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes)."""
@@ -422,12 +424,7 @@ def test_decode_experiments_keep_every_bit(models, switch, monkeypatch):
         monkeypatch.setenv(switch, value)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
-            state = engine.new_state()
-            parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
-            parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
-            parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 40, 5)]
-            parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
-            out[value] = np.concatenate(parts)
+            out[value] = decode_sequence_logits(engine, ids)
         finally:
             engine.close()
     assert np.isfinite(out["0"]).all()

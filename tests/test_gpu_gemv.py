@@ -214,21 +214,15 @@ def test_gemv_rows_do_not_depend_on_t(qtype):
         np.testing.assert_array_equal(yt, singles[:t], err_msg=f"T={t}")
 
 
-# The decode GEMV's experimental shapes, each a (tiles, units per wait) setting (kernels_test.set_gemv_tiles /
-# set_gemv_ilp): 8-row tiles everywhere, 8-row tiles where they fit one wave of the GPU, 16-row tiles with two units
-# per wait.
-DECODE_SHAPES = {"half": ("8", 1), "auto": ("auto", 1), "two-units": ("16", 2)}
-
-
-@pytest.mark.parametrize("shape", DECODE_SHAPES)
+# The decode GEMV's other tile settings (kernels_test.set_gemv_tiles): 8-row tiles everywhere, and "auto" (the
+# default: 8-row tiles where they fit one wave of the GPU and help).
+@pytest.mark.parametrize("tiles", ["8", "auto"])
 @pytest.mark.parametrize("qtype", KQUANTS)
-def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, shape):
-    """Each experimental decode shape against 16-row tiles taking one unit per wait, bit for bit: a half tile's rows
-    g + 8 are zeros in the mma, which leaves rows g alone; two units per wait do the same operations on the
-    accumulators in the same order. Partial tiles (n = 33, 1,000), warps with odd and even unit counts and rows
-    alternating 4-byte alignment (k = 1,280 / 2,560: 5 / 10 units a row), the 27B's n = 5,120 shape, t = 1, 3, 8;
-    the 16-row results are the ones the other tests check against numpy."""
-    tiles, units = DECODE_SHAPES[shape]
+def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, tiles):
+    """Each tile setting against 16-row tiles, bit for bit: a half tile's rows g + 8 are zeros in the mma, which
+    leaves rows g alone. Partial tiles (n = 33, 1,000), warps with odd and even unit counts and rows alternating
+    4-byte alignment (k = 1,280 / 2,560: 5 / 10 units a row), the 27B's n = 5,120 shape, t = 1, 3, 8; the 16-row
+    results are the ones the other tests check against numpy."""
     rng = np.random.default_rng(21)
     try:
         for n, k in [(33, 1280), (1000, 2560), (5120, 6144)]:
@@ -236,16 +230,13 @@ def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, shape):
             x = random_x(rng, 8, k)
             for t in (1, 3, 8):
                 kt.set_gemv_tiles("16")
-                kt.set_gemv_ilp(1)
                 base = kt.gemv(Q[qtype], raw, x[:t])
                 kt.set_gemv_tiles(tiles)
-                kt.set_gemv_ilp(units)
                 got = kt.gemv(Q[qtype], raw, x[:t])
                 assert np.isfinite(base).all()
                 np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t}")
     finally:
         kt.set_gemv_tiles("env")
-        kt.set_gemv_ilp(0)
 
 
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])

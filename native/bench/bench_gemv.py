@@ -36,11 +36,11 @@ TS = (1, 2, 4, 8)
 # the default numerics (the fast GEMM for Q4_K/Q5_K/Q6_K, prefill_gemm.cuh); "-exact" / "-grouped" / "-shared":
 # OPENJET_PREFILL_GEMM (decode's numerics).
 PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "128-shared", "512-shared")
-# Decode with each shape forced ("-t16": 16-row tiles, "-t8": half tiles, "-i2": 16-row tiles taking two units per
-# wait; plain T: OPENJET_GEMV_HALF's and OPENJET_GEMV_ILP's choice, by default "auto" tiles, one unit). Under PDL
-# the back-to-back copies of one small-grid call share SMs (H200: Q6_K 17408 -> 5120 at T = 1 56.6 us in 16-row
-# tiles with OPENJET_PDL=1, 43.4 with 0), which the engine's step never does: compare such calls with PDL off.
-TILE_TS = ("1-t16", "1-t8", "1-i2", "8-t16", "8-t8", "8-i2")
+# Decode with each shape forced ("-t16": 16-row tiles, "-t8": half tiles; plain T: OPENJET_GEMV_HALF's choice, by
+# default "auto"). Under PDL the back-to-back copies of one small-grid call share SMs (H200: Q6_K 17408 -> 5120 at
+# T = 1 56.6 us in 16-row tiles with OPENJET_PDL=1, 43.4 with 0), which the engine's step never does: compare such
+# calls with PDL off.
+TILE_TS = ("1-t16", "1-t8", "8-t16", "8-t8")
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -110,8 +110,6 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
         t = int(t)
         if how.startswith("t"):
             kt.set_gemv_tiles(how[1:])
-        elif how.startswith("i"):
-            kt.set_gemv_ilp(int(how[1:]))
         elif how:
             os.environ["OPENJET_PREFILL_GEMM"] = how
         try:
@@ -122,8 +120,6 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
             os.environ.pop("OPENJET_PREFILL_GEMM", None)
             if how.startswith("t"):
                 kt.set_gemv_tiles("env")
-            if how.startswith("i"):
-                kt.set_gemv_ilp(0)
         out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)
     return out
@@ -217,9 +213,9 @@ def main() -> None:
                                                    for k, v in tiles.items()), file=sys.stderr)
     for r in results:
         if "1-t8" in r["us"]:
-            print(f"  {r['name']:>14} {r['type']:>5} T1 default/16/8/ilp2 " + " / ".join(
-                f"{r['us'][key]:.1f}" for key in (1, "1-t16", "1-t8", "1-i2")) + "  T8 default/16/8/ilp2 " + " / ".join(
-                f"{r['us'][key]:.1f}" for key in (8, "8-t16", "8-t8", "8-i2")), file=sys.stderr)
+            print(f"  {r['name']:>14} {r['type']:>5} T1 default/16/8 " + " / ".join(
+                f"{r['us'][key]:.1f}" for key in (1, "1-t16", "1-t8")) + "  T8 default/16/8 " + " / ".join(
+                f"{r['us'][key]:.1f}" for key in (8, "8-t16", "8-t8")), file=sys.stderr)
     print(f"{'shape':>14} {'type':>5} {'MB':>7} " + " ".join(f"T{t}:us  GB/s   %" .rjust(22) for t in TS)
           + "  T4/T1", file=sys.stderr)
     for r in results:

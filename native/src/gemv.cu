@@ -126,47 +126,29 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
     return launch_gemv_f32_rows(part, stream);
 }
 
+// OPENJET_GEMV_HALF, read at the first decode call (a decode launch reads no environment after that) and set by
+// tests and benchmarks: a GemvHalfTiles value, or kFromEnv (read the environment again at the next call).
+constexpr int kFromEnv = -1;
+std::atomic<int> g_half_tiles{kFromEnv};
+
+int half_tiles_from_env() {
+    const char* e = std::getenv("OPENJET_GEMV_HALF");
+    return static_cast<int>(e && std::strcmp(e, "1") == 0   ? GemvHalfTiles::kAlways
+                            : e && std::strcmp(e, "0") == 0 ? GemvHalfTiles::kNever
+                                                            : GemvHalfTiles::kAuto);
+}
+
 }  // namespace
 
-namespace {
-
-// A decode-shape switch: read from the environment at its first use (a decode launch reads no environment after
-// that), set by tests and benchmarks; kFromEnv reads the environment again at the next use.
-class DecodeSwitch {
-  public:
-    static constexpr int kFromEnv = -1;
-    constexpr DecodeSwitch(const char* name, int (*parse)(const char*)) : name_(name), parse_(parse) {}
-    int get() {
-        int v = value_.load(std::memory_order_relaxed);
-        if (v == kFromEnv) {
-            value_.compare_exchange_strong(v, parse_(std::getenv(name_)));
-            v = value_.load(std::memory_order_relaxed);
-        }
-        return v;
+GemvHalfTiles gemv_half_tiles() {
+    int v = g_half_tiles.load(std::memory_order_relaxed);
+    if (v == kFromEnv) {
+        g_half_tiles.compare_exchange_strong(v, half_tiles_from_env());
+        v = g_half_tiles.load(std::memory_order_relaxed);
     }
-    void set(int v) { value_.store(v); }
-
-  private:
-    std::atomic<int> value_{kFromEnv};
-    const char* name_;
-    int (*parse_)(const char*);
-};
-
-bool env_is(const char* e, const char* value) { return e && std::strcmp(e, value) == 0; }
-
-DecodeSwitch g_half_tiles("OPENJET_GEMV_HALF", [](const char* e) {
-    return static_cast<int>(env_is(e, "1")   ? GemvHalfTiles::kAlways
-                            : env_is(e, "0") ? GemvHalfTiles::kNever
-                                             : GemvHalfTiles::kAuto);
-});
-DecodeSwitch g_ilp("OPENJET_GEMV_ILP", [](const char* e) { return env_is(e, "2") ? 2 : 1; });
-
-}  // namespace
-
-GemvHalfTiles gemv_half_tiles() { return static_cast<GemvHalfTiles>(g_half_tiles.get()); }
-void set_gemv_half_tiles(int mode) { g_half_tiles.set(mode >= 0 && mode <= 2 ? mode : DecodeSwitch::kFromEnv); }
-int gemv_ilp() { return g_ilp.get(); }
-void set_gemv_ilp(int units) { g_ilp.set(units == 1 || units == 2 ? units : DecodeSwitch::kFromEnv); }
+    return static_cast<GemvHalfTiles>(v);
+}
+void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ? mode : kFromEnv); }
 
 bool prefill_numerics_own() { return prefill_gemm_choice() == PrefillGemm::kFast; }
 

@@ -51,12 +51,6 @@ GemvHalfTiles gemv_half_tiles();
 // choice again.
 void set_gemv_half_tiles(int mode);
 
-// Units a decode warp takes per wait in 16-row tiles: 1, or 2 where OPENJET_GEMV_ILP=2 in the environment at the
-// first call (an experiment: gemv_mma.cuh, gemv_tile_warp; the same bits). set_gemv_ilp: tests and benchmarks
-// (any other value: the environment's choice again).
-int gemv_ilp();
-void set_gemv_ilp(int units);
-
 // Whether a prefill takes numerics of its own (OPENJET_PREFILL_GEMM unset or "fast", read at each call): then the
 // prefill's other forms of its own (the single-fp16 attention, OPENJET_PREFILL_ATTN; the opt-in chunked GDN,
 // OPENJET_GDN_CHUNKED) apply too; under "exact" a prefill leaves decode's bits and none of them does.

@@ -84,28 +84,19 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 #endif
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
-// Two units per wait (OPENJET_GEMV_ILP=2, an experiment: gemv_tile_warp): their stages, so that two units stay in
-// flight while two are computed, and the blocks per SM the registers are cut for (two units' temporaries live).
-#ifndef OPENJET_GEMV_STAGES_ILP
-#define OPENJET_GEMV_STAGES_ILP 5
-#endif
-#ifndef OPENJET_GEMV_MIN_BLOCKS_ILP
-#define OPENJET_GEMV_MIN_BLOCKS_ILP 3
-#endif
-constexpr int kGemvStagesIlp = OPENJET_GEMV_STAGES_ILP;
-static_assert(kGemvStages >= 2 && kGemvStagesIlp >= 3, "cp.async stages: one in use, the rest in flight");
+static_assert(kGemvStages >= 2, "cp.async stages: one in use, the rest in flight");
 constexpr int kUnitElems = kGemvUnit;
 constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
 // kRows: weight rows per tile, 16 (an mma's rows) or 8 (a half tile: the mma's rows g + 8 are zeros; see
 // gemv_mma_kernel for why).
-template <int QT, int kRows = kMmaRows, int kStages = kGemvStages> struct MmaShape {
+template <int QT, int kRows = kMmaRows> struct MmaShape {
     static_assert(kRows == 16 || kRows == 8, "a tile is an mma's 16 rows or its first 8");
     static constexpr int kUnitBytes = Block<QT>::kBytes * (kUnitElems / Block<QT>::kElems);
     static constexpr bool kAligned = kUnitBytes % 16 == 0;  // then every unit of every row is 16-byte aligned
     static constexpr int kWords = kAligned ? kUnitBytes / 16 : (kUnitBytes + 14 + 15) / 16;  // per row and stage
     static constexpr int kStageWords = kRows * kWords;
-    static constexpr int kWarpWords = kStages * kStageWords;
+    static constexpr int kWarpWords = kGemvStages * kStageWords;
     static constexpr int kSmemBytes = kGemvWarps * kWarpWords * 16 + 16;  // +16: funnel reads one word past
 };
 
@@ -531,22 +522,15 @@ struct PdlWait {
     __device__ __forceinline__ void operator()() const { pdl_wait(); }
 };
 
-// The stages of a warp's pipeline taking kIlp units per wait.
-template <int kIlp> __host__ __device__ constexpr int gemv_stages() { return kIlp == 1 ? kGemvStages : kGemvStagesIlp; }
-
 // The warp's part of a tile: rows [row0, row0 + kRows) over units [u0, u1), for NG groups of 8 token rows of
 // x starting at group grp0 (rows >= t: UnitX), into acc (its C fragments; a half tile's rows g + 8, acc[j][2..3],
-// stay as they were). smem: this warp's kWarpWords (MmaShape<QT, kRows, gemv_stages<kIlp>()>). A device function,
-// so that a persistent kernel can call it per work item, with its own `wait` (PdlWait's place). kIlp = 2: two
-// units per wait, both in one stretch of code with no barrier between them, so that the second unit's loads and
-// dequantisation can fill the first one's stalls; the same operations on acc in the same order: the same bits.
-template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1, class Wait = PdlWait>
+// stay as they were). smem: this warp's kWarpWords (MmaShape<QT, kRows>). A device function, so that a persistent
+// kernel can call it per work item, with its own `wait` (PdlWait's place).
+template <int QT, int NG, int kRows = kMmaRows, class Wait = PdlWait>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,
                                                uint4* smem, float (&acc)[NG][4], const Wait& wait = Wait{}) {
-    static_assert(kIlp == 1 || kIlp == 2, "one or two units per wait");
-    constexpr int kStages = gemv_stages<kIlp>();
-    using S = MmaShape<QT, kRows, kStages>;
+    using S = MmaShape<QT, kRows>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;  // unit 0 of the tile's first row
     const TileCopy<QT, kRows> copy(row_bytes, n, row0, lane);
@@ -554,12 +538,12 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     auto issue = [&](int it) {
         const int u = u0 + it;
         if (u < u1)
-            copy.issue(tile0 + u * S::kUnitBytes, smem + static_cast<unsigned>(it) % kStages * S::kStageWords, lane);
+            copy.issue(tile0 + u * S::kUnitBytes, smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords, lane);
         cp_async_commit();
     };
 
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) issue(s);
+    for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
     wait();  // the weights above are immutable; the activations and outputs are another kernel's (pdl.cuh)
 
     const int kb = k / kActBlock;
@@ -573,7 +557,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     }
     auto unit = [&](int it) {  // unit u0 + it from its stage into acc
         const uint8_t* r[2];
-        tile_unit_rows<QT, kRows>(smem + static_cast<unsigned>(it) % kStages * S::kStageWords,
+        tile_unit_rows<QT, kRows>(smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords,
                                   tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
@@ -583,31 +567,12 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
         UnitMma<QT, NG, false, kRows / 8>::run(r, ux, tq, acc);
     };
     const int nu = u1 - u0;
-    int it = 0;
-    if constexpr (kIlp == 2) {
-        // Before the wait, kStages - 1 + it groups are committed; units it and it + 1 need groups 0 .. it + 1.
-        for (; it + 1 < nu; it += 2) {
-            cp_async_wait<kStages - 3>();
-            __syncwarp();
-            unit(it);
-            unit(it + 1);
-            __syncwarp();
-            issue(it + kStages - 1);  // into the stages of units it - 1 and it: both consumed
-            issue(it + kStages);
-        }
-        if (it < nu) {  // an odd count: the last unit
-            cp_async_wait<0>();
-            __syncwarp();
-            unit(it);
-        }
-    } else {
-        for (; it < nu; ++it) {
-            cp_async_wait<kStages - 2>();
-            __syncwarp();
-            unit(it);
-            __syncwarp();
-            issue(it + kStages - 1);
-        }
+    for (int it = 0; it < nu; ++it) {
+        cp_async_wait<kGemvStages - 2>();
+        __syncwarp();
+        unit(it);
+        __syncwarp();
+        issue(it + kGemvStages - 1);
     }
     cp_async_wait<0>();
 }
@@ -649,10 +614,9 @@ struct GemvSecond {
 // kRows = 8 (decode only): half tiles. Where a grid of 16-row tiles leaves block slots empty (every n = 5120
 // projection: 320 tiles), a warp's serial chain of units is what the call waits for; a half tile halves the
 // decoding per unit and doubles the blocks, with the bits of the full tile (UnitMma: rows are independent).
-// kIlp = 2 (decode only, opt-in): two units per wait (gemv_tile_warp), deeper stages, registers for 3 blocks.
-template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1>
-__global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : kIlp == 2 ? OPENJET_GEMV_MIN_BLOCKS_ILP
-                                                   : kRows == 8 ? OPENJET_GEMV_MIN_BLOCKS_HALF
+// (Two units per wait, deeper stages, was measured slower in the 27B's step and removed: NOTES_gemv.md.)
+template <int QT, int NG, int kRows = kMmaRows>
+__global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : kRows == 8 ? OPENJET_GEMV_MIN_BLOCKS_HALF
                                                    : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
                 float* __restrict__ y, GemvSecond second) {
@@ -665,9 +629,8 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     const int grp0 = block % blocks_per_tile * NG, tile = block / blocks_per_tile;
     const int nu = k / kUnitElems, row0 = tile * kRows;
     float acc[NG][4] = {};
-    gemv_tile_warp<QT, NG, kRows, kIlp>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps,
-                                        x, k, t, grp0,
-                                        smem + warp * MmaShape<QT, kRows, gemv_stages<kIlp>()>::kWarpWords, acc);
+    gemv_tile_warp<QT, NG, kRows>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k,
+                                  t, grp0, smem + warp * MmaShape<QT, kRows>::kWarpWords, acc);
 #pragma unroll
     for (int j = 0; j < NG; ++j)
 #pragma unroll
@@ -894,10 +857,10 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
 }
 
 // a's GEMV, and b's in the same launch when given (same type, k, t and activations), in tiles of kRows rows.
-template <int QT, int NG, int kRows = kMmaRows, int kIlp = 1>
+template <int QT, int NG, int kRows = kMmaRows>
 cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
-    using S = MmaShape<QT, kRows, gemv_stages<kIlp>()>;
-    auto kernel = gemv_mma_kernel<QT, NG, kRows, kIlp>;
+    using S = MmaShape<QT, kRows>;
+    auto kernel = gemv_mma_kernel<QT, NG, kRows>;
     // Opt in once to the dynamic size (static part[] included, the block may pass the default 48 KiB).
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
@@ -915,16 +878,16 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
 }
 
 // Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,
-// never (the default), or "auto": where the half tiles fit one wave of the half-tile kernel's block slots (its
+// never, or "auto" (the default): where the half tiles fit one wave of the half-tile kernel's block slots (its
 // occupancy, asked once, x the SM count: nothing about the GPU is compiled in) and either the type is Q6_K (the
 // longest unit, so the longest chain per warp) or the 16-row grid fills less than a quarter of the 16-row
 // kernel's slots. From the H200's calls alone without PDL (bench_gemv.py, OPENJET_PDL=0, 2026-12-02: in the
 // step a small-grid GEMV is followed by a one-block pack, not by another GEMV whose early blocks share its SMs),
 // T = 1 16-row -> half: Q6_K 17408 -> 5120 43.4 -> 37.1 us, Q6_K 5120 -> 1024 10.4 -> 6.9, Q4_K 5120 -> 1024 5.9 ->
 // 5.5; lost: Q4_K 17408 -> 5120 22.0 -> 24.8, Q5_K 6144 -> 5120 12.2 -> 13.0, and every call whose half tiles
-// need a second wave (Q4_K 5120 -> 6144 9.4 -> 14.0). Expected ~0.24 ms of the 27B's 10.6 ms step, NOT yet
-// measured in the step: the first rule (every one-wave call) moved nothing there (T = 1 ffn 5.81 -> 5.79 ms,
-// gdn.out_proj 0.92 -> 0.98), so 16-row tiles stay the default until "auto" measures faster.
+// need a second wave (Q4_K 5120 -> 6144 9.4 -> 14.0). In the 27B's step (H200, 13e6b67): T = 1 10.69 -> 10.27 ms
+// (bench/results/engine-full-h200-13e6b67-half-auto.json); the first, wider rule (every one-wave call) had moved
+// nothing there.
 template <int QT>
 bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
     const GemvHalfTiles mode = gemv_half_tiles();
@@ -949,12 +912,10 @@ bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
     return half_tiles <= slots.half && (QT == kQ6_K || 4 * tiles < slots.full);
 }
 
-// One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles), 16-row ones two units per
-// wait where gemv_ilp() says so: the same bits.
+// One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles): the same bits.
 template <int QT>
 cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
     if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
-    if (gemv_ilp() == 2) return launch_gemv_mma_ng<QT, 1, kMmaRows, 2>(a, stream, b);
     return launch_gemv_mma_ng<QT, 1>(a, stream, b);
 }
 

@@ -207,14 +207,6 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     return OPENJET_OK;
 }
 
-// Units per wait of the decode GEMV's 16-row tiles for the calls that follow: 1 or 2, or 0 for what
-// OPENJET_GEMV_ILP says (gemv_ilp).
-extern "C" OPENJET_API int openjet_test_set_gemv_ilp(int units) {
-    if (units < 0 || units > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_ilp: units must be 0, 1 or 2");
-    set_gemv_ilp(units);
-    return OPENJET_OK;
-}
-
 // 1 where this build and device run the prefill GEMM's wgmma kernel (prefill_wgmma_available), else 0.
 extern "C" OPENJET_API int openjet_test_prefill_wgmma_available() { return prefill_wgmma_available() ? 1 : 0; }
 

@@ -58,7 +58,6 @@ def _lib() -> ctypes.CDLL:
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
-        "set_gemv_ilp": [_I],
         "prefill_wgmma_available": [],
     })
 
@@ -213,15 +212,6 @@ def prefill_wgmma_available() -> bool:
     """Whether this library and GPU run the prefill GEMM's wgmma kernel (a 90a build on compute capability 9.0;
     OPENJET_PREFILL_WGMMA=1 then takes it)."""
     return bool(_lib().openjet_test_prefill_wgmma_available())
-
-
-def set_gemv_ilp(units: int) -> None:
-    """Units a decode warp of the 16-row GEMV takes per wait for the calls that follow, in this process: 1, 2 (the
-    same bits), or 0 for what OPENJET_GEMV_ILP says (by default 1)."""
-    if units not in (0, 1, 2):
-        raise ValueError(f"units must be 0, 1 or 2, got {units!r}")
-    lib = _lib()
-    _check(lib, lib.openjet_test_set_gemv_ilp(units), "set_gemv_ilp")
 
 
 def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
