@@ -10,17 +10,6 @@ set -o pipefail
 device_wheels
 build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-cat > /tmp/one_gemv.py <<'PY'
-import sys
-import numpy as np
-from openjet_launcher.engine import kernels_test as kt
-qtype, n, k, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = np.random.default_rng(0)
-elems, nbytes = kt.BLOCK[kt.QTYPES[qtype]]
-w = rng.integers(0, 256, (n, k // elems * nbytes), dtype=np.uint8)   # random blocks: the timing does not care
-w.view(np.uint16)[:, 0] = 0x2000                                     # a small finite first scale per row
-kt.gemv(kt.QTYPES[qtype], w, rng.standard_normal((t, k), dtype=np.float32))
-PY
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats"
@@ -29,7 +18,7 @@ run_one() {  # label env... -- args
   local label=$1; shift
   echo "== $label" | tee -a "$OUT/ncu-gemv.csv"
   env "$@" timeout 120 "$NCU" --clock-control none --kernel-name regex:"gemv_mma_kernel|prefill_mma_kernel" \
-    --launch-count 1 $sections --csv --page details python3 /tmp/one_gemv.py $ARGS >> "$OUT/ncu-gemv.csv" 2> "$OUT/ncu-$label.err"
+    --launch-count 1 $sections --csv --page details python3 native/bench/one_gemv.py $ARGS >> "$OUT/ncu-gemv.csv" 2> "$OUT/ncu-$label.err"
   grep -E '"(Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible)"' \
     "$OUT/ncu-gemv.csv" | tail -9 | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}'
 }

@@ -10,17 +10,6 @@ set -o pipefail
 device_wheels
 build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-cat > /tmp/one_prefill.py <<'PY'
-import sys
-import numpy as np
-from openjet_launcher.engine import kernels_test as kt
-qtype, n, k, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = np.random.default_rng(0)
-elems, nbytes = kt.BLOCK[kt.QTYPES[qtype]]
-w = rng.integers(0, 256, (n, k // elems * nbytes), dtype=np.uint8)   # random blocks: the timing does not care
-w.view(np.uint16)[:, 0] = 0x2000                                     # a small finite first scale per row
-kt.bench_gemv(kt.QTYPES[qtype], w, k, t, 1, 1, 1)                    # rows > 8: the prefill path
-PY
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
@@ -30,14 +19,14 @@ for shape in "Q4_K 17408 5120 2048" "Q6_K 5120 17408 2048"; do
   echo "== $shape" | tee -a "$OUT/ncu-prefill.csv"
   # shellcheck disable=SC2086  # sections and shape are word lists
   timeout 120 "$NCU" --clock-control none --kernel-name regex:"prefill_gemm_kernel" --launch-count 1 $sections \
-    --csv --page details python3 /tmp/one_prefill.py $shape > /tmp/ncu-one.csv 2> "$OUT/ncu-${shape// /-}.err"
+    --csv --page details python3 native/bench/one_gemv.py $shape --bench > /tmp/ncu-one.csv 2> "$OUT/ncu-${shape// /-}.err"
   cat /tmp/ncu-one.csv >> "$OUT/ncu-prefill.csv"
   grep -E '"(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Block Limit (Registers|Shared Mem)|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps Per Scheduler|Active Warps Per Scheduler|Warp Cycles Per Issued Instruction|Shared Memory Bandwidth|Executed Ipc Active)"' \
     /tmp/ncu-one.csv | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}'
   # the warp stall reasons, per issued instruction (a second pass: raw metrics)
   timeout 100 "$NCU" --clock-control none --kernel-name regex:"prefill_gemm_kernel" --launch-count 1 --csv \
     --page raw --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    python3 /tmp/one_prefill.py $shape > /tmp/ncu-stalls.csv 2>> "$OUT/ncu-${shape// /-}.err"
+    python3 native/bench/one_gemv.py $shape --bench > /tmp/ncu-stalls.csv 2>> "$OUT/ncu-${shape// /-}.err"
   cat /tmp/ncu-stalls.csv >> "$OUT/ncu-prefill.csv"
   python3 - /tmp/ncu-stalls.csv <<'PY'
 import csv, sys

@@ -13,8 +13,7 @@ import os
 import sys
 
 import numpy as np
-
-from openjet_launcher.engine import kernels_test as kt
+from bench_gemv import Q, kt, random_weights
 
 SHAPES = (("Q4_K", 17408, 5120), ("Q6_K", 5120, 17408), ("Q4_K", 10240, 5120), ("Q5_K", 5120, 6144))
 ROWS = 2048
@@ -26,12 +25,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     out = {"rows": ROWS, "results": []}
     for qtype, n, k in SHAPES:
-        elems, nbytes = kt.BLOCK[kt.QTYPES[qtype]]
-        w = rng.integers(0, 256, (n, k // elems * nbytes), dtype=np.uint8)  # random blocks: timing only
-        w.view(np.uint16)[:, 0] = 0x2000                                    # a small finite first scale per row
+        w = random_weights(rng, qtype, n, k)
         for mode in ("0", "1", "2", "3"):
             os.environ["OPENJET_PREFILL_WGMMA"] = mode
-            us = kt.bench_gemv(kt.QTYPES[qtype], w, k, ROWS, 2, 4, 3)
+            us = kt.bench_gemv(Q[qtype], w, k, ROWS, 2, 4, 3)
             tflops = 2 * n * k * ROWS / (min(us) * 1e-6) / 1e12
             out["results"].append({"type": qtype, "n": n, "k": k, "wgmma": int(mode), "us": us,
                                    "tflops": round(tflops, 1)})

@@ -316,6 +316,42 @@ constexpr int kCoreBytes = 128;                     // an 8 x 8 fp16 core matrix
 constexpr int kGroupBytes = kBK / 8 * kCoreBytes;   // 8 rows x 64 k: SBO (neighbour in rows / tokens)
 // Byte offset of elements 8 c .. 8 c + 7 (k) of row r in a tile of 64 k, core-matrix order.
 __device__ __forceinline__ int core_at(int r, int c) { return (r >> 3) * kGroupBytes + c * kCoreBytes + (r & 7) * 16; }
+
+// Step s of B (tokens col0 .. col0 + 127, past t token t - 1) into a core-matrix tile by cp.async: the calling
+// thread, `first` of kCopiers, copies 16-byte pieces first, first + kCopiers, ...
+template <int kCopiers>
+__device__ __forceinline__ void wg_copy_b(char* tile, const ActPack& x, int k, int t, int col0, int s, int first) {
+#pragma unroll
+    for (int i = 0; i < kWgToks * (kBK / 8) / kCopiers; ++i) {
+        const int c = first + kCopiers * i, r = c >> 3, part = c & 7;
+        const long long tok = min(col0 + r, t - 1);
+        cp_async16(tile + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
+    }
+}
+
+// A warpgroup's k step: its 64 rows of an A tile (at) times a B tile (bt), 4 wgmma m64n128k16, one group.
+__device__ __forceinline__ void wg_step(float (&acc)[64], const char* at, const char* bt) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)  // k16 = two core matrices along k
+        wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
+                         wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
+    wgmma_commit();
+}
+
+// A warpgroup's outputs: rows row0 .. row0 + 63 (< n) x tokens col0 .. col0 + 127 (< t), y = acc * inv[token].
+__device__ __forceinline__ void wg_store(const float (&acc)[64], int row0, int col0, int n, int t, const float* inv,
+                                         float* __restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int j = 0; j < kWgToks / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int row = row0 + 16 * warp + g + 8 * (c >> 1);
+            const int tok = col0 + 8 * j + 2 * tq + (c & 1);
+            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + c], inv[tok]);
+        }
+}
 #endif
 
 template <int QT, int kInFlight>
@@ -328,7 +364,7 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
     extern __shared__ __align__(128) uint4 smem[];
     char* as = reinterpret_cast<char*>(smem);  // [S::kA][kWgATile]
     char* bs = as + S::kA * kWgATile;          // [S::kB][kWgBTile]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, g = lane >> 2, tq = lane & 3;
+    const int tid = threadIdx.x, wg = tid >> 7;
     const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
     const int steps = k / kBK;
 
@@ -338,15 +374,7 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
         A::template store<kCoreBytes / 16>(
             r, wrow, s, ahalf, reinterpret_cast<uint4*>(as + (s % S::kA) * kWgATile + core_at(arow, 4 * ahalf)));
     };
-    const auto load_b = [&](int s) {  // 128 tokens x 64 halves: 1,024 pieces of 16 bytes, 4 a thread
-        char* stage = bs + (s % S::kB) * kWgBTile;
-#pragma unroll
-        for (int i = 0; i < kWgToks * (kBK / 8) / kWgThreads; ++i) {
-            const int c = tid + kWgThreads * i, r = c >> 3, part = c & 7;
-            const long long tok = min(col0 + r, t - 1);
-            cp_async16(stage + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
-        }
-    };
+    const auto load_b = [&](int s) { wg_copy_b<kWgThreads>(bs + (s % S::kB) * kWgBTile, x, k, t, col0, s, tid); };
 
     pdl_start();  // pdl.cuh: the activations are the previous kernel's
 #pragma unroll
@@ -368,14 +396,8 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
         __syncthreads();  // A tile s and B stage s complete; groups before s - kInFlight done in both warpgroups
         if (s + kWgAhead < steps) load_b(s + kWgAhead);
         cp_async_commit();
-        const char* at = as + (s % S::kA) * kWgATile + wg * (64 / 8) * kGroupBytes;  // this warpgroup's 64 rows
-        const char* bt = bs + (s % S::kB) * kWgBTile;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)  // k16 = two core matrices along k
-            wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
-                             wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
-        wgmma_commit();
+        // this warpgroup's 64 rows of A tile s, B stage s
+        wg_step(acc, as + (s % S::kA) * kWgATile + wg * (64 / 8) * kGroupBytes, bs + (s % S::kB) * kWgBTile);
         if (s + 1 < steps) {  // the next A buffer, while the tensor cores work on this one
             store_a(raw, s + 1);
             if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
@@ -384,15 +406,7 @@ prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, 
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int j = 0; j < kWgToks / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int row = row0 + 64 * wg + 16 * (warp & 3) + g + 8 * (c >> 1);
-            const int tok = col0 + 8 * j + 2 * tq + (c & 1);
-            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + c], x.inv[tok]);
-        }
+    wg_store(acc, row0 + 64 * wg, col0, n, t, x.inv, y);
 #endif
 }
 
@@ -440,13 +454,7 @@ prefill_wgmma_ws_kernel(const uint8_t* __restrict__ w, long long row_bytes, int 
             const int slot = s % kWsSlots;
             mbar_wait(&empty[slot], ((s / kWsSlots) & 1) ^ 1);
             char* a_tile = ring + slot * kWsSlotBytes;
-            char* b_tile = a_tile + kWgATile;
-#pragma unroll
-            for (int i = 0; i < kWgToks * (kBK / 8) / 128; ++i) {  // 128 tokens x 64 halves: 8 pieces a thread
-                const int c = row + 128 * i, r = c >> 3, part = c & 7;
-                const long long tok = min(col0 + r, t - 1);
-                cp_async16(b_tile + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
-            }
+            wg_copy_b<128>(a_tile + kWgATile, x, k, t, col0, s, row);
             mbar_arrive_on_copies(&full[slot]);
             typename A::Raw next[2];
             if (s + 1 < steps) next[0] = A::load(wrow, s + 1, 0), next[1] = A::load(wrow, s + 1, 1);
@@ -462,7 +470,7 @@ prefill_wgmma_ws_kernel(const uint8_t* __restrict__ w, long long row_bytes, int 
     }
 
     // consumers: warpgroup c = wg - 1 takes rows 64 c .. 64 c + 63
-    const int c = wg - 1, lane = tid & 31, warp = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+    const int c = wg - 1;
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
@@ -471,27 +479,13 @@ prefill_wgmma_ws_kernel(const uint8_t* __restrict__ w, long long row_bytes, int 
         const int slot = s % kWsSlots;
         mbar_wait(&full[slot], (s / kWsSlots) & 1);
         fence_proxy_async_shared();  // B arrived by cp.async (generic proxy): for the tensor cores' reads
-        const char* at = ring + slot * kWsSlotBytes + c * (64 / 8) * kGroupBytes;
-        const char* bt = ring + slot * kWsSlotBytes + kWgATile;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)
-            wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
-                             wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
-        wgmma_commit();
+        const char* slot_tiles = ring + slot * kWsSlotBytes;
+        wg_step(acc, slot_tiles + c * (64 / 8) * kGroupBytes, slot_tiles + kWgATile);
         wgmma_wait<1>();  // step s - 1's group done: its slot is free
         if (s > 0) mbar_arrive(&empty[(s - 1) % kWsSlots]);
     }
     wgmma_wait<0>();
-
-#pragma unroll
-    for (int j = 0; j < kWgToks / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = row0 + 64 * c + 16 * warp + g + 8 * (e >> 1);
-            const int tok = col0 + 8 * j + 2 * tq + (e & 1);
-            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + e], x.inv[tok]);
-        }
+    wg_store(acc, row0 + 64 * c, col0, n, t, x.inv, y);
 #endif
 }
 
