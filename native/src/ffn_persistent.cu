@@ -45,10 +45,6 @@ struct CounterWait {
     }
 };
 
-template <int QT> __host__ __device__ constexpr long long row_bytes_of(int k) {
-    return static_cast<long long>(k / Block<QT>::kElems) * Block<QT>::kBytes;
-}
-
 // Tiles team `team_id` of `n_teams` takes of `tiles`, grid-strided.
 __host__ __device__ inline int team_tiles(int team_id, int n_teams, int tiles) {
     return team_id < tiles ? (tiles - team_id + n_teams - 1) / n_teams : 0;

@@ -840,7 +840,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     if (e == cudaSuccess) e = device_attribute(cudaDevAttrMultiProcessorCount, &sms);
     if (e != cudaSuccess) return e;
     if (P::kSmemBytes + P::kStaticBytes > optin) return cudaSuccess;  // the caller takes the grouped kernel
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     if (static_cast<long long>(a.t) * a.k > 0x7fffffffLL) return cudaSuccess;  // ActCopy's int offsets: grouped
     const int groups = (a.t + kActRows - 1) / kActRows, per_rows = (groups + kPrefillGroups - 1) / kPrefillGroups;
@@ -865,7 +865,7 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     static const cudaError_t opted =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;

@@ -21,6 +21,11 @@ template <> struct Block<kQ4_K> { static constexpr int kElems = 256, kBytes = 14
 template <> struct Block<kQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
 template <> struct Block<kQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
 
+// Bytes of one weight row of k elements (k a multiple of the block's).
+template <int QT> __host__ __device__ constexpr long long row_bytes_of(int k) {
+    return static_cast<long long>(k / Block<QT>::kElems) * Block<QT>::kBytes;
+}
+
 // Host-side view of the same table; 0 for a type we do not read.
 inline int block_elems(int qtype) {
     switch (qtype) {

@@ -280,7 +280,7 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
     static const cudaError_t opted = cudaFuncSetAttribute(prefill_gemm_kernel<QT, BN>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const long long row_bytes = row_bytes_of<QT>(a.k);
     return launch_kernel(prefill_gemm_kernel<QT, BN>, dim3((a.t + BN - 1) / BN, static_cast<unsigned>(row_blocks)),
                          kThreads, S::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
                          a.t, a.y);
@@ -493,7 +493,7 @@ template <int QT> cudaError_t launch_prefill_wgmma_ws(const GemvArgs& a, long lo
     static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<QT>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
     if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const long long row_bytes = row_bytes_of<QT>(a.k);
     return launch_kernel(prefill_wgmma_ws_kernel<QT>,
                          dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWsThreads,
                          kWsSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
@@ -513,7 +513,7 @@ cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long row_blocks, cudaSt
     static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_kernel<QT, kInFlight>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (opted != cudaSuccess) return opted;
-    const long long row_bytes = static_cast<long long>(a.k / Block<QT>::kElems) * Block<QT>::kBytes;
+    const long long row_bytes = row_bytes_of<QT>(a.k);
     return launch_kernel(prefill_wgmma_kernel<QT, kInFlight>,
                          dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWgThreads, kSmem,
                          stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
