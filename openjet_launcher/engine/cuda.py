@@ -77,7 +77,8 @@ def prefill_gemm() -> str:
 
 # The library's other switches of the prefill and decode kernels (docs/ENGINE.md, Switches): a value outside these
 # is refused at load instead of silently taking the default.
-PREFILL_SWITCHES = {
+KERNEL_SWITCHES = {
+    "OPENJET_GEMV_HALF": ("0", "1", "auto"),                # gemv.cu, gemv_half_tiles (decode; read once)
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
     "OPENJET_PREFILL_WGMMA": ("0", "1", "2", "3"),          # prefill_gemm.cu, prefill_wgmma_mode
     "OPENJET_GDN_CHUNKED": ("0", "1"),                      # gdn_chunk.cu, gdn_chunked
@@ -86,9 +87,9 @@ PREFILL_SWITCHES = {
 }
 
 
-def check_prefill_switches() -> None:
+def check_kernel_switches() -> None:
     """An OpenJetError naming the variable and its valid values for such a switch set to anything else."""
-    for name, values in PREFILL_SWITCHES.items():
+    for name, values in KERNEL_SWITCHES.items():
         value = os.environ.get(name)
         if value and value not in values:
             raise OpenJetError(f"{name}={value!r} is not one of {', '.join(values)} (docs/ENGINE.md, Switches)")
@@ -248,7 +249,7 @@ class CudaEngine(Engine):
         ``prefill_rows``: the longest prefill chunk (1..2048 tokens; each reads the weights once, and costs ~260
         KB of device scratch per row at 27B)."""
         prefill_gemm()  # a bad OPENJET_PREFILL_GEMM is refused before anything is read
-        check_prefill_switches()
+        check_kernel_switches()
         gguf = GGUFFile(path)
         config = read_config(gguf)
         verdict = classify(gguf, config)
