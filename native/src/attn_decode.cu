@@ -75,8 +75,7 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
 
 template <class Fmt>
 cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream, L2Next next) {
-    cudaError_t e =
-        launch_kernel(attn_prep_kernel<Fmt>, dim3(a.n_head + a.n_kv, a.t), kAttnThreads, 0, stream, a, 0, next);
+    cudaError_t e = launch_attn_prep(a, stream, next);
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
     // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
@@ -106,11 +105,10 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     return cudaSuccess;
 }
 
-cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream) {
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next) {
     const dim3 grid(a.n_head + a.n_kv, a.t);
-    const L2Next none{};
-    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0, none);
-    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0, none);
+    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0, next);
+    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0, next);
     return cudaErrorInvalidValue;
 }
 

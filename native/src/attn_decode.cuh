@@ -525,8 +525,8 @@ cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream, L2N
 cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Step 1 alone for rows 0 .. a.t - 1 (t < 65,536): q rows (normed, rotated) to a.work [t, n_head, 256], k and v to
-// the caches; the caller checked the arguments (attn_prefill.cu).
-cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream);
+// the caches, `next` warmed in L2 meanwhile; the caller checked the arguments (launch_attn_decode, attn_prefill.cu).
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next = {});
 
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);

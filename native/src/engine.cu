@@ -850,10 +850,10 @@ int trunk(openjet_engine& e, int t) {
             FfnPersistentArgs f;
             f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
             f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
-            f.gu_type = L.ffn_gate.type, f.down_type = L.ffn_down.type;
+            f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
             f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d;
             f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
-            if (L.ffn_up.type == f.gu_type && ffn_persistent_takes(f)) {
+            if (ffn_persistent_takes(f)) {
                 mark(e, "ffn");  // the norm inside
                 CHECK(launch_ffn_persistent(f, e.stream));
                 continue;

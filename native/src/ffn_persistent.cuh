@@ -19,7 +19,7 @@ struct FfnPersistentArgs {
     const float* mix_in = nullptr;     // [t, n_embd] the mixer's output
     const float* post_norm = nullptr;  // [n_embd]
     ActPack x;                    // the pack: the norm's rows at 0.., the swiglu rows at kActRows.. (>= 16 rows)
-    int gu_type = -1, down_type = -1;  // k-quant types of gate / up and of down
+    int gu_type = -1, down_type = -1;  // k-quant types of gate and up (-1 where they differ) and of down
     const void* gate = nullptr;   // [n_ff, n_embd]
     const void* up = nullptr;     // [n_ff, n_embd]
     const void* down = nullptr;   // [n_embd, n_ff]
