@@ -294,7 +294,7 @@ def test_truncate_replays_each_run_the_way_it_was_first_run(engine):
 def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refused(engine, monkeypatch, tmp_path):
     monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
     assert not engine.prefill_matches_decode            # the fast GEMM by default
-    for value, matches in (("fast", False), ("exact", True), ("shared", True), ("grouped", True)):
+    for value, matches in (("fast", False), ("exact", True), ("shared", True), ("grouped", True), ("dense", False)):
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", value)
         assert engine.prefill_matches_decode == matches, value
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "lean")

@@ -127,11 +127,19 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 
 
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
-                    "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"}}
+                    "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"},
+                    "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"}}
+
+
+def dense_gemm_available() -> bool:
+    """Whether OPENJET_PREFILL_GEMM=dense runs here (a 90a build with CUTLASS on sm_90: dense_gemm.cuh)."""
+    from openjet_launcher.engine import kernels_test
+
+    return kernels_test.dense_gemm_available()
 
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
-                                              ("q8_0", "attn-pairs"), ("f16", "attn-chunks")])
+                                              ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
@@ -140,7 +148,10 @@ def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(model
     reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too:
     "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh); the prefill's attention by decode's kernel instead of the
     default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
-    OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs)."""
+    OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
+    dense prefill GEMM ("gemm-dense", OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh) where it runs."""
+    if variant == "gemm-dense" and not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
     for name, value in PREFILL_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
@@ -719,6 +730,60 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
     c = compare(exact, runs[512])
     report(test="fast_prefill_vs_exact_prefill", **c)
     assert c["mean_kl"] <= 2e-3 and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
+
+
+def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, monkeypatch):
+    """OPENJET_PREFILL_GEMM=dense (dense_gemm.cuh: each prefill projection dequantised to fp16 scratch, then CUTLASS's
+    GEMM; its scratch is made at load, seen in the memory report): chunk sizes 128 / 512 / 2,048 and a 2-turn
+    split (a last chunk of 5 rows) leave the same bits, since one kernel configuration takes every call; the
+    server's Slot, resuming a conversation by prefill, gives the bits of a fresh prefill; and its logits are the
+    fast kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain order)."""
+    from openjet_launcher.server.worker import Slot
+
+    if not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
+    ids = np.random.default_rng(61).integers(0, 4096, 2670)
+    prompt, follow = ids[:2605], ids[2605:]
+
+    def after(engine, parts, chunk):
+        state = engine.new_state()
+        for part in parts:
+            engine.prefill(state, part, chunk_size=chunk)
+        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+    engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
+    try:
+        fast_scratch = engine.memory()["scratch_bytes"]
+        fast = after(engine, [prompt], 512)
+    finally:
+        engine.close()
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
+    try:
+        assert not engine.prefill_matches_decode
+        dense_scratch = engine.memory()["scratch_bytes"]
+        runs = {c: after(engine, [prompt], c) for c in (128, 512, 2048)}
+        turns = after(engine, [prompt[:2600], prompt[2600:]], 512)
+        slot = Slot(engine)
+        logits, _ = slot.load_prompt(list(prompt[:150]))
+        reply = []
+        for _ in range(20):
+            reply.append(int(np.argmax(logits)))
+            logits = engine.decode(slot.state, reply[-1:]).logits[-1]
+        text = [*prompt[:150], *reply, *prompt[150:217]]
+        resumed, _ = slot.load_prompt(text)
+        fresh, _ = Slot(engine).load_prompt(text)
+    finally:
+        engine.close()
+    for c in (512, 2048):
+        np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
+    np.testing.assert_array_equal(turns, runs[512], err_msg="two turns")
+    np.testing.assert_array_equal(resumed, fresh, err_msg="the Slot's resumed conversation")
+    report(test="dense_prefill_vs_fast_prefill", same_bits=bool(np.array_equal(runs[512], fast)),
+           scratch_bytes_dense=dense_scratch, scratch_bytes_fast=fast_scratch)
+    assert dense_scratch > fast_scratch, "no scratch for the dense GEMM"
+    np.testing.assert_array_equal(runs[512], fast, err_msg="the dense GEMM's bits are not the fast kernel's")
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):

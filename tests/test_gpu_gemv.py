@@ -295,7 +295,7 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, -1)
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-deep", "wgmma-ws"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-deep", "wgmma-ws", "dense"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
 def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch):
@@ -307,9 +307,16 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
     4-byte alignment. kernel "wgmma" / "wgmma-deep" / "wgmma-ws": the Hopper kernels (OPENJET_PREFILL_WGMMA=1 / 2 /
     3: a step's MMA waited for, left running across the next barrier, or a producer warpgroup feeding two
-    consumers; a 90a build on an sm_90 GPU), which take 128-token tiles for every call: the same checks."""
+    consumers; a 90a build on an sm_90 GPU), which take 128-token tiles for every call: the same checks. "dense":
+    OPENJET_PREFILL_GEMM=dense (the weights written out as fp16, then CUTLASS's GEMM: dense_gemm.cuh), the same
+    checks, and the mma kernel's bits (measured on the H200: wgmma sums the k16 products in the same chain); n =
+    201 is not a multiple of 4, so that shape keeps the mma kernel there."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
-    if kernel != "mma":
+    if kernel == "dense":
+        if not kt.dense_gemm_available():
+            pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    elif kernel != "mma":
         if not kt.prefill_wgmma_available():
             pytest.skip("no wgmma kernel here: it needs a 90a build (OPENJET_CUDA_ARCHITECTURES=90a-real) on sm_90")
         monkeypatch.setenv("OPENJET_PREFILL_WGMMA", {"wgmma": "1", "wgmma-deep": "2", "wgmma-ws": "3"}[kernel])
@@ -338,6 +345,9 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     if kernel in ("wgmma-deep", "wgmma-ws"):  # the same wgmma in the same order as the first form: the same bits
         monkeypatch.setenv("OPENJET_PREFILL_WGMMA", "1")
         np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against OPENJET_PREFILL_WGMMA=1")
+    if kernel == "dense":  # the mma kernel's bits (the same k16 chain), at 2-3x its speed (bench_prefill_gemm.py)
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+        np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against the mma kernel")
 
 
 def test_f32_projection_matches_numpy():

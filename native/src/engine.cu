@@ -37,6 +37,7 @@
 #include "api_common.cuh"
 #include "attn_decode.cuh"
 #include "attn_prefill.cuh"
+#include "dense_gemm.cuh"
 #include "device_attr.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
@@ -44,6 +45,7 @@
 #include "gemv.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
+#include "prefill_gemm.cuh"
 #include "topk.cuh"
 #include "openjet_engine.h"
 #include "act_pack.cuh"
@@ -119,6 +121,9 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
+    // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
+    // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
+    __half* wdense = nullptr;
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -460,6 +465,17 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
     }
+    size_t dense_halves = 0;
+    if (prefill_gemm_dense()) {  // asked for, or the default where it runs (gemv_mma.cuh, prefill_gemm_choice)
+        if (!dense_gemm_available())
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_PREFILL_GEMM=dense: this library has no dense prefill GEMM "
+                        "for this GPU (it needs compute capability 9.0 and a build for 90a with CUTLASS's headers: "
+                        "scripts/fetch_cutlass.sh); unset it for the default");
+        for_each_tensor(e, [&](DevTensor& t) {
+            if (&t != &e.output && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
+                dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
+        });
+    }
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     e.attn_work_floats = work;
     e.big2_floats = R * big2;
@@ -494,6 +510,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.ffn_counters, sizeof(int) * kFfnCounters},
+        {(void**)&e.wdense, sizeof(__half) * dense_halves},
     };
     size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
     e.scratch_bytes = 0;
@@ -538,6 +555,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.conv[1] = reinterpret_cast<float*>(e.state + ssm_b + conv_b);
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
+    if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
     e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
@@ -592,7 +610,8 @@ void collect_profile(openjet_engine& e) {
 }
 
 GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y, e.prefilling};
+    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
+                    e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
 }
 
 // What the kernel before a decode step's GEMV of w warms in L2 (l2_prefetch.cuh): w's first l2_budget bytes, or

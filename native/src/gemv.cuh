@@ -26,6 +26,7 @@ struct GemvArgs {
     const float* xf;  // [t, k] float activations (F32 W)
     float* y;         // [t, n]
     bool prefill = false;  // rows of a prefill chunk (t <= 8 too): the fast prefill GEMM takes them all
+    __half* dense = nullptr;  // OPENJET_PREFILL_GEMM=dense: n k halves of scratch for W as fp16 (prefill_gemm.cuh)
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks
@@ -55,6 +56,8 @@ void set_gemv_half_tiles(int mode);
 // prefill's other forms of its own (the single-fp16 attention, OPENJET_PREFILL_ATTN; the opt-in chunked GDN,
 // OPENJET_GDN_CHUNKED) apply too; under "exact" a prefill leaves decode's bits and none of them does.
 bool prefill_numerics_own();
+// Whether OPENJET_PREFILL_GEMM=dense (read at each call): prefill calls given scratch dequantise and multiply densely.
+bool prefill_gemm_dense();
 
 // One k-quant weight type (gemv_mma_<type>.cu: the types compile in parallel).
 template <int QT> cudaError_t launch_gemv_mma(const GemvArgs& a, cudaStream_t stream);

@@ -36,6 +36,7 @@
 
 #include "act_pack.cuh"
 #include "cp_async.cuh"
+#include "dense_gemm.cuh"
 #include "device_attr.cuh"
 #include "gemv.cuh"
 #include "kquant.cuh"
@@ -812,11 +813,18 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 //   64 blocks: 1.7-2.6x), where its 64-row tiles leave SMs idle or in a tail wave. ("wide" and "lean" shapes
 //   were slower on the H200 and removed: NOTES_gemv.md.)
 // - "shared" or "grouped": "exact" with one of its kernels forced (tests and benchmarks; the same bits).
+// - "dense" (the default where it runs: a 90a build with CUTLASS on sm_90; the engine refuses it elsewhere):
+//   "fast"'s numerics and bits (measured: wgmma sums each output's k16 products in the mma.sync chain's order),
+//   but each call's W dequantised to fp16 scratch and multiplied by CUTLASS's Hopper GEMM (dense_gemm.cuh; H200,
+//   2,048 rows: Q4_K 17408 x 5120 1,170 -> 619 us, Q6_K 5120 x 17408 2,045 -> 643). Calls without the scratch
+//   (GemvArgs::dense) take "fast"'s kernel.
 // Any other value is refused by the Python binding at load (CudaEngine.load); here it reads as the default.
-enum class PrefillGemm { kFast, kExact, kShared, kGrouped };
+enum class PrefillGemm { kFast, kExact, kShared, kGrouped, kDense };
 
 inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
+    if (!choice || !*choice) return dense_gemm_available() ? PrefillGemm::kDense : PrefillGemm::kFast;
+    if (std::strcmp(choice, "dense") == 0) return PrefillGemm::kDense;
     if (choice && std::strcmp(choice, "exact") == 0) return PrefillGemm::kExact;
     if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
     if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
@@ -826,7 +834,8 @@ inline PrefillGemm prefill_gemm_choice() {
 // Whether the call goes to prefill_gemm.cuh's GEMM under `choice`: the rows of a prefill (any count) or a call
 // of more than 8 rows (only a prefill makes those), of a type it takes.
 inline bool fast_prefill_call(const GemvArgs& a, PrefillGemm choice) {
-    return choice == PrefillGemm::kFast && prefill_gemm_takes(a.qtype) && (a.prefill || a.t > kActRows);
+    return (choice == PrefillGemm::kFast || choice == PrefillGemm::kDense) && prefill_gemm_takes(a.qtype) &&
+           (a.prefill || a.t > kActRows);
 }
 
 // The shared-activation kernel; *launched stays false where it does not fit a block's shared memory (static
@@ -926,7 +935,12 @@ template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows && !a.prefill) return launch_gemv_decode<QT>(a, stream);  // decode: no environment read
     const PrefillGemm choice = prefill_gemm_choice();
-    if (fast_prefill_call(a, choice)) return launch_prefill_gemm(a, stream);
+    if (fast_prefill_call(a, choice)) {
+        if (choice == PrefillGemm::kDense) return launch_prefill_gemm(a, stream);
+        GemvArgs fast = a;
+        fast.dense = nullptr;  // scratch given, but "fast" asked for
+        return launch_prefill_gemm(fast, stream);
+    }
     if (a.t <= kActRows) return launch_gemv_decode<QT>(a, stream);
     if (choice != PrefillGemm::kGrouped) {
         bool launched = false;

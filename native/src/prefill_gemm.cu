@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cp_async.cuh"
+#include "dense_gemm.cuh"
 #include "device_attr.cuh"
 #include "kquant.cuh"
 #include "mma_f16.cuh"
@@ -183,6 +184,29 @@ template <> struct FastA<kQ6_K> {
         }, dst);
     }
 };
+
+// The dense path's first half (OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh): W as fp16 rows [n, k], each weight
+// exactly as the fast kernel's A tile holds it (FastA, the pack's element order). Thread = (row, 32-element half
+// step); 64 bytes out each.
+template <int QT>
+__global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n,
+                                                          int k, __half* __restrict__ w16) {
+    using A = FastA<QT>;
+    pdl_start();  // w16 may still be read by the GEMM before this kernel (the previous projection's)
+    const long long halves_per_row = k / 32, i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= halves_per_row * n) return;
+    const int row = static_cast<int>(i / halves_per_row), hs = static_cast<int>(i % halves_per_row);
+    const int s = hs >> 1, half = hs & 1;
+    const uint8_t* wrow = w + row * row_bytes;
+    A::store(A::load(wrow, s, half), wrow, s, half,
+             reinterpret_cast<uint4*>(w16 + static_cast<long long>(row) * k + 32LL * hs));
+}
+
+template <int QT> cudaError_t launch_dequant_f16_t(const GemvArgs& a, __half* w16, cudaStream_t stream) {
+    const long long threads = static_cast<long long>(a.n) * (a.k / 32);
+    return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
+                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, w16);
+}
 
 template <int QT, int BN>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 3)
@@ -551,9 +575,20 @@ bool prefill_wgmma_available() {
 #endif
 }
 
+bool prefill_dense_takes(int qtype, int n, int k) {
+    return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();
+}
+
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
     if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y)
         return cudaErrorInvalidValue;
+    if (a.dense && prefill_dense_takes(a.qtype, a.n, a.k)) {  // dense_gemm.cuh: dequantise, then one fp16 GEMM
+        const cudaError_t e = a.qtype == kQ4_K   ? launch_dequant_f16_t<kQ4_K>(a, a.dense, stream)
+                              : a.qtype == kQ5_K ? launch_dequant_f16_t<kQ5_K>(a, a.dense, stream)
+                                                 : launch_dequant_f16_t<kQ6_K>(a, a.dense, stream);
+        if (e != cudaSuccess) return e;
+        return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
+    }
     switch (a.qtype) {
         case kQ4_K: return launch_prefill_gemm_t<kQ4_K>(a, stream);
         case kQ5_K: return launch_prefill_gemm_t<kQ5_K>(a, stream);

@@ -25,7 +25,13 @@ bool prefill_gemm_takes(int qtype);
 // every call (an experiment: prefill_gemm.cu).
 bool prefill_wgmma_available();
 
-// y[t, n] = W x for a W of a type it takes and a pack of t rows (GemvArgs as launch_gemv's).
+// Whether a prefill call of this W takes the dense path where the caller gives it scratch (GemvArgs::dense): a
+// type the GEMM takes, the dense GEMM's alignment, a build and device that run it (dense_gemm.cuh). Depends on the
+// matrix only, never on t, so every call of one matrix takes one path.
+bool prefill_dense_takes(int qtype, int n, int k);
+
+// y[t, n] = W x for a W of a type it takes and a pack of t rows (GemvArgs as launch_gemv's); with a.dense where
+// prefill_dense_takes, W is dequantised into a.dense (n k halves) and multiplied there (dense_gemm.cuh).
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

@@ -10,6 +10,7 @@
 #include "gemv.cuh"
 #include "kquant.cuh"
 #include "openjet_test.h"
+#include "dense_gemm.cuh"
 #include "prefill_gemm.cuh"
 #include "act_pack.cuh"
 #include "rmsnorm.cuh"
@@ -93,6 +94,16 @@ extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, co
 
 namespace {
 
+// Under OPENJET_PREFILL_GEMM=dense, the scratch the engine would give a prefill call of this W (GemvArgs::dense) and
+// the call marked as a prefill's (the dense path is for prefills only); otherwise a is left alone.
+cudaError_t dense_scratch(GemvArgs& a, DevBuf& buf) {
+    if (!prefill_gemm_dense() || !prefill_dense_takes(a.qtype, a.n, a.k)) return cudaSuccess;
+    if (const cudaError_t e = buf.alloc(sizeof(__half) * a.n * a.k)) return e;
+    a.dense = buf.as<__half>();
+    a.prefill = true;
+    return cudaSuccess;
+}
+
 // Shared body of the two GEMV entry points: x (float; packed on the device) or a pack given by the host.
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
              const float* xinv, int t, float* y) {
@@ -106,6 +117,8 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     GemvArgs a{qtype, dw.p, n, k, t, ActPack{}, nullptr, dy.as<float>()};
+    DevBuf dense;
+    CHECK(dense_scratch(a, dense));
     if (qtype == kF32) {
         if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: F32 weights take float activations");
         CHECK(dx.upload(x, sizeof(float) * t * k));
@@ -210,6 +223,9 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
 // 1 where this build and device run the prefill GEMM's wgmma kernel (prefill_wgmma_available), else 0.
 extern "C" OPENJET_API int openjet_test_prefill_wgmma_available() { return prefill_wgmma_available() ? 1 : 0; }
 
+// 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
+extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
+
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {
     if (int s = check_t(t)) return s;
@@ -231,6 +247,8 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
     GemvArgs a{qtype, nullptr, n, k, t, p.view(), dx.as<float>(), dy.as<float>()};
+    DevBuf dense;
+    CHECK(dense_scratch(a, dense));
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.w = dw[i % copies].p;

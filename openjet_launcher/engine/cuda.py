@@ -62,8 +62,10 @@ DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 512        # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): default token rows of a prefill chunk
 PREFILL_ROWS_MAX = 2048   # OPENJET_ENGINE_PREFILL_ROWS_MAX
 # OPENJET_PREFILL_GEMM's values (native/src/gemv_mma.cuh, prefill_gemm_choice): "fast" (the default) gives a
-# prefill numerics of its own, "exact" decode's bits ("shared" / "grouped": "exact" with one kernel forced).
-PREFILL_GEMMS = ("fast", "exact", "shared", "grouped")
+# prefill numerics of its own, "exact" decode's bits ("shared" / "grouped": "exact" with one kernel forced), "dense"
+# numerics of its own again through CUTLASS's Hopper GEMM (a 90a build with CUTLASS on sm_90: dense_gemm.cuh).
+PREFILL_GEMMS = ("fast", "exact", "shared", "grouped", "dense")
+PREFILL_OWN_NUMERICS = ("fast", "dense")  # the values under which a prefill does not leave decode's bits
 
 
 def prefill_gemm() -> str:
@@ -234,7 +236,7 @@ class CudaEngine(Engine):
     @property
     def prefill_matches_decode(self) -> bool:
         # The library reads OPENJET_PREFILL_GEMM at each prefill call: so does this.
-        return prefill_gemm() != "fast"
+        return prefill_gemm() not in PREFILL_OWN_NUMERICS
 
     # ------------------------------------------------------------------------------------------ loading
 

@@ -59,6 +59,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
         "prefill_wgmma_available": [],
+        "dense_gemm_available": [],
     })
 
 
@@ -212,6 +213,12 @@ def prefill_wgmma_available() -> bool:
     """Whether this library and GPU run the prefill GEMM's wgmma kernel (a 90a build on compute capability 9.0;
     OPENJET_PREFILL_WGMMA=1 then takes it)."""
     return bool(_lib().openjet_test_prefill_wgmma_available())
+
+
+def dense_gemm_available() -> bool:
+    """Whether this library and GPU run the dense prefill GEMM (a 90a build with CUTLASS on compute capability 9.0;
+    OPENJET_PREFILL_GEMM=dense then takes it: native/src/dense_gemm.cuh)."""
+    return bool(_lib().openjet_test_dense_gemm_available())
 
 
 def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
