@@ -472,7 +472,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
                         "for this GPU (it needs compute capability 9.0 and a build for 90a with CUTLASS's headers: "
                         "scripts/fetch_cutlass.sh); unset it for the default");
         for_each_tensor(e, [&](DevTensor& t) {
-            if (&t != &e.output && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
+            const bool projection = &t != &e.output && &t != &e.tok_embd;  // lm_head: decode's GEMV; embedding: a gather
+            if (projection && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
         });
     }

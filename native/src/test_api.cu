@@ -94,13 +94,12 @@ extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, co
 
 namespace {
 
-// Under OPENJET_PREFILL_GEMM=dense, the scratch the engine would give a prefill call of this W (GemvArgs::dense) and
-// the call marked as a prefill's (the dense path is for prefills only); otherwise a is left alone.
+// Under OPENJET_PREFILL_GEMM=dense (the default where it runs), the scratch the engine gives a prefill's calls
+// (GemvArgs::dense): calls of more than 8 rows take the dense path, decode-sized ones stay decode's.
 cudaError_t dense_scratch(GemvArgs& a, DevBuf& buf) {
     if (!prefill_gemm_dense() || !prefill_dense_takes(a.qtype, a.n, a.k)) return cudaSuccess;
     if (const cudaError_t e = buf.alloc(sizeof(__half) * a.n * a.k)) return e;
     a.dense = buf.as<__half>();
-    a.prefill = true;
     return cudaSuccess;
 }
 
