@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export OPENJET_CUDA_ARCHITECTURES="${OPENJET_CUDA_ARCHITECTURES:-86-real;89-real;90-real;120-real;120-virtual}"
+export OPENJET_CUDA_ARCHITECTURES="${OPENJET_CUDA_ARCHITECTURES:-86-real;89-real;90a-real;120-real;120-virtual}"
 export OPENJET_REQUIRE_ENGINE=1
+export OPENJET_CUTLASS_FETCH=1   # sm_90a's dense prefill GEMM: CUTLASS's headers from PyPI at configure
 # Classic fatbin compression of every image (SASS too): any nvcc 12.x/13.x, any driver. CMake seeds
 # CMAKE_CUDA_FLAGS from CUDAFLAGS; the wheel is built from the sdist in a fresh tree, so it always applies.
 export CUDAFLAGS="${CUDAFLAGS:--Xfatbin=-compress-all}"

@@ -1,6 +1,6 @@
 """Checks a built openjet-launcher wheel before it is released (packaging/build-wheel.sh runs it).
 
-    python packaging/check_wheel.py WHEEL [--max-mb 95] [--archs "86-real;89-real;90-real;120-real;120-virtual"]
+    python packaging/check_wheel.py WHEEL [--max-mb 95] [--archs "86-real;89-real;90a-real;120-real;120-virtual"]
 
 Fails (exit 1, one line per problem) unless:
 * the wheel is at most --max-mb megabytes (10**6 bytes);
@@ -35,7 +35,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-DEFAULT_ARCHS = "86-real;89-real;90-real;120-real;120-virtual"
+DEFAULT_ARCHS = "86-real;89-real;90a-real;120-real;120-virtual"
 ENGINE = {"linux": "openjet_launcher/engine/libopenjet.so", "win": "openjet_launcher/engine/openjet.dll"}
 RUNTIME_DATA = ["openjet_launcher/model/chat_template.jinja"]
 DEMO_MODEL = "openjet_launcher/assets/openjet-demo.gguf"   # the trained demo model (docs/DEMO_MODEL.md)

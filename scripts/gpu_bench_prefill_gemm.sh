@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The Hopper prefill GEMMs in ONE device call (~3 minutes with the machine's start): the engine built for sm_90a
-# with CUTLASS (the wgmma kernels, prefill_gemm.cu, and the dense GEMM, dense_gemm.cu, exist only in such a build),
-# the prefill GEMM's tests for every kernel (wgmma modes 2 and 3 must give mode 1's bits; dense its own), the GEMM
-# benchmark at 2,048 rows on the 27B's shapes (bench_prefill_gemm.py), then the engine's prefill tests (long-prompt
-# KL, chunk sizes, the Slot's resumed conversation, the dense prefill's own test) with ENGINE_ENV (default
-# OPENJET_PREFILL_GEMM=dense) in force. Results in $OUT: gemm-tests.log, bench-prefill-gemm.json, engine-tests.log,
+# The Hopper prefill GEMM in ONE device call (~3 minutes with the machine's start): the engine built for sm_90a
+# with CUTLASS (the dense GEMM, dense_gemm.cu, exists only in such a build), the prefill GEMM's tests for both
+# kernels (dense must give the mma kernel's bits), the GEMM benchmark at 2,048 rows on the 27B's shapes
+# (bench_prefill_gemm.py), then the engine's prefill tests (long-prompt KL, chunk sizes, the Slot's resumed
+# conversation, the dense prefill's own test) with ENGINE_ENV (default OPENJET_PREFILL_GEMM=dense) in force. Results in $OUT: gemm-tests.log, bench-prefill-gemm.json, engine-tests.log,
 # gpu-tests.jsonl, build.log.
-#   bash scripts/fetch_cutlass.sh   # here, once: the headers into .cache/cutlass (the device is offline)
-#   run(carry=[".whl", ".cache/cutlass"], command="bash scripts/gpu_bench_prefill_gemm.sh", timeout_s=420)
+# Here, once (the device is offline, and the tree plus carry must stay under 64 MiB): python scripts/fetch_cutlass.py,
+# a local 90a build into /tmp/b90a, then python scripts/fetch_cutlass.py --trim-to .cache/cutlass-min --build /tmp/b90a.
+#   run(carry=[".whl", ".cache/cutlass-min"], timeout_s=420,
+#       command="OPENJET_CUTLASS_DIR=$PWD/.cache/cutlass-min/include bash scripts/gpu_bench_prefill_gemm.sh")
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
 OPENJET_DEVICE_ARCH=90a-real build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 grep -E "CUTLASS" "$OUT/build.log" | head -2
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/gpu-tests.jsonl"
-echo "== the prefill GEMM's tests, every kernel"
+echo "== the prefill GEMM's tests, both kernels"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_gemv.py -k fast_prefill_gemm \
   > "$OUT/gemm-tests.log" 2>&1
 echo "rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gemm-tests.log" | tail -8

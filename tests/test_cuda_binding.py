@@ -303,7 +303,6 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
 
 
 @pytest.mark.parametrize("name, bad, good", [("OPENJET_PREFILL_ATTN", "fast", "chunks"),
-                                             ("OPENJET_PREFILL_WGMMA", "yes", "3"),
                                              ("OPENJET_GDN_CHUNKED", "true", "1"),
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
                                              ("OPENJET_L2_PREFETCH", "on", "1"),

@@ -151,7 +151,7 @@ def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(model
     OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
     dense prefill GEMM ("gemm-dense", OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh) where it runs."""
     if variant == "gemm-dense" and not dense_gemm_available():
-        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
     for name, value in PREFILL_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)
     ref, ids, ref_logits, _ = reference_run(models[preset], preset)
@@ -752,7 +752,7 @@ def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, 
     from openjet_launcher.server.worker import Slot
 
     if not dense_gemm_available():
-        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
     ids = np.random.default_rng(61).integers(0, 4096, 2670)
     prompt, follow = ids[:2605], ids[2605:]
 

@@ -295,7 +295,7 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * ds[..., None] - dm[..., None]).astype(np.float16).reshape(n, -1)
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-deep", "wgmma-ws", "dense"])
+@pytest.mark.parametrize("kernel", ["mma", "dense"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
 def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch):
@@ -305,21 +305,15 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     depends on its own row and token only), across its three tile shapes too (16-token tiles up to 16 rows, 64 up
     to 64 rows and where 128-token ones would not fill a wave, 128 from n = 17408 and 130 rows up on the H200).
     Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
-    4-byte alignment. kernel "wgmma" / "wgmma-deep" / "wgmma-ws": the Hopper kernels (OPENJET_PREFILL_WGMMA=1 / 2 /
-    3: a step's MMA waited for, left running across the next barrier, or a producer warpgroup feeding two
-    consumers; a 90a build on an sm_90 GPU), which take 128-token tiles for every call: the same checks. "dense":
-    OPENJET_PREFILL_GEMM=dense (the weights written out as fp16, then CUTLASS's GEMM: dense_gemm.cuh), the same
-    checks, and the mma kernel's bits (measured on the H200: wgmma sums the k16 products in the same chain); n =
-    201 is not a multiple of 4, so that shape keeps the mma kernel there."""
+    4-byte alignment. kernel "dense": OPENJET_PREFILL_GEMM=dense (the weights written out as fp16, then CUTLASS's
+    Hopper GEMM: dense_gemm.cuh; a 90a build with CUTLASS on sm_90), the same checks, and the mma kernel's bits
+    (measured on the H200: wgmma sums the k16 products in the same chain); n = 201 is not a multiple of 4, so
+    that shape keeps the mma kernel there."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     if kernel == "dense":
         if not kt.dense_gemm_available():
-            pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.sh) on sm_90")
+            pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
-    elif kernel != "mma":
-        if not kt.prefill_wgmma_available():
-            pytest.skip("no wgmma kernel here: it needs a 90a build (OPENJET_CUDA_ARCHITECTURES=90a-real) on sm_90")
-        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", {"wgmma": "1", "wgmma-deep": "2", "wgmma-ws": "3"}[kernel])
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)
@@ -342,9 +336,6 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     np.testing.assert_array_equal(whole, halves)
     for t in (9, 16, 17, 40):  # 16- and 64-token tiles against the 300-row call's
         np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), whole[:t], err_msg=f"t={t}")
-    if kernel in ("wgmma-deep", "wgmma-ws"):  # the same wgmma in the same order as the first form: the same bits
-        monkeypatch.setenv("OPENJET_PREFILL_WGMMA", "1")
-        np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against OPENJET_PREFILL_WGMMA=1")
     if kernel == "dense":  # the mma kernel's bits (the same k16 chain), at 2-3x its speed (bench_prefill_gemm.py)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
         np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against the mma kernel")

@@ -18,7 +18,7 @@ except ImportError:  # Python 3.10
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHS = ["86-real", "89-real", "90-real", "120-real", "120-virtual"]
+ARCHS = ["86-real", "89-real", "90a-real", "120-real", "120-virtual"]  # 90a: the dense prefill GEMM
 
 
 def pyproject() -> dict:
@@ -103,6 +103,7 @@ def test_cibuildwheel_config():
     for env in (cfg["environment"], linux["environment"]):  # linux's table replaces the global one
         assert env["OPENJET_CUDA_ARCHITECTURES"].split(";") == ARCHS
         assert env["OPENJET_REQUIRE_ENGINE"] == "1"
+        assert env["OPENJET_CUTLASS_FETCH"] == "1"  # sm_90a's dense GEMM must not be left out silently
         assert "compress" in env["CUDAFLAGS"]
     assert any("12-9" in step for step in linux["before-all"])
     repair = linux["repair-wheel-command"]
@@ -112,7 +113,8 @@ def test_cibuildwheel_config():
 def test_build_script_uses_the_release_architectures():
     script = (ROOT / "packaging" / "build-wheel.sh").read_text(encoding="utf-8")
     assert ";".join(ARCHS) in script
-    for needle in ("--exclude libcuda.so.1", "--exclude libnvidia-ml.so.1", "check_wheel.py", "SHA256SUMS.txt"):
+    for needle in ("--exclude libcuda.so.1", "--exclude libnvidia-ml.so.1", "check_wheel.py", "SHA256SUMS.txt",
+                   "OPENJET_CUTLASS_FETCH=1"):
         assert needle in script
 
 

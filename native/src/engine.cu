@@ -470,7 +470,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         if (!dense_gemm_available())
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_PREFILL_GEMM=dense: this library has no dense prefill GEMM "
                         "for this GPU (it needs compute capability 9.0 and a build for 90a with CUTLASS's headers: "
-                        "scripts/fetch_cutlass.sh); unset it for the default");
+                        "scripts/fetch_cutlass.py); unset it for the default");
         for_each_tensor(e, [&](DevTensor& t) {
             const bool projection = &t != &e.output && &t != &e.tok_embd;  // lm_head: decode's GEMV; embedding: a gather
             if (projection && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))

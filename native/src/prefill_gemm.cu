@@ -14,8 +14,6 @@
 // of A and B match without a permutation; rows are kLd = 72 halves apart, so ldmatrix's 8 rows of 16 bytes
 // fall on 8 different bank groups. Rows past n read row 0 and tokens past t read token t - 1; neither is stored.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "cp_async.cuh"
 #include "dense_gemm.cuh"
@@ -24,7 +22,6 @@
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
-#include "wgmma.cuh"
 
 namespace openjet {
 namespace {
@@ -57,16 +54,14 @@ __device__ __forceinline__ uint32_t h2_bits(__half a) {
 // registers); load(row, s, half); store(raw, row, s, half, dst): the 32 weights of the thread's half of step s (its
 // elements 32 half .. 32 half + 31) in the pack's order to dst (64 bytes), as words(i, o) gives them: code word i
 // (elements 4i .. 4i + 3 of the half) -> o[0] = (w0, w2), o[1] = (w1, w3).
-// kStride: 16-byte words between the four 16-byte pieces of the 64 bytes (1: contiguous; the wgmma kernel's tiles
-// put each 8-element piece in its own 8 x 8 core matrix).
-template <int kStride = 1, class Words> __device__ __forceinline__ void store_half(const Words& words, uint4* dst) {
+template <class Words> __device__ __forceinline__ void store_half(const Words& words, uint4* dst) {
 #pragma unroll
     for (int hq = 0; hq < 2; ++hq) {  // 4 code words (8 output words, two 16-byte stores) at a time: fewer registers
         uint32_t o[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) words(4 * hq + i, &o[2 * i]);
-        dst[kStride * 2 * hq] = make_uint4(o[0], o[1], o[2], o[3]);
-        dst[kStride * (2 * hq + 1)] = make_uint4(o[4], o[5], o[6], o[7]);
+        dst[2 * hq] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[2 * hq + 1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
 }
 
@@ -94,7 +89,6 @@ template <int QT> struct FastAK4 {
         }
         return r;
     }
-    template <int kStride = 1>
     __device__ __forceinline__ static void store(const Raw& r, const uint8_t*, int s, int half, uint4* dst) {
         const __half2 dd = *reinterpret_cast<const __half2*>(&r.hdr.x);  // (d, dmin)
         const int sb = 2 * (s & 3) + half;
@@ -103,7 +97,7 @@ template <int QT> struct FastAK4 {
         const uint32_t ds = h2_bits(__float2half_rn(__low2float(dd) * static_cast<float>(sc)));
         const uint32_t ndm = h2_bits(__float2half_rn(-(__high2float(dd) * static_cast<float>(m))));
         const int sh = 4 * half;  // the high nibbles moved down
-        store_half<kStride>([&](int i, uint32_t* o) {
+        store_half([&](int i, uint32_t* o) {
             const uint32_t v = (&(i < 4 ? r.q0 : r.q1).x)[i & 3] >> sh;
             uint32_t hb02 = 0, hb13 = 0;  // Q5_K: the fifth bits, at bit 4 of bytes 0 and 2
             if constexpr (kQ5) {
@@ -165,7 +159,6 @@ template <> struct FastA<kQ6_K> {
         r.d = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(at.d) & ~uintptr_t(3)));
         return r;
     }
-    template <int kStride = 1>
     __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int s, int half, uint4* dst) {
         constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32, 1024 + 32)
         const Where at(row, s, half);
@@ -174,7 +167,7 @@ template <> struct FastA<kQ6_K> {
         const uint32_t scw = r.sc >> shift(at.sc);
         const uint32_t ds0 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>(scw & 0xFF))));
         const uint32_t ds1 = h2_bits(__float2half_rn(d * static_cast<float>(static_cast<int8_t>((scw >> 8) & 0xFF))));
-        store_half<kStride>([&](int i, uint32_t* o) {
+        store_half([&](int i, uint32_t* o) {
             const uint32_t v = funnel(r.ql, i, sh_ql) >> nib, h = funnel(r.qh, i, sh_qh) >> hsh;
             const uint32_t q02 = hsub2_u((v & 0x000F000Fu) | ((h & 0x00030003u) << 4) | kMagic, k1056);  // q - 32
             const uint32_t q13 = hsub2_u(((v >> 8) & 0x000F000Fu) | (((h >> 8) & 0x00030003u) << 4) | kMagic, k1056);
@@ -310,249 +303,12 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
                          a.t, a.y);
 }
 
-// ------------------------------------------------------------------------------------------ Hopper: wgmma
-// prefill_wgmma_kernel (OPENJET_PREFILL_WGMMA=1 or 2 on a 90a build, an experiment): the same weights and
-// activations in fp16 as above, but the products on warpgroup MMA, which reads both operands straight from shared
-// memory. The mma.sync kernel is bound by shared-memory traffic on the H200 (Nsight Compute, 2,048 rows, Q4_K
-// 17408 x 5120: L1/shared 84% busy, tensor pipe 48%; each warp's ldmatrix re-reads its fragments). Block = 2
-// warpgroups x 64 weight rows x 128 tokens, k steps of 64: every thread dequantises its row half into an A tile
-// (FastA, as above, into core-matrix order), B arrives by cp.async two steps ahead, then each warpgroup issues 4
-// wgmma m64n128k16 and dequantises the next step while they run. kInFlight = 0 (OPENJET_PREFILL_WGMMA=1) waits for
-// them at the end of the step: correct on the H200 (7a9d5c3) but no faster (2,048 rows: Q4_K 17408 x 5120 1,374
-// against 1,167 us, Q6_K 5120 x 17408 1,811 against 1,974; bench/results/prefill-wgmma-h200-7a9d5c3.json).
-// kInFlight = 1 (=2, NOT yet run on a GPU) leaves one step's group running across the barrier (one more A and B
-// stage: 112 KB, still two blocks per SM). Every call takes 128-token tiles (tokens past t read token t - 1, never
-// stored), so an output's bits do not depend on the call's row count: chunk sizes agree. Its bits differ from the
-// mma.sync kernel's (another order inside the tensor core): the same numerics family, not the same bits.
-constexpr int kWgRows = 128, kWgToks = 128, kWgThreads = 256;
-constexpr int kWgAhead = 2;  // B is copied this many steps ahead
-constexpr int kWgATile = kWgRows * kBK * 2, kWgBTile = kWgToks * kBK * 2;
-static_assert(kWgThreads == 2 * kWgRows && kWgRows == kBM, "one thread per A row half; the same row blocks");
-// Stages of A and B when kInFlight groups of wgmma may still run at a step's end: A step s + 1 is written while
-// steps s - kInFlight .. s are read; B step s + kWgAhead is copied while those are read and steps s + 1 .. arrive.
-template <int kInFlight> struct WgStages {
-    static constexpr int kA = 2 + kInFlight, kB = kWgAhead + 1 + kInFlight;
-    static constexpr int kSmemBytes = kA * kWgATile + kB * kWgBTile;  // 80 KB / 112 KB: two blocks per SM
-};
-
-#ifdef OPENJET_WGMMA_ARCH
-constexpr int kCoreBytes = 128;                     // an 8 x 8 fp16 core matrix: LBO (neighbour in k)
-constexpr int kGroupBytes = kBK / 8 * kCoreBytes;   // 8 rows x 64 k: SBO (neighbour in rows / tokens)
-// Byte offset of elements 8 c .. 8 c + 7 (k) of row r in a tile of 64 k, core-matrix order.
-__device__ __forceinline__ int core_at(int r, int c) { return (r >> 3) * kGroupBytes + c * kCoreBytes + (r & 7) * 16; }
-
-// Step s of B (tokens col0 .. col0 + 127, past t token t - 1) into a core-matrix tile by cp.async: the calling
-// thread, `first` of kCopiers, copies 16-byte pieces first, first + kCopiers, ...
-template <int kCopiers>
-__device__ __forceinline__ void wg_copy_b(char* tile, const ActPack& x, int k, int t, int col0, int s, int first) {
-#pragma unroll
-    for (int i = 0; i < kWgToks * (kBK / 8) / kCopiers; ++i) {
-        const int c = first + kCopiers * i, r = c >> 3, part = c & 7;
-        const long long tok = min(col0 + r, t - 1);
-        cp_async16(tile + core_at(r, part), x.h + tok * k + static_cast<long long>(s) * kBK + 8 * part);
-    }
-}
-
-// A warpgroup's k step: its 64 rows of an A tile (at) times a B tile (bt), 4 wgmma m64n128k16, one group.
-__device__ __forceinline__ void wg_step(float (&acc)[64], const char* at, const char* bt) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)  // k16 = two core matrices along k
-        wgmma_m64n128k16(acc, wgmma_desc(at + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes),
-                         wgmma_desc(bt + 2 * kk * kCoreBytes, kCoreBytes, kGroupBytes));
-    wgmma_commit();
-}
-
-// A warpgroup's outputs: rows row0 .. row0 + 63 (< n) x tokens col0 .. col0 + 127 (< t), y = acc * inv[token].
-__device__ __forceinline__ void wg_store(const float (&acc)[64], int row0, int col0, int n, int t, const float* inv,
-                                         float* __restrict__ y) {
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int j = 0; j < kWgToks / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int row = row0 + 16 * warp + g + 8 * (c >> 1);
-            const int tok = col0 + 8 * j + 2 * tq + (c & 1);
-            if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[4 * j + c], inv[tok]);
-        }
-}
-#endif
-
-template <int QT, int kInFlight>
-__global__ void __launch_bounds__(kWgThreads, 2)
-prefill_wgmma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                     float* __restrict__ y) {
-#ifdef OPENJET_WGMMA_ARCH
-    using A = FastA<QT>;
-    using S = WgStages<kInFlight>;
-    extern __shared__ __align__(128) uint4 smem[];
-    char* as = reinterpret_cast<char*>(smem);  // [S::kA][kWgATile]
-    char* bs = as + S::kA * kWgATile;          // [S::kB][kWgBTile]
-    const int tid = threadIdx.x, wg = tid >> 7;
-    const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
-    const int steps = k / kBK;
-
-    const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half: k 32 ahalf .. + 31 of each step
-    const uint8_t* wrow = w + static_cast<long long>(row0 + arow < n ? row0 + arow : 0) * row_bytes;
-    const auto store_a = [&](const typename A::Raw& r, int s) {
-        A::template store<kCoreBytes / 16>(
-            r, wrow, s, ahalf, reinterpret_cast<uint4*>(as + (s % S::kA) * kWgATile + core_at(arow, 4 * ahalf)));
-    };
-    const auto load_b = [&](int s) { wg_copy_b<kWgThreads>(bs + (s % S::kB) * kWgBTile, x, k, t, col0, s, tid); };
-
-    pdl_start();  // pdl.cuh: the activations are the previous kernel's
-#pragma unroll
-    for (int s = 0; s < kWgAhead; ++s) {
-        if (s < steps) load_b(s);
-        cp_async_commit();
-    }
-    typename A::Raw raw = A::load(wrow, 0, ahalf);
-    store_a(raw, 0);
-    if (steps > 1) raw = A::load(wrow, 1, ahalf);
-
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-#pragma unroll 1
-    for (int s = 0; s < steps; ++s) {
-        cp_async_wait<kWgAhead - 1>();
-        fence_proxy_async_shared();  // this thread's A stores and B copies, for the tensor cores' reads
-        __syncthreads();  // A tile s and B stage s complete; groups before s - kInFlight done in both warpgroups
-        if (s + kWgAhead < steps) load_b(s + kWgAhead);
-        cp_async_commit();
-        // this warpgroup's 64 rows of A tile s, B stage s
-        wg_step(acc, as + (s % S::kA) * kWgATile + wg * (64 / 8) * kGroupBytes, bs + (s % S::kB) * kWgBTile);
-        if (s + 1 < steps) {  // the next A buffer, while the tensor cores work on this one
-            store_a(raw, s + 1);
-            if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
-        }
-        wgmma_wait<kInFlight>();
-    }
-    wgmma_wait<0>();
-    cp_async_wait<0>();
-    wg_store(acc, row0 + 64 * wg, col0, n, t, x.inv, y);
-#endif
-}
-
-// prefill_wgmma_ws_kernel (OPENJET_PREFILL_WGMMA=3, NOT yet run on a GPU): the same tile and operands, the work
-// split by warpgroup instead of by step. Warpgroup 0 produces: for each k step it waits until the consumers freed
-// a ring slot (empty[slot]), copies B into it by cp.async, dequantises the step's 128 x 64 weights into it (a thread
-// per row, both halves, the raw words loaded a step ahead) and arrives on full[slot], whose phase also waits for
-// its copies. Warpgroups 1 and 2 consume: wait on full[slot], issue the step's 4 wgmma on their 64 rows, keep one
-// step's group in flight and free the slot of the step before. No block-wide barrier in the loop: the producer
-// runs up to kWsSlots steps ahead, so dequantisation, copies and the tensor cores overlap. The same products in the
-// same order as prefill_wgmma_kernel, so the same bits.
-constexpr int kWsSlots = 4, kWsThreads = 384;
-constexpr int kWsSlotBytes = kWgATile + kWgBTile;                                  // 32 KB
-constexpr int kWsSmemBytes = kWsSlots * kWsSlotBytes + 2 * kWsSlots * 8;          // + full and empty barriers
-
-template <int QT>
-__global__ void __launch_bounds__(kWsThreads, 1)
-prefill_wgmma_ws_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                        float* __restrict__ y) {
-#ifdef OPENJET_WGMMA_ARCH
-    using A = FastA<QT>;
-    extern __shared__ __align__(128) uint4 smem[];
-    char* ring = reinterpret_cast<char*>(smem);  // slot i: [A tile | B tile]
-    uint64_t* full = reinterpret_cast<uint64_t*>(ring + kWsSlots * kWsSlotBytes);
-    uint64_t* empty = full + kWsSlots;
-    const int tid = threadIdx.x, wg = tid >> 7;
-    const int col0 = blockIdx.x * kWgToks, row0 = blockIdx.y * kWgRows;  // consecutive blocks share the weight tile
-    const int steps = k / kBK;
-    if (tid == 0) {
-        for (int i = 0; i < kWsSlots; ++i) {
-            mbar_init(&full[i], 128);   // the producer's threads (their copies ride on the same phase)
-            mbar_init(&empty[i], 256);  // the consumers' threads
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
-    pdl_start();  // pdl.cuh: the activations are the previous kernel's
-
-    if (wg == 0) {  // producer: thread = A row, both halves
-        const int row = tid;
-        const uint8_t* wrow = w + static_cast<long long>(row0 + row < n ? row0 + row : 0) * row_bytes;
-        typename A::Raw raw[2] = {A::load(wrow, 0, 0), A::load(wrow, 0, 1)};
-#pragma unroll 1
-        for (int s = 0; s < steps; ++s) {
-            const int slot = s % kWsSlots;
-            mbar_wait(&empty[slot], ((s / kWsSlots) & 1) ^ 1);
-            char* a_tile = ring + slot * kWsSlotBytes;
-            wg_copy_b<128>(a_tile + kWgATile, x, k, t, col0, s, row);
-            mbar_arrive_on_copies(&full[slot]);
-            typename A::Raw next[2];
-            if (s + 1 < steps) next[0] = A::load(wrow, s + 1, 0), next[1] = A::load(wrow, s + 1, 1);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                A::template store<kCoreBytes / 16>(raw[half], wrow, s, half,
-                                                   reinterpret_cast<uint4*>(a_tile + core_at(row, 4 * half)));
-            fence_proxy_async_shared();  // the A stores, for the tensor cores' reads
-            mbar_arrive(&full[slot]);
-            if (s + 1 < steps) raw[0] = next[0], raw[1] = next[1];
-        }
-        return;
-    }
-
-    // consumers: warpgroup c = wg - 1 takes rows 64 c .. 64 c + 63
-    const int c = wg - 1;
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-#pragma unroll 1
-    for (int s = 0; s < steps; ++s) {
-        const int slot = s % kWsSlots;
-        mbar_wait(&full[slot], (s / kWsSlots) & 1);
-        fence_proxy_async_shared();  // B arrived by cp.async (generic proxy): for the tensor cores' reads
-        const char* slot_tiles = ring + slot * kWsSlotBytes;
-        wg_step(acc, slot_tiles + c * (64 / 8) * kGroupBytes, slot_tiles + kWgATile);
-        wgmma_wait<1>();  // step s - 1's group done: its slot is free
-        if (s > 0) mbar_arrive(&empty[(s - 1) % kWsSlots]);
-    }
-    wgmma_wait<0>();
-    wg_store(acc, row0 + 64 * c, col0, n, t, x.inv, y);
-#endif
-}
-
-template <int QT> cudaError_t launch_prefill_wgmma_ws(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
-    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<QT>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
-    if (opted != cudaSuccess) return opted;
-    const long long row_bytes = row_bytes_of<QT>(a.k);
-    return launch_kernel(prefill_wgmma_ws_kernel<QT>,
-                         dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWsThreads,
-                         kWsSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
-}
-
-// OPENJET_PREFILL_WGMMA, read at each call: 1, 2 (prefill_wgmma_kernel with kInFlight = 0 or 1) or 3
-// (prefill_wgmma_ws_kernel) where available, else 0.
-int prefill_wgmma_mode() {
-    const char* v = std::getenv("OPENJET_PREFILL_WGMMA");
-    const int mode = v && v[0] >= '1' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 0;
-    return mode && prefill_wgmma_available() ? mode : 0;
-}
-
-template <int QT, int kInFlight>
-cudaError_t launch_prefill_wgmma(const GemvArgs& a, long long row_blocks, cudaStream_t stream) {
-    constexpr int kSmem = WgStages<kInFlight>::kSmemBytes;
-    static const cudaError_t opted = cudaFuncSetAttribute(prefill_wgmma_kernel<QT, kInFlight>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (opted != cudaSuccess) return opted;
-    const long long row_bytes = row_bytes_of<QT>(a.k);
-    return launch_kernel(prefill_wgmma_kernel<QT, kInFlight>,
-                         dim3((a.t + kWgToks - 1) / kWgToks, static_cast<unsigned>(row_blocks)), kWgThreads, kSmem,
-                         stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y);
-}
-
 // 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
 // of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
 // 128. An output's bits do not depend on the tile (the same chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    if (const int mode = prefill_wgmma_mode())  // row blocks: kWgRows == kBM
-        return mode == 1   ? launch_prefill_wgmma<QT, 0>(a, row_blocks, stream)
-               : mode == 2 ? launch_prefill_wgmma<QT, 1>(a, row_blocks, stream)
-                           : launch_prefill_wgmma_ws<QT>(a, row_blocks, stream);
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);
@@ -564,16 +320,6 @@ template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStrea
 }  // namespace
 
 bool prefill_gemm_takes(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K; }
-
-bool prefill_wgmma_available() {
-#ifdef OPENJET_HAVE_SM90A
-    int major = 0, minor = 0;
-    return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
-           device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0;
-#else
-    return false;
-#endif
-}
 
 bool prefill_dense_takes(int qtype, int n, int k) {
     return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();

@@ -20,11 +20,6 @@ namespace openjet {
 // Whether the GEMM takes this weight type.
 bool prefill_gemm_takes(int qtype);
 
-// Whether this build carries the Hopper (wgmma) kernel and the current device runs it: a 90a build
-// (OPENJET_CUDA_ARCHITECTURES=90a-real) on compute capability 9.0. OPENJET_PREFILL_WGMMA=1 or 2 then takes it for
-// every call (an experiment: prefill_gemm.cu).
-bool prefill_wgmma_available();
-
 // Whether a prefill call of this W takes the dense path where the caller gives it scratch (GemvArgs::dense): a
 // type the GEMM takes, the dense GEMM's alignment, a build and device that run it (dense_gemm.cuh). Depends on the
 // matrix only, never on t, so every call of one matrix takes one path.

@@ -219,9 +219,6 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     return OPENJET_OK;
 }
 
-// 1 where this build and device run the prefill GEMM's wgmma kernel (prefill_wgmma_available), else 0.
-extern "C" OPENJET_API int openjet_test_prefill_wgmma_available() { return prefill_wgmma_available() ? 1 : 0; }
-
 // 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
 

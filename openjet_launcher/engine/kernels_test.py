@@ -58,7 +58,6 @@ def _lib() -> ctypes.CDLL:
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
-        "prefill_wgmma_available": [],
         "dense_gemm_available": [],
     })
 
@@ -207,12 +206,6 @@ def set_gemv_tiles(tiles: str) -> None:
         raise ValueError(f"tiles must be one of {', '.join(GEMV_TILES)}, got {tiles!r}")
     lib = _lib()
     _check(lib, lib.openjet_test_set_gemv_half(GEMV_TILES[tiles]), "set_gemv_half")
-
-
-def prefill_wgmma_available() -> bool:
-    """Whether this library and GPU run the prefill GEMM's wgmma kernel (a 90a build on compute capability 9.0;
-    OPENJET_PREFILL_WGMMA=1 then takes it)."""
-    return bool(_lib().openjet_test_prefill_wgmma_available())
 
 
 def dense_gemm_available() -> bool:
