@@ -835,6 +835,37 @@ def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alon
     assert c["mean_kl"] <= KL_BAR and (c["misses"] == 0 or c["max_ref_gap_at_miss"] < GREEDY_TIE), c
 
 
+def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine(models, monkeypatch):
+    """OPENJET_GDN_CHUNKED=2 at load makes the two-phase form's scratch (seen in the memory report) and its prefill
+    gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at each call), which differ from the
+    recurrence's (so the chunked forms ran)."""
+    ids = np.random.default_rng(73).integers(0, 4096, 700)
+    prompt, follow = ids[:640], ids[640:]
+
+    def after(engine):
+        state = engine.new_state()
+        engine.prefill(state, prompt, chunk_size=512)
+        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
+    engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
+    try:
+        plain_scratch, recurrent = engine.memory()["scratch_bytes"], after(engine)
+    finally:
+        engine.close()
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
+    try:
+        scratch, two = engine.memory()["scratch_bytes"], after(engine)
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+        one = after(engine)
+    finally:
+        engine.close()
+    assert scratch > plain_scratch, "no scratch for the two-phase form"
+    np.testing.assert_array_equal(two, one)
+    assert not np.array_equal(one, recurrent), "the chunked forms did not run"
+
+
 def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):
     """With the default prefill numerics prefill does not leave decode's bits, so the server's Slot keeps at most
     the previous prompt (Engine.prefill_matches_decode) and truncate replays its prefilled tokens by prefill: turn

@@ -185,6 +185,19 @@ def test_chunked_form_matches_reference(size, t, monkeypatch):
     check_close(f"{size} t={t} chunked", chunked, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
 
 
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [9, 32, 33, 100, 300])
+def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeypatch):
+    """OPENJET_GDN_CHUNKED=2 (gdn_chunk.cu: every chunk's local work in one launch, then the state steps per chunk
+    in a second) runs gdn_chunk_kernel's arithmetic (the same device functions) split in two, so y, the conv state
+    and the state equal OPENJET_GDN_CHUNKED=1's bit for bit."""
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+    args, one, two = default_and_switched(size, t, 91, monkeypatch, "OPENJET_GDN_CHUNKED", "2")
+    for name, x, y in zip(("y", "conv_state", "state"), two, one):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    check_close(f"{size} t={t} chunked in two phases", two, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
+
+
 def test_value_heads_read_key_heads_tiled_not_grouped():
     n_k, n_v = SIZES["tiny"]
     rng = np.random.default_rng(5)

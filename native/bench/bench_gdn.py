@@ -5,7 +5,8 @@ Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
 
-Prefill calls (64 .. 2048 rows) are timed in both forms: the recurrence and the chunked WY form (gdn_chunk.cuh).
+Prefill calls (64 .. 2048 rows) are timed in three forms: the recurrence and the chunked WY form (gdn_chunk.cuh) in
+one kernel (OPENJET_GDN_CHUNKED=1) and in two phases (=2, the same bits).
 
 Bytes per step: the recurrent state read + written (2 x n_v x 64 KiB = 6 MiB), the conv state read +
 written, the conv weights, and per token qkv, z (read) and y (written). Timing: openjet_test_bench_gdn
@@ -42,6 +43,7 @@ from openjet_launcher.errors import OpenJetError  # noqa: E402
 N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
+FORMS = {"recurrent": None, "chunked": "1", "chunked2": "2"}  # OPENJET_GDN_CHUNKED (2: two phases, 1's bits)
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -58,10 +60,11 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    for t, form in [(t, "recurrent") for t in TS] + [(t, "chunked") for t in CHUNKED_TS]:
+    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in ("chunked", "chunked2") for t in CHUNKED_TS]
+    for t, form in runs:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes
-        if form == "chunked":
-            os.environ["OPENJET_GDN_CHUNKED"] = "1"  # read at each launch (captured into the graphs)
+        if FORMS[form]:
+            os.environ["OPENJET_GDN_CHUNKED"] = FORMS[form]  # read at each launch (captured into the graphs)
         try:
             us = float(np.median(kg.bench_gdn(N_K, N_V, t, COPIES, reps, RUNS)))
             us_l2 = float(np.median(kg.bench_gdn(N_K, N_V, t, 1, reps, RUNS)))  # one state set: L2-resident

@@ -43,6 +43,7 @@
 #include "embed.cuh"
 #include "ffn_persistent.cuh"
 #include "gemv.cuh"
+#include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
 #include "prefill_gemm.cuh"
@@ -121,6 +122,9 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
+    // OPENJET_GDN_CHUNKED=2 at create (gdn_chunk.cuh): the two-phase chunked GDN's scratch for a prefill chunk's
+    // rows; null otherwise (form 1 then runs in its place).
+    float* gdn_chunk_scratch = nullptr;
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
     __half* wdense = nullptr;
@@ -477,6 +481,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
                 dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
         });
     }
+    size_t gdn_chunk_floats = 0;
+    if (const char* g = std::getenv("OPENJET_GDN_CHUNKED"); g && std::strcmp(g, "2") == 0 && e.n_gdn)
+        gdn_chunk_floats = gdn_chunk_scratch_floats(c.ssm_n_k_heads, c.ssm_n_v_heads, R);
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     e.attn_work_floats = work;
     e.big2_floats = R * big2;
@@ -512,6 +519,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.ffn_counters, sizeof(int) * kFfnCounters},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
+        {(void**)&e.gdn_chunk_scratch, sizeof(float) * gdn_chunk_floats},
     };
     size_t scratch_off[sizeof(parts) / sizeof(parts[0])];
     e.scratch_bytes = 0;
@@ -557,6 +565,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
     if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
+    if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
     e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
@@ -699,6 +708,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
     g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
     g.y = e.y;
+    if (e.prefilling) g.chunk_scratch = e.gdn_chunk_scratch;
     CHECK(launch_gdn_step(g, e.stream, l2_next(e, L.ssm_out)));
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));

@@ -10,6 +10,7 @@
 // Checked before any GPU run (2026-12-02) by a per-thread transcription of this kernel's index arithmetic to
 // Python in float64 (kept out of the tree): o and the state within 1.3e-15 of the reference recurrence, the conv
 // state equal (1 and 2 key heads, 2 and 6 value heads, 40 and 70 rows: partial last chunks).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,6 +31,7 @@ constexpr int kRowPad = D + 4;            // q̂ / k̂ rows padded to 528 bytes:
                                           // different 16-byte bank groups (the lane-varying loads of step 3)
 static_assert(kCols == 32 && C == 32 && C % kWarps == 0 && D % kWarps == 0, "lane = column, warp = row group");
 static_assert(kCols + D <= kThreads, "a thread per column of [U | W]");
+static_assert(2 * D == kThreads, "two phases: a thread per column of U and of W, all 128 of each");
 
 // Shared-memory traffic sets this kernel's speed (the first version, one output a thread with both operands read
 // from shared memory at each step, took 58 us a chunk on the H200: slower than the recurrence). So every product
@@ -65,6 +67,143 @@ __device__ __forceinline__ void warp_rows_times_lane_column(const float* rows, c
     }
 }
 
+// SiLU of the causal conv at one channel: inputs x_{-3}, x_{-2}, x_{-1}, x_0 and the taps (gdn_step_head's order).
+__device__ __forceinline__ float conv_silu(float x0, float x1, float x2, float xt, float4 cw) {
+    return gdn_silu(__fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, cw.x), __fmul_rn(x1, cw.y)), __fmul_rn(x2, cw.z)),
+                              __fmul_rn(xt, cw.w)));
+}
+
+// Row `row`'s β and g for value head h (both 0 where !live: such a row leaves the state as it is).
+__device__ __forceinline__ void chunk_gates(const GdnStepArgs& a, int h, int row, bool live, float* beta, float* g) {
+    *beta = 0.0f, *g = 0.0f;
+    if (live) {
+        *beta = gdn_sigmoid(a.b[row * a.n_v + h]);
+        *g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(a.alpha[row * a.n_v + h], a.dt_bias[h])));
+    }
+}
+
+// Step 2: q <- x rsqrt(sum x^2 + eps) / sqrt(128), k <- x rsqrt(sum x^2 + eps), a warp per row (zero rows stay
+// zero); gamma <- its running sum (one thread, in order).
+__device__ __forceinline__ void chunk_norms(float (*q)[kRowPad], float (*k)[kRowPad], float* gamma, float eps, int tid,
+                                            int warp, int lane) {
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (int t = 0; t < C; ++t) gamma[t] = acc = __fadd_rn(acc, gamma[t]);
+    }
+    for (int rw = warp; rw < 2 * C; rw += kWarps) {
+        float* row = (rw & 1) ? k[rw >> 1] : q[rw >> 1];
+        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), eps)));
+        const float scale = (rw & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = __fmul_rn(row[lane + 32 * i], inv);
+            row[lane + 32 * i] = (rw & 1) ? x : __fmul_rn(x, scale);
+        }
+    }
+}
+
+// Step 3: A and Aq, entries (i, j = lane) for rows i = warp + 8 m (k_j in 16-byte steps, the rows' k_i, q_i
+// broadcast); the decays e^gamma and e^(Gamma - gamma).
+__device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const float (*k)[kRowPad], const float* gamma,
+                                             const float* beta, float* e_gamma, float* e_rest, float (*am)[C],
+                                             float (*aq)[C], int tid, int warp, int lane) {
+    if (tid < C) {
+        e_gamma[tid] = expf(gamma[tid]);
+        e_rest[tid] = expf(__fsub_rn(gamma[C - 1], gamma[tid]));
+    }
+    constexpr int M = C / kWarps;
+    float kk[M] = {}, qk[M] = {};
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+        const float4 kj = *reinterpret_cast<const float4*>(&k[lane][d]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            kk[m] = f32_fma4(*reinterpret_cast<const float4*>(&k[warp + kWarps * m][d]), kj, kk[m]);
+            qk[m] = f32_fma4(*reinterpret_cast<const float4*>(&q[warp + kWarps * m][d]), kj, qk[m]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const int i = warp + kWarps * m, j = lane;
+        const float dec = j <= i ? expf(__fsub_rn(gamma[i], gamma[j])) : 0.0f;  // masked before the exp
+        am[i][j] = j < i ? __fmul_rn(__fmul_rn(beta[i], kk[m]), dec) : 0.0f;
+        aq[i][j] = j <= i ? __fmul_rn(qk[m], dec) : 0.0f;
+    }
+}
+
+// Step 4 for one column: (I + A) x = rhs by forward substitution (rhs(i): row i's right-hand side). A column
+// reads only its own earlier rows.
+template <class Rhs>
+__device__ __forceinline__ void chunk_solve_column(const float (*am)[C], const Rhs& rhs, float (&x)[C]) {
+#pragma unroll
+    for (int i = 0; i < C; ++i) x[i] = 0.0f;  // zeros ahead of row i: A is zero there too, so the 16-byte steps
+#pragma unroll                                 // past j = i - 1 add nothing
+    for (int i = 0; i < C; ++i) {
+        float acc = rhs(i);
+#pragma unroll
+        for (int j = 0; j < i; j += 4) {
+            const float4 av = *reinterpret_cast<const float4*>(&am[i][j]);
+            acc = __fmaf_rn(-av.x, x[j], acc);
+            acc = __fmaf_rn(-av.y, x[j + 1], acc);
+            acc = __fmaf_rn(-av.z, x[j + 2], acc);
+            acc = __fmaf_rn(-av.w, x[j + 3], acc);
+        }
+        x[i] = acc;
+    }
+}
+
+// Steps 5-7 on a block's kCols state columns s[D][kCols], given the chunk's W [C][D], q and k rows, U [C][kCols]
+// (replaced by V'), Aq and decays: V' = U - W S; o = e^gamma (q S) + Aq V' for rows < n to y_row(i); S <- e^Gamma S
+// + sum_i k_i (e^(Gamma - gamma_i) V'_i). Barriers between the steps (and none at the end).
+template <class Out>
+__device__ __forceinline__ void chunk_state_steps(float (*s)[kCols], const float (*w)[D], const float (*q)[kRowPad],
+                                                  const float (*k)[kRowPad], float (*u)[kCols], const float (*aq)[C],
+                                                  const float* gamma, const float* e_gamma, const float* e_rest, int n,
+                                                  const Out& out, int warp, int lane) {
+    constexpr int M = C / kWarps;
+    {
+        float ws[M];
+        warp_rows_times_lane_column<D, D>(&w[0][0], &s[0][0], warp, lane, ws);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const int i = warp + kWarps * m;
+            u[i][lane] = __fsub_rn(u[i][lane], ws[m]);
+        }
+    }
+    __syncthreads();
+    {
+        float qs[M], av[M];
+        warp_rows_times_lane_column<D, kRowPad>(&q[0][0], &s[0][0], warp, lane, qs);
+        warp_rows_times_lane_column<C, C>(&aq[0][0], &u[0][0], warp, lane, av);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const int i = warp + kWarps * m;
+            if (i < n) out(i, __fmaf_rn(e_gamma[i], qs[m], av[m]));
+        }
+    }
+    __syncthreads();  // S is read above and rewritten below
+    {
+        constexpr int R = D / kWarps;
+        const float e_all = expf(gamma[C - 1]);
+        const int r0 = R * warp;
+        float acc[R] = {};
+#pragma unroll 4
+        for (int i = 0; i < C; ++i) {
+            const float vp = __fmul_rn(u[i][lane], e_rest[i]);
+#pragma unroll
+            for (int q4 = 0; q4 < R / 4; ++q4) {
+                const float4 kv = *reinterpret_cast<const float4*>(&k[i][r0 + 4 * q4]);
+                acc[4 * q4 + 0] = __fmaf_rn(kv.x, vp, acc[4 * q4 + 0]);
+                acc[4 * q4 + 1] = __fmaf_rn(kv.y, vp, acc[4 * q4 + 1]);
+                acc[4 * q4 + 2] = __fmaf_rn(kv.z, vp, acc[4 * q4 + 2]);
+                acc[4 * q4 + 3] = __fmaf_rn(kv.w, vp, acc[4 * q4 + 3]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < R; ++m) s[r0 + m][lane] = __fmaf_rn(e_all, s[r0 + m][lane], acc[m]);
+    }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     ChunkSmem& sm = *reinterpret_cast<ChunkSmem*>(smem_raw);
@@ -88,7 +227,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
 #pragma unroll
         for (int i = 0; i < 3; ++i) sm.conv_x[i][ch] = a.conv_state_in[(size_t)i * conv_dim + c];
     }
-    const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h];
     __syncthreads();
 
 #pragma unroll 1
@@ -108,11 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
             for (int t = 0; t < C; ++t) {
                 float out = 0.0f;
                 if (t < n) {
-                    const float xt = xin[t];
-                    out = gdn_silu(__fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(x0, cw.x), __fmul_rn(x1, cw.y)),
-                                                       __fmul_rn(x2, cw.z)),
-                                             __fmul_rn(xt, cw.w)));
-                    x0 = x1, x1 = x2, x2 = xt;
+                    out = conv_silu(x0, x1, x2, xin[t], cw);
+                    x0 = x1, x1 = x2, x2 = xin[t];
                 }
                 dst[t * stride] = out;
             }
@@ -124,62 +259,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
                 a.conv_state_out[2 * conv_dim + c] = x2;
             }
         }
-        if (tid < C) {
-            float beta = 0.0f, g = 0.0f;  // past n: the state is left as it is
-            if (tid < n) {
-                const int row = t0 + tid;
-                beta = gdn_sigmoid(a.b[row * a.n_v + h]);
-                g = __fmul_rn(ssm_a, gdn_softplus(__fadd_rn(a.alpha[row * a.n_v + h], dt_bias)));
-            }
-            sm.beta[tid] = beta;
-            sm.gamma[tid] = g;
-        }
+        if (tid < C) chunk_gates(a, h, t0 + tid, tid < n, &sm.beta[tid], &sm.gamma[tid]);  // past n: zeros
         __syncthreads();
 
-        // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps), one warp per row (zero rows stay zero);
-        // γ = the running sum of g (one thread, in order).
-        if (tid == 0) {
-            float acc = 0.0f;
-            for (int t = 0; t < C; ++t) sm.gamma[t] = acc = __fadd_rn(acc, sm.gamma[t]);
-        }
-        for (int rw = warp; rw < 2 * C; rw += kWarps) {
-            float* row = (rw & 1) ? sm.k[rw >> 1] : sm.q[rw >> 1];
-            const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(gdn_warp_sumsq(row, lane), a.eps)));
-            const float scale = (rw & 1) ? 1.0f : 0.08838834764831845f;  // float32(1/sqrt(128))
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float x = __fmul_rn(row[lane + 32 * i], inv);
-                row[lane + 32 * i] = (rw & 1) ? x : __fmul_rn(x, scale);
-            }
-        }
+        // 2, 3. The norms and γ; A, Aq and the decays.
+        chunk_norms(sm.q, sm.k, sm.gamma, a.eps, tid, warp, lane);
         __syncthreads();
-
-        // 3. A and Aq: entries (i, j = lane) for rows i = warp + 8 m (k̂_j in 16-byte steps, the rows' k̂_i, q̂_i
-        // broadcast); the decays e^γ and e^(Γ - γ).
-        if (tid < C) {
-            sm.e_gamma[tid] = expf(sm.gamma[tid]);
-            sm.e_rest[tid] = expf(__fsub_rn(sm.gamma[C - 1], sm.gamma[tid]));
-        }
-        {
-            constexpr int M = C / kWarps;
-            float kk[M] = {}, qk[M] = {};
-#pragma unroll 4
-            for (int d = 0; d < D; d += 4) {
-                const float4 kj = *reinterpret_cast<const float4*>(&sm.k[lane][d]);
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    kk[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.k[warp + kWarps * m][d]), kj, kk[m]);
-                    qk[m] = f32_fma4(*reinterpret_cast<const float4*>(&sm.q[warp + kWarps * m][d]), kj, qk[m]);
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const int i = warp + kWarps * m, j = lane;
-                const float dec = j <= i ? expf(__fsub_rn(sm.gamma[i], sm.gamma[j])) : 0.0f;  // masked before the exp
-                sm.a[i][j] = j < i ? __fmul_rn(__fmul_rn(sm.beta[i], kk[m]), dec) : 0.0f;
-                sm.aq[i][j] = j <= i ? __fmul_rn(qk[m], dec) : 0.0f;
-            }
-        }
+        chunk_decays(sm.q, sm.k, sm.gamma, sm.beta, sm.e_gamma, sm.e_rest, sm.a, sm.aq, tid, warp, lane);
         __syncthreads();
 
         // 4. (I + A) [U | W] = [β v | β e^γ k̂] by forward substitution: thread c < kCols solves U's column c,
@@ -187,23 +273,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         if (tid < kCols + D) {
             const bool is_u = tid < kCols;
             const int c = is_u ? tid : tid - kCols;
-            float x[C];  // zeros ahead of row i: A is zero there too, so the 16-byte steps past j = i - 1 add nothing
-#pragma unroll
-            for (int i = 0; i < C; ++i) x[i] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < C; ++i) {
-                float acc = is_u ? __fmul_rn(sm.beta[i], sm.v[i][c])
-                                 : __fmul_rn(__fmul_rn(sm.beta[i], sm.e_gamma[i]), sm.k[i][c]);
-#pragma unroll
-                for (int j = 0; j < i; j += 4) {
-                    const float4 av = *reinterpret_cast<const float4*>(&sm.a[i][j]);
-                    acc = __fmaf_rn(-av.x, x[j], acc);
-                    acc = __fmaf_rn(-av.y, x[j + 1], acc);
-                    acc = __fmaf_rn(-av.z, x[j + 2], acc);
-                    acc = __fmaf_rn(-av.w, x[j + 3], acc);
-                }
-                x[i] = acc;
-            }
+            float x[C];
+            chunk_solve_column(sm.a, [&](int i) {
+                return is_u ? __fmul_rn(sm.beta[i], sm.v[i][c]) : __fmul_rn(__fmul_rn(sm.beta[i], sm.e_gamma[i]), sm.k[i][c]);
+            }, x);
 #pragma unroll
             for (int i = 0; i < C; ++i) {
                 if (is_u) sm.u[i][c] = x[i];
@@ -212,56 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         }
         __syncthreads();
 
-        // 5. V' = U - W S, in place of U: entries (i, lane), rows i = warp + 8 m (each read and written by one thread).
-        {
-            constexpr int M = C / kWarps;
-            float ws[M];
-            warp_rows_times_lane_column<D, D>(&sm.w[0][0], &sm.s[0][0], warp, lane, ws);
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const int i = warp + kWarps * m;
-                sm.u[i][lane] = __fsub_rn(sm.u[i][lane], ws[m]);
-            }
-        }
-        __syncthreads();
-
-        // 6. o = e^γ (q̂ S) + Aq V' (Aq is zero above the diagonal), rows < n written to y (the gated RMSNorm's
-        // launch reads them there).
-        {
-            constexpr int M = C / kWarps;
-            float qs[M], av[M];
-            warp_rows_times_lane_column<D, kRowPad>(&sm.q[0][0], &sm.s[0][0], warp, lane, qs);
-            warp_rows_times_lane_column<C, C>(&sm.aq[0][0], &sm.u[0][0], warp, lane, av);
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const int i = warp + kWarps * m;
-                if (i < n) a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = __fmaf_rn(sm.e_gamma[i], qs[m], av[m]);
-            }
-        }
-        __syncthreads();  // S is read above and rewritten below
-
-        // 7. S ← e^Γ S + Σ_i k̂_i (e^(Γ - γ_i) V'_i): entries (r, lane), the warp's 16 rows r = 16 warp + m (their k̂
-        // values of token i: four 16-byte broadcasts).
-        {
-            constexpr int R = D / kWarps;
-            const float e_all = expf(sm.gamma[C - 1]);
-            const int r0 = R * warp;
-            float acc[R] = {};
-#pragma unroll 4
-            for (int i = 0; i < C; ++i) {
-                const float vp = __fmul_rn(sm.u[i][lane], sm.e_rest[i]);
-#pragma unroll
-                for (int q4 = 0; q4 < R / 4; ++q4) {
-                    const float4 kv = *reinterpret_cast<const float4*>(&sm.k[i][r0 + 4 * q4]);
-                    acc[4 * q4 + 0] = __fmaf_rn(kv.x, vp, acc[4 * q4 + 0]);
-                    acc[4 * q4 + 1] = __fmaf_rn(kv.y, vp, acc[4 * q4 + 1]);
-                    acc[4 * q4 + 2] = __fmaf_rn(kv.z, vp, acc[4 * q4 + 2]);
-                    acc[4 * q4 + 3] = __fmaf_rn(kv.w, vp, acc[4 * q4 + 3]);
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < R; ++m) sm.s[r0 + m][lane] = __fmaf_rn(e_all, sm.s[r0 + m][lane], acc[m]);
-        }
+        // 5-7. V' = U - W S; o rows < n to y (the gated RMSNorm's launch reads them there); the state.
+        chunk_state_steps(sm.s, sm.w, sm.q, sm.k, sm.u, sm.aq, sm.gamma, sm.e_gamma, sm.e_rest, n,
+                          [&](int i, float o) { a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = o; }, warp,
+                          lane);
         __syncthreads();  // the next chunk rewrites q, k, v, u
     }
 
@@ -269,18 +296,200 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
     for (int e = tid; e < D * kCols; e += kThreads) so[state_at(e)] = (&sm.s[0][0])[e];
 }
 
+// ------------------------------------------------------------------------------------------ two phases (=2)
+// OPENJET_GDN_CHUNKED=2: the same chunks and the same arithmetic as gdn_chunk_kernel (so the same bits), in two
+// launches. Phase 1, one block per (value head, chunk), all chunks at once: conv, gates, norms, A, Aq and the
+// solve for all 128 columns of U and W (the chunk-local work, which gdn_chunk_kernel redoes in each of a head's 4
+// column blocks, one chunk after another), into scratch (ChunkScratch). Phase 2, one block per (value head, 32
+// state columns): per chunk only steps 5-7 (V' = U - W S, o, the state), its operands read from scratch.
+struct ChunkScratch {  // [head][padded row][...]: a (head, chunk)'s rows contiguous
+    float *q, *k;              // [n_k][R][D]   normalised q (1/sqrt(128) included) and k
+    float *u, *w;              // [n_v][R][D]   U and W
+    float* aq;                 // [n_v][R][C]   Aq's rows
+    float *gamma, *e_gamma, *e_rest;  // [n_v][R]
+    __host__ __device__ ChunkScratch(float* base, int n_k, int n_v, int rows) {
+        const size_t r = (rows + C - 1) / C * C;
+        q = base, k = q + (size_t)n_k * r * D, u = k + (size_t)n_k * r * D, w = u + (size_t)n_v * r * D;
+        aq = w + (size_t)n_v * r * D, gamma = aq + (size_t)n_v * r * C, e_gamma = gamma + n_v * r;
+        e_rest = e_gamma + n_v * r;
+    }
+    __host__ __device__ static size_t floats(int n_k, int n_v, int rows) {
+        const size_t r = (rows + C - 1) / C * C;
+        return r * ((size_t)2 * n_k * D + (size_t)n_v * (2 * D + C + 3));
+    }
+};
+
+struct Phase1Smem {
+    alignas(16) float q[C][kRowPad];
+    alignas(16) float k[C][kRowPad];
+    float v[C][D];
+    alignas(16) float a[C][C];
+    alignas(16) float aq[C][C];
+    float beta[C], gamma[C], e_gamma[C], e_rest[C];
+};
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_chunk_local_kernel(const GdnStepArgs a) {
+    extern __shared__ float4 smem_raw[];
+    Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
+    pdl_start();  // pdl.cuh
+    const int chunks = (a.t + C - 1) / C;
+    const int h = blockIdx.x / chunks, t0 = blockIdx.x % chunks * C, n = min(C, a.t - t0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kh = h % a.n_k;  // tiled pairing: value head h reads key head h mod n_k
+    const int key_dim = a.n_k * D, conv_dim = 2 * key_dim + a.n_v * D;
+    const auto channel = [&](int ch) {  // the block's channel ch: q, k of its key head, v of its value head
+        return ch < D ? kh * D + ch : ch < 2 * D ? key_dim + kh * D + (ch - D) : 2 * key_dim + h * D + (ch - 2 * D);
+    };
+    // 1. Conv and SiLU per channel: the three raw inputs before the chunk from qkv (or, before row 0, the conv
+    // state), then gdn_chunk_kernel's loop over the chunk's rows; the gates.
+    for (int ch = tid; ch < 3 * D; ch += kThreads) {
+        const int c = channel(ch);
+        const float4 cw = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
+        float x[3];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+            const int row = t0 - 3 + i;
+            x[i] = row < 0 ? a.conv_state_in[(size_t)(row + 3) * conv_dim + c] : a.qkv[(size_t)row * conv_dim + c];
+        }
+        float x0 = x[0], x1 = x[1], x2 = x[2];
+        float* dst = ch < D ? &sm.q[0][ch] : ch < 2 * D ? &sm.k[0][ch - D] : &sm.v[0][ch - 2 * D];
+        const int stride = ch < 2 * D ? kRowPad : D;
+        float xin[C];
+#pragma unroll
+        for (int t = 0; t < C; ++t) xin[t] = t < n ? a.qkv[(size_t)(t0 + t) * conv_dim + c] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < C; ++t) {
+            float out = 0.0f;
+            if (t < n) {
+                out = conv_silu(x0, x1, x2, xin[t], cw);
+                x0 = x1, x1 = x2, x2 = xin[t];
+            }
+            dst[t * stride] = out;
+        }
+        if (t0 + n == a.t && (ch >= 2 * D || h == kh)) {  // the call's last rows: q/k channels by value head kh
+            a.conv_state_out[c] = x0;
+            a.conv_state_out[conv_dim + c] = x1;
+            a.conv_state_out[2 * conv_dim + c] = x2;
+        }
+    }
+    if (tid < C) chunk_gates(a, h, t0 + tid, tid < n, &sm.beta[tid], &sm.gamma[tid]);
+    __syncthreads();
+    // 2, 3.
+    chunk_norms(sm.q, sm.k, sm.gamma, a.eps, tid, warp, lane);
+    __syncthreads();
+    chunk_decays(sm.q, sm.k, sm.gamma, sm.beta, sm.e_gamma, sm.e_rest, sm.a, sm.aq, tid, warp, lane);
+    __syncthreads();
+    // 4. Thread c < D solves U's column c, thread D + d W's column d; then everything the state steps need goes out.
+    const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
+    const size_t r_pad = (size_t)chunks * C;
+    {
+        const bool is_u = tid < D;
+        const int c = is_u ? tid : tid - D;
+        float x[C];
+        chunk_solve_column(sm.a, [&](int i) {
+            return is_u ? __fmul_rn(sm.beta[i], sm.v[i][c]) : __fmul_rn(__fmul_rn(sm.beta[i], sm.e_gamma[i]), sm.k[i][c]);
+        }, x);
+        float* dst = (is_u ? cs.u : cs.w) + ((size_t)h * r_pad + t0) * D + c;
+#pragma unroll
+        for (int i = 0; i < C; ++i) dst[(size_t)i * D] = x[i];
+    }
+    if (h == kh)
+        for (int e = tid; e < C * D; e += kThreads) {
+            const int i = e / D, d = e % D;
+            cs.q[((size_t)kh * r_pad + t0 + i) * D + d] = sm.q[i][d];
+            cs.k[((size_t)kh * r_pad + t0 + i) * D + d] = sm.k[i][d];
+        }
+    for (int e = tid; e < C * C; e += kThreads) cs.aq[((size_t)h * r_pad + t0) * C + e] = (&sm.aq[0][0])[e];
+    if (tid < C) {
+        const size_t at = (size_t)h * r_pad + t0 + tid;
+        cs.gamma[at] = sm.gamma[tid], cs.e_gamma[at] = sm.e_gamma[tid], cs.e_rest[at] = sm.e_rest[tid];
+    }
+}
+
+struct Phase2Smem {
+    float s[D][kCols];
+    alignas(16) float q[C][kRowPad];
+    alignas(16) float k[C][kRowPad];
+    alignas(16) float w[C][D];
+    float u[C][kCols];
+    alignas(16) float aq[C][C];
+    float gamma[C], e_gamma[C], e_rest[C];
+};
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnStepArgs a) {
+    extern __shared__ float4 smem_raw[];
+    Phase2Smem& sm = *reinterpret_cast<Phase2Smem*>(smem_raw);
+    pdl_start();  // pdl.cuh
+    constexpr int kSplits = D / kCols;
+    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kh = h % a.n_k, value_dim = a.n_v * D;
+    const auto state_at = [&](int e) { return (size_t)h * D * D + (size_t)(e / kCols) * D + c0 + e % kCols; };
+    for (int e = tid; e < D * kCols; e += kThreads) (&sm.s[0][0])[e] = a.state[state_at(e)];
+    const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
+    const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
+#pragma unroll 1
+    for (int t0 = 0; t0 < a.t; t0 += C) {
+        const int n = min(C, a.t - t0);
+        const float4* q4 = reinterpret_cast<const float4*>(cs.q + ((size_t)kh * r_pad + t0) * D);
+        const float4* k4 = reinterpret_cast<const float4*>(cs.k + ((size_t)kh * r_pad + t0) * D);
+        const float4* w4 = reinterpret_cast<const float4*>(cs.w + ((size_t)h * r_pad + t0) * D);
+        for (int e = tid; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's q, k, W rows
+            const int i = e / (D / 4), d = 4 * (e % (D / 4));
+            *reinterpret_cast<float4*>(&sm.q[i][d]) = q4[e];
+            *reinterpret_cast<float4*>(&sm.k[i][d]) = k4[e];
+            *reinterpret_cast<float4*>(&sm.w[i][d]) = w4[e];
+        }
+        for (int e = tid; e < C * kCols; e += kThreads)
+            (&sm.u[0][0])[e] = cs.u[((size_t)h * r_pad + t0 + e / kCols) * D + c0 + e % kCols];
+        for (int e = tid; e < C * C; e += kThreads) (&sm.aq[0][0])[e] = cs.aq[((size_t)h * r_pad + t0) * C + e];
+        if (tid < C) {
+            const size_t at = (size_t)h * r_pad + t0 + tid;
+            sm.gamma[tid] = cs.gamma[at], sm.e_gamma[tid] = cs.e_gamma[at], sm.e_rest[tid] = cs.e_rest[at];
+        }
+        __syncthreads();
+        chunk_state_steps(sm.s, sm.w, sm.q, sm.k, sm.u, sm.aq, sm.gamma, sm.e_gamma, sm.e_rest, n,
+                          [&](int i, float o) { a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = o; }, warp,
+                          lane);
+        __syncthreads();  // the next chunk's operands overwrite these
+    }
+    float* so = a.state_out ? a.state_out : a.state;
+    for (int e = tid; e < D * kCols; e += kThreads) so[state_at(e)] = (&sm.s[0][0])[e];
+}
+
 }  // namespace
+
+int gdn_chunked_form() {
+    const char* v = std::getenv("OPENJET_GDN_CHUNKED");
+    return v && (v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 0;
+}
 
 bool gdn_chunked(const GdnStepArgs& a) {
     if (a.w_beta || a.t <= kGdnMaxT) return false;
-    const char* v = std::getenv("OPENJET_GDN_CHUNKED");
-    return v && std::strcmp(v, "1") == 0 && prefill_numerics_own();
+    return gdn_chunked_form() != 0 && prefill_numerics_own();
 }
+
+size_t gdn_chunk_scratch_floats(int n_k, int n_v, int rows) { return ChunkScratch::floats(n_k, n_v, rows); }
 
 cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* launched) {
     *launched = false;
     int optin = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
+    if (gdn_chunked_form() == 2 && a.chunk_scratch) {  // two phases: every chunk's local work at once, then the state
+        if (static_cast<int>(std::max(sizeof(Phase1Smem), sizeof(Phase2Smem))) > optin) return cudaSuccess;
+        static const cudaError_t opted1 = cudaFuncSetAttribute(
+            gdn_chunk_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase1Smem));
+        static const cudaError_t opted2 = cudaFuncSetAttribute(
+            gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem));
+        if (opted1 != cudaSuccess) return opted1;
+        if (opted2 != cudaSuccess) return opted2;
+        *launched = true;
+        const int chunks = (a.t + C - 1) / C;
+        if (cudaError_t e = launch_kernel(gdn_chunk_local_kernel, a.n_v * chunks, kThreads, sizeof(Phase1Smem),
+                                          stream, a))
+            return e;
+        return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
+    }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;
     static const cudaError_t opted =
         cudaFuncSetAttribute(gdn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(ChunkSmem));

@@ -18,6 +18,13 @@ constexpr int kGdnChunkCols = 32;  // state columns per block: 4 blocks per valu
 // whose prefill leaves decode's bits: gemv.cuh, prefill_numerics_own).
 bool gdn_chunked(const GdnStepArgs& a);
 
+// OPENJET_GDN_CHUNKED's form (read at each call): 0 off, 1 one kernel (gdn_chunk_kernel), 2 two phases (every
+// chunk's local work at once, then the state; the same bits as 1; needs GdnStepArgs::chunk_scratch, else 1 runs).
+int gdn_chunked_form();
+
+// Floats of scratch form 2 needs for a call of `rows` rows (~18 K a row at 27B: 148 MB for 2,048 rows).
+size_t gdn_chunk_scratch_floats(int n_k, int n_v, int rows);
+
 // The conv, norms, gates and delta rule of a's rows for every value head, its o rows written to a.y (the gated
 // RMSNorm is the caller's next launch, as for the column split), a's state and conv state updated. *launched stays
 // false where the device's shared memory per block cannot hold a block's working set (the caller then takes the

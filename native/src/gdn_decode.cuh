@@ -69,6 +69,8 @@ struct GdnStepArgs {
     int proj_k = 0;
     float* b_out = nullptr;
     float* alpha_out = nullptr;
+    // OPENJET_GDN_CHUNKED=2's scratch (gdn_chunk.cuh, gdn_chunk_scratch_floats for t rows), or null.
+    float* chunk_scratch = nullptr;
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
