@@ -697,20 +697,27 @@ def test_prefill_chunk_sizes_and_turns_give_the_same_greedy_ids(models):
     assert turns == runs[512]
 
 
+_TURNS_PROMPT = np.random.default_rng(61).integers(0, 4096, 2670)  # 2,605 prompt tokens, 65 teacher-forced
+
+
+def _logits_after(engine, parts, chunk, follow):
+    """The logits of decode steps over `follow` after prefilling `parts` in turn (chunks of `chunk` rows)."""
+    state = engine.new_state()
+    for part in parts:
+        engine.prefill(state, part, chunk_size=chunk)
+    return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+
+
 def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, monkeypatch):
     """The default prefill numerics (prefill_gemm.cuh: the k-quant projections of prefill rows on fp16-dequantised
     weights): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave the same
     bits, since every prefill row takes the fast GEMM, and OPENJET_PREFILL_GEMM=fast is the default; and 64
     teacher-forced decode steps after it stay within issue 6's bar of the same steps after the decode-exact
     prefill (OPENJET_PREFILL_GEMM=exact)."""
-    ids = np.random.default_rng(61).integers(0, 4096, 2670)
-    prompt, follow = ids[:2605], ids[2605:]
+    prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
 
     def after(engine, parts, chunk):
-        state = engine.new_state()
-        for part in parts:
-            engine.prefill(state, part, chunk_size=chunk)
-        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+        return _logits_after(engine, parts, chunk, follow)
 
     engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
     try:
@@ -753,14 +760,10 @@ def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, 
 
     if not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
-    ids = np.random.default_rng(61).integers(0, 4096, 2670)
-    prompt, follow = ids[:2605], ids[2605:]
+    prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
 
     def after(engine, parts, chunk):
-        state = engine.new_state()
-        for part in parts:
-            engine.prefill(state, part, chunk_size=chunk)
-        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+        return _logits_after(engine, parts, chunk, follow)
 
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)

@@ -73,6 +73,38 @@ __device__ __forceinline__ float conv_silu(float x0, float x1, float x2, float x
                               __fmul_rn(xt, cw.w)));
 }
 
+// Block (value head h, state columns c0 .. c0 + kCols - 1): element e of s (row e / kCols, column e % kCols) is
+// S[h][e / kCols][c0 + e % kCols]. In from a.state; out to a.state_out where set, else back to a.state.
+__device__ __forceinline__ size_t state_col_at(int h, int c0, int e) {
+    return (size_t)h * D * D + (size_t)(e / kCols) * D + c0 + e % kCols;
+}
+__device__ __forceinline__ void load_state_columns(const GdnStepArgs& a, int h, int c0, float (*s)[kCols]) {
+    for (int e = threadIdx.x; e < D * kCols; e += kThreads) (&s[0][0])[e] = a.state[state_col_at(h, c0, e)];
+}
+__device__ __forceinline__ void store_state_columns(const GdnStepArgs& a, int h, int c0, const float (*s)[kCols]) {
+    float* so = a.state_out ? a.state_out : a.state;
+    for (int e = threadIdx.x; e < D * kCols; e += kThreads) so[state_col_at(h, c0, e)] = (&s[0][0])[e];
+}
+
+// One channel's conv outputs for the chunk's rows t0 .. t0 + C - 1 into dst (stride floats apart; zeros past n),
+// x0 .. x2 the three raw inputs before the chunk on entry and the last three on return (gdn_step_head's order).
+__device__ __forceinline__ void conv_chunk_channel(const GdnStepArgs& a, int conv_dim, int c, int t0, int n,
+                                                   float4 cw, float& x0, float& x1, float& x2, float* dst,
+                                                   int stride) {
+    float xin[C];  // every load in flight at once
+#pragma unroll
+    for (int t = 0; t < C; ++t) xin[t] = t < n ? a.qkv[(size_t)(t0 + t) * conv_dim + c] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < C; ++t) {
+        float out = 0.0f;
+        if (t < n) {
+            out = conv_silu(x0, x1, x2, xin[t], cw);
+            x0 = x1, x1 = x2, x2 = xin[t];
+        }
+        dst[t * stride] = out;
+    }
+}
+
 // Row `row`'s β and g for value head h (both 0 where !live: such a row leaves the state as it is).
 __device__ __forceinline__ void chunk_gates(const GdnStepArgs& a, int h, int row, bool live, float* beta, float* g) {
     *beta = 0.0f, *g = 0.0f;
@@ -218,9 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
                : ch < 2 * D ? key_dim + kh * D + (ch - D)
                             : 2 * key_dim + h * D + c0 + (ch - 2 * D);
     };
-    // The block's state columns: element e of sm.s (row e / kCols, column e % kCols) is S[h][e / kCols][c0 + e % kCols].
-    const auto state_at = [&](int e) { return (size_t)h * D * D + (size_t)(e / kCols) * D + c0 + e % kCols; };
-    for (int e = tid; e < D * kCols; e += kThreads) (&sm.s[0][0])[e] = a.state[state_at(e)];
+    load_state_columns(a, h, c0, sm.s);
     for (int ch = tid; ch < kChannels; ch += kThreads) {
         const int c = channel(ch);
         sm.conv_w[ch] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
@@ -238,19 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
             const float4 cw = sm.conv_w[ch];
             float x0 = sm.conv_x[0][ch], x1 = sm.conv_x[1][ch], x2 = sm.conv_x[2][ch];
             float* dst = ch < D ? &sm.q[0][ch] : ch < 2 * D ? &sm.k[0][ch - D] : &sm.v[0][ch - 2 * D];
-            const int stride = ch < 2 * D ? kRowPad : kCols;
-            float xin[C];  // every load in flight at once
-#pragma unroll
-            for (int t = 0; t < C; ++t) xin[t] = t < n ? a.qkv[(size_t)(t0 + t) * conv_dim + c] : 0.0f;
-#pragma unroll
-            for (int t = 0; t < C; ++t) {
-                float out = 0.0f;
-                if (t < n) {
-                    out = conv_silu(x0, x1, x2, xin[t], cw);
-                    x0 = x1, x1 = x2, x2 = xin[t];
-                }
-                dst[t * stride] = out;
-            }
+            conv_chunk_channel(a, conv_dim, c, t0, n, cw, x0, x1, x2, dst, ch < 2 * D ? kRowPad : kCols);
             sm.conv_x[0][ch] = x0, sm.conv_x[1][ch] = x1, sm.conv_x[2][ch] = x2;
             // The call's last rows: q/k channels are written by the one block with h < n_k and c0 = 0.
             if (t0 + n == a.t && (ch >= 2 * D || (h == kh && c0 == 0))) {
@@ -292,8 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_kernel(const GdnStepArg
         __syncthreads();  // the next chunk rewrites q, k, v, u
     }
 
-    float* so = a.state_out ? a.state_out : a.state;
-    for (int e = tid; e < D * kCols; e += kThreads) so[state_at(e)] = (&sm.s[0][0])[e];
+    store_state_columns(a, h, c0, sm.s);
 }
 
 // ------------------------------------------------------------------------------------------ two phases (=2)
@@ -353,19 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_local_kernel(const GdnS
         }
         float x0 = x[0], x1 = x[1], x2 = x[2];
         float* dst = ch < D ? &sm.q[0][ch] : ch < 2 * D ? &sm.k[0][ch - D] : &sm.v[0][ch - 2 * D];
-        const int stride = ch < 2 * D ? kRowPad : D;
-        float xin[C];
-#pragma unroll
-        for (int t = 0; t < C; ++t) xin[t] = t < n ? a.qkv[(size_t)(t0 + t) * conv_dim + c] : 0.0f;
-#pragma unroll
-        for (int t = 0; t < C; ++t) {
-            float out = 0.0f;
-            if (t < n) {
-                out = conv_silu(x0, x1, x2, xin[t], cw);
-                x0 = x1, x1 = x2, x2 = xin[t];
-            }
-            dst[t * stride] = out;
-        }
+        conv_chunk_channel(a, conv_dim, c, t0, n, cw, x0, x1, x2, dst, ch < 2 * D ? kRowPad : D);
         if (t0 + n == a.t && (ch >= 2 * D || h == kh)) {  // the call's last rows: q/k channels by value head kh
             a.conv_state_out[c] = x0;
             a.conv_state_out[conv_dim + c] = x1;
@@ -424,8 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = h % a.n_k, value_dim = a.n_v * D;
-    const auto state_at = [&](int e) { return (size_t)h * D * D + (size_t)(e / kCols) * D + c0 + e % kCols; };
-    for (int e = tid; e < D * kCols; e += kThreads) (&sm.s[0][0])[e] = a.state[state_at(e)];
+    load_state_columns(a, h, c0, sm.s);
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
 #pragma unroll 1
@@ -453,8 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
                           lane);
         __syncthreads();  // the next chunk's operands overwrite these
     }
-    float* so = a.state_out ? a.state_out : a.state;
-    for (int e = tid; e < D * kCols; e += kThreads) so[state_at(e)] = (&sm.s[0][0])[e];
+    store_state_columns(a, h, c0, sm.s);
 }
 
 }  // namespace
