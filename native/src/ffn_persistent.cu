@@ -1,4 +1,5 @@
-// launch_ffn_persistent (ffn_persistent.cuh), NOT yet run on a GPU.
+// launch_ffn_persistent (ffn_persistent.cuh): the default's bits but slower on the H200 at 83ed0d8 (T=1 13.2 against
+// 10.4 ms a step; docs/MEGAKERNEL.md says what to profile).
 //
 // Block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
 // quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
@@ -129,17 +130,32 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
              CounterWait{&ctr[2], a.t});
 }
 
+// Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
+// the attribute and occupancy calls cost the host microseconds each, and this runs once per layer of a decode step
+// (64 times a step at 27B; the first GPU run, 83ed0d8, asked them on every launch).
+template <int QG, int QD, int kTeams> cudaError_t resident_blocks(size_t smem, int* per_sm) {
+    auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
+    constexpr int threads = kTeams * kGemvWarps * 32;
+    static size_t cached_smem = 0;  // one pair per instantiation, i.e. per kernel
+    static int cached = 0;
+    if (cached_smem != smem) {
+        if (cudaError_t e =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
+            return e;
+        if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached, kernel, threads, smem)) return e;
+        cached_smem = smem;
+    }
+    *per_sm = cached;
+    return cudaSuccess;
+}
+
 template <int QG, int QD, int kTeams>
 cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
     const size_t smem = smem_bytes<QG, QD, kTeams>(a.n_embd);
-    if (cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
-        return e;
     int sms = 0, per_sm = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTeams * kGemvWarps * 32, smem))
-        return e;
+    if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
     const int tiles = std::max(2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows);
     const int blocks = std::max(a.t, std::min(sms * per_sm, (tiles + kTeams - 1) / kTeams));
@@ -154,9 +170,10 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
 // Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120).
 template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, cudaStream_t stream) {
     int optin = 0;
-    cudaFuncAttributes attr{};
+    static cudaFuncAttributes attr{};  // the 4-team kernel's static shared memory, asked once
+    static const cudaError_t asked = cudaFuncGetAttributes(&attr, ffn_persistent_kernel<QG, QD, 4>);
+    if (asked != cudaSuccess) return asked;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
-    if (cudaError_t e = cudaFuncGetAttributes(&attr, ffn_persistent_kernel<QG, QD, 4>)) return e;
     if (attr.sharedSizeBytes + smem_bytes<QG, QD, 4>(a.n_embd) <= static_cast<size_t>(optin))
         return launch_teams<QG, QD, 4>(a, stream);
     return launch_teams<QG, QD, 2>(a, stream);
