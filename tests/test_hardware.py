@@ -86,12 +86,12 @@ def cuda_error(name):
     return {"code": 35, "name": name, "message": "CUDA says so", "call": "cudaGetDeviceCount", "hint": None}
 
 
-def probe_report(devices=(), error=None, driver_raw=13000, runtime="13.0", sass=(86, 89, 90, 120)):
+def probe_report(devices=(), error=None, driver_raw=13000, runtime="13.0", sass=(86, 89, 90, 120), dense=True):
     return {"api_version": 1, "library_version": "0.1.0",
             "driver_version": f"{driver_raw // 1000}.{driver_raw % 1000 // 10}" if driver_raw else None,
             "driver_version_raw": driver_raw, "runtime_version": runtime, "runtime_version_raw": 13000,
             "build": {"cuda_toolkit": "13.0", "cuda_architectures": ";".join(f"{a}-real" for a in sass) + ";120",
-                      "sass": list(sass), "ptx": [120]},
+                      "sass": list(sass), "ptx": [120], "dense_prefill_gemm": dense},
             "error": error, "device_count": len(devices), "devices": list(devices)}
 
 
@@ -297,6 +297,19 @@ def test_doctor_on_a_ready_machine_prints_the_settings_and_exits_0(machine, caps
     text = doctor.format_report(report)
     assert "<- chosen" in text and "Ready" in text and "KV fp16" in text
     json.dumps(report)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_doctor_says_whether_an_h100_gets_the_dense_prefill_gemm(machine, dense):
+    """The probe's build report says whether the sm_90a dense prefill GEMM (CUTLASS) is compiled in; on a machine
+    with a Hopper GPU the doctor names it, or says how a source build gets it."""
+    g = [nvml_gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB, 79 * GiB)]
+    machine(FakeNvml(g), probe_report([probe_device(0, g[0], 132)], dense=dense))
+    report = doctor.doctor_report()
+    assert report["hardware"]["engine"]["dense_prefill_gemm"] is dense
+    text = doctor.format_report(report)
+    assert ("dense GEMM for H100 / H200 (sm_90a, CUTLASS) compiled in" in text) is dense
+    assert ("scripts/fetch_cutlass.py" in text) is not dense
 
 
 # --- the real call on this machine -------------------------------------------------------------------------------

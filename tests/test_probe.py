@@ -146,7 +146,10 @@ def test_probe_report_has_the_documented_fields(report):
         assert text == (f"{raw // 1000}.{raw % 1000 // 10}" if raw else None)
     assert report["runtime_version_raw"] >= 12080  # CUDA 12.8+: sm_120
     build = report["build"]
-    assert set(build) == {"cuda_toolkit", "cuda_architectures", "sass", "ptx"}
+    assert set(build) == {"cuda_toolkit", "cuda_architectures", "sass", "ptx", "dense_prefill_gemm"}
+    # the dense GEMM is sm_90a code: never in a build without 90a (a CPU machine's default build is sm_86)
+    assert isinstance(build["dense_prefill_gemm"], bool)
+    assert not build["dense_prefill_gemm"] or "90a" in build["cuda_architectures"]
     assert build["sass"] or build["ptx"]
     assert report["device_count"] == len(report["devices"])
     error = report["error"]

@@ -80,6 +80,14 @@ bool dense_gemm_available() {
 #endif
 }
 
+bool dense_gemm_compiled() {
+#ifdef OPENJET_HAVE_CUTLASS_SM90
+    return true;
+#else
+    return false;
+#endif
+}
+
 bool dense_gemm_shape_ok(int n, int k) { return n > 0 && k > 0 && n % 4 == 0 && k % 8 == 0; }
 
 cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, float* y,

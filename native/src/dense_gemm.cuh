@@ -23,6 +23,9 @@ namespace openjet {
 // current device runs it (compute capability 9.0).
 bool dense_gemm_available();
 
+// Whether this build carries it at all (whatever the device): the probe's build report.
+bool dense_gemm_compiled();
+
 // Whether (n, k) meet the GEMM's alignment (n a multiple of 4 for the fp32 output's TMA rows, k of 8); checked
 // by the caller before it picks the dense path for a matrix, so that every call of one matrix takes one path.
 bool dense_gemm_shape_ok(int n, int k);

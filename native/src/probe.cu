@@ -8,6 +8,7 @@
 #include <string>
 
 #include "build_info.h"
+#include "dense_gemm.cuh"
 #include "json.h"
 #include "openjet.h"
 
@@ -211,6 +212,7 @@ std::string probe_json() {
         .key("cuda_architectures").str(OPENJET_CUDA_ARCHITECTURES)
         .key("sass").raw(OPENJET_SASS_ARCHS_JSON)
         .key("ptx").raw(OPENJET_PTX_ARCHS_JSON)
+        .key("dense_prefill_gemm").boolean(openjet::dense_gemm_compiled())  // sm_90a + CUTLASS (dense_gemm.cuh)
         .end_object();
     // The first failure that leaves us without devices; per-device failures sit in each device.
     w.key("error");

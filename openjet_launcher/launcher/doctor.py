@@ -96,6 +96,13 @@ def format_report(r: dict[str, Any]) -> str:
                      f" (PTX {', '.join(f'compute_{a}' for a in eng['ptx'] or []) or 'none'})")
         runtime = f", CUDA runtime {hw['cuda_runtime_version']}" if hw["cuda_runtime_version"] else ""
         lines.append(f"Engine       {eng['path']} (version {eng['version'] or '?'}{runtime}{archs})")
+        hopper = any(g["compute_capability"] == "9.0" for g in hw["gpus"])
+        if eng.get("dense_prefill_gemm"):
+            lines.append("  prefill    dense GEMM for H100 / H200 (sm_90a, CUTLASS) compiled in")
+        elif hopper and eng.get("dense_prefill_gemm") is False:
+            lines.append(_wrap("this build has no dense prefill GEMM for the H100 / H200 here, so prompts read ~1.5x "
+                               "slower: a release wheel has it; a source build needs CUTLASS's headers (python "
+                               "scripts/fetch_cutlass.py, then rebuild)", "  ! "))
     else:
         lines.append("Engine       not built")
     driver = hw["driver_version"] or "none found"

@@ -66,7 +66,7 @@ class HardwareReport:
     driver_version: str | None           # "570.124.06" (NVML)
     cuda_driver_version: str | None      # "12.8": the CUDA level the driver supports
     cuda_runtime_version: str | None     # "13.0": the runtime linked into the engine (probe)
-    engine: dict[str, Any]               # built, path, version, sass, ptx, message
+    engine: dict[str, Any]               # built, path, version, sass, ptx, dense_prefill_gemm, message
     gpus: list[GpuInfo]
     chosen: GpuInfo | None
     problems: list[Problem]              # the machine's (driver, engine, probe, --gpu)
@@ -306,7 +306,7 @@ def detect(gpu: int | None = None, probe_timeout_s: float = PROBE_TIMEOUT_S,
         nvml = None
 
     engine: dict[str, Any] = {"built": False, "path": None, "version": None, "sass": None, "ptx": None,
-                              "message": None}
+                              "dense_prefill_gemm": None, "message": None}
     probe = None
     try:
         engine["path"] = _engine_library()
@@ -321,7 +321,8 @@ def detect(gpu: int | None = None, probe_timeout_s: float = PROBE_TIMEOUT_S,
             problems.append(probe_failure(e, probe_timeout_s))
     if probe is not None:
         build = probe.get("build") or {}
-        engine.update(version=probe.get("library_version"), sass=build.get("sass"), ptx=build.get("ptx"))
+        engine.update(version=probe.get("library_version"), sass=build.get("sass"), ptx=build.get("ptx"),
+                      dense_prefill_gemm=build.get("dense_prefill_gemm"))
 
     nvml_driver = nvml.driver_version if nvml else None
     gpus = list(nvml.gpus) if nvml else []
