@@ -10,8 +10,9 @@ Report (``api_version`` 1)::
     library_version      str, package version the library was built from
     driver_version       "12.9" | null (no driver); driver_version_raw: int, 12090 (0 without a driver)
     runtime_version      "13.0"; runtime_version_raw: int (the statically linked CUDA runtime)
-    build                {cuda_toolkit: "13.0", cuda_architectures: "86-real;90-real;120",
-                          sass: [86, 90, 120], ptx: [120]}  compute capabilities as major*10+minor
+    build                {cuda_toolkit: "13.0", cuda_architectures: "86-real;90a-real;120",
+                          sass: [86, 90, 120], ptx: [120],  compute capabilities as major*10+minor
+                          dense_prefill_gemm: true}  the sm_90a CUTLASS prefill GEMM compiled in
     error                null | CUDA error (below): why there are no devices (no driver, no GPU, ...)
     device_count         int
     devices              [{index, name, uuid ("GPU-..." as nvidia-smi), pci_bus_id, compute_capability
