@@ -99,6 +99,12 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 ]
 
 
+# Scratch parts engine.cu create_impl gained after those runs, each an arena part of its own even when empty (align_up
+# of its bytes + 16 spare: 256 bytes here): the persistent FFN's counters (2026-12-02, fourth session), the dense
+# prefill GEMM's scratch and the two-phase chunked GDN's (fifth session; both empty without their switch / GPU).
+PARTS_SINCE_REPORTS = 3 * 256
+
+
 @pytest.mark.parametrize("shape, n_ctx, kv, weights, kv_bytes, state, ckpt, scratch", ENGINE_REPORTS)
 def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ctx, kv, weights, kv_bytes, state,
                                                                      ckpt, scratch):
@@ -106,7 +112,18 @@ def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ct
     a = mm.engine_v1_arena(n_ctx=n_ctx, chunk=512, sm_count=132, n_checkpoints=4)  # CudaEngine.load's default
     assert mm.weights_v1_bytes == weights
     assert n_ctx * mm.kv_bytes_per_token(kv) == kv_bytes
-    assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch)
+    assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch + PARTS_SINCE_REPORTS)
+
+
+def test_an_h100_plan_holds_the_dense_prefill_gemms_scratch():
+    """On compute capability 9.0 (the release wheels' sm_90a) prefill dequantises each projection into fp16 scratch
+    the size of the largest (the FFN's 17,408 x 5,120 halves at 27B, as engine.cu sizes it): the plan holds it,
+    and a card of the same memory at 8.9 does not."""
+    h100 = choose_settings(80 * GiB, 79 * GiB, 132, "9.0", engine=CUDA_V1)
+    ada = choose_settings(80 * GiB, 79 * GiB, 132, "8.9", engine=CUDA_V1)
+    assert MM.dense_prefill_bytes == 2 * 17408 * 5120
+    grown = h100.memory.decode_workspace - ada.memory.decode_workspace
+    assert MM.dense_prefill_bytes <= grown <= MM.dense_prefill_bytes + 256
 
 
 def test_a_v1_plan_holds_the_engines_arena_with_the_workspace_of_the_longest_context():

@@ -49,6 +49,7 @@ V1_ATTN_MIN_CHUNK = 64    # kAttnMinChunk (attn_decode.cuh)
 V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
+V1_FFN_COUNTERS = 4      # ffn_persistent.cuh kFfnCounters
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
 
@@ -219,10 +220,18 @@ class MemoryModel:
         """The CUDA engine v1's row-sized scratch for prefill_rows = chunk, aligned as its arena is."""
         return sum(v1_align(chunk * b) for b in self.engine_v1_row_parts())
 
+    @property
+    def dense_prefill_bytes(self) -> int:
+        """The dense prefill GEMM's scratch (sm_90a builds on compute capability 9.0: native/src/dense_gemm.cuh):
+        the largest k-quant projection as fp16 (at 27B the FFN's 17,408 x 5,120: 170 MiB)."""
+        s = self.shape
+        return 2 * max(s.n_ff, s.ssm_conv_dim, 2 * s.q_dim) * s.n_embd
+
     def engine_v1_arena(self, *, n_ctx: int, chunk: int, sm_count: int = V1_SM_COUNT,
-                        n_checkpoints: int = V1_CHECKPOINTS) -> EngineV1Arena:
+                        n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False) -> EngineV1Arena:
         """The CUDA engine v1's state, checkpoints and scratch for this context, prefill chunk (prefill_rows)
-        and SM count, part by part as engine.cu create_impl allocates them."""
+        and SM count, part by part as engine.cu create_impl allocates them; ``dense_prefill``: with the dense
+        prefill GEMM's scratch (an H100 / H200 on a release build)."""
         s, T = self.shape, V1_MAX_T
         mtp = s.n_nextn > 0
         ssm = self.gdn_state_bytes
@@ -237,6 +246,10 @@ class MemoryModel:
         fixed += [b if mtp else 0 for b in (s.n_embd * 4, s.n_embd * 4, ssm, self.gdn_layers * T * s.ssm_conv_dim * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
+        # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
+        # persistent FFN's counters (4 ints), the dense prefill GEMM's scratch, the two-phase chunked GDN's (made
+        # only under OPENJET_GDN_CHUNKED=2, an experiment: not planned for).
+        fixed += [V1_FFN_COUNTERS * 4, self.dense_prefill_bytes if dense_prefill else 0, 0]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
@@ -250,15 +263,16 @@ class MemoryModel:
 
     # --- the whole ------------------------------------------------------------------------------------
     def plan(self, *, n_ctx: int, kv_format: str, chunk: int, n_agents: int, embd_on_host: bool,
-             total_vram: int, v1_arena: bool = False, sm_count: int | None = None) -> MemoryPlan:
+             total_vram: int, v1_arena: bool = False, sm_count: int | None = None,
+             dense_prefill: bool = False) -> MemoryPlan:
         """Memory of ``n_agents`` sequences of ``n_ctx`` tokens each. ``v1_arena``: what the CUDA engine v1
         allocates (engine_v1_arena: its weight arena's alignment, state, checkpoints and scratch; the attention
         workspace sized for the longest context the engine takes, so that max_ctx's room per token holds;
-        ``sm_count``: the card's, else V1_SM_COUNT)."""
+        ``sm_count``: the card's, else V1_SM_COUNT; ``dense_prefill``: the dense prefill GEMM's scratch too)."""
         embd = self.token_embd_bytes if embd_on_host else 0
         if v1_arena:
             arena = self.engine_v1_arena(n_ctx=self.shape.n_ctx_train, chunk=chunk,
-                                         sm_count=sm_count or V1_SM_COUNT)
+                                         sm_count=sm_count or V1_SM_COUNT, dense_prefill=dense_prefill)
             weights, state = self.weights_v1_bytes - embd, arena.state_bytes + arena.checkpoint_bytes
             scratch, workspace = arena.row_bytes, arena.fixed_bytes
         else:
@@ -276,10 +290,12 @@ class MemoryModel:
         )
 
     def max_ctx(self, *, free_vram: int, total_vram: int, kv_format: str, chunk: int, n_agents: int,
-                embd_on_host: bool, v1_arena: bool = False, sm_count: int | None = None) -> int:
+                embd_on_host: bool, v1_arena: bool = False, sm_count: int | None = None,
+                dense_prefill: bool = False) -> int:
         """The most tokens per agent that fit in ``free_vram`` (0 when not even the fixed terms fit)."""
         fixed = self.plan(n_ctx=0, kv_format=kv_format, chunk=chunk, n_agents=n_agents, embd_on_host=embd_on_host,
-                          total_vram=total_vram, v1_arena=v1_arena, sm_count=sm_count).total
+                          total_vram=total_vram, v1_arena=v1_arena, sm_count=sm_count,
+                          dense_prefill=dense_prefill).total
         room = free_vram - fixed
         if room <= 0:
             return 0

@@ -99,12 +99,13 @@ def _cap(mm: MemoryModel, n: int) -> int:
 
 
 def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int,
-              engine: EngineLimits = CUDA_V1, sm_count: int | None = None) -> dict[str, int]:
+              engine: EngineLimits = CUDA_V1, sm_count: int | None = None,
+              dense_prefill: bool = False) -> dict[str, int]:
     """The most tokens per agent each of the engine's KV formats allows (smallest chunk, the embedding table
     in host memory where the engine can read it there)."""
     return {fmt: _cap(mm, mm.max_ctx(free_vram=free_vram, total_vram=total_vram, kv_format=fmt,
                                      chunk=CHUNKS[-1], n_agents=n_agents, embd_on_host=engine.embd_on_host,
-                                     v1_arena=engine.v1_arena, sm_count=sm_count))
+                                     v1_arena=engine.v1_arena, sm_count=sm_count, dense_prefill=dense_prefill))
             for fmt in engine.kv_formats}
 
 
@@ -132,6 +133,8 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     mm = memory_model(model)
     free = total_vram if free_vram is None else min(free_vram, total_vram)
     cc = parse_compute_capability(compute_capability)
+    # The release wheels' sm_90a code prefills through the dense GEMM, whose scratch the engine then holds.
+    dense = engine.v1_arena and cc == (9, 0)
     agents = requested_agents
     agents_allowed = sm_count >= AGENTS_MIN_SMS and engine.max_agents > 1
 
@@ -172,7 +175,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     def room(fmt: str, chunk: int, on_host: bool) -> int:
         return mm.max_ctx(free_vram=free, total_vram=total_vram, kv_format=fmt, chunk=chunk,
                           n_agents=agents, embd_on_host=on_host and engine.embd_on_host, v1_arena=engine.v1_arena,
-                          sm_count=sm_count)
+                          sm_count=sm_count, dense_prefill=dense)
 
     formats = [requested_kv] if requested_kv else list(engine.kv_formats)
     if requested_ctx is not None:
@@ -184,7 +187,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
             t //= 2
     choice = next(((t, c, f) for t in targets for c in CHUNKS for f in formats if room(f, c, True) >= t), None)
     if choice is None:
-        fits = what_fits(mm, free, total_vram, agents, engine, sm_count)
+        fits = what_fits(mm, free, total_vram, agents, engine, sm_count, dense)
         asked = (f"{requested_ctx} tokens" if requested_ctx else f"{MIN_CTX} tokens (the minimum)")
         asked += f" of {requested_kv} KV" if requested_kv else ""
         asked += f" for each of {agents} agents" if agents > 1 else ""
@@ -218,7 +221,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                        + ("embedding table in host memory allowed" if engine.embd_on_host else
                           "embedding table on the GPU") + f", {engine.max_agents} sequence(s)")
     plan = mm.plan(n_ctx=n_ctx, kv_format=fmt, chunk=chunk, n_agents=agents, embd_on_host=on_host,
-                   total_vram=total_vram, v1_arena=engine.v1_arena, sm_count=sm_count)
+                   total_vram=total_vram, v1_arena=engine.v1_arena, sm_count=sm_count, dense_prefill=dense)
     return Settings(kv_format=fmt, n_ctx=n_ctx, n_agents=agents, prefill_chunk=chunk, embd_on_host=on_host,
                     agents_allowed=agents_allowed, max_ctx=_cap(mm, room(fmt, chunk, on_host)), memory=plan,
                     reasons=tuple(reasons))
