@@ -305,7 +305,6 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
 @pytest.mark.parametrize("name, bad, good", [("OPENJET_PREFILL_ATTN", "fast", "chunks"),
                                              ("OPENJET_GDN_CHUNKED", "true", "1"),
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
-                                             ("OPENJET_L2_PREFETCH", "on", "1"),
                                              ("OPENJET_FFN_PERSISTENT", "2", "0")])
 def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monkeypatch, tmp_path):
     """A mistyped switch (OPENJET_PREFILL_ATTN=fast was the opt-in value of an earlier build) is an error naming the

@@ -11,8 +11,7 @@ namespace {
 
 // Block (x, y): row y, head first + x of attn_prep_row's numbering (q heads, then kv heads).
 template <class Fmt>
-__global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a, int first, L2Next next) {
-    l2_prefetch(next);  // weights only: before pdl_start is allowed
+__global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a, int first) {
     pdl_start();  // pdl.cuh
     attn_prep_row<Fmt>(a, blockIdx.y, first + blockIdx.x);
 }
@@ -74,8 +73,8 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
 }
 
 template <class Fmt>
-cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream, L2Next next) {
-    cudaError_t e = launch_attn_prep(a, stream, next);
+cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+    cudaError_t e = launch_attn_prep(a, stream);
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
     // block's shared memory fits the device, else blocks of fewer rows (the 100 KB SMs of sm_86/89/120 hold 16
@@ -105,10 +104,10 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     return cudaSuccess;
 }
 
-cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next) {
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream) {
     const dim3 grid(a.n_head + a.n_kv, a.t);
-    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0, next);
-    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0, next);
+    if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0);
+    if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0);
     return cudaErrorInvalidValue;
 }
 
@@ -118,13 +117,13 @@ cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     const dim3 grid(a.n_kv, a.t);  // the prep kernel's kv blocks alone
     if (a.kv_type == kKvF16)
-        return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, a.n_head, L2Next{});
+        return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, a.n_head);
     if (a.kv_type == kKvQ8_0)
-        return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, a.n_head, L2Next{});
+        return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, a.n_head);
     return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream, L2Next next) {
+cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) {
     AttnDecodeArgs a = a_in;
     if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.t < 1 || a.t > kAttnMaxCallT ||
         a.n_head / a.n_kv > kAttnMaxRows || a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 ||
@@ -135,8 +134,8 @@ cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream, 
     if (a.sm_count <= 0) return cudaErrorNoDevice;
     const int chunk_keys = attn_chunk_keys(a.n_past, a.n_kv, a.sm_count);
     const int n_chunks = attn_n_chunks(a.n_past, a.t, chunk_keys);
-    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream, next);
-    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream, next);
+    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream);
+    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream);
     return cudaErrorInvalidValue;
 }
 

@@ -25,7 +25,6 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
-#include "l2_prefetch.cuh"
 #include "mma_f16.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -516,17 +515,15 @@ __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int ch
 }
 
 // Standalone launches: prep, chunks, combine on one stream. Returns cudaErrorInvalidValue on bad arguments.
-// next: weights the prep kernel warms in L2 meanwhile (l2_prefetch.cuh: the output projection's), a kernel argument
-// of its own so that the chunk kernels' arguments (and registers) stay as they were.
-cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next = {});
+cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Step 1's cache stores alone (k normed and rotated, v raw, rows n_past .. n_past + t - 1; t < 65,536): what
 // filling a cache needs when nothing attends (the MTP head's fill). Reads k, v, k_norm and the caches only.
 cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Step 1 alone for rows 0 .. a.t - 1 (t < 65,536): q rows (normed, rotated) to a.work [t, n_head, 256], k and v to
-// the caches, `next` warmed in L2 meanwhile; the caller checked the arguments (launch_attn_decode, attn_prefill.cu).
-cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream, L2Next next = {});
+// the caches; the caller checked the arguments (launch_attn_decode, attn_prefill.cu).
+cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);

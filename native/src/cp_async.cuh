@@ -2,8 +2,6 @@
 // warp streams the next tiles in while it computes on the current one. Shared by the GEMV and attention.
 #pragma once
 
-#include <cstdint>
-
 namespace openjet {
 
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {  // L1 bypassed

@@ -15,16 +15,14 @@ namespace {
 template <bool kStaged>
 __global__ void __launch_bounds__(kPackThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
-                     float eps, float* __restrict__ a_out, ActPack p, L2Next next) {
+                     float eps, float* __restrict__ a_out, ActPack p) {
     extern __shared__ float staged[];  // kStaged: [k] the row after the add, [k] w
-    l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     add_norm_pack_row<kStaged>(h, delta, w, k, eps, a_out, p, blockIdx.x, staged);
 }
 
 __global__ void __launch_bounds__(kPackThreads)
-swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p, L2Next next) {
-    l2_prefetch(next);  // weights only: before pdl_start is allowed
+swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
     pdl_start();  // pdl.cuh
     swiglu_pack_row(gate, up, k, p, blockIdx.x);
 }
@@ -172,7 +170,7 @@ bool pack_cluster_takes(int k) {
 }  // namespace
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
-                                 float* a_out, const ActPack& p, cudaStream_t stream, L2Next next) {
+                                 float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
@@ -180,18 +178,17 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
                                      a_out, p);
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,
-                             k, eps, a_out, p, next);
-    return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p,
-                         next);
+                             k, eps, a_out, p);
+    return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p);
 }
 
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream, L2Next next) {
+                               cudaStream_t stream) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
-    return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p, next);
+    return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p);
 }
 
 }  // namespace openjet

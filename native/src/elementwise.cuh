@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "act_pack.cuh"
-#include "l2_prefetch.cuh"
 #include "rmsnorm.cuh"
 
 namespace openjet {
@@ -70,12 +69,11 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 }
 
 // h [t, k] += delta (nullptr: no add); a = rms(h) * w -> a_out [t, k] (nullptr: not written) and the pack.
-// next: weights to warm in L2 meanwhile (l2_prefetch.cuh; not by the opt-in cluster packs).
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
-                                 float* a_out, const ActPack& p, cudaStream_t stream, L2Next next = {});
+                                 float* a_out, const ActPack& p, cudaStream_t stream);
 
-// The pack <- silu(gate) * up, rows [t, k]; next as above.
+// The pack <- silu(gate) * up, rows [t, k].
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream, L2Next next = {});
+                               cudaStream_t stream);
 
 }  // namespace openjet

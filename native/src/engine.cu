@@ -114,10 +114,6 @@ struct openjet_engine {
     int prefill_rows = 0;  // the scratch's rows: config.prefill_rows, or OPENJET_ENGINE_PREFILL_ROWS for 0
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
-    // L2 warm-up of a decode step (l2_prefetch.cuh): the latency-bound kernel before each GEMV prefetches up to this
-    // many of its weight bytes (half the device's L2) when OPENJET_L2_PREFETCH=1 at create; 0: off (the default
-    // until measured). The same bits either way.
-    size_t l2_budget = 0;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT=1 at create, an
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
@@ -461,10 +457,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT")) e.ffn_persistent = std::strcmp(f, "1") == 0;
-    if (const char* l2 = std::getenv("OPENJET_L2_PREFETCH"); l2 && std::strcmp(l2, "1") == 0) {
-        int l2_bytes = 0;
-        if (device_attribute(cudaDevAttrL2CacheSize, &l2_bytes) == cudaSuccess) e.l2_budget = l2_bytes / 2;
-    }
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
@@ -624,13 +616,6 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
                     e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
 }
 
-// What the kernel before a decode step's GEMV of w warms in L2 (l2_prefetch.cuh): w's first l2_budget bytes, or
-// nothing (the switch off; a prefill, whose chunks are compute-bound).
-L2Next l2_next(const openjet_engine& e, const DevTensor& w) {
-    if (!e.l2_budget || e.prefilling) return {};
-    return {w.d, std::min(w.bytes, e.l2_budget)};
-}
-
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
     const cudaError_t err = launch_gemv(gemv_args(e, w, t, xf, y), e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv");
@@ -709,7 +694,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
     g.y = e.y;
     if (e.prefilling) g.chunk_scratch = e.gdn_chunk_scratch;
-    CHECK(launch_gdn_step(g, e.stream, l2_next(e, L.ssm_out)));
+    CHECK(launch_gdn_step(g, e.stream));
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
@@ -775,7 +760,6 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
     const PrefillAttn form = e.prefilling ? prefill_attn(a.kv_type) : PrefillAttn::kPairs;
     a.hi_only = form == PrefillAttn::kChunks;
-    const L2Next wo_next = l2_next(e, L.wo);
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit
     // depends on where they lie): big2 is a chunk's FFN width, so the launches grow with the chunk.
@@ -793,7 +777,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
-        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream, wo_next));
+        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream));
         r0 += rows;
     }
     phase("attn.out_proj");
@@ -874,7 +858,7 @@ int trunk(openjet_engine& e, int t) {
         const LayerW& L = e.layers[il];
         mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
-                                   c.rms_eps, e.a, e.x, e.stream, l2_next(e, L.attn ? L.wq : L.qkv)));
+                                   c.rms_eps, e.a, e.x, e.stream));
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0) : gdn_mixer(e, L, t));
         if (e.ffn_persistent && !e.prefilling) {
             FfnPersistentArgs f;
@@ -891,15 +875,15 @@ int trunk(openjet_engine& e, int t) {
         }
         mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
-                                   nullptr, e.x, e.stream, l2_next(e, L.ffn_gate)));
+                                   nullptr, e.x, e.stream));
         mark(e, "ffn");
         TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
-        CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream, l2_next(e, L.ffn_down)));
+        CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
     mark(e, "norm");
     CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
-                               e.x, e.stream, l2_next(e, e.output)));
+                               e.x, e.stream));
     return OPENJET_OK;
 }
 

@@ -16,9 +16,8 @@ namespace {
 // would run in two waves on 170 SMs).
 template <int kCols>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
-gdn_step_kernel(const GdnStepArgs a, L2Next next) {
+gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
-    l2_prefetch(next);  // weights only: before pdl_start is allowed
     pdl_start();  // pdl.cuh
     constexpr int kSplits = kGdnHeadDim / kCols;
     gdn_step_head<kCols>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);
@@ -52,7 +51,7 @@ bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b <
 
 }  // namespace
 
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, L2Next next) {
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxRows || !(a.eps >= 0.0f))
         return cudaErrorInvalidValue;
     if (!a.qkv || !a.z || !a.conv_w || !a.conv_state_in || !a.conv_state_out || !a.ssm_a || !a.dt_bias || !a.norm_w ||
@@ -75,10 +74,10 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, L2Next ne
         if (cudaError_t e = launch_gdn_chunk(a, stream, &chunked)) return e;
     }
     if (!chunked) {
-        if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a, next);
+        if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
         if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,
-                                          kGdnRowGroups * kGdnSplitCols, 0, stream, a, next))
+                                          kGdnRowGroups * kGdnSplitCols, 0, stream, a))
             return e;
     }
     const long long threads = 32LL * a.t * a.n_v;

@@ -31,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
-#include "l2_prefetch.cuh"
 
 namespace openjet {
 
@@ -75,9 +74,7 @@ struct GdnStepArgs {
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
 // without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split and its gated RMSNorm launch.
-// next: weights the step's kernel warms in L2 meanwhile (l2_prefetch.cuh: the output projection's), an argument of
-// its own so that GdnStepArgs (and the step's registers) stay as they were.
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, L2Next next = {});
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 

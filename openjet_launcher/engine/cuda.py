@@ -83,7 +83,6 @@ KERNEL_SWITCHES = {
     "OPENJET_GEMV_HALF": ("0", "1", "auto"),                # gemv.cu, gemv_half_tiles (decode; read once)
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
-    "OPENJET_L2_PREFETCH": ("0", "1"),                      # engine.cu, l2_budget (decode; read at load)
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }
 
