@@ -748,12 +748,14 @@ def _largest_kquant_projection(path) -> int:
                and int(t.shape[1]) % 4 == 0)
 
 
-def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, monkeypatch):
+def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models, monkeypatch):
     """OPENJET_PREFILL_GEMM=dense (dense_gemm.cuh: each prefill projection dequantised to fp16 scratch, then CUTLASS's
-    GEMM; its scratch, made at load, is the largest projection's fp16 in the memory report): chunk sizes 128 / 512 / 2,048 and a 2-turn
-    split (a last chunk of 5 rows) leave the same bits, since one kernel configuration takes every call; the
-    server's Slot, resuming a conversation by prefill, gives the bits of a fresh prefill; and its logits are the
-    fast kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain order)."""
+    GEMM; its scratch, made at load, is the largest projection's fp16 in the memory report): chunk sizes 128 / 512 /
+    2,048 and a 2-turn split (a last chunk of 5 rows) leave the same bits, since one kernel configuration takes
+    every call; the server's Slot, resuming a conversation by prefill, gives the bits of a fresh prefill; and its
+    logits are the fast kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain
+    order), so the launch counter shows the dense GEMM ran under "dense" and not under "fast"."""
+    from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.server.worker import Slot
 
     if not dense_gemm_available():
@@ -767,7 +769,9 @@ def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, 
     engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048, mtp=False)
     try:
         fast_scratch = engine.memory()["scratch_bytes"]
+        before = kt.launch_count("dense_gemm")
         fast = after(engine, [prompt], 512)
+        assert kt.launch_count("dense_gemm") == before, "the dense GEMM ran under OPENJET_PREFILL_GEMM=fast"
     finally:
         engine.close()
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
@@ -775,7 +779,9 @@ def test_dense_prefill_is_chunk_invariant_and_close_to_the_fast_prefill(models, 
     try:
         assert not engine.prefill_matches_decode
         dense_scratch = engine.memory()["scratch_bytes"]
+        before = kt.launch_count("dense_gemm")
         runs = {c: after(engine, [prompt], c) for c in (128, 512, 2048)}
+        assert kt.launch_count("dense_gemm") > before, "the dense GEMM did not run"
         turns = after(engine, [prompt[:2600], prompt[2600:]], 512)
         slot = Slot(engine)
         logits, _ = slot.load_prompt(list(prompt[:150]))
@@ -839,14 +845,15 @@ def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alon
 def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine(models, monkeypatch):
     """OPENJET_GDN_CHUNKED=2 at load makes the two-phase form's scratch (seen in the memory report) and its prefill
     gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at each call), which differ from the
-    recurrence's (so the chunked forms ran)."""
+    recurrence's (so the chunked forms ran), and the two-phase launch counter shows form 2 ran (not form 1 in its
+    place)."""
+    from openjet_launcher.engine import kernels_test as kt
+
     ids = np.random.default_rng(73).integers(0, 4096, 700)
     prompt, follow = ids[:640], ids[640:]
 
     def after(engine):
-        state = engine.new_state()
-        engine.prefill(state, prompt, chunk_size=512)
-        return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
+        return _logits_after(engine, [prompt], 512, follow)
 
     monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
@@ -857,12 +864,16 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
     try:
+        before = kt.launch_count("gdn_two_phase")
         scratch, two = engine.memory()["scratch_bytes"], after(engine)
+        ran = kt.launch_count("gdn_two_phase") - before
         monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
         one = after(engine)
+        assert kt.launch_count("gdn_two_phase") == before + ran
     finally:
         engine.close()
     assert scratch > plain_scratch, "no scratch for the two-phase form"
+    assert ran > 0, "form 2 did not run"
     np.testing.assert_array_equal(two, one)
     assert not np.array_equal(one, recurrent), "the chunked forms did not run"
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from gpu_report import report
 
+from openjet_launcher.engine import kernels_test as kt
 from openjet_launcher.engine import kernels_test_gdn as kg
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.model.shape import PRESETS
@@ -190,9 +191,12 @@ def test_chunked_form_matches_reference(size, t, monkeypatch):
 def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeypatch):
     """OPENJET_GDN_CHUNKED=2 (gdn_chunk.cu: every chunk's local work in one launch, then the state steps per chunk
     in a second) runs gdn_chunk_kernel's arithmetic (the same device functions) split in two, so y, the conv state
-    and the state equal OPENJET_GDN_CHUNKED=1's bit for bit."""
+    and the state equal OPENJET_GDN_CHUNKED=1's bit for bit; the two-phase launch counter shows form 2 ran (not a
+    fallback to form 1)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
+    before = kt.launch_count("gdn_two_phase")
     args, one, two = default_and_switched(size, t, 91, monkeypatch, "OPENJET_GDN_CHUNKED", "2")
+    assert kt.launch_count("gdn_two_phase") == before + 1, "form 2 did not run (or form 1 counted)"
     for name, x, y in zip(("y", "conv_state", "state"), two, one):
         np.testing.assert_array_equal(x, y, err_msg=name)
     check_close(f"{size} t={t} chunked in two phases", two, reference_step(*args), n_k=args[0], n_v=args[1], t=t)

@@ -314,6 +314,12 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
         if not kt.dense_gemm_available():
             pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    dense_before, calls = kt.launch_count("dense_gemm"), []
+
+    def gemv(xs):
+        calls.append(len(xs))
+        return kt.gemv(Q[qtype], raw, xs)
+
     rng = np.random.default_rng(n + k)
     raw = random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)
@@ -322,7 +328,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     w16 = fast_weights(qtype, raw).astype(np.float64)
     w = dequantize(raw, Q[qtype]).astype(np.float64)
     for t in (9, 16, 40, 130, 300):
-        y = kt.gemv(Q[qtype], raw, x[:t])
+        y = gemv(x[:t])
         assert np.isfinite(y).all()
         ref = (w16 @ xd[:t].T).T
         scale = (np.abs(w16) @ np.abs(xd[:t]).T).T
@@ -331,11 +337,14 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
                err_vs_exact_weights=e_exact)
         assert e_own < 1e-5, f"t={t}: {e_own:.2e} of |W| @ |x| against the kernel's own numerics"
         assert e_exact < 1e-3, f"t={t}: {e_exact:.2e} of |W| @ |x| against the exact weights"
-    whole = kt.gemv(Q[qtype], raw, x)
-    halves = np.concatenate([kt.gemv(Q[qtype], raw, x[:150]), kt.gemv(Q[qtype], raw, x[150:])])
+    whole = gemv(x)
+    halves = np.concatenate([gemv(x[:150]), gemv(x[150:])])
     np.testing.assert_array_equal(whole, halves)
     for t in (9, 16, 17, 40):  # 16- and 64-token tiles against the 300-row call's
-        np.testing.assert_array_equal(kt.gemv(Q[qtype], raw, x[:t]), whole[:t], err_msg=f"t={t}")
+        np.testing.assert_array_equal(gemv(x[:t]), whole[:t], err_msg=f"t={t}")
+    # the dense GEMM ran for every call where it takes the shape (n % 4 == 0), never otherwise
+    dense_calls = kt.launch_count("dense_gemm") - dense_before
+    assert dense_calls == (len(calls) if kernel == "dense" and n % 4 == 0 else 0), (dense_calls, len(calls))
     if kernel == "dense":  # the mma kernel's bits (the same k16 chain), at 2-3x its speed (bench_prefill_gemm.py)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
         np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against the mma kernel")

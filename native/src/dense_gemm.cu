@@ -9,6 +9,7 @@
 #include "dense_gemm.cuh"
 
 #include "device_attr.cuh"
+#include "launch_count.h"
 
 #ifdef OPENJET_HAVE_CUTLASS_SM90
 #include <cute/tensor.hpp>
@@ -128,6 +129,7 @@ cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x,
     if (const cutlass::Status s = gemm.initialize(args, nullptr, stream); s != cutlass::Status::kSuccess)
         return status_error(s);
     if (const cutlass::Status s = gemm.run(stream); s != cutlass::Status::kSuccess) return status_error(s);
+    count_launch(Counted::kDenseGemm);
     return cudaGetLastError();
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)y, (void)stream;

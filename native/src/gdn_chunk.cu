@@ -16,6 +16,7 @@
 
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
+#include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -491,6 +492,7 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         if (cudaError_t e = launch_kernel(gdn_chunk_local_kernel, a.n_v * chunks, kThreads, sizeof(Phase1Smem),
                                           stream, a))
             return e;
+        count_launch(Counted::kGdnTwoPhase);
         return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;

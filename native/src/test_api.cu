@@ -11,6 +11,7 @@
 #include "kquant.cuh"
 #include "openjet_test.h"
 #include "dense_gemm.cuh"
+#include "launch_count.h"
 #include "prefill_gemm.cuh"
 #include "act_pack.cuh"
 #include "rmsnorm.cuh"
@@ -221,6 +222,15 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
 
 // 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
+
+// Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN).
+extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
+    if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,
+                    static_cast<int>(Counted::kCount) - 1);
+    *out = launch_count(static_cast<Counted>(what));
+    return OPENJET_OK;
+}
 
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {

@@ -59,6 +59,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
+        "launch_count": [_I, _P],
     })
 
 
@@ -212,6 +213,19 @@ def dense_gemm_available() -> bool:
     """Whether this library and GPU run the dense prefill GEMM (a 90a build with CUTLASS on compute capability 9.0;
     OPENJET_PREFILL_GEMM=dense then takes it: native/src/dense_gemm.cuh)."""
     return bool(_lib().openjet_test_dense_gemm_available())
+
+
+# launch_count.h's counted paths, in its order.
+COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1}
+
+
+def launch_count(path: str) -> int:
+    """Launches so far, in this process, of a path whose output may equal another's bit for bit ("dense_gemm": the
+    dense prefill GEMM; "gdn_two_phase": the two-phase chunked GDN): how a test sees that the path ran."""
+    lib = _lib()
+    out = ctypes.c_longlong(0)
+    _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
+    return out.value
 
 
 def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
