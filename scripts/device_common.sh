@@ -32,3 +32,9 @@ build_engine() {
     return 1
   fi
 }
+
+# NCU: Nsight Compute's command line on this machine, or exit 2 saying there is none (the ncu scripts).
+find_ncu() {
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
+}

@@ -10,8 +10,7 @@ set -o pipefail
 device_wheels
 build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
+find_ncu
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats"
 : > "$OUT/ncu-gemv.csv"
 run_one() {  # label env... -- args

@@ -10,8 +10,9 @@ set -o pipefail
 device_wheels
 build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
+find_ncu
+# the mma.sync kernel it profiles: on a Hopper build the default prefill is the dense GEMM (dense_gemm.cuh)
+export OPENJET_PREFILL_GEMM=fast
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
   --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats"
 : > "$OUT/ncu-prefill.csv"

@@ -767,9 +767,9 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     if ((t > kSubRows || form == PrefillAttn::kFlash) && e.big2_floats > k_floats &&
         e.big2_floats - k_floats > work_floats)
         a.work = e.big2 + k_floats, work_floats = e.big2_floats - k_floats;
+    // Flash: as many rows per launch as their q rows fit the workspace (a row's bits do not depend on it).
+    const size_t flash_rows = work_floats / attn_prefill_work_floats(e.cfg.n_head, 1);
     for (int r0 = 0; r0 < t;) {
-        // Flash: as many rows per launch as their q rows fit the workspace (a row's bits do not depend on it).
-        const size_t flash_rows = work_floats / attn_prefill_work_floats(e.cfg.n_head, 1);
         const int rows = form == PrefillAttn::kFlash ? static_cast<int>(std::min<size_t>(t - r0, flash_rows))
                                                      : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
         if (rows < 1) CHECK(cudaErrorInvalidValue);  // never: decode's workspace alone holds 8 rows' q

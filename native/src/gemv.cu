@@ -152,10 +152,7 @@ void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ?
 
 bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense; }
 
-bool prefill_numerics_own() {
-    const PrefillGemm c = prefill_gemm_choice();
-    return c == PrefillGemm::kFast || c == PrefillGemm::kDense;
-}
+bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); }
 
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {

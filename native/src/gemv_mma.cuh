@@ -825,17 +825,21 @@ inline PrefillGemm prefill_gemm_choice() {
     const char* choice = std::getenv("OPENJET_PREFILL_GEMM");
     if (!choice || !*choice) return dense_gemm_available() ? PrefillGemm::kDense : PrefillGemm::kFast;
     if (std::strcmp(choice, "dense") == 0) return PrefillGemm::kDense;
-    if (choice && std::strcmp(choice, "exact") == 0) return PrefillGemm::kExact;
-    if (choice && std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
-    if (choice && std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
+    if (std::strcmp(choice, "exact") == 0) return PrefillGemm::kExact;
+    if (std::strcmp(choice, "shared") == 0) return PrefillGemm::kShared;
+    if (std::strcmp(choice, "grouped") == 0) return PrefillGemm::kGrouped;
     return PrefillGemm::kFast;
+}
+
+// Whether `choice` gives a prefill numerics of its own (prefill_gemm.cuh's: "fast", "dense") rather than decode's.
+inline bool prefill_choice_own(PrefillGemm choice) {
+    return choice == PrefillGemm::kFast || choice == PrefillGemm::kDense;
 }
 
 // Whether the call goes to prefill_gemm.cuh's GEMM under `choice`: the rows of a prefill (any count) or a call
 // of more than 8 rows (only a prefill makes those), of a type it takes.
 inline bool fast_prefill_call(const GemvArgs& a, PrefillGemm choice) {
-    return (choice == PrefillGemm::kFast || choice == PrefillGemm::kDense) && prefill_gemm_takes(a.qtype) &&
-           (a.prefill || a.t > kActRows);
+    return prefill_choice_own(choice) && prefill_gemm_takes(a.qtype) && (a.prefill || a.t > kActRows);
 }
 
 // The shared-activation kernel; *launched stays false where it does not fit a block's shared memory (static
@@ -936,10 +940,9 @@ cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows && !a.prefill) return launch_gemv_decode<QT>(a, stream);  // decode: no environment read
     const PrefillGemm choice = prefill_gemm_choice();
     if (fast_prefill_call(a, choice)) {
-        if (choice == PrefillGemm::kDense) return launch_prefill_gemm(a, stream);
-        GemvArgs fast = a;
-        fast.dense = nullptr;  // scratch given, but "fast" asked for
-        return launch_prefill_gemm(fast, stream);
+        GemvArgs g = a;
+        if (choice != PrefillGemm::kDense) g.dense = nullptr;  // scratch given, but "fast" asked for
+        return launch_prefill_gemm(g, stream);
     }
     if (a.t <= kActRows) return launch_gemv_decode<QT>(a, stream);
     if (choice != PrefillGemm::kGrouped) {

@@ -195,10 +195,14 @@ __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restr
              reinterpret_cast<uint4*>(w16 + static_cast<long long>(row) * k + 32LL * hs));
 }
 
-template <int QT> cudaError_t launch_dequant_f16_t(const GemvArgs& a, __half* w16, cudaStream_t stream) {
+// W dequantised into a.dense, then the dense GEMM (dense_gemm.cuh).
+template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t stream) {
     const long long threads = static_cast<long long>(a.n) * (a.k / 32);
-    return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, w16);
+    if (cudaError_t e = launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
+                                      0, stream, static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k,
+                                      a.dense))
+        return e;
+    return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
 }
 
 template <int QT, int BN>
@@ -303,10 +307,12 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
                          a.t, a.y);
 }
 
-// 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
+// Where the caller gave scratch and the dense GEMM takes W (prefill_dense_takes): dequantise, then the dense GEMM.
+// Otherwise 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
 // of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
 // 128. An output's bits do not depend on the tile (the same chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
+    if (a.dense && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
     int sms = 0;
@@ -328,13 +334,6 @@ bool prefill_dense_takes(int qtype, int n, int k) {
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
     if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y)
         return cudaErrorInvalidValue;
-    if (a.dense && prefill_dense_takes(a.qtype, a.n, a.k)) {  // dense_gemm.cuh: dequantise, then one fp16 GEMM
-        const cudaError_t e = a.qtype == kQ4_K   ? launch_dequant_f16_t<kQ4_K>(a, a.dense, stream)
-                              : a.qtype == kQ5_K ? launch_dequant_f16_t<kQ5_K>(a, a.dense, stream)
-                                                 : launch_dequant_f16_t<kQ6_K>(a, a.dense, stream);
-        if (e != cudaSuccess) return e;
-        return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
-    }
     switch (a.qtype) {
         case kQ4_K: return launch_prefill_gemm_t<kQ4_K>(a, stream);
         case kQ5_K: return launch_prefill_gemm_t<kQ5_K>(a, stream);
