@@ -33,8 +33,12 @@ build_engine() {
   fi
 }
 
-# NCU: Nsight Compute's command line on this machine, or exit 2 saying there is none (the ncu scripts).
-find_ncu() {
+# The ncu scripts' start: the wheels, the engine built in /tmp/b and loaded from there, and NCU, Nsight Compute's
+# command line on this machine (or exit 2 saying there is none).
+ncu_setup() {
+  device_wheels
+  build_engine /tmp/b "$OUT/build.log" || exit 1
+  export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
 }

@@ -7,10 +7,7 @@
 #   run(carry=[".whl"], command="bash scripts/gpu_ncu_gemv.sh", timeout_s=400)
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
-build_engine /tmp/b "$OUT/build.log" || exit 1
-export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-find_ncu
+ncu_setup
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats"
 : > "$OUT/ncu-gemv.csv"
 run_one() {  # label env... -- args

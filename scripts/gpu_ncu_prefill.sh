@@ -7,10 +7,7 @@
 #   run(carry=[".whl"], command="bash scripts/gpu_ncu_prefill.sh", timeout_s=300)
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
-build_engine /tmp/b "$OUT/build.log" || exit 1
-export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-find_ncu
+ncu_setup
 # the mma.sync kernel it profiles: on a Hopper build the default prefill is the dense GEMM (dense_gemm.cuh)
 export OPENJET_PREFILL_GEMM=fast
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
