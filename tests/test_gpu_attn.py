@@ -310,6 +310,29 @@ def test_attn_prefill_rows_keep_their_bits_in_any_split_of_calls(fmt):
     report(test="attn_prefill_row_invariance", fmt=fmt, bit_identical=True)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_past, t", [(100, 300), (4096, 200)])
+def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t):
+    """64- and 128-row blocks (attn_prefill.cu): a warp's 16 rows see the same tiles in the same order either way,
+    so every output and cache byte is the same. 4,096 cached rows: most tiles lie wholly before the rows (the mask
+    and, mostly, the rescale skipped)."""
+    n_head, n_kv = SIZES["27b"]
+    _, _, kc, vc = prefix(fmt, n_kv, n_past)
+    qproj, k, v, qn, kn = step_inputs(np.random.default_rng(n_past + t), t, n_head, n_kv)
+    out = {}
+    for rows in (64, 128):
+        try:
+            out[rows] = ka.attn_prefill(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, kc, vc, n_head=n_head, n_kv=n_kv,
+                                        rows=rows)
+        except OpenJetError:
+            if rows == 64:
+                raise
+            pytest.skip("128-row blocks need more shared memory than this device has")
+    for a, b, what in zip(out[64], out[128], ("o", "k cache", "v cache")):
+        np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} t={t}: {what}")
+    report(test="attn_prefill_block_sizes", fmt=fmt, n_past=n_past, t=t, bit_identical=True)
+
+
 def test_split_depends_on_context_not_t():
     for n_past in (0, 1, 100, 4096, 32768, 100000):
         splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]

@@ -31,11 +31,12 @@ OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, in
                                            const void* k_in, const void* v_in, void* k_out, void* v_out);
 
 /* A prefill call's attention (launch_attn_prefill, attn_prefill.cuh: flash attention, numerics of its own): t =
- * 1..4096 rows, otherwise as openjet_test_attn_decode. */
+ * 1..4096 rows, otherwise as openjet_test_attn_decode; rows: query rows per block (64, 128, or 0: the library's
+ * choice). */
 OPENJET_API int openjet_test_attn_prefill(int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj,
                                           const float* k, const float* v, const float* q_norm, const float* k_norm,
                                           float eps, float rope_base, int n_rot, const void* k_in, const void* v_in,
-                                          void* k_out, void* v_out, float* o);
+                                          void* k_out, void* v_out, float* o, int rows);
 
 /* The split the launch picks on this device: keys per chunk, chunks, and the SM count it read. */
 OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
@@ -46,6 +47,12 @@ OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_
  * us_out[i] = microseconds per call of run i. */
 OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_head, int n_kv, int n_past, int t, int split_factor,
                                                int copies, int reps, int runs, float* us_out);
+
+/* Times one prefill call's attention (prep and the flash kernel, `rows` query rows per block as in
+ * openjet_test_attn_prefill) over t rows after n_past random cached rows: `reps` calls in a CUDA graph, us_out[i] =
+ * microseconds per call of run i. */
+OPENJET_API int openjet_test_bench_attn_prefill(int kv_type, int n_head, int n_kv, int n_past, int t, int rows,
+                                                int reps, int runs, float* us_out);
 
 #ifdef __cplusplus
 }

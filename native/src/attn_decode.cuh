@@ -159,6 +159,8 @@ struct AttnDecodeArgs {
                              // row r holds the token at position r + 1)
     bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
                              // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
+    int prefill_rows = 0;    // launch_attn_prefill's query rows per block: 64, 128, or 0 (128 where shared memory
+                             // holds them); the same bits either way
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes

@@ -1,7 +1,8 @@
 // launch_attn_prefill (attn_prefill.cuh): attn_decode.cuh's prep, then one flash-attention kernel.
 //
-// Block = 64 query rows of one q head (4 warps x 16 rows); grid (query tiles, q heads), the longest tiles first.
-// Per tile of 32 keys (K and V of the head's kv head, fp16, in shared memory):
+// Block = kWarps x 16 query rows of one q head (64 rows, or 128 where shared memory holds them: one K/V tile then
+// serves twice the rows, and a Q8_0 tile's conversion is shared by twice the threads); grid (query tiles, q heads),
+// the longest tiles first. Per tile of 32 keys (K and V of the head's kv head, fp16, in shared memory):
 //   S = Q K^T     warp: its 16 rows x 32 keys over 256 dims, 64 mma (Q and K by ldmatrix);
 //   softmax       online, per row in fp32 (exp2 domain); the probabilities are rounded to fp16 in the
 //                 registers that held S (an m16n8k16 C fragment pair is the next mma's A fragment);
@@ -10,6 +11,9 @@
 // 512 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so each ldmatrix's 8
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
+// A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
+// shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
+// tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
 #include <cuda_fp16.h>
 
 #include "attn_prefill.cuh"
@@ -22,17 +26,17 @@ namespace openjet {
 namespace {
 
 constexpr int D = kAttnHeadDim;
-constexpr int kRows = kAttnPrefillRows, kKeys = kAttnPrefillKeys;
-constexpr int kWarps = kRows / 16, kThreads = 32 * kWarps;
+constexpr int kKeys = kAttnPrefillKeys;
 constexpr int kRowChunks = D * 2 / 16;          // 16-byte chunks of an fp16 row: 32
 constexpr int kTileBytes = kKeys * D * 2;       // an fp16 K or V tile: 16 KB
-constexpr int kQBytes = kRows * D * 2;          // 32 KB
 constexpr int kRawBytes = 2 * kKeys * KvQ8_0::kRowBytes;  // a Q8_0 stage: K and V rows, 17 KB
 static_assert(KvQ8_0::kRowBytes % 16 == 0, "Q8_0 rows copy in 16-byte pieces");
 
-// Shared memory: q, then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw stages.
-template <class Fmt> constexpr int smem_bytes() {
-    return Fmt::kType == kKvF16 ? kQBytes + 2 * 2 * kTileBytes : kQBytes + 2 * kTileBytes + 2 * kRawBytes;
+// Shared memory: q (kWarps x 16 rows: 32 or 64 KB), then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw
+// stages. 64 rows: ~98 KB, under the 99 KB of sm_86/89/120; 128 rows: ~130 KB (sm_90/100).
+template <class Fmt, int kWarps> constexpr int smem_bytes() {
+    constexpr int q_bytes = 16 * kWarps * D * 2;
+    return Fmt::kType == kKvF16 ? q_bytes + 2 * 2 * kTileBytes : q_bytes + 2 * kTileBytes + 2 * kRawBytes;
 }
 
 // Byte offset of 16-byte chunk c of row r in a tile of 512-byte rows.
@@ -40,7 +44,7 @@ __device__ __forceinline__ int swz(int r, int c) { return r * (2 * D) + ((c ^ (r
 
 // Copies rows key0 .. key0 + 31 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V] tiles,
 // Q8_0 as raw rows [K rows | V rows].
-template <class Fmt>
+template <class Fmt, int kThreads>
 __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int key0, int n_keys, char* dst) {
     constexpr int kPieces = Fmt::kRowBytes / 16;
     const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
@@ -58,7 +62,7 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
 
 // Q8_0 raw rows -> fp16 [K | V] tiles: block b of a row (fp16 d, int8 q[32]) becomes its 32 values q * d (the
 // code exact in fp16, one rounding of the product), chunks 4b .. 4b + 3 of the row.
-__device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
+template <int kThreads> __device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
     for (int i = threadIdx.x; i < 2 * kKeys * 8; i += kThreads) {
         const int which = i / (kKeys * 8), j = i / 8 % kKeys, b = i % 8;
         const char* blk = raw + (which * kKeys + j) * KvQ8_0::kRowBytes + 34 * b;
@@ -84,11 +88,12 @@ __device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <class Fmt>
-__global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDecodeArgs a) {
+template <class Fmt, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(const AttnDecodeArgs a) {
+    constexpr int kRows = 16 * kWarps, kThreads = 32 * kWarps;
     extern __shared__ __align__(16) char smem[];
     char* q_s = smem;
-    char* kv_s = smem + kQBytes;  // F16: stage s at kv_s + 2 s kTileBytes; Q8_0: the tiles, then raw stages
+    char* kv_s = smem + kRows * D * 2;  // F16: stage s at kv_s + 2 s kTileBytes; Q8_0: the tiles, then raw stages
     char* raw_s = kv_s + 2 * kTileBytes;
     const int h = blockIdx.y, kv = h / (a.n_head / a.n_kv);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the longest (latest) query tiles start first
@@ -97,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
     const int n_tiles = (n_keys + kKeys - 1) / kKeys;
     pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
 
-    issue_tile<Fmt>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
+    issue_tile<Fmt, kThreads>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
     for (int i = tid; i < kRows * kRowChunks; i += kThreads) {  // q rows as fp16; rows past t are zeros
         const int r = i / kRowChunks, c = i % kRowChunks;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -123,11 +128,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
         const char* k_t;
         const int next0 = (it + 1) * kKeys;
         if constexpr (Fmt::kType == kKvF16) {
-            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+            if (it + 1 < n_tiles)
+                issue_tile<Fmt, kThreads>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
             k_t = kv_s + (it & 1) * 2 * kTileBytes;
         } else {
-            if (it + 1 < n_tiles) issue_tile<Fmt>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
-            q8_0_to_tiles(raw_s + (it & 1) * kRawBytes, kv_s);
+            if (it + 1 < n_tiles) issue_tile<Fmt, kThreads>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+            q8_0_to_tiles<kThreads>(raw_s + (it & 1) * kRawBytes, kv_s);
             __syncthreads();
             k_t = kv_s;
         }
@@ -152,12 +158,13 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
 
         // Online softmax: this lane's 8 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's 32.
         float mx[2] = {-INFINITY, -INFINITY};
+        const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
 #pragma unroll
         for (int nt = 0; nt < kKeys / 8; ++nt)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = key0 + 8 * nt + 2 * tq + (c & 1);
-                const float x = key <= (c < 2 ? pos_lo : pos_hi) ? s[nt][c] * kScale : -INFINITY;
+                const float x = unmasked || key <= (c < 2 ? pos_lo : pos_hi) ? s[nt][c] * kScale : -INFINITY;
                 s[nt][c] = x;
                 mx[c >> 1] = fmaxf(mx[c >> 1], x);
             }
@@ -182,10 +189,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
             }
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], sum[i]);
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {  // o * 1 is o: skip it
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            for (int n = 0; n < D / 8; ++n) {
+                o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            }
         }
 
         // O += P V: keys 16 ks .. + 15 are S's n-tiles 2 ks, 2 ks + 1, whose C fragments are the A fragment.
@@ -227,28 +236,37 @@ __global__ void __launch_bounds__(kThreads, 2) attn_prefill_kernel(const AttnDec
     }
 }
 
-template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(attn_prefill_kernel<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt>());
+template <class Fmt, int kWarps> cudaError_t launch_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
+    constexpr int kRows = 16 * kWarps;
+    static const cudaError_t opted = cudaFuncSetAttribute(
+        attn_prefill_kernel<Fmt, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt, kWarps>());
     if (opted != cudaSuccess) return opted;
     if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
-    return launch_kernel(attn_prefill_kernel<Fmt>, dim3((a.t + kRows - 1) / kRows, a.n_head), kThreads,
-                         smem_bytes<Fmt>(), stream, a);
+    return launch_kernel(attn_prefill_kernel<Fmt, kWarps>, dim3((a.t + kRows - 1) / kRows, a.n_head), 32 * kWarps,
+                         smem_bytes<Fmt, kWarps>(), stream, a);
+}
+
+bool smem_holds(int need) {
+    int optin = 0;
+    return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && need <= optin;
+}
+
+template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
+    const bool wide = a.prefill_rows == 128 || (a.prefill_rows == 0 && smem_holds(smem_bytes<Fmt, 8>()));
+    return wide ? launch_rows<Fmt, 8>(a, stream) : launch_rows<Fmt, 4>(a, stream);
 }
 
 }  // namespace
 
 bool attn_prefill_fits(int kv_type) {
-    int optin = 0;
-    if (device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) != cudaSuccess) return false;
-    const int need = kv_type == kKvF16 ? smem_bytes<KvF16>() : smem_bytes<KvQ8_0>();
-    return need <= optin;
+    return smem_holds(kv_type == kKvF16 ? smem_bytes<KvF16, 4>() : smem_bytes<KvQ8_0, 4>());
 }
 
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream) {
     if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.n_head > 65535 || a.t < 1 || a.t > 65535 ||
         a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim ||
-        !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work)
+        !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work ||
+        (a.prefill_rows != 0 && a.prefill_rows != 64 && a.prefill_rows != 128))
         return cudaErrorInvalidValue;
     if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, stream);
     if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, stream);

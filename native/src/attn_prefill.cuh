@@ -1,8 +1,8 @@
 // Causal flash attention for a prefill call's rows (qwen38.md §3.2), on tensor cores: the gated attention of
 // attn_decode.cuh with numerics of its own (q, K, V and the probabilities as single fp16, fp32 accumulation), for
 // calls of any number of rows. The decode kernel serves at most 64 rows (a kv head's 6 q heads x ~10 tokens) per
-// launch and reads the whole cache once per launch; here a block takes 64 rows of one q head and walks the cache
-// once for them, so a 2,048-row chunk reads it 32 times per q head instead of ~200 times per kv head.
+// launch and reads the whole cache once per launch; here a block takes 64 or 128 rows of one q head and walks the
+// cache once for them, so a 2,048-row chunk reads it 16-32 times per q head instead of ~200 times per kv head.
 //
 // Row invariance: every row's result depends on its own q, the cache and its position alone: keys are taken in
 // tiles of kAttnPrefillKeys at fixed absolute positions (0, 32, ...), each row's online softmax runs over the tiles
@@ -17,7 +17,6 @@
 
 namespace openjet {
 
-constexpr int kAttnPrefillRows = 64;  // query rows (tokens of one q head) per block, 16 per warp
 constexpr int kAttnPrefillKeys = 32;  // keys per tile
 
 // Floats of a.work the launch needs for t rows: the q rows after norm and RoPE.
@@ -25,14 +24,14 @@ __host__ __device__ inline size_t attn_prefill_work_floats(int n_head, int t) {
     return static_cast<size_t>(t) * n_head * kAttnHeadDim;
 }
 
-// Whether this device's shared memory per block holds the kernel's tiles for the cache type (every supported GPU
-// does: ~98 KB of the 99 KB that sm_86/89/120 allow).
+// Whether this device's shared memory per block holds the kernel's 64-row tiles for the cache type (every supported
+// GPU does: ~98 KB of the 99 KB that sm_86/89/120 allow; 128-row blocks take ~130 KB, where the device has it).
 bool attn_prefill_fits(int kv_type);
 
 // Rows 0 .. a.t - 1 (any t < 65,536) at positions a.n_past ..: q, k normed and rotated, k and v appended to the
 // caches, then o = softmax(q K^T / 16) V * sigmoid(gate) per row and q head over keys 0 .. its position. a.work holds
-// attn_prefill_work_floats(n_head, t) floats; a.sm_count and a.hi_only are not read. cudaErrorInvalidValue on bad
-// arguments.
+// attn_prefill_work_floats(n_head, t) floats; a.prefill_rows picks the block size; a.sm_count and a.hi_only are not
+// read. cudaErrorInvalidValue on bad arguments.
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

@@ -760,6 +760,12 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
     const PrefillAttn form = e.prefilling ? prefill_attn(a.kv_type) : PrefillAttn::kPairs;
     a.hi_only = form == PrefillAttn::kChunks;
+    if (form == PrefillAttn::kFlash) {  // query rows per flash block: unset, the kernel's choice; the same bits
+        const char* v = std::getenv("OPENJET_ATTN_PREFILL_ROWS");
+        a.prefill_rows = v ? std::atoi(v) : 0;
+        if (v && a.prefill_rows != 64 && a.prefill_rows != 128)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or 128", v);
+    }
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit
     // depends on where they lie): big2 is a chunk's FFN width, so the launches grow with the chunk.

@@ -60,7 +60,7 @@ int upload_caches(int kv_type, int n_kv, int n_past, int t, const void* k_in, co
 // device copies of the inputs; the outputs copied back.
 int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj, const float* k,
               const float* v, const float* q_norm, const float* k_norm, float eps, float rope_base, int n_rot,
-              const void* k_in, const void* v_in, void* k_out, void* v_out, float* o) {
+              const void* k_in, const void* v_in, void* k_out, void* v_out, float* o, int prefill_rows = 0) {
     if (int s = check_shape(kv_type, n_head, n_kv, n_past, prefill ? 1 : t)) return s;
     if (prefill && (t < 1 || t > 4096)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: must be 1..4096", t);
     if (!qproj || !k || !v || !q_norm || !k_norm || !o || (n_past > 0 && (!k_in || !v_in)))
@@ -88,7 +88,7 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
     a.n_rot = n_rot, a.eps = eps, a.rope_base = rope_base;
     a.qproj = dq.as<float>(), a.k = dk.as<float>(), a.v = dv.as<float>(), a.q_norm = dqn.as<float>(), a.k_norm = dkn.as<float>();
     a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
-    a.sm_count = sms;
+    a.sm_count = sms, a.prefill_rows = prefill_rows;
     CHECK(prefill ? launch_attn_prefill(a, 0) : launch_attn_decode(a, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
@@ -119,9 +119,9 @@ extern "C" OPENJET_API int openjet_test_attn_prefill(int kv_type, int n_head, in
                                                      const float* qproj, const float* k, const float* v,
                                                      const float* q_norm, const float* k_norm, float eps,
                                                      float rope_base, int n_rot, const void* k_in, const void* v_in,
-                                                     void* k_out, void* v_out, float* o) {
+                                                     void* k_out, void* v_out, float* o, int rows) {
     return attn_call(true, kv_type, n_head, n_kv, n_past, t, qproj, k, v, q_norm, k_norm, eps, rope_base, n_rot,
-                     k_in, v_in, k_out, v_out, o);
+                     k_in, v_in, k_out, v_out, o, rows);
 }
 
 extern "C" OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, int n_kv, int n_past, int t,
@@ -151,18 +151,24 @@ extern "C" OPENJET_API int openjet_test_attn_store_kv(int kv_type, int n_head, i
     return OPENJET_OK;
 }
 
-extern "C" OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_head, int n_kv, int n_past, int t,
-                                                          int split_factor, int copies, int reps, int runs,
-                                                          float* us_out) {
-    if (int s = check_shape(kv_type, n_head, n_kv, n_past, t)) return s;
+namespace {
+
+// Times one decode step (prefill = false: prep, chunks, combine, the split sized for split_factor x the SMs) or
+// one prefill call (launch_attn_prefill, prefill_rows rows per block) on random caches of n_past + t rows.
+int bench_attn(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, int split_factor, int prefill_rows,
+               int copies, int reps, int runs, float* us_out) {
+    if (int s = check_shape(kv_type, n_head, n_kv, n_past, prefill ? 1 : t)) return s;
+    if (prefill && (t < 1 || t > 4096)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: must be 1..4096", t);
     if (!us_out || split_factor < 1 || copies < 1 || reps < 1 || runs < 1)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_attn_decode: null pointer or split_factor/copies/reps/runs < 1");
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_attn: null pointer or split_factor/copies/reps/runs < 1");
     const size_t rb = row_bytes(kv_type), cap = static_cast<size_t>(n_past) + t;
     const size_t rows = cap * n_kv;
     int chunk_keys = 0, n_chunks = 0, sms = 0;
-    CHECK(attn_decode_split(n_past, n_kv, t, &chunk_keys, &n_chunks, &sms));
-    sms *= split_factor;  // size the split as for a GPU with split_factor times the SMs
-    n_chunks = attn_n_chunks(n_past, t, attn_chunk_keys(n_past, n_kv, sms));
+    if (!prefill) {
+        CHECK(attn_decode_split(n_past, n_kv, t, &chunk_keys, &n_chunks, &sms));
+        sms *= split_factor;  // size the split as for a GPU with split_factor times the SMs
+        n_chunks = attn_n_chunks(n_past, t, attn_chunk_keys(n_past, n_kv, sms));
+    }
     std::vector<DevBuf> kc(copies), vc(copies);
     for (int i = 0; i < copies; ++i) {
         CHECK(kc[i].alloc(rb * rows));
@@ -184,19 +190,34 @@ extern "C" OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_hea
     DevBuf din, dout, dwork;
     CHECK(din.upload(host.data(), sizeof(float) * host.size()));
     CHECK(dout.alloc(sizeof(float) * t * n_head * kAttnHeadDim));
-    CHECK(dwork.alloc(sizeof(float) * attn_decode_work_floats(n_head, t, n_chunks)));
+    CHECK(dwork.alloc(sizeof(float) * (prefill ? attn_prefill_work_floats(n_head, t)
+                                               : attn_decode_work_floats(n_head, t, n_chunks))));
     AttnDecodeArgs a{};
     a.kv_type = kv_type, a.n_head = n_head, a.n_kv = n_kv, a.t = t, a.n_past = n_past, a.capacity = static_cast<int>(cap);
     a.n_rot = 64, a.eps = 1e-6f, a.rope_base = 1e7f;
     const float* in = din.as<float>();
     a.qproj = in, a.k = in + n_q, a.v = in + n_q + n_k, a.q_norm = in + n_q + 2 * n_k, a.k_norm = a.q_norm + kAttnHeadDim;
-    a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms;
+    a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms, a.prefill_rows = prefill_rows;
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.k_cache = kc[i % copies].as<char>(), a.v_cache = vc[i % copies].as<char>();
-        return launch_attn_decode(a, stream);
+        return prefill ? launch_attn_prefill(a, stream) : launch_attn_decode(a, stream);
     };
-    if (cudaError_t e = time_graph_replays("launch_attn_decode", copies, reps, runs, us_out, launch, &failed))
+    if (cudaError_t e = time_graph_replays(prefill ? "launch_attn_prefill" : "launch_attn_decode", copies, reps, runs,
+                                           us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
+}
+
+}  // namespace
+
+extern "C" OPENJET_API int openjet_test_bench_attn_decode(int kv_type, int n_head, int n_kv, int n_past, int t,
+                                                          int split_factor, int copies, int reps, int runs,
+                                                          float* us_out) {
+    return bench_attn(false, kv_type, n_head, n_kv, n_past, t, split_factor, 0, copies, reps, runs, us_out);
+}
+
+extern "C" OPENJET_API int openjet_test_bench_attn_prefill(int kv_type, int n_head, int n_kv, int n_past, int t,
+                                                           int rows, int reps, int runs, float* us_out) {
+    return bench_attn(true, kv_type, n_head, n_kv, n_past, t, 1, rows, 1, reps, runs, us_out);
 }

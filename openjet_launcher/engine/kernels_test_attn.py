@@ -23,10 +23,11 @@ MAX_T = 8
 def _lib() -> ctypes.CDLL:
     return _bind("attention test API", {
         "attn_decode": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
-        "attn_prefill": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
+        "attn_prefill": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P, _I],
         "attn_split": [_I, _I, _I, _P, _P, _P],
         "attn_store_kv": [_I, _I, _I, _I, _I, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P],
         "bench_attn_decode": [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
+        "bench_attn_prefill": [_I, _I, _I, _I, _I, _I, _I, _I, _P],
     })
 
 
@@ -56,16 +57,16 @@ def attn_decode(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, 
 
 
 def attn_prefill(kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, *, n_head: int, n_kv: int,
-                 eps: float = 1e-6, rope_base: float = 1e7, n_rot: int = 64
+                 eps: float = 1e-6, rope_base: float = 1e7, n_rot: int = 64, rows: int = 0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A prefill call's attention (the flash kernel, attn_prefill.cuh) over t = len(qproj) <= 4096 rows, otherwise
-    as attn_decode."""
+    as attn_decode; rows: query rows per block (64, 128, or 0: the library's choice; the same bits)."""
     return _attn("attn_prefill", kv_type, qproj, k, v, q_norm, k_norm, k_cache, v_cache, n_head, n_kv, eps,
-                 rope_base, n_rot)
+                 rope_base, n_rot, rows)
 
 
 def _attn(name: str, kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache, n_head: int, n_kv: int,
-          eps: float, rope_base: float, n_rot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          eps: float, rope_base: float, n_rot: int, *extra: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lib = _lib()
     t = len(qproj)
     qproj = _f32_shaped(qproj, (t, n_head * 2 * HEAD_DIM), "qproj")
@@ -77,7 +78,7 @@ def _attn(name: str, kv_type: int, qproj, k, v, q_norm, k_norm, k_cache, v_cache
                                                    _ptr(q_norm), _ptr(k_norm), eps, rope_base, n_rot,
                                                    _ptr(k_cache) if n_past else None,
                                                    _ptr(v_cache) if n_past else None, _ptr(k_out), _ptr(v_out),
-                                                   _ptr(o)), name)
+                                                   _ptr(o), *extra), name)
     return o, k_out, v_out
 
 
@@ -114,6 +115,24 @@ def bench_attn_decode(kv_type: int, n_head: int, n_kv: int, n_past: int, t: int,
     _check(lib, lib.openjet_test_bench_attn_decode(kv_type, n_head, n_kv, n_past, t, split_factor, copies, reps,
                                                    runs, _ptr(us)), "bench_attn_decode")
     return [float(x) for x in us]
+
+
+def bench_attn_prefill(kv_type: int, n_head: int, n_kv: int, n_past: int, t: int, reps: int, runs: int,
+                       rows: int = 0) -> list[float]:
+    """Microseconds per prefill call's attention (one layer: prep and the flash kernel) over t rows after n_past
+    cached ones, one figure per run; rows: query rows per block (0: the library's choice)."""
+    lib = _lib()
+    us = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_attn_prefill(kv_type, n_head, n_kv, n_past, t, rows, reps, runs, _ptr(us)),
+           "bench_attn_prefill")
+    return [float(x) for x in us]
+
+
+def prefill_flop(n_head: int, n_past: int, t: int) -> int:
+    """Tensor-core FLOP of a prefill call's attention: S = Q K^T and P V over the keys each row sees (causal),
+    2 x 2 x 256 per (row, key, q head)."""
+    keys = t * n_past + t * (t + 1) // 2
+    return 4 * HEAD_DIM * n_head * keys
 
 
 def kv_bytes_read(kv_type: int, n_kv: int, n_ctx_rows: int) -> int:
