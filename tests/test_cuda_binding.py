@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from openjet_launcher.engine.cuda import CudaEngine
+from openjet_launcher.engine.cuda import GDN_CHUNK, CudaEngine, gdn_chunk_rows
 from openjet_launcher.errors import OpenJetError
 
 N_VOCAB, N_EMBD = 300, 16
@@ -233,7 +233,8 @@ def test_draft_top_ranks_only_the_draft_rows_as_the_whole_row_would_rank(engine)
     assert picked.tokens == [int(picked.ids[0][-1]), int(picked.ids[1][-1])]
 
 
-def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them():
+def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them(monkeypatch):
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")  # one call per prefill (the chunked GDN's cuts: the test below)
     shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
     e = CudaEngine(types.SimpleNamespace(shape=shape, name="fake"), FakeLib(), 1, 4096, "f16", 2, prefill_rows=1024)
     try:
@@ -289,6 +290,42 @@ def test_truncate_replays_each_run_the_way_it_was_first_run(engine):
     engine.truncate(state, 3)                      # before the checkpoint: from the start, one prefill
     assert lib.calls == [("prefill", 3, engine.prefill_rows)] and state.tokens == (1, 2, 3)
     assert bytes(state.prefilled) == b"\x01" * 3 and state.checkpoint_positions == ()
+
+
+def test_prefill_calls_keep_to_the_chunked_gdns_chunk_boundaries(engine, monkeypatch):
+    """With the two-phase chunked GDN (the default: gdn_chunk_rows() = 32) a row's bits depend on where its call began
+    modulo 32, so: a prefill ending inside a chunk stops at the chunk's start for a checkpoint, then reads the rest;
+    the next prefill rewinds there and reads the chunk in one call, as a prefill of the whole text would (the GPU
+    tests check the bits); chunk sizes become multiples of 32. Not after a decoded token (a fresh prefill would not
+    give its bits anyway), and none of it under OPENJET_GDN_CHUNKED=0 or the exact prefill. A prefill past the
+    context is refused before any of it (the sequence kept as it was)."""
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    lib = engine._lib
+    assert gdn_chunk_rows() == GDN_CHUNK == 32
+    state = engine.new_state()
+    engine.prefill(state, list(range(1, 41)))           # 40 tokens: 32, a checkpoint at 32, then 8
+    assert lib.calls == [("prefill", 32, engine.prefill_rows), ("prefill", 8, engine.prefill_rows)]
+    assert state.checkpoint_positions == (32,) and lib.slots[state.slots[32]] == 32
+    del lib.calls[:]
+    with pytest.raises(OpenJetError, match="past this engine's context of 64"):
+        engine.prefill(state, list(range(25)))
+    assert lib.calls == [] and state.n_tokens == 40 and lib.n_past == 40
+    engine.prefill(state, [41, 42], chunk_size=50)      # back to 32: 33..42 in one call, chunks of 32
+    assert lib.calls == [("prefill", 10, 32)]
+    assert state.tokens == tuple(range(1, 43)) and lib.n_past == 42 and bytes(state.prefilled) == b"\x01" * 42
+    engine.decode(state, [43])
+    del lib.calls[:]
+    engine.prefill(state, [44, 45])                     # after a decoded token: where it is
+    assert lib.calls == [("prefill", 2, engine.prefill_rows)] and lib.n_past == 45
+    for name, value in (("OPENJET_GDN_CHUNKED", "0"), ("OPENJET_PREFILL_GEMM", "exact")):
+        monkeypatch.setenv(name, value)
+        assert gdn_chunk_rows() == 0
+        state = engine.new_state()
+        del lib.calls[:]
+        engine.prefill(state, list(range(1, 41)), chunk_size=50)
+        assert lib.calls == [("prefill", 40, 50)] and state.checkpoint_positions == (), name
+        monkeypatch.delenv(name)
 
 
 def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refused(engine, monkeypatch, tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from gpu_report import report as write_report
 
-from openjet_launcher.engine.cuda import CudaEngine
+from openjet_launcher.engine.cuda import CudaEngine, gdn_chunk_rows
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.model.synth import synthesize
 from openjet_launcher.reference.engine import ReferenceEngine
@@ -127,6 +127,7 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 
 
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
+                    "gdn-recurrent": {"OPENJET_GDN_CHUNKED": "0"},
                     "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"},
                     "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"}}
 
@@ -139,14 +140,16 @@ def dense_gemm_available() -> bool:
 
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
+                                              ("q8_0", "gdn-recurrent"),
                                               ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
-    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too:
-    "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh); the prefill's attention by decode's kernel instead of the
+    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only (the default: the two-phase chunked GDN). The
+    other prefill forms too: "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel form), "gdn-recurrent"
+    (OPENJET_GDN_CHUNKED=0: the token-by-token recurrence); the prefill's attention by decode's kernel instead of the
     default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
     OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
     dense prefill GEMM ("gemm-dense", OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh) where it runs."""
@@ -210,7 +213,8 @@ def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models, gemm, m
         engine.prefill(state, ids[:40])
         engine.checkpoint(state)
         straight = [engine.decode(state, ids[i:i + 1]).logits for i in range(40, 50)]
-        assert state.checkpoint_positions == (40,)
+        # the chunked GDN's prefill (the default with "fast") leaves one at its last chunk boundary too: 32
+        assert state.checkpoint_positions == ((32, 40) if gdn_chunk_rows() else (40,))
         engine.truncate(state, 43)                  # restore the checkpoint at 40, replay 3
         assert state.n_tokens == 43
         again = [engine.decode(state, ids[i:i + 1]).logits for i in range(43, 50)]
@@ -806,9 +810,10 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
-    """OPENJET_GDN_CHUNKED=1 (opt-in) and the flash prefill attention (the default; OPENJET_PREFILL_ATTN=pairs
-    turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a call's GDN chunks of 32
-    start at its first row, a multiple of 32 here); they change the fast prefill's logits (so they ran); under
+    """OPENJET_GDN_CHUNKED=1 (the one-kernel chunked GDN) and the flash prefill attention (the default;
+    OPENJET_PREFILL_ATTN=pairs turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a
+    call's GDN chunks of 32 start at its first row, a multiple of 32 here); they change the logits of the fast
+    prefill with the recurrence (OPENJET_GDN_CHUNKED=0) and decode's attention (so they ran); under
     OPENJET_PREFILL_GEMM=exact they change nothing (its prefill leaves decode's bits:
     CudaEngine.prefill_matches_decode stays true)."""
     ids = np.random.default_rng(71).integers(0, 4096, 700)
@@ -822,6 +827,7 @@ def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alon
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=2048, mtp=False)
     try:
         monkeypatch.setenv("OPENJET_PREFILL_ATTN", "pairs")
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")
         plain = after(engine, 512)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
         exact = after(engine, 512)
@@ -843,10 +849,10 @@ def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alon
 
 
 def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine(models, monkeypatch):
-    """OPENJET_GDN_CHUNKED=2 at load makes the two-phase form's scratch (seen in the memory report) and its prefill
-    gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at each call), which differ from the
-    recurrence's (so the chunked forms ran), and the two-phase launch counter shows form 2 ran (not form 1 in its
-    place)."""
+    """OPENJET_GDN_CHUNKED=2 (and unset: the default) at load makes the two-phase form's scratch (seen in the memory
+    report: none under 0) and its prefill gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at
+    each call), which differ from the recurrence's (so the chunked forms ran), and the two-phase launch counter shows
+    form 2 ran (not form 1 in its place)."""
     from openjet_launcher.engine import kernels_test as kt
 
     ids = np.random.default_rng(73).integers(0, 4096, 700)
@@ -855,17 +861,19 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
     def after(engine):
         return _logits_after(engine, [prompt], 512, follow)
 
-    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
     try:
         plain_scratch, recurrent = engine.memory()["scratch_bytes"], after(engine)
     finally:
         engine.close()
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED")
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
     try:
         before = kt.launch_count("gdn_two_phase")
         scratch, two = engine.memory()["scratch_bytes"], after(engine)
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+        np.testing.assert_array_equal(after(engine), two, err_msg="unset is not form 2")
         ran = kt.launch_count("gdn_two_phase") - before
         monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
         one = after(engine)

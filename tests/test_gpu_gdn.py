@@ -36,6 +36,13 @@ SIZES = {"27B": (16, 48), "tiny": (2, 6)}  # (n_k, n_v): 27B per-layer sizes (sp
 TOL = 1e-5
 
 
+@pytest.fixture(autouse=True)
+def _recurrence_unless_a_test_asks(monkeypatch):
+    """OPENJET_GDN_CHUNKED=0: the test API's calls are prefill calls, which take the two-phase chunked form by
+    default (the engine's prefill default); the tests of the chunked forms set the switch themselves."""
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")
+
+
 def random_params(rng, n_k: int, n_v: int) -> dict:
     conv_dim = (2 * n_k + n_v) * D
     return {
@@ -200,6 +207,19 @@ def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeyp
     for name, x, y in zip(("y", "conv_state", "state"), two, one):
         np.testing.assert_array_equal(x, y, err_msg=name)
     check_close(f"{size} t={t} chunked in two phases", two, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [1, 5])
+def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
+    """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not
+    depend on its call's length; form 1 leaves such calls to the recurrence): within the recurrent kernel's bound of
+    the float64 recurrence, and its launch counted."""
+    before = kt.launch_count("gdn_two_phase")
+    args, recurrent, two = default_and_switched(size, t, 97, monkeypatch, "OPENJET_GDN_CHUNKED", "2")
+    assert kt.launch_count("gdn_two_phase") == before + 1, "form 2 did not run"
+    np.testing.assert_array_equal(two[1], recurrent[1], err_msg="conv state: the same operations")
+    check_close(f"{size} t={t} two phases", two, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
 
 
 def test_value_heads_read_key_heads_tiled_not_grouped():

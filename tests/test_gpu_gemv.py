@@ -307,8 +307,9 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     Partial row and token tiles; k = 256: fewer k steps than B stages; n = 201 with Q6_K: rows that start off
     4-byte alignment. kernel "dense": OPENJET_PREFILL_GEMM=dense (the weights written out as fp16, then CUTLASS's
     Hopper GEMM: dense_gemm.cuh; a 90a build with CUTLASS on sm_90), the same checks, and the mma kernel's bits
-    (measured on the H200: wgmma sums the k16 products in the same chain); n = 201 is not a multiple of 4, so
-    that shape keeps the mma kernel there."""
+    (measured on the H200: wgmma sums the k16 products in the same chain) for calls of kt.DENSE_MIN_ROWS rows or
+    more, the mma kernel below (so the 300-row call against its halves compares the two paths); n = 201 is not a
+    multiple of 4, so that shape keeps the mma kernel there."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     if kernel == "dense":
         if not kt.dense_gemm_available():
@@ -342,9 +343,11 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
     np.testing.assert_array_equal(whole, halves)
     for t in (9, 16, 17, 40):  # 16- and 64-token tiles against the 300-row call's
         np.testing.assert_array_equal(gemv(x[:t]), whole[:t], err_msg=f"t={t}")
-    # the dense GEMM ran for every call where it takes the shape (n % 4 == 0), never otherwise
+    # the dense GEMM ran for every call of DENSE_MIN_ROWS rows or more where it takes the shape (n % 4 == 0), never
+    # otherwise
     dense_calls = kt.launch_count("dense_gemm") - dense_before
-    assert dense_calls == (len(calls) if kernel == "dense" and n % 4 == 0 else 0), (dense_calls, len(calls))
+    big = sum(t >= kt.DENSE_MIN_ROWS for t in calls)
+    assert big and dense_calls == (big if kernel == "dense" and n % 4 == 0 else 0), (dense_calls, calls)
     if kernel == "dense":  # the mma kernel's bits (the same k16 chain), at 2-3x its speed (bench_prefill_gemm.py)
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
         np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against the mma kernel")

@@ -118,8 +118,8 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
-    // OPENJET_GDN_CHUNKED=2 at create (gdn_chunk.cuh): the two-phase chunked GDN's scratch for a prefill chunk's
-    // rows; null otherwise (form 1 then runs in its place).
+    // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
+    // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
@@ -474,7 +474,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         });
     }
     size_t gdn_chunk_floats = 0;
-    if (const char* g = std::getenv("OPENJET_GDN_CHUNKED"); g && std::strcmp(g, "2") == 0 && e.n_gdn)
+    if (gdn_chunked_form() == 2 && e.n_gdn)
         gdn_chunk_floats = gdn_chunk_scratch_floats(c.ssm_n_k_heads, c.ssm_n_v_heads, R);
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     e.attn_work_floats = work;
@@ -673,7 +673,9 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     // F32 beta and alpha (the usual case) of a decode or verify step are projected inside the step (GdnStepArgs:
     // two launches fewer per layer, the same bits); a prefill chunk (many sub-steps, where the step's projections
     // would stall each one) or another type takes the GEMV.
-    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows;
+    // A prefill with the two-phase chunked GDN never fuses: every prefill row takes the chunked form (gdn_chunked).
+    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows &&
+                       !(e.prefilling && e.gdn_chunk_scratch);
     mark(e, "gdn.in_proj");
     TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
     if (!fused) {

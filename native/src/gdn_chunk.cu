@@ -465,12 +465,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
 
 int gdn_chunked_form() {
     const char* v = std::getenv("OPENJET_GDN_CHUNKED");
-    return v && (v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 0;
+    if (!v || !*v) return 2;
+    return (v[0] == '0' || v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 2;
 }
 
 bool gdn_chunked(const GdnStepArgs& a) {
-    if (a.w_beta || a.t <= kGdnMaxT) return false;
-    return gdn_chunked_form() != 0 && prefill_numerics_own();
+    if (a.w_beta || !prefill_numerics_own()) return false;
+    const int form = gdn_chunked_form();
+    return form == 2 ? a.chunk_scratch != nullptr : form == 1 && a.t > kGdnMaxT;
 }
 
 size_t gdn_chunk_scratch_floats(int n_k, int n_v, int rows) { return ChunkScratch::floats(n_k, n_v, rows); }

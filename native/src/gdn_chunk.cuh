@@ -1,8 +1,11 @@
 // The chunked WY Gated DeltaNet for a prefill call's rows (qwen38.md 3.4; openjet_launcher/reference/gdn.py,
 // delta_rule_chunked, is its numpy oracle): the same map as gdn_decode.cuh's token-by-token recurrence, kGdnChunk
 // tokens at a time, so a chunk costs a few small matrix products and ~7 barriers instead of one barrier and two
-// 128-row reductions per token. Numerics of its own (the sums run in another order): opt-in, OPENJET_GDN_CHUNKED=1
-// (one kernel) or 2 (two phases, the same bits; H200, 2,048 rows at 27B widths: 1,832 -> 1,126 us a layer).
+// 128-row reductions per token. Numerics of its own (the sums run in another order): the default prefill form is 2
+// (two phases; H200, 2,048 rows at 27B widths: 1,994 us a layer for the recurrence, 1,126 for form 2), 1 (one
+// kernel, the same bits, 1,832 us) and 0 (the recurrence) through OPENJET_GDN_CHUNKED. A call's chunks start at its
+// first row, so a row's bits depend on where its call began modulo kGdnChunk: the engine's prefill chunks are
+// multiples of it, and a resumed prompt starts at a chunk boundary (CudaEngine.prefill rewinds to one).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,13 +17,15 @@ namespace openjet {
 constexpr int kGdnChunk = 32;      // tokens per chunk (C)
 constexpr int kGdnChunkCols = 32;  // state columns per block: 4 blocks per value head
 
-// Whether a call takes the chunked form: OPENJET_GDN_CHUNKED=1 (read at each such launch: tests switch it), more
-// than kGdnMaxT rows, no fused projections, and prefill numerics of its own (not under OPENJET_PREFILL_GEMM=exact,
-// whose prefill leaves decode's bits: gemv.cuh, prefill_numerics_own).
+// Whether a call takes the chunked form: no fused projections, prefill numerics of its own (not under
+// OPENJET_PREFILL_GEMM=exact, whose prefill leaves decode's bits: gemv.cuh, prefill_numerics_own), and form 2 with
+// its scratch (every prefill call, however few its rows: a chunk's bits must not depend on its call's length) or
+// form 1 on more than kGdnMaxT rows.
 bool gdn_chunked(const GdnStepArgs& a);
 
-// OPENJET_GDN_CHUNKED's form (read at each call): 0 off, 1 one kernel (gdn_chunk_kernel), 2 two phases (every
-// chunk's local work at once, then the state; the same bits as 1; needs GdnStepArgs::chunk_scratch, else 1 runs).
+// OPENJET_GDN_CHUNKED's form (read at each call): 0 off, 1 one kernel (gdn_chunk_kernel), 2 or unset (the default)
+// two phases (every chunk's local work at once, then the state; the same bits as 1; needs
+// GdnStepArgs::chunk_scratch, which the engine gives prefill calls only, else the recurrence runs).
 int gdn_chunked_form();
 
 // Floats of scratch form 2 needs for a call of `rows` rows (~18 K a row at 27B: 148 MB for 2,048 rows).

@@ -307,12 +307,13 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
                          a.t, a.y);
 }
 
-// Where the caller gave scratch and the dense GEMM takes W (prefill_dense_takes): dequantise, then the dense GEMM.
+// Where the caller gave scratch, the call has kDenseMinRows rows or more and the dense GEMM takes W
+// (prefill_dense_takes): dequantise, then the dense GEMM.
 // Otherwise 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
 // of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
 // 128. An output's bits do not depend on the tile (the same chain over k).
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
-    if (a.dense && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
+    if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
     const long long row_blocks = (a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
     int sms = 0;

@@ -20,13 +20,19 @@ namespace openjet {
 // Whether the GEMM takes this weight type.
 bool prefill_gemm_takes(int qtype);
 
-// Whether a prefill call of this W takes the dense path where the caller gives it scratch (GemvArgs::dense): a
-// type the GEMM takes, the dense GEMM's alignment, a build and device that run it (dense_gemm.cuh). Depends on the
-// matrix only, never on t, so every call of one matrix takes one path.
+// Whether a prefill call of this W may take the dense path where the caller gives it scratch (GemvArgs::dense): a
+// type the GEMM takes, the dense GEMM's alignment, a build and device that run it (dense_gemm.cuh).
 bool prefill_dense_takes(int qtype, int n, int k);
 
+// Rows from which a call takes the dense path: below, dequantising the whole matrix costs more than the fast
+// kernel's reading of the blocks (H200, 17408 x 5120 Q4_K: ~95 us of dequantisation against ~0.3 us a row saved).
+// Either path gives the same bits (wgmma sums the k16 products in mma.sync's chain: tested on the H200), so a
+// row's bits do not depend on its call's size.
+constexpr int kDenseMinRows = 256;
+
 // y[t, n] = W x for a W of a type it takes and a pack of t rows (GemvArgs as launch_gemv's); with a.dense where
-// prefill_dense_takes, W is dequantised into a.dense (n k halves) and multiplied there (dense_gemm.cuh).
+// prefill_dense_takes and t >= kDenseMinRows, W is dequantised into a.dense (n k halves) and multiplied there
+// (dense_gemm.cuh).
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

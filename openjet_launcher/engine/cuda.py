@@ -6,15 +6,17 @@ What v1 is (and is not):
   fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
   kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
 * ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 2048,
-  ~260 KB of device scratch per row at 27B): every projection reads its weights once per
+  ~330 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
   in sub-steps of 8 rows inside), the MTP head's cache fill too. By default the Q4_K/Q5_K/Q6_K projections
   of a prefill take a tensor-core GEMM over fp16-dequantised weights (numerics of its own, KL ~1e-6 nats from
   decode's; the same bits whatever the chunk size or turn boundaries); OPENJET_PREFILL_GEMM=exact gives each
   row the bits a decode step gives it instead (~20% slower). ``prefill_matches_decode`` says which holds;
-  ``truncate`` replays each run of tokens the way it was first run. Still ahead (issue 8): the chunked WY
-  Gated DeltaNet (qwen38.md §3.4) and flash attention over whole chunks.
+  ``truncate`` replays each run of tokens the way it was first run. A prefill's attention is a flash kernel over
+  the whole chunk and its Gated DeltaNet the chunked WY form (qwen38.md §3.4) in chunks of 32 that start at each
+  call's first row: ``prefill`` keeps its calls on those boundaries (gdn_chunk_rows), so a conversation resumed
+  from the cache gets the bits of a fresh prefill.
 * One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets
   it and retires every state made before; using a retired state raises. ``SequenceState.copy`` raises.
 * ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
@@ -77,11 +79,23 @@ def prefill_gemm() -> str:
     return value
 
 
+GDN_CHUNK = 32  # gdn_chunk.cuh kGdnChunk: tokens per chunk of the chunked Gated DeltaNet
+
+
+def gdn_chunk_rows() -> int:
+    """GDN_CHUNK where a prefill call takes the two-phase chunked GDN (gdn_chunk.cuh: the default, OPENJET_GDN_CHUNKED
+    unset or 2, with prefill numerics of its own), else 0. Its chunks start at the call's first row, so a row's bits
+    depend on where its call began modulo GDN_CHUNK: CudaEngine.prefill keeps calls on chunk boundaries."""
+    form = os.environ.get("OPENJET_GDN_CHUNKED") or "2"
+    return GDN_CHUNK if form == "2" and prefill_gemm() in PREFILL_OWN_NUMERICS else 0
+
+
 # The library's other switches of the prefill and decode kernels (docs/ENGINE.md, Switches): a value outside these
 # is refused at load instead of silently taking the default.
 KERNEL_SWITCHES = {
     "OPENJET_GEMV_HALF": ("0", "1", "auto"),                # gemv.cu, gemv_half_tiles (decode; read once)
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
+    "OPENJET_ATTN_PREFILL_ROWS": ("64", "128"),             # engine.cu, attn_mixer (the flash kernel's block rows)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }
@@ -426,6 +440,10 @@ class CudaEngine(Engine):
         ids = self._token_ids(state, tokens)
         t0 = time.perf_counter()
         if not all_logits and len(ids):
+            self._check_room(state, len(ids))  # before a rewind or a first part: refused, the sequence is as it was
+            if gdn := gdn_chunk_rows():  # chunked GDN: calls start on its chunk boundaries (gdn_chunk_rows)
+                chunk = max(gdn, chunk - chunk % gdn)
+                ids = self._rewind_to_gdn_chunk(state, ids, gdn)
             out = self._prefill(state, ids, chunk)
             self._stats.prefill_tokens += len(ids)
             self._stats.prefill_seconds += time.perf_counter() - t0
@@ -674,7 +692,32 @@ class CudaEngine(Engine):
         self._stats.decode_steps += 1
         self._stats.decode_seconds += time.perf_counter() - t0
 
+    def _rewind_to_gdn_chunk(self, state: CudaState, ids: np.ndarray, gdn: int) -> np.ndarray:
+        """A prefill that would start inside a chunk of the chunked GDN, after tokens a prefill read from its start f:
+        back to f (the checkpoint _prefill left there), the tokens since f put in front of ids, so that the chunk is
+        read in one call, as a prefill of the whole text reads it (the same bits: a resumed conversation)."""
+        n = state.n_tokens
+        f = n - n % gdn
+        if f == n or (f and f not in state.slots) or not all(state.prefilled[f:n]):  # truncate(0) is a reset
+            return ids
+        head = np.asarray(state.token_ids[f:n], dtype=ids.dtype)
+        self.truncate(state, f)
+        return np.concatenate([head, ids])
+
     def _prefill(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
+        """ids by openjet_engine_prefill in chunks of `chunk` rows. With the chunked GDN (gdn_chunk_rows) a run
+        from a chunk boundary that ends inside a chunk stops at that chunk's start f for a checkpoint, then reads the
+        rest: the next prefill rewinds to f (_rewind_to_gdn_chunk)."""
+        gdn, n0 = gdn_chunk_rows(), state.n_tokens
+        f = (n0 + len(ids)) // gdn * gdn if gdn else 0
+        if gdn and self.n_checkpoints and n0 % gdn == 0 and f < n0 + len(ids):
+            if f > n0:
+                self._prefill_call(state, ids[:f - n0], chunk)
+            self.checkpoint(state)
+            ids = ids[f - n0:]
+        return self._prefill_call(state, ids, chunk)
+
+    def _prefill_call(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
         n = len(ids)
         self._check_room(state, n)
         ids32 = np.ascontiguousarray(ids, dtype=np.int32)

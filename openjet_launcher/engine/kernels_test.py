@@ -215,6 +215,10 @@ def dense_gemm_available() -> bool:
     return bool(_lib().openjet_test_dense_gemm_available())
 
 
+# prefill_gemm.cuh's kDenseMinRows: a prefill call of fewer rows takes the fast kernel (the same bits) even where the
+# dense GEMM runs.
+DENSE_MIN_ROWS = 256
+
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1}
 

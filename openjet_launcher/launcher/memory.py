@@ -50,6 +50,7 @@ V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
 V1_FFN_COUNTERS = 4      # ffn_persistent.cuh kFfnCounters
+V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GDN
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
 
@@ -227,11 +228,21 @@ class MemoryModel:
         s = self.shape
         return 2 * max(s.n_ff, s.ssm_conv_dim, 2 * s.q_dim) * s.n_embd
 
+    def gdn_chunk_scratch_bytes(self, chunk: int) -> int:
+        """The two-phase chunked GDN's scratch for prefill chunks of `chunk` rows (gdn_chunk.cu ChunkScratch: per
+        row the q and k rows, and per value head two head-width rows and a chunk-width one plus 3 scalars; fp32;
+        at 27B ~72 KB a row, 148 MB for 2,048 rows)."""
+        s = self.shape
+        rows = -(-chunk // V1_GDN_CHUNK) * V1_GDN_CHUNK
+        per_row = 2 * s.ssm_n_k_heads * s.ssm_head_dim + s.ssm_n_v_heads * (2 * s.ssm_head_dim + V1_GDN_CHUNK + 3)
+        return 4 * rows * per_row if self.gdn_layers else 0
+
     def engine_v1_arena(self, *, n_ctx: int, chunk: int, sm_count: int = V1_SM_COUNT,
                         n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False) -> EngineV1Arena:
         """The CUDA engine v1's state, checkpoints and scratch for this context, prefill chunk (prefill_rows)
         and SM count, part by part as engine.cu create_impl allocates them; ``dense_prefill``: with the dense
-        prefill GEMM's scratch (an H100 / H200 on a release build)."""
+        prefill GEMM's scratch (an H100 / H200 on a release build). The chunked GDN's scratch is always there
+        (the default prefill form; OPENJET_GDN_CHUNKED=0 or 1 at load drops it)."""
         s, T = self.shape, V1_MAX_T
         mtp = s.n_nextn > 0
         ssm = self.gdn_state_bytes
@@ -247,9 +258,9 @@ class MemoryModel:
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
-        # persistent FFN's counters (4 ints), the dense prefill GEMM's scratch, the two-phase chunked GDN's (made
-        # only under OPENJET_GDN_CHUNKED=2, an experiment: not planned for).
-        fixed += [V1_FFN_COUNTERS * 4, self.dense_prefill_bytes if dense_prefill else 0, 0]
+        # persistent FFN's counters (4 ints), the dense prefill GEMM's scratch, the two-phase chunked GDN's.
+        fixed += [V1_FFN_COUNTERS * 4, self.dense_prefill_bytes if dense_prefill else 0,
+                  self.gdn_chunk_scratch_bytes(chunk)]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
