@@ -465,8 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
 
 int gdn_chunked_form() {
     const char* v = std::getenv("OPENJET_GDN_CHUNKED");
-    if (!v || !*v) return 2;
-    return (v[0] == '0' || v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 2;
+    return v && (v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 0;
 }
 
 bool gdn_chunked(const GdnStepArgs& a) {
