@@ -60,6 +60,14 @@ class FakeLib:
         self.n_past += n
         return 0
 
+    def openjet_engine_prefill_checkpoint(self, h, ids, n, chunk, slot, at, logits, hidden):
+        self.calls.append(("prefill_checkpoint", n, chunk, at))
+        if not 1 <= chunk <= self.prefill_rows or not 1 <= at < n:
+            return self._fail(f"prefill_checkpoint: chunk = {chunk} or at = {at}")
+        self.slots[slot] = self.n_past + at
+        self.n_past += n
+        return 0
+
     def openjet_engine_decode(self, h, ids, t, logits, hidden):
         rc = self._step("decode", ids, t)
         if rc == 0:
@@ -293,10 +301,10 @@ def test_truncate_replays_each_run_the_way_it_was_first_run(engine):
 
 
 def test_prefill_calls_keep_to_the_chunked_gdns_chunk_boundaries(engine, monkeypatch):
-    """With the two-phase chunked GDN (OPENJET_GDN_CHUNKED=2: gdn_chunk_rows() = 32) a row's bits depend on where its call began
-    modulo 32, so: a prefill ending inside a chunk stops at the chunk's start for a checkpoint, then reads the rest;
-    the next prefill rewinds there and reads the chunk in one call, as a prefill of the whole text would (the GPU
-    tests check the bits); chunk sizes become multiples of 32. Not after a decoded token (a fresh prefill would not
+    """With the two-phase chunked GDN (OPENJET_GDN_CHUNKED=2: gdn_chunk_rows() = 32) a row's bits depend on where its
+    call began modulo 32, so: a prefill ending inside a chunk leaves a checkpoint at the chunk's start (in the same
+    call: openjet_engine_prefill_checkpoint); the next prefill rewinds there and reads the chunk in one call, as a
+    prefill of the whole text would (the GPU tests check the bits); chunk sizes become multiples of 32. Not after a decoded token (a fresh prefill would not
     give its bits anyway), and none of it with the recurrence (OPENJET_GDN_CHUNKED unset or 0) or the exact prefill.
     A prefill past the context is refused before any of it (the sequence kept as it was)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
@@ -304,9 +312,9 @@ def test_prefill_calls_keep_to_the_chunked_gdns_chunk_boundaries(engine, monkeyp
     lib = engine._lib
     assert gdn_chunk_rows() == GDN_CHUNK == 32
     state = engine.new_state()
-    engine.prefill(state, list(range(1, 41)))           # 40 tokens: 32, a checkpoint at 32, then 8
-    assert lib.calls == [("prefill", 32, engine.prefill_rows), ("prefill", 8, engine.prefill_rows)]
-    assert state.checkpoint_positions == (32,) and lib.slots[state.slots[32]] == 32
+    engine.prefill(state, list(range(1, 41)))           # 40 tokens, a checkpoint after 32 of them: one call
+    assert lib.calls == [("prefill_checkpoint", 40, engine.prefill_rows, 32)]
+    assert state.checkpoint_positions == (32,) and lib.slots[state.slots[32]] == 32 and lib.n_past == 40
     del lib.calls[:]
     with pytest.raises(OpenJetError, match="past this engine's context of 64"):
         engine.prefill(state, list(range(25)))

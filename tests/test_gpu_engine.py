@@ -1104,3 +1104,49 @@ def test_a_long_prompt_read_by_the_chunked_gdn_stays_near_the_recurrence(models,
            max_abs_logit=float(np.abs(out["2"]).max()))
     assert np.isfinite(out["2"]).all()
     assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), m
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_the_two_phase_gdns_checkpoint_inside_a_prefill_and_its_resumed_turns(models, kv_type, monkeypatch):
+    """OPENJET_GDN_CHUNKED=2: a prefill of 150 tokens (512-row chunks) leaves a checkpoint at 128, the start of its
+    last GDN chunk, taken inside the call (openjet_engine_prefill_checkpoint: the GDN step writes the state there;
+    its launch counter shows it); restoring it gives the bits of a prefill that stopped at 128 (the next logits and
+    the MTP head's drafts, which read the carried hidden row); a second turn (cut at 150, inside a chunk: the rewind
+    to 128) and the server's Slot give the bits of a fresh prefill of the whole text, chunk sizes 128 and 512 too."""
+    from openjet_launcher.engine import kernels_test as kt
+    from openjet_launcher.server.worker import Slot
+
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    ids = np.random.default_rng(43).integers(0, 4096, 320)
+    engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type=kv_type, prefill_rows=512)
+    try:
+        def after(state, pos):
+            nxt = engine.decode(state, ids[pos:pos + 1]).logits[-1]
+            return nxt, engine.mtp_draft(state, int(np.argmax(nxt)), 2).logits
+
+        state = engine.new_state()
+        before = kt.launch_count("gdn_snapshot")
+        engine.prefill(state, ids[:150])
+        assert kt.launch_count("gdn_snapshot") > before, "the checkpoint was not taken inside the call"
+        assert state.checkpoint_positions == (128,)
+        engine.truncate(state, 128)
+        restored = after(state, 128)
+        state = engine.new_state()
+        engine.prefill(state, ids[:128])
+        stopped = after(state, 128)
+
+        state = engine.new_state()
+        engine.prefill(state, ids[:150])
+        turns = engine.prefill(state, ids[150:300]).logits[-1]
+        fresh = {c: engine.prefill(engine.new_state(), ids[:300], chunk_size=c).logits[-1] for c in (128, 512)}
+        slot = Slot(engine)
+        slot.load_prompt(list(ids[:150]))
+        resumed, kept = slot.load_prompt(list(ids[:300]))
+    finally:
+        engine.close()
+    for name, a, b in zip(("next logits", "draft logits"), restored, stopped):
+        np.testing.assert_array_equal(a, b, err_msg=f"the checkpoint at 128: {name}")
+    np.testing.assert_array_equal(fresh[128], fresh[512], err_msg="chunk sizes")
+    np.testing.assert_array_equal(turns, fresh[512], err_msg="two turns")
+    np.testing.assert_array_equal(resumed, fresh[512], err_msg="the Slot")
+    report(test="two_phase_gdn_checkpoint_inside_prefill", kv_type=kv_type, equal=True, kept=kept)

@@ -99,6 +99,14 @@ OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids
 OPENJET_API int openjet_engine_prefill(openjet_engine* engine, const int32_t* ids, int n, int chunk, float* logits,
                                        float* hidden);
 
+/* openjet_engine_prefill (2 <= n) that also leaves in checkpoint slot `slot` what openjet_engine_checkpoint would
+ * after the first `at` tokens (1 <= at < n): as if the tokens were prefilled in two calls with a checkpoint between,
+ * the same bits, in one call where the chunked GDN's form 2 runs and `at` and `chunk` are multiples of its 32-token
+ * chunks (the state at that chunk boundary written by the GDN step itself), else as those two calls. Errors as
+ * prefill, and a bad slot or `at`. */
+OPENJET_API int openjet_engine_prefill_checkpoint(openjet_engine* engine, const int32_t* ids, int n, int chunk, int slot,
+                                                  int at, float* logits, float* hidden);
+
 /* A decode step that returns, instead of the logits, each row's top k (1..32) among ids < n_valid, by
  * decreasing logit then increasing id, after logit[pen_ids[i]] -= pen_deltas[i] (presence / frequency
  * penalties computed as sampling.py does; ids unique, < n_valid; n_pen may be 0): top_values / top_ids

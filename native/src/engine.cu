@@ -150,6 +150,9 @@ struct openjet_engine {
     int pending = 0;
     bool verifying = false;
     bool prefilling = false;  // inside openjet_engine_prefill: its GEMVs say so (GemvArgs::prefill)
+    // openjet_engine_prefill_checkpoint inside a chunk: every GDN layer's form-2 step also writes its state before
+    // the chunk's row snap_row to checkpoint slot snap_slot (-1: none).
+    int snap_slot = -1, snap_row = 0;
     float* ssm_shadow = nullptr;       // [n_gdn, n_v, 128, 128] the verify step's own GDN states
     float* ring_qkv = nullptr;         // [n_gdn, T, conv_dim] the verify step's GDN inputs, by layer
     float* ring_b = nullptr;           // [n_gdn, T, n_v]
@@ -419,6 +422,10 @@ size_t attn_work_floats_max(const openjet_engine& e, int spread) {
 }
 
 size_t ckpt_slot_bytes(const openjet_engine& e);
+size_t ckpt_ssm_bytes(const openjet_engine& e);
+char* ckpt_slot(const openjet_engine& e, int slot);
+float* ckpt_mtp_row(const openjet_engine& e, int slot);
+int save_checkpoint(openjet_engine& e, int slot);
 
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
@@ -696,6 +703,12 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
     g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
     g.y = e.y;
     if (e.prefilling) g.chunk_scratch = e.gdn_chunk_scratch;
+    if (e.snap_slot >= 0) {
+        char* slot = ckpt_slot(e, e.snap_slot);
+        g.snap_state = reinterpret_cast<float*>(slot) + e.ssm_layer_floats * L.idx;
+        g.snap_conv = reinterpret_cast<float*>(slot + ckpt_ssm_bytes(e)) + e.conv_layer_floats * L.idx;
+        g.snap_row = e.snap_row;
+    }
     CHECK(launch_gdn_step(g, e.stream));
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
@@ -965,19 +978,32 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
 }
 
 // n tokens in chunks of up to `chunk` rows (<= e.prefill_rows); the last token's logits and
-// hidden row. The lm_head runs on that row alone (packed by itself: the bits decode's pack gives it).
-int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden) {
+// hidden row. The lm_head runs on that row alone (packed by itself: the bits decode's pack gives it). snap_slot >= 0:
+// the state after the first snap_at tokens also goes to that checkpoint slot, taken inside the chunk that holds
+// that point by the GDN's form 2 (the caller checked it runs and that snap_at and chunk are multiples of kGdnChunk),
+// or after the chunk that ends there.
+int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden,
+                 int snap_slot = -1, int snap_at = 0) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
-    struct Prefilling {  // e.prefilling for this call's GEMVs, cleared however it returns
+    struct Prefilling {  // e.prefilling for this call's GEMVs and no snapshot request left, however it returns
         openjet_engine& e;
         explicit Prefilling(openjet_engine& e_) : e(e_) { e.prefilling = true; }
-        ~Prefilling() { e.prefilling = false; }
+        ~Prefilling() { e.prefilling = false, e.snap_slot = -1; }
     } prefilling(e);
     for (int i0 = 0; i0 < n; i0 += chunk) {
         const int t = std::min(chunk, n - i0);
         CHECK(cudaMemcpyAsync(e.ids, ids + i0, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+        const int rel = snap_at - i0;  // the snapshot's row in this chunk
+        e.snap_slot = snap_slot >= 0 && rel > 0 && rel < t ? snap_slot : -1, e.snap_row = rel;
         TRY(trunk(e, t));
+        if (e.snap_slot >= 0) {  // the GDN layers wrote their states; the carried hidden row is row rel - 1
+            if (e.has_mtp)
+                CHECK(cudaMemcpyAsync(ckpt_mtp_row(e, snap_slot), e.a + static_cast<long long>(rel - 1) * c.n_embd,
+                                      sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+            e.ckpt_n_past[snap_slot] = e.n_past + rel;
+            e.snap_slot = -1;
+        }
         if (i0 + t == n) {
             const float* last = e.a + static_cast<long long>(t - 1) * c.n_embd;
             if (hidden) CHECK(cudaMemcpyAsync(hidden, last, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
@@ -994,6 +1020,7 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
             }
         }
         TRY(commit_rows(e, t));
+        if (snap_slot >= 0 && rel == t) TRY(save_checkpoint(e, snap_slot));  // the point ends this chunk
         // Pageable host ids: the copy above is staged before it returns, so the next chunk may overwrite e.ids
         // only after this chunk's kernels read it: stream order sees to that.
         if (e.prof.on) collect_profile(e);  // per chunk: the profile's events are reused
@@ -1048,6 +1075,26 @@ int accept_impl(openjet_engine& e, int n) {
 size_t ckpt_slot_bytes(const openjet_engine& e) {
     return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn) + align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn) +
            (e.has_mtp ? align_up(sizeof(float) * e.cfg.n_embd) : 0);
+}
+size_t ckpt_ssm_bytes(const openjet_engine& e) { return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn); }
+size_t ckpt_conv_bytes(const openjet_engine& e) { return sizeof(float) * e.conv_layer_floats * e.n_gdn; }
+char* ckpt_slot(const openjet_engine& e, int slot) { return e.ckpt + slot * ckpt_slot_bytes(e); }
+float* ckpt_mtp_row(const openjet_engine& e, int slot) {  // the slot's copy of the trunk's last hidden row
+    return reinterpret_cast<float*>(ckpt_slot(e, slot) + ckpt_ssm_bytes(e) + align_up(ckpt_conv_bytes(e)));
+}
+
+// The sequence's GDN and conv states and the carried hidden row into a slot, as of e.n_past.
+int save_checkpoint(openjet_engine& e, int slot) {
+    char* dst = ckpt_slot(e, slot);
+    CHECK(cudaMemcpyAsync(dst, e.ssm, sizeof(float) * e.ssm_layer_floats * e.n_gdn, cudaMemcpyDeviceToDevice, e.stream));
+    CHECK(cudaMemcpyAsync(dst + ckpt_ssm_bytes(e), e.conv[e.conv_cur], ckpt_conv_bytes(e), cudaMemcpyDeviceToDevice,
+                          e.stream));
+    if (e.has_mtp)
+        CHECK(cudaMemcpyAsync(ckpt_mtp_row(e, slot), e.mtp_last, sizeof(float) * e.cfg.n_embd, cudaMemcpyDeviceToDevice,
+                              e.stream));
+    CHECK(cudaStreamSynchronize(e.stream));
+    e.ckpt_n_past[slot] = e.n_past;
+    return OPENJET_OK;
 }
 
 int check_engine(const openjet_engine* e) {
@@ -1210,22 +1257,33 @@ extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32
     return prefill_impl(*e, ids, n, chunk, logits, hidden);
 }
 
+extern "C" OPENJET_API int openjet_engine_prefill_checkpoint(openjet_engine* e, const int32_t* ids, int n, int chunk,
+                                                             int slot, int at, float* logits, float* hidden) {
+    TRY(check_idle(e, "prefill_checkpoint"));
+    if (!ids || n < 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_checkpoint: ids is NULL or n = %d < 2", n);
+    if (chunk < 1 || chunk > e->prefill_rows)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_checkpoint: chunk = %d is not 1..%d (the engine's prefill_rows)",
+                    chunk, e->prefill_rows);
+    if (slot < 0 || slot >= e->cfg.n_checkpoints)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_checkpoint: slot %d: the engine has %d slots", slot,
+                    e->cfg.n_checkpoints);
+    if (at < 1 || at >= n) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_checkpoint: at = %d is not 1..%d", at, n - 1);
+    TRY(check_ids(e, ids, n, "prefill_checkpoint"));
+    // Inside the call where the GDN's form 2 takes every chunk (its state at a chunk boundary is at hand); else as
+    // two calls around a checkpoint, which leave the same bits.
+    if (e->n_gdn && e->gdn_chunk_scratch && gdn_two_phase_runs() && chunk % kGdnChunk == 0 && at % kGdnChunk == 0)
+        return prefill_impl(*e, ids, n, chunk, logits, hidden, slot, at);
+    TRY(prefill_impl(*e, ids, at, chunk, nullptr, nullptr));
+    TRY(save_checkpoint(*e, slot));
+    return prefill_impl(*e, ids + at, n - at, chunk, logits, hidden);
+}
+
 extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot) {
     TRY(check_idle(e, "checkpoint"));
     if (slot < 0 || slot >= e->cfg.n_checkpoints)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "checkpoint slot %d: the engine has %d slots", slot, e->cfg.n_checkpoints);
     CHECK(cudaSetDevice(e->cfg.device));
-    const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
-    const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
-    char* dst = e->ckpt + slot * ckpt_slot_bytes(*e);
-    CHECK(cudaMemcpyAsync(dst, e->ssm, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
-    CHECK(cudaMemcpyAsync(dst + ssm_b, e->conv[e->conv_cur], conv_b, cudaMemcpyDeviceToDevice, e->stream));
-    if (e->has_mtp)
-        CHECK(cudaMemcpyAsync(dst + ssm_b + align_up(conv_b), e->mtp_last, sizeof(float) * e->cfg.n_embd,
-                              cudaMemcpyDeviceToDevice, e->stream));
-    CHECK(cudaStreamSynchronize(e->stream));
-    e->ckpt_n_past[slot] = e->n_past;
-    return OPENJET_OK;
+    return save_checkpoint(*e, slot);
 }
 
 extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
@@ -1233,13 +1291,12 @@ extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
     if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
     CHECK(cudaSetDevice(e->cfg.device));
-    const size_t ssm_b = align_up(sizeof(float) * e->ssm_layer_floats * e->n_gdn);
-    const size_t conv_b = sizeof(float) * e->conv_layer_floats * e->n_gdn;
-    const char* src = e->ckpt + slot * ckpt_slot_bytes(*e);
+    const char* src = ckpt_slot(*e, slot);
     CHECK(cudaMemcpyAsync(e->ssm, src, sizeof(float) * e->ssm_layer_floats * e->n_gdn, cudaMemcpyDeviceToDevice, e->stream));
-    CHECK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ssm_b, conv_b, cudaMemcpyDeviceToDevice, e->stream));
+    CHECK(cudaMemcpyAsync(e->conv[e->conv_cur], src + ckpt_ssm_bytes(*e), ckpt_conv_bytes(*e), cudaMemcpyDeviceToDevice,
+                          e->stream));
     if (e->has_mtp)
-        CHECK(cudaMemcpyAsync(e->mtp_last, src + ssm_b + align_up(conv_b), sizeof(float) * e->cfg.n_embd,
+        CHECK(cudaMemcpyAsync(e->mtp_last, ckpt_mtp_row(*e, slot), sizeof(float) * e->cfg.n_embd,
                               cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = e->ckpt_n_past[slot];

@@ -82,9 +82,11 @@ __device__ __forceinline__ size_t state_col_at(int h, int c0, int e) {
 __device__ __forceinline__ void load_state_columns(const GdnStepArgs& a, int h, int c0, float (*s)[kCols]) {
     for (int e = threadIdx.x; e < D * kCols; e += kThreads) (&s[0][0])[e] = a.state[state_col_at(h, c0, e)];
 }
-__device__ __forceinline__ void store_state_columns(const GdnStepArgs& a, int h, int c0, const float (*s)[kCols]) {
-    float* so = a.state_out ? a.state_out : a.state;
+__device__ __forceinline__ void store_state_columns_to(float* so, int h, int c0, const float (*s)[kCols]) {
     for (int e = threadIdx.x; e < D * kCols; e += kThreads) so[state_col_at(h, c0, e)] = (&s[0][0])[e];
+}
+__device__ __forceinline__ void store_state_columns(const GdnStepArgs& a, int h, int c0, const float (*s)[kCols]) {
+    store_state_columns_to(a.state_out ? a.state_out : a.state, h, c0, s);
 }
 
 // One channel's conv outputs for the chunk's rows t0 .. t0 + C - 1 into dst (stride floats apart; zeros past n),
@@ -369,6 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_local_kernel(const GdnS
             const int row = t0 - 3 + i;
             x[i] = row < 0 ? a.conv_state_in[(size_t)(row + 3) * conv_dim + c] : a.qkv[(size_t)row * conv_dim + c];
         }
+        if (a.snap_conv && t0 == a.snap_row && (ch >= 2 * D || h == kh))  // the conv state before the snapshot row
+            for (int i = 0; i < 3; ++i) a.snap_conv[(size_t)i * conv_dim + c] = x[i];
         float x0 = x[0], x1 = x[1], x2 = x[2];
         float* dst = ch < D ? &sm.q[0][ch] : ch < 2 * D ? &sm.k[0][ch - D] : &sm.v[0][ch - 2 * D];
         conv_chunk_channel(a, conv_dim, c, t0, n, cw, x0, x1, x2, dst, ch < 2 * D ? kRowPad : D);
@@ -436,6 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
+        if (a.snap_state && t0 == a.snap_row) store_state_columns_to(a.snap_state, h, c0, sm.s);  // before row t0
         const float4* q4 = reinterpret_cast<const float4*>(cs.q + ((size_t)kh * r_pad + t0) * D);
         const float4* k4 = reinterpret_cast<const float4*>(cs.k + ((size_t)kh * r_pad + t0) * D);
         const float4* w4 = reinterpret_cast<const float4*>(cs.w + ((size_t)h * r_pad + t0) * D);
@@ -468,6 +473,13 @@ int gdn_chunked_form() {
     return v && (v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 0;
 }
 
+bool gdn_two_phase_runs() {
+    int optin = 0;
+    return gdn_chunked_form() == 2 && prefill_numerics_own() &&
+           device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess &&
+           static_cast<int>(std::max(sizeof(Phase1Smem), sizeof(Phase2Smem))) <= optin;
+}
+
 bool gdn_chunked(const GdnStepArgs& a) {
     if (a.w_beta || !prefill_numerics_own()) return false;
     const int form = gdn_chunked_form();
@@ -481,7 +493,8 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
     int optin = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
     if (gdn_chunked_form() == 2 && a.chunk_scratch) {  // two phases: every chunk's local work at once, then the state
-        if (static_cast<int>(std::max(sizeof(Phase1Smem), sizeof(Phase2Smem))) > optin) return cudaSuccess;
+        if (static_cast<int>(std::max(sizeof(Phase1Smem), sizeof(Phase2Smem))) > optin)
+            return a.snap_state ? cudaErrorInvalidValue : cudaSuccess;  // a snapshot only form 2 writes
         static const cudaError_t opted1 = cudaFuncSetAttribute(
             gdn_chunk_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase1Smem));
         static const cudaError_t opted2 = cudaFuncSetAttribute(
@@ -494,6 +507,7 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
                                           stream, a))
             return e;
         count_launch(Counted::kGdnTwoPhase);
+        if (a.snap_state) count_launch(Counted::kGdnSnapshot);
         return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;

@@ -29,6 +29,10 @@ bool gdn_chunked(const GdnStepArgs& a);
 // the engine makes at load under 2 and gives prefill calls only, else the recurrence runs).
 int gdn_chunked_form();
 
+// Whether a prefill call's GDN takes form 2 here (the switch, prefill numerics of its own, the device's shared
+// memory; the caller also gives it scratch): then GdnStepArgs::snap_* can ask it for the state at a chunk boundary.
+bool gdn_two_phase_runs();
+
 // Floats of scratch form 2 needs for a call of `rows` rows (~18 K a row at 27B: 148 MB for 2,048 rows).
 size_t gdn_chunk_scratch_floats(int n_k, int n_v, int rows);
 

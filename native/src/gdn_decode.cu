@@ -69,6 +69,10 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
     if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
         return cudaErrorInvalidValue;
+    if ((a.snap_state || a.snap_conv) &&  // a snapshot: form 2 only, at a chunk boundary inside the call
+        (!a.snap_state || !a.snap_conv || a.snap_row <= 0 || a.snap_row >= a.t || a.snap_row % kGdnChunk ||
+         !a.chunk_scratch || !gdn_two_phase_runs() || !gdn_chunked(a)))
+        return cudaErrorInvalidValue;
     bool chunked = false;  // OPENJET_GDN_CHUNKED=1: gdn_chunk.cuh, where the device holds its blocks
     if (gdn_chunked(a)) {
         if (cudaError_t e = launch_gdn_chunk(a, stream, &chunked)) return e;

@@ -70,6 +70,11 @@ struct GdnStepArgs {
     float* alpha_out = nullptr;
     // OPENJET_GDN_CHUNKED=2's scratch (gdn_chunk.cuh, gdn_chunk_scratch_floats for t rows), or null.
     float* chunk_scratch = nullptr;
+    // Form 2 only (gdn_chunk.cuh): the state and conv state before row snap_row (a multiple of kGdnChunk in 1..t-1)
+    // also written to snap_state / snap_conv (a checkpoint slot's parts), or null.
+    float* snap_state = nullptr;
+    float* snap_conv = nullptr;
+    int snap_row = 0;
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows

@@ -1,11 +1,12 @@
 // Host-side counts of the launches of paths whose output may equal another path's bit for bit (the dense prefill
-// GEMM gives the fast kernel's bits, the two-phase chunked GDN the one-kernel form's), so that a test can see the
-// path it checks really ran instead of a silent fallback. One relaxed atomic add per launch, on the host.
+// GEMM gives the fast kernel's bits, the two-phase chunked GDN the one-kernel form's, a checkpoint taken inside a
+// prefill call that of two calls around it), so that a test can see the path it checks really ran instead of a
+// silent fallback. One relaxed atomic add per launch, on the host.
 #pragma once
 
 namespace openjet {
 
-enum class Counted { kDenseGemm = 0, kGdnTwoPhase = 1, kCount };  // this order: openjet_test_launch_count's
+enum class Counted { kDenseGemm = 0, kGdnTwoPhase = 1, kGdnSnapshot = 2, kCount };  // openjet_test_launch_count's
 
 void count_launch(Counted what);
 long long launch_count(Counted what);

@@ -160,6 +160,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_attn_spread": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_set_draft_rows": ([_P, i32p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
         "openjet_engine_prefill": ([_P, i32p, ctypes.c_int, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_prefill_checkpoint": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, f32p,
+                                               f32p], ctypes.c_int),
         "openjet_engine_verify": ([_P, i32p, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_accept": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_verify_top": ([_P, i32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, f32p, i32p, f32p],
@@ -594,19 +596,23 @@ class CudaEngine(Engine):
         n = state.n_tokens
         if n == 0:
             return
-        if n in state.slots:
-            slot = state.slots[n]
-        else:
-            used = set(state.slots.values())
-            free = [s for s in range(self.n_checkpoints) if s not in used]
-            if free:
-                slot = free[0]
-            else:                                           # evict the least recently used checkpoint
-                slot = min(used, key=lambda s: self._slot_clock[s])
-                state.slots = {p: s for p, s in state.slots.items() if s != slot}
+        slot = self._slot_for(state, n)
         self._check(self._lib.openjet_engine_checkpoint(self._handle, slot), "checkpoint")
         state.slots[n] = slot
         self._touch(slot)
+
+    def _slot_for(self, state: CudaState, n: int) -> int:
+        """The device slot a checkpoint at position n takes: its own, a free one, or the least recently used one
+        (evicted from state.slots)."""
+        if n in state.slots:
+            return state.slots[n]
+        used = set(state.slots.values())
+        free = [s for s in range(self.n_checkpoints) if s not in used]
+        if free:
+            return free[0]
+        slot = min(used, key=lambda s: self._slot_clock[s])
+        state.slots = {p: s for p, s in state.slots.items() if s != slot}
+        return slot
 
     def truncate(self, state: CudaState, n_tokens: int) -> None:
         self._check_state(state)
@@ -705,25 +711,28 @@ class CudaEngine(Engine):
 
     def _prefill(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
         """ids by openjet_engine_prefill in chunks of `chunk` rows. With the chunked GDN (gdn_chunk_rows) a run
-        from a chunk boundary that ends inside a chunk stops at that chunk's start f for a checkpoint, then reads the
-        rest: the next prefill rewinds to f (_rewind_to_gdn_chunk)."""
-        gdn, n0 = gdn_chunk_rows(), state.n_tokens
-        f = (n0 + len(ids)) // gdn * gdn if gdn else 0
-        if gdn and self.n_checkpoints and n0 % gdn == 0 and f < n0 + len(ids):
-            if f > n0:
-                self._prefill_call(state, ids[:f - n0], chunk)
-            self.checkpoint(state)
-            ids = ids[f - n0:]
-        return self._prefill_call(state, ids, chunk)
-
-    def _prefill_call(self, state: CudaState, ids: np.ndarray, chunk: int) -> StepOutput:
+        from a chunk boundary that ends inside a chunk leaves a checkpoint at that chunk's start f
+        (openjet_engine_prefill_checkpoint: taken inside the call), to which the next prefill rewinds
+        (_rewind_to_gdn_chunk)."""
         n = len(ids)
         self._check_room(state, n)
+        gdn, n0 = gdn_chunk_rows(), state.n_tokens
+        f = (n0 + n) // gdn * gdn if gdn else 0
+        at = f - n0 if gdn and self.n_checkpoints and n0 % gdn == 0 and f < n0 + n else -1
+        if at == 0:
+            self.checkpoint(state)
         ids32 = np.ascontiguousarray(ids, dtype=np.int32)
         lg, hd = self._logits[:1], self._hidden[:1]
-        rc = self._lib.openjet_engine_prefill(self._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                                              n, chunk, _f32p(lg), _f32p(hd))
-        self._check(rc, "prefill")
+        ptr = ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        if at > 0:
+            slot = self._slot_for(state, f)
+            rc = self._lib.openjet_engine_prefill_checkpoint(self._handle, ptr, n, chunk, slot, at, _f32p(lg),
+                                                             _f32p(hd))
+            self._check(rc, "prefill")
+            state.slots[f] = slot
+            self._touch(slot)
+        else:
+            self._check(self._lib.openjet_engine_prefill(self._handle, ptr, n, chunk, _f32p(lg), _f32p(hd)), "prefill")
         state.add(ids, prefilled=True)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
 
