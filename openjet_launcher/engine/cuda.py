@@ -6,7 +6,7 @@ What v1 is (and is not):
   fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
   kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
 * ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 2048,
-  ~330 KB of device scratch per row at 27B): every projection reads its weights once per
+  ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
   in sub-steps of 8 rows inside), the MTP head's cache fill too. By default the Q4_K/Q5_K/Q6_K projections
