@@ -995,7 +995,7 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
         const int t = std::min(chunk, n - i0);
         CHECK(cudaMemcpyAsync(e.ids, ids + i0, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
         const int rel = snap_at - i0;  // the snapshot's row in this chunk
-        e.snap_slot = snap_slot >= 0 && rel > 0 && rel < t ? snap_slot : -1, e.snap_row = rel;
+        if (snap_slot >= 0 && rel > 0 && rel < t) e.snap_slot = snap_slot, e.snap_row = rel;
         TRY(trunk(e, t));
         if (e.snap_slot >= 0) {  // the GDN layers wrote their states; the carried hidden row is row rel - 1
             if (e.has_mtp)
@@ -1072,12 +1072,11 @@ int accept_impl(openjet_engine& e, int n) {
 
 // A checkpoint slot: GDN states, the current conv-state buffer and (with an MTP head) the trunk's last hidden
 // row, which the next step's first MTP pair needs.
-size_t ckpt_slot_bytes(const openjet_engine& e) {
-    return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn) + align_up(sizeof(float) * e.conv_layer_floats * e.n_gdn) +
-           (e.has_mtp ? align_up(sizeof(float) * e.cfg.n_embd) : 0);
-}
 size_t ckpt_ssm_bytes(const openjet_engine& e) { return align_up(sizeof(float) * e.ssm_layer_floats * e.n_gdn); }
 size_t ckpt_conv_bytes(const openjet_engine& e) { return sizeof(float) * e.conv_layer_floats * e.n_gdn; }
+size_t ckpt_slot_bytes(const openjet_engine& e) {
+    return ckpt_ssm_bytes(e) + align_up(ckpt_conv_bytes(e)) + (e.has_mtp ? align_up(sizeof(float) * e.cfg.n_embd) : 0);
+}
 char* ckpt_slot(const openjet_engine& e, int slot) { return e.ckpt + slot * ckpt_slot_bytes(e); }
 float* ckpt_mtp_row(const openjet_engine& e, int slot) {  // the slot's copy of the trunk's last hidden row
     return reinterpret_cast<float*>(ckpt_slot(e, slot) + ckpt_ssm_bytes(e) + align_up(ckpt_conv_bytes(e)));

@@ -443,7 +443,7 @@ class CudaEngine(Engine):
         if not all_logits and len(ids):
             self._check_room(state, len(ids))  # before a rewind or a first part: refused, the sequence is as it was
             if gdn := gdn_chunk_rows():  # chunked GDN: calls start on its chunk boundaries (gdn_chunk_rows)
-                chunk = max(gdn, chunk - chunk % gdn)
+                chunk = min(self.prefill_rows, max(gdn, chunk - chunk % gdn))
                 ids = self._rewind_to_gdn_chunk(state, ids, gdn)
             out = self._prefill(state, ids, chunk)
             self._stats.prefill_tokens += len(ids)
