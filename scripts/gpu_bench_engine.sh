@@ -30,6 +30,7 @@
 # of its own, the synth on the others, where taskset exists: on 2026-12-02 the GPU tests sharing all 16 cores with
 # the synth did not finish in 290 s against ~205 s alone; keep its output out of pipes, a timeout kills them; at
 # most WHILE_SYNTH_S = 200 s, its output in $OUT/while-synth.log; only when the model is being written),
+# BENCH_CMD="python3 native/bench/bench_prefill_turns.py \$MODEL > \$OUT/turns.json" (run instead of bench_decode),
 # VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log and the benches' logs (their figures are in the
@@ -92,6 +93,12 @@ fi
 
 # 3. the benchmark, until the deadline
 DEADLINE=$((START + BUDGET_S))
+if [ -n "${BENCH_CMD:-}" ]; then  # another benchmark on the model instead (MODEL in its environment)
+  say "instead of bench_decode: $BENCH_CMD"
+  MODEL=$MODEL timeout $((DEADLINE - $(date +%s) + 25)) bash -c "$BENCH_CMD"; say "done (rc $?)"
+  (cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log 2>/dev/null)
+  exit 0
+fi
 # VARIANTS: environment settings to bench in turn, one bench-engine-<i>.json each ("OPENJET_PDL=0 OPENJET_PDL=1";
 # "A=1,B=2" sets two), the time left shared out evenly; unset: one run, bench-engine.json.
 read -r -a VARS <<< "${VARIANTS:-}"
