@@ -38,11 +38,11 @@ def main() -> None:
     ids = np.random.default_rng(5).integers(0, 200000, 8192)
     out = {"bench": "prefill turns (issue 8)", "commit": os.environ.get("OPENJET_COMMIT", ""), "model": model,
            "runs": []}
-    engine = CudaEngine.load(model, n_ctx=8192, kv_type="q8_0", prefill_rows=2048)
-    try:
-        engine.prefill(engine.new_state(), ids[:2048])  # warm-up
-        for form in ("2", "0"):
-            os.environ["OPENJET_GDN_CHUNKED"] = form
+    for form in ("2", "0"):  # the switch is read at load (the two-phase form's scratch) and at each call
+        os.environ["OPENJET_GDN_CHUNKED"] = form
+        engine = CudaEngine.load(model, n_ctx=8192, kv_type="q8_0", prefill_rows=2048)
+        try:
+            engine.prefill(engine.new_state(), ids[:2048])  # warm-up
             for n in FRESH:
                 s = [timed(lambda: engine.prefill(engine.new_state(), ids[:n])) for _ in range(RUNS)]
                 out["runs"].append({"gdn": form, "fresh": n, "ms": round(1e3 * statistics.median(s), 2)})
@@ -56,9 +56,9 @@ def main() -> None:
                 out["runs"].append({"gdn": form, "turn1": first, "turn2": second,
                                     "turn2_ms": round(1e3 * statistics.median(s), 2)})
                 print(json.dumps(out["runs"][-1]), file=sys.stderr)
-    finally:
-        engine.close()
-        os.environ.pop("OPENJET_GDN_CHUNKED", None)
+        finally:
+            engine.close()
+            os.environ.pop("OPENJET_GDN_CHUNKED", None)
     print(json.dumps(out, indent=1))
 
 
