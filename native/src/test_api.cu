@@ -8,6 +8,7 @@
 #include "embed.cuh"
 #include "topk.cuh"
 #include "gemv.cuh"
+#include "gemv_imma.cuh"
 #include "kquant.cuh"
 #include "openjet_test.h"
 #include "dense_gemm.cuh"
@@ -286,5 +287,81 @@ extern "C" OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int r
         CHECK(cudaEventElapsedTime(&ms, e0.e, e1.e));
         gbps_out[r] = static_cast<float>(2.0 * bytes * reps / (ms * 1e-3) / 1e9);
     }
+    return OPENJET_OK;
+}
+
+// ------------------------------------------------------------------------------ the integer GEMV (experiment)
+
+namespace {
+
+// A pack of the integer GEMV in one device buffer: digits, 16-block sums, 32-block sums, inv (each part's start
+// aligned for the kernels' 16- and 8-byte loads: every part's size is a multiple of 16 bytes but inv's).
+struct DevPackI {
+    DevBuf buf;
+    ActPackI p;
+    cudaError_t alloc(int rows, int k) {
+        if (cudaError_t e = buf.alloc(act_pack_imma_bytes(rows, k))) return e;
+        auto* b = static_cast<int8_t*>(buf.p);
+        p.dig = b;
+        p.s16 = p.dig + 2LL * rows * k;
+        p.s32 = p.s16 + 3LL * rows * (k / 16);
+        p.inv = reinterpret_cast<float*>(p.s32 + 3LL * rows * (k / 32));
+        p.rows = rows;
+        return cudaSuccess;
+    }
+};
+
+int check_imma(int qtype, int n, int k, int t, int stages) {
+    if (t < 1 || t > kImmaMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kImmaMaxT);
+    if (!gemv_imma_supports(qtype)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "qtype %d: the integer GEMV reads Q4_K (12) and Q6_K (14)", qtype);
+    if (stages != 0 && stages != 2 && stages != 3 && stages != 4 && stages != 6)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "stages = %d: 0 (default), 2, 3, 4 or 6", stages);
+    return check_weights(qtype, n, k);
+}
+
+}  // namespace
+
+extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
+                                                  int stages, float* y) {
+    if (int s = check_imma(qtype, n, k, t, stages)) return s;
+    if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma: null pointer");
+    DevBuf dw, dx, dy;
+    DevPackI p;
+    CHECK(dw.upload(w, weight_bytes(qtype, n, k)));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    CHECK(dy.alloc(sizeof(float) * t * n));
+    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
+    CHECK(p.alloc(t, k));
+    CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
+    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
+                                                        int copies, int reps, int runs, float* us_out) {
+    if (int s = check_imma(qtype, n, k, t, stages)) return s;
+    if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
+    const size_t wb = weight_bytes(qtype, n, k);
+    std::vector<DevBuf> dw(copies);
+    for (auto& b : dw) CHECK(b.alloc(wb));
+    CHECK(cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice));
+    for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
+    std::vector<float> x(static_cast<size_t>(t) * k);
+    fill_pseudo_random(x);
+    DevBuf dx, dy;
+    DevPackI p;
+    CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
+    CHECK(p.alloc(t, k));
+    CHECK(dy.alloc(sizeof(float) * t * n));
+    CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
+        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages);
+    };
+    if (cudaError_t e = time_graph_replays("launch_gemv_imma", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
 }

@@ -1,0 +1,381 @@
+// The integer-tensor-core decode GEMV and its activation pack (gemv_imma.cuh has the numerics).
+//
+// Shape, as the fp16 GEMV's: a block is one 16-row tile, its four warps the four k quarters; a warp streams its
+// rows' super-blocks global -> shared with cp.async (TileCopy, gemv_mma.cuh) and multiplies each with mma.sync
+// m16n8k32 (Q4_K: one 32-element sub-block) or m16n8k16 (Q6_K: one 16-element sub-block), u8 codes x s8 digits.
+// The mma's 8 columns are (token, digit) pairs: column 2 j + d is digit d of token j, so tokens 0..3 take one mma
+// per sub-block and tokens 4..7 a second. Lane (g, tq) holds C rows g, g + 8 x columns 2 tq, 2 tq + 1: both
+// digits of token tq, combined in the lane.
+// Which elements a lane's k slots hold is free inside a sub-block (an integer sum has no order): Q4_K lane tq
+// takes elements 8 tq .. 8 tq + 7 of every sub-block (one 8-byte load of codes per row and two sub-blocks, one of
+// digits per sub-block); Q6_K elements 4 tq .. 4 tq + 3 (one 4-byte load each).
+#include "gemv_imma.cuh"
+
+#include <cuda_runtime.h>
+
+#include "cp_async.cuh"
+#include "gemv_mma.cuh"
+#include "kquant.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int kImmaWarps = 4;   // k quarters: the sum order is fixed on every GPU
+constexpr int kImmaStagesDefault = 4;
+
+// ------------------------------------------------------------------------------------------ the pack
+
+// Three base-256 signed digits of X (|X| <= 32 * 32639): X = d0 + 256 d1 + 65536 d2, d0 and d1 in [-128, 127].
+__device__ __forceinline__ void store_digits(int8_t* base, int stride, int j, int x) {
+    const int d0 = ((x + 128) & 255) - 128;
+    x = (x - d0) >> 8;
+    const int d1 = ((x + 128) & 255) - 128;
+    base[j] = static_cast<int8_t>(d0);
+    base[stride + j] = static_cast<int8_t>(d1);
+    base[2 * stride + j] = static_cast<int8_t>((x - d1) >> 8);
+}
+
+// One block per (256-block, token row), a thread per element.
+__global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restrict__ x, int k, ActPackI p) {
+    __shared__ float wmax[8];
+    const int b = blockIdx.x, row = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = b * 256 + threadIdx.x;
+    const float v = x[static_cast<long long>(row) * k + e];
+    float m = fabsf(v);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) wmax[warp] = m;
+    __syncthreads();
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, wmax[i]);
+    const float s = amax > 0.0f ? __fdiv_rn(static_cast<float>(kImmaMaxInt), amax) : 0.0f;
+    const int xi = max(-kImmaMaxInt, min(kImmaMaxInt, __float2int_rn(__fmul_rn(v, s))));
+    const int hi = (xi + 128) >> 8;
+    int8_t* dig = p.dig + static_cast<long long>(row) * 2 * k;
+    dig[e] = static_cast<int8_t>(hi);
+    dig[k + e] = static_cast<int8_t>(xi - 256 * hi);
+    int s16 = xi;
+#pragma unroll
+    for (int o = 8; o >= 1; o >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, o);
+    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
+    if ((lane & 15) == 0) store_digits(p.s16 + static_cast<long long>(row) * 3 * (k / 16), k / 16, e / 16, s16);
+    if (lane == 0) store_digits(p.s32 + static_cast<long long>(row) * 3 * (k / 32), k / 32, e / 32, s32);
+    if (threadIdx.x == 0) p.inv[static_cast<long long>(row) * (k / 256) + b] =
+        amax > 0.0f ? __fdiv_rn(amax, static_cast<float>(kImmaMaxInt)) : 0.0f;
+}
+
+// ------------------------------------------------------------------------------------------ arithmetic
+
+// c = A (16 x 32 u8) B (32 x 8 s8), exactly.
+__device__ __forceinline__ void imma_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+// c = A (16 x 16 u8) B (16 x 8 s8), exactly.
+__device__ __forceinline__ void imma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+// c + the dot product of a's four bytes (unsigned) with b's (signed).
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int byte_u(uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xFFu); }
+__device__ __forceinline__ int byte_s(uint32_t w, int i) { return static_cast<int>(static_cast<int8_t>(w >> (8 * i))); }
+
+// What a warp's units read besides the weights: its B columns (set s: tokens 4 s .. 4 s + 3; column g is digit
+// g & 1 of token 4 s + g / 2, clamped to t - 1) and the tokens its C columns belong to (4 s + tq, clamped).
+template <int NS> struct ImmaX {
+    const int8_t* col[NS];  // the column's digit row at the warp's current unit
+    int tok[NS];            // the lane's result token (for the block sums and inv)
+};
+
+// ------------------------------------------------------------------------------------------ Q4_K
+
+// One super-block of rows g and g + 8 (r[0], r[1] in shared memory) into y[s][i] (set s, row g + 8 i).
+template <int NS>
+__device__ __forceinline__ void unit_imma_q4_k(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
+                                               int u, int k, int tq, float (&y)[NS][2]) {
+    uint32_t sc[2][2], mn[2][2];
+    float d16[2], dmin[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
+        const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
+        d16[i] = __fmul_rn(dd.x, 0.0625f);  // the nibble sums are kept x 16 (below)
+        dmin[i] = dd.y;
+        sc[i][0] = hd.y & 0x3F3F3F3Fu;
+        mn[i][0] = hd.z & 0x3F3F3F3Fu;
+        sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    }
+    // acc[s][nb][c]: sum over sub-blocks 2 c' + nb of sc * (codes . digits); nb = 1 reads its nibble in place (16 q)
+    int acc[NS][2][4] = {};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        uint2 q[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint2*>(r[i] + 16 + 32 * c + 8 * tq);
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+            const int j = 2 * c + nb;
+            const uint32_t mask = nb ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const uint32_t a[4] = {q[0].x & mask, q[1].x & mask, q[0].y & mask, q[1].y & mask};
+            const int s0 = byte_u(sc[0][j >> 2], j & 3), s1 = byte_u(sc[1][j >> 2], j & 3);
+#pragma unroll
+            for (int s = 0; s < NS; ++s) {
+                const uint2 b = __ldg(reinterpret_cast<const uint2*>(x.col[s] + 32 * j + 8 * tq));
+                int cc[4];
+                imma_k32(cc, a, b.x, b.y);
+                acc[s][nb][0] += s0 * cc[0];
+                acc[s][nb][1] += s0 * cc[1];
+                acc[s][nb][2] += s1 * cc[2];
+                acc[s][nb][3] += s1 * cc[3];
+            }
+        }
+    }
+    const int kb32 = k / 32;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        const int tok = x.tok[s];
+        uint2 xs[3];
+#pragma unroll
+        for (int dg = 0; dg < 3; ++dg)
+            xs[dg] = __ldg(reinterpret_cast<const uint2*>(p.s32 + (static_cast<long long>(tok) * 3 + dg) * kb32 + 8 * u));
+        const float inv = __ldg(p.inv + static_cast<long long>(tok) * (k / 256) + u);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int m = 0;  // sum_j m_j X_j, digit by digit from the top
+#pragma unroll
+            for (int dg = 2; dg >= 0; --dg) m = 256 * m + dp4a_us(mn[i][0], xs[dg].x, dp4a_us(mn[i][1], xs[dg].y, 0));
+            const int hi = 16 * acc[s][0][2 * i] + acc[s][1][2 * i];
+            const int lo = 16 * acc[s][0][2 * i + 1] + acc[s][1][2 * i + 1];
+            const float sum = __fmaf_rn(256.0f, static_cast<float>(hi), static_cast<float>(lo));
+            y[s][i] = __fmaf_rn(inv, __fmaf_rn(-dmin[i], static_cast<float>(m), __fmul_rn(d16[i], sum)), y[s][i]);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------ Q6_K
+
+// Element 128 hh + 32 qd + l (l = 16 lh + 4 tq + 0..3): low 4 bits in ql[64 hh + 32 (qd & 1) + l] (nibble qd / 2),
+// high 2 bits in qh[32 hh + l] (bits 2 qd), sub-block 8 hh + 2 qd + lh. Units start 2-byte aligned (RowWords).
+template <bool kAligned4, int NS>
+__device__ __forceinline__ void unit_imma_q6_k(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
+                                               int u, int k, int tq, float (&y)[NS][2]) {
+    const RowWords<kAligned4> rw[2] = {RowWords<kAligned4>(r[0]), RowWords<kAligned4>(r[1])};
+    float d[2];
+    uint32_t scw[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        d[i] = f16_at(r[i] + 208);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scw[i][j] = rw[i][48 + j];
+    }
+    int acc[NS][4] = {};
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+        for (int lh = 0; lh < 2; ++lh) {
+            uint32_t ql[2][2], qh[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int l4 = 4 * lh + tq;
+                ql[i][0] = rw[i][16 * hh + l4];
+                ql[i][1] = rw[i][16 * hh + 8 + l4];
+                qh[i] = rw[i][32 + 8 * hh + l4];
+            }
+#pragma unroll
+            for (int qd = 0; qd < 4; ++qd) {
+                uint32_t a[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const uint32_t w = qd < 2 ? ql[i][qd & 1] : ql[i][qd & 1] >> 4;
+                    a[i] = (w & 0x0F0F0F0Fu) | (((qh[i] >> (2 * qd)) << 4) & 0x30303030u);
+                }
+                const int sb = 8 * hh + 2 * qd + lh;
+                const int s0 = byte_s(scw[0][sb >> 2], sb & 3), s1 = byte_s(scw[1][sb >> 2], sb & 3);
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(x.col[s] + 16 * sb + 4 * tq));
+                    int cc[4];
+                    imma_k16(cc, a[0], a[1], b);
+                    acc[s][0] += s0 * cc[0];
+                    acc[s][1] += s0 * cc[1];
+                    acc[s][2] += s1 * cc[2];
+                    acc[s][3] += s1 * cc[3];
+                }
+            }
+        }
+    }
+    const int kb16 = k / 16;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        const int tok = x.tok[s];
+        uint4 xs[3];
+#pragma unroll
+        for (int dg = 0; dg < 3; ++dg)
+            xs[dg] = __ldg(reinterpret_cast<const uint4*>(p.s16 + (static_cast<long long>(tok) * 3 + dg) * kb16 + 16 * u));
+        const float inv = __ldg(p.inv + static_cast<long long>(tok) * (k / 256) + u);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int o = 0;  // sum_s sc_s X16_s (the -32 of every code), digit by digit from the top
+#pragma unroll
+            for (int dg = 2; dg >= 0; --dg)
+                o = 256 * o + dp4a_ss(scw[i][0], xs[dg].x, dp4a_ss(scw[i][1], xs[dg].y,
+                                      dp4a_ss(scw[i][2], xs[dg].z, dp4a_ss(scw[i][3], xs[dg].w, 0))));
+            const float sum = __fmaf_rn(-32.0f, static_cast<float>(o),
+                                        __fmaf_rn(256.0f, static_cast<float>(acc[s][2 * i]),
+                                                  static_cast<float>(acc[s][2 * i + 1])));
+            y[s][i] = __fmaf_rn(__fmul_rn(inv, d[i]), sum, y[s][i]);
+        }
+    }
+}
+
+template <int QT, int NS> struct UnitImma;
+template <int NS> struct UnitImma<kQ4_K, NS> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
+                                               int u, int k, int tq, float (&y)[NS][2]) {
+        unit_imma_q4_k<NS>(r, x, p, u, k, tq, y);
+    }
+};
+template <int NS> struct UnitImma<kQ6_K, NS> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
+                                               int u, int k, int tq, float (&y)[NS][2]) {
+        // mma.sync needs the whole warp on one path: rows alternate alignment when a row has an odd unit count
+        if (__all_sync(0xffffffffu, ((reinterpret_cast<uintptr_t>(r[0]) | reinterpret_cast<uintptr_t>(r[1])) & 3) == 0))
+            unit_imma_q6_k<true, NS>(r, x, p, u, k, tq, y);
+        else
+            unit_imma_q6_k<false, NS>(r, x, p, u, k, tq, y);
+    }
+};
+
+// ------------------------------------------------------------------------------------------ the kernel
+
+template <int QT> constexpr int imma_min_blocks() { return QT == kQ6_K ? 3 : 4; }
+
+// One block = one 16-row tile; warp i takes units [nu i / 4, nu (i + 1) / 4); warp 0 adds the four partials in order.
+// NS: sets of 4 tokens (1: t <= 4, 2: t <= 8).
+template <int QT, int NS, int kStages>
+__global__ void __launch_bounds__(kImmaWarps * 32, imma_min_blocks<QT>())
+gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPackI p, int t,
+                 float* __restrict__ y) {
+    using S = MmaShape<QT>;
+    extern __shared__ uint4 smem[];
+    __shared__ float part[kImmaWarps][32][2 * NS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int nu = k / kGemvUnit, row0 = blockIdx.x * kMmaRows;
+    const int u0 = nu * warp / kImmaWarps, u1 = nu * (warp + 1) / kImmaWarps;
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
+    const TileCopy<QT> copy(row_bytes, n, row0, lane);
+    uint4* wsm = smem + warp * kStages * S::kStageWords;
+    auto issue = [&](int it) {
+        if (u0 + it < u1) copy.issue(tile0 + (u0 + it) * S::kUnitBytes, wsm + it % kStages * S::kStageWords, lane);
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+    ImmaX<NS> x;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        const int col_tok = min(4 * s + (g >> 1), t - 1);
+        x.col[s] = p.dig + (2LL * col_tok + (g & 1)) * k + u0 * kGemvUnit;
+        x.tok[s] = min(4 * s + tq, t - 1);
+    }
+    float acc[NS][2] = {};
+    for (int it = 0; it < u1 - u0; ++it) {
+        cp_async_wait<kStages - 2>();
+        __syncwarp();
+        const uint8_t* r[2];
+        tile_unit_rows<QT>(wsm + it % kStages * S::kStageWords, tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
+        UnitImma<QT, NS>::run(r, x, p, u0 + it, k, tq, acc);
+#pragma unroll
+        for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
+        __syncwarp();
+        issue(it + kStages - 1);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) part[warp][lane][2 * s + i] = acc[s][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int c = 0; c < 2 * NS; ++c) {
+        float v = part[0][lane][c];
+#pragma unroll
+        for (int i = 1; i < kImmaWarps; ++i) v = __fadd_rn(v, part[i][lane][c]);
+        const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
+        if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
+    }
+}
+
+template <int QT, int NS, int kStages>
+cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream) {
+    const long long row_bytes = row_bytes_of<QT>(k);
+    if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
+    const int smem = kImmaWarps * kStages * MmaShape<QT>::kStageWords * 16 + 16;
+    auto* kern = gemv_imma_kernel<QT, NS, kStages>;
+    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    kern<<<(n + kMmaRows - 1) / kMmaRows, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y);
+    return cudaGetLastError();
+}
+
+template <int QT, int NS>
+cudaError_t launch_ns(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
+                      int stages) {
+    switch (stages) {
+        case 2: return launch_stages<QT, NS, 2>(w, n, k, p, t, y, stream);
+        case 3: return launch_stages<QT, NS, 3>(w, n, k, p, t, y, stream);
+        case 4: return launch_stages<QT, NS, 4>(w, n, k, p, t, y, stream);
+        case 6: return launch_stages<QT, NS, 6>(w, n, k, p, t, y, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+template <int QT>
+cudaError_t launch_type(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
+                        int stages) {
+    return t <= 4 ? launch_ns<QT, 1>(w, n, k, p, t, y, stream, stages)
+                  : launch_ns<QT, 2>(w, n, k, p, t, y, stream, stages);
+}
+
+}  // namespace
+
+cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p, cudaStream_t stream) {
+    if (!x || !p.dig || !p.s32 || !p.s16 || !p.inv || t < 1 || t > p.rows || k < 256 || k % 256)
+        return cudaErrorInvalidValue;
+    pack_act_imma_kernel<<<dim3(k / 256, t), 256, 0, stream>>>(x, k, p);
+    return cudaGetLastError();
+}
+
+bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
+
+cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
+                             cudaStream_t stream, int stages) {
+    if (!w || !y || n < 1 || k < kGemvUnit || k % kGemvUnit || t < 1 || t > kImmaMaxT || t > x.rows ||
+        reinterpret_cast<uintptr_t>(w) % 16)
+        return cudaErrorInvalidValue;
+    if (stages == 0) stages = kImmaStagesDefault;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    switch (qtype) {
+        case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages);
+        case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace openjet

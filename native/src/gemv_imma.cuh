@@ -1,0 +1,57 @@
+// Decode GEMV on integer tensor cores: an experiment for issue 6's decode target (NOTES_gemv.md, "integer
+// GEMV"). Not yet used by the engine: the test API (openjet_test_gemv_imma, openjet_test_bench_gemv_imma) runs it
+// beside the fp16 GEMV (gemv_mma.cuh) so that its speed and accuracy can be measured first.
+//
+// Why: the fp16 GEMV spends ~1 instruction per weight and lane turning codes into exact fp16 products (LOP3 +
+// HFMA2 per pair, a 4-chain fold per unit, the min term as an mma) and runs at ~46% of the H200's copy rate,
+// bound by issue at its occupancy. Here the codes go into the mma as they are (u8: a Q4_K nibble is one LOP3 for
+// four codes) and the activations as two int8 digits, so every sum inside a super-block is an exact integer
+// (int32, no rounding, any order): about 2.2x (Q4_K) to 4x (Q6_K) fewer instructions per weight byte.
+//
+// Numerics (a declared change against the fp16 GEMV, to pass issue 6's KL bar before the engine takes it):
+//   per token row and 256-element block b: s_b = 32639 / max|x| (fp32), x_int = rint(x * s_b) in [-32639, 32639],
+//   stored as the digits hi = (x_int + 128) >> 8 and lo = x_int - 256 hi (both int8); inv_b = max|x| / 32639.
+//   Per output, super-block and token: the integer sums of (code * digit) over each sub-block on the tensor cores,
+//   scaled by the sub-block's integer scale and summed in int32; the min / -32 term from the blocks' integer
+//   sums of x_int (stored as three base-256 int8 digits each, combined by dp4a with the scale bytes); then one
+//   fp32 combination per super-block, y += inv_b * (d * S - dmin * M), in super-block order within each k quarter
+//   and the four quarters added in order. Nothing depends on t or on the GPU: row t of a t-row call is
+//   bit-identical to a 1-row call.
+// Accuracy: x_int keeps ~15 bits per 256-block against fp16's 11 per element; the weights enter exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace openjet {
+
+constexpr int kImmaMaxInt = 32639;  // 127 * 256 + 127: both digits of x_int fit int8
+constexpr int kImmaMaxT = 8;        // token rows of one call (1 + drafts)
+
+// The activations of an integer GEMV, for `rows` token rows of k (k a multiple of 256).
+struct ActPackI {
+    int8_t* dig;  // [rows][2][k]: x_int = 256 * dig[r][0][e] + dig[r][1][e]
+    int8_t* s32;  // [rows][3][k / 32]: each 32-block's sum of x_int as base-256 int8 digits (low first)
+    int8_t* s16;  // [rows][3][k / 16]: the same for 16-blocks (Q6_K's sub-blocks)
+    float* inv;   // [rows][k / 256]
+    int rows = 0;
+};
+
+// Bytes of a pack of `rows` rows of k.
+inline long long act_pack_imma_bytes(int rows, int k) {
+    return static_cast<long long>(rows) * (2LL * k + 3LL * (k / 32) + 3LL * (k / 16) + 4LL * (k / 256));
+}
+
+// x [t, k] float -> the pack (t <= p.rows).
+cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p, cudaStream_t stream);
+
+// Whether the integer GEMV reads this GGML type (Q4_K and Q6_K so far).
+bool gemv_imma_supports(int qtype);
+
+// y [t, n] = W x for k-quant W (GGUF blocks, rows 16-byte aligned, readable 16 bytes past the end), t <= 8.
+// stages: cp.async depth per warp (2..6; 0: the default).
+cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
+                             cudaStream_t stream, int stages = 0);
+
+}  // namespace openjet

@@ -1,0 +1,98 @@
+"""The integer-tensor-core decode GEMV (native/src/gemv_imma.cuh, an experiment for issue 6) against numpy.
+
+Oracle: the activations quantised as the kernel's pack does (per token row and 256-block: s = 32639 / max|x| in
+fp32, x_int = rint(x s); a few lines of numpy, bit-equal by IEEE fp32) and `dequantize` (bit-equal to gguf) for the
+weights; then W @ (x_int / s) in float64. Inside a super-block the kernel's sums are exact integers, so the only
+rounding left is its fp32 combination per super-block (~1e-7 relative). Against the unquantised x the difference is
+the activations' 15-bit rounding. Row t of a T-row call must equal a 1-row call bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_report import report
+
+from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.model.quants import dequantize, quantize
+
+pytestmark = pytest.mark.gpu
+
+Q = kt.QTYPES
+TYPES = ["Q4_K", "Q6_K"]
+SHAPES = [(1, 256), (7, 768), (33, 1280), (130, 2304), (5120, 17408), (10240, 5120)]
+
+
+def quantise_x_numpy(x: np.ndarray) -> np.ndarray:
+    """x as the integer GEMV sees it (float64): x_int * inv per 256-block, as gemv_imma.cu's pack computes them."""
+    t, k = x.shape
+    xb = x.reshape(t, k // 256, 256).astype(np.float32)
+    amax = np.abs(xb).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        s = np.where(amax > 0, np.float32(32639) / amax, np.float32(0)).astype(np.float32)
+    xi = np.clip(np.rint(xb * s), -32639, 32639)
+    inv = np.where(amax > 0, amax / np.float32(32639), np.float32(0)).astype(np.float32)
+    return (xi.astype(np.float64) * inv.astype(np.float64)).reshape(t, k)
+
+
+def random_x(rng, t: int, k: int) -> np.ndarray:
+    x = rng.standard_normal((t, k), dtype=np.float32)
+    x *= np.float32(2.0) ** rng.integers(-3, 4, size=(t, k // 32, 1)).repeat(32, axis=2).reshape(t, k)
+    return x
+
+
+def rel(y, ref, scale):
+    return float(max(np.linalg.norm(y[i] - ref[i]) / np.linalg.norm(scale[i]) for i in range(len(ref))))
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_integer_gemv_matches_its_numerics(qtype, n, k):
+    rng = np.random.default_rng(n + k)
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    w = dequantize(raw, Q[qtype]).astype(np.float64)
+    for t in (1, 3, 8):
+        x = random_x(rng, t, k)
+        y = kt.gemv_imma(Q[qtype], raw, x)
+        assert np.isfinite(y).all()
+        xq = quantise_x_numpy(x)
+        ref_q, ref_x = (w @ xq.T).T, (w @ x.astype(np.float64).T).T
+        c_q = rel(y, ref_q, (np.abs(w) @ np.abs(xq).T).T)
+        c_x = rel(y, ref_x, (np.abs(w) @ np.abs(x.astype(np.float64)).T).T)
+        fp16 = kt.gemv(Q[qtype], raw, x)  # the fp16 GEMV's distance from the unquantised x, for comparison
+        c_16 = rel(fp16, ref_x, (np.abs(w) @ np.abs(x.astype(np.float64)).T).T)
+        report(test="gemv_imma", qtype=qtype, n=n, k=k, t=t, err_vs_emulated=c_q, err_vs_unquantised_x=c_x,
+               fp16_gemv_err_vs_unquantised_x=c_16)
+        assert c_q < 2e-6, f"{qtype} {n}x{k} t={t}: {c_q:.2e} of |W| @ |x| against the integer numerics"
+        assert c_x < 1e-4, f"{qtype} {n}x{k} t={t}: {c_x:.2e} of |W| @ |x| against the unquantised x"
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_integer_gemv_rows_do_not_depend_on_t_or_stages(qtype):
+    """Row t of a T-row call equals the 1-row call bit for bit for T = 1..8, whatever the cp.async depth."""
+    rng = np.random.default_rng(3)
+    n, k = 1040, 6144
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    x = random_x(rng, 8, k)
+    singles = np.concatenate([kt.gemv_imma(Q[qtype], raw, x[i:i + 1]) for i in range(8)])
+    for t in range(1, 9):
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t]), singles[:t], err_msg=f"T={t}")
+    for stages in (2, 3, 6):
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x, stages), singles, err_msg=f"stages {stages}")
+
+
+def test_integer_gemv_extreme_activations():
+    """Zeros, a single huge outlier per block and tiny values: no overflow, zeros stay zeros."""
+    rng = np.random.default_rng(4)
+    n, k = 64, 2048
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q["Q4_K"])
+    w = dequantize(raw, Q["Q4_K"]).astype(np.float64)
+    x = np.zeros((3, k), np.float32)
+    x[1] = 1e-30 * rng.standard_normal(k)
+    x[2] = rng.standard_normal(k)
+    x[2, ::256] = 3e4
+    y = kt.gemv_imma(Q["Q4_K"], raw, x)
+    assert (y[0] == 0).all()
+    xq = quantise_x_numpy(x)
+    ref = (w @ xq.T).T
+    assert rel(y[1:], ref[1:], (np.abs(w) @ np.abs(xq).T).T[1:]) < 2e-6
