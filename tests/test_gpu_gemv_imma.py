@@ -69,9 +69,9 @@ def test_integer_gemv_matches_its_numerics(qtype, n, k):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_integer_gemv_rows_do_not_depend_on_t_or_stages(qtype):
-    """Row t of a T-row call equals the 1-row call bit for bit for T = 1..8, whatever the cp.async depth."""
+    """Row t of a T-row call equals the 1-row call bit for bit for T = 1..8, whatever the cp.async depth and grid."""
     rng = np.random.default_rng(3)
-    n, k = 1040, 6144
+    n, k = 9001, 2048  # more 16-row tiles than an H200 holds blocks (528), the last one partial
     raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
     x = random_x(rng, 8, k)
     singles = np.concatenate([kt.gemv_imma(Q[qtype], raw, x[i:i + 1]) for i in range(8)])
@@ -79,6 +79,8 @@ def test_integer_gemv_rows_do_not_depend_on_t_or_stages(qtype):
         np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t]), singles[:t], err_msg=f"T={t}")
     for stages in (2, 3, 6):
         np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x, stages), singles, err_msg=f"stages {stages}")
+    for t in (1, 5, 8):  # a grid of the blocks the GPU holds, each streaming several tiles
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t], 3, persistent=True), singles[:t])
 
 
 def test_integer_gemv_extreme_activations():

@@ -62,12 +62,13 @@ OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, 
                                         int runs, float* us_out);
 
 /* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q6_K W,
- * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6). */
+ * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6); persistent:
+ * a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits). */
 OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t, int stages,
-                                       float* y);
+                                       int persistent, float* y);
 /* Its timing, as openjet_test_bench_gemv's. */
-OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages, int copies,
-                                             int reps, int runs, float* us_out);
+OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages, int persistent,
+                                             int copies, int reps, int runs, float* us_out);
 
 /* Device-to-device cudaMemcpy of `bytes`, `reps` times per run: gbps_out[i] = (read + written bytes) / s. */
 OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);

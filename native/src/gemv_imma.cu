@@ -13,7 +13,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cp_async.cuh"
+#include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "kquant.cuh"
 
@@ -265,92 +268,127 @@ template <int NS> struct UnitImma<kQ6_K, NS> {
 
 template <int QT> constexpr int imma_min_blocks() { return QT == kQ6_K ? 3 : 4; }
 
-// One block = one 16-row tile; warp i takes units [nu i / 4, nu (i + 1) / 4); warp 0 adds the four partials in order.
-// NS: sets of 4 tokens (1: t <= 4, 2: t <= 8).
+// A block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one each when the grid has a block per tile; fewer
+// blocks, "persistent": every SM's blocks stream tile after tile without a new block's ramp, the cp.async ring
+// running on across tile boundaries). Warp i takes units [nu i / 4, nu (i + 1) / 4) of every tile; per tile, warp 0
+// adds the four partials in order. NS: sets of 4 tokens (1: t <= 4, 2: t <= 8). The bits do not depend on the grid.
 template <int QT, int NS, int kStages>
 __global__ void __launch_bounds__(kImmaWarps * 32, imma_min_blocks<QT>())
 gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPackI p, int t,
                  float* __restrict__ y) {
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
-    __shared__ float part[kImmaWarps][32][2 * NS];
+    __shared__ float part[2][kImmaWarps][32][2 * NS];  // two: a tile's sums are read while the next tile's land
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int nu = k / kGemvUnit, row0 = blockIdx.x * kMmaRows;
-    const int u0 = nu * warp / kImmaWarps, u1 = nu * (warp + 1) / kImmaWarps;
-    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
-    const TileCopy<QT> copy(row_bytes, n, row0, lane);
+    const int nu = k / kGemvUnit, tiles = (n + kMmaRows - 1) / kMmaRows;
+    const int u0 = nu * warp / kImmaWarps, nuw = nu * (warp + 1) / kImmaWarps - u0;
+    const int my_tiles = (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+    const int steps = my_tiles * nuw;  // this warp's units, tile after tile
+    const uintptr_t w0 = reinterpret_cast<uintptr_t>(w) + u0 * S::kUnitBytes;
+    const long long tile_bytes = kMmaRows * row_bytes;
+    // Rows past n are never copied: TileCopy's plan is per tile's row count, so the last tile gets its own.
+    const TileCopy<QT> copy_full(row_bytes, kMmaRows, 0, lane), copy_last(row_bytes, n - (tiles - 1) * kMmaRows, 0, lane);
     uint4* wsm = smem + warp * kStages * S::kStageWords;
-    auto issue = [&](int it) {
-        if (u0 + it < u1) copy.issue(tile0 + (u0 + it) * S::kUnitBytes, wsm + it % kStages * S::kStageWords, lane);
+    // The copy pointer of step `is`, kept incrementally: (tile index, unit within the quarter).
+    int issue_tile = blockIdx.x, issue_u = 0;
+    auto issue = [&](int is) {
+        if (is < steps) {
+            const uintptr_t a = w0 + issue_tile * tile_bytes + issue_u * S::kUnitBytes;
+            uint4* dst = wsm + is % kStages * S::kStageWords;
+            if (issue_tile == tiles - 1) copy_last.issue(a, dst, lane);  // two call sites: no object in local memory
+            else copy_full.issue(a, dst, lane);
+            if (++issue_u == nuw) issue_u = 0, issue_tile += gridDim.x;
+        }
         cp_async_commit();
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
 
+    int col_tok[NS];
     ImmaX<NS> x;
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-        const int col_tok = min(4 * s + (g >> 1), t - 1);
-        x.col[s] = p.dig + (2LL * col_tok + (g & 1)) * k + u0 * kGemvUnit;
+        col_tok[s] = min(4 * s + (g >> 1), t - 1);
         x.tok[s] = min(4 * s + tq, t - 1);
     }
     float acc[NS][2] = {};
-    for (int it = 0; it < u1 - u0; ++it) {
+    int tile = blockIdx.x, uq = 0, parity = 0;
+    for (int is = 0; is < steps; ++is) {
+        if (uq == 0) {
+#pragma unroll
+            for (int s = 0; s < NS; ++s) x.col[s] = p.dig + (2LL * col_tok[s] + (g & 1)) * k + u0 * kGemvUnit;
+        }
         cp_async_wait<kStages - 2>();
         __syncwarp();
         const uint8_t* r[2];
-        tile_unit_rows<QT>(wsm + it % kStages * S::kStageWords, tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
-        UnitImma<QT, NS>::run(r, x, p, u0 + it, k, tq, acc);
+        const uintptr_t a = w0 + tile * tile_bytes + uq * S::kUnitBytes;
+        tile_unit_rows<QT>(wsm + is % kStages * S::kStageWords, a, row_bytes, g, r);
+        UnitImma<QT, NS>::run(r, x, p, u0 + uq, k, tq, acc);
 #pragma unroll
         for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
         __syncwarp();
-        issue(it + kStages - 1);
+        issue(is + kStages - 1);
+        if (++uq < nuw) continue;
+        // the tile's quarter is done: its partials to shared memory, warp 0 sums the four in order
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) part[parity][warp][lane][2 * s + i] = acc[s][i], acc[s][i] = 0.0f;
+        __syncthreads();
+        if (warp == 0) {
+            const int row0 = tile * kMmaRows;
+#pragma unroll
+            for (int c = 0; c < 2 * NS; ++c) {
+                float v = part[parity][0][lane][c];
+#pragma unroll
+                for (int i = 1; i < kImmaWarps; ++i) v = __fadd_rn(v, part[parity][i][lane][c]);
+                const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
+                if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
+            }
+        }
+        parity ^= 1, uq = 0, tile += gridDim.x;
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int s = 0; s < NS; ++s)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) part[warp][lane][2 * s + i] = acc[s][i];
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int c = 0; c < 2 * NS; ++c) {
-        float v = part[0][lane][c];
-#pragma unroll
-        for (int i = 1; i < kImmaWarps; ++i) v = __fadd_rn(v, part[i][lane][c]);
-        const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
-        if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
-    }
 }
 
 template <int QT, int NS, int kStages>
-cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream) {
+cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
+                          bool persistent) {
     const long long row_bytes = row_bytes_of<QT>(k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int smem = kImmaWarps * kStages * MmaShape<QT>::kStageWords * 16 + 16;
     auto* kern = gemv_imma_kernel<QT, NS, kStages>;
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-    kern<<<(n + kMmaRows - 1) / kMmaRows, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y);
+    static int resident = 0;  // blocks the whole GPU holds at once (per instance: its smem and registers)
+    if (!resident) {
+        if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+        int per_sm = 0, sms = 0;
+        if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kImmaWarps * 32, smem)) return e;
+        if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+        resident = per_sm * sms;
+    }
+    const int tiles = (n + kMmaRows - 1) / kMmaRows;
+    const int grid = persistent ? std::min(tiles, resident) : tiles;
+    kern<<<grid, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y);
     return cudaGetLastError();
 }
 
 template <int QT, int NS>
 cudaError_t launch_ns(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
-                      int stages) {
+                      int stages, bool persistent) {
     switch (stages) {
-        case 2: return launch_stages<QT, NS, 2>(w, n, k, p, t, y, stream);
-        case 3: return launch_stages<QT, NS, 3>(w, n, k, p, t, y, stream);
-        case 4: return launch_stages<QT, NS, 4>(w, n, k, p, t, y, stream);
-        case 6: return launch_stages<QT, NS, 6>(w, n, k, p, t, y, stream);
+        case 2: return launch_stages<QT, NS, 2>(w, n, k, p, t, y, stream, persistent);
+        case 3: return launch_stages<QT, NS, 3>(w, n, k, p, t, y, stream, persistent);
+        case 4: return launch_stages<QT, NS, 4>(w, n, k, p, t, y, stream, persistent);
+        case 6: return launch_stages<QT, NS, 6>(w, n, k, p, t, y, stream, persistent);
         default: return cudaErrorInvalidValue;
     }
 }
 
 template <int QT>
 cudaError_t launch_type(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
-                        int stages) {
-    return t <= 4 ? launch_ns<QT, 1>(w, n, k, p, t, y, stream, stages)
-                  : launch_ns<QT, 2>(w, n, k, p, t, y, stream, stages);
+                        int stages, bool persistent) {
+    return t <= 4 ? launch_ns<QT, 1>(w, n, k, p, t, y, stream, stages, persistent)
+                  : launch_ns<QT, 2>(w, n, k, p, t, y, stream, stages, persistent);
 }
 
 }  // namespace
@@ -365,15 +403,15 @@ cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p
 bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
 
 cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
-                             cudaStream_t stream, int stages) {
+                             cudaStream_t stream, int stages, bool persistent) {
     if (!w || !y || n < 1 || k < kGemvUnit || k % kGemvUnit || t < 1 || t > kImmaMaxT || t > x.rows ||
         reinterpret_cast<uintptr_t>(w) % 16)
         return cudaErrorInvalidValue;
     if (stages == 0) stages = kImmaStagesDefault;
     const auto* wb = static_cast<const uint8_t*>(w);
     switch (qtype) {
-        case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages);
-        case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages);
+        case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages, persistent);
+        case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages, persistent);
         default: return cudaErrorInvalidValue;
     }
 }

@@ -322,7 +322,7 @@ int check_imma(int qtype, int n, int k, int t, int stages) {
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
-                                                  int stages, float* y) {
+                                                  int stages, int persistent, float* y) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
     if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma: null pointer");
     DevBuf dw, dx, dy;
@@ -333,14 +333,14 @@ extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int 
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     CHECK(p.alloc(t, k));
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
-    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages));
+    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent != 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
-                                                        int copies, int reps, int runs, float* us_out) {
+                                                        int persistent, int copies, int reps, int runs, float* us_out) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
@@ -359,7 +359,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
-        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages);
+        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages, persistent != 0);
     };
     if (cudaError_t e = time_graph_replays("launch_gemv_imma", copies, reps, runs, us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());
