@@ -83,8 +83,9 @@ def test_prefill_returns_the_last_row_unless_all_logits(engine, ids):
     every = engine.prefill(engine.new_state(), ids[:10], all_logits=True)
     assert isinstance(last, StepOutput) and last.logits.shape == (1, TINY.n_vocab)
     assert last.hidden.shape == (1, TINY.n_embd) and every.hidden.shape == (10, TINY.n_embd)
-    assert np.abs(last.logits[0] - every.logits[-1]).max() < 1e-5      # 1 row vs 10 rows: BLAS rounding only
-    assert np.abs(last.hidden[0] - every.hidden[-1]).max() < 1e-5
+    # 1 row vs 10 rows: BLAS rounding only (~1e-6 relative; OpenBLAS 0.3.31's kernels reach 1.1e-5 on logits near 4)
+    for one, many in ((last.logits[0], every.logits[-1]), (last.hidden[0], every.hidden[-1])):
+        assert np.abs(one - many).max() < 1e-5 * max(1.0, float(np.abs(many).max()))
 
 
 def test_prefill_in_two_pieces_equals_one_piece(engine, ids):
