@@ -312,24 +312,23 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
         x.tok[s] = min(4 * s + tq, t - 1);
     }
     float acc[NS][2] = {};
-    int tile = blockIdx.x, uq = 0, parity = 0;
-    for (int is = 0; is < steps; ++is) {
-        if (uq == 0) {
+    int is = 0, parity = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
 #pragma unroll
-            for (int s = 0; s < NS; ++s) x.col[s] = p.dig + (2LL * col_tok[s] + (g & 1)) * k + u0 * kGemvUnit;
+        for (int s = 0; s < NS; ++s) x.col[s] = p.dig + (2LL * col_tok[s] + (g & 1)) * k + u0 * kGemvUnit;
+        for (int uq = 0; uq < nuw; ++uq, ++is) {  // a warp may have no unit (k < 1024): it still joins the sums
+            cp_async_wait<kStages - 2>();
+            __syncwarp();
+            const uint8_t* r[2];
+            const uintptr_t a = w0 + tile * tile_bytes + uq * S::kUnitBytes;
+            tile_unit_rows<QT>(wsm + is % kStages * S::kStageWords, a, row_bytes, g, r);
+            UnitImma<QT, NS>::run(r, x, p, u0 + uq, k, tq, acc);
+#pragma unroll
+            for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
+            __syncwarp();
+            issue(is + kStages - 1);
         }
-        cp_async_wait<kStages - 2>();
-        __syncwarp();
-        const uint8_t* r[2];
-        const uintptr_t a = w0 + tile * tile_bytes + uq * S::kUnitBytes;
-        tile_unit_rows<QT>(wsm + is % kStages * S::kStageWords, a, row_bytes, g, r);
-        UnitImma<QT, NS>::run(r, x, p, u0 + uq, k, tq, acc);
-#pragma unroll
-        for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
-        __syncwarp();
-        issue(is + kStages - 1);
-        if (++uq < nuw) continue;
-        // the tile's quarter is done: its partials to shared memory, warp 0 sums the four in order
+        // the tile's quarters are done: their partials to shared memory, warp 0 adds the four in order
 #pragma unroll
         for (int s = 0; s < NS; ++s)
 #pragma unroll
@@ -346,7 +345,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
                 if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
             }
         }
-        parity ^= 1, uq = 0, tile += gridDim.x;
+        parity ^= 1;
     }
     cp_async_wait<0>();
 }
