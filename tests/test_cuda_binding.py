@@ -301,13 +301,13 @@ def test_truncate_replays_each_run_the_way_it_was_first_run(engine):
 
 
 def test_prefill_calls_keep_to_the_chunked_gdns_chunk_boundaries(engine, monkeypatch):
-    """With the two-phase chunked GDN (OPENJET_GDN_CHUNKED=2: gdn_chunk_rows() = 32) a row's bits depend on where its
-    call began modulo 32, so: a prefill ending inside a chunk leaves a checkpoint at the chunk's start (in the same
-    call: openjet_engine_prefill_checkpoint); the next prefill rewinds there and reads the chunk in one call, as a
-    prefill of the whole text would (the GPU tests check the bits); chunk sizes become multiples of 32. Not after a decoded token (a fresh prefill would not
-    give its bits anyway), and none of it with the recurrence (OPENJET_GDN_CHUNKED unset or 0) or the exact prefill.
-    A prefill past the context is refused before any of it (the sequence kept as it was)."""
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    """With the two-phase chunked GDN (the default: gdn_chunk_rows() = 32) a row's bits depend on where its call began
+    modulo 32, so: a prefill ending inside a chunk leaves a checkpoint at the chunk's start (in the same call:
+    openjet_engine_prefill_checkpoint); the next prefill rewinds there and reads the chunk in one call, as a prefill
+    of the whole text would (the GPU tests check the bits); chunk sizes become multiples of 32. Not after a decoded
+    token (a fresh prefill would not give its bits anyway), and none of it under OPENJET_GDN_CHUNKED=0 or the exact
+    prefill. A prefill past the context is refused before any of it (the sequence kept as it was)."""
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
     monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
     lib = engine._lib
     assert gdn_chunk_rows() == GDN_CHUNK == 32
@@ -326,14 +326,14 @@ def test_prefill_calls_keep_to_the_chunked_gdns_chunk_boundaries(engine, monkeyp
     del lib.calls[:]
     engine.prefill(state, [44, 45])                     # after a decoded token: where it is
     assert lib.calls == [("prefill", 2, engine.prefill_rows)] and lib.n_past == 45
-    for env in ({"OPENJET_PREFILL_GEMM": "exact"}, {"OPENJET_GDN_CHUNKED": "0"}, {"OPENJET_GDN_CHUNKED": None}):
-        for name, value in env.items():
-            monkeypatch.setenv(name, value) if value else monkeypatch.delenv(name)
+    for name, value in (("OPENJET_GDN_CHUNKED", "0"), ("OPENJET_PREFILL_GEMM", "exact")):
+        monkeypatch.setenv(name, value)
         assert gdn_chunk_rows() == 0
         state = engine.new_state()
         del lib.calls[:]
         engine.prefill(state, list(range(1, 41)), chunk_size=50)
-        assert lib.calls == [("prefill", 40, 50)] and state.checkpoint_positions == (), env
+        assert lib.calls == [("prefill", 40, 50)] and state.checkpoint_positions == (), name
+        monkeypatch.delenv(name)
 
 
 def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refused(engine, monkeypatch, tmp_path):

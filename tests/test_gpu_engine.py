@@ -127,7 +127,7 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 
 
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
-                    "gdn-two-phase": {"OPENJET_GDN_CHUNKED": "2"},
+                    "gdn-recurrent": {"OPENJET_GDN_CHUNKED": "0"},
                     "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"},
                     "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"}}
 
@@ -140,16 +140,16 @@ def dense_gemm_available() -> bool:
 
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
-                                              ("q8_0", "gdn-two-phase"),
+                                              ("q8_0", "gdn-recurrent"),
                                               ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
-    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only. The opt-in prefill forms too: "gdn-chunked"
-    (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel form), "gdn-two-phase" (OPENJET_GDN_CHUNKED=2, its bits in two
-    launches, with the prefill's cuts on chunk boundaries); the prefill's attention by decode's kernel instead of the
+    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only (the default: the two-phase chunked GDN). The
+    other prefill forms too: "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel form), "gdn-recurrent"
+    (OPENJET_GDN_CHUNKED=0: the token-by-token recurrence); the prefill's attention by decode's kernel instead of the
     default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
     OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
     dense prefill GEMM ("gemm-dense", OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh) where it runs."""
@@ -213,7 +213,7 @@ def test_truncate_replays_to_the_logits_of_the_uninterrupted_run(models, gemm, m
         engine.prefill(state, ids[:40])
         engine.checkpoint(state)
         straight = [engine.decode(state, ids[i:i + 1]).logits for i in range(40, 50)]
-        # the chunked GDN's prefill (OPENJET_GDN_CHUNKED=2 with "fast") leaves one at its last chunk boundary too: 32
+        # the chunked GDN's prefill (the default with "fast") leaves one at its last chunk boundary too: 32
         assert state.checkpoint_positions == ((32, 40) if gdn_chunk_rows() else (40,))
         engine.truncate(state, 43)                  # restore the checkpoint at 40, replay 3
         assert state.n_tokens == 43
@@ -849,9 +849,9 @@ def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alon
 
 
 def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine(models, monkeypatch):
-    """OPENJET_GDN_CHUNKED=2 at load makes the two-phase form's scratch (seen in the memory report: none under 0) and
-    its prefill gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at each call), which differ
-    from the recurrence's (so the chunked forms ran; unset is the recurrence), and the two-phase launch counter shows
+    """OPENJET_GDN_CHUNKED=2 (and unset: the default) at load makes the two-phase form's scratch (seen in the memory
+    report: none under 0) and its prefill gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at
+    each call), which differ from the recurrence's (so the chunked forms ran), and the two-phase launch counter shows
     form 2 ran (not form 1 in its place)."""
     from openjet_launcher.engine import kernels_test as kt
 
@@ -867,14 +867,14 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
         plain_scratch, recurrent = engine.memory()["scratch_bytes"], after(engine)
     finally:
         engine.close()
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED")
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, prefill_rows=512, mtp=False)
     try:
         before = kt.launch_count("gdn_two_phase")
         scratch, two = engine.memory()["scratch_bytes"], after(engine)
+        monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+        np.testing.assert_array_equal(after(engine), two, err_msg="unset is not form 2")
         ran = kt.launch_count("gdn_two_phase") - before
-        monkeypatch.delenv("OPENJET_GDN_CHUNKED")
-        np.testing.assert_array_equal(after(engine), recurrent, err_msg="unset is not the recurrence")
         monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
         one = after(engine)
         assert kt.launch_count("gdn_two_phase") == before + ran
@@ -1048,9 +1048,9 @@ def test_a_wider_attention_split_keeps_rows_t_invariant_and_close(models, monkey
     one chunk block per SM's (only the partials' merge order differs)."""
     from openjet_launcher.engine import kernels_test_attn as ka
     monkeypatch.setenv("OPENJET_ATTN_SPREAD", "4")
-    # The prompt by the recurrence: after the chunked GDN's prefill (OPENJET_GDN_CHUNKED=2) spread 1 and 2 happened to
-    # give the same bits at this context (H200, 5eb1971: spread 4 differed by 2.5e-5), which would hide whether the
-    # split changed; the recurrence's state shows it (1.6e-5 and 7.1e-5).
+    # The prompt by the recurrence: after the chunked GDN's prefill (the default) spread 1 and 2 happened to give the
+    # same bits at this context (H200, 5eb1971: spread 4 differed by 2.5e-5), which would hide whether the split
+    # changed; the recurrence's state shows it (1.6e-5 and 7.1e-5).
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")
     sms = ka.attn_split(0, 2, 1)["sm_count"]
     n_past = 64 * 2 * max(sms, 8)        # tiny (2 kv heads): 512-key chunks at spread 1, 256 at 2, 128 at 4
@@ -1082,13 +1082,12 @@ def test_a_wider_attention_split_keeps_rows_t_invariant_and_close(models, monkey
 
 
 def test_a_long_prompt_read_by_the_chunked_gdn_stays_near_the_recurrence(models, monkeypatch):
-    """The chunked GDN (OPENJET_GDN_CHUNKED=2, its scratch made at load) over 16,896 tokens, 528 chunks in sequence:
-    the last logits and 31 teacher-forced decode steps after it within issue 6's bar of the same run with the
-    recurrence (OPENJET_GDN_CHUNKED=0); the chunked state must not drift over long prompts (the teacher-forced tests
-    above read 2,048 tokens). H200, 70f0c50: mean KL 6.2e-7, top-1 32 of 32."""
+    """The chunked GDN (the default prefill form, its scratch made at load) over 16,896 tokens, 528 chunks in
+    sequence: the last logits and 31 teacher-forced decode steps after it within issue 6's bar of the same run with
+    the recurrence (OPENJET_GDN_CHUNKED=0); the chunked state must not drift over long prompts (the teacher-forced
+    tests above read 2,048 tokens). H200, 70f0c50: mean KL 6.2e-7, top-1 32 of 32."""
     ids = np.random.default_rng(53).integers(0, 4096, 16896 + 32)
     out = {}
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     engine = CudaEngine.load(models["tiny"], n_ctx=16896 + 64, prefill_rows=2048, mtp=False)
     try:
         for form in ("0", "2"):

@@ -38,8 +38,8 @@ TOL = 1e-5
 
 @pytest.fixture(autouse=True)
 def _recurrence_unless_a_test_asks(monkeypatch):
-    """OPENJET_GDN_CHUNKED=0 (the recurrence) whatever the environment that runs the tests says: the tests of the
-    chunked forms set the switch themselves."""
+    """OPENJET_GDN_CHUNKED=0: the test API's calls are prefill calls, which take the two-phase chunked form by
+    default (the engine's prefill default); the tests of the chunked forms set the switch themselves."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")
 
 
@@ -212,7 +212,7 @@ def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeyp
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
-    """Form 2 (OPENJET_GDN_CHUNKED=2) takes every prefill call, 8 rows or fewer too (a chunk's bits must not
+    """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not
     depend on its call's length; form 1 leaves such calls to the recurrence): within the recurrent kernel's bound of
     the float64 recurrence, and its launch counted."""
     before = kt.launch_count("gdn_two_phase")

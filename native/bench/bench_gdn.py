@@ -43,7 +43,7 @@ from openjet_launcher.errors import OpenJetError  # noqa: E402
 N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
-FORMS = {"recurrent": "0", "chunked": "1", "chunked2": "2"}  # OPENJET_GDN_CHUNKED (2: two phases, 1's bits)
+FORMS = {"recurrent": "0", "chunked": "1", "chunked2": "2"}  # OPENJET_GDN_CHUNKED (2, the default: two phases, 1's bits)
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7

@@ -118,8 +118,8 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
-    // OPENJET_GDN_CHUNKED=2 at create (gdn_chunk.cuh): the two-phase chunked GDN's scratch for a prefill chunk's
-    // rows; null otherwise (the recurrence or form 1 then runs in its place).
+    // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
+    // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.

@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
 
 int gdn_chunked_form() {
     const char* v = std::getenv("OPENJET_GDN_CHUNKED");
-    return v && (v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 0;
+    if (!v || !*v) return 2;
+    return (v[0] == '0' || v[0] == '1' || v[0] == '2') && v[1] == 0 ? v[0] - '0' : 2;
 }
 
 // Shared memory a block of either phase of form 2 asks for.

@@ -1,12 +1,11 @@
 // The chunked WY Gated DeltaNet for a prefill call's rows (qwen38.md 3.4; openjet_launcher/reference/gdn.py,
 // delta_rule_chunked, is its numpy oracle): the same map as gdn_decode.cuh's token-by-token recurrence, kGdnChunk
 // tokens at a time, so a chunk costs a few small matrix products and ~7 barriers instead of one barrier and two
-// 128-row reductions per token. Numerics of its own (the sums run in another order): opt-in, OPENJET_GDN_CHUNKED=2
-// (two phases; H200, 2,048 rows at 27B widths: 1,994 us a layer for the recurrence, 1,126 for form 2) or 1 (one
-// kernel, the same bits, 1,832 us). A call's chunks start at its first row, so a row's bits depend on where its call
-// began modulo kGdnChunk: the engine's prefill chunks are multiples of it, and a resumed prompt starts at a chunk
-// boundary (CudaEngine.prefill rewinds to one). Not the default: keeping calls on the boundaries costs a small
-// prefill call per unaligned prompt end (~55 ms on the 27B, bench/results/prefill-turns-h200-631bb46.json).
+// 128-row reductions per token. Numerics of its own (the sums run in another order): the default prefill form is 2
+// (two phases; H200, 2,048 rows at 27B widths: 1,994 us a layer for the recurrence, 1,126 for form 2), 1 (one
+// kernel, the same bits, 1,832 us) and 0 (the recurrence) through OPENJET_GDN_CHUNKED. A call's chunks start at its
+// first row, so a row's bits depend on where its call began modulo kGdnChunk: the engine's prefill chunks are
+// multiples of it, and a resumed prompt starts at a chunk boundary (CudaEngine.prefill rewinds to one).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,9 +23,9 @@ constexpr int kGdnChunkCols = 32;  // state columns per block: 4 blocks per valu
 // form 1 on more than kGdnMaxT rows.
 bool gdn_chunked(const GdnStepArgs& a);
 
-// OPENJET_GDN_CHUNKED's form (read at each call): 0 or unset off, 1 one kernel (gdn_chunk_kernel), 2 two phases
-// (every chunk's local work at once, then the state; the same bits as 1; needs GdnStepArgs::chunk_scratch, which
-// the engine makes at load under 2 and gives prefill calls only, else the recurrence runs).
+// OPENJET_GDN_CHUNKED's form (read at each call): 0 off, 1 one kernel (gdn_chunk_kernel), 2 or unset (the default)
+// two phases (every chunk's local work at once, then the state; the same bits as 1; needs
+// GdnStepArgs::chunk_scratch, which the engine gives prefill calls only, else the recurrence runs).
 int gdn_chunked_form();
 
 // Whether a prefill call's GDN takes form 2 here (the switch, prefill numerics of its own, the device's shared

@@ -32,7 +32,7 @@ int check_dims(int n_k, int n_v, int t) {
 struct GdnDev {
     DevBuf qkv, z, b, alpha, conv_w, cs_in, cs_out, ssm_a, dt_bias, norm_w, state, y, chunk;
     cudaError_t alloc(int n_k, int n_v, int t) {
-        if (gdn_chunked_form() == 2)  // the chunked GDN's two-phase scratch, as the engine makes it under the switch
+        if (gdn_chunked_form() == 2)  // the chunked GDN's two-phase scratch, as the engine makes it (the default)
             if (cudaError_t e = chunk.alloc(sizeof(float) * gdn_chunk_scratch_floats(n_k, n_v, t))) return e;
         const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
         const size_t sizes[] = {t * conv_dim, t * vd, (size_t)t * n_v, (size_t)t * n_v, 4 * conv_dim, 3 * conv_dim,
@@ -46,7 +46,7 @@ struct GdnDev {
         const auto f = [](const DevBuf& d) { return d.as<float>(); };
         GdnStepArgs a{n_k, n_v, t, eps, f(qkv), f(z), f(b), f(alpha), f(conv_w), f(cs_in), f(cs_out),
                       f(ssm_a), f(dt_bias), f(norm_w), f(state), f(y)};
-        a.chunk_scratch = f(chunk);  // null unless OPENJET_GDN_CHUNKED=2 at alloc
+        a.chunk_scratch = f(chunk);  // null unless form 2 (OPENJET_GDN_CHUNKED unset or 2) at alloc
         return a;
     }
 };

@@ -14,9 +14,9 @@ What v1 is (and is not):
   decode's; the same bits whatever the chunk size or turn boundaries); OPENJET_PREFILL_GEMM=exact gives each
   row the bits a decode step gives it instead (~20% slower). ``prefill_matches_decode`` says which holds;
   ``truncate`` replays each run of tokens the way it was first run. A prefill's attention is a flash kernel over
-  the whole chunk; its Gated DeltaNet the recurrence, or under OPENJET_GDN_CHUNKED=2 the chunked WY form
-  (qwen38.md §3.4) in chunks of 32 that start at each call's first row: ``prefill`` then keeps its calls on those
-  boundaries (gdn_chunk_rows), so a conversation resumed from the cache gets the bits of a fresh prefill.
+  the whole chunk and its Gated DeltaNet the chunked WY form (qwen38.md §3.4) in chunks of 32 that start at each
+  call's first row: ``prefill`` keeps its calls on those boundaries (gdn_chunk_rows), so a conversation resumed
+  from the cache gets the bits of a fresh prefill.
 * One sequence per engine: the device holds one set of KV caches and recurrent states. ``new_state()`` resets
   it and retires every state made before; using a retired state raises. ``SequenceState.copy`` raises.
 * ``checkpoint`` snapshots the recurrent + conv state on the device (``n_checkpoints`` slots, the oldest
@@ -83,10 +83,11 @@ GDN_CHUNK = 32  # gdn_chunk.cuh kGdnChunk: tokens per chunk of the chunked Gated
 
 
 def gdn_chunk_rows() -> int:
-    """GDN_CHUNK where a prefill call takes the two-phase chunked GDN (gdn_chunk.cuh: OPENJET_GDN_CHUNKED=2, with
-    prefill numerics of its own), else 0. Its chunks start at the call's first row, so a row's bits depend on where its
-    call began modulo GDN_CHUNK: CudaEngine.prefill keeps calls on chunk boundaries."""
-    return GDN_CHUNK if os.environ.get("OPENJET_GDN_CHUNKED") == "2" and prefill_gemm() in PREFILL_OWN_NUMERICS else 0
+    """GDN_CHUNK where a prefill call takes the two-phase chunked GDN (gdn_chunk.cuh: the default, OPENJET_GDN_CHUNKED
+    unset or 2, with prefill numerics of its own), else 0. Its chunks start at the call's first row, so a row's bits
+    depend on where its call began modulo GDN_CHUNK: CudaEngine.prefill keeps calls on chunk boundaries."""
+    form = os.environ.get("OPENJET_GDN_CHUNKED") or "2"
+    return GDN_CHUNK if form == "2" and prefill_gemm() in PREFILL_OWN_NUMERICS else 0
 
 
 # The library's other switches of the prefill and decode kernels (docs/ENGINE.md, Switches): a value outside these

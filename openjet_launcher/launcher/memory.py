@@ -238,12 +238,11 @@ class MemoryModel:
         return 4 * rows * per_row if self.gdn_layers else 0
 
     def engine_v1_arena(self, *, n_ctx: int, chunk: int, sm_count: int = V1_SM_COUNT,
-                        n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False,
-                        gdn_chunked: bool = False) -> EngineV1Arena:
+                        n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False) -> EngineV1Arena:
         """The CUDA engine v1's state, checkpoints and scratch for this context, prefill chunk (prefill_rows)
         and SM count, part by part as engine.cu create_impl allocates them; ``dense_prefill``: with the dense
-        prefill GEMM's scratch (an H100 / H200 on a release build); ``gdn_chunked``: with the two-phase chunked
-        GDN's (OPENJET_GDN_CHUNKED=2 at load, opt-in: the launcher does not plan for it)."""
+        prefill GEMM's scratch (an H100 / H200 on a release build). The chunked GDN's scratch is always there
+        (the default prefill form; OPENJET_GDN_CHUNKED=0 or 1 at load drops it)."""
         s, T = self.shape, V1_MAX_T
         mtp = s.n_nextn > 0
         ssm = self.gdn_state_bytes
@@ -261,7 +260,7 @@ class MemoryModel:
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
         # persistent FFN's counters (4 ints), the dense prefill GEMM's scratch, the two-phase chunked GDN's.
         fixed += [V1_FFN_COUNTERS * 4, self.dense_prefill_bytes if dense_prefill else 0,
-                  self.gdn_chunk_scratch_bytes(chunk) if gdn_chunked else 0]
+                  self.gdn_chunk_scratch_bytes(chunk)]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
