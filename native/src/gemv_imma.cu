@@ -97,6 +97,17 @@ __device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c) {
 __device__ __forceinline__ int byte_u(uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xFFu); }
 __device__ __forceinline__ int byte_s(uint32_t w, int i) { return static_cast<int>(static_cast<int8_t>(w >> (8 * i))); }
 
+// Token tok's block sums of unit u as V (uint2: the 8 32-block sums, uint4: the 16 16-block sums), one per base-256
+// digit, and its inv.
+template <class V>
+__device__ __forceinline__ float unit_sums(const int8_t* plane, int per_row, const ActPackI& p, int tok, int u, int k,
+                                           V (&xs)[3]) {
+#pragma unroll
+    for (int dg = 0; dg < 3; ++dg)
+        xs[dg] = __ldg(reinterpret_cast<const V*>(plane + (static_cast<long long>(tok) * 3 + dg) * per_row) + u);
+    return __ldg(p.inv + static_cast<long long>(tok) * (k / 256) + u);
+}
+
 // What a warp's units read besides the weights: its B columns (set s: tokens 4 s .. 4 s + 3; column g is digit
 // g & 1 of token 4 s + g / 2, clamped to t - 1) and the tokens its C columns belong to (4 s + tq, clamped).
 template <int NS> struct ImmaX {
@@ -148,15 +159,10 @@ __device__ __forceinline__ void unit_imma_q4_k(const uint8_t* const r[2], const 
             }
         }
     }
-    const int kb32 = k / 32;
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-        const int tok = x.tok[s];
         uint2 xs[3];
-#pragma unroll
-        for (int dg = 0; dg < 3; ++dg)
-            xs[dg] = __ldg(reinterpret_cast<const uint2*>(p.s32 + (static_cast<long long>(tok) * 3 + dg) * kb32 + 8 * u));
-        const float inv = __ldg(p.inv + static_cast<long long>(tok) * (k / 256) + u);
+        const float inv = unit_sums(p.s32, k / 32, p, x.tok[s], u, k, xs);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             int m = 0;  // sum_j m_j X_j, digit by digit from the top
@@ -222,15 +228,10 @@ __device__ __forceinline__ void unit_imma_q6_k(const uint8_t* const r[2], const 
             }
         }
     }
-    const int kb16 = k / 16;
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-        const int tok = x.tok[s];
         uint4 xs[3];
-#pragma unroll
-        for (int dg = 0; dg < 3; ++dg)
-            xs[dg] = __ldg(reinterpret_cast<const uint4*>(p.s16 + (static_cast<long long>(tok) * 3 + dg) * kb16 + 16 * u));
-        const float inv = __ldg(p.inv + static_cast<long long>(tok) * (k / 256) + u);
+        const float inv = unit_sums(p.s16, k / 16, p, x.tok[s], u, k, xs);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             int o = 0;  // sum_s sc_s X16_s (the -32 of every code), digit by digit from the top

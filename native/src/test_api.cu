@@ -45,6 +45,17 @@ size_t weight_bytes(int qtype, int n, int k) {
     return static_cast<size_t>(n) * (k / block_elems(qtype)) * block_bytes(qtype);
 }
 
+// `copies` device copies of the host weights w (wb bytes each) that a benchmark's calls rotate through, so that L2
+// cannot hold them.
+cudaError_t upload_copies(std::vector<DevBuf>& dw, const void* w, size_t wb) {
+    for (auto& b : dw)
+        if (cudaError_t e = b.alloc(wb)) return e;
+    if (cudaError_t e = cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice)) return e;
+    for (size_t i = 1; i < dw.size(); ++i)
+        if (cudaError_t e = cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice)) return e;
+    return cudaSuccess;
+}
+
 }  // namespace
 
 // One message for the whole test API (openjet_test_*, openjet_test_gdn_*, openjet_test_attn_*).
@@ -240,11 +251,8 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     if (int s = check_weights(qtype, n, k)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
-    const size_t wb = weight_bytes(qtype, n, k);
     std::vector<DevBuf> dw(copies);
-    for (auto& b : dw) CHECK(b.alloc(wb));
-    CHECK(cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice));
-    for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
+    CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
     // Activations: a fixed pseudo-random x (never zeros), packed once.
     std::vector<float> x(static_cast<size_t>(t) * k);
     fill_pseudo_random(x);
@@ -344,11 +352,8 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
-    const size_t wb = weight_bytes(qtype, n, k);
     std::vector<DevBuf> dw(copies);
-    for (auto& b : dw) CHECK(b.alloc(wb));
-    CHECK(cudaMemcpy(dw[0].p, w, wb, cudaMemcpyHostToDevice));
-    for (int i = 1; i < copies; ++i) CHECK(cudaMemcpy(dw[i].p, dw[0].p, wb, cudaMemcpyDeviceToDevice));
+    CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
     std::vector<float> x(static_cast<size_t>(t) * k);
     fill_pseudo_random(x);
     DevBuf dx, dy;
