@@ -267,14 +267,15 @@ template <int NS> struct UnitImma<kQ6_K, NS> {
 
 // ------------------------------------------------------------------------------------------ the kernel
 
-template <int QT> constexpr int imma_min_blocks() { return QT == kQ6_K ? 3 : 4; }
+// Blocks per SM the registers are cut for: Q4_K at t <= 4 fits 4 (<= 128 registers); its t <= 8 form spilled there.
+template <int QT, int NS> constexpr int imma_min_blocks() { return QT == kQ6_K || NS == 2 ? 3 : 4; }
 
 // A block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one each when the grid has a block per tile; fewer
 // blocks, "persistent": every SM's blocks stream tile after tile without a new block's ramp, the cp.async ring
 // running on across tile boundaries). Warp i takes units [nu i / 4, nu (i + 1) / 4) of every tile; per tile, warp 0
 // adds the four partials in order. NS: sets of 4 tokens (1: t <= 4, 2: t <= 8). The bits do not depend on the grid.
 template <int QT, int NS, int kStages>
-__global__ void __launch_bounds__(kImmaWarps * 32, imma_min_blocks<QT>())
+__global__ void __launch_bounds__(kImmaWarps * 32, imma_min_blocks<QT, NS>())
 gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPackI p, int t,
                  float* __restrict__ y) {
     using S = MmaShape<QT>;
