@@ -1,6 +1,8 @@
 // Decode GEMV on integer tensor cores: an experiment for issue 6's decode target (NOTES_gemv.md, "integer
 // GEMV"). Not yet used by the engine: the test API (openjet_test_gemv_imma, openjet_test_bench_gemv_imma) runs it
-// beside the fp16 GEMV (gemv_mma.cuh) so that its speed and accuracy can be measured first.
+// beside the fp16 GEMV (gemv_mma.cuh) so that its speed and accuracy can be measured first. Measured on the H200
+// (2026-12-02, NOTES_gemv.md): 4-5x closer to the unquantised x, the Q4_K + Q6_K decode mix 7,117 -> 6,093 us at
+// T=1 with the persistent grid, slower at T=8; what it would need before the engine takes it is listed there.
 //
 // Why: the fp16 GEMV spends ~1 instruction per weight and lane turning codes into exact fp16 products (LOP3 +
 // HFMA2 per pair, a 4-chain fold per unit, the min term as an mma) and runs at ~46% of the H200's copy rate,
