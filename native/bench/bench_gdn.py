@@ -43,7 +43,11 @@ from openjet_launcher.errors import OpenJetError  # noqa: E402
 N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
-FORMS = {"recurrent": "0", "chunked": "1", "chunked2": "2"}  # OPENJET_GDN_CHUNKED (2, the default: two phases, 1's bits)
+# OPENJET_GDN_CHUNKED (2, the default: two phases, 1's bits); "chunked2-1buf": its state phase without the copy of
+# the next chunk's operands during the current one (OPENJET_GDN_STATE_BUFFERS=1, what the 100 KB SMs run)
+FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
+         "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
+         "chunked2-1buf": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_BUFFERS": "1"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -60,10 +64,11 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in ("chunked", "chunked2") for t in CHUNKED_TS]
+    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in ("chunked", "chunked2", "chunked2-1buf")
+                                             for t in CHUNKED_TS]
     for t, form in runs:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes
-        os.environ["OPENJET_GDN_CHUNKED"] = FORMS[form]  # read at each launch (captured into the graphs)
+        os.environ.update(FORMS[form])  # read at each launch (captured into the graphs)
         try:
             us = float(np.median(kg.bench_gdn(N_K, N_V, t, COPIES, reps, RUNS)))
             us_l2 = float(np.median(kg.bench_gdn(N_K, N_V, t, 1, reps, RUNS)))  # one state set: L2-resident
@@ -71,7 +76,8 @@ def main() -> None:
             print(f"t={t} {form}: {e}", file=sys.stderr)
             continue
         finally:
-            os.environ.pop("OPENJET_GDN_CHUNKED", None)
+            for name in FORMS[form]:
+                os.environ.pop(name, None)
         b = step_bytes(t)
         floor_us = b["total"] / (copy_gbs * 1e3)
         rows.append({"t": t, "form": form, "us": us, "us_l2_resident": us_l2, "bytes": b,

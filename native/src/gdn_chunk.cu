@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "launch_count.h"
@@ -416,19 +417,55 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_local_kernel(const GdnS
     }
 }
 
-struct Phase2Smem {
-    float s[D][kCols];
+// A chunk's operands of phase 2 in shared memory (every array 16-byte aligned: cp.async pieces).
+struct Phase2Chunk {
     alignas(16) float q[C][kRowPad];
     alignas(16) float k[C][kRowPad];
     alignas(16) float w[C][D];
-    float u[C][kCols];
+    alignas(16) float u[C][kCols];
     alignas(16) float aq[C][C];
-    float gamma[C], e_gamma[C], e_rest[C];
+    alignas(16) float gamma[C];
+    alignas(16) float e_gamma[C];
+    alignas(16) float e_rest[C];
+};
+// kBufs = 2: chunk i + 1's operands are copied in while chunk i computes (133 KB: the 228 KB SMs); 1: copied, then
+// computed (75 KB: every SM we build for). The same arithmetic either way, so the same bits.
+template <int kBufs> struct Phase2Smem {
+    float s[D][kCols];
+    Phase2Chunk c[kBufs];
 };
 
+// The lane's cp.async pieces of chunk t0's operands for block (h, c0) into b (a thread's share of 3 x 1,024 pieces of
+// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays).
+__device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
+                                                    int t0, Phase2Chunk& b) {
+    const float* q = cs.q + ((size_t)kh * r_pad + t0) * D;
+    const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
+    const float* w = cs.w + ((size_t)h * r_pad + t0) * D;
+    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's q, k, W rows
+        const int i = e / (D / 4), d = 4 * (e % (D / 4));
+        cp_async16(&b.q[i][d], q + 4 * e);
+        cp_async16(&b.k[i][d], k + 4 * e);
+        cp_async16(&b.w[i][d], w + 4 * e);
+    }
+    for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row
+        const int i = e / (kCols / 4), j = 4 * (e % (kCols / 4));
+        cp_async16(&b.u[i][j], cs.u + ((size_t)h * r_pad + t0 + i) * D + c0 + j);
+    }
+    for (int e = threadIdx.x; e < C * C / 4; e += kThreads)
+        cp_async16(&b.aq[0][0] + 4 * e, cs.aq + ((size_t)h * r_pad + t0) * C + 4 * e);
+    if (threadIdx.x < 3 * C / 4) {
+        const int part = threadIdx.x / (C / 4), j = 4 * (threadIdx.x % (C / 4));
+        const size_t at = (size_t)h * r_pad + t0 + j;
+        float* dst = part == 0 ? b.gamma : part == 1 ? b.e_gamma : b.e_rest;
+        cp_async16(dst + j, (part == 0 ? cs.gamma : part == 1 ? cs.e_gamma : cs.e_rest) + at);
+    }
+}
+
+template <int kBufs>
 __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
-    Phase2Smem& sm = *reinterpret_cast<Phase2Smem*>(smem_raw);
+    Phase2Smem<kBufs>& sm = *reinterpret_cast<Phase2Smem<kBufs>*>(smem_raw);
     pdl_start();  // pdl.cuh
     constexpr int kSplits = D / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
@@ -437,33 +474,37 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnS
     load_state_columns(a, h, c0, sm.s);
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
+    if (kBufs == 2) copy_chunk_operands(cs, r_pad, h, kh, c0, 0, sm.c[0]);
+    cp_async_commit();
 #pragma unroll 1
-    for (int t0 = 0; t0 < a.t; t0 += C) {
+    for (int t0 = 0, ci = 0; t0 < a.t; t0 += C, ++ci) {
         const int n = min(C, a.t - t0);
+        Phase2Chunk& b = sm.c[kBufs == 2 ? ci & 1 : 0];
         if (a.snap_state && t0 == a.snap_row) store_state_columns_to(a.snap_state, h, c0, sm.s);  // before row t0
-        const float4* q4 = reinterpret_cast<const float4*>(cs.q + ((size_t)kh * r_pad + t0) * D);
-        const float4* k4 = reinterpret_cast<const float4*>(cs.k + ((size_t)kh * r_pad + t0) * D);
-        const float4* w4 = reinterpret_cast<const float4*>(cs.w + ((size_t)h * r_pad + t0) * D);
-        for (int e = tid; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's q, k, W rows
-            const int i = e / (D / 4), d = 4 * (e % (D / 4));
-            *reinterpret_cast<float4*>(&sm.q[i][d]) = q4[e];
-            *reinterpret_cast<float4*>(&sm.k[i][d]) = k4[e];
-            *reinterpret_cast<float4*>(&sm.w[i][d]) = w4[e];
-        }
-        for (int e = tid; e < C * kCols; e += kThreads)
-            (&sm.u[0][0])[e] = cs.u[((size_t)h * r_pad + t0 + e / kCols) * D + c0 + e % kCols];
-        for (int e = tid; e < C * C; e += kThreads) (&sm.aq[0][0])[e] = cs.aq[((size_t)h * r_pad + t0) * C + e];
-        if (tid < C) {
-            const size_t at = (size_t)h * r_pad + t0 + tid;
-            sm.gamma[tid] = cs.gamma[at], sm.e_gamma[tid] = cs.e_gamma[at], sm.e_rest[tid] = cs.e_rest[at];
+        if (kBufs == 2) {  // the next chunk's operands into the other buffer (its chunk finished at the last barrier)
+            if (t0 + C < a.t) copy_chunk_operands(cs, r_pad, h, kh, c0, t0 + C, sm.c[(ci + 1) & 1]);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            copy_chunk_operands(cs, r_pad, h, kh, c0, t0, b);
+            cp_async_commit();
+            cp_async_wait<0>();
         }
         __syncthreads();
-        chunk_state_steps(sm.s, sm.w, sm.q, sm.k, sm.u, sm.aq, sm.gamma, sm.e_gamma, sm.e_rest, n,
+        chunk_state_steps(sm.s, b.w, b.q, b.k, b.u, b.aq, b.gamma, b.e_gamma, b.e_rest, n,
                           [&](int i, float o) { a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = o; }, warp,
                           lane);
-        __syncthreads();  // the next chunk's operands overwrite these
+        __syncthreads();  // this buffer is the next copy's target after the next chunk
     }
+    cp_async_wait<0>();
     store_state_columns(a, h, c0, sm.s);
+}
+
+// OPENJET_GDN_STATE_BUFFERS=1 (read at each call): the state phase copies each chunk's operands, then computes,
+// even where two buffers fit (to compare: the same bits).
+bool gdn_state_double_buffer() {
+    const char* v = std::getenv("OPENJET_GDN_STATE_BUFFERS");
+    return !(v && v[0] == '1' && v[1] == 0);
 }
 
 }  // namespace
@@ -475,8 +516,8 @@ int gdn_chunked_form() {
 }
 
 // Shared memory a block of either phase of form 2 asks for.
-constexpr int kTwoPhaseSmem = static_cast<int>(sizeof(Phase1Smem) > sizeof(Phase2Smem) ? sizeof(Phase1Smem)
-                                                                                        : sizeof(Phase2Smem));
+constexpr int kTwoPhaseSmem = static_cast<int>(sizeof(Phase1Smem) > sizeof(Phase2Smem<1>) ? sizeof(Phase1Smem)
+                                                                                           : sizeof(Phase2Smem<1>));
 
 bool gdn_two_phase_runs() {
     int optin = 0;
@@ -500,10 +541,17 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         if (kTwoPhaseSmem > optin) return cudaSuccess;  // (a snapshot request was refused before: gdn_two_phase_runs)
         static const cudaError_t opted1 = cudaFuncSetAttribute(
             gdn_chunk_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase1Smem));
+        // the state phase double-buffers its chunks' operands where shared memory allows (the same bits)
+        const bool two = static_cast<int>(sizeof(Phase2Smem<2>)) <= optin;
         static const cudaError_t opted2 = cudaFuncSetAttribute(
-            gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem));
+            gdn_chunk_state_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem<1>));
+        static const cudaError_t opted2b = two ? cudaFuncSetAttribute(gdn_chunk_state_kernel<2>,
+                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                      sizeof(Phase2Smem<2>))
+                                               : cudaSuccess;
         if (opted1 != cudaSuccess) return opted1;
         if (opted2 != cudaSuccess) return opted2;
+        if (opted2b != cudaSuccess) return opted2b;
         *launched = true;
         const int chunks = (a.t + C - 1) / C;
         if (cudaError_t e = launch_kernel(gdn_chunk_local_kernel, a.n_v * chunks, kThreads, sizeof(Phase1Smem),
@@ -511,7 +559,11 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
             return e;
         count_launch(Counted::kGdnTwoPhase);
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
-        return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
+        if (two && gdn_state_double_buffer())
+            return launch_kernel(gdn_chunk_state_kernel<2>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<2>),
+                                 stream, a);
+        return launch_kernel(gdn_chunk_state_kernel<1>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<1>), stream,
+                             a);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;
     static const cudaError_t opted =
