@@ -4,6 +4,7 @@ against the bytes the step must move at the device-to-device copy bandwidth meas
 Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
+    ... bench_gdn.py chunked2 chunked2-1buf   # only those forms
 
 Prefill calls (64 .. 2048 rows) are timed in three forms: the recurrence and the chunked WY form (gdn_chunk.cuh) in
 one kernel (OPENJET_GDN_CHUNKED=1) and in two phases (=2, the same bits).
@@ -66,6 +67,8 @@ def main() -> None:
     rows = []
     runs = [(t, "recurrent") for t in TS] + [(t, f) for f in ("chunked", "chunked2", "chunked2-1buf")
                                              for t in CHUNKED_TS]
+    if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-1buf`)
+        runs = [(t, f) for t, f in runs if f in sys.argv[1:]]
     for t, form in runs:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes
         os.environ.update(FORMS[form])  # read at each launch (captured into the graphs)
@@ -83,7 +86,7 @@ def main() -> None:
         rows.append({"t": t, "form": form, "us": us, "us_l2_resident": us_l2, "bytes": b,
                      "gbs": b["total"] / (us * 1e3), "floor_us": floor_us, "pct_of_copy_bw": 100.0 * floor_us / us,
                      "us_per_token": us / t})
-    base = rows[0]["us"]
+    base = rows[0]["us"] if rows[0]["t"] == 1 else float("nan")
     for r in rows:
         r["cost_vs_t1"] = r["us"] / base
     print(json.dumps({"n_k": N_K, "n_v": N_V, "copy_gbs": copy_gbs, "steps": rows}, indent=1))
