@@ -97,7 +97,7 @@ KERNEL_SWITCHES = {
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
     "OPENJET_ATTN_PREFILL_ROWS": ("64", "128"),             # engine.cu, attn_mixer (the flash kernel's block rows)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
-    "OPENJET_GDN_STATE_BUFFERS": ("1", "2"),                # gdn_chunk.cu, gdn_state_double_buffer
+    "OPENJET_GDN_STATE_BUFFERS": ("1", "2"),                # gdn_chunk.cu, gdn_state_double_buffer (2: opt-in)
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }
 
