@@ -94,8 +94,8 @@ OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids
 /* Prefill: n tokens at positions n_past .. n_past + n - 1 in chunks of `chunk` rows (1..prefill_rows), each
  * chunk reading every weight once. Under OPENJET_PREFILL_GEMM=exact every row gets the bits a decode step of 1..8
  * rows gives it; by default the numerics are the prefill's own (docs/ENGINE.md), and the state left is the same,
- * bit for bit, whatever the chunk size and however the tokens are split between calls (with OPENJET_GDN_CHUNKED=2:
- * where chunks and calls start on its 32-token boundaries, as CudaEngine.prefill keeps them). logits [n_vocab] and
+ * bit for bit, whatever the chunk size and however the tokens are split between calls (with the chunked GDN, the
+ * default: where chunks and calls start on its 32-token boundaries, as CudaEngine.prefill keeps them). logits [n_vocab] and
  * hidden [n_embd] of the last token (either may be NULL). Errors as decode. */
 OPENJET_API int openjet_engine_prefill(openjet_engine* engine, const int32_t* ids, int n, int chunk, float* logits,
                                        float* hidden);

@@ -583,9 +583,11 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
             return e;
         count_launch(Counted::kGdnTwoPhase);
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
-        if (two && gdn_state_double_buffer())
+        if (two && gdn_state_double_buffer()) {
+            count_launch(Counted::kGdnStateDoubleBuffer);
             return launch_kernel(gdn_chunk_state_kernel<2>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<2>),
                                  stream, a);
+        }
         return launch_kernel(gdn_chunk_state_kernel<1>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<1>), stream,
                              a);
     }

@@ -6,7 +6,8 @@
 
 namespace openjet {
 
-enum class Counted { kDenseGemm = 0, kGdnTwoPhase = 1, kGdnSnapshot = 2, kCount };  // openjet_test_launch_count's
+// this order: openjet_test_launch_count's
+enum class Counted { kDenseGemm = 0, kGdnTwoPhase = 1, kGdnSnapshot = 2, kGdnStateDoubleBuffer = 3, kCount };
 
 void count_launch(Counted what);
 long long launch_count(Counted what);

@@ -45,6 +45,13 @@ size_t weight_bytes(int qtype, int n, int k) {
     return static_cast<size_t>(n) * (k / block_elems(qtype)) * block_bytes(qtype);
 }
 
+// A benchmark's activations: n fixed pseudo-random floats (never zeros) in device memory.
+cudaError_t upload_pseudo_random(DevBuf& dx, size_t n) {
+    std::vector<float> x(n);
+    fill_pseudo_random(x);
+    return dx.upload(x.data(), sizeof(float) * n);
+}
+
 // `copies` device copies of the host weights w (wb bytes each) that a benchmark's calls rotate through, so that L2
 // cannot hold them.
 cudaError_t upload_copies(std::vector<DevBuf>& dw, const void* w, size_t wb) {
@@ -236,7 +243,7 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
 
 // Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN, 2 its
-// state written at a chunk boundary for a checkpoint).
+// state written at a chunk boundary for a checkpoint, 3 its state phase with double-buffered operands).
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,
@@ -253,12 +260,9 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
     CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
-    // Activations: a fixed pseudo-random x (never zeros), packed once.
-    std::vector<float> x(static_cast<size_t>(t) * k);
-    fill_pseudo_random(x);
     DevBuf dx, dy;
     DevPack p;
-    CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));  // packed once below
     CHECK(p.alloc(t, k));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
@@ -354,11 +358,9 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
     CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
-    std::vector<float> x(static_cast<size_t>(t) * k);
-    fill_pseudo_random(x);
     DevBuf dx, dy;
     DevPackI p;
-    CHECK(dx.upload(x.data(), sizeof(float) * x.size()));
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));
     CHECK(p.alloc(t, k));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));

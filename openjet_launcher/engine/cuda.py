@@ -600,6 +600,10 @@ class CudaEngine(Engine):
             return
         slot = self._slot_for(state, n)
         self._check(self._lib.openjet_engine_checkpoint(self._handle, slot), "checkpoint")
+        self._took_checkpoint(state, n, slot)
+
+    def _took_checkpoint(self, state: CudaState, n: int, slot: int) -> None:
+        """Device slot `slot` now holds the sequence's state at position n."""
         state.slots[n] = slot
         self._touch(slot)
 
@@ -731,8 +735,7 @@ class CudaEngine(Engine):
             rc = self._lib.openjet_engine_prefill_checkpoint(self._handle, ptr, n, chunk, slot, at, _f32p(lg),
                                                              _f32p(hd))
             self._check(rc, "prefill")
-            state.slots[f] = slot
-            self._touch(slot)
+            self._took_checkpoint(state, f, slot)
         else:
             self._check(self._lib.openjet_engine_prefill(self._handle, ptr, n, chunk, _f32p(lg), _f32p(hd)), "prefill")
         state.add(ids, prefilled=True)
