@@ -42,3 +42,37 @@ ncu_setup() {
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
 }
+
+# ncu_kernel LABEL REGEX COUNT CSV -- CMD...: Nsight Compute's sections (speed of light, compute and memory
+# workload, occupancy, warp states, scheduler, launch) for the first COUNT launches of kernels matching REGEX while
+# CMD runs, appended to CSV; the headline figures and the warp stall reasons per issued instruction (a second pass)
+# printed. After ncu_setup.
+ncu_kernel() {
+  local label=$1 regex=$2 count=$3 csv=$4; shift 5
+  local sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+    --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats"
+  echo "== $label" | tee -a "$csv"
+  # shellcheck disable=SC2086  # sections is a word list
+  timeout 150 "$NCU" --clock-control none --kernel-name regex:"$regex" --launch-count "$count" $sections \
+    --csv --page details "$@" > /tmp/ncu-one.csv 2> "$OUT/ncu-$label.err"
+  cat /tmp/ncu-one.csv >> "$csv"
+  grep -E '"(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Block Limit (Registers|Shared Mem)|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps Per Scheduler|Active Warps Per Scheduler|Warp Cycles Per Issued Instruction|Shared Memory Bandwidth|Executed Ipc Active|Grid Size)"' \
+    /tmp/ncu-one.csv | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}'
+  timeout 120 "$NCU" --clock-control none --kernel-name regex:"$regex" --launch-count "$count" --csv \
+    --page raw --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    "$@" > /tmp/ncu-stalls.csv 2>> "$OUT/ncu-$label.err"
+  cat /tmp/ncu-stalls.csv >> "$csv"
+  python3 - /tmp/ncu-stalls.csv <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next((i for i, r in enumerate(rows) if any("stalled" in c for c in r)), None)
+if head is None:
+    sys.exit("  no stall metrics")
+names = rows[head]
+for vals in rows[head + 1:]:
+    pairs = sorted(((float(v), n.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""))
+                    for n, v in zip(names, vals) if "stalled" in n and v.replace(".", "", 1).isdigit()), reverse=True)
+    if pairs:
+        print("  stalls per issued instruction:", ", ".join(f"{n} {v:.2f}" for v, n in pairs[:8]))
+PY
+}

@@ -1,0 +1,33 @@
+"""One prefill call of a mixer kernel at the 27B's widths, for a profiler to catch (scripts/gpu_ncu_attn_gdn.sh):
+
+    python native/bench/one_prefill_kernel.py attn KV N_PAST   # the flash attention of a 2,048-row chunk after
+                                                               # N_PAST cached rows; KV: F16 or Q8_0
+    python native/bench/one_prefill_kernel.py gdn              # the chunked GDN of a 2,048-row call (the form
+                                                               # OPENJET_GDN_CHUNKED selects, default two phases)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from openjet_launcher.engine import kernels_test_attn as ka  # noqa: E402
+from openjet_launcher.engine import kernels_test_gdn as kg  # noqa: E402
+
+T = 2048
+
+
+def main() -> None:
+    what = sys.argv[1] if sys.argv[1:] else ""
+    if what == "attn":
+        ka.bench_attn_prefill(ka.KV_TYPES[sys.argv[2]], 24, 4, int(sys.argv[3]), T, 1, 1)
+    elif what == "gdn":
+        kg.bench_gdn(16, 48, T, 1, 1, 1)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
