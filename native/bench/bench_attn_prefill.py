@@ -1,6 +1,6 @@
 """A prefill chunk's attention (issue 8): time per layer of launch_attn_prefill (the prep kernel and the flash
 kernel, attn_prefill.cu) at the 27B's widths (24 q heads, 4 kv heads, head dim 256) for a 2,048-row chunk after
-0 .. 30,720 cached rows, F16 and Q8_0 caches, 64- and 128-row blocks (the same bits). Prints JSON with the
+0 .. 30,720 cached rows, F16 and Q8_0 caches, 64- and 128-row blocks (the same bits), tiles of 32 and 64 keys. Prints JSON with the
 achieved tensor-core TFLOP/s (S = Q K^T and P V over the keys each row sees).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_attn_prefill.py > attn.json
@@ -11,6 +11,7 @@ Why: at 32,768 tokens the attention of the later chunks is the largest growth of
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -24,6 +25,7 @@ from openjet_launcher.engine import kernels_test_attn as ka  # noqa: E402
 N_HEAD, N_KV, T = 24, 4, 2048
 N_PAST = (0, 8192, 16384, 30720)
 ROWS = (64, 128)
+KEYS = (32, 64)  # OPENJET_ATTN_PREFILL_KEYS: keys per tile (numerics of their own)
 REPS, RUNS = 5, 5
 
 
@@ -35,14 +37,17 @@ def main() -> None:
     for fmt, kv_type in ka.KV_TYPES.items():
         for n_past in N_PAST:
             flop = ka.prefill_flop(N_HEAD, n_past, T)
-            for rows in ROWS:
+            for rows, keys in itertools.product(ROWS, KEYS):
+                os.environ["OPENJET_ATTN_PREFILL_KEYS"] = str(keys)  # read at each call
+                run = {"kv": fmt, "n_past": n_past, "rows": rows, "keys": keys}
                 try:
                     us = statistics.median(ka.bench_attn_prefill(kv_type, N_HEAD, N_KV, n_past, T, REPS, RUNS, rows))
                 except Exception as e:  # a block size this device cannot hold: say so, go on
-                    out["runs"].append({"kv": fmt, "n_past": n_past, "rows": rows, "error": str(e)})
+                    out["runs"].append({**run, "error": str(e)})
                     continue
-                out["runs"].append({"kv": fmt, "n_past": n_past, "rows": rows, "us": round(us, 1),
-                                    "tflops": round(flop / (us * 1e-6) / 1e12, 1)})
+                finally:
+                    os.environ.pop("OPENJET_ATTN_PREFILL_KEYS")
+                out["runs"].append({**run, "us": round(us, 1), "tflops": round(flop / (us * 1e-6) / 1e12, 1)})
                 print(json.dumps(out["runs"][-1]), file=sys.stderr)
     print(json.dumps(out, indent=1))
 

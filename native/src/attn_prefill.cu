@@ -2,11 +2,13 @@
 //
 // Block = kWarps x 16 query rows of one q head (64 rows, or 128 where shared memory holds them: one K/V tile then
 // serves twice the rows, and a Q8_0 tile's conversion is shared by twice the threads); grid (query tiles, q heads),
-// the longest tiles first. Per tile of 32 keys (K and V of the head's kv head, fp16, in shared memory):
-//   S = Q K^T     warp: its 16 rows x 32 keys over 256 dims, 64 mma (Q and K by ldmatrix);
+// the longest tiles first. Per tile of kKeys = 32 or 64 keys (K and V of the head's kv head, fp16, in shared memory; 64
+// where shared memory holds them: half the barriers, waits and softmax reductions per key, and twice the independent
+// accumulators of S per warp):
+//   S = Q K^T     warp: its 16 rows x kKeys keys over 256 dims, 2 kKeys mma (Q and K by ldmatrix);
 //   softmax       online, per row in fp32 (exp2 domain); the probabilities are rounded to fp16 in the
 //                 registers that held S (an m16n8k16 C fragment pair is the next mma's A fragment);
-//   O += P V      16 rows x 256 dims over the tile's keys, 64 mma (V by ldmatrix.trans).
+//   O += P V      16 rows x 256 dims over the tile's keys, 2 kKeys mma (V by ldmatrix.trans).
 // O stays in registers (128 floats a thread); the row sum is a per-lane partial until the end. Tiles are rows of
 // 512 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so each ldmatrix's 8
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
@@ -15,6 +17,9 @@
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
 #include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "attn_prefill.cuh"
 #include "cp_async.cuh"
@@ -26,27 +31,29 @@ namespace openjet {
 namespace {
 
 constexpr int D = kAttnHeadDim;
-constexpr int kKeys = kAttnPrefillKeys;
-constexpr int kRowChunks = D * 2 / 16;          // 16-byte chunks of an fp16 row: 32
-constexpr int kTileBytes = kKeys * D * 2;       // an fp16 K or V tile: 16 KB
-constexpr int kRawBytes = 2 * kKeys * KvQ8_0::kRowBytes;  // a Q8_0 stage: K and V rows, 17 KB
+constexpr int kRowChunks = D * 2 / 16;  // 16-byte chunks of an fp16 row: 32
 static_assert(KvQ8_0::kRowBytes % 16 == 0, "Q8_0 rows copy in 16-byte pieces");
 
+template <int kKeys> __host__ __device__ constexpr int tile_bytes() { return kKeys * D * 2; }  // an fp16 K or V tile: 16 or 32 KB
+template <int kKeys> __host__ __device__ constexpr int raw_bytes() { return 2 * kKeys * KvQ8_0::kRowBytes; }  // a Q8_0 stage: 17 or 34 KB
+
 // Shared memory: q (kWarps x 16 rows: 32 or 64 KB), then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw
-// stages. 64 rows: ~98 KB, under the 99 KB of sm_86/89/120; 128 rows: ~130 KB (sm_90/100).
-template <class Fmt, int kWarps> constexpr int smem_bytes() {
+// stages. 64 rows x 32 keys: ~98 KB, under the 99 KB of sm_86/89/120; 128 x 32: ~130 KB, 128 x 64: ~196 KB
+// (sm_90/100).
+template <class Fmt, int kWarps, int kKeys> constexpr int smem_bytes() {
     constexpr int q_bytes = 16 * kWarps * D * 2;
-    return Fmt::kType == kKvF16 ? q_bytes + 2 * 2 * kTileBytes : q_bytes + 2 * kTileBytes + 2 * kRawBytes;
+    return Fmt::kType == kKvF16 ? q_bytes + 2 * 2 * tile_bytes<kKeys>()
+                                : q_bytes + 2 * tile_bytes<kKeys>() + 2 * raw_bytes<kKeys>();
 }
 
 // Byte offset of 16-byte chunk c of row r in a tile of 512-byte rows.
 __device__ __forceinline__ int swz(int r, int c) { return r * (2 * D) + ((c ^ (r & 7)) << 4); }
 
-// Copies rows key0 .. key0 + 31 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V] tiles,
-// Q8_0 as raw rows [K rows | V rows].
-template <class Fmt, int kThreads>
+// Copies rows key0 .. key0 + kKeys - 1 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V]
+// tiles, Q8_0 as raw rows [K rows | V rows].
+template <class Fmt, int kThreads, int kKeys>
 __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int key0, int n_keys, char* dst) {
-    constexpr int kPieces = Fmt::kRowBytes / 16;
+    constexpr int kPieces = Fmt::kRowBytes / 16, kTileBytes = tile_bytes<kKeys>();
     const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
     for (int i = threadIdx.x; i < 2 * kKeys * kPieces; i += kThreads) {
         const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
@@ -62,7 +69,8 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
 
 // Q8_0 raw rows -> fp16 [K | V] tiles: block b of a row (fp16 d, int8 q[32]) becomes its 32 values q * d (the
 // code exact in fp16, one rounding of the product), chunks 4b .. 4b + 3 of the row.
-template <int kThreads> __device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
+template <int kThreads, int kKeys> __device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
+    constexpr int kTileBytes = tile_bytes<kKeys>();
     for (int i = threadIdx.x; i < 2 * kKeys * 8; i += kThreads) {
         const int which = i / (kKeys * 8), j = i / 8 % kKeys, b = i % 8;
         const char* blk = raw + (which * kKeys + j) * KvQ8_0::kRowBytes + 34 * b;
@@ -88,9 +96,10 @@ __device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <class Fmt, int kWarps>
+template <class Fmt, int kWarps, int kKeys>
 __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(const AttnDecodeArgs a) {
-    constexpr int kRows = 16 * kWarps, kThreads = 32 * kWarps;
+    constexpr int kRows = 16 * kWarps, kThreads = 32 * kWarps, kTileBytes = tile_bytes<kKeys>();
+    constexpr int kRawBytes = raw_bytes<kKeys>();
     extern __shared__ __align__(16) char smem[];
     char* q_s = smem;
     char* kv_s = smem + kRows * D * 2;  // F16: stage s at kv_s + 2 s kTileBytes; Q8_0: the tiles, then raw stages
@@ -102,7 +111,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
     const int n_tiles = (n_keys + kKeys - 1) / kKeys;
     pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
 
-    issue_tile<Fmt, kThreads>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
+    issue_tile<Fmt, kThreads, kKeys>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
     for (int i = tid; i < kRows * kRowChunks; i += kThreads) {  // q rows as fp16; rows past t are zeros
         const int r = i / kRowChunks, c = i % kRowChunks;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -129,11 +138,11 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
         const int next0 = (it + 1) * kKeys;
         if constexpr (Fmt::kType == kKvF16) {
             if (it + 1 < n_tiles)
-                issue_tile<Fmt, kThreads>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+                issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
             k_t = kv_s + (it & 1) * 2 * kTileBytes;
         } else {
-            if (it + 1 < n_tiles) issue_tile<Fmt, kThreads>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
-            q8_0_to_tiles<kThreads>(raw_s + (it & 1) * kRawBytes, kv_s);
+            if (it + 1 < n_tiles) issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+            q8_0_to_tiles<kThreads, kKeys>(raw_s + (it & 1) * kRawBytes, kv_s);
             __syncthreads();
             k_t = kv_s;
         }
@@ -156,7 +165,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
             }
         }
 
-        // Online softmax: this lane's 8 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's 32.
+        // Online softmax: this lane's kKeys / 4 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's kKeys.
         float mx[2] = {-INFINITY, -INFINITY};
         const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
 #pragma unroll
@@ -236,14 +245,14 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
     }
 }
 
-template <class Fmt, int kWarps> cudaError_t launch_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
-    constexpr int kRows = 16 * kWarps;
-    static const cudaError_t opted = cudaFuncSetAttribute(
-        attn_prefill_kernel<Fmt, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<Fmt, kWarps>());
+template <class Fmt, int kWarps, int kKeys> cudaError_t launch_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
+    constexpr int kRows = 16 * kWarps, kSmem = smem_bytes<Fmt, kWarps, kKeys>();
+    static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt, kWarps, kKeys>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (opted != cudaSuccess) return opted;
     if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
-    return launch_kernel(attn_prefill_kernel<Fmt, kWarps>, dim3((a.t + kRows - 1) / kRows, a.n_head), 32 * kWarps,
-                         smem_bytes<Fmt, kWarps>(), stream, a);
+    return launch_kernel(attn_prefill_kernel<Fmt, kWarps, kKeys>, dim3((a.t + kRows - 1) / kRows, a.n_head),
+                         32 * kWarps, kSmem, stream, a);
 }
 
 bool smem_holds(int need) {
@@ -251,22 +260,35 @@ bool smem_holds(int need) {
     return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && need <= optin;
 }
 
+// Rows and keys: asked for, else the most that shared memory holds (rows first: the same bits either way).
 template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
-    const bool wide = a.prefill_rows == 128 || (a.prefill_rows == 0 && smem_holds(smem_bytes<Fmt, 8>()));
-    return wide ? launch_rows<Fmt, 8>(a, stream) : launch_rows<Fmt, 4>(a, stream);
+    const bool wide = a.prefill_rows == 128 || (a.prefill_rows == 0 && smem_holds(smem_bytes<Fmt, 8, 32>()));
+    const int keys = a.prefill_keys ? a.prefill_keys
+                     : smem_holds(wide ? smem_bytes<Fmt, 8, 64>() : smem_bytes<Fmt, 4, 64>()) ? 64 : 32;
+    if (keys == 64 && !smem_holds(wide ? smem_bytes<Fmt, 8, 64>() : smem_bytes<Fmt, 4, 64>()))
+        return cudaErrorInvalidValue;  // asked for tiles this device cannot hold
+    if (wide) return keys == 64 ? launch_rows<Fmt, 8, 64>(a, stream) : launch_rows<Fmt, 8, 32>(a, stream);
+    return keys == 64 ? launch_rows<Fmt, 4, 64>(a, stream) : launch_rows<Fmt, 4, 32>(a, stream);
 }
 
 }  // namespace
 
 bool attn_prefill_fits(int kv_type) {
-    return smem_holds(kv_type == kKvF16 ? smem_bytes<KvF16, 4>() : smem_bytes<KvQ8_0, 4>());
+    return smem_holds(kv_type == kKvF16 ? smem_bytes<KvF16, 4, 32>() : smem_bytes<KvQ8_0, 4, 32>());
+}
+
+int attn_prefill_keys_switch() {
+    const char* v = std::getenv("OPENJET_ATTN_PREFILL_KEYS");
+    if (!v) return 0;
+    return std::strcmp(v, "32") == 0 ? 32 : std::strcmp(v, "64") == 0 ? 64 : -1;
 }
 
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream) {
     if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.n_head > 65535 || a.t < 1 || a.t > 65535 ||
         a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim ||
         !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work ||
-        (a.prefill_rows != 0 && a.prefill_rows != 64 && a.prefill_rows != 128))
+        (a.prefill_rows != 0 && a.prefill_rows != 64 && a.prefill_rows != 128) ||
+        (a.prefill_keys != 0 && a.prefill_keys != 32 && a.prefill_keys != 64))
         return cudaErrorInvalidValue;
     if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, stream);
     if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, stream);

@@ -5,10 +5,11 @@
 // cache once for them, so a 2,048-row chunk reads it 16-32 times per q head instead of ~200 times per kv head.
 //
 // Row invariance: every row's result depends on its own q, the cache and its position alone: keys are taken in
-// tiles of kAttnPrefillKeys at fixed absolute positions (0, 32, ...), each row's online softmax runs over the tiles
-// in order, keys after the row are masked, and a tile with no key for the row leaves its state exactly as it was
-// (scale 1, probabilities 0). So a row gets the same bits whichever call, chunk size or block it is computed in:
-// what the engine's prefill needs for chunk sizes and resumed conversations to agree.
+// tiles of 32 or 64 keys (attn_prefill_keys) at fixed absolute positions (0, 64, ...), each row's online softmax runs
+// over the tiles in order, keys after the row are masked, and a tile with no key for the row leaves its state exactly
+// as it was (scale 1, probabilities 0). So a row gets the same bits whichever call, chunk size or block it is computed
+// in: what the engine's prefill needs for chunk sizes and resumed conversations to agree. The tile size is part of
+// the numerics (the online softmax rescales once per tile): 32 and 64 keys give different roundings.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,7 +18,9 @@
 
 namespace openjet {
 
-constexpr int kAttnPrefillKeys = 32;  // keys per tile
+// OPENJET_ATTN_PREFILL_KEYS, the keys per tile: 32, 64, or 0 when unset (the default: 64 where shared memory holds
+// the block's tiles, sm_90/100; else 32); -1 for any other value (the engine refuses it).
+int attn_prefill_keys_switch();
 
 // Floats of a.work the launch needs for t rows: the q rows after norm and RoPE.
 __host__ __device__ inline size_t attn_prefill_work_floats(int n_head, int t) {
@@ -30,8 +33,8 @@ bool attn_prefill_fits(int kv_type);
 
 // Rows 0 .. a.t - 1 (any t < 65,536) at positions a.n_past ..: q, k normed and rotated, k and v appended to the
 // caches, then o = softmax(q K^T / 16) V * sigmoid(gate) per row and q head over keys 0 .. its position. a.work holds
-// attn_prefill_work_floats(n_head, t) floats; a.prefill_rows picks the block size; a.sm_count and a.hi_only are not
-// read. cudaErrorInvalidValue on bad arguments.
+// attn_prefill_work_floats(n_head, t) floats; a.prefill_rows picks the block size, a.prefill_keys the tile (a
+// size this device cannot hold: cudaErrorInvalidValue); a.sm_count and a.hi_only are not read. cudaErrorInvalidValue on bad arguments.
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

@@ -780,6 +780,10 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.prefill_rows = v ? std::atoi(v) : 0;
         if (v && a.prefill_rows != 64 && a.prefill_rows != 128)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or 128", v);
+        a.prefill_keys = attn_prefill_keys_switch();  // keys per tile: unset, the kernel's choice (numerics)
+        if (a.prefill_keys < 0)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
+                        std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
     }
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit

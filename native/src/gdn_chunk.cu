@@ -485,8 +485,10 @@ __device__ __forceinline__ void load_chunk_operands(const ChunkScratch& cs, size
     }
 }
 
+// One buffer: two blocks per SM (<= 128 registers, 2 x 75 KB), so the 27B's 192 blocks are all resident on 96 or more
+// SMs (at one block per SM the H200's 132 ran them in two waves: 1,022 us of a 2,048-row call, Nsight at 0e2ffe7).
 template <int kBufs>
-__global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(const GdnStepArgs a) {
+__global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase2Smem<kBufs>& sm = *reinterpret_cast<Phase2Smem<kBufs>*>(smem_raw);
     pdl_start();  // pdl.cuh

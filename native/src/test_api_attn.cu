@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "api_common.cuh"
@@ -56,6 +57,16 @@ int upload_caches(int kv_type, int n_kv, int n_past, int t, const void* k_in, co
     return OPENJET_OK;
 }
 
+// OPENJET_ATTN_PREFILL_KEYS as the engine reads it (attn_prefill.cuh): *keys 0 (unset), 32 or 64; an error for
+// another value.
+int prefill_keys_from_env(int* keys) {
+    *keys = attn_prefill_keys_switch();
+    if (*keys < 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
+                    std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
+    return OPENJET_OK;
+}
+
 // A step (prefill = false: launch_attn_decode, t = 1..8) or a prefill call (launch_attn_prefill, t = 1..4096) on
 // device copies of the inputs; the outputs copied back.
 int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj, const float* k,
@@ -89,6 +100,7 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
     a.qproj = dq.as<float>(), a.k = dk.as<float>(), a.v = dv.as<float>(), a.q_norm = dqn.as<float>(), a.k_norm = dkn.as<float>();
     a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
     a.sm_count = sms, a.prefill_rows = prefill_rows;
+    if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
     CHECK(prefill ? launch_attn_prefill(a, 0) : launch_attn_decode(a, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
@@ -198,6 +210,7 @@ int bench_attn(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int 
     const float* in = din.as<float>();
     a.qproj = in, a.k = in + n_q, a.v = in + n_q + n_k, a.q_norm = in + n_q + 2 * n_k, a.k_norm = a.q_norm + kAttnHeadDim;
     a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms, a.prefill_rows = prefill_rows;
+    if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.k_cache = kc[i % copies].as<char>(), a.v_cache = vc[i % copies].as<char>();
