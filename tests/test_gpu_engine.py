@@ -1085,37 +1085,48 @@ def test_a_long_prompt_read_by_the_chunked_gdn_stays_near_the_recurrence(models,
     """The chunked GDN (the default prefill form, its scratch made at load) over 16,896 tokens, 528 chunks in
     sequence: the last logits and 31 teacher-forced decode steps after it within issue 6's bar of the same run with
     the recurrence (OPENJET_GDN_CHUNKED=0); the chunked state must not drift over long prompts (the teacher-forced
-    tests above read 2,048 tokens). H200, 70f0c50: mean KL 6.2e-7, top-1 32 of 32."""
+    tests above read 2,048 tokens). H200, 70f0c50: mean KL 6.2e-7, top-1 32 of 32. The same for the state phase on
+    tensor cores (OPENJET_GDN_STATE_TC=1, 3xTF32)."""
+    from openjet_launcher.engine import kernels_test as kt
+
     ids = np.random.default_rng(53).integers(0, 4096, 16896 + 32)
     out = {}
     engine = CudaEngine.load(models["tiny"], n_ctx=16896 + 64, prefill_rows=2048, mtp=False)
     try:
-        for form in ("0", "2"):
+        for form, state_tc in (("0", "0"), ("2", "0"), ("2", "1")):
             monkeypatch.setenv("OPENJET_GDN_CHUNKED", form)
+            monkeypatch.setenv("OPENJET_GDN_STATE_TC", state_tc)
+            before = kt.launch_count("gdn_state_tensor_cores")
             state = engine.new_state()
             got = [engine.prefill(state, ids[:16896]).logits[-1:]]
             got += [engine.decode(state, ids[i:i + 1]).logits for i in range(16896, 16896 + 31)]
-            out[form] = np.concatenate(got)
+            out[form + ("tc" if state_tc == "1" else "")] = np.concatenate(got)
+            assert (kt.launch_count("gdn_state_tensor_cores") > before) == (state_tc == "1")
     finally:
         engine.close()
-    m = compare(out["0"], out["2"])
-    report(test="long_prompt_chunked_gdn_vs_recurrence", tokens=16896, metrics=m,
-           max_abs_logit=float(np.abs(out["2"]).max()))
-    assert np.isfinite(out["2"]).all()
-    assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), m
+    for form in ("2", "2tc"):
+        m = compare(out["0"], out[form])
+        report(test="long_prompt_chunked_gdn_vs_recurrence", form=form, tokens=16896, metrics=m,
+               max_abs_logit=float(np.abs(out[form]).max()))
+        assert np.isfinite(out[form]).all()
+        assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), (form, m)
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-def test_the_two_phase_gdns_checkpoint_inside_a_prefill_and_its_resumed_turns(models, kv_type, monkeypatch):
+@pytest.mark.parametrize("kv_type, state_tc", [("f16", "0"), ("q8_0", "0"), ("q8_0", "1")])
+def test_the_two_phase_gdns_checkpoint_inside_a_prefill_and_its_resumed_turns(models, kv_type, state_tc,
+                                                                              monkeypatch):
     """OPENJET_GDN_CHUNKED=2: a prefill of 150 tokens (512-row chunks) leaves a checkpoint at 128, the start of its
     last GDN chunk, taken inside the call (openjet_engine_prefill_checkpoint: the GDN step writes the state there;
     its launch counter shows it); restoring it gives the bits of a prefill that stopped at 128 (the next logits and
     the MTP head's drafts, which read the carried hidden row); a second turn (cut at 150, inside a chunk: the rewind
-    to 128) and the server's Slot give the bits of a fresh prefill of the whole text, chunk sizes 128 and 512 too."""
+    to 128) and the server's Slot give the bits of a fresh prefill of the whole text, chunk sizes 128 and 512 too.
+    state_tc: with the state phase on tensor cores (OPENJET_GDN_STATE_TC=1), which writes the checkpoint from
+    registers."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.server.worker import Slot
 
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", state_tc)
     ids = np.random.default_rng(43).integers(0, 4096, 320)
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type=kv_type, prefill_rows=512)
     try:

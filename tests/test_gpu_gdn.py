@@ -229,6 +229,23 @@ def test_two_phase_state_phase_gives_the_same_bits_with_two_buffers(size, t, mon
 
 
 @pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [1, 9, 32, 33, 100, 300])
+def test_two_phase_state_phase_on_tensor_cores_matches_reference(size, t, monkeypatch):
+    """OPENJET_GDN_STATE_TC=1: the state phase's products on tensor cores in 3xTF32 (gdn_chunk.cu,
+    gdn_chunk_state_tc_kernel): y and the state within the recurrent kernel's bound of the float64 recurrence, the
+    conv state (the local phase's) equal to the default's; its launch counter shows it ran, and its sums run in
+    another order than the default's FMA chains (its y differs in the last bits)."""
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    before = kt.launch_count("gdn_state_tensor_cores")
+    args, fma, tc = default_and_switched(size, t, 89, monkeypatch, "OPENJET_GDN_STATE_TC", "1")
+    assert kt.launch_count("gdn_state_tensor_cores") == before + 1, "the tensor-core state phase did not run"
+    np.testing.assert_array_equal(tc[1], fma[1], err_msg="conv state: the same local phase")
+    if t > 1:
+        assert not np.array_equal(tc[0], fma[0]), "y: the same bits as the FMA form"
+    check_close(f"{size} t={t} state on tensor cores", tc, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
     """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not

@@ -18,6 +18,7 @@
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "launch_count.h"
+#include "mma_tf32.cuh"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -437,9 +438,10 @@ template <int kBufs> struct Phase2Smem {
 };
 
 // The lane's cp.async pieces of chunk t0's operands for block (h, c0) into b (a thread's share of 3 x 1,024 pieces of
-// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays).
+// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays); Buf: Phase2Chunk, or Phase2TcSmem (padded rows).
+template <class Buf>
 __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
-                                                    int t0, Phase2Chunk& b) {
+                                                    int t0, Buf& b) {
     const float* q = cs.q + ((size_t)kh * r_pad + t0) * D;
     const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
     const float* w = cs.w + ((size_t)h * r_pad + t0) * D;
@@ -449,12 +451,12 @@ __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size
         cp_async16(&b.k[i][d], k + 4 * e);
         cp_async16(&b.w[i][d], w + 4 * e);
     }
-    for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row
+    static_assert(C == kCols, "U's columns and Aq's rows copy in the same pieces");
+    for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row; Aq's rows
         const int i = e / (kCols / 4), j = 4 * (e % (kCols / 4));
         cp_async16(&b.u[i][j], cs.u + ((size_t)h * r_pad + t0 + i) * D + c0 + j);
+        cp_async16(&b.aq[i][j], cs.aq + ((size_t)h * r_pad + t0 + i) * C + j);
     }
-    for (int e = threadIdx.x; e < C * C / 4; e += kThreads)
-        cp_async16(&b.aq[0][0] + 4 * e, cs.aq + ((size_t)h * r_pad + t0) * C + 4 * e);
     if (threadIdx.x < 3 * C / 4) {
         const int part = threadIdx.x / (C / 4), j = 4 * (threadIdx.x % (C / 4));
         const size_t at = (size_t)h * r_pad + t0 + j;
@@ -525,6 +527,136 @@ __global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_
     store_state_columns(a, h, c0, sm.s);
 }
 
+// ------------------------------------------------------------------------- the state phase on tensor cores
+// OPENJET_GDN_STATE_TC=1: phase 2's steps 5-7 as m16n8k8 products in 3xTF32 (mma_tf32.cuh: about fp32's accuracy;
+// the sums run in another order than the FMA chains above, so numerics of their own). The FMA form is issue-bound
+// (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B widths on the H200); here a warp
+// issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block (32 state columns): warp w's tile
+// (rows 16 (w % 2), columns 8 (w / 2)) of W S and q S (step 5, 6a), then of Aq V' (6b); warp w also holds S's rows
+// 16 w .. 16 w + 15 (all 32 columns) in registers as step 7's accumulators, in fp32 from one call's start to its end,
+// and writes them to shared memory for the next chunk's products. Rows are padded so that every fragment load hits
+// 32 different banks (A row-major: 4 words; B and k read transposed: 8).
+constexpr int kTcPadA = D + 4;      // q and W rows (A of steps 5, 6a)
+constexpr int kTcPadKT = D + 8;     // k rows (A of step 7, transposed)
+constexpr int kTcPadB = kCols + 8;  // S rows and U / V' rows (B)
+constexpr int kTcPadAq = C + 4;     // Aq rows (A of step 6b)
+struct Phase2TcSmem {
+    alignas(16) float s[D][kTcPadB];
+    alignas(16) float q[C][kTcPadA];
+    alignas(16) float w[C][kTcPadA];
+    alignas(16) float k[C][kTcPadKT];
+    alignas(16) float u[C][kTcPadB];
+    alignas(16) float aq[C][kTcPadAq];
+    alignas(16) float gamma[C];
+    alignas(16) float e_gamma[C];
+    alignas(16) float e_rest[C];
+};
+
+// f(j, e, row, column) for the lane's elements of S in step 7's C fragments: rows 16 warp + g (+ 8), columns
+// 8 j + 2 tq (+ 1) of the block's 32.
+template <class F> __device__ __forceinline__ void for_state_fragment(int warp, int g, int tq, const F& f) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(j, e, 16 * warp + g + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
+}
+
+// The A fragment of rows r, r + 8 and columns k0 + tq, k0 + tq + 4 of a row-major matrix (ld floats a row), split.
+__device__ __forceinline__ void a_fragment(const float* m, int ld, int r, int k0, int tq, Tf32Pair (&a)[4]) {
+    a[0] = tf32_split(m[r * ld + k0 + tq]), a[1] = tf32_split(m[(r + 8) * ld + k0 + tq]);
+    a[2] = tf32_split(m[r * ld + k0 + tq + 4]), a[3] = tf32_split(m[(r + 8) * ld + k0 + tq + 4]);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const GdnStepArgs a) {
+    extern __shared__ float4 smem_raw[];
+    Phase2TcSmem& sm = *reinterpret_cast<Phase2TcSmem*>(smem_raw);
+    pdl_start();  // pdl.cuh
+    constexpr int kSplits = D / kCols;
+    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int kh = h % a.n_k, value_dim = a.n_v * D;
+    const int r = 16 * (warp & 1) + g, cc = 8 * (warp >> 1);  // steps 5, 6: the tile's rows r, r + 8, columns cc ..
+    const size_t head = (size_t)h * D * D;
+    float st[kCols / 8][4];
+    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
+    const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
+    const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
+#pragma unroll 1
+    for (int t0 = 0; t0 < a.t; t0 += C) {
+        const int n = min(C, a.t - t0);
+        if (a.snap_state && t0 == a.snap_row)  // the state before row t0
+            for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
+                a.snap_state[head + row * D + c0 + col] = st[j][e];
+            });
+        for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { sm.s[row][col] = st[j][e]; });
+        __syncthreads();  // every warp is done with the previous chunk's operands
+        copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        // 5, 6a: W S and q S on the warp's tile; V' = U - W S there.
+        float ws[4] = {}, qs[4] = {};
+#pragma unroll 4
+        for (int k0 = 0; k0 < D; k0 += 8) {
+            const Tf32Pair b[2] = {tf32_split(sm.s[k0 + tq][cc + g]), tf32_split(sm.s[k0 + tq + 4][cc + g])};
+            Tf32Pair af[4];
+            a_fragment(&sm.w[0][0], kTcPadA, r, k0, tq, af);
+            mma_1688_3xtf32(ws, af, b);
+            a_fragment(&sm.q[0][0], kTcPadA, r, k0, tq, af);
+            mma_1688_3xtf32(qs, af, b);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float& u = sm.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
+            u = __fsub_rn(u, ws[e]);
+        }
+        __syncthreads();  // V' whole; S is not read again this chunk
+        // 6b: o = e^gamma (q S) + Aq V' on the warp's tile.
+        float av[4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 8) {
+            const Tf32Pair b[2] = {tf32_split(sm.u[k0 + tq][cc + g]), tf32_split(sm.u[k0 + tq + 4][cc + g])};
+            Tf32Pair af[4];
+            a_fragment(&sm.aq[0][0], kTcPadAq, r, k0, tq, af);
+            mma_1688_3xtf32(av, af, b);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = r + 8 * (e >> 1);
+            if (i < n)
+                a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 2 * tq + (e & 1)] =
+                    __fmaf_rn(sm.e_gamma[i], qs[e], av[e]);
+        }
+        // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
+        const float e_all = expf(sm.gamma[C - 1]);
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = __fmul_rn(e_all, st[j][e]);
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 8) {
+            const int m0 = 16 * warp;
+            const Tf32Pair af[4] = {tf32_split(sm.k[k0 + tq][m0 + g]), tf32_split(sm.k[k0 + tq][m0 + g + 8]),
+                                    tf32_split(sm.k[k0 + tq + 4][m0 + g]), tf32_split(sm.k[k0 + tq + 4][m0 + g + 8])};
+            const float er0 = sm.e_rest[k0 + tq], er1 = sm.e_rest[k0 + tq + 4];
+#pragma unroll
+            for (int j = 0; j < kCols / 8; ++j) {
+                const Tf32Pair b[2] = {tf32_split(__fmul_rn(sm.u[k0 + tq][8 * j + g], er0)),
+                                       tf32_split(__fmul_rn(sm.u[k0 + tq + 4][8 * j + g], er1))};
+                mma_1688_3xtf32(st[j], af, b);
+            }
+        }
+    }
+    float* so = a.state_out ? a.state_out : a.state;
+    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
+}
+
+// OPENJET_GDN_STATE_TC=1 (read at each call): the state phase on tensor cores (gdn_chunk_state_tc_kernel).
+bool gdn_state_tensor_cores() {
+    const char* v = std::getenv("OPENJET_GDN_STATE_TC");
+    return v && v[0] == '1' && v[1] == 0;
+}
+
 // OPENJET_GDN_STATE_BUFFERS=2 (read at each call): the state phase copies the next chunk's operands in while the
 // current one computes, where two buffers fit. Opt-in until it has run on a GPU (written 2026-12-02, after the
 // session's device time ran out): the same bits by construction, its test and benchmark ready.
@@ -585,6 +717,14 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
             return e;
         count_launch(Counted::kGdnTwoPhase);
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
+        if (gdn_state_tensor_cores() && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
+            static const cudaError_t opted_tc = cudaFuncSetAttribute(
+                gdn_chunk_state_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+            if (opted_tc != cudaSuccess) return opted_tc;
+            count_launch(Counted::kGdnStateTensorCores);
+            return launch_kernel(gdn_chunk_state_tc_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem),
+                                 stream, a);
+        }
         if (two && gdn_state_double_buffer()) {
             count_launch(Counted::kGdnStateDoubleBuffer);
             return launch_kernel(gdn_chunk_state_kernel<2>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<2>),

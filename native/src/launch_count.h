@@ -7,7 +7,14 @@
 namespace openjet {
 
 // this order: openjet_test_launch_count's
-enum class Counted { kDenseGemm = 0, kGdnTwoPhase = 1, kGdnSnapshot = 2, kGdnStateDoubleBuffer = 3, kCount };
+enum class Counted {
+    kDenseGemm = 0,
+    kGdnTwoPhase = 1,
+    kGdnSnapshot = 2,
+    kGdnStateDoubleBuffer = 3,
+    kGdnStateTensorCores = 4,
+    kCount
+};
 
 void count_launch(Counted what);
 long long launch_count(Counted what);
