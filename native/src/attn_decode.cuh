@@ -161,7 +161,8 @@ struct AttnDecodeArgs {
                              // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
     int prefill_rows = 0;    // launch_attn_prefill's query rows per block: 64, 128, or 0 (128 where shared memory
                              // holds them); the same bits either way
-    int prefill_keys = 0;    // launch_attn_prefill's keys per tile: 32, 64, or 0 (64 where shared memory holds them);
+    int prefill_keys = 0;    // launch_attn_prefill's keys per tile: 32, 64, or 0 (64 with 128 rows where shared memory
+                             // holds them);
                              // numerics of their own (attn_prefill.cuh)
 };
 
