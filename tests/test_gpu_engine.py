@@ -852,9 +852,11 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
     """OPENJET_GDN_CHUNKED=2 (and unset: the default) at load makes the two-phase form's scratch (seen in the memory
     report: none under 0) and its prefill gives OPENJET_GDN_CHUNKED=1's bits (the same engine; the switch is read at
     each call), which differ from the recurrence's (so the chunked forms ran), and the two-phase launch counter shows
-    form 2 ran (not form 1 in its place)."""
+    form 2 ran (not form 1 in its place). Form 2 with the FMA state phase (OPENJET_GDN_STATE_TC=0): the tensor-core
+    one (the default) has numerics of its own."""
     from openjet_launcher.engine import kernels_test as kt
 
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")
     ids = np.random.default_rng(73).integers(0, 4096, 700)
     prompt, follow = ids[:640], ids[640:]
 

@@ -199,7 +199,8 @@ def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeyp
     """OPENJET_GDN_CHUNKED=2 (gdn_chunk.cu: every chunk's local work in one launch, then the state steps per chunk
     in a second) runs gdn_chunk_kernel's arithmetic (the same device functions) split in two, so y, the conv state
     and the state equal OPENJET_GDN_CHUNKED=1's bit for bit; the two-phase launch counter shows form 2 ran (not a
-    fallback to form 1)."""
+    fallback to form 1). The FMA state phase (OPENJET_GDN_STATE_TC=0): the tensor-core one has numerics of its own."""
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "1")
     before = kt.launch_count("gdn_two_phase")
     args, one, two = default_and_switched(size, t, 91, monkeypatch, "OPENJET_GDN_CHUNKED", "2")
@@ -220,6 +221,7 @@ def test_two_phase_state_phase_gives_the_same_bits_with_two_buffers(size, t, mon
     from openjet_launcher.engine.device_probe import probe
 
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")  # the double buffer is the FMA form's
     before = kt.launch_count("gdn_state_double_buffer")
     args, single, double = default_and_switched(size, t, 93, monkeypatch, "OPENJET_GDN_STATE_BUFFERS", "2")
     ran = kt.launch_count("gdn_state_double_buffer") - before
@@ -231,11 +233,12 @@ def test_two_phase_state_phase_gives_the_same_bits_with_two_buffers(size, t, mon
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 9, 32, 33, 100, 300])
 def test_two_phase_state_phase_on_tensor_cores_matches_reference(size, t, monkeypatch):
-    """OPENJET_GDN_STATE_TC=1: the state phase's products on tensor cores in 3xTF32 (gdn_chunk.cu,
+    """OPENJET_GDN_STATE_TC=1 (the default): the state phase's products on tensor cores in 3xTF32 (gdn_chunk.cu,
     gdn_chunk_state_tc_kernel): y and the state within the recurrent kernel's bound of the float64 recurrence, the
-    conv state (the local phase's) equal to the default's; its launch counter shows it ran, and its sums run in
-    another order than the default's FMA chains (its y differs in the last bits)."""
+    conv state (the local phase's) equal to the FMA form's (=0); its launch counter shows it ran, and its sums run in
+    another order than the FMA chains (its y differs in the last bits)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")
     before = kt.launch_count("gdn_state_tensor_cores")
     args, fma, tc = default_and_switched(size, t, 89, monkeypatch, "OPENJET_GDN_STATE_TC", "1")
     assert kt.launch_count("gdn_state_tensor_cores") == before + 1, "the tensor-core state phase did not run"

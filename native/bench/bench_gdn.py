@@ -44,13 +44,13 @@ from openjet_launcher.errors import OpenJetError  # noqa: E402
 N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
-# OPENJET_GDN_CHUNKED (2, the default: two phases, 1's bits); "chunked2-2buf": its state phase copying the next
-# chunk's operands in during the current one (OPENJET_GDN_STATE_BUFFERS=2, opt-in; the 228 KB SMs); "chunked2-tc": its
-# state phase on tensor cores (OPENJET_GDN_STATE_TC=1, 3xTF32)
+# OPENJET_GDN_CHUNKED (2, the default: two phases, the state phase on tensor cores); "chunked2-fma": the state phase
+# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits); "chunked2-2buf": that one copying the next chunk's operands
+# in during the current one (OPENJET_GDN_STATE_BUFFERS=2, opt-in; the 228 KB SMs)
 FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
          "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
-         "chunked2-2buf": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_BUFFERS": "2"},
-         "chunked2-tc": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "1"}}
+         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"},
+         "chunked2-2buf": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0", "OPENJET_GDN_STATE_BUFFERS": "2"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -67,8 +67,7 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in ("chunked", "chunked2", "chunked2-2buf", "chunked2-tc")
-                                             for t in CHUNKED_TS]
+    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in FORMS if f != "recurrent" for t in CHUNKED_TS]
     if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-2buf`)
         runs = [(t, f) for t, f in runs if f in sys.argv[1:]]
     for t, form in runs:

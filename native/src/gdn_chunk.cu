@@ -430,7 +430,8 @@ struct Phase2Chunk {
     alignas(16) float e_rest[C];
 };
 // kBufs = 2 (opt-in, OPENJET_GDN_STATE_BUFFERS=2, where 133 KB fit: the 228 KB SMs): chunk i + 1's operands are
-// copied in by cp.async while chunk i computes; 1 (the default, 75 KB: every SM we build for): loaded, then computed.
+// copied in by cp.async while chunk i computes; 1 (75 KB, two blocks per SM: every SM we build for): loaded, then
+// computed.
 // The same arithmetic either way, so the same bits.
 template <int kBufs> struct Phase2Smem {
     float s[D][kCols];
@@ -528,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_
 }
 
 // ------------------------------------------------------------------------- the state phase on tensor cores
-// OPENJET_GDN_STATE_TC=1: phase 2's steps 5-7 as m16n8k8 products in 3xTF32 (mma_tf32.cuh: about fp32's accuracy;
+// OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in 3xTF32 (mma_tf32.cuh: about fp32's accuracy;
 // the sums run in another order than the FMA chains above, so numerics of their own). The FMA form is issue-bound
 // (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B widths on the H200); here a warp
 // issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block (32 state columns): warp w's tile
@@ -651,15 +652,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
 }
 
-// OPENJET_GDN_STATE_TC=1 (read at each call): the state phase on tensor cores (gdn_chunk_state_tc_kernel).
+// OPENJET_GDN_STATE_TC (read at each call): unset or 1 (the default since 5cc0ff2's run) the state phase on tensor
+// cores (gdn_chunk_state_tc_kernel; H200, 2,048 rows at 27B widths: 897 us against 1,134 for the FMA form; the
+// 27B's prefill at 4,096 tokens 6,763 -> 6,963 tok/s, 32,768 5,527 -> 5,671); 0 the FMA form.
 bool gdn_state_tensor_cores() {
     const char* v = std::getenv("OPENJET_GDN_STATE_TC");
-    return v && v[0] == '1' && v[1] == 0;
+    return !v || !(v[0] == '0' && v[1] == 0);
 }
 
-// OPENJET_GDN_STATE_BUFFERS=2 (read at each call): the state phase copies the next chunk's operands in while the
-// current one computes, where two buffers fit. Opt-in until it has run on a GPU (written 2026-12-02, after the
-// session's device time ran out): the same bits by construction, its test and benchmark ready.
+// OPENJET_GDN_STATE_BUFFERS=2 (read at each call; the FMA form's, OPENJET_GDN_STATE_TC=0): the state phase copies the
+// next chunk's operands in while the current one computes, where two buffers fit. Opt-in: the same bits (tested on
+// the H200), but at one block per SM no faster than one buffer at two (2,048 rows: 1,148 us against 1,130; 875b97a).
 bool gdn_state_double_buffer() {
     const char* v = std::getenv("OPENJET_GDN_STATE_BUFFERS");
     return v && v[0] == '2' && v[1] == 0;
