@@ -1,7 +1,7 @@
 """A prefill chunk's attention (issue 8): time per layer of launch_attn_prefill (the prep kernel and the flash
 kernel, attn_prefill.cu) at the 27B's widths (24 q heads, 4 kv heads, head dim 256) for a 2,048-row chunk after
-0 .. 30,720 cached rows, F16 and Q8_0 caches, 64- and 128-row blocks (the same bits), tiles of 32 and 64 keys. Prints JSON with the
-achieved tensor-core TFLOP/s (S = Q K^T and P V over the keys each row sees).
+0 .. 30,720 cached rows, F16 and Q8_0 caches, 64- and 128-row blocks (the same bits), tiles of 32 and 64 keys.
+Prints JSON with the achieved tensor-core TFLOP/s (S = Q K^T and P V over the keys each row sees).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_attn_prefill.py > attn.json
 

@@ -34,8 +34,9 @@ constexpr int D = kAttnHeadDim;
 constexpr int kRowChunks = D * 2 / 16;  // 16-byte chunks of an fp16 row: 32
 static_assert(KvQ8_0::kRowBytes % 16 == 0, "Q8_0 rows copy in 16-byte pieces");
 
-template <int kKeys> __host__ __device__ constexpr int tile_bytes() { return kKeys * D * 2; }  // an fp16 K or V tile: 16 or 32 KB
-template <int kKeys> __host__ __device__ constexpr int raw_bytes() { return 2 * kKeys * KvQ8_0::kRowBytes; }  // a Q8_0 stage: 17 or 34 KB
+// An fp16 K or V tile (16 or 32 KB), a Q8_0 stage of K and V raw rows (17 or 34 KB).
+template <int kKeys> __host__ __device__ constexpr int tile_bytes() { return kKeys * D * 2; }
+template <int kKeys> __host__ __device__ constexpr int raw_bytes() { return 2 * kKeys * KvQ8_0::kRowBytes; }
 
 // Shared memory: q (kWarps x 16 rows: 32 or 64 KB), then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw
 // stages. 64 rows x 32 keys: ~98 KB, under the 99 KB of sm_86/89/120; 128 x 32: ~130 KB, 128 x 64: ~196 KB
@@ -141,7 +142,8 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
                 issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
             k_t = kv_s + (it & 1) * 2 * kTileBytes;
         } else {
-            if (it + 1 < n_tiles) issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+            if (it + 1 < n_tiles)
+                issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
             q8_0_to_tiles<kThreads, kKeys>(raw_s + (it & 1) * kRawBytes, kv_s);
             __syncthreads();
             k_t = kv_s;
@@ -165,7 +167,8 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
             }
         }
 
-        // Online softmax: this lane's kKeys / 4 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's kKeys.
+        // Online softmax: this lane's kKeys / 4 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's
+        // kKeys.
         float mx[2] = {-INFINITY, -INFINITY};
         const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
 #pragma unroll

@@ -33,8 +33,8 @@ bool attn_prefill_fits(int kv_type);
 
 // Rows 0 .. a.t - 1 (any t < 65,536) at positions a.n_past ..: q, k normed and rotated, k and v appended to the
 // caches, then o = softmax(q K^T / 16) V * sigmoid(gate) per row and q head over keys 0 .. its position. a.work holds
-// attn_prefill_work_floats(n_head, t) floats; a.prefill_rows picks the block size, a.prefill_keys the tile (a
-// size this device cannot hold: cudaErrorInvalidValue); a.sm_count and a.hi_only are not read. cudaErrorInvalidValue on bad arguments.
+// attn_prefill_work_floats(n_head, t) floats; a.prefill_rows picks the block size, a.prefill_keys the tile; a.sm_count
+// and a.hi_only are not read. cudaErrorInvalidValue on bad arguments and on tiles this device cannot hold.
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

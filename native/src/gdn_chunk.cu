@@ -418,17 +418,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_local_kernel(const GdnS
     }
 }
 
-// A chunk's operands of phase 2 in shared memory (every array 16-byte aligned: cp.async pieces).
-struct Phase2Chunk {
-    alignas(16) float q[C][kRowPad];
-    alignas(16) float k[C][kRowPad];
-    alignas(16) float w[C][D];
-    alignas(16) float u[C][kCols];
-    alignas(16) float aq[C][C];
+// A chunk's operands of phase 2 in shared memory, rows kLd* floats apart (every array 16-byte aligned: cp.async
+// pieces).
+template <int kLdQ, int kLdK, int kLdW, int kLdU, int kLdAq> struct ChunkOperands {
+    alignas(16) float q[C][kLdQ];
+    alignas(16) float k[C][kLdK];
+    alignas(16) float w[C][kLdW];
+    alignas(16) float u[C][kLdU];
+    alignas(16) float aq[C][kLdAq];
     alignas(16) float gamma[C];
     alignas(16) float e_gamma[C];
     alignas(16) float e_rest[C];
 };
+using Phase2Chunk = ChunkOperands<kRowPad, kRowPad, D, kCols, C>;
 // kBufs = 2 (opt-in, OPENJET_GDN_STATE_BUFFERS=2, where 133 KB fit: the 228 KB SMs): chunk i + 1's operands are
 // copied in by cp.async while chunk i computes; 1 (75 KB, two blocks per SM: every SM we build for): loaded, then
 // computed.
@@ -439,7 +441,7 @@ template <int kBufs> struct Phase2Smem {
 };
 
 // The lane's cp.async pieces of chunk t0's operands for block (h, c0) into b (a thread's share of 3 x 1,024 pieces of
-// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays); Buf: Phase2Chunk, or Phase2TcSmem (padded rows).
+// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays); Buf: a ChunkOperands.
 template <class Buf>
 __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
                                                     int t0, Buf& b) {
@@ -529,28 +531,21 @@ __global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_
 }
 
 // ------------------------------------------------------------------------- the state phase on tensor cores
-// OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in 3xTF32 (mma_tf32.cuh: about fp32's accuracy;
-// the sums run in another order than the FMA chains above, so numerics of their own). The FMA form is issue-bound
-// (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B widths on the H200); here a warp
-// issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block (32 state columns): warp w's tile
-// (rows 16 (w % 2), columns 8 (w / 2)) of W S and q S (step 5, 6a), then of Aq V' (6b); warp w also holds S's rows
-// 16 w .. 16 w + 15 (all 32 columns) in registers as step 7's accumulators, in fp32 from one call's start to its end,
-// and writes them to shared memory for the next chunk's products. Rows are padded so that every fragment load hits
-// 32 different banks (A row-major: 4 words; B and k read transposed: 8).
+// OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in 3xTF32
+// (mma_tf32.cuh: about fp32's accuracy; the sums run in another order than the FMA chains, so numerics of their
+// own). The FMA form is issue-bound (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B
+// widths on the H200, 897 here); a warp issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block
+// (32 state columns): warp w's tile (rows 16 (w % 2), columns 8 (w / 2)) of W S and q S (steps 5, 6a), then of Aq V'
+// (6b); warp w also holds S's rows 16 w .. 16 w + 15 (all 32 columns) in registers as step 7's accumulators, in fp32
+// from the call's start to its end, and writes them to shared memory for the next chunk's products. Rows are padded
+// so that every fragment load hits 32 different banks (A row-major: 4 words; B and k read transposed: 8).
 constexpr int kTcPadA = D + 4;      // q and W rows (A of steps 5, 6a)
 constexpr int kTcPadKT = D + 8;     // k rows (A of step 7, transposed)
 constexpr int kTcPadB = kCols + 8;  // S rows and U / V' rows (B)
 constexpr int kTcPadAq = C + 4;     // Aq rows (A of step 6b)
 struct Phase2TcSmem {
     alignas(16) float s[D][kTcPadB];
-    alignas(16) float q[C][kTcPadA];
-    alignas(16) float w[C][kTcPadA];
-    alignas(16) float k[C][kTcPadKT];
-    alignas(16) float u[C][kTcPadB];
-    alignas(16) float aq[C][kTcPadAq];
-    alignas(16) float gamma[C];
-    alignas(16) float e_gamma[C];
-    alignas(16) float e_rest[C];
+    ChunkOperands<kTcPadA, kTcPadKT, kTcPadA, kTcPadB, kTcPadAq> c;
 };
 
 // f(j, e, row, column) for the lane's elements of S in step 7's C fragments: rows 16 warp + g (+ 8), columns
@@ -579,7 +574,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     const int r = 16 * (warp & 1) + g, cc = 8 * (warp >> 1);  // steps 5, 6: the tile's rows r, r + 8, columns cc ..
     const size_t head = (size_t)h * D * D;
     float st[kCols / 8][4];
-    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
+    for_state_fragment(warp, g, tq,
+                       [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
 #pragma unroll 1
@@ -591,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             });
         for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { sm.s[row][col] = st[j][e]; });
         __syncthreads();  // every warp is done with the previous chunk's operands
-        copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm);
+        copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm.c);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -601,14 +597,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         for (int k0 = 0; k0 < D; k0 += 8) {
             const Tf32Pair b[2] = {tf32_split(sm.s[k0 + tq][cc + g]), tf32_split(sm.s[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment(&sm.w[0][0], kTcPadA, r, k0, tq, af);
+            a_fragment(&sm.c.w[0][0], kTcPadA, r, k0, tq, af);
             mma_1688_3xtf32(ws, af, b);
-            a_fragment(&sm.q[0][0], kTcPadA, r, k0, tq, af);
+            a_fragment(&sm.c.q[0][0], kTcPadA, r, k0, tq, af);
             mma_1688_3xtf32(qs, af, b);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float& u = sm.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
+            float& u = sm.c.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
             u = __fsub_rn(u, ws[e]);
         }
         __syncthreads();  // V' whole; S is not read again this chunk
@@ -616,9 +612,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         float av[4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
-            const Tf32Pair b[2] = {tf32_split(sm.u[k0 + tq][cc + g]), tf32_split(sm.u[k0 + tq + 4][cc + g])};
+            const Tf32Pair b[2] = {tf32_split(sm.c.u[k0 + tq][cc + g]), tf32_split(sm.c.u[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment(&sm.aq[0][0], kTcPadAq, r, k0, tq, af);
+            a_fragment(&sm.c.aq[0][0], kTcPadAq, r, k0, tq, af);
             mma_1688_3xtf32(av, af, b);
         }
 #pragma unroll
@@ -626,10 +622,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             const int i = r + 8 * (e >> 1);
             if (i < n)
                 a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 2 * tq + (e & 1)] =
-                    __fmaf_rn(sm.e_gamma[i], qs[e], av[e]);
+                    __fmaf_rn(sm.c.e_gamma[i], qs[e], av[e]);
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
-        const float e_all = expf(sm.gamma[C - 1]);
+        const float e_all = expf(sm.c.gamma[C - 1]);
 #pragma unroll
         for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
@@ -637,13 +633,14 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
             const int m0 = 16 * warp;
-            const Tf32Pair af[4] = {tf32_split(sm.k[k0 + tq][m0 + g]), tf32_split(sm.k[k0 + tq][m0 + g + 8]),
-                                    tf32_split(sm.k[k0 + tq + 4][m0 + g]), tf32_split(sm.k[k0 + tq + 4][m0 + g + 8])};
-            const float er0 = sm.e_rest[k0 + tq], er1 = sm.e_rest[k0 + tq + 4];
+            const float(*k)[kTcPadKT] = sm.c.k;  // k^T's fragment: k rows k0 + tq (+ 4), columns m0 + g (+ 8)
+            const Tf32Pair af[4] = {tf32_split(k[k0 + tq][m0 + g]), tf32_split(k[k0 + tq][m0 + g + 8]),
+                                    tf32_split(k[k0 + tq + 4][m0 + g]), tf32_split(k[k0 + tq + 4][m0 + g + 8])};
+            const float er0 = sm.c.e_rest[k0 + tq], er1 = sm.c.e_rest[k0 + tq + 4];
 #pragma unroll
             for (int j = 0; j < kCols / 8; ++j) {
-                const Tf32Pair b[2] = {tf32_split(__fmul_rn(sm.u[k0 + tq][8 * j + g], er0)),
-                                       tf32_split(__fmul_rn(sm.u[k0 + tq + 4][8 * j + g], er1))};
+                const Tf32Pair b[2] = {tf32_split(__fmul_rn(sm.c.u[k0 + tq][8 * j + g], er0)),
+                                       tf32_split(__fmul_rn(sm.c.u[k0 + tq + 4][8 * j + g], er1))};
                 mma_1688_3xtf32(st[j], af, b);
             }
         }
