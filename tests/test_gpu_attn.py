@@ -327,6 +327,26 @@ def test_attn_prefill_rows_keep_their_bits_in_any_split_of_calls(fmt, keys):
     report(test="attn_prefill_row_invariance", fmt=fmt, keys=keys, bit_identical=True)
 
 
+@pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (4096, 200), (32768, 64)])
+def test_attn_prefill_on_fp16_rows_of_a_q8_0_cache_gives_the_q8_0_kernels_bits(n_past, t, keys, monkeypatch):
+    """OPENJET_ATTN_PREFILL_F16=1 (attn_prefill.cu, launch_fmt): the Q8_0 cache's rows converted to fp16 once per
+    call and the F16 kernel run on them at the Q8_0 kernel's tile shape: the very fp16 tiles the Q8_0 kernel makes
+    for itself, so every output and cache byte is the same; its launch counter shows it ran."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    n_head, n_kv = SIZES["27b"]
+    _, _, kc, vc = prefix("Q8_0", n_kv, n_past)
+    inputs = step_inputs(np.random.default_rng(5 * n_past + t), t, n_head, n_kv)
+    tiles = prefill_or_skip(keys, "Q8_0", n_head, n_kv, inputs, kc, vc)
+    monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "1")
+    before = kt.launch_count("attn_prefill_f16_rows")
+    rows = prefill("Q8_0", n_head, n_kv, inputs, kc, vc)
+    assert kt.launch_count("attn_prefill_f16_rows") == before + 1, "the fp16-rows path did not run"
+    for a, b, what in zip(tiles, rows, ("o", "k cache", "v cache")):
+        np.testing.assert_array_equal(b, a, err_msg=f"n_past={n_past} t={t}: {what}")
+    report(test="attn_prefill_f16_rows", n_past=n_past, t=t, keys=keys, bit_identical=True)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past, t", [(100, 300), (4096, 200)])
 def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t, keys):

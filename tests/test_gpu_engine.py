@@ -888,6 +888,30 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
     assert not np.array_equal(one, recurrent), "the chunked forms did not run"
 
 
+def test_prefill_attention_on_fp16_rows_of_the_q8_0_cache_keeps_the_bits_in_the_engine(models, monkeypatch):
+    """OPENJET_ATTN_PREFILL_F16=1 (read at each call): with a Q8_0 cache and the dense prefill GEMM, the prefill's
+    attention reads the cache's rows converted once per call into the dense GEMM's weight scratch (free during
+    attention): the logits of a two-turn prefill (128-row chunks) and of decode steps after it are the bits of the
+    default, and the path's launch counter shows it ran. (The tiny model's scratch, its 1 MB q projection, holds 512
+    keys of its 2 kv heads: calls past that take the Q8_0 kernel.)"""
+    from openjet_launcher.engine import kernels_test as kt
+
+    if not kt.dense_gemm_available():
+        pytest.skip("the fp16 rows live in the dense prefill GEMM's scratch: this build or GPU has none")
+    prompt, follow = _TURNS_PROMPT[:400], _TURNS_PROMPT[400:416]
+    engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type="q8_0", prefill_rows=512)
+    try:
+        plain = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
+        monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "1")
+        before = kt.launch_count("attn_prefill_f16_rows")
+        rows = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
+        ran = kt.launch_count("attn_prefill_f16_rows") - before
+    finally:
+        engine.close()
+    assert ran > 0, "the fp16-rows path did not run"
+    np.testing.assert_array_equal(rows, plain)
+
+
 def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):
     """With the default prefill numerics prefill does not leave decode's bits, so the server's Slot keeps at most
     the previous prompt (Engine.prefill_matches_decode) and truncate replays its prefilled tokens by prefill: turn

@@ -162,8 +162,10 @@ struct AttnDecodeArgs {
     int prefill_rows = 0;    // launch_attn_prefill's query rows per block: 64, 128, or 0 (128 where shared memory
                              // holds them); the same bits either way
     int prefill_keys = 0;    // launch_attn_prefill's keys per tile: 32, 64, or 0 (64 with 128 rows where shared memory
-                             // holds them);
-                             // numerics of their own (attn_prefill.cuh)
+                             // holds them); numerics of their own (attn_prefill.cuh)
+    char* f16_rows = nullptr;  // launch_attn_prefill with a Q8_0 cache: where set (16-byte aligned) and the call's
+    int f16_capacity = 0;      // n_past + t keys fit f16_capacity, 2 x n_kv x f16_capacity x 512 bytes where the
+                               // cache's rows are converted to fp16 once, then read by the F16 kernel (the same bits)
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes

@@ -18,12 +18,14 @@
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "attn_prefill.cuh"
 #include "cp_async.cuh"
 #include "device_attr.cuh"
+#include "launch_count.h"
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 
@@ -68,8 +70,20 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
     cp_async_commit();
 }
 
-// Q8_0 raw rows -> fp16 [K | V] tiles: block b of a row (fp16 d, int8 q[32]) becomes its 32 values q * d (the
-// code exact in fp16, one rounding of the product), chunks 4b .. 4b + 3 of the row.
+// Values 8 m .. 8 m + 7 of a Q8_0 block (codes q, scale d in both halves of d2) as fp16: q * d, the code exact in
+// fp16, one rounding of the product. The one conversion of both Q8_0 paths (q8_0_to_tiles, q8_0_rows_to_f16_kernel).
+__device__ __forceinline__ uint4 q8_0_chunk_f16(const uint16_t* q, __half2 d2, int m) {
+    uint32_t w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const uint32_t codes = h2_of_s8x2(q[4 * m + e]);
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&codes), d2);
+        w[e] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Q8_0 raw rows -> fp16 [K | V] tiles: block b of a row (fp16 d, int8 q[32]) becomes chunks 4b .. 4b + 3 of the row.
 template <int kThreads, int kKeys> __device__ __forceinline__ void q8_0_to_tiles(const char* raw, char* tiles) {
     constexpr int kTileBytes = tile_bytes<kKeys>();
     for (int i = threadIdx.x; i < 2 * kKeys * 8; i += kThreads) {
@@ -79,17 +93,25 @@ template <int kThreads, int kKeys> __device__ __forceinline__ void q8_0_to_tiles
         const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
         char* row = tiles + which * kTileBytes;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            uint32_t w[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint32_t codes = h2_of_s8x2(q[4 * m + e]);
-                const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&codes), d2);
-                w[e] = *reinterpret_cast<const uint32_t*>(&v);
-            }
-            *reinterpret_cast<uint4*>(row + swz(j, 4 * b + m)) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(row + swz(j, 4 * b + m)) = q8_0_chunk_f16(q, d2, m);
     }
+}
+
+// a.f16_rows (OPENJET_ATTN_PREFILL_F16=1): rows 0 .. n_rows - 1 of every kv head's Q8_0 K and V as fp16 rows,
+// [K | V][kv head][f16_capacity][256], the values q8_0_to_tiles makes. A thread per 16-byte chunk of a row.
+__global__ void __launch_bounds__(256) q8_0_rows_to_f16_kernel(const AttnDecodeArgs a, int n_rows) {
+    pdl_start();  // pdl.cuh: the prep kernel appended the call's rows; the previous projection may still read f16_rows
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const long long per_head = static_cast<long long>(n_rows) * kRowChunks;
+    if (i >= 2 * a.n_kv * per_head) return;
+    const int head = static_cast<int>(i / per_head);  // which * n_kv + kv
+    const int row = static_cast<int>(i % per_head / kRowChunks), c = static_cast<int>(i % kRowChunks);
+    const int which = head / a.n_kv, kv = head % a.n_kv;
+    const char* blk = (which ? a.v_cache : a.k_cache) +
+                      (static_cast<long long>(kv) * a.capacity + row) * KvQ8_0::kRowBytes + 34 * (c / 4);
+    const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
+    *reinterpret_cast<uint4*>(a.f16_rows + (static_cast<long long>(head) * a.f16_capacity + row) * KvF16::kRowBytes +
+                              16 * c) = q8_0_chunk_f16(reinterpret_cast<const uint16_t*>(blk + 2), d2, c % 4);
 }
 
 __device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
@@ -253,7 +275,6 @@ template <class Fmt, int kWarps, int kKeys> cudaError_t launch_rows(const AttnDe
     static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt, kWarps, kKeys>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (opted != cudaSuccess) return opted;
-    if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
     return launch_kernel(attn_prefill_kernel<Fmt, kWarps, kKeys>, dim3((a.t + kRows - 1) / kRows, a.n_head),
                          32 * kWarps, kSmem, stream, a);
 }
@@ -266,11 +287,30 @@ bool smem_holds(int need) {
 // Rows and keys: asked for, else the most that shared memory holds, rows first (the same bits either way); 64 keys
 // by default only with 128 rows (H200, 2,048 rows after 30,720: 64 rows x 64 keys 12.99 ms a layer against 10.40 for
 // 64 x 32; 128 x 64 8.13 against 9.17 for 128 x 32, F16; attn-prefill-h200-875b97a.json).
+// The prep, then the flash kernel on the caches in format Fmt, or (a Q8_0 cache with a.f16_rows that hold the call's
+// keys) the cache converted to fp16 rows once and the F16 kernel on them, at the tile shape the Q8_0 kernel would
+// take: the same fp16 tiles, so the same bits, without converting every tile again in each of the ~100 blocks that
+// read it (16 query tiles x 6 q heads of a kv head at 2,048 rows).
 template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_t stream) {
     const bool wide = a.prefill_rows == 128 || (a.prefill_rows == 0 && smem_holds(smem_bytes<Fmt, 8, 32>()));
     const int keys = a.prefill_keys ? a.prefill_keys : wide && smem_holds(smem_bytes<Fmt, 8, 64>()) ? 64 : 32;
     if (keys == 64 && !smem_holds(wide ? smem_bytes<Fmt, 8, 64>() : smem_bytes<Fmt, 4, 64>()))
         return cudaErrorInvalidValue;  // asked for tiles this device cannot hold
+    if (const cudaError_t e = launch_attn_prep(a, stream)) return e;
+    const int n_rows = a.n_past + a.t;
+    if (Fmt::kType == kKvQ8_0 && a.f16_rows && n_rows <= a.f16_capacity) {
+        const long long chunks = 2LL * a.n_kv * n_rows * kRowChunks;
+        if (const cudaError_t e = launch_kernel(q8_0_rows_to_f16_kernel,
+                                                dim3(static_cast<unsigned>((chunks + 255) / 256)), 256, 0, stream, a,
+                                                n_rows))
+            return e;
+        count_launch(Counted::kAttnPrefillF16Rows);
+        AttnDecodeArgs f = a;  // an F16 cache of f16_capacity rows (smem_bytes<KvF16> <= <KvQ8_0>: it fits)
+        f.kv_type = kKvF16, f.capacity = a.f16_capacity, f.k_cache = a.f16_rows;
+        f.v_cache = a.f16_rows + static_cast<size_t>(a.n_kv) * a.f16_capacity * KvF16::kRowBytes;
+        if (wide) return keys == 64 ? launch_rows<KvF16, 8, 64>(f, stream) : launch_rows<KvF16, 8, 32>(f, stream);
+        return keys == 64 ? launch_rows<KvF16, 4, 64>(f, stream) : launch_rows<KvF16, 4, 32>(f, stream);
+    }
     if (wide) return keys == 64 ? launch_rows<Fmt, 8, 64>(a, stream) : launch_rows<Fmt, 8, 32>(a, stream);
     return keys == 64 ? launch_rows<Fmt, 4, 64>(a, stream) : launch_rows<Fmt, 4, 32>(a, stream);
 }
@@ -279,6 +319,11 @@ template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_
 
 bool attn_prefill_fits(int kv_type) {
     return smem_holds(kv_type == kKvF16 ? smem_bytes<KvF16, 4, 32>() : smem_bytes<KvQ8_0, 4, 32>());
+}
+
+bool attn_prefill_f16_switch() {
+    const char* v = std::getenv("OPENJET_ATTN_PREFILL_F16");
+    return v && std::strcmp(v, "1") == 0;
 }
 
 int attn_prefill_keys_switch() {
@@ -292,7 +337,8 @@ cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream) {
         a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim ||
         !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work ||
         (a.prefill_rows != 0 && a.prefill_rows != 64 && a.prefill_rows != 128) ||
-        (a.prefill_keys != 0 && a.prefill_keys != 32 && a.prefill_keys != 64))
+        (a.prefill_keys != 0 && a.prefill_keys != 32 && a.prefill_keys != 64) || a.f16_capacity < 0 ||
+        (a.f16_rows && reinterpret_cast<uintptr_t>(a.f16_rows) % 16))
         return cudaErrorInvalidValue;
     if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, stream);
     if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, stream);

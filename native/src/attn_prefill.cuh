@@ -22,6 +22,13 @@ namespace openjet {
 // the block's tiles, sm_90/100; else 32); -1 for any other value (the engine refuses it).
 int attn_prefill_keys_switch();
 
+// OPENJET_ATTN_PREFILL_F16=1 (opt-in until measured): the engine gives a Q8_0 cache's prefill attention fp16 rows
+// (AttnDecodeArgs::f16_rows) in scratch that is free during attention.
+bool attn_prefill_f16_switch();
+
+// Bytes of AttnDecodeArgs::f16_rows for `capacity` keys per kv head.
+inline size_t attn_prefill_f16_bytes(int n_kv, int capacity) { return 2 * static_cast<size_t>(n_kv) * capacity * 512; }
+
 // Floats of a.work the launch needs for t rows: the q rows after norm and RoPE.
 __host__ __device__ inline size_t attn_prefill_work_floats(int n_head, int t) {
     return static_cast<size_t>(t) * n_head * kAttnHeadDim;

@@ -124,6 +124,7 @@ struct openjet_engine {
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
     __half* wdense = nullptr;
+    size_t wdense_halves = 0;
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -564,6 +565,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
     if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
+    e.wdense_halves = dense_halves;
     if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
     e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
@@ -784,6 +786,12 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         if (a.prefill_keys < 0)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
                         std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
+        // OPENJET_ATTN_PREFILL_F16=1: a Q8_0 cache's keys as fp16 rows once per call, in the dense GEMM's weight
+        // scratch (free between the projections around attention; ~43 K keys of the 27B); the same bits
+        if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0 && e.wdense)
+            a.f16_rows = reinterpret_cast<char*>(e.wdense),
+            a.f16_capacity = static_cast<int>(std::min<size_t>(
+                e.wdense_halves * sizeof(__half) / attn_prefill_f16_bytes(a.n_kv, 1), 1 << 30));
     }
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit

@@ -67,6 +67,15 @@ int prefill_keys_from_env(int* keys) {
     return OPENJET_OK;
 }
 
+// OPENJET_ATTN_PREFILL_F16=1 as the engine takes it: a Q8_0 cache's prefill gets fp16 rows for its n_past + t keys
+// (buf holds them).
+cudaError_t give_f16_rows(AttnDecodeArgs& a, DevBuf& buf) {
+    if (!attn_prefill_f16_switch() || a.kv_type != kKvQ8_0) return cudaSuccess;
+    if (cudaError_t e = buf.alloc(attn_prefill_f16_bytes(a.n_kv, a.n_past + a.t))) return e;
+    a.f16_rows = buf.as<char>(), a.f16_capacity = a.n_past + a.t;
+    return cudaSuccess;
+}
+
 // A step (prefill = false: launch_attn_decode, t = 1..8) or a prefill call (launch_attn_prefill, t = 1..4096) on
 // device copies of the inputs; the outputs copied back.
 int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj, const float* k,
@@ -101,6 +110,8 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
     a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
     a.sm_count = sms, a.prefill_rows = prefill_rows;
     if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
+    DevBuf f16;
+    if (prefill) CHECK(give_f16_rows(a, f16));
     CHECK(prefill ? launch_attn_prefill(a, 0) : launch_attn_decode(a, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
@@ -211,6 +222,8 @@ int bench_attn(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int 
     a.qproj = in, a.k = in + n_q, a.v = in + n_q + n_k, a.q_norm = in + n_q + 2 * n_k, a.k_norm = a.q_norm + kAttnHeadDim;
     a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms, a.prefill_rows = prefill_rows;
     if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
+    DevBuf f16;
+    if (prefill) CHECK(give_f16_rows(a, f16));
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.k_cache = kc[i % copies].as<char>(), a.v_cache = vc[i % copies].as<char>();
