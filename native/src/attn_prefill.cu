@@ -3,8 +3,8 @@
 // Block = kWarps x 16 query rows of one q head (64 rows, or 128 where shared memory holds them: one K/V tile then
 // serves twice the rows, and a Q8_0 tile's conversion is shared by twice the threads); grid (query tiles, q heads),
 // the longest tiles first. Per tile of kKeys = 32 or 64 keys (K and V of the head's kv head, fp16, in shared memory; 64
-// where shared memory holds them: half the barriers, waits and softmax reductions per key, and twice the independent
-// accumulators of S per warp):
+// by default with 128-row blocks where shared memory holds them: half the barriers, waits and softmax reductions per
+// key, and twice the independent accumulators of S per warp):
 //   S = Q K^T     warp: its 16 rows x kKeys keys over 256 dims, 2 kKeys mma (Q and K by ldmatrix);
 //   softmax       online, per row in fp32 (exp2 domain); the probabilities are rounded to fp16 in the
 //                 registers that held S (an m16n8k16 C fragment pair is the next mma's A fragment);
@@ -13,6 +13,8 @@
 // 512 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so each ldmatrix's 8
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
+// (Or, OPENJET_ATTN_PREFILL_F16=1, opt-in: the layer's Q8_0 rows turned into fp16 rows once per call, then the F16
+// kernel: the same tiles; launch_fmt.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
