@@ -889,15 +889,13 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
 
 
 def test_prefill_attention_on_fp16_rows_of_the_q8_0_cache_keeps_the_bits_in_the_engine(models, monkeypatch):
-    """OPENJET_ATTN_PREFILL_F16=1 (read at each call): with a Q8_0 cache and the dense prefill GEMM, the prefill's
-    attention reads the cache's rows converted once per call into the dense GEMM's weight scratch (free during
-    attention): the logits of a two-turn prefill (128-row chunks) and of decode steps after it are the bits of the
-    default, and the path's launch counter shows it ran. (The tiny model's scratch, its 1 MB q projection, holds 512
-    keys of its 2 kv heads: calls past that take the Q8_0 kernel.)"""
+    """OPENJET_ATTN_PREFILL_F16=1 (read at each call): with a Q8_0 cache, the prefill's attention reads the cache's
+    rows converted once per call into scratch that is free during attention (the dense GEMM's or the chunked GDN's,
+    the larger): the logits of a two-turn prefill (128-row chunks) and of decode steps after it are the bits of the
+    default, and the path's launch counter shows it ran. (The tiny model's GDN scratch at 512-row chunks holds ~2,250
+    keys of its 2 kv heads; calls past that take the Q8_0 kernel.)"""
     from openjet_launcher.engine import kernels_test as kt
 
-    if not kt.dense_gemm_available():
-        pytest.skip("the fp16 rows live in the dense prefill GEMM's scratch: this build or GPU has none")
     prompt, follow = _TURNS_PROMPT[:400], _TURNS_PROMPT[400:416]
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type="q8_0", prefill_rows=512)
     try:

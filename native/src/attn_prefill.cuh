@@ -23,7 +23,7 @@ namespace openjet {
 int attn_prefill_keys_switch();
 
 // OPENJET_ATTN_PREFILL_F16=1 (opt-in until measured): the engine gives a Q8_0 cache's prefill attention fp16 rows
-// (AttnDecodeArgs::f16_rows) in scratch that is free during attention.
+// (AttnDecodeArgs::f16_rows) in scratch that is free during attention (the dense GEMM's or the chunked GDN's).
 bool attn_prefill_f16_switch();
 
 // Bytes of AttnDecodeArgs::f16_rows for `capacity` keys per kv head.
