@@ -211,26 +211,6 @@ def test_two_phase_chunked_form_gives_the_one_kernel_forms_bits(size, t, monkeyp
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("t", [33, 300])
-def test_two_phase_state_phase_gives_the_same_bits_with_two_buffers(size, t, monkeypatch):
-    """OPENJET_GDN_STATE_BUFFERS=2: the state phase copies chunk i + 1's operands in (cp.async) while chunk i
-    computes, where two buffers fit (the 228 KB SMs; elsewhere it runs the default); by default each chunk's
-    operands are loaded, then computed. The same arithmetic, so y, the conv state and the state are bit for bit the
-    same. The launch counter shows which ran: the double buffer where its 133 KB fit (sm_90, sm_100), the default
-    elsewhere."""
-    from openjet_launcher.engine.device_probe import probe
-
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
-    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")  # the double buffer is the FMA form's
-    before = kt.launch_count("gdn_state_double_buffer")
-    args, single, double = default_and_switched(size, t, 93, monkeypatch, "OPENJET_GDN_STATE_BUFFERS", "2")
-    ran = kt.launch_count("gdn_state_double_buffer") - before
-    assert ran == (1 if probe()["devices"][0]["sm"] in (90, 100) else 0), f"double-buffer launches: {ran}"
-    for name, x, y in zip(("y", "conv_state", "state"), double, single):
-        np.testing.assert_array_equal(x, y, err_msg=name)
-
-
-@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 9, 32, 33, 100, 300])
 def test_two_phase_state_phase_on_tensor_cores_matches_reference(size, t, monkeypatch):
     """OPENJET_GDN_STATE_TC=1 (the default): the state phase's products on tensor cores in 3xTF32 (gdn_chunk.cu,

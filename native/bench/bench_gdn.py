@@ -4,7 +4,7 @@ against the bytes the step must move at the device-to-device copy bandwidth meas
 Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
-    ... bench_gdn.py chunked2 chunked2-2buf   # only those forms
+    ... bench_gdn.py chunked2 chunked2-fma   # only those forms
 
 Prefill calls (64 .. 2048 rows) are timed in three forms: the recurrence and the chunked WY form (gdn_chunk.cuh) in
 one kernel (OPENJET_GDN_CHUNKED=1) and in two phases (=2, the same bits).
@@ -45,12 +45,10 @@ N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
 # OPENJET_GDN_CHUNKED (2, the default: two phases, the state phase on tensor cores); "chunked2-fma": the state phase
-# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits); "chunked2-2buf": that one copying the next chunk's operands
-# in during the current one (OPENJET_GDN_STATE_BUFFERS=2, opt-in; the 228 KB SMs)
+# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits)
 FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
          "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
-         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"},
-         "chunked2-2buf": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0", "OPENJET_GDN_STATE_BUFFERS": "2"}}
+         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -68,7 +66,7 @@ def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
     runs = [(t, "recurrent") for t in TS] + [(t, f) for f in FORMS if f != "recurrent" for t in CHUNKED_TS]
-    if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-2buf`)
+    if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-fma`)
         runs = [(t, f) for t, f in runs if f in sys.argv[1:]]
     for t, form in runs:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes

@@ -286,6 +286,12 @@ bool smem_holds(int need) {
     return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && need <= optin;
 }
 
+// The flash kernel over caches in format F at a tile shape: 128-row blocks (8 warps) where wide, else 64; keys per tile.
+template <class F> cudaError_t launch_tiles(const AttnDecodeArgs& a, bool wide, int keys, cudaStream_t stream) {
+    if (wide) return keys == 64 ? launch_rows<F, 8, 64>(a, stream) : launch_rows<F, 8, 32>(a, stream);
+    return keys == 64 ? launch_rows<F, 4, 64>(a, stream) : launch_rows<F, 4, 32>(a, stream);
+}
+
 // Rows and keys: asked for, else the most that shared memory holds, rows first (the same bits either way); 64 keys
 // by default only with 128 rows (H200, 2,048 rows after 30,720: 64 rows x 64 keys 12.99 ms a layer against 10.40 for
 // 64 x 32; 128 x 64 8.13 against 9.17 for 128 x 32, F16; attn-prefill-h200-875b97a.json).
@@ -310,11 +316,9 @@ template <class Fmt> cudaError_t launch_fmt(const AttnDecodeArgs& a, cudaStream_
         AttnDecodeArgs f = a;  // an F16 cache of f16_capacity rows (smem_bytes<KvF16> <= <KvQ8_0>: it fits)
         f.kv_type = kKvF16, f.capacity = a.f16_capacity, f.k_cache = a.f16_rows;
         f.v_cache = a.f16_rows + static_cast<size_t>(a.n_kv) * a.f16_capacity * KvF16::kRowBytes;
-        if (wide) return keys == 64 ? launch_rows<KvF16, 8, 64>(f, stream) : launch_rows<KvF16, 8, 32>(f, stream);
-        return keys == 64 ? launch_rows<KvF16, 4, 64>(f, stream) : launch_rows<KvF16, 4, 32>(f, stream);
+        return launch_tiles<KvF16>(f, wide, keys, stream);
     }
-    if (wide) return keys == 64 ? launch_rows<Fmt, 8, 64>(a, stream) : launch_rows<Fmt, 8, 32>(a, stream);
-    return keys == 64 ? launch_rows<Fmt, 4, 64>(a, stream) : launch_rows<Fmt, 4, 32>(a, stream);
+    return launch_tiles<Fmt>(a, wide, keys, stream);
 }
 
 }  // namespace

@@ -121,11 +121,13 @@ struct openjet_engine {
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
-    size_t gdn_chunk_floats = 0;
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
     __half* wdense = nullptr;
-    size_t wdense_halves = 0;
+    // OPENJET_ATTN_PREFILL_F16=1: where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of the two
+    // scratches above (both free during attention), and the keys per kv head it holds; null where neither is made.
+    char* attn_f16_rows = nullptr;
+    int attn_f16_capacity = 0;
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
     std::vector<LayerW> layers;
     DevTensor tok_embd, out_norm, output;
@@ -566,9 +568,14 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
     if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
-    e.wdense_halves = dense_halves;
     if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
-    e.gdn_chunk_floats = gdn_chunk_floats;
+    {  // the dense GEMM's weights hold ~43 K keys of the 27B; the chunked GDN's ~36 K at 2,048-row chunks, ~9 K at 512
+        const size_t dense_b = dense_halves * sizeof(__half), gdn_b = gdn_chunk_floats * sizeof(float);
+        e.attn_f16_rows = dense_b >= gdn_b ? reinterpret_cast<char*>(e.wdense) : reinterpret_cast<char*>(e.gdn_chunk_scratch);
+        if (e.attn_f16_rows && e.n_attn)
+            e.attn_f16_capacity = static_cast<int>(
+                std::min<size_t>(std::max(dense_b, gdn_b) / attn_prefill_f16_bytes(c.n_head_kv, 1), 1 << 30));
+    }
     e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
@@ -788,17 +795,10 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         if (a.prefill_keys < 0)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
                         std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
-        // OPENJET_ATTN_PREFILL_F16=1: a Q8_0 cache's keys as fp16 rows once per call (the same bits), in the larger
-        // of two scratches that are free during attention: the dense GEMM's weights (~43 K keys of the 27B) and the
-        // chunked GDN's (~36 K at 2,048-row chunks, ~9 K at 512; made on every GPU)
-        if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0) {
-            const size_t dense_b = e.wdense ? e.wdense_halves * sizeof(__half) : 0;
-            const size_t gdn_b = e.gdn_chunk_scratch ? e.gdn_chunk_floats * sizeof(float) : 0;
-            const size_t bytes = std::max(dense_b, gdn_b);
-            a.f16_rows = dense_b >= gdn_b ? reinterpret_cast<char*>(e.wdense)
-                                          : reinterpret_cast<char*>(e.gdn_chunk_scratch);
-            a.f16_capacity = static_cast<int>(std::min<size_t>(bytes / attn_prefill_f16_bytes(a.n_kv, 1), 1 << 30));
-        }
+        // OPENJET_ATTN_PREFILL_F16=1: a Q8_0 cache's keys as fp16 rows once per call (the same bits), in the scratch
+        // chosen at create (the launch falls back to the Q8_0 kernel where the call's rows exceed its capacity)
+        if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0)
+            a.f16_rows = e.attn_f16_rows, a.f16_capacity = e.attn_f16_capacity;
     }
     size_t work_floats = e.attn_work_floats;
     // A prefill chunk's q rows or partials go to big2's tail, past the chunk's k rows, where it is larger (no bit

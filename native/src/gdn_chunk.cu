@@ -430,14 +430,10 @@ template <int kLdQ, int kLdK, int kLdW, int kLdU, int kLdAq> struct ChunkOperand
     alignas(16) float e_gamma[C];
     alignas(16) float e_rest[C];
 };
-using Phase2Chunk = ChunkOperands<kRowPad, kRowPad, D, kCols, C>;
-// kBufs = 2 (opt-in, OPENJET_GDN_STATE_BUFFERS=2, where 133 KB fit: the 228 KB SMs): chunk i + 1's operands are
-// copied in by cp.async while chunk i computes; 1 (75 KB, two blocks per SM: every SM we build for): loaded, then
-// computed.
-// The same arithmetic either way, so the same bits.
-template <int kBufs> struct Phase2Smem {
+// The FMA state phase's shared memory (75 KB, two blocks per SM on the 228 KB SMs).
+struct Phase2Smem {
     float s[D][kCols];
-    Phase2Chunk c[kBufs];
+    ChunkOperands<kRowPad, kRowPad, D, kCols, C> c;
 };
 
 // The lane's cp.async pieces of chunk t0's operands for block (h, c0) into b (a thread's share of 3 x 1,024 pieces of
@@ -468,34 +464,11 @@ __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size
     }
 }
 
-// The same operands loaded through registers, all before the chunk computes (the schedule the H200 validated
-// through 4b258b0; the default until the cp.async form has run on a GPU).
-__device__ __forceinline__ void load_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
-                                                    int t0, Phase2Chunk& b) {
-    const float4* q4 = reinterpret_cast<const float4*>(cs.q + ((size_t)kh * r_pad + t0) * D);
-    const float4* k4 = reinterpret_cast<const float4*>(cs.k + ((size_t)kh * r_pad + t0) * D);
-    const float4* w4 = reinterpret_cast<const float4*>(cs.w + ((size_t)h * r_pad + t0) * D);
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's q, k, W rows
-        const int i = e / (D / 4), d = 4 * (e % (D / 4));
-        *reinterpret_cast<float4*>(&b.q[i][d]) = q4[e];
-        *reinterpret_cast<float4*>(&b.k[i][d]) = k4[e];
-        *reinterpret_cast<float4*>(&b.w[i][d]) = w4[e];
-    }
-    for (int e = threadIdx.x; e < C * kCols; e += kThreads)
-        (&b.u[0][0])[e] = cs.u[((size_t)h * r_pad + t0 + e / kCols) * D + c0 + e % kCols];
-    for (int e = threadIdx.x; e < C * C; e += kThreads) (&b.aq[0][0])[e] = cs.aq[((size_t)h * r_pad + t0) * C + e];
-    if (threadIdx.x < C) {
-        const size_t at = (size_t)h * r_pad + t0 + threadIdx.x;
-        b.gamma[threadIdx.x] = cs.gamma[at], b.e_gamma[threadIdx.x] = cs.e_gamma[at], b.e_rest[threadIdx.x] = cs.e_rest[at];
-    }
-}
-
-// One buffer: two blocks per SM (<= 128 registers, 2 x 75 KB), so the 27B's 192 blocks are all resident on 96 or more
-// SMs (at one block per SM the H200's 132 ran them in two waves: 1,022 us of a 2,048-row call, Nsight at 0e2ffe7).
-template <int kBufs>
-__global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_kernel(const GdnStepArgs a) {
+// Two blocks per SM (<= 128 registers, 2 x 75 KB), so the 27B's 192 blocks are all resident on 96 or more SMs (at
+// one block per SM the H200's 132 ran them in two waves: 1,022 us of a 2,048-row call, Nsight at 0e2ffe7).
+__global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
-    Phase2Smem<kBufs>& sm = *reinterpret_cast<Phase2Smem<kBufs>*>(smem_raw);
+    Phase2Smem& sm = *reinterpret_cast<Phase2Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
     constexpr int kSplits = D / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
@@ -504,29 +477,20 @@ __global__ void __launch_bounds__(kThreads, kBufs == 1 ? 2 : 1) gdn_chunk_state_
     load_state_columns(a, h, c0, sm.s);
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
-    if (kBufs == 2) {
-        copy_chunk_operands(cs, r_pad, h, kh, c0, 0, sm.c[0]);
-        cp_async_commit();
-    }
 #pragma unroll 1
-    for (int t0 = 0, ci = 0; t0 < a.t; t0 += C, ++ci) {
+    for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
-        Phase2Chunk& b = sm.c[kBufs == 2 ? ci & 1 : 0];
         if (a.snap_state && t0 == a.snap_row) store_state_columns_to(a.snap_state, h, c0, sm.s);  // before row t0
-        if (kBufs == 2) {  // the next chunk's operands into the other buffer (its chunk finished at the last barrier)
-            if (t0 + C < a.t) copy_chunk_operands(cs, r_pad, h, kh, c0, t0 + C, sm.c[(ci + 1) & 1]);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            load_chunk_operands(cs, r_pad, h, kh, c0, t0, b);
-        }
+        copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm.c);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
+        auto& b = sm.c;
         chunk_state_steps(sm.s, b.w, b.q, b.k, b.u, b.aq, b.gamma, b.e_gamma, b.e_rest, n,
                           [&](int i, float o) { a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = o; }, warp,
                           lane);
-        __syncthreads();  // this buffer is the next copy's target after the next chunk
+        __syncthreads();  // the next chunk's operands overwrite these
     }
-    if (kBufs == 2) cp_async_wait<0>();
     store_state_columns(a, h, c0, sm.s);
 }
 
@@ -657,14 +621,6 @@ bool gdn_state_tensor_cores() {
     return !v || !(v[0] == '0' && v[1] == 0);
 }
 
-// OPENJET_GDN_STATE_BUFFERS=2 (read at each call; the FMA form's, OPENJET_GDN_STATE_TC=0): the state phase copies the
-// next chunk's operands in while the current one computes, where two buffers fit. Opt-in: the same bits (tested on
-// the H200), but at one block per SM no faster than one buffer at two (2,048 rows: 1,148 us against 1,130; 875b97a).
-bool gdn_state_double_buffer() {
-    const char* v = std::getenv("OPENJET_GDN_STATE_BUFFERS");
-    return v && v[0] == '2' && v[1] == 0;
-}
-
 }  // namespace
 
 int gdn_chunked_form() {
@@ -674,8 +630,8 @@ int gdn_chunked_form() {
 }
 
 // Shared memory a block of either phase of form 2 asks for.
-constexpr int kTwoPhaseSmem = static_cast<int>(sizeof(Phase1Smem) > sizeof(Phase2Smem<1>) ? sizeof(Phase1Smem)
-                                                                                           : sizeof(Phase2Smem<1>));
+constexpr int kTwoPhaseSmem = static_cast<int>(sizeof(Phase1Smem) > sizeof(Phase2Smem) ? sizeof(Phase1Smem)
+                                                                                        : sizeof(Phase2Smem));
 
 bool gdn_two_phase_runs() {
     int optin = 0;
@@ -699,17 +655,10 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         if (kTwoPhaseSmem > optin) return cudaSuccess;  // (a snapshot request was refused before: gdn_two_phase_runs)
         static const cudaError_t opted1 = cudaFuncSetAttribute(
             gdn_chunk_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase1Smem));
-        // the state phase double-buffers its chunks' operands where shared memory allows (the same bits)
-        const bool two = static_cast<int>(sizeof(Phase2Smem<2>)) <= optin;
         static const cudaError_t opted2 = cudaFuncSetAttribute(
-            gdn_chunk_state_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem<1>));
-        static const cudaError_t opted2b = two ? cudaFuncSetAttribute(gdn_chunk_state_kernel<2>,
-                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                      sizeof(Phase2Smem<2>))
-                                               : cudaSuccess;
+            gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem));
         if (opted1 != cudaSuccess) return opted1;
         if (opted2 != cudaSuccess) return opted2;
-        if (opted2b != cudaSuccess) return opted2b;
         *launched = true;
         const int chunks = (a.t + C - 1) / C;
         if (cudaError_t e = launch_kernel(gdn_chunk_local_kernel, a.n_v * chunks, kThreads, sizeof(Phase1Smem),
@@ -725,13 +674,7 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
             return launch_kernel(gdn_chunk_state_tc_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem),
                                  stream, a);
         }
-        if (two && gdn_state_double_buffer()) {
-            count_launch(Counted::kGdnStateDoubleBuffer);
-            return launch_kernel(gdn_chunk_state_kernel<2>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<2>),
-                                 stream, a);
-        }
-        return launch_kernel(gdn_chunk_state_kernel<1>, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem<1>), stream,
-                             a);
+        return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;
     static const cudaError_t opted =

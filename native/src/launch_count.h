@@ -12,9 +12,8 @@ enum class Counted {
     kDenseGemm = 0,
     kGdnTwoPhase = 1,
     kGdnSnapshot = 2,
-    kGdnStateDoubleBuffer = 3,
-    kGdnStateTensorCores = 4,
-    kAttnPrefillF16Rows = 5,
+    kGdnStateTensorCores = 3,
+    kAttnPrefillF16Rows = 4,
     kCount
 };
 

@@ -243,8 +243,8 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
 
 // Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN, 2 its
-// state written at a chunk boundary for a checkpoint, 3 its state phase with double-buffered operands, 4 its state
-// phase on tensor cores, 5 the prefill attention on fp16 rows of a Q8_0 cache).
+// state written at a chunk boundary for a checkpoint, 3 its state phase on tensor cores, 4 the prefill attention on
+// fp16 rows of a Q8_0 cache).
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,

@@ -99,7 +99,6 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_PREFILL_KEYS": ("32", "64"),              # attn_prefill.cu, the flash kernel's keys per tile
     "OPENJET_ATTN_PREFILL_F16": ("0", "1"),                 # engine.cu, attn_mixer (a Q8_0 cache as fp16 rows)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
-    "OPENJET_GDN_STATE_BUFFERS": ("1", "2"),                # gdn_chunk.cu, gdn_state_double_buffer (2: opt-in)
     "OPENJET_GDN_STATE_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_state_tensor_cores (1: default)
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }

@@ -220,15 +220,14 @@ def dense_gemm_available() -> bool:
 DENSE_MIN_ROWS = 256
 
 # launch_count.h's counted paths, in its order.
-COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_double_buffer": 3,
-           "gdn_state_tensor_cores": 4, "attn_prefill_f16_rows": 5}
+COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
+           "attn_prefill_f16_rows": 4}
 
 
 def launch_count(path: str) -> int:
     """Launches so far, in this process, of a path whose output may equal another's bit for bit ("dense_gemm": the
     dense prefill GEMM; "gdn_two_phase": the two-phase chunked GDN; "gdn_snapshot": its state written at a chunk
-    boundary for a checkpoint taken inside a prefill call; "gdn_state_double_buffer": its state phase with the next
-    chunk's operands copied in during the current one; "gdn_state_tensor_cores": its state phase on tensor cores;
+    boundary for a checkpoint taken inside a prefill call; "gdn_state_tensor_cores": its state phase on tensor cores;
     "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache): how a test sees that the path
     ran."""
     lib = _lib()
