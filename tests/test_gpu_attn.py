@@ -262,6 +262,14 @@ def prefill(fmt, n_head, n_kv, inputs, k_cache, v_cache):
     return ka.attn_prefill(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, k_cache, v_cache, n_head=n_head, n_kv=n_kv)
 
 
+@pytest.fixture(autouse=True)
+def q8_0_kernel_by_default(monkeypatch):
+    """A Q8_0 cache's prefill reads fp16 rows converted once per call by default (OPENJET_ATTN_PREFILL_F16, the
+    F16 kernel's tiles); these tests hold the Q8_0 kernel itself to the bounds (it runs where the rows do not fit
+    the engine's scratch) unless a test asks for the rows."""
+    monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "0")
+
+
 @pytest.fixture(params=["32", "64"])
 def keys(request, monkeypatch):
     """The flash kernel's keys per tile (OPENJET_ATTN_PREFILL_KEYS, read at each call): each tile size is numerics
@@ -329,7 +337,7 @@ def test_attn_prefill_rows_keep_their_bits_in_any_split_of_calls(fmt, keys):
 
 @pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (4096, 200), (32768, 64)])
 def test_attn_prefill_on_fp16_rows_of_a_q8_0_cache_gives_the_q8_0_kernels_bits(n_past, t, keys, monkeypatch):
-    """OPENJET_ATTN_PREFILL_F16=1 (attn_prefill.cu, launch_fmt): the Q8_0 cache's rows converted to fp16 once per
+    """OPENJET_ATTN_PREFILL_F16=1 (the default; attn_prefill.cu, launch_fmt): the Q8_0 cache's rows converted to fp16 once per
     call and the F16 kernel run on them at the Q8_0 kernel's tile shape: the very fp16 tiles the Q8_0 kernel makes
     for itself, so every output and cache byte is the same; its launch counter shows it ran."""
     from openjet_launcher.engine import kernels_test as kt

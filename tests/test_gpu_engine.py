@@ -477,6 +477,25 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
         engine.close()
 
 
+@pytest.mark.parametrize("threads", ["256", "512", "1024"])
+def test_the_prefill_row_packs_give_decode_bits_at_every_block_size(models, threads, monkeypatch):
+    """A prefill call's add-norm and swiglu packs (more than 8 rows; elementwise.cu, launch_many_rows) run 256
+    threads a row by default, OPENJET_ROW_PACK_THREADS=512 or 1024 (decode's count) on request, so that several
+    rows share an SM: each setting leaves the bits of decode steps of up to 8 rows (exact GEMMs: the last logits
+    and hidden row of a 200-token prefill in 64-row chunks)."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
+    ids = np.random.default_rng(31).integers(0, 4096, 200)
+    engine = CudaEngine.load(models["small"], n_ctx=512)
+    try:
+        steps = engine.prefill(engine.new_state(), ids, all_logits=True)
+        monkeypatch.setenv("OPENJET_ROW_PACK_THREADS", threads)
+        chunks = engine.prefill(engine.new_state(), ids, chunk_size=64)
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(chunks.logits[-1], steps.logits[-1], err_msg=f"{threads} threads: logits")
+    np.testing.assert_array_equal(chunks.hidden[-1], steps.hidden[-1], err_msg=f"{threads} threads: hidden")
+
+
 def test_prefill_chunks_of_128_512_and_2048_leave_the_same_bits(models):
     """Issue 6: chunk sizes 128, 512 and 2,048 (an engine loaded with prefill_rows = 2048; each chunk reads the
     weights once) leave the same state bit for bit: the last logits and hidden row and the next decode step's
@@ -889,18 +908,19 @@ def test_the_two_phase_chunked_gdn_gives_the_one_kernel_forms_bits_in_the_engine
 
 
 def test_prefill_attention_on_fp16_rows_of_the_q8_0_cache_keeps_the_bits_in_the_engine(models, monkeypatch):
-    """OPENJET_ATTN_PREFILL_F16=1 (read at each call): with a Q8_0 cache, the prefill's attention reads the cache's
-    rows converted once per call into scratch that is free during attention (the dense GEMM's or the chunked GDN's,
-    the larger): the logits of a two-turn prefill (128-row chunks) and of decode steps after it are the bits of the
-    default, and the path's launch counter shows it ran. (The tiny model's GDN scratch at 512-row chunks holds ~2,250
+    """OPENJET_ATTN_PREFILL_F16 (read at each call; unset or 1, the default): with a Q8_0 cache, the prefill's
+    attention reads the cache's rows converted once per call into scratch that is free during attention (the dense
+    GEMM's or the chunked GDN's, the larger): the logits of a two-turn prefill (128-row chunks) and of decode steps
+    after it are the bits of the Q8_0 kernel (=0), and the path's launch counter shows it ran. (The tiny model's GDN scratch at 512-row chunks holds ~2,250
     keys of its 2 kv heads; calls past that take the Q8_0 kernel.)"""
     from openjet_launcher.engine import kernels_test as kt
 
     prompt, follow = _TURNS_PROMPT[:400], _TURNS_PROMPT[400:416]
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type="q8_0", prefill_rows=512)
     try:
+        monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "0")
         plain = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
-        monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "1")
+        monkeypatch.delenv("OPENJET_ATTN_PREFILL_F16")
         before = kt.launch_count("attn_prefill_f16_rows")
         rows = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
         ran = kt.launch_count("attn_prefill_f16_rows") - before

@@ -13,8 +13,8 @@
 // 512 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so each ldmatrix's 8
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
-// (Or, OPENJET_ATTN_PREFILL_F16=1, opt-in: the layer's Q8_0 rows turned into fp16 rows once per call, then the F16
-// kernel: the same tiles; launch_fmt.)
+// (Or, by default, OPENJET_ATTN_PREFILL_F16 unset or 1: the layer's Q8_0 rows turned into fp16 rows once per call,
+// then the F16 kernel: the same tiles; launch_fmt.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
@@ -99,7 +99,7 @@ template <int kThreads, int kKeys> __device__ __forceinline__ void q8_0_to_tiles
     }
 }
 
-// a.f16_rows (OPENJET_ATTN_PREFILL_F16=1): rows 0 .. n_rows - 1 of every kv head's Q8_0 K and V as fp16 rows,
+// a.f16_rows (OPENJET_ATTN_PREFILL_F16, default on): rows 0 .. n_rows - 1 of every kv head's Q8_0 K and V as fp16 rows,
 // [K | V][kv head][f16_capacity][256], the values q8_0_to_tiles makes. A thread per 16-byte chunk of a row.
 __global__ void __launch_bounds__(256) q8_0_rows_to_f16_kernel(const AttnDecodeArgs a, int n_rows) {
     pdl_start();  // pdl.cuh: the prep kernel appended the call's rows; the previous projection may still read f16_rows
@@ -329,7 +329,7 @@ bool attn_prefill_fits(int kv_type) {
 
 bool attn_prefill_f16_switch() {
     const char* v = std::getenv("OPENJET_ATTN_PREFILL_F16");
-    return v && std::strcmp(v, "1") == 0;
+    return !v || std::strcmp(v, "0") != 0;
 }
 
 int attn_prefill_keys_switch() {

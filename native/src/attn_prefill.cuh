@@ -22,8 +22,9 @@ namespace openjet {
 // the block's tiles, sm_90/100; else 32); -1 for any other value (the engine refuses it).
 int attn_prefill_keys_switch();
 
-// OPENJET_ATTN_PREFILL_F16=1 (opt-in until measured): the engine gives a Q8_0 cache's prefill attention fp16 rows
-// (AttnDecodeArgs::f16_rows) in scratch that is free during attention (the dense GEMM's or the chunked GDN's).
+// OPENJET_ATTN_PREFILL_F16 unset or 1 (the default; 0 turns it off): the engine gives a Q8_0 cache's prefill
+// attention fp16 rows (AttnDecodeArgs::f16_rows) in scratch that is free during attention (the dense GEMM's or the
+// chunked GDN's).
 bool attn_prefill_f16_switch();
 
 // Bytes of AttnDecodeArgs::f16_rows for `capacity` keys per kv head.

@@ -7,24 +7,63 @@
 
 #include "device_attr.cuh"
 #include "elementwise.cuh"
+#include "openjet.h"
 #include "pdl.cuh"
 
 namespace openjet {
 namespace {
 
-template <bool kStaged>
-__global__ void __launch_bounds__(kPackThreads)
+template <bool kStaged, int kThreads = kPackThreads, int kCached = kPackCached>
+__global__ void __launch_bounds__(kThreads)
 add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w, int k,
                      float eps, float* __restrict__ a_out, ActPack p) {
     extern __shared__ float staged[];  // kStaged: [k] the row after the add, [k] w
     pdl_start();  // pdl.cuh
-    add_norm_pack_row<kStaged>(h, delta, w, k, eps, a_out, p, blockIdx.x, staged);
+    add_norm_pack_row<kStaged, kThreads, kCached>(h, delta, w, k, eps, a_out, p, blockIdx.x, staged);
 }
 
-__global__ void __launch_bounds__(kPackThreads)
+template <int kThreads = kPackThreads, int kCached = kPackCached>
+__global__ void __launch_bounds__(kThreads)
 swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
     pdl_start();  // pdl.cuh
-    swiglu_pack_row(gate, up, k, p, blockIdx.x);
+    swiglu_pack_row<kThreads, kCached>(gate, up, k, p, blockIdx.x);
+}
+
+// ------------------------------------------------------------------------------------------ many rows
+constexpr int kMaxDecodeRows = OPENJET_ENGINE_MAX_T;  // a decode or verify step's rows: the kernels above
+// A prefill chunk's rows (more than kMaxDecodeRows): the 1,024-thread blocks above hold 40-48 registers a thread,
+// so one block, one row, per SM at a time, its passes' barriers and the row's ramp and tail unhidden (the 27B's
+// 2,048-row add-norm ~120 us, ~2x its bytes' time: 15.4 ms of a chunk's 129 calls). Smaller blocks put several
+// rows on an SM; the bits are the same (act_pack.cuh, rmsnorm.cuh: they do not depend on the thread count).
+// OPENJET_ROW_PACK_THREADS (read at each call; CudaEngine.load refuses other values): 256 (default), 512 or 1024
+// (the decode kernels' count) threads per row; each keeps its share of a 27B row in registers (add-norm 5,120,
+// swiglu 17,408).
+int row_pack_threads() {
+    const char* v = std::getenv("OPENJET_ROW_PACK_THREADS");
+    const int n = v ? std::atoi(v) : 256;
+    return n == 512 || n == 1024 ? n : 256;
+}
+
+template <int kThreads, int kNormCached, int kSwigluCached>
+cudaError_t launch_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
+                        const ActPack& p, const float* gate, const float* up, cudaStream_t stream) {
+    if (gate)
+        return launch_kernel(swiglu_pack_kernel<kThreads, kSwigluCached>, t, kThreads, 0, stream, gate, up, k, p);
+    if (k <= kAddNormStagedMax)
+        return launch_kernel(add_norm_pack_kernel<true, kThreads, kNormCached>, t, kThreads, sizeof(float) * 2 * k,
+                             stream, h, delta, w, k, eps, a_out, p);
+    return launch_kernel(add_norm_pack_kernel<false, kThreads, kNormCached>, t, kThreads, 0, stream, h, delta, w, k,
+                         eps, a_out, p);
+}
+
+// The add-norm pack (gate null) or the swiglu pack of t > kMaxDecodeRows rows.
+cudaError_t launch_many_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
+                             const ActPack& p, const float* gate, const float* up, cudaStream_t stream) {
+    switch (row_pack_threads()) {
+    case 1024: return launch_rows<1024, kPackCached, kPackCached>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
+    case 512: return launch_rows<512, 12, 34>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
+    default: return launch_rows<256, 20, 68>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
+    }
 }
 
 // ------------------------------------------------------------------------------------------ cluster packs
@@ -172,6 +211,7 @@ bool pack_cluster_takes(int k) {
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (t > kMaxDecodeRows) return launch_many_rows(h, delta, w, t, k, eps, a_out, p, nullptr, nullptr, stream);
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
@@ -185,10 +225,11 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
                                cudaStream_t stream) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (t > kMaxDecodeRows) return launch_many_rows(nullptr, nullptr, nullptr, t, k, 0.0f, nullptr, p, gate, up, stream);
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
-    return launch_kernel(swiglu_pack_kernel, t, kPackThreads, 0, stream, gate, up, k, p);
+    return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p);
 }
 
 }  // namespace openjet

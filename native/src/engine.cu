@@ -124,7 +124,7 @@ struct openjet_engine {
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
     __half* wdense = nullptr;
-    // OPENJET_ATTN_PREFILL_F16=1: where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of the two
+    // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of the two
     // scratches above (both free during attention), and the keys per kv head it holds; null where neither is made.
     char* attn_f16_rows = nullptr;
     int attn_f16_capacity = 0;
@@ -795,7 +795,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         if (a.prefill_keys < 0)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
                         std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
-        // OPENJET_ATTN_PREFILL_F16=1: a Q8_0 cache's keys as fp16 rows once per call (the same bits), in the scratch
+        // OPENJET_ATTN_PREFILL_F16 (unset or 1, the default): a Q8_0 cache's keys as fp16 rows once per call (the same bits), in the scratch
         // chosen at create (the launch falls back to the Q8_0 kernel where the call's rows exceed its capacity)
         if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0)
             a.f16_rows = e.attn_f16_rows, a.f16_capacity = e.attn_f16_capacity;

@@ -97,9 +97,10 @@ KERNEL_SWITCHES = {
     "OPENJET_PREFILL_ATTN": ("flash", "chunks", "pairs"),   # engine.cu, prefill_attn
     "OPENJET_ATTN_PREFILL_ROWS": ("64", "128"),             # engine.cu, attn_mixer (the flash kernel's block rows)
     "OPENJET_ATTN_PREFILL_KEYS": ("32", "64"),              # attn_prefill.cu, the flash kernel's keys per tile
-    "OPENJET_ATTN_PREFILL_F16": ("0", "1"),                 # engine.cu, attn_mixer (a Q8_0 cache as fp16 rows)
+    "OPENJET_ATTN_PREFILL_F16": ("0", "1"),                 # engine.cu, attn_mixer (a Q8_0 cache as fp16 rows; 1: default)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
     "OPENJET_GDN_STATE_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_state_tensor_cores (1: default)
+    "OPENJET_ROW_PACK_THREADS": ("256", "512", "1024"),     # elementwise.cu, row_pack_threads (prefill rows)
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
 }
 
