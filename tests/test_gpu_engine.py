@@ -477,12 +477,12 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
         engine.close()
 
 
-@pytest.mark.parametrize("threads", ["256", "512", "1024"])
+@pytest.mark.parametrize("threads", ["auto", "256", "512", "1024"])
 def test_the_prefill_row_packs_give_decode_bits_at_every_block_size(models, threads, monkeypatch):
-    """A prefill call's add-norm and swiglu packs (more than 8 rows; elementwise.cu, launch_many_rows) run 256
-    threads a row by default, OPENJET_ROW_PACK_THREADS=512 or 1024 (decode's count) on request, so that several
-    rows share an SM: each setting leaves the bits of decode steps of up to 8 rows (exact GEMMs: the last logits
-    and hidden row of a 200-token prefill in 64-row chunks)."""
+    """A prefill call's add-norm, swiglu and output packs (more than 8 rows; act_pack.cuh, row_pack_threads) run
+    fewer threads a row than decode's 1,024 by default (auto), so that several rows share an SM, or all at 256, 512
+    or 1,024 (OPENJET_ROW_PACK_THREADS): each setting leaves the bits of decode steps of up to 8 rows (exact GEMMs:
+    the last logits and hidden row of a 200-token prefill in 64-row chunks)."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
     ids = np.random.default_rng(31).integers(0, 4096, 200)
     engine = CudaEngine.load(models["small"], n_ctx=512)

@@ -147,6 +147,16 @@ inline bool act_pack_fits(const ActPack& p, int t, int k) {
            k % kActBlock == 0;
 }
 
+// Threads a row for the pack kernels of a prefill call's rows (more than a decode step's OPENJET_ENGINE_MAX_T). At
+// decode's kPackThreads a block holds 40-48 registers a thread, so one block, one row, per SM at a time: the passes'
+// barriers and each row's ramp and tail unhidden (the 27B's 2,048-row add-norm ~120 us, ~2x its bytes' time, 15.4
+// ms of a chunk's 129 calls). Smaller blocks put several rows on an SM, with the same bits (the counts do not
+// change them: pack_act_row, row_rms_scale). OPENJET_ROW_PACK_THREADS (read at each call; CudaEngine.load refuses
+// other values): unset or auto: what measured fastest per kernel on the H200 (add-norm and pack 256, swiglu 512:
+// ~68 registers a 512-thread row of 17,408 held in registers); 256, 512 or 1024: every kernel at that count.
+enum class RowPack { kAddNorm, kSwiglu, kPack };
+int row_pack_threads(RowPack kernel);
+
 // Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= p.rows, k % 32 == 0.
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream);

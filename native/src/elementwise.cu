@@ -29,41 +29,18 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
     swiglu_pack_row<kThreads, kCached>(gate, up, k, p, blockIdx.x);
 }
 
-// ------------------------------------------------------------------------------------------ many rows
-constexpr int kMaxDecodeRows = OPENJET_ENGINE_MAX_T;  // a decode or verify step's rows: the kernels above
-// A prefill chunk's rows (more than kMaxDecodeRows): the 1,024-thread blocks above hold 40-48 registers a thread,
-// so one block, one row, per SM at a time, its passes' barriers and the row's ramp and tail unhidden (the 27B's
-// 2,048-row add-norm ~120 us, ~2x its bytes' time: 15.4 ms of a chunk's 129 calls). Smaller blocks put several
-// rows on an SM; the bits are the same (act_pack.cuh, rmsnorm.cuh: they do not depend on the thread count).
-// OPENJET_ROW_PACK_THREADS (read at each call; CudaEngine.load refuses other values): 256 (default), 512 or 1024
-// (the decode kernels' count) threads per row; each keeps its share of a 27B row in registers (add-norm 5,120,
-// swiglu 17,408).
-int row_pack_threads() {
-    const char* v = std::getenv("OPENJET_ROW_PACK_THREADS");
-    const int n = v ? std::atoi(v) : 256;
-    return n == 512 || n == 1024 ? n : 256;
-}
-
-template <int kThreads, int kNormCached, int kSwigluCached>
-cudaError_t launch_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
-                        const ActPack& p, const float* gate, const float* up, cudaStream_t stream) {
-    if (gate)
-        return launch_kernel(swiglu_pack_kernel<kThreads, kSwigluCached>, t, kThreads, 0, stream, gate, up, k, p);
+// ------------------------------------------------------------------------------------------ a prefill's rows
+// More than a decode step's rows: row_pack_threads (act_pack.cuh) threads a row, each keeping its share of a 27B
+// row in registers (add-norm 5,120; swiglu 17,408: at 256 threads 68 values, 99 registers, two rows per SM, which
+// made the FFN of a 2,048-row chunk 150 -> 163 ms on the H200 at 96e5d47; at 512, 34 values, 60 registers: 147).
+template <int kThreads, int kCached>
+cudaError_t launch_add_norm_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
+                                 const ActPack& p, cudaStream_t stream) {
     if (k <= kAddNormStagedMax)
-        return launch_kernel(add_norm_pack_kernel<true, kThreads, kNormCached>, t, kThreads, sizeof(float) * 2 * k,
+        return launch_kernel(add_norm_pack_kernel<true, kThreads, kCached>, t, kThreads, sizeof(float) * 2 * k,
                              stream, h, delta, w, k, eps, a_out, p);
-    return launch_kernel(add_norm_pack_kernel<false, kThreads, kNormCached>, t, kThreads, 0, stream, h, delta, w, k,
-                         eps, a_out, p);
-}
-
-// The add-norm pack (gate null) or the swiglu pack of t > kMaxDecodeRows rows.
-cudaError_t launch_many_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
-                             const ActPack& p, const float* gate, const float* up, cudaStream_t stream) {
-    switch (row_pack_threads()) {
-    case 1024: return launch_rows<1024, kPackCached, kPackCached>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
-    case 512: return launch_rows<512, 12, 34>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
-    default: return launch_rows<256, 20, 68>(h, delta, w, t, k, eps, a_out, p, gate, up, stream);
-    }
+    return launch_kernel(add_norm_pack_kernel<false, kThreads, kCached>, t, kThreads, 0, stream, h, delta, w, k, eps,
+                         a_out, p);
 }
 
 // ------------------------------------------------------------------------------------------ cluster packs
@@ -211,7 +188,11 @@ bool pack_cluster_takes(int k) {
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    if (t > kMaxDecodeRows) return launch_many_rows(h, delta, w, t, k, eps, a_out, p, nullptr, nullptr, stream);
+    if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kAddNorm)) {
+        case 1024: return launch_add_norm_rows<1024, kPackCached>(h, delta, w, t, k, eps, a_out, p, stream);
+        case 512: return launch_add_norm_rows<512, 12>(h, delta, w, t, k, eps, a_out, p, stream);
+        default: return launch_add_norm_rows<256, 20>(h, delta, w, t, k, eps, a_out, p, stream);
+        }
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
@@ -225,7 +206,11 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
                                cudaStream_t stream) {
     if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    if (t > kMaxDecodeRows) return launch_many_rows(nullptr, nullptr, nullptr, t, k, 0.0f, nullptr, p, gate, up, stream);
+    if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
+        case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p);
+        case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p);
+        default: return launch_kernel(swiglu_pack_kernel<512, 34>, t, 512, 0, stream, gate, up, k, p);
+        }
     if (pack_cluster_takes(k))
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
