@@ -152,8 +152,9 @@ inline bool act_pack_fits(const ActPack& p, int t, int k) {
 // barriers and each row's ramp and tail unhidden (the 27B's 2,048-row add-norm ~120 us, ~2x its bytes' time, 15.4
 // ms of a chunk's 129 calls). Smaller blocks put several rows on an SM, with the same bits (the counts do not
 // change them: pack_act_row, row_rms_scale). OPENJET_ROW_PACK_THREADS (read at each call; CudaEngine.load refuses
-// other values): unset or auto: what measured fastest per kernel on the H200 (add-norm and pack 256, swiglu 512:
-// ~68 registers a 512-thread row of 17,408 held in registers); 256, 512 or 1024: every kernel at that count.
+// other values): unset or auto: what measured fastest per kernel on the H200 (add-norm and pack 256, swiglu 512: a
+// row of 17,408 held in registers at 60 a thread; the 27B's prefill at 32,768 tokens 5,938 -> 6,101 tok/s at
+// 5693a91); 256, 512 or 1024: every kernel at that count.
 enum class RowPack { kAddNorm, kSwiglu, kPack };
 int row_pack_threads(RowPack kernel);
 
