@@ -337,9 +337,9 @@ def test_attn_prefill_rows_keep_their_bits_in_any_split_of_calls(fmt, keys):
 
 @pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (4096, 200), (32768, 64)])
 def test_attn_prefill_on_fp16_rows_of_a_q8_0_cache_gives_the_q8_0_kernels_bits(n_past, t, keys, monkeypatch):
-    """OPENJET_ATTN_PREFILL_F16=1 (the default; attn_prefill.cu, launch_fmt): the Q8_0 cache's rows converted to fp16 once per
-    call and the F16 kernel run on them at the Q8_0 kernel's tile shape: the very fp16 tiles the Q8_0 kernel makes
-    for itself, so every output and cache byte is the same; its launch counter shows it ran."""
+    """OPENJET_ATTN_PREFILL_F16=1 (the default; attn_prefill.cu, launch_fmt): the Q8_0 cache's rows converted to
+    fp16 once per call and the F16 kernel run on them at the Q8_0 kernel's tile shape: the very fp16 tiles the Q8_0
+    kernel makes for itself, so every output and cache byte is the same; its launch counter shows it ran."""
     from openjet_launcher.engine import kernels_test as kt
 
     n_head, n_kv = SIZES["27b"]

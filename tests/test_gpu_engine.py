@@ -911,8 +911,8 @@ def test_prefill_attention_on_fp16_rows_of_the_q8_0_cache_keeps_the_bits_in_the_
     """OPENJET_ATTN_PREFILL_F16 (read at each call; unset or 1, the default): with a Q8_0 cache, the prefill's
     attention reads the cache's rows converted once per call into scratch that is free during attention (the dense
     GEMM's or the chunked GDN's, the larger): the logits of a two-turn prefill (128-row chunks) and of decode steps
-    after it are the bits of the Q8_0 kernel (=0), and the path's launch counter shows it ran. (The tiny model's GDN scratch at 512-row chunks holds ~2,250
-    keys of its 2 kv heads; calls past that take the Q8_0 kernel.)"""
+    after it are the bits of the Q8_0 kernel (=0), and the path's launch counter shows it ran. (The tiny model's GDN
+    scratch at 512-row chunks holds ~2,250 keys of its 2 kv heads; calls past that take the Q8_0 kernel.)"""
     from openjet_launcher.engine import kernels_test as kt
 
     prompt, follow = _TURNS_PROMPT[:400], _TURNS_PROMPT[400:416]

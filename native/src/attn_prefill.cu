@@ -99,8 +99,8 @@ template <int kThreads, int kKeys> __device__ __forceinline__ void q8_0_to_tiles
     }
 }
 
-// a.f16_rows (OPENJET_ATTN_PREFILL_F16, default on): rows 0 .. n_rows - 1 of every kv head's Q8_0 K and V as fp16 rows,
-// [K | V][kv head][f16_capacity][256], the values q8_0_to_tiles makes. A thread per 16-byte chunk of a row.
+// a.f16_rows (OPENJET_ATTN_PREFILL_F16, default on): rows 0 .. n_rows - 1 of every kv head's Q8_0 K and V as fp16
+// rows, [K | V][kv head][f16_capacity][256], the values q8_0_to_tiles makes. A thread per 16-byte chunk of a row.
 __global__ void __launch_bounds__(256) q8_0_rows_to_f16_kernel(const AttnDecodeArgs a, int n_rows) {
     pdl_start();  // pdl.cuh: the prep kernel appended the call's rows; the previous projection may still read f16_rows
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -286,7 +286,8 @@ bool smem_holds(int need) {
     return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && need <= optin;
 }
 
-// The flash kernel over caches in format F at a tile shape: 128-row blocks (8 warps) where wide, else 64; keys per tile.
+// The flash kernel over caches in format F at a tile shape: 128-row blocks (8 warps) where wide, else 64; `keys`
+// keys per tile.
 template <class F> cudaError_t launch_tiles(const AttnDecodeArgs& a, bool wide, int keys, cudaStream_t stream) {
     if (wide) return keys == 64 ? launch_rows<F, 8, 64>(a, stream) : launch_rows<F, 8, 32>(a, stream);
     return keys == 64 ? launch_rows<F, 4, 64>(a, stream) : launch_rows<F, 4, 32>(a, stream);

@@ -124,8 +124,9 @@ struct openjet_engine {
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
     // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
     __half* wdense = nullptr;
-    // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of the two
-    // scratches above (both free during attention), and the keys per kv head it holds; null where neither is made.
+    // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of
+    // the two scratches above (both free during attention), and the keys per kv head it holds; null where neither is
+    // made.
     char* attn_f16_rows = nullptr;
     int attn_f16_capacity = 0;
     int n_gdn = 0, n_attn = 0;  // n_attn counts the MTP layer's cache too (the last one)
@@ -571,7 +572,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
     {  // the dense GEMM's weights hold ~43 K keys of the 27B; the chunked GDN's ~36 K at 2,048-row chunks, ~9 K at 512
         const size_t dense_b = dense_halves * sizeof(__half), gdn_b = gdn_chunk_floats * sizeof(float);
-        e.attn_f16_rows = dense_b >= gdn_b ? reinterpret_cast<char*>(e.wdense) : reinterpret_cast<char*>(e.gdn_chunk_scratch);
+        e.attn_f16_rows = dense_b >= gdn_b ? reinterpret_cast<char*>(e.wdense)
+                                           : reinterpret_cast<char*>(e.gdn_chunk_scratch);
         if (e.attn_f16_rows && e.n_attn)
             e.attn_f16_capacity = static_cast<int>(
                 std::min<size_t>(std::max(dense_b, gdn_b) / attn_prefill_f16_bytes(c.n_head_kv, 1), 1 << 30));
@@ -795,8 +797,8 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         if (a.prefill_keys < 0)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
                         std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
-        // OPENJET_ATTN_PREFILL_F16 (unset or 1, the default): a Q8_0 cache's keys as fp16 rows once per call (the same bits), in the scratch
-        // chosen at create (the launch falls back to the Q8_0 kernel where the call's rows exceed its capacity)
+        // OPENJET_ATTN_PREFILL_F16 (unset or 1, the default): a Q8_0 cache's keys as fp16 rows once per call (the
+        // same bits), in the scratch chosen at create (the Q8_0 kernel where the call's rows exceed its capacity)
         if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0)
             a.f16_rows = e.attn_f16_rows, a.f16_capacity = e.attn_f16_capacity;
     }

@@ -485,8 +485,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_kernel(const GdnS
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        auto& b = sm.c;
-        chunk_state_steps(sm.s, b.w, b.q, b.k, b.u, b.aq, b.gamma, b.e_gamma, b.e_rest, n,
+        chunk_state_steps(sm.s, sm.c.w, sm.c.q, sm.c.k, sm.c.u, sm.c.aq, sm.c.gamma, sm.c.e_gamma, sm.c.e_rest, n,
                           [&](int i, float o) { a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + lane] = o; }, warp,
                           lane);
         __syncthreads();  // the next chunk's operands overwrite these

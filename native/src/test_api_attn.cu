@@ -67,8 +67,8 @@ int prefill_keys_from_env(int* keys) {
     return OPENJET_OK;
 }
 
-// OPENJET_ATTN_PREFILL_F16 (default on) as the engine takes it: a Q8_0 cache's prefill gets fp16 rows for its n_past + t keys
-// (buf holds them).
+// OPENJET_ATTN_PREFILL_F16 (default on) as the engine takes it: a Q8_0 cache's prefill gets fp16 rows for its
+// n_past + t keys (buf holds them).
 cudaError_t give_f16_rows(AttnDecodeArgs& a, DevBuf& buf) {
     if (!attn_prefill_f16_switch() || a.kv_type != kKvQ8_0) return cudaSuccess;
     if (cudaError_t e = buf.alloc(attn_prefill_f16_bytes(a.n_kv, a.n_past + a.t))) return e;
