@@ -761,14 +761,22 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
 
 
 def _largest_kquant_projection(path) -> int:
-    """Elements of the largest Q4_K / Q5_K / Q6_K projection of a GGUF (not the embedding, not lm_head): what the
-    dense prefill GEMM's scratch must hold as fp16."""
+    """Elements of the largest Q4_K / Q5_K / Q6_K projection of a GGUF (not the embedding, not lm_head), or of a
+    layer's FFN gate and up together where they share a type (one GEMM): what the dense prefill GEMM's scratch must
+    hold as fp16."""
     from gguf import GGUFReader
 
     kquants = {12, 13, 14}
-    return max(int(t.n_elements) for t in GGUFReader(path).tensors
-               if int(t.tensor_type) in kquants and t.name not in ("token_embd.weight", "output.weight")
-               and int(t.shape[1]) % 4 == 0)
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    largest = max(int(t.n_elements) for t in tensors.values()
+                  if int(t.tensor_type) in kquants and t.name not in ("token_embd.weight", "output.weight")
+                  and int(t.shape[1]) % 4 == 0)
+    for name, gate in tensors.items():
+        up = tensors.get(name.replace("ffn_gate", "ffn_up"))
+        if name.endswith("ffn_gate.weight") and int(gate.tensor_type) in kquants and up is not None \
+                and int(up.tensor_type) == int(gate.tensor_type):
+            largest = max(largest, 2 * int(gate.n_elements))
+    return largest
 
 
 def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models, monkeypatch):
@@ -826,6 +834,34 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
     grown, largest = dense_scratch - fast_scratch, 2 * _largest_kquant_projection(models["tiny"])
     assert largest <= grown <= largest + 512, f"dense scratch {grown} bytes for a largest projection of {largest}"
     np.testing.assert_array_equal(runs[512], fast, err_msg="the dense GEMM's bits are not the fast kernel's")
+
+
+@pytest.mark.parametrize("gemm", ["fast", "dense"])
+def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, monkeypatch):
+    """A prefill's FFN gate and up in one GEMM (launch_prefill_gate_up_pack, the default; OPENJET_PREFILL_FFN_FUSED=0
+    takes two GEMMs and the swiglu pack, read at each call): the logits of decode steps after a two-turn prefill
+    (512-row chunks, a last chunk of 5 rows) are the two GEMMs' bits, with the fast kernel (its swiglu epilogue) and
+    with the dense GEMM (one [2 n_ff, n_embd] matrix; chunks from kt.DENSE_MIN_ROWS rows), and the launch counter
+    shows the one-GEMM path ran only where it was asked for."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    if gemm == "dense" and not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
+    engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
+    try:
+        monkeypatch.setenv("OPENJET_PREFILL_FFN_FUSED", "0")
+        before = kt.launch_count("prefill_gate_up")
+        two = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
+        assert kt.launch_count("prefill_gate_up") == before, "OPENJET_PREFILL_FFN_FUSED=0 took one GEMM"
+        monkeypatch.delenv("OPENJET_PREFILL_FFN_FUSED")
+        one = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
+        ran = kt.launch_count("prefill_gate_up") - before
+    finally:
+        engine.close()
+    assert ran > 0, "the one-GEMM path did not run"
+    np.testing.assert_array_equal(one, two)
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):

@@ -371,6 +371,50 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
         np.testing.assert_array_equal(whole, kt.gemv(Q[qtype], raw, x), err_msg="against the mma kernel")
 
 
+@pytest.mark.parametrize("kernel", ["mma", "dense"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("n, k", [(1056, 2560), (96, 256), (17408, 256)])
+def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, kernel, monkeypatch):
+    """A prefill's ffn_down input (launch_prefill_gate_up_pack): gate and up in one GEMM, the fast kernel with the two
+    matrices' rows interleaved in 8-row groups and silu(g) u in its epilogue, or (kernel "dense") both dequantised
+    into one [2n, k] fp16 matrix for one CUTLASS GEMM whose output the swiglu pack reads. Its pack must be the bits
+    of two GEMMs and the swiglu pack (OPENJET_PREFILL_FFN_FUSED=0), at 16-, 64- and 128-token tiles and on the dense
+    path from kt.DENSE_MIN_ROWS rows (the launch counters show which path ran), and match numpy's silu(G x) (U x)
+    over the fast GEMM's own weights within the pack's fp16 rounding. n = 96: partial row tiles of the
+    interleaved 192 rows; n = 17408 (the 27B's n_ff): 128-token tiles from 130 rows on the H200."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
+    if kernel == "dense":
+        if not kt.dense_gemm_available():
+            pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    rng = np.random.default_rng(n + 3 * k)
+    raw_g, raw_u = random_raw(rng, qtype, n, k), random_raw(rng, qtype, n, k)
+    w16g, w16u = (fast_weights(qtype, r).astype(np.float64) for r in (raw_g, raw_u))
+    x = random_x(rng, 300, k)
+    for t in (9, 40, 130, 300):
+        fused_before, dense_before = kt.launch_count("prefill_gate_up"), kt.launch_count("dense_gemm")
+        fused = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
+        dense_fused = kt.launch_count("dense_gemm") - dense_before
+        assert kt.launch_count("prefill_gate_up") == fused_before + 1, "the one-GEMM path did not run"
+        monkeypatch.setenv("OPENJET_PREFILL_FFN_FUSED", "0")
+        two = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
+        monkeypatch.delenv("OPENJET_PREFILL_FFN_FUSED")
+        assert kt.launch_count("prefill_gate_up") == fused_before + 1, "OPENJET_PREFILL_FFN_FUSED=0 took one GEMM"
+        dense_two = kt.launch_count("dense_gemm") - dense_before - dense_fused
+        big = kernel == "dense" and t >= kt.DENSE_MIN_ROWS
+        assert (dense_fused, dense_two) == ((1, 2) if big else (0, 0)), (t, dense_fused, dense_two)
+        for name, a, b in zip(("xh", "xsum", "xinv"), fused, two):
+            np.testing.assert_array_equal(a, b, err_msg=f"t={t}: {name}")
+        xh, _, xinv = pack_act_numpy(x[:t])
+        xd = unpack_act(xh, xinv)
+        g, u = (w16g @ xd.T).T, (w16u @ xd.T).T
+        with np.errstate(over="ignore"):  # e^-g = inf: silu(g) = -0
+            ref = g / (1.0 + np.exp(-g)) * u
+        e = rel_err(unpack_act(fused[0], fused[2]), ref)
+        report(test="prefill_gate_up", kernel=kernel, qtype=qtype, n=n, k=k, t=t, rel_err_vs_numpy=e)
+        assert e < 2e-3, f"t={t}: {e:.2e} against numpy's silu(G x) (U x)"
+
+
 def test_f32_projection_matches_numpy():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((48, 5120), dtype=np.float32)

@@ -42,6 +42,13 @@ OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const 
 OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
                                          const uint16_t* xsum, const float* xinv, int t, float* y);
 
+/* The ffn_down input of a prefill call: the pack (openjet_test_pack_act's format, [t, n]) of silu(G x) * (U x) for
+ * k-quant G and U (Q4_K, Q5_K or Q6_K, both [n, k]) and x [t, k] packed on the device first, as the engine's prefill
+ * computes it: gate and up in one GEMM (native/src/prefill_gemm.cuh, launch_prefill_gate_up_pack), or under
+ * OPENJET_PREFILL_FFN_FUSED=0 two GEMMs and the swiglu pack (the same bits). n % 32 == 0. */
+OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w_gate, const void* w_up, int n, int k,
+                                             const float* x, int t, uint16_t* xh, uint16_t* xsum, float* xinv);
+
 /* out [n_ids, dim] = rows ids of a Q4_K table [vocab, dim] (qtype 12), dequantised. */
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                    int n_ids, float* out);

@@ -24,9 +24,9 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
 
 template <int kThreads = kPackThreads, int kCached = kPackCached>
 __global__ void __launch_bounds__(kThreads)
-swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
+swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p, long long ld) {
     pdl_start();  // pdl.cuh
-    swiglu_pack_row<kThreads, kCached>(gate, up, k, p, blockIdx.x);
+    swiglu_pack_row<kThreads, kCached>(gate, up, k, p, blockIdx.x, ld);
 }
 
 // ------------------------------------------------------------------------------------------ a prefill's rows
@@ -204,17 +204,17 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 }
 
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream) {
-    if (!gate || !up || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+                               cudaStream_t stream, long long ld) {
+    if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
-        case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p);
-        case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p);
-        default: return launch_kernel(swiglu_pack_kernel<512, 34>, t, 512, 0, stream, gate, up, k, p);
+        case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
+        case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p, ld);
+        default: return launch_kernel(swiglu_pack_kernel<512, 34>, t, 512, 0, stream, gate, up, k, p, ld);
         }
-    if (pack_cluster_takes(k))
+    if (pack_cluster_takes(k) && (!ld || ld == k))
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
-    return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p);
+    return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
 }
 
 }  // namespace openjet

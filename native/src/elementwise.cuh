@@ -59,12 +59,12 @@ __device__ __forceinline__ void add_norm_pack_row(float* __restrict__ h, const f
                                     a_out ? a_out + static_cast<long long>(row) * k : nullptr);
 }
 
-// Row `row` of swiglu_pack by the calling block of kThreads threads.
+// Row `row` of swiglu_pack by the calling block of kThreads threads; rows ld floats apart (0: k).
 template <int kThreads = kPackThreads, int kCached = kPackCached>
 __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, const float* __restrict__ up, int k,
-                                                const ActPack& p, int row) {
-    const float* g = gate + static_cast<long long>(row) * k;
-    const float* u = up + static_cast<long long>(row) * k;
+                                                const ActPack& p, int row, long long ld = 0) {
+    const float* g = gate + static_cast<long long>(row) * (ld ? ld : k);
+    const float* u = up + static_cast<long long>(row) * (ld ? ld : k);
     pack_act_row<kThreads, kCached>([&](int i) { return swiglu1(g[i], u[i]); }, k, p, row);
 }
 
@@ -72,8 +72,9 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream);
 
-// The pack <- silu(gate) * up, rows [t, k].
+// The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
+// halves of one GEMM's [t, 2k] output: 2k).
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream);
+                               cudaStream_t stream, long long ld = 0);
 
 }  // namespace openjet

@@ -484,6 +484,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
             if (projection && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
         });
+        for (const LayerW& L : e.layers)  // gate and up in one GEMM (launch_prefill_gate_up_pack): [gate; up]
+            if (L.ffn_gate.type == L.ffn_up.type && prefill_dense_takes(L.ffn_gate.type, 2 * c.n_ff, c.n_embd))
+                dense_halves = std::max(dense_halves, static_cast<size_t>(2) * c.n_ff * c.n_embd);
     }
     size_t gdn_chunk_floats = 0;
     if (gdn_chunked_form() == 2 && e.n_gdn)
@@ -491,6 +494,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t work = e.n_attn ? attn_work_floats_max(e, e.attn_spread_cap) : 1;
     e.attn_work_floats = work;
     e.big2_floats = R * big2;
+    const size_t big1_bytes = align_up(sizeof(float) * R * big1 + 16);
     struct Part { void** p; size_t bytes; };
     const Part parts[] = {
         {(void**)&e.ids, sizeof(int32_t) * R},
@@ -499,8 +503,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.x.h, sizeof(__half) * R * kmax},
         {(void**)&e.x.sum, sizeof(__half) * R * (kmax / kActBlock) * 2},
         {(void**)&e.x.inv, sizeof(float) * R},
-        {(void**)&e.big1, sizeof(float) * R * big1},
-        {(void**)&e.big2, sizeof(float) * R * big2},  // e.big2_floats
+        // big1 then big2 in one part (set below): from big1 on, a prefill's [t, 2 n_ff] gate and up outputs fit
+        {(void**)&e.big1, big1_bytes + sizeof(float) * R * big2},
         {(void**)&e.big3, sizeof(float) * R * e.kv_dim()},
         {(void**)&e.sb, sizeof(float) * R * c.ssm_n_v_heads},
         {(void**)&e.sa, sizeof(float) * R * c.ssm_n_v_heads},
@@ -568,6 +572,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.conv[1] = reinterpret_cast<float*>(e.state + ssm_b + conv_b);
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
+    e.big2 = reinterpret_cast<float*>(reinterpret_cast<char*>(e.big1) + big1_bytes);
     if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
     if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
     {  // the dense GEMM's weights hold ~43 K keys of the 27B; the chunked GDN's ~36 K at 2,048-row chunks, ~9 K at 512
@@ -919,8 +924,14 @@ int trunk(openjet_engine& e, int t) {
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream));
         mark(e, "ffn");
-        TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
-        CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
+        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
+        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+        if (prefill_gate_up_takes(gate, up)) {  // one GEMM; its [t, 2 n_ff] of scratch: big1 and big2 (create)
+            CHECK(launch_prefill_gate_up_pack(gate, up, e.x, e.stream));
+        } else {
+            TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
+            CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
+        }
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
     mark(e, "norm");

@@ -14,11 +14,15 @@
 // of A and B match without a permutation; rows are kLd = 72 halves apart, so ldmatrix's 8 rows of 16 bytes
 // fall on 8 different bank groups. Rows past n read row 0 and tokens past t read token t - 1; neither is stored.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cp_async.cuh"
 #include "dense_gemm.cuh"
 #include "device_attr.cuh"
+#include "elementwise.cuh"
 #include "kquant.cuh"
+#include "launch_count.h"
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
@@ -195,20 +199,28 @@ __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restr
              reinterpret_cast<uint4*>(w16 + static_cast<long long>(row) * k + 32LL * hs));
 }
 
+// W into a.dense as fp16 rows.
+template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t stream) {
+    const long long threads = static_cast<long long>(a.n) * (a.k / 32);
+    return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
+                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense);
+}
+
 // W dequantised into a.dense, then the dense GEMM (dense_gemm.cuh).
 template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t stream) {
-    const long long threads = static_cast<long long>(a.n) * (a.k / 32);
-    if (cudaError_t e = launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
-                                      0, stream, static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k,
-                                      a.dense))
-        return e;
+    if (const cudaError_t e = launch_dequant_t<QT>(a, stream)) return e;
     return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
 }
 
-template <int QT, int BN>
+// kSwiglu (launch_prefill_gate_up_pack): w the FFN's gate, w_up its up (one type and shape, n rows each) and the
+// tile's rows the two interleaved in groups of 8: tile row r is gate row (r / 16) 8 + r % 8 where r % 16 < 8, else
+// that up row. An mma's C fragment holds rows g and g + 8 of its 16, so each thread holds the gate output of an
+// (output row, token) and its up output, and writes y[t, n] = swiglu1(gate, up) of the two products as
+// launch_prefill_gemm stores them: the bits of the two GEMMs and launch_swiglu_pack's swiglu.
+template <int QT, int BN, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 3)
-prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                    float* __restrict__ y) {
+prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up, long long row_bytes, int n,
+                    int k, ActPack x, int t, float* __restrict__ y) {
     using A = FastA<QT>;
     using S = FastShape<BN>;
     constexpr int kTileHalves = S::kATile;
@@ -220,7 +232,8 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
     const int steps = k / kBK;
 
     const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half
-    const uint8_t* wrow = w + static_cast<long long>(row0 + arow < n ? row0 + arow : 0) * row_bytes;
+    const int r = row0 + arow, wr = kSwiglu ? (r >> 4) * 8 + (r & 7) : r;  // its row of w (or of w_up)
+    const uint8_t* wrow = (kSwiglu && (r & 8) ? w_up : w) + static_cast<long long>(wr < n ? wr : 0) * row_bytes;
     __half* adst = as + arow * kLd + 32 * ahalf;
     const auto store_a = [&](const typename A::Raw& r, int s) {
         A::store(r, wrow, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
@@ -287,24 +300,31 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, i
 #pragma unroll
         for (int nt = 0; nt < S::kNt; ++nt)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int row = row0 + S::kWarpRows * wm + 16 * mt + g + 8 * (c >> 1);
+            for (int c = 0; c < (kSwiglu ? 2 : 4); ++c) {
+                const int tile_row = row0 + S::kWarpRows * wm + 16 * mt;  // a multiple of 16
+                const int row = kSwiglu ? tile_row / 2 + g : tile_row + g + 8 * (c >> 1);
                 const int tok = col0 + S::kWarpToks * wn + 8 * nt + 2 * tq + (c & 1);
-                if (row < n && tok < t)
-                    y[static_cast<long long>(tok) * n + row] = __fmul_rn(acc[mt][nt][c], x.inv[tok]);
+                if (row < n && tok < t) {
+                    const float inv = x.inv[tok];
+                    y[static_cast<long long>(tok) * n + row] =
+                        kSwiglu ? swiglu1(__fmul_rn(acc[mt][nt][c], inv), __fmul_rn(acc[mt][nt][c + 2], inv))
+                                : __fmul_rn(acc[mt][nt][c], inv);
+                }
             }
 }
 
-template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, long long row_blocks,
-                                                            cudaStream_t stream) {
+// Tile rows of the call: n (kSwiglu: 2 n, gate and up interleaved).
+template <int QT, int BN, bool kSwiglu>
+cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, const void* w_up, long long row_blocks, cudaStream_t stream) {
     using S = FastShape<BN>;
-    static const cudaError_t opted = cudaFuncSetAttribute(prefill_gemm_kernel<QT, BN>,
+    static const cudaError_t opted = cudaFuncSetAttribute(prefill_gemm_kernel<QT, BN, kSwiglu>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
-    return launch_kernel(prefill_gemm_kernel<QT, BN>, dim3((a.t + BN - 1) / BN, static_cast<unsigned>(row_blocks)),
-                         kThreads, S::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x,
-                         a.t, a.y);
+    return launch_kernel(prefill_gemm_kernel<QT, BN, kSwiglu>,
+                         dim3((a.t + BN - 1) / BN, static_cast<unsigned>(row_blocks)), kThreads, S::kSmemBytes, stream,
+                         static_cast<const uint8_t*>(a.w), static_cast<const uint8_t*>(w_up), row_bytes, a.n, a.k,
+                         a.x, a.t, a.y);
 }
 
 // Where the caller gave scratch, the call has kDenseMinRows rows or more and the dense GEMM takes W
@@ -312,16 +332,41 @@ template <int QT, int BN> cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, 
 // Otherwise 16-token tiles for calls of up to 16 rows, 64 for up to 64 rows or where 128-token tiles do not fill one wave
 // of 2 blocks per SM (the 64-token kernel's 63 KB of shared memory fit 3): n = 5120 or 6144 at 512 rows; else
 // 128. An output's bits do not depend on the tile (the same chain over k).
-template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
-    if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
-    const long long row_blocks = (a.n + kBM - 1) / kBM;
+// kSwiglu: the tile rows of gate (a) and up (w_up) interleaved, y = swiglu of the two (the kernel above).
+template <int QT, bool kSwiglu = false>
+cudaError_t launch_fast_t(const GemvArgs& a, const void* w_up, cudaStream_t stream) {
+    const long long row_blocks = ((kSwiglu ? 2LL : 1LL) * a.n + kBM - 1) / kBM;
     if (row_blocks > 65535) return cudaErrorInvalidValue;  // gridDim.y
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-    if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16>(a, row_blocks, stream);
+    if (a.t <= 16) return launch_prefill_gemm_bn<QT, 16, kSwiglu>(a, w_up, row_blocks, stream);
     if (a.t <= 64 || row_blocks * ((a.t + 127) / 128) < 2LL * sms)
-        return launch_prefill_gemm_bn<QT, 64>(a, row_blocks, stream);
-    return launch_prefill_gemm_bn<QT, 128>(a, row_blocks, stream);
+        return launch_prefill_gemm_bn<QT, 64, kSwiglu>(a, w_up, row_blocks, stream);
+    return launch_prefill_gemm_bn<QT, 128, kSwiglu>(a, w_up, row_blocks, stream);
+}
+
+template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
+    if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
+    return launch_fast_t<QT>(a, nullptr, stream);
+}
+
+// launch_prefill_gate_up_pack for one weight type.
+template <int QT>
+cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream) {
+    const int n = gate.n, k = gate.k, t = gate.t;
+    count_launch(Counted::kPrefillGateUp);
+    if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
+        // [gate; up] as one [2n, k] fp16 matrix, one GEMM into y [t, 2n], the swiglu pack over its halves
+        for (const GemvArgs* m : {&gate, &up}) {
+            GemvArgs d = *m;
+            d.dense = gate.dense + (m == &up ? static_cast<long long>(n) * k : 0);
+            if (const cudaError_t e = launch_dequant_t<QT>(d, stream)) return e;
+        }
+        if (const cudaError_t e = launch_dense_gemm(gate.dense, 2 * n, k, gate.x, t, gate.y, stream)) return e;
+        return launch_swiglu_pack(gate.y, gate.y + n, t, n, out, stream, 2LL * n);
+    }
+    if (const cudaError_t e = launch_fast_t<QT, true>(gate, up.w, stream)) return e;
+    return launch_pack_act(gate.y, t, n, nullptr, 0.0f, out, stream);
 }
 
 }  // namespace
@@ -330,6 +375,29 @@ bool prefill_gemm_takes(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || 
 
 bool prefill_dense_takes(int qtype, int n, int k) {
     return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();
+}
+
+bool prefill_gate_up_fused() {
+    const char* v = std::getenv("OPENJET_PREFILL_FFN_FUSED");
+    return !(v && std::strcmp(v, "0") == 0);
+}
+
+bool prefill_gate_up_takes(const GemvArgs& gate, const GemvArgs& up) {
+    return prefill_gate_up_fused() && prefill_numerics_own() && prefill_gemm_takes(gate.qtype) && gate.prefill &&
+           up.prefill && gate.qtype == up.qtype && gate.n == up.n && gate.k == up.k && gate.t == up.t &&
+           gate.x.h == up.x.h && gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0;
+}
+
+cudaError_t launch_prefill_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
+                                        cudaStream_t stream) {
+    if (!prefill_gate_up_takes(gate, up) || gate.t < 1 || gate.t > gate.x.rows || !gate.x.h || !gate.x.inv ||
+        !gate.y || !gate.w || !up.w)
+        return cudaErrorInvalidValue;
+    switch (gate.qtype) {
+        case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream);
+        case kQ5_K: return launch_gate_up_pack_t<kQ5_K>(gate, up, out, stream);
+        default: return launch_gate_up_pack_t<kQ6_K>(gate, up, out, stream);
+    }
 }
 
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {

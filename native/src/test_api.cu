@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api_common.cuh"
+#include "elementwise.cuh"
 #include "embed.cuh"
 #include "topk.cuh"
 #include "gemv.cuh"
@@ -177,6 +178,47 @@ extern "C" OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, in
     return run_gemv(qtype, w, n, k, nullptr, xh, xsum, xinv, t, y);
 }
 
+extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w_gate, const void* w_up, int n, int k,
+                                                        const float* x, int t, uint16_t* xh, uint16_t* xsum,
+                                                        float* xinv) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (!prefill_gemm_takes(qtype))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: qtype %d: only Q4_K, Q5_K, Q6_K", qtype);
+    if (!w_gate || !w_up || !x || !xh || !xsum || !xinv)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: null pointer");
+    if (n % kActBlock) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: n = %d is not a multiple of 32", n);
+    const size_t wb = weight_bytes(qtype, n, k);
+    DevBuf dg, du, dx, dy, dense;
+    DevPack in, out;
+    CHECK(dg.upload(w_gate, wb));
+    CHECK(du.upload(w_up, wb));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    CHECK(dy.alloc(sizeof(float) * 2 * t * n));
+    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * 2 * t * n));  // NaN poison
+    CHECK(in.alloc(t, k));
+    CHECK(out.alloc(t, n));
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, in.view(), 0));
+    GemvArgs g{qtype, dg.p, n, k, t, in.view(), nullptr, dy.as<float>(), true};
+    GemvArgs u = g;
+    u.w = du.p, u.y = dy.as<float>() + static_cast<long long>(t) * n;
+    if (prefill_gemm_dense() && prefill_dense_takes(qtype, 2 * n, k)) {  // the engine's scratch: [gate; up] as fp16
+        CHECK(dense.alloc(sizeof(__half) * 2 * n * k));
+        g.dense = dense.as<__half>(), u.dense = g.dense;
+    }
+    if (prefill_gate_up_takes(g, u)) {
+        CHECK(launch_prefill_gate_up_pack(g, u, out.view(), 0));
+    } else {
+        CHECK(launch_gemv_pair(g, u, 0));
+        CHECK(launch_swiglu_pack(g.y, u.y, t, n, out.view(), 0));
+    }
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(xh, out.h.p, sizeof(uint16_t) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xsum, out.sum.p, sizeof(uint16_t) * t * (n / kActBlock) * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xinv, out.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                               int n_ids, float* out) {
     if (qtype != kQ4_K) return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: qtype %d: only Q4_K (12) is supported", qtype);
@@ -244,7 +286,7 @@ extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_ge
 
 // Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN, 2 its
 // state written at a chunk boundary for a checkpoint, 3 its state phase on tensor cores, 4 the prefill attention on
-// fp16 rows of a Q8_0 cache).
+// fp16 rows of a Q8_0 cache, 5 a prefill's FFN gate and up in one GEMM).
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,

@@ -52,6 +52,7 @@ def _lib() -> ctypes.CDLL:
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
+        "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
         "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
@@ -153,6 +154,24 @@ def gemv_packed(qtype: int, w, xh, xsum, xinv) -> np.ndarray:
     return y
 
 
+def prefill_gate_up(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pack (xh, xsum, xinv as pack_act returns them) of silu(G x) * (U x), x [t, k] packed first: a prefill
+    call's ffn_down input as the engine makes it (one GEMM for G and U; OPENJET_PREFILL_FFN_FUSED=0: two)."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw_g, n = _weights(qtype, w_gate, k)
+    raw_u, n_u = _weights(qtype, w_up, k)
+    if n_u != n:
+        raise ValueError(f"gate has {n} rows, up {n_u}")
+    xh = np.empty((t, n), np.uint16)
+    xsum = np.empty((t, n // 32 * 2), np.uint16)
+    xinv = np.empty(t, np.float32)
+    _check(lib, lib.openjet_test_prefill_gate_up(qtype, _ptr(raw_g), _ptr(raw_u), n, k, _ptr(x), t, _ptr(xh),
+                                                 _ptr(xsum), _ptr(xinv)), "prefill_gate_up")
+    return xh, xsum, xinv
+
+
 def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
     """float32 [len(ids), dim]: rows `ids` of a quantised table [vocab, dim]."""
     lib = _lib()
@@ -221,15 +240,15 @@ DENSE_MIN_ROWS = 256
 
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
-           "attn_prefill_f16_rows": 4}
+           "attn_prefill_f16_rows": 4, "prefill_gate_up": 5}
 
 
 def launch_count(path: str) -> int:
     """Launches so far, in this process, of a path whose output may equal another's bit for bit ("dense_gemm": the
     dense prefill GEMM; "gdn_two_phase": the two-phase chunked GDN; "gdn_snapshot": its state written at a chunk
     boundary for a checkpoint taken inside a prefill call; "gdn_state_tensor_cores": its state phase on tensor cores;
-    "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache): how a test sees that the path
-    ran."""
+    "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache; "prefill_gate_up": a prefill's FFN
+    gate and up in one GEMM): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
