@@ -373,15 +373,16 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
 
 @pytest.mark.parametrize("kernel", ["mma", "dense"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("n, k", [(1056, 2560), (96, 256), (17408, 256)])
+@pytest.mark.parametrize("n, k", [(1280, 2560), (256, 256), (17408, 256)])
 def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, kernel, monkeypatch):
     """A prefill's ffn_down input (launch_prefill_gate_up_pack): gate and up in one GEMM, the fast kernel with the two
     matrices' rows interleaved in 8-row groups and silu(g) u in its epilogue, or (kernel "dense") both dequantised
     into one [2n, k] fp16 matrix for one CUTLASS GEMM whose output the swiglu pack reads. Its pack must be the bits
     of two GEMMs and the swiglu pack (OPENJET_PREFILL_FFN_FUSED=0), at 16-, 64- and 128-token tiles and on the dense
     path from kt.DENSE_MIN_ROWS rows (the launch counters show which path ran), and match numpy's silu(G x) (U x)
-    over the fast GEMM's own weights within the pack's fp16 rounding. n = 96: partial row tiles of the
-    interleaved 192 rows; n = 17408 (the 27B's n_ff): 128-token tiles from 130 rows on the H200."""
+    over the fast GEMM's own weights within the pack's fp16 rounding. n = 17408 (the 27B's n_ff): 128-token tiles
+    from 130 rows on the H200. (n is the down projection's k, a multiple of 256, so the interleaved 2n rows fill
+    whole 128-row tiles; other n are refused: test_a_pack_of_a_row_not_whole_units_is_refused.)"""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "fast")
     if kernel == "dense":
         if not kt.dense_gemm_available():
@@ -413,6 +414,19 @@ def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, ke
         e = rel_err(unpack_act(fused[0], fused[2]), ref)
         report(test="prefill_gate_up", kernel=kernel, qtype=qtype, n=n, k=k, t=t, rel_err_vs_numpy=e)
         assert e < 2e-3, f"t={t}: {e:.2e} against numpy's silu(G x) (U x)"
+
+
+def test_a_pack_of_a_row_not_whole_units_is_refused():
+    """A pack's sums are laid out per 256-element unit (act_pack.cuh, act_sum_pos): a row of 96 or 1,056 elements
+    would write its last sums into the next row's, where two rows' blocks race (seen on the H200, 2026-12-03), so such
+    a k is an error naming it; the one-GEMM gate and up refuse such an n (its output is the down projection's pack)."""
+    rng = np.random.default_rng(5)
+    for k in (96, 1056):
+        with pytest.raises(OpenJetError, match=f"k \\({k}\\) not a multiple of 256"):
+            kt.pack_act(random_x(rng, 9, k))
+    raw = random_raw(rng, "Q4_K", 96, 256)
+    with pytest.raises(OpenJetError, match="n = 96 is not a multiple of 256"):
+        kt.prefill_gate_up(Q["Q4_K"], raw, raw, random_x(rng, 9, 256))
 
 
 def test_f32_projection_matches_numpy():

@@ -45,7 +45,7 @@ OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k,
 /* The ffn_down input of a prefill call: the pack (openjet_test_pack_act's format, [t, n]) of silu(G x) * (U x) for
  * k-quant G and U (Q4_K, Q5_K or Q6_K, both [n, k]) and x [t, k] packed on the device first, as the engine's prefill
  * computes it: gate and up in one GEMM (native/src/prefill_gemm.cuh, launch_prefill_gate_up_pack), or under
- * OPENJET_PREFILL_FFN_FUSED=0 two GEMMs and the swiglu pack (the same bits). n % 32 == 0. */
+ * OPENJET_PREFILL_FFN_FUSED=0 two GEMMs and the swiglu pack (the same bits). n % 256 == 0. */
 OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w_gate, const void* w_up, int n, int k,
                                              const float* x, int t, uint16_t* xh, uint16_t* xsum, float* xinv);
 

@@ -141,10 +141,15 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
 }
 
+// Elements per unit of the sums' layout (act_sum_pos: 16 halves per 256 elements): a row of k % kActUnit != 0 would
+// write its last sums into the next row's (found 2026-12-03: two rows' blocks raced there). Every GEMV reading a
+// pack has k a multiple of it (gemv.cuh, kGemvUnit).
+constexpr int kActUnit = 256;
+
 // Whether a pack can hold t rows of k (every launcher that writes one checks this).
 inline bool act_pack_fits(const ActPack& p, int t, int k) {
-    return p.h && p.sum && p.inv && t >= 1 && t <= p.rows && p.rows <= kActMaxRows && k >= kActBlock &&
-           k % kActBlock == 0;
+    return p.h && p.sum && p.inv && t >= 1 && t <= p.rows && p.rows <= kActMaxRows && k >= kActUnit &&
+           k % kActUnit == 0;
 }
 
 // Threads a row for the pack kernels of a prefill call's rows (more than a decode step's OPENJET_ENGINE_MAX_T). At

@@ -85,9 +85,10 @@ struct DevPack {
 
 extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps,
                                                  uint16_t* xh, uint16_t* xsum, float* xinv) {
-    if (!x || !xh || !xsum || !xinv || t < 1 || t > kActMaxRows || k < kActBlock || k % kActBlock)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "pack_act: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of 32",
-                    t, kActMaxRows, k);
+    if (!x || !xh || !xsum || !xinv || t < 1 || t > kActMaxRows || k < kActUnit || k % kActUnit)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT,
+                    "pack_act: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of %d", t, kActMaxRows, k,
+                    kActUnit);
     DevBuf dx, dw;
     DevPack p;
     CHECK(dx.upload(x, sizeof(float) * t * k));
@@ -187,7 +188,8 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: qtype %d: only Q4_K, Q5_K, Q6_K", qtype);
     if (!w_gate || !w_up || !x || !xh || !xsum || !xinv)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: null pointer");
-    if (n % kActBlock) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: n = %d is not a multiple of 32", n);
+    if (n % kActUnit)  // the output is the down projection's pack
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: n = %d is not a multiple of %d", n, kActUnit);
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dg, du, dx, dy, dense;
     DevPack in, out;
