@@ -729,6 +729,25 @@ def _logits_after(engine, parts, chunk, follow):
     return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
 
 
+def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow):
+    """_logits_after(engine, parts, chunk, follow) with `switch`=0 and then unset (on, its default) are the same bits,
+    the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    try:
+        monkeypatch.setenv(switch, "0")
+        before = kt.launch_count(counted)
+        off = _logits_after(engine, parts, chunk, follow)
+        assert kt.launch_count(counted) == before, f"{switch}=0 still launched {counted}"
+        monkeypatch.delenv(switch)
+        on = _logits_after(engine, parts, chunk, follow)
+        ran = kt.launch_count(counted) - before
+    finally:
+        engine.close()
+    assert ran > 0, f"{counted} did not run"
+    np.testing.assert_array_equal(on, off)
+
+
 def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, monkeypatch):
     """The default prefill numerics (prefill_gemm.cuh: the k-quant projections of prefill rows on fp16-dequantised
     weights): chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows included) leave the same
@@ -843,25 +862,13 @@ def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, mon
     (512-row chunks, a last chunk of 5 rows) are the two GEMMs' bits, with the fast kernel (its swiglu epilogue) and
     with the dense GEMM (one [2 n_ff, n_embd] matrix; chunks from kt.DENSE_MIN_ROWS rows), and the launch counter
     shows the one-GEMM path ran only where it was asked for."""
-    from openjet_launcher.engine import kernels_test as kt
-
     if gemm == "dense" and not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
-    try:
-        monkeypatch.setenv("OPENJET_PREFILL_FFN_FUSED", "0")
-        before = kt.launch_count("prefill_gate_up")
-        two = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
-        assert kt.launch_count("prefill_gate_up") == before, "OPENJET_PREFILL_FFN_FUSED=0 took one GEMM"
-        monkeypatch.delenv("OPENJET_PREFILL_FFN_FUSED")
-        one = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
-        ran = kt.launch_count("prefill_gate_up") - before
-    finally:
-        engine.close()
-    assert ran > 0, "the one-GEMM path did not run"
-    np.testing.assert_array_equal(one, two)
+    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_FFN_FUSED", "prefill_gate_up", engine,
+                             [prompt[:1024], prompt[1024:]], 512, follow)
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
@@ -949,21 +956,10 @@ def test_prefill_attention_on_fp16_rows_of_the_q8_0_cache_keeps_the_bits_in_the_
     GEMM's or the chunked GDN's, the larger): the logits of a two-turn prefill (128-row chunks) and of decode steps
     after it are the bits of the Q8_0 kernel (=0), and the path's launch counter shows it ran. (The tiny model's GDN
     scratch at 512-row chunks holds ~2,250 keys of its 2 kv heads; calls past that take the Q8_0 kernel.)"""
-    from openjet_launcher.engine import kernels_test as kt
-
     prompt, follow = _TURNS_PROMPT[:400], _TURNS_PROMPT[400:416]
     engine = CudaEngine.load(models["tiny"], n_ctx=1024, kv_type="q8_0", prefill_rows=512)
-    try:
-        monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "0")
-        plain = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
-        monkeypatch.delenv("OPENJET_ATTN_PREFILL_F16")
-        before = kt.launch_count("attn_prefill_f16_rows")
-        rows = _logits_after(engine, [prompt[:250], prompt[250:]], 128, follow)
-        ran = kt.launch_count("attn_prefill_f16_rows") - before
-    finally:
-        engine.close()
-    assert ran > 0, "the fp16-rows path did not run"
-    np.testing.assert_array_equal(rows, plain)
+    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_ATTN_PREFILL_F16", "attn_prefill_f16_rows", engine,
+                             [prompt[:250], prompt[250:]], 128, follow)
 
 
 def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh_prefill(models, monkeypatch):
