@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 6's benchmark in ONE device call: build the engine for this GPU, write the `full` synthetic model
-# (exact 27B shapes, 17.1 GB) to $MODEL unless it is there, run native/bench/bench_decode.py on it (decode
-# T = 1..8 at contexts 0, 4K, 32K; prefill 512, 4096, 16384, 32768 with TFLOP/s against the tensor cores' rate
-# measured in the same run (torch fp16 matmul); memory and the 32K q8_0 footprint; q8_0 then
-# f16 KV). Results in $OUT: bench-engine.json (copy it to bench/results/), bench-engine.log, build.log,
-# synth.json, synth.err.
+# (exact 27B shapes, 17.1 GB; `synth --codes random`: random k-quant codes with the init's mean and std, which
+# stream through the kernels as fast as quantised weights) to $MODEL unless it is there, run
+# native/bench/bench_decode.py on it (decode T = 1..8 at contexts 0, 4K, 32K; prefill 512, 4096, 16384, 32768
+# with TFLOP/s against the tensor cores' rate measured in the same run (torch fp16 matmul); memory and the 32K
+# q8_0 footprint; q8_0 then f16 KV). Results in $OUT: bench-engine.json (copy it to bench/results/),
+# bench-engine.log, build.log, synth.json, synth.err.
 #
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600,
 #       command="OPENJET_COMMIT=<the hash of `git rev-parse HEAD`, written out> bash scripts/gpu_bench_engine.sh")
@@ -15,21 +16,25 @@
 #         OPENJET_CACHE=$PWD/.cache/openjet python -c "from openjet_launcher.model.vocab import full_vocab; full_vocab()"
 #         and carry only that folder: the sdist archive beside it (77 MB) would pass the 64 MiB limit.
 #
-# Time on the 16-core H200 machine: the synth ~245 s (242 s measured, all 16 cores: synthesize() uses
-# min(cpus, 16) worker processes), the build ~20 s running beside it, then the bench: ~10-30 s per load and
+# Time on the 16-core H200 machine: the synth with random codes ~15-40 s (estimated from a 2-core machine, not yet
+# measured there: synth.json says; ~10 s of it reading the vocabulary and writing the header; all 16 cores:
+# synthesize() uses min(cpus, 16) worker processes; SYNTH_CODES=quantised writes the quantised init as before,
+# 242 s measured), the build ~20 s running beside it, then the bench: ~10-30 s per load and
 # ~100-150 s per KV type if a decode step costs 10-20 ms (`bench_decode.py --preset full --dry-run` prints the
 # plan with its estimates). The bench is given a deadline BUDGET_S (570) seconds after this script started:
 # it skips the parts that would end later (listed under "skipped" in the JSON, f16's 32K part first) and
 # rewrites the JSON after every part, so a run stopped at the 600 s limit still leaves its results.
 #
 # /tmp does not survive between calls: a fresh machine is bare and a warm one is given back ~30 s after a
-# call returns, so a second call nearly always writes the model again (~4 min). The model is far too large
-# to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf, BUDGET_S=570,
+# call returns, so a second call nearly always writes the model again (well under a minute with random codes).
+# The model is far too large to carry (64 MiB limit). Options through the environment: MODEL=/path.gguf,
+# SYNTH_CODES=random (or quantised), BUDGET_S=570,
 # BENCH_ARGS="--kv q8_0 --steps 20" (appended to the bench's arguments), WHILE_SYNTH="python3 -m pytest -q -m gpu
 # tests/test_gpu_gemv.py" (a command run on the idle GPU while the model is written, on WHILE_SYNTH_CPUS (4) cores
 # of its own, the synth on the others, where taskset exists: on 2026-12-02 the GPU tests sharing all 16 cores with
 # the synth did not finish in 290 s against ~205 s alone; keep its output out of pipes, a timeout kills them; at
-# most WHILE_SYNTH_S = 200 s, its output in $OUT/while-synth.log; only when the model is being written),
+# most WHILE_SYNTH_S = 200 s, its output in $OUT/while-synth.log; only when the model is being written; with
+# random codes the model is written before the build ends, so the command mostly runs alone before the bench),
 # BENCH_CMD="python3 native/bench/bench_prefill_turns.py \$MODEL > \$OUT/turns.json" (run instead of bench_decode),
 # VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
@@ -62,7 +67,7 @@ else
   if [ -n "${WHILE_SYNTH:-}" ] && command -v taskset > /dev/null && [ "$NCPU" -gt $((TCPU + 2)) ]; then
     PIN_TESTS=(taskset -c "0-$((TCPU - 1))") PIN_SYNTH=(taskset -c "$TCPU-$((NCPU - 1))")
   fi
-  "${PIN_SYNTH[@]}" python3 -m openjet_launcher synth --preset full --quiet \
+  "${PIN_SYNTH[@]}" python3 -m openjet_launcher synth --preset full --quiet --codes "${SYNTH_CODES:-random}" \
     ${PIN_SYNTH:+--workers $((NCPU - TCPU))} "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
   SYNTH_PID=$!
 fi
