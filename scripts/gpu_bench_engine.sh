@@ -46,7 +46,8 @@ START=$(date +%s)
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-570}
-MODEL=${MODEL:-/tmp/full.gguf}
+SYNTH_CODES=${SYNTH_CODES:-random}
+MODEL=${MODEL:-/tmp/full-$SYNTH_CODES.gguf}  # the bench JSON's model path says which codes it measured
 export PYTHONUNBUFFERED=1
 say() { echo "[gpu_bench_engine +$(( $(date +%s) - START ))s] $*"; }
 
@@ -67,7 +68,7 @@ else
   if [ -n "${WHILE_SYNTH:-}" ] && command -v taskset > /dev/null && [ "$NCPU" -gt $((TCPU + 2)) ]; then
     PIN_TESTS=(taskset -c "0-$((TCPU - 1))") PIN_SYNTH=(taskset -c "$TCPU-$((NCPU - 1))")
   fi
-  "${PIN_SYNTH[@]}" python3 -m openjet_launcher synth --preset full --quiet --codes "${SYNTH_CODES:-random}" \
+  "${PIN_SYNTH[@]}" python3 -m openjet_launcher synth --preset full --quiet --codes "$SYNTH_CODES" \
     ${PIN_SYNTH:+--workers $((NCPU - TCPU))} "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
   SYNTH_PID=$!
 fi
