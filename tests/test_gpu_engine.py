@@ -857,7 +857,7 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
 
 @pytest.mark.parametrize("gemm", ["fast", "dense"])
 def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, monkeypatch):
-    """A prefill's FFN gate and up in one GEMM (launch_prefill_gate_up_pack, the default; OPENJET_PREFILL_FFN_FUSED=0
+    """A prefill's FFN gate and up in one GEMM (launch_ffn_gate_up_pack, the default; OPENJET_PREFILL_FFN_FUSED=0
     takes two GEMMs and the swiglu pack, read at each call): the logits of decode steps after a two-turn prefill
     (512-row chunks, a last chunk of 5 rows) are the two GEMMs' bits, with the fast kernel (its swiglu epilogue) and
     with the dense GEMM (one [2 n_ff, n_embd] matrix; chunks from kt.DENSE_MIN_ROWS rows), and the launch counter

@@ -375,7 +375,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n, k", [(1280, 2560), (256, 256), (17408, 256)])
 def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, kernel, monkeypatch):
-    """A prefill's ffn_down input (launch_prefill_gate_up_pack): gate and up in one GEMM, the fast kernel with the two
+    """A prefill's ffn_down input (launch_ffn_gate_up_pack): gate and up in one GEMM, the fast kernel with the two
     matrices' rows interleaved in 8-row groups and silu(g) u in its epilogue, or (kernel "dense") both dequantised
     into one [2n, k] fp16 matrix for one CUTLASS GEMM whose output the swiglu pack reads. Its pack must be the bits
     of two GEMMs and the swiglu pack (OPENJET_PREFILL_FFN_FUSED=0), at 16-, 64- and 128-token tiles and on the dense

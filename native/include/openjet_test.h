@@ -27,7 +27,7 @@ OPENJET_API const char* openjet_test_last_error(void);
 /* Activation packing, the GEMV's input format (optionally fused RMSNorm: norm_w != NULL, then
  * v = x*rsqrt(mean x^2+eps)*w): per row, s = 2^e with max|v|*s in [2^14, 2^15); xh [t, k] fp16 bits of v*s,
  * each aligned quad stored in the order 0, 2, 1, 3; xsum [t, k/32 * 2] fp16 bits of each 32-block's sum S
- * / 32 as hi + lo, in native/src/act_pack.cuh's order; xinv [t] = 1/s. t is 1..128, k % 32 == 0. */
+ * / 32 as hi + lo, in native/src/act_pack.cuh's order; xinv [t] = 1/s. t is 1..2048, k % 256 == 0. */
 OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps, uint16_t* xh,
                                       uint16_t* xsum, float* xinv);
 
@@ -44,7 +44,7 @@ OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k,
 
 /* The ffn_down input of a prefill call: the pack (openjet_test_pack_act's format, [t, n]) of silu(G x) * (U x) for
  * k-quant G and U (Q4_K, Q5_K or Q6_K, both [n, k]) and x [t, k] packed on the device first, as the engine's prefill
- * computes it: gate and up in one GEMM (native/src/prefill_gemm.cuh, launch_prefill_gate_up_pack), or under
+ * computes it: gate and up in one GEMM (native/src/prefill_gemm.cuh, launch_ffn_gate_up_pack), or under
  * OPENJET_PREFILL_FFN_FUSED=0 two GEMMs and the swiglu pack (the same bits). n % 256 == 0. */
 OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w_gate, const void* w_up, int n, int k,
                                              const float* x, int t, uint16_t* xh, uint16_t* xsum, float* xinv);

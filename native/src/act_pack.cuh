@@ -163,7 +163,7 @@ inline bool act_pack_fits(const ActPack& p, int t, int k) {
 enum class RowPack { kAddNorm, kSwiglu, kPack };
 int row_pack_threads(RowPack kernel);
 
-// Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= p.rows, k % 32 == 0.
+// Packs x [t, k] (norm_w != nullptr: rmsnorm(x) * norm_w first). t <= p.rows, k % kActUnit == 0.
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream);
 

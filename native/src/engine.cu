@@ -122,7 +122,8 @@ struct openjet_engine {
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
     // OPENJET_PREFILL_GEMM=dense at create, the default where it runs (dense_gemm.cuh): scratch for the largest
-    // projection a prefill GEMM dequantises (the 27B's FFN matrices, 17408 x 5120 halves: 170 MiB); null otherwise.
+    // matrix a prefill GEMM dequantises (the 27B's FFN gate and up together, 2 x 17408 x 5120 halves: 340 MiB); null
+    // otherwise.
     __half* wdense = nullptr;
     // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of
     // the two scratches above (both free during attention), and the keys per kv head it holds; null where neither is
@@ -484,7 +485,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
             if (projection && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
         });
-        for (const LayerW& L : e.layers)  // gate and up in one GEMM (launch_prefill_gate_up_pack): [gate; up]
+        for (const LayerW& L : e.layers)  // gate and up in one GEMM (launch_ffn_gate_up_pack): [gate; up]
             if (L.ffn_gate.type == L.ffn_up.type && prefill_dense_takes(L.ffn_gate.type, 2 * c.n_ff, c.n_embd))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(2) * c.n_ff * c.n_embd);
     }
@@ -652,6 +653,15 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
               const float* xf) {
     const cudaError_t err = launch_gemv_pair(gemv_args(e, wa, t, xf, ya), gemv_args(e, wb, t, xf, yb), e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv_pair");
+    return OPENJET_OK;
+}
+
+// Layer L's FFN input to ffn_down, silu(gate x) * (up x), packed into e.x (launch_ffn_gate_up_pack: a prefill's in one
+// GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one allocation, create).
+int ffn_gate_up_pack(openjet_engine& e, const LayerW& L, int t) {
+    const cudaError_t err = launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
+                                                    gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.x, e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "ffn_gate_up_pack");
     return OPENJET_OK;
 }
 
@@ -867,8 +877,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     TRY(attn_mixer(e, L, t, row0, 1));
     CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr, e.x,
                                e.stream));
-    TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
-    CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
+    TRY(ffn_gate_up_pack(e, L, t));
     TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps, e.mtp_hp,
                                e.x, e.stream));
@@ -924,14 +933,7 @@ int trunk(openjet_engine& e, int t) {
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
                                    nullptr, e.x, e.stream));
         mark(e, "ffn");
-        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
-        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-        if (prefill_gate_up_takes(gate, up)) {  // one GEMM; its [t, 2 n_ff] of scratch: big1 and big2 (create)
-            CHECK(launch_prefill_gate_up_pack(gate, up, e.x, e.stream));
-        } else {
-            TRY(gemv_pair(e, L.ffn_gate, e.big1, L.ffn_up, e.big2, t, nullptr));
-            CHECK(launch_swiglu_pack(e.big1, e.big2, t, c.n_ff, e.x, e.stream));
-        }
+        TRY(ffn_gate_up_pack(e, L, t));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
     mark(e, "norm");

@@ -212,7 +212,7 @@ template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t str
     return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
 }
 
-// kSwiglu (launch_prefill_gate_up_pack): w the FFN's gate, w_up its up (one type and shape, n rows each) and the
+// kSwiglu (launch_ffn_gate_up_pack): w the FFN's gate, w_up its up (one type and shape, n rows each) and the
 // tile's rows the two interleaved in groups of 8: tile row r is gate row (r / 16) 8 + r % 8 where r % 16 < 8, else
 // that up row. An mma's C fragment holds rows g and g + 8 of its 16, so each thread holds the gate output of an
 // (output row, token) and its up output, and writes y[t, n] = swiglu1(gate, up) of the two products as
@@ -350,11 +350,16 @@ template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStrea
     return launch_fast_t<QT>(a, nullptr, stream);
 }
 
-// launch_prefill_gate_up_pack for one weight type.
+// OPENJET_PREFILL_FFN_FUSED: unset or 1 (the default), a prefill's gate and up in one GEMM; 0: two.
+bool gate_up_in_one_gemm() {
+    const char* v = std::getenv("OPENJET_PREFILL_FFN_FUSED");
+    return !(v && std::strcmp(v, "0") == 0);
+}
+
+// launch_ffn_gate_up_pack's one GEMM for one weight type.
 template <int QT>
 cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream) {
     const int n = gate.n, k = gate.k, t = gate.t;
-    count_launch(Counted::kPrefillGateUp);
     if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
         // [gate; up] as one [2n, k] fp16 matrix, one GEMM into y [t, 2n], the swiglu pack over its halves
         for (const GemvArgs* m : {&gate, &up}) {
@@ -377,22 +382,20 @@ bool prefill_dense_takes(int qtype, int n, int k) {
     return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();
 }
 
-bool prefill_gate_up_fused() {
-    const char* v = std::getenv("OPENJET_PREFILL_FFN_FUSED");
-    return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool prefill_gate_up_takes(const GemvArgs& gate, const GemvArgs& up) {
-    return prefill_gate_up_fused() && prefill_numerics_own() && prefill_gemm_takes(gate.qtype) && gate.prefill &&
-           up.prefill && gate.qtype == up.qtype && gate.n == up.n && gate.k == up.k && gate.t == up.t &&
-           gate.x.h == up.x.h && gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0;
-}
-
-cudaError_t launch_prefill_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
-                                        cudaStream_t stream) {
-    if (!prefill_gate_up_takes(gate, up) || gate.t < 1 || gate.t > gate.x.rows || !gate.x.h || !gate.x.inv ||
-        !gate.y || !gate.w || !up.w)
-        return cudaErrorInvalidValue;
+cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
+                                    cudaStream_t stream) {
+    // one GEMM: prefill rows (checked first: a decode step reads no environment here), one type and shape the
+    // prefill GEMM takes, its numerics, the switch
+    const bool one = gate.prefill && up.prefill && gate.qtype == up.qtype && prefill_gemm_takes(gate.qtype) &&
+                     gate.n == up.n && gate.k == up.k && gate.t == up.t && gate.x.h == up.x.h &&
+                     gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0 && gate.t >= 1 && gate.t <= gate.x.rows &&
+                     gate.x.h && gate.x.inv && gate.y && gate.w && up.w && prefill_numerics_own() &&
+                     gate_up_in_one_gemm();
+    if (!one) {
+        if (const cudaError_t e = launch_gemv_pair(gate, up, stream)) return e;
+        return launch_swiglu_pack(gate.y, up.y, gate.t, gate.n, out, stream);
+    }
+    count_launch(Counted::kPrefillGateUp);
     switch (gate.qtype) {
         case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream);
         case kQ5_K: return launch_gate_up_pack_t<kQ5_K>(gate, up, out, stream);

@@ -35,22 +35,16 @@ constexpr int kDenseMinRows = 256;
 // (dense_gemm.cuh).
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
 
-// OPENJET_PREFILL_FFN_FUSED (read at each call): unset or 1, the default, a prefill's FFN gate and up in one GEMM
-// (below); 0: two launch_prefill_gemm calls and launch_swiglu_pack, the same bits.
-bool prefill_gate_up_fused();
-
-// Whether launch_prefill_gate_up_pack takes gate and up: the switch, prefill numerics of its own, prefill rows of a
-// type the GEMM takes, one type, shape, t and pack for both.
-bool prefill_gate_up_takes(const GemvArgs& gate, const GemvArgs& up);
-
-// out <- the pack of silu(gate x) * (up x), [t, n] (the ffn_down input), gate and up in one GEMM. gate.y: scratch of
-// 2 t n floats; gate.dense (the dense path; up.dense is not read): 2 n k halves. The fast kernel takes the two
-// matrices' rows interleaved in groups of 8, so that each thread holds an output's gate and up products and its
-// epilogue writes silu(g) u; the dense path dequantises [gate; up] into one [2n, k] matrix for one dense GEMM, whose
-// [t, 2n] output the swiglu pack reads (CUTLASS's epilogue sees one output at a time). Either way the bits of two
-// launch_prefill_gemm calls and launch_swiglu_pack: the same products, swiglu1 and pack. H200, 27B, 2,048 rows:
-// see docs/ENGINE.md's switch table.
-cudaError_t launch_prefill_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
-                                        cudaStream_t stream);
+// The FFN's input to ffn_down: out <- the pack of silu(gate x) * (up x), [t, n], for gate and up GemvArgs of one pack
+// and t (gate.y and up.y: [t, n] floats each; for a prefill, gate.y holds 2 t n floats: the engine's big1 and big2
+// are one allocation). A prefill's rows of a type the prefill GEMM takes, with prefill numerics of its own, take gate
+// and up in one GEMM unless OPENJET_PREFILL_FFN_FUSED=0 (read at each call): the fast kernel reads the two matrices'
+// rows interleaved in groups of 8, so that each thread holds an output's gate and up products and its epilogue
+// writes silu(g) u, then the plain pack; the dense path (gate.dense: 2 n k halves) dequantises [gate; up] into one
+// [2n, k] matrix for one dense GEMM whose [t, 2n] output the swiglu pack reads (CUTLASS's epilogue sees one output
+// at a time). Everything else: launch_gemv_pair, then launch_swiglu_pack. Either way the same bits: the same
+// products, swiglu1 and pack. H200, 27B, 2,048 rows: docs/ENGINE.md's switch table.
+cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
+                                    cudaStream_t stream);
 
 }  // namespace openjet

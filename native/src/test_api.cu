@@ -208,12 +208,7 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w
         CHECK(dense.alloc(sizeof(__half) * 2 * n * k));
         g.dense = dense.as<__half>(), u.dense = g.dense;
     }
-    if (prefill_gate_up_takes(g, u)) {
-        CHECK(launch_prefill_gate_up_pack(g, u, out.view(), 0));
-    } else {
-        CHECK(launch_gemv_pair(g, u, 0));
-        CHECK(launch_swiglu_pack(g.y, u.y, t, n, out.view(), 0));
-    }
+    CHECK(launch_ffn_gate_up_pack(g, u, out.view(), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(xh, out.h.p, sizeof(uint16_t) * t * n, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(xsum, out.sum.p, sizeof(uint16_t) * t * (n / kActBlock) * 2, cudaMemcpyDeviceToHost));
