@@ -8,7 +8,8 @@
 #    what launches and gaps cost);
 # 2. scripts/gpu_ncu_gemv.sh's counters (speed of light, stalls, issue) for the decode GEMV shapes (NCU_GEMV=0:
 #    not). E.g. STEP_CFGS="1:0 1:32768 8:32768" PREFILL_KERNELS=512 PREFILL_CTX=16384 NCU_GEMV=0 (a
-#    512-token prefill is ~100 kernels; ncu times each once).
+#    512-token prefill is ~100 kernels; ncu times each once). NCU_CACHE=none: caches kept warm between the
+#    kernels as in the step (default all: flushed, so the small kernels' times are upper bounds).
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
@@ -29,7 +30,7 @@ for cfg in ${STEP_CFGS:-1:0 4:0 1:8192} ${PREFILL_KERNELS:+prefill:$PREFILL_KERN
   echo "== $label $(cat "$OUT/$label.json")"
   [ -n "$NCU" ] || continue
   [ "$t" = prefill ] || args+=(--warmup 2 --steps 3)
-  timeout 200 "$NCU" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
+  timeout 200 "$NCU" --clock-control none --cache-control "${NCU_CACHE:-all}" --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
     --csv python3 native/bench/step_kernels.py "${args[@]}" > "$OUT/$label.csv" 2> "$OUT/$label.err"
   python3 - "$OUT/$label.csv" <<'PY'
 import csv, sys, collections

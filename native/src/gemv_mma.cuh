@@ -86,6 +86,16 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 static_assert(kGemvStages >= 2, "cp.async stages: one in use, the rest in flight");
+#ifndef OPENJET_GEMV_EARLY_ISSUE
+#define OPENJET_GEMV_EARLY_ISSUE 0
+#endif
+constexpr bool kGemvEarlyIssue = OPENJET_GEMV_EARLY_ISSUE;  // build-time experiment (gemv_tile_warp); the same bits
+// Build-time experiment: units of its quarter past the first cp.async stages that a decode warp asks L2 to fetch
+// before it waits for the kernel before it (gemv_tile_warp); the same bits.
+#ifndef OPENJET_GEMV_L2_UNITS
+#define OPENJET_GEMV_L2_UNITS 0
+#endif
+constexpr int kGemvL2Units = OPENJET_GEMV_L2_UNITS;
 constexpr int kUnitElems = kGemvUnit;
 constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
@@ -545,6 +555,19 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
+    if constexpr (kGemvL2Units > 0) {
+        // While the kernel before this one drains (its tail, a pack), DRAM would idle: ask L2 for the next units'
+        // lines now. Lane: row lane % 16 of the tile, every other 128-byte line of its unit from lane / 16.
+        const int rr = lane & 15;
+        if (row0 + rr < n) {
+            const int last = min(u1, u0 + kGemvStages - 1 + kGemvL2Units);
+            for (int u = u0 + kGemvStages - 1; u < last; ++u) {
+                const uintptr_t a = tile0 + rr * row_bytes + u * S::kUnitBytes;
+                for (uintptr_t l = (a & ~uintptr_t(127)) + 128 * (lane >> 4); l < a + S::kUnitBytes; l += 256)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+            }
+        }
+    }
     wait();  // the weights above are immutable; the activations and outputs are another kernel's (pdl.cuh)
 
     const int kb = k / kActBlock;
@@ -571,9 +594,12 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     for (int it = 0; it < nu; ++it) {
         cp_async_wait<kGemvStages - 2>();
         __syncwarp();
+        // The stage unit it + kGemvStages - 1 lands in held unit it - 1, done with at the last __syncwarp: issuing it
+        // before unit it's arithmetic keeps kGemvStages - 1 units in flight during it instead of kGemvStages - 2.
+        if (kGemvEarlyIssue) issue(it + kGemvStages - 1);
         unit(it);
         __syncwarp();
-        issue(it + kGemvStages - 1);
+        if (!kGemvEarlyIssue) issue(it + kGemvStages - 1);
     }
     cp_async_wait<0>();
 }
