@@ -257,6 +257,46 @@ def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, tiles):
         kt.set_gemv_tiles("env")
 
 
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_the_tile_layout_moves_the_bytes_as_numpy_does(qtype):
+    """The tile layout (weight_layout.cuh): each group of 16 rows stored unit by unit, i.e. numpy's
+    [n / 16, 16, units, unit_bytes] -> [n / 16, units, 16, unit_bytes]; every byte random."""
+    rng = np.random.default_rng(31)
+    epb, bpb = kt.BLOCK[Q[qtype]]
+    for n, k in [(16, 256), (48, 1280), (160, 2304)]:
+        raw = rng.integers(0, 256, size=(n, k // epb * bpb), dtype=np.uint8)
+        ub = 256 // epb * bpb
+        want = raw.reshape(n // 16, 16, k // 256, ub).transpose(0, 2, 1, 3).ravel()
+        np.testing.assert_array_equal(kt.tile_layout(Q[qtype], raw, k), want, err_msg=f"{n}x{k}")
+
+
+@pytest.mark.parametrize("tiles", ["16", "8"])
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
+    """The decode GEMV reading W in the tile layout (the same bytes, other strides) against the row layout, bit for
+    bit, in 16-row and half tiles: 1..17 units a warp (k = 1,280 / 17,408), rows off 16-byte alignment (Q6_K's 210-byte
+    units), the 27B's n = 5,120 and 17,408 shapes, t = 1, 3, 8 (the row layout's bits are the ones checked against
+    numpy above). A shape without a tile layout, and a prefill call, are errors that say so."""
+    rng = np.random.default_rng(23)
+    try:
+        kt.set_gemv_tiles(tiles)
+        for n, k in [(48, 1280), (5120, 17408), (17408, 5120)]:
+            raw = random_raw(rng, qtype, n, k)
+            x = random_x(rng, 8, k)
+            for t in (1, 3, 8):
+                base = kt.gemv(Q[qtype], raw, x[:t])
+                got = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
+                assert np.isfinite(base).all()
+                np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t}")
+    finally:
+        kt.set_gemv_tiles("env")
+    raw = random_raw(rng, qtype, 40, 256)
+    with pytest.raises(OpenJetError, match="no tile layout for qtype .* n 40"):
+        kt.gemv(Q[qtype], raw, random_x(rng, 1, 256), tiled=True)
+    with pytest.raises(OpenJetError, match="read by decode calls: t = 9"):
+        kt.gemv(Q[qtype], random_raw(rng, qtype, 32, 256), random_x(rng, 9, 256), tiled=True)
+
+
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS + ["F32"])
 def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatch):

@@ -8,6 +8,7 @@ Prints JSON.
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gemv.py > gemv.json
     ... bench_gemv.py --prefill-only    # only the prefill mix (about a minute on the H200)
     ... bench_gemv.py --decode-only     # only the decode mix's shapes, no prefill rows
+    ... bench_gemv.py --decode-only --tiled  # and each of them with the weights in the tile layout
 
 Timing: openjet_test_bench_gemv captures `reps` calls in a CUDA graph (weights rotated over copies that
 together exceed L2 several times), each figure is the median of `runs` graph replays.
@@ -41,6 +42,9 @@ PREFILL_TS = (16, 32, 128, 512, 2048, "16-exact", "512-exact", "128-grouped", "1
 # T = 1 56.6 us in 16-row tiles with OPENJET_PDL=1, 43.4 with 0), which the engine's step never does: compare such
 # calls with PDL off.
 TILE_TS = ("1-t16", "1-t8", "8-t16", "8-t8")
+# --tiled: decode with the weights in the tile layout (weight_layout.cuh; k-quant W with n % 16 == 0, the rest keep
+# the row layout's figure in the mix).
+TILED_TS = ("1-tiled", "4-tiled", "8-tiled")
 ROTATE_BYTES = 512 << 20  # weight copies per measurement span at least this (H200 L2: 50 MB)
 TARGET_US = 4000.0        # each graph replay runs about this long
 RUNS = 7
@@ -108,17 +112,18 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
     for key in ts:
         t, _, how = str(key).partition("-")
         t = int(t)
-        if how.startswith("t"):
+        tiled = how == "tiled"
+        if how.startswith("t") and not tiled:
             kt.set_gemv_tiles(how[1:])
-        elif how:
+        elif how and not tiled:
             os.environ["OPENJET_PREFILL_GEMM"] = how
         try:
-            probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3)
+            probe_us = kt.bench_gemv(Q[qtype], w, k, t, copies, max(copies, 8), 3, tiled)
             reps = max(copies, min(2000, int(TARGET_US / max(min(probe_us), 0.5))))
-            us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS)))
+            us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS, tiled)))
         finally:
             os.environ.pop("OPENJET_PREFILL_GEMM", None)
-            if how.startswith("t"):
+            if how.startswith("t") and not tiled:
                 kt.set_gemv_tiles("env")
         out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)
@@ -174,6 +179,8 @@ def main() -> None:
         if key not in seen:
             n, k, qtype = key
             decode_ts = TS + (TILE_TS if qtype != "F32" else ())
+            if "--tiled" in sys.argv[1:] and qtype != "F32" and n % 16 == 0:
+                decode_ts += TILED_TS
             r = measure(rng, qtype, n, k, decode_ts + (PREFILL_TS if key in prefill_keys and not decode_only else ()))
             r["name"] = f"{k}->{n}"
             seen[key] = r
@@ -189,8 +196,8 @@ def main() -> None:
         us = sum(seen[key]["us"][t] * c for key, c in mix.items())
         step[t] = {"us": us, "gbs": total_bytes / (us * 1e-6) / 1e9,
                    "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}
-    tiles = {}  # the mix with each tile shape forced (F32 calls as they are)
-    for key in TILE_TS:
+    tiles = {}  # the mix with each tile shape forced (F32 calls as they are), or the weights in the tile layout
+    for key in TILE_TS + (TILED_TS if "--tiled" in sys.argv[1:] else ()):
         t = int(key.split("-")[0])
         us = sum(seen[mk]["us"].get(key, seen[mk]["us"][t]) * c for mk, c in mix.items())
         tiles[key] = {"us": us, "pct_roofline": 100.0 * total_bytes / (us * 1e-6) / 1e9 / copy_gbs}

@@ -38,6 +38,15 @@ OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* 
  * k-quants, of 4 for F32. */
 OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
+/* The tile layout (native/src/weight_layout.cuh, an experiment for the decode GEMV): out = W's bytes with each group
+ * of 16 rows stored unit by unit (byte b of 256-weight unit u of row 16 g + r at ((g * k / 256 + u) * 16 + r) *
+ * unit_bytes + b), moved on the device. A k-quant qtype, n % 16 == 0, k % 256 == 0. */
+OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out);
+
+/* openjet_test_gemv with W (given in the row layout) moved into the tile layout on the device first, then read there
+ * by the decode GEMV: t 1..8, the tile layout's shapes. */
+OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
+
 /* y [t, n] = W x for k-quant W and activations already packed (openjet_test_pack_act's xh, xsum, xinv). */
 OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
                                          const uint16_t* xsum, const float* xinv, int t, float* y);
@@ -67,6 +76,10 @@ OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_b
  * CUDA graph, and each of `runs` graph replays is timed with events: us_out[i] = microseconds per call. */
 OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies, int reps,
                                         int runs, float* us_out);
+
+/* openjet_test_bench_gemv with the weights in the tile layout when tiled != 0 (decode calls, t <= 8). */
+OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, int k, int t, int tiled, int copies,
+                                               int reps, int runs, float* us_out);
 
 /* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q6_K W,
  * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6); persistent:

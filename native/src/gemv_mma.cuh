@@ -43,6 +43,7 @@
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
+#include "weight_layout.cuh"
 
 namespace openjet {
 
@@ -86,16 +87,6 @@ constexpr int kMmaRows = 16;    // weight rows per tile
 constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k; fixed: the same sum order on every GPU
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 static_assert(kGemvStages >= 2, "cp.async stages: one in use, the rest in flight");
-#ifndef OPENJET_GEMV_EARLY_ISSUE
-#define OPENJET_GEMV_EARLY_ISSUE 0
-#endif
-constexpr bool kGemvEarlyIssue = OPENJET_GEMV_EARLY_ISSUE;  // build-time experiment (gemv_tile_warp); the same bits
-// Build-time experiment: units of its quarter past the first cp.async stages that a decode warp asks L2 to fetch
-// before it waits for the kernel before it (gemv_tile_warp); the same bits.
-#ifndef OPENJET_GEMV_L2_UNITS
-#define OPENJET_GEMV_L2_UNITS 0
-#endif
-constexpr int kGemvL2Units = OPENJET_GEMV_L2_UNITS;
 constexpr int kUnitElems = kGemvUnit;
 constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
@@ -470,6 +461,25 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kH
 
 // ------------------------------------------------------------------------------------------ one warp
 
+// Where a decode warp's bytes are: unit u of row r at row_offset(r) + u * unit + (r's place in its tile) * row,
+// in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows stored unit by unit).
+template <int QT> struct WeightSteps {
+    long long row_bytes;
+    bool tiled;
+    int row, unit;  // bytes from a row to the next within a unit, from a unit to the next within a row
+    __device__ __forceinline__ WeightSteps(long long row_bytes_, bool tiled_)
+        : row_bytes(row_bytes_), tiled(tiled_) {
+        constexpr int ub = MmaShape<QT>::kUnitBytes;
+        row = tiled ? ub : static_cast<int>(row_bytes);
+        unit = tiled ? kTileLayoutRows * ub : ub;
+    }
+    // Unit 0 of row r (r a multiple of 8: a tile's first row).
+    __device__ __forceinline__ long long row_offset(int r) const {
+        return tiled ? (r / kTileLayoutRows) * kTileLayoutRows * row_bytes + (r % kTileLayoutRows) * row
+                     : r * row_bytes;
+    }
+};
+
 // A warp's cp.async plan for its 16-row tile, worked out once: the lane copies words i = lane + 32 j of each
 // stage (row i / kWords, word i % kWords of that row), kept as byte offsets from the tile's first row (-1: a
 // word past the stage or in a row >= n). Per unit only the tile's address moves, by kUnitBytes: the unit loop
@@ -536,38 +546,29 @@ struct PdlWait {
 // The warp's part of a tile: rows [row0, row0 + kRows) over units [u0, u1), for NG groups of 8 token rows of
 // x starting at group grp0 (rows >= t: UnitX), into acc (its C fragments; a half tile's rows g + 8, acc[j][2..3],
 // stay as they were). smem: this warp's kWarpWords (MmaShape<QT, kRows>). A device function, so that a persistent
-// kernel can call it per work item, with its own `wait` (PdlWait's place).
+// kernel can call it per work item, with its own `wait` (PdlWait's place). tiled: w in the tile layout
+// (weight_layout.cuh), where the same bytes sit in another order: the same arithmetic, the same bits.
 template <int QT, int NG, int kRows = kMmaRows, class Wait = PdlWait>
 __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, long long row_bytes, int n, int row0,
                                                int u0, int u1, const ActPack& x, int k, int t, int grp0,
-                                               uint4* smem, float (&acc)[NG][4], const Wait& wait = Wait{}) {
+                                               uint4* smem, float (&acc)[NG][4], const Wait& wait = Wait{},
+                                               bool tiled = false) {
     using S = MmaShape<QT, kRows>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;  // unit 0 of the tile's first row
-    const TileCopy<QT, kRows> copy(row_bytes, n, row0, lane);
+    // Unit u of row row0 + rr lies at tile0 + u * unit_step + rr * row_step.
+    const WeightSteps<QT> step(row_bytes, tiled);
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + step.row_offset(row0);
+    const TileCopy<QT, kRows> copy(step.row, n, row0, lane);
 
     auto issue = [&](int it) {
         const int u = u0 + it;
         if (u < u1)
-            copy.issue(tile0 + u * S::kUnitBytes, smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords, lane);
+            copy.issue(tile0 + u * step.unit, smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords, lane);
         cp_async_commit();
     };
 
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
-    if constexpr (kGemvL2Units > 0) {
-        // While the kernel before this one drains (its tail, a pack), DRAM would idle: ask L2 for the next units'
-        // lines now. Lane: row lane % 16 of the tile, every other 128-byte line of its unit from lane / 16.
-        const int rr = lane & 15;
-        if (row0 + rr < n) {
-            const int last = min(u1, u0 + kGemvStages - 1 + kGemvL2Units);
-            for (int u = u0 + kGemvStages - 1; u < last; ++u) {
-                const uintptr_t a = tile0 + rr * row_bytes + u * S::kUnitBytes;
-                for (uintptr_t l = (a & ~uintptr_t(127)) + 128 * (lane >> 4); l < a + S::kUnitBytes; l += 256)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
-            }
-        }
-    }
     wait();  // the weights above are immutable; the activations and outputs are another kernel's (pdl.cuh)
 
     const int kb = k / kActBlock;
@@ -582,7 +583,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     auto unit = [&](int it) {  // unit u0 + it from its stage into acc
         const uint8_t* r[2];
         tile_unit_rows<QT, kRows>(smem + static_cast<unsigned>(it) % kGemvStages * S::kStageWords,
-                                  tile0 + (u0 + it) * S::kUnitBytes, row_bytes, g, r);
+                                  tile0 + (u0 + it) * step.unit, step.row, g, r);
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             ux[j].col = xh[j] + it * kUnitElems;
@@ -594,12 +595,9 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     for (int it = 0; it < nu; ++it) {
         cp_async_wait<kGemvStages - 2>();
         __syncwarp();
-        // The stage unit it + kGemvStages - 1 lands in held unit it - 1, done with at the last __syncwarp: issuing it
-        // before unit it's arithmetic keeps kGemvStages - 1 units in flight during it instead of kGemvStages - 2.
-        if (kGemvEarlyIssue) issue(it + kGemvStages - 1);
         unit(it);
         __syncwarp();
-        if (!kGemvEarlyIssue) issue(it + kGemvStages - 1);
+        issue(it + kGemvStages - 1);
     }
     cp_async_wait<0>();
 }
@@ -646,7 +644,7 @@ template <int QT, int NG, int kRows = kMmaRows>
 __global__ void __launch_bounds__(kGemvWarps * 32, NG != 1 ? 2 : kRows == 8 ? OPENJET_GEMV_MIN_BLOCKS_HALF
                                                    : QT == kQ6_K ? OPENJET_GEMV_MIN_BLOCKS_Q6K : OPENJET_GEMV_MIN_BLOCKS)
 gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t, int blocks_per_tile,
-                float* __restrict__ y, GemvSecond second) {
+                float* __restrict__ y, GemvSecond second, bool tiled) {
     extern __shared__ uint4 smem[];
     __shared__ float part[kGemvWarps][NG][32][4];
     pdl_launch_dependents();  // pdl_wait() is in gemv_tile_warp, after its first weight copies
@@ -657,7 +655,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     const int nu = k / kUnitElems, row0 = tile * kRows;
     float acc[NG][4] = {};
     gemv_tile_warp<QT, NG, kRows>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k,
-                                  t, grp0, smem + warp * MmaShape<QT, kRows>::kWarpWords, acc);
+                                  t, grp0, smem + warp * MmaShape<QT, kRows>::kWarpWords, acc, PdlWait{}, tiled);
 #pragma unroll
     for (int j = 0; j < NG; ++j)
 #pragma unroll
@@ -906,6 +904,9 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
+    if (a.tiled && !(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || (b->tiled && tile_layout_fits(b->qtype, b->n, b->k)))))
+        return cudaErrorInvalidValue;
+    if (!a.tiled && b && b->tiled) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
     const long long blocks = first + (b ? static_cast<long long>((b->n + kRows - 1) / kRows) * per_tile : 0);
@@ -913,7 +914,7 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     GemvSecond second;
     if (b) second = {static_cast<const uint8_t*>(b->w), b->n, b->y, static_cast<int>(first)};
     return launch_kernel(kernel, static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second);
+                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second, a.tiled);
 }
 
 // Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,
@@ -964,6 +965,7 @@ cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const Gem
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows && !a.prefill) return launch_gemv_decode<QT>(a, stream);  // decode: no environment read
+    if (a.tiled) return cudaErrorInvalidValue;  // the tile layout is read by decode calls only (weight_layout.cuh)
     const PrefillGemm choice = prefill_gemm_choice();
     if (fast_prefill_call(a, choice)) {
         GemvArgs g = a;

@@ -9,6 +9,7 @@
 #include "embed.cuh"
 #include "topk.cuh"
 #include "gemv.cuh"
+#include "weight_layout.cuh"
 #include "gemv_imma.cuh"
 #include "kquant.cuh"
 #include "openjet_test.h"
@@ -126,18 +127,41 @@ cudaError_t dense_scratch(GemvArgs& a, DevBuf& buf) {
 }
 
 // Shared body of the two GEMV entry points: x (float; packed on the device) or a pack given by the host.
+// Whether W (qtype, n, k) can be read in the tile layout by a t-row decode call; else the failure's status.
+int check_tiled(const char* what, int qtype, int n, int k, int t) {
+    if (!tile_layout_fits(qtype, n, k))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: no tile layout for qtype %d, n %d, k %d (a k-quant type, n %% %d "
+                    "== 0)", what, qtype, n, k, kTileLayoutRows);
+    if (t > kActRows) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the tile layout is read by decode calls: t = %d > %d",
+                                  what, t, kActRows);
+    return OPENJET_OK;
+}
+
+// W (row layout, host) on the device, in the tile layout when asked (moved there on the device).
+cudaError_t upload_weights(DevBuf& dw, const void* w, size_t wb, int qtype, int n, int k, bool tiled) {
+    if (!tiled) return dw.upload(w, wb);
+    DevBuf rows;
+    if (cudaError_t e = rows.upload(w, wb)) return e;
+    if (cudaError_t e = dw.alloc(wb)) return e;
+    if (cudaError_t e = launch_tile_layout(rows.p, dw.p, qtype, n, k, 0)) return e;
+    return cudaDeviceSynchronize();
+}
+
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
-             const float* xinv, int t, float* y) {
+             const float* xinv, int t, float* y, bool tiled = false) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
+    if (tiled)
+        if (int s = check_tiled("gemv_tiled", qtype, n, k, t)) return s;
     if (!w || !y || (!x && !xh) || (xh && (!xsum || !xinv))) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dw, dx, dy;
     DevPack p;
-    CHECK(dw.upload(w, wb));
+    CHECK(upload_weights(dw, w, wb, qtype, n, k, tiled));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     GemvArgs a{qtype, dw.p, n, k, t, ActPack{}, nullptr, dy.as<float>()};
+    a.tiled = tiled;
     DevBuf dense;
     CHECK(dense_scratch(a, dense));
     if (qtype == kF32) {
@@ -170,6 +194,23 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
 extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y) {
     if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: x is null");
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y);
+}
+
+extern "C" OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t,
+                                                   float* y) {
+    if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tiled: x is null");
+    return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y, true);
+}
+
+extern "C" OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out) {
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (int s = check_tiled("tile_layout", qtype, n, k, 1)) return s;
+    if (!w || !out) return fail(OPENJET_ERR_INVALID_ARGUMENT, "tile_layout: null pointer");
+    const size_t wb = weight_bytes(qtype, n, k);
+    DevBuf dw;
+    CHECK(upload_weights(dw, w, wb, qtype, n, k, true));
+    CHECK(cudaMemcpy(out, dw.p, wb, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
 }
 
 extern "C" OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
@@ -292,14 +333,22 @@ extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     return OPENJET_OK;
 }
 
-extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
-                                                   int reps, int runs, float* us_out) {
+extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, int k, int t, int tiled,
+                                                          int copies, int reps, int runs, float* us_out) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
+    if (tiled)
+        if (int s = check_tiled("bench_gemv_layout", qtype, n, k, t)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
     CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
+    if (tiled) {  // every copy in the tile layout (one row-layout buffer moved into each)
+        DevBuf rows;
+        CHECK(upload_weights(rows, w, weight_bytes(qtype, n, k), qtype, n, k, false));
+        for (auto& b : dw) CHECK(launch_tile_layout(rows.p, b.p, qtype, n, k, 0));
+        CHECK(cudaDeviceSynchronize());
+    }
     DevBuf dx, dy;
     DevPack p;
     CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));  // packed once below
@@ -307,6 +356,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, p.view(), 0));
     GemvArgs a{qtype, nullptr, n, k, t, p.view(), dx.as<float>(), dy.as<float>()};
+    a.tiled = tiled != 0;
     DevBuf dense;
     CHECK(dense_scratch(a, dense));
     std::string failed;
@@ -317,6 +367,11 @@ extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int
     if (cudaError_t e = time_graph_replays("launch_gemv", copies, reps, runs, us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
+                                                   int reps, int runs, float* us_out) {
+    return openjet_test_bench_gemv_layout(qtype, w, n, k, t, 0, copies, reps, runs, us_out);
 }
 
 extern "C" OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out) {

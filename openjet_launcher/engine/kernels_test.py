@@ -51,12 +51,15 @@ def _lib() -> ctypes.CDLL:
         "pack_act": [_P, _I, _I, _P, _F, _P, _P, _P],
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
+        "tile_layout": [_I, _P, _I, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
         "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
+        "bench_gemv_layout": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
@@ -127,15 +130,26 @@ def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
     return y
 
 
-def gemv(qtype: int, w, x) -> np.ndarray:
-    """y [t, n] = W x (x packed to fp16 first, unless W is F32)."""
+def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
+    """y [t, n] = W x (x packed to fp16 first, unless W is F32); tiled: the decode GEMV reading W moved into the
+    tile layout on the device (openjet_test_gemv_tiled)."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
     raw, n = _weights(qtype, w, k)
     y = np.empty((t, n), np.float32)
-    _check(lib, lib.openjet_test_gemv(qtype, _ptr(raw), n, k, _ptr(x), t, _ptr(y)), "gemv")
+    fn = lib.openjet_test_gemv_tiled if tiled else lib.openjet_test_gemv
+    _check(lib, fn(qtype, _ptr(raw), n, k, _ptr(x), t, _ptr(y)), "gemv_tiled" if tiled else "gemv")
     return y
+
+
+def tile_layout(qtype: int, w, k: int) -> np.ndarray:
+    """W's bytes in the tile layout, moved by the device (openjet_test_tile_layout), as a flat uint8 array."""
+    lib = _lib()
+    raw, n = _weights(qtype, w, k)
+    out = np.empty(raw.nbytes, np.uint8)
+    _check(lib, lib.openjet_test_tile_layout(qtype, _ptr(raw), n, k, _ptr(out)), "tile_layout")
+    return out
 
 
 def gemv_packed(qtype: int, w, xh, xsum, xinv) -> np.ndarray:
@@ -206,12 +220,14 @@ def gemv_shape(qtype: int, n: int, k: int) -> dict:
     return {"rows_per_block": v[0], "warps_per_block": v[1], "blocks": v[2]}
 
 
-def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int) -> list[float]:
-    """Microseconds per GEMV call, one figure per run (see openjet_test_bench_gemv)."""
+def bench_gemv(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int, tiled: bool = False) -> list[float]:
+    """Microseconds per GEMV call, one figure per run (see openjet_test_bench_gemv; tiled: the weights in the tile
+    layout, openjet_test_bench_gemv_layout)."""
     lib = _lib()
     raw, n = _weights(qtype, w, k)
     us = np.empty(runs, np.float32)
-    _check(lib, lib.openjet_test_bench_gemv(qtype, _ptr(raw), n, k, t, copies, reps, runs, _ptr(us)), "bench_gemv")
+    _check(lib, lib.openjet_test_bench_gemv_layout(qtype, _ptr(raw), n, k, t, int(tiled), copies, reps, runs, _ptr(us)),
+           "bench_gemv")
     return [float(v) for v in us]
 
 
