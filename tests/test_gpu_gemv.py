@@ -260,13 +260,17 @@ def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, tiles):
 @pytest.mark.parametrize("qtype", KQUANTS)
 def test_the_tile_layout_moves_the_bytes_as_numpy_does(qtype):
     """The tile layout (weight_layout.cuh): each group of 16 rows stored unit by unit, i.e. numpy's
-    [n / 16, 16, units, unit_bytes] -> [n / 16, units, 16, unit_bytes]; every byte random."""
+    [n / 16, 16, units, unit_bytes] -> [n / 16, units, 16, pitch] with each piece zero-padded to a multiple of 4
+    bytes (Q6_K: 210 -> 212); every byte random."""
     rng = np.random.default_rng(31)
     epb, bpb = kt.BLOCK[Q[qtype]]
     for n, k in [(16, 256), (48, 1280), (160, 2304)]:
         raw = rng.integers(0, 256, size=(n, k // epb * bpb), dtype=np.uint8)
         ub = 256 // epb * bpb
-        want = raw.reshape(n // 16, 16, k // 256, ub).transpose(0, 2, 1, 3).ravel()
+        pieces = raw.reshape(n // 16, 16, k // 256, ub).transpose(0, 2, 1, 3)
+        want = np.zeros(pieces.shape[:3] + ((ub + 3) // 4 * 4,), np.uint8)
+        want[..., :ub] = pieces
+        want = want.ravel()
         np.testing.assert_array_equal(kt.tile_layout(Q[qtype], raw, k), want, err_msg=f"{n}x{k}")
 
 

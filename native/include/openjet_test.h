@@ -40,7 +40,8 @@ OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const 
 
 /* The tile layout (native/src/weight_layout.cuh, an experiment for the decode GEMV): out = W's bytes with each group
  * of 16 rows stored unit by unit (byte b of 256-weight unit u of row 16 g + r at ((g * k / 256 + u) * 16 + r) *
- * unit_bytes + b), moved on the device. A k-quant qtype, n % 16 == 0, k % 256 == 0. */
+ * pitch + b, pitch = the unit's bytes rounded up to 4, zeros after them: n * k / 256 * pitch bytes), moved on the
+ * device. A k-quant qtype, n % 16 == 0, k % 256 == 0. */
 OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out);
 
 /* openjet_test_gemv with W (given in the row layout) moved into the tile layout on the device first, then read there

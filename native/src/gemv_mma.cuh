@@ -462,21 +462,21 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kH
 // ------------------------------------------------------------------------------------------ one warp
 
 // Where a decode warp's bytes are: unit u of row r at row_offset(r) + u * unit + (r's place in its tile) * row,
-// in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows stored unit by unit).
+// in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows stored unit by unit, each row's
+// unit in tile_pitch bytes).
 template <int QT> struct WeightSteps {
-    long long row_bytes;
+    long long group;  // tile layout: bytes of a group of 16 rows
     bool tiled;
     int row, unit;  // bytes from a row to the next within a unit, from a unit to the next within a row
-    __device__ __forceinline__ WeightSteps(long long row_bytes_, bool tiled_)
-        : row_bytes(row_bytes_), tiled(tiled_) {
-        constexpr int ub = MmaShape<QT>::kUnitBytes;
-        row = tiled ? ub : static_cast<int>(row_bytes);
-        unit = tiled ? kTileLayoutRows * ub : ub;
+    __device__ __forceinline__ WeightSteps(long long row_bytes, bool tiled_) : tiled(tiled_) {
+        constexpr int ub = MmaShape<QT>::kUnitBytes, pitch = tile_pitch(ub);
+        row = tiled ? pitch : static_cast<int>(row_bytes);
+        unit = tiled ? kTileLayoutRows * pitch : ub;
+        group = tiled ? row_bytes / ub * unit : kTileLayoutRows * row_bytes;
     }
     // Unit 0 of row r (r a multiple of 8: a tile's first row).
     __device__ __forceinline__ long long row_offset(int r) const {
-        return tiled ? (r / kTileLayoutRows) * kTileLayoutRows * row_bytes + (r % kTileLayoutRows) * row
-                     : r * row_bytes;
+        return (r / kTileLayoutRows) * group + (r % kTileLayoutRows) * static_cast<long long>(row);
     }
 };
 

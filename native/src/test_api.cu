@@ -142,7 +142,7 @@ cudaError_t upload_weights(DevBuf& dw, const void* w, size_t wb, int qtype, int 
     if (!tiled) return dw.upload(w, wb);
     DevBuf rows;
     if (cudaError_t e = rows.upload(w, wb)) return e;
-    if (cudaError_t e = dw.alloc(wb)) return e;
+    if (cudaError_t e = dw.alloc(tile_layout_bytes(qtype, n, k) + 16)) return e;  // the GEMV may read 16 bytes on
     if (cudaError_t e = launch_tile_layout(rows.p, dw.p, qtype, n, k, 0)) return e;
     return cudaDeviceSynchronize();
 }
@@ -209,7 +209,7 @@ extern "C" OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, in
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dw;
     CHECK(upload_weights(dw, w, wb, qtype, n, k, true));
-    CHECK(cudaMemcpy(out, dw.p, wb, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out, dw.p, tile_layout_bytes(qtype, n, k), cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
@@ -342,12 +342,16 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
-    CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
     if (tiled) {  // every copy in the tile layout (one row-layout buffer moved into each)
         DevBuf rows;
-        CHECK(upload_weights(rows, w, weight_bytes(qtype, n, k), qtype, n, k, false));
-        for (auto& b : dw) CHECK(launch_tile_layout(rows.p, b.p, qtype, n, k, 0));
+        CHECK(rows.upload(w, weight_bytes(qtype, n, k)));
+        for (auto& b : dw) {
+            CHECK(b.alloc(tile_layout_bytes(qtype, n, k) + 16));
+            CHECK(launch_tile_layout(rows.p, b.p, qtype, n, k, 0));
+        }
         CHECK(cudaDeviceSynchronize());
+    } else {
+        CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
     }
     DevBuf dx, dy;
     DevPack p;

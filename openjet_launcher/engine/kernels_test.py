@@ -144,10 +144,13 @@ def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
 
 
 def tile_layout(qtype: int, w, k: int) -> np.ndarray:
-    """W's bytes in the tile layout, moved by the device (openjet_test_tile_layout), as a flat uint8 array."""
+    """W's bytes in the tile layout, moved by the device (openjet_test_tile_layout), as a flat uint8 array (each row's
+    unit in a 4-byte-aligned piece, zeros after it)."""
     lib = _lib()
     raw, n = _weights(qtype, w, k)
-    out = np.empty(raw.nbytes, np.uint8)
+    epb, bpb = BLOCK[qtype]
+    pitch = (256 // epb * bpb + 3) // 4 * 4  # a row's unit, rounded up to 4 bytes (Q6_K: 210 -> 212)
+    out = np.empty(n * (k // 256) * pitch, np.uint8)
     _check(lib, lib.openjet_test_tile_layout(qtype, _ptr(raw), n, k, _ptr(out)), "tile_layout")
     return out
 
