@@ -2,7 +2,7 @@
 # Where a decode step's time goes, kernel by kernel, and what the GEMV's hardware counters say (Nsight
 # Compute), in ONE device call of ~4 minutes:
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, command="bash scripts/gpu_step_kernels.sh")
-# 1. writes a 4-layer model of the 27B's widths (native/bench/step_kernels.py; ~1.7 GB), times decode steps
+# 1. writes a 4-layer model of the 27B's widths (native/bench/step_kernels.py; ~1.7 GB, random k-quant codes), times decode steps
 #    (T = 1 and 4, contexts 0 and 8K; STEP_CFGS) and lists one step's kernels with their durations under ncu:
 #    $OUT/step-*.csv, summed per kernel name in the output (the step's wall time minus the kernels' sum is
 #    what launches and gaps cost);

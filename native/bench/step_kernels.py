@@ -55,7 +55,7 @@ def main() -> None:
         name = f"full{a.layers}"
         PRESETS[name] = QWEN38_27B.with_(n_layer=a.layers)
         synth.vocab_for = lambda preset, shape: synth.full_vocab()   # the 27B's vocabulary, as `full`
-        print(json.dumps(synth.synthesize(name, a.model, show_progress=False)), file=sys.stderr)
+        print(json.dumps(synth.synthesize(name, a.model, show_progress=False, codes="random")), file=sys.stderr)
 
     from openjet_launcher.engine.cuda import CudaEngine
     eng = CudaEngine.load(a.model, n_ctx=max(4096, a.ctx + a.prefill + 64), kv_type=a.kv)
