@@ -20,6 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "../src/cp_async.cuh"  // the engine's cp.async helpers
+
+using openjet::cp_async16;
+using openjet::cp_async_commit;
+using openjet::cp_async_wait;
+
 #define CHECK(x)                                                                           \
     do {                                                                                   \
         cudaError_t e_ = (x);                                                              \
@@ -39,14 +45,6 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {  // read once: no 
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __global__ void stream_kernel(const uint4* p, size_t n16, unsigned* sink) {
     unsigned acc = 0;
     const size_t stride = size_t(gridDim.x) * blockDim.x;
