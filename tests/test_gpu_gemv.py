@@ -278,8 +278,8 @@ def test_the_tile_layout_moves_the_bytes_as_numpy_does(qtype):
 @pytest.mark.parametrize("qtype", KQUANTS)
 def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
     """The decode GEMV reading W in the tile layout (the same bytes, other strides) against the row layout, bit for
-    bit, in 16-row and half tiles: 1..17 units a warp (k = 1,280 / 17,408), rows off 16-byte alignment (Q6_K's 210-byte
-    units), the 27B's n = 5,120 and 17,408 shapes, t = 1, 3, 8 (the row layout's bits are the ones checked against
+    bit, in 16-row and half tiles: 1..17 units a warp (k = 1,280 / 17,408), rows off 16-byte alignment (Q6_K's 212-byte
+    pieces), the 27B's n = 5,120 and 17,408 shapes, t = 1, 3, 8 (the row layout's bits are the ones checked against
     numpy above). A shape without a tile layout, and a prefill call, are errors that say so."""
     rng = np.random.default_rng(23)
     try:
