@@ -904,9 +904,10 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
-    if (a.tiled && !(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || (b->tiled && tile_layout_fits(b->qtype, b->n, b->k)))))
+    // The tile layout: decode calls (NG = 1) of its shapes only, both matrices of a pair in it or neither.
+    if (b && a.tiled != b->tiled) return cudaErrorInvalidValue;
+    if (a.tiled && !(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
         return cudaErrorInvalidValue;
-    if (!a.tiled && b && b->tiled) return cudaErrorInvalidValue;
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
     const long long blocks = first + (b ? static_cast<long long>((b->n + kRows - 1) / kRows) * per_tile : 0);

@@ -126,7 +126,6 @@ cudaError_t dense_scratch(GemvArgs& a, DevBuf& buf) {
     return cudaSuccess;
 }
 
-// Shared body of the two GEMV entry points: x (float; packed on the device) or a pack given by the host.
 // Whether W (qtype, n, k) can be read in the tile layout by a t-row decode call; else the failure's status.
 int check_tiled(const char* what, int qtype, int n, int k, int t) {
     if (!tile_layout_fits(qtype, n, k))
@@ -142,11 +141,14 @@ cudaError_t upload_weights(DevBuf& dw, const void* w, size_t wb, int qtype, int 
     if (!tiled) return dw.upload(w, wb);
     DevBuf rows;
     if (cudaError_t e = rows.upload(w, wb)) return e;
-    if (cudaError_t e = dw.alloc(tile_layout_bytes(qtype, n, k) + 16)) return e;  // the GEMV may read 16 bytes on
+    // + 16: a unit's copy may read 16 bytes past the end
+    if (cudaError_t e = dw.alloc(tile_layout_bytes(qtype, n, k) + 16)) return e;
     if (cudaError_t e = launch_tile_layout(rows.p, dw.p, qtype, n, k, 0)) return e;
     return cudaDeviceSynchronize();
 }
 
+// Shared body of the GEMV entry points: x (float; packed on the device) or a pack given by the host; tiled: W moved
+// into the tile layout first.
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
              const float* xinv, int t, float* y, bool tiled = false) {
     if (int s = check_t(t)) return s;
