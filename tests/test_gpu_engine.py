@@ -422,11 +422,12 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-@pytest.mark.parametrize("switch", ["OPENJET_FFN_PERSISTENT"])
+@pytest.mark.parametrize("switch", ["OPENJET_FFN_PERSISTENT", "OPENJET_DECODE_TILED"])
 def test_decode_experiments_keep_every_bit(models, switch, monkeypatch):
     """Switches read at load that must not change a bit, each =1 against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device
-    functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes)."""
+    functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes);
+    OPENJET_DECODE_TILED (decode calls read a second copy of the weights in the tile layout, weight_layout.cuh)."""
     from openjet_launcher.model.gguf_file import GGUFFile
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}

@@ -48,6 +48,7 @@
 #include "kquant.cuh"
 #include "prefill_gemm.cuh"
 #include "topk.cuh"
+#include "weight_layout.cuh"
 #include "openjet_engine.h"
 #include "act_pack.cuh"
 
@@ -72,6 +73,7 @@ struct DevTensor {
     size_t bytes = 0, offset = 0;
     const void* host = nullptr;
     const void* d = nullptr;
+    const void* d_tiled = nullptr;  // OPENJET_DECODE_TILED=1: a copy in the tile layout that decode calls read
 };
 
 struct LayerW {
@@ -118,6 +120,10 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
+    // OPENJET_DECODE_TILED=1 at create (an experiment for the H200, not for 24 GB cards): a second copy of every GEMV
+    // weight in the tile layout (weight_layout.cuh), read by decode calls (the same bits); prefill reads the GGUF's.
+    char* weights_tiled = nullptr;
+    size_t tiled_bytes = 0;
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
@@ -204,6 +210,7 @@ struct openjet_engine {
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
+        if (weights_tiled) cudaFree(weights_tiled);
         if (state) cudaFree(state);
         if (ckpt) cudaFree(ckpt);
         if (scratch) cudaFree(scratch);
@@ -416,6 +423,46 @@ int device_alloc(char** p, size_t bytes, const char* what) {
     return OPENJET_OK;
 }
 
+// OPENJET_DECODE_TILED=1 (read at create; unset or 0: off): every GEMV weight the tile layout takes (k-quant, n % 16
+// == 0; not the token embedding, a row gather) copied into it in one more allocation, for decode calls (gemv_args).
+// An experiment to time the layout in the step before every reader of the weights takes it (NOTES_gemv.md): it
+// costs the weights' size again, so it is for the H200, not for 24 GB cards.
+int tiled_copies(openjet_engine& e) {
+    const char* v = std::getenv("OPENJET_DECODE_TILED");
+    if (!v || !*v || std::strcmp(v, "0") == 0) return OPENJET_OK;
+    if (std::strcmp(v, "1") != 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_DECODE_TILED=%s: expected 0 or 1", v);
+    const auto takes = [&](const DevTensor& t) {
+        return &t != &e.tok_embd && tile_layout_fits(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0));
+    };
+    size_t off = 0;
+    std::vector<size_t> offsets;
+    for_each_tensor(e, [&](DevTensor& t) {
+        offsets.push_back(off);
+        if (takes(t))  // + 16: a unit's copy may read to the next 16-byte boundary
+            off = align_up(off + tile_layout_bytes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)) + 16);
+    });
+    size_t free_b = 0, total_b = 0;
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (off > free_b)
+        return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "OPENJET_DECODE_TILED=1 needs %.1f MiB more (a second copy of the "
+                    "weights) but %.1f MiB are free: unset it", off / 1048576.0, free_b / 1048576.0);
+    TRY(device_alloc(&e.weights_tiled, off, "weights in the tile layout"));
+    e.tiled_bytes = off;
+    size_t i = 0;
+    cudaError_t err = cudaSuccess;
+    for_each_tensor(e, [&](DevTensor& t) {
+        const size_t o = offsets[i++];
+        if (!takes(t) || err != cudaSuccess) return;
+        t.d_tiled = e.weights_tiled + o;
+        err = launch_tile_layout(t.d, const_cast<void*>(t.d_tiled), t.type, static_cast<int>(t.ne1),
+                                 static_cast<int>(t.ne0), e.stream);
+    });
+    if (err != cudaSuccess) return cuda_fail(err, "launch_tile_layout");
+    CHECK(cudaStreamSynchronize(e.stream));
+    return OPENJET_OK;
+}
+
 // Largest attention workspace over every position of the cache at T = 8 (the split depends on n_past).
 size_t attn_work_floats_max(const openjet_engine& e, int spread) {
     int max_chunks = 1;
@@ -567,6 +614,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         t.host = nullptr;  // the caller's memory is not ours after create
     });
     TRY(status);
+    TRY(tiled_copies(e));
 
     e.ssm = reinterpret_cast<float*>(e.state);
     e.conv[0] = reinterpret_cast<float*>(e.state + ssm_b);
@@ -638,8 +686,11 @@ void collect_profile(openjet_engine& e) {
 }
 
 GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    return GemvArgs{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
-                    e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
+    const bool tiled = w.d_tiled && !e.prefilling;  // OPENJET_DECODE_TILED=1: decode calls read the tile layout
+    GemvArgs a{w.type, tiled ? w.d_tiled : w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
+               e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
+    a.tiled = tiled;
+    return a;
 }
 
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
@@ -1459,11 +1510,11 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
 extern "C" OPENJET_API int openjet_engine_memory(const openjet_engine* e, openjet_engine_memory_report* r) {
     TRY(check_engine(e));
     if (!r) return fail(OPENJET_ERR_INVALID_ARGUMENT, "report is NULL");
-    r->weights_bytes = e->weights_bytes;
+    r->weights_bytes = e->weights_bytes + e->tiled_bytes;  // OPENJET_DECODE_TILED=1's second copy counted as weights
     r->kv_bytes = e->kv_bytes;
     r->state_bytes = e->gdn_bytes;
     r->checkpoint_bytes = e->ckpt_bytes;
     r->scratch_bytes = e->scratch_bytes + e->draft_bytes();
-    r->total_bytes = e->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + r->scratch_bytes;
+    r->total_bytes = r->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + r->scratch_bytes;
     return OPENJET_OK;
 }
