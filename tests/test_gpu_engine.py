@@ -422,25 +422,31 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-@pytest.mark.parametrize("switch", ["OPENJET_FFN_PERSISTENT", "OPENJET_DECODE_TILED"])
-def test_decode_experiments_keep_every_bit(models, switch, monkeypatch):
+@pytest.mark.parametrize("switch, counted", [("OPENJET_FFN_PERSISTENT", "ffn_persistent"),
+                                             ("OPENJET_DECODE_TILED", "decode_tiled")])
+def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch):
     """Switches read at load that must not change a bit, each =1 against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device
     functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes);
-    OPENJET_DECODE_TILED (decode calls read a second copy of the weights in the tile layout, weight_layout.cuh)."""
+    OPENJET_DECODE_TILED (decode calls read a second copy of the weights in the tile layout, weight_layout.cuh). The
+    counted path (kernels_test.launch_count) ran under =1 and never under =0."""
+    from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}
     assert types <= {"Q4_K", "Q6_K"}, types
     ids = np.random.default_rng(29).integers(0, 4096, 40)
-    out = {}
+    out, ran = {}, {}
     for value in ("0", "1"):
         monkeypatch.setenv(switch, value)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
+            before = kt.launch_count(counted)
             out[value] = decode_sequence_logits(engine, ids)
+            ran[value] = kt.launch_count(counted) - before
         finally:
             engine.close()
+    assert ran["0"] == 0 and ran["1"] > 0, f"{counted} launches: {ran}"
     assert np.isfinite(out["0"]).all()
     np.testing.assert_array_equal(out["1"], out["0"], err_msg=switch)
 

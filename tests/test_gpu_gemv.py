@@ -280,7 +280,8 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
     """The decode GEMV reading W in the tile layout (the same bytes, other strides) against the row layout, bit for
     bit, in 16-row and half tiles: 1..17 units a warp (k = 1,280 / 17,408), rows off 16-byte alignment (Q6_K's 212-byte
     pieces), the 27B's n = 5,120 and 17,408 shapes, t = 1, 3, 8 (the row layout's bits are the ones checked against
-    numpy above). A shape without a tile layout, and a prefill call, are errors that say so."""
+    numpy above; the launch counter shows the tiled read ran). A shape without a tile layout, and a prefill call, are
+    errors that say so."""
     rng = np.random.default_rng(23)
     try:
         kt.set_gemv_tiles(tiles)
@@ -289,7 +290,9 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
             x = random_x(rng, 8, k)
             for t in (1, 3, 8):
                 base = kt.gemv(Q[qtype], raw, x[:t])
+                before = kt.launch_count("decode_tiled")
                 got = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
+                assert kt.launch_count("decode_tiled") == before + 1, "the GEMV did not read the tile layout"
                 assert np.isfinite(base).all()
                 np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t}")
     finally:

@@ -113,8 +113,9 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
         t, _, how = str(key).partition("-")
         t = int(t)
         tiled = how == "tiled"
-        if how.startswith("t") and not tiled:
-            kt.set_gemv_tiles(how[1:])
+        tiles = how[1:] if how.startswith("t") and not tiled else None  # "t16" / "t8"
+        if tiles:
+            kt.set_gemv_tiles(tiles)
         elif how and not tiled:
             os.environ["OPENJET_PREFILL_GEMM"] = how
         try:
@@ -123,7 +124,7 @@ def measure_or_raise(rng, qtype: str, n: int, k: int, ts=TS) -> dict:
             us = float(np.median(kt.bench_gemv(Q[qtype], w, k, t, copies, reps, RUNS, tiled)))
         finally:
             os.environ.pop("OPENJET_PREFILL_GEMM", None)
-            if how.startswith("t") and not tiled:
+            if tiles:
                 kt.set_gemv_tiles("env")
         out["us"][key] = us
         out["shape"] = kt.gemv_shape(Q[qtype], n, k)

@@ -18,6 +18,7 @@
 #include "elementwise.cuh"
 #include "ffn_persistent.cuh"
 #include "gemv_mma.cuh"
+#include "launch_count.h"
 
 namespace openjet {
 namespace {
@@ -190,6 +191,7 @@ cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t strea
     if (!ffn_persistent_takes(a) || !a.h || !a.mix_in || !a.post_norm || !a.gate || !a.up || !a.down || !a.g_out ||
         !a.u_out || !a.mix_out || !a.counters)
         return cudaErrorInvalidValue;
+    count_launch(Counted::kFfnPersistent);
     return a.down_type == kQ6_K ? launch_types<kQ4_K, kQ6_K>(a, stream) : launch_types<kQ4_K, kQ4_K>(a, stream);
 }
 

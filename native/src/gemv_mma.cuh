@@ -42,6 +42,7 @@
 #include "kquant.cuh"
 #include "mma_f16.cuh"
 #include "pdl.cuh"
+#include "launch_count.h"
 #include "prefill_gemm.cuh"
 #include "weight_layout.cuh"
 
@@ -461,22 +462,23 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kH
 
 // ------------------------------------------------------------------------------------------ one warp
 
-// Where a decode warp's bytes are: unit u of row r at row_offset(r) + u * unit + (r's place in its tile) * row,
-// in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows stored unit by unit, each row's
-// unit in tile_pitch bytes).
+// Where a decode warp's bytes are: unit u of row r0 + rr (r0 a tile's first row, a multiple of 8) at
+// start + u * unit + rr * row, in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows
+// stored unit by unit, each row's unit in tile_pitch bytes).
 template <int QT> struct WeightSteps {
-    long long group;  // tile layout: bytes of a group of 16 rows
-    bool tiled;
-    int row, unit;  // bytes from a row to the next within a unit, from a unit to the next within a row
-    __device__ __forceinline__ WeightSteps(long long row_bytes, bool tiled_) : tiled(tiled_) {
+    long long start;  // bytes from the matrix to unit 0 of row r0
+    int row, unit;    // bytes from a row to the next within a unit, from a unit to the next within a row
+    __device__ __forceinline__ WeightSteps(long long row_bytes, bool tiled, int r0) {
         constexpr int ub = MmaShape<QT>::kUnitBytes, pitch = tile_pitch(ub);
-        row = tiled ? pitch : static_cast<int>(row_bytes);
-        unit = tiled ? kTileLayoutRows * pitch : ub;
-        group = tiled ? row_bytes / ub * unit : kTileLayoutRows * row_bytes;
-    }
-    // Unit 0 of row r (r a multiple of 8: a tile's first row).
-    __device__ __forceinline__ long long row_offset(int r) const {
-        return (r / kTileLayoutRows) * group + (r % kTileLayoutRows) * static_cast<long long>(row);
+        if (tiled) {
+            row = pitch;
+            unit = kTileLayoutRows * pitch;
+            start = (r0 / kTileLayoutRows) * (row_bytes / ub) * unit + (r0 % kTileLayoutRows) * pitch;
+        } else {
+            row = static_cast<int>(row_bytes);
+            unit = ub;
+            start = r0 * row_bytes;
+        }
     }
 };
 
@@ -555,9 +557,9 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
                                                bool tiled = false) {
     using S = MmaShape<QT, kRows>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    // Unit u of row row0 + rr lies at tile0 + u * unit_step + rr * row_step.
-    const WeightSteps<QT> step(row_bytes, tiled);
-    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + step.row_offset(row0);
+    // unit u of row row0 + rr: tile0 + u * step.unit + rr * step.row
+    const WeightSteps<QT> step(row_bytes, tiled, row0);
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + step.start;
     const TileCopy<QT, kRows> copy(step.row, n, row0, lane);
 
     auto issue = [&](int it) {
@@ -906,8 +908,11 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     // The tile layout: decode calls (NG = 1) of its shapes only, both matrices of a pair in it or neither.
     if (b && a.tiled != b->tiled) return cudaErrorInvalidValue;
-    if (a.tiled && !(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
-        return cudaErrorInvalidValue;
+    if (a.tiled) {
+        if (!(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
+            return cudaErrorInvalidValue;
+        count_launch(Counted::kDecodeTiled);
+    }
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
     const long long blocks = first + (b ? static_cast<long long>((b->n + kRows - 1) / kRows) * per_tile : 0);
@@ -915,7 +920,8 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     GemvSecond second;
     if (b) second = {static_cast<const uint8_t*>(b->w), b->n, b->y, static_cast<int>(first)};
     return launch_kernel(kernel, static_cast<unsigned>(blocks), kGemvWarps * 32, S::kSmemBytes, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second, a.tiled);
+                         static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_tile, a.y, second,
+                         a.tiled);
 }
 
 // Whether a decode call (and b, launched with it) takes half tiles: gemv_half_tiles() (gemv.cuh) says always,

@@ -136,14 +136,18 @@ int check_tiled(const char* what, int qtype, int n, int k, int t) {
     return OPENJET_OK;
 }
 
+// dst <- W (row layout, already on the device) in the tile layout; + 16: a unit's copy may read 16 bytes past the end.
+cudaError_t tile_copy(DevBuf& dst, const DevBuf& rows, int qtype, int n, int k) {
+    if (cudaError_t e = dst.alloc(tile_layout_bytes(qtype, n, k) + 16)) return e;
+    return launch_tile_layout(rows.p, dst.p, qtype, n, k, 0);
+}
+
 // W (row layout, host) on the device, in the tile layout when asked (moved there on the device).
 cudaError_t upload_weights(DevBuf& dw, const void* w, size_t wb, int qtype, int n, int k, bool tiled) {
     if (!tiled) return dw.upload(w, wb);
     DevBuf rows;
     if (cudaError_t e = rows.upload(w, wb)) return e;
-    // + 16: a unit's copy may read 16 bytes past the end
-    if (cudaError_t e = dw.alloc(tile_layout_bytes(qtype, n, k) + 16)) return e;
-    if (cudaError_t e = launch_tile_layout(rows.p, dw.p, qtype, n, k, 0)) return e;
+    if (cudaError_t e = tile_copy(dw, rows, qtype, n, k)) return e;
     return cudaDeviceSynchronize();
 }
 
@@ -347,10 +351,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     if (tiled) {  // every copy in the tile layout (one row-layout buffer moved into each)
         DevBuf rows;
         CHECK(rows.upload(w, weight_bytes(qtype, n, k)));
-        for (auto& b : dw) {
-            CHECK(b.alloc(tile_layout_bytes(qtype, n, k) + 16));
-            CHECK(launch_tile_layout(rows.p, b.p, qtype, n, k, 0));
-        }
+        for (auto& b : dw) CHECK(tile_copy(b, rows, qtype, n, k));
         CHECK(cudaDeviceSynchronize());
     } else {
         CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
