@@ -351,7 +351,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_GDN_CHUNKED", "true", "1"),
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
                                              ("OPENJET_FFN_PERSISTENT", "2", "0"),
-                                             ("OPENJET_DECODE_TILED", "yes", "1"),
+                                             ("OPENJET_WEIGHT_LAYOUT", "1", "rows"),
                                              ("OPENJET_ATTN_PREFILL_ROWS", "96", "128"),
                                              ("OPENJET_ATTN_PREFILL_KEYS", "128", "64"),
                                              ("OPENJET_ATTN_PREFILL_F16", "yes", "1"),

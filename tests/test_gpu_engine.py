@@ -422,13 +422,11 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-@pytest.mark.parametrize("switch, counted", [("OPENJET_FFN_PERSISTENT", "ffn_persistent"),
-                                             ("OPENJET_DECODE_TILED", "decode_tiled")])
+@pytest.mark.parametrize("switch, counted", [("OPENJET_FFN_PERSISTENT", "ffn_persistent")])
 def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch):
     """Switches read at load that must not change a bit, each =1 against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device
-    functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes);
-    OPENJET_DECODE_TILED (decode calls read a second copy of the weights in the tile layout, weight_layout.cuh). The
+    functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes). The
     counted path (kernels_test.launch_count) ran under =1 and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
@@ -449,6 +447,49 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch)
     assert ran["0"] == 0 and ran["1"] > 0, f"{counted} launches: {ran}"
     assert np.isfinite(out["0"]).all()
     np.testing.assert_array_equal(out["1"], out["0"], err_msg=switch)
+
+
+@pytest.mark.parametrize("gemm", ["default", "fast", "exact", "grouped"])
+def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
+    """OPENJET_WEIGHT_LAYOUT: the engine's weights in the tile layout (the default: weight_layout.cuh) against the
+    GGUF's row layout, bit for bit, on the small model (Q4_K, Q5_K, Q6_K and Q8_0 projections, the MTP head):
+    decode_sequence_logits (prefill rows, T = 1 and T = 5 steps, drafts), a 300-token prefill in one call (the dense
+    path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
+    (its rows gathered from the tiled lm_head) and the persistent FFN; under each prefill GEMM. A tiled read ran
+    under "tiles" and none under "rows" (kernels_test.launch_count)."""
+    from openjet_launcher.engine import kernels_test as kt
+    if gemm != "default":
+        monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    rng = np.random.default_rng(41)
+    ids = rng.integers(0, 4096, 301)
+    fixed = lambda lg: 2  # noqa: E731  (the same draft chain in both layouts)
+    out, ran = {}, {}
+    for layout in ("rows", "tiles"):
+        monkeypatch.setenv("OPENJET_WEIGHT_LAYOUT", layout)
+        before = kt.launch_count("tiled_weights")
+        parts = []
+        for persistent in ("0", "1"):
+            monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
+            engine = CudaEngine.load(models["small"], n_ctx=512, n_checkpoints=2)
+            try:
+                parts.append(decode_sequence_logits(engine, ids[:40]))
+                if persistent == "1":
+                    continue
+                state = engine.new_state()
+                pre = engine.prefill(state, ids[:300])
+                parts += [pre.logits[-1:], pre.hidden[-1:], engine.decode(state, ids[300:301]).logits]
+                engine.set_draft_vocabulary(np.arange(0, engine.config.shape.n_vocab, 2))
+                draft = engine.mtp_draft(state, int(ids[0]), 3, choose=fixed)
+                parts += [np.nan_to_num(draft.logits.reshape(3, -1), neginf=-1.0), draft.hidden.reshape(3, -1)]
+            finally:
+                engine.close()
+        out[layout] = parts
+        ran[layout] = kt.launch_count("tiled_weights") - before
+    assert ran["rows"] == 0 and ran["tiles"] > 0, f"tiled launches: {ran}"
+    for i, (a, b) in enumerate(zip(out["tiles"], out["rows"])):
+        assert np.isfinite(b).all()
+        np.testing.assert_array_equal(a, b, err_msg=f"part {i}")
+    report(test="tile_layout_keeps_every_bit", gemm=gemm, parts=len(out["rows"]), equal=True)
 
 
 @pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])

@@ -280,8 +280,8 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
     """The decode GEMV reading W in the tile layout (the same bytes, other strides) against the row layout, bit for
     bit, in 16-row and half tiles: 1..17 units a warp (k = 1,280 / 17,408), rows off 16-byte alignment (Q6_K's 212-byte
     pieces), the 27B's n = 5,120 and 17,408 shapes, t = 1, 3, 8 (the row layout's bits are the ones checked against
-    numpy above; the launch counter shows the tiled read ran). A shape without a tile layout, and a prefill call, are
-    errors that say so."""
+    numpy above; the launch counter shows the tiled read ran). A shape without a tile layout is an error that says
+    so."""
     rng = np.random.default_rng(23)
     try:
         kt.set_gemv_tiles(tiles)
@@ -290,9 +290,9 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
             x = random_x(rng, 8, k)
             for t in (1, 3, 8):
                 base = kt.gemv(Q[qtype], raw, x[:t])
-                before = kt.launch_count("decode_tiled")
+                before = kt.launch_count("tiled_weights")
                 got = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
-                assert kt.launch_count("decode_tiled") == before + 1, "the GEMV did not read the tile layout"
+                assert kt.launch_count("tiled_weights") == before + 1, "the GEMV did not read the tile layout"
                 assert np.isfinite(base).all()
                 np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t}")
     finally:
@@ -300,8 +300,30 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
     raw = random_raw(rng, qtype, 40, 256)
     with pytest.raises(OpenJetError, match="no tile layout for qtype .* n 40"):
         kt.gemv(Q[qtype], raw, random_x(rng, 1, 256), tiled=True)
-    with pytest.raises(OpenJetError, match="read by decode calls: t = 9"):
-        kt.gemv(Q[qtype], random_raw(rng, qtype, 32, 256), random_x(rng, 9, 256), tiled=True)
+
+
+@pytest.mark.parametrize("gemm", ["fast", "dense", "exact", "shared", "grouped"])
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_prefill_calls_read_the_tile_layout_with_the_row_layouts_bits(qtype, gemm, monkeypatch):
+    """Every prefill path (OPENJET_PREFILL_GEMM: the fast GEMM's FastA loads, the dense path's dequantisation, the exact
+    kernels with shared or grouped activations) reading W in the tile layout gives the row layout's outputs bit for bit
+    (those are checked against numpy elsewhere), over partial token groups and blocks (t = 9, 40, 300: the dense path
+    takes 256 rows and more) and rows off 16-byte alignment; the launch counter shows a tiled read ran. Q8_0 has no
+    fast GEMM: "fast" and "dense" take the exact kernels for it."""
+    if gemm == "dense" and not kt.dense_gemm_available():
+        pytest.skip("no dense prefill GEMM in this build or on this GPU")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    rng = np.random.default_rng(37)
+    for n, k in [(48, 1280), (1040, 2560)]:
+        raw = random_raw(rng, qtype, n, k)
+        x = random_x(rng, 300, k)
+        for t in (9, 40, 300):
+            base = kt.gemv(Q[qtype], raw, x[:t])
+            before = kt.launch_count("tiled_weights")
+            got = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
+            assert kt.launch_count("tiled_weights") > before, "no launch read the tile layout"
+            assert np.isfinite(base).all()
+            np.testing.assert_array_equal(got, base, err_msg=f"{gemm} {n}x{k} T={t}")
 
 
 @pytest.mark.parametrize("kernel", ["shared", "grouped"])

@@ -45,7 +45,7 @@ OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const 
 OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out);
 
 /* openjet_test_gemv with W (given in the row layout) moved into the tile layout on the device first, then read there
- * by the decode GEMV: t 1..8, the tile layout's shapes. */
+ * (decode and prefill calls alike, as the engine reads its weights): the tile layout's shapes. */
 OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
 /* y [t, n] = W x for k-quant W and activations already packed (openjet_test_pack_act's xh, xsum, xinv). */
@@ -78,7 +78,7 @@ OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_b
 OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies, int reps,
                                         int runs, float* us_out);
 
-/* openjet_test_bench_gemv with the weights in the tile layout when tiled != 0 (decode calls, t <= 8). */
+/* openjet_test_bench_gemv with the weights in the tile layout when tiled != 0. */
 OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, int k, int t, int tiled, int copies,
                                                int reps, int runs, float* us_out);
 

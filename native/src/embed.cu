@@ -1,7 +1,9 @@
 // launch_embed: one block per token; each thread dequantises elements e = threadIdx.x + 256 i of its row.
 #include "embed.cuh"
 #include "kquant.cuh"
+#include "launch_count.h"
 #include "pdl.cuh"
+#include "weight_layout.cuh"
 
 namespace openjet {
 namespace {
@@ -47,23 +49,30 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
 
 namespace {
 
+// unit_bytes 0: src in the row layout; else in the tile layout (weight_layout.cuh), a row's units unit_bytes long.
 __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_t* __restrict__ src, size_t row_bytes,
-                                                                    const int32_t* __restrict__ ids,
+                                                                    int unit_bytes, const int32_t* __restrict__ ids,
                                                                     uint8_t* __restrict__ dst) {
     pdl_start();  // pdl.cuh
-    const uint8_t* s = src + static_cast<size_t>(ids[blockIdx.x]) * row_bytes;
+    const WeightSteps step(static_cast<long long>(row_bytes), unit_bytes ? unit_bytes : static_cast<int>(row_bytes),
+                           unit_bytes != 0, ids[blockIdx.x]);
+    const int ub = unit_bytes ? unit_bytes : static_cast<int>(row_bytes);  // bytes a unit (row layout: the row)
+    const uint8_t* s = src + step.start;
     uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
-    for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b];
+    for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b / ub * step.unit + b % ub];
 }
 
 }  // namespace
 
-cudaError_t launch_gather_rows(const void* src, size_t row_bytes, const int32_t* ids, int n, void* dst,
+cudaError_t launch_gather_rows(const void* src, size_t row_bytes, int unit_bytes, const int32_t* ids, int n, void* dst,
                                cudaStream_t stream) {
-    if (!src || !ids || !dst || n < 0 || row_bytes == 0) return cudaErrorInvalidValue;
+    if (!src || !ids || !dst || n < 0 || row_bytes == 0 || row_bytes > 0x7fffffff || unit_bytes < 0 ||
+        (unit_bytes && row_bytes % unit_bytes))
+        return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
+    if (unit_bytes) count_launch(Counted::kTiledWeights);
     return launch_kernel(gather_rows_kernel, n, kEmbedThreads, 0, stream, static_cast<const uint8_t*>(src), row_bytes,
-                         ids, static_cast<uint8_t*>(dst));
+                         unit_bytes, ids, static_cast<uint8_t*>(dst));
 }
 
 }  // namespace openjet

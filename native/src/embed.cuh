@@ -15,8 +15,10 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
                          float* out, cudaStream_t stream);
 
 // dst row i = src row ids[i] (rows of row_bytes, copied as they are: any block type), i < n. ids must lie in
-// [0, n_src) (the caller checks). The MTP head's draft rows of the lm_head (issue 7's draft vocabulary).
-cudaError_t launch_gather_rows(const void* src, size_t row_bytes, const int32_t* ids, int n, void* dst,
+// [0, n_src) (the caller checks). unit_bytes 0: src in the row layout; else in the tile layout (weight_layout.cuh)
+// with units of unit_bytes; dst is in the row layout either way. The MTP head's draft rows of the lm_head (issue 7's
+// draft vocabulary).
+cudaError_t launch_gather_rows(const void* src, size_t row_bytes, int unit_bytes, const int32_t* ids, int n, void* dst,
                                cudaStream_t stream);
 
 }  // namespace openjet

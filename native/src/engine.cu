@@ -73,7 +73,12 @@ struct DevTensor {
     size_t bytes = 0, offset = 0;
     const void* host = nullptr;
     const void* d = nullptr;
-    const void* d_tiled = nullptr;  // OPENJET_DECODE_TILED=1: a copy in the tile layout that decode calls read
+    bool tiled = false;  // stored in the tile layout (weight_layout.cuh; every GEMV weight that has one, by default)
+    // Its bytes in the weight arena: the GGUF's, or the tile layout's (Q6_K pieces padded 210 -> 212).
+    size_t device_bytes() const {
+        if (!tiled) return bytes;
+        return static_cast<size_t>(tile_layout_bytes(type, static_cast<int>(ne1), static_cast<int>(ne0)));
+    }
 };
 
 struct LayerW {
@@ -120,10 +125,6 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
-    // OPENJET_DECODE_TILED=1 at create (an experiment for the H200, not for 24 GB cards): a second copy of every GEMV
-    // weight in the tile layout (weight_layout.cuh), read by decode calls (the same bits); prefill reads the GGUF's.
-    char* weights_tiled = nullptr;
-    size_t tiled_bytes = 0;
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
@@ -210,7 +211,6 @@ struct openjet_engine {
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
-        if (weights_tiled) cudaFree(weights_tiled);
         if (state) cudaFree(state);
         if (ckpt) cudaFree(ckpt);
         if (scratch) cudaFree(scratch);
@@ -228,7 +228,7 @@ struct openjet_engine {
     DevTensor draft_head() const {
         if (!draft_n) return output;
         DevTensor t = output;
-        t.d = draft_rows, t.ne1 = draft_n;
+        t.d = draft_rows, t.ne1 = draft_n, t.tiled = false;  // gathered into the row layout
         return t;
     }
 };
@@ -423,37 +423,37 @@ int device_alloc(char** p, size_t bytes, const char* what) {
     return OPENJET_OK;
 }
 
-// OPENJET_DECODE_TILED=1 (read at create; unset or 0: off): every GEMV weight the tile layout takes (k-quant, n % 16
-// == 0; not the token embedding, a row gather) copied into it in one more allocation, for decode calls (gemv_args).
-// An experiment to time the layout in the step before every reader of the weights takes it (NOTES_gemv.md): it
-// costs the weights' size again, so it is for the H200, not for 24 GB cards.
-int tiled_copies(openjet_engine& e) {
-    const char* v = std::getenv("OPENJET_DECODE_TILED");
-    if (!v || !*v || std::strcmp(v, "0") == 0) return OPENJET_OK;
-    if (std::strcmp(v, "1") != 0)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_DECODE_TILED=%s: expected 0 or 1", v);
-    const auto takes = [&](const DevTensor& t) {
-        return &t != &e.tok_embd && tile_layout_fits(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0));
-    };
-    size_t off = 0;
-    std::vector<size_t> offsets;
-    for_each_tensor(e, [&](DevTensor& t) {
-        offsets.push_back(off);
-        if (takes(t))  // + 16: a unit's copy may read to the next 16-byte boundary
-            off = align_up(off + tile_layout_bytes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)) + 16);
-    });
-    TRY(device_alloc(&e.weights_tiled, off, "second copy of the weights (OPENJET_DECODE_TILED=1: unset it)"));
-    e.tiled_bytes = off;
-    size_t i = 0;
-    cudaError_t err = cudaSuccess;
-    for_each_tensor(e, [&](DevTensor& t) {
-        const size_t o = offsets[i++];
-        if (!takes(t) || err != cudaSuccess) return;
-        t.d_tiled = e.weights_tiled + o;
-        err = launch_tile_layout(t.d, const_cast<void*>(t.d_tiled), t.type, static_cast<int>(t.ne1),
-                                 static_cast<int>(t.ne0), e.stream);
-    });
-    if (err != cudaSuccess) return cuda_fail(err, "launch_tile_layout");
+// OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant
+// type, rows a multiple of 16; not the token embedding, which is read by row) is stored in it (weight_layout.cuh):
+// the decode GEMV reads it at ~7% more of the copy rate (H200, 27B: T=1 step 10.32 -> 10.06 ms with a second copy,
+// bench/results/engine-full-h200-3121f8a-tiled*.json), and every reader takes either layout with the same bits;
+// "rows": the GGUF's row layout throughout (bisecting). Other values are refused.
+int weight_layout_tiles(bool* tiles) {
+    const char* v = std::getenv("OPENJET_WEIGHT_LAYOUT");
+    *tiles = !v || !*v || std::strcmp(v, "tiles") == 0;
+    if (*tiles || std::strcmp(v, "rows") == 0) return OPENJET_OK;
+    return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_WEIGHT_LAYOUT=%s: expected tiles or rows", v);
+}
+
+// Tensor t's GGUF bytes (host) into its place in the tile layout, through `stage` (stage_bytes of device memory: the
+// scratch arena, unused during create) in chunks of whole groups of 16 rows, each moved by launch_tile_layout.
+int upload_tiled(openjet_engine& e, DevTensor& t, char* stage, size_t stage_bytes) {
+    const int n = static_cast<int>(t.ne1), k = static_cast<int>(t.ne0);
+    const size_t group_bytes = t.bytes / n * kTileLayoutRows;  // 16 rows of the row layout
+    const int chunk_groups = static_cast<int>(std::min<size_t>(stage_bytes / group_bytes, n / kTileLayoutRows));
+    if (chunk_groups < 1)
+        return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "tensor of %d x %d: %zu bytes of scratch stage fewer than one "
+                    "group of 16 rows (%zu bytes)", n, k, stage_bytes, group_bytes);
+    const size_t tile_group_bytes = static_cast<size_t>(tile_layout_bytes(t.type, kTileLayoutRows, k));
+    for (int g0 = 0; g0 < n / kTileLayoutRows; g0 += chunk_groups) {
+        const int groups = std::min(chunk_groups, n / kTileLayoutRows - g0);
+        // stream order: this copy waits for the previous chunk's move out of the stage
+        CHECK(cudaMemcpyAsync(stage, static_cast<const char*>(t.host) + g0 * group_bytes, groups * group_bytes,
+                              cudaMemcpyHostToDevice, e.stream));
+        char* dst = const_cast<char*>(static_cast<const char*>(t.d)) + g0 * tile_group_bytes;
+        const cudaError_t err = launch_tile_layout(stage, dst, t.type, groups * kTileLayoutRows, k, e.stream);
+        if (err != cudaSuccess) return cuda_fail(err, "launch_tile_layout (weight upload)");
+    }
     CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
 }
@@ -489,10 +489,14 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     CHECK(cudaDeviceGetAttribute(&e.sm_count, cudaDevAttrMultiProcessorCount, c.device));
 
     // Sizes of the four arenas.
+    bool tiles = true;
+    TRY(weight_layout_tiles(&tiles));
     size_t off = 0;
     for_each_tensor(e, [&](DevTensor& t) {
+        const int n = static_cast<int>(t.ne1), k = static_cast<int>(t.ne0);
+        t.tiled = tiles && &t != &e.tok_embd && tile_layout_fits(t.type, n, k);
         t.offset = off;
-        off = align_up(off + t.bytes + 16);  // +16: the GEMV may read to the next 16-byte boundary
+        off = align_up(off + t.device_bytes() + 16);  // +16: the GEMV may read to the next 16-byte boundary
     });
     e.weights_bytes = off;
     const int T = OPENJET_ENGINE_MAX_T, R = e.prefill_rows;
@@ -598,18 +602,22 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (e.ckpt_bytes) TRY(device_alloc(&e.ckpt, e.ckpt_bytes, "checkpoints"));
     TRY(device_alloc(&e.scratch, e.scratch_bytes, "scratch"));
 
-    // Upload (synchronous copies from the caller's host pages, e.g. the memory-mapped file).
+    // Upload (synchronous copies from the caller's host pages, e.g. the memory-mapped file; the tile layout's through
+    // the scratch arena, not in use yet).
     int status = OPENJET_OK;
     for_each_tensor(e, [&](DevTensor& t) {
         t.d = e.weights + t.offset;
         if (status == OPENJET_OK) {
-            const cudaError_t err = cudaMemcpy(const_cast<void*>(t.d), t.host, t.bytes, cudaMemcpyHostToDevice);
-            if (err != cudaSuccess) status = cuda_fail(err, "cudaMemcpy (weight upload)");
+            if (t.tiled) {
+                status = upload_tiled(e, t, e.scratch, e.scratch_bytes);
+            } else {
+                const cudaError_t err = cudaMemcpy(const_cast<void*>(t.d), t.host, t.bytes, cudaMemcpyHostToDevice);
+                if (err != cudaSuccess) status = cuda_fail(err, "cudaMemcpy (weight upload)");
+            }
         }
         t.host = nullptr;  // the caller's memory is not ours after create
     });
     TRY(status);
-    TRY(tiled_copies(e));
 
     e.ssm = reinterpret_cast<float*>(e.state);
     e.conv[0] = reinterpret_cast<float*>(e.state + ssm_b);
@@ -681,10 +689,9 @@ void collect_profile(openjet_engine& e) {
 }
 
 GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    const bool tiled = w.d_tiled && !e.prefilling;  // OPENJET_DECODE_TILED=1: decode calls read the tile layout
-    GemvArgs a{w.type, tiled ? w.d_tiled : w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
+    GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
                e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
-    a.tiled = tiled;
+    a.tiled = w.tiled;
     return a;
 }
 
@@ -967,9 +974,10 @@ int trunk(openjet_engine& e, int t) {
             f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
             f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
             f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
-            f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d;
+            f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
             f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
-            if (ffn_persistent_takes(f)) {
+            const bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
+            if (one_layout && ffn_persistent_takes(f)) {
                 mark(e, "ffn");  // the norm inside
                 CHECK(launch_ffn_persistent(f, e.stream));
                 continue;
@@ -1495,7 +1503,8 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
     if (n > keep) {
         CHECK(cudaMemcpyAsync(e->draft_ids + keep, ids + keep, sizeof(int32_t) * (n - keep), cudaMemcpyHostToDevice,
                               e->stream));
-        CHECK(launch_gather_rows(e->output.d, rb, e->draft_ids + keep, n - keep, e->draft_rows + keep * rb, e->stream));
+        CHECK(launch_gather_rows(e->output.d, rb, e->output.tiled ? unit_bytes(e->output.type) : 0, e->draft_ids + keep,
+                                 n - keep, e->draft_rows + keep * rb, e->stream));
         CHECK(cudaStreamSynchronize(e->stream));
     }
     e->draft_n = n;
@@ -1505,7 +1514,7 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
 extern "C" OPENJET_API int openjet_engine_memory(const openjet_engine* e, openjet_engine_memory_report* r) {
     TRY(check_engine(e));
     if (!r) return fail(OPENJET_ERR_INVALID_ARGUMENT, "report is NULL");
-    r->weights_bytes = e->weights_bytes + e->tiled_bytes;  // OPENJET_DECODE_TILED=1's second copy counted as weights
+    r->weights_bytes = e->weights_bytes;
     r->kv_bytes = e->kv_bytes;
     r->state_bytes = e->gdn_bytes;
     r->checkpoint_bytes = e->ckpt_bytes;

@@ -23,6 +23,7 @@ struct FfnPersistentArgs {
     const void* gate = nullptr;   // [n_ff, n_embd]
     const void* up = nullptr;     // [n_ff, n_embd]
     const void* down = nullptr;   // [n_embd, n_ff]
+    bool tiled = false;           // the three in the tile layout (weight_layout.cuh) or all in the row layout
     float* g_out = nullptr;       // [t, n_ff]
     float* u_out = nullptr;       // [t, n_ff]
     float* mix_out = nullptr;     // [t, n_embd] down's output

@@ -177,6 +177,7 @@ static cudaError_t check_gemv(const GemvArgs& a) {
     const cudaError_t e = gemv_launch_shape(a.qtype, a.n, a.k, &r, &wpb, &blocks);
     if (e != cudaSuccess) return e;
     if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
+    if (a.tiled && !tile_layout_fits(a.qtype, a.n, a.k)) return cudaErrorInvalidValue;  // F32 included
     if (a.qtype == kF32) return cudaSuccess;
     if (!act_pack_fits(a.x, a.t, a.k) || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)

@@ -462,26 +462,6 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kH
 
 // ------------------------------------------------------------------------------------------ one warp
 
-// Where a decode warp's bytes are: unit u of row r0 + rr (r0 a tile's first row, a multiple of 8) at
-// start + u * unit + rr * row, in the GGUF's row layout or the tile layout (weight_layout.cuh: groups of 16 rows
-// stored unit by unit, each row's unit in tile_pitch bytes).
-template <int QT> struct WeightSteps {
-    long long start;  // bytes from the matrix to unit 0 of row r0
-    int row, unit;    // bytes from a row to the next within a unit, from a unit to the next within a row
-    __device__ __forceinline__ WeightSteps(long long row_bytes, bool tiled, int r0) {
-        constexpr int ub = MmaShape<QT>::kUnitBytes, pitch = tile_pitch(ub);
-        if (tiled) {
-            row = pitch;
-            unit = kTileLayoutRows * pitch;
-            start = (r0 / kTileLayoutRows) * (row_bytes / ub) * unit + (r0 % kTileLayoutRows) * pitch;
-        } else {
-            row = static_cast<int>(row_bytes);
-            unit = ub;
-            start = r0 * row_bytes;
-        }
-    }
-};
-
 // A warp's cp.async plan for its 16-row tile, worked out once: the lane copies words i = lane + 32 j of each
 // stage (row i / kWords, word i % kWords of that row), kept as byte offsets from the tile's first row (-1: a
 // word past the stage or in a row >= n). Per unit only the tile's address moves, by kUnitBytes: the unit loop
@@ -558,7 +538,7 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     using S = MmaShape<QT, kRows>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     // unit u of row row0 + rr: tile0 + u * step.unit + rr * step.row
-    const WeightSteps<QT> step(row_bytes, tiled, row0);
+    const WeightSteps step(row_bytes, S::kUnitBytes, tiled, row0);
     const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + step.start;
     const TileCopy<QT, kRows> copy(step.row, n, row0, lane);
 
@@ -754,7 +734,7 @@ template <int QT, int NG> struct ActCopy {
 template <int QT>
 __global__ void __launch_bounds__(kPrefillWarps * 32, 1)
 prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                   int blocks_per_rows, float* __restrict__ y) {
+                   int blocks_per_rows, float* __restrict__ y, bool tiled) {
     constexpr int NG = kPrefillGroups;
     using S = MmaShape<QT>;
     using P = PrefillShape<QT>;
@@ -765,15 +745,16 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
     const int grp0 = blockIdx.x % blocks_per_rows * NG;
     const int row0 = (blockIdx.x / blocks_per_rows * kPrefillWarps + warp) * kMmaRows;
     const int nu = k / kUnitElems;
-    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + row0 * row_bytes;
-    const TileCopy<QT> copy(row_bytes, n, row0, lane);
+    const WeightSteps step(row_bytes, S::kUnitBytes, tiled, row0);  // either layout (weight_layout.cuh)
+    const uintptr_t tile0 = reinterpret_cast<uintptr_t>(w) + step.start;
+    const TileCopy<QT> copy(step.row, n, row0, lane);
     const ActCopy<QT, NG> act(k, t, grp0);
     uint4* wsm = smem + warp * kPrefillStages * S::kStageWords;
     __half* bsm = reinterpret_cast<__half*>(reinterpret_cast<uint8_t*>(smem) + P::kWeightBytes);
 
     auto issue = [&](int u) {
         if (u < nu) {
-            copy.issue(tile0 + u * S::kUnitBytes, wsm + (u % kPrefillStages) * S::kStageWords, lane);
+            copy.issue(tile0 + u * step.unit, wsm + (u % kPrefillStages) * S::kStageWords, lane);
             act.issue(x, u, bsm + (u % kPrefillStages) * P::kStageHalves);
         }
         cp_async_commit();
@@ -799,7 +780,7 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
             cp_async_wait<kPrefillStages - 2>();
             __syncthreads();  // the stage's activations came from every thread of the block
             const uint8_t* r[2];
-            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, tile0 + u * S::kUnitBytes, row_bytes, g, r);
+            tile_unit_rows<QT>(wsm + (u % kPrefillStages) * S::kStageWords, tile0 + u * step.unit, step.row, g, r);
             const __half* b = bsm + (u % kPrefillStages) * P::kStageHalves;
 #pragma unroll
             for (int j = 0; j < NG; ++j) {
@@ -891,8 +872,10 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     *launched = true;
+    if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, P::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y);
+                         stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, per_rows, a.y,
+                         a.tiled);
 }
 
 // a's GEMV, and b's in the same launch when given (same type, k, t and activations), in tiles of kRows rows.
@@ -906,12 +889,12 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
-    // The tile layout: decode calls (NG = 1) of its shapes only, both matrices of a pair in it or neither.
+    // The tile layout: matrices of its shapes only, both of a pair in it or neither (one launch, one layout).
     if (b && a.tiled != b->tiled) return cudaErrorInvalidValue;
     if (a.tiled) {
-        if (!(NG == 1 && tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
+        if (!(tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
             return cudaErrorInvalidValue;
-        count_launch(Counted::kDecodeTiled);
+        count_launch(Counted::kTiledWeights);
     }
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
@@ -972,7 +955,6 @@ cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const Gem
 template <int QT>
 cudaError_t launch_gemv_mma_impl(const GemvArgs& a, cudaStream_t stream) {
     if (a.t <= kActRows && !a.prefill) return launch_gemv_decode<QT>(a, stream);  // decode: no environment read
-    if (a.tiled) return cudaErrorInvalidValue;  // the tile layout is read by decode calls only (weight_layout.cuh)
     const PrefillGemm choice = prefill_gemm_choice();
     if (fast_prefill_call(a, choice)) {
         GemvArgs g = a;

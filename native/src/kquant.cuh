@@ -26,6 +26,9 @@ template <int QT> __host__ __device__ constexpr long long row_bytes_of(int k) {
     return static_cast<long long>(k / Block<QT>::kElems) * Block<QT>::kBytes;
 }
 
+// Bytes of one 256-weight unit (a k-quant super-block; eight Q8_0 blocks): the step of the tile layout's pieces.
+template <int QT> __host__ __device__ constexpr int unit_bytes_of() { return static_cast<int>(row_bytes_of<QT>(256)); }
+
 // Host-side view of the same table; 0 for a type we do not read.
 inline int block_elems(int qtype) {
     switch (qtype) {

@@ -26,6 +26,7 @@
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
+#include "weight_layout.cuh"
 
 namespace openjet {
 namespace {
@@ -80,8 +81,8 @@ template <int QT> struct FastAK4 {
     struct Raw {
         uint4 hdr, q0, q1, h0, h1;  // h0, h1: Q5_K's qh (unused for Q4_K)
     };
-    __device__ __forceinline__ static Raw load(const uint8_t* row, int s, int) {
-        const uint8_t* blk = row + (s >> 2) * Block<QT>::kBytes;
+    __device__ __forceinline__ static Raw load(const uint8_t* row, int unit, int s, int) {
+        const uint8_t* blk = row + (s >> 2) * unit;
         const uint8_t* q = blk + kQs + 32 * (s & 3);
         Raw r;
         r.hdr = __ldg(reinterpret_cast<const uint4*>(blk));
@@ -93,7 +94,7 @@ template <int QT> struct FastAK4 {
         }
         return r;
     }
-    __device__ __forceinline__ static void store(const Raw& r, const uint8_t*, int s, int half, uint4* dst) {
+    __device__ __forceinline__ static void store(const Raw& r, const uint8_t*, int, int s, int half, uint4* dst) {
         const __half2 dd = *reinterpret_cast<const __half2*>(&r.hdr.x);  // (d, dmin)
         const int sb = 2 * (s & 3) + half;
         int sc, m;
@@ -141,8 +142,8 @@ template <> struct FastA<kQ6_K> {
     struct Where {  // byte addresses of a thread's step
         const uint8_t *ql, *qh, *sc, *d;
         int p;
-        __device__ __forceinline__ Where(const uint8_t* row, int s, int half) {
-            const uint8_t* blk = row + (s >> 2) * Block<kQ6_K>::kBytes;
+        __device__ __forceinline__ Where(const uint8_t* row, int unit, int s, int half) {
+            const uint8_t* blk = row + (s >> 2) * unit;
             const int n = (s & 3) >> 1;
             p = 2 * (s & 1) + half;
             ql = blk + 64 * n + 32 * half;
@@ -154,8 +155,8 @@ template <> struct FastA<kQ6_K> {
     __device__ __forceinline__ static int shift(const uint8_t* p) {
         return 8 * static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
     }
-    __device__ __forceinline__ static Raw load(const uint8_t* row, int s, int half) {
-        const Where at(row, s, half);
+    __device__ __forceinline__ static Raw load(const uint8_t* row, int unit, int s, int half) {
+        const Where at(row, unit, s, half);
         Raw r;
         load_words(at.ql, r.ql);
         load_words(at.qh, r.qh);
@@ -163,9 +164,10 @@ template <> struct FastA<kQ6_K> {
         r.d = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(at.d) & ~uintptr_t(3)));
         return r;
     }
-    __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int s, int half, uint4* dst) {
+    __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int unit, int s, int half,
+                                                 uint4* dst) {
         constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32, 1024 + 32)
-        const Where at(row, s, half);
+        const Where at(row, unit, s, half);
         const int sh_ql = shift(at.ql), sh_qh = shift(at.qh), nib = 4 * (s & 1), hsh = 2 * at.p;
         const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(r.d >> shift(at.d))));
         const uint32_t scw = r.sc >> shift(at.sc);
@@ -187,23 +189,25 @@ template <> struct FastA<kQ6_K> {
 // step); 64 bytes out each.
 template <int QT>
 __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n,
-                                                          int k, __half* __restrict__ w16) {
+                                                          int k, __half* __restrict__ w16, bool tiled) {
     using A = FastA<QT>;
     pdl_start();  // w16 may still be read by the GEMM before this kernel (the previous projection's)
     const long long halves_per_row = k / 32, i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= halves_per_row * n) return;
     const int row = static_cast<int>(i / halves_per_row), hs = static_cast<int>(i % halves_per_row);
     const int s = hs >> 1, half = hs & 1;
-    const uint8_t* wrow = w + row * row_bytes;
-    A::store(A::load(wrow, s, half), wrow, s, half,
+    const WeightSteps step(row_bytes, unit_bytes_of<QT>(), tiled, row);  // either layout (weight_layout.cuh)
+    const uint8_t* wrow = w + step.start;
+    A::store(A::load(wrow, step.unit, s, half), wrow, step.unit, s, half,
              reinterpret_cast<uint4*>(w16 + static_cast<long long>(row) * k + 32LL * hs));
 }
 
 // W into a.dense as fp16 rows.
 template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t stream) {
     const long long threads = static_cast<long long>(a.n) * (a.k / 32);
+    if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense);
+                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense, a.tiled);
 }
 
 // W dequantised into a.dense, then the dense GEMM (dense_gemm.cuh).
@@ -220,7 +224,7 @@ template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t str
 template <int QT, int BN, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 3)
 prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_up, long long row_bytes, int n,
-                    int k, ActPack x, int t, float* __restrict__ y) {
+                    int k, ActPack x, int t, float* __restrict__ y, bool tiled) {
     using A = FastA<QT>;
     using S = FastShape<BN>;
     constexpr int kTileHalves = S::kATile;
@@ -233,10 +237,12 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w
 
     const int arow = tid >> 1, ahalf = tid & 1;  // this thread's A row half
     const int r = row0 + arow, wr = kSwiglu ? (r >> 4) * 8 + (r & 7) : r;  // its row of w (or of w_up)
-    const uint8_t* wrow = (kSwiglu && (r & 8) ? w_up : w) + static_cast<long long>(wr < n ? wr : 0) * row_bytes;
+    const WeightSteps step(row_bytes, unit_bytes_of<QT>(), tiled, wr < n ? wr : 0);  // either layout
+    const uint8_t* wrow = (kSwiglu && (r & 8) ? w_up : w) + step.start;
+    const int unit = step.unit;
     __half* adst = as + arow * kLd + 32 * ahalf;
     const auto store_a = [&](const typename A::Raw& r, int s) {
-        A::store(r, wrow, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
+        A::store(r, wrow, unit, s, ahalf, reinterpret_cast<uint4*>(adst + (s & 1) * kTileHalves));
     };
     const auto load_b = [&](int s) {  // BN tokens x 64 halves: BN * 8 chunks of 16 bytes
         __half* stage = bs + (s % kStagesB) * S::kBTile;
@@ -255,9 +261,9 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w
         if (s < steps) load_b(s);
         cp_async_commit();
     }
-    typename A::Raw raw = A::load(wrow, 0, ahalf);
+    typename A::Raw raw = A::load(wrow, unit, 0, ahalf);
     store_a(raw, 0);
-    if (steps > 1) raw = A::load(wrow, 1, ahalf);
+    if (steps > 1) raw = A::load(wrow, unit, 1, ahalf);
 
     const int wm = warp / S::kWarpsN, wn = warp % S::kWarpsN;  // warp tile: rows kWarpRows wm.., tokens kWarpToks wn..
     float acc[S::kMt][S::kNt][4] = {};
@@ -290,7 +296,7 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w
         }
         if (s + 1 < steps) {  // the other A buffer: every warp finished reading it (step s - 1) at the barrier
             store_a(raw, s + 1);
-            if (s + 2 < steps) raw = A::load(wrow, s + 2, ahalf);
+            if (s + 2 < steps) raw = A::load(wrow, unit, s + 2, ahalf);
         }
     }
     cp_async_wait<0>();
@@ -321,10 +327,11 @@ cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, const void* w_up, long lon
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
+    if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(prefill_gemm_kernel<QT, BN, kSwiglu>,
                          dim3((a.t + BN - 1) / BN, static_cast<unsigned>(row_blocks)), kThreads, S::kSmemBytes, stream,
                          static_cast<const uint8_t*>(a.w), static_cast<const uint8_t*>(w_up), row_bytes, a.n, a.k,
-                         a.x, a.t, a.y);
+                         a.x, a.t, a.y, a.tiled);
 }
 
 // Where the caller gave scratch, the call has kDenseMinRows rows or more and the dense GEMM takes W
@@ -387,10 +394,10 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
     // one GEMM: prefill rows (checked first: a decode step reads no environment here), one type and shape the
     // prefill GEMM takes, its numerics, the switch
     const bool one = gate.prefill && up.prefill && gate.qtype == up.qtype && prefill_gemm_takes(gate.qtype) &&
-                     gate.n == up.n && gate.k == up.k && gate.t == up.t && gate.x.h == up.x.h &&
-                     gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0 && gate.t >= 1 && gate.t <= gate.x.rows &&
-                     gate.x.h && gate.x.inv && gate.y && gate.w && up.w && prefill_numerics_own() &&
-                     gate_up_in_one_gemm();
+                     gate.n == up.n && gate.k == up.k && gate.t == up.t && gate.tiled == up.tiled &&
+                     gate.x.h == up.x.h && gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0 && gate.t >= 1 &&
+                     gate.t <= gate.x.rows && gate.x.h && gate.x.inv && gate.y && gate.w && up.w &&
+                     prefill_numerics_own() && gate_up_in_one_gemm();
     if (!one) {
         if (const cudaError_t e = launch_gemv_pair(gate, up, stream)) return e;
         return launch_swiglu_pack(gate.y, up.y, gate.t, gate.n, out, stream);
@@ -404,7 +411,8 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
 }
 
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
-    if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y)
+    if (!prefill_gemm_takes(a.qtype) || a.t < 1 || a.t > a.x.rows || a.k % kGemvUnit || !a.x.h || !a.x.inv || !a.y ||
+        (a.tiled && !tile_layout_fits(a.qtype, a.n, a.k)))
         return cudaErrorInvalidValue;
     switch (a.qtype) {
         case kQ4_K: return launch_prefill_gemm_t<kQ4_K>(a, stream);

@@ -126,13 +126,11 @@ cudaError_t dense_scratch(GemvArgs& a, DevBuf& buf) {
     return cudaSuccess;
 }
 
-// Whether W (qtype, n, k) can be read in the tile layout by a t-row decode call; else the failure's status.
-int check_tiled(const char* what, int qtype, int n, int k, int t) {
+// Whether W (qtype, n, k) has a tile layout; else the failure's status.
+int check_tiled(const char* what, int qtype, int n, int k) {
     if (!tile_layout_fits(qtype, n, k))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: no tile layout for qtype %d, n %d, k %d (a k-quant type, n %% %d "
                     "== 0)", what, qtype, n, k, kTileLayoutRows);
-    if (t > kActRows) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the tile layout is read by decode calls: t = %d > %d",
-                                  what, t, kActRows);
     return OPENJET_OK;
 }
 
@@ -158,7 +156,7 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
     if (tiled)
-        if (int s = check_tiled("gemv_tiled", qtype, n, k, t)) return s;
+        if (int s = check_tiled("gemv_tiled", qtype, n, k)) return s;
     if (!w || !y || (!x && !xh) || (xh && (!xsum || !xinv))) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv: null pointer");
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dw, dx, dy;
@@ -210,7 +208,7 @@ extern "C" OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int
 
 extern "C" OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out) {
     if (int s = check_weights(qtype, n, k)) return s;
-    if (int s = check_tiled("tile_layout", qtype, n, k, 1)) return s;
+    if (int s = check_tiled("tile_layout", qtype, n, k)) return s;
     if (!w || !out) return fail(OPENJET_ERR_INVALID_ARGUMENT, "tile_layout: null pointer");
     const size_t wb = weight_bytes(qtype, n, k);
     DevBuf dw;
@@ -344,7 +342,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
     if (tiled)
-        if (int s = check_tiled("bench_gemv_layout", qtype, n, k, t)) return s;
+        if (int s = check_tiled("bench_gemv_layout", qtype, n, k)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);

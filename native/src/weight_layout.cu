@@ -6,7 +6,6 @@
 #include "weight_layout.cuh"
 
 namespace openjet {
-namespace {
 
 constexpr int kUnitWeights = 256;
 
@@ -14,6 +13,8 @@ int unit_bytes(int qtype) {
     const int e = block_elems(qtype);
     return qtype == kF32 || e == 0 ? 0 : kUnitWeights / e * block_bytes(qtype);
 }
+
+namespace {
 
 // Thread i writes half-word i of dst: (group, unit, row in group, half-word in its piece) from i, read from the row
 // layout, or zero past the unit's bytes.

@@ -103,7 +103,7 @@ KERNEL_SWITCHES = {
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
     "OPENJET_FFN_PERSISTENT": ("0", "1"),                   # engine.cu, ffn_persistent (decode; read at load)
-    "OPENJET_DECODE_TILED": ("0", "1"),                     # engine.cu, tiled_copies (decode; read at load)
+    "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
 }
 
 

@@ -131,8 +131,8 @@ def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
 
 
 def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
-    """y [t, n] = W x (x packed to fp16 first, unless W is F32); tiled: the decode GEMV reading W moved into the
-    tile layout on the device (openjet_test_gemv_tiled)."""
+    """y [t, n] = W x (x packed to fp16 first, unless W is F32); tiled: W moved into the tile layout on the device
+    and read there, as the engine reads its weights (openjet_test_gemv_tiled)."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
@@ -259,7 +259,7 @@ DENSE_MIN_ROWS = 256
 
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
-           "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "decode_tiled": 7}
+           "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7}
 
 
 def launch_count(path: str) -> int:
@@ -267,8 +267,9 @@ def launch_count(path: str) -> int:
     dense prefill GEMM; "gdn_two_phase": the two-phase chunked GDN; "gdn_snapshot": its state written at a chunk
     boundary for a checkpoint taken inside a prefill call; "gdn_state_tensor_cores": its state phase on tensor cores;
     "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache; "prefill_gate_up": a prefill's FFN
-    gate and up in one GEMM; "ffn_persistent": a decode step's FFN in one persistent launch; "decode_tiled": a decode
-    GEMV reading the tile layout): how a test sees that the path ran."""
+    gate and up in one GEMM; "ffn_persistent": a decode step's FFN in one persistent launch; "tiled_weights": a
+    GEMV, prefill GEMM, dequantisation or row gather reading weights in the tile layout): how a test sees that the
+    path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")

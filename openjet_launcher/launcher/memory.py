@@ -54,6 +54,15 @@ V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GD
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
 
+def v1_weight_bytes(plan) -> int:
+    """A tensor's bytes in the CUDA engine's weight arena: its GGUF bytes, or in the tile layout the engine stores every
+    GEMV weight in by default (engine.cu, OPENJET_WEIGHT_LAYOUT; weight_layout.cuh: k-quant, rows a multiple of 16, not
+    the token embedding), each 256-weight unit padded to a multiple of 4 bytes: only Q6_K's 210 -> 212 changes."""
+    if plan.spec.role == "token_embd" or plan.qtype.name != "Q6_K" or plan.rows % 16:
+        return plan.n_bytes
+    return plan.n_bytes // 210 * 212
+
+
 def v1_align(n: int, pad: int = 16) -> int:
     """The arena bytes of a part of n bytes (engine.cu: align_up(bytes + 16) for scratch parts, whose 16 spare
     bytes let a GEMV read past the end; align_up(bytes) for the state arenas, pad = 0)."""
@@ -141,7 +150,7 @@ class MemoryModel:
     shape: ModelShape
     weights_bytes: int          # every tensor of the recipe, MTP block included
     token_embd_bytes: int       # the share of token_embd.weight
-    weights_v1_bytes: int       # the same in the CUDA engine v1's weight arena (each tensor v1_align'ed)
+    weights_v1_bytes: int       # the same in the CUDA engine v1's weight arena (v1_weight_bytes, v1_align'ed)
 
     # --- per token -----------------------------------------------------------------------------------
     @property
@@ -323,5 +332,5 @@ def memory_model(shape: ModelShape = QWEN38_27B) -> MemoryModel:
         shape=shape,
         weights_bytes=sum(p.n_bytes for p in plans),
         token_embd_bytes=sum(p.n_bytes for p in plans if p.spec.role == "token_embd"),
-        weights_v1_bytes=sum(v1_align(p.n_bytes) for p in plans),
+        weights_v1_bytes=sum(v1_align(v1_weight_bytes(p)) for p in plans),
     )
