@@ -90,12 +90,15 @@ def test_prefill_scratch_formula_by_hand_for_the_27b_shape():
 # What the CUDA engine v1 reported it allocated (engine.memory(), H200, 132 SMs, 4 checkpoints, 512-row chunks,
 # the MTP head loaded):
 # the full 27B at n_ctx 32768 with q8_0 KV (bench/results/engine-full-h200-773592c.json) and the tiny and small
-# synthetic models at n_ctx 2112 (test_gpu_engine's teacher-forced runs, gpu-tests-2026-12-02c-h200.jsonl).
+# synthetic models at n_ctx 2112 (test_gpu_engine's teacher-forced runs, gpu-tests-2026-12-02c-h200.jsonl). The
+# weights in the tile layout the engine stores them in since ba6cec0 (Q6_K units 210 -> 212 bytes: 27B
+# engine-full-h200-ba6cec0-layout-tiles.json, tiny and small gpu-tests-2026-12-03h-ba6cec0-h200.jsonl; the row
+# layout's figures were 17095981568, 6074112 and 101412864).
 ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoint_bytes, scratch_bytes
-    (QWEN38_27B, 32768, "q8_0", 17095981568, 1212153856, 162791424, 627654656, 327195904),
-    (PRESETS["tiny"], 2112, "q8_0", 6074112, 4595712, 1271808, 4907008, 14272768),
-    (PRESETS["tiny"], 2112, "fp16", 6074112, 8650752, 1271808, 4907008, 14272768),
-    (PRESETS["small"], 2112, "q8_0", 101412864, 6893568, 5087232, 19628032, 37517568),
+    (QWEN38_27B, 32768, "q8_0", 17139091968, 1212153856, 162791424, 627654656, 327195904),
+    (PRESETS["tiny"], 2112, "q8_0", 6088960, 4595712, 1271808, 4907008, 14272768),
+    (PRESETS["tiny"], 2112, "fp16", 6088960, 8650752, 1271808, 4907008, 14272768),
+    (PRESETS["small"], 2112, "q8_0", 101654528, 6893568, 5087232, 19628032, 37517568),
 ]
 
 
