@@ -39,7 +39,7 @@ tot = collections.defaultdict(lambda: [0.0, 0]); n = 0; s = 0.0
 for r in rows:
     if r.get("Metric Name") != "gpu__time_duration.sum": continue
     v = float(r["Metric Value"].replace(",", "")); unit = r["Metric Unit"]
-    us = v / 1000 if unit == "nsecond" else v if unit == "usecond" else v * 1000
+    us = v / 1000 if unit in ("ns", "nsecond") else v if unit in ("us", "usecond") else v * 1000  # ms
     name = r["Kernel Name"].split("(")[0].split("<")[0].replace("void ", "")
     tot[name][0] += us; tot[name][1] += 1; n += 1; s += us
 print(f"  {n} kernels, sum {s/1000:.3f} ms")

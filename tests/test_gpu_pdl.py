@@ -3,8 +3,8 @@ they compute: the engine's outputs with it must equal those without it bit for b
 process (the switch is read once per process): a prefill of 300 tokens in chunks of 128, then decode steps
 of T = 1..8, then a verify step of 5 with accept 3, one more decode step and 3 MTP drafts (which read the
 cache rows every step fills), on the `small` synthetic model with f16 and q8_0 KV. A missing pdl_wait() in a
-kernel shows up here as a race: differing logits. The same harness checks the cluster packs (OPENJET_PACK_CLUSTER=1,
-native/src/elementwise.cu: a row's add-norm or swiglu pack split over a cluster of blocks on sm_90+).
+kernel shows up here as a race: differing logits. The same harness checks the cluster packs (the default on sm_90+, OPENJET_PACK_CLUSTER=0 turns them
+off; native/src/elementwise.cu: a decode row's add-norm or swiglu pack split over a cluster of blocks).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ eng.accept(st, 3)
 out.append(eng.decode(st, rng.integers(0, V, 2).tolist()).logits)
 out.append(eng.mtp_draft(st, int(rng.integers(0, V)), n_draft=3).logits)  # the MTP head's cache rows too
 np.save(sys.argv[3], np.concatenate([np.asarray(o, np.float32).ravel() for o in out]))
+from openjet_launcher.engine import kernels_test as kt
+print(kt.launch_count("pack_cluster"))
 """
 
 
@@ -48,11 +50,16 @@ def small_model(tmp_path_factory):
 
 
 def run_engine(model, kv: str, pdl: bool, out, **env_more: str) -> np.ndarray:
+    return run_counted(model, kv, pdl, out, **env_more)[0]
+
+
+def run_counted(model, kv: str, pdl: bool, out, **env_more: str) -> tuple[np.ndarray, int]:
+    """The run's logits and its launches of the cluster packs (kernels_test.launch_count)."""
     env = dict(os.environ, OPENJET_PDL="1" if pdl else "0", **env_more)
     proc = subprocess.run([sys.executable, "-c", RUN, str(model), kv, str(out)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return np.load(out)
+    return np.load(out), int(proc.stdout.split()[-1])
 
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
@@ -66,16 +73,18 @@ def test_pdl_keeps_every_bit(small_model, tmp_path, kv):
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
 def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
-    """The small model's widths (1,024 and 3,072) are whole parts of 8 x 32 elements: every add-norm and swiglu
-    pack of the run takes the cluster kernels (sm_90+: thread-block clusters; below, the library keeps the
-    one-block kernels, so there is nothing to compare and the test skips)."""
+    """The cluster packs (the default on sm_90+) against the one-block packs (OPENJET_PACK_CLUSTER=0): the small
+    model's widths (1,024 and 3,072) are whole parts of 8 x 32 elements, so every decode add-norm and swiglu pack of
+    the run takes the cluster kernels, and the launch counter shows they ran (below sm_90 the library keeps the
+    one-block kernels: nothing to compare, the test skips)."""
     from openjet_launcher.engine import probe_in_child
 
     if probe_in_child()["devices"][0]["sm"] < 90:
         pytest.skip("no thread-block clusters below sm_90: OPENJET_PACK_CLUSTER=1 changes nothing there")
-    plain = run_engine(small_model, kv, True, tmp_path / "plain.npy")
-    clustered = run_engine(small_model, kv, True, tmp_path / "cluster.npy", OPENJET_PACK_CLUSTER="1")
+    plain, plain_count = run_counted(small_model, kv, True, tmp_path / "plain.npy", OPENJET_PACK_CLUSTER="0")
+    clustered, count = run_counted(small_model, kv, True, tmp_path / "cluster.npy")
+    assert plain_count == 0 and count > 0, f"cluster pack launches: {plain_count} with =0, {count} by default"
     assert plain.shape == clustered.shape and np.isfinite(plain).all()
     differ = int((plain.view(np.uint32) != clustered.view(np.uint32)).sum())
     report(test="cluster_packs_same_bits", kv=kv, logits=int(plain.size), differ=differ)
-    assert differ == 0, f"{differ} of {plain.size} logits differ with OPENJET_PACK_CLUSTER=1"
+    assert differ == 0, f"{differ} of {plain.size} logits differ between the cluster and the one-block packs"

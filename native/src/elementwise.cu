@@ -1,5 +1,5 @@
-// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): one block of kPackThreads per row, or (opt-in,
-// OPENJET_PACK_CLUSTER=1, sm_90+) a cluster of kPackCluster blocks per row.
+// launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): a decode row on a cluster of kPackCluster blocks (sm_90+,
+// the default; OPENJET_PACK_CLUSTER=0: not), else one block of kPackThreads per row.
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -7,6 +7,7 @@
 
 #include "device_attr.cuh"
 #include "elementwise.cuh"
+#include "launch_count.h"
 #include "openjet.h"
 #include "pdl.cuh"
 
@@ -50,7 +51,8 @@ cudaError_t launch_add_norm_rows(float* h, const float* delta, const float* w, i
 // each warp its 32-blocks warp, warp + 8, ... (lane = element, as pack_block wants), values in registers.
 // The row's max |value| (order-free, so exact) meets in distributed shared memory, and the add-norm's sum of
 // squares reads the whole row there in row_rms_scale's order: every block computes the bits the one-block
-// kernel computes. NOT yet measured (2026-12-02): opt-in.
+// kernel computes. Measured in the 27B's step on the H200 (2026-12-03, tile layout): T=1 9.97 -> 9.44 ms, T=4 11.32
+// -> 10.79 (bench/results/engine-full-h200-b1c5c47-cluster-*.json): the default since.
 constexpr int kPackCluster = 8;                // blocks per row
 constexpr int kPackClusterThreads = 256;       // row_rms_scale's kRowThreads: its order needs exactly these
 constexpr int kPackClusterCached = 12;         // 32-blocks per warp kept in registers: rows up to 24,576
@@ -171,15 +173,23 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 #endif
 }
 
-// Whether the cluster packs take a row of k: asked (OPENJET_PACK_CLUSTER=1, read once), sm_90+, and k in equal
+// Whether the cluster packs take a row of k: not turned off (OPENJET_PACK_CLUSTER=0, read once), sm_90+, and k in equal
 // parts of whole 32-blocks that the registers hold.
 bool pack_cluster_takes(int k) {
     static const bool asked = [] {
         const char* v = std::getenv("OPENJET_PACK_CLUSTER");
-        return v && std::strcmp(v, "1") == 0;
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    // the kernels' code, not only the GPU, must be sm_90+ (below it they compile empty: a build for older
+    // architectures run through PTX on a newer GPU must not take them)
+    static const bool built = [] {
+        cudaFuncAttributes a{};
+        const bool ok = cudaFuncGetAttributes(&a, swiglu_pack_cluster_kernel) == cudaSuccess && a.ptxVersion >= 90;
+        cudaGetLastError();  // not sticky
+        return ok;
     }();
     int major = 0;
-    return asked && k % (kActBlock * kPackCluster) == 0 && k <= kPackClusterMaxK &&
+    return asked && built && k % (kActBlock * kPackCluster) == 0 && k <= kPackClusterMaxK &&
            device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9;
 }
 
@@ -193,10 +203,12 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         case 512: return launch_add_norm_rows<512, 12>(h, delta, w, t, k, eps, a_out, p, stream);
         default: return launch_add_norm_rows<256, 20>(h, delta, w, t, k, eps, a_out, p, stream);
         }
-    if (pack_cluster_takes(k))
+    if (pack_cluster_takes(k)) {
+        count_launch(Counted::kPackCluster);
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
                                      a_out, p);
+    }
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,
                              k, eps, a_out, p);
@@ -211,9 +223,11 @@ cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k,
         case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p, ld);
         default: return launch_kernel(swiglu_pack_kernel<512, 34>, t, 512, 0, stream, gate, up, k, p, ld);
         }
-    if (pack_cluster_takes(k) && (!ld || ld == k))
+    if (pack_cluster_takes(k) && (!ld || ld == k)) {
+        count_launch(Counted::kPackCluster);
         return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
+    }
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
 }
 
