@@ -352,7 +352,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
                                              ("OPENJET_FFN_PERSISTENT", "2", "0"),
                                              ("OPENJET_WEIGHT_LAYOUT", "1", "rows"),
-                                             ("OPENJET_PACK_CLUSTER", "on", "0"),
+                                             ("OPENJET_PACK_CLUSTER", "on", "2"),
                                              ("OPENJET_ATTN_PREFILL_ROWS", "96", "128"),
                                              ("OPENJET_ATTN_PREFILL_KEYS", "128", "64"),
                                              ("OPENJET_ATTN_PREFILL_F16", "yes", "1"),

@@ -73,18 +73,23 @@ def test_pdl_keeps_every_bit(small_model, tmp_path, kv):
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
 def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
-    """The cluster packs (the default on sm_90+) against the one-block packs (OPENJET_PACK_CLUSTER=0): the small
-    model's widths (1,024 and 3,072) are whole parts of 8 x 32 elements, so every decode add-norm and swiglu pack of
-    the run takes the cluster kernels, and the launch counter shows they ran (below sm_90 the library keeps the
-    one-block kernels: nothing to compare, the test skips)."""
+    """The cluster packs against the one-block packs (OPENJET_PACK_CLUSTER=0): the default (1: add-norm and swiglu
+    packs) and 2 (the mixers' output packs too, an experiment). The small model's widths (1,024, 3,072, 1,536 and
+    2,048) are whole parts of 8 x 32 elements, so every decode pack of those kinds takes the cluster kernels; the
+    launch counter shows they ran, more of them under 2 (below sm_90 the library keeps the one-block kernels: nothing
+    to compare, the test skips)."""
     from openjet_launcher.engine import probe_in_child
 
     if probe_in_child()["devices"][0]["sm"] < 90:
-        pytest.skip("no thread-block clusters below sm_90: OPENJET_PACK_CLUSTER=1 changes nothing there")
+        pytest.skip("no thread-block clusters below sm_90: OPENJET_PACK_CLUSTER changes nothing there")
     plain, plain_count = run_counted(small_model, kv, True, tmp_path / "plain.npy", OPENJET_PACK_CLUSTER="0")
     clustered, count = run_counted(small_model, kv, True, tmp_path / "cluster.npy")
-    assert plain_count == 0 and count > 0, f"cluster pack launches: {plain_count} with =0, {count} by default"
-    assert plain.shape == clustered.shape and np.isfinite(plain).all()
-    differ = int((plain.view(np.uint32) != clustered.view(np.uint32)).sum())
-    report(test="cluster_packs_same_bits", kv=kv, logits=int(plain.size), differ=differ)
-    assert differ == 0, f"{differ} of {plain.size} logits differ between the cluster and the one-block packs"
+    more, more_count = run_counted(small_model, kv, True, tmp_path / "more.npy", OPENJET_PACK_CLUSTER="2")
+    counts = (plain_count, count, more_count)
+    assert plain_count == 0 < count < more_count, f"cluster pack launches under 0, the default, 2: {counts}"
+    assert np.isfinite(plain).all()
+    for name, got in (("default", clustered), ("2", more)):
+        assert got.shape == plain.shape
+        differ = int((plain.view(np.uint32) != got.view(np.uint32)).sum())
+        report(test="cluster_packs_same_bits", kv=kv, setting=name, logits=int(plain.size), differ=differ)
+        assert differ == 0, f"{differ} of {plain.size} logits differ between the cluster ({name}) and one-block packs"

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "act_pack.cuh"
+#include "elementwise.cuh"
 #include "openjet.h"
 #include "pdl.cuh"
 
@@ -43,7 +44,13 @@ int row_pack_threads(RowPack kernel) {
 cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, float eps, const ActPack& p,
                             cudaStream_t stream) {
     if (!x || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    if (t <= OPENJET_ENGINE_MAX_T) return launch_pack_rows<kPackThreads, kPackCached>(x, t, k, norm_w, eps, p, stream);
+    if (t <= OPENJET_ENGINE_MAX_T) {
+        if (!norm_w) {  // OPENJET_PACK_CLUSTER=2: on clusters, the same bits (elementwise.cuh)
+            const cudaError_t e = launch_pack_act_cluster(x, t, k, p, stream);
+            if (e != cudaErrorNotSupported) return e;
+        }
+        return launch_pack_rows<kPackThreads, kPackCached>(x, t, k, norm_w, eps, p, stream);
+    }
     switch (row_pack_threads(RowPack::kPack)) {
     case 1024: return launch_pack_rows<1024, kPackCached>(x, t, k, norm_w, eps, p, stream);
     case 512: return launch_pack_rows<512, 12>(x, t, k, norm_w, eps, p, stream);

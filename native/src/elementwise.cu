@@ -1,5 +1,6 @@
 // launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): a decode row on a cluster of kPackCluster blocks (sm_90+,
-// the default; OPENJET_PACK_CLUSTER=0: not), else one block of kPackThreads per row.
+// the default; OPENJET_PACK_CLUSTER=0: not), else one block of kPackThreads per row; launch_pack_act_cluster: the same
+// for launch_pack_act's decode rows (OPENJET_PACK_CLUSTER=2, an experiment).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -105,21 +106,24 @@ __device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackCluster
 }
 #endif
 
+// The pack of x (kSwiglu: of silu(x) * up) over a cluster per row: the bits of pack_act_kernel's (swiglu_pack_kernel's)
+// one-block row.
+template <bool kSwiglu>
 __global__ void __launch_bounds__(kPackClusterThreads)
-swiglu_pack_cluster_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p) {
+pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, int k, ActPack p) {
 #ifdef OPENJET_PACK_CLUSTER_ARCH
     __shared__ float block_max;
     pdl_start();  // pdl.cuh
     const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
     const int b0 = nb * rank / kPackCluster, b1 = nb * (rank + 1) / kPackCluster;
-    const float* g = gate + static_cast<long long>(row) * k;
-    const float* u = up + static_cast<long long>(row) * k;
+    const float* g = x + static_cast<long long>(row) * k;
+    const float* u = kSwiglu ? up + static_cast<long long>(row) * k : nullptr;
     float v[kPackClusterCached], m = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
-        v[j] = b < b1 ? swiglu1(g[i], u[i]) : 0.0f;
+        v[j] = b < b1 ? (kSwiglu ? swiglu1(g[i], u[i]) : g[i]) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
@@ -173,23 +177,24 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 #endif
 }
 
-// Whether the cluster packs take a row of k: not turned off (OPENJET_PACK_CLUSTER=0, read once), sm_90+, and k in equal
-// parts of whole 32-blocks that the registers hold.
-bool pack_cluster_takes(int k) {
-    static const bool asked = [] {
+// Whether the cluster packs take a row of k for a pack of `level` (1: add-norm and swiglu, 2: the mixers' output
+// packs): OPENJET_PACK_CLUSTER (read once) at least that level (unset: 1; 0: none; 2: an experiment, NOT yet run),
+// sm_90+, and k in equal parts of whole 32-blocks that the registers hold.
+bool pack_cluster_takes(int k, int level = 1) {
+    static const int asked = [] {
         const char* v = std::getenv("OPENJET_PACK_CLUSTER");
-        return !(v && std::strcmp(v, "0") == 0);
+        return v && std::strcmp(v, "0") == 0 ? 0 : v && std::strcmp(v, "2") == 0 ? 2 : 1;
     }();
     // the kernels' code, not only the GPU, must be sm_90+ (below it they compile empty: a build for older
     // architectures run through PTX on a newer GPU must not take them)
     static const bool built = [] {
         cudaFuncAttributes a{};
-        const bool ok = cudaFuncGetAttributes(&a, swiglu_pack_cluster_kernel) == cudaSuccess && a.ptxVersion >= 90;
+        const bool ok = cudaFuncGetAttributes(&a, pack_cluster_kernel<true>) == cudaSuccess && a.ptxVersion >= 90;
         cudaGetLastError();  // not sticky
         return ok;
     }();
     int major = 0;
-    return asked && built && k % (kActBlock * kPackCluster) == 0 && k <= kPackClusterMaxK &&
+    return asked >= level && built && k % (kActBlock * kPackCluster) == 0 && k <= kPackClusterMaxK &&
            device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9;
 }
 
@@ -225,10 +230,18 @@ cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k,
         }
     if (pack_cluster_takes(k) && (!ld || ld == k)) {
         count_launch(Counted::kPackCluster);
-        return launch_kernel_cluster(swiglu_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads, 0,
+        return launch_kernel_cluster(pack_cluster_kernel<true>, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
     }
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
+}
+
+cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {
+    if (!x || !act_pack_fits(p, t, k) || t > OPENJET_ENGINE_MAX_T || !pack_cluster_takes(k, 2))
+        return cudaErrorNotSupported;
+    count_launch(Counted::kPackCluster);
+    return launch_kernel_cluster(pack_cluster_kernel<false>, dim3(kPackCluster, t), kPackClusterThreads, 0, stream,
+                                 kPackCluster, x, nullptr, k, p);
 }
 
 }  // namespace openjet

@@ -72,6 +72,11 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream);
 
+// launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
+// one-block kernel, where OPENJET_PACK_CLUSTER=2 (an experiment: the mixers' output packs) and the GPU and k allow;
+// otherwise cudaErrorNotSupported and nothing launched (launch_pack_act then launches its own kernel).
+cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
+
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
 // halves of one GEMM's [t, 2k] output: 2k).
 cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,

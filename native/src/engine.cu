@@ -425,8 +425,8 @@ int device_alloc(char** p, size_t bytes, const char* what) {
 
 // OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant
 // type, rows a multiple of 16; not the token embedding, which is read by row) is stored in it (weight_layout.cuh):
-// the decode GEMV reads it at ~7% more of the copy rate (H200, 27B: T=1 step 10.32 -> 10.06 ms with a second copy,
-// bench/results/engine-full-h200-3121f8a-tiled*.json), and every reader takes either layout with the same bits;
+// the decode GEMV mix runs ~6% faster in it (H200, 27B: T=1 step 10.54 -> 10.06 ms in one run,
+// bench/results/engine-full-h200-ba6cec0-layout-*.json), and every reader takes either layout with the same bits;
 // "rows": the GGUF's row layout throughout (bisecting). Other values are refused.
 int weight_layout_tiles(bool* tiles) {
     const char* v = std::getenv("OPENJET_WEIGHT_LAYOUT");
