@@ -3,8 +3,9 @@ they compute: the engine's outputs with it must equal those without it bit for b
 process (the switch is read once per process): a prefill of 300 tokens in chunks of 128, then decode steps
 of T = 1..8, then a verify step of 5 with accept 3, one more decode step and 3 MTP drafts (which read the
 cache rows every step fills), on the `small` synthetic model with f16 and q8_0 KV. A missing pdl_wait() in a
-kernel shows up here as a race: differing logits. The same harness checks the cluster packs (the default on sm_90+, OPENJET_PACK_CLUSTER=0 turns them
-off; native/src/elementwise.cu: a decode row's add-norm or swiglu pack split over a cluster of blocks).
+kernel shows up here as a race: differing logits. The same harness checks the cluster packs (the default on
+sm_90+, OPENJET_PACK_CLUSTER=0 turns them off; native/src/elementwise.cu: a decode row's pack split over a cluster
+of blocks).
 """
 
 from __future__ import annotations

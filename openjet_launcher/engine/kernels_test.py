@@ -270,7 +270,7 @@ def launch_count(path: str) -> int:
     "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache; "prefill_gate_up": a prefill's FFN
     gate and up in one GEMM; "ffn_persistent": a decode step's FFN in one persistent launch; "tiled_weights": a
     GEMV, prefill GEMM, dequantisation or row gather reading weights in the tile layout; "pack_cluster": a decode row's
-    add-norm or swiglu pack on a cluster of blocks): how a test sees that the path ran."""
+    pack on a cluster of blocks): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
