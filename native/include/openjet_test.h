@@ -38,8 +38,8 @@ OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* 
  * k-quants, of 4 for F32. */
 OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
-/* The tile layout (native/src/weight_layout.cuh, an experiment for the decode GEMV): out = W's bytes with each group
- * of 16 rows stored unit by unit (byte b of 256-weight unit u of row 16 g + r at ((g * k / 256 + u) * 16 + r) *
+/* The tile layout (native/src/weight_layout.cuh, the engine's layout of its GEMV weights): out = W's bytes with each
+ * group of 16 rows stored unit by unit (byte b of 256-weight unit u of row 16 g + r at ((g * k / 256 + u) * 16 + r) *
  * pitch + b, pitch = the unit's bytes rounded up to 4, zeros after them: n * k / 256 * pitch bytes), moved on the
  * device. A k-quant qtype, n % 16 == 0, k % 256 == 0. */
 OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out);

@@ -54,9 +54,8 @@ __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_
                                                                     int unit_bytes, const int32_t* __restrict__ ids,
                                                                     uint8_t* __restrict__ dst) {
     pdl_start();  // pdl.cuh
-    const WeightSteps step(static_cast<long long>(row_bytes), unit_bytes ? unit_bytes : static_cast<int>(row_bytes),
-                           unit_bytes != 0, ids[blockIdx.x]);
-    const int ub = unit_bytes ? unit_bytes : static_cast<int>(row_bytes);  // bytes a unit (row layout: the row)
+    const int ub = unit_bytes ? unit_bytes : static_cast<int>(row_bytes);  // bytes a piece (row layout: the row)
+    const WeightSteps step(static_cast<long long>(row_bytes), ub, unit_bytes != 0, ids[blockIdx.x]);
     const uint8_t* s = src + step.start;
     uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
     for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b / ub * step.unit + b % ub];

@@ -27,7 +27,7 @@ struct GemvArgs {
     float* y;         // [t, n]
     bool prefill = false;  // rows of a prefill chunk (t <= 8 too): the fast prefill GEMM takes them all
     __half* dense = nullptr;  // OPENJET_PREFILL_GEMM=dense: n k halves of scratch for W as fp16 (prefill_gemm.cuh)
-    bool tiled = false;       // w in the tile layout (weight_layout.cuh): decode calls of k-quant W only
+    bool tiled = false;       // w in the tile layout (weight_layout.cuh; the engine's default for k-quant W)
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks

@@ -95,7 +95,7 @@ constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block tak
 // gemv_mma_kernel for why).
 template <int QT, int kRows = kMmaRows> struct MmaShape {
     static_assert(kRows == 16 || kRows == 8, "a tile is an mma's 16 rows or its first 8");
-    static constexpr int kUnitBytes = Block<QT>::kBytes * (kUnitElems / Block<QT>::kElems);
+    static constexpr int kUnitBytes = unit_bytes_of<QT>();
     static constexpr bool kAligned = kUnitBytes % 16 == 0;  // then every unit of every row is 16-byte aligned
     static constexpr int kWords = kAligned ? kUnitBytes / 16 : (kUnitBytes + 14 + 15) / 16;  // per row and stage
     static constexpr int kStageWords = kRows * kWords;
@@ -889,13 +889,10 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     if (opted != cudaSuccess) return opted;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
-    // The tile layout: matrices of its shapes only, both of a pair in it or neither (one launch, one layout).
+    // One launch, one layout: both of a pair in the tile layout or neither (launch_gemv's check_gemv has checked
+    // that each tiled matrix has one).
     if (b && a.tiled != b->tiled) return cudaErrorInvalidValue;
-    if (a.tiled) {
-        if (!(tile_layout_fits(a.qtype, a.n, a.k) && (!b || tile_layout_fits(b->qtype, b->n, b->k))))
-            return cudaErrorInvalidValue;
-        count_launch(Counted::kTiledWeights);
-    }
+    if (a.tiled) count_launch(Counted::kTiledWeights);
     const int groups = (a.t + kActRows - 1) / kActRows, per_tile = (groups + NG - 1) / NG;
     const long long first = static_cast<long long>((a.n + kRows - 1) / kRows) * per_tile;
     const long long blocks = first + (b ? static_cast<long long>((b->n + kRows - 1) / kRows) * per_tile : 0);
