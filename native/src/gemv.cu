@@ -192,7 +192,8 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
     }();
     const bool shared = pairs && a.qtype == b.qtype && a.qtype != kF32 && a.k == b.k && a.t == b.t &&
                         a.tiled == b.tiled && a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum &&
-                        a.x.inv == b.x.inv && !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
+                        a.x.inv == b.x.inv &&
+                        !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
     if (!shared) {
         const cudaError_t e = launch_gemv(a, stream);
         return e != cudaSuccess ? e : launch_gemv(b, stream);
