@@ -37,9 +37,14 @@ CASES = [(name, recipe) for name in CONFIGS for recipe in hc.RECIPES]
 
 @pytest.fixture(scope="module", autouse=True)
 def torch_only_kernels():
-    """transformers would pick fla / causal-conv1d kernels when installed; the oracle is its torch code."""
-    for package in ("fla", "causal_conv1d", "kernels"):
+    """The oracle is transformers' torch code. It would pick fla / causal-conv1d whenever they are installed.
+    Hub kernels (the `kernels` package, a dependency of transformers since 5.25) replace code only in a
+    kernelized model: USE_HUB_KERNELS=NO keeps them off, and `compared` checks its model is not kernelized."""
+    for package in ("fla", "causal_conv1d"):
         assert importlib.util.find_spec(package) is None, f"{package} is installed: the oracle must be torch-only"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("USE_HUB_KERNELS", "NO")
+        yield
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{r}" for n, r in CASES])
@@ -54,6 +59,7 @@ def compared(request, tmp_path_factory):
     hf = copy.deepcopy(model)
     hc.load_hf_state(hf, effective)
     assert hf.config._attn_implementation == "eager" and hf.dtype == torch.float32
+    assert not getattr(hf, "use_kernels", False), "the oracle model is kernelized: it must run transformers' torch code"
 
     ids = np.random.default_rng(100 + seed).integers(0, model.config.vocab_size, N_POSITIONS)
     with torch.no_grad():
