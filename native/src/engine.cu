@@ -572,7 +572,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ring_b, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
-        {(void**)&e.ffn_counters, sizeof(int) * kFfnCounters},
+        {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.gdn_chunk_scratch, sizeof(float) * gdn_chunk_floats},
     };

@@ -1,17 +1,23 @@
-// launch_ffn_persistent (ffn_persistent.cuh): the default's bits but slower on the H200 at 83ed0d8 (T=1 13.2 against
-// 10.4 ms a step; docs/MEGAKERNEL.md says what to profile).
+// launch_ffn_persistent (ffn_persistent.cuh). At 83ed0d8, with one block per row for each pack, the default's bits
+// but slower on the H200 (T=1 13.2 against 10.4 ms a step); the packs are now spread over the grid (2026-12-03,
+// thirteenth session, not yet timed: docs/MEGAKERNEL.md).
 //
 // Block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
 // quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
-//   1. blocks 0..t-1: row b's add-norm pack (h += mix_in; rms; the pack's rows 0..t-1)      -> counters[0] += 1
-//   2. every team: gate tiles, then up tiles, grid-strided; each waits (after its first weight copies) until
-//      counters[0] == t                                                                       -> counters[1] += tiles
-//   3. blocks 0..t-1: wait for all gate/up tiles; row b's swiglu pack (into the pack's rows kActRows.., which no
-//      block read in this launch: the activations are read through the non-coherent path)    -> counters[2] += 1
-//   4. every team: down tiles, waiting (after their first weight copies) until counters[2] == t.
+//   1. warps 0..8t-1 of the grid: the post-attention add-norm pack, a token row split over 8 warps as
+//      row_rms_scale splits its sum (add_norm_pack_part)                                  -> kNormPacked += 1
+//   2. every team: gate tiles, then up tiles, grid-strided; each waits (after its first weight copies) until all
+//      8t parts are packed. Whichever team stores the second tile of a (gate, up) pair of 16 rows turns them
+//      into silu(gate) * up in place and folds each token row's max |v| into kSwigluMax (swiglu_pair)
+//                                                                                          -> kGateUpTiles += 1
+//   3. every warp: the swiglu pack's 32-blocks, grid-strided, once every tile is stored (into the pack's rows
+//      kActRows.., which no block read in this launch: the activations are read through the non-coherent path)
+//                                                                                          -> kSwigluPacked += n
+//   4. every team: down tiles, waiting (after their first weight copies) until every 32-block is packed.
 // Cooperative launch: every block is resident, so the spinning cannot deadlock; counters are released with a
-// fence after each writer's stores and acquired by one lane per warp. The same device functions as the separate
-// launches (add_norm_pack_row, gemv_tile_warp + tile_sum_store, swiglu_pack_row), so the same bits.
+// fence after each writer's stores and acquired by one lane per warp. The arithmetic of every value is the
+// separate launches' (add_norm_pack_row with row_rms_scale's order, gemv_tile_warp + tile_sum_store, swiglu1,
+// pack_block) and a pack's only cross-block value, the row's max |v|, is exact in any order: the same bits.
 #include <algorithm>
 
 #include "device_attr.cuh"
@@ -23,62 +29,166 @@
 namespace openjet {
 namespace {
 
+// The launch's scratch (ints of device memory, zeroed before each launch): where each part starts.
+constexpr int kNormParts = kRowThreads / 32;  // a row's add-norm pack split as row_rms_scale's warps split its sum
+constexpr int kNormPacked = 0;                // add-norm parts packed (8t when phase 1 is done)
+constexpr int kGateUpTiles = 1;               // gate and up tiles stored, with their pairs' swiglu values
+constexpr int kSwigluPacked = 2;              // swiglu 32-blocks packed (t n_ff / 32 when phase 3 is done)
+constexpr int kSquaresDone = 4;               // [kActRows]: a row's parts whose sum of squares is written
+constexpr int kNormMaxDone = kSquaresDone + kActRows;  // [kActRows]: a row's parts whose max |v| is folded in
+constexpr int kNormMax = kNormMaxDone + kActRows;      // [kActRows]: the norm row's max |v|, as the bits of a float
+constexpr int kSwigluMax = kNormMax + kActRows;        // [kActRows]: the swiglu row's max |v|, likewise
+constexpr int kSquares = kSwigluMax + kActRows;        // [kActRows][kNormParts] floats: the parts' sums of squares
+constexpr int kPairs = kSquares + kActRows * kNormParts;  // [n_ff / 16]: tiles of a (gate, up) pair stored
+static_assert(kPairs == kFfnScratchFixedInts, "ffn_persistent.cuh's count of the fixed part");
+
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
-// Every thread's stores so far are published with counter += add (one thread adds, after the block's barrier).
-__device__ __forceinline__ void block_release(int* counter, int add) {
+// The warp's stores so far are published with counter += add (lane 0 adds).
+__device__ __forceinline__ void warp_release(int* counter, int add) {
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0 && add) atomicAdd(counter, add);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) atomicAdd(counter, add);
 }
 
-// gemv_tile_warp's wait: lane 0 of each warp spins until the counter reaches `target`, then the warp goes on.
+// Lane 0 spins until the counter reaches `target`, then the warp goes on.
+__device__ __forceinline__ void warp_wait(const int* counter, int target) {
+    if ((threadIdx.x & 31) == 0)
+        while (load_acquire(counter) < target) __nanosleep(32);
+    __syncwarp();
+}
+
+// gemv_tile_warp's wait: warp_wait.
 struct CounterWait {
     const int* counter;
     int target;
-    __device__ __forceinline__ void operator()() const {
-        if ((threadIdx.x & 31) == 0)
-            while (load_acquire(counter) < target) __nanosleep(32);
-        __syncwarp();
-    }
+    __device__ __forceinline__ void operator()() const { warp_wait(counter, target); }
 };
 
-// Tiles team `team_id` of `n_teams` takes of `tiles`, grid-strided.
-__host__ __device__ inline int team_tiles(int team_id, int n_teams, int tiles) {
-    return team_id < tiles ? (tiles - team_id + n_teams - 1) / n_teams : 0;
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// max |v| folded into a row's maximum: non-negative floats order as their bits (fmaxf has dropped NaNs, as the
+// one-block pack's fmaxf does).
+__device__ __forceinline__ void fold_max(int* row_max, float m) {
+    atomicMax(reinterpret_cast<unsigned*>(row_max), __float_as_uint(m));
+}
+
+__device__ __forceinline__ float read_max(const int* row_max) {
+    return __uint_as_float(__ldcg(reinterpret_cast<const unsigned*>(row_max)));
+}
+
+// Part `part` of token row r's add-norm pack, by one warp: the elements i = 32 part + lane + 256 j, which are
+// those row_rms_scale's warp `part` sums and the pack's 32-blocks part + 8 j. Three steps, each after the row's
+// other parts have done the one before: h += mix_in and the part's sum of squares (row_rms_scale's fma chain and
+// butterfly); the scale from the parts in warp order (its total), the values' max |v|; the pack of the part's
+// blocks at the row's scale. add_norm_pack_row's arithmetic, so its bits.
+__device__ __forceinline__ void add_norm_pack_part(const FfnPersistentArgs& a, int* s, int r, int part) {
+    const int lane = threadIdx.x & 31, k = a.n_embd;
+    float* hr = a.h + static_cast<long long>(r) * k;
+    const float* dr = a.mix_in + static_cast<long long>(r) * k;
+    const float* w = a.post_norm;
+    float sq = 0.0f;
+#pragma unroll 4
+    for (int i = kActBlock * part + lane; i < k; i += kRowThreads) {
+        const float x = __fadd_rn(hr[i], dr[i]);
+        hr[i] = x;
+        sq = __fmaf_rn(x, x, sq);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);
+    float* squares = reinterpret_cast<float*>(s + kSquares) + r * kNormParts;
+    if (lane == 0) squares[part] = sq;
+    warp_release(s + kSquaresDone + r, 1);
+    warp_wait(s + kSquaresDone + r, kNormParts);
+    float total = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kNormParts; ++p) total += __ldcg(squares + p);
+    const float scale = rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + a.eps);
+
+    float m = 0.0f;
+#pragma unroll 4
+    for (int i = kActBlock * part + lane; i < k; i += kRowThreads)
+        m = fmaxf(m, fabsf(__fmul_rn(__fmul_rn(hr[i], scale), w[i])));
+    m = warp_max(m);
+    if (lane == 0) fold_max(s + kNormMax + r, m);
+    warp_release(s + kNormMaxDone + r, 1);
+    warp_wait(s + kNormMaxDone + r, kNormParts);
+
+    const int sh = act_pack_shift(read_max(s + kNormMax + r));
+    const float sc = ldexpf(1.0f, sh);
+    __half* h = a.x.h + static_cast<long long>(r) * k;
+    __half* sum = a.x.sum + static_cast<long long>(r) * (k / kActBlock) * 2;
+    for (int b = part; b < k / kActBlock; b += kNormParts) {
+        const int i = b * kActBlock + lane;
+        pack_block(__fmul_rn(__fmul_rn(hr[i], scale), w[i]), sc, b, h, sum);
+    }
+    if (part == 0 && lane == 0) a.x.inv[r] = ldexpf(1.0f, -sh);
+    warp_release(s + kNormPacked, 1);
+}
+
+// After this warp stored one tile of the (gate, up) pair of rows row0..row0+15 (tile_sum_store's lanes): the warp
+// that stores the pair's second tile turns its 16 x t values into silu(gate) * up, in place in g_out, and folds
+// each token row's max |v| into kSwigluMax.
+__device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, int row0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    __threadfence();  // this tile's stores, before the pair's count
+    __syncwarp();
+    int second = 0;
+    if (lane == 0) second = atomicAdd(s + kPairs + row0 / kMmaRows, 1) == 1;
+    if (!__shfl_sync(0xffffffffu, second, 0)) return;
+    __threadfence();  // the other tile's stores, published before its count, are seen from here
+    float m[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {  // tile_sum_store's (row, token row) of this lane
+        const int row = row0 + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
+        if (row < a.n_ff && col < a.t) {
+            const long long i = static_cast<long long>(col) * a.n_ff + row;
+            const float v = swiglu1(__ldcg(a.g_out + i), __ldcg(a.u_out + i));
+            a.g_out[i] = v;
+            m[c & 1] = fmaxf(m[c & 1], fabsf(v));
+        }
+    }
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1)  // over g: the lanes of one tq hold the same token rows
+        for (int c = 0; c < 2; ++c) m[c] = fmaxf(m[c], __shfl_xor_sync(0xffffffffu, m[c], o));
+    if (g == 0)
+        for (int c = 0; c < 2; ++c)
+            if (2 * tq + c < a.t) fold_max(s + kSwigluMax + 2 * tq + c, m[c]);
 }
 
 template <int QG, int QD> __host__ __device__ constexpr int warp_words() {
     return MmaShape<QG>::kWarpWords > MmaShape<QD>::kWarpWords ? MmaShape<QG>::kWarpWords : MmaShape<QD>::kWarpWords;
 }
 
-// Dynamic shared memory: the teams' cp.async stages, or add_norm_pack_row's staged row and weights.
-template <int QG, int QD, int kTeams> size_t smem_bytes(int n_embd) {
-    return std::max<size_t>(sizeof(uint4) * kTeams * kGemvWarps * warp_words<QG, QD>(), sizeof(float) * 2 * n_embd);
+// Dynamic shared memory: the teams' cp.async stages.
+template <int QG, int QD, int kTeams> size_t smem_bytes() {
+    return sizeof(uint4) * kTeams * kGemvWarps * warp_words<QG, QD>();
 }
-
-// Values a thread of the packs keeps in registers: few, so that the packs fit the GEMV phases' registers (the
-// 17,408-element swiglu row computes its values twice; the same bits).
-constexpr int kPackCachedHere = 10;
 
 template <int QG, int QD, int kTeams>
 __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_kernel(const FfnPersistentArgs a) {
-    constexpr int kThreads = kTeams * kGemvWarps * 32;
+    constexpr int kWarps = kTeams * kGemvWarps;
     extern __shared__ uint4 smem[];
     __shared__ float part[kTeams][kGemvWarps][1][32][4];
     const int team = threadIdx.x / (kGemvWarps * 32), warp = (threadIdx.x >> 5) % kGemvWarps, lane = threadIdx.x & 31;
     const int team_id = blockIdx.x * kTeams + team, n_teams = gridDim.x * kTeams;
+    const int grid_warp = blockIdx.x * kWarps + (threadIdx.x >> 5), grid_warps = gridDim.x * kWarps;
     uint4* team_smem = smem + team * kGemvWarps * warp_words<QG, QD>();
-    int* ctr = a.counters;
+    int* s = a.counters;
     const ActPack xs = a.x.from_row(kActRows, a.n_ff);  // the swiglu rows
 
-    // A team's tile: rows row0.. of w (n rows, k columns) into y, its input pack xin ready when `ready` holds.
+    // A team's tile: rows row0.. of w (n rows, k columns) into y, its input pack xin ready when `ready` holds;
+    // warp 0 (which stores it) then runs `stored`.
     const auto tile = [&](auto qt, const void* w, int n, int k, int row0, const ActPack& xin, float* y,
-                          CounterWait ready) {
+                          CounterWait ready, auto stored) {
         constexpr int QT = decltype(qt)::value;
         const int nu = k / kUnitElems;
         float acc[1][4] = {};
@@ -88,47 +198,46 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 #pragma unroll
         for (int c = 0; c < 4; ++c) part[team][warp][0][lane][c] = acc[0][c];
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");
-        if (warp == 0) tile_sum_store<1, kMmaRows>(part[team], lane, row0, 0, n, a.t, xin.inv, y);
+        if (warp == 0) {
+            tile_sum_store<1, kMmaRows>(part[team], lane, row0, 0, n, a.t, xin.inv, y);
+            stored();
+        }
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");  // part is free again
     };
 
-    // 1. the post-attention add-norm pack
-    if (blockIdx.x < a.t) {
-        float* staged = reinterpret_cast<float*>(smem);  // the teams' stages are not in use yet
-        if (a.n_embd <= kAddNormStagedMax)
-            add_norm_pack_row<true, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr,
-                                                               a.x, blockIdx.x, staged);
-        else
-            add_norm_pack_row<false, kThreads, kPackCachedHere>(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, nullptr,
-                                                                a.x, blockIdx.x, staged);
-        block_release(&ctr[0], 1);
-    }
+    // 1. the post-attention add-norm pack (the launcher checks grid_warps >= kNormParts t)
+    if (grid_warp < kNormParts * a.t) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
 
     // 2. gate, then up
     const int g_tiles = (a.n_ff + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < 2 * g_tiles; i += n_teams) {
         const bool up = i >= g_tiles;
-        tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd,
-             (up ? i - g_tiles : i) * kMmaRows, a.x, up ? a.u_out : a.g_out, CounterWait{&ctr[0], a.t});
+        const int row0 = (up ? i - g_tiles : i) * kMmaRows;
+        tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd, row0, a.x,
+             up ? a.u_out : a.g_out, CounterWait{s + kNormPacked, kNormParts * a.t}, [&] {
+                 swiglu_pair(a, s, row0);
+                 warp_release(s + kGateUpTiles, 1);
+             });
     }
-    int mine = 0;
-    for (int tm = 0; tm < kTeams; ++tm) mine += team_tiles(blockIdx.x * kTeams + tm, n_teams, 2 * g_tiles);
-    block_release(&ctr[1], mine);
 
-    // 3. the swiglu pack
-    if (blockIdx.x < a.t) {
-        if (threadIdx.x == 0)
-            while (load_acquire(&ctr[1]) < 2 * g_tiles) __nanosleep(32);
-        __syncthreads();
-        swiglu_pack_row<kThreads, kPackCachedHere>(a.g_out, a.u_out, a.n_ff, xs, blockIdx.x);
-        block_release(&ctr[2], 1);
+    // 3. the swiglu pack, a 32-block per warp at a time
+    const int nb = a.n_ff / kActBlock;
+    warp_wait(s + kGateUpTiles, 2 * g_tiles);
+    int packed = 0;
+    for (int item = grid_warp; item < a.t * nb; item += grid_warps, ++packed) {
+        const int r = item / nb, b = item % nb;
+        const int sh = act_pack_shift(read_max(s + kSwigluMax + r));
+        pack_block(__ldcg(a.g_out + static_cast<long long>(r) * a.n_ff + b * kActBlock + lane), ldexpf(1.0f, sh), b,
+                   xs.h + static_cast<long long>(r) * a.n_ff, xs.sum + static_cast<long long>(r) * nb * 2);
+        if (b == 0 && lane == 0) xs.inv[r] = ldexpf(1.0f, -sh);
     }
+    if (packed) warp_release(s + kSwigluPacked, packed);
 
     // 4. down
     const int d_tiles = (a.n_embd + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < d_tiles; i += n_teams)
         tile(std::integral_constant<int, QD>{}, a.down, a.n_embd, a.n_ff, i * kMmaRows, xs, a.mix_out,
-             CounterWait{&ctr[2], a.t});
+             CounterWait{s + kSwigluPacked, a.t * nb}, [] {});
 }
 
 // Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
@@ -153,7 +262,7 @@ template <int QG, int QD, int kTeams> cudaError_t resident_blocks(size_t smem, i
 template <int QG, int QD, int kTeams>
 cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
-    const size_t smem = smem_bytes<QG, QD, kTeams>(a.n_embd);
+    const size_t smem = smem_bytes<QG, QD, kTeams>();
     int sms = 0, per_sm = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
@@ -161,7 +270,9 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     const int tiles = std::max(2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows);
     const int blocks = std::max(a.t, std::min(sms * per_sm, (tiles + kTeams - 1) / kTeams));
     if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
-    if (cudaError_t e = cudaMemsetAsync(a.counters, 0, sizeof(int) * kFfnCounters, stream)) return e;
+    if (blocks * kTeams * kGemvWarps < kNormParts * a.t) return cudaErrorNotSupported;  // phase 1's warps
+    if (cudaError_t e = cudaMemsetAsync(a.counters, 0, sizeof(int) * ffn_persistent_scratch_ints(a.n_ff), stream))
+        return e;
     FfnPersistentArgs args = a;
     void* params[] = {&args};
     return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
@@ -175,7 +286,7 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
     static const cudaError_t asked = cudaFuncGetAttributes(&attr, ffn_persistent_kernel<QG, QD, 4>);
     if (asked != cudaSuccess) return asked;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
-    if (attr.sharedSizeBytes + smem_bytes<QG, QD, 4>(a.n_embd) <= static_cast<size_t>(optin))
+    if (attr.sharedSizeBytes + smem_bytes<QG, QD, 4>() <= static_cast<size_t>(optin))
         return launch_teams<QG, QD, 4>(a, stream);
     return launch_teams<QG, QD, 2>(a, stream);
 }

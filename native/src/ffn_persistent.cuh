@@ -1,8 +1,9 @@
 // One layer's FFN of a decode step in one persistent launch (issue 7's build step 2, docs/MEGAKERNEL.md): the
 // post-attention add-norm pack, gate + up, the swiglu pack and down, as phases of one cooperative kernel whose
 // blocks wait on counters instead of kernel boundaries, so a phase's weights start streaming before its input is
-// ready. Every output is computed by the device functions the separate launches use, in the same order: the same
-// bits. Opt-in (OPENJET_FFN_PERSISTENT=1 at load) until measured.
+// ready, and each pack is spread over the grid's warps instead of one block per row. Every value is computed with
+// the separate launches' arithmetic, in the same order: the same bits. Opt-in (OPENJET_FFN_PERSISTENT=1 at load)
+// until measured faster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,13 +25,16 @@ struct FfnPersistentArgs {
     const void* up = nullptr;     // [n_ff, n_embd]
     const void* down = nullptr;   // [n_embd, n_ff]
     bool tiled = false;           // the three in the tile layout (weight_layout.cuh) or all in the row layout
-    float* g_out = nullptr;       // [t, n_ff]
+    float* g_out = nullptr;       // [t, n_ff] gate's output, then silu(gate) * up (the pack's input)
     float* u_out = nullptr;       // [t, n_ff]
     float* mix_out = nullptr;     // [t, n_embd] down's output
-    int* counters = nullptr;      // kFfnCounters ints of device memory (zeroed by the launch)
+    int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory (zeroed by the launch)
 };
 
-constexpr int kFfnCounters = 4;
+// The launch's counters, flags and per-row values: a fixed part (phase counters; per token row, its add-norm
+// parts' sums of squares and the packs' maxima) and a flag per 16-row (gate, up) tile pair.
+constexpr int kFfnScratchFixedInts = 4 + 4 * kActRows + kActRows * 8;
+constexpr int ffn_persistent_scratch_ints(int n_ff) { return kFfnScratchFixedInts + (n_ff + 15) / 16; }
 
 // Whether the kernel is built for this pair of weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K
 // down), the pack holds its two row ranges and the shapes fit; otherwise the caller takes the separate launches.

@@ -49,7 +49,7 @@ V1_ATTN_MIN_CHUNK = 64    # kAttnMinChunk (attn_decode.cuh)
 V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
-V1_FFN_COUNTERS = 4      # ffn_persistent.cuh kFfnCounters
+V1_FFN_SCRATCH_FIXED = 100  # ffn_persistent.cuh kFfnScratchFixedInts (then an int per 16 rows of n_ff)
 V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GDN
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
@@ -237,6 +237,12 @@ class MemoryModel:
         s = self.shape
         return 2 * max(s.n_ff, s.ssm_conv_dim, 2 * s.q_dim) * s.n_embd
 
+    @property
+    def ffn_persistent_scratch_bytes(self) -> int:
+        """The persistent FFN's counters, per-row values and a flag per 16-row (gate, up) tile pair
+        (ffn_persistent.cuh ffn_persistent_scratch_ints; in the arena whether or not OPENJET_FFN_PERSISTENT is set)."""
+        return 4 * (V1_FFN_SCRATCH_FIXED + -(-self.shape.n_ff // 16))
+
     def gdn_chunk_scratch_bytes(self, chunk: int) -> int:
         """The two-phase chunked GDN's scratch for prefill chunks of `chunk` rows (gdn_chunk.cu ChunkScratch: per
         row the q and k rows, and per value head two head-width rows and a chunk-width one plus 3 scalars; fp32;
@@ -267,8 +273,9 @@ class MemoryModel:
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
-        # persistent FFN's counters (4 ints), the dense prefill GEMM's scratch, the two-phase chunked GDN's.
-        fixed += [V1_FFN_COUNTERS * 4, self.dense_prefill_bytes if dense_prefill else 0,
+        # persistent FFN's counters and flags (ffn_persistent_scratch_ints), the dense prefill GEMM's scratch, the
+        # two-phase chunked GDN's.
+        fixed += [self.ffn_persistent_scratch_bytes, self.dense_prefill_bytes if dense_prefill else 0,
                   self.gdn_chunk_scratch_bytes(chunk)]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
