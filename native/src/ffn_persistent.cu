@@ -62,13 +62,6 @@ __device__ __forceinline__ void warp_wait(const int* counter, int target) {
     __syncwarp();
 }
 
-// gemv_tile_warp's wait: warp_wait.
-struct CounterWait {
-    const int* counter;
-    int target;
-    __device__ __forceinline__ void operator()() const { warp_wait(counter, target); }
-};
-
 __device__ __forceinline__ float warp_max(float m) {
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -175,6 +168,9 @@ template <int QG, int QD, int kTeams> size_t smem_bytes() {
 
 template <int QG, int QD, int kTeams>
 __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_kernel(const FfnPersistentArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    if constexpr (kTeams > 2) return;  // launch_types
+#endif
     constexpr int kWarps = kTeams * kGemvWarps;
     extern __shared__ uint4 smem[];
     __shared__ float part[kTeams][kGemvWarps][1][32][4];
@@ -185,10 +181,11 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     int* s = a.counters;
     const ActPack xs = a.x.from_row(kActRows, a.n_ff);  // the swiglu rows
 
-    // A team's tile: rows row0.. of w (n rows, k columns) into y, its input pack xin ready when `ready` holds;
-    // warp 0 (which stores it) then runs `stored`.
+    // A team's tile: rows row0.. of w (n rows, k columns) into y; each warp calls ready() after its first weight
+    // copies (gemv_tile_warp's wait: it returns once the input pack xin is complete); warp 0, which stores the tile,
+    // then runs stored().
     const auto tile = [&](auto qt, const void* w, int n, int k, int row0, const ActPack& xin, float* y,
-                          CounterWait ready, auto stored) {
+                          const auto& ready, auto stored) {
         constexpr int QT = decltype(qt)::value;
         const int nu = k / kUnitElems;
         float acc[1][4] = {};
@@ -205,39 +202,59 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");  // part is free again
     };
 
-    // 1. the post-attention add-norm pack (the launcher checks grid_warps >= kNormParts t)
-    if (grid_warp < kNormParts * a.t) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
+    // Each warp's pack work runs inside the wait of its first tile of the next phase, after that tile's first weight
+    // copies are issued (weights before flags), or after the phase's loop where it has no tile there.
+    // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher checks grid_warps >= kNormParts t)
+    bool norm_left = grid_warp < kNormParts * a.t;
+    const auto norm_pack = [&] {
+        if (norm_left) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
+        norm_left = false;
+    };
+    // 3. the swiglu pack, a 32-block per warp at a time, once every gate and up tile is stored
+    const int g_tiles = (a.n_ff + kMmaRows - 1) / kMmaRows, nb = a.n_ff / kActBlock;
+    bool swiglu_left = true;
+    const auto swiglu_pack = [&] {
+        if (!swiglu_left) return;
+        swiglu_left = false;
+        warp_wait(s + kGateUpTiles, 2 * g_tiles);
+        int packed = 0;
+        for (int item = grid_warp; item < a.t * nb; item += grid_warps, ++packed) {
+            const int r = item / nb, b = item % nb;
+            const int sh = act_pack_shift(read_max(s + kSwigluMax + r));
+            pack_block(__ldcg(a.g_out + static_cast<long long>(r) * a.n_ff + b * kActBlock + lane), ldexpf(1.0f, sh),
+                       b, xs.h + static_cast<long long>(r) * a.n_ff, xs.sum + static_cast<long long>(r) * nb * 2);
+            if (b == 0 && lane == 0) xs.inv[r] = ldexpf(1.0f, -sh);
+        }
+        if (packed) warp_release(s + kSwigluPacked, packed);
+    };
 
     // 2. gate, then up
-    const int g_tiles = (a.n_ff + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < 2 * g_tiles; i += n_teams) {
         const bool up = i >= g_tiles;
         const int row0 = (up ? i - g_tiles : i) * kMmaRows;
         tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd, row0, a.x,
-             up ? a.u_out : a.g_out, CounterWait{s + kNormPacked, kNormParts * a.t}, [&] {
+             up ? a.u_out : a.g_out,
+             [&] {
+                 norm_pack();
+                 warp_wait(s + kNormPacked, kNormParts * a.t);
+             },
+             [&] {
                  swiglu_pair(a, s, row0);
                  warp_release(s + kGateUpTiles, 1);
              });
     }
-
-    // 3. the swiglu pack, a 32-block per warp at a time
-    const int nb = a.n_ff / kActBlock;
-    warp_wait(s + kGateUpTiles, 2 * g_tiles);
-    int packed = 0;
-    for (int item = grid_warp; item < a.t * nb; item += grid_warps, ++packed) {
-        const int r = item / nb, b = item % nb;
-        const int sh = act_pack_shift(read_max(s + kSwigluMax + r));
-        pack_block(__ldcg(a.g_out + static_cast<long long>(r) * a.n_ff + b * kActBlock + lane), ldexpf(1.0f, sh), b,
-                   xs.h + static_cast<long long>(r) * a.n_ff, xs.sum + static_cast<long long>(r) * nb * 2);
-        if (b == 0 && lane == 0) xs.inv[r] = ldexpf(1.0f, -sh);
-    }
-    if (packed) warp_release(s + kSwigluPacked, packed);
+    norm_pack();
 
     // 4. down
     const int d_tiles = (a.n_embd + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < d_tiles; i += n_teams)
         tile(std::integral_constant<int, QD>{}, a.down, a.n_embd, a.n_ff, i * kMmaRows, xs, a.mix_out,
-             CounterWait{s + kSwigluPacked, a.t * nb}, [] {});
+             [&] {
+                 swiglu_pack();
+                 warp_wait(s + kSwigluPacked, a.t * nb);
+             },
+             [] {});
+    swiglu_pack();
 }
 
 // Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
@@ -279,14 +296,16 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
                                        dim3(kTeams * kGemvWarps * 32), params, smem, stream);
 }
 
-// Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120).
+// Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120). The
+// four-team kernel is compiled empty for the architectures below sm_90 (ptxVersion says what its code was built
+// for), where it could never be launched and where 128 registers would spill.
 template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, cudaStream_t stream) {
     int optin = 0;
     static cudaFuncAttributes attr{};  // the 4-team kernel's static shared memory, asked once
     static const cudaError_t asked = cudaFuncGetAttributes(&attr, ffn_persistent_kernel<QG, QD, 4>);
     if (asked != cudaSuccess) return asked;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
-    if (attr.sharedSizeBytes + smem_bytes<QG, QD, 4>() <= static_cast<size_t>(optin))
+    if (attr.ptxVersion >= 90 && attr.sharedSizeBytes + smem_bytes<QG, QD, 4>() <= static_cast<size_t>(optin))
         return launch_teams<QG, QD, 4>(a, stream);
     return launch_teams<QG, QD, 2>(a, stream);
 }
