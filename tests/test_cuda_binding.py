@@ -6,6 +6,7 @@ binding that passes the wrong count, forgets a row or loses track of the sequenc
 from __future__ import annotations
 
 import ctypes
+import re
 import types
 
 import numpy as np
@@ -370,3 +371,17 @@ def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monk
     with pytest.raises(Exception) as err:
         CudaEngine.load(tmp_path / "missing.gguf")
     assert "is not one of" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["0", "-46", "46.5", "all", " 46"])
+def test_the_persistent_grid_limit_must_be_a_number_of_sms(bad, monkeypatch, tmp_path):
+    """OPENJET_PERSISTENT_SMS (the persistent kernels' grid for a smaller GPU) takes a positive whole number; anything
+    else is refused at load, before the file is looked at, instead of engine.cu's atoi reading it as 0 (all SMs)."""
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    monkeypatch.setenv("OPENJET_PERSISTENT_SMS", bad)
+    with pytest.raises(OpenJetError, match=f"OPENJET_PERSISTENT_SMS='{re.escape(bad)}' is not a positive number"):
+        CudaEngine.load(tmp_path / "missing.gguf")
+    monkeypatch.setenv("OPENJET_PERSISTENT_SMS", "46")
+    with pytest.raises(Exception) as err:
+        CudaEngine.load(tmp_path / "missing.gguf")
+    assert "OPENJET_PERSISTENT_SMS" not in str(err.value)

@@ -449,6 +449,30 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch)
     np.testing.assert_array_equal(out["1"], out["0"], err_msg=switch)
 
 
+@pytest.mark.parametrize("sms", ["1", "46", "82"])
+def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
+    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid sized for 1, 46 or 82 SMs (issue 7: the small cards' grids,
+    emulated; 1: a few blocks take every tile and pack item in turn) gives the launches' bits, as the whole grid
+    does (test_decode_experiments_keep_every_bit): decode_sequence_logits on the small model against
+    OPENJET_FFN_PERSISTENT=0."""
+    from openjet_launcher.engine import kernels_test as kt
+    ids = np.random.default_rng(29).integers(0, 4096, 40)
+    out, ran = {}, {}
+    for persistent in ("0", "1"):
+        monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
+        monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
+        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+        try:
+            before = kt.launch_count("ffn_persistent")
+            out[persistent] = decode_sequence_logits(engine, ids)
+            ran[persistent] = kt.launch_count("ffn_persistent") - before
+        finally:
+            engine.close()
+    assert ran["0"] == 0 and ran["1"] > 0, f"persistent FFN launches: {ran}"
+    assert np.isfinite(out["0"]).all()
+    np.testing.assert_array_equal(out["1"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
+
+
 @pytest.mark.parametrize("gemm", ["default", "fast", "exact", "grouped"])
 def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     """OPENJET_WEIGHT_LAYOUT: the engine's weights in the tile layout (the default: weight_layout.cuh) against the

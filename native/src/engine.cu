@@ -125,6 +125,7 @@ struct openjet_engine {
     // experiment: the same bits) and its counters in scratch.
     bool ffn_persistent = false;
     int* ffn_counters = nullptr;
+    int persistent_sms = 0;  // OPENJET_PERSISTENT_SMS at create: the persistent grid's SMs (0: all; emulation)
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
     float* gdn_chunk_scratch = nullptr;
@@ -516,6 +517,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT")) e.ffn_persistent = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
@@ -976,6 +978,7 @@ int trunk(openjet_engine& e, int t) {
             f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
             f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
             f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
+            f.grid_sms = e.persistent_sms;
             const bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
             if (one_layout && ffn_persistent_takes(f)) {
                 mark(e, "ffn");  // the norm inside

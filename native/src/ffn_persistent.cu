@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     // Each warp's pack work runs inside the wait of its first tile of the next phase, after that tile's first weight
     // copies are issued (weights before flags), or after the phase's loop where it has no tile there.
-    // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher checks grid_warps >= kNormParts t)
+    // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them)
     bool norm_left = grid_warp < kNormParts * a.t;
     const auto norm_pack = [&] {
         if (norm_left) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
@@ -285,9 +285,10 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
     const int tiles = std::max(2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows);
-    const int blocks = std::max(a.t, std::min(sms * per_sm, (tiles + kTeams - 1) / kTeams));
+    const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
+    const int least = (kNormParts * a.t + kTeams * kGemvWarps - 1) / (kTeams * kGemvWarps);  // phase 1's warps
+    const int blocks = std::max(least, std::min(grid_sms * per_sm, (tiles + kTeams - 1) / kTeams));
     if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
-    if (blocks * kTeams * kGemvWarps < kNormParts * a.t) return cudaErrorNotSupported;  // phase 1's warps
     if (cudaError_t e = cudaMemsetAsync(a.counters, 0, sizeof(int) * ffn_persistent_scratch_ints(a.n_ff), stream))
         return e;
     FfnPersistentArgs args = a;

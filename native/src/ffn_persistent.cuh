@@ -29,6 +29,8 @@ struct FfnPersistentArgs {
     float* u_out = nullptr;       // [t, n_ff]
     float* mix_out = nullptr;     // [t, n_embd] down's output
     int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory (zeroed by the launch)
+    int grid_sms = 0;             // the grid sized for at most this many SMs (0: the GPU's; OPENJET_PERSISTENT_SMS
+                                  // emulates a smaller GPU: the work is split over fewer blocks, the bits stay)
 };
 
 // The launch's counters, flags and per-row values: a fixed part (phase counters; per token row, its add-norm

@@ -114,6 +114,11 @@ def check_kernel_switches() -> None:
         value = os.environ.get(name)
         if value and value not in values:
             raise OpenJetError(f"{name}={value!r} is not one of {', '.join(values)} (docs/ENGINE.md, Switches)")
+    # engine.cu, persistent_sms (read at load): the persistent kernels' grid sized for this many SMs, emulating a
+    # smaller GPU (issue 7 asks for 46 and 82); more than the GPU has means all of them.
+    sms = os.environ.get("OPENJET_PERSISTENT_SMS")
+    if sms and not (sms.isdigit() and int(sms) >= 1):
+        raise OpenJetError(f"OPENJET_PERSISTENT_SMS={sms!r} is not a positive number of SMs (docs/ENGINE.md, Switches)")
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
