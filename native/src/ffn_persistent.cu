@@ -14,6 +14,8 @@
 //      kActRows.., which no block read in this launch: the activations are read through the non-coherent path)
 //                                                                                          -> kSwigluPacked += n
 //   4. every team: down tiles, waiting (after their first weight copies) until every 32-block is packed.
+// A warp's part of phase 1 (3) runs inside the wait of its first gate / up (down) tile, after that tile's first
+// weight copies, or after the loop of phase 2 (4) where it has no such tile: weights before flags for the packs too.
 // Cooperative launch: every block is resident, so the spinning cannot deadlock; counters are released with a
 // fence after each writer's stores and acquired by one lane per warp. The arithmetic of every value is the
 // separate launches' (add_norm_pack_row with row_rms_scale's order, gemv_tile_warp + tile_sum_store, swiglu1,
