@@ -16,9 +16,12 @@
 //   4. every team: down tiles, waiting (after their first weight copies) until every 32-block is packed.
 // A warp's part of phase 1 (3) runs inside the wait of its first gate / up (down) tile, after that tile's first
 // weight copies, or after the loop of phase 2 (4) where it has no such tile: weights before flags for the packs too.
-// Cooperative launch: every block is resident, so the spinning cannot deadlock; counters are released with a
-// fence after each writer's stores and acquired by one lane per warp. The arithmetic of every value is the
-// separate launches' (add_norm_pack_row with row_rms_scale's order, gemv_tile_warp + tile_sum_store, swiglu1,
+// Launch: a grid no larger than the GPU holds at once (the occupancy API's blocks per SM x SMs), through
+// launch_kernel (PDL: it may start while the kernel before ends and issue its first weight copies then). Every block
+// gets an SM as soon as the kernel before frees one, and the next kernel is let in only once every block is past its
+// last wait, so the spinning cannot deadlock. Counters are released with a fence after each writer's stores and
+// acquired by one lane per warp; the last block out zeroes them for the next launch. The arithmetic of every value is
+// the separate launches' (add_norm_pack_row with row_rms_scale's order, gemv_tile_warp + tile_sum_store, swiglu1,
 // pack_block) and a pack's only cross-block value, the row's max |v|, is exact in any order: the same bits.
 #include <algorithm>
 
@@ -27,6 +30,7 @@
 #include "ffn_persistent.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
+#include "pdl.cuh"
 
 namespace openjet {
 namespace {
@@ -36,6 +40,7 @@ constexpr int kNormParts = kRowThreads / 32;  // a row's add-norm pack split as 
 constexpr int kNormPacked = 0;                // add-norm parts packed (8t when phase 1 is done)
 constexpr int kGateUpTiles = 1;               // gate and up tiles stored, with their pairs' swiglu values
 constexpr int kSwigluPacked = 2;              // swiglu 32-blocks packed (t n_ff / 32 when phase 3 is done)
+constexpr int kBlocksDone = 3;                // blocks finished: the last one zeroes the scratch for the next launch
 constexpr int kSquaresDone = 4;               // [kActRows]: a row's parts whose sum of squares is written
 constexpr int kNormMaxDone = kSquaresDone + kActRows;  // [kActRows]: a row's parts whose max |v| is folded in
 constexpr int kNormMax = kNormMaxDone + kActRows;      // [kActRows]: the norm row's max |v|, as the bits of a float
@@ -209,6 +214,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them)
     bool norm_left = grid_warp < kNormParts * a.t;
     const auto norm_pack = [&] {
+        pdl_wait();  // the kernels before have finished: h, mix_in, and this scratch, zeroed by the last launch
         if (norm_left) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
         norm_left = false;
     };
@@ -257,6 +263,21 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
              },
              [] {});
     swiglu_pack();
+
+    // Every warp of the block is past its last wait: the next kernel may launch once every block is here (not
+    // before: its blocks could take the SMs this grid's unscheduled blocks need while the scheduled ones spin).
+    __syncthreads();
+    pdl_launch_dependents();
+    // The last block out zeroes the scratch (no memset between launches, which would break the PDL chain; the
+    // next launch reads it after its pdl_wait, so after this kernel has finished).
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(s + kBlocksDone, 1) == static_cast<int>(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (last)
+        for (int i = threadIdx.x; i < ffn_persistent_scratch_ints(a.n_ff); i += blockDim.x) __stcg(s + i, 0);
 }
 
 // Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
@@ -291,12 +312,7 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     const int least = (kNormParts * a.t + kTeams * kGemvWarps - 1) / (kTeams * kGemvWarps);  // phase 1's warps
     const int blocks = std::max(least, std::min(grid_sms * per_sm, (tiles + kTeams - 1) / kTeams));
     if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
-    if (cudaError_t e = cudaMemsetAsync(a.counters, 0, sizeof(int) * ffn_persistent_scratch_ints(a.n_ff), stream))
-        return e;
-    FfnPersistentArgs args = a;
-    void* params[] = {&args};
-    return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
-                                       dim3(kTeams * kGemvWarps * 32), params, smem, stream);
+    return launch_kernel(kernel, dim3(blocks), dim3(kTeams * kGemvWarps * 32), smem, stream, a);
 }
 
 // Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120). The

@@ -1,5 +1,5 @@
 // One layer's FFN of a decode step in one persistent launch (issue 7's build step 2, docs/MEGAKERNEL.md): the
-// post-attention add-norm pack, gate + up, the swiglu pack and down, as phases of one cooperative kernel whose
+// post-attention add-norm pack, gate + up, the swiglu pack and down, as phases of one persistent kernel whose
 // blocks wait on counters instead of kernel boundaries, so a phase's weights start streaming before its input is
 // ready, and each pack is spread over the grid's warps instead of one block per row. Every value is computed with
 // the separate launches' arithmetic, in the same order: the same bits. Opt-in (OPENJET_FFN_PERSISTENT=1 at load)
@@ -28,7 +28,7 @@ struct FfnPersistentArgs {
     float* g_out = nullptr;       // [t, n_ff] gate's output, then silu(gate) * up (the pack's input)
     float* u_out = nullptr;       // [t, n_ff]
     float* mix_out = nullptr;     // [t, n_embd] down's output
-    int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory (zeroed by the launch)
+    int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory, zero between launches
     int grid_sms = 0;             // the grid sized for at most this many SMs (0: the GPU's; OPENJET_PERSISTENT_SMS
                                   // emulates a smaller GPU: the work is split over fewer blocks, the bits stay)
 };
@@ -36,13 +36,14 @@ struct FfnPersistentArgs {
 // The launch's counters, flags and per-row values: a fixed part (phase counters; per token row, its add-norm
 // parts' sums of squares and the packs' maxima) and a flag per 16-row (gate, up) tile pair.
 constexpr int kFfnScratchFixedInts = 4 + 4 * kActRows + kActRows * 8;
-constexpr int ffn_persistent_scratch_ints(int n_ff) { return kFfnScratchFixedInts + (n_ff + 15) / 16; }
+__host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) { return kFfnScratchFixedInts + (n_ff + 15) / 16; }
 
 // Whether the kernel is built for this pair of weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K
 // down), the pack holds its two row ranges and the shapes fit; otherwise the caller takes the separate launches.
 bool ffn_persistent_takes(const FfnPersistentArgs& a);
 
-// The cooperative launch on `stream` (after zeroing the counters there).
+// The launch on `stream` (PDL where pdl_enabled()). `counters` must be zero before the first launch (the engine's
+// scratch is zeroed at create); each launch leaves them zero.
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream);
 
 }  // namespace openjet
