@@ -62,10 +62,25 @@ __device__ __forceinline__ void warp_release(int* counter, int add) {
     if ((threadIdx.x & 31) == 0) atomicAdd(counter, add);
 }
 
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// A wait this long means a block never came (a grid the GPU could not hold, a bug): the kernel traps, so the step
+// fails with an error instead of hanging the process (a decode FFN takes ~0.1 ms).
+constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
+
 // Lane 0 spins until the counter reaches `target`, then the warp goes on.
 __device__ __forceinline__ void warp_wait(const int* counter, int target) {
-    if ((threadIdx.x & 31) == 0)
-        while (load_acquire(counter) < target) __nanosleep(32);
+    if ((threadIdx.x & 31) == 0 && load_acquire(counter) < target) {
+        const unsigned long long start = global_ns();
+        while (load_acquire(counter) < target) {
+            __nanosleep(32);
+            if (global_ns() - start > kWaitLimitNs) __trap();
+        }
+    }
     __syncwarp();
 }
 
