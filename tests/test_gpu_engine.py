@@ -422,12 +422,13 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-@pytest.mark.parametrize("switch, counted", [("OPENJET_FFN_PERSISTENT", "ffn_persistent")])
-def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch):
-    """Switches read at load that must not change a bit, each =1 against =0 over decode_sequence_logits:
-    OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one cooperative launch of the same device
-    functions; the small model's Q4_K_M recipe, Q4_K gate / up and Q4_K or Q6_K down, is what it takes). The
-    counted path (kernels_test.launch_count) ran under =1 and never under =0."""
+@pytest.mark.parametrize("switch, counted, values", [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2"))])
+def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
+    """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
+    OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
+    arithmetic, 2 from the mixer's output on; the small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down,
+    Q5_K ssm_out and Q4_K attn_output, is what it takes). The counted path (kernels_test.launch_count) ran under
+    each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
@@ -435,7 +436,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch)
     assert types <= {"Q4_K", "Q6_K"}, types
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for value in ("0", "1"):
+    for value in ("0", *values):
         monkeypatch.setenv(switch, value)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
@@ -444,21 +445,22 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, monkeypatch)
             ran[value] = kt.launch_count(counted) - before
         finally:
             engine.close()
-    assert ran["0"] == 0 and ran["1"] > 0, f"{counted} launches: {ran}"
+    assert ran["0"] == 0 and all(ran[v] > 0 for v in values), f"{counted} launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    np.testing.assert_array_equal(out["1"], out["0"], err_msg=switch)
+    for value in values:
+        np.testing.assert_array_equal(out[value], out["0"], err_msg=f"{switch}={value}")
 
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
-    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid sized for 1, 46 or 82 SMs (issue 7: the small cards' grids,
-    emulated; 1: a few blocks take every tile and pack item in turn) gives the launches' bits, as the whole grid
-    does (test_decode_experiments_keep_every_bit): decode_sequence_logits on the small model against
-    OPENJET_FFN_PERSISTENT=0."""
+    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (with the tail: OPENJET_FFN_PERSISTENT=2) sized for 1, 46 or
+    82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take every tile and pack item in turn) gives
+    the launches' bits, as the whole grid does (test_decode_experiments_keep_every_bit): decode_sequence_logits on
+    the small model against OPENJET_FFN_PERSISTENT=0."""
     from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for persistent in ("0", "1"):
+    for persistent in ("0", "2"):
         monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
         monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
@@ -468,9 +470,9 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
             ran[persistent] = kt.launch_count("ffn_persistent") - before
         finally:
             engine.close()
-    assert ran["0"] == 0 and ran["1"] > 0, f"persistent FFN launches: {ran}"
+    assert ran["0"] == 0 and ran["2"] > 0, f"persistent FFN launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    np.testing.assert_array_equal(out["1"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
+    np.testing.assert_array_equal(out["2"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
 
 
 @pytest.mark.parametrize("gemm", ["default", "fast", "exact", "grouped"])
@@ -479,8 +481,8 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     GGUF's row layout, bit for bit, on the small model (Q4_K, Q5_K, Q6_K and Q8_0 projections, the MTP head):
     decode_sequence_logits (prefill rows, T = 1 and T = 5 steps, drafts), a 300-token prefill in one call (the dense
     path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
-    (its rows gathered from the tiled lm_head) and the persistent FFN; under each prefill GEMM. A tiled read ran
-    under "tiles" and none under "rows" (kernels_test.launch_count)."""
+    (its rows gathered from the tiled lm_head) and the persistent FFN (with and without its tail); under each prefill
+    GEMM. A tiled read ran under "tiles" and none under "rows" (kernels_test.launch_count)."""
     from openjet_launcher.engine import kernels_test as kt
     if gemm != "default":
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
@@ -492,12 +494,12 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
         monkeypatch.setenv("OPENJET_WEIGHT_LAYOUT", layout)
         before = kt.launch_count("tiled_weights")
         parts = []
-        for persistent in ("0", "1"):
+        for persistent in ("0", "1", "2"):
             monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
             engine = CudaEngine.load(models["small"], n_ctx=512, n_checkpoints=2)
             try:
                 parts.append(decode_sequence_logits(engine, ids[:40]))
-                if persistent == "1":
+                if persistent != "0":
                     continue
                 state = engine.new_state()
                 pre = engine.prefill(state, ids[:300])

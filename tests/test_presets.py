@@ -111,9 +111,9 @@ PARTS_SINCE_REPORTS = 2 * 256
 
 
 def ffn_scratch(mm) -> int:
-    """The persistent FFN's arena part: 100 ints (4 phase counters; per token row of 8, 4 values and 8 parts' sums of
-    squares) and one per 16-row tile pair of n_ff (ffn_persistent.cu's layout, counted by hand)."""
-    return v1_align(4 * (4 + 4 * 8 + 8 * 8 + mm.shape.n_ff // 16))
+    """The persistent FFN's arena part: 112 ints (8 phase counters; per token row of 8, 5 counters and maxima and 8
+    parts' sums of squares) and one per 16-row tile pair of n_ff (ffn_persistent.cu's layout, counted by hand)."""
+    return v1_align(4 * (8 + 5 * 8 + 8 * 8 + mm.shape.n_ff // 16))
 
 
 @pytest.mark.parametrize("shape, n_ctx, kv, weights, kv_bytes, state, ckpt, scratch", ENGINE_REPORTS)

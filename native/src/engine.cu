@@ -121,9 +121,9 @@ struct openjet_engine {
     int prefill_rows = 0;  // the scratch's rows: config.prefill_rows, or OPENJET_ENGINE_PREFILL_ROWS for 0
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
-    // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT=1 at create, an
-    // experiment: the same bits) and its counters in scratch.
-    bool ffn_persistent = false;
+    // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
+    // experiment: the same bits; 1: the FFN, 2: from the mixer's output on) and its counters in scratch.
+    int ffn_persistent = 0;
     int* ffn_counters = nullptr;
     int persistent_sms = 0;  // OPENJET_PERSISTENT_SMS at create: the persistent grid's SMs (0: all; emulation)
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
@@ -516,7 +516,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
-    if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT")) e.ffn_persistent = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT"))
+        e.ffn_persistent = std::strcmp(f, "1") == 0 ? 1 : std::strcmp(f, "2") == 0 ? 2 : 0;
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -755,7 +756,8 @@ GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
 // The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. One step over all t rows (the kernel takes
 // them in sub-steps of 8, the state held on chip between them): it reads conv buffer conv_cur and writes the
 // other; the caller flips conv_cur once all layers ran.
-int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
+// out_proj false: the mixer's output stays in e.y, unpacked and unprojected (the persistent FFN's tail does both).
+int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true) {
     const auto& c = e.cfg;
     // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
     const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
@@ -793,6 +795,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t) {
         g.snap_row = e.snap_row;
     }
     CHECK(launch_gdn_step(g, e.stream));
+    if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
@@ -847,7 +850,7 @@ PrefillAttn prefill_attn(int kv_type) {
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
 // appends k, v to the layer's cache (in sub-steps of 8: each attends to the rows before it; attn_group_rows
 // merges sub-steps into one launch where that keeps every bit).
-int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset) {
+int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, bool out_proj = true) {
     // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
     const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
     phase("attn.in_proj");
@@ -892,6 +895,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream));
         r0 += rows;
     }
+    if (!out_proj) return OPENJET_OK;  // as gdn_mixer's
     phase("attn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.wo, t, nullptr, e.mix);
@@ -970,21 +974,31 @@ int trunk(openjet_engine& e, int t) {
         mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
                                    c.rms_eps, e.a, e.x, e.stream));
-        TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0) : gdn_mixer(e, L, t));
+        // The persistent FFN (OPENJET_FFN_PERSISTENT, decode steps): with 2, from the mixer's output on (its pack and
+        // out projection inside the launch).
+        FfnPersistentArgs f;
+        bool persistent = false;
         if (e.ffn_persistent && !e.prefilling) {
-            FfnPersistentArgs f;
             f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
             f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
             f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
             f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
             f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
             f.grid_sms = e.persistent_sms;
-            const bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
-            if (one_layout && ffn_persistent_takes(f)) {
-                mark(e, "ffn");  // the norm inside
-                CHECK(launch_ffn_persistent(f, e.stream));
-                continue;
+            bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
+            if (e.ffn_persistent == 2) {
+                const DevTensor& out = L.attn ? L.wo : L.ssm_out;
+                f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = out.d, f.out_type = out.type;
+                one_layout = one_layout && out.tiled == f.tiled;
             }
+            persistent = one_layout && ffn_persistent_takes(f);
+        }
+        const bool tail = persistent && f.out_w;
+        TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail) : gdn_mixer(e, L, t, !tail));
+        if (persistent) {
+            mark(e, "ffn");  // the norm inside (and with a tail, the out projection)
+            CHECK(launch_ffn_persistent(f, e.stream));
+            continue;
         }
         mark(e, "norm");
         CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,

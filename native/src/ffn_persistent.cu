@@ -4,8 +4,13 @@
 //
 // Block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
 // quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
-//   1. warps 0..8t-1 of the grid: the post-attention add-norm pack, a token row split over 8 warps as
-//      row_rms_scale splits its sum (add_norm_pack_part)                                  -> kNormPacked += 1
+//   0. with a tail only: every warp, the mixer output's pack, 32-blocks grid-strided, in two steps (each block's
+//      max |y| folded into its row's; once all are, the pack into rows past the swiglu rows: tail_row0)
+//                                                                                          -> kTailPacked += n
+//      every team: the out projection's tiles into mix_in, waiting until every 32-block is packed
+//                                                                                          -> kOutTiles += 1
+//   1. warps 0..8t-1 of the grid: the post-attention add-norm pack (with a tail, once every out tile is stored), a
+//      token row split over 8 warps as row_rms_scale splits its sum (add_norm_pack_part)   -> kNormPacked += 1
 //   2. every team: gate tiles, then up tiles, grid-strided; each waits (after its first weight copies) until all
 //      8t parts are packed. Whichever team stores the second tile of a (gate, up) pair of 16 rows turns them
 //      into silu(gate) * up in place and folds each token row's max |v| into kSwigluMax (swiglu_pair)
@@ -14,8 +19,8 @@
 //      kActRows.., which no block read in this launch: the activations are read through the non-coherent path)
 //                                                                                          -> kSwigluPacked += n
 //   4. every team: down tiles, waiting (after their first weight copies) until every 32-block is packed.
-// A warp's part of phase 1 (3) runs inside the wait of its first gate / up (down) tile, after that tile's first
-// weight copies, or after the loop of phase 2 (4) where it has no such tile: weights before flags for the packs too.
+// A warp's part of phase 0 (1, 3) runs inside the wait of its first out (gate / up, down) tile, after that tile's
+// first weight copies, or after the loop where it has no such tile: weights before flags for the packs too.
 // Launch: a grid no larger than the GPU holds at once (the occupancy API's blocks per SM x SMs), through
 // launch_kernel (PDL: it may start while the kernel before ends and issue its first weight copies then). Every block
 // gets an SM as soon as the kernel before frees one, and the next kernel is let in only once every block is past its
@@ -35,18 +40,30 @@
 namespace openjet {
 namespace {
 
-// The launch's scratch (ints of device memory, zeroed before each launch): where each part starts.
+// The launch's scratch (ints of device memory, zero between launches): where each part starts.
 constexpr int kNormParts = kRowThreads / 32;  // a row's add-norm pack split as row_rms_scale's warps split its sum
 constexpr int kNormPacked = 0;                // add-norm parts packed (8t when phase 1 is done)
 constexpr int kGateUpTiles = 1;               // gate and up tiles stored, with their pairs' swiglu values
 constexpr int kSwigluPacked = 2;              // swiglu 32-blocks packed (t n_ff / 32 when phase 3 is done)
 constexpr int kBlocksDone = 3;                // blocks finished: the last one zeroes the scratch for the next launch
-constexpr int kSquaresDone = 4;               // [kActRows]: a row's parts whose sum of squares is written
+constexpr int kTailMaxDone = 4;               // the tail's 32-blocks whose max |y| is folded in
+constexpr int kTailPacked = 5;                // the tail's 32-blocks packed
+constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kOutRows)
+constexpr int kSquaresDone = 8;               // [kActRows]: a row's parts whose sum of squares is written
 constexpr int kNormMaxDone = kSquaresDone + kActRows;  // [kActRows]: a row's parts whose max |v| is folded in
 constexpr int kNormMax = kNormMaxDone + kActRows;      // [kActRows]: the norm row's max |v|, as the bits of a float
 constexpr int kSwigluMax = kNormMax + kActRows;        // [kActRows]: the swiglu row's max |v|, likewise
-constexpr int kSquares = kSwigluMax + kActRows;        // [kActRows][kNormParts] floats: the parts' sums of squares
+constexpr int kTailMax = kSwigluMax + kActRows;        // [kActRows]: the tail row's max |y|, likewise
+constexpr int kSquares = kTailMax + kActRows;          // [kActRows][kNormParts] floats: the parts' sums of squares
 constexpr int kPairs = kSquares + kActRows * kNormParts;  // [n_ff / 16]: tiles of a (gate, up) pair stored
+// Where the tail's pack rows start (in rows of k_out): past every byte of the swiglu rows (kActRows.. at n_ff a row),
+// which phase 3 writes after phase 0's tiles read the tail's through the non-coherent cache (__ldg): an SM could
+// otherwise read its stale copy of a shared line in phase 4.
+__host__ __device__ inline int tail_row0(int n_ff, int k_out) { return (2 * kActRows * n_ff + k_out - 1) / k_out; }
+
+// The out projection's tiles are half tiles (8 rows, gemv_tile_warp's same bits): Q5_K's 16-row tile already takes
+// 128 registers in the decode GEMV and spilled here.
+constexpr int kOutRows = 8;
 static_assert(kPairs == kFfnScratchFixedInts, "ffn_persistent.cuh's count of the fixed part");
 
 __device__ __forceinline__ int load_acquire(const int* p) {
@@ -90,8 +107,8 @@ __device__ __forceinline__ float warp_max(float m) {
     return m;
 }
 
-// max |v| folded into a row's maximum: non-negative floats order as their bits (fmaxf has dropped NaNs, as the
-// one-block pack's fmaxf does).
+// max |v| folded into a row's maximum: non-negative floats order as their bits (m comes from fmaxf chains that start
+// at 0, which drop NaNs as the one-block pack's does).
 __device__ __forceinline__ void fold_max(int* row_max, float m) {
     atomicMax(reinterpret_cast<unsigned*>(row_max), __float_as_uint(m));
 }
@@ -104,16 +121,17 @@ __device__ __forceinline__ float read_max(const int* row_max) {
 // those row_rms_scale's warp `part` sums and the pack's 32-blocks part + 8 j. Three steps, each after the row's
 // other parts have done the one before: h += mix_in and the part's sum of squares (row_rms_scale's fma chain and
 // butterfly); the scale from the parts in warp order (its total), the values' max |v|; the pack of the part's
-// blocks at the row's scale. add_norm_pack_row's arithmetic, so its bits.
-__device__ __forceinline__ void add_norm_pack_part(const FfnPersistentArgs& a, int* s, int r, int part) {
-    const int lane = threadIdx.x & 31, k = a.n_embd;
-    float* hr = a.h + static_cast<long long>(r) * k;
-    const float* dr = a.mix_in + static_cast<long long>(r) * k;
-    const float* w = a.post_norm;
+// blocks at the row's scale. add_norm_pack_row's arithmetic, so its bits. (Not inlined, like the other packs: it
+// runs inside a tile's wait, where the tile's registers are live.)
+__device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* mix_in, const float* w, int k, float eps,
+                                                ActPack x, int* s, int r, int part) {
+    const int lane = threadIdx.x & 31;
+    float* hr = h_rows + static_cast<long long>(r) * k;
+    const float* dr = mix_in + static_cast<long long>(r) * k;
     float sq = 0.0f;
 #pragma unroll 4
     for (int i = kActBlock * part + lane; i < k; i += kRowThreads) {
-        const float x = __fadd_rn(hr[i], dr[i]);
+        const float x = __fadd_rn(hr[i], __ldcg(dr + i));  // mix_in: written in this launch where it has a tail
         hr[i] = x;
         sq = __fmaf_rn(x, x, sq);
     }
@@ -126,7 +144,7 @@ __device__ __forceinline__ void add_norm_pack_part(const FfnPersistentArgs& a, i
     float total = 0.0f;
 #pragma unroll
     for (int p = 0; p < kNormParts; ++p) total += __ldcg(squares + p);
-    const float scale = rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + a.eps);
+    const float scale = rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
 
     float m = 0.0f;
 #pragma unroll 4
@@ -139,14 +157,42 @@ __device__ __forceinline__ void add_norm_pack_part(const FfnPersistentArgs& a, i
 
     const int sh = act_pack_shift(read_max(s + kNormMax + r));
     const float sc = ldexpf(1.0f, sh);
-    __half* h = a.x.h + static_cast<long long>(r) * k;
-    __half* sum = a.x.sum + static_cast<long long>(r) * (k / kActBlock) * 2;
+    __half* h = x.h + static_cast<long long>(r) * k;
+    __half* sum = x.sum + static_cast<long long>(r) * (k / kActBlock) * 2;
     for (int b = part; b < k / kActBlock; b += kNormParts) {
         const int i = b * kActBlock + lane;
         pack_block(__fmul_rn(__fmul_rn(hr[i], scale), w[i]), sc, b, h, sum);
     }
-    if (part == 0 && lane == 0) a.x.inv[r] = ldexpf(1.0f, -sh);
+    if (part == 0 && lane == 0) x.inv[r] = ldexpf(1.0f, -sh);
     warp_release(s + kNormPacked, 1);
+}
+
+// A pack of rows v [t, k] spread over the grid's warps, a 32-block (an item: row item / (k / 32), block item % (k /
+// 32)) per warp at a time: items grid_warp, grid_warp + grid_warps, ... Two steps with the pack_act_row arithmetic:
+// fold_items folds each item's max |v| into row_max[row] (returns the warp's item count); once every item's is,
+// pack_items packs them at their rows' scales into p.
+__device__ __noinline__ int fold_items(const float* v, int t, int k, int* row_max, int grid_warp, int grid_warps) {
+    const int lane = threadIdx.x & 31, nb = k / kActBlock;
+    int items = 0;
+    for (int item = grid_warp; item < t * nb; item += grid_warps, ++items) {
+        const float m = warp_max(fmaxf(0.0f, fabsf(__ldcg(v + static_cast<long long>(item) * kActBlock + lane))));
+        if (lane == 0) fold_max(row_max + item / nb, m);
+    }
+    return items;
+}
+
+__device__ __noinline__ int pack_items(const float* v, int t, int k, const int* row_max, ActPack p, int grid_warp,
+                                       int grid_warps) {
+    const int lane = threadIdx.x & 31, nb = k / kActBlock;
+    int items = 0;
+    for (int item = grid_warp; item < t * nb; item += grid_warps, ++items) {
+        const int r = item / nb, b = item % nb;
+        const int sh = act_pack_shift(read_max(row_max + r));
+        pack_block(__ldcg(v + static_cast<long long>(item) * kActBlock + lane), ldexpf(1.0f, sh), b,
+                   p.h + static_cast<long long>(r) * k, p.sum + static_cast<long long>(r) * nb * 2);
+        if (b == 0 && lane == 0) p.inv[r] = ldexpf(1.0f, -sh);
+    }
+    return items;
 }
 
 // After this warp stored one tile of the (gate, up) pair of rows row0..row0+15 (tile_sum_store's lanes): the warp
@@ -179,8 +225,12 @@ __device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, 
             if (2 * tq + c < a.t) fold_max(s + kSwigluMax + 2 * tq + c, m[c]);
 }
 
+// A warp's cp.async stages: for the largest of the FFN's tiles and the tail's (Q4_K or Q5_K half tiles).
 template <int QG, int QD> __host__ __device__ constexpr int warp_words() {
-    return MmaShape<QG>::kWarpWords > MmaShape<QD>::kWarpWords ? MmaShape<QG>::kWarpWords : MmaShape<QD>::kWarpWords;
+    constexpr int ffn = MmaShape<QG>::kWarpWords > MmaShape<QD>::kWarpWords ? MmaShape<QG>::kWarpWords
+                                                                           : MmaShape<QD>::kWarpWords;
+    constexpr int tail = MmaShape<kQ5_K, kOutRows>::kWarpWords;
+    return ffn > tail ? ffn : tail;
 }
 
 // Dynamic shared memory: the teams' cp.async stages.
@@ -206,19 +256,19 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     // A team's tile: rows row0.. of w (n rows, k columns) into y; each warp calls ready() after its first weight
     // copies (gemv_tile_warp's wait: it returns once the input pack xin is complete); warp 0, which stores the tile,
     // then runs stored().
-    const auto tile = [&](auto qt, const void* w, int n, int k, int row0, const ActPack& xin, float* y,
+    const auto tile = [&](auto qt, auto rows, const void* w, int n, int k, int row0, const ActPack& xin, float* y,
                           const auto& ready, auto stored) {
-        constexpr int QT = decltype(qt)::value;
+        constexpr int QT = decltype(qt)::value, kRows = decltype(rows)::value;
         const int nu = k / kUnitElems;
         float acc[1][4] = {};
-        gemv_tile_warp<QT, 1>(static_cast<const uint8_t*>(w), row_bytes_of<QT>(k), n, row0, nu * warp / kGemvWarps,
-                              nu * (warp + 1) / kGemvWarps, xin, k, a.t, 0,
-                              team_smem + warp * MmaShape<QT>::kWarpWords, acc, ready, a.tiled);
+        gemv_tile_warp<QT, 1, kRows>(static_cast<const uint8_t*>(w), row_bytes_of<QT>(k), n, row0,
+                                     nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, xin, k, a.t, 0,
+                                     team_smem + warp * MmaShape<QT, kRows>::kWarpWords, acc, ready, a.tiled);
 #pragma unroll
         for (int c = 0; c < 4; ++c) part[team][warp][0][lane][c] = acc[0][c];
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");
         if (warp == 0) {
-            tile_sum_store<1, kMmaRows>(part[team], lane, row0, 0, n, a.t, xin.inv, y);
+            tile_sum_store<1, kRows>(part[team], lane, row0, 0, n, a.t, xin.inv, y);
             stored();
         }
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");  // part is free again
@@ -226,11 +276,32 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     // Each warp's pack work runs inside the wait of its first tile of the next phase, after that tile's first weight
     // copies are issued (weights before flags), or after the phase's loop where it has no tile there.
-    // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them)
+    // 0. the tail: the mixer's output pack, a 32-block per warp at a time in two steps over the same blocks (each
+    //    block's max |y| folded into its row's, then, once every block's is, the pack), then the out projection
+    const bool tail = a.out_w != nullptr;
+    const int o_tiles = (a.n_embd + kOutRows - 1) / kOutRows, nb_y = a.k_out / kActBlock;
+    const ActPack xy = a.x.from_row(tail ? tail_row0(a.n_ff, a.k_out) : 0, a.k_out);
+    bool tail_left = tail;
+    const auto tail_pack = [&] {
+        pdl_wait();  // the kernels before have finished: y_in, h, mix_in, and this scratch, zeroed by the last launch
+        if (!tail_left) return;
+        tail_left = false;
+        const int items = fold_items(a.y_in, a.t, a.k_out, s + kTailMax, grid_warp, grid_warps);
+        if (!items) return;
+        warp_release(s + kTailMaxDone, items);
+        warp_wait(s + kTailMaxDone, a.t * nb_y);
+        pack_items(a.y_in, a.t, a.k_out, s + kTailMax, xy, grid_warp, grid_warps);
+        warp_release(s + kTailPacked, items);
+    };
+    // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them), once mix_in is complete
     bool norm_left = grid_warp < kNormParts * a.t;
     const auto norm_pack = [&] {
-        pdl_wait();  // the kernels before have finished: h, mix_in, and this scratch, zeroed by the last launch
-        if (norm_left) add_norm_pack_part(a, s, grid_warp / kNormParts, grid_warp % kNormParts);
+        tail_pack();  // (its pdl_wait, where this warp has done its tail already or there is none)
+        if (norm_left) {
+            if (tail) warp_wait(s + kOutTiles, o_tiles);
+            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, s, grid_warp / kNormParts,
+                               grid_warp % kNormParts);
+        }
         norm_left = false;
     };
     // 3. the swiglu pack, a 32-block per warp at a time, once every gate and up tile is stored
@@ -239,24 +310,34 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     const auto swiglu_pack = [&] {
         if (!swiglu_left) return;
         swiglu_left = false;
+        if (grid_warp >= a.t * nb) return;  // no items
         warp_wait(s + kGateUpTiles, 2 * g_tiles);
-        int packed = 0;
-        for (int item = grid_warp; item < a.t * nb; item += grid_warps, ++packed) {
-            const int r = item / nb, b = item % nb;
-            const int sh = act_pack_shift(read_max(s + kSwigluMax + r));
-            pack_block(__ldcg(a.g_out + static_cast<long long>(r) * a.n_ff + b * kActBlock + lane), ldexpf(1.0f, sh),
-                       b, xs.h + static_cast<long long>(r) * a.n_ff, xs.sum + static_cast<long long>(r) * nb * 2);
-            if (b == 0 && lane == 0) xs.inv[r] = ldexpf(1.0f, -sh);
-        }
-        if (packed) warp_release(s + kSwigluPacked, packed);
+        warp_release(s + kSwigluPacked, pack_items(a.g_out, a.t, a.n_ff, s + kSwigluMax, xs, grid_warp, grid_warps));
     };
+
+    // 0. the out projection's tiles into mix_in, where there is a tail (its type chosen at run time: Q5_K for
+    //    ssm_out, Q4_K for attn_output)
+    for (int i = tail ? team_id : o_tiles; i < o_tiles; i += n_teams) {
+        const auto out_tile = [&](auto qt) {
+            tile(qt, std::integral_constant<int, kOutRows>{}, a.out_w, a.n_embd, a.k_out, i * kOutRows, xy,
+                 a.mix_in,
+                 [&] {
+                     tail_pack();
+                     warp_wait(s + kTailPacked, a.t * nb_y);
+                 },
+                 [&] { warp_release(s + kOutTiles, 1); });
+        };
+        if (a.out_type == kQ5_K) out_tile(std::integral_constant<int, kQ5_K>{});
+        else out_tile(std::integral_constant<int, kQ4_K>{});
+    }
+    tail_pack();
 
     // 2. gate, then up
     for (int i = team_id; i < 2 * g_tiles; i += n_teams) {
         const bool up = i >= g_tiles;
         const int row0 = (up ? i - g_tiles : i) * kMmaRows;
-        tile(std::integral_constant<int, QG>{}, up ? a.up : a.gate, a.n_ff, a.n_embd, row0, a.x,
-             up ? a.u_out : a.g_out,
+        tile(std::integral_constant<int, QG>{}, std::integral_constant<int, kMmaRows>{}, up ? a.up : a.gate, a.n_ff,
+             a.n_embd, row0, a.x, up ? a.u_out : a.g_out,
              [&] {
                  norm_pack();
                  warp_wait(s + kNormPacked, kNormParts * a.t);
@@ -271,7 +352,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     // 4. down
     const int d_tiles = (a.n_embd + kMmaRows - 1) / kMmaRows;
     for (int i = team_id; i < d_tiles; i += n_teams)
-        tile(std::integral_constant<int, QD>{}, a.down, a.n_embd, a.n_ff, i * kMmaRows, xs, a.mix_out,
+        tile(std::integral_constant<int, QD>{}, std::integral_constant<int, kMmaRows>{}, a.down, a.n_embd, a.n_ff,
+             i * kMmaRows, xs, a.mix_out,
              [&] {
                  swiglu_pack();
                  warp_wait(s + kSwigluPacked, a.t * nb);
@@ -348,7 +430,9 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
 
 bool ffn_persistent_takes(const FfnPersistentArgs& a) {
     return a.gu_type == kQ4_K && (a.down_type == kQ4_K || a.down_type == kQ6_K) && a.t >= 1 && a.t <= kActRows &&
-           a.x.rows >= 2 * kActRows && a.n_embd % kGemvUnit == 0 && a.n_ff % kGemvUnit == 0 && a.n_ff >= a.n_embd;
+           a.x.rows >= 2 * kActRows && a.n_embd % kGemvUnit == 0 && a.n_ff % kGemvUnit == 0 && a.n_ff >= a.n_embd &&
+           (!a.out_w || ((a.out_type == kQ4_K || a.out_type == kQ5_K) && a.y_in && a.k_out >= kGemvUnit &&
+                         a.k_out % kGemvUnit == 0 && a.x.rows >= tail_row0(a.n_ff, a.k_out) + kActRows));
 }
 
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream) {

@@ -2,8 +2,9 @@
 // post-attention add-norm pack, gate + up, the swiglu pack and down, as phases of one persistent kernel whose
 // blocks wait on counters instead of kernel boundaries, so a phase's weights start streaming before its input is
 // ready, and each pack is spread over the grid's warps instead of one block per row. Every value is computed with
-// the separate launches' arithmetic, in the same order: the same bits. Opt-in (OPENJET_FFN_PERSISTENT=1 at load)
-// until measured faster.
+// the separate launches' arithmetic, in the same order: the same bits. With a tail (out_w set), the launch starts one
+// step earlier, at the mixer's output: its pack and the out projection (ssm_out or attn_output) into mix_in. Opt-in
+// (OPENJET_FFN_PERSISTENT=1 at load: the FFN; 2: with the tail) until measured faster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,14 +18,20 @@ struct FfnPersistentArgs {
     int n_embd = 0, n_ff = 0;     // model width, FFN width (multiples of 256)
     float eps = 0.0f;             // the norm's
     float* h = nullptr;           // [t, n_embd] residual: h += mix_in
-    const float* mix_in = nullptr;     // [t, n_embd] the mixer's output
+    float* mix_in = nullptr;      // [t, n_embd] the mixer's projected output (written here with a tail)
     const float* post_norm = nullptr;  // [n_embd]
-    ActPack x;                    // the pack: the norm's rows at 0.., the swiglu rows at kActRows.. (>= 16 rows)
+    ActPack x;                    // the pack: the norm's rows at 0.., the swiglu rows at kActRows.. (>= 16 rows), the
+                                  // tail's past those (ffn_persistent_takes checks its rows)
+    // The tail (null out_w: none, mix_in is the launches' before): y_in packed and projected by out_w into mix_in.
+    const float* y_in = nullptr;  // [t, k_out] the mixer's output (the GDN's gated norm, attention's gated rows)
+    int k_out = 0;                // its width (a multiple of 256)
+    const void* out_w = nullptr;  // [n_embd, k_out]
+    int out_type = -1;            // Q4_K or Q5_K (the recipe's attn_output and ssm_out)
     int gu_type = -1, down_type = -1;  // k-quant types of gate and up (-1 where they differ) and of down
     const void* gate = nullptr;   // [n_ff, n_embd]
     const void* up = nullptr;     // [n_ff, n_embd]
     const void* down = nullptr;   // [n_embd, n_ff]
-    bool tiled = false;           // the three in the tile layout (weight_layout.cuh) or all in the row layout
+    bool tiled = false;           // every weight in the tile layout (weight_layout.cuh) or all in the row layout
     float* g_out = nullptr;       // [t, n_ff] gate's output, then silu(gate) * up (the pack's input)
     float* u_out = nullptr;       // [t, n_ff]
     float* mix_out = nullptr;     // [t, n_embd] down's output
@@ -33,13 +40,16 @@ struct FfnPersistentArgs {
                                   // emulates a smaller GPU: the work is split over fewer blocks, the bits stay)
 };
 
-// The launch's counters, flags and per-row values: a fixed part (phase counters; per token row, its add-norm
-// parts' sums of squares and the packs' maxima) and a flag per 16-row (gate, up) tile pair.
-constexpr int kFfnScratchFixedInts = 4 + 4 * kActRows + kActRows * 8;
-__host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) { return kFfnScratchFixedInts + (n_ff + 15) / 16; }
+// The launch's counters, flags and per-row values: a fixed part (8 phase counters; per token row, 5 counters and
+// maxima and its add-norm parts' 8 sums of squares) and a flag per 16-row (gate, up) tile pair.
+constexpr int kFfnScratchFixedInts = 8 + 5 * kActRows + kActRows * 8;
+__host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) {
+    return kFfnScratchFixedInts + (n_ff + 15) / 16;
+}
 
-// Whether the kernel is built for this pair of weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K
-// down), the pack holds its two row ranges and the shapes fit; otherwise the caller takes the separate launches.
+// Whether the kernel is built for these weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K down, a
+// Q4_K or Q5_K tail), the pack holds its row ranges and the shapes fit; otherwise the caller takes the separate
+// launches.
 bool ffn_persistent_takes(const FfnPersistentArgs& a);
 
 // The launch on `stream` (PDL where pdl_enabled()). `counters` must be zero before the first launch (the engine's

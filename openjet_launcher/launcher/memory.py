@@ -49,7 +49,7 @@ V1_ATTN_MIN_CHUNK = 64    # kAttnMinChunk (attn_decode.cuh)
 V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
-V1_FFN_SCRATCH_FIXED = 100  # ffn_persistent.cuh kFfnScratchFixedInts (then an int per 16 rows of n_ff)
+V1_FFN_SCRATCH_FIXED = 112  # ffn_persistent.cuh kFfnScratchFixedInts (then an int per 16 rows of n_ff)
 V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GDN
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
