@@ -475,6 +475,38 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
     np.testing.assert_array_equal(out["2"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
 
 
+def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatch):
+    """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=2 with the engine's profile on; engine.profile()'s
+    "persistent_ffn"): one launch per layer and decode step, and the phases end in the order their counters make them
+    wait for each other (the tail's maxima, its pack, the out projection, the add-norm pack, gate / up, the swiglu
+    pack), all within the launches' spans; a reset empties it, and with the profile off nothing is timed."""
+    monkeypatch.setenv("OPENJET_FFN_PERSISTENT", "2")
+    ids = np.random.default_rng(31).integers(0, 4096, 20)
+    engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+    try:
+        n_layer = engine.config.shape.n_layer
+        state = engine.new_state()
+        engine.prefill(state, ids[:8])
+        engine.set_profile(True)
+        engine.profile(reset=True)
+        steps = [ids[8:9], ids[9:10], ids[10:15]]
+        for step in steps:
+            engine.decode(state, step)
+        p = engine.profile(reset=True)["persistent_ffn"]
+        assert p["launches"] == n_layer * len(steps), p
+        order = ["tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns", "norm_packed_at_ns", "gate_up_at_ns",
+                 "swiglu_packed_at_ns", "span_ns"]
+        times = [p[k] for k in order]
+        assert 0 < times[0] and times == sorted(times), p
+        assert "persistent_ffn" not in engine.profile(), "a reset leaves the accumulators empty"
+        engine.set_profile(False)
+        engine.decode(state, ids[15:16])
+        assert "persistent_ffn" not in engine.profile(), "timed with the profile off"
+    finally:
+        engine.close()
+    report(test="persistent_ffn_profile", **{k: p[k] for k in ("launches", "span_ns", "warps")})
+
+
 @pytest.mark.parametrize("gemm", ["default", "fast", "exact", "grouped"])
 def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     """OPENJET_WEIGHT_LAYOUT: the engine's weights in the tile layout (the default: weight_layout.cuh) against the

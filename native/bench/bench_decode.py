@@ -180,6 +180,15 @@ def kv_bytes_at(s: ModelShape, tb: dict[str, int], kv: str, n_ctx: int) -> int:
     return n_attn * 2 * s.n_head_kv * n_ctx * KV_ROW_BYTES[kv]
 
 
+def persistent_profile_us(p: dict) -> dict:
+    """The persistent FFN's in-kernel profile (ffn_persistent.cuh FfnProfile) per launch: its span and when each phase
+    ended, in us after the launch's first block started, and the warps it ran."""
+    n = p["launches"]
+    out = {"launches": n, "warps": p["warps"] // n, "span": round(p["span_ns"] / n / 1e3, 2)}
+    out.update({k[:-len("_at_ns")]: round(v / n / 1e3, 2) for k, v in p.items() if k.endswith("_at_ns")})
+    return out
+
+
 def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> dict[str, int]:
     """Bytes a decode step of t tokens after ctx tokens must read: the trunk's weights and the lm_head once,
     the KV rows its attention layers read (ctx + t each), the recurrent states read and written; with an MTP
@@ -484,6 +493,8 @@ class Bench:
                 if prof and prof["calls"]:
                     rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
                                                   for k, v in sorted(prof["phases"].items())}
+                if prof and prof.get("persistent_ffn"):
+                    rec["persistent_ffn_us_per_launch"] = persistent_profile_us(prof["persistent_ffn"])
                 t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
                 rec["cost_vs_t1"] = 1.0 if t == 1 else (round(med * 1e3 / t1["median_ms"], 3) if t1 else None)
                 rec["top_k"]["cost_vs_t1"] = 1.0 if t == 1 else (

@@ -125,6 +125,7 @@ struct openjet_engine {
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on) and its counters in scratch.
     int ffn_persistent = 0;
     int* ffn_counters = nullptr;
+    unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
     int persistent_sms = 0;  // OPENJET_PERSISTENT_SMS at create: the persistent grid's SMs (0: all; emulation)
     // The two-phase chunked GDN's scratch for a prefill chunk's rows (gdn_chunk.cuh; the default, made unless
     // OPENJET_GDN_CHUNKED is 0 or 1 at create); null otherwise (the recurrence or form 1 then runs in its place).
@@ -576,6 +577,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
+        {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.gdn_chunk_scratch, sizeof(float) * gdn_chunk_floats},
     };
@@ -641,6 +643,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.x.rows = R;
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
+    CHECK(ffn_profile_reset(e.ffn_profile, e.stream));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
     const char* prof = std::getenv("OPENJET_PROFILE");
     e.prof.on = prof && *prof && std::strcmp(prof, "0") != 0;
@@ -985,6 +988,7 @@ int trunk(openjet_engine& e, int t) {
             f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
             f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
             f.grid_sms = e.persistent_sms;
+            if (e.prof.on) f.profile = e.ffn_profile;
             bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
             if (e.ffn_persistent == 2) {
                 const DevTensor& out = L.attn ? L.wo : L.ssm_out;
@@ -1476,7 +1480,18 @@ extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json,
         out += buf;
         first = false;
     }
-    out += "}}";
+    out += "}";
+    // The persistent FFN's own profile (ffn_persistent.cuh FfnProfile), where it ran while profiling.
+    unsigned long long ffn[kFfnProfileSlots] = {};
+    CHECK(cudaStreamSynchronize(e->stream));
+    CHECK(cudaMemcpy(ffn, e->ffn_profile, sizeof(ffn), cudaMemcpyDeviceToHost));
+    if (ffn[kProfLaunches]) {
+        out += ", \"persistent_ffn\": {";
+        for (int i = 0; i < kProfStartMin; ++i)
+            out += (i ? ", \"" : "\"") + std::string(ffn_profile_name(i)) + "\": " + std::to_string(ffn[i]);
+        out += "}";
+    }
+    out += "}";
     if (!json || capacity < out.size() + 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "profile: the buffer holds %zu bytes, the report needs %zu", capacity,
                     out.size() + 1);
@@ -1484,6 +1499,8 @@ extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json,
     if (reset) {
         e->prof.phases.clear();
         e->prof.calls = 0;
+        CHECK(ffn_profile_reset(e->ffn_profile, e->stream));
+        CHECK(cudaStreamSynchronize(e->stream));
     }
     return OPENJET_OK;
 }

@@ -101,6 +101,22 @@ __device__ __forceinline__ void warp_wait(const int* counter, int target) {
     __syncwarp();
 }
 
+// warp_release that also, where `at` is set (the profile) and this release completes the phase (the counter reaches
+// `target`), adds the time since the launch's first block started to *at: when each phase ended, summed over
+// launches. Outside the tiles' pipelines: only at pack and tile-store releases.
+__device__ __forceinline__ void warp_release_timed(int* counter, int add, int target, unsigned long long* profile,
+                                                   int at) {
+    __threadfence();
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+        const int before = atomicAdd(counter, add);
+        if (profile && before + add == target) {
+            const unsigned long long start = __ldcg(profile + kProfStartMin);  // ~0: no block's start recorded yet
+            if (start != ~0ULL) atomicAdd(profile + at, global_ns() - start);
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_max(float m) {
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -124,7 +140,8 @@ __device__ __forceinline__ float read_max(const int* row_max) {
 // blocks at the row's scale. add_norm_pack_row's arithmetic, so its bits. (Not inlined, like the other packs: it
 // runs inside a tile's wait, where the tile's registers are live.)
 __device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* mix_in, const float* w, int k, float eps,
-                                                ActPack x, int* s, int r, int part) {
+                                                ActPack x, int* s, int t, int r, int part,
+                                                unsigned long long* profile) {
     const int lane = threadIdx.x & 31;
     float* hr = h_rows + static_cast<long long>(r) * k;
     const float* dr = mix_in + static_cast<long long>(r) * k;
@@ -164,25 +181,27 @@ __device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* mix_
         pack_block(__fmul_rn(__fmul_rn(hr[i], scale), w[i]), sc, b, h, sum);
     }
     if (part == 0 && lane == 0) x.inv[r] = ldexpf(1.0f, -sh);
-    warp_release(s + kNormPacked, 1);
+    warp_release_timed(s + kNormPacked, 1, kNormParts * t, profile, kProfAtNormPacked);
 }
 
 // A pack of rows v [t, k] spread over the grid's warps, a 32-block (an item: row item / (k / 32), block item % (k /
 // 32)) per warp at a time: items grid_warp, grid_warp + grid_warps, ... Two steps with the pack_act_row arithmetic:
-// fold_items folds each item's max |v| into row_max[row] (returns the warp's item count); once every item's is,
-// pack_items packs them at their rows' scales into p.
-__device__ __noinline__ int fold_items(const float* v, int t, int k, int* row_max, int grid_warp, int grid_warps) {
+// fold_items folds each item's max |v| into row_max[row]; once every item's is, pack_items packs them at their rows'
+// scales into p. Each releases `done` by the warp's item count (none: nothing to release) and returns the count.
+__device__ __noinline__ int fold_items(const float* v, int t, int k, int* row_max, int grid_warp, int grid_warps,
+                                       int* done, unsigned long long* profile, int at) {
     const int lane = threadIdx.x & 31, nb = k / kActBlock;
     int items = 0;
     for (int item = grid_warp; item < t * nb; item += grid_warps, ++items) {
         const float m = warp_max(fmaxf(0.0f, fabsf(__ldcg(v + static_cast<long long>(item) * kActBlock + lane))));
         if (lane == 0) fold_max(row_max + item / nb, m);
     }
+    if (items) warp_release_timed(done, items, t * nb, profile, at);
     return items;
 }
 
 __device__ __noinline__ int pack_items(const float* v, int t, int k, const int* row_max, ActPack p, int grid_warp,
-                                       int grid_warps) {
+                                       int grid_warps, int* done, unsigned long long* profile, int at) {
     const int lane = threadIdx.x & 31, nb = k / kActBlock;
     int items = 0;
     for (int item = grid_warp; item < t * nb; item += grid_warps, ++items) {
@@ -192,6 +211,7 @@ __device__ __noinline__ int pack_items(const float* v, int t, int k, const int* 
                    p.h + static_cast<long long>(r) * k, p.sum + static_cast<long long>(r) * nb * 2);
         if (b == 0 && lane == 0) p.inv[r] = ldexpf(1.0f, -sh);
     }
+    if (items) warp_release_timed(done, items, t * nb, profile, at);
     return items;
 }
 
@@ -252,6 +272,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     uint4* team_smem = smem + team * kGemvWarps * warp_words<QG, QD>();
     int* s = a.counters;
     const ActPack xs = a.x.from_row(kActRows, a.n_ff);  // the swiglu rows
+    if (a.profile && threadIdx.x == 0) atomicMin(a.profile + kProfStartMin, global_ns());
 
     // A team's tile: rows row0.. of w (n rows, k columns) into y; each warp calls ready() after its first weight
     // copies (gemv_tile_warp's wait: it returns once the input pack xin is complete); warp 0, which stores the tile,
@@ -286,12 +307,12 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         pdl_wait();  // the kernels before have finished: y_in, h, mix_in, and this scratch, zeroed by the last launch
         if (!tail_left) return;
         tail_left = false;
-        const int items = fold_items(a.y_in, a.t, a.k_out, s + kTailMax, grid_warp, grid_warps);
-        if (!items) return;
-        warp_release(s + kTailMaxDone, items);
+        if (!fold_items(a.y_in, a.t, a.k_out, s + kTailMax, grid_warp, grid_warps, s + kTailMaxDone, a.profile,
+                        kProfAtTailMax))
+            return;
         warp_wait(s + kTailMaxDone, a.t * nb_y);
-        pack_items(a.y_in, a.t, a.k_out, s + kTailMax, xy, grid_warp, grid_warps);
-        warp_release(s + kTailPacked, items);
+        pack_items(a.y_in, a.t, a.k_out, s + kTailMax, xy, grid_warp, grid_warps, s + kTailPacked, a.profile,
+                   kProfAtTailPacked);
     };
     // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them), once mix_in is complete
     bool norm_left = grid_warp < kNormParts * a.t;
@@ -299,8 +320,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         tail_pack();  // (its pdl_wait, where this warp has done its tail already or there is none)
         if (norm_left) {
             if (tail) warp_wait(s + kOutTiles, o_tiles);
-            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, s, grid_warp / kNormParts,
-                               grid_warp % kNormParts);
+            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, s, a.t, grid_warp / kNormParts,
+                               grid_warp % kNormParts, a.profile);
         }
         norm_left = false;
     };
@@ -312,7 +333,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         swiglu_left = false;
         if (grid_warp >= a.t * nb) return;  // no items
         warp_wait(s + kGateUpTiles, 2 * g_tiles);
-        warp_release(s + kSwigluPacked, pack_items(a.g_out, a.t, a.n_ff, s + kSwigluMax, xs, grid_warp, grid_warps));
+        pack_items(a.g_out, a.t, a.n_ff, s + kSwigluMax, xs, grid_warp, grid_warps, s + kSwigluPacked, a.profile,
+                   kProfAtSwigluPacked);
     };
 
     // 0. the out projection's tiles into mix_in, where there is a tail (its type chosen at run time: Q5_K for
@@ -325,7 +347,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
                      tail_pack();
                      warp_wait(s + kTailPacked, a.t * nb_y);
                  },
-                 [&] { warp_release(s + kOutTiles, 1); });
+                 [&] { warp_release_timed(s + kOutTiles, 1, o_tiles, a.profile, kProfAtOutTiles); });
         };
         if (a.out_type == kQ5_K) out_tile(std::integral_constant<int, kQ5_K>{});
         else out_tile(std::integral_constant<int, kQ4_K>{});
@@ -344,7 +366,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
              },
              [&] {
                  swiglu_pair(a, s, row0);
-                 warp_release(s + kGateUpTiles, 1);
+                 warp_release_timed(s + kGateUpTiles, 1, 2 * g_tiles, a.profile, kProfAtGateUp);
              });
     }
     norm_pack();
@@ -369,12 +391,22 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     // next launch reads it after its pdl_wait, so after this kernel has finished).
     __shared__ bool last;
     if (threadIdx.x == 0) {
+        if (a.profile) atomicMax(a.profile + kProfEndMax, global_ns());
         __threadfence();
         last = atomicAdd(s + kBlocksDone, 1) == static_cast<int>(gridDim.x) - 1;
     }
     __syncthreads();
-    if (last)
-        for (int i = threadIdx.x; i < ffn_persistent_scratch_ints(a.n_ff); i += blockDim.x) __stcg(s + i, 0);
+    if (!last) return;
+    for (int i = threadIdx.x; i < ffn_persistent_scratch_ints(a.n_ff); i += blockDim.x) __stcg(s + i, 0);
+    if (a.profile && threadIdx.x == 0) {  // every block's start and end are in (atomics before their count)
+        __threadfence();
+        unsigned long long* p = a.profile;
+        p[kProfSpanNs] += __ldcg(p + kProfEndMax) - __ldcg(p + kProfStartMin);
+        p[kProfLaunches] += 1;
+        p[kProfWarps] += static_cast<unsigned long long>(grid_warps);
+        p[kProfStartMin] = ~0ULL;
+        p[kProfEndMax] = 0;
+    }
 }
 
 // Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
@@ -427,6 +459,18 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
 }
 
 }  // namespace
+
+const char* ffn_profile_name(int slot) {
+    static const char* const names[kFfnProfileSlots] = {
+        "launches", "span_ns", "warps", "tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns", "norm_packed_at_ns",
+        "gate_up_at_ns", "swiglu_packed_at_ns", "start_min_ns", "end_max_ns"};
+    return slot >= 0 && slot < kFfnProfileSlots ? names[slot] : "?";
+}
+
+cudaError_t ffn_profile_reset(unsigned long long* profile, cudaStream_t stream) {
+    if (cudaError_t e = cudaMemsetAsync(profile, 0, sizeof(unsigned long long) * kFfnProfileSlots, stream)) return e;
+    return cudaMemsetAsync(profile + kProfStartMin, 0xff, sizeof(unsigned long long), stream);  // ~0: no start yet
+}
 
 bool ffn_persistent_takes(const FfnPersistentArgs& a) {
     return a.gu_type == kQ4_K && (a.down_type == kQ4_K || a.down_type == kQ6_K) && a.t >= 1 && a.t <= kActRows &&

@@ -38,7 +38,30 @@ struct FfnPersistentArgs {
     int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory, zero between launches
     int grid_sms = 0;             // the grid sized for at most this many SMs (0: the GPU's; OPENJET_PERSISTENT_SMS
                                   // emulates a smaller GPU: the work is split over fewer blocks, the bits stay)
+    unsigned long long* profile = nullptr;  // kFfnProfileSlots accumulators (FfnProfile), or null: nothing timed
 };
+
+// The kernel's own profile, accumulated over launches where FfnPersistentArgs::profile is set (the engine's profile
+// on): launches, their spans (first block's start to last block's end, in ns), the warps that ran, and when each
+// phase ended (ns after the launch's first block started, taken by the warp whose release completed it). Where a
+// persistent launch loses time to its phase boundaries, the gaps between those say which (docs/MEGAKERNEL.md).
+enum FfnProfile : int {
+    kProfLaunches, kProfSpanNs, kProfWarps,
+    kProfAtTailMax,       // the tail pack's row maxima folded
+    kProfAtTailPacked,    // the tail packed
+    kProfAtOutTiles,      // the out projection stored (mix_in complete)
+    kProfAtNormPacked,    // the add-norm packed
+    kProfAtGateUp,        // every gate / up tile stored (with the swiglu values)
+    kProfAtSwigluPacked,  // the swiglu packed (the down tiles then run to the span's end)
+    kProfStartMin, kProfEndMax,  // the launch in progress (ns; reset by its last block)
+    kFfnProfileSlots
+};
+
+// The slot's name in the engine's profile report (openjet_engine_profile's "persistent_ffn").
+const char* ffn_profile_name(int slot);
+
+// Zeroes the accumulators (before the first launch that is timed, and on a profile reset).
+cudaError_t ffn_profile_reset(unsigned long long* profile, cudaStream_t stream);
 
 // The launch's counters, flags and per-row values: a fixed part (8 phase counters; per token row, 5 counters and
 // maxima and its add-norm parts' 8 sums of squares) and a flag per 16-row (gate, up) tile pair.

@@ -50,6 +50,7 @@ V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
 V1_FFN_SCRATCH_FIXED = 112  # ffn_persistent.cuh kFfnScratchFixedInts (then an int per 16 rows of n_ff)
+V1_FFN_PROFILE_SLOTS = 13   # ffn_persistent.cuh kFfnProfileSlots (8-byte accumulators)
 V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GDN
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
@@ -273,9 +274,9 @@ class MemoryModel:
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
-        # persistent FFN's counters and flags (ffn_persistent_scratch_ints), the dense prefill GEMM's scratch, the
-        # two-phase chunked GDN's.
-        fixed += [self.ffn_persistent_scratch_bytes, self.dense_prefill_bytes if dense_prefill else 0,
+        # persistent FFN's counters and flags (ffn_persistent_scratch_ints) and its profile, the dense prefill GEMM's
+        # scratch, the two-phase chunked GDN's.
+        fixed += [self.ffn_persistent_scratch_bytes, V1_FFN_PROFILE_SLOTS * 8, self.dense_prefill_bytes if dense_prefill else 0,
                   self.gdn_chunk_scratch_bytes(chunk)]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
