@@ -56,10 +56,14 @@ constexpr int kSwigluMax = kNormMax + kActRows;        // [kActRows]: the swiglu
 constexpr int kTailMax = kSwigluMax + kActRows;        // [kActRows]: the tail row's max |y|, likewise
 constexpr int kSquares = kTailMax + kActRows;          // [kActRows][kNormParts] floats: the parts' sums of squares
 constexpr int kPairs = kSquares + kActRows * kNormParts;  // [n_ff / 16]: tiles of a (gate, up) pair stored
-// Where the tail's pack rows start (in rows of k_out): past every byte of the swiglu rows (kActRows.. at n_ff a row),
-// which phase 3 writes after phase 0's tiles read the tail's through the non-coherent cache (__ldg): an SM could
-// otherwise read its stale copy of a shared line in phase 4.
-__host__ __device__ inline int tail_row0(int n_ff, int k_out) { return (2 * kActRows * n_ff + k_out - 1) / k_out; }
+// Where the tail's pack rows start (in rows of k_out): past every byte of the swiglu rows (kActRows.. at n_ff a row)
+// and on a 32-row boundary, so that its values, sums and inv entries share no 128-byte line with theirs. Phase 0's
+// tiles read the tail's rows through the SM's L1 (__ldg), and phase 3 writes the swiglu rows that phase 4 reads the
+// same way: a shared line could be stale in an SM's L1 by then (L1s are not coherent within a launch).
+__host__ __device__ inline int tail_row0(int n_ff, int k_out) {
+    const int past = (2 * kActRows * n_ff + k_out - 1) / k_out;
+    return (past + 31) / 32 * 32;
+}
 
 // The out projection's tiles are half tiles (8 rows, gemv_tile_warp's same bits): Q5_K's 16-row tile already takes
 // 128 registers in the decode GEMV and spilled here.

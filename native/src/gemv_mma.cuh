@@ -585,7 +585,9 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 }
 
 // A tile's output from its warps' C fragments part[warp] (warp i: k quarter i), by one warp: the quarters added in
-// order, y[col, row] = sum * inv[col] for rows < n and columns < t.
+// order, y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a persistent kernel
+// (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones this SM read
+// before in the same 128-byte line, which a plain load could find stale in this SM's L1.
 template <int NG, int kRows>
 __device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0, int grp0,
                                                int n, int t, const float* inv, float* __restrict__ y) {
@@ -598,7 +600,7 @@ __device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][N
 #pragma unroll
             for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
             const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
-            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, inv[col]);
+            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, __ldcg(inv + col));
         }
     }
 }
