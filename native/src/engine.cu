@@ -122,7 +122,7 @@ struct openjet_engine {
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
-    // experiment: the same bits; 1: the FFN, 2: from the mixer's output on) and its counters in scratch.
+    // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm) and its scratch.
     int ffn_persistent = 0;
     int* ffn_counters = nullptr;
     unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
@@ -518,7 +518,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT"))
-        e.ffn_persistent = std::strcmp(f, "1") == 0 ? 1 : std::strcmp(f, "2") == 0 ? 2 : 0;
+        e.ffn_persistent = (f[0] >= '1' && f[0] <= '3' && !f[1]) ? f[0] - '0' : 0;  // 1, 2 or 3; else off
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -972,13 +972,18 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
+    bool normed = false;  // the layer's input norm (or the output norm) done by the persistent FFN before it
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
-        mark(e, "norm");
-        CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t, c.n_embd,
-                                   c.rms_eps, e.a, e.x, e.stream));
+        if (!normed) {
+            mark(e, "norm");
+            CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t,
+                                       c.n_embd, c.rms_eps, e.a, e.x, e.stream));
+        }
+        normed = false;
         // The persistent FFN (OPENJET_FFN_PERSISTENT, decode steps): with 2, from the mixer's output on (its pack and
-        // out projection inside the launch).
+        // out projection inside the launch); with 3, also the next layer's input norm (the output norm after the
+        // last layer).
         FfnPersistentArgs f;
         bool persistent = false;
         if (e.ffn_persistent && !e.prefilling) {
@@ -990,18 +995,23 @@ int trunk(openjet_engine& e, int t) {
             f.grid_sms = e.persistent_sms;
             if (e.prof.on) f.profile = e.ffn_profile;
             bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
-            if (e.ffn_persistent == 2) {
+            if (e.ffn_persistent >= 2) {
                 const DevTensor& out = L.attn ? L.wo : L.ssm_out;
                 f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = out.d, f.out_type = out.type;
                 one_layout = one_layout && out.tiled == f.tiled;
+            }
+            if (e.ffn_persistent == 3) {
+                const DevTensor& next = il + 1 < c.n_layer ? e.layers[il + 1].attn_norm : e.out_norm;
+                f.next_norm = static_cast<const float*>(next.d), f.next_a = e.a;
             }
             persistent = one_layout && ffn_persistent_takes(f);
         }
         const bool tail = persistent && f.out_w;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail) : gdn_mixer(e, L, t, !tail));
         if (persistent) {
-            mark(e, "ffn");  // the norm inside (and with a tail, the out projection)
+            mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm)
             CHECK(launch_ffn_persistent(f, e.stream));
+            normed = f.next_norm != nullptr;
             continue;
         }
         mark(e, "norm");
@@ -1011,9 +1021,11 @@ int trunk(openjet_engine& e, int t) {
         TRY(ffn_gate_up_pack(e, L, t));
         TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
     }
-    mark(e, "norm");
-    CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
-                               e.x, e.stream));
+    if (!normed) {
+        mark(e, "norm");
+        CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
+                                   e.x, e.stream));
+    }
     return OPENJET_OK;
 }
 

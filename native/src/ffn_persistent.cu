@@ -19,6 +19,9 @@
 //      kActRows.., which no block read in this launch: the activations are read through the non-coherent path)
 //                                                                                          -> kSwigluPacked += n
 //   4. every team: down tiles, waiting (after their first weight copies) until every 32-block is packed.
+//                                                                                          -> kDownTiles += 1
+//   5. with a next norm only: warps 0..8t-1, the next layer's input norm (or the output norm) as in phase 1, once
+//      every down tile is stored; its rows also copied as floats (the GDN step's fused projections read them)
 // A warp's part of phase 0 (1, 3) runs inside the wait of its first out (gate / up, down) tile, after that tile's
 // first weight copies, or after the loop where it has no such tile: weights before flags for the packs too.
 // Launch: a grid no larger than the GPU holds at once (the occupancy API's blocks per SM x SMs), through
@@ -49,13 +52,17 @@ constexpr int kBlocksDone = 3;                // blocks finished: the last one z
 constexpr int kTailMaxDone = 4;               // the tail's 32-blocks whose max |y| is folded in
 constexpr int kTailPacked = 5;                // the tail's 32-blocks packed
 constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kOutRows)
-constexpr int kSquaresDone = 8;               // [kActRows]: a row's parts whose sum of squares is written
-constexpr int kNormMaxDone = kSquaresDone + kActRows;  // [kActRows]: a row's parts whose max |v| is folded in
-constexpr int kNormMax = kNormMaxDone + kActRows;      // [kActRows]: the norm row's max |v|, as the bits of a float
-constexpr int kSwigluMax = kNormMax + kActRows;        // [kActRows]: the swiglu row's max |v|, likewise
+constexpr int kDownTiles = 7;                 // down tiles stored (mix_out complete at n_embd / 16)
+constexpr int kNextNormPacked = 8;            // the next norm's parts packed (phase 5)
+constexpr int kSwigluMax = 12;                         // [kActRows]: the swiglu row's max |v|, as the bits of a float
 constexpr int kTailMax = kSwigluMax + kActRows;        // [kActRows]: the tail row's max |y|, likewise
-constexpr int kSquares = kTailMax + kActRows;          // [kActRows][kNormParts] floats: the parts' sums of squares
-constexpr int kPairs = kSquares + kActRows * kNormParts;  // [n_ff / 16]: tiles of a (gate, up) pair stored
+// An add-norm's row scratch (add_norm_pack_part): per token row, its parts whose sum of squares is written, its
+// parts whose max |v| is folded in, its max |v|, and the parts' sums of squares (floats).
+constexpr int kNormSquaresDone = 0, kNormMaxDone = kActRows, kNormMax = 2 * kActRows, kNormSquares = 3 * kActRows;
+constexpr int kNormScratch = 3 * kActRows + kActRows * kNormParts;
+constexpr int kNorm1 = kTailMax + kActRows;   // phase 1's (the post-attention norm)
+constexpr int kNorm2 = kNorm1 + kNormScratch;  // phase 5's (the next layer's norm)
+constexpr int kPairs = kNorm2 + kNormScratch;  // [n_ff / 16]: tiles of a (gate, up) pair stored
 // Where the tail's pack rows start (in rows of k_out): past every byte of the swiglu rows (kActRows.. at n_ff a row)
 // and on a 32-row boundary, so that its values, sums and inv entries share no 128-byte line with theirs. Phase 0's
 // tiles read the tail's rows through the SM's L1 (__ldg), and phase 3 writes the swiglu rows that phase 4 reads the
@@ -139,29 +146,30 @@ __device__ __forceinline__ float read_max(const int* row_max) {
 
 // Part `part` of token row r's add-norm pack, by one warp: the elements i = 32 part + lane + 256 j, which are
 // those row_rms_scale's warp `part` sums and the pack's 32-blocks part + 8 j. Three steps, each after the row's
-// other parts have done the one before: h += mix_in and the part's sum of squares (row_rms_scale's fma chain and
+// other parts have done the one before: h += delta and the part's sum of squares (row_rms_scale's fma chain and
 // butterfly); the scale from the parts in warp order (its total), the values' max |v|; the pack of the part's
-// blocks at the row's scale. add_norm_pack_row's arithmetic, so its bits. (Not inlined, like the other packs: it
-// runs inside a tile's wait, where the tile's registers are live.)
-__device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* mix_in, const float* w, int k, float eps,
-                                                ActPack x, int* s, int t, int r, int part,
-                                                unsigned long long* profile) {
+// blocks at the row's scale (and the values as floats into copy_rows where set). add_norm_pack_row's arithmetic, so
+// its bits. norm: this add-norm's row scratch (kNormScratch ints); packed: released once the part is packed. (Not
+// inlined, like the other packs: it runs inside a tile's wait, where the tile's registers are live.)
+__device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* delta, const float* w, int k, float eps,
+                                                ActPack x, float* copy_rows, int* norm, int* packed, int t, int r,
+                                                int part, unsigned long long* profile, int at) {
     const int lane = threadIdx.x & 31;
     float* hr = h_rows + static_cast<long long>(r) * k;
-    const float* dr = mix_in + static_cast<long long>(r) * k;
+    const float* dr = delta + static_cast<long long>(r) * k;
     float sq = 0.0f;
 #pragma unroll 4
     for (int i = kActBlock * part + lane; i < k; i += kRowThreads) {
-        const float x = __fadd_rn(hr[i], __ldcg(dr + i));  // mix_in: written in this launch where it has a tail
-        hr[i] = x;
-        sq = __fmaf_rn(x, x, sq);
+        const float v = __fadd_rn(hr[i], __ldcg(dr + i));  // delta: written in this launch (mix_in with a tail, mix_out)
+        hr[i] = v;
+        sq = __fmaf_rn(v, v, sq);
     }
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);
-    float* squares = reinterpret_cast<float*>(s + kSquares) + r * kNormParts;
+    float* squares = reinterpret_cast<float*>(norm + kNormSquares) + r * kNormParts;
     if (lane == 0) squares[part] = sq;
-    warp_release(s + kSquaresDone + r, 1);
-    warp_wait(s + kSquaresDone + r, kNormParts);
+    warp_release(norm + kNormSquaresDone + r, 1);
+    warp_wait(norm + kNormSquaresDone + r, kNormParts);
     float total = 0.0f;
 #pragma unroll
     for (int p = 0; p < kNormParts; ++p) total += __ldcg(squares + p);
@@ -172,20 +180,23 @@ __device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* mix_
     for (int i = kActBlock * part + lane; i < k; i += kRowThreads)
         m = fmaxf(m, fabsf(__fmul_rn(__fmul_rn(hr[i], scale), w[i])));
     m = warp_max(m);
-    if (lane == 0) fold_max(s + kNormMax + r, m);
-    warp_release(s + kNormMaxDone + r, 1);
-    warp_wait(s + kNormMaxDone + r, kNormParts);
+    if (lane == 0) fold_max(norm + kNormMax + r, m);
+    warp_release(norm + kNormMaxDone + r, 1);
+    warp_wait(norm + kNormMaxDone + r, kNormParts);
 
-    const int sh = act_pack_shift(read_max(s + kNormMax + r));
+    const int sh = act_pack_shift(read_max(norm + kNormMax + r));
     const float sc = ldexpf(1.0f, sh);
     __half* h = x.h + static_cast<long long>(r) * k;
     __half* sum = x.sum + static_cast<long long>(r) * (k / kActBlock) * 2;
+    float* copy = copy_rows ? copy_rows + static_cast<long long>(r) * k : nullptr;
     for (int b = part; b < k / kActBlock; b += kNormParts) {
         const int i = b * kActBlock + lane;
-        pack_block(__fmul_rn(__fmul_rn(hr[i], scale), w[i]), sc, b, h, sum);
+        const float v = __fmul_rn(__fmul_rn(hr[i], scale), w[i]);
+        if (copy) copy[i] = v;
+        pack_block(v, sc, b, h, sum);
     }
     if (part == 0 && lane == 0) x.inv[r] = ldexpf(1.0f, -sh);
-    warp_release_timed(s + kNormPacked, 1, kNormParts * t, profile, kProfAtNormPacked);
+    warp_release_timed(packed, 1, kNormParts * t, profile, at);
 }
 
 // A pack of rows v [t, k] spread over the grid's warps, a 32-block (an item: row item / (k / 32), block item % (k /
@@ -324,8 +335,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         tail_pack();  // (its pdl_wait, where this warp has done its tail already or there is none)
         if (norm_left) {
             if (tail) warp_wait(s + kOutTiles, o_tiles);
-            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, s, a.t, grid_warp / kNormParts,
-                               grid_warp % kNormParts, a.profile);
+            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, nullptr, s + kNorm1, s + kNormPacked,
+                               a.t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile, kProfAtNormPacked);
         }
         norm_left = false;
     };
@@ -384,8 +395,17 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
                  swiglu_pack();
                  warp_wait(s + kSwigluPacked, a.t * nb);
              },
-             [] {});
+             [&] { warp_release_timed(s + kDownTiles, 1, d_tiles, a.profile, kProfAtDown); });
     swiglu_pack();
+
+    // 5. the next norm (the next layer's input norm, or the output norm), where asked: h += mix_out, packed into the
+    //    norm's rows and copied as floats to next_a, by warps 0..8t-1 once every down tile is stored
+    if (a.next_norm && grid_warp < kNormParts * a.t) {
+        warp_wait(s + kDownTiles, d_tiles);
+        add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, a.x, a.next_a, s + kNorm2,
+                           s + kNextNormPacked, a.t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile,
+                           kProfAtNextNorm);
+    }
 
     // Every warp of the block is past its last wait: the next kernel may launch once every block is here (not
     // before: its blocks could take the SMs this grid's unscheduled blocks need while the scheduled ones spin).
@@ -467,7 +487,7 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
 const char* ffn_profile_name(int slot) {
     static const char* const names[kFfnProfileSlots] = {
         "launches", "span_ns", "warps", "tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns", "norm_packed_at_ns",
-        "gate_up_at_ns", "swiglu_packed_at_ns", "start_min_ns", "end_max_ns"};
+        "gate_up_at_ns", "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns", "start_min_ns", "end_max_ns"};
     return slot >= 0 && slot < kFfnProfileSlots ? names[slot] : "?";
 }
 

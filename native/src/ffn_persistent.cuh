@@ -4,7 +4,8 @@
 // ready, and each pack is spread over the grid's warps instead of one block per row. Every value is computed with
 // the separate launches' arithmetic, in the same order: the same bits. With a tail (out_w set), the launch starts one
 // step earlier, at the mixer's output: its pack and the out projection (ssm_out or attn_output) into mix_in. Opt-in
-// (OPENJET_FFN_PERSISTENT=1 at load: the FFN; 2: with the tail) until measured faster.
+// (OPENJET_FFN_PERSISTENT=1 at load: the FFN; 2: with the tail; 3: with the tail and the next layer's input norm, the
+// output norm after the last layer) until measured faster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +39,10 @@ struct FfnPersistentArgs {
     int* counters = nullptr;      // ffn_persistent_scratch_ints(n_ff) ints of device memory, zero between launches
     int grid_sms = 0;             // the grid sized for at most this many SMs (0: the GPU's; OPENJET_PERSISTENT_SMS
                                   // emulates a smaller GPU: the work is split over fewer blocks, the bits stay)
+    // The next norm (null next_norm: none, the launches after do it): after down, h += mix_out and the norm with these
+    // weights packed into the pack's rows 0.. and copied as floats to next_a [t, n_embd] (null: not copied).
+    const float* next_norm = nullptr;
+    float* next_a = nullptr;
     unsigned long long* profile = nullptr;  // kFfnProfileSlots accumulators (FfnProfile), or null: nothing timed
 };
 
@@ -52,7 +57,9 @@ enum FfnProfile : int {
     kProfAtOutTiles,      // the out projection stored (mix_in complete)
     kProfAtNormPacked,    // the add-norm packed
     kProfAtGateUp,        // every gate / up tile stored (with the swiglu values)
-    kProfAtSwigluPacked,  // the swiglu packed (the down tiles then run to the span's end)
+    kProfAtSwigluPacked,  // the swiglu packed
+    kProfAtDown,          // every down tile stored (mix_out complete)
+    kProfAtNextNorm,      // the next norm packed (where the launch has one)
     kProfStartMin, kProfEndMax,  // the launch in progress (ns; reset by its last block)
     kFfnProfileSlots
 };
@@ -63,9 +70,10 @@ const char* ffn_profile_name(int slot);
 // Zeroes the accumulators (before the first launch that is timed, and on a profile reset).
 cudaError_t ffn_profile_reset(unsigned long long* profile, cudaStream_t stream);
 
-// The launch's counters, flags and per-row values: a fixed part (8 phase counters; per token row, 5 counters and
-// maxima and its add-norm parts' 8 sums of squares) and a flag per 16-row (gate, up) tile pair.
-constexpr int kFfnScratchFixedInts = 8 + 5 * kActRows + kActRows * 8;
+// The launch's counters, flags and per-row values: a fixed part (12 phase counters; per token row, 2 pack maxima and,
+// for each of the two add-norms, 3 counters and maxima and its parts' 8 sums of squares) and a flag per 16-row
+// (gate, up) tile pair.
+constexpr int kFfnScratchFixedInts = 12 + 2 * kActRows + 2 * (3 * kActRows + kActRows * 8);
 __host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) {
     return kFfnScratchFixedInts + (n_ff + 15) / 16;
 }
