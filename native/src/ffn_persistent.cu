@@ -425,7 +425,9 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     if (a.profile && threadIdx.x == 0) {  // every block's start and end are in (atomics before their count)
         __threadfence();
         unsigned long long* p = a.profile;
-        p[kProfSpanNs] += __ldcg(p + kProfEndMax) - __ldcg(p + kProfStartMin);
+        const unsigned long long start = __ldcg(p + kProfStartMin);
+        // (~0: every block started before the previous launch's reset, possible under PDL: no span this time)
+        if (start != ~0ULL) p[kProfSpanNs] += __ldcg(p + kProfEndMax) - start;
         p[kProfLaunches] += 1;
         p[kProfWarps] += static_cast<unsigned long long>(grid_warps);
         p[kProfStartMin] = ~0ULL;

@@ -50,6 +50,8 @@ struct FfnPersistentArgs {
 // on): launches, their spans (first block's start to last block's end, in ns), the warps that ran, and when each
 // phase ended (ns after the launch's first block started, taken by the warp whose release completed it). Where a
 // persistent launch loses time to its phase boundaries, the gaps between those say which (docs/MEGAKERNEL.md).
+// (Approximate where, under PDL, a launch's blocks start before the previous launch's last block has reset the
+// start and end slots: with the profile's events between the kernels, a chain of early starts that long is unlikely.)
 enum FfnProfile : int {
     kProfLaunches, kProfSpanNs, kProfWarps,
     kProfAtTailMax,       // the tail pack's row maxima folded
