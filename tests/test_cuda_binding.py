@@ -351,7 +351,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
 @pytest.mark.parametrize("name, bad, good", [("OPENJET_PREFILL_ATTN", "fast", "chunks"),
                                              ("OPENJET_GDN_CHUNKED", "true", "1"),
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
-                                             ("OPENJET_FFN_PERSISTENT", "4", "3"),
+                                             ("OPENJET_FFN_PERSISTENT", "5", "4"),
                                              ("OPENJET_WEIGHT_LAYOUT", "1", "rows"),
                                              ("OPENJET_PACK_CLUSTER", "on", "2"),
                                              ("OPENJET_ATTN_PREFILL_ROWS", "96", "128"),

@@ -422,12 +422,14 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-@pytest.mark.parametrize("switch, counted, values", [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3"))])
+@pytest.mark.parametrize("switch, counted, values",
+                         [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4"))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
-    arithmetic, 2 from the mixer's output on, 3 also the next norm; the small model's Q4_K_M recipe, Q4_K gate / up,
-    Q4_K or Q6_K down, Q5_K ssm_out and Q4_K attn_output, is what it takes). The counted path
+    arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
+    small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
+    input projections, is what it takes). The counted path
     (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
@@ -461,14 +463,14 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
-    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=3) sized for 1, 46 or
+    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=4) sized for 1, 46 or
     82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take every tile and pack item in turn) gives
     the launches' bits, as the whole grid does (test_decode_experiments_keep_every_bit): decode_sequence_logits on
     the small model against OPENJET_FFN_PERSISTENT=0."""
     from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for persistent in ("0", "3"):
+    for persistent in ("0", "4"):
         monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
         monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
@@ -478,18 +480,18 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
             ran[persistent] = kt.launch_count("ffn_persistent") - before
         finally:
             engine.close()
-    assert ran["0"] == 0 and ran["3"] > 0, f"persistent FFN launches: {ran}"
+    assert ran["0"] == 0 and ran["4"] > 0, f"persistent FFN launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    np.testing.assert_array_equal(out["3"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
+    np.testing.assert_array_equal(out["4"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
 
 
 def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatch):
-    """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=3 with the engine's profile on; engine.profile()'s
+    """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=4 with the engine's profile on; engine.profile()'s
     "persistent_ffn"): one launch per layer and decode step, and the phases end in the order their counters make them
     wait for each other (the tail's maxima, its pack, the out projection, the add-norm pack, gate / up, the swiglu
-    pack, down, the next norm), all within the launches' spans; a reset empties it, and with the profile off nothing
-    is timed."""
-    monkeypatch.setenv("OPENJET_FFN_PERSISTENT", "3")
+    pack, down, the next norm; the next layer's input projections, which the last layer's launch has not, within the
+    spans), all within the launches' spans; a reset empties it, and with the profile off nothing is timed."""
+    monkeypatch.setenv("OPENJET_FFN_PERSISTENT", "4")
     ids = np.random.default_rng(31).integers(0, 4096, 20)
     engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
     try:
@@ -507,6 +509,8 @@ def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatc
                  "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns", "span_ns"]
         times = [p[k] for k in order]
         assert 0 < times[0] and times == sorted(times), p
+        # the input projections: in n_layer - 1 of the n_layer launches a step, each within its launch's span
+        assert 0 < p["next_proj_at_ns"] <= p["span_ns"], p
         assert "persistent_ffn" not in engine.profile(), "a reset leaves the accumulators empty"
         engine.set_profile(False)
         engine.decode(state, ids[15:16])
@@ -522,8 +526,8 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     GGUF's row layout, bit for bit, on the small model (Q4_K, Q5_K, Q6_K and Q8_0 projections, the MTP head):
     decode_sequence_logits (prefill rows, T = 1 and T = 5 steps, drafts), a 300-token prefill in one call (the dense
     path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
-    (its rows gathered from the tiled lm_head) and the persistent FFN (alone, and from the tail to the next norm);
-    under each prefill GEMM. A tiled read ran under "tiles" and none under "rows" (kernels_test.launch_count)."""
+    (its rows gathered from the tiled lm_head) and the persistent FFN (alone, and from the tail to the next layer's
+    input projections); under each prefill GEMM. A tiled read ran under "tiles" and none under "rows" (kernels_test.launch_count)."""
     from openjet_launcher.engine import kernels_test as kt
     if gemm != "default":
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
@@ -535,7 +539,7 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
         monkeypatch.setenv("OPENJET_WEIGHT_LAYOUT", layout)
         before = kt.launch_count("tiled_weights")
         parts = []
-        for persistent in ("0", "1", "3"):
+        for persistent in ("0", "1", "4"):
             monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
             engine = CudaEngine.load(models["small"], n_ctx=512, n_checkpoints=2)
             try:

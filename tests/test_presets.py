@@ -105,7 +105,7 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # Scratch parts engine.cu create_impl gained after those runs, each an arena part of its own even when empty (align_up
 # of its bytes + 16 spare: 256 bytes for the empty and small ones): the persistent FFN's scratch (2026-12-02, fourth
 # session: 4 ints; since 2026-12-03, thirteenth session, its per-row values and pair flags too: ffn_scratch below) and
-# its profile (15 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
+# its profile (16 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
 # and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows).
 PARTS_SINCE_REPORTS = 3 * 256
 

@@ -122,7 +122,8 @@ struct openjet_engine {
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
-    // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm) and its scratch.
+    // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
+    // layer's input projections) and its scratch.
     int ffn_persistent = 0;
     int* ffn_counters = nullptr;
     unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
@@ -518,7 +519,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT"))
-        e.ffn_persistent = (f[0] >= '1' && f[0] <= '3' && !f[1]) ? f[0] - '0' : 0;  // 1, 2 or 3; else off
+        e.ffn_persistent = (f[0] >= '1' && f[0] <= '4' && !f[1]) ? f[0] - '0' : 0;  // 1 to 4; else off
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -759,8 +760,16 @@ GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
 // The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. One step over all t rows (the kernel takes
 // them in sub-steps of 8, the state held on chip between them): it reads conv buffer conv_cur and writes the
 // other; the caller flips conv_cur once all layers ran.
+// Whether a GDN step of t rows projects beta and alpha inside the step (F32 weights, a decode or verify step).
+bool gdn_fuses(const openjet_engine& e, const LayerW& L, int t) {
+    return e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows &&
+           !(e.prefilling && e.gdn_chunk_scratch);
+}
+
 // out_proj false: the mixer's output stays in e.y, unpacked and unprojected (the persistent FFN's tail does both).
-int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true) {
+// in_proj false: the input projections are already in their buffers (the persistent FFN before did them; the
+// caller has checked that this step fuses the beta and alpha projections: gdn_fuses).
+int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, bool in_proj = true) {
     const auto& c = e.cfg;
     // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
     const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
@@ -769,10 +778,11 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true) {
     // two launches fewer per layer, the same bits); a prefill chunk (many sub-steps, where the step's projections
     // would stall each one) or another type takes the GEMV.
     // A prefill with the two-phase chunked GDN never fuses: every prefill row takes the chunked form (gdn_chunked).
-    const bool fused = e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows &&
-                       !(e.prefilling && e.gdn_chunk_scratch);
-    mark(e, "gdn.in_proj");
-    TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
+    const bool fused = gdn_fuses(e, L, t);
+    if (in_proj) {
+        mark(e, "gdn.in_proj");
+        TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
+    }
     if (!fused) {
         TRY(gemv(e, L.beta, t, e.a, b));
         TRY(gemv(e, L.alpha, t, e.a, alpha));
@@ -853,12 +863,15 @@ PrefillAttn prefill_attn(int kv_type) {
 // The attention mixer of layer L for cache rows n_past.. (RoPE positions n_past + rope_offset ..): a -> e.mix;
 // appends k, v to the layer's cache (in sub-steps of 8: each attends to the rows before it; attn_group_rows
 // merges sub-steps into one launch where that keeps every bit).
-int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, bool out_proj = true) {
+int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, bool out_proj = true,
+               bool in_proj = true) {
     // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
     const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
-    phase("attn.in_proj");
-    TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
-    TRY(gemv(e, L.wv, t, e.a, e.big3));
+    if (in_proj) {  // (false: done by the persistent FFN before, as gdn_mixer's)
+        phase("attn.in_proj");
+        TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
+        TRY(gemv(e, L.wv, t, e.a, e.big3));
+    }
     phase("attn.core");
     AttnDecodeArgs a = attn_args(e, L, rope_offset);
     a.work = e.attn_work, a.sm_count = e.sm_count * e.attn_spread;
@@ -972,7 +985,8 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
-    bool normed = false;  // the layer's input norm (or the output norm) done by the persistent FFN before it
+    bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
+    bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
         if (!normed) {
@@ -980,10 +994,11 @@ int trunk(openjet_engine& e, int t) {
             CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t,
                                        c.n_embd, c.rms_eps, e.a, e.x, e.stream));
         }
-        normed = false;
+        const bool in_proj = !projected;
+        normed = projected = false;
         // The persistent FFN (OPENJET_FFN_PERSISTENT, decode steps): with 2, from the mixer's output on (its pack and
         // out projection inside the launch); with 3, also the next layer's input norm (the output norm after the
-        // last layer).
+        // last layer); with 4, also the next layer's input projections.
         FfnPersistentArgs f;
         bool persistent = false;
         if (e.ffn_persistent && !e.prefilling) {
@@ -1000,18 +1015,33 @@ int trunk(openjet_engine& e, int t) {
                 f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = out.d, f.out_type = out.type;
                 one_layout = one_layout && out.tiled == f.tiled;
             }
-            if (e.ffn_persistent == 3) {
+            if (e.ffn_persistent >= 3) {
                 const DevTensor& next = il + 1 < c.n_layer ? e.layers[il + 1].attn_norm : e.out_norm;
                 f.next_norm = static_cast<const float*>(next.d), f.next_a = e.a;
+            }
+            if (e.ffn_persistent == 4 && il + 1 < c.n_layer) {
+                const LayerW& N = e.layers[il + 1];
+                const DevTensor* w[3] = {N.attn ? &N.wq : &N.qkv, N.attn ? &N.wk : &N.gate, N.attn ? &N.wv : nullptr};
+                float* y[3] = {N.attn ? e.big1 : (e.verifying ? gdn_ring(e, N).qkv : e.big1), e.big2, e.big3};
+                bool all_tiled = true;
+                for (int m = 0; m < 3 && w[m]; ++m) {
+                    f.next_w[m] = w[m]->d, f.next_n[m] = static_cast<int>(w[m]->ne1), f.next_type[m] = w[m]->type;
+                    f.next_y[m] = y[m];
+                    all_tiled = all_tiled && w[m]->tiled == f.tiled;
+                }
+                // Only where nothing else of the next layer reads the norm's pack: attention, or a GDN step that
+                // projects beta and alpha itself (from e.a).
+                if (!all_tiled || !(N.attn || gdn_fuses(e, N, t))) f.next_w[0] = nullptr;
             }
             persistent = one_layout && ffn_persistent_takes(f);
         }
         const bool tail = persistent && f.out_w;
-        TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail) : gdn_mixer(e, L, t, !tail));
+        TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         if (persistent) {
-            mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm)
+            mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm; 4, ...)
             CHECK(launch_ffn_persistent(f, e.stream));
             normed = f.next_norm != nullptr;
+            projected = f.next_w[0] != nullptr;
             continue;
         }
         mark(e, "norm");

@@ -22,6 +22,8 @@
 //                                                                                          -> kDownTiles += 1
 //   5. with a next norm only: warps 0..8t-1, the next layer's input norm (or the output norm) as in phase 1, once
 //      every down tile is stored; its rows also copied as floats (the GDN step's fused projections read them)
+//                                                                                          -> kNextNormPacked += 1
+//   6. with the next layer's input projections only: every team, their tiles, waiting until the norm is packed
 // A warp's part of phase 0 (1, 3) runs inside the wait of its first out (gate / up, down) tile, after that tile's
 // first weight copies, or after the loop where it has no such tile: weights before flags for the packs too.
 // Launch: a grid no larger than the GPU holds at once (the occupancy API's blocks per SM x SMs), through
@@ -54,6 +56,7 @@ constexpr int kTailPacked = 5;                // the tail's 32-blocks packed
 constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kOutRows)
 constexpr int kDownTiles = 7;                 // down tiles stored (mix_out complete at n_embd / 16)
 constexpr int kNextNormPacked = 8;            // the next norm's parts packed (phase 5)
+constexpr int kNextTiles = 9;                 // the next layer's input projection tiles stored (phase 6)
 constexpr int kSwigluMax = 12;                         // [kActRows]: the swiglu row's max |v|, as the bits of a float
 constexpr int kTailMax = kSwigluMax + kActRows;        // [kActRows]: the tail row's max |y|, likewise
 // An add-norm's row scratch (add_norm_pack_part): per token row, its parts whose sum of squares is written, its
@@ -70,6 +73,15 @@ constexpr int kPairs = kNorm2 + kNormScratch;  // [n_ff / 16]: tiles of a (gate,
 __host__ __device__ inline int tail_row0(int n_ff, int k_out) {
     const int past = (2 * kActRows * n_ff + k_out - 1) / k_out;
     return (past + 31) / 32 * 32;
+}
+
+// ffn_next_pack_row0 (ffn_persistent.cuh): past the tail's rows (or the swiglu rows), in rows of n_embd.
+__host__ __device__ inline int next_row0(const FfnPersistentArgs& a) {
+    if (!a.next_w[0]) return 0;
+    const long long end = a.out_w ? static_cast<long long>(tail_row0(a.n_ff, a.k_out) + kActRows) * a.k_out
+                                  : 2LL * kActRows * a.n_ff;  // halves
+    const long long past = (end + a.n_embd - 1) / a.n_embd;
+    return static_cast<int>((past + 31) / 32 * 32);
 }
 
 // The out projection's tiles are half tiles (8 rows, gemv_tile_warp's same bits): Q5_K's 16-row tile already takes
@@ -399,12 +411,36 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     swiglu_pack();
 
     // 5. the next norm (the next layer's input norm, or the output norm), where asked: h += mix_out, packed into the
-    //    norm's rows and copied as floats to next_a, by warps 0..8t-1 once every down tile is stored
+    //    norm's rows (rows of its own where phase 6 follows: next_row0) and copied as floats to next_a, by warps
+    //    0..8t-1 once every down tile is stored
+    const ActPack xn = a.x.from_row(next_row0(a), a.n_embd);
     if (a.next_norm && grid_warp < kNormParts * a.t) {
         warp_wait(s + kDownTiles, d_tiles);
-        add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, a.x, a.next_a, s + kNorm2,
+        add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, xn, a.next_a, s + kNorm2,
                            s + kNextNormPacked, a.t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile,
                            kProfAtNextNorm);
+    }
+
+    // 6. the next layer's input projections, where asked: every team, tiles of the (up to three) matrices in turn,
+    //    waiting (after their first weight copies) until the next norm is packed
+    if (a.next_w[0]) {
+        // (selects, not indexing: a dynamic index into the parameter arrays put them on the stack)
+        const int t0 = a.next_n[0] / kOutRows, t1 = a.next_w[1] ? a.next_n[1] / kOutRows : 0;
+        const int all = t0 + t1 + (a.next_w[2] ? a.next_n[2] / kOutRows : 0);
+        for (int i = team_id; i < all; i += n_teams) {
+            const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
+            const void* w = m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2];
+            const int n = m == 0 ? a.next_n[0] : m == 1 ? a.next_n[1] : a.next_n[2];
+            float* y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
+            const int type = m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2];
+            const auto next_tile = [&](auto qt) {  // half tiles, as the tail's (registers)
+                tile(qt, std::integral_constant<int, kOutRows>{}, w, n, a.n_embd, r * kOutRows, xn, y,
+                     [&] { warp_wait(s + kNextNormPacked, kNormParts * a.t); },
+                     [&] { warp_release_timed(s + kNextTiles, 1, all, a.profile, kProfAtNextProj); });
+            };
+            if (type == kQ6_K) next_tile(std::integral_constant<int, kQ6_K>{});
+            else next_tile(std::integral_constant<int, kQ4_K>{});
+        }
     }
 
     // Every warp of the block is past its last wait: the next kernel may launch once every block is here (not
@@ -489,7 +525,8 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
 const char* ffn_profile_name(int slot) {
     static const char* const names[kFfnProfileSlots] = {
         "launches", "span_ns", "warps", "tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns", "norm_packed_at_ns",
-        "gate_up_at_ns", "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns", "start_min_ns", "end_max_ns"};
+        "gate_up_at_ns", "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns", "next_proj_at_ns", "start_min_ns",
+        "end_max_ns"};
     return slot >= 0 && slot < kFfnProfileSlots ? names[slot] : "?";
 }
 
@@ -498,11 +535,19 @@ cudaError_t ffn_profile_reset(unsigned long long* profile, cudaStream_t stream) 
     return cudaMemsetAsync(profile + kProfStartMin, 0xff, sizeof(unsigned long long), stream);  // ~0: no start yet
 }
 
+int ffn_next_pack_row0(const FfnPersistentArgs& a) { return next_row0(a); }
+
 bool ffn_persistent_takes(const FfnPersistentArgs& a) {
+    bool next_ok = !a.next_w[0] || (a.next_norm != nullptr && a.x.rows >= next_row0(a) + kActRows);
+    for (int m = 0; m < kFfnNextProjections && a.next_w[0]; ++m)
+        next_ok = next_ok && (!a.next_w[m] || ((a.next_type[m] == kQ4_K || a.next_type[m] == kQ6_K) &&
+                                               a.next_n[m] > 0 && a.next_n[m] % kOutRows == 0 && a.next_y[m] &&
+                                               (m == 0 || a.next_w[m - 1])));
     return a.gu_type == kQ4_K && (a.down_type == kQ4_K || a.down_type == kQ6_K) && a.t >= 1 && a.t <= kActRows &&
            a.x.rows >= 2 * kActRows && a.n_embd % kGemvUnit == 0 && a.n_ff % kGemvUnit == 0 && a.n_ff >= a.n_embd &&
            (!a.out_w || ((a.out_type == kQ4_K || a.out_type == kQ5_K) && a.y_in && a.k_out >= kGemvUnit &&
-                         a.k_out % kGemvUnit == 0 && a.x.rows >= tail_row0(a.n_ff, a.k_out) + kActRows));
+                         a.k_out % kGemvUnit == 0 && a.x.rows >= tail_row0(a.n_ff, a.k_out) + kActRows)) &&
+           next_ok;
 }
 
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream) {

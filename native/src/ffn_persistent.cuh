@@ -5,7 +5,7 @@
 // the separate launches' arithmetic, in the same order: the same bits. With a tail (out_w set), the launch starts one
 // step earlier, at the mixer's output: its pack and the out projection (ssm_out or attn_output) into mix_in. Opt-in
 // (OPENJET_FFN_PERSISTENT=1 at load: the FFN; 2: with the tail; 3: with the tail and the next layer's input norm, the
-// output norm after the last layer) until measured faster.
+// output norm after the last layer; 4: also the next layer's input projections) until measured faster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,6 +43,14 @@ struct FfnPersistentArgs {
     // weights packed into the pack's rows 0.. and copied as floats to next_a [t, n_embd] (null: not copied).
     const float* next_norm = nullptr;
     float* next_a = nullptr;
+    // The next layer's input projections (with a next norm; null next_w[0]: none): after the next norm, up to
+    // kFfnNextProjections GEMVs reading its pack (then in rows of its own, next_pack_row0): next_w[i] [next_n[i],
+    // n_embd], of type next_type[i] (Q4_K or Q6_K), into next_y[i] [t, next_n[i]]. The GDN layer's qkv and z; the
+    // attention layer's q (with its gate), k and v.
+    const void* next_w[3] = {};
+    int next_n[3] = {};
+    int next_type[3] = {-1, -1, -1};
+    float* next_y[3] = {};
     unsigned long long* profile = nullptr;  // kFfnProfileSlots accumulators (FfnProfile), or null: nothing timed
 };
 
@@ -62,6 +70,7 @@ enum FfnProfile : int {
     kProfAtSwigluPacked,  // the swiglu packed
     kProfAtDown,          // every down tile stored (mix_out complete)
     kProfAtNextNorm,      // the next norm packed (where the launch has one)
+    kProfAtNextProj,      // the next layer's input projections stored (where the launch has them)
     kProfStartMin, kProfEndMax,  // the launch in progress (ns; reset by its last block)
     kFfnProfileSlots
 };
@@ -79,6 +88,13 @@ constexpr int kFfnScratchFixedInts = 12 + 2 * kActRows + 2 * (3 * kActRows + kAc
 __host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) {
     return kFfnScratchFixedInts + (n_ff + 15) / 16;
 }
+
+constexpr int kFfnNextProjections = 3;
+
+// Where the next norm's pack rows start when the launch also runs the next layer's input projections (in rows of
+// n_embd): past every byte of the rows phases 0-4 use, on a 32-row boundary (no 128-byte line shared with rows an
+// SM read earlier in the launch through its L1); 0 otherwise (the lm_head or the next launches read rows 0..).
+int ffn_next_pack_row0(const FfnPersistentArgs& a);
 
 // Whether the kernel is built for these weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K down, a
 // Q4_K or Q5_K tail), the pack holds its row ranges and the shapes fit; otherwise the caller takes the separate

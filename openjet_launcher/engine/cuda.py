@@ -102,7 +102,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_STATE_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_state_tensor_cores (1: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
-    "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3"),         # engine.cu, ffn_persistent (decode; read at load)
+    "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (1: default; read once)
 }
