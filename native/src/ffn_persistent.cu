@@ -287,8 +287,8 @@ template <int QG, int QD, int kTeams> size_t smem_bytes() {
 
 template <int QG, int QD, int kTeams>
 __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_kernel(const FfnPersistentArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    if constexpr (kTeams > 2) return;  // launch_types
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || __CUDA_ARCH__ >= 1200)
+    if constexpr (kTeams > 2) return;  // launch_types: only the 227 KB SMs of sm_90 / sm_100 hold four teams
 #endif
     constexpr int kWarps = kTeams * kGemvWarps;
     extern __shared__ uint4 smem[];
@@ -507,15 +507,16 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
 }
 
 // Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120). The
-// four-team kernel is compiled empty for the architectures below sm_90 (ptxVersion says what its code was built
-// for), where it could never be launched and where 128 registers would spill.
+// four-team kernel is compiled empty for the architectures of 100 KB SMs, below sm_90 and from sm_120 on (ptxVersion
+// says what its code was built for), where it could never be launched and where 128 registers spilled.
 template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, cudaStream_t stream) {
     int optin = 0;
     static cudaFuncAttributes attr{};  // the 4-team kernel's static shared memory, asked once
     static const cudaError_t asked = cudaFuncGetAttributes(&attr, ffn_persistent_kernel<QG, QD, 4>);
     if (asked != cudaSuccess) return asked;
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
-    if (attr.ptxVersion >= 90 && attr.sharedSizeBytes + smem_bytes<QG, QD, 4>() <= static_cast<size_t>(optin))
+    if (attr.ptxVersion >= 90 && attr.ptxVersion < 120 &&
+        attr.sharedSizeBytes + smem_bytes<QG, QD, 4>() <= static_cast<size_t>(optin))
         return launch_teams<QG, QD, 4>(a, stream);
     return launch_teams<QG, QD, 2>(a, stream);
 }
