@@ -31,6 +31,11 @@ OPENJET_API const char* openjet_test_last_error(void);
 OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps, uint16_t* xh,
                                       uint16_t* xsum, float* xinv);
 
+/* The persistent FFN's pack rows (ffn_persistent.cuh), host-side arithmetic only: rows[0] = where the tail's pack
+ * rows start, in rows of k_out (k_out 0: no tail, -1); rows[1] = where the next norm's pack rows start when the launch
+ * also runs the next layer's input projections (next_proj != 0), in rows of n_embd (else 0). */
+OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int k_out, int next_proj, int* rows);
+
 /* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
 OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
 

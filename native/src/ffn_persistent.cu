@@ -75,13 +75,15 @@ __host__ __device__ inline int tail_row0(int n_ff, int k_out) {
     return (past + 31) / 32 * 32;
 }
 
-// ffn_next_pack_row0 (ffn_persistent.cuh): past the tail's rows (or the swiglu rows), in rows of n_embd.
+// ffn_next_pack_row0 (ffn_persistent.cuh): past the tail's rows (or the swiglu rows), in rows of n_embd: past their
+// bytes, and past their row indices too (inv is indexed by row whatever the width: a width smaller than the tail's
+// could otherwise put both groups' inv entries on the same rows).
 __host__ __device__ inline int next_row0(const FfnPersistentArgs& a) {
     if (!a.next_w[0]) return 0;
-    const long long end = a.out_w ? static_cast<long long>(tail_row0(a.n_ff, a.k_out) + kActRows) * a.k_out
-                                  : 2LL * kActRows * a.n_ff;  // halves
+    const int rows_end = a.out_w ? tail_row0(a.n_ff, a.k_out) + kActRows : 2 * kActRows;
+    const long long end = a.out_w ? static_cast<long long>(rows_end) * a.k_out : 2LL * kActRows * a.n_ff;  // halves
     const long long past = (end + a.n_embd - 1) / a.n_embd;
-    return static_cast<int>((past + 31) / 32 * 32);
+    return static_cast<int>(((past > rows_end ? past : rows_end) + 31) / 32 * 32);
 }
 
 // The out projection's tiles are half tiles (8 rows, gemv_tile_warp's same bits): Q5_K's 16-row tile already takes
@@ -537,6 +539,8 @@ cudaError_t ffn_profile_reset(unsigned long long* profile, cudaStream_t stream) 
 }
 
 int ffn_next_pack_row0(const FfnPersistentArgs& a) { return next_row0(a); }
+
+int ffn_tail_pack_row0(const FfnPersistentArgs& a) { return a.out_w ? tail_row0(a.n_ff, a.k_out) : -1; }
 
 bool ffn_persistent_takes(const FfnPersistentArgs& a) {
     bool next_ok = !a.next_w[0] || (a.next_norm != nullptr && a.x.rows >= next_row0(a) + kActRows);

@@ -96,6 +96,9 @@ constexpr int kFfnNextProjections = 3;
 // SM read earlier in the launch through its L1); 0 otherwise (the lm_head or the next launches read rows 0..).
 int ffn_next_pack_row0(const FfnPersistentArgs& a);
 
+// Where the tail's pack rows start (in rows of k_out; -1 without a tail): past every byte of the swiglu rows.
+int ffn_tail_pack_row0(const FfnPersistentArgs& a);
+
 // Whether the kernel is built for these weight types (the Q4_K_M recipe's: Q4_K gate / up, Q4_K or Q6_K down, a
 // Q4_K or Q5_K tail), the pack holds its row ranges and the shapes fit; otherwise the caller takes the separate
 // launches.

@@ -14,6 +14,7 @@
 #include "kquant.cuh"
 #include "openjet_test.h"
 #include "dense_gemm.cuh"
+#include "ffn_persistent.cuh"
 #include "launch_count.h"
 #include "prefill_gemm.cuh"
 #include "act_pack.cuh"
@@ -335,6 +336,21 @@ extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,
                     static_cast<int>(Counted::kCount) - 1);
     *out = launch_count(static_cast<Counted>(what));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int k_out, int next_proj, int* rows) {
+    if (!rows || n_embd < kActUnit || n_ff < kActUnit || k_out < 0 || n_embd % kActUnit || n_ff % kActUnit ||
+        k_out % kActUnit)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "ffn_pack_rows: n_embd = %d, n_ff = %d, k_out = %d: multiples of %d "
+                    "(k_out 0: no tail), or rows is null", n_embd, n_ff, k_out, kActUnit);
+    static const char weights = 0;  // only whether a tail and next projections exist matters here
+    FfnPersistentArgs a;
+    a.n_embd = n_embd, a.n_ff = n_ff, a.k_out = k_out;
+    if (k_out) a.out_w = &weights;
+    if (next_proj) a.next_w[0] = &weights;
+    rows[0] = ffn_tail_pack_row0(a);
+    rows[1] = ffn_next_pack_row0(a);
     return OPENJET_OK;
 }
 

@@ -64,6 +64,7 @@ def _lib() -> ctypes.CDLL:
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
         "launch_count": [_I, _P],
+        "ffn_pack_rows": [_I, _I, _I, _I, _P],
     })
 
 
@@ -261,6 +262,16 @@ DENSE_MIN_ROWS = 256
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8}
+
+
+def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
+    """The persistent FFN's pack rows (openjet_test_ffn_pack_rows; host arithmetic, no GPU needed): where the tail's
+    rows start in rows of k_out (-1: k_out 0, no tail) and where the next norm's rows start in rows of n_embd (0
+    without the next layer's input projections)."""
+    lib = _lib()
+    rows = (ctypes.c_int * 2)()
+    _check(lib, lib.openjet_test_ffn_pack_rows(n_embd, n_ff, k_out, int(next_proj), rows), "ffn_pack_rows")
+    return rows[0], rows[1]
 
 
 def launch_count(path: str) -> int:
