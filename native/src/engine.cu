@@ -978,6 +978,51 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
     return OPENJET_OK;
 }
 
+// Layer il's persistent FFN launch for a decode step of t rows (OPENJET_FFN_PERSISTENT): with 2, from the mixer's
+// output on (its pack and out projection inside the launch); with 3, also the next layer's input norm (the output
+// norm after the last layer); with 4, also the next layer's input projections. False where it is off, a prefill, or
+// the layer's weights are not what the kernel takes: the separate launches then.
+bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentArgs* out) {
+    if (!e.ffn_persistent || e.prefilling) return false;
+    const auto& c = e.cfg;
+    const LayerW& L = e.layers[il];
+    FfnPersistentArgs f;
+    f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
+    f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
+    f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
+    f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
+    f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
+    f.grid_sms = e.persistent_sms;
+    if (e.prof.on) f.profile = e.ffn_profile;
+    bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
+    if (e.ffn_persistent >= 2) {
+        const DevTensor& w = L.attn ? L.wo : L.ssm_out;
+        f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = w.d, f.out_type = w.type;
+        one_layout = one_layout && w.tiled == f.tiled;
+    }
+    if (e.ffn_persistent >= 3) {
+        const DevTensor& w = il + 1 < c.n_layer ? e.layers[il + 1].attn_norm : e.out_norm;
+        f.next_norm = static_cast<const float*>(w.d), f.next_a = e.a;
+    }
+    // The next layer's input projections, where nothing else of that layer reads the norm's pack: attention, or a
+    // GDN step that projects beta and alpha itself (from e.a).
+    if (e.ffn_persistent == 4 && il + 1 < c.n_layer) {
+        const LayerW& N = e.layers[il + 1];
+        const DevTensor* w[kFfnNextProjections] = {N.attn ? &N.wq : &N.qkv, N.attn ? &N.wk : &N.gate,
+                                                   N.attn ? &N.wv : nullptr};
+        float* y[kFfnNextProjections] = {N.attn || !e.verifying ? e.big1 : gdn_ring(e, N).qkv, e.big2, e.big3};
+        bool same_layout = true;
+        for (int m = 0; m < kFfnNextProjections && w[m]; ++m) same_layout = same_layout && w[m]->tiled == f.tiled;
+        if (same_layout && (N.attn || gdn_fuses(e, N, t)))
+            for (int m = 0; m < kFfnNextProjections && w[m]; ++m) {
+                f.next_w[m] = w[m]->d, f.next_n[m] = static_cast<int>(w[m]->ne1), f.next_type[m] = w[m]->type;
+                f.next_y[m] = y[m];
+            }
+    }
+    *out = f;
+    return one_layout && ffn_persistent_takes(f);
+}
+
 // The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
 // in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
 // sub-steps of 8 (GDN's inside one launch), and every row gets the bits it gets in a decode step of 1..8 rows.
@@ -996,45 +1041,8 @@ int trunk(openjet_engine& e, int t) {
         }
         const bool in_proj = !projected;
         normed = projected = false;
-        // The persistent FFN (OPENJET_FFN_PERSISTENT, decode steps): with 2, from the mixer's output on (its pack and
-        // out projection inside the launch); with 3, also the next layer's input norm (the output norm after the
-        // last layer); with 4, also the next layer's input projections.
         FfnPersistentArgs f;
-        bool persistent = false;
-        if (e.ffn_persistent && !e.prefilling) {
-            f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
-            f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
-            f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
-            f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
-            f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
-            f.grid_sms = e.persistent_sms;
-            if (e.prof.on) f.profile = e.ffn_profile;
-            bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
-            if (e.ffn_persistent >= 2) {
-                const DevTensor& out = L.attn ? L.wo : L.ssm_out;
-                f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = out.d, f.out_type = out.type;
-                one_layout = one_layout && out.tiled == f.tiled;
-            }
-            if (e.ffn_persistent >= 3) {
-                const DevTensor& next = il + 1 < c.n_layer ? e.layers[il + 1].attn_norm : e.out_norm;
-                f.next_norm = static_cast<const float*>(next.d), f.next_a = e.a;
-            }
-            if (e.ffn_persistent == 4 && il + 1 < c.n_layer) {
-                const LayerW& N = e.layers[il + 1];
-                const DevTensor* w[3] = {N.attn ? &N.wq : &N.qkv, N.attn ? &N.wk : &N.gate, N.attn ? &N.wv : nullptr};
-                float* y[3] = {N.attn ? e.big1 : (e.verifying ? gdn_ring(e, N).qkv : e.big1), e.big2, e.big3};
-                bool all_tiled = true;
-                for (int m = 0; m < 3 && w[m]; ++m) {
-                    f.next_w[m] = w[m]->d, f.next_n[m] = static_cast<int>(w[m]->ne1), f.next_type[m] = w[m]->type;
-                    f.next_y[m] = y[m];
-                    all_tiled = all_tiled && w[m]->tiled == f.tiled;
-                }
-                // Only where nothing else of the next layer reads the norm's pack: attention, or a GDN step that
-                // projects beta and alpha itself (from e.a).
-                if (!all_tiled || !(N.attn || gdn_fuses(e, N, t))) f.next_w[0] = nullptr;
-            }
-            persistent = one_layout && ffn_persistent_takes(f);
-        }
+        const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         if (persistent) {

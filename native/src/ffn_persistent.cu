@@ -53,7 +53,7 @@ constexpr int kSwigluPacked = 2;              // swiglu 32-blocks packed (t n_ff
 constexpr int kBlocksDone = 3;                // blocks finished: the last one zeroes the scratch for the next launch
 constexpr int kTailMaxDone = 4;               // the tail's 32-blocks whose max |y| is folded in
 constexpr int kTailPacked = 5;                // the tail's 32-blocks packed
-constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kOutRows)
+constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kHalfRows)
 constexpr int kDownTiles = 7;                 // down tiles stored (mix_out complete at n_embd / 16)
 constexpr int kNextNormPacked = 8;            // the next norm's parts packed (phase 5)
 constexpr int kNextTiles = 9;                 // the next layer's input projection tiles stored (phase 6)
@@ -70,9 +70,10 @@ constexpr int kPairs = kNorm2 + kNormScratch;  // [n_ff / 16]: tiles of a (gate,
 // and on a 32-row boundary, so that its values, sums and inv entries share no 128-byte line with theirs. Phase 0's
 // tiles read the tail's rows through the SM's L1 (__ldg), and phase 3 writes the swiglu rows that phase 4 reads the
 // same way: a shared line could be stale in an SM's L1 by then (L1s are not coherent within a launch).
+__host__ __device__ constexpr long long round_up32(long long rows) { return (rows + 31) / 32 * 32; }
+
 __host__ __device__ inline int tail_row0(int n_ff, int k_out) {
-    const int past = (2 * kActRows * n_ff + k_out - 1) / k_out;
-    return (past + 31) / 32 * 32;
+    return static_cast<int>(round_up32((2LL * kActRows * n_ff + k_out - 1) / k_out));
 }
 
 // ffn_next_pack_row0 (ffn_persistent.cuh): past the tail's rows (or the swiglu rows), in rows of n_embd: past their
@@ -83,25 +84,18 @@ __host__ __device__ inline int next_row0(const FfnPersistentArgs& a) {
     const int rows_end = a.out_w ? tail_row0(a.n_ff, a.k_out) + kActRows : 2 * kActRows;
     const long long end = a.out_w ? static_cast<long long>(rows_end) * a.k_out : 2LL * kActRows * a.n_ff;  // halves
     const long long past = (end + a.n_embd - 1) / a.n_embd;
-    return static_cast<int>(((past > rows_end ? past : rows_end) + 31) / 32 * 32);
+    return static_cast<int>(round_up32(past > rows_end ? past : rows_end));
 }
 
-// The out projection's tiles are half tiles (8 rows, gemv_tile_warp's same bits): Q5_K's 16-row tile already takes
-// 128 registers in the decode GEMV and spilled here.
-constexpr int kOutRows = 8;
+// The out and the next input projections' tiles are half tiles (8 rows, gemv_tile_warp's same bits): with a third
+// tile type in the kernel, 16-row tiles (Q5_K's takes 128 registers in the decode GEMV alone) spilled here.
+constexpr int kHalfRows = 8;
 static_assert(kPairs == kFfnScratchFixedInts, "ffn_persistent.cuh's count of the fixed part");
 
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-
-// The warp's stores so far are published with counter += add (lane 0 adds).
-__device__ __forceinline__ void warp_release(int* counter, int add) {
-    __threadfence();
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) atomicAdd(counter, add);
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -126,11 +120,11 @@ __device__ __forceinline__ void warp_wait(const int* counter, int target) {
     __syncwarp();
 }
 
-// warp_release that also, where `at` is set (the profile) and this release completes the phase (the counter reaches
-// `target`), adds the time since the launch's first block started to *at: when each phase ended, summed over
-// launches. Outside the tiles' pipelines: only at pack and tile-store releases.
-__device__ __forceinline__ void warp_release_timed(int* counter, int add, int target, unsigned long long* profile,
-                                                   int at) {
+// The warp's stores so far are published with counter += add (lane 0 adds). Where `profile` is set and this release
+// completes its phase (the counter reaches `target`), the time since the launch's first block started is added to
+// profile[at]: when each phase ended, summed over launches (taken at releases only, outside the tiles' pipelines).
+__device__ __forceinline__ void warp_release(int* counter, int add, int target = 0,
+                                             unsigned long long* profile = nullptr, int at = 0) {
     __threadfence();
     __syncwarp();
     if ((threadIdx.x & 31) == 0) {
@@ -174,7 +168,7 @@ __device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* delt
     float sq = 0.0f;
 #pragma unroll 4
     for (int i = kActBlock * part + lane; i < k; i += kRowThreads) {
-        const float v = __fadd_rn(hr[i], __ldcg(dr + i));  // delta: written in this launch (mix_in with a tail, mix_out)
+        const float v = __fadd_rn(hr[i], __ldcg(dr + i));  // delta: written in this launch (a tail's mix_in, mix_out)
         hr[i] = v;
         sq = __fmaf_rn(v, v, sq);
     }
@@ -210,7 +204,7 @@ __device__ __noinline__ void add_norm_pack_part(float* h_rows, const float* delt
         pack_block(v, sc, b, h, sum);
     }
     if (part == 0 && lane == 0) x.inv[r] = ldexpf(1.0f, -sh);
-    warp_release_timed(packed, 1, kNormParts * t, profile, at);
+    warp_release(packed, 1, kNormParts * t, profile, at);
 }
 
 // A pack of rows v [t, k] spread over the grid's warps, a 32-block (an item: row item / (k / 32), block item % (k /
@@ -225,7 +219,7 @@ __device__ __noinline__ int fold_items(const float* v, int t, int k, int* row_ma
         const float m = warp_max(fmaxf(0.0f, fabsf(__ldcg(v + static_cast<long long>(item) * kActBlock + lane))));
         if (lane == 0) fold_max(row_max + item / nb, m);
     }
-    if (items) warp_release_timed(done, items, t * nb, profile, at);
+    if (items) warp_release(done, items, t * nb, profile, at);
     return items;
 }
 
@@ -240,7 +234,7 @@ __device__ __noinline__ int pack_items(const float* v, int t, int k, const int* 
                    p.h + static_cast<long long>(r) * k, p.sum + static_cast<long long>(r) * nb * 2);
         if (b == 0 && lane == 0) p.inv[r] = ldexpf(1.0f, -sh);
     }
-    if (items) warp_release_timed(done, items, t * nb, profile, at);
+    if (items) warp_release(done, items, t * nb, profile, at);
     return items;
 }
 
@@ -278,7 +272,7 @@ __device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, 
 template <int QG, int QD> __host__ __device__ constexpr int warp_words() {
     constexpr int ffn = MmaShape<QG>::kWarpWords > MmaShape<QD>::kWarpWords ? MmaShape<QG>::kWarpWords
                                                                            : MmaShape<QD>::kWarpWords;
-    constexpr int tail = MmaShape<kQ5_K, kOutRows>::kWarpWords;
+    constexpr int tail = MmaShape<kQ5_K, kHalfRows>::kWarpWords;
     return ffn > tail ? ffn : tail;
 }
 
@@ -329,7 +323,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     // 0. the tail: the mixer's output pack, a 32-block per warp at a time in two steps over the same blocks (each
     //    block's max |y| folded into its row's, then, once every block's is, the pack), then the out projection
     const bool tail = a.out_w != nullptr;
-    const int o_tiles = (a.n_embd + kOutRows - 1) / kOutRows, nb_y = a.k_out / kActBlock;
+    const int o_tiles = (a.n_embd + kHalfRows - 1) / kHalfRows, nb_y = a.k_out / kActBlock;
     const ActPack xy = a.x.from_row(tail ? tail_row0(a.n_ff, a.k_out) : 0, a.k_out);
     bool tail_left = tail;
     const auto tail_pack = [&] {
@@ -370,13 +364,13 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     //    ssm_out, Q4_K for attn_output)
     for (int i = tail ? team_id : o_tiles; i < o_tiles; i += n_teams) {
         const auto out_tile = [&](auto qt) {
-            tile(qt, std::integral_constant<int, kOutRows>{}, a.out_w, a.n_embd, a.k_out, i * kOutRows, xy,
+            tile(qt, std::integral_constant<int, kHalfRows>{}, a.out_w, a.n_embd, a.k_out, i * kHalfRows, xy,
                  a.mix_in,
                  [&] {
                      tail_pack();
                      warp_wait(s + kTailPacked, a.t * nb_y);
                  },
-                 [&] { warp_release_timed(s + kOutTiles, 1, o_tiles, a.profile, kProfAtOutTiles); });
+                 [&] { warp_release(s + kOutTiles, 1, o_tiles, a.profile, kProfAtOutTiles); });
         };
         if (a.out_type == kQ5_K) out_tile(std::integral_constant<int, kQ5_K>{});
         else out_tile(std::integral_constant<int, kQ4_K>{});
@@ -395,7 +389,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
              },
              [&] {
                  swiglu_pair(a, s, row0);
-                 warp_release_timed(s + kGateUpTiles, 1, 2 * g_tiles, a.profile, kProfAtGateUp);
+                 warp_release(s + kGateUpTiles, 1, 2 * g_tiles, a.profile, kProfAtGateUp);
              });
     }
     norm_pack();
@@ -409,7 +403,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
                  swiglu_pack();
                  warp_wait(s + kSwigluPacked, a.t * nb);
              },
-             [&] { warp_release_timed(s + kDownTiles, 1, d_tiles, a.profile, kProfAtDown); });
+             [&] { warp_release(s + kDownTiles, 1, d_tiles, a.profile, kProfAtDown); });
     swiglu_pack();
 
     // 5. the next norm (the next layer's input norm, or the output norm), where asked: h += mix_out, packed into the
@@ -427,8 +421,8 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
     //    waiting (after their first weight copies) until the next norm is packed
     if (a.next_w[0]) {
         // (selects, not indexing: a dynamic index into the parameter arrays put them on the stack)
-        const int t0 = a.next_n[0] / kOutRows, t1 = a.next_w[1] ? a.next_n[1] / kOutRows : 0;
-        const int all = t0 + t1 + (a.next_w[2] ? a.next_n[2] / kOutRows : 0);
+        const int t0 = a.next_n[0] / kHalfRows, t1 = a.next_w[1] ? a.next_n[1] / kHalfRows : 0;
+        const int all = t0 + t1 + (a.next_w[2] ? a.next_n[2] / kHalfRows : 0);
         for (int i = team_id; i < all; i += n_teams) {
             const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
             const void* w = m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2];
@@ -436,9 +430,9 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
             float* y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
             const int type = m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2];
             const auto next_tile = [&](auto qt) {  // half tiles, as the tail's (registers)
-                tile(qt, std::integral_constant<int, kOutRows>{}, w, n, a.n_embd, r * kOutRows, xn, y,
+                tile(qt, std::integral_constant<int, kHalfRows>{}, w, n, a.n_embd, r * kHalfRows, xn, y,
                      [&] { warp_wait(s + kNextNormPacked, kNormParts * a.t); },
-                     [&] { warp_release_timed(s + kNextTiles, 1, all, a.profile, kProfAtNextProj); });
+                     [&] { warp_release(s + kNextTiles, 1, all, a.profile, kProfAtNextProj); });
             };
             if (type == kQ6_K) next_tile(std::integral_constant<int, kQ6_K>{});
             else next_tile(std::integral_constant<int, kQ4_K>{});
@@ -546,7 +540,7 @@ bool ffn_persistent_takes(const FfnPersistentArgs& a) {
     bool next_ok = !a.next_w[0] || (a.next_norm != nullptr && a.x.rows >= next_row0(a) + kActRows);
     for (int m = 0; m < kFfnNextProjections && a.next_w[0]; ++m)
         next_ok = next_ok && (!a.next_w[m] || ((a.next_type[m] == kQ4_K || a.next_type[m] == kQ6_K) &&
-                                               a.next_n[m] > 0 && a.next_n[m] % kOutRows == 0 && a.next_y[m] &&
+                                               a.next_n[m] > 0 && a.next_n[m] % kHalfRows == 0 && a.next_y[m] &&
                                                (m == 0 || a.next_w[m - 1])));
     return a.gu_type == kQ4_K && (a.down_type == kQ4_K || a.down_type == kQ6_K) && a.t >= 1 && a.t <= kActRows &&
            a.x.rows >= 2 * kActRows && a.n_embd % kGemvUnit == 0 && a.n_ff % kGemvUnit == 0 && a.n_ff >= a.n_embd &&

@@ -14,6 +14,8 @@
 
 namespace openjet {
 
+constexpr int kFfnNextProjections = 3;  // the next layer's input projections a launch may run (attention's q, k, v)
+
 struct FfnPersistentArgs {
     int t = 0;                    // token rows, 1..kActRows
     int n_embd = 0, n_ff = 0;     // model width, FFN width (multiples of 256)
@@ -44,13 +46,13 @@ struct FfnPersistentArgs {
     const float* next_norm = nullptr;
     float* next_a = nullptr;
     // The next layer's input projections (with a next norm; null next_w[0]: none): after the next norm, up to
-    // kFfnNextProjections GEMVs reading its pack (then in rows of its own, next_pack_row0): next_w[i] [next_n[i],
+    // kFfnNextProjections GEMVs reading its pack (then in rows of its own, ffn_next_pack_row0): next_w[i] [next_n[i],
     // n_embd], of type next_type[i] (Q4_K or Q6_K), into next_y[i] [t, next_n[i]]. The GDN layer's qkv and z; the
     // attention layer's q (with its gate), k and v.
-    const void* next_w[3] = {};
-    int next_n[3] = {};
-    int next_type[3] = {-1, -1, -1};
-    float* next_y[3] = {};
+    const void* next_w[kFfnNextProjections] = {};
+    int next_n[kFfnNextProjections] = {};
+    int next_type[kFfnNextProjections] = {-1, -1, -1};
+    float* next_y[kFfnNextProjections] = {};
     unsigned long long* profile = nullptr;  // kFfnProfileSlots accumulators (FfnProfile), or null: nothing timed
 };
 
@@ -88,8 +90,6 @@ constexpr int kFfnScratchFixedInts = 12 + 2 * kActRows + 2 * (3 * kActRows + kAc
 __host__ __device__ constexpr int ffn_persistent_scratch_ints(int n_ff) {
     return kFfnScratchFixedInts + (n_ff + 15) / 16;
 }
-
-constexpr int kFfnNextProjections = 3;
 
 // Where the next norm's pack rows start when the launch also runs the next layer's input projections (in rows of
 // n_embd): past every byte of the rows phases 0-4 use, on a 32-row boundary (no 128-byte line shared with rows an
