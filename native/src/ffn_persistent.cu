@@ -494,7 +494,11 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
-    const int tiles = std::max(2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows);
+    int next_tiles = 0;  // the largest phase's tiles, a team each at most
+    for (int m = 0; m < kFfnNextProjections && a.next_w[0]; ++m)
+        next_tiles += a.next_w[m] ? a.next_n[m] / kHalfRows : 0;
+    const int tiles = std::max({2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows,
+                                a.out_w ? a.n_embd / kHalfRows : 0, next_tiles});
     const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
     const int least = (kNormParts * a.t + kTeams * kGemvWarps - 1) / (kTeams * kGemvWarps);  // phase 1's warps
     const int blocks = std::max(least, std::min(grid_sms * per_sm, (tiles + kTeams - 1) / kTeams));
