@@ -1,4 +1,5 @@
-"""Where the persistent FFN puts its pack rows (ffn_persistent.cuh; no GPU needed: host arithmetic of the library).
+"""Where the persistent FFN puts its pack rows, and what it allocates (ffn_persistent.cuh; no GPU needed: host
+arithmetic of the library).
 
 The kernel writes pack rows in one launch that other SMs read later in the same launch through their L1 (`__ldg`), and
 L1s are not coherent within a launch (docs/MEGAKERNEL.md, step 2): each row group it writes after another group was
@@ -15,7 +16,8 @@ from openjet_launcher.engine import kernels_test as kt
 from openjet_launcher.engine import native
 from openjet_launcher.engine.cuda import PREFILL_ROWS
 from openjet_launcher.errors import OpenJetError
-from openjet_launcher.model.synth import PRESETS
+from openjet_launcher.launcher.memory import V1_FFN_PROFILE_SLOTS, memory_model
+from openjet_launcher.model.shape import PRESETS
 
 ROWS = 8     # kActRows: a row group (a decode step's token rows)
 LINE = 128   # bytes of an L1 line
@@ -77,6 +79,16 @@ def test_every_level_fits_the_default_pack(name, n_embd, n_ff, k_out):
     assert (tail_row0 + ROWS) * k_out <= PREFILL_ROWS * widest and tail_row0 + ROWS <= PREFILL_ROWS, name
     assert (next_row0 + ROWS) * n_embd <= PREFILL_ROWS * widest and next_row0 + ROWS <= PREFILL_ROWS, name
     assert tail_row0 % 32 == 0 and next_row0 % 32 == 0, "32-row boundaries: inv entries on lines of their own"
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_launchers_memory_plan_holds_what_the_engine_allocates_for_it(preset):
+    """launcher/memory.py's arena parts for the persistent FFN (its counters and flags, its profile) against the
+    library's own sizes (ffn_persistent.cuh), from which engine.cu allocates them."""
+    ints, slots = kt.ffn_scratch(PRESETS[preset].n_ff)
+    mm = memory_model(PRESETS[preset])
+    assert mm.ffn_persistent_scratch_bytes == 4 * ints
+    assert V1_FFN_PROFILE_SLOTS == slots
 
 
 def test_without_a_tail_or_next_projections_nothing_moves():

@@ -105,16 +105,15 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # Scratch parts engine.cu create_impl gained after those runs, each an arena part of its own even when empty (align_up
 # of its bytes + 16 spare: 256 bytes for the empty and small ones): the persistent FFN's scratch (2026-12-02, fourth
 # session: 4 ints; since 2026-12-03, thirteenth session, its per-row values and pair flags too: ffn_scratch below) and
-# its profile (16 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
+# its profile (14 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
 # and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows).
 PARTS_SINCE_REPORTS = 3 * 256
 
 
 def ffn_scratch(mm) -> int:
-    """The persistent FFN's arena part: 204 ints (12 phase counters; per token row of 8, 2 pack maxima and for each of
-    its two add-norms 3 counters and maxima and 8 parts' sums of squares) and one per 16-row tile pair of n_ff
-    (ffn_persistent.cu's layout, counted by hand)."""
-    return v1_align(4 * (12 + 2 * 8 + 2 * (3 * 8 + 8 * 8) + mm.shape.n_ff // 16))
+    """The persistent FFN's arena part as the plan sizes it (its counters, flags and per-row values: checked against
+    the library's own size in tests/test_ffn_persistent_layout.py)."""
+    return v1_align(mm.ffn_persistent_scratch_bytes)
 
 
 @pytest.mark.parametrize("shape, n_ctx, kv, weights, kv_bytes, state, ckpt, scratch", ENGINE_REPORTS)

@@ -36,6 +36,10 @@ OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float*
  * also runs the next layer's input projections (next_proj != 0), in rows of n_embd (else 0). */
 OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int k_out, int next_proj, int* rows);
 
+/* What the engine allocates for the persistent FFN at FFN width n_ff: *ints counters and flags
+ * (ffn_persistent_scratch_ints) and *profile_slots 8-byte profile accumulators (kFfnProfileSlots). */
+OPENJET_API int openjet_test_ffn_scratch(int n_ff, int* ints, int* profile_slots);
+
 /* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
 OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
 

@@ -354,6 +354,15 @@ extern "C" OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int 
     return OPENJET_OK;
 }
 
+extern "C" OPENJET_API int openjet_test_ffn_scratch(int n_ff, int* ints, int* profile_slots) {
+    if (!ints || !profile_slots || n_ff < kActUnit || n_ff % kActUnit)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "ffn_scratch: n_ff = %d (a multiple of %d), or a null pointer", n_ff,
+                    kActUnit);
+    *ints = ffn_persistent_scratch_ints(n_ff);
+    *profile_slots = kFfnProfileSlots;
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, int k, int t, int tiled,
                                                           int copies, int reps, int runs, float* us_out) {
     if (int s = check_t(t)) return s;

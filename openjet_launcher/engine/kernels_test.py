@@ -65,6 +65,7 @@ def _lib() -> ctypes.CDLL:
         "dense_gemm_available": [],
         "launch_count": [_I, _P],
         "ffn_pack_rows": [_I, _I, _I, _I, _P],
+        "ffn_scratch": [_I, _P, _P],
     })
 
 
@@ -272,6 +273,15 @@ def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[
     rows = (ctypes.c_int * 2)()
     _check(lib, lib.openjet_test_ffn_pack_rows(n_embd, n_ff, k_out, int(next_proj), rows), "ffn_pack_rows")
     return rows[0], rows[1]
+
+
+def ffn_scratch(n_ff: int) -> tuple[int, int]:
+    """What the engine allocates for the persistent FFN (openjet_test_ffn_scratch; host arithmetic): its ints of
+    counters and flags at FFN width n_ff, and its 8-byte profile slots."""
+    lib = _lib()
+    ints, slots = ctypes.c_int(0), ctypes.c_int(0)
+    _check(lib, lib.openjet_test_ffn_scratch(n_ff, ctypes.byref(ints), ctypes.byref(slots)), "ffn_scratch")
+    return ints.value, slots.value
 
 
 def launch_count(path: str) -> int:

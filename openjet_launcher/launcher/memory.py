@@ -50,7 +50,7 @@ V1_ATTN_HEAD_DIM = 256    # kAttnHeadDim
 V1_TOPK_CHUNK = 4096      # topk.cu's logits per pass-1 block
 V1_TOPK_MAX = 32          # kTopKMax
 V1_FFN_SCRATCH_FIXED = 204  # ffn_persistent.cuh kFfnScratchFixedInts (then an int per 16 rows of n_ff)
-V1_FFN_PROFILE_SLOTS = 16   # ffn_persistent.cuh kFfnProfileSlots (8-byte accumulators)
+V1_FFN_PROFILE_SLOTS = 14   # ffn_persistent.cuh kFfnProfileSlots (8-byte accumulators)
 V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GDN
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
