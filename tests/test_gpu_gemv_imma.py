@@ -14,6 +14,7 @@ import pytest
 from gpu_report import report
 
 from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.errors import OpenJetError
 from openjet_launcher.model.quants import dequantize, quantize
 
 pytestmark = pytest.mark.gpu
@@ -81,6 +82,25 @@ def test_integer_gemv_rows_do_not_depend_on_t_or_stages(qtype):
         np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x, stages), singles, err_msg=f"stages {stages}")
     for t in (1, 5, 8):  # a grid of the blocks the GPU holds, each streaming several tiles
         np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t], 3, persistent=True), singles[:t])
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_integer_gemv_reads_the_tile_layout_with_the_row_layouts_bits(qtype):
+    """W in the tile layout (weight_layout.cuh: a 16-row group's pieces of a unit contiguous; Q6_K's at 212 bytes)
+    gives the row layout's bits, at T = 1, 4, 8, one block per tile and a persistent grid; and a matrix with no
+    tile layout (n % 16 != 0) is refused, not read wrong."""
+    rng = np.random.default_rng(5)
+    n, k = 8992, 2048  # 562 tiles: more than an H200 holds blocks (528)
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    x = random_x(rng, 8, k)
+    for t in (1, 4, 8):
+        rows = kt.gemv_imma(Q[qtype], raw, x[:t])
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t], tiled=True), rows, err_msg=f"T={t}")
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t], 3, persistent=True, tiled=True), rows,
+                                      err_msg=f"T={t}, persistent")
+    odd = quantize(rng.standard_normal((40, k), dtype=np.float32), Q[qtype])
+    with pytest.raises(OpenJetError, match="no tile layout for qtype .* n 40"):
+        kt.gemv_imma(Q[qtype], odd, x[:1], tiled=True)
 
 
 def test_integer_gemv_extreme_activations():

@@ -3,6 +3,7 @@
 GB/s of weight bytes against the copy bandwidth of the same run, and the decode-step mix of these types. Prints JSON.
 
     OPENJET_PDL=0 OPENJET_LIBRARY=/tmp/b/native/libopenjet.so python3 native/bench/bench_gemv_imma.py > imma.json
+    ... bench_gemv_imma.py --tiled  # and every variant again with the weights in the tile layout (weight_layout.cuh)
 
 (OPENJET_PDL=0: the integer kernel launches without programmatic dependent launch; under PDL the fp16 GEMV's
 back-to-back copies of one small-grid call overlap, which the engine's step never does: NOTES_gemv.md.)
@@ -29,6 +30,8 @@ from openjet_launcher.engine import kernels_test as kt  # noqa: E402
 TS = (1, 4, 8)
 STAGES = (3, 4)
 PERSISTENT_STAGES = (3, 4, 6)  # "p": a grid of the blocks the GPU holds, each streaming tiles
+# "-tiled": the same call on the weights in the tile layout (every decode shape of these types has n % 16 == 0)
+LAYOUTS = (("", False),) + ((("-tiled", True),) if "--tiled" in sys.argv[1:] else ())
 
 
 def timed(fn, copies: int) -> float:
@@ -49,13 +52,15 @@ def main() -> None:
         copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
         r = {"n": n, "k": k, "type": qtype, "count": count, "weight_bytes": nbytes, "us": {}}
         for t in TS:
-            r["us"][f"fp16-t{t}"] = timed(lambda c, reps, runs: kt.bench_gemv(qt, w, k, t, c, reps, runs), copies)
-            for st in STAGES:
-                r["us"][f"imma{st}-t{t}"] = timed(
-                    lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, st), copies)
-            for st in PERSISTENT_STAGES:
-                r["us"][f"imma{st}p-t{t}"] = timed(
-                    lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, st, True), copies)
+            for lay, tiled in LAYOUTS:
+                r["us"][f"fp16{lay}-t{t}"] = timed(
+                    lambda c, reps, runs: kt.bench_gemv(qt, w, k, t, c, reps, runs, tiled), copies)
+                for st in STAGES:
+                    r["us"][f"imma{st}{lay}-t{t}"] = timed(
+                        lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, st, False, tiled), copies)
+                for st in PERSISTENT_STAGES:
+                    r["us"][f"imma{st}p{lay}-t{t}"] = timed(
+                        lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, st, True, tiled), copies)
         r["pct_copy"] = {key: 100.0 * nbytes / (us * 1e-6) / 1e9 / copy_gbs for key, us in r["us"].items()}
         rows.append(r)
         print(f"{qtype} {k:>6}->{n:<6} x{count:<3} " + " ".join(
@@ -68,10 +73,12 @@ def main() -> None:
         step[key] = {"us": us, "pct_copy": 100.0 * total / (us * 1e-6) / 1e9 / copy_gbs}
     best = {}
     for t in TS:  # per shape the best depth
-        us = sum(min(r["us"][f"imma{st}-t{t}"] for st in STAGES) * r["count"] for r in rows)
-        usp = sum(min(r["us"][f"imma{st}p-t{t}"] for st in PERSISTENT_STAGES) * r["count"] for r in rows)
-        best[t] = {"us": us, "pct_copy": 100.0 * total / (us * 1e-6) / 1e9 / copy_gbs,
-                   "persistent_us": usp, "persistent_pct_copy": 100.0 * total / (usp * 1e-6) / 1e9 / copy_gbs}
+        for lay, _ in LAYOUTS:
+            us = sum(min(r["us"][f"imma{st}{lay}-t{t}"] for st in STAGES) * r["count"] for r in rows)
+            usp = sum(min(r["us"][f"imma{st}p{lay}-t{t}"] for st in PERSISTENT_STAGES) * r["count"] for r in rows)
+            best[f"{t}{lay}"] = {"us": us, "pct_copy": 100.0 * total / (us * 1e-6) / 1e9 / copy_gbs,
+                                 "persistent_us": usp,
+                                 "persistent_pct_copy": 100.0 * total / (usp * 1e-6) / 1e9 / copy_gbs}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     json.dump({"bench": "gemv-imma", "commit": commit, "copy_gbs": copy_gbs, "mix_weight_bytes": total,

@@ -93,12 +93,13 @@ OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, 
 
 /* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q6_K W,
  * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6); persistent:
- * a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits). */
+ * a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits); tiled: W moved into the
+ * tile layout on the device first (n % 16 == 0; the same bits). */
 OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t, int stages,
-                                       int persistent, float* y);
+                                       int persistent, int tiled, float* y);
 /* Its timing, as openjet_test_bench_gemv's. */
 OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages, int persistent,
-                                             int copies, int reps, int runs, float* us_out);
+                                             int tiled, int copies, int reps, int runs, float* us_out);
 
 /* Device-to-device cudaMemcpy of `bytes`, `reps` times per run: gbps_out[i] = (read + written bytes) / s. */
 OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);

@@ -19,6 +19,7 @@
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "kquant.cuh"
+#include "weight_layout.cuh"
 
 namespace openjet {
 namespace {
@@ -277,7 +278,7 @@ template <int QT, int NS> constexpr int imma_min_blocks() { return QT == kQ6_K |
 template <int QT, int NS, int kStages>
 __global__ void __launch_bounds__(kImmaWarps * 32, imma_min_blocks<QT, NS>())
 gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPackI p, int t,
-                 float* __restrict__ y) {
+                 float* __restrict__ y, bool tiled) {
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
     __shared__ float part[2][kImmaWarps][32][2 * NS];  // two: a tile's sums are read while the next tile's land
@@ -286,16 +287,20 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
     const int u0 = nu * warp / kImmaWarps, nuw = nu * (warp + 1) / kImmaWarps - u0;
     const int my_tiles = (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
     const int steps = my_tiles * nuw;  // this warp's units, tile after tile
-    const uintptr_t w0 = reinterpret_cast<uintptr_t>(w) + u0 * S::kUnitBytes;
-    const long long tile_bytes = kMmaRows * row_bytes;
+    // Either layout (weight_layout.cuh): a tile's unit u at w + tile * tile_bytes + u * unit_step, its rows row_step
+    // apart (the tile layout: a 16-row group's pieces of a unit contiguous, tile_pitch bytes each).
+    const WeightSteps step(row_bytes, S::kUnitBytes, tiled, 0);
+    const long long row_step = step.row, unit_step = step.unit;
+    const long long tile_bytes = tiled ? nu * unit_step : kMmaRows * row_bytes;
+    const uintptr_t w0 = reinterpret_cast<uintptr_t>(w) + u0 * unit_step;
     // Rows past n are never copied: TileCopy's plan is per tile's row count, so the last tile gets its own.
-    const TileCopy<QT> copy_full(row_bytes, kMmaRows, 0, lane), copy_last(row_bytes, n - (tiles - 1) * kMmaRows, 0, lane);
+    const TileCopy<QT> copy_full(row_step, kMmaRows, 0, lane), copy_last(row_step, n - (tiles - 1) * kMmaRows, 0, lane);
     uint4* wsm = smem + warp * kStages * S::kStageWords;
     // The copy pointer of step `is`, kept incrementally: (tile index, unit within the quarter).
     int issue_tile = blockIdx.x, issue_u = 0;
     auto issue = [&](int is) {
         if (is < steps) {
-            const uintptr_t a = w0 + issue_tile * tile_bytes + issue_u * S::kUnitBytes;
+            const uintptr_t a = w0 + issue_tile * tile_bytes + issue_u * unit_step;
             uint4* dst = wsm + is % kStages * S::kStageWords;
             if (issue_tile == tiles - 1) copy_last.issue(a, dst, lane);  // two call sites: no object in local memory
             else copy_full.issue(a, dst, lane);
@@ -322,8 +327,8 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
             cp_async_wait<kStages - 2>();
             __syncwarp();
             const uint8_t* r[2];
-            const uintptr_t a = w0 + tile * tile_bytes + uq * S::kUnitBytes;
-            tile_unit_rows<QT>(wsm + is % kStages * S::kStageWords, a, row_bytes, g, r);
+            const uintptr_t a = w0 + tile * tile_bytes + uq * unit_step;
+            tile_unit_rows<QT>(wsm + is % kStages * S::kStageWords, a, row_step, g, r);
             UnitImma<QT, NS>::run(r, x, p, u0 + uq, k, tq, acc);
 #pragma unroll
             for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
@@ -354,7 +359,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
 
 template <int QT, int NS, int kStages>
 cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
-                          bool persistent) {
+                          bool persistent, bool tiled) {
     const long long row_bytes = row_bytes_of<QT>(k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     const int smem = kImmaWarps * kStages * MmaShape<QT>::kStageWords * 16 + 16;
@@ -369,27 +374,27 @@ cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int
     }
     const int tiles = (n + kMmaRows - 1) / kMmaRows;
     const int grid = persistent ? std::min(tiles, resident) : tiles;
-    kern<<<grid, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y);
+    kern<<<grid, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y, tiled);
     return cudaGetLastError();
 }
 
 template <int QT, int NS>
 cudaError_t launch_ns(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
-                      int stages, bool persistent) {
+                      int stages, bool persistent, bool tiled) {
     switch (stages) {
-        case 2: return launch_stages<QT, NS, 2>(w, n, k, p, t, y, stream, persistent);
-        case 3: return launch_stages<QT, NS, 3>(w, n, k, p, t, y, stream, persistent);
-        case 4: return launch_stages<QT, NS, 4>(w, n, k, p, t, y, stream, persistent);
-        case 6: return launch_stages<QT, NS, 6>(w, n, k, p, t, y, stream, persistent);
+        case 2: return launch_stages<QT, NS, 2>(w, n, k, p, t, y, stream, persistent, tiled);
+        case 3: return launch_stages<QT, NS, 3>(w, n, k, p, t, y, stream, persistent, tiled);
+        case 4: return launch_stages<QT, NS, 4>(w, n, k, p, t, y, stream, persistent, tiled);
+        case 6: return launch_stages<QT, NS, 6>(w, n, k, p, t, y, stream, persistent, tiled);
         default: return cudaErrorInvalidValue;
     }
 }
 
 template <int QT>
 cudaError_t launch_type(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
-                        int stages, bool persistent) {
-    return t <= 4 ? launch_ns<QT, 1>(w, n, k, p, t, y, stream, stages, persistent)
-                  : launch_ns<QT, 2>(w, n, k, p, t, y, stream, stages, persistent);
+                        int stages, bool persistent, bool tiled) {
+    return t <= 4 ? launch_ns<QT, 1>(w, n, k, p, t, y, stream, stages, persistent, tiled)
+                  : launch_ns<QT, 2>(w, n, k, p, t, y, stream, stages, persistent, tiled);
 }
 
 }  // namespace
@@ -404,15 +409,15 @@ cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p
 bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
 
 cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
-                             cudaStream_t stream, int stages, bool persistent) {
+                             cudaStream_t stream, int stages, bool persistent, bool tiled) {
     if (!w || !y || n < 1 || k < kGemvUnit || k % kGemvUnit || t < 1 || t > kImmaMaxT || t > x.rows ||
-        reinterpret_cast<uintptr_t>(w) % 16)
+        reinterpret_cast<uintptr_t>(w) % 16 || (tiled && !tile_layout_fits(qtype, n, k)))
         return cudaErrorInvalidValue;
     if (stages == 0) stages = kImmaStagesDefault;
     const auto* wb = static_cast<const uint8_t*>(w);
     switch (qtype) {
-        case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages, persistent);
-        case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages, persistent);
+        case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages, persistent, tiled);
+        case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages, persistent, tiled);
         default: return cudaErrorInvalidValue;
     }
 }

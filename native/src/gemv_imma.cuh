@@ -53,8 +53,9 @@ bool gemv_imma_supports(int qtype);
 
 // y [t, n] = W x for k-quant W (GGUF blocks, rows 16-byte aligned, readable 16 bytes past the end), t <= 8.
 // stages: cp.async depth per warp (2, 3, 4, 6; 0: the default); persistent: as many blocks as the GPU holds at once,
-// each streaming several tiles (the same bits).
+// each streaming several tiles (the same bits); tiled: W in the tile layout (weight_layout.cuh; n % 16 == 0), the
+// same bits.
 cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
-                             cudaStream_t stream, int stages = 0, bool persistent = false);
+                             cudaStream_t stream, int stages = 0, bool persistent = false, bool tiled = false);
 
 }  // namespace openjet

@@ -150,6 +150,17 @@ cudaError_t upload_weights(DevBuf& dw, const void* w, size_t wb, int qtype, int 
     return cudaDeviceSynchronize();
 }
 
+// The benchmarks' weight copies (rotated through, to exceed L2), each in the tile layout when asked (one row-layout
+// buffer moved into each).
+cudaError_t upload_copies_in_layout(std::vector<DevBuf>& dw, const void* w, int qtype, int n, int k, bool tiled) {
+    if (!tiled) return upload_copies(dw, w, weight_bytes(qtype, n, k));
+    DevBuf rows;
+    if (cudaError_t e = rows.upload(w, weight_bytes(qtype, n, k))) return e;
+    for (auto& b : dw)
+        if (cudaError_t e = tile_copy(b, rows, qtype, n, k)) return e;
+    return cudaDeviceSynchronize();
+}
+
 // Shared body of the GEMV entry points: x (float; packed on the device) or a pack given by the host; tiled: W moved
 // into the tile layout first.
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
@@ -372,14 +383,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
-    if (tiled) {  // every copy in the tile layout (one row-layout buffer moved into each)
-        DevBuf rows;
-        CHECK(rows.upload(w, weight_bytes(qtype, n, k)));
-        for (auto& b : dw) CHECK(tile_copy(b, rows, qtype, n, k));
-        CHECK(cudaDeviceSynchronize());
-    } else {
-        CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
-    }
+    CHECK(upload_copies_in_layout(dw, w, qtype, n, k, tiled != 0));
     DevBuf dx, dy;
     DevPack p;
     CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));  // packed once below
@@ -460,30 +464,35 @@ int check_imma(int qtype, int n, int k, int t, int stages) {
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
-                                                  int stages, int persistent, float* y) {
+                                                  int stages, int persistent, int tiled, float* y) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
+    if (tiled)
+        if (int s = check_tiled("gemv_imma", qtype, n, k)) return s;
     if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma: null pointer");
     DevBuf dw, dx, dy;
     DevPackI p;
-    CHECK(dw.upload(w, weight_bytes(qtype, n, k)));
+    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, tiled != 0));
     CHECK(dx.upload(x, sizeof(float) * t * k));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     CHECK(p.alloc(t, k));
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
-    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent != 0));
+    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent != 0, tiled != 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
-                                                        int persistent, int copies, int reps, int runs, float* us_out) {
+                                                        int persistent, int tiled, int copies, int reps, int runs,
+                                                        float* us_out) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
+    if (tiled)
+        if (int s = check_tiled("bench_gemv_imma", qtype, n, k)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
-    CHECK(upload_copies(dw, w, weight_bytes(qtype, n, k)));
+    CHECK(upload_copies_in_layout(dw, w, qtype, n, k, tiled != 0));
     DevBuf dx, dy;
     DevPackI p;
     CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));
@@ -492,7 +501,8 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
-        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages, persistent != 0);
+        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages, persistent != 0,
+                                tiled != 0);
     };
     if (cudaError_t e = time_graph_replays("launch_gemv_imma", copies, reps, runs, us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());

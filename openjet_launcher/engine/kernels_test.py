@@ -313,30 +313,33 @@ IMMA_QTYPES = (12, 14)  # Q4_K, Q6_K
 
 def _lib_imma() -> ctypes.CDLL:
     return _bind("integer GEMV test API", {
-        "gemv_imma": [_I, _P, _I, _I, _P, _I, _I, _I, _P],
-        "bench_gemv_imma": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _P],
+        "gemv_imma": [_I, _P, _I, _I, _P, _I, _I, _I, _I, _P],
+        "bench_gemv_imma": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
     })
 
 
-def gemv_imma(qtype: int, w, x, stages: int = 0, persistent: bool = False) -> np.ndarray:
+def gemv_imma(qtype: int, w, x, stages: int = 0, persistent: bool = False, tiled: bool = False) -> np.ndarray:
     """y [t, n] = W x on the integer tensor cores (native/src/gemv_imma.cuh: x as int16 per 256-block in two int8
-    digits), t = 1..8; stages: its cp.async depth (0: default); persistent: a grid of the blocks the GPU holds."""
+    digits), t = 1..8; stages: its cp.async depth (0: default); persistent: a grid of the blocks the GPU holds;
+    tiled: W moved into the tile layout on the device first (weight_layout.cuh; n % 16 == 0)."""
     lib = _lib_imma()
     x = _f32(x, 2)
     t, k = x.shape
     raw, n = _weights(qtype, w, k)
     y = np.empty((t, n), np.float32)
-    _check(lib, lib.openjet_test_gemv_imma(qtype, _ptr(raw), n, k, _ptr(x), t, stages, int(persistent), _ptr(y)), "gemv_imma")
+    _check(lib, lib.openjet_test_gemv_imma(qtype, _ptr(raw), n, k, _ptr(x), t, stages, int(persistent), int(tiled),
+                                           _ptr(y)), "gemv_imma")
     return y
 
 
 def bench_gemv_imma(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int, stages: int = 0,
-                    persistent: bool = False) -> list[float]:
-    """Microseconds per integer GEMV call, one figure per run (as bench_gemv)."""
+                    persistent: bool = False, tiled: bool = False) -> list[float]:
+    """Microseconds per integer GEMV call, one figure per run (as bench_gemv; tiled: the weights in the tile
+    layout)."""
     lib = _lib_imma()
     raw, n = _weights(qtype, w, k)
     us = np.empty(runs, np.float32)
-    _check(lib, lib.openjet_test_bench_gemv_imma(qtype, _ptr(raw), n, k, t, stages, int(persistent), copies, reps, runs,
-                                                          _ptr(us)),
+    _check(lib, lib.openjet_test_bench_gemv_imma(qtype, _ptr(raw), n, k, t, stages, int(persistent), int(tiled), copies,
+                                                 reps, runs, _ptr(us)),
            "bench_gemv_imma")
     return [float(v) for v in us]
