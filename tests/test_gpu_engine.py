@@ -99,11 +99,29 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
             "ref_logit_std": float(r.std())}
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def use_gemv(gemv: str, monkeypatch) -> int:
+    """Set the decode GEMV for engines loaded next: "fp16" (the default) or "int" (OPENJET_GEMV_INT=1: Q4_K and Q6_K
+    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change); returns its launch count so far."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    monkeypatch.setenv("OPENJET_GEMV_INT", "1" if gemv == "int" else "0")
+    return kt.launch_count("gemv_int")
+
+
+def assert_gemv_ran(gemv: str, before: int) -> None:
+    """The integer GEMV ran under "int" and never under "fp16" (launch_count: no silent fallback)."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    ran = kt.launch_count("gemv_int") - before
+    assert (ran > 0) == (gemv == "int"), f"{gemv}: {ran} integer GEMV launches"
+
+
+@pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type):
+def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type, gemv, monkeypatch):
     ref, ids, ref_logits, ref_hidden = reference_run(models[preset], preset)
     ids, ref_logits, ref_hidden = ids[:N_POS], ref_logits[:N_POS], ref_hidden[:N_POS]
+    before = use_gemv(gemv, monkeypatch)
     engine = CudaEngine.load(models[preset], n_ctx=N_POS + 64, kv_type=kv_type)
     try:
         got1, hid1 = gpu_logits(engine, ids, 1)
@@ -114,12 +132,13 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
         same = np.array_equal(got1, got4)
         diff = float(np.abs(got1 - got4).max())
         rows_differing = int((got1 != got4).any(-1).sum())
-        report(test="teacher_forced", preset=preset, kv_type=kv_type, t1=m1, t4=m4, hidden_rel_l2=hidden_rel,
+        report(test="teacher_forced", preset=preset, kv_type=kv_type, gemv=gemv, t1=m1, t4=m4, hidden_rel_l2=hidden_rel,
                pos0_logits_rel_l2=first_rel, hidden_t4_bit_identical=bool(np.array_equal(hid1, hid4)),
                t4_bit_identical=same,
                t4_max_abs_diff=diff, t4_rows_differing=rows_differing, memory=engine.memory())
     finally:
         engine.close()
+    assert_gemv_ran(gemv, before)
     assert np.isfinite(got1).all() and np.isfinite(got4).all()
     assert same, f"T=4 rows differ from T=1 rows at {rows_differing} positions (max |diff| {diff})"
     assert m1["mean_kl"] <= KL_BAR, m1
@@ -1109,15 +1128,18 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
     np.testing.assert_array_equal(resumed, fresh)
 
 
-@pytest.mark.parametrize("which", ["tiny", "small", "demo"])
-def test_greedy_ids_are_identical_for_every_draft_count(models, which):
+@pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
+                                         ("demo", "int")])
+def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
-    reject nearly every draft (the rollback path); the demo model's head is trained (the accept path)."""
+    reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
+    the integer decode GEMV (OPENJET_GEMV_INT=1)."""
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 
     path = DEMO if which == "demo" else models[which]
+    before = use_gemv(gemv, monkeypatch)
     engine = CudaEngine.load(path, n_ctx=512, n_checkpoints=2)
     engine.native_verify = True
     n_vocab = engine.config.shape.n_vocab
@@ -1135,8 +1157,9 @@ def test_greedy_ids_are_identical_for_every_draft_count(models, which):
             runs[n_draft], accepted[n_draft] = ids, acc
     finally:
         engine.close()
-    report(test="greedy_across_n_draft", model=which, tokens=4 * 128, accepted=accepted,
+    report(test="greedy_across_n_draft", model=which, gemv=gemv, tokens=4 * 128, accepted=accepted,
            identical=all(runs[n] == runs[0] for n in runs))
+    assert_gemv_ran(gemv, before)
     for n in range(1, 8):
         assert runs[n] == runs[0], f"n_draft={n}"
     if which == "demo":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpu_report import report
+from test_gpu_gemv import pack_act_numpy, unpack_act
 
 from openjet_launcher.engine import kernels_test as kt
 from openjet_launcher.errors import OpenJetError
@@ -101,6 +102,30 @@ def test_integer_gemv_reads_the_tile_layout_with_the_row_layouts_bits(qtype):
     odd = quantize(rng.standard_normal((40, k), dtype=np.float32), Q[qtype])
     with pytest.raises(OpenJetError, match="no tile layout for qtype .* n 40"):
         kt.gemv_imma(Q[qtype], odd, x[:1], tiled=True)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_engines_integer_gemv_reads_the_fp16_pack(qtype):
+    """OPENJET_GEMV_INT's path (gemv.cu launch_imma): x packed as the fp16 GEMV's pack (act_pack.cuh), the integer
+    pack made from its fp16 values h, a persistent grid. Against numpy's emulation of both roundings (the pack's
+    fp16, then the integer blocks of h, times the row's 1/s); a row of an 8-row call equals its 1-row call bit for
+    bit; the tile layout gives the row layout's bits."""
+    rng = np.random.default_rng(6)
+    for n, k in ((130, 2304), (5120, 17408)):
+        raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+        w = dequantize(raw, Q[qtype]).astype(np.float64)
+        x = random_x(rng, 8, k)
+        xh, _, xinv = pack_act_numpy(x)
+        h = unpack_act(xh, np.ones_like(xinv)).astype(np.float32)  # the pack's fp16 values, exact
+        xq = quantise_x_numpy(h) * xinv.astype(np.float64)[:, None]
+        y = kt.gemv_imma_from_pack(Q[qtype], raw, x)
+        err = rel(y, (w @ xq.T).T, (np.abs(w) @ np.abs(xq).T).T)
+        report(test="gemv_imma_from_pack", qtype=qtype, n=n, k=k, err_vs_emulated=err)
+        assert err < 2e-6, f"{qtype} {n}x{k}: {err:.2e} of |W| @ |x| against the emulated roundings"
+        singles = np.concatenate([kt.gemv_imma_from_pack(Q[qtype], raw, x[i:i + 1]) for i in range(8)])
+        np.testing.assert_array_equal(y, singles)
+        if n % 16 == 0:
+            np.testing.assert_array_equal(kt.gemv_imma_from_pack(Q[qtype], raw, x, tiled=True), y)
 
 
 def test_integer_gemv_extreme_activations():

@@ -106,8 +106,9 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # of its bytes + 16 spare: 256 bytes for the empty and small ones): the persistent FFN's scratch (2026-12-02, fourth
 # session: 4 ints; since 2026-12-03, thirteenth session, its per-row values and pair flags too: ffn_scratch below) and
 # its profile (14 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
-# and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows).
-PARTS_SINCE_REPORTS = 3 * 256
+# and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows), the integer
+# decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1).
+PARTS_SINCE_REPORTS = 4 * 256
 
 
 def ffn_scratch(mm) -> int:
@@ -133,9 +134,9 @@ def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engin
     q8_0 KV, 2,048-row prefill chunks, the dense prefill GEMM and the chunked GDN's scratch (then under
     OPENJET_GDN_CHUNKED=2, now the default): the engine reported 1,063,178,240 bytes of scratch, 147,980,288 more than
     without the GDN's (the -attn128 run beside it). The persistent FFN's part has grown since, from 256 bytes, and its
-    profile's part (256) was added."""
+    profile's part (256) and the integer GEMV's empty pack part (256) were added."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=132, n_checkpoints=4, dense_prefill=True)
-    assert a.scratch_bytes == 1063178240 - 256 + ffn_scratch(MM) + 256
+    assert a.scratch_bytes == 1063178240 - 256 + ffn_scratch(MM) + 256 + 256
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
 
 

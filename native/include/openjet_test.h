@@ -97,6 +97,10 @@ OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, 
  * tile layout on the device first (n % 16 == 0; the same bits). */
 OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t, int stages,
                                        int persistent, int tiled, float* y);
+/* The same as the engine runs it under OPENJET_GEMV_INT: x packed as the fp16 GEMV's pack (openjet_test_pack_act),
+ * the integer pack made from that (launch_pack_act_imma_from_half), a persistent grid at 3 stages. */
+OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
+                                                 int tiled, float* y);
 /* Its timing, as openjet_test_bench_gemv's. */
 OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages, int persistent,
                                              int tiled, int copies, int reps, int runs, float* us_out);

@@ -45,7 +45,7 @@ cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, f
                             cudaStream_t stream) {
     if (!x || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     if (t <= OPENJET_ENGINE_MAX_T) {
-        if (!norm_w) {  // OPENJET_PACK_CLUSTER=2: on clusters, the same bits (elementwise.cuh)
+        if (!norm_w) {  // on clusters by default (OPENJET_PACK_CLUSTER), the same bits (elementwise.cuh)
             const cudaError_t e = launch_pack_act_cluster(x, t, k, p, stream);
             if (e != cudaErrorNotSupported) return e;
         }

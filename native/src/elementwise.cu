@@ -1,6 +1,6 @@
 // launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): a decode row on a cluster of kPackCluster blocks (sm_90+,
 // the default; OPENJET_PACK_CLUSTER=0: not), else one block of kPackThreads per row; launch_pack_act_cluster: the same
-// for launch_pack_act's decode rows (OPENJET_PACK_CLUSTER=2, an experiment).
+// for launch_pack_act's decode rows (the default too; OPENJET_PACK_CLUSTER=1 leaves them on one block).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -178,12 +178,12 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 }
 
 // Whether the cluster packs take a row of k for a pack of `level` (1: add-norm and swiglu, 2: the mixers' output
-// packs): OPENJET_PACK_CLUSTER (read once) at least that level (unset: 1; 0: none; 2: an experiment, NOT yet run),
-// sm_90+, and k in equal parts of whole 32-blocks that the registers hold.
+// packs): OPENJET_PACK_CLUSTER (read once) at least that level (unset: 2; 0: none), sm_90+, and k in equal parts
+// of whole 32-blocks that the registers hold.
 bool pack_cluster_takes(int k, int level = 1) {
     static const int asked = [] {
         const char* v = std::getenv("OPENJET_PACK_CLUSTER");
-        return v && std::strcmp(v, "0") == 0 ? 0 : v && std::strcmp(v, "2") == 0 ? 2 : 1;
+        return v && std::strcmp(v, "0") == 0 ? 0 : v && std::strcmp(v, "1") == 0 ? 1 : 2;
     }();
     // the kernels' code, not only the GPU, must be sm_90+ (below it they compile empty: a build for older
     // architectures run through PTX on a newer GPU must not take them)

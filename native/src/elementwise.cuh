@@ -73,7 +73,7 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
                                  float* a_out, const ActPack& p, cudaStream_t stream);
 
 // launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
-// one-block kernel, where OPENJET_PACK_CLUSTER=2 (an experiment: the mixers' output packs) and the GPU and k allow;
+// one-block kernel, where OPENJET_PACK_CLUSTER allows (unset or 2: the mixers' output packs too) and the GPU and k do;
 // otherwise cudaErrorNotSupported and nothing launched (launch_pack_act then launches its own kernel).
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
 

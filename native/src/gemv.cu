@@ -6,7 +6,9 @@
 #include <cstring>
 
 #include "gemv.cuh"
+#include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
+#include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -185,6 +187,22 @@ static cudaError_t check_gemv(const GemvArgs& a) {
     return cudaSuccess;
 }
 
+// Whether a call runs on the integer GEMV (GemvArgs::xi).
+static bool takes_imma(const GemvArgs& a) {
+    return a.xi && !a.prefill && gemv_imma_supports(a.qtype) && a.t <= kImmaMaxT && a.t <= a.x.rows;
+}
+
+// The integer GEMV of a call that takes it; pack: make its pack from a.x first (a pair's second call reads the
+// first's). A persistent grid at 3 cp.async stages: the fastest form of the decode mix on the H200 at T = 1 and 4
+// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03); the bits do not depend on either.
+static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream) {
+    const ActPackI p = act_pack_imma_view(a.xi, kImmaMaxT, a.k);
+    if (pack)
+        if (const cudaError_t e = launch_pack_act_imma_from_half(a.x, a.t, a.k, p, stream)) return e;
+    count_launch(Counted::kGemvInt);
+    return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
+}
+
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
     static const bool pairs = [] {
         const char* v = std::getenv("OPENJET_GEMV_PAIRS");
@@ -194,7 +212,14 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
                         a.tiled == b.tiled && a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum &&
                         a.x.inv == b.x.inv &&
                         !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
-    if (!shared) {
+    if (takes_imma(a) && takes_imma(b) && a.k == b.k && a.t == b.t && a.xi == b.xi && a.x.h == b.x.h &&
+        a.x.inv == b.x.inv) {  // one integer pack for both
+        for (const GemvArgs* g : {&a, &b})
+            if (const cudaError_t e = check_gemv(*g)) return e;
+        const cudaError_t e = launch_imma(a, true, stream);
+        return e != cudaSuccess ? e : launch_imma(b, false, stream);
+    }
+    if (!shared || takes_imma(a) || takes_imma(b)) {
         const cudaError_t e = launch_gemv(a, stream);
         return e != cudaSuccess ? e : launch_gemv(b, stream);
     }
@@ -215,6 +240,7 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
     const cudaError_t e = check_gemv(a);
     if (e != cudaSuccess) return e;
     if (a.qtype == kF32) return launch_gemv_f32(a, stream);
+    if (takes_imma(a)) return launch_imma(a, true, stream);
     switch (a.qtype) {
         case kQ4_K: return launch_gemv_mma<kQ4_K>(a, stream);
         case kQ5_K: return launch_gemv_mma<kQ5_K>(a, stream);

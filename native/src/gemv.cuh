@@ -28,6 +28,10 @@ struct GemvArgs {
     bool prefill = false;  // rows of a prefill chunk (t <= 8 too): the fast prefill GEMM takes them all
     __half* dense = nullptr;  // OPENJET_PREFILL_GEMM=dense: n k halves of scratch for W as fp16 (prefill_gemm.cuh)
     bool tiled = false;       // w in the tile layout (weight_layout.cuh; the engine's default for k-quant W)
+    // Scratch for the integer GEMV's pack (gemv_imma.cuh; act_pack_imma_bytes(kActRows, k) bytes, 16-byte aligned),
+    // or null. Set: a decode call (not prefill, t <= 8) of a type that GEMV reads (Q4_K, Q6_K) runs on it, its pack
+    // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT.
+    void* xi = nullptr;
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks

@@ -19,6 +19,7 @@
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "kquant.cuh"
+#include "pdl.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -39,12 +40,17 @@ __device__ __forceinline__ void store_digits(int8_t* base, int stride, int j, in
     base[2 * stride + j] = static_cast<int8_t>((x - d1) >> 8);
 }
 
-// One block per (256-block, token row), a thread per element.
-__global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restrict__ x, int k, ActPackI p) {
+// One block per (256-block, token row), a thread per element. kFromHalf: the values are the fp16 pack's h (x s,
+// each exact in fp32) instead of floats x, and the block's inv is multiplied by the row's 1 / s (act_pack.cuh).
+template <bool kFromHalf>
+__global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restrict__ x, ActPack xh, int k,
+                                                            ActPackI p) {
     __shared__ float wmax[8];
+    pdl_start();  // pdl.cuh: it reads the pack or floats the kernel before wrote
     const int b = blockIdx.x, row = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int e = b * 256 + threadIdx.x;
-    const float v = x[static_cast<long long>(row) * k + e];
+    const float v = kFromHalf ? __half2float(xh.h[static_cast<long long>(row) * k + act_quad_pos(e)])
+                              : x[static_cast<long long>(row) * k + e];
     float m = fabsf(v);
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -65,8 +71,10 @@ __global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restr
     const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
     if ((lane & 15) == 0) store_digits(p.s16 + static_cast<long long>(row) * 3 * (k / 16), k / 16, e / 16, s16);
     if (lane == 0) store_digits(p.s32 + static_cast<long long>(row) * 3 * (k / 32), k / 32, e / 32, s32);
-    if (threadIdx.x == 0) p.inv[static_cast<long long>(row) * (k / 256) + b] =
-        amax > 0.0f ? __fdiv_rn(amax, static_cast<float>(kImmaMaxInt)) : 0.0f;
+    if (threadIdx.x == 0) {
+        const float inv = amax > 0.0f ? __fdiv_rn(amax, static_cast<float>(kImmaMaxInt)) : 0.0f;
+        p.inv[static_cast<long long>(row) * (k / 256) + b] = kFromHalf ? __fmul_rn(inv, xh.inv[row]) : inv;
+    }
 }
 
 // ------------------------------------------------------------------------------------------ arithmetic
@@ -282,6 +290,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
     using S = MmaShape<QT>;
     extern __shared__ uint4 smem[];
     __shared__ float part[2][kImmaWarps][32][2 * NS];  // two: a tile's sums are read while the next tile's land
+    pdl_launch_dependents();  // pdl_wait() below, after the first weight copies
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int nu = k / kGemvUnit, tiles = (n + kMmaRows - 1) / kMmaRows;
     const int u0 = nu * warp / kImmaWarps, nuw = nu * (warp + 1) / kImmaWarps - u0;
@@ -310,6 +319,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
+    pdl_wait();  // pdl.cuh: the weights' first copies are in flight; the pack and y belong to the stream
 
     int col_tok[NS];
     ImmaX<NS> x;
@@ -374,8 +384,7 @@ cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int
     }
     const int tiles = (n + kMmaRows - 1) / kMmaRows;
     const int grid = persistent ? std::min(tiles, resident) : tiles;
-    kern<<<grid, kImmaWarps * 32, smem, stream>>>(w, row_bytes, n, k, p, t, y, tiled);
-    return cudaGetLastError();
+    return launch_kernel(kern, grid, kImmaWarps * 32, smem, stream, w, row_bytes, n, k, p, t, y, tiled);
 }
 
 template <int QT, int NS>
@@ -402,8 +411,25 @@ cudaError_t launch_type(const uint8_t* w, int n, int k, const ActPackI& p, int t
 cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p, cudaStream_t stream) {
     if (!x || !p.dig || !p.s32 || !p.s16 || !p.inv || t < 1 || t > p.rows || k < 256 || k % 256)
         return cudaErrorInvalidValue;
-    pack_act_imma_kernel<<<dim3(k / 256, t), 256, 0, stream>>>(x, k, p);
-    return cudaGetLastError();
+    return launch_kernel(pack_act_imma_kernel<false>, dim3(k / 256, t), 256, 0, stream, x, ActPack{}, k, p);
+}
+
+cudaError_t launch_pack_act_imma_from_half(const ActPack& x, int t, int k, const ActPackI& p, cudaStream_t stream) {
+    if (!x.h || !x.inv || !p.dig || !p.s32 || !p.s16 || !p.inv || t < 1 || t > p.rows || t > x.rows || k < 256 ||
+        k % 256)
+        return cudaErrorInvalidValue;
+    return launch_kernel(pack_act_imma_kernel<true>, dim3(k / 256, t), 256, 0, stream, nullptr, x, k, p);
+}
+
+ActPackI act_pack_imma_view(void* base, int rows, int k) {
+    auto* b = static_cast<int8_t*>(base);
+    ActPackI p;
+    p.dig = b;
+    p.s16 = p.dig + 2LL * rows * k;
+    p.s32 = p.s16 + 3LL * rows * (k / 16);
+    p.inv = reinterpret_cast<float*>(p.s32 + 3LL * rows * (k / 32));
+    p.rows = rows;
+    return p;
 }
 
 bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }

@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "act_pack.cuh"  // ActPack: launch_pack_act_imma_from_half
+
 namespace openjet {
 
 constexpr int kImmaMaxInt = 32639;  // 127 * 256 + 127: both digits of x_int fit int8
@@ -47,6 +49,16 @@ inline long long act_pack_imma_bytes(int rows, int k) {
 
 // x [t, k] float -> the pack (t <= p.rows).
 cudaError_t launch_pack_act_imma(const float* x, int t, int k, const ActPackI& p, cudaStream_t stream);
+
+// The same from the fp16 pack of the fp16 GEMV (act_pack.cuh) instead of floats: its values h = x s (exact in
+// fp32) in place of x, each block's inv times the row's 1 / s. So an engine whose kernels write the fp16 pack can
+// run this GEMV behind one more launch (engine.cu: OPENJET_GEMV_INT); x's fp16 rounding stays in the result.
+cudaError_t launch_pack_act_imma_from_half(const ActPack& x, int t, int k, const ActPackI& p, cudaStream_t stream);
+
+// The pack of `rows` rows of k laid out from base (act_pack_imma_bytes(rows, k) bytes, 16-byte aligned): the digits,
+// the 16-block then the 32-block sums, inv; every part starts 16-byte aligned (each part's size but inv's is a
+// multiple of 16 bytes for k a multiple of 256).
+ActPackI act_pack_imma_view(void* base, int rows, int k);
 
 // Whether the integer GEMV reads this GGML type (Q4_K and Q6_K so far).
 bool gemv_imma_supports(int qtype);

@@ -20,6 +20,7 @@ enum class Counted {
     kFfnPersistent = 6,
     kTiledWeights = 7,
     kPackCluster = 8,
+    kGemvInt = 9,
     kCount
 };
 

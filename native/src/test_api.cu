@@ -443,12 +443,7 @@ struct DevPackI {
     ActPackI p;
     cudaError_t alloc(int rows, int k) {
         if (cudaError_t e = buf.alloc(act_pack_imma_bytes(rows, k))) return e;
-        auto* b = static_cast<int8_t*>(buf.p);
-        p.dig = b;
-        p.s16 = p.dig + 2LL * rows * k;
-        p.s32 = p.s16 + 3LL * rows * (k / 16);
-        p.inv = reinterpret_cast<float*>(p.s32 + 3LL * rows * (k / 32));
-        p.rows = rows;
+        p = act_pack_imma_view(buf.p, rows, k);
         return cudaSuccess;
     }
 };
@@ -478,6 +473,30 @@ extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int 
     CHECK(p.alloc(t, k));
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
     CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent != 0, tiled != 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
+                                                            int tiled, float* y) {
+    if (int s = check_imma(qtype, n, k, t, 0)) return s;
+    if (tiled)
+        if (int s = check_tiled("gemv_imma_from_pack", qtype, n, k)) return s;
+    if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma_from_pack: null pointer");
+    DevBuf dw, dx, dy, xi;
+    DevPack ph;
+    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, tiled != 0));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    CHECK(dy.alloc(sizeof(float) * t * n));
+    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
+    CHECK(ph.alloc(t, k));
+    CHECK(xi.alloc(act_pack_imma_bytes(kImmaMaxT, k)));
+    // the engine's way (gemv.cu launch_imma): the fp16 pack, the integer pack made from it, the persistent grid
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, ph.view(), 0));
+    const ActPackI p = act_pack_imma_view(xi.p, kImmaMaxT, k);
+    CHECK(launch_pack_act_imma_from_half(ph.view(), t, k, p, 0));
+    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p, t, dy.as<float>(), 0, 3, true, tiled != 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;

@@ -262,7 +262,7 @@ DENSE_MIN_ROWS = 256
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
-           "pack_cluster": 8}
+           "pack_cluster": 8, "gemv_int": 9}
 
 
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
@@ -291,7 +291,8 @@ def launch_count(path: str) -> int:
     "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache; "prefill_gate_up": a prefill's FFN
     gate and up in one GEMM; "ffn_persistent": a decode step's FFN in one persistent launch; "tiled_weights": a
     GEMV, prefill GEMM, dequantisation or row gather reading weights in the tile layout; "pack_cluster": a decode row's
-    pack on a cluster of blocks): how a test sees that the path ran."""
+    pack on a cluster of blocks; "gemv_int": a decode call on the integer GEMV, OPENJET_GEMV_INT): how a test sees
+    that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
@@ -314,6 +315,7 @@ IMMA_QTYPES = (12, 14)  # Q4_K, Q6_K
 def _lib_imma() -> ctypes.CDLL:
     return _bind("integer GEMV test API", {
         "gemv_imma": [_I, _P, _I, _I, _P, _I, _I, _I, _I, _P],
+        "gemv_imma_from_pack": [_I, _P, _I, _I, _P, _I, _I, _P],
         "bench_gemv_imma": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
     })
 
@@ -329,6 +331,19 @@ def gemv_imma(qtype: int, w, x, stages: int = 0, persistent: bool = False, tiled
     y = np.empty((t, n), np.float32)
     _check(lib, lib.openjet_test_gemv_imma(qtype, _ptr(raw), n, k, _ptr(x), t, stages, int(persistent), int(tiled),
                                            _ptr(y)), "gemv_imma")
+    return y
+
+
+def gemv_imma_from_pack(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
+    """The integer GEMV as the engine runs it under OPENJET_GEMV_INT: x packed as the fp16 GEMV's pack first (its
+    fp16 rounding kept), the integer pack made from that (openjet_test_gemv_imma_from_pack)."""
+    lib = _lib_imma()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw, n = _weights(qtype, w, k)
+    y = np.empty((t, n), np.float32)
+    _check(lib, lib.openjet_test_gemv_imma_from_pack(qtype, _ptr(raw), n, k, _ptr(x), t, int(tiled), _ptr(y)),
+           "gemv_imma_from_pack")
     return y
 
 
