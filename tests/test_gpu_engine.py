@@ -100,23 +100,24 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 
 
 def use_gemv(gemv: str, monkeypatch) -> int:
-    """Set the decode GEMV for engines loaded next: "fp16" (the default) or "int" (OPENJET_GEMV_INT=1: Q4_K and Q6_K
-    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change); returns its launch count so far."""
+    """Set the decode GEMV for engines loaded next: "fp16" (the default), "int" (OPENJET_GEMV_INT=2: Q4_K and Q6_K
+    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change) or "int-q4k" (=1: Q4_K calls only);
+    returns the integer GEMV's launch count so far."""
     from openjet_launcher.engine import kernels_test as kt
 
-    monkeypatch.setenv("OPENJET_GEMV_INT", "1" if gemv == "int" else "0")
+    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1"}[gemv])
     return kt.launch_count("gemv_int")
 
 
 def assert_gemv_ran(gemv: str, before: int) -> None:
-    """The integer GEMV ran under "int" and never under "fp16" (launch_count: no silent fallback)."""
+    """The integer GEMV ran under "int" and "int-q4k" and never under "fp16" (launch_count: no silent fallback)."""
     from openjet_launcher.engine import kernels_test as kt
 
     ran = kt.launch_count("gemv_int") - before
-    assert (ran > 0) == (gemv == "int"), f"{gemv}: {ran} integer GEMV launches"
+    assert (ran > 0) == (gemv != "fp16"), f"{gemv}: {ran} integer GEMV launches"
 
 
-@pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int")])
+@pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int"), ("q8_0", "int-q4k")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type, gemv, monkeypatch):
     ref, ids, ref_logits, ref_hidden = reference_run(models[preset], preset)
@@ -1129,7 +1130,7 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
 
 
 @pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
-                                         ("demo", "int")])
+                                         ("demo", "int"), ("demo", "int-q4k")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models

@@ -200,9 +200,10 @@ struct openjet_engine {
     size_t attn_work_floats = 0;  // its size: a T = 8 step's at the longest split
     size_t big2_floats = 0;       // big2's size (a prefill chunk's attention takes its tail as the workspace)
     ActPack x{};  // the next GEMV's activations
-    // OPENJET_GEMV_INT=1 at create (an experiment, a declared numerics change): decode GEMVs of Q4_K and Q6_K weights
-    // run on the integer GEMV (gemv_imma.cuh), each call's int pack made from x into this scratch (GemvArgs::xi).
-    bool gemv_int = false;
+    // OPENJET_GEMV_INT at create (an experiment, a declared numerics change): 1: decode GEMVs of Q4_K weights run on
+    // the integer GEMV (gemv_imma.cuh), 2: those of Q6_K weights too, each call's int pack made from x into this
+    // scratch (GemvArgs::xi). Per weight type, so every t takes the same path (T-invariance).
+    int gemv_int = 0;
     void* xi = nullptr;
     // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
     float* top_values = nullptr;
@@ -526,7 +527,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT"))
         e.ffn_persistent = (f[0] >= '1' && f[0] <= '4' && !f[1]) ? f[0] - '0' : 0;  // 1 to 4; else off
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
-    if (const char* f = std::getenv("OPENJET_GEMV_INT")) e.gemv_int = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_GEMV_INT")) e.gemv_int = (f[0] == '1' || f[0] == '2') && !f[1] ? f[0] - '0' : 0;
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
@@ -706,7 +707,7 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
                e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
     a.tiled = w.tiled;
-    if (e.gemv_int && !e.prefilling) a.xi = e.xi;
+    if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
     return a;
 }
 

@@ -194,13 +194,18 @@ static bool takes_imma(const GemvArgs& a) {
 
 // The integer GEMV of a call that takes it; pack: make its pack from a.x first (a pair's second call reads the
 // first's). A persistent grid at 3 cp.async stages: the fastest form of the decode mix on the H200 at T = 1 and 4
-// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03); the bits do not depend on either.
+// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03), with PDL off; OPENJET_GEMV_INT_GRID=tiles (read once):
+// a block per tile instead, to compare inside the engine's PDL chain. The bits do not depend on either.
 static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream) {
+    static const bool persistent = [] {
+        const char* v = std::getenv("OPENJET_GEMV_INT_GRID");
+        return !(v && std::strcmp(v, "tiles") == 0);
+    }();
     const ActPackI p = act_pack_imma_view(a.xi, kImmaMaxT, a.k);
     if (pack)
         if (const cudaError_t e = launch_pack_act_imma_from_half(a.x, a.t, a.k, p, stream)) return e;
     count_launch(Counted::kGemvInt);
-    return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
+    return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, persistent, a.tiled);
 }
 
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {

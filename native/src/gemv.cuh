@@ -30,7 +30,8 @@ struct GemvArgs {
     bool tiled = false;       // w in the tile layout (weight_layout.cuh; the engine's default for k-quant W)
     // Scratch for the integer GEMV's pack (gemv_imma.cuh; act_pack_imma_bytes(kActRows, k) bytes, 16-byte aligned),
     // or null. Set: a decode call (not prefill, t <= 8) of a type that GEMV reads (Q4_K, Q6_K) runs on it, its pack
-    // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT.
+    // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it
+    // per weight type.
     void* xi = nullptr;
 };
 
