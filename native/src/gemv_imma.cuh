@@ -1,8 +1,9 @@
 // Decode GEMV on integer tensor cores: an experiment for issue 6's decode target (NOTES_gemv.md, "integer
-// GEMV"). Not yet used by the engine: the test API (openjet_test_gemv_imma, openjet_test_bench_gemv_imma) runs it
-// beside the fp16 GEMV (gemv_mma.cuh) so that its speed and accuracy can be measured first. Measured on the H200
-// (2026-12-02, NOTES_gemv.md): 4-5x closer to the unquantised x, the Q4_K + Q6_K decode mix 7,117 -> 6,093 us at
-// T=1 with the persistent grid, slower at T=8; what it would need before the engine takes it is listed there.
+// GEMV"). The engine runs it only under OPENJET_GEMV_INT (opt-in; gemv.cu launch_imma, its pack made from the fp16
+// pack); the test API (openjet_test_gemv_imma, openjet_test_bench_gemv_imma) runs it beside the fp16 GEMV
+// (gemv_mma.cuh). Measured on the H200 (NOTES_gemv.md): 4-5x closer to the unquantised x; in isolation the Q4_K +
+// Q6_K decode mix at T=1 5,517 us on the tile layout against the fp16 GEMV's 6,738, slower at T=8; in the 27B's
+// step no faster (2026-12-03, fourteenth session): what it would need is listed there.
 //
 // Why: the fp16 GEMV spends ~1 instruction per weight and lane turning codes into exact fp16 products (LOP3 +
 // HFMA2 per pair, a 4-chain fold per unit, the min term as an mma) and runs at ~46% of the H200's copy rate,
