@@ -4,8 +4,9 @@
 //
 // The rule every kernel launched through launch_kernel follows: pdl_wait() before it reads or writes any
 // memory another kernel of the stream writes or reads (only immutable weights may be read before it), and
-// pdl_launch_dependents() once it needs no more SMs than it has (lets the next kernel launch). Both are
-// no-ops where the launch did not ask for it and on GPUs before sm_90.
+// pdl_launch_dependents() (lets the next kernel launch; the launch happens once every block of the grid has called
+// it or exited, so a grid of several waves lets it in during its last) as early as it likes: correctness rests on
+// the waits alone. Both are no-ops where the launch did not ask for it and on GPUs before sm_90.
 //
 // On by default on sm_90+ (the same bits, scripts/gpu_same_bits.sh; the 27B's decode step at T=1 12.38 ->
 // 11.46 ms on the H200); OPENJET_PDL=0, set before the first launch, turns the launch attribute off.
@@ -29,11 +30,24 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// The start of a kernel that touches the stream's memory from its first instruction: wait for the kernel before,
-// then let the next one launch.
+// The start of a kernel that touches the stream's memory from its first instruction: let the next kernel launch,
+// then wait for the one before. Letting it launch first is safe: the next kernel touches memory only after its own
+// pdl_wait(), which returns once this whole grid is done, and this grid is done only after this wait returned, so
+// every kernel's reads and writes stay ordered after all earlier kernels' (weights, immutable, excepted). What it
+// buys: the next kernel (say the GEMV after a pack) issues its first weight copies while the kernel before this one
+// still runs, instead of only once this one has passed its wait. OPENJET_PDL_EARLY=0 at build time: the old order
+// (wait, then let the next launch), to compare.
+#ifndef OPENJET_PDL_EARLY
+#define OPENJET_PDL_EARLY 1
+#endif
 __device__ __forceinline__ void pdl_start() {
+#if OPENJET_PDL_EARLY
+    pdl_launch_dependents();
+    pdl_wait();
+#else
     pdl_wait();
     pdl_launch_dependents();
+#endif
 }
 
 // Whether launches on the current device ask for programmatic serialization (sm_90+, unless OPENJET_PDL=0).
