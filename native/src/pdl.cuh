@@ -35,10 +35,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // pdl_wait(), which returns once this whole grid is done, and this grid is done only after this wait returned, so
 // every kernel's reads and writes stay ordered after all earlier kernels' (weights, immutable, excepted). What it
 // buys: the next kernel (say the GEMV after a pack) issues its first weight copies while the kernel before this one
-// still runs, instead of only once this one has passed its wait. OPENJET_PDL_EARLY=0 at build time: the old order
-// (wait, then let the next launch), to compare.
+// still runs, instead of only once this one has passed its wait. Not yet the default: OPENJET_PDL_EARLY=1 at build
+// time (-DCMAKE_CUDA_FLAGS=-DOPENJET_PDL_EARLY=1) takes it, until test_pdl_keeps_every_bit and the step's timing have
+// run with it on a GPU; 0 (the default) keeps the order wait, then let the next launch.
 #ifndef OPENJET_PDL_EARLY
-#define OPENJET_PDL_EARLY 1
+#define OPENJET_PDL_EARLY 0
 #endif
 __device__ __forceinline__ void pdl_start() {
 #if OPENJET_PDL_EARLY
