@@ -288,7 +288,10 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 #endif
     constexpr int kWarps = kTeams * kGemvWarps;
     extern __shared__ uint4 smem[];
-    __shared__ float part[kTeams][kGemvWarps][1][32][4];
+    // Two per team: warp 0 sums a tile's partials from one while the team's other warps, past the tile's barrier,
+    // already write the next tile's into the other (no second barrier waiting on warp 0's store).
+    __shared__ float part[2][kTeams][kGemvWarps][1][32][4];
+    int parity = 0;
     const int team = threadIdx.x / (kGemvWarps * 32), warp = (threadIdx.x >> 5) % kGemvWarps, lane = threadIdx.x & 31;
     const int team_id = blockIdx.x * kTeams + team, n_teams = gridDim.x * kTeams;
     const int grid_warp = blockIdx.x * kWarps + (threadIdx.x >> 5), grid_warps = gridDim.x * kWarps;
@@ -309,13 +312,15 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
                                      nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, xin, k, a.t, 0,
                                      team_smem + warp * MmaShape<QT, kRows>::kWarpWords, acc, ready, a.tiled);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) part[team][warp][0][lane][c] = acc[0][c];
+        for (int c = 0; c < 4; ++c) part[parity][team][warp][0][lane][c] = acc[0][c];
         asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");
+        // part[parity] is written again two tiles on, after the next tile's barrier, which warp 0 reaches only once
+        // this store is done
         if (warp == 0) {
-            tile_sum_store<1, kRows>(part[team], lane, row0, 0, n, a.t, xin.inv, y);
+            tile_sum_store<1, kRows>(part[parity][team], lane, row0, 0, n, a.t, xin.inv, y);
             stored();
         }
-        asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kGemvWarps * 32) : "memory");  // part is free again
+        parity ^= 1;
     };
 
     // Each warp's pack work runs inside the wait of its first tile of the next phase, after that tile's first weight

@@ -299,7 +299,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
     // Either layout (weight_layout.cuh): a tile's unit u at w + tile * tile_bytes + u * unit_step, its rows row_step
     // apart (the tile layout: a 16-row group's pieces of a unit contiguous, tile_pitch bytes each).
     const WeightSteps step(row_bytes, S::kUnitBytes, tiled, 0);
-    const long long row_step = step.row, unit_step = step.unit;
+    const int row_step = step.row, unit_step = step.unit;  // (ints: 64-bit steps cost sm_120a spills)
     const long long tile_bytes = tiled ? nu * unit_step : kMmaRows * row_bytes;
     const uintptr_t w0 = reinterpret_cast<uintptr_t>(w) + u0 * unit_step;
     // Rows past n are never copied: TileCopy's plan is per tile's row count, so the last tile gets its own.
