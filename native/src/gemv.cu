@@ -152,6 +152,22 @@ GemvHalfTiles gemv_half_tiles() {
 }
 void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ? mode : kFromEnv); }
 
+namespace {
+std::atomic<int> g_persistent{kFromEnv};  // OPENJET_GEMV_GRID, as g_half_tiles: 0 off, 1 on, or kFromEnv
+}  // namespace
+
+bool gemv_persistent() {
+    int v = g_persistent.load(std::memory_order_relaxed);
+    if (v == kFromEnv) {
+        const char* e = std::getenv("OPENJET_GEMV_GRID");
+        g_persistent.compare_exchange_strong(v, e && std::strcmp(e, "persistent") == 0 ? 1 : 0);
+        v = g_persistent.load(std::memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void set_gemv_persistent(int mode) { g_persistent.store(mode == 0 || mode == 1 ? mode : kFromEnv); }
+
 bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense; }
 
 bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); }

@@ -21,6 +21,7 @@ enum class Counted {
     kTiledWeights = 7,
     kPackCluster = 8,
     kGemvInt = 9,
+    kGemvPersistent = 10,
     kCount
 };
 
