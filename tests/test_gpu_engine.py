@@ -1158,7 +1158,7 @@ def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, mon
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
-    the integer decode GEMV (OPENJET_GEMV_INT=1)."""
+    the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k")."""
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 

@@ -432,6 +432,13 @@ int device_alloc(char** p, size_t bytes, const char* what) {
     return OPENJET_OK;
 }
 
+// An experiment's level from the environment (read at create): a single digit 1..max, else 0 (off; CudaEngine.load
+// refuses other values before the library sees them).
+int env_level(const char* name, int max) {
+    const char* f = std::getenv(name);
+    return f && f[0] >= '1' && f[0] <= '0' + max && !f[1] ? f[0] - '0' : 0;
+}
+
 // OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant
 // type, rows a multiple of 16; not the token embedding, which is read by row) is stored in it (weight_layout.cuh):
 // the decode GEMV mix runs ~6% faster in it (H200, 27B: T=1 step 10.54 -> 10.06 ms in one run,
@@ -524,10 +531,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
-    if (const char* f = std::getenv("OPENJET_FFN_PERSISTENT"))
-        e.ffn_persistent = (f[0] >= '1' && f[0] <= '4' && !f[1]) ? f[0] - '0' : 0;  // 1 to 4; else off
+    e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
-    if (const char* f = std::getenv("OPENJET_GEMV_INT")) e.gemv_int = (f[0] == '1' || f[0] == '2') && !f[1] ? f[0] - '0' : 0;
+    e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);

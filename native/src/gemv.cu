@@ -128,10 +128,11 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
     return launch_gemv_f32_rows(part, stream);
 }
 
-// OPENJET_GEMV_HALF, read at the first decode call (a decode launch reads no environment after that) and set by
-// tests and benchmarks: a GemvHalfTiles value, or kFromEnv (read the environment again at the next call).
+// The decode GEMV's launch choices: read from the environment at the first decode call (a decode launch reads no
+// environment after that) and set by tests and benchmarks; kFromEnv: read the environment again at the next call.
 constexpr int kFromEnv = -1;
-std::atomic<int> g_half_tiles{kFromEnv};
+std::atomic<int> g_half_tiles{kFromEnv};  // OPENJET_GEMV_HALF: a GemvHalfTiles value
+std::atomic<int> g_persistent{kFromEnv};  // OPENJET_GEMV_GRID: 0 a block per tile, 1 the persistent grid
 
 int half_tiles_from_env() {
     const char* e = std::getenv("OPENJET_GEMV_HALF");
@@ -140,32 +141,27 @@ int half_tiles_from_env() {
                                                             : GemvHalfTiles::kAuto);
 }
 
+int persistent_from_env() {
+    const char* e = std::getenv("OPENJET_GEMV_GRID");
+    return e && std::strcmp(e, "persistent") == 0 ? 1 : 0;
+}
+
+// The choice in `slot`, from the environment where it is kFromEnv.
+int launch_choice(std::atomic<int>& slot, int (*from_env)()) {
+    int v = slot.load(std::memory_order_relaxed);
+    if (v == kFromEnv) {
+        slot.compare_exchange_strong(v, from_env());
+        v = slot.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
 }  // namespace
 
-GemvHalfTiles gemv_half_tiles() {
-    int v = g_half_tiles.load(std::memory_order_relaxed);
-    if (v == kFromEnv) {
-        g_half_tiles.compare_exchange_strong(v, half_tiles_from_env());
-        v = g_half_tiles.load(std::memory_order_relaxed);
-    }
-    return static_cast<GemvHalfTiles>(v);
-}
+GemvHalfTiles gemv_half_tiles() { return static_cast<GemvHalfTiles>(launch_choice(g_half_tiles, half_tiles_from_env)); }
 void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ? mode : kFromEnv); }
 
-namespace {
-std::atomic<int> g_persistent{kFromEnv};  // OPENJET_GEMV_GRID, as g_half_tiles: 0 off, 1 on, or kFromEnv
-}  // namespace
-
-bool gemv_persistent() {
-    int v = g_persistent.load(std::memory_order_relaxed);
-    if (v == kFromEnv) {
-        const char* e = std::getenv("OPENJET_GEMV_GRID");
-        g_persistent.compare_exchange_strong(v, e && std::strcmp(e, "persistent") == 0 ? 1 : 0);
-        v = g_persistent.load(std::memory_order_relaxed);
-    }
-    return v == 1;
-}
-
+bool gemv_persistent() { return launch_choice(g_persistent, persistent_from_env) == 1; }
 void set_gemv_persistent(int mode) { g_persistent.store(mode == 0 || mode == 1 ? mode : kFromEnv); }
 
 bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense; }
@@ -210,18 +206,14 @@ static bool takes_imma(const GemvArgs& a) {
 
 // The integer GEMV of a call that takes it; pack: make its pack from a.x first (a pair's second call reads the
 // first's). A persistent grid at 3 cp.async stages: the fastest form of the decode mix on the H200 at T = 1 and 4
-// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03), with PDL off; OPENJET_GEMV_INT_GRID=tiles (read once):
-// a block per tile instead, to compare inside the engine's PDL chain. The bits do not depend on either.
+// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03), and in the 27B's step faster than a block per tile
+// (T=1 9.39 against 9.57 ms under OPENJET_GEMV_INT=1, c033274).
 static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream) {
-    static const bool persistent = [] {
-        const char* v = std::getenv("OPENJET_GEMV_INT_GRID");
-        return !(v && std::strcmp(v, "tiles") == 0);
-    }();
     const ActPackI p = act_pack_imma_view(a.xi, kImmaMaxT, a.k);
     if (pack)
         if (const cudaError_t e = launch_pack_act_imma_from_half(a.x, a.t, a.k, p, stream)) return e;
     count_launch(Counted::kGemvInt);
-    return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, persistent, a.tiled);
+    return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
 }
 
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
@@ -229,12 +221,11 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
         const char* v = std::getenv("OPENJET_GEMV_PAIRS");
         return !(v && std::strcmp(v, "0") == 0);
     }();
-    const bool shared = pairs && a.qtype == b.qtype && a.qtype != kF32 && a.k == b.k && a.t == b.t &&
-                        a.tiled == b.tiled && a.t <= kActRows && a.x.h == b.x.h && a.x.sum == b.x.sum &&
-                        a.x.inv == b.x.inv &&
+    const bool same_x = a.k == b.k && a.t == b.t && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv;
+    const bool shared = pairs && same_x && a.qtype == b.qtype && a.qtype != kF32 && a.tiled == b.tiled &&
+                        a.t <= kActRows &&
                         !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
-    if (takes_imma(a) && takes_imma(b) && a.k == b.k && a.t == b.t && a.xi == b.xi && a.x.h == b.x.h &&
-        a.x.inv == b.x.inv) {  // one integer pack for both
+    if (same_x && a.xi == b.xi && takes_imma(a) && takes_imma(b)) {  // one integer pack for both
         for (const GemvArgs* g : {&a, &b})
             if (const cudaError_t e = check_gemv(*g)) return e;
         const cudaError_t e = launch_imma(a, true, stream);

@@ -466,48 +466,49 @@ int check_imma(int qtype, int n, int k, int t, int stages) {
 
 }  // namespace
 
-extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
-                                                  int stages, int persistent, int tiled, float* y) {
+namespace {
+
+// Shared body of the integer GEMV's entry points: y = W x with x packed on the device, either straight from the floats
+// (launch_pack_act_imma) or, from_pack, the engine's way (gemv.cu launch_imma): the fp16 pack first, the integer pack
+// made from it, the persistent grid at 3 stages.
+int run_imma(const char* what, int qtype, const void* w, int n, int k, const float* x, int t, int stages,
+             bool persistent, bool tiled, bool from_pack, float* y) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
     if (tiled)
-        if (int s = check_tiled("gemv_imma", qtype, n, k)) return s;
-    if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma: null pointer");
+        if (int s = check_tiled(what, qtype, n, k)) return s;
+    if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
     DevBuf dw, dx, dy;
     DevPackI p;
-    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, tiled != 0));
+    DevPack ph;
+    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, tiled));
     CHECK(dx.upload(x, sizeof(float) * t * k));
     CHECK(dy.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
-    CHECK(p.alloc(t, k));
-    CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
-    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent != 0, tiled != 0));
+    if (from_pack) {
+        CHECK(p.alloc(kImmaMaxT, k));
+        CHECK(ph.alloc(t, k));
+        CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, ph.view(), 0));
+        CHECK(launch_pack_act_imma_from_half(ph.view(), t, k, p.p, 0));
+    } else {
+        CHECK(p.alloc(t, k));
+        CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
+    }
+    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent, tiled));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
+}  // namespace
+
+extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
+                                                  int stages, int persistent, int tiled, float* y) {
+    return run_imma("gemv_imma", qtype, w, n, k, x, t, stages, persistent != 0, tiled != 0, false, y);
+}
+
 extern "C" OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
                                                             int tiled, float* y) {
-    if (int s = check_imma(qtype, n, k, t, 0)) return s;
-    if (tiled)
-        if (int s = check_tiled("gemv_imma_from_pack", qtype, n, k)) return s;
-    if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_imma_from_pack: null pointer");
-    DevBuf dw, dx, dy, xi;
-    DevPack ph;
-    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, tiled != 0));
-    CHECK(dx.upload(x, sizeof(float) * t * k));
-    CHECK(dy.alloc(sizeof(float) * t * n));
-    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
-    CHECK(ph.alloc(t, k));
-    CHECK(xi.alloc(act_pack_imma_bytes(kImmaMaxT, k)));
-    // the engine's way (gemv.cu launch_imma): the fp16 pack, the integer pack made from it, the persistent grid
-    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, ph.view(), 0));
-    const ActPackI p = act_pack_imma_view(xi.p, kImmaMaxT, k);
-    CHECK(launch_pack_act_imma_from_half(ph.view(), t, k, p, 0));
-    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p, t, dy.as<float>(), 0, 3, true, tiled != 0));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
-    return OPENJET_OK;
+    return run_imma("gemv_imma_from_pack", qtype, w, n, k, x, t, 3, true, tiled != 0, true, y);
 }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
