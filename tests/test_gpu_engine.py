@@ -466,15 +466,13 @@ def test_the_persistent_decode_grid_keeps_every_bit(models):
 
 
 @pytest.mark.parametrize("switch, counted, values",
-                         [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
-                          ("OPENJET_GDN_CLUSTER", "gdn_cluster", ("4", "2"))])
+                         [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4"))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
     arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
-    input projections, is what it takes); OPENJET_GDN_CLUSTER (gdn_decode.cu: a decode step's GDN on a cluster of 4
-    or 2 blocks per head, its fused beta / alpha projections included). The counted path
+    input projections, is what it takes). The counted path
     (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
@@ -720,40 +718,6 @@ def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_typ
            ids_equal=after_resumed == after_fresh)
     np.testing.assert_array_equal(resumed, fresh)
     assert after_resumed == after_fresh
-
-
-@pytest.mark.parametrize("blocks", ["4", "2"])
-def test_gdn_on_clusters_keeps_the_bits_of_verify_and_accept(models, blocks, monkeypatch):
-    """OPENJET_GDN_CLUSTER (read at each GDN launch) in the calls test_decode_experiments_keep_every_bit does not
-    make: a verify step (the GDN states to the shadow, the fused logits to the ring), accept's replay of the kept
-    rows (the logits read back, no fused projections), then a decode and MTP drafts. The same logits bit for bit as
-    one block per head, and the cluster kernel ran."""
-    from openjet_launcher.engine import kernels_test as kt
-    ids = np.random.default_rng(43).integers(0, 4096, 64)
-    engine = CudaEngine.load(models["tiny"], n_ctx=256, n_checkpoints=2)
-    engine.native_verify = True
-
-    def cycle():
-        state = engine.new_state()
-        engine.prefill(state, ids[:50])
-        verified = engine.verify(state, ids[50:56]).logits
-        engine.accept(state, 4)
-        nxt = engine.decode(state, ids[56:57]).logits
-        return verified, nxt, engine.mtp_draft(state, int(np.argmax(nxt[-1])), 2).logits
-
-    try:
-        monkeypatch.setenv("OPENJET_GDN_CLUSTER", "0")
-        whole = cycle()
-        monkeypatch.setenv("OPENJET_GDN_CLUSTER", blocks)
-        before = kt.launch_count("gdn_cluster")
-        cluster = cycle()
-        ran = kt.launch_count("gdn_cluster") - before
-    finally:
-        engine.close()
-    assert ran > 0
-    assert np.isfinite(whole[0]).all()
-    for name, x, y in zip(("verify", "decode after accept", "drafts"), cluster, whole):
-        np.testing.assert_array_equal(x, y, err_msg=name)
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])

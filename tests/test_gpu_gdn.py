@@ -182,22 +182,6 @@ def test_column_split_equals_whole_head_blocks_bitwise(size, t, monkeypatch):
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("t", [1, 3, 8])
-@pytest.mark.parametrize("blocks", ["4", "2"])
-def test_cluster_form_equals_whole_head_blocks_bitwise(size, t, blocks, monkeypatch):
-    """OPENJET_GDN_CLUSTER=4 / 2: a call of at most 8 rows (a decode or verify step) on a thread-block cluster of 4 (2)
-    blocks per head, each a quarter (half) of the state's columns, the gated RMSNorm reading the o row across the
-    cluster's shared memory. Same operations per value as one block per head: the same bits; and the cluster kernel
-    ran (launch_count), so the comparison is not of the default with itself."""
-    before = kt.launch_count("gdn_cluster")
-    args, whole, cluster = default_and_switched(size, t, 61, monkeypatch, "OPENJET_GDN_CLUSTER", blocks)
-    assert kt.launch_count("gdn_cluster") == before + 1
-    for name, x, y in zip(("y", "conv_state", "state"), cluster, whole):
-        np.testing.assert_array_equal(x, y, err_msg=name)
-    check_close(f"{size} t={t} cluster {blocks}", cluster, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
-
-
-@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [9, 32, 33, 100, 300])  # one partial chunk, one whole, a whole and one row, ...
 def test_chunked_form_matches_reference(size, t, monkeypatch):
     """OPENJET_GDN_CHUNKED=1 (gdn_chunk.cuh): a prefill call's rows in chunks of 32 by the WY form (qwen38.md 3.4)

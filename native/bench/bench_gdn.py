@@ -5,7 +5,6 @@ Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
     ... bench_gdn.py chunked2 chunked2-fma   # only those forms
-    ... bench_gdn.py recurrent cluster4 cluster2   # decode: one block per head against clusters of 4 and 2
 
 Prefill calls (64 .. 2048 rows) are timed in three forms: the recurrence and the chunked WY form (gdn_chunk.cuh) in
 one kernel (OPENJET_GDN_CHUNKED=1) and in two phases (=2, the same bits).
@@ -49,12 +48,7 @@ CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPE
 # as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits)
 FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
          "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
-         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"},
-         "cluster4": {"OPENJET_GDN_CLUSTER": "4"}, "cluster2": {"OPENJET_GDN_CLUSTER": "2"}}
-# OPENJET_GDN_CLUSTER: a decode step's rows (<= 8) on a cluster of 4 or 2 blocks per head (gdn_decode.cu), the
-# recurrent form's bits; timed at the decode rows only (without the engine's fused beta / alpha projections)
-DECODE_FORMS = ("cluster4", "cluster2")
-DECODE_TS = (1, 2, 4, 8)
+         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -71,8 +65,7 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in DECODE_FORMS for t in DECODE_TS] + \
-        [(t, f) for f in FORMS if f != "recurrent" and f not in DECODE_FORMS for t in CHUNKED_TS]
+    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in FORMS if f != "recurrent" for t in CHUNKED_TS]
     if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-fma`)
         runs = [(t, f) for t, f in runs if f in sys.argv[1:]]
     for t, form in runs:

@@ -1,15 +1,12 @@
 // launch_gdn_step: the standalone launch of gdn_step_head (gdn_decode.cuh), one block per value head, or per
 // kGdnSplitCols columns of one (the column split) followed by the gated RMSNorm's launch, or (opt-in) the chunked
-// form of gdn_chunk.cuh followed by the same launch; a decode or verify step (opt-in, OPENJET_GDN_CLUSTER) on a
-// cluster of blocks per head.
+// form of gdn_chunk.cuh followed by the same launch.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
-#include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -24,39 +21,6 @@ gdn_step_kernel(const GdnStepArgs a) {
     pdl_start();  // pdl.cuh
     constexpr int kSplits = kGdnHeadDim / kCols;
     gdn_step_head<kCols>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);
-}
-
-// A decode or verify step on a cluster of kGdnHeadDim / kCols blocks per head (sm_90+; empty below, never launched
-// there): 48 heads take 192 (kCols = 32) or 96 (64) SMs instead of 48, each block a quarter (a half) of the head's
-// state columns, with the whole step's bits (gdn_step_head's kCluster). Two blocks per SM at 32 columns (120
-// registers); one at 64 (at two, 64 registers, sm_90a spilled 120 bytes).
-template <int kCols>
-__global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == 32 ? 2 : 1)
-gdn_step_cluster_kernel(const GdnStepArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ GdnSmem sm;
-    pdl_start();
-    constexpr int kSplits = kGdnHeadDim / kCols;
-    gdn_step_head<kCols, true>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);
-#endif
-}
-
-// OPENJET_GDN_CLUSTER (read at each call: tests switch it): the blocks per head of a call of at most kGdnMaxT rows on
-// clusters, 4 or 2; unset or 0 (the default): one block per head. Where the GPU and this build's kernel are sm_90+.
-int gdn_cluster_blocks(const GdnStepArgs& a) {
-    if (a.t > kGdnMaxT) return 0;
-    const char* v = std::getenv("OPENJET_GDN_CLUSTER");
-    const int want = !v ? 0 : std::strcmp(v, "4") == 0 ? 4 : std::strcmp(v, "2") == 0 ? 2 : 0;
-    if (!want) return 0;
-    static const bool built = [] {  // a build for older architectures run through PTX compiles the kernel empty
-        cudaFuncAttributes f{};
-        const bool ok = cudaFuncGetAttributes(&f, gdn_step_cluster_kernel<32>) == cudaSuccess && f.ptxVersion >= 90;
-        cudaGetLastError();  // not sticky
-        return ok;
-    }();
-    int major = 0;
-    return built && device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9 ? want
-                                                                                                            : 0;
 }
 
 constexpr int kNormThreads = 256;
@@ -114,13 +78,6 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
         if (cudaError_t e = launch_gdn_chunk(a, stream, &chunked)) return e;
     }
     if (!chunked) {
-        if (const int blocks = gdn_cluster_blocks(a)) {
-            count_launch(Counted::kGdnCluster);
-            return blocks == 4 ? launch_kernel_cluster(gdn_step_cluster_kernel<32>, a.n_v * 4, kGdnRowGroups * 32, 0,
-                                                       stream, 4u, a)
-                               : launch_kernel_cluster(gdn_step_cluster_kernel<64>, a.n_v * 2, kGdnRowGroups * 64, 0,
-                                                       stream, 2u, a);
-        }
         if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
         if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,

@@ -28,7 +28,6 @@
 // q/k channels; one of them writes them), so the caller ping-pongs two buffers. S is updated in place.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
@@ -97,27 +96,6 @@ struct GdnSmem {
     float proj[2 * kGdnMaxT][4];  // fused projections: [2 t + (alpha)][warp of the 128-thread group]
 };
 
-// Thread-block clusters (sm_90+; below, these compile to nothing and the launcher never takes the cluster form).
-__device__ __forceinline__ void gdn_cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#endif
-}
-// p (in this block's shared memory) at the same place in block `rank` of the cluster.
-template <class T> __device__ __forceinline__ T* gdn_cluster_map(T* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-    (void)rank;
-    return p;
-#endif
-}
-// A head's o row spread over a cluster: column c in block c / kCols, at own's place there.
-template <int kCols> struct GdnClusterRow {
-    const float* own;
-    __device__ __forceinline__ float operator[](int c) const { return *gdn_cluster_map(own + c, c / kCols); }
-};
-
 __device__ __forceinline__ float gdn_sigmoid(float x) { return __frcp_rn(__fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float gdn_silu(float x) { return __fmul_rn(x, gdn_sigmoid(x)); }
 // log(1 + e^x), the identity above 20 (PyTorch's threshold, as reference/ops.py).
@@ -129,19 +107,17 @@ __device__ __forceinline__ float gdn_warp_sum(float s) {
     return s;
 }
 
-// Sum over a warp of the squares of row(lane + 32 i), i = 0..3 (fixed order: lane-local, then butterfly); row: a
-// pointer or an accessor of the column (the cluster form reads other blocks' columns).
-template <class Row> __device__ __forceinline__ float gdn_warp_sumsq(const Row& row, int lane) {
+// Sum over a warp of the squares of row[lane + 32 i], i = 0..3 (fixed order: lane-local, then butterfly).
+__device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) s = __fmaf_rn(row[lane + 32 * i], row[lane + 32 * i], s);
     return gdn_warp_sum(s);
 }
 
-// y = o·rsqrt(mean o² + eps)·w·silu(z) of one token's head row o (128 values: a pointer or an accessor o[c]), by
-// one warp; out may be o.
-template <class O, class W, class Z>
-__device__ __forceinline__ void gdn_gated_norm_row(const O& o, const W& norm_w, const Z& z, float eps, int lane,
+// y = o·rsqrt(mean o² + eps)·w·silu(z) of one token's head row o (128 values), by one warp; out may be o.
+template <class W, class Z>
+__device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm_w, const Z& z, float eps, int lane,
                                                    float* out) {
     constexpr int D = kGdnHeadDim;
     const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), eps)));
@@ -158,16 +134,10 @@ __device__ __forceinline__ void gdn_gated_norm_row(const O& o, const W& norm_w, 
 // o written to y, gdn_gated_norm_row to follow. The call's a.t rows go in sub-steps of kGdnMaxT: the state
 // stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
 // loaded while the delta rule of this one runs.
-// kCluster (sm_90+, a call of at most kGdnMaxT rows): the head's D / kCols blocks are one thread-block cluster, block
-// rank c0 / kCols. They share the fused projections (each block computes every (D / kCols)-th pair of jobs, read
-// from its owner's shared memory) and finish the head's gated RMSNorm themselves, reading the o row from the four
-// blocks' shared memory, so one launch is the whole step, as with kCols = 128.
-template <int kCols = kGdnHeadDim, bool kCluster = false>
+template <int kCols = kGdnHeadDim>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
-    static_assert(!(kWhole && kCluster), "a cluster splits the head's columns");
-    constexpr int kSplits = D / kCols;  // blocks of the head (a cluster's blocks)
     constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
     constexpr int W = 2 * D + kCols;  // conv channels of the block: q, k (all rows), v (its columns)
     static_assert(D % kCols == 0 && kCols % 32 == 0, "whole warps of columns");
@@ -178,11 +148,10 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     // The fused beta (even jobs) and alpha (odd) projections of each token (a call of one sub-step: the launcher
     // checks), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
-    constexpr int kGroups = kThreads / 128;  // 128-thread groups of a block
-    if ((kWhole || kCluster) && a.w_beta) {  // (the launcher takes the plain column split without them)
-        const int first = kCluster ? c0 / kCols * kGroups : 0;  // a cluster's blocks take the jobs in turn
+    if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
+        constexpr int kGroups = kThreads / 128;
 #pragma unroll 1
-        for (int job = first + tid / 128; job < 2 * a.t; job += kSplits * kGroups) {
+        for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
             const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
             float acc[1];
             f32_dot_lanes<1, 2>(w, a.x_in + (size_t)(job >> 1) * a.proj_k, a.proj_k, tid % 128, acc);
@@ -258,8 +227,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             else sm.x[part_of(ch)][t][column_of(ch)] = xr[u];
         }
         if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
-        if constexpr (kCluster) gdn_cluster_sync();  // and every block's fused logits are in its sm.proj
-        else __syncthreads();
+        __syncthreads();
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
@@ -270,15 +238,10 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (a.w_beta) {
                 const float* pb = sm.proj[2 * t];
                 const float* pa = sm.proj[2 * t + 1];
-                if constexpr (kCluster) {  // jobs 2 t and 2 t + 1 are one block's (an even number per block)
-                    const unsigned owner = (2 * t) % (kSplits * kGroups) / kGroups;
-                    pb = gdn_cluster_map(pb, owner);
-                    pa = gdn_cluster_map(pa, owner);
-                }
                 bl = f32_warps_total(pb[0], pb[1], pb[2], pb[3]);
                 al = f32_warps_total(pa[0], pa[1], pa[2], pa[3]);
-                if (a.b_out && c0 == 0) a.b_out[row * a.n_v + h] = bl;
-                if (a.alpha_out && c0 == 0) a.alpha_out[row * a.n_v + h] = al;
+                if (a.b_out) a.b_out[row * a.n_v + h] = bl;
+                if (a.alpha_out) a.alpha_out[row * a.n_v + h] = al;
             } else {
                 bl = a.b[row * a.n_v + h];
                 al = a.alpha[row * a.n_v + h];
@@ -363,7 +326,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
             const float o = __fmaf_rn(delta, sm.kq[t], qs);                       // o = S'ᵀq + δ (k·q)
             if (rg == 0) {
-                if (kWhole || kCluster) sm.o[t][j] = o;
+                if (kWhole) sm.o[t][j] = o;
                 else a.y[(size_t)(t0 + t) * value_dim + (size_t)h * D + j] = o;  // normed by the next launch
             }
         }
@@ -379,16 +342,6 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             const float* zt = sm.z[warp];
             gdn_gated_norm_row(sm.o[warp], [&](int c) { return sm.norm_w[c]; }, [&](int c) { return zt[c]; }, a.eps,
                                lane, a.y + (size_t)(t0 + warp) * value_dim + (size_t)h * D);
-        }
-        if constexpr (kCluster) {  // token tw by warp tw / kSplits of block tw % kSplits, o from the blocks' sm.o
-            gdn_cluster_sync();  // every block's o columns are written
-            const int tw = c0 / kCols + kSplits * warp;
-            if (tw < n_tok) {
-                const size_t row = (size_t)(t0 + tw) * value_dim + (size_t)h * D;
-                gdn_gated_norm_row(GdnClusterRow<kCols>{sm.o[tw]}, [&](int c) { return a.norm_w[c]; },
-                                   [&](int c) { return a.z[row + c]; }, a.eps, lane, a.y + row);
-            }
-            gdn_cluster_sync();  // no block leaves while another reads its sm.o
         }
     }
 }

@@ -3,9 +3,8 @@
 // prefill call that of two calls around it, the prefill attention on fp16 rows of a Q8_0 cache the Q8_0 kernel's,
 // a prefill's FFN gate and up in one GEMM those of two GEMMs and the swiglu pack, the persistent FFN those of the
 // default launches, a GEMV or GEMM reading the tile layout (weight_layout.cuh) that of the GGUF's row layout, a
-// decode row's pack on a cluster of blocks that of one block, a GDN step on a cluster of blocks per head that of one
-// block per head), so that a test can see the path it checks really ran instead of a silent fallback. One relaxed
-// atomic add per launch, on the host.
+// decode row's pack on a cluster of blocks that of one block), so that a test can see the path it checks really ran
+// instead of a silent fallback. One relaxed atomic add per launch, on the host.
 #pragma once
 
 namespace openjet {
@@ -23,7 +22,6 @@ enum class Counted {
     kPackCluster = 8,
     kGemvInt = 9,
     kGemvPersistent = 10,
-    kGdnCluster = 11,
     kCount
 };
 
