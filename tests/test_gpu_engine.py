@@ -442,29 +442,6 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
         np.testing.assert_array_equal(out[tiles], out["16"], err_msg=tiles)
 
 
-def test_the_persistent_decode_grid_keeps_every_bit(models):
-    """OPENJET_GEMV_GRID=persistent (gemv_mma_persistent_kernel: decode GEMVs and pairs on the blocks the GPU holds,
-    each warp's cp.async ring running on across tiles) against a block per tile: the same logits bit for bit over
-    decode_sequence_logits, and the persistent kernel ran (launch_count; the switch is read once per process, so
-    the test sets it through kernels_test)."""
-    from openjet_launcher.engine import kernels_test as kt
-    ids = np.random.default_rng(24).integers(0, 4096, 40)
-    out = {}
-    engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
-    try:
-        for grid in ("tiles", "persistent"):
-            kt.set_gemv_grid(grid)
-            before = kt.launch_count("gemv_persistent")
-            out[grid] = decode_sequence_logits(engine, ids)
-            ran = kt.launch_count("gemv_persistent") - before
-            assert (ran > 0) == (grid == "persistent"), f"{grid}: {ran} persistent GEMV launches"
-    finally:
-        kt.set_gemv_grid("env")
-        engine.close()
-    assert np.isfinite(out["tiles"]).all()
-    np.testing.assert_array_equal(out["persistent"], out["tiles"])
-
-
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4"))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):

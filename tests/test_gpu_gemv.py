@@ -258,34 +258,6 @@ def test_decode_shapes_give_the_bits_of_16_row_tiles(qtype, tiles):
 
 
 @pytest.mark.parametrize("qtype", KQUANTS)
-def test_the_persistent_grid_gives_the_bits_of_a_block_per_tile(qtype):
-    """OPENJET_GEMV_GRID=persistent (gemv_mma_persistent_kernel: the blocks the GPU holds, each warp's cp.async ring
-    running on across its tiles) against a block per 16-row tile, bit for bit: partial last tiles (n = 33, 1,000),
-    warps without a unit (k = 256, 768), rows alternating 4-byte alignment (k = 1,280), the 27B's shapes (more
-    tiles than an H200 holds blocks: several tiles a block), t = 1, 3, 8, both layouts where there is a tile layout;
-    and the persistent kernel ran (launch_count)."""
-    rng = np.random.default_rng(22)
-    before = kt.launch_count("gemv_persistent")
-    try:
-        for n, k in [(33, 256), (1000, 768), (33, 1280), (10240, 5120), (5120, 17408)]:
-            raw = random_raw(rng, qtype, n, k)
-            x = random_x(rng, 8, k)
-            for t in (1, 3, 8):
-                for tiled in (False, True) if n % 16 == 0 else (False,):
-                    kt.set_gemv_grid("tiles")
-                    kt.set_gemv_tiles("16")
-                    base = kt.gemv(Q[qtype], raw, x[:t], tiled)
-                    kt.set_gemv_grid("persistent")
-                    got = kt.gemv(Q[qtype], raw, x[:t], tiled)
-                    assert np.isfinite(base).all()
-                    np.testing.assert_array_equal(got, base, err_msg=f"{n}x{k} T={t} tiled={tiled}")
-    finally:
-        kt.set_gemv_grid("env")
-        kt.set_gemv_tiles("env")
-    assert kt.launch_count("gemv_persistent") > before
-
-
-@pytest.mark.parametrize("qtype", KQUANTS)
 def test_the_tile_layout_moves_the_bytes_as_numpy_does(qtype):
     """The tile layout (weight_layout.cuh): each group of 16 rows stored unit by unit, i.e. numpy's
     [n / 16, 16, units, unit_bytes] -> [n / 16, units, 16, pitch] with each piece zero-padded to a multiple of 4

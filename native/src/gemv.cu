@@ -128,11 +128,10 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, cudaStream_t stream) {
     return launch_gemv_f32_rows(part, stream);
 }
 
-// The decode GEMV's launch choices: read from the environment at the first decode call (a decode launch reads no
-// environment after that) and set by tests and benchmarks; kFromEnv: read the environment again at the next call.
+// OPENJET_GEMV_HALF, read at the first decode call (a decode launch reads no environment after that) and set by
+// tests and benchmarks: a GemvHalfTiles value, or kFromEnv (read the environment again at the next call).
 constexpr int kFromEnv = -1;
-std::atomic<int> g_half_tiles{kFromEnv};  // OPENJET_GEMV_HALF: a GemvHalfTiles value
-std::atomic<int> g_persistent{kFromEnv};  // OPENJET_GEMV_GRID: 0 a block per tile, 1 the persistent grid
+std::atomic<int> g_half_tiles{kFromEnv};
 
 int half_tiles_from_env() {
     const char* e = std::getenv("OPENJET_GEMV_HALF");
@@ -141,28 +140,17 @@ int half_tiles_from_env() {
                                                             : GemvHalfTiles::kAuto);
 }
 
-int persistent_from_env() {
-    const char* e = std::getenv("OPENJET_GEMV_GRID");
-    return e && std::strcmp(e, "persistent") == 0 ? 1 : 0;
-}
-
-// The choice in `slot`, from the environment where it is kFromEnv.
-int launch_choice(std::atomic<int>& slot, int (*from_env)()) {
-    int v = slot.load(std::memory_order_relaxed);
-    if (v == kFromEnv) {
-        slot.compare_exchange_strong(v, from_env());
-        v = slot.load(std::memory_order_relaxed);
-    }
-    return v;
-}
-
 }  // namespace
 
-GemvHalfTiles gemv_half_tiles() { return static_cast<GemvHalfTiles>(launch_choice(g_half_tiles, half_tiles_from_env)); }
+GemvHalfTiles gemv_half_tiles() {
+    int v = g_half_tiles.load(std::memory_order_relaxed);
+    if (v == kFromEnv) {
+        g_half_tiles.compare_exchange_strong(v, half_tiles_from_env());
+        v = g_half_tiles.load(std::memory_order_relaxed);
+    }
+    return static_cast<GemvHalfTiles>(v);
+}
 void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ? mode : kFromEnv); }
-
-bool gemv_persistent() { return launch_choice(g_persistent, persistent_from_env) == 1; }
-void set_gemv_persistent(int mode) { g_persistent.store(mode == 0 || mode == 1 ? mode : kFromEnv); }
 
 bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense; }
 

@@ -58,14 +58,6 @@ GemvHalfTiles gemv_half_tiles();
 // choice again.
 void set_gemv_half_tiles(int mode);
 
-// Decode calls on a persistent grid (gemv_mma.cuh, gemv_mma_persistent_kernel: the blocks the GPU holds, each
-// streaming tiles with one cp.async ring per warp across them): the same bits, a different speed. An experiment:
-// off unless OPENJET_GEMV_GRID=persistent in the environment at the first call (tiles: a block per tile, the
-// default), or set_gemv_persistent (tests and benchmarks: -1 the environment's choice again, 0 off, 1 on). Decode
-// calls take it before the half-tile choice.
-bool gemv_persistent();
-void set_gemv_persistent(int mode);
-
 // Whether a prefill takes numerics of its own (OPENJET_PREFILL_GEMM unset or "fast", read at each call): then the
 // prefill's other forms of its own (the single-fp16 attention, OPENJET_PREFILL_ATTN; the opt-in chunked GDN,
 // OPENJET_GDN_CHUNKED) apply too; under "exact" a prefill leaves decode's bits and none of them does.

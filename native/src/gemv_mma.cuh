@@ -29,7 +29,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -649,101 +648,6 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     if (warp == 0) tile_sum_store<NG, kRows>(part, lane, row0, grp0, n, t, x.inv, y);
 }
 
-// OPENJET_GEMV_GRID=persistent (an experiment; gemv.cuh gemv_persistent): a decode call's 16-row tiles, and its
-// pair's after them, on a grid of the blocks the GPU holds at once. Block b takes tiles b, b + gridDim.x, ...; each
-// warp keeps one cp.async ring running on across its tiles (weights of the next tile in flight while this one's last
-// units are consumed and stored), where a block per tile drains its ring and the next block starts from empty: the
-// persistent form of gemv_imma, which gained 5-10% on the k = 5,120 calls in isolation. Every tile's arithmetic is
-// gemv_tile_warp's in the same order (warp i: units [nu i / 4, nu (i + 1) / 4) from zero, warp 0 adding the four):
-// the bits of gemv_mma_kernel. A tile's partial sums are double-buffered, so the warps go on to the next tile while
-// warp 0 stores this one. Q6_K at the other types' blocks per SM (128 registers on sm_90): at the block-per-tile
-// kernel's 6 (80 registers) it spilled 8 bytes on sm_90a, at 5 (96) 4 bytes.
-constexpr int gemv_persistent_min_blocks(int qtype) {
-    return qtype == kQ6_K && OPENJET_GEMV_MIN_BLOCKS_Q6K < OPENJET_GEMV_MIN_BLOCKS ? OPENJET_GEMV_MIN_BLOCKS_Q6K
-                                                                                  : OPENJET_GEMV_MIN_BLOCKS;
-}
-template <int QT>
-__global__ void __launch_bounds__(kGemvWarps * 32, gemv_persistent_min_blocks(QT))
-gemv_mma_persistent_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k, ActPack x, int t,
-                           float* __restrict__ y, GemvSecond second, bool tiled) {
-    using S = MmaShape<QT>;
-    extern __shared__ uint4 smem[];
-    __shared__ float part[2][kGemvWarps][1][32][4];
-    pdl_launch_dependents();  // pdl_wait() below, after the first weight copies
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int nu = k / kUnitElems, u0 = nu * warp / kGemvWarps, nuw = nu * (warp + 1) / kGemvWarps - u0;
-    const int tiles_a = (n + kMmaRows - 1) / kMmaRows;
-    const int tiles = second.w ? second.from + (second.n + kMmaRows - 1) / kMmaRows : tiles_a;
-    const int my_tiles = (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
-    const int steps = my_tiles * nuw;  // this warp's units, tile after tile
-    // Either layout: tile i's unit u at its matrix + i * tile_bytes + u * unit, its rows `row` apart (a pair's two
-    // matrices share type and k, so these).
-    const WeightSteps step(row_bytes, S::kUnitBytes, tiled, 0);
-    const long long tile_bytes = tiled ? static_cast<long long>(nu) * step.unit : kMmaRows * row_bytes;
-    const TileCopy<QT> copy_full(step.row, kMmaRows, 0, lane);
-    uint4* wsm = smem + warp * kGemvStages * S::kStageWords;
-    // (matrix, tile within it) of a tile index: a's tiles, then b's
-    const auto locate = [&](int tile, const uint8_t*& wm, int& nm, int& lt) {
-        const bool b = tile >= tiles_a;
-        wm = b ? second.w : w;
-        nm = b ? second.n : n;
-        lt = b ? tile - second.from : tile;
-    };
-    int issue_tile = blockIdx.x, issue_u = 0;  // step `is`'s copy, kept incrementally
-    auto issue = [&](int is) {
-        if (is < steps) {
-            const uint8_t* wm;
-            int nm, lt;
-            locate(issue_tile, wm, nm, lt);
-            const uintptr_t a = reinterpret_cast<uintptr_t>(wm) + lt * tile_bytes + (u0 + issue_u) * step.unit;
-            uint4* dst = wsm + is % kGemvStages * S::kStageWords;
-            const int rows = nm - lt * kMmaRows;
-            if (rows >= kMmaRows) {
-                copy_full.issue(a, dst, lane);
-            } else {  // a matrix's last, partial tile: rows past n are never copied
-                const TileCopy<QT> copy_last(step.row, rows, 0, lane);
-                copy_last.issue(a, dst, lane);
-            }
-            if (++issue_u == nuw) issue_u = 0, issue_tile += gridDim.x;
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
-    pdl_wait();  // pdl.cuh: the weights above are immutable; the activations and outputs are another kernel's
-
-    const int col = min(g, t - 1);  // this lane's token row (t - 1 past t: UnitX)
-    const __half* xh = x.h + static_cast<long long>(col) * k + u0 * kUnitElems;
-    const __half* xs = x.sum + static_cast<long long>(col) * (k / kActBlock) * 2 + u0 * 16;
-    int is = 0, parity = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const uint8_t* wm;
-        int nm, lt;
-        locate(tile, wm, nm, lt);
-        const uintptr_t tile0 = reinterpret_cast<uintptr_t>(wm) + lt * tile_bytes;
-        float acc[1][4] = {};
-        for (int uq = 0; uq < nuw; ++uq, ++is) {  // a warp may have no unit (k < 1024): it still joins the sums
-            cp_async_wait<kGemvStages - 2>();
-            __syncwarp();
-            const uint8_t* r[2];
-            tile_unit_rows<QT>(wsm + is % kGemvStages * S::kStageWords, tile0 + (u0 + uq) * step.unit, step.row, g,
-                               r);
-            UnitX ux[1] = {{xh + uq * kUnitElems, xs + uq * 16}};
-            UnitMma<QT, 1, false, 2>::run(r, ux, tq, acc);
-            __syncwarp();
-            issue(is + kGemvStages - 1);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) part[parity][warp][0][lane][c] = acc[0][c];
-        __syncthreads();  // part[parity] is written again two tiles on, after a barrier warp 0 passes once it stored
-        if (warp == 0)
-            tile_sum_store<1, kMmaRows>(part[parity], lane, lt * kMmaRows, 0, nm, t, x.inv,
-                                        tile >= tiles_a ? second.y : y);
-        parity ^= 1;
-    }
-    cp_async_wait<0>();
-}
-
 // ------------------------------------------------------------------------------------------ prefill
 
 // Prefill (t > 8 rows): the grouped kernel above re-reads the activations from L2 for every 16-row tile,
@@ -1037,47 +941,9 @@ bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
     return half_tiles <= slots.half && (QT == kQ6_K || 4 * tiles < slots.full);
 }
 
-// a's decode GEMV (and b's after it) on gemv_mma_persistent_kernel's grid: as many blocks as the GPU holds at once
-// (the occupancy API, asked once: nothing about the GPU compiled in), at most one per tile.
-template <int QT>
-cudaError_t launch_gemv_persistent(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b) {
-    using S = MmaShape<QT>;
-    auto kernel = gemv_mma_persistent_kernel<QT>;
-    struct Resident {
-        cudaError_t err = cudaSuccess;
-        long long blocks = 0;
-    };
-    static const Resident resident = [&] {
-        Resident r;
-        int per_sm = 0, sms = 0;
-        r.err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-        if (r.err == cudaSuccess)
-            r.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, S::kSmemBytes);
-        if (r.err == cudaSuccess) r.err = device_attribute(cudaDevAttrMultiProcessorCount, &sms);
-        r.blocks = static_cast<long long>(per_sm) * sms;
-        return r;
-    }();
-    if (resident.err != cudaSuccess) return resident.err;
-    if (resident.blocks < 1) return cudaErrorNotSupported;
-    const long long row_bytes = row_bytes_of<QT>(a.k);
-    if (!tile_offsets_fit(row_bytes) || (b && a.tiled != b->tiled)) return cudaErrorInvalidValue;
-    if (a.tiled) count_launch(Counted::kTiledWeights);
-    count_launch(Counted::kGemvPersistent);
-    const long long tiles_a = (a.n + kMmaRows - 1) / kMmaRows;
-    const long long tiles = tiles_a + (b ? (b->n + kMmaRows - 1) / kMmaRows : 0);
-    if (tiles > 0x7fffffffLL) return cudaErrorInvalidValue;
-    GemvSecond second;
-    if (b) second = {static_cast<const uint8_t*>(b->w), b->n, b->y, static_cast<int>(tiles_a)};
-    return launch_kernel(kernel, static_cast<unsigned>(std::min(tiles, resident.blocks)), kGemvWarps * 32,
-                         S::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), row_bytes, a.n, a.k, a.x, a.t, a.y,
-                         second, a.tiled);
-}
-
-// One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles), or the persistent grid
-// (gemv_persistent): the same bits.
+// One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles): the same bits.
 template <int QT>
 cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
-    if (gemv_persistent()) return launch_gemv_persistent<QT>(a, stream, b);
     if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
     return launch_gemv_mma_ng<QT, 1>(a, stream, b);
 }

@@ -21,7 +21,6 @@ enum class Counted {
     kTiledWeights = 7,
     kPackCluster = 8,
     kGemvInt = 9,
-    kGemvPersistent = 10,
     kCount
 };
 

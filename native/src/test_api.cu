@@ -335,14 +335,6 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     return OPENJET_OK;
 }
 
-// The decode GEMV's grid for the calls that follow: -1 what OPENJET_GEMV_GRID says (gemv_persistent), 0 a block per
-// tile, 1 the persistent grid. Process-wide, as openjet_test_set_gemv_half.
-extern "C" OPENJET_API int openjet_test_set_gemv_grid(int mode) {
-    if (mode < -1 || mode > 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_grid: mode must be -1, 0 or 1");
-    set_gemv_persistent(mode);
-    return OPENJET_OK;
-}
-
 // 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
 

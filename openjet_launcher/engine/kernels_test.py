@@ -62,7 +62,6 @@ def _lib() -> ctypes.CDLL:
         "bench_gemv_layout": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
-        "set_gemv_grid": [_I],
         "dense_gemm_available": [],
         "launch_count": [_I, _P],
         "ffn_pack_rows": [_I, _I, _I, _I, _P],
@@ -250,19 +249,6 @@ def set_gemv_tiles(tiles: str) -> None:
     _check(lib, lib.openjet_test_set_gemv_half(GEMV_TILES[tiles]), "set_gemv_half")
 
 
-GEMV_GRIDS = {"env": -1, "tiles": 0, "persistent": 1}
-
-
-def set_gemv_grid(grid: str) -> None:
-    """The decode GEMV's grid for the calls that follow, in this process: "tiles" (a block per tile, the default),
-    "persistent" (gemv_mma_persistent_kernel: the blocks the GPU holds, each streaming tiles; the same bits) or
-    "env" (what OPENJET_GEMV_GRID says)."""
-    if grid not in GEMV_GRIDS:
-        raise ValueError(f"grid must be one of {', '.join(GEMV_GRIDS)}, got {grid!r}")
-    lib = _lib()
-    _check(lib, lib.openjet_test_set_gemv_grid(GEMV_GRIDS[grid]), "set_gemv_grid")
-
-
 def dense_gemm_available() -> bool:
     """Whether this library and GPU run the dense prefill GEMM (a 90a build with CUTLASS on compute capability 9.0;
     OPENJET_PREFILL_GEMM=dense then takes it: native/src/dense_gemm.cuh)."""
@@ -276,7 +262,7 @@ DENSE_MIN_ROWS = 256
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
-           "pack_cluster": 8, "gemv_int": 9, "gemv_persistent": 10}
+           "pack_cluster": 8, "gemv_int": 9}
 
 
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
@@ -305,8 +291,8 @@ def launch_count(path: str) -> int:
     "attn_prefill_f16_rows": the prefill attention on fp16 rows of a Q8_0 cache; "prefill_gate_up": a prefill's FFN
     gate and up in one GEMM; "ffn_persistent": a decode step's FFN in one persistent launch; "tiled_weights": a
     GEMV, prefill GEMM, dequantisation or row gather reading weights in the tile layout; "pack_cluster": a decode row's
-    pack on a cluster of blocks; "gemv_int": a decode call on the integer GEMV, OPENJET_GEMV_INT; "gemv_persistent": a
-    decode GEMV on the persistent grid, OPENJET_GEMV_GRID): how a test sees that the path ran."""
+    pack on a cluster of blocks; "gemv_int": a decode call on the integer GEMV, OPENJET_GEMV_INT): how a test sees
+    that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
