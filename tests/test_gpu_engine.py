@@ -635,29 +635,31 @@ def test_the_prefill_row_packs_give_decode_bits_at_every_block_size(models, thre
     np.testing.assert_array_equal(chunks.hidden[-1], steps.hidden[-1], err_msg=f"{threads} threads: hidden")
 
 
-def test_prefill_chunks_of_128_512_and_2048_leave_the_same_bits(models):
-    """Issue 6: chunk sizes 128, 512 and 2,048 (an engine loaded with prefill_rows = 2048; each chunk reads the
-    weights once) leave the same state bit for bit: the last logits and hidden row and the next decode step's
-    logits. The C API refuses a chunk above the engine's prefill_rows, naming it."""
-    ids = np.random.default_rng(59).integers(0, 4096, 2600)
-    engine = CudaEngine.load(models["tiny"], n_ctx=4096, prefill_rows=2048)
+def test_prefill_chunks_of_128_to_8192_leave_the_same_bits(models):
+    """Issue 6: chunk sizes 128, 512 and 2,048 (the launcher's), and 4,096 and 8,192 (the most an engine takes: the
+    large GPUs' prompts in fewer calls; issue 8), in an engine loaded with prefill_rows = 8192 (each chunk reads the
+    weights once), leave the same state bit for bit: the last logits and hidden row and the next decode step's
+    logits, after a prompt of 8,199 tokens (two calls at 4,096 and at 8,192, one of them short). The C API refuses
+    a chunk above the engine's prefill_rows, naming it."""
+    ids = np.random.default_rng(59).integers(0, 4096, 8200)
+    engine = CudaEngine.load(models["tiny"], n_ctx=8448, prefill_rows=8192)
     try:
         def run(chunk):
             state = engine.new_state()
-            out = engine.prefill(state, ids[:2599], chunk_size=chunk)
-            nxt = engine.decode(state, ids[2599:2600]).logits[-1]
+            out = engine.prefill(state, ids[:8199], chunk_size=chunk)
+            nxt = engine.decode(state, ids[8199:8200]).logits[-1]
             return out.logits[-1], out.hidden[-1], nxt
 
         ref = run(128)
-        for chunk in (512, 2048):
+        for chunk in (512, 2048, 4096, 8192):
             for name, a, b in zip(("logits", "hidden", "next logits"), run(chunk), ref):
                 np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
         engine.new_state()
         ids32 = np.ascontiguousarray(ids[:4], dtype=np.int32)
         rc = engine._lib.openjet_engine_prefill(engine._handle, ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                                                4, 2049, None, None)
-        assert rc != 0 and b"not 1..2048" in engine._lib.openjet_engine_last_error()
-        report(test="prefill_chunks_128_512_2048_equal", equal=True, tokens=2599)
+                                                4, 8193, None, None)
+        assert rc != 0 and b"not 1..8192" in engine._lib.openjet_engine_last_error()
+        report(test="prefill_chunks_128_to_8192_equal", equal=True, tokens=8199)
     finally:
         engine.close()
 

@@ -296,9 +296,9 @@ def test_edge_values_softplus_threshold_saturated_beta_zero_heads():
 def test_invalid_shapes_raise():
     rng = np.random.default_rng(0)
     n_k, n_v = SIZES["tiny"]
-    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 2049)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 8193)
     cs, s = random_state(rng, n_k, n_v)
-    with pytest.raises(OpenJetError, match="t = 2049"):
+    with pytest.raises(OpenJetError, match="t = 8193"):
         gpu_step(n_k, n_v, tok, par, cs, s)
     with pytest.raises(OpenJetError, match="multiple of n_k"):
         kg.bench_gdn(4, 6, 1, 1, 1, 1)

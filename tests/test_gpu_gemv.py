@@ -539,8 +539,8 @@ def test_embed_full_vocabulary_table_last_rows():
 def test_errors_are_values_with_messages():
     rng = np.random.default_rng(10)
     raw = quantize(rng.standard_normal((4, 256), dtype=np.float32), Q["Q4_K"])
-    with pytest.raises(OpenJetError, match="token rows must be 1..2048"):
-        kt.gemv(Q["Q4_K"], raw, np.ones((2049, 256), np.float32))
+    with pytest.raises(OpenJetError, match="token rows must be 1..8192"):
+        kt.gemv(Q["Q4_K"], raw, np.ones((8193, 256), np.float32))
     with pytest.raises(OpenJetError, match="outside the vocabulary"):
         kt.embed(Q["Q4_K"], raw, 256, np.array([4], np.int32))
     q8 = quantize(rng.standard_normal((4, 96), dtype=np.float32), Q["Q8_0"])

@@ -55,13 +55,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from openjet_launcher.engine.cuda import PREFILL_ROWS_MAX, prefill_gemm  # noqa: E402
+from openjet_launcher.engine.cuda import prefill_gemm  # noqa: E402
 from openjet_launcher.model.shape import PRESETS, ModelShape  # noqa: E402
 
 GIB = 1 << 30
 KV_ROW_BYTES = {"f16": 512, "q8_0": 272}        # one head's K (or V) row of head_dim 256 (engine.cu kv_row_bytes)
 FOOTPRINT_CTX = 32768
-FILL_CHUNK = 2048                    # tokens per engine.prefill call while filling (a multiple of 8)
+FILL_CHUNK = 2048                    # tokens per engine.prefill call while filling (a multiple of 8), or
+                                     # --prefill-rows where larger
+PRESET_PREFILL_ROWS = 2048           # the launcher's prefill chunk on the 24 and 32 GB cards
 SPEC_CTX = 1024                      # context of the speculation figures (issue 7)
 TOP_K = 32                           # decode_top's k in the decode sweep: the server's (sampling.GPU_MAX_TOP_K)
 SPEC_EST_S = 40.0                    # their time, at most (fill, ~1,000 timed calls)
@@ -552,8 +554,9 @@ class Bench:
                     self.skip(run, f"{kv}: fill to {q} (and what needs it)", self.est_fill(kv, n, q))
                 break
             dt = 0.0
-            for c0 in range(n, p, FILL_CHUNK):          # chunks: progress and a deadline check between them
-                c1 = min(p, c0 + FILL_CHUNK)
+            fill = max(FILL_CHUNK, self.a.prefill_rows)
+            for c0 in range(n, p, fill):                # chunks: progress and a deadline check between them
+                c1 = min(p, c0 + fill)
                 t0 = time.perf_counter()
                 engine.prefill(state, ids_all[c0:c1])
                 dt += time.perf_counter() - t0
@@ -861,9 +864,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-profile", type=int, default=2048,
                     help="after the prefill and decode figures, one more prefill of this many tokens with the "
                          "per-phase profile on, reported as prefill_profile (default 2048; 0: none)")
-    ap.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS_MAX,
-                    help=f"the engine's prefill chunk (CudaEngine.load; default {PREFILL_ROWS_MAX}: what the launcher "
-                         f"picks on the 24 and 32 GB cards, launcher/presets.py)")
+    ap.add_argument("--prefill-rows", type=int,
+                    default=int(os.environ.get("OPENJET_BENCH_PREFILL_ROWS", PRESET_PREFILL_ROWS)),
+                    help=f"the engine's prefill chunk (CudaEngine.load; default OPENJET_BENCH_PREFILL_ROWS, else "
+                         f"{PRESET_PREFILL_ROWS}: what the launcher picks on the 24 and 32 GB cards, "
+                         f"launcher/presets.py; scripts/gpu_bench_engine.sh's VARIANTS set it per run)")
     ap.add_argument("--kv", "--kv-type", dest="kv", default="q8_0,f16",
                     type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
                     help="KV cache types, in order (default q8_0,f16)")

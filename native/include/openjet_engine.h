@@ -5,7 +5,7 @@
  * One engine = the weights of one qwen35 GGUF file on one GPU + ONE sequence (KV caches, Gated DeltaNet
  * recurrent and conv states) + a few device checkpoint slots of the recurrent state for rollback.
  * Shapes are row-major; token rows t are 1..8 (a decode step, or a verify step of 1 + drafts), up to the
- * config's prefill_rows (512 by default, at most 2048) in a prefill chunk. */
+ * config's prefill_rows (512 by default, at most 8192) in a prefill chunk. */
 #ifndef OPENJET_ENGINE_H
 #define OPENJET_ENGINE_H
 
@@ -23,7 +23,7 @@ extern "C" {
 #define OPENJET_ENGINE_ERR_MODEL (-6)       /* a tensor is missing, or has a shape or type we cannot run */
 #define OPENJET_ENGINE_MAX_T 8            /* token rows of a decode step (1 + drafts) */
 #define OPENJET_ENGINE_PREFILL_ROWS 512   /* default token rows of a prefill chunk (its weights are read once) */
-#define OPENJET_ENGINE_PREFILL_ROWS_MAX 2048 /* the most a config's prefill_rows may ask */
+#define OPENJET_ENGINE_PREFILL_ROWS_MAX 8192 /* the most a config's prefill_rows may ask */
 
 /* Model dimensions (the ModelShape fields of the GGUF file) and the sequence's sizes. */
 typedef struct openjet_engine_config {

@@ -27,7 +27,7 @@ OPENJET_API const char* openjet_test_last_error(void);
 /* Activation packing, the GEMV's input format (optionally fused RMSNorm: norm_w != NULL, then
  * v = x*rsqrt(mean x^2+eps)*w): per row, s = 2^e with max|v|*s in [2^14, 2^15); xh [t, k] fp16 bits of v*s,
  * each aligned quad stored in the order 0, 2, 1, 3; xsum [t, k/32 * 2] fp16 bits of each 32-block's sum S
- * / 32 as hi + lo, in native/src/act_pack.cuh's order; xinv [t] = 1/s. t is 1..2048, k % 256 == 0. */
+ * / 32 as hi + lo, in native/src/act_pack.cuh's order; xinv [t] = 1/s. t is 1..8192, k % 256 == 0. */
 OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps, uint16_t* xh,
                                       uint16_t* xsum, float* xinv);
 

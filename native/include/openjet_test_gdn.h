@@ -4,7 +4,7 @@
  *   qkv [t, conv_dim] with conv_dim = (2 n_k + n_v) * 128, z [t, n_v*128], b and alpha [t, n_v],
  *   conv_w [conv_dim, 4] (tap 3 multiplies the current token), conv state [3, conv_dim] (oldest first),
  *   ssm_a and dt_bias [n_v], norm_w [128], state [n_v, 128 (k), 128 (v)], y [t, n_v*128].
- * t (token rows) is 1..2048 (in sub-steps of 8, bit for bit as one-row calls); n_v is a multiple of n_k (value
+ * t (token rows) is 1..8192 (in sub-steps of 8, bit for bit as one-row calls); n_v is a multiple of n_k (value
  * head v reads key head v mod n_k). */
 #ifndef OPENJET_TEST_GDN_H
 #define OPENJET_TEST_GDN_H

@@ -22,7 +22,7 @@
 namespace openjet {
 
 constexpr int kActRows = 8;        // token columns of one mma (N): a GEMV reads a pack in groups of 8 rows
-constexpr int kActMaxRows = 2048;  // rows a prefill pack may hold (OPENJET_ENGINE_PREFILL_ROWS_MAX)
+constexpr int kActMaxRows = 8192;  // rows a prefill pack may hold (OPENJET_ENGINE_PREFILL_ROWS_MAX)
 constexpr int kActBlock = 32;      // elements per sum
 
 struct ActPack {

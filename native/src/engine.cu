@@ -14,7 +14,7 @@
 // Every op works row by row in a fixed order, so row t of a T-row step equals the one-row step at that
 // position bit for bit, except when attention's context split changes (attn_decode.cuh).
 // Prefill (openjet_engine_prefill) runs the same trunk over chunks of up to prefill_rows rows (config; 512 by
-// default, at most 2048): the projections take all rows at once (the GEMV's groups of 8), the GDN step takes
+// default, at most 8192): the projections take all rows at once (the GEMV's groups of 8), the GDN step takes
 // them in one launch (sub-steps of 8 inside), attention in sub-steps of 8 (merged into launches of up to 64
 // rows where no bit changes), so its rows carry decode's bits. A verify step (openjet_engine_verify) is a
 // decode step that leaves the committed GDN state alone; openjet_engine_accept replays the GDN recurrence over

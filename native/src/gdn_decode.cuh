@@ -37,7 +37,7 @@ namespace openjet {
 constexpr int kGdnHeadDim = 128;     // linear_key_head_dim = linear_value_head_dim
 constexpr int kGdnConvTaps = 4;      // linear_conv_kernel_dim; the state holds the last 3 raw inputs
 constexpr int kGdnMaxT = 8;          // token rows per sub-step (shared memory holds one sub-step's inputs)
-constexpr int kGdnMaxRows = 2048;    // token rows per call (a prefill chunk: OPENJET_ENGINE_PREFILL_ROWS_MAX)
+constexpr int kGdnMaxRows = 8192;    // token rows per call (a prefill chunk: OPENJET_ENGINE_PREFILL_ROWS_MAX)
 constexpr int kGdnRowsPerThread = 16;                                        // R: state rows in registers
 constexpr int kGdnThreads = kGdnHeadDim * (kGdnHeadDim / kGdnRowsPerThread);  // 1024: one per (row group, column)
 constexpr int kGdnSplitCols = 32;                                            // columns per block, column split

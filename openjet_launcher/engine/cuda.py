@@ -5,7 +5,7 @@ What v1 is (and is not):
 * ``decode`` runs the trunk on the GPU for T <= 8 tokens per step (tensor-core GEMVs on the GGUF blocks with
   fp16 activations, the recurrent Gated DeltaNet step, split-K attention over an F16 or Q8_0 KV cache), one
   kernel launch per op. ``load`` refuses a GPU the library has no code for (device_probe).
-* ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 2048,
+* ``prefill`` runs chunks of up to ``prefill_rows`` tokens (``load``'s argument: 512 by default, at most 8192,
   ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
@@ -62,7 +62,7 @@ KV_TYPES = {"f16": 1, "q8_0": 8}
 DEFAULT_N_CTX = 32768
 DEFAULT_CHECKPOINTS = 4
 PREFILL_ROWS = 512        # OPENJET_ENGINE_PREFILL_ROWS (openjet_engine.h): default token rows of a prefill chunk
-PREFILL_ROWS_MAX = 2048   # OPENJET_ENGINE_PREFILL_ROWS_MAX
+PREFILL_ROWS_MAX = 8192   # OPENJET_ENGINE_PREFILL_ROWS_MAX
 # OPENJET_PREFILL_GEMM's values (native/src/gemv_mma.cuh, prefill_gemm_choice): "fast" (the default) gives a
 # prefill numerics of its own, "exact" decode's bits ("shared" / "grouped": "exact" with one kernel forced), "dense"
 # numerics of its own again through CUTLASS's Hopper GEMM (a 90a build with CUTLASS on sm_90: dense_gemm.cuh).
@@ -275,7 +275,7 @@ class CudaEngine(Engine):
         unsloth types at load: model/reencode.py). ``n_ctx``: KV cache capacity in tokens (default
         min(context_length, 32768)); ``kv_type``: "f16" or "q8_0"; ``mtp``: also upload the MTP head (when the
         file has one) and keep its cache filled, for mtp_draft; False leaves it out (less memory, no drafts);
-        ``prefill_rows``: the longest prefill chunk (1..2048 tokens; each reads the weights once, and costs ~260
+        ``prefill_rows``: the longest prefill chunk (1..8192 tokens; each reads the weights once, and costs ~260
         KB of device scratch per row at 27B)."""
         prefill_gemm()  # a bad OPENJET_PREFILL_GEMM is refused before anything is read
         check_kernel_switches()

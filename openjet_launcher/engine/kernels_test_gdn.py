@@ -3,7 +3,7 @@ tests/test_gpu_gdn.py and native/bench/bench_gdn.py.
 
 Layouts (float32): qkv [t, conv_dim], z [t, n_v*128], b and alpha [t, n_v], conv_w [conv_dim, 4] (the
 reference's causal_conv takes its transpose [4, conv_dim]), conv state [3, conv_dim] oldest first, state
-[n_v, 128 (k), 128 (v)] (the reference's layout), y [t, n_v*128]. t = 1..2048.
+[n_v, 128 (k), 128 (v)] (the reference's layout), y [t, n_v*128]. t = 1..8192.
 """
 
 from __future__ import annotations

@@ -187,6 +187,6 @@ def test_serve_engine_cuda_loads_with_the_kv_format_and_checkpoints_the_memory_p
         assert app.state.core.worker._engine_or_loader() == "engine"
         assert seen == {"n_ctx": 2048, "kv_type": kv, "n_checkpoints": checkpoints, "mtp": mtp,
                         "prefill_rows": rows}
-    for bad in ("0", "2049"):
-        with pytest.raises(cli.OpenJetError, match=f"--prefill-chunk {bad}: expected 1..2048"):
+    for bad in ("0", "8193"):
+        with pytest.raises(cli.OpenJetError, match=f"--prefill-chunk {bad}: expected 1..8192"):
             serve_app(str(tiny_path), "--engine", "cuda", "--prefill-chunk", bad)
