@@ -14,7 +14,7 @@ from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher import presets
 from openjet_launcher.launcher.memory import (CUDA_CONTEXT_BYTES, STATE_COPIES, GiB, KV_FORMATS, MiB,
                                               memory_model, safety_margin_bytes, v1_align)
-from openjet_launcher.launcher.presets import CARDS, CTX_STEP, CUDA_V1, MIN_CTX, PLANNED, format_table
+from openjet_launcher.launcher.presets import CARDS, CTX_STEP, CUDA_V1, DENSE_CHUNK, MIN_CTX, PLANNED, format_table
 from openjet_launcher.model.shape import PRESETS, QWEN38_27B
 
 MM = memory_model(QWEN38_27B)
@@ -129,26 +129,43 @@ def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ct
     assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch + since)
 
 
-def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engine_reported():
-    """bench/results/engine-full-h200-8387270-attn128-gdn2.json: the full 27B on the H200 (132 SMs), n_ctx 32768,
-    q8_0 KV, 2,048-row prefill chunks, the dense prefill GEMM and the chunked GDN's scratch (then under
-    OPENJET_GDN_CHUNKED=2, now the default): the engine reported 1,063,178,240 bytes of scratch, 147,980,288 more than
-    without the GDN's (the -attn128 run beside it). The persistent FFN's part has grown since, from 256 bytes, and its
-    profile's part (256) and the integer GEMV's empty pack part (256) were added."""
-    a = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=132, n_checkpoints=4, dense_prefill=True)
-    assert a.scratch_bytes == 1063178240 - 256 + ffn_scratch(MM) + 256 + 256
+@pytest.mark.parametrize("chunk, scratch", [(2048, 1241441792), (4096, 1935746560), (8192, 3324356096)])
+def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engine_reported(chunk, scratch):
+    """bench/results/engine-full-h200-8bfa2d6-rows-{2048,4096,8192}.json: the full 27B on the H200 (132 SMs), n_ctx
+    32768, q8_0 KV, prefill chunks of 2,048, 4,096 and 8,192 rows, the dense prefill GEMM (its scratch: the FFN's
+    gate and up as fp16) and the chunked GDN's scratch: the engine reported these scratch bytes (memory()), and at
+    2,048 rows 147,980,288 of them the GDN's (the -attn128 run of 8387270, without it, beside -attn128-gdn2)."""
+    a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True)
+    assert a.scratch_bytes == scratch
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
 
 
 def test_an_h100_plan_holds_the_dense_prefill_gemms_scratch():
     """On compute capability 9.0 (the release wheels' sm_90a) prefill dequantises each projection into fp16 scratch
-    the size of the largest (the FFN's 17,408 x 5,120 halves at 27B, as engine.cu sizes it): the plan holds it,
-    and a card of the same memory at 8.9 does not."""
+    the size of the largest (the FFN's gate and up, 2 x 17,408 x 5,120 halves at 27B, as engine.cu sizes it): the
+    plan holds it, and a card of the same memory at 8.9 does not. There the chunk is DENSE_CHUNK's 4,096 rows (the
+    whole context fits either way), whose row-sized scratch the plan holds too; the 8.9 card keeps 2,048."""
     h100 = choose_settings(80 * GiB, 79 * GiB, 132, "9.0", engine=CUDA_V1)
     ada = choose_settings(80 * GiB, 79 * GiB, 132, "8.9", engine=CUDA_V1)
-    assert MM.dense_prefill_bytes == 2 * 17408 * 5120
-    grown = h100.memory.decode_workspace - ada.memory.decode_workspace
+    assert (h100.prefill_chunk, ada.prefill_chunk) == (DENSE_CHUNK, 2048)
+    assert h100.n_ctx == ada.n_ctx == QWEN38_27B.n_ctx_train
+    assert MM.dense_prefill_bytes == 2 * 2 * 17408 * 5120  # gate and up, one GEMM
+    def arena(dense, chunk=DENSE_CHUNK):  # as plan() sizes it: the attention workspace for the longest context
+        return MM.engine_v1_arena(n_ctx=QWEN38_27B.n_ctx_train, chunk=chunk, sm_count=132, dense_prefill=dense)
+    assert h100.memory.decode_workspace == arena(True).fixed_bytes
+    assert ada.memory.decode_workspace == arena(False, 2048).fixed_bytes
+    grown = arena(True).fixed_bytes - arena(False).fixed_bytes
     assert MM.dense_prefill_bytes <= grown <= MM.dense_prefill_bytes + 256
+
+
+def test_the_dense_chunk_is_taken_only_where_it_costs_no_context():
+    """DENSE_CHUNK (4,096 rows) only on compute capability 9.0 and only where the model's whole context fits with it:
+    a 24 GB card at 9.0 (none is sold; the rule, not the card) keeps 2,048 rows and the context 2,048 gives it."""
+    small = choose_settings(24 * GiB, 23 * GiB, 132, "9.0", engine=CUDA_V1)
+    assert small.prefill_chunk == 2048 and small.n_ctx < QWEN38_27B.n_ctx_train
+    h200 = choose_settings(141 * GiB, 140 * GiB, 132, "9.0", engine=CUDA_V1)
+    assert h200.prefill_chunk == DENSE_CHUNK and h200.kv_format == "fp16"
+    assert any(r.startswith(f"prefill chunk {DENSE_CHUNK}: the dense prefill GEMM") for r in h200.reasons)
 
 
 def test_a_v1_plan_holds_the_engines_arena_with_the_workspace_of_the_longest_context():

@@ -234,9 +234,10 @@ class MemoryModel:
     @property
     def dense_prefill_bytes(self) -> int:
         """The dense prefill GEMM's scratch (sm_90a builds on compute capability 9.0: native/src/dense_gemm.cuh):
-        the largest k-quant projection as fp16 (at 27B the FFN's 17,408 x 5,120: 170 MiB)."""
+        the largest matrix it dequantises as fp16, at 27B the FFN's gate and up together (one GEMM since 7cd6fd3:
+        2 x 17,408 x 5,120 halves, 340 MiB)."""
         s = self.shape
-        return 2 * max(s.n_ff, s.ssm_conv_dim, 2 * s.q_dim) * s.n_embd
+        return 2 * max(2 * s.n_ff, s.ssm_conv_dim, 2 * s.q_dim) * s.n_embd
 
     @property
     def ffn_persistent_scratch_bytes(self) -> int:

@@ -13,6 +13,8 @@ The policy, in the order it decides (the memory figures come from ``memory.Memor
    working set) divided among the agents, halving down to ``MIN_CTX`` only when nothing fits.
 3. For the target: prefill chunk 2048, then 1024, then 512 (memory short); within a chunk size the most
    precise KV format whose cache holds the target: fp16, else q8_0, else q4_0 (``KV_FORMATS`` order).
+   Where the dense prefill GEMM runs (compute capability 9.0), a chunk of ``DENSE_CHUNK`` (4096) instead of 2048
+   when that costs no context: the model's whole context still fits.
    A requested KV format is the only one tried.
 4. Context: the requested one, else the target grown to everything that fits in that format, up to the
    model's 262144, rounded down to ``CTX_STEP``.
@@ -41,6 +43,11 @@ DEFAULT_TARGET_CTX = 131072
 MIN_CTX = 32768          # less is not worth serving an agent with: refuse instead
 CTX_STEP = 4096          # grown contexts are rounded down to this
 CHUNKS = (2048, 1024, 512)
+# Where the dense prefill GEMM runs (compute capability 9.0, the release wheels' sm_90a code), a chunk of this many
+# rows dequantises every weight half as often as 2,048: the 27B's prefill on the H200 at 4,096 tokens 7,316 ->
+# 8,014 tok/s, at 32,768 6,139 -> 6,543 (8,192 rows: 7,966 and 6,550; bench/results/engine-full-h200-8bfa2d6-rows-
+# *.json). The other cards' fast kernel gains nothing from it (4,556 -> 4,522 tok/s at 4,096 on the same H200).
+DENSE_CHUNK = 4096
 AGENTS_MIN_SMS = 80
 MAX_AGENTS = 8           # DECODE_ROWS x MAX_AGENTS rows is the largest verify batch the engine plans for
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -195,6 +202,9 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                            f"{_fits_text(fits, agents)}.")
 
     target, chunk, fmt = choice
+    big_chunk = dense and chunk == CHUNKS[0] and _cap(mm, room(fmt, DENSE_CHUNK, False)) == model.n_ctx_train
+    if big_chunk:
+        chunk = DENSE_CHUNK
     reasons = []
     if requested_ctx is not None:
         n_ctx = requested_ctx
@@ -211,11 +221,14 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     reasons.append(f"KV {fmt}: requested" if requested_kv else
                    f"KV {fmt}: the most precise format holding {target} tokens"
                    + (f" ({', '.join(more_precise)} would not)" if more_precise else ""))
-    reasons.append(f"prefill chunk {chunk}" + ("" if chunk == CHUNKS[0] else ": memory is short"))
+    reasons.append(f"prefill chunk {chunk}" + (": the dense prefill GEMM dequantises each weight once a chunk, and "
+                                               "the model's whole context fits with it" if big_chunk else
+                                               "" if chunk == CHUNKS[0] else ": memory is short"))
     reasons.append("embedding table in host memory: on the GPU it would cost context" if on_host else
                    "embedding table on the GPU")
     if not agents_allowed:
-        reasons.append(f"1 agent: {sm_count} SMs < {AGENTS_MIN_SMS}")
+        reasons.append(f"1 agent: {sm_count} SMs < {AGENTS_MIN_SMS}" if sm_count < AGENTS_MIN_SMS else
+                       f"1 agent: {engine.name} holds one sequence")
     if engine is not PLANNED:
         reasons.append(f"within what {engine.name} does: KV {' or '.join(engine.kv_formats)}, "
                        + ("embedding table in host memory allowed" if engine.embd_on_host else
