@@ -22,8 +22,8 @@ Not bandwidth-bound: L2-resident states save only ~0.9 us. Each extra token adds
 shared-memory instruction issue on the 48 SMs in use (per token and thread ~16 broadcast loads of k and
 q plus 16 partial-sum loads; 32 warps x ~48 LDS ~ 1500 cycles per SM). Staging every input in shared
 memory at the start (v2) moved T=1 from 6.63 to 6.46 us only. Next: float4 loads of k/q, float2
-{k·S', q·S'} partials, R = 32 (half the partials), and splitting each head over a 2-4 CTA cluster (DSMEM
-for the gated norm's sum) to use all 132 SMs.
+{k·S', q·S'} partials, R = 32 (half the partials). Splitting each head over a 2-4 CTA cluster (DSMEM for the
+gated norm's sum, all 132 SMs) was tried on 2026-12-03 and was slower in the engine (NOTES_gemv.md).
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
 # OPENJET_GDN_CHUNKED (2, the default: two phases, the state phase on tensor cores); "chunked2-fma": the state phase
-# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits)
+# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits); "chunked2-tf32": its products in one tf32 pass (an experiment)
 FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
          "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
-         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"}}
+         "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"},
+         "chunked2-tf32": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "tf32"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7

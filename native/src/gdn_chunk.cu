@@ -520,12 +520,32 @@ template <class F> __device__ __forceinline__ void for_state_fragment(int warp, 
         for (int e = 0; e < 4; ++e) f(j, e, 16 * warp + g + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
 }
 
-// The A fragment of rows r, r + 8 and columns k0 + tq, k0 + tq + 4 of a row-major matrix (ld floats a row), split.
-__device__ __forceinline__ void a_fragment(const float* m, int ld, int r, int k0, int tq, Tf32Pair (&a)[4]) {
-    a[0] = tf32_split(m[r * ld + k0 + tq]), a[1] = tf32_split(m[(r + 8) * ld + k0 + tq]);
-    a[2] = tf32_split(m[r * ld + k0 + tq + 4]), a[3] = tf32_split(m[(r + 8) * ld + k0 + tq + 4]);
+// kPasses = 3: 3xTF32 (an operand as big + small); 1 (OPENJET_GDN_STATE_TC=tf32, an experiment: numerics of its
+// own, each operand rounded once to tf32's 10-bit mantissa, a third of the products): big x big alone.
+template <int kPasses> __device__ __forceinline__ Tf32Pair tf32_operand(float x) {
+    if constexpr (kPasses == 3) return tf32_split(x);
+    else return {tf32_rna(x), 0u};
+}
+template <int kPasses>
+__device__ __forceinline__ void mma_tf32_passes(float c[4], const Tf32Pair (&a)[4], const Tf32Pair (&b)[2]) {
+    static_assert(kPasses == 1 || kPasses == 3, "one tf32 product or 3xTF32");
+    if constexpr (kPasses == 3) {
+        mma_1688_3xtf32(c, a, b);
+    } else {
+        const uint32_t ab[4] = {a[0].big, a[1].big, a[2].big, a[3].big}, bb[2] = {b[0].big, b[1].big};
+        mma_1688_tf32(c, ab, bb);
+    }
 }
 
+// The A fragment of rows r, r + 8 and columns k0 + tq, k0 + tq + 4 of a row-major matrix (ld floats a row), split.
+template <int kPasses>
+__device__ __forceinline__ void a_fragment(const float* m, int ld, int r, int k0, int tq, Tf32Pair (&a)[4]) {
+    a[0] = tf32_operand<kPasses>(m[r * ld + k0 + tq]), a[1] = tf32_operand<kPasses>(m[(r + 8) * ld + k0 + tq]);
+    a[2] = tf32_operand<kPasses>(m[r * ld + k0 + tq + 4]);
+    a[3] = tf32_operand<kPasses>(m[(r + 8) * ld + k0 + tq + 4]);
+}
+
+template <int kPasses>
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase2TcSmem& sm = *reinterpret_cast<Phase2TcSmem*>(smem_raw);
@@ -558,12 +578,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         float ws[4] = {}, qs[4] = {};
 #pragma unroll 4
         for (int k0 = 0; k0 < D; k0 += 8) {
-            const Tf32Pair b[2] = {tf32_split(sm.s[k0 + tq][cc + g]), tf32_split(sm.s[k0 + tq + 4][cc + g])};
+            const Tf32Pair b[2] = {tf32_operand<kPasses>(sm.s[k0 + tq][cc + g]),
+                                   tf32_operand<kPasses>(sm.s[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment(&sm.c.w[0][0], kTcPadA, r, k0, tq, af);
-            mma_1688_3xtf32(ws, af, b);
-            a_fragment(&sm.c.q[0][0], kTcPadA, r, k0, tq, af);
-            mma_1688_3xtf32(qs, af, b);
+            a_fragment<kPasses>(&sm.c.w[0][0], kTcPadA, r, k0, tq, af);
+            mma_tf32_passes<kPasses>(ws, af, b);
+            a_fragment<kPasses>(&sm.c.q[0][0], kTcPadA, r, k0, tq, af);
+            mma_tf32_passes<kPasses>(qs, af, b);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -575,10 +596,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         float av[4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
-            const Tf32Pair b[2] = {tf32_split(sm.c.u[k0 + tq][cc + g]), tf32_split(sm.c.u[k0 + tq + 4][cc + g])};
+            const Tf32Pair b[2] = {tf32_operand<kPasses>(sm.c.u[k0 + tq][cc + g]),
+                                   tf32_operand<kPasses>(sm.c.u[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment(&sm.c.aq[0][0], kTcPadAq, r, k0, tq, af);
-            mma_1688_3xtf32(av, af, b);
+            a_fragment<kPasses>(&sm.c.aq[0][0], kTcPadAq, r, k0, tq, af);
+            mma_tf32_passes<kPasses>(av, af, b);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -597,14 +619,16 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         for (int k0 = 0; k0 < C; k0 += 8) {
             const int m0 = 16 * warp;
             const float(*k)[kTcPadKT] = sm.c.k;  // k^T's fragment: k rows k0 + tq (+ 4), columns m0 + g (+ 8)
-            const Tf32Pair af[4] = {tf32_split(k[k0 + tq][m0 + g]), tf32_split(k[k0 + tq][m0 + g + 8]),
-                                    tf32_split(k[k0 + tq + 4][m0 + g]), tf32_split(k[k0 + tq + 4][m0 + g + 8])};
+            const Tf32Pair af[4] = {tf32_operand<kPasses>(k[k0 + tq][m0 + g]),
+                                    tf32_operand<kPasses>(k[k0 + tq][m0 + g + 8]),
+                                    tf32_operand<kPasses>(k[k0 + tq + 4][m0 + g]),
+                                    tf32_operand<kPasses>(k[k0 + tq + 4][m0 + g + 8])};
             const float er0 = sm.c.e_rest[k0 + tq], er1 = sm.c.e_rest[k0 + tq + 4];
 #pragma unroll
             for (int j = 0; j < kCols / 8; ++j) {
-                const Tf32Pair b[2] = {tf32_split(__fmul_rn(sm.c.u[k0 + tq][8 * j + g], er0)),
-                                       tf32_split(__fmul_rn(sm.c.u[k0 + tq + 4][8 * j + g], er1))};
-                mma_1688_3xtf32(st[j], af, b);
+                const Tf32Pair b[2] = {tf32_operand<kPasses>(__fmul_rn(sm.c.u[k0 + tq][8 * j + g], er0)),
+                                       tf32_operand<kPasses>(__fmul_rn(sm.c.u[k0 + tq + 4][8 * j + g], er1))};
+                mma_tf32_passes<kPasses>(st[j], af, b);
             }
         }
     }
@@ -613,11 +637,13 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
 }
 
 // OPENJET_GDN_STATE_TC (read at each call): unset or 1 (the default since 5cc0ff2's run) the state phase on tensor
-// cores (gdn_chunk_state_tc_kernel; H200, 2,048 rows at 27B widths: 897 us against 1,134 for the FMA form; the
-// 27B's prefill at 4,096 tokens 6,763 -> 6,963 tok/s, 32,768 5,527 -> 5,671); 0 the FMA form.
-bool gdn_state_tensor_cores() {
+// cores in 3xTF32 (gdn_chunk_state_tc_kernel<3>; H200, 2,048 rows at 27B widths: 897 us against 1,134 for the FMA
+// form; the 27B's prefill at 4,096 tokens 6,763 -> 6,963 tok/s, 32,768 5,527 -> 5,671); `tf32`: one tf32 product
+// (<1>, an experiment); 0 the FMA form. The tf32 products a call takes: 3, 1, or 0 for the FMA form.
+int gdn_state_tf32_passes() {
     const char* v = std::getenv("OPENJET_GDN_STATE_TC");
-    return !v || !(v[0] == '0' && v[1] == 0);
+    if (!v) return 3;
+    return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "tf32") == 0 ? 1 : 3;
 }
 
 }  // namespace
@@ -665,13 +691,17 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
             return e;
         count_launch(Counted::kGdnTwoPhase);
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
-        if (gdn_state_tensor_cores() && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
-            static const cudaError_t opted_tc = cudaFuncSetAttribute(
-                gdn_chunk_state_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
-            if (opted_tc != cudaSuccess) return opted_tc;
+        const int passes = gdn_state_tf32_passes();
+        if (passes && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
+            static const cudaError_t opted_tc3 = cudaFuncSetAttribute(
+                gdn_chunk_state_tc_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+            static const cudaError_t opted_tc1 = cudaFuncSetAttribute(
+                gdn_chunk_state_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+            if (opted_tc3 != cudaSuccess) return opted_tc3;
+            if (opted_tc1 != cudaSuccess) return opted_tc1;
             count_launch(Counted::kGdnStateTensorCores);
-            return launch_kernel(gdn_chunk_state_tc_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem),
-                                 stream, a);
+            return launch_kernel(passes == 3 ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>,
+                                 a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem), stream, a);
         }
         return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }
