@@ -68,6 +68,10 @@ SPEC_CTX = 1024                      # context of the speculation figures (issue
 TOP_K = 32                           # decode_top's k in the decode sweep: the server's (sampling.GPU_MAX_TOP_K)
 SPEC_EST_S = 40.0                    # their time, at most (fill, ~1,000 timed calls)
 ACCEPT = {"decode_t1_roofline_share_min": 0.70, "t4_over_t1_max": 1.35, "prefill_4096_tok_s_min": 3000.0}
+# The later issues' figures on the same runs: issue 7's (the speculative cycle: a verify step of 1 + 4 drafts against
+# one of 1 row, the plain step's roofline share) and issue 8's (prefill speed at 4,096 and 32,768 tokens).
+ACCEPT_ISSUE7 = {"verify_t5_over_t1_max": 1.15, "no_draft_roofline_share_min": 0.85}
+ACCEPT_ISSUE8 = {"prefill_4096_tok_s_min": 10000.0, "prefill_32768_tok_s_min": 6000.0}
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -737,8 +741,32 @@ def footprint(s: ModelShape, tb: dict[str, int], run: dict, a) -> dict:
     }
 
 
+def at_least(value, bound):
+    return None if value is None else value >= bound
+
+
+def issue7_and_8(run: dict, t1: dict | None, prefill_rows: int | None) -> dict:
+    """Issue 7's and issue 8's figures of one KV type's run (None where the run has no such part); issue 8's with the
+    prefill chunk and the engine's scratch bytes at it."""
+    pre = {p["tokens"]: p for p in run["prefill"]}
+    verify = (run.get("speculation") or {}).get("verify_ms") or {}
+    v1, v5 = verify.get(1, verify.get("1")), verify.get(5, verify.get("5"))
+    ratio = round(v5 / v1, 3) if v1 and v5 else None
+    share = t1 and t1["roofline_share"]
+    prefill = {str(n): {"tok_s": pre[n]["tok_s"], "tflops": pre[n].get("tflops"),
+                        "tensor_core_share": pre[n].get("tensor_core_share"),
+                        "ok": at_least(pre[n]["tok_s"], ACCEPT_ISSUE8[f"prefill_{n}_tok_s_min"])}
+               for n in (4096, 32768) if n in pre}
+    ratio_ok = None if ratio is None else ratio <= ACCEPT_ISSUE7["verify_t5_over_t1_max"]
+    return {"issue7": {"verify_t5_over_t1": ratio, "verify_t5_over_t1_ok": ratio_ok,
+                       "no_draft_roofline_share": share,
+                       "no_draft_roofline_ok": at_least(share, ACCEPT_ISSUE7["no_draft_roofline_share_min"])},
+            "issue8": {"prefill_rows": prefill_rows, "scratch_bytes": (run.get("memory") or {}).get("scratch_bytes"),
+                       "prefill": prefill}}
+
+
 def acceptance(out: dict) -> dict:
-    res: dict = {"thresholds": ACCEPT}
+    res: dict = {"thresholds": ACCEPT, "thresholds_issue7": ACCEPT_ISSUE7, "thresholds_issue8": ACCEPT_ISSUE8}
     for kv, run in out["runs"].items():
         d = {(r["context"], r["t"]): r for r in run["decode"]}
         t1, t4 = d.get((0, 1)), d.get((0, 4))
@@ -756,6 +784,7 @@ def acceptance(out: dict) -> dict:
                 "decode_t1_ctx0_roofline_share": t1 and t1.get("top_k", {}).get("roofline_share"),
                 "t4_over_t1_ctx0": t4 and t4.get("top_k", {}).get("cost_vs_t1"),
             },
+            **issue7_and_8(run, t1, (out.get("options") or {}).get("prefill_rows")),
         }
     fp = out.get("footprint_32k_q8_0")
     res["footprint_32k_q8_0_fits_24gb"] = fp and fp["fits_24gb"]
