@@ -23,7 +23,7 @@ GDN recurrence and the MTP head are left exact. Variants:
                       slice: the GeForce cards' double-rate tensor-core path (RTX 3090: 142 TFLOP/s with fp16
                       accumulation, 71 with fp32)
     fp16_acc_512      the same, the fp16 accumulator added into an fp32 one (and cleared) every 512 elements of k
-    fp16_acc_128      the same every 128 elements
+    fp16_acc_128      the same every 128 elements (fp16_acc_64, fp16_acc_32: every 64, 32)
 
 E4M3 is torch.float8_e4m3fn with round-to-nearest-even, after scaling into |v| <= 448. Interception: the
 weight arrays of the trunk layers are swapped, once after load, for ``Projection`` objects that hold the
@@ -187,6 +187,8 @@ VARIANTS = (
     Variant("fp16_acc_512", fp16_w, fp16_act_unit, "fp16 operands, an fp16 accumulator rounded after every 16 "
             "elements of k and added into an fp32 total every 512", fp16_accumulate(512)),
     Variant("fp16_acc_128", fp16_w, fp16_act_unit, "the same, into fp32 every 128 elements", fp16_accumulate(128)),
+    Variant("fp16_acc_64", fp16_w, fp16_act_unit, "the same, into fp32 every 64 elements", fp16_accumulate(64)),
+    Variant("fp16_acc_32", fp16_w, fp16_act_unit, "the same, into fp32 every 32 elements", fp16_accumulate(32)),
 )
 
 
