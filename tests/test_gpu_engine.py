@@ -547,7 +547,8 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     decode_sequence_logits (prefill rows, T = 1 and T = 5 steps, drafts), a 300-token prefill in one call (the dense
     path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
     (its rows gathered from the tiled lm_head) and the persistent FFN (alone, and from the tail to the next layer's
-    input projections); under each prefill GEMM. A tiled read ran under "tiles" and none under "rows" (kernels_test.launch_count)."""
+    input projections); under each prefill GEMM. A tiled read ran under "tiles" and none under "rows"
+    (kernels_test.launch_count)."""
     from openjet_launcher.engine import kernels_test as kt
     if gemm != "default":
         monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)

@@ -106,8 +106,9 @@ def test_integer_gemv_reads_the_tile_layout_with_the_row_layouts_bits(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_the_engines_integer_gemv_reads_the_fp16_pack(qtype):
-    """OPENJET_GEMV_INT's path (gemv.cu launch_imma): x packed as the fp16 GEMV's pack (act_pack.cuh), the integer
-    pack made from its fp16 values h, a persistent grid. Against numpy's emulation of both roundings (the pack's
+    """OPENJET_GEMV_INT's path (launch_gemv with the integer pack's scratch: gemv.cu launch_imma, which the test API
+    requires to have run): x packed as the fp16 GEMV's pack (act_pack.cuh), the integer pack made from its fp16
+    values h, the engine's grid. Against numpy's emulation of both roundings (the pack's
     fp16, then the integer blocks of h, times the row's 1/s); a row of an 8-row call equals its 1-row call bit for
     bit; the tile layout gives the row layout's bits."""
     rng = np.random.default_rng(6)

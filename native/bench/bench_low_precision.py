@@ -99,12 +99,22 @@ def fake_quant(x: np.ndarray, group: int, qmax: float, rnd: Rounding) -> np.ndar
 
 # ------------------------------------------------------------------------- the variants' operand roundings
 
-def fp16_act(x: np.ndarray) -> np.ndarray:
-    """Per row: a power-of-two scale s with max|x| s in [2^14, 2^15), then fp16 (ties to even); s is exact."""
+def row_scale(x: np.ndarray, top: int) -> np.ndarray:
+    """Per row of x: the power of two s with max|x| s in [2^(top - 1), 2^top) (1 for a row of zeros)."""
     amax = np.abs(x).max(axis=-1, keepdims=True)
     _, e = np.frexp(np.where(amax > 0, amax, 1.0))                 # amax = f 2^e, f in [0.5, 1)
-    s = np.ldexp(np.float32(1.0), 15 - e).astype(np.float32)       # amax s = f 2^15 in [2^14, 2^15)
+    return np.ldexp(np.float32(1.0), top - e).astype(np.float32)   # amax s = f 2^top
+
+
+def fp16_scaled(x: np.ndarray, top: int) -> np.ndarray:
+    """x s rounded to fp16 (ties to even), divided by s again (exact: s is a power of two)."""
+    s = row_scale(x, top)
     return ((x * s).astype(np.float16).astype(np.float32) / s).astype(np.float32)
+
+
+def fp16_act(x: np.ndarray) -> np.ndarray:
+    """Per row: a power-of-two scale s with max|x| s in [2^14, 2^15), then fp16 (what the CUDA engine does)."""
+    return fp16_scaled(x, 15)
 
 
 def int8_act_block32(x: np.ndarray) -> np.ndarray:
@@ -123,12 +133,9 @@ def fp8_act_block128(x: np.ndarray) -> np.ndarray:
 
 
 def fp16_act_unit(x: np.ndarray) -> np.ndarray:
-    """Per row: a power-of-two scale s with max|x| s in [1, 2), then fp16 (ties to even): the range an fp16
-    accumulator needs (fp16_act's [2^14, 2^15) would overflow it)."""
-    amax = np.abs(x).max(axis=-1, keepdims=True)
-    _, e = np.frexp(np.where(amax > 0, amax, 1.0))
-    s = np.ldexp(np.float32(1.0), 1 - e).astype(np.float32)
-    return ((x * s).astype(np.float16).astype(np.float32) / s).astype(np.float32)
+    """Per row: a power-of-two scale s with max|x| s in [1, 2), then fp16: the range an fp16 accumulator needs
+    (fp16_act's [2^14, 2^15) would overflow it)."""
+    return fp16_scaled(x, 1)
 
 
 def fp16_w(w: np.ndarray) -> np.ndarray:
@@ -142,9 +149,7 @@ def fp16_accumulate(promote: int | None) -> Callable[[np.ndarray, np.ndarray], n
     to even); every ``promote`` elements (None: never) the accumulator is added into a float32 total and cleared.
     The activations' per-row scale is undone on the result (the matmul sees a / s's rows as they were rounded)."""
     def matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-        amax = np.abs(a).max(axis=-1, keepdims=True)
-        _, e = np.frexp(np.where(amax > 0, amax, 1.0))
-        s = np.ldexp(np.float32(1.0), 1 - e).astype(np.float32)     # exact: the rounding already happened
+        s = row_scale(a, 1)     # fp16_act_unit's scale (a power of two: the operands stay the fp16 values)
         a = a * s
         total = np.zeros((a.shape[0], w.shape[1]), np.float32)
         acc = np.zeros_like(total)

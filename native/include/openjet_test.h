@@ -98,7 +98,8 @@ OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, 
 OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t, int stages,
                                        int persistent, int tiled, float* y);
 /* The same as the engine runs it under OPENJET_GEMV_INT: x packed as the fp16 GEMV's pack (openjet_test_pack_act),
- * the integer pack made from that (launch_pack_act_imma_from_half), a persistent grid at 3 stages. */
+ * then the engine's GEMV dispatch with the integer pack's scratch (launch_gemv, GemvArgs::xi: the integer pack made
+ * from the fp16 one, the engine's grid); an error if the dispatch took another GEMV. */
 OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
                                                  int tiled, float* y);
 /* Its timing, as openjet_test_bench_gemv's. */

@@ -646,6 +646,14 @@ int gdn_state_tf32_passes() {
     return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "tf32") == 0 ? 1 : 3;
 }
 
+// gdn_chunk_state_tc_kernel<kPasses>'s shared memory asked for once, at its first launch (each form on its own: the
+// default's launches never depend on the experiment's).
+template <int kPasses> cudaError_t state_tc_opted_in() {
+    static const cudaError_t e = cudaFuncSetAttribute(
+        gdn_chunk_state_tc_kernel<kPasses>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+    return e;
+}
+
 }  // namespace
 
 int gdn_chunked_form() {
@@ -693,12 +701,7 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
         const int passes = gdn_state_tf32_passes();
         if (passes && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
-            static const cudaError_t opted_tc3 = cudaFuncSetAttribute(
-                gdn_chunk_state_tc_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
-            static const cudaError_t opted_tc1 = cudaFuncSetAttribute(
-                gdn_chunk_state_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
-            if (opted_tc3 != cudaSuccess) return opted_tc3;
-            if (opted_tc1 != cudaSuccess) return opted_tc1;
+            if (const cudaError_t e = passes == 3 ? state_tc_opted_in<3>() : state_tc_opted_in<1>()) return e;
             count_launch(Counted::kGdnStateTensorCores);
             return launch_kernel(passes == 3 ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>,
                                  a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem), stream, a);

@@ -461,8 +461,9 @@ int check_imma(int qtype, int n, int k, int t, int stages) {
 namespace {
 
 // Shared body of the integer GEMV's entry points: y = W x with x packed on the device, either straight from the floats
-// (launch_pack_act_imma) or, from_pack, the engine's way (gemv.cu launch_imma): the fp16 pack first, the integer pack
-// made from it, the persistent grid at 3 stages.
+// (launch_pack_act_imma, then launch_gemv_imma at `stages` and `persistent`) or, from_pack, through the engine's own
+// dispatch: the fp16 pack, then launch_gemv with GemvArgs::xi set (gemv.cu launch_imma makes the integer pack and
+// picks the grid; stages and persistent unused), refused if the integer GEMV did not run there.
 int run_imma(const char* what, int qtype, const void* w, int n, int k, const float* x, int t, int stages,
              bool persistent, bool tiled, bool from_pack, float* y) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
@@ -480,12 +481,17 @@ int run_imma(const char* what, int qtype, const void* w, int n, int k, const flo
         CHECK(p.alloc(kImmaMaxT, k));
         CHECK(ph.alloc(t, k));
         CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, ph.view(), 0));
-        CHECK(launch_pack_act_imma_from_half(ph.view(), t, k, p.p, 0));
+        GemvArgs a{qtype, dw.p, n, k, t, ph.view(), nullptr, dy.as<float>()};
+        a.tiled = tiled, a.xi = p.buf.p;
+        const long long before = launch_count(Counted::kGemvInt);
+        CHECK(launch_gemv(a, 0));
+        if (launch_count(Counted::kGemvInt) == before)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: launch_gemv did not take the integer GEMV", what);
     } else {
         CHECK(p.alloc(t, k));
         CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
+        CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent, tiled));
     }
-    CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent, tiled));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
@@ -500,7 +506,7 @@ extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int 
 
 extern "C" OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
                                                             int tiled, float* y) {
-    return run_imma("gemv_imma_from_pack", qtype, w, n, k, x, t, 3, true, tiled != 0, true, y);
+    return run_imma("gemv_imma_from_pack", qtype, w, n, k, x, t, 0, false, tiled != 0, true, y);
 }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
