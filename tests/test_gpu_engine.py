@@ -149,7 +149,8 @@ def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, pres
 PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
                     "gdn-recurrent": {"OPENJET_GDN_CHUNKED": "0"},
                     "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"},
-                    "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"}}
+                    "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"},
+                    "gdn-state-3xtf32": {"OPENJET_GDN_STATE_TC": "3xtf32"}}
 
 
 def dense_gemm_available() -> bool:
@@ -161,14 +162,16 @@ def dense_gemm_available() -> bool:
 
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
                                               ("q8_0", "gdn-recurrent"),
-                                              ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense")])
+                                              ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense"),
+                                              ("q8_0", "gdn-state-3xtf32")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
-    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only (the default: the two-phase chunked GDN). The
-    other prefill forms too: "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel form), "gdn-recurrent"
+    reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only (the default: the two-phase chunked GDN, its
+    state phase's products in one tf32 pass). The other prefill forms too: "gdn-state-3xtf32" (those products in
+    3xTF32, OPENJET_GDN_STATE_TC=3xtf32), "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel form), "gdn-recurrent"
     (OPENJET_GDN_CHUNKED=0: the token-by-token recurrence); the prefill's attention by decode's kernel instead of the
     default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
     OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
@@ -1308,25 +1311,25 @@ def test_a_long_prompt_read_by_the_chunked_gdn_stays_near_the_recurrence(models,
     sequence: the last logits and 31 teacher-forced decode steps after it within issue 6's bar of the same run with
     the recurrence (OPENJET_GDN_CHUNKED=0); the chunked state must not drift over long prompts (the teacher-forced
     tests above read 2,048 tokens). H200, 70f0c50: mean KL 6.2e-7, top-1 32 of 32. The same for the state phase on
-    tensor cores (OPENJET_GDN_STATE_TC=1, 3xTF32)."""
+    tensor cores in one tf32 pass (the default, OPENJET_GDN_STATE_TC=1) and in 3xTF32 (=3xtf32)."""
     from openjet_launcher.engine import kernels_test as kt
 
     ids = np.random.default_rng(53).integers(0, 4096, 16896 + 32)
     out = {}
     engine = CudaEngine.load(models["tiny"], n_ctx=16896 + 64, prefill_rows=2048, mtp=False)
     try:
-        for form, state_tc in (("0", "0"), ("2", "0"), ("2", "1")):
+        for form, state_tc in (("0", "0"), ("2", "0"), ("2", "1"), ("2", "3xtf32")):
             monkeypatch.setenv("OPENJET_GDN_CHUNKED", form)
             monkeypatch.setenv("OPENJET_GDN_STATE_TC", state_tc)
             before = kt.launch_count("gdn_state_tensor_cores")
             state = engine.new_state()
             got = [engine.prefill(state, ids[:16896]).logits[-1:]]
             got += [engine.decode(state, ids[i:i + 1]).logits for i in range(16896, 16896 + 31)]
-            out[form + ("tc" if state_tc == "1" else "")] = np.concatenate(got)
-            assert (kt.launch_count("gdn_state_tensor_cores") > before) == (state_tc == "1")
+            out[form + ("" if state_tc == "0" else "tc" + state_tc)] = np.concatenate(got)
+            assert (kt.launch_count("gdn_state_tensor_cores") > before) == (state_tc != "0")
     finally:
         engine.close()
-    for form in ("2", "2tc"):
+    for form in ("2", "2tc1", "2tc3xtf32"):
         m = compare(out["0"], out[form])
         report(test="long_prompt_chunked_gdn_vs_recurrence", form=form, tokens=16896, metrics=m,
                max_abs_logit=float(np.abs(out[form]).max()))
@@ -1334,7 +1337,7 @@ def test_a_long_prompt_read_by_the_chunked_gdn_stays_near_the_recurrence(models,
         assert m["mean_kl"] <= KL_BAR and (m["misses"] == 0 or m["max_ref_gap_at_miss"] < GREEDY_TIE), (form, m)
 
 
-@pytest.mark.parametrize("kv_type, state_tc", [("f16", "0"), ("q8_0", "0"), ("q8_0", "1")])
+@pytest.mark.parametrize("kv_type, state_tc", [("f16", "0"), ("q8_0", "0"), ("q8_0", "1"), ("f16", "3xtf32")])
 def test_the_two_phase_gdns_checkpoint_inside_a_prefill_and_its_resumed_turns(models, kv_type, state_tc,
                                                                               monkeypatch):
     """OPENJET_GDN_CHUNKED=2: a prefill of 150 tokens (512-row chunks) leaves a checkpoint at 128, the start of its
@@ -1342,8 +1345,8 @@ def test_the_two_phase_gdns_checkpoint_inside_a_prefill_and_its_resumed_turns(mo
     its launch counter shows it); restoring it gives the bits of a prefill that stopped at 128 (the next logits and
     the MTP head's drafts, which read the carried hidden row); a second turn (cut at 150, inside a chunk: the rewind
     to 128) and the server's Slot give the bits of a fresh prefill of the whole text, chunk sizes 128 and 512 too.
-    state_tc: with the state phase on tensor cores (OPENJET_GDN_STATE_TC=1), which writes the checkpoint from
-    registers."""
+    state_tc: with the state phase on tensor cores (OPENJET_GDN_STATE_TC=1, the default's one tf32 pass; 3xtf32),
+    which writes the checkpoint from registers."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.server.worker import Slot
 

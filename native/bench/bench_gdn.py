@@ -5,6 +5,7 @@ Prints JSON.
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_gdn.py > gdn.json
     ... bench_gdn.py chunked2 chunked2-fma   # only those forms
+    ... bench_gdn.py chunked2 2048 4096      # only that form, prefill calls of those rows
 
 Prefill calls (64 .. 2048 rows) are timed in three forms: the recurrence and the chunked WY form (gdn_chunk.cuh) in
 one kernel (OPENJET_GDN_CHUNKED=1) and in two phases (=2, the same bits).
@@ -44,12 +45,12 @@ from openjet_launcher.errors import OpenJetError  # noqa: E402
 N_K, N_V, D = 16, 48, 128
 TS = (1, 2, 4, 8, 64, 512, 2048)  # 64 .. 2048: prefill chunks (one call, sub-steps of 8 inside)
 CHUNKED_TS = (64, 512, 2048)        # the same calls in the chunked WY form (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh)
-# OPENJET_GDN_CHUNKED (2, the default: two phases, the state phase on tensor cores); "chunked2-fma": the state phase
-# as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits); "chunked2-tf32": its products in one tf32 pass (an experiment)
+# OPENJET_GDN_CHUNKED (2, the default: two phases, the state phase on tensor cores in one tf32 pass); "chunked2-fma":
+# the state phase as fp32 FMA chains (OPENJET_GDN_STATE_TC=0, 1's bits); "chunked2-3xtf32": its products in 3xTF32
 FORMS = {"recurrent": {"OPENJET_GDN_CHUNKED": "0"}, "chunked": {"OPENJET_GDN_CHUNKED": "1"},
          "chunked2": {"OPENJET_GDN_CHUNKED": "2"},
          "chunked2-fma": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "0"},
-         "chunked2-tf32": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "tf32"}}
+         "chunked2-3xtf32": {"OPENJET_GDN_CHUNKED": "2", "OPENJET_GDN_STATE_TC": "3xtf32"}}
 COPIES = 64      # x ~3.3 MiB of state per copy = ~210 MiB rotated (H200 L2: 50 MB)
 REPS = 512
 RUNS = 7
@@ -66,9 +67,11 @@ def step_bytes(t: int) -> dict:
 def main() -> None:
     copy_gbs = float(np.median(kt.bench_copy(1 << 30, 10, RUNS)))
     rows = []
-    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in FORMS if f != "recurrent" for t in CHUNKED_TS]
-    if sys.argv[1:]:  # only these forms (e.g. `chunked2 chunked2-fma`)
-        runs = [(t, f) for t, f in runs if f in sys.argv[1:]]
+    forms = [a for a in sys.argv[1:] if not a.isdigit()]
+    chunked_ts = tuple(int(a) for a in sys.argv[1:] if a.isdigit()) or CHUNKED_TS
+    runs = [(t, "recurrent") for t in TS] + [(t, f) for f in FORMS if f != "recurrent" for t in chunked_ts]
+    if forms:  # only these forms (e.g. `chunked2 chunked2-fma`)
+        runs = [(t, f) for t, f in runs if f in forms]
     for t, form in runs:
         reps = max(8, REPS * 8 // max(8, t))  # about the same time per run for the chunk sizes
         os.environ.update(FORMS[form])  # read at each launch (captured into the graphs)

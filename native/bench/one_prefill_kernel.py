@@ -2,8 +2,9 @@
 
     python native/bench/one_prefill_kernel.py attn KV N_PAST   # the flash attention of a 2,048-row chunk after
                                                                # N_PAST cached rows; KV: F16 or Q8_0
-    python native/bench/one_prefill_kernel.py gdn              # the chunked GDN of a 2,048-row call (the form
-                                                               # OPENJET_GDN_CHUNKED selects, default two phases)
+    python native/bench/one_prefill_kernel.py gdn [ROWS]       # the chunked GDN of a 2,048-row (ROWS-row) call
+                                                               # (the form OPENJET_GDN_CHUNKED selects, default
+                                                               # two phases)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main() -> None:
     if what == "attn":
         ka.bench_attn_prefill(ka.KV_TYPES[sys.argv[2]], 24, 4, int(sys.argv[3]), T, 1, 1)
     elif what == "gdn":
-        kg.bench_gdn(16, 48, T, 1, 1, 1)
+        kg.bench_gdn(16, 48, int(sys.argv[2]) if sys.argv[2:] else T, 1, 1, 1)
     else:
         sys.exit(__doc__)
 

@@ -494,9 +494,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_kernel(const GdnS
 }
 
 // ------------------------------------------------------------------------- the state phase on tensor cores
-// OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in 3xTF32
-// (mma_tf32.cuh: about fp32's accuracy; the sums run in another order than the FMA chains, so numerics of their
-// own). The FMA form is issue-bound (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B
+// OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in one tf32
+// pass (the default) or in 3xTF32 (mma_tf32.cuh: about fp32's accuracy); the sums run in another order than the FMA
+// chains, so numerics of their own. The FMA form is issue-bound (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B
 // widths on the H200, 897 here); a warp issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block
 // (32 state columns): warp w's tile (rows 16 (w % 2), columns 8 (w / 2)) of W S and q S (steps 5, 6a), then of Aq V'
 // (6b); warp w also holds S's rows 16 w .. 16 w + 15 (all 32 columns) in registers as step 7's accumulators, in fp32
@@ -520,8 +520,8 @@ template <class F> __device__ __forceinline__ void for_state_fragment(int warp, 
         for (int e = 0; e < 4; ++e) f(j, e, 16 * warp + g + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
 }
 
-// kPasses = 3: 3xTF32 (an operand as big + small); 1 (OPENJET_GDN_STATE_TC=tf32, an experiment: numerics of its
-// own, each operand rounded once to tf32's 10-bit mantissa, a third of the products): big x big alone.
+// kPasses = 1 (the default): each operand rounded once to tf32's 10-bit mantissa, big x big alone; 3
+// (OPENJET_GDN_STATE_TC=3xtf32): 3xTF32, an operand as big + small, three times the products.
 template <int kPasses> __device__ __forceinline__ Tf32Pair tf32_operand(float x) {
     if constexpr (kPasses == 3) return tf32_split(x);
     else return {tf32_rna(x), 0u};
@@ -636,14 +636,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
 }
 
-// OPENJET_GDN_STATE_TC (read at each call): unset or 1 (the default since 5cc0ff2's run) the state phase on tensor
-// cores in 3xTF32 (gdn_chunk_state_tc_kernel<3>; H200, 2,048 rows at 27B widths: 897 us against 1,134 for the FMA
-// form; the 27B's prefill at 4,096 tokens 6,763 -> 6,963 tok/s, 32,768 5,527 -> 5,671); `tf32`: one tf32 product
-// (<1>, an experiment); 0 the FMA form. The tf32 products a call takes: 3, 1, or 0 for the FMA form.
+// OPENJET_GDN_STATE_TC (read at each call): unset, 1 or `tf32` (the default since 2026-12-03) the state phase on
+// tensor cores, each product one tf32 mma of operands rounded once (gdn_chunk_state_tc_kernel<1>: numerics of their
+// own, the same 10-bit mantissa as the fp16 operands of every prefill GEMM; within 5e-4 of the float64 recurrence,
+// issue 6's KL bar in the engine); `3xtf32` the same products in 3xTF32 (<3>, about fp32's accuracy; the default
+// from 5cc0ff2 to 2026-12-03); 0 the FMA form. H200, a 4,096-row call at 27B widths: 1,247 us (tf32) against 1,756
+// (3xtf32) and 2,137 (FMA); the state phase alone 628 against 1,133 us (ncu). The tf32 products a call takes: 1, 3,
+// or 0 for the FMA form.
 int gdn_state_tf32_passes() {
     const char* v = std::getenv("OPENJET_GDN_STATE_TC");
-    if (!v) return 3;
-    return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "tf32") == 0 ? 1 : 3;
+    if (!v) return 1;
+    return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "3xtf32") == 0 ? 3 : 1;
 }
 
 // gdn_chunk_state_tc_kernel<kPasses>'s shared memory asked for once, at its first launch (each form on its own: the
