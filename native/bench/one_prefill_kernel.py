@@ -5,6 +5,8 @@
     python native/bench/one_prefill_kernel.py gdn [ROWS]       # the chunked GDN of a 2,048-row (ROWS-row) call
                                                                # (the form OPENJET_GDN_CHUNKED selects, default
                                                                # two phases)
+    python native/bench/one_prefill_kernel.py engine MODEL ROWS   # a ROWS-token prefill of a GGUF (q8_0 KV,
+                                                               # ROWS-row chunks): every kernel of a whole chunk
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ def main() -> None:
         ka.bench_attn_prefill(ka.KV_TYPES[sys.argv[2]], 24, 4, int(sys.argv[3]), T, 1, 1)
     elif what == "gdn":
         kg.bench_gdn(16, 48, int(sys.argv[2]) if sys.argv[2:] else T, 1, 1, 1)
+    elif what == "engine":
+        import numpy as np
+
+        from openjet_launcher.engine.cuda import CudaEngine
+
+        rows = int(sys.argv[3])
+        engine = CudaEngine.load(sys.argv[2], n_ctx=rows + 64, kv_type="q8_0", prefill_rows=rows)
+        try:
+            engine.prefill(engine.new_state(), np.random.default_rng(0).integers(0, 4096, rows))
+        finally:
+            engine.close()
     else:
         sys.exit(__doc__)
 
