@@ -258,13 +258,18 @@ def test_the_state_phase_in_one_tf32_pass_stays_near_the_reference(size, t, monk
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
     """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not
-    depend on its call's length; form 1 leaves such calls to the recurrence): within the recurrent kernel's bound of
-    the float64 recurrence, and its launch counted."""
+    depend on its call's length; form 1 leaves such calls to the recurrence): its launch counted, within the
+    recurrent kernel's bound of the float64 recurrence with the state phase in 3xTF32, and within TF32_TOL with the
+    default's one tf32 pass."""
+    monkeypatch.setenv("OPENJET_GDN_STATE_TC", "3xtf32")
     before = kt.launch_count("gdn_two_phase")
     args, recurrent, two = default_and_switched(size, t, 97, monkeypatch, "OPENJET_GDN_CHUNKED", "2")
     assert kt.launch_count("gdn_two_phase") == before + 1, "form 2 did not run"
     np.testing.assert_array_equal(two[1], recurrent[1], err_msg="conv state: the same operations")
     check_close(f"{size} t={t} two phases", two, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
+    monkeypatch.delenv("OPENJET_GDN_STATE_TC")
+    check_close(f"{size} t={t} two phases, one tf32 pass", gpu_step(*args), reference_step(*args), tol=TF32_TOL,
+                n_k=args[0], n_v=args[1], t=t)
 
 
 def test_value_heads_read_key_heads_tiled_not_grouped():

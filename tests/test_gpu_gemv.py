@@ -488,6 +488,33 @@ def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, ke
         assert e < 2e-3, f"t={t}: {e:.2e} against numpy's silu(G x) (U x)"
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 17408, 512), ("Q6_K", 2304, 256)])
+def test_the_prefill_swiglu_pack_in_two_passes_gives_the_one_pass_bits(qtype, n, k, fused, monkeypatch):
+    """A prefill's swiglu pack (more than 8 rows) in two streaming passes (the default, elementwise.cu: silu(g) u over
+    the gate cells and per-2,048-column maxima, then the pack) against the one-pass kernel that keeps a row in
+    registers (OPENJET_PREFILL_SWIGLU=rows): the same pack bits, with gate and up in one GEMM (their halves of one
+    output, fused "1") and in two (fused "0"); the two-pass launch counted only where it should run (n = 17408: the
+    27B's rows, 8.5 blocks of 2,048 columns; 2304 a row of one and a part)."""
+    monkeypatch.setenv("OPENJET_PREFILL_FFN_FUSED", fused)
+    rng = np.random.default_rng(n + k)
+    raw_g, raw_u = random_raw(rng, qtype, n, k), random_raw(rng, qtype, n, k)
+    x = random_x(rng, 300, k)
+    for t in (9, 300):
+        before = kt.launch_count("swiglu_split")
+        split = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
+        ran = kt.launch_count("swiglu_split") - before
+        monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "rows")
+        rows = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
+        monkeypatch.delenv("OPENJET_PREFILL_SWIGLU")
+        assert kt.launch_count("swiglu_split") - before == ran, "OPENJET_PREFILL_SWIGLU=rows ran two passes"
+        # the fast kernel's one GEMM packs in its own epilogue; every other path reads the swiglu pack
+        fast_fused = fused == "1" and not (kt.dense_gemm_available() and t >= kt.DENSE_MIN_ROWS)
+        assert ran == (0 if fast_fused else 1), (t, ran)
+        for name, a, b in zip(("xh", "xsum", "xinv"), split, rows):
+            np.testing.assert_array_equal(a, b, err_msg=f"t={t}: {name}")
+
+
 def test_a_pack_of_a_row_not_whole_units_is_refused():
     """A pack's sums are laid out per 256-element unit (act_pack.cuh, act_sum_pos): a row of 96 or 1,056 elements
     would write its last sums into the next row's, where two rows' blocks race (seen on the H200, 2026-12-03), so such

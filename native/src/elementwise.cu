@@ -31,6 +31,85 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
     swiglu_pack_row<kThreads, kCached>(gate, up, k, p, blockIdx.x, ld);
 }
 
+// ------------------------------------------------------------------------------------------ a prefill's swiglu
+// A prefill's swiglu pack in two streaming passes (OPENJET_PREFILL_SWIGLU unset or `split`). The one-pass kernel keeps
+// a row's 17,408 values in registers until its maximum is known (~70 KB a row: two rows per SM at a time), which left
+// it at ~1.1 TB/s (H200, ncu: 619 us of a 4,096-row chunk's FFN). Pass 1, blocks of kSplitCols columns of a row:
+// v = swiglu1(g, u) over gate's own cells, and the block's max |v| into the first up cell of its columns (read
+// before by this block alone, dead after); pass 2, a block a row: the row's maximum from those cells, then v packed
+// 32-block by 32-block (pack_block). The same values, maximum and packing as pack_act_row: the same bits.
+constexpr int kSplitThreads = 256, kSplitPer = 8, kSplitCols = kSplitThreads * kSplitPer;
+
+__global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __restrict__ gate, float* __restrict__ up,
+                                                                      int k, long long ld) {
+    __shared__ float part[kSplitThreads / 32];
+    pdl_start();  // pdl.cuh
+    const int row = blockIdx.y, c0 = blockIdx.x * kSplitCols;
+    float* g = gate + row * ld;
+    float* u = up + row * ld;
+    float gv[kSplitPer], uv[kSplitPer];
+#pragma unroll
+    for (int j = 0; j < kSplitPer; ++j) {
+        const int i = c0 + j * kSplitThreads + threadIdx.x;
+        gv[j] = i < k ? g[i] : 0.0f;
+        uv[j] = i < k ? u[i] : 0.0f;
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSplitPer; ++j) {
+        const int i = c0 + j * kSplitThreads + threadIdx.x;
+        if (i < k) {
+            const float v = swiglu1(gv[j], uv[j]);
+            g[i] = v;
+            m = fmaxf(m, fabsf(v));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    __syncthreads();  // also: every thread has read its up cells
+    if (threadIdx.x == 0) {
+        float bm = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kSplitThreads / 32; ++w) bm = fmaxf(bm, part[w]);
+        u[c0] = bm;
+    }
+}
+
+__global__ void __launch_bounds__(kSplitThreads) swiglu_pack_values_kernel(const float* __restrict__ v,
+                                                                           const float* __restrict__ maxima, int k,
+                                                                           ActPack p, long long ld) {
+    pdl_start();  // pdl.cuh
+    const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* vr = v + row * ld;
+    float amax = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
+    const int sh = act_pack_shift(amax);
+    const float s = ldexpf(1.0f, sh);
+    __half* h = p.h + static_cast<long long>(row) * k;
+    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
+    const int nb = k / kActBlock;
+    constexpr int kWarps = kSplitThreads / 32, kAhead = 4;  // 32-blocks a warp loads before packing them
+    for (int b0 = warp; b0 < nb; b0 += kWarps * kAhead) {
+        float x[kAhead];
+#pragma unroll
+        for (int q = 0; q < kAhead; ++q) {
+            const int b = b0 + kWarps * q;
+            x[q] = b < nb ? vr[b * kActBlock + lane] : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < kAhead; ++q)
+            if (b0 + kWarps * q < nb) pack_block(x[q], s, b0 + kWarps * q, h, sum);
+    }
+    if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+}
+
+// OPENJET_PREFILL_SWIGLU (read at each call): unset or `split` the two passes above; `rows` the one-pass kernel.
+bool swiglu_split() {
+    const char* v = std::getenv("OPENJET_PREFILL_SWIGLU");
+    return !v || std::strcmp(v, "rows") != 0;
+}
+
 // ------------------------------------------------------------------------------------------ a prefill's rows
 // More than a decode step's rows: row_pack_threads (act_pack.cuh) threads a row, each keeping its share of a 27B
 // row in registers (add-norm 5,120; swiglu 17,408: at 256 threads 68 values, 99 registers, two rows per SM, which
@@ -220,9 +299,17 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
     return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p);
 }
 
-cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream, long long ld) {
+cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
+                               long long ld) {
     if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;
+    if (t > OPENJET_ENGINE_MAX_T && swiglu_split()) {
+        const long long stride = ld ? ld : k;
+        if (const cudaError_t e = launch_kernel(swiglu_values_kernel, dim3((k + kSplitCols - 1) / kSplitCols, t),
+                                                kSplitThreads, 0, stream, gate, up, k, stride))
+            return e;
+        count_launch(Counted::kSwigluSplit);
+        return launch_kernel(swiglu_pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride);
+    }
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
         case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
         case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p, ld);

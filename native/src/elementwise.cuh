@@ -78,8 +78,9 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
 
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
-// halves of one GEMM's [t, 2k] output: 2k).
-cudaError_t launch_swiglu_pack(const float* gate, const float* up, int t, int k, const ActPack& p,
-                               cudaStream_t stream, long long ld = 0);
+// halves of one GEMM's [t, 2k] output: 2k). Both are scratch: a prefill's rows (t > OPENJET_ENGINE_MAX_T) leave
+// silu(gate) * up in gate and partial maxima in up (elementwise.cu, OPENJET_PREFILL_SWIGLU).
+cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
+                               long long ld = 0);
 
 }  // namespace openjet
