@@ -186,53 +186,42 @@ template <> struct FastA<kQ6_K> {
 
 // The dense path's first half (OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh): W as fp16 rows [n, k], each weight
 // exactly as the fast kernel's A tile holds it (FastA, the pack's element order). Thread i = (row, 32-element half
-// step) writes the 64 bytes at 64 i of w16 (row k + 32 half-steps = 32 i halves), so a warp's output is 2 KB in one
-// piece. kStaged (OPENJET_DEQUANT_STAGED unset or 1): the warp's 32 pieces meet in shared memory and leave as 16-byte
-// stores of consecutive lanes (each store instruction 512 contiguous bytes instead of 32 pieces 64 bytes apart);
-// the same values either way.
-template <int QT, bool kStaged>
+// step) makes the 64 bytes at 64 i of w16 (row k + 32 half-steps = 32 i halves), so a warp's output is 2 KB in one
+// piece: its 32 pieces meet in shared memory and leave as 16-byte stores of consecutive lanes, 512 contiguous bytes
+// a store instruction. (Each thread storing its own 64 bytes, 32 pieces 64 bytes apart an instruction, ran at ~1.9
+// TB/s: H200, a 4,096-row chunk of the 27B, ncu: the FFN gate's Q4_K 121 -> 58 us, its Q6_K down 112 -> 71, the
+// prefill 8,306 -> 8,548 tok/s, bench/results/engine-full-h200-e792017-*.json.)
+template <int QT>
 __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n,
                                                           int k, __half* __restrict__ w16, bool tiled) {
     using A = FastA<QT>;
+    __shared__ uint4 stage[256 / 32][32 * 4];  // a warp's 32 x 64 bytes
     pdl_start();  // w16 may still be read by the GEMM before this kernel (the previous projection's)
     const long long halves_per_row = k / 32, total = halves_per_row * n;
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const auto dequant_to = [&](uint4* dst) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (i < total) {
         const int row = static_cast<int>(i / halves_per_row), hs = static_cast<int>(i % halves_per_row);
         const int s = hs >> 1, half = hs & 1;
         const WeightSteps step(row_bytes, unit_bytes_of<QT>(), tiled, row);  // either layout (weight_layout.cuh)
         const uint8_t* wrow = w + step.start;
-        A::store(A::load(wrow, step.unit, s, half), wrow, step.unit, s, half, dst);
-    };
-    if constexpr (!kStaged) {
-        if (i < total) dequant_to(reinterpret_cast<uint4*>(w16 + 32 * i));
-    } else {
-        __shared__ uint4 stage[256 / 32][32 * 4];  // a warp's 32 x 64 bytes
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        if (i < total) dequant_to(&stage[warp][4 * lane]);
-        __syncwarp();
-        const long long first = i - lane;  // the warp's first thread
-        uint4* out = reinterpret_cast<uint4*>(w16 + 32 * first);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = 32 * j + lane;  // 16-byte piece c of the warp's output: thread first + c / 4's
-            if (first + c / 4 < total) out[c] = stage[warp][c];
-        }
+        A::store(A::load(wrow, step.unit, s, half), wrow, step.unit, s, half, &stage[warp][4 * lane]);
     }
-}
-
-// OPENJET_DEQUANT_STAGED (read at each call): unset or 1 the staged stores above, 0 each thread's own.
-bool dequant_staged() {
-    const char* v = std::getenv("OPENJET_DEQUANT_STAGED");
-    return !v || std::strcmp(v, "0") != 0;
+    __syncwarp();
+    const long long first = i - lane;  // the warp's first thread
+    uint4* out = reinterpret_cast<uint4*>(w16 + 32 * first);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int c = 32 * j + lane;  // 16-byte piece c of the warp's output: thread first + c / 4's
+        if (first + c / 4 < total) out[c] = stage[warp][c];
+    }
 }
 
 // W into a.dense as fp16 rows.
 template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t stream) {
     const long long threads = static_cast<long long>(a.n) * (a.k / 32);
     if (a.tiled) count_launch(Counted::kTiledWeights);
-    return launch_kernel(dequant_staged() ? dequant_f16_kernel<QT, true> : dequant_f16_kernel<QT, false>,
-                         dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
+    return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
                          static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense, a.tiled);
 }
 
