@@ -350,6 +350,9 @@ struct Phase1Smem {
     float beta[C], gamma[C], e_gamma[C], e_rest[C];
 };
 
+// Three blocks per SM (80 registers, no spills; 3 x 59 KB of shared memory): H200, a 4,096-row call at 27B widths
+// (ncu), 531 us at two blocks (128 registers) -> 432. (An L2 prefetch of the next chunk's operands in the state phase
+// below changed nothing, 632 us either way: that phase waits on its own chain of products and barriers.)
 __global__ void __launch_bounds__(kThreads, 3) gdn_chunk_local_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
@@ -464,28 +467,6 @@ __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size
     }
 }
 
-// Chunk t0's operands of block (h, c0) asked into L2 (prefetch_l2, one 128-byte line a thread at a time): the q, k and
-// W rows (128 lines each), U's and Aq's 32 rows (a line each). Issued a chunk ahead, so that the next chunk's
-// copy_chunk_operands waits on L2 instead of DRAM.
-__device__ __forceinline__ void prefetch_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
-                                                        int t0) {
-    constexpr int kLines = C * D / 32;  // 128-byte lines of a chunk's q, k or W rows
-    for (int e = threadIdx.x; e < 3 * kLines + 2 * C; e += kThreads) {
-        const float* p;
-        if (e < 3 * kLines) {
-            const int m = e / kLines, line = e % kLines;
-            const float* base = m == 0   ? cs.q + ((size_t)kh * r_pad + t0) * D
-                                : m == 1 ? cs.k + ((size_t)kh * r_pad + t0) * D
-                                         : cs.w + ((size_t)h * r_pad + t0) * D;
-            p = base + 32 * line;
-        } else {
-            const int i = e - 3 * kLines;
-            p = i < C ? cs.u + ((size_t)h * r_pad + t0 + i) * D + c0 : cs.aq + ((size_t)h * r_pad + t0 + i - C) * C;
-        }
-        prefetch_l2(p);
-    }
-}
-
 // Two blocks per SM (<= 128 registers, 2 x 75 KB), so the 27B's 192 blocks are all resident on 96 or more SMs (at
 // one block per SM the H200's 132 ran them in two waves: 1,022 us of a 2,048-row call, Nsight at 0e2ffe7).
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_kernel(const GdnStepArgs a) {
@@ -567,7 +548,7 @@ __device__ __forceinline__ void a_fragment(const float* m, int ld, int r, int k0
     a[3] = tf32_operand<kPasses>(m[(r + 8) * ld + k0 + tq + 4]);
 }
 
-template <int kPasses, bool kPrefetch>
+template <int kPasses>
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase2TcSmem& sm = *reinterpret_cast<Phase2TcSmem*>(smem_raw);
@@ -594,7 +575,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
         __syncthreads();  // every warp is done with the previous chunk's operands
         copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm.c);
         cp_async_commit();
-        if (kPrefetch && t0 + C < a.t) prefetch_chunk_operands(cs, r_pad, h, kh, c0, t0 + C);
         cp_async_wait<0>();
         __syncthreads();
         // 5, 6a: W S and q S on the warp's tile; V' = U - W S there.
@@ -672,26 +652,12 @@ int gdn_state_tf32_passes() {
     return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "3xtf32") == 0 ? 3 : 1;
 }
 
-// gdn_chunk_state_tc_kernel<kPasses, kPrefetch>'s shared memory asked for once, at its first launch (each form on its
-// own: the default's launches never depend on an experiment's).
-template <int kPasses, bool kPrefetch> cudaError_t state_tc_opted_in() {
-    static const cudaError_t e = cudaFuncSetAttribute(gdn_chunk_state_tc_kernel<kPasses, kPrefetch>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+// gdn_chunk_state_tc_kernel<kPasses>'s shared memory asked for once, at its first launch (each form on its own: the
+// default's launches never depend on another form's attribute call).
+template <int kPasses> cudaError_t state_tc_opted_in() {
+    static const cudaError_t e = cudaFuncSetAttribute(
+        gdn_chunk_state_tc_kernel<kPasses>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
     return e;
-}
-
-// OPENJET_GDN_PREFETCH (read at each call): unset or 1, the tensor-core state phase asks L2 for the next chunk's
-// operands while it copies the current one's; 0 not.
-bool gdn_state_prefetch() {
-    const char* v = std::getenv("OPENJET_GDN_PREFETCH");
-    return !v || std::strcmp(v, "0") != 0;
-}
-
-// The tensor-core state phase's launch: its form for (passes, prefetch), shared memory opted in first.
-template <int kPasses, bool kPrefetch> cudaError_t launch_state_tc(const GdnStepArgs& a, cudaStream_t stream) {
-    if (const cudaError_t e = state_tc_opted_in<kPasses, kPrefetch>()) return e;
-    return launch_kernel(gdn_chunk_state_tc_kernel<kPasses, kPrefetch>, a.n_v * (D / kCols), kThreads,
-                         sizeof(Phase2TcSmem), stream, a);
 }
 
 }  // namespace
@@ -741,10 +707,10 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
         const int passes = gdn_state_tf32_passes();
         if (passes && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
+            if (const cudaError_t e = passes == 3 ? state_tc_opted_in<3>() : state_tc_opted_in<1>()) return e;
             count_launch(Counted::kGdnStateTensorCores);
-            const bool prefetch = gdn_state_prefetch();
-            return passes == 3 ? (prefetch ? launch_state_tc<3, true>(a, stream) : launch_state_tc<3, false>(a, stream))
-                               : (prefetch ? launch_state_tc<1, true>(a, stream) : launch_state_tc<1, false>(a, stream));
+            return launch_kernel(passes == 3 ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>,
+                                 a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem), stream, a);
         }
         return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }

@@ -100,7 +100,6 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_PREFILL_F16": ("0", "1"),                 # engine.cu, attn_mixer (Q8_0 rows as fp16; 1: default)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
     "OPENJET_GDN_STATE_TC": ("0", "1", "tf32", "3xtf32"),   # gdn_chunk.cu, gdn_state_tf32_passes (1 = tf32: default)
-    "OPENJET_GDN_PREFETCH": ("0", "1"),                     # gdn_chunk.cu, gdn_state_prefetch (1: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
     "OPENJET_PREFILL_SWIGLU": ("split", "rows"),            # elementwise.cu, swiglu_split (split: default)
