@@ -6,7 +6,9 @@
                                                                # (the form OPENJET_GDN_CHUNKED selects, default
                                                                # two phases)
     python native/bench/one_prefill_kernel.py engine MODEL ROWS   # a ROWS-token prefill of a GGUF (q8_0 KV,
-                                                               # ROWS-row chunks): every kernel of a whole chunk
+                                                               # ROWS-row chunks): every kernel of a whole chunk,
+                                                               # inside cuProfilerStart/Stop (for ncu
+                                                               # --profile-from-start off: not the load's kernels)
 """
 
 from __future__ import annotations
@@ -33,10 +35,18 @@ def main() -> None:
 
         from openjet_launcher.engine.cuda import CudaEngine
 
+        import ctypes
+
         rows = int(sys.argv[3])
         engine = CudaEngine.load(sys.argv[2], n_ctx=rows + 64, kv_type="q8_0", prefill_rows=rows)
+        cuda = ctypes.CDLL("libcuda.so.1")  # the driver's profiler range: the engine's context is current here
         try:
-            engine.prefill(engine.new_state(), np.random.default_rng(0).integers(0, 4096, rows))
+            state = engine.new_state()
+            ids = np.random.default_rng(0).integers(0, 4096, rows)
+            if cuda.cuProfilerStart() != 0:
+                sys.exit("cuProfilerStart failed")
+            engine.prefill(state, ids)
+            cuda.cuProfilerStop()
         finally:
             engine.close()
     else:

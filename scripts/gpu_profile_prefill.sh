@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 8's per-kernel profile of a prefill: every kernel of one ROWS-row chunk (default 4,096, one chunk) of the
+# `full` synthetic model (the 27B's shapes), each timed by Nsight Compute (SpeedOfLight: duration, DRAM and SM
+# throughput; kernels run one at a time, so the sum exceeds the chunk's time in the engine by the launch overlap),
+# summed per kernel by native/bench/ncu_kernel_table.py. Results in $OUT: kernels.json (the table), ncu-chunk.csv
+# (ncu's rows, ~0.7 MB), the table in the output's tail. The model is written first (~25 s, random codes), the
+# library built beside it; ncu then takes ~1-2 minutes for the ~700 launches of a 4,096-row chunk.
+#   run(carry=[".whl", ".cache/cutlass-min", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=480,
+#       command="bash scripts/gpu_profile_prefill.sh")
+# ROWS=2048: the chunk the other cards' presets take (OPENJET_PREFILL_GEMM=fast for their GEMM); any OPENJET_*
+# switch set in the environment applies to the profiled run. Written 2026-12-03 after the device time ran out: its
+# pieces ran (ncu over one_prefill_kernel.py engine, filtered by kernel name, and this table), the script as a whole
+# and the profiler range (--profile-from-start off) not yet.
+set -o pipefail
+. scripts/device_common.sh
+device_wheels
+ROWS=${ROWS:-4096}
+MODEL=${MODEL:-/tmp/full-random.gguf}
+if [ ! -s "$MODEL" ]; then
+  python3 -m openjet_launcher synth --preset full --quiet --codes random "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
+  SYNTH_PID=$!
+fi
+build_engine /tmp/b "$OUT/build.log" || exit 1
+export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
+if [ -n "${SYNTH_PID:-}" ] && ! wait "$SYNTH_PID"; then tail -20 "$OUT/synth.err"; exit 1; fi
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
+timeout 400 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight --csv --page details \
+  python3 native/bench/one_prefill_kernel.py engine "$MODEL" "$ROWS" > "$OUT/ncu-chunk.csv" 2> "$OUT/ncu-chunk.err"
+echo "ncu rc $?"
+python3 native/bench/ncu_kernel_table.py "$OUT/ncu-chunk.csv" > "$OUT/kernels.json"
