@@ -17,7 +17,8 @@ device_wheels
 ROWS=${ROWS:-4096}
 MODEL=${MODEL:-/tmp/full-random.gguf}
 if [ ! -s "$MODEL" ]; then
-  python3 -m openjet_launcher synth --preset full --quiet --codes random "$MODEL" > "$OUT/synth.json" 2> "$OUT/synth.err" &
+  python3 -m openjet_launcher synth --preset full --quiet --codes random "$MODEL" \
+    > "$OUT/synth.json" 2> "$OUT/synth.err" &
   SYNTH_PID=$!
 fi
 build_engine /tmp/b "$OUT/build.log" || exit 1

@@ -499,8 +499,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_kernel(const GdnS
 // ------------------------------------------------------------------------- the state phase on tensor cores
 // OPENJET_GDN_STATE_TC (the default; 0: the FMA form above): phase 2's steps 5-7 as m16n8k8 products in one tf32
 // pass (the default) or in 3xTF32 (mma_tf32.cuh: about fp32's accuracy); the sums run in another order than the FMA
-// chains, so numerics of their own. The FMA form is issue-bound (~2,800 instructions a thread per chunk; 1,130 us of a 2,048-row call at 27B
-// widths on the H200, 897 here); a warp issues 156 mma and ~1,000 other instructions a chunk. Per chunk and block
+// chains, so numerics of their own. The FMA form is issue-bound (~2,800 instructions a thread per chunk; 1,130 us
+// of a 2,048-row call at 27B widths on the H200, 897 here in 3xTF32); a warp issues 156 mma (3xTF32) and ~1,000
+// other instructions a chunk. Per chunk and block
 // (32 state columns): warp w's tile (rows 16 (w % 2), columns 8 (w / 2)) of W S and q S (steps 5, 6a), then of Aq V'
 // (6b); warp w also holds S's rows 16 w .. 16 w + 15 (all 32 columns) in registers as step 7's accumulators, in fp32
 // from the call's start to its end, and writes them to shared memory for the next chunk's products. Rows are padded
