@@ -350,10 +350,17 @@ struct Phase1Smem {
     float beta[C], gamma[C], e_gamma[C], e_rest[C];
 };
 
-// Three blocks per SM (80 registers, no spills; 3 x 59 KB of shared memory): H200, a 4,096-row call at 27B widths
-// (ncu), 531 us at two blocks (128 registers) -> 432. (An L2 prefetch of the next chunk's operands in the state phase
-// below changed nothing, 632 us either way: that phase waits on its own chain of products and barriers.)
-__global__ void __launch_bounds__(kThreads, 3) gdn_chunk_local_kernel(const GdnStepArgs a) {
+// Three blocks per SM where three fit (sm_90's 228 KB: 3 x 59 KB; 80 registers, no spills): H200, a 4,096-row call
+// at 27B widths (ncu), 531 us at two blocks (128 registers) -> 432. The 100 KB SMs of sm_86/89/120 hold one block
+// whatever the registers, so they keep 128 (at 80, sm_120 spilled 8 bytes). (An L2 prefetch of the next chunk's
+// operands in the state phase below changed nothing, 632 us either way: that phase waits on its own chain of
+// products and barriers.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+constexpr int kLocalBlocksPerSm = 3;
+#else
+constexpr int kLocalBlocksPerSm = 1;
+#endif
+__global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
