@@ -189,8 +189,7 @@ VARIANTS = (
             "block of a row; weights E4M3 per output channel"),
     Variant("fp16_acc", fp16_w, fp16_act_unit, "fp16 operands, an fp16 accumulator rounded after every 16 "
             "elements of k", fp16_accumulate(None)),
-    Variant("fp16_acc_512", fp16_w, fp16_act_unit, "fp16 operands, an fp16 accumulator rounded after every 16 "
-            "elements of k and added into an fp32 total every 512", fp16_accumulate(512)),
+    Variant("fp16_acc_512", fp16_w, fp16_act_unit, "the same, into fp32 every 512 elements", fp16_accumulate(512)),
     Variant("fp16_acc_128", fp16_w, fp16_act_unit, "the same, into fp32 every 128 elements", fp16_accumulate(128)),
     Variant("fp16_acc_64", fp16_w, fp16_act_unit, "the same, into fp32 every 64 elements", fp16_accumulate(64)),
     Variant("fp16_acc_32", fp16_w, fp16_act_unit, "the same, into fp32 every 32 elements", fp16_accumulate(32)),

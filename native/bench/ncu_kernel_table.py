@@ -20,28 +20,27 @@ DURATION_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, 
                "second": 1e9}
 
 
+def opening(text: str, end: int, close: str, open_: str) -> int:
+    """Where the bracket that text[end - 1] (a `close`) closes opens: scanning back, nested pairs skipped; end if
+    text[:end] does not end with `close` or the bracket never opens."""
+    if not text[:end].endswith(close):
+        return end
+    depth = 0
+    for i in range(end - 1, -1, -1):
+        depth += 1 if text[i] == close else -1 if text[i] == open_ else 0
+        if depth == 0:
+            return i
+    return end
+
+
 def short_name(kernel: str) -> str:
     """`void openjet::<unnamed>::dequant_f16_kernel<12>(const unsigned char *, ...)` -> `dequant_f16_kernel<12>`;
     any CUTLASS kernel -> `cutlass GEMM`. Scans from the end (ncu may print the anonymous namespace with an unmatched
     bracket, `unnamed>::`): the parameter list, then the template arguments, then the identifier."""
     if "cutlass" in kernel:
         return "cutlass GEMM"
-    end = len(kernel.rstrip())
-    if kernel[:end].endswith(")"):  # drop the parameter list: back to its matching '('
-        depth = 0
-        for i in range(end - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(kernel[i], 0)
-            if depth == 0:
-                end = i
-                break
-    start = end
-    if kernel[:end].endswith(">"):  # the template arguments: back to their matching '<'
-        depth = 0
-        for i in range(end - 1, -1, -1):
-            depth += {">": 1, "<": -1}.get(kernel[i], 0)
-            if depth == 0:
-                start = i
-                break
+    end = opening(kernel, len(kernel.rstrip()), ")", "(")  # the parameter list dropped
+    start = opening(kernel, end, ">", "<")                # the template arguments kept
     while start > 0 and (kernel[start - 1].isalnum() or kernel[start - 1] == "_"):
         start -= 1
     return kernel[start:end].replace("openjet::", "")

@@ -31,11 +31,11 @@ def main() -> None:
     elif what == "gdn":
         kg.bench_gdn(16, 48, int(sys.argv[2]) if sys.argv[2:] else T, 1, 1, 1)
     elif what == "engine":
+        import ctypes
+
         import numpy as np
 
         from openjet_launcher.engine.cuda import CudaEngine
-
-        import ctypes
 
         rows = int(sys.argv[3])
         engine = CudaEngine.load(sys.argv[2], n_ctx=rows + 64, kv_type="q8_0", prefill_rows=rows)
@@ -45,8 +45,10 @@ def main() -> None:
             ids = np.random.default_rng(0).integers(0, 4096, rows)
             if cuda.cuProfilerStart() != 0:
                 sys.exit("cuProfilerStart failed")
-            engine.prefill(state, ids)
-            cuda.cuProfilerStop()
+            try:
+                engine.prefill(state, ids)
+            finally:
+                cuda.cuProfilerStop()
         finally:
             engine.close()
     else:
