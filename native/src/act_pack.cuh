@@ -75,6 +75,40 @@ __device__ __forceinline__ void pack_block(float v, float s, int b, __half* h, _
     }
 }
 
+// pack_block for four 32-blocks b[q] of one warp at once (v[q]: lane = element of block b[q]; blocks b[q] >= nb are
+// skipped whole, warp-uniformly): the same fp16 values and the same sum tree (lane pairs 16, 8, 4, 2, 1 apart, each
+// sum's operands those of pack_block's butterfly; IEEE addition commutes, so every lane of a butterfly ends with the
+// bits lane 0 writes there) with 6 shuffles and 6 adds instead of 20 and 20: at the first two levels each lane sends
+// the values it drops (lanes 0-15 keep blocks 0 and 1, 16-31 blocks 2 and 3; then bit 3 picks one), the last three
+// run on one value in groups of 8 lanes, and block q's sum lands in lanes 8q .. 8q + 7 (lane 8q writes it).
+__device__ __forceinline__ void pack_blocks4(const float (&v)[4], float s, const int (&b)[4], int nb, __half* h,
+                                             __half* sum) {
+    const int lane = threadIdx.x & 31;
+    float t[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const __half hv = __float2half_rn(__fmul_rn(v[q], s));
+        if (b[q] < nb) h[act_quad_pos(b[q] * kActBlock + lane)] = hv;
+        t[q] = __half2float(hv);
+    }
+    const bool upper = lane & 16, odd = lane & 8;
+    float keep0 = upper ? t[2] : t[0], keep1 = upper ? t[3] : t[1];
+    const float send0 = upper ? t[0] : t[2], send1 = upper ? t[1] : t[3];
+    keep0 += __shfl_xor_sync(0xffffffffu, send0, 16);
+    keep1 += __shfl_xor_sync(0xffffffffu, send1, 16);
+    float x = odd ? keep1 : keep0;
+    x += __shfl_xor_sync(0xffffffffu, odd ? keep0 : keep1, 8);
+#pragma unroll
+    for (int o = 4; o >= 1; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    const int q = lane >> 3;
+    if ((lane & 7) == 0 && b[q] < nb) {
+        const float t32 = __fmul_rn(x, 1.0f / 32.0f);  // exact
+        const __half hi = __float2half_rn(t32);
+        sum[act_sum_pos(b[q])] = hi;
+        sum[act_sum_pos(b[q]) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+    }
+}
+
 // The pack's power-of-two row scale s = 2^shift for the row's max |x|: amax * s in [2^14, 2^15).
 __device__ __forceinline__ int act_pack_shift(float amax) {
     int e = 0;
@@ -130,9 +164,19 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
     __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
     const int nb = k / kActBlock;
     if (cached) {
+        // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j; four blocks at a time
+        constexpr int kFours = kCached / 4 * 4;
 #pragma unroll
-        for (int j = 0; j < kCached; ++j)
-            // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j
+        for (int j = 0; j < kFours; j += 4) {
+            if (warp + kThreads / 32 * j >= nb) break;  // warp-uniform: the blocks ahead are past the row too
+            const float v4[4] = {v[j], v[j + 1], v[j + 2], v[j + 3]};
+            int b4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) b4[q] = warp + kThreads / 32 * (j + q);
+            pack_blocks4(v4, s, b4, nb, h, sum);
+        }
+#pragma unroll
+        for (int j = kFours; j < kCached; ++j)
             if (warp + kThreads / 32 * j < nb)
                 pack_block(v[j], s, warp + kThreads / 32 * j, h, sum);  // whole warps: k % 32 == 0
     } else {
