@@ -874,16 +874,16 @@ def _logits_after(engine, parts, chunk, follow):
     return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
 
 
-def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow):
-    """_logits_after(engine, parts, chunk, follow) with `switch`=0 and then unset (on, its default) are the same bits,
-    the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
+def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off="0"):
+    """_logits_after(engine, parts, chunk, follow) with `switch`=off and then unset (on, its default) are the same
+    bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
     from openjet_launcher.engine import kernels_test as kt
 
     try:
-        monkeypatch.setenv(switch, "0")
+        monkeypatch.setenv(switch, off)
         before = kt.launch_count(counted)
         off = _logits_after(engine, parts, chunk, follow)
-        assert kt.launch_count(counted) == before, f"{switch}=0 still launched {counted}"
+        assert kt.launch_count(counted) == before, f"{switch}={off} still launched {counted}"
         monkeypatch.delenv(switch)
         on = _logits_after(engine, parts, chunk, follow)
         ran = kt.launch_count(counted) - before
@@ -1014,6 +1014,20 @@ def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, mon
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_FFN_FUSED", "prefill_gate_up", engine,
                              [prompt[:1024], prompt[1024:]], 512, follow)
+
+
+def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):
+    """The dense gate-and-up GEMM writing silu(g) u in its epilogue (dense_gemm_swiglu.cu, the default where the dense
+    GEMM runs; OPENJET_PREFILL_SWIGLU=split: the plain GEMM's [t, 2 n_ff] output and two streaming passes, read at
+    each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are the
+    same bits, and the launch counter shows the epilogue ran only where it was asked for."""
+    if not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
+    engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
+    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_SWIGLU", "dense_gemm_swiglu", engine,
+                             [prompt[:1024], prompt[1024:]], 512, follow, off="split")
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):

@@ -449,7 +449,8 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
 def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, kernel, monkeypatch):
     """A prefill's ffn_down input (launch_ffn_gate_up_pack): gate and up in one GEMM, the fast kernel with the two
     matrices' rows interleaved in 8-row groups and silu(g) u in its epilogue, or (kernel "dense") both dequantised
-    into one [2n, k] fp16 matrix for one CUTLASS GEMM whose output the swiglu pack reads. Its pack must be the bits
+    into one [2n, k] fp16 matrix, rows interleaved one by one, for one CUTLASS GEMM whose epilogue writes silu(g) u
+    of each column pair (dense_gemm_swiglu.cu) for the pack to read. Its pack must be the bits
     of two GEMMs and the swiglu pack (OPENJET_PREFILL_FFN_FUSED=0), at 16-, 64- and 128-token tiles and on the dense
     path from kt.DENSE_MIN_ROWS rows (the launch counters show which path ran), and match numpy's silu(G x) (U x)
     over the fast GEMM's own weights within the pack's fp16 rounding. n = 17408 (the 27B's n_ff): 128-token tiles
@@ -466,6 +467,7 @@ def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, ke
     x = random_x(rng, 300, k)
     for t in (9, 40, 130, 300):
         fused_before, dense_before = kt.launch_count("prefill_gate_up"), kt.launch_count("dense_gemm")
+        swiglu_before = kt.launch_count("dense_gemm_swiglu")
         fused = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
         dense_fused = kt.launch_count("dense_gemm") - dense_before
         assert kt.launch_count("prefill_gate_up") == fused_before + 1, "the one-GEMM path did not run"
@@ -474,8 +476,11 @@ def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, ke
         monkeypatch.delenv("OPENJET_PREFILL_FFN_FUSED")
         assert kt.launch_count("prefill_gate_up") == fused_before + 1, "OPENJET_PREFILL_FFN_FUSED=0 took one GEMM"
         dense_two = kt.launch_count("dense_gemm") - dense_before - dense_fused
+        swiglu_epilogue = kt.launch_count("dense_gemm_swiglu") - swiglu_before
         big = kernel == "dense" and t >= kt.DENSE_MIN_ROWS
-        assert (dense_fused, dense_two) == ((1, 2) if big else (0, 0)), (t, dense_fused, dense_two)
+        # the dense one GEMM writes silu(g) u in its epilogue (OPENJET_PREFILL_SWIGLU unset); two are plain GEMMs
+        assert (dense_fused, swiglu_epilogue, dense_two) == ((0, 1, 2) if big else (0, 0, 0)), \
+            (t, dense_fused, swiglu_epilogue, dense_two)
         for name, a, b in zip(("xh", "xsum", "xinv"), fused, two):
             np.testing.assert_array_equal(a, b, err_msg=f"t={t}: {name}")
         xh, _, xinv = pack_act_numpy(x[:t])
@@ -490,29 +495,36 @@ def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, ke
 
 @pytest.mark.parametrize("fused", ["1", "0"])
 @pytest.mark.parametrize("qtype, n, k", [("Q4_K", 17408, 512), ("Q6_K", 2304, 256)])
-def test_the_prefill_swiglu_pack_in_two_passes_gives_the_one_pass_bits(qtype, n, k, fused, monkeypatch):
-    """A prefill's swiglu pack (more than 8 rows) in two streaming passes (the default, elementwise.cu: silu(g) u over
-    the gate cells and per-2,048-column maxima, then the pack) against the one-pass kernel that keeps a row in
-    registers (OPENJET_PREFILL_SWIGLU=rows): the same pack bits, with gate and up in one GEMM (their halves of one
-    output, fused "1") and in two (fused "0"); the two-pass launch counted only where it should run (n = 17408: the
-    27B's rows, 8.5 blocks of 2,048 columns; 2304 a row of one and a part)."""
+def test_the_prefill_swiglu_pack_gives_the_one_pass_bits_every_way(qtype, n, k, fused, monkeypatch):
+    """A prefill's swiglu pack (more than 8 rows) every way OPENJET_PREFILL_SWIGLU offers, against the one-pass kernel
+    that keeps a row in registers (`rows`): the default (unset: where the dense GEMM takes gate and up in one, its
+    epilogue writes silu(g) u and a streaming pack reads those rows, dense_gemm_swiglu.cu; elsewhere as `split`) and
+    `split` (two streaming passes, elementwise.cu: silu(g) u over the gate cells and per-2,048-column maxima, then the
+    pack), with gate and up in one GEMM (fused "1") and in two (fused "0"): the same pack bits, each path's launch
+    counted only where it should run (n = 17408: the 27B's rows, 8.5 blocks of 2,048 columns; 2304 a row of one and
+    a part)."""
     monkeypatch.setenv("OPENJET_PREFILL_FFN_FUSED", fused)
     rng = np.random.default_rng(n + k)
     raw_g, raw_u = random_raw(rng, qtype, n, k), random_raw(rng, qtype, n, k)
     x = random_x(rng, 300, k)
     for t in (9, 300):
-        before = kt.launch_count("swiglu_split")
-        split = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
-        ran = kt.launch_count("swiglu_split") - before
-        monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "rows")
-        rows = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
-        monkeypatch.delenv("OPENJET_PREFILL_SWIGLU")
-        assert kt.launch_count("swiglu_split") - before == ran, "OPENJET_PREFILL_SWIGLU=rows ran two passes"
-        # the fast kernel's one GEMM packs in its own epilogue; every other path reads the swiglu pack
-        fast_fused = fused == "1" and not (kt.dense_gemm_available() and t >= kt.DENSE_MIN_ROWS)
-        assert ran == (0 if fast_fused else 1), (t, ran)
-        for name, a, b in zip(("xh", "xsum", "xinv"), split, rows):
-            np.testing.assert_array_equal(a, b, err_msg=f"t={t}: {name}")
+        packs, ran = {}, {}
+        for mode in ("default", "split", "rows"):
+            if mode != "default":
+                monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", mode)
+            before = {c: kt.launch_count(c) for c in ("swiglu_split", "dense_gemm_swiglu")}
+            packs[mode] = kt.prefill_gate_up(Q[qtype], raw_g, raw_u, x[:t])
+            ran[mode] = tuple(kt.launch_count(c) - b for c, b in before.items())
+            monkeypatch.delenv("OPENJET_PREFILL_SWIGLU", raising=False)
+        # the fast kernel's one GEMM packs in its own epilogue; the dense one GEMM (from DENSE_MIN_ROWS rows) writes
+        # silu(g) u in its epilogue unless asked not to; every other path reads the swiglu pack
+        dense_one = fused == "1" and kt.dense_gemm_available() and t >= kt.DENSE_MIN_ROWS
+        fast_fused = fused == "1" and not dense_one
+        split = 0 if fast_fused else 1
+        assert ran == {"default": (0, 1) if dense_one else (split, 0), "split": (split, 0), "rows": (0, 0)}, (t, ran)
+        for mode in ("default", "split"):
+            for name, a, b in zip(("xh", "xsum", "xinv"), packs[mode], packs["rows"]):
+                np.testing.assert_array_equal(a, b, err_msg=f"t={t}, {mode}: {name}")
 
 
 def test_a_pack_of_a_row_not_whole_units_is_refused():

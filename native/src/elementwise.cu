@@ -3,6 +3,7 @@
 // for launch_pack_act's decode rows (the default too; OPENJET_PACK_CLUSTER=1 leaves them on one block).
 #include <cooperative_groups.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,7 +33,7 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
 }
 
 // ------------------------------------------------------------------------------------------ a prefill's swiglu
-// A prefill's swiglu pack in two streaming passes (OPENJET_PREFILL_SWIGLU unset or `split`). The one-pass kernel keeps
+// A prefill's swiglu pack in two streaming passes (OPENJET_PREFILL_SWIGLU, elementwise.cuh). The one-pass kernel keeps
 // a row's 17,408 values in registers until its maximum is known (~70 KB a row: two rows per SM at a time), which left
 // it at ~1.1 TB/s (H200, ncu: 619 us of a 4,096-row chunk's FFN). Pass 1, blocks of kSplitCols columns of a row:
 // v = swiglu1(g, u) over gate's own cells, and the block's max |v| into the first up cell of its columns (read
@@ -78,14 +79,39 @@ __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __r
     }
 }
 
-__global__ void __launch_bounds__(kSplitThreads) swiglu_pack_values_kernel(const float* __restrict__ v,
-                                                                           const float* __restrict__ maxima, int k,
-                                                                           ActPack p, long long ld) {
+// The second pass, a block a row: v [t, k] (rows ld floats apart) into the pack. The row's maximum from the first
+// pass's block maxima (maxima: its cells kSplitCols apart), or where maxima is null (v written by the GEMM's
+// swiglu epilogue, launch_pack_rows_streamed) by a pass over the row of its own; the pack reads the row again then
+// (from L2: a block's 70 KB row was just read).
+__global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float* __restrict__ v,
+                                                                    const float* __restrict__ maxima, int k,
+                                                                    ActPack p, long long ld) {
+    __shared__ float part[kSplitThreads / 32];
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* vr = v + row * ld;
     float amax = 0.0f;
-    for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
+    if (maxima) {
+        for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
+    } else {
+        float m = 0.0f;
+        if ((reinterpret_cast<uintptr_t>(vr) & 15) == 0) {  // k % 256 == 0 (act_pack_fits): whole float4s
+            const float4* v4 = reinterpret_cast<const float4*>(vr);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < k / 4; i += kSplitThreads) {
+                const float4 q = v4[i];
+                m = fmaxf(m, fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
+            }
+        } else {
+            for (int i = threadIdx.x; i < k; i += kSplitThreads) m = fmaxf(m, fabsf(vr[i]));
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) part[warp] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < kSplitThreads / 32; ++w) amax = fmaxf(amax, part[w]);
+    }
     const int sh = act_pack_shift(amax);
     const float s = ldexpf(1.0f, sh);
     __half* h = p.h + static_cast<long long>(row) * k;
@@ -106,11 +132,7 @@ __global__ void __launch_bounds__(kSplitThreads) swiglu_pack_values_kernel(const
     if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
 }
 
-// OPENJET_PREFILL_SWIGLU (read at each call): unset or `split` the two passes above; `rows` the one-pass kernel.
-bool swiglu_split() {
-    const char* v = std::getenv("OPENJET_PREFILL_SWIGLU");
-    return !v || std::strcmp(v, "rows") != 0;
-}
+bool swiglu_split() { return prefill_swiglu() != PrefillSwiglu::kRows; }
 
 // ------------------------------------------------------------------------------------------ a prefill's rows
 // More than a decode step's rows: row_pack_threads (act_pack.cuh) threads a row, each keeping its share of a 27B
@@ -310,7 +332,7 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
                                                 kSplitThreads, 0, stream, gate, up, k, stride))
             return e;
         count_launch(Counted::kSwigluSplit);
-        return launch_kernel(swiglu_pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride);
+        return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride);
     }
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
         case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
@@ -323,6 +345,18 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
                                      stream, kPackCluster, gate, up, k, p);
     }
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
+}
+
+PrefillSwiglu prefill_swiglu() {
+    const char* v = std::getenv("OPENJET_PREFILL_SWIGLU");
+    return v && std::strcmp(v, "rows") == 0 ? PrefillSwiglu::kRows
+           : v && std::strcmp(v, "split") == 0 ? PrefillSwiglu::kSplit
+                                                : PrefillSwiglu::kEpilogue;
+}
+
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream) {
+    if (!v || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k));
 }
 
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {

@@ -77,6 +77,18 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 // otherwise cudaErrorNotSupported and nothing launched (launch_pack_act then launches its own kernel).
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
 
+// OPENJET_PREFILL_SWIGLU (read at each call): where a prefill's swiglu values are made. Unset or `epilogue`: by the
+// dense gate-and-up GEMM's epilogue where that GEMM runs (launch_dense_gemm_swiglu, then launch_pack_rows_streamed),
+// else as `split`; `split`: two streaming passes over the GEMM's [t, 2k] output (elementwise.cu); `rows`: the
+// one-pass kernel that keeps a row in registers. The same bits every way.
+enum class PrefillSwiglu { kEpilogue, kSplit, kRows };
+PrefillSwiglu prefill_swiglu();
+
+// The pack of v [t, k] (rows k floats apart, 16-byte aligned for the fast loads) for a prefill's rows: a pass over
+// each row for its maximum, then the pack from a second read (L2) of it. launch_pack_act's bits, without its rows in
+// registers (a 17,408-element row at 512 threads: two rows an SM).
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream);
+
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
 // halves of one GEMM's [t, 2k] output: 2k). Both are scratch: a prefill's rows (t > OPENJET_ENGINE_MAX_T) leave
 // silu(gate) * up in gate and partial maxima in up (elementwise.cu, OPENJET_PREFILL_SWIGLU).

@@ -3,9 +3,9 @@
 // prefill call that of two calls around it, the prefill attention on fp16 rows of a Q8_0 cache the Q8_0 kernel's,
 // a prefill's FFN gate and up in one GEMM those of two GEMMs and the swiglu pack, the persistent FFN those of the
 // default launches, a GEMV or GEMM reading the tile layout (weight_layout.cuh) that of the GGUF's row layout, a
-// decode row's pack on a cluster of blocks that of one block, a prefill's swiglu pack in two passes that of one),
-// so that a test can see the path it checks really ran instead of a silent fallback. One relaxed atomic add per
-// launch, on the host.
+// decode row's pack on a cluster of blocks that of one block, a prefill's swiglu pack in two passes that of one, the
+// dense GEMM's swiglu epilogue that of its plain output and the swiglu pass), so that a test can see the path it
+// checks really ran instead of a silent fallback. One relaxed atomic add per launch, on the host.
 #pragma once
 
 namespace openjet {
@@ -23,6 +23,7 @@ enum class Counted {
     kPackCluster = 8,
     kGemvInt = 9,
     kSwigluSplit = 10,
+    kDenseGemmSwiglu = 11,
     kCount
 };
 

@@ -40,10 +40,11 @@ cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
 // are one allocation). A prefill's rows of a type the prefill GEMM takes, with prefill numerics of its own, take gate
 // and up in one GEMM unless OPENJET_PREFILL_FFN_FUSED=0 (read at each call): the fast kernel reads the two matrices'
 // rows interleaved in groups of 8, so that each thread holds an output's gate and up products and its epilogue
-// writes silu(g) u, then the plain pack; the dense path (gate.dense: 2 n k halves) dequantises [gate; up] into one
-// [2n, k] matrix for one dense GEMM whose [t, 2n] output the swiglu pack reads (CUTLASS's epilogue sees one output
-// at a time). Everything else: launch_gemv_pair, then launch_swiglu_pack. Either way the same bits: the same
-// products, swiglu1 and pack. H200, 27B, 2,048 rows: docs/ENGINE.md's switch table.
+// writes silu(g) u, then the plain pack; the dense path (gate.dense: 2 n k halves) dequantises gate and up into one
+// [2n, k] matrix, their rows interleaved, for one dense GEMM whose epilogue writes silu(g) u (launch_dense_gemm_swiglu)
+// and then the pack of those rows (OPENJET_PREFILL_SWIGLU=split or rows: [gate; up] for the plain dense GEMM, whose
+// [t, 2n] output the swiglu pack reads). Everything else: launch_gemv_pair, then launch_swiglu_pack. Either way the
+// same bits: the same products, swiglu1 and pack. H200, 27B, 2,048 rows: docs/ENGINE.md's switch table.
 cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
                                     cudaStream_t stream);
 

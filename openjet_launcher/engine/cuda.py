@@ -102,7 +102,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_STATE_TC": ("0", "1", "tf32", "3xtf32"),   # gdn_chunk.cu, gdn_state_tf32_passes (1 = tf32: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
-    "OPENJET_PREFILL_SWIGLU": ("split", "rows"),            # elementwise.cu, swiglu_split (split: default)
+    "OPENJET_PREFILL_SWIGLU": ("epilogue", "split", "rows"),  # elementwise.cu, prefill_swiglu (epilogue: default)
     "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
