@@ -446,19 +446,28 @@ struct Phase2Smem {
     ChunkOperands<kRowPad, kRowPad, D, kCols, C> c;
 };
 
-// The lane's cp.async pieces of chunk t0's operands for block (h, c0) into b (a thread's share of 3 x 1,024 pieces of
-// q, k, W, 256 of U's columns, 256 of Aq and 24 of the decays); Buf: a ChunkOperands.
+// The lane's cp.async pieces of chunk t0's q and W rows into b (a thread's share of 2 x 1,024 pieces); Buf: a
+// ChunkOperands.
 template <class Buf>
-__device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
-                                                    int t0, Buf& b) {
+__device__ __forceinline__ void copy_chunk_qw(const ChunkScratch& cs, size_t r_pad, int h, int kh, int t0, Buf& b) {
     const float* q = cs.q + ((size_t)kh * r_pad + t0) * D;
-    const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
     const float* w = cs.w + ((size_t)h * r_pad + t0) * D;
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's q, k, W rows
+    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's rows
         const int i = e / (D / 4), d = 4 * (e % (D / 4));
         cp_async16(&b.q[i][d], q + 4 * e);
-        cp_async16(&b.k[i][d], k + 4 * e);
         cp_async16(&b.w[i][d], w + 4 * e);
+    }
+}
+
+// The rest of chunk t0's operands for block (h, c0): k's rows, U's columns, Aq's rows and the decays (1,024, 256,
+// 256 and 24 pieces).
+template <class Buf>
+__device__ __forceinline__ void copy_chunk_rest(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0, int t0,
+                                                Buf& b) {
+    const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
+    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
+        const int i = e / (D / 4), d = 4 * (e % (D / 4));
+        cp_async16(&b.k[i][d], k + 4 * e);
     }
     static_assert(C == kCols, "U's columns and Aq's rows copy in the same pieces");
     for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row; Aq's rows
@@ -472,6 +481,14 @@ __device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size
         float* dst = part == 0 ? b.gamma : part == 1 ? b.e_gamma : b.e_rest;
         cp_async16(dst + j, (part == 0 ? cs.gamma : part == 1 ? cs.e_gamma : cs.e_rest) + at);
     }
+}
+
+// All of chunk t0's operands for block (h, c0) into b.
+template <class Buf>
+__device__ __forceinline__ void copy_chunk_operands(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
+                                                    int t0, Buf& b) {
+    copy_chunk_qw(cs, r_pad, h, kh, t0, b);
+    copy_chunk_rest(cs, r_pad, h, kh, c0, t0, b);
 }
 
 // Two blocks per SM (<= 128 registers, 2 x 75 KB), so the 27B's 192 blocks are all resident on 96 or more SMs (at
@@ -572,6 +589,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
                        [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
+    // The operands arrive while the chunk before computes: a chunk's q and W (steps 5, 6a) during the previous
+    // chunk's steps 6b and 7, which no longer read them; its k, U, Aq and decays during its own steps 5 and 6a.
+    copy_chunk_qw(cs, r_pad, h, kh, 0, sm.c);
+    cp_async_commit();
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
@@ -580,10 +601,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
                 a.snap_state[head + row * D + c0 + col] = st[j][e];
             });
         for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { sm.s[row][col] = st[j][e]; });
-        __syncthreads();  // every warp is done with the previous chunk's operands
-        copy_chunk_operands(cs, r_pad, h, kh, c0, t0, sm.c);
+        __syncthreads();  // every warp is done with the previous chunk's k, U, Aq and decays
+        copy_chunk_rest(cs, r_pad, h, kh, c0, t0, sm.c);
         cp_async_commit();
-        cp_async_wait<0>();
+        cp_async_wait<1>();  // this chunk's q and W (the group before)
         __syncthreads();
         // 5, 6a: W S and q S on the warp's tile; V' = U - W S there.
         float ws[4] = {}, qs[4] = {};
@@ -597,12 +618,16 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             a_fragment<kPasses>(&sm.c.q[0][0], kTcPadA, r, k0, tq, af);
             mma_tf32_passes<kPasses>(qs, af, b);
         }
+        cp_async_wait<0>();
+        __syncthreads();  // U, k, Aq and the decays whole; every warp is done with q and W
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float& u = sm.c.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
             u = __fsub_rn(u, ws[e]);
         }
         __syncthreads();  // V' whole; S is not read again this chunk
+        if (t0 + C < a.t) copy_chunk_qw(cs, r_pad, h, kh, t0 + C, sm.c);
+        cp_async_commit();
         // 6b: o = e^gamma (q S) + Aq V' on the warp's tile.
         float av[4] = {};
 #pragma unroll
