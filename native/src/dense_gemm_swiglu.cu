@@ -57,7 +57,7 @@ struct SwigluPairs : fusion::Sm90VisitorImpl<> {
 using RowMax = fusion::Sm90ColReduction<cutlass::maximum_absolute_value_reduction, cutlass::maximum, cutlass::maximum,
                                         0, dense_detail::TileShape, float, float,
                                         cutlass::FloatRoundStyle::round_to_nearest, Stride<_1, _0, int64_t>, 4,
-                                        /*EnableNullptr=*/false, /*FinalReduction=*/false>;
+                                        /*EnableNullptr=*/true, /*FinalReduction=*/false>;
 
 struct PairBits : fusion::Sm90VisitorImpl<> {
     using fusion::Sm90VisitorImpl<>::Sm90VisitorImpl;
@@ -104,7 +104,7 @@ cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActP
                                      float* maxima, cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
     if (!dense_gemm_available()) return cudaErrorNotSupported;
-    if (!w16 || !x.h || !x.inv || !v || !maxima || t < 1 || t > x.rows || !dense_gemm_shape_ok(2 * n, k))
+    if (!w16 || !x.h || !x.inv || !v || t < 1 || t > x.rows || !dense_gemm_shape_ok(2 * n, k))
         return cudaErrorInvalidValue;
     // (((row factor, accumulator, product), pairs), row maxima: pointer, identity, stride), root
     const G::FusionArguments thread{{{{{x.inv, 0.0f, {}}, {}, {}}, {}}, {maxima, 0.0f, {}}}, {}};

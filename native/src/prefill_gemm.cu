@@ -408,7 +408,8 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
             }
             // v [t, n] in the first half of y's 2 t n floats, the row maxima in the second
             const SwigluMaxima m = dense_swiglu_maxima(t, n);
-            float* maxima = gate.y + static_cast<long long>(t) * n;
+            const char* scan = std::getenv("OPENJET_SWIGLU_MAXIMA");  // experiment: 0 = the pack scans
+            float* maxima = scan && std::strcmp(scan, "0") == 0 ? nullptr : gate.y + static_cast<long long>(t) * n;
             if (m.floats() > static_cast<long long>(t) * n) return cudaErrorInvalidValue;  // (never at t >= 256)
             if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, maxima, stream))
                 return e;
