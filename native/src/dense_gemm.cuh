@@ -35,20 +35,11 @@ bool dense_gemm_shape_ok(int n, int k);
 cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
                               cudaStream_t stream);
 
-// Where launch_dense_gemm_swiglu leaves each row's max |v|: `parts` maxima a row (one per 256 of the 2n columns), part
-// p of row r at maxima[p * part_stride + r] (part_stride: t rounded up to the tile's 128 rows).
-struct SwigluMaxima {
-    int parts;
-    long long part_stride;
-    long long floats() const { return parts * part_stride; }
-};
-SwigluMaxima dense_swiglu_maxima(int t, int n);
-
 // v[t, n] = swiglu1(g, u) (elementwise.cuh) of g = (x.h[t, :] . w16[2j, :]) * x.inv[t] and u the same of row 2j + 1:
 // the FFN's gate and up in one GEMM over their rows interleaved (w16 [2n, k], row 2j gate's j, 2j + 1 up's), v the
-// bits of launch_dense_gemm's outputs put through swiglu1 (dense_gemm_swiglu.cu); maxima (dense_swiglu_maxima(t, n)
-// floats): each row's max |v| in parts. cudaErrorNotSupported where !dense_gemm_available().
+// bits of launch_dense_gemm's outputs put through swiglu1 (dense_gemm_swiglu.cu). cudaErrorNotSupported where
+// !dense_gemm_available().
 cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActPack& x, int t, float* v,
-                                     float* maxima, cudaStream_t stream);
+                                     cudaStream_t stream);
 
 }  // namespace openjet

@@ -10,8 +10,7 @@
 // word: stmatrix of fp16 pairs), so the tree's root SwigluPairBits sees a pair in elements 2i, 2i + 1 of its
 // fragment. It writes the fp32 value v = swiglu1(g inv, u inv) as two fp16 words carrying v's low and high 16 bits:
 // D, [t, 2 n_ff] "fp16", is then byte for byte v [t, n_ff] fp32. The values are swiglu1 of the plain GEMM's
-// outputs (the same product inv * acc, then the same function): the plain GEMM's and the swiglu pass's bits. Each
-// row's max |v| per column tile comes out too, so that the pack reads v once.
+// outputs (the same product inv * acc, then the same function): the plain GEMM's and the swiglu pass's bits.
 #include "dense_gemm.cuh"
 
 #include "dense_gemm_cutlass.cuh"
@@ -26,51 +25,22 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-// The tree: inv * acc of each output (ScaledAcc), then SwigluPairs: v = swiglu1(g, u) of each column pair (gate,
-// up), kept in both of its elements; RowMax: each row's max |v| over the tile's 256 columns into its own cell of the
-// maxima (CUTLASS's column reduction without its final pass: one fp32 per (row, column tile), no atomics, written
-// once, so the bits do not depend on the tiles' order); the root PairBits: the fp16 words of each pair's v, low half
-// first (little-endian: the float's bytes).
-struct SwigluPairs : fusion::Sm90VisitorImpl<> {
+// Root of the visitor tree: input fragment = inv * acc (fp32) of adjacent column pairs (gate, up); output = the fp16
+// words of the fp32 swiglu value of each pair, low half first (little-endian: the float's bytes).
+struct SwigluPairBits : fusion::Sm90VisitorImpl<> {
     using fusion::Sm90VisitorImpl<>::Sm90VisitorImpl;
 
     struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
         template <class ElementAccumulator, class ElementInput, int kFragment>
-        CUTLASS_DEVICE cutlass::Array<float, kFragment> visit(cutlass::Array<ElementAccumulator, kFragment> const&,
-                                                              int, int, int,
-                                                              cutlass::Array<ElementInput, kFragment> const& in) {
-            static_assert(kFragment % 2 == 0, "whole column pairs");
-            cutlass::Array<float, kFragment> out;
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kFragment; i += 2)
-                out[i] = out[i + 1] = swiglu1(static_cast<float>(in[i]), static_cast<float>(in[i + 1]));
-            return out;
-        }
-    };
-
-    template <bool kReferenceSrc, class... Args>
-    CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::detail::ConsumerStoreArgs<Args...> const&) {
-        return ConsumerStoreCallbacks();
-    }
-};
-
-using RowMax = fusion::Sm90ColReduction<cutlass::maximum_absolute_value_reduction, cutlass::maximum, cutlass::maximum,
-                                        0, dense_detail::TileShape, float, float,
-                                        cutlass::FloatRoundStyle::round_to_nearest, Stride<_1, _0, int64_t>, 4,
-                                        /*EnableNullptr=*/true, /*FinalReduction=*/false>;
-
-struct PairBits : fusion::Sm90VisitorImpl<> {
-    using fusion::Sm90VisitorImpl<>::Sm90VisitorImpl;
-
-    struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
-        template <class ElementAccumulator, int kFragment>
         CUTLASS_DEVICE cutlass::Array<cutlass::half_t, kFragment> visit(
             cutlass::Array<ElementAccumulator, kFragment> const&, int, int, int,
-            cutlass::Array<float, kFragment> const& in) {
+            cutlass::Array<ElementInput, kFragment> const& in) {
+            static_assert(kFragment % 2 == 0, "whole column pairs");
             cutlass::Array<cutlass::half_t, kFragment> out;
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kFragment; i += 2) {
-                const uint32_t bits = __float_as_uint(in[i]);
+                const float v = swiglu1(static_cast<float>(in[i]), static_cast<float>(in[i + 1]));
+                const uint32_t bits = __float_as_uint(v);
                 out[i] = cutlass::half_t::bitcast(static_cast<uint16_t>(bits & 0xFFFFu));
                 out[i + 1] = cutlass::half_t::bitcast(static_cast<uint16_t>(bits >> 16));
             }
@@ -84,37 +54,25 @@ struct PairBits : fusion::Sm90VisitorImpl<> {
     }
 };
 
-using Tree = fusion::Sm90EVT<PairBits, fusion::Sm90EVT<RowMax, fusion::Sm90EVT<SwigluPairs, dense_detail::ScaledAcc>>>;
-using G = dense_detail::DenseGemm<Tree, cutlass::half_t>;
-constexpr int kTileRows = size<0>(dense_detail::TileShape{}), kTileCols = size<1>(dense_detail::TileShape{});
+using G = dense_detail::DenseGemm<fusion::Sm90EVT<SwigluPairBits, dense_detail::ScaledAcc>, cutlass::half_t>;
 
 }  // namespace
 #endif
 
-SwigluMaxima dense_swiglu_maxima(int t, int n) {
-#ifdef OPENJET_HAVE_CUTLASS_SM90
-    return {(2 * n + kTileCols - 1) / kTileCols, static_cast<long long>(t + kTileRows - 1) / kTileRows * kTileRows};
-#else
-    (void)t, (void)n;
-    return {0, 0};
-#endif
-}
-
 cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActPack& x, int t, float* v,
-                                     float* maxima, cudaStream_t stream) {
+                                     cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
     if (!dense_gemm_available()) return cudaErrorNotSupported;
     if (!w16 || !x.h || !x.inv || !v || t < 1 || t > x.rows || !dense_gemm_shape_ok(2 * n, k))
         return cudaErrorInvalidValue;
-    // (((row factor, accumulator, product), pairs), row maxima: pointer, identity, stride), root
-    const G::FusionArguments thread{{{{{x.inv, 0.0f, {}}, {}, {}}, {}}, {maxima, 0.0f, {}}}, {}};
+    const G::FusionArguments thread{{{x.inv, 0.0f, {}}, {}, {}}, {}};  // ((row factor, accumulator, product), root)
     if (const cudaError_t e = dense_detail::run_dense_gemm<G>(w16, 2 * n, k, x, t,
                                                               reinterpret_cast<cutlass::half_t*>(v), thread, stream))
         return e;
     count_launch(Counted::kDenseGemmSwiglu);
     return cudaSuccess;
 #else
-    (void)w16, (void)n, (void)k, (void)x, (void)t, (void)v, (void)maxima, (void)stream;
+    (void)w16, (void)n, (void)k, (void)x, (void)t, (void)v, (void)stream;
     return cudaErrorNotSupported;
 #endif
 }

@@ -79,27 +79,20 @@ __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __r
     }
 }
 
-// Where a row's partial maxima of |v| lie: part i of row r at p[r * row_stride + i * part_stride], i < parts (p null:
-// none, the kernel finds the maximum itself).
-struct PartMaxima {
-    const float* p;
-    long long row_stride, part_stride;
-    int parts;
-};
-
-// The second pass, a block a row: v [t, k] (rows ld floats apart) into the pack. The row's maximum from its partial
-// maxima (the first pass's, in its up cells kSplitCols apart; the dense GEMM's swiglu epilogue's), or where there are
-// none by a pass over the row of its own (the pack then reads the row again, from L2 as far as it holds it).
-__global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float* __restrict__ v, PartMaxima maxima,
-                                                                    int k, ActPack p, long long ld) {
+// The second pass, a block a row: v [t, k] (rows ld floats apart) into the pack. The row's maximum from the first
+// pass's block maxima (maxima: its cells kSplitCols apart), or where maxima is null (v written by the GEMM's
+// swiglu epilogue, launch_pack_rows_streamed) by a pass over the row of its own; the pack reads the row again then
+// (from L2: a block's 70 KB row was just read).
+__global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float* __restrict__ v,
+                                                                    const float* __restrict__ maxima, int k,
+                                                                    ActPack p, long long ld) {
     __shared__ float part[kSplitThreads / 32];
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* vr = v + row * ld;
     float amax = 0.0f;
-    if (maxima.p) {
-        const float* m = maxima.p + row * maxima.row_stride;
-        for (int i = 0; i < maxima.parts; ++i) amax = fmaxf(amax, m[i * maxima.part_stride]);
+    if (maxima) {
+        for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
     } else {
         float m = 0.0f;
         if ((reinterpret_cast<uintptr_t>(vr) & 15) == 0) {  // k % 256 == 0 (act_pack_fits): whole float4s
@@ -339,8 +332,7 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
                                                 kSplitThreads, 0, stream, gate, up, k, stride))
             return e;
         count_launch(Counted::kSwigluSplit);
-        const PartMaxima maxima{up, stride, kSplitCols, (k + kSplitCols - 1) / kSplitCols};
-        return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, gate, maxima, k, p, stride);
+        return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride);
     }
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
         case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
@@ -362,11 +354,9 @@ PrefillSwiglu prefill_swiglu() {
                                                 : PrefillSwiglu::kEpilogue;
 }
 
-cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream,
-                                      const float* maxima, int parts, long long part_stride) {
-    if (!v || !act_pack_fits(p, t, k) || (maxima && (parts < 1 || part_stride < t))) return cudaErrorInvalidValue;
-    return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, PartMaxima{maxima, 1, part_stride, parts},
-                         k, p, static_cast<long long>(k));
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream) {
+    if (!v || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k));
 }
 
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {

@@ -84,13 +84,10 @@ cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack&
 enum class PrefillSwiglu { kEpilogue, kSplit, kRows };
 PrefillSwiglu prefill_swiglu();
 
-// The pack of v [t, k] (rows k floats apart, 16-byte aligned for the fast loads) for a prefill's rows, each row's
-// maximum the largest of its `parts` partial maxima (row r's part i at maxima[i * part_stride + r]: the dense GEMM's
-// swiglu epilogue's) or, maxima null, found by a pass over the row (the pack then reads it again, from L2 as far as it
-// holds it). launch_pack_act's bits, without its rows in registers (a 17,408-element row at 512 threads: two rows an
-// SM).
-cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream,
-                                      const float* maxima = nullptr, int parts = 0, long long part_stride = 0);
+// The pack of v [t, k] (rows k floats apart, 16-byte aligned for the fast loads) for a prefill's rows: a pass over
+// each row for its maximum, then the pack from a second read (L2) of it. launch_pack_act's bits, without its rows in
+// registers (a 17,408-element row at 512 threads: two rows an SM).
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream);
 
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
 // halves of one GEMM's [t, 2k] output: 2k). Both are scratch: a prefill's rows (t > OPENJET_ENGINE_MAX_T) leave

@@ -400,20 +400,14 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
     if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
         if (prefill_swiglu() == PrefillSwiglu::kEpilogue) {
             // gate and up rows interleaved in one [2n, k] fp16 matrix (gate row j at 2j, up's at 2j + 1), one GEMM
-            // whose epilogue writes silu(g) u into y [t, n] and each row's maxima, then the pack of those rows
+            // whose epilogue writes silu(g) u into y [t, n], then the pack of those rows
             for (const GemvArgs* m : {&gate, &up}) {
                 GemvArgs d = *m;
                 d.dense = gate.dense + (m == &up ? k : 0);
                 if (const cudaError_t e = launch_dequant_t<QT>(d, stream, 2LL * k)) return e;
             }
-            // v [t, n] in the first half of y's 2 t n floats, the row maxima in the second
-            const SwigluMaxima m = dense_swiglu_maxima(t, n);
-            const char* scan = std::getenv("OPENJET_SWIGLU_MAXIMA");  // experiment: 0 = the pack scans
-            float* maxima = scan && std::strcmp(scan, "0") == 0 ? nullptr : gate.y + static_cast<long long>(t) * n;
-            if (m.floats() > static_cast<long long>(t) * n) return cudaErrorInvalidValue;  // (never at t >= 256)
-            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, maxima, stream))
-                return e;
-            return launch_pack_rows_streamed(gate.y, t, n, out, stream, maxima, m.parts, m.part_stride);
+            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, stream)) return e;
+            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
         }
         // [gate; up] as one [2n, k] fp16 matrix, one GEMM into y [t, 2n], the swiglu pack over its halves
         for (const GemvArgs* m : {&gate, &up}) {
