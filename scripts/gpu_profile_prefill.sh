@@ -9,8 +9,10 @@
 #       command="bash scripts/gpu_profile_prefill.sh")
 # ROWS=2048: the chunk the other cards' presets take (OPENJET_PREFILL_GEMM=fast for their GEMM); any OPENJET_*
 # switch set in the environment applies to the profiled run. Written 2026-12-03 after the device time ran out: its
-# pieces ran (ncu over one_prefill_kernel.py engine, filtered by kernel name, and this table), the script as a whole
-# and the profiler range (--profile-from-start off) not yet.
+# pieces ran (ncu over one_prefill_kernel.py engine, filtered by kernel name, and this table). The script as a whole
+# does NOT work yet: its first run (H200, a3220c0) ended with ncu's "Failed to profile add_norm_pack_kernel" (the
+# range's first kernel) and no rows, then hung until the 400 s timeout. Untried: without the profiler range (ncu's
+# --launch-skip past the load instead of --profile-from-start off), and with OPENJET_PDL=0.
 set -o pipefail
 . scripts/device_common.sh
 device_wheels

@@ -549,7 +549,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
             if (projection && prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(t.ne0 * t.ne1));
         });
-        for (const LayerW& L : e.layers)  // gate and up in one GEMM (launch_ffn_gate_up_pack): [gate; up]
+        for (const LayerW& L : e.layers)  // gate and up in one GEMM (launch_ffn_gate_up_pack): both matrices
             if (L.ffn_gate.type == L.ffn_up.type && prefill_dense_takes(L.ffn_gate.type, 2 * c.n_ff, c.n_embd))
                 dense_halves = std::max(dense_halves, static_cast<size_t>(2) * c.n_ff * c.n_embd);
     }
