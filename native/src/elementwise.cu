@@ -39,8 +39,8 @@ swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up,
 // v = swiglu1(g, u) over gate's own cells, and the block's max |v| into the first up cell of its columns (read
 // before by this block alone, dead after); pass 2, a block a row: the row's maximum from those cells, then v packed
 // 32-block by 32-block (pack_block). The same values, maximum and packing as pack_act_row: the same bits. H200,
-// 4,096 rows of 17,408: 201 us (86% of DRAM's rate) + 158 (issue-bound: pack_block's sums; since then
-// pack_blocks4, not yet measured) against 619.
+// 4,096 rows of 17,408: 201 us (86% of DRAM's rate) + 158 (issue-bound: pack_block's sums; pack_blocks4 since, its
+// share of the gain not measured apart) against 619.
 constexpr int kSplitThreads = 256, kSplitPer = 8, kSplitCols = kSplitThreads * kSplitPer;
 
 __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __restrict__ gate, float* __restrict__ up,
