@@ -874,16 +874,16 @@ def _logits_after(engine, parts, chunk, follow):
     return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
 
 
-def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off="0"):
-    """_logits_after(engine, parts, chunk, follow) with `switch`=off and then unset (on, its default) are the same
-    bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
+def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off_value="0"):
+    """_logits_after(engine, parts, chunk, follow) with `switch`=off_value and then unset (on, its default) are the
+    same bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
     from openjet_launcher.engine import kernels_test as kt
 
     try:
-        monkeypatch.setenv(switch, off)
+        monkeypatch.setenv(switch, off_value)
         before = kt.launch_count(counted)
         off = _logits_after(engine, parts, chunk, follow)
-        assert kt.launch_count(counted) == before, f"{switch}={off} still launched {counted}"
+        assert kt.launch_count(counted) == before, f"{switch}={off_value} still launched {counted}"
         monkeypatch.delenv(switch)
         on = _logits_after(engine, parts, chunk, follow)
         ran = kt.launch_count(counted) - before
@@ -1027,7 +1027,7 @@ def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypa
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_SWIGLU", "dense_gemm_swiglu", engine,
-                             [prompt[:1024], prompt[1024:]], 512, follow, off="split")
+                             [prompt[:1024], prompt[1024:]], 512, follow, off_value="split")
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
