@@ -876,7 +876,8 @@ def _logits_after(engine, parts, chunk, follow):
 
 def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off_value="0"):
     """_logits_after(engine, parts, chunk, follow) with `switch`=off_value and then unset (on, its default) are the
-    same bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed after."""
+    same bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed
+    after."""
     from openjet_launcher.engine import kernels_test as kt
 
     try:
