@@ -33,10 +33,15 @@ build_engine() {
   fi
 }
 
-# The ncu scripts' start: the wheels, the engine built in /tmp/b and loaded from there, and NCU, Nsight Compute's
-# command line on this machine (or exit 2 saying there is none).
+# The ncu scripts' start: the wheels, then ncu_engine.
 ncu_setup() {
   device_wheels
+  ncu_engine
+}
+
+# The engine built in /tmp/b and loaded from there, and NCU, Nsight Compute's command line on this machine (or exit 2
+# saying there is none). After device_wheels.
+ncu_engine() {
   build_engine /tmp/b "$OUT/build.log" || exit 1
   export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -23,11 +23,8 @@ if [ ! -s "$MODEL" ]; then
     > "$OUT/synth.json" 2> "$OUT/synth.err" &
   SYNTH_PID=$!
 fi
-build_engine /tmp/b "$OUT/build.log" || exit 1
-export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
+ncu_engine  # device_common.sh: the build beside the synth, OPENJET_LIBRARY, NCU
 if [ -n "${SYNTH_PID:-}" ] && ! wait "$SYNTH_PID"; then tail -20 "$OUT/synth.err"; exit 1; fi
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then echo "no ncu on this machine"; exit 2; fi
 timeout 400 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight --csv --page details \
   python3 native/bench/one_prefill_kernel.py engine "$MODEL" "$ROWS" > "$OUT/ncu-chunk.csv" 2> "$OUT/ncu-chunk.err"
 echo "ncu rc $?"

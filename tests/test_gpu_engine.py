@@ -173,8 +173,9 @@ def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(model
     state phase's products in one tf32 pass). The other prefill forms too: "gdn-state-3xtf32" (those products in
     3xTF32, OPENJET_GDN_STATE_TC=3xtf32), "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel
     form), "gdn-recurrent" (OPENJET_GDN_CHUNKED=0: the token-by-token recurrence); the prefill's attention by
-    decode's kernel instead of the default flash kernel (attn_prefill.cuh), with q and the probabilities as single fp16 ("attn-chunks",
-    OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs", OPENJET_PREFILL_ATTN=pairs); the
+    decode's kernel instead of the default flash kernel (attn_prefill.cuh), with q and the probabilities as single
+    fp16 ("attn-chunks", OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs",
+    OPENJET_PREFILL_ATTN=pairs); the
     dense prefill GEMM ("gemm-dense", OPENJET_PREFILL_GEMM=dense, dense_gemm.cuh) where it runs."""
     if variant == "gemm-dense" and not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")

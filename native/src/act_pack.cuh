@@ -116,6 +116,34 @@ __device__ __forceinline__ int act_pack_shift(float amax) {
     return amax > 0.0f ? min(100, max(-100, 15 - e)) : 0;
 }
 
+// The largest of the block's threads' m (each >= 0: a max |x|), in every thread of a block of kThreads; its shared
+// memory free again when it returns. Exact in any order: the same value however the threads split the row.
+template <int kThreads> __device__ __forceinline__ float block_amax(float m) {
+    __shared__ float part[kThreads / 32];
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    float amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, part[w]);
+    __syncthreads();  // part may be written again
+    return amax;
+}
+
+// Where row `row` of a pack of k-element rows goes and its scale for the row's max |x| (act_pack_shift): s = 2^shift,
+// inv = 1 / s (p.inv[row], written once the row is packed).
+struct ActRow {
+    __half* h;
+    __half* sum;
+    float s, inv;
+};
+__device__ __forceinline__ ActRow act_row(const ActPack& p, int row, int k, float amax) {
+    const int sh = act_pack_shift(amax);
+    return {p.h + static_cast<long long>(row) * k, p.sum + static_cast<long long>(row) * (k / kActBlock) * 2,
+            ldexpf(1.0f, sh), ldexpf(1.0f, -sh)};
+}
+
 // Packs row `row` of the pack from value(i), i in [0, k) (pure: a long row calls it twice per element), by
 // the whole block of kThreads threads (kPackThreads, or fewer in a persistent kernel: ffn_persistent.cu), each
 // keeping up to kCached values in registers (rows longer than kCached * kThreads compute each value twice);
@@ -126,7 +154,6 @@ template <int kThreads = kPackThreads, int kCached = kPackCached, class Value>
 __device__ __forceinline__ void pack_act_row(const Value& value, int k, const ActPack& p, int row,
                                              float* copy = nullptr) {
     static_assert(kThreads % 32 == 0 && kThreads >= 256 && kThreads <= kPackThreads, "whole warps, >= row_rms's");
-    __shared__ float part[kThreads / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool cached = k <= kCached * kThreads;
     float v[kCached];
@@ -150,18 +177,7 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
             if (copy) copy[i] = x;
         }
     }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) part[warp] = m;
-    __syncthreads();
-    float amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, part[w]);
-    __syncthreads();  // part may be reused by the caller
-    const int sh = act_pack_shift(amax);
-    const float s = ldexpf(1.0f, sh);
-    __half* h = p.h + static_cast<long long>(row) * k;
-    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
+    const ActRow r = act_row(p, row, k, block_amax<kThreads>(m));
     const int nb = k / kActBlock;
     if (cached) {
         // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j; four blocks at a time
@@ -173,16 +189,16 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
             int b4[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) b4[q] = warp + kThreads / 32 * (j + q);
-            pack_blocks4(v4, s, b4, nb, h, sum);
+            pack_blocks4(v4, r.s, b4, nb, r.h, r.sum);
         }
 #pragma unroll
         for (int j = kFours; j < kCached; ++j)
             if (warp + kThreads / 32 * j < nb)
-                pack_block(v[j], s, warp + kThreads / 32 * j, h, sum);  // whole warps: k % 32 == 0
+                pack_block(v[j], r.s, warp + kThreads / 32 * j, r.h, r.sum);  // whole warps: k % 32 == 0
     } else {
-        for (int b = warp; b < nb; b += kThreads / 32) pack_block(value(b * kActBlock + lane), s, b, h, sum);
+        for (int b = warp; b < nb; b += kThreads / 32) pack_block(value(b * kActBlock + lane), r.s, b, r.h, r.sum);
     }
-    if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+    if (threadIdx.x == 0) p.inv[row] = r.inv;
 }
 
 // Elements per unit of the sums' layout (act_sum_pos: 16 halves per 256 elements): a row of k % kActUnit != 0 would

@@ -34,12 +34,8 @@ cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x,
                               cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
     using G = dense_detail::DenseGemm<dense_detail::ScaledAcc, float>;
-    if (!dense_gemm_available()) return cudaErrorNotSupported;
-    if (!w16 || !x.h || !x.inv || !y || t < 1 || t > x.rows || !dense_gemm_shape_ok(n, k)) return cudaErrorInvalidValue;
     const G::FusionArguments thread{{x.inv, 0.0f, {}}, {}, {}};  // (row factor, accumulator, product)
-    if (const cudaError_t e = dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, stream)) return e;
-    count_launch(Counted::kDenseGemm);
-    return cudaSuccess;
+    return dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kDenseGemm, stream);
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)y, (void)stream;
     return cudaErrorNotSupported;

@@ -21,7 +21,9 @@
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 
 #include "act_pack.cuh"
+#include "dense_gemm.cuh"
 #include "device_attr.cuh"
+#include "launch_count.h"
 
 namespace openjet::dense_detail {
 
@@ -69,11 +71,14 @@ inline cudaError_t status_error(cutlass::Status s) {
 }
 
 // D [t, n] (row-major, n ElementD a row) from w16 [n, k] and the pack's t rows, through G's epilogue with `thread`
-// (its visitor tree's arguments).
+// (its visitor tree's arguments); the launch counted as `what`. cudaErrorNotSupported where !dense_gemm_available(),
+// cudaErrorInvalidValue on bad arguments.
 template <class G, class ElementD>
 cudaError_t run_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, ElementD* d,
-                           const typename G::FusionArguments& thread, cudaStream_t stream) {
+                           const typename G::FusionArguments& thread, Counted what, cudaStream_t stream) {
     using Gemm = typename G::Gemm;
+    if (!dense_gemm_available()) return cudaErrorNotSupported;
+    if (!w16 || !x.h || !x.inv || !d || t < 1 || t > x.rows || !dense_gemm_shape_ok(n, k)) return cudaErrorInvalidValue;
     int sms = 0;
     if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     int device = 0;
@@ -107,7 +112,9 @@ cudaError_t run_dense_gemm(const __half* w16, int n, int k, const ActPack& x, in
     if (const cutlass::Status s = gemm.initialize(args, nullptr, stream); s != cutlass::Status::kSuccess)
         return status_error(s);
     if (const cutlass::Status s = gemm.run(stream); s != cutlass::Status::kSuccess) return status_error(s);
-    return cudaGetLastError();
+    if (const cudaError_t e = cudaGetLastError()) return e;
+    count_launch(what);
+    return cudaSuccess;
 }
 
 }  // namespace openjet::dense_detail

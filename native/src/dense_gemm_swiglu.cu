@@ -62,15 +62,9 @@ using G = dense_detail::DenseGemm<fusion::Sm90EVT<SwigluPairBits, dense_detail::
 cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActPack& x, int t, float* v,
                                      cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
-    if (!dense_gemm_available()) return cudaErrorNotSupported;
-    if (!w16 || !x.h || !x.inv || !v || t < 1 || t > x.rows || !dense_gemm_shape_ok(2 * n, k))
-        return cudaErrorInvalidValue;
     const G::FusionArguments thread{{{x.inv, 0.0f, {}}, {}, {}}, {}};  // ((row factor, accumulator, product), root)
-    if (const cudaError_t e = dense_detail::run_dense_gemm<G>(w16, 2 * n, k, x, t,
-                                                              reinterpret_cast<cutlass::half_t*>(v), thread, stream))
-        return e;
-    count_launch(Counted::kDenseGemmSwiglu);
-    return cudaSuccess;
+    return dense_detail::run_dense_gemm<G>(w16, 2 * n, k, x, t, reinterpret_cast<cutlass::half_t*>(v), thread,
+                                           Counted::kDenseGemmSwiglu, stream);
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)v, (void)stream;
     return cudaErrorNotSupported;

@@ -45,7 +45,6 @@ constexpr int kSplitThreads = 256, kSplitPer = 8, kSplitCols = kSplitThreads * k
 
 __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __restrict__ gate, float* __restrict__ up,
                                                                       int k, long long ld) {
-    __shared__ float part[kSplitThreads / 32];
     pdl_start();  // pdl.cuh
     const int row = blockIdx.y, c0 = blockIdx.x * kSplitCols;
     float* g = gate + row * ld;
@@ -67,26 +66,17 @@ __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __r
             m = fmaxf(m, fabsf(v));
         }
     }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
-    __syncthreads();  // also: every thread has read its up cells
-    if (threadIdx.x == 0) {
-        float bm = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kSplitThreads / 32; ++w) bm = fmaxf(bm, part[w]);
-        u[c0] = bm;
-    }
+    const float bm = block_amax<kSplitThreads>(m);  // its barrier: every thread has read its up cells
+    if (threadIdx.x == 0) u[c0] = bm;
 }
 
-// The second pass, a block a row: v [t, k] (rows ld floats apart) into the pack. The row's maximum from the first
-// pass's block maxima (maxima: its cells kSplitCols apart), or where maxima is null (v written by the GEMM's
-// swiglu epilogue, launch_pack_rows_streamed) by a pass over the row of its own; the pack reads the row again then
-// (from L2: a block's 70 KB row was just read).
+// The second pass, a block a row: v [t, k] (rows ld floats apart, 16-byte aligned) into the pack. The row's maximum
+// from the first pass's block maxima (maxima: its cells kSplitCols apart), or where maxima is null (v written by the
+// GEMM's swiglu epilogue, launch_pack_rows_streamed) by a pass over the row of its own; the pack reads the row again
+// then (from L2: a block's 70 KB row was just read).
 __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float* __restrict__ v,
                                                                     const float* __restrict__ maxima, int k,
                                                                     ActPack p, long long ld) {
-    __shared__ float part[kSplitThreads / 32];
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* vr = v + row * ld;
@@ -94,28 +84,16 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
     if (maxima) {
         for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
     } else {
+        const float4* v4 = reinterpret_cast<const float4*>(vr);  // k % 256 == 0 (act_pack_fits): whole float4s
         float m = 0.0f;
-        if ((reinterpret_cast<uintptr_t>(vr) & 15) == 0) {  // k % 256 == 0 (act_pack_fits): whole float4s
-            const float4* v4 = reinterpret_cast<const float4*>(vr);
 #pragma unroll 4
-            for (int i = threadIdx.x; i < k / 4; i += kSplitThreads) {
-                const float4 q = v4[i];
-                m = fmaxf(m, fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
-            }
-        } else {
-            for (int i = threadIdx.x; i < k; i += kSplitThreads) m = fmaxf(m, fabsf(vr[i]));
+        for (int i = threadIdx.x; i < k / 4; i += kSplitThreads) {
+            const float4 q = v4[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
         }
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) part[warp] = m;
-        __syncthreads();
-#pragma unroll
-        for (int w = 0; w < kSplitThreads / 32; ++w) amax = fmaxf(amax, part[w]);
+        amax = block_amax<kSplitThreads>(m);
     }
-    const int sh = act_pack_shift(amax);
-    const float s = ldexpf(1.0f, sh);
-    __half* h = p.h + static_cast<long long>(row) * k;
-    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
+    const ActRow r = act_row(p, row, k, amax);
     const int nb = k / kActBlock;
     constexpr int kWarps = kSplitThreads / 32, kAhead = 4;  // 32-blocks a warp loads before packing them
     for (int b0 = warp; b0 < nb; b0 += kWarps * kAhead) {
@@ -127,12 +105,10 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
         }
         static_assert(kAhead == 4, "pack_blocks4");
         const int b4[4] = {b0, b0 + kWarps, b0 + 2 * kWarps, b0 + 3 * kWarps};
-        pack_blocks4(x, s, b4, nb, h, sum);
+        pack_blocks4(x, r.s, b4, nb, r.h, r.sum);
     }
-    if (threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+    if (threadIdx.x == 0) p.inv[row] = r.inv;
 }
-
-bool swiglu_split() { return prefill_swiglu() != PrefillSwiglu::kRows; }
 
 // ------------------------------------------------------------------------------------------ a prefill's rows
 // More than a decode step's rows: row_pack_threads (act_pack.cuh) threads a row, each keeping its share of a 27B
@@ -172,18 +148,8 @@ constexpr int kPackClusterMaxK = kPackCluster * kPackClusterWarps * kPackCluster
 // which every block_max may be rewritten.
 __device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
     namespace cg = cooperative_groups;
-    __shared__ float part[kPackClusterWarps];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) part[warp] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float bm = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kPackClusterWarps; ++w) bm = fmaxf(bm, part[w]);
-        *block_max = bm;
-    }
+    const float bm = block_amax<kPackClusterThreads>(m);
+    if (threadIdx.x == 0) *block_max = bm;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every block's block_max is written
     float amax = 0.0f;
@@ -193,19 +159,18 @@ __device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
     return amax;
 }
 
-// The pack of this block's 32-blocks b0 + warp + 8 j (values v[j]) at scale 2^sh, and the row's inv (rank 0).
-__device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackClusterCached], int b0, int b1, int sh,
+// The pack of this block's 32-blocks b0 + warp + 8 j (values v[j]) for the row's max |x| amax, and the row's inv
+// (rank 0).
+__device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackClusterCached], int b0, int b1, float amax,
                                                    int k, const ActPack& p, int row, int rank) {
     const int warp = threadIdx.x >> 5;
-    const float s = ldexpf(1.0f, sh);
-    __half* h = p.h + static_cast<long long>(row) * k;
-    __half* sum = p.sum + static_cast<long long>(row) * (k / kActBlock) * 2;
+    const ActRow r = act_row(p, row, k, amax);
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = b0 + warp + kPackClusterWarps * j;
-        if (b < b1) pack_block(v[j], s, b, h, sum);
+        if (b < b1) pack_block(v[j], r.s, b, r.h, r.sum);
     }
-    if (rank == 0 && threadIdx.x == 0) p.inv[row] = ldexpf(1.0f, -sh);
+    if (rank == 0 && threadIdx.x == 0) p.inv[row] = r.inv;
 }
 #endif
 
@@ -230,8 +195,7 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     }
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
-    const int sh = act_pack_shift(cluster_row_max(m, &block_max));
-    cluster_pack_slice(v, b0, b1, sh, k, p, row, rank);
+    cluster_pack_slice(v, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
 #endif
 }
 
@@ -275,8 +239,8 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         m = fmaxf(m, fabsf(x[j]));
         if (copy && b < b1) copy[i] = x[j];
     }
-    const int sh = act_pack_shift(cluster_row_max(m, &block_max));  // its barriers also keep hs alive for the
-    cluster_pack_slice(x, b0, b1, sh, k, p, row, rank);              // other blocks' reads above
+    // cluster_row_max's barriers also keep hs alive for the other blocks' reads above
+    cluster_pack_slice(x, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
 #endif
 }
 
@@ -326,7 +290,7 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
                                long long ld) {
     if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;
-    if (t > OPENJET_ENGINE_MAX_T && swiglu_split()) {
+    if (t > OPENJET_ENGINE_MAX_T && prefill_swiglu() != PrefillSwiglu::kRows) {  // two streaming passes
         const long long stride = ld ? ld : k;
         if (const cudaError_t e = launch_kernel(swiglu_values_kernel, dim3((k + kSplitCols - 1) / kSplitCols, t),
                                                 kSplitThreads, 0, stream, gate, up, k, stride))
@@ -355,7 +319,7 @@ PrefillSwiglu prefill_swiglu() {
 }
 
 cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream) {
-    if (!v || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (!v || reinterpret_cast<uintptr_t>(v) % 16 || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k));
 }
 

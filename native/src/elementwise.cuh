@@ -84,9 +84,9 @@ cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack&
 enum class PrefillSwiglu { kEpilogue, kSplit, kRows };
 PrefillSwiglu prefill_swiglu();
 
-// The pack of v [t, k] (rows k floats apart, 16-byte aligned for the fast loads) for a prefill's rows: a pass over
-// each row for its maximum, then the pack from a second read (L2) of it. launch_pack_act's bits, without its rows in
-// registers (a 17,408-element row at 512 threads: two rows an SM).
+// The pack of v [t, k] (rows k floats apart; v 16-byte aligned, else cudaErrorInvalidValue) for a prefill's rows: a
+// pass over each row for its maximum, then the pack from a second read (L2) of it. launch_pack_act's bits, without its
+// rows in registers (a 17,408-element row at 512 threads: two rows an SM).
 cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream);
 
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the

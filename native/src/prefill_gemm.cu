@@ -191,8 +191,8 @@ template <> struct FastA<kQ6_K> {
 // a store instruction. (Each thread storing its own 64 bytes, 32 pieces 64 bytes apart an instruction, ran at ~1.9
 // TB/s: H200, a 4,096-row chunk of the 27B, ncu: the FFN gate's Q4_K 121 -> 58 us, its Q6_K down 112 -> 71, the
 // prefill 8,306 -> 8,548 tok/s, bench/results/engine-full-h200-e792017-*.json.)
-// ld16: halves from one output row to the next (k: rows packed; 2k: every other row, launch_gate_up_pack_t's
-// interleaving), a thread's 64 bytes always within one row (k % 256 == 0).
+// ld16: halves from one output row to the next (k: rows packed, the warp's 2 KB in one piece; 2k: every other row,
+// launch_gate_up_pack_t's interleaving), a thread's 64 bytes always within one row (k % 256 == 0).
 template <int QT>
 __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n,
                                                           int k, __half* __restrict__ w16, long long ld16,
@@ -213,36 +213,27 @@ __global__ void __launch_bounds__(256) dequant_f16_kernel(const uint8_t* __restr
     }
     __syncwarp();
     const long long first = i - lane;  // the warp's first thread
-    if (ld16 == k) {  // the warp's 2 KB in one piece
-        uint4* out = reinterpret_cast<uint4*>(w16 + 32 * first);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = 32 * j + lane;  // 16-byte piece c of the warp's output: thread first + c / 4's
-            if (first + c / 4 < total) out[c] = stage[warp][c];
-        }
-        return;
-    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const int c = 32 * j + lane, owner = c / 4;  // piece c % 4 of lane owner's 64 bytes
+        const int c = 32 * j + lane, owner = c / 4;  // 16-byte piece c % 4 of lane owner's 64 bytes
         const int orow = __shfl_sync(0xffffffffu, row, owner), ohs = __shfl_sync(0xffffffffu, hs, owner);
         if (first + owner < total)
             reinterpret_cast<uint4*>(w16 + orow * ld16 + 32 * ohs)[c % 4] = stage[warp][c];
     }
 }
 
-// W into a.dense as fp16 rows, ld16 halves apart (0: k).
-template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t stream, long long ld16 = 0) {
+// W into a.dense as fp16 rows, ld16 halves apart (a.k: packed rows).
+template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t stream, long long ld16) {
     const long long threads = static_cast<long long>(a.n) * (a.k / 32);
     if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(dequant_f16_kernel<QT>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0, stream,
-                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense,
-                         ld16 ? ld16 : a.k, a.tiled);
+                         static_cast<const uint8_t*>(a.w), row_bytes_of<QT>(a.k), a.n, a.k, a.dense, ld16,
+                         a.tiled);
 }
 
 // W dequantised into a.dense, then the dense GEMM (dense_gemm.cuh).
 template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t stream) {
-    if (const cudaError_t e = launch_dequant_t<QT>(a, stream)) return e;
+    if (const cudaError_t e = launch_dequant_t<QT>(a, stream, a.k)) return e;
     return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
 }
 
@@ -398,22 +389,18 @@ template <int QT>
 cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream) {
     const int n = gate.n, k = gate.k, t = gate.t;
     if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
-        if (prefill_swiglu() == PrefillSwiglu::kEpilogue) {
-            // gate and up rows interleaved in one [2n, k] fp16 matrix (gate row j at 2j, up's at 2j + 1), one GEMM
-            // whose epilogue writes silu(g) u into y [t, n], then the pack of those rows
-            for (const GemvArgs* m : {&gate, &up}) {
-                GemvArgs d = *m;
-                d.dense = gate.dense + (m == &up ? k : 0);
-                if (const cudaError_t e = launch_dequant_t<QT>(d, stream, 2LL * k)) return e;
-            }
-            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, stream)) return e;
-            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
-        }
-        // [gate; up] as one [2n, k] fp16 matrix, one GEMM into y [t, 2n], the swiglu pack over its halves
+        // One [2n, k] fp16 matrix: with the swiglu epilogue gate and up rows interleaved (gate row j at 2j, up's at
+        // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for
+        // one GEMM into y [t, 2n] and the swiglu pack over its halves.
+        const bool epilogue = prefill_swiglu() == PrefillSwiglu::kEpilogue;
         for (const GemvArgs* m : {&gate, &up}) {
             GemvArgs d = *m;
-            d.dense = gate.dense + (m == &up ? static_cast<long long>(n) * k : 0);
-            if (const cudaError_t e = launch_dequant_t<QT>(d, stream)) return e;
+            d.dense = gate.dense + (m == &up ? (epilogue ? k : static_cast<long long>(n) * k) : 0);
+            if (const cudaError_t e = launch_dequant_t<QT>(d, stream, epilogue ? 2LL * k : k)) return e;
+        }
+        if (epilogue) {
+            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, stream)) return e;
+            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
         }
         if (const cudaError_t e = launch_dense_gemm(gate.dense, 2 * n, k, gate.x, t, gate.y, stream)) return e;
         return launch_swiglu_pack(gate.y, gate.y + n, t, n, out, stream, 2LL * n);
