@@ -927,12 +927,12 @@ def test_fast_prefill_is_chunk_invariant_and_close_to_the_exact_prefill(models, 
 
 
 def _largest_kquant_projection(path) -> int:
-    """Elements of the largest Q4_K / Q5_K / Q6_K projection of a GGUF (not the embedding, not lm_head), or of a
+    """Elements of the largest Q4_K / Q5_K / Q6_K / Q8_0 projection of a GGUF (not the embedding, not lm_head), or of a
     layer's FFN gate and up together where they share a type (one GEMM): what the dense prefill GEMM's scratch must
     hold as fp16."""
     from gguf import GGUFReader
 
-    kquants = {12, 13, 14}
+    kquants = {8, 12, 13, 14}  # the types the prefill GEMM takes
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     largest = max(int(t.n_elements) for t in tensors.values()
                   if int(t.tensor_type) in kquants and t.name not in ("token_embd.weight", "output.weight")

@@ -357,11 +357,14 @@ def test_prefill_rows_in_groups_of_8_equal_decode_rows(qtype, kernel, monkeypatc
 def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
     """The fast prefill GEMM's weights (prefill_gemm.cuh) in numpy, each rounded once from the exact value (float64
     holds it exactly): Q4_K/Q5_K w = fp16(q ds - dm), ds = fp16(d sc), dm = fp16(dmin m); Q6_K w = fp16((q - 32)
-    ds), ds = fp16(d sc), sc the element's 16-element sub-block scale (ggml's layouts)."""
+    ds), ds = fp16(d sc), sc the element's 16-element sub-block scale (ggml's layouts); Q8_0 w = fp16(q d)."""
     n = raw.shape[0]
     epb, bpb = kt.BLOCK[Q[qtype]]
     b = raw.reshape(n * (raw.shape[1] // bpb), bpb)
     f16 = lambda at: b[:, at:at + 2].copy().view(np.float16)[:, 0].astype(np.float32)  # noqa: E731
+    if qtype == "Q8_0":
+        q = b[:, 2:].view(np.int8).astype(np.float64)
+        return (q * f16(0).astype(np.float64)[:, None]).astype(np.float16).reshape(n, -1)
     if qtype == "Q6_K":
         ql, qh, sc = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8)
         ds = (f16(208)[:, None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
@@ -386,10 +389,10 @@ def fast_weights(qtype: str, raw: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kernel", ["mma", "dense"])
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", KQUANTS)
 @pytest.mark.parametrize("n, k", [(1040, 2560), (201, 256), (17408, 256)])
 def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch):
-    """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K, t > 8 rows): against its own numerics in numpy (fp16 weights as
+    """OPENJET_PREFILL_GEMM=fast (Q4_K/Q5_K/Q6_K/Q8_0, t > 8 rows): against its own numerics in numpy (fp16 weights as
     the kernel rounds them, the pack's fp16 activations, float64 sums), within the fp32 chain's rounding; against
     the exact weights within the fp16 rounding of the weights; and chunk sizes give the same bits (each output
     depends on its own row and token only), across its three tile shapes too (16-token tiles up to 16 rows, 64 up
@@ -444,7 +447,7 @@ def test_fast_prefill_gemm_matches_its_numerics(qtype, n, k, kernel, monkeypatch
 
 
 @pytest.mark.parametrize("kernel", ["mma", "dense"])
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", KQUANTS)
 @pytest.mark.parametrize("n, k", [(1280, 2560), (256, 256), (17408, 256)])
 def test_prefill_gate_and_up_in_one_gemm_give_the_two_gemms_bits(qtype, n, k, kernel, monkeypatch):
     """A prefill's ffn_down input (launch_ffn_gate_up_pack): gate and up in one GEMM, the fast kernel with the two

@@ -127,6 +127,10 @@ template <int N> __device__ __forceinline__ void load_words(const uint8_t* p, ui
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = __ldg(a + i);
 }
+// The shift that takes the word holding p down to p's byte.
+__device__ __forceinline__ int shift(const uint8_t* p) {
+    return 8 * static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+}
 template <int N> __device__ __forceinline__ uint32_t funnel(const uint32_t (&w)[N], int i, int sh) {
     return __funnelshift_r(w[i], w[i + 1], sh);
 }
@@ -152,9 +156,6 @@ template <> struct FastA<kQ6_K> {
             d = blk + 208;
         }
     };
-    __device__ __forceinline__ static int shift(const uint8_t* p) {
-        return 8 * static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
-    }
     __device__ __forceinline__ static Raw load(const uint8_t* row, int unit, int s, int half) {
         const Where at(row, unit, s, half);
         Raw r;
@@ -180,6 +181,43 @@ template <> struct FastA<kQ6_K> {
             const uint32_t ds = i < 4 ? ds0 : ds1;  // elements l < 16: the first scale
             o[0] = hfma2_u(q02, ds, 0x80008000u);  // fp16((q - 32) ds), one rounding (+ -0 changes nothing)
             o[1] = hfma2_u(q13, ds, 0x80008000u);
+        }, dst);
+    }
+};
+
+// Q8_0: w = fp16(q d), the code exact in fp16, one rounding. Step s is blocks 2 (s % 4) and 2 (s % 4) + 1 of unit
+// s / 4 (eight 34-byte blocks); a thread's half is one block, 2-byte aligned: its d, then its 32 codes from the word
+// holding byte 2 on (the words of a block that starts on a word run one word into the next block, which then lies
+// in the same unit: a unit's last block starts off a word, since a unit's 272 bytes start on one).
+template <> struct FastA<kQ8_0> {
+    struct Raw {
+        uint32_t q[9], d;
+    };
+    __device__ __forceinline__ static const uint8_t* block(const uint8_t* row, int unit, int s, int half) {
+        return row + (s >> 2) * unit + (2 * (s & 3) + half) * Block<kQ8_0>::kBytes;
+    }
+    __device__ __forceinline__ static Raw load(const uint8_t* row, int unit, int s, int half) {
+        const uint8_t* b = block(row, unit, s, half);
+        const uint32_t* q = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(b + 2) & ~uintptr_t(3));
+        Raw r;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.q[i] = __ldg(q + i);
+        r.q[8] = shift(b + 2) ? __ldg(q + 8) : 0u;  // within the unit (above)
+        r.d = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(b) & ~uintptr_t(3)));
+        return r;
+    }
+    __device__ __forceinline__ static void store(const Raw& r, const uint8_t* row, int unit, int s, int half,
+                                                 uint4* dst) {
+        constexpr uint32_t k1152 = 0x64806480u;  // fp16x2 (1024 + 128, 1024 + 128)
+        const uint8_t* b = block(row, unit, s, half);
+        const int sh = shift(b + 2);
+        const uint32_t d2 = h2_bits(__ushort_as_half(static_cast<unsigned short>(r.d >> shift(b))));
+        store_half([&](int i, uint32_t* o) {
+            const uint32_t v = funnel(r.q, i, sh) ^ 0x80808080u;  // each code + 128, as an unsigned byte
+            const uint32_t q02 = hsub2_u((v & 0x00FF00FFu) | kMagic, k1152);         // (q0, q2) exactly
+            const uint32_t q13 = hsub2_u(((v >> 8) & 0x00FF00FFu) | kMagic, k1152);  // (q1, q3)
+            o[0] = hfma2_u(q02, d2, 0x80008000u);  // fp16(q d), one rounding (+ -0 changes nothing)
+            o[1] = hfma2_u(q13, d2, 0x80008000u);
         }, dst);
     }
 };
@@ -411,7 +449,9 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
 
 }  // namespace
 
-bool prefill_gemm_takes(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K; }
+bool prefill_gemm_takes(int qtype) {
+    return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K || qtype == kQ8_0;
+}
 
 bool prefill_dense_takes(int qtype, int n, int k) {
     return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();
@@ -434,7 +474,8 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
     switch (gate.qtype) {
         case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream);
         case kQ5_K: return launch_gate_up_pack_t<kQ5_K>(gate, up, out, stream);
-        default: return launch_gate_up_pack_t<kQ6_K>(gate, up, out, stream);
+        case kQ6_K: return launch_gate_up_pack_t<kQ6_K>(gate, up, out, stream);
+        default: return launch_gate_up_pack_t<kQ8_0>(gate, up, out, stream);
     }
 }
 
@@ -445,7 +486,8 @@ cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
     switch (a.qtype) {
         case kQ4_K: return launch_prefill_gemm_t<kQ4_K>(a, stream);
         case kQ5_K: return launch_prefill_gemm_t<kQ5_K>(a, stream);
-        default: return launch_prefill_gemm_t<kQ6_K>(a, stream);
+        case kQ6_K: return launch_prefill_gemm_t<kQ6_K>(a, stream);
+        default: return launch_prefill_gemm_t<kQ8_0>(a, stream);
     }
 }
 

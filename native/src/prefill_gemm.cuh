@@ -1,9 +1,10 @@
-// Prefill projections as a plain tensor-core GEMM over fp16-dequantised weights (issue 8), for Q4_K, Q5_K and
-// Q6_K: the default prefill numerics since 2026-12-02 (OPENJET_PREFILL_GEMM=exact takes the bit-exact kernels of
+// Prefill projections as a plain tensor-core GEMM over fp16-dequantised weights (issue 8), for Q4_K, Q5_K, Q6_K
+// and Q8_0: the default prefill numerics since 2026-12-02 (OPENJET_PREFILL_GEMM=exact takes the bit-exact kernels of
 // gemv_mma.cuh instead; gemv_mma.cuh's prefill_gemm_choice has the figures); every other type takes those always.
 //
 // Numerics (declared, its own): each weight becomes, by one fp16 fma over the exact code, w = fp16(q ds - dm)
-// with ds = fp16(d sc), dm = fp16(dmin m) (Q4_K, Q5_K) or w = fp16((q - 32) ds), ds = fp16(d sc) (Q6_K); each
+// with ds = fp16(d sc), dm = fp16(dmin m) (Q4_K, Q5_K), w = fp16((q - 32) ds), ds = fp16(d sc) (Q6_K) or
+// w = fp16(q d) (Q8_0); each
 // activation is the pack's fp16 h (act_pack.cuh); an output is ONE fp32
 // chain of mma m16n8k16 over k in order, times the pack's 1/s. An output depends on its own weight row and
 // token row only, so chunk sizes and turn boundaries give the same bits; decode's bits it does not give (the

@@ -242,7 +242,7 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
     if (!prefill_gemm_takes(qtype))
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: qtype %d: only Q4_K, Q5_K, Q6_K", qtype);
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: qtype %d: only Q4_K, Q5_K, Q6_K, Q8_0", qtype);
     if (!w_gate || !w_up || !x || !xh || !xsum || !xinv)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up: null pointer");
     if (n % kActUnit)  // the output is the down projection's pack

@@ -9,7 +9,7 @@ What v1 is (and is not):
   ~260 KB of device scratch per row at 27B): every projection reads its weights once per
   chunk (the GEMV in groups of 8 token rows, the groups of a weight tile side by side so they share it through
   L2); the GDN step takes the chunk in one launch per layer and attention in launches of up to 64 rows (both
-  in sub-steps of 8 rows inside), the MTP head's cache fill too. By default the Q4_K/Q5_K/Q6_K projections
+  in sub-steps of 8 rows inside), the MTP head's cache fill too. By default the Q4_K/Q5_K/Q6_K/Q8_0 projections
   of a prefill take a tensor-core GEMM over fp16-dequantised weights (numerics of its own, KL ~1e-6 nats from
   decode's; the same bits whatever the chunk size or turn boundaries); OPENJET_PREFILL_GEMM=exact gives each
   row the bits a decode step gives it instead (~20% slower). ``prefill_matches_decode`` says which holds;
