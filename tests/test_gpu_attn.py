@@ -378,6 +378,36 @@ def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t, keys):
     report(test="attn_prefill_block_sizes", fmt=fmt, n_past=n_past, t=t, keys=keys, bit_identical=True)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (100, 128), (1000, 300), (4096, 200)])
+def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, monkeypatch):
+    """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu; an experiment): the F16 tiles at 128 rows x 64 keys on
+    Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp softmax, so every output and
+    cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of its warps change nothing (t
+    not a multiple of 128, cached rows before). Q8_0: its fp16 rows (OPENJET_ATTN_PREFILL_F16=1) take the F16
+    kernel. Its launch counter shows it ran."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    if not ka.attn_prefill_wgmma_available():
+        pytest.skip("the wgmma kernel needs a 90a build on compute capability 9.0")
+    monkeypatch.delenv("OPENJET_ATTN_PREFILL_KEYS", raising=False)    # the default: 64 keys with 128-row blocks
+    monkeypatch.setenv("OPENJET_ATTN_PREFILL_F16", "1")
+    n_head, n_kv = SIZES["27b"]
+    _, _, kc, vc = prefix(fmt, n_kv, n_past)
+    qproj, k, v, qn, kn = step_inputs(np.random.default_rng(3 * n_past + t), t, n_head, n_kv)
+    out = {}
+    for wgmma in ("0", "1"):
+        monkeypatch.setenv("OPENJET_ATTN_PREFILL_WGMMA", wgmma)
+        before = kt.launch_count("attn_prefill_wgmma")
+        out[wgmma] = ka.attn_prefill(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, kc, vc, n_head=n_head, n_kv=n_kv,
+                                     rows=128)
+        assert kt.launch_count("attn_prefill_wgmma") == before + int(wgmma), f"OPENJET_ATTN_PREFILL_WGMMA={wgmma}"
+    for a, b, what in zip(out["0"], out["1"], ("o", "k cache", "v cache")):
+        assert a.tobytes() == b.tobytes(), f"{fmt} n_past={n_past} t={t}: {what}: " + (
+            f"{np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))} bytes differ" if a.shape == b.shape else "")
+    report(test="attn_prefill_wgmma", fmt=fmt, n_past=n_past, t=t, bit_identical=True)
+
+
 def test_split_depends_on_context_not_t():
     for n_past in (0, 1, 100, 4096, 32768, 100000):
         splits = [ka.attn_split(n_past, 4, t) for t in range(1, 9)]

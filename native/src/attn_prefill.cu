@@ -14,7 +14,8 @@
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
 // (Or, by default, OPENJET_ATTN_PREFILL_F16 unset or 1: the layer's Q8_0 rows turned into fp16 rows once per call,
-// then the F16 kernel: the same tiles; launch_fmt.)
+// then the F16 kernel: the same tiles; launch_fmt. And OPENJET_ATTN_PREFILL_WGMMA=1, an experiment: the F16 kernel's
+// 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, expected to give the same bits; launch_tiles.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
@@ -25,6 +26,7 @@
 #include <cstring>
 
 #include "attn_prefill.cuh"
+#include "attn_prefill_rows.cuh"
 #include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "launch_count.h"
@@ -34,13 +36,8 @@
 namespace openjet {
 namespace {
 
-constexpr int D = kAttnHeadDim;
-constexpr int kRowChunks = D * 2 / 16;  // 16-byte chunks of an fp16 row: 32
+using namespace prefill_rows;  // attn_prefill_rows.cuh: tiles, softmax and output, shared with the wgmma kernel
 static_assert(KvQ8_0::kRowBytes % 16 == 0, "Q8_0 rows copy in 16-byte pieces");
-
-// An fp16 K or V tile (16 or 32 KB), a Q8_0 stage of K and V raw rows (17 or 34 KB).
-template <int kKeys> __host__ __device__ constexpr int tile_bytes() { return kKeys * D * 2; }
-template <int kKeys> __host__ __device__ constexpr int raw_bytes() { return 2 * kKeys * KvQ8_0::kRowBytes; }
 
 // Shared memory: q (kWarps x 16 rows: 32 or 64 KB), then F16: two stages of [K | V]; Q8_0: one [K | V] and two raw
 // stages. 64 rows x 32 keys: ~98 KB, under the 99 KB of sm_86/89/120; 128 x 32: ~130 KB, 128 x 64: ~196 KB
@@ -52,25 +49,7 @@ template <class Fmt, int kWarps, int kKeys> constexpr int smem_bytes() {
 }
 
 // Byte offset of 16-byte chunk c of row r in a tile of 512-byte rows.
-__device__ __forceinline__ int swz(int r, int c) { return r * (2 * D) + ((c ^ (r & 7)) << 4); }
-
-// Copies rows key0 .. key0 + kKeys - 1 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V]
-// tiles, Q8_0 as raw rows [K rows | V rows].
-template <class Fmt, int kThreads, int kKeys>
-__device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int key0, int n_keys, char* dst) {
-    constexpr int kPieces = Fmt::kRowBytes / 16, kTileBytes = tile_bytes<kKeys>();
-    const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
-    for (int i = threadIdx.x; i < 2 * kKeys * kPieces; i += kThreads) {
-        const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
-        char* d = Fmt::kType == kKvF16 ? dst + which * kTileBytes + swz(j, c)
-                                       : dst + (which * kKeys + j) * Fmt::kRowBytes + 16 * c;
-        if (key0 + j < n_keys)
-            cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes + 16 * c);
-        else
-            *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    cp_async_commit();
-}
+__device__ __forceinline__ int swz(int r, int c) { return RowSwizzle::at(r, c); }
 
 // Values 8 m .. 8 m + 7 of a Q8_0 block (codes q, scale d in both halves of d2) as fp16: q * d, the code exact in
 // fp16, one rounding of the product. The one conversion of both Q8_0 paths (q8_0_to_tiles, q8_0_rows_to_f16_kernel).
@@ -116,11 +95,6 @@ __global__ void __launch_bounds__(256) q8_0_rows_to_f16_kernel(const AttnDecodeA
                               16 * c) = q8_0_chunk_f16(reinterpret_cast<const uint16_t*>(blk + 2), d2, c % 4);
 }
 
-__device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 template <class Fmt, int kWarps, int kKeys>
 __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(const AttnDecodeArgs a) {
     constexpr int kRows = 16 * kWarps, kThreads = 32 * kWarps, kTileBytes = tile_bytes<kKeys>();
@@ -129,30 +103,16 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
     char* q_s = smem;
     char* kv_s = smem + kRows * D * 2;  // F16: stage s at kv_s + 2 s kTileBytes; Q8_0: the tiles, then raw stages
     char* raw_s = kv_s + 2 * kTileBytes;
-    const int h = blockIdx.y, kv = h / (a.n_head / a.n_kv);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the longest (latest) query tiles start first
+    const auto [h, kv, q0, n_keys, n_tiles] = block_rows<kRows, kKeys>(a);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int n_keys = a.n_past + min(a.t, q0 + kRows);  // the block's last row sees keys 0 .. n_keys - 1
-    const int n_tiles = (n_keys + kKeys - 1) / kKeys;
     pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
 
-    issue_tile<Fmt, kThreads, kKeys>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
-    for (int i = tid; i < kRows * kRowChunks; i += kThreads) {  // q rows as fp16; rows past t are zeros
-        const int r = i / kRowChunks, c = i % kRowChunks;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (q0 + r < a.t) {
-            const float4* src = reinterpret_cast<const float4*>(
-                a.work + (static_cast<size_t>(q0 + r) * a.n_head + h) * D + 8 * c);
-            const float4 x0 = src[0], x1 = src[1];
-            v = make_uint4(h2_bits(x0.x, x0.y), h2_bits(x0.z, x0.w), h2_bits(x1.x, x1.y), h2_bits(x1.z, x1.w));
-        }
-        *reinterpret_cast<uint4*>(q_s + swz(r, c)) = v;
-    }
+    issue_tile<Fmt, kThreads, kKeys, RowSwizzle>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
+    load_q<kRows, kThreads, RowSwizzle>(a, q0, h, q_s);
 
     const int wrow0 = q0 + 16 * warp;                   // the warp's first row
     const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;  // positions of this lane's rows g, g + 8
     const bool warp_live = wrow0 < a.t;
-    constexpr float kScale = 0.0625f * kLog2e;          // 1 / sqrt(256), exp2 domain: decode's score_scale
     float o[D / 8][4] = {};
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
@@ -163,11 +123,12 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
         const int next0 = (it + 1) * kKeys;
         if constexpr (Fmt::kType == kKvF16) {
             if (it + 1 < n_tiles)
-                issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+                issue_tile<Fmt, kThreads, kKeys, RowSwizzle>(a, kv, next0, n_keys,
+                                                             kv_s + ((it + 1) & 1) * 2 * kTileBytes);
             k_t = kv_s + (it & 1) * 2 * kTileBytes;
         } else {
             if (it + 1 < n_tiles)
-                issue_tile<Fmt, kThreads, kKeys>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
+                issue_tile<Fmt, kThreads, kKeys, RowSwizzle>(a, kv, next0, n_keys, raw_s + ((it + 1) & 1) * kRawBytes);
             q8_0_to_tiles<kThreads, kKeys>(raw_s + (it & 1) * kRawBytes, kv_s);
             __syncthreads();
             k_t = kv_s;
@@ -191,54 +152,14 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
             }
         }
 
-        // Online softmax: this lane's kKeys / 4 keys of rows lo (c = 0, 1) and hi (c = 2, 3); the quad holds a row's
-        // kKeys.
-        float mx[2] = {-INFINITY, -INFINITY};
         const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int key = key0 + 8 * nt + 2 * tq + (c & 1);
-                const float x = unmasked || key <= (c < 2 ? pos_lo : pos_hi) ? s[nt][c] * kScale : -INFINITY;
-                s[nt][c] = x;
-                mx[c >> 1] = fmaxf(mx[c >> 1], x);
-            }
-        float alpha[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float m_new = fmaxf(m_run[i], mx[i]);
-            alpha[i] = m_new == -INFINITY ? 1.0f : exp2f(m_run[i] - m_new);
-            mx[i] = m_new;  // the exponent's offset for this tile
-            m_run[i] = m_new;
-        }
-        float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const float p = s[nt][c] == -INFINITY ? 0.0f : exp2f(s[nt][c] - mx[c >> 1]);
-                s[nt][c] = p;
-                sum[c >> 1] += p;
-            }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], sum[i]);
-        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {  // o * 1 is o: skip it
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-            }
-        }
+        softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
 
-        // O += P V: keys 16 ks .. + 15 are S's n-tiles 2 ks, 2 ks + 1, whose C fragments are the A fragment.
+        // O += P V: keys 16 ks .. + 15.
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) {
-            const uint32_t pa[4] = {h2_bits(s[2 * ks][0], s[2 * ks][1]), h2_bits(s[2 * ks][2], s[2 * ks][3]),
-                                    h2_bits(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                    h2_bits(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            uint32_t pa[4];
+            p_fragment<kKeys>(s, ks, pa);
 #pragma unroll
             for (int np = 0; np < D / 16; ++np) {
                 uint32_t vb[4];
@@ -248,28 +169,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
             }
         }
     }
-
-    // o / l * sigmoid(gate), as attn_combine_row ends; the quad's partial sums added in one order for every row.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
-        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = wrow0 + g + 8 * i;
-        if (r >= a.t) continue;
-        const float* gate = a.qproj + (static_cast<size_t>(r) * a.n_head + h) * 2 * D + D;
-        float* dst = a.o + (static_cast<size_t>(r) * a.n_head + h) * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const int d = 8 * n + 2 * tq;
-            const float2 gt = *reinterpret_cast<const float2*>(gate + d);
-            *reinterpret_cast<float2*>(dst + d) =
-                make_float2(o[n][2 * i] / l_run[i] * (1.0f / (1.0f + expf(-gt.x))),
-                            o[n][2 * i + 1] / l_run[i] * (1.0f / (1.0f + expf(-gt.y))));
-        }
-    }
+    store_rows(a, o, l_run, wrow0, h, g, tq);
 }
 
 template <class Fmt, int kWarps, int kKeys> cudaError_t launch_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
@@ -289,6 +189,11 @@ bool smem_holds(int need) {
 // The flash kernel over caches in format F at a tile shape: 128-row blocks (8 warps) where wide, else 64; `keys`
 // keys per tile.
 template <class F> cudaError_t launch_tiles(const AttnDecodeArgs& a, bool wide, int keys, cudaStream_t stream) {
+    if (F::kType == kKvF16 && wide && keys == 64 && attn_prefill_wgmma_switch() && attn_prefill_wgmma_available()) {
+        const cudaError_t e = launch_attn_prefill_wgmma(a, stream);  // the same tiles on warpgroup MMA
+        if (e == cudaSuccess) count_launch(Counted::kAttnPrefillWgmma);
+        return e;
+    }
     if (wide) return keys == 64 ? launch_rows<F, 8, 64>(a, stream) : launch_rows<F, 8, 32>(a, stream);
     return keys == 64 ? launch_rows<F, 4, 64>(a, stream) : launch_rows<F, 4, 32>(a, stream);
 }
@@ -331,6 +236,11 @@ bool attn_prefill_fits(int kv_type) {
 bool attn_prefill_f16_switch() {
     const char* v = std::getenv("OPENJET_ATTN_PREFILL_F16");
     return !v || std::strcmp(v, "0") != 0;
+}
+
+bool attn_prefill_wgmma_switch() {
+    const char* v = std::getenv("OPENJET_ATTN_PREFILL_WGMMA");
+    return v && std::strcmp(v, "1") == 0;
 }
 
 int attn_prefill_keys_switch() {

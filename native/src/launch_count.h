@@ -4,8 +4,9 @@
 // a prefill's FFN gate and up in one GEMM those of two GEMMs and the swiglu pack, the persistent FFN those of the
 // default launches, a GEMV or GEMM reading the tile layout (weight_layout.cuh) that of the GGUF's row layout, a
 // decode row's pack on a cluster of blocks that of one block, a prefill's swiglu pack in two passes that of one, the
-// dense GEMM's swiglu epilogue that of its plain output and the swiglu pass), so that a test can see the path it
-// checks really ran instead of a silent fallback. One relaxed atomic add per launch, on the host.
+// dense GEMM's swiglu epilogue that of its plain output and the swiglu pass, the prefill attention on warpgroup MMA
+// the mma.sync kernel's, a prefill GEMM on kept fp16 weights that of the weights dequantised at the call), so that a test can see the path it checks really ran instead of a silent fallback. One
+// relaxed atomic add per launch, on the host.
 #pragma once
 
 namespace openjet {
@@ -24,6 +25,8 @@ enum class Counted {
     kGemvInt = 9,
     kSwigluSplit = 10,
     kDenseGemmSwiglu = 11,
+    kAttnPrefillWgmma = 12,
+    kPrefillF16Kept = 13,  // a prefill GEMM on the engine's kept fp16 weights (no dequantisation; the same bits)
     kCount
 };
 

@@ -342,7 +342,7 @@ extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_ge
 // state written at a chunk boundary for a checkpoint, 3 its state phase on tensor cores, 4 the prefill attention on
 // fp16 rows of a Q8_0 cache, 5 a prefill's FFN gate and up in one GEMM, 6 the persistent FFN, 7 a read of weights in
 // the tile layout, 8 a decode pack on a cluster of blocks, 9 a decode call on the integer GEMV, 10 a prefill's swiglu
-// pack in two passes, 11 the dense gate-and-up GEMM's swiglu epilogue).
+// pack in two passes, 11 the dense gate-and-up GEMM's swiglu epilogue, 12 the prefill attention on warpgroup MMA).
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,

@@ -122,6 +122,10 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
 
 }  // namespace
 
+extern "C" OPENJET_API int openjet_test_attn_prefill_wgmma_available() {
+    return attn_prefill_wgmma_available() ? 1 : 0;
+}
+
 extern "C" OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks,
                                                    int* sm_count) {
     if (!chunk_keys || !n_chunks || !sm_count) return fail(OPENJET_ERR_INVALID_ARGUMENT, "attn_split: null pointer");

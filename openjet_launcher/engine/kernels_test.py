@@ -262,7 +262,8 @@ DENSE_MIN_ROWS = 256
 # launch_count.h's counted paths, in its order.
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
-           "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11}
+           "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
+           "attn_prefill_wgmma": 12, "prefill_f16_kept": 13}
 
 
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
@@ -293,7 +294,9 @@ def launch_count(path: str) -> int:
     GEMV, prefill GEMM, dequantisation or row gather reading weights in the tile layout; "pack_cluster": a decode row's
     pack on a cluster of blocks; "gemv_int": a decode call on the integer GEMV, OPENJET_GEMV_INT; "swiglu_split": a
     prefill's swiglu pack in two passes, OPENJET_PREFILL_SWIGLU; "dense_gemm_swiglu": the dense gate-and-up GEMM whose
-    epilogue writes silu(g) u): how a test sees that the path ran."""
+    epilogue writes silu(g) u; "attn_prefill_wgmma": the prefill attention on warpgroup MMA,
+    OPENJET_ATTN_PREFILL_WGMMA; "prefill_f16_kept": a prefill GEMM on the engine's kept fp16 weights,
+    OPENJET_PREFILL_F16_WEIGHTS): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")

@@ -25,10 +25,17 @@ def _lib() -> ctypes.CDLL:
         "attn_decode": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P],
         "attn_prefill": [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P, _P, _I],
         "attn_split": [_I, _I, _I, _P, _P, _P],
+        "attn_prefill_wgmma_available": [],
         "attn_store_kv": [_I, _I, _I, _I, _I, _P, _P, _P, _F, _F, _I, _P, _P, _P, _P],
         "bench_attn_decode": [_I, _I, _I, _I, _I, _I, _I, _I, _I, _P],
         "bench_attn_prefill": [_I, _I, _I, _I, _I, _I, _I, _I, _P],
     })
+
+
+def attn_prefill_wgmma_available() -> bool:
+    """Whether this library and GPU run the prefill attention on warpgroup MMA (a 90a build on compute capability
+    9.0; OPENJET_ATTN_PREFILL_WGMMA=1 then takes it: native/src/attn_prefill_wgmma.cu)."""
+    return bool(_lib().openjet_test_attn_prefill_wgmma_available())
 
 
 def _kv_inputs(kv_type: int, t: int, k, v, k_norm, k_cache, v_cache, n_kv: int):

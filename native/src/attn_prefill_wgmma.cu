@@ -1,0 +1,124 @@
+// The flash prefill attention of attn_prefill.cu at its H200 default shape (F16 tiles, 128 query rows x 64 keys) on
+// Hopper's warpgroup MMA (wgmma.cuh; sm_90a only), opt-in: OPENJET_ATTN_PREFILL_WGMMA=1. The same bits as the
+// mma.sync kernel:
+//   Block = 2 warpgroups x 64 rows of one q head; warp w holds rows 16 w .. 16 w + 15 as there, in the same
+//   m16n8k16 fragments, and runs the same per-warp softmax and output (attn_prefill_rows.cuh).
+//   S = Q K^T     a warpgroup's 64 rows x 64 keys: 16 wgmma m64n64k16, Q and K from shared memory, the k16 steps in
+//                 increasing dim order: the mma.sync kernel's chain of 16 k-steps per output.
+//   O += P V      64 rows x 256 dims: 4 wgmma m64n256k16, P from the softmax's registers (its fp16 pairs are the
+//                 register A fragment), V from shared memory (MN-major), the keys' k16 steps in increasing order.
+// Tiles are in wgmma's 128-byte swizzle (Sw128: one layout serves K-major Q and K and MN-major V), two K/V stages by
+// cp.async. wgmma is warpgroup-collective, so a tile is skipped only when none of the warpgroup's 64 rows sees a key
+// of it, where the mma.sync kernel skips per warp of 16; the extra tiles a warp then takes have every key masked:
+// its maxima stay, alpha is exactly 1, the sums gain + 0 and P is 0, so O gains exact zeros (O never holds -0: it
+// starts at +0 and a round-to-nearest sum of zeros is +0) and every bit stays.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attn_prefill_rows.cuh"
+#include "device_attr.cuh"
+#include "pdl.cuh"
+#include "wgmma.cuh"
+
+namespace openjet {
+namespace {
+
+using namespace prefill_rows;
+
+constexpr int kRows = 128, kKeys = 64, kThreads = 256;
+constexpr int kQBytes = kRows * D * 2, kTileBytes = tile_bytes<kKeys>();  // 64 KB, 32 KB
+constexpr int kSmem = kQBytes + 2 * 2 * kTileBytes + 1024;                 // q, two [K | V] stages, the alignment
+
+__global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const AttnDecodeArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) char smem_raw[];
+    const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    char* q_s = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);  // SW128 atoms start on 1,024-byte boundaries
+    char* kv_s = q_s + kQBytes;                                      // stage s at kv_s + 2 s kTileBytes: [K | V]
+    const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(q_s));
+    const auto [h, kv, q0, n_keys, n_tiles] = block_rows<kRows, kKeys>(a);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
+
+    issue_tile<KvF16, kThreads, kKeys, Sw128<kKeys>>(a, kv, 0, n_keys, kv_s);
+    load_q<kRows, kThreads, Sw128<kRows>>(a, q0, h, q_s);
+
+    const int wg_row0 = q0 + 64 * (warp >> 2);          // the warpgroup's first row
+    const int wrow0 = q0 + 16 * warp;                   // the warp's first row
+    const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;  // positions of this lane's rows g, g + 8
+    const bool wg_live = wg_row0 < a.t;
+    const uint32_t q_wg = q_addr + 64 * (warp >> 2) * 128;  // the warpgroup's rows in each 64-dim block of q
+    float o[D / 8][4] = {};
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait<0>();
+        fence_proxy_async();  // this thread's q stores and copies, visible to wgmma's reads after the barrier
+        __syncthreads();      // tile it landed; every warpgroup is done with the stage tile it + 1 will overwrite
+        if (it + 1 < n_tiles)
+            issue_tile<KvF16, kThreads, kKeys, Sw128<kKeys>>(a, kv, (it + 1) * kKeys, n_keys,
+                                                            kv_s + ((it + 1) & 1) * 2 * kTileBytes);
+        const uint32_t k_addr = q_addr + kQBytes + (it & 1) * 2 * kTileBytes, v_addr = k_addr + kTileBytes;
+        const int key0 = it * kKeys;
+        if (!wg_live || key0 > a.n_past + wg_row0 + 63) continue;  // no key of this tile for any row of the group
+
+        // S = Q K^T: s[nt]: rows (g, g + 8) x keys key0 + 8 nt + 2 tq + (0, 1); k16 step kk: dims 16 kk .. + 15,
+        // 32 bytes into the 128-byte rows of 64-dim block kk / 4.
+        float s[kKeys / 8][4] = {};
+        fence_operands(s);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t step = (kk & 3) * 32;
+            wgmma_m64n64k16_ss(s, sw128_desc(q_wg + (kk >> 2) * (kRows * 128) + step, 16, 1024),
+                               sw128_desc(k_addr + (kk >> 2) * (kKeys * 128) + step, 16, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(s);
+
+        const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
+        softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
+
+        // O += P V: keys 16 ks .. + 15 are V's rows 16 ks .., 2 groups of 8 rows of 128 bytes (1,024 bytes apart)
+        // per 64-dim block (kKeys x 128 bytes apart).
+        uint32_t pa[kKeys / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) p_fragment<kKeys>(s, ks, pa[ks]);
+        fence_operands(pa);
+        fence_operands(o);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks)
+            wgmma_m64n256k16_rs_tb(o, pa[ks], sw128_desc(v_addr + ks * 16 * 128, kKeys * 128, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(o);
+    }
+    store_rows(a, o, l_run, wrow0, h, g, tq);
+#endif
+}
+
+}  // namespace
+
+bool attn_prefill_wgmma_available() {
+#ifdef OPENJET_HAVE_SM90A
+    int major = 0, minor = 0, optin = 0;
+    return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
+           device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0 &&
+           device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && kSmem <= optin;
+#else
+    return false;
+#endif
+}
+
+cudaError_t launch_attn_prefill_wgmma(const AttnDecodeArgs& a, cudaStream_t stream) {
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(attn_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (opted != cudaSuccess) return opted;
+    return launch_kernel(attn_prefill_wgmma_kernel, dim3((a.t + kRows - 1) / kRows, a.n_head), kThreads, kSmem,
+                         stream, a);
+}
+
+}  // namespace openjet
