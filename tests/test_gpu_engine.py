@@ -1002,6 +1002,43 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
     np.testing.assert_array_equal(runs[512], fast, err_msg="the dense GEMM's bits are not the fast kernel's")
 
 
+def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(models, monkeypatch):
+    """OPENJET_PREFILL_F16_WEIGHTS (read at load): `1` keeps the dense prefill path's fp16 weights on the device (made
+    once at load by the kernel each call would run), `0` dequantises every projection at each prefill call. The
+    logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows on the fast kernel) are
+    the same bits; the kept weights were multiplied (launch counter) only under `1`; and the memory report's
+    prefill_f16_bytes is 2 bytes a weight of every projection the dense path takes, from the GGUF's own tensor list
+    (k-quant or Q8_0, not the embedding or lm_head, rows a multiple of 4), part of total_bytes, and 0 under `0`."""
+    from gguf import GGUFReader
+
+    from openjet_launcher.engine import kernels_test as kt
+
+    if not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    path = models["small"]
+    expect = 2 * sum(int(t.n_elements) for t in GGUFReader(path).tensors
+                     if int(t.tensor_type) in (8, 12, 13, 14) and t.name not in ("token_embd.weight", "output.weight")
+                     and int(t.shape[1]) % 4 == 0)
+    prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
+    logits, kept = {}, {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("OPENJET_PREFILL_F16_WEIGHTS", value)
+        engine = CudaEngine.load(path, n_ctx=4096, prefill_rows=2048)
+        try:
+            mem = engine.memory()
+            before = kt.launch_count("prefill_f16_kept")
+            logits[value] = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
+            kept[value] = kt.launch_count("prefill_f16_kept") - before
+        finally:
+            engine.close()
+        assert mem["prefill_f16_bytes"] == (expect if value == "1" else 0), (value, mem["prefill_f16_bytes"], expect)
+        parts = ("weights_bytes", "kv_bytes", "state_bytes", "checkpoint_bytes", "scratch_bytes", "prefill_f16_bytes")
+        assert mem["total_bytes"] == sum(mem[p] for p in parts)
+    report(test="prefill_f16_weights_kept", bytes=expect, kept_launches=kept["1"])
+    assert kept["0"] == 0 and kept["1"] > 0, kept
+    np.testing.assert_array_equal(logits["1"], logits["0"])
+
+
 @pytest.mark.parametrize("gemm", ["fast", "dense"])
 def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, monkeypatch):
     """A prefill's FFN gate and up in one GEMM (launch_ffn_gate_up_pack, the default; OPENJET_PREFILL_FFN_FUSED=0

@@ -367,7 +367,8 @@ class Bench:
             }
             log(f"{kv}: loaded in {load_s:.1f} s; engine {mem['total_bytes'] / GIB:.2f} GiB "
                 f"(weights {mem['weights_bytes'] / GIB:.2f}, kv {mem['kv_bytes'] / GIB:.3f}, "
-                f"checkpoints {mem['checkpoint_bytes'] / GIB:.3f}); device in use {used / GIB:.2f} GiB")
+                f"checkpoints {mem['checkpoint_bytes'] / GIB:.3f}, prefill fp16 weights "
+                f"{mem.get('prefill_f16_bytes', 0) / GIB:.2f}); device in use {used / GIB:.2f} GiB")
             if kv == "q8_0" or self.out["footprint_32k_q8_0"] is None:
                 self.out["footprint_32k_q8_0"] = footprint(self.s, self.tb, run, self.a)
             if self.out["copy_gbps"] is None:          # the first load
@@ -716,16 +717,20 @@ def footprint(s: ModelShape, tb: dict[str, int], run: dict, a) -> dict:
     """The q8_0 engine's bytes at n_ctx = 32768 against a 24 GB card."""
     mem = run["memory"]
     exact = run["n_ctx"] == FOOTPRINT_CTX and run.get("kv_type") == "q8_0"
-    total = mem["total_bytes"] if exact else (mem["total_bytes"] - mem["kv_bytes"]
-                                              + kv_bytes_at(s, tb, "q8_0", FOOTPRINT_CTX))
+    kept = mem.get("prefill_f16_bytes", 0)  # kept only where the device has the room: never on a 24 GB card
+    total = mem["total_bytes"] - kept if exact else (mem["total_bytes"] - kept - mem["kv_bytes"]
+                                                     + kv_bytes_at(s, tb, "q8_0", FOOTPRINT_CTX))
     card = int(a.card_gib * GIB)
     margin = int(a.cuda_context_gib * GIB)
     proc = run["device_memory"].get("process_bytes")
+    if proc is not None:
+        proc -= kept
     if proc is not None and not exact:
         proc = proc - mem["kv_bytes"] + kv_bytes_at(s, tb, "q8_0", FOOTPRINT_CTX)
     return {
         "n_ctx": FOOTPRINT_CTX, "kv_type": "q8_0", "n_checkpoints": run["n_checkpoints"],
         "engine_bytes": total, "engine_gib": round(total / GIB, 3),
+        "prefill_f16_bytes_left_out": kept,
         "how": "engine.memory() of the engine loaded with n_ctx=32768, kv_type=q8_0" if exact else
                f"engine.memory() of the {run.get('kv_type')} engine at n_ctx={run['n_ctx']}, its KV bytes "
                "replaced by q8_0's at 32768 (engine.cu: linear in n_ctx, 272-byte rows)",

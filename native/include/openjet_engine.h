@@ -61,6 +61,8 @@ typedef struct openjet_engine_memory_report {
     size_t checkpoint_bytes;   /* the checkpoint slots */
     size_t scratch_bytes;      /* activations of a prefill chunk (prefill_rows rows), logits and attention
                                   workspace of a T = 8 step */
+    size_t prefill_f16_bytes;  /* the prefill's fp16 weights where kept (OPENJET_PREFILL_F16_WEIGHTS: only where
+                                  the device has the room, ~49 GB at 27B; never on a 24 GB card), else 0 */
     size_t total_bytes;
 } openjet_engine_memory_report;
 

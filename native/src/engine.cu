@@ -75,6 +75,9 @@ struct DevTensor {
     const void* host = nullptr;
     const void* d = nullptr;
     bool tiled = false;  // stored in the tile layout (weight_layout.cuh; every GEMV weight that has one, by default)
+    // Its prefill fp16 rows where the engine keeps them (OPENJET_PREFILL_F16_WEIGHTS; GemvArgs::w16), or null.
+    __half* w16 = nullptr;
+    long long ld16 = 0;
     // Its bytes in the weight arena: the GGUF's, or the tile layout's (Q6_K pieces padded 210 -> 212).
     size_t device_bytes() const {
         if (!tiled) return bytes;
@@ -152,7 +155,8 @@ struct openjet_engine {
     char* state = nullptr;
     char* ckpt = nullptr;
     char* scratch = nullptr;
-    size_t weights_bytes = 0, kv_bytes = 0, gdn_bytes = 0, ckpt_bytes = 0, scratch_bytes = 0;
+    char* prefill_f16 = nullptr;  // the prefill's fp16 weights, where kept (keep_prefill_f16_weights)
+    size_t weights_bytes = 0, kv_bytes = 0, gdn_bytes = 0, ckpt_bytes = 0, scratch_bytes = 0, prefill_f16_bytes = 0;
 
     // state arena
     float* ssm = nullptr;              // [n_gdn, n_v, 128, 128]
@@ -223,6 +227,7 @@ struct openjet_engine {
         if (state) cudaFree(state);
         if (ckpt) cudaFree(ckpt);
         if (scratch) cudaFree(scratch);
+        if (prefill_f16) cudaFree(prefill_f16);
         if (stream) cudaStreamDestroy(stream);
     }
 
@@ -429,6 +434,76 @@ int device_alloc(char** p, size_t bytes, const char* what) {
         return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "cudaMalloc of %.1f MiB for the %s failed (%s); %.1f MiB free of %.1f MiB",
                     bytes / 1048576.0, what, cudaGetErrorName(err), free_b / 1048576.0, total_b / 1048576.0);
     }
+    return OPENJET_OK;
+}
+
+// OPENJET_PREFILL_F16_WEIGHTS at create: unset or `auto`, the dense prefill path's fp16 weights are made once here and
+// kept where they fit beside everything else with a reserve left (1/16 of the device, at least 2 GiB: the draft
+// vocabulary's rows and the CUDA libraries allocate later), so that a prefill multiplies them without dequantising
+// every projection at every call (the same bits: the same kernel writes them); `1`: kept or create fails; `0`: never.
+// The 27B's are ~49 GB: an 80 GB or larger card; never a 24 GB one. Each projection the dense path takes, the FFN's
+// gate and up of one type as one [2n, k] matrix of interleaved rows (launch_ffn_gate_up_pack's epilogue layout).
+int keep_prefill_f16_weights(openjet_engine& e) {
+    const char* v = std::getenv("OPENJET_PREFILL_F16_WEIGHTS");
+    const bool forced = v && std::strcmp(v, "1") == 0;
+    if (v && !forced && std::strcmp(v, "0") != 0 && std::strcmp(v, "auto") != 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_PREFILL_F16_WEIGHTS=%s: expected 0, 1 or auto", v);
+    if (v && std::strcmp(v, "0") == 0) return OPENJET_OK;
+    if (!e.wdense) {
+        if (forced)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_PREFILL_F16_WEIGHTS=1: this engine has no dense prefill "
+                        "GEMM (it needs compute capability 9.0 and a 90a build with CUTLASS); unset it");
+        return OPENJET_OK;
+    }
+    struct Kept { DevTensor* w; DevTensor* up; };  // up: w is the FFN's gate, the two interleaved
+    std::vector<Kept> kept;
+    std::vector<const DevTensor*> paired;
+    auto ffn = [&](LayerW& L) {
+        const DevTensor &g = L.ffn_gate, &u = L.ffn_up;
+        if (g.type == u.type && g.ne0 == u.ne0 && g.ne1 == u.ne1 &&
+            prefill_dense_takes(g.type, static_cast<int>(2 * g.ne1), static_cast<int>(g.ne0))) {
+            kept.push_back({&L.ffn_gate, &L.ffn_up});
+            paired.push_back(&L.ffn_gate), paired.push_back(&L.ffn_up);
+        }
+    };
+    for (LayerW& L : e.layers) ffn(L);
+    if (e.has_mtp) ffn(e.mtp);
+    for_each_tensor(e, [&](DevTensor& t) {
+        const bool projection = &t != &e.output && &t != &e.tok_embd;
+        if (projection && std::find(paired.begin(), paired.end(), &t) == paired.end() &&
+            prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
+            kept.push_back({&t, nullptr});
+    });
+    size_t halves = 0;
+    for (const Kept& m : kept) halves += static_cast<size_t>(m.up ? 2 : 1) * m.w->ne0 * m.w->ne1;
+    const size_t bytes = halves * sizeof(__half);
+    size_t free_b = 0, total_b = 0;
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t reserve = std::max<size_t>(size_t(2) << 30, total_b / 16);
+    if (!bytes) return OPENJET_OK;
+    if (bytes + reserve > free_b) {
+        if (!forced) return OPENJET_OK;
+        return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "OPENJET_PREFILL_F16_WEIGHTS=1: the prefill's fp16 weights need "
+                    "%.1f MiB and %.1f MiB stay free for later allocations, but %.1f MiB are free: unset it",
+                    bytes / 1048576.0, reserve / 1048576.0, free_b / 1048576.0);
+    }
+    TRY(device_alloc(&e.prefill_f16, bytes, "prefill fp16 weights"));
+    e.prefill_f16_bytes = bytes;
+    __half* at = reinterpret_cast<__half*>(e.prefill_f16);
+    for (const Kept& m : kept) {
+        const long long k = m.w->ne0, ld = m.up ? 2 * k : k;
+        for (DevTensor* t : {m.w, m.up}) {
+            if (!t) continue;
+            GemvArgs a{};
+            a.qtype = t->type, a.w = t->d, a.n = static_cast<int>(t->ne1), a.k = static_cast<int>(t->ne0);
+            a.tiled = t->tiled;
+            t->w16 = at + (t == m.up ? k : 0), t->ld16 = ld;
+            const cudaError_t err = launch_dequant_f16(a, t->w16, ld, e.stream);
+            if (err != cudaSuccess) return cuda_fail(err, "launch_dequant_f16 (prefill fp16 weights)");
+        }
+        at += static_cast<size_t>(m.up ? 2 : 1) * m.w->ne0 * m.w->ne1;
+    }
+    CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
 }
 
@@ -659,6 +734,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
     CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
     CHECK(ffn_profile_reset(e.ffn_profile, e.stream));
+    TRY(keep_prefill_f16_weights(e));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
     const char* prof = std::getenv("OPENJET_PROFILE");
     e.prof.on = prof && *prof && std::strcmp(prof, "0") != 0;
@@ -713,6 +789,7 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
                e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
     a.tiled = w.tiled;
+    if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16;
     if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
     return a;
 }
@@ -1618,6 +1695,8 @@ extern "C" OPENJET_API int openjet_engine_memory(const openjet_engine* e, openje
     r->state_bytes = e->gdn_bytes;
     r->checkpoint_bytes = e->ckpt_bytes;
     r->scratch_bytes = e->scratch_bytes + e->draft_bytes();
-    r->total_bytes = r->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + r->scratch_bytes;
+    r->prefill_f16_bytes = e->prefill_f16_bytes;
+    r->total_bytes = r->weights_bytes + e->kv_bytes + e->gdn_bytes + e->ckpt_bytes + r->scratch_bytes +
+                     r->prefill_f16_bytes;
     return OPENJET_OK;
 }

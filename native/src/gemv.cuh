@@ -28,6 +28,10 @@ struct GemvArgs {
     bool prefill = false;  // rows of a prefill chunk (t <= 8 too): the fast prefill GEMM takes them all
     __half* dense = nullptr;  // OPENJET_PREFILL_GEMM=dense: n k halves of scratch for W as fp16 (prefill_gemm.cuh)
     bool tiled = false;       // w in the tile layout (weight_layout.cuh; the engine's default for k-quant W)
+    // W as the dense path's fp16 rows, kept on the device (the engine's OPENJET_PREFILL_F16_WEIGHTS), ld16 halves
+    // from one row to the next, or null: a prefill call on the dense path then multiplies them without dequantising.
+    const __half* w16 = nullptr;
+    long long ld16 = 0;
     // Scratch for the integer GEMV's pack (gemv_imma.cuh; act_pack_imma_bytes(kActRows, k) bytes, 16-byte aligned),
     // or null. Set: a decode call (not prefill, t <= 8) of a type that GEMV reads (Q4_K, Q6_K) runs on it, its pack
     // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it

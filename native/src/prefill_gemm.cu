@@ -412,7 +412,13 @@ cudaError_t launch_fast_t(const GemvArgs& a, const void* w_up, cudaStream_t stre
 }
 
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
-    if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) return launch_dense_t<QT>(a, stream);
+    if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) {
+        if (a.w16 && a.ld16 == a.k) {  // kept by the engine: no dequantisation
+            count_launch(Counted::kPrefillF16Kept);
+            return launch_dense_gemm(a.w16, a.n, a.k, a.x, a.t, a.y, stream);
+        }
+        return launch_dense_t<QT>(a, stream);
+    }
     return launch_fast_t<QT>(a, nullptr, stream);
 }
 
@@ -431,6 +437,11 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
         // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for
         // one GEMM into y [t, 2n] and the swiglu pack over its halves.
         const bool epilogue = prefill_swiglu() == PrefillSwiglu::kEpilogue;
+        if (epilogue && gate.w16 && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k) {  // kept
+            count_launch(Counted::kPrefillF16Kept);
+            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.w16, n, k, gate.x, t, gate.y, stream)) return e;
+            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
+        }
         for (const GemvArgs* m : {&gate, &up}) {
             GemvArgs d = *m;
             d.dense = gate.dense + (m == &up ? (epilogue ? k : static_cast<long long>(n) * k) : 0);
@@ -455,6 +466,20 @@ bool prefill_gemm_takes(int qtype) {
 
 bool prefill_dense_takes(int qtype, int n, int k) {
     return prefill_gemm_takes(qtype) && k % kGemvUnit == 0 && dense_gemm_shape_ok(n, k) && dense_gemm_available();
+}
+
+cudaError_t launch_dequant_f16(const GemvArgs& a, __half* w16, long long ld16, cudaStream_t stream) {
+    if (!prefill_gemm_takes(a.qtype) || !a.w || !w16 || a.n < 1 || a.k < 1 || a.k % kGemvUnit || ld16 < a.k ||
+        (a.tiled && !tile_layout_fits(a.qtype, a.n, a.k)))
+        return cudaErrorInvalidValue;
+    GemvArgs d = a;
+    d.dense = w16;
+    switch (a.qtype) {
+        case kQ4_K: return launch_dequant_t<kQ4_K>(d, stream, ld16);
+        case kQ5_K: return launch_dequant_t<kQ5_K>(d, stream, ld16);
+        case kQ6_K: return launch_dequant_t<kQ6_K>(d, stream, ld16);
+        default: return launch_dequant_t<kQ8_0>(d, stream, ld16);
+    }
 }
 
 cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,

@@ -33,8 +33,13 @@ constexpr int kDenseMinRows = 256;
 
 // y[t, n] = W x for a W of a type it takes and a pack of t rows (GemvArgs as launch_gemv's); with a.dense where
 // prefill_dense_takes and t >= kDenseMinRows, W is dequantised into a.dense (n k halves) and multiplied there
-// (dense_gemm.cuh).
+// (dense_gemm.cuh), or, where a.w16 holds W's rows packed (ld16 = k), multiplied there.
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
+
+// W (a's qtype, w, n, k, tiled) as the dense path's fp16 rows into w16, ld16 halves from one row to the next (k, or
+// 2k for launch_ffn_gate_up_pack's interleaved gate and up): the bits a prefill call writes before its dense GEMM,
+// for an engine that keeps them (GemvArgs::w16). A type the prefill GEMM takes, k a multiple of 256.
+cudaError_t launch_dequant_f16(const GemvArgs& a, __half* w16, long long ld16, cudaStream_t stream);
 
 // The FFN's input to ffn_down: out <- the pack of silu(gate x) * (up x), [t, n], for gate and up GemvArgs of one pack
 // and t (gate.y and up.y: [t, n] floats each; for a prefill, gate.y holds 2 t n floats: the engine's big1 and big2
@@ -43,7 +48,8 @@ cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream);
 // rows interleaved in groups of 8, so that each thread holds an output's gate and up products and its epilogue
 // writes silu(g) u, then the plain pack; the dense path (gate.dense: 2 n k halves) dequantises gate and up into one
 // [2n, k] matrix, their rows interleaved, for one dense GEMM whose epilogue writes silu(g) u (launch_dense_gemm_swiglu)
-// and then the pack of those rows (OPENJET_PREFILL_SWIGLU=split or rows: [gate; up] for the plain dense GEMM, whose
+// (or takes that matrix from gate.w16 where up.w16 = gate.w16 + k and ld16 = 2k: kept by the engine) and then the pack
+// of those rows (OPENJET_PREFILL_SWIGLU=split or rows: [gate; up] for the plain dense GEMM, whose
 // [t, 2n] output the swiglu pack reads). Everything else: launch_gemv_pair, then launch_swiglu_pack. Either way the
 // same bits: the same products, swiglu1 and pack. H200, 27B, 2,048 rows: docs/ENGINE.md's switch table.
 cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,

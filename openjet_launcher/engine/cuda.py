@@ -104,6 +104,7 @@ KERNEL_SWITCHES = {
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
     "OPENJET_PREFILL_SWIGLU": ("epilogue", "split", "rows"),  # elementwise.cu, prefill_swiglu (epilogue: default)
+    "OPENJET_PREFILL_F16_WEIGHTS": ("0", "1", "auto"),      # engine.cu, keep_prefill_f16_weights (read at load)
     "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
@@ -146,7 +147,8 @@ class TensorDesc(ctypes.Structure):
 
 class MemoryReport(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
-        "weights_bytes", "kv_bytes", "state_bytes", "checkpoint_bytes", "scratch_bytes", "total_bytes")]
+        "weights_bytes", "kv_bytes", "state_bytes", "checkpoint_bytes", "scratch_bytes", "prefill_f16_bytes",
+        "total_bytes")]
 
 
 _P = ctypes.c_void_p
