@@ -54,20 +54,41 @@ __device__ __forceinline__ uint32_t h2_bits(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Starts copying rows key0 .. key0 + kKeys - 1 of kv head kv of one F16 cache (a.k_cache or a.v_cache; rows >= n_keys:
+// zeros) into a tile laid out by L; the caller commits.
+template <int kThreads, int kKeys, class L>
+__device__ __forceinline__ void issue_f16_rows(const AttnDecodeArgs& a, const char* cache, int kv, int key0,
+                                               int n_keys, char* dst) {
+    constexpr int kPieces = KvF16::kRowBytes / 16;
+    const char* base = cache + (static_cast<size_t>(kv) * a.capacity + key0) * KvF16::kRowBytes;
+    for (int i = threadIdx.x; i < kKeys * kPieces; i += kThreads) {
+        const int j = i / kPieces, c = i % kPieces;
+        char* d = dst + L::at(j, c);
+        if (key0 + j < n_keys)
+            cp_async16(d, base + static_cast<size_t>(j) * KvF16::kRowBytes + 16 * c);
+        else
+            *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
 // Copies rows key0 .. key0 + kKeys - 1 of kv head kv's K and V (rows >= n_keys: zeros) to dst: F16 into [K | V]
 // tiles laid out by L, Q8_0 as raw rows [K rows | V rows].
 template <class Fmt, int kThreads, int kKeys, class L>
 __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int key0, int n_keys, char* dst) {
-    constexpr int kPieces = Fmt::kRowBytes / 16, kTileBytes = tile_bytes<kKeys>();
-    const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
-    for (int i = threadIdx.x; i < 2 * kKeys * kPieces; i += kThreads) {
-        const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
-        char* d = Fmt::kType == kKvF16 ? dst + which * kTileBytes + L::at(j, c)
-                                       : dst + (which * kKeys + j) * Fmt::kRowBytes + 16 * c;
-        if (key0 + j < n_keys)
-            cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes + 16 * c);
-        else
-            *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (Fmt::kType == kKvF16) {
+        issue_f16_rows<kThreads, kKeys, L>(a, a.k_cache, kv, key0, n_keys, dst);
+        issue_f16_rows<kThreads, kKeys, L>(a, a.v_cache, kv, key0, n_keys, dst + tile_bytes<kKeys>());
+    } else {
+        constexpr int kPieces = Fmt::kRowBytes / 16;
+        const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
+        for (int i = threadIdx.x; i < 2 * kKeys * kPieces; i += kThreads) {
+            const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
+            char* d = dst + (which * kKeys + j) * Fmt::kRowBytes + 16 * c;
+            if (key0 + j < n_keys)
+                cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes + 16 * c);
+            else
+                *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     cp_async_commit();
 }

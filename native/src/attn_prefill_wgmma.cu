@@ -41,43 +41,66 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
 
-    issue_tile<KvF16, kThreads, kKeys, Sw128<kKeys>>(a, kv, 0, n_keys, kv_s);
-    load_q<kRows, kThreads, Sw128<kRows>>(a, q0, h, q_s);
-
     const int wg_row0 = q0 + 64 * (warp >> 2);          // the warpgroup's first row
     const int wrow0 = q0 + 16 * warp;                   // the warp's first row
     const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;  // positions of this lane's rows g, g + 8
-    const bool wg_live = wg_row0 < a.t;
     const uint32_t q_wg = q_addr + 64 * (warp >> 2) * 128;  // the warpgroup's rows in each 64-dim block of q
-    float o[D / 8][4] = {};
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-
-    for (int it = 0; it < n_tiles; ++it) {
-        cp_async_wait<0>();
-        fence_proxy_async();  // this thread's q stores and copies, visible to wgmma's reads after the barrier
-        __syncthreads();      // tile it landed; every warpgroup is done with the stage tile it + 1 will overwrite
-        if (it + 1 < n_tiles)
-            issue_tile<KvF16, kThreads, kKeys, Sw128<kKeys>>(a, kv, (it + 1) * kKeys, n_keys,
-                                                            kv_s + ((it + 1) & 1) * 2 * kTileBytes);
-        const uint32_t k_addr = q_addr + kQBytes + (it & 1) * 2 * kTileBytes, v_addr = k_addr + kTileBytes;
-        const int key0 = it * kKeys;
-        if (!wg_live || key0 > a.n_past + wg_row0 + 63) continue;  // no key of this tile for any row of the group
-
-        // S = Q K^T: s[nt]: rows (g, g + 8) x keys key0 + 8 nt + 2 tq + (0, 1); k16 step kk: dims 16 kk .. + 15,
-        // 32 bytes into the 128-byte rows of 64-dim block kk / 4.
-        float s[kKeys / 8][4] = {};
+    // Tile j's K and V: stage j % 2, [K | V]. Whether tile j has a key for any row of the warpgroup (a prefix of the
+    // tiles: the later ones see no key of it).
+    const auto k_tile = [&](int j) { return kv_s + (j & 1) * 2 * kTileBytes; };
+    const auto k_addr = [&](int j) { return q_addr + kQBytes + (j & 1) * 2 * kTileBytes; };
+    const auto live = [&](int j) { return wg_row0 < a.t && j * kKeys <= a.n_past + wg_row0 + 63; };
+    // S = Q K_j^T into s (zeroed): s[nt]: rows (g, g + 8) x keys 64 j + 8 nt + 2 tq + (0, 1); k16 step kk: dims
+    // 16 kk .. + 15, 32 bytes into the 128-byte rows of 64-dim block kk / 4. Issued, not waited for.
+    const auto issue_s = [&](float (&s)[kKeys / 8][4], int j) {
         fence_operands(s);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t step = (kk & 3) * 32;
             wgmma_m64n64k16_ss(s, sw128_desc(q_wg + (kk >> 2) * (kRows * 128) + step, 16, 1024),
-                               sw128_desc(k_addr + (kk >> 2) * (kKeys * 128) + step, 16, 1024));
+                               sw128_desc(k_addr(j) + (kk >> 2) * (kKeys * 128) + step, 16, 1024));
         }
         wgmma_commit();
+    };
+
+    // The loads run a tile ahead of the products, K a tile ahead of V: while tile it's softmax runs, the tensor cores
+    // already multiply S of tile it + 1 (its K landed with V of tile it).
+    issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.k_cache, kv, 0, n_keys, k_tile(0));
+    load_q<kRows, kThreads, Sw128<kRows>>(a, q0, h, q_s);
+    cp_async_commit();
+    if (n_tiles > 1) issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.k_cache, kv, kKeys, n_keys, k_tile(1));
+    issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.v_cache, kv, 0, n_keys, k_tile(0) + kTileBytes);
+    cp_async_commit();
+    cp_async_wait<1>();   // K of tile 0
+    fence_proxy_async();  // this thread's q stores and copies, visible to wgmma's reads after the barrier
+    __syncthreads();
+    float o[D / 8][4] = {};
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float s[kKeys / 8][4] = {};
+    if (live(0)) {
+        issue_s(s, 0);
         wgmma_wait<0>();
         fence_operands(s);
+    }
 
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait<0>();   // K of tile it + 1, V of tile it
+        fence_proxy_async();
+        __syncthreads();      // landed for every thread; every warpgroup is done with the buffers refilled below
+        if (it + 2 < n_tiles)
+            issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.k_cache, kv, (it + 2) * kKeys, n_keys, k_tile(it + 2));
+        if (it + 1 < n_tiles)
+            issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.v_cache, kv, (it + 1) * kKeys, n_keys,
+                                                          k_tile(it + 1) + kTileBytes);
+        cp_async_commit();
+        if (!live(it)) continue;  // no key of this tile (nor of the later ones) for any row of the group
+
+        float s_next[kKeys / 8][4] = {};
+        const bool next = it + 1 < n_tiles && live(it + 1);
+        if (next) issue_s(s_next, it + 1);
+
+        const int key0 = it * kKeys;
         const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
         softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
 
@@ -89,12 +112,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
         fence_operands(pa);
         fence_operands(o);
         wgmma_fence();
+        const uint32_t v_addr = k_addr(it) + kTileBytes;
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks)
             wgmma_m64n256k16_rs_tb(o, pa[ks], sw128_desc(v_addr + ks * 16 * 128, kKeys * 128, 1024));
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // S of tile it + 1 and O
         fence_operands(o);
+        fence_operands(s_next);
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) s[nt][c] = s_next[nt][c];
     }
     store_rows(a, o, l_run, wrow0, h, g, tq);
 #endif
