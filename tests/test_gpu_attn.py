@@ -381,8 +381,8 @@ def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t, keys):
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (100, 128), (1000, 300), (4096, 200)])
 def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, monkeypatch):
-    """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu; an experiment): the F16 tiles at 128 rows x 64 keys on
-    Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp softmax, so every output and
+    """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu; the default where it runs) against 0: the F16 tiles at
+    128 rows x 64 keys on Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp softmax, so every output and
     cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of its warps change nothing (t
     not a multiple of 128, cached rows before). Q8_0: its fp16 rows (OPENJET_ATTN_PREFILL_F16=1) take the F16
     kernel. Its launch counter shows it ran."""

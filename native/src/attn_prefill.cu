@@ -1,7 +1,7 @@
 // launch_attn_prefill (attn_prefill.cuh): attn_decode.cuh's prep, then one flash-attention kernel.
 //
 // Block = kWarps x 16 query rows of one q head (64 rows, or 128 where shared memory holds them: one K/V tile then
-// serves twice the rows, and a Q8_0 tile's conversion is shared by twice the threads); grid (query tiles, q heads),
+// serves twice the rows, and a Q8_0 tile's conversion is shared by twice the threads); grid (q heads, query tiles),
 // the longest tiles first. Per tile of kKeys = 32 or 64 keys (K and V of the head's kv head, fp16, in shared memory; 64
 // by default with 128-row blocks where shared memory holds them: half the barriers, waits and softmax reductions per
 // key, and twice the independent accumulators of S per warp):
@@ -14,8 +14,8 @@
 // rows fall on 8 different bank groups. F16 cache: two K/V stages filled by cp.async. Q8_0 cache: two stages of its
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
 // (Or, by default, OPENJET_ATTN_PREFILL_F16 unset or 1: the layer's Q8_0 rows turned into fp16 rows once per call,
-// then the F16 kernel: the same tiles; launch_fmt. And OPENJET_ATTN_PREFILL_WGMMA=1, an experiment: the F16 kernel's
-// 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, expected to give the same bits; launch_tiles.)
+// then the F16 kernel: the same tiles; launch_fmt. And, by default where it runs, OPENJET_ATTN_PREFILL_WGMMA: the F16
+// kernel's 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, the same bits; launch_tiles.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
@@ -177,7 +177,7 @@ template <class Fmt, int kWarps, int kKeys> cudaError_t launch_rows(const AttnDe
     static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt, kWarps, kKeys>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (opted != cudaSuccess) return opted;
-    return launch_kernel(attn_prefill_kernel<Fmt, kWarps, kKeys>, dim3((a.t + kRows - 1) / kRows, a.n_head),
+    return launch_kernel(attn_prefill_kernel<Fmt, kWarps, kKeys>, dim3(a.n_head, (a.t + kRows - 1) / kRows),
                          32 * kWarps, kSmem, stream, a);
 }
 
@@ -240,7 +240,7 @@ bool attn_prefill_f16_switch() {
 
 bool attn_prefill_wgmma_switch() {
     const char* v = std::getenv("OPENJET_ATTN_PREFILL_WGMMA");
-    return v && std::strcmp(v, "1") == 0;
+    return !v || std::strcmp(v, "0") != 0;
 }
 
 int attn_prefill_keys_switch() {

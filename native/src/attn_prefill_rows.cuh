@@ -38,13 +38,15 @@ template <int kRows> struct Sw128 {
     }
 };
 
-// A block's q head, its kv head, its first row (the longest, latest, query tiles start first), the keys its last row
-// sees (0 .. n_keys - 1) and their tiles.
+// A block's q head, its kv head, its first row, the keys its last row sees (0 .. n_keys - 1) and their tiles. Grid
+// (q heads, query tiles): blocks start in linear order, so every head's longest (latest) query tiles start before any
+// shorter one, the long blocks first across the whole grid, not only within each head (grid (query tiles, q heads)
+// started the last heads' longest blocks near the end).
 struct BlockRows {
     int h, kv, q0, n_keys, n_tiles;
 };
 template <int kRows, int kKeys> __device__ __forceinline__ BlockRows block_rows(const AttnDecodeArgs& a) {
-    const int h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+    const int h = blockIdx.x, q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
     const int n_keys = a.n_past + min(a.t, q0 + kRows);
     return {h, h / (a.n_head / a.n_kv), q0, n_keys, (n_keys + kKeys - 1) / kKeys};
 }
@@ -95,18 +97,31 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
 
 // The block's kRows q rows of head h from row q0 on (a.work, fp32 after the prep) as fp16, laid out by L; rows past
 // t are zeros.
+// Four chunks a thread are loaded before any is stored: four loads in flight, not one.
 template <int kRows, int kThreads, class L>
 __device__ __forceinline__ void load_q(const AttnDecodeArgs& a, int q0, int h, char* q_s) {
-    for (int i = threadIdx.x; i < kRows * kRowChunks; i += kThreads) {
-        const int r = i / kRowChunks, c = i % kRowChunks;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (q0 + r < a.t) {
-            const float4* src = reinterpret_cast<const float4*>(
-                a.work + (static_cast<size_t>(q0 + r) * a.n_head + h) * D + 8 * c);
-            const float4 x0 = src[0], x1 = src[1];
-            v = make_uint4(h2_bits(x0.x, x0.y), h2_bits(x0.z, x0.w), h2_bits(x1.x, x1.y), h2_bits(x1.z, x1.w));
+    constexpr int kBatch = 4;
+    static_assert(kRows * kRowChunks % (kBatch * kThreads) == 0, "whole batches");
+#pragma unroll 1
+    for (int i0 = threadIdx.x; i0 < kRows * kRowChunks; i0 += kBatch * kThreads) {
+        float4 x[kBatch][2];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const int i = i0 + j * kThreads, r = i / kRowChunks, c = i % kRowChunks;
+            x[j][0] = x[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (q0 + r < a.t) {
+                const float4* src = reinterpret_cast<const float4*>(
+                    a.work + (static_cast<size_t>(q0 + r) * a.n_head + h) * D + 8 * c);
+                x[j][0] = __ldg(src), x[j][1] = __ldg(src + 1);
+            }
         }
-        *reinterpret_cast<uint4*>(q_s + L::at(r, c)) = v;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const int i = i0 + j * kThreads, r = i / kRowChunks, c = i % kRowChunks;
+            const float4 x0 = x[j][0], x1 = x[j][1];  // rows past t: zeros
+            *reinterpret_cast<uint4*>(q_s + L::at(r, c)) =
+                make_uint4(h2_bits(x0.x, x0.y), h2_bits(x0.z, x0.w), h2_bits(x1.x, x1.y), h2_bits(x1.z, x1.w));
+        }
     }
 }
 
@@ -176,6 +191,9 @@ __device__ __forceinline__ void store_rows(const AttnDecodeArgs& a, float (&o)[D
         l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
         l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
     }
+    // The gates of 8 column pairs are loaded before any of their outputs is stored (o and qproj might alias for
+    // all the compiler knows, so a load after a store waits for it): 4 round trips to memory a row, not 32.
+    constexpr int kBatch = 8;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int r = wrow0 + g + 8 * i;
@@ -183,12 +201,17 @@ __device__ __forceinline__ void store_rows(const AttnDecodeArgs& a, float (&o)[D
         const float* gate = a.qproj + (static_cast<size_t>(r) * a.n_head + h) * 2 * D + D;
         float* dst = a.o + (static_cast<size_t>(r) * a.n_head + h) * D;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const int d = 8 * n + 2 * tq;
-            const float2 gt = *reinterpret_cast<const float2*>(gate + d);
-            *reinterpret_cast<float2*>(dst + d) =
-                make_float2(o[n][2 * i] / l_run[i] * (1.0f / (1.0f + expf(-gt.x))),
-                            o[n][2 * i + 1] / l_run[i] * (1.0f / (1.0f + expf(-gt.y))));
+        for (int n0 = 0; n0 < D / 8; n0 += kBatch) {
+            float2 gt[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) gt[j] = __ldg(reinterpret_cast<const float2*>(gate + 8 * (n0 + j) + 2 * tq));
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+                const int n = n0 + j;
+                *reinterpret_cast<float2*>(dst + 8 * n + 2 * tq) =
+                    make_float2(o[n][2 * i] / l_run[i] * (1.0f / (1.0f + expf(-gt[j].x))),
+                                o[n][2 * i + 1] / l_run[i] * (1.0f / (1.0f + expf(-gt[j].y))));
+            }
         }
     }
 }
