@@ -42,7 +42,7 @@ OPENJET_API int openjet_test_attn_prefill(int kv_type, int n_head, int n_kv, int
 OPENJET_API int openjet_test_attn_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 
 /* 1 where this build and device run the prefill attention on warpgroup MMA (a 90a build on compute capability 9.0:
- * OPENJET_ATTN_PREFILL_WGMMA=1 then takes it), else 0. */
+ * taken there unless OPENJET_ATTN_PREFILL_WGMMA=0), else 0. */
 OPENJET_API int openjet_test_attn_prefill_wgmma_available(void);
 
 /* Times one decode step (prep, chunks, combine) on random device caches of n_past + t rows, the context split
