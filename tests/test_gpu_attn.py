@@ -378,14 +378,18 @@ def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t, keys):
     report(test="attn_prefill_block_sizes", fmt=fmt, n_past=n_past, t=t, keys=keys, bit_identical=True)
 
 
+@pytest.mark.parametrize("form", ["1", "2"])
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (100, 128), (1000, 300), (4096, 200)])
-def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, monkeypatch):
+def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, form, monkeypatch):
     """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu; the default where it runs) against 0: the F16 tiles at
-    128 rows x 64 keys on Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp softmax, so every output and
-    cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of its warps change nothing (t
-    not a multiple of 128, cached rows before). Q8_0: its fp16 rows (OPENJET_ATTN_PREFILL_F16=1) take the F16
-    kernel. Its launch counter shows it ran."""
+    128 rows x 64 keys on Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp
+    softmax, so every output and cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of
+    its warps change nothing (t not a multiple of 128, cached rows before). Q8_0: its fp16 rows
+    (OPENJET_ATTN_PREFILL_F16=1) take the F16 kernel. Its launch counter shows it ran. form 2: the same kernel
+    warp-specialised (attn_prefill_wgmma_ws.cu: a producer warpgroup, mbarrier rings); its cases include a block
+    whose second warpgroup has no row (t = 300: it releases every tile unread) and a first warpgroup that skips the
+    last tile (100, 128), which would hang the launch if a release were missing."""
     from openjet_launcher.engine import kernels_test as kt
 
     if not ka.attn_prefill_wgmma_available():
@@ -396,16 +400,16 @@ def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, monkey
     _, _, kc, vc = prefix(fmt, n_kv, n_past)
     qproj, k, v, qn, kn = step_inputs(np.random.default_rng(3 * n_past + t), t, n_head, n_kv)
     out = {}
-    for wgmma in ("0", "1"):
+    for wgmma in ("0", form):
         monkeypatch.setenv("OPENJET_ATTN_PREFILL_WGMMA", wgmma)
         before = kt.launch_count("attn_prefill_wgmma")
         out[wgmma] = ka.attn_prefill(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, kc, vc, n_head=n_head, n_kv=n_kv,
                                      rows=128)
-        assert kt.launch_count("attn_prefill_wgmma") == before + int(wgmma), f"OPENJET_ATTN_PREFILL_WGMMA={wgmma}"
-    for a, b, what in zip(out["0"], out["1"], ("o", "k cache", "v cache")):
-        assert a.tobytes() == b.tobytes(), f"{fmt} n_past={n_past} t={t}: {what}: " + (
+        assert kt.launch_count("attn_prefill_wgmma") == before + (wgmma != "0"), f"OPENJET_ATTN_PREFILL_WGMMA={wgmma}"
+    for a, b, what in zip(out["0"], out[form], ("o", "k cache", "v cache")):
+        assert a.tobytes() == b.tobytes(), f"WGMMA={form} {fmt} n_past={n_past} t={t}: {what}: " + (
             f"{np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))} bytes differ" if a.shape == b.shape else "")
-    report(test="attn_prefill_wgmma", fmt=fmt, n_past=n_past, t=t, bit_identical=True)
+    report(test="attn_prefill_wgmma", form=form, fmt=fmt, n_past=n_past, t=t, bit_identical=True)
 
 
 def test_split_depends_on_context_not_t():

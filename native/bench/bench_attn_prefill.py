@@ -3,8 +3,8 @@ kernel, attn_prefill.cu) at the 27B's widths (24 q heads, 4 kv heads, head dim 2
 0 .. 30,720 cached rows, F16 and Q8_0 caches, 64- and 128-row blocks (the same bits), tiles of 32 and 64 keys, and
 a Q8_0 cache read as fp16 rows converted once per call (OPENJET_ATTN_PREFILL_F16=1, the default, at the default
 tiles; the other Q8_0 runs are its kernel, =0), and where it runs (a 90a build on an H100/H200) the F16 cache on the
-warpgroup-MMA kernel (OPENJET_ATTN_PREFILL_WGMMA, the default there; 128 rows x 64 keys, the same bits; the other
-runs set it to 0). Prints JSON
+warpgroup-MMA kernel (OPENJET_ATTN_PREFILL_WGMMA, the default there; 128 rows x 64 keys, the same bits; "wgmma": 1,
+and 2 for its warp-specialised form; the other runs set it to 0). Prints JSON
 with the achieved tensor-core TFLOP/s (S = Q K^T and P V over the keys each row sees).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_attn_prefill.py > attn.json
@@ -55,13 +55,14 @@ def main() -> None:
                     os.environ.pop("OPENJET_ATTN_PREFILL_KEYS")
                 out["runs"].append({**run, "us": round(us, 1), "tflops": round(flop / (us * 1e-6) / 1e12, 1)})
                 print(json.dumps(out["runs"][-1]), file=sys.stderr)
-            if fmt == "F16" and ka.attn_prefill_wgmma_available():  # the same tiles on wgmma (the same bits)
-                os.environ["OPENJET_ATTN_PREFILL_WGMMA"] = "1"
+            # The same tiles on wgmma (the same bits): 1, and 2 warp-specialised (an experiment).
+            for form in ("1", "2") if fmt == "F16" and ka.attn_prefill_wgmma_available() else ():
+                os.environ["OPENJET_ATTN_PREFILL_WGMMA"] = form
                 try:
                     us = statistics.median(ka.bench_attn_prefill(kv_type, N_HEAD, N_KV, n_past, T, REPS, RUNS, 128))
                 finally:
                     os.environ["OPENJET_ATTN_PREFILL_WGMMA"] = "0"
-                out["runs"].append({"kv": fmt, "n_past": n_past, "rows": 128, "keys": 64, "wgmma": True,
+                out["runs"].append({"kv": fmt, "n_past": n_past, "rows": 128, "keys": 64, "wgmma": int(form),
                                     "us": round(us, 1), "tflops": round(flop / (us * 1e-6) / 1e12, 1)})
                 print(json.dumps(out["runs"][-1]), file=sys.stderr)
             if fmt == "Q8_0":  # OPENJET_ATTN_PREFILL_F16=1: the cache as fp16 rows once per call (the same bits)

@@ -15,7 +15,8 @@
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
 // (Or, by default, OPENJET_ATTN_PREFILL_F16 unset or 1: the layer's Q8_0 rows turned into fp16 rows once per call,
 // then the F16 kernel: the same tiles; launch_fmt. And, by default where it runs, OPENJET_ATTN_PREFILL_WGMMA: the F16
-// kernel's 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, the same bits; launch_tiles.)
+// kernel's 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, the same bits; launch_tiles. Its value 2,
+// an experiment: the same warp-specialised, attn_prefill_wgmma_ws.cu.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
     pdl_start();  // pdl.cuh: q comes from the prep kernel, the caches were written by it
 
     issue_tile<Fmt, kThreads, kKeys, RowSwizzle>(a, kv, 0, n_keys, Fmt::kType == kKvF16 ? kv_s : raw_s);
-    load_q<kRows, kThreads, RowSwizzle>(a, q0, h, q_s);
+    load_q<kRows, kThreads, RowSwizzle>(a, q0, h, q_s, tid);
 
     const int wrow0 = q0 + 16 * warp;                   // the warp's first row
     const int pos_lo = a.n_past + wrow0 + g, pos_hi = pos_lo + 8;  // positions of this lane's rows g, g + 8
@@ -189,8 +190,11 @@ bool smem_holds(int need) {
 // The flash kernel over caches in format F at a tile shape: 128-row blocks (8 warps) where wide, else 64; `keys`
 // keys per tile.
 template <class F> cudaError_t launch_tiles(const AttnDecodeArgs& a, bool wide, int keys, cudaStream_t stream) {
-    if (F::kType == kKvF16 && wide && keys == 64 && attn_prefill_wgmma_switch() && attn_prefill_wgmma_available()) {
-        const cudaError_t e = launch_attn_prefill_wgmma(a, stream);  // the same tiles on warpgroup MMA
+    const int wgmma = F::kType == kKvF16 && wide && keys == 64 ? attn_prefill_wgmma_switch() : 0;
+    if (wgmma && attn_prefill_wgmma_available()) {
+        const cudaError_t e = wgmma == 2 && attn_prefill_wgmma_ws_available()
+                                  ? launch_attn_prefill_wgmma_ws(a, stream)  // warp-specialised (an experiment)
+                                  : launch_attn_prefill_wgmma(a, stream);    // the same tiles on warpgroup MMA
         if (e == cudaSuccess) count_launch(Counted::kAttnPrefillWgmma);
         return e;
     }
@@ -238,9 +242,9 @@ bool attn_prefill_f16_switch() {
     return !v || std::strcmp(v, "0") != 0;
 }
 
-bool attn_prefill_wgmma_switch() {
+int attn_prefill_wgmma_switch() {
     const char* v = std::getenv("OPENJET_ATTN_PREFILL_WGMMA");
-    return !v || std::strcmp(v, "0") != 0;
+    return !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
 }
 
 int attn_prefill_keys_switch() {

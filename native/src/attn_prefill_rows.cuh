@@ -96,14 +96,14 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
 }
 
 // The block's kRows q rows of head h from row q0 on (a.work, fp32 after the prep) as fp16, laid out by L; rows past
-// t are zeros.
+// t are zeros; tid: this thread among the kThreads that load.
 // Four chunks a thread are loaded before any is stored: four loads in flight, not one.
 template <int kRows, int kThreads, class L>
-__device__ __forceinline__ void load_q(const AttnDecodeArgs& a, int q0, int h, char* q_s) {
+__device__ __forceinline__ void load_q(const AttnDecodeArgs& a, int q0, int h, char* q_s, int tid) {
     constexpr int kBatch = 4;
     static_assert(kRows * kRowChunks % (kBatch * kThreads) == 0, "whole batches");
 #pragma unroll 1
-    for (int i0 = threadIdx.x; i0 < kRows * kRowChunks; i0 += kBatch * kThreads) {
+    for (int i0 = tid; i0 < kRows * kRowChunks; i0 += kBatch * kThreads) {
         float4 x[kBatch][2];
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
@@ -221,5 +221,10 @@ __device__ __forceinline__ void store_rows(const AttnDecodeArgs& a, float (&o)[D
 // attn_prefill_wgmma.cu's launch: an F16 cache (or fp16 rows) at 128 rows x 64 keys, the prep already run; only where
 // attn_prefill_wgmma_available().
 cudaError_t launch_attn_prefill_wgmma(const AttnDecodeArgs& a, cudaStream_t stream);
+
+// The same warp-specialised (attn_prefill_wgmma_ws.cu, OPENJET_ATTN_PREFILL_WGMMA=2): only where
+// attn_prefill_wgmma_ws_available() (a 90a build, compute capability 9.0 with its 227 KB of shared memory a block).
+bool attn_prefill_wgmma_ws_available();
+cudaError_t launch_attn_prefill_wgmma_ws(const AttnDecodeArgs& a, cudaStream_t stream);
 
 }  // namespace openjet

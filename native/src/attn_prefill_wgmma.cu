@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "attn_prefill_rows.cuh"
+#include "attn_prefill_wgmma.cuh"
 #include "device_attr.cuh"
 #include "pdl.cuh"
 #include "wgmma.cuh"
@@ -50,24 +51,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
     const auto k_tile = [&](int j) { return kv_s + (j & 1) * 2 * kTileBytes; };
     const auto k_addr = [&](int j) { return q_addr + kQBytes + (j & 1) * 2 * kTileBytes; };
     const auto live = [&](int j) { return wg_row0 < a.t && j * kKeys <= a.n_past + wg_row0 + 63; };
-    // S = Q K_j^T into s (zeroed): s[nt]: rows (g, g + 8) x keys 64 j + 8 nt + 2 tq + (0, 1); k16 step kk: dims
-    // 16 kk .. + 15, 32 bytes into the 128-byte rows of 64-dim block kk / 4. Issued, not waited for.
-    const auto issue_s = [&](float (&s)[kKeys / 8][4], int j) {
-        fence_operands(s);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t step = (kk & 3) * 32;
-            wgmma_m64n64k16_ss(s, sw128_desc(q_wg + (kk >> 2) * (kRows * 128) + step, 16, 1024),
-                               sw128_desc(k_addr(j) + (kk >> 2) * (kKeys * 128) + step, 16, 1024));
-        }
-        wgmma_commit();
-    };
+    // S = Q K_j^T into s (zeroed), issued (attn_prefill_wgmma.cuh).
+    const auto issue_s = [&](float (&s)[kKeys / 8][4], int j) { wgmma_issue_s<kRows, kKeys>(s, q_wg, k_addr(j)); };
 
     // The loads run a tile ahead of the products, K a tile ahead of V: while tile it's softmax runs, the tensor cores
     // already multiply S of tile it + 1 (its K landed with V of tile it).
     issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.k_cache, kv, 0, n_keys, k_tile(0));
-    load_q<kRows, kThreads, Sw128<kRows>>(a, q0, h, q_s);
+    load_q<kRows, kThreads, Sw128<kRows>>(a, q0, h, q_s, tid);
     cp_async_commit();
     if (n_tiles > 1) issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.k_cache, kv, kKeys, n_keys, k_tile(1));
     issue_f16_rows<kThreads, kKeys, Sw128<kKeys>>(a, a.v_cache, kv, 0, n_keys, k_tile(0) + kTileBytes);
@@ -104,19 +94,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
         const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
         softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
 
-        // O += P V: keys 16 ks .. + 15 are V's rows 16 ks .., 2 groups of 8 rows of 128 bytes (1,024 bytes apart)
-        // per 64-dim block (kKeys x 128 bytes apart).
+        // O += P V (attn_prefill_wgmma.cuh).
         uint32_t pa[kKeys / 16][4];
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) p_fragment<kKeys>(s, ks, pa[ks]);
         fence_operands(pa);
         fence_operands(o);
-        wgmma_fence();
-        const uint32_t v_addr = k_addr(it) + kTileBytes;
-#pragma unroll
-        for (int ks = 0; ks < kKeys / 16; ++ks)
-            wgmma_m64n256k16_rs_tb(o, pa[ks], sw128_desc(v_addr + ks * 16 * 128, kKeys * 128, 1024));
-        wgmma_commit();
+        wgmma_issue_pv<kKeys>(o, pa, k_addr(it) + kTileBytes);
         wgmma_wait<0>();  // S of tile it + 1 and O
         fence_operands(o);
         fence_operands(s_next);
@@ -131,16 +115,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
 
 }  // namespace
 
-bool attn_prefill_wgmma_available() {
+bool attn_prefill_wgmma_fits(int smem_bytes) {
 #ifdef OPENJET_HAVE_SM90A
     int major = 0, minor = 0, optin = 0;
     return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
            device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0 &&
-           device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && kSmem <= optin;
+           device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) == cudaSuccess && smem_bytes <= optin;
 #else
     return false;
 #endif
 }
+
+bool attn_prefill_wgmma_available() { return attn_prefill_wgmma_fits(kSmem); }
 
 cudaError_t launch_attn_prefill_wgmma(const AttnDecodeArgs& a, cudaStream_t stream) {
     static const cudaError_t opted =

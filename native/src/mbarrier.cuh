@@ -1,0 +1,61 @@
+// Hopper's pieces of a warp-specialised pipeline (sm_90a only; attn_prefill_wgmma_ws.cu): shared-memory mbarriers
+// with phase parity, cp.async copies that arrive on one when they land, named barriers over a subset of the block's
+// warps and setmaxnreg. Everything here compiles only where __CUDA_ARCH_FEAT_SM90_ALL (a 90a target), as wgmma.cuh.
+//
+// An mbarrier counts arrivals against the count it was initialised with; the last one completes the current phase and
+// starts the next (phases alternate parity 0, 1, 0, ...). mbar_wait(bar, p) returns once the phase of parity p has
+// completed, and at once for p = 1 on a fresh barrier (the phase before phase 0 counts as complete), so a ring's
+// "empty" barriers let the producer fill each stage once before any consumer has released it. Arrivals release and
+// the completed wait acquires (PTX's defaults, .release / .acquire at .cta scope): what a thread wrote before its
+// arrival is visible to the threads whose wait then returns.
+#pragma once
+
+#include <cstdint>
+
+namespace openjet {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// An arrival on bar once every cp.async this thread issued before it has landed, without raising the pending count
+// (.noinc): the barrier's count includes these arrivals.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// A 16-byte cp.async of src_bytes (16, or 0: 16 zero bytes, nothing read, src still a valid address) to the shared
+// address dst: zero rows of a tile tracked by the same arrival as the copied ones, not plain stores beside them.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// bar.sync on barrier id (1 .. 15; 0 is __syncthreads') for n_threads threads (a multiple of 32).
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t n_threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n_threads) : "memory");
+}
+
+// The warpgroup's per-thread register ceiling lowered to, or raised to (waiting for other warpgroups to lower theirs),
+// N (a multiple of 8 in 24 .. 256); every warp of the warpgroup executes the same one.
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace openjet
