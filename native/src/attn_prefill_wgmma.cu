@@ -104,10 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
         wgmma_wait<0>();  // S of tile it + 1 and O
         fence_operands(o);
         fence_operands(s_next);
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) s[nt][c] = s_next[nt][c];
+        take_next<kKeys>(s, s_next);
     }
     store_rows(a, o, l_run, wrow0, h, g, tq);
 #endif
@@ -129,11 +126,7 @@ bool attn_prefill_wgmma_fits(int smem_bytes) {
 bool attn_prefill_wgmma_available() { return attn_prefill_wgmma_fits(kSmem); }
 
 cudaError_t launch_attn_prefill_wgmma(const AttnDecodeArgs& a, cudaStream_t stream) {
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(attn_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (opted != cudaSuccess) return opted;
-    return launch_kernel(attn_prefill_wgmma_kernel, dim3(a.n_head, (a.t + kRows - 1) / kRows), kThreads, kSmem,
-                         stream, a);
+    return launch_wgmma_rows<attn_prefill_wgmma_kernel, kRows, kThreads, kSmem>(a, stream);
 }
 
 }  // namespace openjet

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "attn_prefill_rows.cuh"
+#include "pdl.cuh"
 #include "wgmma.cuh"
 
 namespace openjet {
@@ -14,6 +15,15 @@ namespace openjet {
 // Whether this build (a 90a target: OPENJET_HAVE_SM90A) and device (compute capability 9.0) run a wgmma kernel of
 // smem_bytes of dynamic shared memory.
 bool attn_prefill_wgmma_fits(int smem_bytes);
+
+// kKernel over the grid (q heads, query tiles of kRows rows), kThreads threads and kSmem bytes of dynamic shared
+// memory a block (asked for at its first launch).
+template <void (*kKernel)(AttnDecodeArgs), int kRows, int kThreads, int kSmem>
+cudaError_t launch_wgmma_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
+    static const cudaError_t opted = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (opted != cudaSuccess) return opted;
+    return launch_kernel(kKernel, dim3(a.n_head, (a.t + kRows - 1) / kRows), kThreads, kSmem, stream, a);
+}
 
 namespace prefill_rows {
 
@@ -45,6 +55,15 @@ __device__ __forceinline__ void wgmma_issue_pv(float (&o)[D / 8][4], const uint3
     for (int ks = 0; ks < kKeys / 16; ++ks)
         wgmma_m64n256k16_rs_tb(o, pa[ks], sw128_desc(v + ks * 16 * 128, kKeys * 128, 1024));
     wgmma_commit();
+}
+
+// S of the next tile becomes this tile's (registers: the compiler renames what it can).
+template <int kKeys>
+__device__ __forceinline__ void take_next(float (&s)[kKeys / 8][4], const float (&s_next)[kKeys / 8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] = s_next[nt][c];
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -164,10 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_ws_kernel(cons
             mbar_arrive(empty_v(it));
             if (next) mbar_arrive(empty_k(it + 1));
         }
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) s[nt][c] = s_next[nt][c];
+        take_next<kKeys>(s, s_next);
     }
     store_rows(a, o, l_run, wrow0, h, g, tq);
     // The tiles no row of the warpgroup sees (it .. n_tiles - 1: the last one for the first warpgroup, or all of them
@@ -188,11 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_ws_kernel(cons
 bool attn_prefill_wgmma_ws_available() { return attn_prefill_wgmma_fits(kSmem); }
 
 cudaError_t launch_attn_prefill_wgmma_ws(const AttnDecodeArgs& a, cudaStream_t stream) {
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(attn_prefill_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (opted != cudaSuccess) return opted;
-    return launch_kernel(attn_prefill_wgmma_ws_kernel, dim3(a.n_head, (a.t + kRows - 1) / kRows), kThreads, kSmem,
-                         stream, a);
+    return launch_wgmma_rows<attn_prefill_wgmma_ws_kernel, kRows, kThreads, kSmem>(a, stream);
 }
 
 }  // namespace openjet
