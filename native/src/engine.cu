@@ -899,10 +899,13 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
         g.snap_conv = reinterpret_cast<float*>(slot + ckpt_ssm_bytes(e)) + e.conv_layer_floats * L.idx;
         g.snap_row = e.snap_row;
     }
-    CHECK(launch_gdn_step(g, e.stream));
+    // A prefill's gated norm packs y for the out projection in the same pass where it runs apart from the step
+    // (launch_gdn_step; the same bits): e.x, the layer's input pack, was read by the in-projections above.
+    bool packed = false;
+    CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed));
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
-    CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
+    if (!packed) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return gemv(e, L.ssm_out, t, nullptr, e.mix);
 }
 

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "act_pack.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
+#include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -38,6 +40,46 @@ __global__ void __launch_bounds__(kNormThreads) gdn_gated_norm_kernel(const GdnS
                        a.y + row);
 }
 
+// A prefill's gated RMSNorm and the out projection's pack in one pass (launch_gdn_step's pack): a block per token row;
+// its warps take the row's heads' 1 / rms (gdn_inv_rms, as gdn_gated_norm_row), then pack_act_row packs the gated
+// values (gdn_gated) as launch_pack_act packs y: the same values, the same pack, so the same bits, without writing y
+// and reading it back (~75 us a 4,096-row call of the 27B).
+constexpr int kMaxNormPackHeads = 128;
+template <int kThreads, int kCached>
+__global__ void __launch_bounds__(kThreads) gdn_gated_norm_pack_kernel(const GdnStepArgs a, ActPack p) {
+    __shared__ float inv_rms[kMaxNormPackHeads];
+    pdl_start();
+    const int tok = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t row = static_cast<size_t>(tok) * a.n_v * kGdnHeadDim;
+    const float *o = a.y + row, *z = a.z + row;
+    for (int h = warp; h < a.n_v; h += kThreads / 32) {
+        const float r = gdn_inv_rms(o + h * kGdnHeadDim, a.eps, lane);
+        if (lane == 0) inv_rms[h] = r;
+    }
+    __syncthreads();
+    pack_act_row<kThreads, kCached>(
+        [&](int i) { return gdn_gated(o[i], inv_rms[i / kGdnHeadDim], a.norm_w[i % kGdnHeadDim], z[i]); },
+        a.n_v * kGdnHeadDim, p, tok);
+}
+
+// OPENJET_GDN_NORM_PACK: unset or 1 (the default), launch_gdn_step's pack where it is asked for; 0: never.
+bool gdn_norm_pack() {
+    const char* v = std::getenv("OPENJET_GDN_NORM_PACK");
+    return !(v && std::strcmp(v, "0") == 0);
+}
+
+// The gated RMSNorm of y in place, or (pack) it and the pack of its rows in one pass at 256 threads a row
+// (launch_pack_act's default for prefill rows; its pack's bits do not depend on the count: pack_act_row).
+cudaError_t launch_gated_norm(const GdnStepArgs& a, const ActPack* pack, cudaStream_t stream) {
+    if (pack) {
+        count_launch(Counted::kGdnNormPack);
+        return launch_kernel(gdn_gated_norm_pack_kernel<256, 24>, a.t, 256, 0, stream, a, *pack);
+    }
+    const long long threads = 32LL * a.t * a.n_v;
+    return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
+                         kNormThreads, 0, stream, a);
+}
+
 // The column split for a prefill call's rows: more than one sub-step, no fused projections (whose per-head
 // logits every block of the head would compute again); OPENJET_GDN_SPLIT=0 turns it off (to compare).
 // (Read at each such launch, a prefill chunk's 48, never on a decode step: tests switch it.)
@@ -51,7 +93,8 @@ bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b <
 
 }  // namespace
 
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed) {
+    if (packed) *packed = false;
     if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxRows || !(a.eps >= 0.0f))
         return cudaErrorInvalidValue;
     if (!a.qkv || !a.z || !a.conv_w || !a.conv_state_in || !a.conv_state_out || !a.ssm_a || !a.dt_bias || !a.norm_w ||
@@ -84,9 +127,13 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream) {
                                           kGdnRowGroups * kGdnSplitCols, 0, stream, a))
             return e;
     }
-    const long long threads = 32LL * a.t * a.n_v;
-    return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
-                         kNormThreads, 0, stream, a);
+    const int k = a.n_v * kGdnHeadDim;
+    if (pack && !(gdn_norm_pack() && a.n_v <= kMaxNormPackHeads && a.t <= pack->rows && k % kActUnit == 0 &&
+                  act_pack_fits(*pack, a.t, k)))
+        pack = nullptr;  // the caller packs y
+    if (const cudaError_t e = launch_gated_norm(a, pack, stream)) return e;
+    if (packed) *packed = pack != nullptr;
+    return cudaSuccess;
 }
 
 }  // namespace openjet

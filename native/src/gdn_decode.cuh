@@ -78,8 +78,12 @@ struct GdnStepArgs {
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
-// without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split and its gated RMSNorm launch.
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream);
+// without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split or the chunked form and its gated
+// RMSNorm launch. pack (optional): where that separate gated RMSNorm runs, it also packs y for the out projection
+// (launch_pack_act's bits: pack_act_row of the same values) into *pack in the same pass, y itself left as o, and
+// *packed says so (the caller packs y itself otherwise); unless OPENJET_GDN_NORM_PACK=0 (read at each call).
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack = nullptr,
+                            bool* packed = nullptr);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 
@@ -115,16 +119,24 @@ __device__ __forceinline__ float gdn_warp_sumsq(const float* row, int lane) {
     return gdn_warp_sum(s);
 }
 
+// 1 / sqrt(mean o² + eps) of one token's head row o (128 values), by one warp (every lane gets it).
+__device__ __forceinline__ float gdn_inv_rms(const float* o, float eps, int lane) {
+    return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)kGdnHeadDim), eps)));
+}
+// One element of the gated RMSNorm: o·r·w·silu(z), r = gdn_inv_rms of its head row.
+__device__ __forceinline__ float gdn_gated(float o, float r, float w, float z) {
+    return __fmul_rn(__fmul_rn(__fmul_rn(o, r), w), gdn_silu(z));
+}
+
 // y = o·rsqrt(mean o² + eps)·w·silu(z) of one token's head row o (128 values), by one warp; out may be o.
 template <class W, class Z>
 __device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm_w, const Z& z, float eps, int lane,
                                                    float* out) {
-    constexpr int D = kGdnHeadDim;
-    const float r = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(gdn_warp_sumsq(o, lane), (float)D), eps)));
+    const float r = gdn_inv_rms(o, eps, lane);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // each lane rewrites only the elements it read: in place is safe
         const int c = lane + 32 * i;
-        out[c] = __fmul_rn(__fmul_rn(__fmul_rn(o[c], r), norm_w(c)), gdn_silu(z(c)));
+        out[c] = gdn_gated(o[c], r, norm_w(c), z(c));
     }
 }
 

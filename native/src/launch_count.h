@@ -5,7 +5,8 @@
 // default launches, a GEMV or GEMM reading the tile layout (weight_layout.cuh) that of the GGUF's row layout, a
 // decode row's pack on a cluster of blocks that of one block, a prefill's swiglu pack in two passes that of one, the
 // dense GEMM's swiglu epilogue that of its plain output and the swiglu pass, the prefill attention on warpgroup MMA
-// the mma.sync kernel's, a prefill GEMM on kept fp16 weights that of the weights dequantised at the call), so that a test can see the path it checks really ran instead of a silent fallback. One
+// the mma.sync kernel's, a prefill GEMM on kept fp16 weights that of the weights dequantised at the call, the GDN's
+// gated norm and pack in one pass those of the two kernels), so that a test can see the path it checks really ran instead of a silent fallback. One
 // relaxed atomic add per launch, on the host.
 #pragma once
 
@@ -27,6 +28,7 @@ enum class Counted {
     kDenseGemmSwiglu = 11,
     kAttnPrefillWgmma = 12,
     kPrefillF16Kept = 13,  // a prefill GEMM on the engine's kept fp16 weights (no dequantisation; the same bits)
+    kGdnNormPack = 14,     // a prefill's GDN gated RMSNorm and the out projection's pack in one pass (the same bits)
     kCount
 };
 

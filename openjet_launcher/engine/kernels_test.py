@@ -263,7 +263,7 @@ DENSE_MIN_ROWS = 256
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
-           "attn_prefill_wgmma": 12, "prefill_f16_kept": 13}
+           "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14}
 
 
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
@@ -296,7 +296,8 @@ def launch_count(path: str) -> int:
     prefill's swiglu pack in two passes, OPENJET_PREFILL_SWIGLU; "dense_gemm_swiglu": the dense gate-and-up GEMM whose
     epilogue writes silu(g) u; "attn_prefill_wgmma": the prefill attention on warpgroup MMA,
     OPENJET_ATTN_PREFILL_WGMMA; "prefill_f16_kept": a prefill GEMM on the engine's kept fp16 weights,
-    OPENJET_PREFILL_F16_WEIGHTS): how a test sees that the path ran."""
+    OPENJET_PREFILL_F16_WEIGHTS; "gdn_norm_pack": a prefill's GDN gated norm and out-projection pack in one pass,
+    OPENJET_GDN_NORM_PACK): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
