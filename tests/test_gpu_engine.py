@@ -1056,14 +1056,25 @@ def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, mon
 
 
 def test_the_gdn_gated_norm_and_pack_in_one_pass_keep_the_engines_bits(models, monkeypatch):
-    """A prefill's GDN gated RMSNorm and the out projection's pack in one kernel (gdn_gated_norm_pack_kernel, the
-    default; OPENJET_GDN_NORM_PACK=0: the norm kernel writes y, then launch_pack_act reads it, read at each call):
-    the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are the same bits,
-    and the launch counter shows the one-pass kernel ran only where it was asked for."""
+    """A prefill's GDN gated RMSNorm and the out projection's pack in one kernel (gdn_gated_norm_pack_kernel,
+    OPENJET_GDN_NORM_PACK=1, an experiment; 0 or unset: the norm kernel writes y, then launch_pack_act reads it; read
+    at each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are
+    the same bits, and the launch counter shows the one-pass kernel ran only where it was asked for."""
+    from openjet_launcher.engine import kernels_test as kt
+
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
-    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_GDN_NORM_PACK", "gdn_norm_pack", engine,
-                             [prompt[:1024], prompt[1024:]], 512, follow)
+    logits, ran = {}, {}
+    try:
+        for value in ("0", "1"):
+            monkeypatch.setenv("OPENJET_GDN_NORM_PACK", value)
+            before = kt.launch_count("gdn_norm_pack")
+            logits[value] = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
+            ran[value] = kt.launch_count("gdn_norm_pack") - before
+    finally:
+        engine.close()
+    assert ran["0"] == 0 and ran["1"] > 0, ran
+    np.testing.assert_array_equal(logits["1"], logits["0"])
 
 
 def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):

@@ -899,8 +899,8 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
         g.snap_conv = reinterpret_cast<float*>(slot + ckpt_ssm_bytes(e)) + e.conv_layer_floats * L.idx;
         g.snap_row = e.snap_row;
     }
-    // A prefill's gated norm packs y for the out projection in the same pass where it runs apart from the step
-    // (launch_gdn_step; the same bits): e.x, the layer's input pack, was read by the in-projections above.
+    // A prefill's gated norm packs y for the out projection in the same pass where it runs apart from the step and
+    // OPENJET_GDN_NORM_PACK=1 (launch_gdn_step; the same bits): e.x, the layer's input pack, was read above.
     bool packed = false;
     CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed));
     if (!out_proj) return OPENJET_OK;

@@ -62,10 +62,11 @@ __global__ void __launch_bounds__(kThreads) gdn_gated_norm_pack_kernel(const Gdn
         a.n_v * kGdnHeadDim, p, tok);
 }
 
-// OPENJET_GDN_NORM_PACK: unset or 1 (the default), launch_gdn_step's pack where it is asked for; 0: never.
+// OPENJET_GDN_NORM_PACK=1: launch_gdn_step's pack where it is asked for; unset or 0 (the default until its bit test
+// has run on a GPU): never.
 bool gdn_norm_pack() {
     const char* v = std::getenv("OPENJET_GDN_NORM_PACK");
-    return !(v && std::strcmp(v, "0") == 0);
+    return v && std::strcmp(v, "1") == 0;
 }
 
 // The gated RMSNorm of y in place, or (pack) it and the pack of its rows in one pass at 256 threads a row

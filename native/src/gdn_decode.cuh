@@ -81,7 +81,8 @@ struct GdnStepArgs {
 // without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split or the chunked form and its gated
 // RMSNorm launch. pack (optional): where that separate gated RMSNorm runs, it also packs y for the out projection
 // (launch_pack_act's bits: pack_act_row of the same values) into *pack in the same pass, y itself left as o, and
-// *packed says so (the caller packs y itself otherwise); unless OPENJET_GDN_NORM_PACK=0 (read at each call).
+// *packed says so (the caller packs y itself otherwise); only under OPENJET_GDN_NORM_PACK=1 (read at each call; an
+// experiment until its bit test has run on a GPU).
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack = nullptr,
                             bool* packed = nullptr);
 

@@ -105,7 +105,7 @@ KERNEL_SWITCHES = {
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
     "OPENJET_PREFILL_SWIGLU": ("epilogue", "split", "rows"),  # elementwise.cu, prefill_swiglu (epilogue: default)
     "OPENJET_PREFILL_F16_WEIGHTS": ("0", "1", "auto"),      # engine.cu, keep_prefill_f16_weights (read at load)
-    "OPENJET_GDN_NORM_PACK": ("0", "1"),                    # gdn_decode.cu, gdn_norm_pack (1: default)
+    "OPENJET_GDN_NORM_PACK": ("0", "1"),                    # gdn_decode.cu, gdn_norm_pack (an experiment: 1)
     "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
