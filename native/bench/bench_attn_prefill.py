@@ -8,6 +8,9 @@ and 2 for its warp-specialised form; the other runs set it to 0). Prints JSON
 with the achieved tensor-core TFLOP/s (S = Q K^T and P V over the keys each row sees).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_attn_prefill.py > attn.json
+    ... bench_attn_prefill.py --forms [--t 4096] [--n-past 0,28672]   # only the F16 cache at the default shape on
+        # every form of OPENJET_ATTN_PREFILL_WGMMA (0: mma.sync, 1, 2) this device runs, t rows after each n_past
+        # (~30 s; the A/B to run first when the wgmma kernels change)
 
 Why: at 32,768 tokens the attention of the later chunks is the largest growth of a chunk's time (a chunk at
 ~24K context costs ~130 ms more than one at ~2K; bench/results/engine-full-h200-7d31b7d-dense.json).
@@ -15,6 +18,7 @@ Why: at 32,768 tokens the attention of the later chunks is the largest growth of
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -33,7 +37,36 @@ KEYS = (32, 64)  # OPENJET_ATTN_PREFILL_KEYS: keys per tile (numerics of their o
 REPS, RUNS = 5, 5
 
 
+def forms(t: int, n_pasts: list[int]) -> None:
+    """--forms: the F16 cache at the default tile shape on each OPENJET_ATTN_PREFILL_WGMMA form this device runs."""
+    out = {"bench": "attn_prefill forms (issue 8)", "commit": os.environ.get("OPENJET_COMMIT", ""),
+           "shape": {"n_head": N_HEAD, "n_kv": N_KV, "head_dim": ka.HEAD_DIM, "t": t},
+           "method": f"median of {RUNS} CUDA-graph replays of {REPS} calls; a call = prep + flash kernel of one layer",
+           "runs": []}
+    for n_past in n_pasts:
+        flop = ka.prefill_flop(N_HEAD, n_past, t)
+        for form in ("0", "1", "2") if ka.attn_prefill_wgmma_available() else ("0",):
+            os.environ["OPENJET_ATTN_PREFILL_WGMMA"] = form
+            us = statistics.median(ka.bench_attn_prefill(ka.KV_TYPES["F16"], N_HEAD, N_KV, n_past, t, REPS, RUNS))
+            out["runs"].append({"n_past": n_past, "t": t, "wgmma": int(form), "us": round(us, 1),
+                                "tflops": round(flop / (us * 1e-6) / 1e12, 1)})
+            print(json.dumps(out["runs"][-1]), file=sys.stderr)
+    print(json.dumps(out, indent=1))
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description="the prefill attention's time per layer (module docstring)")
+    p.add_argument("--forms", action="store_true", help="only the F16 cache on each OPENJET_ATTN_PREFILL_WGMMA form")
+    p.add_argument("--t", type=int, default=4096, help="--forms: rows of the call (default 4096)")
+    p.add_argument("--n-past", default="0,28672", help="--forms: cached rows before them, comma-separated")
+    a = p.parse_args()
+    if a.forms:
+        forms(a.t, [int(x) for x in a.n_past.split(",")])
+    else:
+        full()
+
+
+def full() -> None:
     os.environ["OPENJET_ATTN_PREFILL_F16"] = "0"  # the Q8_0 kernel, but in the f16_rows runs
     os.environ["OPENJET_ATTN_PREFILL_WGMMA"] = "0"  # the mma.sync kernel, but in the wgmma runs (the default there)
     out = {"bench": "attn_prefill (issue 8)", "commit": os.environ.get("OPENJET_COMMIT", ""),
