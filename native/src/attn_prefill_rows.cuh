@@ -87,7 +87,8 @@ __device__ __forceinline__ void issue_tile(const AttnDecodeArgs& a, int kv, int 
             const int which = i / (kKeys * kPieces), j = i / kPieces % kKeys, c = i % kPieces;
             char* d = dst + (which * kKeys + j) * Fmt::kRowBytes + 16 * c;
             if (key0 + j < n_keys)
-                cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes + 16 * c);
+                cp_async16(d, (which ? a.v_cache : a.k_cache) + base + static_cast<size_t>(j) * Fmt::kRowBytes +
+                                  16 * c);
             else
                 *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -204,7 +205,8 @@ __device__ __forceinline__ void store_rows(const AttnDecodeArgs& a, float (&o)[D
         for (int n0 = 0; n0 < D / 8; n0 += kBatch) {
             float2 gt[kBatch];
 #pragma unroll
-            for (int j = 0; j < kBatch; ++j) gt[j] = __ldg(reinterpret_cast<const float2*>(gate + 8 * (n0 + j) + 2 * tq));
+            for (int j = 0; j < kBatch; ++j)
+                gt[j] = __ldg(reinterpret_cast<const float2*>(gate + 8 * (n0 + j) + 2 * tq));
 #pragma unroll
             for (int j = 0; j < kBatch; ++j) {
                 const int n = n0 + j;
