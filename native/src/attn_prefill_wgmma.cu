@@ -90,16 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_prefill_wgmma_kernel(const A
         const bool next = it + 1 < n_tiles && live(it + 1);
         if (next) issue_s(s_next, it + 1);
 
-        const int key0 = it * kKeys;
-        const bool unmasked = key0 + kKeys - 1 <= a.n_past + wrow0;  // every key at or before the warp's first row
-        softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
-
-        // O += P V (attn_prefill_wgmma.cuh).
-        uint32_t pa[kKeys / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < kKeys / 16; ++ks) p_fragment<kKeys>(s, ks, pa[ks]);
-        fence_operands(pa);
-        fence_operands(o);
+        uint32_t pa[kKeys / 16][4];  // then O += P V (attn_prefill_wgmma.cuh)
+        softmax_to_p<kKeys>(s, o, m_run, l_run, it * kKeys, a.n_past + wrow0, tq, pos_lo, pos_hi, pa);
         wgmma_issue_pv<kKeys>(o, pa, k_addr(it) + kTileBytes);
         wgmma_wait<0>();  // S of tile it + 1 and O
         fence_operands(o);

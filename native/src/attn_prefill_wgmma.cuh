@@ -57,6 +57,20 @@ __device__ __forceinline__ void wgmma_issue_pv(float (&o)[D / 8][4], const uint3
     wgmma_commit();
 }
 
+// One tile's softmax over the warp's rows (softmax_tile: keys key0 .., the warp's first row at position first) and its
+// probabilities as the A fragments of O += P V, fenced with O for the wgmma that reads them.
+template <int kKeys>
+__device__ __forceinline__ void softmax_to_p(float (&s)[kKeys / 8][4], float (&o)[D / 8][4], float (&m_run)[2],
+                                             float (&l_run)[2], int key0, int first, int tq, int pos_lo, int pos_hi,
+                                             uint32_t (&pa)[kKeys / 16][4]) {
+    const bool unmasked = key0 + kKeys - 1 <= first;  // every key at or before the warp's first row
+    softmax_tile<kKeys>(s, o, m_run, l_run, unmasked, key0, tq, pos_lo, pos_hi);
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) p_fragment<kKeys>(s, ks, pa[ks]);
+    fence_operands(pa);
+    fence_operands(o);
+}
+
 // S of the next tile becomes this tile's (registers: the compiler renames what it can).
 template <int kKeys>
 __device__ __forceinline__ void take_next(float (&s)[kKeys / 8][4], const float (&s_next)[kKeys / 8][4]) {

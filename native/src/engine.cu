@@ -474,8 +474,9 @@ int keep_prefill_f16_weights(openjet_engine& e) {
             prefill_dense_takes(t.type, static_cast<int>(t.ne1), static_cast<int>(t.ne0)))
             kept.push_back({&t, nullptr});
     });
+    const auto halves_of = [](const Kept& m) { return static_cast<size_t>(m.up ? 2 : 1) * m.w->ne0 * m.w->ne1; };
     size_t halves = 0;
-    for (const Kept& m : kept) halves += static_cast<size_t>(m.up ? 2 : 1) * m.w->ne0 * m.w->ne1;
+    for (const Kept& m : kept) halves += halves_of(m);
     const size_t bytes = halves * sizeof(__half);
     size_t free_b = 0, total_b = 0;
     CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -501,7 +502,7 @@ int keep_prefill_f16_weights(openjet_engine& e) {
             const cudaError_t err = launch_dequant_f16(a, t->w16, ld, e.stream);
             if (err != cudaSuccess) return cuda_fail(err, "launch_dequant_f16 (prefill fp16 weights)");
         }
-        at += static_cast<size_t>(m.up ? 2 : 1) * m.w->ne0 * m.w->ne1;
+        at += halves_of(m);
     }
     CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;

@@ -129,8 +129,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             return e;
     }
     const int k = a.n_v * kGdnHeadDim;
-    if (pack && !(gdn_norm_pack() && a.n_v <= kMaxNormPackHeads && a.t <= pack->rows && k % kActUnit == 0 &&
-                  act_pack_fits(*pack, a.t, k)))
+    if (pack && !(gdn_norm_pack() && a.n_v <= kMaxNormPackHeads && act_pack_fits(*pack, a.t, k)))
         pack = nullptr;  // the caller packs y
     if (const cudaError_t e = launch_gated_norm(a, pack, stream)) return e;
     if (packed) *packed = pack != nullptr;

@@ -436,19 +436,19 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
         // One [2n, k] fp16 matrix: with the swiglu epilogue gate and up rows interleaved (gate row j at 2j, up's at
         // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for
         // one GEMM into y [t, 2n] and the swiglu pack over its halves.
+        // The interleaved matrix kept by the engine (GemvArgs::w16) where it has it: nothing to dequantise.
         const bool epilogue = prefill_swiglu() == PrefillSwiglu::kEpilogue;
-        if (epilogue && gate.w16 && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k) {  // kept
-            count_launch(Counted::kPrefillF16Kept);
-            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.w16, n, k, gate.x, t, gate.y, stream)) return e;
-            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
-        }
+        const bool kept = epilogue && gate.w16 && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k;
+        if (kept) count_launch(Counted::kPrefillF16Kept);
         for (const GemvArgs* m : {&gate, &up}) {
+            if (kept) break;
             GemvArgs d = *m;
             d.dense = gate.dense + (m == &up ? (epilogue ? k : static_cast<long long>(n) * k) : 0);
             if (const cudaError_t e = launch_dequant_t<QT>(d, stream, epilogue ? 2LL * k : k)) return e;
         }
         if (epilogue) {
-            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, stream)) return e;
+            const __half* w16 = kept ? gate.w16 : gate.dense;
+            if (const cudaError_t e = launch_dense_gemm_swiglu(w16, n, k, gate.x, t, gate.y, stream)) return e;
             return launch_pack_rows_streamed(gate.y, t, n, out, stream);
         }
         if (const cudaError_t e = launch_dense_gemm(gate.dense, 2 * n, k, gate.x, t, gate.y, stream)) return e;
