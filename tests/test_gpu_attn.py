@@ -382,14 +382,14 @@ def test_attn_prefill_block_sizes_give_the_same_bits(fmt, n_past, t, keys):
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past, t", [(0, 1), (0, 300), (100, 37), (100, 128), (1000, 300), (4096, 200)])
 def test_attn_prefill_on_wgmma_gives_the_mma_kernels_bits(fmt, n_past, t, form, monkeypatch):
-    """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu; the default where it runs) against 0: the F16 tiles at
-    128 rows x 64 keys on Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp
-    softmax, so every output and cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of
-    its warps change nothing (t not a multiple of 128, cached rows before). Q8_0: its fp16 rows
-    (OPENJET_ATTN_PREFILL_F16=1) take the F16 kernel. Its launch counter shows it ran. form 2: the same kernel
-    warp-specialised (attn_prefill_wgmma_ws.cu: a producer warpgroup, mbarrier rings); its cases include a block
-    whose second warpgroup has no row (t = 300: it releases every tile unread) and a first warpgroup that skips the
-    last tile (100, 128), which would hang the launch if a release were missing."""
+    """OPENJET_ATTN_PREFILL_WGMMA=1 (attn_prefill_wgmma.cu) against 0: the F16 tiles at 128 rows x 64 keys on
+    Hopper's warpgroup MMA, the same k16 chains in the same order and the same per-warp softmax, so every output and
+    cache byte is the mma.sync kernel's; a warpgroup's tiles wholly masked for some of its warps change nothing (t
+    not a multiple of 128, cached rows before). Q8_0: its fp16 rows (OPENJET_ATTN_PREFILL_F16=1) take the F16
+    kernel. Its launch counter shows it ran. form 2 (the default where it runs): the same kernel warp-specialised
+    (attn_prefill_wgmma_ws.cu: a producer warpgroup, mbarrier rings); its cases include a block whose second
+    warpgroup has no row (t = 300: it releases every tile unread) and a first warpgroup that skips the last tile
+    (100, 128), which would hang the launch if a release were missing."""
     from openjet_launcher.engine import kernels_test as kt
 
     if not ka.attn_prefill_wgmma_available():

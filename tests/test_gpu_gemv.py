@@ -554,6 +554,27 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
+@pytest.mark.parametrize("n", [48, 40])
+def test_f32_pair_in_tiles_of_16_rows_equals_decode_rows(n):
+    """A GDN layer's beta and alpha as a prefill projects them: two F32 matrices in one launch_gemv_pair, full tiles of
+    16 token rows in one launch for both (gemv_f32_tile_kernel), then groups of 8 and a tail for each. Every row
+    must have the bits of the decode call (<= 8 rows) holding it, for each matrix (not swapped, none left unwritten:
+    the outputs start as NaN); n = 40 leaves a tile's second 8-row half empty. Checked against float64 too."""
+    rng = np.random.default_rng(41)
+    k = 5120
+    w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))
+    x = random_x(rng, 300, k)
+    steps = [np.concatenate([kt.gemv(Q["F32"], w, x[i:i + 8]) for i in range(0, 300, 8)]) for w in (w0, w1)]
+    for t in (7, 16, 37, 128, 300):
+        y0, y1 = kt.gemv_f32_pair(w0, w1, x[:t])
+        np.testing.assert_array_equal(y0, steps[0][:t], err_msg=f"beta T={t}")
+        np.testing.assert_array_equal(y1, steps[1][:t], err_msg=f"alpha T={t}")
+    ref = (w1.astype(np.float64) @ x.astype(np.float64).T).T
+    e = rel_err(y1, ref)
+    report(test="gemv_f32_pair", n=n, t=300, rel_err=e)
+    assert e < 1e-5
+
+
 # ---------------------------------------------------------------------------------------------- embed
 
 

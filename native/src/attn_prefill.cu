@@ -15,8 +15,8 @@
 // raw rows (272 bytes) by cp.async, each turned into fp16 values (code * d, one rounding) in one K/V tile before use.
 // (Or, by default, OPENJET_ATTN_PREFILL_F16 unset or 1: the layer's Q8_0 rows turned into fp16 rows once per call,
 // then the F16 kernel: the same tiles; launch_fmt. And, by default where it runs, OPENJET_ATTN_PREFILL_WGMMA: the F16
-// kernel's 128 x 64 shape on Hopper's warpgroup MMA, attn_prefill_wgmma.cu, the same bits; launch_tiles. Its value 2,
-// an experiment: the same warp-specialised, attn_prefill_wgmma_ws.cu.)
+// kernel's 128 x 64 shape on Hopper's warpgroup MMA, the same bits; launch_tiles: by default warp-specialised,
+// attn_prefill_wgmma_ws.cu, or with value 1 attn_prefill_wgmma.cu.)
 // A row's arithmetic is the same for either block size: a warp's 16 rows see the same tiles in the same order. Two
 // shortcuts keep every bit: a tile wholly before the warp's rows skips the causal mask (no key is masked), and a
 // tile that raises no row's maximum skips rescaling O (alpha is exactly 1).
@@ -193,7 +193,7 @@ template <class F> cudaError_t launch_tiles(const AttnDecodeArgs& a, bool wide, 
     const int wgmma = F::kType == kKvF16 && wide && keys == 64 ? attn_prefill_wgmma_switch() : 0;
     if (wgmma && attn_prefill_wgmma_available()) {
         const cudaError_t e = wgmma == 2 && attn_prefill_wgmma_ws_available()
-                                  ? launch_attn_prefill_wgmma_ws(a, stream)  // warp-specialised (an experiment)
+                                  ? launch_attn_prefill_wgmma_ws(a, stream)  // warp-specialised (the default)
                                   : launch_attn_prefill_wgmma(a, stream);    // the same tiles on warpgroup MMA
         if (e == cudaSuccess) count_launch(Counted::kAttnPrefillWgmma);
         return e;
@@ -244,7 +244,7 @@ bool attn_prefill_f16_switch() {
 
 int attn_prefill_wgmma_switch() {
     const char* v = std::getenv("OPENJET_ATTN_PREFILL_WGMMA");
-    return !v ? 1 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
+    return !v ? 2 : std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "1") == 0 ? 1 : 2;
 }
 
 int attn_prefill_keys_switch() {

@@ -27,11 +27,11 @@ int attn_prefill_keys_switch();
 // chunked GDN's).
 bool attn_prefill_f16_switch();
 
-// OPENJET_ATTN_PREFILL_WGMMA unset or 1 (the default; read at each call): where the F16 kernel runs at 128 rows x 64
-// keys (an F16 cache, or a Q8_0 cache's fp16 rows) on compute capability 9.0 with a 90a build, the same tiles on
-// Hopper's warpgroup MMA (attn_prefill_wgmma.cu), the same bits; elsewhere ignored. 0: the mma.sync kernel. 2 (an
-// experiment): the same kernel warp-specialised, a producer warpgroup loading for two consumer warpgroups
-// (attn_prefill_wgmma_ws.cu), the same bits. Returns 0, 1 or 2 (any other value: 1).
+// OPENJET_ATTN_PREFILL_WGMMA (read at each call): where the F16 kernel runs at 128 rows x 64 keys (an F16 cache, or a
+// Q8_0 cache's fp16 rows) on compute capability 9.0 with a 90a build, the same tiles on Hopper's warpgroup MMA, the
+// same bits; elsewhere ignored. Unset or 2 (the default): warp-specialised, a producer warpgroup loading for two
+// consumer warpgroups (attn_prefill_wgmma_ws.cu); 1: every warpgroup loading and computing (attn_prefill_wgmma.cu);
+// 0: the mma.sync kernel. Returns 0, 1 or 2 (any other value: 2).
 int attn_prefill_wgmma_switch();
 
 // Whether this build (a 90a target: OPENJET_HAVE_SM90A) and device (compute capability 9.0, its shared memory) run the

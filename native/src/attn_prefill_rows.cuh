@@ -224,7 +224,7 @@ __device__ __forceinline__ void store_rows(const AttnDecodeArgs& a, float (&o)[D
 // attn_prefill_wgmma_available().
 cudaError_t launch_attn_prefill_wgmma(const AttnDecodeArgs& a, cudaStream_t stream);
 
-// The same warp-specialised (attn_prefill_wgmma_ws.cu, OPENJET_ATTN_PREFILL_WGMMA=2): only where
+// The same warp-specialised (attn_prefill_wgmma_ws.cu, OPENJET_ATTN_PREFILL_WGMMA unset or 2): only where
 // attn_prefill_wgmma_ws_available() (a 90a build, compute capability 9.0 with its 227 KB of shared memory a block).
 bool attn_prefill_wgmma_ws_available();
 cudaError_t launch_attn_prefill_wgmma_ws(const AttnDecodeArgs& a, cudaStream_t stream);

@@ -1,6 +1,6 @@
 // The flash prefill attention of attn_prefill.cu at its H200 default shape (F16 tiles, 128 query rows x 64 keys) on
-// Hopper's warpgroup MMA (wgmma.cuh; sm_90a only), by default where it runs (OPENJET_ATTN_PREFILL_WGMMA=0: the mma.sync
-// kernel). The same bits as the mma.sync kernel:
+// Hopper's warpgroup MMA (wgmma.cuh; sm_90a only) with OPENJET_ATTN_PREFILL_WGMMA=1 (the default, 2, is this kernel
+// warp-specialised: attn_prefill_wgmma_ws.cu; 0: the mma.sync kernel). The same bits as the mma.sync kernel:
 //   Block = 2 warpgroups x 64 rows of one q head; warp w holds rows 16 w .. 16 w + 15 as there, in the same
 //   m16n8k16 fragments, and runs the same per-warp softmax and output (attn_prefill_rows.cuh).
 //   S = Q K^T     a warpgroup's 64 rows x 64 keys: 16 wgmma m64n64k16, Q and K from shared memory, the k16 steps in

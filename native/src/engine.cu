@@ -876,10 +876,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
         mark(e, "gdn.in_proj");
         TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
     }
-    if (!fused) {
-        TRY(gemv(e, L.beta, t, e.a, b));
-        TRY(gemv(e, L.alpha, t, e.a, alpha));
-    }
+    if (!fused) TRY(gemv_pair(e, L.beta, b, L.alpha, alpha, t, e.a));
     mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
     if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;

@@ -212,6 +212,31 @@ extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, in
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y);
 }
 
+// Two F32 matrices of one shape over the same x in one launch_gemv_pair (a GDN layer's beta and alpha).
+extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x,
+                                                      int t, float* y0, float* y1) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(kF32, n, k)) return s;
+    if (!w0 || !w1 || !x || !y0 || !y1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_f32_pair: null pointer");
+    const size_t wb = weight_bytes(kF32, n, k), yb = sizeof(float) * t * n;
+    DevBuf dw0, dw1, dx, dy0, dy1;
+    CHECK(dw0.upload(w0, wb));
+    CHECK(dw1.upload(w1, wb));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    for (DevBuf* d : {&dy0, &dy1}) {
+        CHECK(d->alloc(yb));
+        CHECK(cudaMemset(d->p, 0xFF, yb));  // NaN poison: every output must be written
+    }
+    GemvArgs a{kF32, dw0.p, n, k, t, ActPack{}, dx.as<float>(), dy0.as<float>()}, b = a;
+    a.prefill = b.prefill = t > kActRows;
+    b.w = dw1.p, b.y = dy1.as<float>();
+    CHECK(launch_gemv_pair(a, b, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(y0, dy0.p, yb, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(y1, dy1.p, yb, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t,
                                                    float* y) {
     if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tiled: x is null");

@@ -98,7 +98,7 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_PREFILL_ROWS": ("64", "128"),             # engine.cu, attn_mixer (the flash kernel's block rows)
     "OPENJET_ATTN_PREFILL_KEYS": ("32", "64"),              # attn_prefill.cu, the flash kernel's keys per tile
     "OPENJET_ATTN_PREFILL_F16": ("0", "1"),                 # engine.cu, attn_mixer (Q8_0 rows as fp16; 1: default)
-    "OPENJET_ATTN_PREFILL_WGMMA": ("0", "1", "2"),          # attn_prefill.cu, flash on wgmma (1: default; 2: FA3-style)
+    "OPENJET_ATTN_PREFILL_WGMMA": ("0", "1", "2"),          # attn_prefill.cu, flash on wgmma (2, FA3-style: default)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
     "OPENJET_GDN_STATE_TC": ("0", "1", "tf32", "3xtf32"),   # gdn_chunk.cu, gdn_state_tf32_passes (1 = tf32: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)

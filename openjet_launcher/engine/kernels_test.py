@@ -52,6 +52,7 @@ def _lib() -> ctypes.CDLL:
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
@@ -143,6 +144,22 @@ def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
     fn = lib.openjet_test_gemv_tiled if tiled else lib.openjet_test_gemv
     _check(lib, fn(qtype, _ptr(raw), n, k, _ptr(x), t, _ptr(y)), "gemv_tiled" if tiled else "gemv")
     return y
+
+
+def gemv_f32_pair(w0, w1, x) -> tuple[np.ndarray, np.ndarray]:
+    """(W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine projects a GDN layer's
+    beta and alpha (openjet_test_gemv_f32_pair)."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw0, n = _weights(QTYPES["F32"], w0, k)
+    raw1, n1 = _weights(QTYPES["F32"], w1, k)
+    if n1 != n:
+        raise ValueError(f"the two matrices have {n} and {n1} rows")
+    y0, y1 = np.empty((t, n), np.float32), np.empty((t, n), np.float32)
+    _check(lib, lib.openjet_test_gemv_f32_pair(_ptr(raw0), _ptr(raw1), n, k, _ptr(x), t, _ptr(y0), _ptr(y1)),
+           "gemv_f32_pair")
+    return y0, y1
 
 
 def tile_layout(qtype: int, w, k: int) -> np.ndarray:

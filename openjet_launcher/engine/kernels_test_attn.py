@@ -34,7 +34,8 @@ def _lib() -> ctypes.CDLL:
 
 def attn_prefill_wgmma_available() -> bool:
     """Whether this library and GPU run the prefill attention on warpgroup MMA (a 90a build on compute capability
-    9.0; taken there unless OPENJET_ATTN_PREFILL_WGMMA=0: native/src/attn_prefill_wgmma.cu)."""
+    9.0; taken there unless OPENJET_ATTN_PREFILL_WGMMA=0: native/src/attn_prefill_wgmma_ws.cu by default,
+    attn_prefill_wgmma.cu with 1)."""
     return bool(_lib().openjet_test_attn_prefill_wgmma_available())
 
 
