@@ -554,25 +554,41 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
-@pytest.mark.parametrize("n", [48, 40])
-def test_f32_pair_in_tiles_of_16_rows_equals_decode_rows(n):
-    """A GDN layer's beta and alpha as a prefill projects them: two F32 matrices in one launch_gemv_pair, full tiles of
-    16 token rows in one launch for both (gemv_f32_tile_kernel), then groups of 8 and a tail for each. Every row
-    must have the bits of the decode call (<= 8 rows) holding it, for each matrix (not swapped, none left unwritten:
-    the outputs start as NaN); n = 40 leaves a tile's second 8-row half empty. Checked against float64 too."""
+@pytest.mark.parametrize("n", [48, 40, 100])
+def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n):
+    """A GDN layer's beta and alpha as a prefill projects them under its own numerics (prefill_f32.cu: both matrices
+    in one launch, 64 tokens x 48 rows a block, k split over 8 warps summed in warp order): a row's values do not
+    depend on the call's row count or the row's place in it (the chunk sizes' invariance: T = 300 against T = 1, 7,
+    37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value written: the outputs start as
+    NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles partly empty."""
     rng = np.random.default_rng(41)
     k = 5120
     w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))
     x = random_x(rng, 300, k)
-    steps = [np.concatenate([kt.gemv(Q["F32"], w, x[i:i + 8]) for i in range(0, 300, 8)]) for w in (w0, w1)]
-    for t in (7, 16, 37, 128, 300):
-        y0, y1 = kt.gemv_f32_pair(w0, w1, x[:t])
-        np.testing.assert_array_equal(y0, steps[0][:t], err_msg=f"beta T={t}")
-        np.testing.assert_array_equal(y1, steps[1][:t], err_msg=f"alpha T={t}")
-    ref = (w1.astype(np.float64) @ x.astype(np.float64).T).T
-    e = rel_err(y1, ref)
-    report(test="gemv_f32_pair", n=n, t=300, rel_err=e)
-    assert e < 1e-5
+    full0, full1 = kt.gemv_f32_pair(w0, w1, x)
+    for w, y, what in ((w0, full0, "beta"), (w1, full1, "alpha")):
+        ref = (w.astype(np.float64) @ x.astype(np.float64).T).T
+        e = rel_err(y, ref)
+        report(test="prefill_f32_pair", n=n, t=300, matrix=what, rel_err=e)
+        assert e < 1e-5, what
+    for t0, t in ((0, 1), (5, 7), (100, 37), (0, 64), (200, 65), (172, 128)):
+        y0, y1 = kt.gemv_f32_pair(w0, w1, x[t0:t0 + t])
+        np.testing.assert_array_equal(y0, full0[t0:t0 + t], err_msg=f"beta rows {t0}..{t0 + t}")
+        np.testing.assert_array_equal(y1, full1[t0:t0 + t], err_msg=f"alpha rows {t0}..{t0 + t}")
+
+
+def test_prefill_f32_pair_under_exact_numerics_gives_decode_bits(monkeypatch):
+    """OPENJET_PREFILL_GEMM=exact: a prefill's beta and alpha keep decode's bits (gemv.cu's kernels), each row those
+    of the decode call (<= 8 rows) holding it."""
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
+    rng = np.random.default_rng(43)
+    n, k = 48, 5120
+    w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))
+    x = random_x(rng, 37, k)
+    y0, y1 = kt.gemv_f32_pair(w0, w1, x)
+    for w, y, what in ((w0, y0, "beta"), (w1, y1, "alpha")):
+        steps = np.concatenate([kt.gemv(Q["F32"], w, x[i:i + 8]) for i in range(0, 37, 8)])
+        np.testing.assert_array_equal(y, steps, err_msg=what)
 
 
 # ---------------------------------------------------------------------------------------------- embed

@@ -57,8 +57,9 @@ OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k,
  * (decode and prefill calls alike, as the engine reads its weights): the tile layout's shapes. */
 OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
-/* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine projects a
- * GDN layer's beta and alpha: a prefill's (t > 8) full tiles of 16 rows in one launch for both. */
+/* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill
+ * projects a GDN layer's beta and alpha: under the prefill's own numerics (OPENJET_PREFILL_GEMM unset, fast or dense)
+ * both in one launch of prefill_f32.cu's GEMM, whatever t; else decode's kernels and bits. */
 OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x, int t,
                                            float* y0, float* y1);
 

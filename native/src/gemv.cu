@@ -89,66 +89,6 @@ __global__ void __launch_bounds__(128) gemv_f32_rows_kernel(const float* __restr
     }
 }
 
-// Prefill's F32 projections in tiles of 16 weight rows x 16 token rows: four 128-thread groups, each the 8 x 8 of
-// gemv_f32_rows_kernel (the same chains and sums: the same bits), the two groups of a row half reading the same
-// weight chunks and the two of a token half the same x chunks at about the same time, so that L1 serves half of
-// the loads (the rows kernel takes every chunk from L2 once per 8 x 8: ~1 GB of L2 reads a call for the 27B's
-// [48, 5120] at 4,096 rows, 133 us on the H200, L2-bound). Where two matrices of the same shape read the same x
-// (a GDN layer's beta and alpha), one launch takes both: blockIdx.x past w0's row blocks is w1's.
-constexpr int kF32TileRows = 2 * kF32Rows, kF32TileTokens = 2 * kActRows;
-__global__ void __launch_bounds__(512) gemv_f32_tile_kernel(const float* __restrict__ w0, float* __restrict__ y0,
-                                                            const float* __restrict__ w1, float* __restrict__ y1,
-                                                            int n, int k, const float* __restrict__ x) {
-    constexpr int T = kActRows, RB = kF32Rows;
-    __shared__ float part[4][4][RB][T];  // [group][warp][row][token]
-    pdl_start();  // pdl.cuh
-    const int blocks_per_w = (n + kF32TileRows - 1) / kF32TileRows;
-    const bool second = blockIdx.x >= blocks_per_w;
-    const float* w = second ? w1 : w0;
-    float* y = second ? y1 : y0;
-    const int group = threadIdx.x >> 7, i = threadIdx.x & 127;
-    const int r0 = (blockIdx.x - (second ? blocks_per_w : 0)) * kF32TileRows + (group & 1) * RB;
-    const int rows = max(0, min(RB, n - r0));
-    const long long t0 = static_cast<long long>(blockIdx.y) * kF32TileTokens + (group >> 1) * T;
-    x += t0 * k;
-    y += t0 * n;
-    float acc[RB][T];
-#pragma unroll
-    for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-#pragma unroll 1
-    for (int j = i; j < k / 4; j += 128) {
-        float4 b[T];
-#pragma unroll
-        for (int t = 0; t < T; ++t)
-            b[t] = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
-#pragma unroll
-        for (int r = 0; r < RB; ++r) {
-            if (r >= rows) break;  // the same for the whole group
-            const float4 a = __ldg(reinterpret_cast<const float4*>(w + static_cast<long long>(r0 + r) * k) + j);
-#pragma unroll
-            for (int t = 0; t < T; ++t) acc[r][t] = f32_fma4(a, b[t], acc[r][t]);
-        }
-    }
-    const int lane = threadIdx.x & 31, warp = i >> 5;
-#pragma unroll
-    for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const float v = f32_warp_sum(acc[r][t]);
-            if (lane == 0) part[group][warp][r][t] = v;
-        }
-    __syncthreads();
-    if (i < RB * T) {
-        const int r = i / T, t = i % T;
-        const float* p = &part[group][0][r][t];
-        constexpr int kWarpStride = RB * T;
-        if (r < rows)
-            y[(long long)t * n + r0 + r] = f32_warps_total(p[0], p[kWarpStride], p[2 * kWarpStride], p[3 * kWarpStride]);
-    }
-}
-
 template <int T>
 cudaError_t launch_gemv_f32_t(const GemvArgs& a, cudaStream_t stream, int groups = 1) {
     return launch_kernel(gemv_f32_kernel<T>, dim3(a.n, groups), 128, 0, stream, static_cast<const float*>(a.w), a.xf,
@@ -169,49 +109,33 @@ cudaError_t launch_gemv_f32_rows(const GemvArgs& a, cudaStream_t stream) {
     }
 }
 
-// Token rows from..t of a: every full group of 8 in one launch of gemv_f32_rows_kernel (before: one launch of 48
-// blocks per group, 104 us for a 128-row chunk on the H200), then the rest.
-cudaError_t launch_gemv_f32_rest(const GemvArgs& a, int from, cudaStream_t stream) {
-    GemvArgs part = a;
-    part.t = a.t - from;
-    part.xf = a.xf + static_cast<long long>(from) * a.k;
-    part.y = a.y + static_cast<long long>(from) * a.n;
-    const int full = part.t / kActRows, rest = part.t % kActRows;
+// Every full group of 8 rows of a in one launch of gemv_f32_rows_kernel (before: one launch of 48 blocks per group,
+// 104 us for a 128-row chunk on the H200), then the rest.
+cudaError_t launch_gemv_f32_rows_of(const GemvArgs& a, cudaStream_t stream) {
+    const int full = a.t / kActRows, rest = a.t % kActRows;
     if (full > 65535) return cudaErrorInvalidValue;  // gridDim.y
     if (full > 0) {
         const cudaError_t e = launch_kernel(gemv_f32_rows_kernel, dim3((a.n + kF32Rows - 1) / kF32Rows, full), 128, 0,
-                                           stream, static_cast<const float*>(a.w), part.xf, a.n, a.k, part.y);
+                                           stream, static_cast<const float*>(a.w), a.xf, a.n, a.k, a.y);
         if (e != cudaSuccess || rest == 0) return e;
     }
-    part.t = rest;  // > 0: from < a.t
-    part.xf += static_cast<long long>(full) * kActRows * a.k;
-    part.y += static_cast<long long>(full) * kActRows * a.n;
+    GemvArgs part = a;
+    part.t = rest;
+    part.xf = a.xf + static_cast<long long>(full) * kActRows * a.k;
+    part.y = a.y + static_cast<long long>(full) * kActRows * a.n;
     return launch_gemv_f32_rows(part, stream);
 }
 
-bool f32_args_ok(const GemvArgs& a) {
-    return a.k % 4 == 0 && a.xf && !((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15);
-}
-
-// a, and b where given (the same n, k, t and x: launch_gemv_pair), over all their token rows: the full tiles of 16
-// in one launch of gemv_f32_tile_kernel for both, then launch_gemv_f32_rest for each. Every row has the bits a
-// decode call gives it, whichever kernel takes it.
+// a, and b where given (the same n, k, t and x: launch_gemv_pair). A prefill's rows under its own numerics take
+// prefill_f32.cu's GEMM (both matrices in one launch); every other call decode's bits.
 cudaError_t launch_gemv_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    if (!f32_args_ok(a) || (b && !f32_args_ok(*b))) return cudaErrorInvalidValue;
-    const int tiles = a.t / kF32TileTokens;
-    if (tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    if (tiles > 0) {
-        const int blocks = (a.n + kF32TileRows - 1) / kF32TileRows * (b ? 2 : 1);
-        const cudaError_t e = launch_kernel(gemv_f32_tile_kernel, dim3(blocks, tiles), 512, 0, stream,
-                                            static_cast<const float*>(a.w), a.y,
-                                            b ? static_cast<const float*>(b->w) : nullptr, b ? b->y : nullptr, a.n,
-                                            a.k, a.xf);
-        if (e != cudaSuccess) return e;
-    }
-    const int from = tiles * kF32TileTokens;
-    if (from == a.t) return cudaSuccess;
-    const cudaError_t e = launch_gemv_f32_rest(a, from, stream);
-    return e != cudaSuccess || !b ? e : launch_gemv_f32_rest(*b, from, stream);
+    for (const GemvArgs* g : {&a, b})
+        if (g && (g->k % 4 || !g->xf || (reinterpret_cast<uintptr_t>(g->w) | reinterpret_cast<uintptr_t>(g->xf)) & 15))
+            return cudaErrorInvalidValue;
+    if ((a.prefill || a.t > kActRows) && prefill_numerics_own() && prefill_f32_takes(a) && (!b || prefill_f32_takes(*b)))
+        return launch_prefill_f32(a, b, stream);
+    const cudaError_t e = launch_gemv_f32_rows_of(a, stream);
+    return e != cudaSuccess || !b ? e : launch_gemv_f32_rows_of(*b, stream);
 }
 
 // OPENJET_GEMV_HALF, read at the first decode call (a decode launch reads no environment after that) and set by

@@ -212,7 +212,8 @@ extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, in
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y);
 }
 
-// Two F32 matrices of one shape over the same x in one launch_gemv_pair (a GDN layer's beta and alpha).
+// Two F32 matrices of one shape over the same x in one launch_gemv_pair, as a prefill projects a GDN layer's beta and
+// alpha (GemvArgs::prefill set: prefill_f32.cu's GEMM under the prefill's own numerics, whatever t).
 extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x,
                                                       int t, float* y0, float* y1) {
     if (int s = check_t(t)) return s;
@@ -228,7 +229,7 @@ extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const flo
         CHECK(cudaMemset(d->p, 0xFF, yb));  // NaN poison: every output must be written
     }
     GemvArgs a{kF32, dw0.p, n, k, t, ActPack{}, dx.as<float>(), dy0.as<float>()}, b = a;
-    a.prefill = b.prefill = t > kActRows;
+    a.prefill = b.prefill = true;
     b.w = dw1.p, b.y = dy1.as<float>();
     CHECK(launch_gemv_pair(a, b, 0));
     CHECK(cudaDeviceSynchronize());

@@ -1,0 +1,147 @@
+// A prefill's F32 projections (a GDN layer's ssm_beta and ssm_alpha, [48, 5120] at 27B) under the prefill's own
+// numerics (OPENJET_PREFILL_GEMM unset, fast or dense): an fp32 GEMM tiled for the chunk, where decode's order
+// (gemv.cu: 128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every (row, token) pair and
+// so reads each weight chunk from L2 once per 8 tokens: 133 us a call for the 27B's shape at 4,096 rows on the H200,
+// ~12.7 ms of a 4,096-token prefill for the 96 calls, bound by those L2 reads.
+//
+// Here a block takes 64 tokens x 48 rows through shared memory, each piece of x and W read from L2 once per block.
+// Its 8 warps split k: warp s takes k sub-chunk s (8 values) of every 64-value chunk, each lane an fma chain over
+// those k for its 8 tokens x 12 rows (96 accumulators); the 8 warps' sums are then added in warp order. So
+// y[t, n] = ((p0 + p1) + ...) + p7, p_s the chain over warp s's k in increasing order: a value that depends on x's
+// row t and W's row n only, never on t's place in the call or the call's row count (the chunk sizes' invariance).
+// Not decode's bits: fp32 throughout, summed in another order (a few ulps; the prefill's k-quant GEMMs differ from
+// decode's far more). OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits: gemv.cu's kernels.
+#include <cstdint>
+
+#include "gemv.cuh"
+#include "pdl.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int kTok = 64, kRowsTile = 48, kChunk = 64, kWarps = 8, kThreads = kWarps * 32;
+constexpr int kPitch = kChunk + 4;      // floats a row of a staged chunk: 8 lanes' float4s at distinct banks
+constexpr int kTokLane = 8, kRowsLane = 12;  // a lane's tokens tg + 8 i and rows rg + 4 j (tg = lane % 8, rg = lane / 8)
+constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRowsTile * kChunk / 4 / kThreads;
+constexpr int kSumPitch = kRowsTile + 1;
+static_assert(kTokLane * 8 == kTok && kRowsLane * 4 == kRowsTile && kChunk == kWarps * 8, "the tile's split");
+static_assert(kTok * kSumPitch <= kTok * kPitch, "the block's sums fit where x was staged");
+
+// Rows [r0, r0 + 48) of W (zeros past n) x tokens [t0, t0 + 64) of x (zeros past t), chunk c, into registers.
+__device__ __forceinline__ void load_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
+                                           int k, int t0, int r0, int c, float4 (&px)[kXLoads],
+                                           float4 (&pw)[kWLoads]) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        px[i] = t0 + row < t
+                    ? __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t0 + row) * k + c * kChunk) + q)
+                    : zero;
+    }
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        pw[i] = r0 + row < n
+                    ? __ldg(reinterpret_cast<const float4*>(w + static_cast<long long>(r0 + row) * k + c * kChunk) + q)
+                    : zero;
+    }
+}
+
+__device__ __forceinline__ void store_chunk(float* xs, float* ws, const float4 (&px)[kXLoads],
+                                            const float4 (&pw)[kWLoads]) {
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i;
+        *reinterpret_cast<float4*>(xs + f / (kChunk / 4) * kPitch + f % (kChunk / 4) * 4) = px[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i;
+        *reinterpret_cast<float4*>(ws + f / (kChunk / 4) * kPitch + f % (kChunk / 4) * 4) = pw[i];
+    }
+}
+
+// blockIdx: x the 48-row tile of W, y the 64-token tile, z the matrix (0: w0 -> y0, 1: w1 -> y1).
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_f32_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
+                       float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
+    __shared__ __align__(16) float xs[kTok * kPitch];
+    __shared__ __align__(16) float ws[kRowsTile * kPitch];
+    const float* w = blockIdx.z ? w1 : w0;
+    float* y = blockIdx.z ? y1 : y0;
+    const int r0 = blockIdx.x * kRowsTile, t0 = blockIdx.y * kTok;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tg = lane & 7, rg = lane >> 3;
+    float acc[kRowsLane][kTokLane];
+#pragma unroll
+    for (int j = 0; j < kRowsLane; ++j)
+#pragma unroll
+        for (int i = 0; i < kTokLane; ++i) acc[j][i] = 0.0f;
+    float4 px[kXLoads], pw[kWLoads];
+    pdl_wait();  // x is the kernel before's output
+    pdl_launch_dependents();
+    load_chunk(x, w, t, n, k, t0, r0, 0, px, pw);
+    store_chunk(xs, ws, px, pw);
+    __syncthreads();
+    const int chunks = k / kChunk;
+#pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+        if (c + 1 < chunks) load_chunk(x, w, t, n, k, t0, r0, c + 1, px, pw);  // in flight during the products
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = warp * 8 + 4 * h;
+            float4 b[kTokLane];
+#pragma unroll
+            for (int i = 0; i < kTokLane; ++i) b[i] = *reinterpret_cast<const float4*>(xs + (tg + 8 * i) * kPitch + kk);
+#pragma unroll
+            for (int j = 0; j < kRowsLane; ++j) {
+                const float4 a = *reinterpret_cast<const float4*>(ws + (rg + 4 * j) * kPitch + kk);
+#pragma unroll
+                for (int i = 0; i < kTokLane; ++i) acc[j][i] = f32_fma4(a, b[i], acc[j][i]);
+            }
+        }
+        __syncthreads();
+        if (c + 1 < chunks) {
+            store_chunk(xs, ws, px, pw);
+            __syncthreads();
+        }
+    }
+    // The warps' partial sums in warp order, through shared memory (where x was staged: free after the sync above).
+    float* sum = xs;
+#pragma unroll 1
+    for (int s = 0; s < kWarps; ++s) {
+        if (warp == s)
+#pragma unroll
+            for (int j = 0; j < kRowsLane; ++j)
+#pragma unroll
+                for (int i = 0; i < kTokLane; ++i) {
+                    float& v = sum[(tg + 8 * i) * kSumPitch + rg + 4 * j];
+                    v = s == 0 ? acc[j][i] : __fadd_rn(v, acc[j][i]);
+                }
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < kTok * kRowsTile; e += kThreads) {
+        const int tok = e / kRowsTile, row = e % kRowsTile;
+        if (t0 + tok < t && r0 + row < n) y[static_cast<long long>(t0 + tok) * n + r0 + row] = sum[tok * kSumPitch + row];
+    }
+}
+
+}  // namespace
+
+bool prefill_f32_takes(const GemvArgs& a) {
+    return a.k % kChunk == 0 && a.t >= 1 && a.xf &&
+           !((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15);
+}
+
+cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
+    if (!prefill_f32_takes(a) || (b && (!prefill_f32_takes(*b) || b->n != a.n || b->k != a.k || b->t != a.t ||
+                                        b->xf != a.xf)))
+        return cudaErrorInvalidValue;
+    const int tok_tiles = (a.t + kTok - 1) / kTok;
+    if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
+    const dim3 grid((a.n + kRowsTile - 1) / kRowsTile, tok_tiles, b ? 2 : 1);
+    return launch_kernel(prefill_f32_kernel, grid, kThreads, 0, stream, static_cast<const float*>(a.w), a.y,
+                         b ? static_cast<const float*>(b->w) : nullptr, b ? b->y : nullptr, a.n, a.k, a.t, a.xf);
+}
+
+}  // namespace openjet
