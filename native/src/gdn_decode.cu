@@ -40,26 +40,33 @@ __global__ void __launch_bounds__(kNormThreads) gdn_gated_norm_kernel(const GdnS
                        a.y + row);
 }
 
-// A prefill's gated RMSNorm and the out projection's pack in one pass (launch_gdn_step's pack): a block per token row;
-// its warps take the row's heads' 1 / rms (gdn_inv_rms, as gdn_gated_norm_row), then pack_act_row packs the gated
-// values (gdn_gated) as launch_pack_act packs y: the same values, the same pack, so the same bits, without writing y
-// and reading it back (~75 us a 4,096-row call of the 27B).
-constexpr int kMaxNormPackHeads = 128;
+// A prefill's gated RMSNorm and the out projection's pack in one pass (launch_gdn_step's pack): a block per token row.
+// Its threads copy the row's o into shared memory in one coalesced sweep, its warps take the heads' 1 / rms from
+// there (gdn_inv_rms, as gdn_gated_norm_row), then pack_act_row packs the gated values (gdn_gated) as launch_pack_act
+// packs y: the same values, the same pack, so the same bits, without writing y and reading it back. (Its first form
+// read each head's o from global memory warp by warp, six heads a warp one after the other: ~185 us a 4,096-row call
+// of the 27B on the H200 by the profile, slower than the two kernels' ~167.)
+constexpr int kMaxNormPackHeads = 64;  // the row in shared memory: n_v * 128 floats, at most 32 KB
 template <int kThreads, int kCached>
 __global__ void __launch_bounds__(kThreads) gdn_gated_norm_pack_kernel(const GdnStepArgs a, ActPack p) {
     __shared__ float inv_rms[kMaxNormPackHeads];
+    extern __shared__ __align__(16) float o_row[];  // [n_v * 128]
     pdl_start();
-    const int tok = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t row = static_cast<size_t>(tok) * a.n_v * kGdnHeadDim;
+    const int tok = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
+    const size_t row = static_cast<size_t>(tok) * k;
     const float *o = a.y + row, *z = a.z + row;
+#pragma unroll 4
+    for (int i = threadIdx.x * 4; i < k; i += kThreads * 4)  // k % 128 == 0: whole float4s
+        *reinterpret_cast<float4*>(o_row + i) = *reinterpret_cast<const float4*>(o + i);
+    __syncthreads();
     for (int h = warp; h < a.n_v; h += kThreads / 32) {
-        const float r = gdn_inv_rms(o + h * kGdnHeadDim, a.eps, lane);
+        const float r = gdn_inv_rms(o_row + h * kGdnHeadDim, a.eps, lane);
         if (lane == 0) inv_rms[h] = r;
     }
     __syncthreads();
     pack_act_row<kThreads, kCached>(
-        [&](int i) { return gdn_gated(o[i], inv_rms[i / kGdnHeadDim], a.norm_w[i % kGdnHeadDim], z[i]); },
-        a.n_v * kGdnHeadDim, p, tok);
+        [&](int i) { return gdn_gated(o_row[i], inv_rms[i / kGdnHeadDim], a.norm_w[i % kGdnHeadDim], z[i]); }, k, p,
+        tok);
 }
 
 // OPENJET_GDN_NORM_PACK=1: launch_gdn_step's pack where it is asked for; unset or 0 (the default until its bit test
@@ -74,7 +81,8 @@ bool gdn_norm_pack() {
 cudaError_t launch_gated_norm(const GdnStepArgs& a, const ActPack* pack, cudaStream_t stream) {
     if (pack) {
         count_launch(Counted::kGdnNormPack);
-        return launch_kernel(gdn_gated_norm_pack_kernel<256, 24>, a.t, 256, 0, stream, a, *pack);
+        return launch_kernel(gdn_gated_norm_pack_kernel<256, 24>, a.t, 256,
+                             sizeof(float) * a.n_v * kGdnHeadDim, stream, a, *pack);
     }
     const long long threads = 32LL * a.t * a.n_v;
     return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
