@@ -554,13 +554,16 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
+@pytest.mark.parametrize("form", ["simt", "tf32x3"])
 @pytest.mark.parametrize("n", [48, 40, 100])
-def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n):
+def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, monkeypatch):
     """A GDN layer's beta and alpha as a prefill projects them under its own numerics (prefill_f32.cu: both matrices
-    in one launch, 64 tokens x 48 rows a block, k split over 8 warps summed in warp order): a row's values do not
-    depend on the call's row count or the row's place in it (the chunk sizes' invariance: T = 300 against T = 1, 7,
-    37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value written: the outputs start as
-    NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles partly empty."""
+    in one launch; simt: 64 tokens x 48 rows a block, k split over 8 warps summed in warp order; tf32x3
+    (OPENJET_PREFILL_F32): the products on tensor cores in 3xTF32): a row's values do not depend on the call's row
+    count or the row's place in it (the chunk sizes' invariance: T = 300 against T = 1, 7, 37, 64, 65 and 128), each
+    matrix lands in its own output (not swapped, every value written: the outputs start as NaN), and both match
+    float64 to fp32's accuracy; n = 40 and 100 leave row tiles partly empty."""
+    monkeypatch.setenv("OPENJET_PREFILL_F32", form)
     rng = np.random.default_rng(41)
     k = 5120
     w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))
@@ -569,7 +572,7 @@ def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n):
     for w, y, what in ((w0, full0, "beta"), (w1, full1, "alpha")):
         ref = (w.astype(np.float64) @ x.astype(np.float64).T).T
         e = rel_err(y, ref)
-        report(test="prefill_f32_pair", n=n, t=300, matrix=what, rel_err=e)
+        report(test="prefill_f32_pair", form=form, n=n, t=300, matrix=what, rel_err=e)
         assert e < 1e-5, what
     for t0, t in ((0, 1), (5, 7), (100, 37), (0, 64), (200, 65), (172, 128)):
         y0, y1 = kt.gemv_f32_pair(w0, w1, x[t0:t0 + t])

@@ -11,9 +11,20 @@
 // row t and W's row n only, never on t's place in the call or the call's row count (the chunk sizes' invariance).
 // Not decode's bits: fp32 throughout, summed in another order (a few ulps; the prefill's k-quant GEMMs differ from
 // decode's far more). OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits: gemv.cu's kernels.
+//
+// OPENJET_PREFILL_F32=tf32x3 (an experiment, read at each call; written 2026-12-04 after the session's device time
+// ran out, NOT yet run on a GPU): the same products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into
+// two tf32 parts, ~fp32's accuracy), 32 tokens x 48 rows a block of 2 warps, k in 32-value chunks through shared
+// memory by cp.async. Its own numerics again, T-invariant the same way (a row's sums run over k in a fixed order).
+// Why: the fp32 kernel above ran a block at ~37% of the SM's FMA rate (bench_gemv, 64 blocks: 165 us a call at
+// 4,096 rows); the products' ~6 M mma.sync should take ~50 us for both matrices.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
+#include "cp_async.cuh"
 #include "gemv.cuh"
+#include "mma_tf32.cuh"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -126,6 +137,103 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
+// ---------------------------------------------------------------------------------------------- tf32x3
+namespace tc {
+constexpr int kTok = 32, kRows = 48, kChunk = 32, kWarps = kTok / 16, kThreads = kWarps * 32, kTiles = kRows / 8;
+constexpr int kPitch = kChunk + 16;  // floats a staged row: a quarter warp's float4s (rows g, g + 1) on distinct banks
+constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRows * kChunk / 4 / kThreads;
+static_assert(kXLoads * kThreads * 4 == kTok * kChunk && kWLoads * kThreads * 4 == kRows * kChunk, "whole loads");
+
+// Chunk c of x's rows t0.. and W's rows r0.. into stage buffers xs, ws (rows past t or n: zeros).
+__device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
+                                            int k, int t0, int r0, int c, float* xs, float* ws) {
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        float* dst = xs + row * kPitch + 4 * q;
+        if (t0 + row < t)
+            cp_async16(dst, x + static_cast<long long>(t0 + row) * k + c * kChunk + 4 * q);
+        else
+            *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        float* dst = ws + row * kPitch + 4 * q;
+        if (r0 + row < n)
+            cp_async16(dst, w + static_cast<long long>(r0 + row) * k + c * kChunk + 4 * q);
+        else
+            *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// Warp w: tokens t0 + 16 w .. + 15 (one m16 tile) x the block's 48 rows (6 n8 tiles). A lane (g, tq) reads a float4
+// of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq and tq + 4 take the first two of them, then the other
+// two: A and B see the same slot-to-k map, so each product pairs x[t, k] with w[n, k] (a permutation of k inside a
+// k16 step, the same for every row and call).
+__global__ void __launch_bounds__(kThreads)
+    prefill_f32_tc_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
+                          float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
+    __shared__ __align__(16) float xs[2][kTok * kPitch];
+    __shared__ __align__(16) float ws[2][kRows * kPitch];
+    const float* w = blockIdx.z ? w1 : w0;
+    float* y = blockIdx.z ? y1 : y0;
+    const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    float acc[kTiles][4];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    pdl_start();  // x is the kernel before's output
+    const int chunks = k / kChunk;
+    stage_chunk(x, w, t, n, k, t0, r0, 0, xs[0], ws[0]);
+    cp_async_commit();
+#pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+        if (c + 1 < chunks) stage_chunk(x, w, t, n, k, t0, r0, c + 1, xs[(c + 1) & 1], ws[(c + 1) & 1]);
+        cp_async_commit();  // (an empty group past the last chunk: the wait below stays uniform)
+        cp_async_wait<1>();
+        __syncthreads();
+        const float* xa = xs[c & 1] + (16 * warp + g) * kPitch + 4 * tq;
+        const float* wb = ws[c & 1] + g * kPitch + 4 * tq;
+#pragma unroll
+        for (int k16 = 0; k16 < kChunk; k16 += 16) {
+            const float4 lo = *reinterpret_cast<const float4*>(xa + k16);               // token row g
+            const float4 hi = *reinterpret_cast<const float4*>(xa + 8 * kPitch + k16);  // token row g + 8
+            float4 bv[kTiles];
+#pragma unroll
+            for (int j = 0; j < kTiles; ++j) bv[j] = *reinterpret_cast<const float4*>(wb + 8 * j * kPitch + k16);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const Tf32Pair a[4] = {tf32_split(half ? lo.z : lo.x), tf32_split(half ? hi.z : hi.x),
+                                       tf32_split(half ? lo.w : lo.y), tf32_split(half ? hi.w : hi.y)};
+#pragma unroll
+                for (int j = 0; j < kTiles; ++j) {
+                    const Tf32Pair b[2] = {tf32_split(half ? bv[j].z : bv[j].x), tf32_split(half ? bv[j].w : bv[j].y)};
+                    mma_1688_3xtf32(acc[j], a, b);
+                }
+            }
+        }
+        __syncthreads();  // the stage is refilled at the next iteration
+    }
+    // C fragment: tokens 16 w + g (acc[j][0..1]) and + 8 (acc[j][2..3]) x rows 8 j + 2 tq, + 1.
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int tok = t0 + 16 * warp + g + (e >> 1) * 8, row = r0 + 8 * j + 2 * tq + (e & 1);
+            if (tok < t && row < n) y[static_cast<long long>(tok) * n + row] = acc[j][e];
+        }
+}
+}  // namespace tc
+
+// OPENJET_PREFILL_F32 (read at each call): unset or "simt" the fp32 kernel, "tf32x3" the tensor-core one.
+bool prefill_f32_tensor_cores() {
+    const char* v = std::getenv("OPENJET_PREFILL_F32");
+    return v && std::strcmp(v, "tf32x3") == 0;
+}
+
 }  // namespace
 
 bool prefill_f32_takes(const GemvArgs& a) {
@@ -137,11 +245,20 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
     if (!prefill_f32_takes(a) || (b && (!prefill_f32_takes(*b) || b->n != a.n || b->k != a.k || b->t != a.t ||
                                         b->xf != a.xf)))
         return cudaErrorInvalidValue;
+    const float* w1 = b ? static_cast<const float*>(b->w) : nullptr;
+    float* y1 = b ? b->y : nullptr;
+    if (prefill_f32_tensor_cores()) {
+        const int tok_tiles = (a.t + tc::kTok - 1) / tc::kTok;
+        if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
+        const dim3 grid((a.n + tc::kRows - 1) / tc::kRows, tok_tiles, b ? 2 : 1);
+        return launch_kernel(tc::prefill_f32_tc_kernel, grid, tc::kThreads, 0, stream, static_cast<const float*>(a.w),
+                             a.y, w1, y1, a.n, a.k, a.t, a.xf);
+    }
     const int tok_tiles = (a.t + kTok - 1) / kTok;
     if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
     const dim3 grid((a.n + kRowsTile - 1) / kRowsTile, tok_tiles, b ? 2 : 1);
-    return launch_kernel(prefill_f32_kernel, grid, kThreads, 0, stream, static_cast<const float*>(a.w), a.y,
-                         b ? static_cast<const float*>(b->w) : nullptr, b ? b->y : nullptr, a.n, a.k, a.t, a.xf);
+    return launch_kernel(prefill_f32_kernel, grid, kThreads, 0, stream, static_cast<const float*>(a.w), a.y, w1, y1,
+                         a.n, a.k, a.t, a.xf);
 }
 
 }  // namespace openjet
