@@ -554,15 +554,17 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
-@pytest.mark.parametrize("form", ["simt", "tf32x3"])
+@pytest.mark.parametrize("form", ["rows", "simt", "tf32x3"])
 @pytest.mark.parametrize("n", [48, 40, 100])
 def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, monkeypatch):
-    """A GDN layer's beta and alpha as a prefill projects them under its own numerics (prefill_f32.cu: both matrices
-    in one launch; simt: 64 tokens x 48 rows a block, k split over 8 warps summed in warp order; tf32x3
-    (OPENJET_PREFILL_F32): the products on tensor cores in 3xTF32): a row's values do not depend on the call's row
-    count or the row's place in it (the chunk sizes' invariance: T = 300 against T = 1, 7, 37, 64, 65 and 128), each
-    matrix lands in its own output (not swapped, every value written: the outputs start as NaN), and both match
-    float64 to fp32's accuracy; n = 40 and 100 leave row tiles partly empty."""
+    """A GDN layer's beta and alpha as a prefill projects them, both in one launch_gemv_pair, with each
+    OPENJET_PREFILL_F32 form: rows (the default: decode's kernels, so every row has the bits of the decode call of
+    <= 8 rows holding it), simt and tf32x3 (prefill_f32.cu's GEMMs, numerics of their own: 64 tokens x 48 rows a
+    block with k split over 8 warps summed in warp order; the products on tensor cores in 3xTF32). For every form a
+    row's values do not depend on the call's row count or the row's place in it (the chunk sizes' invariance: T =
+    300 against T = 1, 7, 37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value
+    written: the outputs start as NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles
+    partly empty."""
     monkeypatch.setenv("OPENJET_PREFILL_F32", form)
     rng = np.random.default_rng(41)
     k = 5120
@@ -574,6 +576,9 @@ def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, mon
         e = rel_err(y, ref)
         report(test="prefill_f32_pair", form=form, n=n, t=300, matrix=what, rel_err=e)
         assert e < 1e-5, what
+        if form == "rows":
+            steps = np.concatenate([kt.gemv(Q["F32"], w, x[i:i + 8]) for i in range(0, 300, 8)])
+            np.testing.assert_array_equal(y, steps, err_msg=f"{what}: decode's bits")
     for t0, t in ((0, 1), (5, 7), (100, 37), (0, 64), (200, 65), (172, 128)):
         y0, y1 = kt.gemv_f32_pair(w0, w1, x[t0:t0 + t])
         np.testing.assert_array_equal(y0, full0[t0:t0 + t], err_msg=f"beta rows {t0}..{t0 + t}")
@@ -581,9 +586,10 @@ def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, mon
 
 
 def test_prefill_f32_pair_under_exact_numerics_gives_decode_bits(monkeypatch):
-    """OPENJET_PREFILL_GEMM=exact: a prefill's beta and alpha keep decode's bits (gemv.cu's kernels), each row those
-    of the decode call (<= 8 rows) holding it."""
+    """OPENJET_PREFILL_GEMM=exact: a prefill's beta and alpha keep decode's bits (gemv.cu's kernels) even where
+    OPENJET_PREFILL_F32 asks for a GEMM, each row those of the decode call (<= 8 rows) holding it."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
+    monkeypatch.setenv("OPENJET_PREFILL_F32", "simt")
     rng = np.random.default_rng(43)
     n, k = 48, 5120
     w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))

@@ -856,7 +856,7 @@ GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
 // Whether a GDN step of t rows projects beta and alpha inside the step (F32 weights, a decode or verify step).
 bool gdn_fuses(const openjet_engine& e, const LayerW& L, int t) {
     return e.gdn_fused && L.beta.type == kF32 && L.alpha.type == kF32 && t <= kSubRows &&
-           !(e.prefilling && (e.gdn_chunk_scratch || prefill_numerics_own()));
+           !(e.prefilling && (e.gdn_chunk_scratch || prefill_f32_own()));
 }
 
 // out_proj false: the mixer's output stays in e.y, unpacked and unprojected (the persistent FFN's tail does both).

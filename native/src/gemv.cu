@@ -126,13 +126,13 @@ cudaError_t launch_gemv_f32_rows_of(const GemvArgs& a, cudaStream_t stream) {
     return launch_gemv_f32_rows(part, stream);
 }
 
-// a, and b where given (the same n, k, t and x: launch_gemv_pair). A prefill's rows under its own numerics take
-// prefill_f32.cu's GEMM (both matrices in one launch); every other call decode's bits.
+// a, and b where given (the same n, k, t and x: launch_gemv_pair). A prefill's rows take prefill_f32.cu's GEMM (both
+// matrices in one launch) where prefill_f32_own(); every other call decode's bits.
 cudaError_t launch_gemv_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     for (const GemvArgs* g : {&a, b})
         if (g && (g->k % 4 || !g->xf || (reinterpret_cast<uintptr_t>(g->w) | reinterpret_cast<uintptr_t>(g->xf)) & 15))
             return cudaErrorInvalidValue;
-    if ((a.prefill || a.t > kActRows) && prefill_numerics_own() && prefill_f32_takes(a) && (!b || prefill_f32_takes(*b)))
+    if ((a.prefill || a.t > kActRows) && prefill_f32_own() && prefill_f32_takes(a) && (!b || prefill_f32_takes(*b)))
         return launch_prefill_f32(a, b, stream);
     const cudaError_t e = launch_gemv_f32_rows_of(a, stream);
     return e != cudaSuccess || !b ? e : launch_gemv_f32_rows_of(*b, stream);

@@ -48,7 +48,7 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 
 // a and b (two projections of the same activations, e.g. FFN gate and up) in one launch where they can share
 // it: the same k-quant type, k, t <= 8 and pack, or two F32 matrices of one shape over the same float x (a GDN
-// layer's beta and alpha: a prefill's rows of both in one launch of prefill_f32.cu's GEMM where it takes them,
+// layer's beta and alpha: a prefill's rows of both in one launch of prefill_f32.cu's GEMM where prefill_f32_own(),
 // whatever OPENJET_GEMV_PAIRS says). Every output row gets the bits launch_gemv gives it; b's blocks fill the SMs a's last wave leaves idle, and one
 // launch is saved. Otherwise (or OPENJET_GEMV_PAIRS=0 in the environment at the first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
@@ -68,8 +68,11 @@ void set_gemv_half_tiles(int mode);
 // OPENJET_GDN_CHUNKED) apply too; under "exact" a prefill leaves decode's bits and none of them does.
 bool prefill_numerics_own();
 
-// prefill_f32.cu: the F32 projections of a prefill under its own numerics (launch_gemv takes them there), a and b
-// (where given: the same n, k, t and x) in one launch. Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
+// prefill_f32.cu: the F32 projections of a prefill with numerics of their own, a and b (where given: the same n, k, t
+// and x) in one launch; launch_gemv takes them for a prefill's rows where prefill_f32_own(): OPENJET_PREFILL_F32=simt
+// or tf32x3 (read at each call; by default decode's kernels) and the prefill's own numerics (prefill_numerics_own).
+// Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
+bool prefill_f32_own();
 bool prefill_f32_takes(const GemvArgs& a);
 cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 

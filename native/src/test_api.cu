@@ -213,7 +213,7 @@ extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, in
 }
 
 // Two F32 matrices of one shape over the same x in one launch_gemv_pair, as a prefill projects a GDN layer's beta and
-// alpha (GemvArgs::prefill set: prefill_f32.cu's GEMM under the prefill's own numerics, whatever t).
+// alpha (GemvArgs::prefill set: prefill_f32.cu's GEMM where prefill_f32_own(), whatever t; else decode's kernels).
 extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x,
                                                       int t, float* y0, float* y1) {
     if (int s = check_t(t)) return s;

@@ -148,8 +148,8 @@ def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
 
 def gemv_f32_pair(w0, w1, x) -> tuple[np.ndarray, np.ndarray]:
     """(W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill projects a GDN
-    layer's beta and alpha (openjet_test_gemv_f32_pair: prefill_f32.cu's GEMM under the prefill's own numerics, any
-    row count; decode's kernels under OPENJET_PREFILL_GEMM=exact)."""
+    layer's beta and alpha (openjet_test_gemv_f32_pair: by default decode's kernels; prefill_f32.cu's GEMM, any row
+    count, with OPENJET_PREFILL_F32=simt or tf32x3 under the prefill's own numerics)."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
