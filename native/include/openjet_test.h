@@ -64,6 +64,10 @@ OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, 
 OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x, int t,
                                            float* y0, float* y1);
 
+/* Microseconds per openjet_test_gemv_f32_pair-shaped call over t rows (pseudo-random W0, W1 [n, k] and x), one
+ * figure per run of reps graph-replayed calls: the F32 projections' kernels as OPENJET_PREFILL_F32 picks them. */
+OPENJET_API int openjet_test_bench_gemv_f32_pair(int n, int k, int t, int reps, int runs, float* us_out);
+
 /* y [t, n] = W x for k-quant W and activations already packed (openjet_test_pack_act's xh, xsum, xinv). */
 OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k, const uint16_t* xh,
                                          const uint16_t* xsum, const float* xinv, int t, float* y);

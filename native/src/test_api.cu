@@ -431,6 +431,29 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     return OPENJET_OK;
 }
 
+// Microseconds per launch_gemv_pair of two F32 [n, k] matrices over t prefill rows (a GDN layer's beta and alpha, as
+// openjet_test_gemv_f32_pair calls it; OPENJET_PREFILL_F32 picks the kernel), pseudo-random weights and x.
+extern "C" OPENJET_API int openjet_test_bench_gemv_f32_pair(int n, int k, int t, int reps, int runs, float* us_out) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(kF32, n, k)) return s;
+    if (!us_out || reps < 1 || runs < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_f32_pair: null output or reps/runs < 1");
+    DevBuf dw0, dw1, dx, dy0, dy1;
+    CHECK(upload_pseudo_random(dw0, static_cast<size_t>(n) * k));
+    CHECK(upload_pseudo_random(dw1, static_cast<size_t>(n) * k));
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));
+    CHECK(dy0.alloc(sizeof(float) * t * n));
+    CHECK(dy1.alloc(sizeof(float) * t * n));
+    GemvArgs a{kF32, dw0.p, n, k, t, ActPack{}, dx.as<float>(), dy0.as<float>()}, b = a;
+    a.prefill = b.prefill = true;
+    b.w = dw1.p, b.y = dy1.as<float>();
+    std::string failed;
+    const auto launch = [&](int, cudaStream_t stream) { return launch_gemv_pair(a, b, stream); };
+    if (cudaError_t e = time_graph_replays("launch_gemv_pair", 1, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, int t, int copies,
                                                    int reps, int runs, float* us_out) {
     return openjet_test_bench_gemv_layout(qtype, w, n, k, t, 0, copies, reps, runs, us_out);

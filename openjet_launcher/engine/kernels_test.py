@@ -53,6 +53,7 @@ def _lib() -> ctypes.CDLL:
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
+        "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
@@ -161,6 +162,15 @@ def gemv_f32_pair(w0, w1, x) -> tuple[np.ndarray, np.ndarray]:
     _check(lib, lib.openjet_test_gemv_f32_pair(_ptr(raw0), _ptr(raw1), n, k, _ptr(x), t, _ptr(y0), _ptr(y1)),
            "gemv_f32_pair")
     return y0, y1
+
+
+def bench_gemv_f32_pair(n: int, k: int, t: int, reps: int, runs: int) -> list[float]:
+    """Microseconds per gemv_f32_pair-shaped call over t rows, one figure per run (openjet_test_bench_gemv_f32_pair;
+    OPENJET_PREFILL_F32 in the environment picks the kernel)."""
+    lib = _lib()
+    us = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_gemv_f32_pair(n, k, t, reps, runs, _ptr(us)), "bench_gemv_f32_pair")
+    return [float(v) for v in us]
 
 
 def tile_layout(qtype: int, w, k: int) -> np.ndarray:
