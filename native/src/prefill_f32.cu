@@ -45,25 +45,25 @@ constexpr int kSumPitch = kRowsTile + 1;
 static_assert(kTokLane * 8 == kTok && kRowsLane * 4 == kRowsTile && kChunk == kWarps * 8, "the tile's split");
 static_assert(kTok * kSumPitch <= kTok * kPitch, "the block's sums fit where x was staged");
 
-// Rows [r0, r0 + 48) of W (zeros past n) x tokens [t0, t0 + 64) of x (zeros past t), chunk c, into registers.
+// Chunk c of rows r0.. of m (k a row; rows from `valid` on: zeros), kLoads float4s a thread, into registers.
+template <int kLoads>
+__device__ __forceinline__ void load_rows(const float* __restrict__ m, int r0, int valid, int k, int c,
+                                          float4 (&p)[kLoads]) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        p[i] = r0 + row < valid
+                   ? __ldg(reinterpret_cast<const float4*>(m + static_cast<long long>(r0 + row) * k + c * kChunk) + q)
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// Tokens [t0, t0 + 64) of x (zeros past t) and rows [r0, r0 + 48) of W (zeros past n), chunk c, into registers.
 __device__ __forceinline__ void load_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
                                            int k, int t0, int r0, int c, float4 (&px)[kXLoads],
                                            float4 (&pw)[kWLoads]) {
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
-        px[i] = t0 + row < t
-                    ? __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t0 + row) * k + c * kChunk) + q)
-                    : zero;
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
-        pw[i] = r0 + row < n
-                    ? __ldg(reinterpret_cast<const float4*>(w + static_cast<long long>(r0 + row) * k + c * kChunk) + q)
-                    : zero;
-    }
+    load_rows(x, t0, t, k, c, px);
+    load_rows(w, r0, n, k, c, pw);
 }
 
 __device__ __forceinline__ void store_chunk(float* xs, float* ws, const float4 (&px)[kXLoads],
@@ -151,27 +151,25 @@ constexpr int kPitch = kChunk + 16;  // floats a staged row: a quarter warp's fl
 constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRows * kChunk / 4 / kThreads;
 static_assert(kXLoads * kThreads * 4 == kTok * kChunk && kWLoads * kThreads * 4 == kRows * kChunk, "whole loads");
 
+// Chunk c of rows r0.. of m (k a row; rows from `valid` on: zeros), kLoads float4s a thread, into the stage dst.
+template <int kLoads>
+__device__ __forceinline__ void stage_rows(const float* __restrict__ m, int r0, int valid, int k, int c, float* dst) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
+        float* d = dst + row * kPitch + 4 * q;
+        if (r0 + row < valid)
+            cp_async16(d, m + static_cast<long long>(r0 + row) * k + c * kChunk + 4 * q);
+        else
+            *reinterpret_cast<float4*>(d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 // Chunk c of x's rows t0.. and W's rows r0.. into stage buffers xs, ws (rows past t or n: zeros).
 __device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
                                             int k, int t0, int r0, int c, float* xs, float* ws) {
-#pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
-        float* dst = xs + row * kPitch + 4 * q;
-        if (t0 + row < t)
-            cp_async16(dst, x + static_cast<long long>(t0 + row) * k + c * kChunk + 4 * q);
-        else
-            *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
-        float* dst = ws + row * kPitch + 4 * q;
-        if (r0 + row < n)
-            cp_async16(dst, w + static_cast<long long>(r0 + row) * k + c * kChunk + 4 * q);
-        else
-            *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    stage_rows<kXLoads>(x, t0, t, k, c, xs);
+    stage_rows<kWLoads>(w, r0, n, k, c, ws);
 }
 
 // Warp w: tokens t0 + 16 w .. + 15 (one m16 tile) x the block's 48 rows (6 n8 tiles). A lane (g, tq) reads a float4
