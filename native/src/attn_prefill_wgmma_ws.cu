@@ -1,7 +1,7 @@
 // attn_prefill_wgmma.cu's kernel warp-specialised in the FlashAttention-3 manner (OPENJET_ATTN_PREFILL_WGMMA unset or
 // 2, the default where it runs; sm_90a only; 4,096 rows of one 27B layer 1,091 -> 992 us, after 28,672 cached 10,299
-// -> 9,049 us on the H200 at d988e58). The same rows, tiles, products and per-warp softmax, so the same bits; what changes is
-// who loads and how the loads are waited for:
+// -> 9,049 us on the H200 at d988e58). The same rows, tiles, products and per-warp softmax, so the same bits; what
+// changes is who loads and how the loads are waited for:
 //   warpgroup 0    the producer: its 128 threads cp.async K and V tiles into separate rings (K 3 stages, V 2: K runs
 //                  a tile further ahead, as S of the next tile is multiplied before this tile's P V), each copy's
 //                  landing signalled on the stage's "full" mbarrier (cp.async.mbarrier.arrive.noinc), a stage

@@ -224,7 +224,7 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
                         a.t <= kActRows &&
                         !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
     if (a.qtype == kF32 && b.qtype == kF32 && a.xf == b.xf && a.n == b.n && a.k == b.k && a.t == b.t) {
-        for (const GemvArgs* g : {&a, &b})  // the same x: one launch for both's full tiles
+        for (const GemvArgs* g : {&a, &b})  // the same x: launch_gemv_f32 takes both (one launch where it can)
             if (const cudaError_t e = check_gemv(*g)) return e;
         return launch_gemv_f32(a, &b, stream);
     }

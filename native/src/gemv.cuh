@@ -49,8 +49,9 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // a and b (two projections of the same activations, e.g. FFN gate and up) in one launch where they can share
 // it: the same k-quant type, k, t <= 8 and pack, or two F32 matrices of one shape over the same float x (a GDN
 // layer's beta and alpha: a prefill's rows of both in one launch of prefill_f32.cu's GEMM where prefill_f32_own(),
-// whatever OPENJET_GEMV_PAIRS says). Every output row gets the bits launch_gemv gives it; b's blocks fill the SMs a's last wave leaves idle, and one
-// launch is saved. Otherwise (or OPENJET_GEMV_PAIRS=0 in the environment at the first call) two launch_gemv calls.
+// whatever OPENJET_GEMV_PAIRS says). Every output row gets the bits launch_gemv gives it; b's blocks fill the SMs
+// a's last wave leaves idle, and one launch is saved. Otherwise (or OPENJET_GEMV_PAIRS=0 in the environment at the
+// first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
 // Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. By default (auto) half tiles
