@@ -585,6 +585,23 @@ def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, mon
         np.testing.assert_array_equal(y1, full1[t0:t0 + t], err_msg=f"alpha rows {t0}..{t0 + t}")
 
 
+def test_prefill_f32_tf32x3_wide_and_narrow_blocks_give_the_same_bits(monkeypatch):
+    """OPENJET_PREFILL_F32=tf32x3 takes 48 rows a block where the call gives every multiprocessor a block and 16 rows
+    below that: each n8 tile's sums are its own, so a row's values must not depend on which. A call of 8,168 rows
+    (wide blocks on any GPU of up to 510 multiprocessors) against calls of 300 rows (narrow on any of 21 or more) on
+    slices of it, its last partial token tile included."""
+    monkeypatch.setenv("OPENJET_PREFILL_F32", "tf32x3")
+    rng = np.random.default_rng(45)
+    n, k, t = 48, 5120, 8168
+    w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))
+    x = rng.standard_normal((t, k), dtype=np.float32)
+    big0, big1 = kt.gemv_f32_pair(w0, w1, x)
+    for t0 in (0, 8000, t - 300):
+        y0, y1 = kt.gemv_f32_pair(w0, w1, x[t0:t0 + 300])
+        np.testing.assert_array_equal(y0, big0[t0:t0 + 300], err_msg=f"beta rows {t0}..")
+        np.testing.assert_array_equal(y1, big1[t0:t0 + 300], err_msg=f"alpha rows {t0}..")
+
+
 def test_prefill_f32_pair_under_exact_numerics_gives_decode_bits(monkeypatch):
     """OPENJET_PREFILL_GEMM=exact: a prefill's beta and alpha keep decode's bits (gemv.cu's kernels) even where
     OPENJET_PREFILL_F32 asks for a GEMM, each row those of the decode call (<= 8 rows) holding it."""

@@ -21,15 +21,16 @@
 //
 // tf32x3 (an experiment; written 2026-12-04 after the session's device time ran out, NOT yet run on a GPU): the same
 // products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts, ~fp32's accuracy), 32
-// tokens x 48 rows a block of 2 warps, k in 32-value chunks through shared memory by cp.async. Its own numerics
-// again, T-invariant the same way (a row's sums run over k in a fixed order). Why: the fp32 kernel above ran a block
-// at ~37% of the SM's FMA rate (bench_gemv, 64 blocks: 165 us a call at 4,096 rows); the products' ~6 M mma.sync
-// should take ~50 us for both matrices. Every form timed at 8 to 4,096 rows: native/bench/bench_prefill_f32.py.
+// tokens x 48 rows a block of 2 warps (16 rows where that leaves multiprocessors without a block: the same bits), k in 32-value chunks through shared memory by cp.async. Its own numerics again, T-invariant the same way (a
+// row's sums run over k in a fixed order). Why: the fp32 kernel above ran a block at ~37% of the SM's FMA rate
+// (bench_gemv, 64 blocks: 165 us a call at 4,096 rows); the products' ~6 M mma.sync should take ~50 us for both
+// matrices. Every form timed at 8 to 4,096 rows: native/bench/bench_prefill_f32.py.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "cp_async.cuh"
+#include "device_attr.cuh"
 #include "gemv.cuh"
 #include "mma_tf32.cuh"
 #include "pdl.cuh"
@@ -39,7 +40,8 @@ namespace {
 
 constexpr int kTok = 64, kRowsTile = 48, kChunk = 64, kWarps = 8, kThreads = kWarps * 32;
 constexpr int kPitch = kChunk + 4;      // floats a row of a staged chunk: 8 lanes' float4s at distinct banks
-constexpr int kTokLane = 8, kRowsLane = 12;  // a lane's tokens tg + 8 i and rows rg + 4 j (tg = lane % 8, rg = lane / 8)
+// A lane's tokens tg + 8 i and rows rg + 4 j (tg = lane % 8, rg = lane / 8).
+constexpr int kTokLane = 8, kRowsLane = 12;
 constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRowsTile * kChunk / 4 / kThreads;
 constexpr int kSumPitch = kRowsTile + 1;
 static_assert(kTokLane * 8 == kTok && kRowsLane * 4 == kRowsTile && kChunk == kWarps * 8, "the tile's split");
@@ -140,16 +142,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int e = threadIdx.x; e < kTok * kRowsTile; e += kThreads) {
         const int tok = e / kRowsTile, row = e % kRowsTile;
-        if (t0 + tok < t && r0 + row < n) y[static_cast<long long>(t0 + tok) * n + r0 + row] = sum[tok * kSumPitch + row];
+        if (t0 + tok < t && r0 + row < n)
+            y[static_cast<long long>(t0 + tok) * n + r0 + row] = sum[tok * kSumPitch + row];
     }
 }
 
 // ---------------------------------------------------------------------------------------------- tf32x3
 namespace tc {
-constexpr int kTok = 32, kRows = 48, kChunk = 32, kWarps = kTok / 16, kThreads = kWarps * 32, kTiles = kRows / 8;
+constexpr int kTok = 32, kChunk = 32, kWarps = kTok / 16, kThreads = kWarps * 32;
 constexpr int kPitch = kChunk + 16;  // floats a staged row: a quarter warp's float4s (rows g, g + 1) on distinct banks
-constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRows * kChunk / 4 / kThreads;
-static_assert(kXLoads * kThreads * 4 == kTok * kChunk && kWLoads * kThreads * 4 == kRows * kChunk, "whole loads");
+constexpr int kXLoads = kTok * kChunk / 4 / kThreads;
+static_assert(kXLoads * kThreads * 4 == kTok * kChunk && 16 * kChunk / 4 % kThreads == 0, "whole loads");
+// W rows a block: 48 (6 n8 tiles) where the call has enough token tiles to give every multiprocessor a block, else 16
+// (three times the blocks for a short call). Each n8 tile's sums are its own, so the bits are the same either way.
+constexpr int kRowsWide = 48, kRowsNarrow = 16;
 
 // Chunk c of rows r0.. of m (k a row; rows from `valid` on: zeros), kLoads float4s a thread, into the stage dst.
 template <int kLoads>
@@ -165,17 +171,19 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ m, int r0, 
     }
 }
 
-// Chunk c of x's rows t0.. and W's rows r0.. into stage buffers xs, ws (rows past t or n: zeros).
+// Chunk c of x's rows t0.. and W's rows r0.. (kRows of them) into stage buffers xs, ws (rows past t or n: zeros).
+template <int kRows>
 __device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
                                             int k, int t0, int r0, int c, float* xs, float* ws) {
     stage_rows<kXLoads>(x, t0, t, k, c, xs);
-    stage_rows<kWLoads>(w, r0, n, k, c, ws);
+    stage_rows<kRows * kChunk / 4 / kThreads>(w, r0, n, k, c, ws);
 }
 
-// Warp w: tokens t0 + 16 w .. + 15 (one m16 tile) x the block's 48 rows (6 n8 tiles). A lane (g, tq) reads a float4
-// of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq and tq + 4 take the first two of them, then the other
-// two: A and B see the same slot-to-k map, so each product pairs x[t, k] with w[n, k] (a permutation of k inside a
-// k16 step, the same for every row and call).
+// Warp w: tokens t0 + 16 w .. + 15 (one m16 tile) x the block's kRows rows (kRows / 8 n8 tiles). A lane (g, tq)
+// reads a float4 of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq and tq + 4 take the first two of them,
+// then the other two: A and B see the same slot-to-k map, so each product pairs x[t, k] with w[n, k] (a permutation
+// of k inside a k16 step, the same for every row and call).
+template <int kRows>
 __global__ void __launch_bounds__(kThreads)
     prefill_f32_tc_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
                           float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
@@ -184,6 +192,7 @@ __global__ void __launch_bounds__(kThreads)
     const float* w = blockIdx.z ? w1 : w0;
     float* y = blockIdx.z ? y1 : y0;
     const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
+    constexpr int kTiles = kRows / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     float acc[kTiles][4];
 #pragma unroll
@@ -192,11 +201,11 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     pdl_start();  // x is the kernel before's output
     const int chunks = k / kChunk;
-    stage_chunk(x, w, t, n, k, t0, r0, 0, xs[0], ws[0]);
+    stage_chunk<kRows>(x, w, t, n, k, t0, r0, 0, xs[0], ws[0]);
     cp_async_commit();
 #pragma unroll 1
     for (int c = 0; c < chunks; ++c) {
-        if (c + 1 < chunks) stage_chunk(x, w, t, n, k, t0, r0, c + 1, xs[(c + 1) & 1], ws[(c + 1) & 1]);
+        if (c + 1 < chunks) stage_chunk<kRows>(x, w, t, n, k, t0, r0, c + 1, xs[(c + 1) & 1], ws[(c + 1) & 1]);
         cp_async_commit();  // (an empty group past the last chunk: the wait below stays uniform)
         cp_async_wait<1>();
         __syncthreads();
@@ -259,9 +268,19 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
     if (prefill_f32_form() == F32Form::kTf32x3) {
         const int tok_tiles = (a.t + tc::kTok - 1) / tc::kTok;
         if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
-        const dim3 grid((a.n + tc::kRows - 1) / tc::kRows, tok_tiles, b ? 2 : 1);
-        return launch_kernel(tc::prefill_f32_tc_kernel, grid, tc::kThreads, 0, stream, static_cast<const float*>(a.w),
-                             a.y, w1, y1, a.n, a.k, a.t, a.xf);
+        const int matrices = b ? 2 : 1;
+        int sms = 0;
+        if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+        // Wide blocks where every multiprocessor gets one (the H200's 4,096-row chunk of the 27B: 256 for 132);
+        // narrow ones below (a short call; a 2,048-row chunk on a large GPU).
+        const bool wide =
+            static_cast<long long>(tok_tiles) * ((a.n + tc::kRowsWide - 1) / tc::kRowsWide) * matrices >= sms;
+        const int rows = wide ? tc::kRowsWide : tc::kRowsNarrow;
+        const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
+        const auto kernel =
+            wide ? tc::prefill_f32_tc_kernel<tc::kRowsWide> : tc::prefill_f32_tc_kernel<tc::kRowsNarrow>;
+        return launch_kernel(kernel, grid, tc::kThreads, 0, stream, static_cast<const float*>(a.w), a.y, w1, y1, a.n,
+                             a.k, a.t, a.xf);
     }
     const int tok_tiles = (a.t + kTok - 1) / kTok;
     if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
