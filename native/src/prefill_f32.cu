@@ -21,8 +21,9 @@
 //
 // tf32x3 (an experiment; written 2026-12-04 after the session's device time ran out, NOT yet run on a GPU): the same
 // products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts, ~fp32's accuracy), 32
-// tokens x 48 rows a block of 2 warps (16 rows where that leaves multiprocessors without a block: the same bits), k in 32-value chunks through shared memory by cp.async. Its own numerics again, T-invariant the same way (a
-// row's sums run over k in a fixed order). Why: the fp32 kernel above ran a block at ~37% of the SM's FMA rate
+// tokens x 48 rows a block of 2 warps (16 rows where that leaves multiprocessors without a block: the same bits), k
+// in 32-value chunks through shared memory by cp.async. Its own numerics again, T-invariant the same way (a row's
+// sums run over k in a fixed order). Why: the fp32 kernel above ran a block at ~37% of the SM's FMA rate
 // (bench_gemv, 64 blocks: 165 us a call at 4,096 rows); the products' ~6 M mma.sync should take ~50 us for both
 // matrices. Every form timed at 8 to 4,096 rows: native/bench/bench_prefill_f32.py.
 #include <cstdint>
