@@ -1077,6 +1077,32 @@ def test_the_gdn_gated_norm_and_pack_in_one_pass_keep_the_engines_bits(models, m
     np.testing.assert_array_equal(logits["1"], logits["0"])
 
 
+def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(models, monkeypatch):
+    """OPENJET_PREFILL_RESIDUAL=1 (an experiment, read at each call; unset or 0: never): a prefill's mixer and FFN
+    output projections that the dense GEMM multiplies add themselves to the residual stream in its epilogue
+    (launch_dense_gemm_add), and the next add-norm adds nothing. The logits of decode steps after a two-turn prefill
+    (512-row chunks, a last chunk of 5 rows on the fast kernel, the MTP head's rows filled too) are the same bits as
+    with the delta written and added by the add-norm, and the launch counter shows the epilogue ran only where asked."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    if not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
+    engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512)
+    logits, ran = {}, {}
+    try:
+        for value in ("0", "1"):
+            monkeypatch.setenv("OPENJET_PREFILL_RESIDUAL", value)
+            before = kt.launch_count("prefill_residual")
+            logits[value] = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
+            ran[value] = kt.launch_count("prefill_residual") - before
+    finally:
+        engine.close()
+    assert ran["0"] == 0 and ran["1"] > 0, ran
+    np.testing.assert_array_equal(logits["1"], logits["0"])
+
+
 def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):
     """The dense gate-and-up GEMM writing silu(g) u in its epilogue (dense_gemm_swiglu.cu, the default where the dense
     GEMM runs; OPENJET_PREFILL_SWIGLU=split: the plain GEMM's [t, 2 n_ff] output and two streaming passes, read at

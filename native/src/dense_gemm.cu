@@ -42,4 +42,19 @@ cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x,
 #endif
 }
 
+cudaError_t launch_dense_gemm_add(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
+                                  cudaStream_t stream) {
+#ifdef OPENJET_HAVE_CUTLASS_SM90
+    using G = dense_detail::DenseGemm<dense_detail::ResidualAdd, float, float>;
+    const G::FusionArguments thread{{}, {{x.inv, 0.0f, {}}, {}, {}}, {}};  // (C, the scaled accumulator, the sum)
+    const cudaError_t e =
+        dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kPrefillResidual, stream, y);
+    if (e == cudaSuccess) count_launch(Counted::kDenseGemm);  // a dense GEMM too
+    return e;
+#else
+    (void)w16, (void)n, (void)k, (void)x, (void)t, (void)y, (void)stream;
+    return cudaErrorNotSupported;
+#endif
+}
+
 }  // namespace openjet

@@ -35,6 +35,11 @@ bool dense_gemm_shape_ok(int n, int k);
 cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
                               cudaStream_t stream);
 
+// y[t, n] += (x.h[t, :] . w16[n, :]) * x.inv[t]: launch_dense_gemm's product added to y in its epilogue, rounded once
+// (the bits of launch_dense_gemm into scratch, then y += that).
+cudaError_t launch_dense_gemm_add(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
+                                  cudaStream_t stream);
+
 // v[t, n] = swiglu1(g, u) (elementwise.cuh) of g = (x.h[t, :] . w16[2j, :]) * x.inv[t] and u the same of row 2j + 1:
 // the FFN's gate and up in one GEMM over their rows interleaved (w16 [2n, k], row 2j gate's j, 2j + 1 up's), v the
 // bits of launch_dense_gemm's outputs put through swiglu1 (dense_gemm_swiglu.cu). cudaErrorNotSupported where

@@ -1,9 +1,9 @@
-// The CUTLASS side of the dense prefill GEMM, shared by its two epilogues (dense_gemm.cu: y = acc * inv[m];
+// The CUTLASS side of the dense prefill GEMM, shared by its epilogues (dense_gemm.cu: y = acc * inv[m], or y += that;
 // dense_gemm_swiglu.cu: silu(gate) * up of column pairs). Only compiled where OPENJET_HAVE_CUTLASS_SM90.
 //
 // In CUTLASS's terms: M = tokens (A = the pack's h, row-major [t, k]), N = weight rows (B = w16, [n, k], i.e.
-// column-major k x n), K = k; D row-major [t, n] = the epilogue visitor tree Fusion over the accumulators, no C
-// operand. Tile 128 x 256 x 64, clusters of 2 along M (each weight tile is multicast to two token tiles), the
+// column-major k x n), K = k; D row-major [t, n] = the epilogue visitor tree Fusion over the accumulators, and C
+// (row-major [t, n], ElementC) where the tree reads it (void: none). Tile 128 x 256 x 64, clusters of 2 along M (each weight tile is multicast to two token tiles), the
 // cooperative warp-specialised kernel and the plain persistent tile scheduler: every output is one wgmma chain over
 // k in order whatever the call's t, so its bits depend on its own rows only.
 #pragma once
@@ -45,12 +45,17 @@ using RowFactor = fusion::Sm90ColBroadcast<0, TileShape, float>;
 using Product = fusion::Sm90Compute<cutlass::multiplies, float, float, cutlass::FloatRoundStyle::round_to_nearest>;
 using ScaledAcc = fusion::Sm90EVT<Product, RowFactor, fusion::Sm90AccFetch>;
 
-// The GEMM writing D of ElementD through the epilogue visitor tree Fusion.
-template <class Fusion, class ElementD> struct DenseGemm {
+// C + inv[m] * acc, C = D: a projection added to the residual stream in place, rounded once as the add-norm's
+// h + delta rounds (the product is exact; fp32 addition commutes).
+using Plus = fusion::Sm90Compute<cutlass::plus, float, float, cutlass::FloatRoundStyle::round_to_nearest>;
+using ResidualAdd = fusion::Sm90EVT<Plus, fusion::Sm90SrcFetch<float>, ScaledAcc>;
+
+// The GEMM writing D of ElementD through the epilogue visitor tree Fusion (reading C of ElementC where not void).
+template <class Fusion, class ElementD, class ElementC = void> struct DenseGemm {
     static constexpr int kAlignD = 16 / sizeof(ElementD);
     using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-        cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, kAlignD, ElementD,
+        cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, ElementC, LayoutD, kAlignD, ElementD,
         LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
     using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignA, ElementB, LayoutB, kAlignB,
@@ -71,11 +76,12 @@ inline cudaError_t status_error(cutlass::Status s) {
 }
 
 // D [t, n] (row-major, n ElementD a row) from w16 [n, k] and the pack's t rows, through G's epilogue with `thread`
-// (its visitor tree's arguments); the launch counted as `what`. cudaErrorNotSupported where !dense_gemm_available(),
-// cudaErrorInvalidValue on bad arguments.
+// (its visitor tree's arguments) and C = c (laid out as D; null where G reads none); the launch counted as `what`.
+// cudaErrorNotSupported where !dense_gemm_available(), cudaErrorInvalidValue on bad arguments.
 template <class G, class ElementD>
 cudaError_t run_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, ElementD* d,
-                           const typename G::FusionArguments& thread, Counted what, cudaStream_t stream) {
+                           const typename G::FusionArguments& thread, Counted what, cudaStream_t stream,
+                           const void* c = nullptr) {
     using Gemm = typename G::Gemm;
     if (!dense_gemm_available()) return cudaErrorNotSupported;
     if (!w16 || !x.h || !x.inv || !d || t < 1 || t > x.rows || !dense_gemm_shape_ok(n, k)) return cudaErrorInvalidValue;
@@ -99,7 +105,7 @@ cudaError_t run_dense_gemm(const __half* w16, int n, int k, const ActPack& x, in
     args.mainloop.ptr_B = reinterpret_cast<const ElementB*>(w16);
     args.mainloop.dB = sb;
     args.epilogue.thread = thread;
-    args.epilogue.ptr_C = nullptr;
+    args.epilogue.ptr_C = static_cast<decltype(args.epilogue.ptr_C)>(c);
     args.epilogue.dC = sd;
     args.epilogue.ptr_D = d;
     args.epilogue.dD = sd;

@@ -171,6 +171,8 @@ struct openjet_engine {
     int pending = 0;
     bool verifying = false;
     bool prefilling = false;  // inside openjet_engine_prefill: its GEMVs say so (GemvArgs::prefill)
+    // The last output projection (project_out) was added to h in its GEMM's epilogue: mix holds nothing to add.
+    bool mix_added = false;
     // openjet_engine_prefill_checkpoint inside a chunk: every GDN layer's form-2 step also writes its state before
     // the chunk's row snap_row to checkpoint slot snap_slot (-1: none).
     int snap_slot = -1, snap_row = 0;
@@ -809,6 +811,21 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
     return OPENJET_OK;
 }
 
+// A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the
+// trunk's, or the MTP head's u, which is h too): into e.mix, or, where the call's dense GEMM can add it
+// (OPENJET_PREFILL_RESIDUAL=1, prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the delta neither
+// written nor read back. The next add-norm adds mix_delta(e).
+int project_out(openjet_engine& e, const DevTensor& w, int t) {
+    GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
+    a.add_to_y = true;
+    e.mix_added = prefill_gemm_adds(a);
+    if (!e.mix_added) return gemv(e, w, t, nullptr, e.mix);
+    const cudaError_t err = launch_gemv(a, e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "project_out");
+    return OPENJET_OK;
+}
+const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr : e.mix; }
+
 // Layer L's FFN input to ffn_down, silu(gate x) * (up x), packed into e.x (launch_ffn_gate_up_pack: a prefill's in one
 // GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one allocation, create).
 int ffn_gate_up_pack(openjet_engine& e, const LayerW& L, int t) {
@@ -904,7 +921,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
     if (!packed) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
-    return gemv(e, L.ssm_out, t, nullptr, e.mix);
+    return project_out(e, L.ssm_out, t);
 }
 
 // Rows of the next attention launch from position n_past (left: rows still to go): a sub-step of up to 8, and
@@ -1007,7 +1024,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     if (!out_proj) return OPENJET_OK;  // as gdn_mixer's
     phase("attn.out_proj");
     CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
-    return gemv(e, L.wo, t, nullptr, e.mix);
+    return project_out(e, L.wo, t);
 }
 
 // Layer L's cache rows n_past.. of t rows whose attention input is packed in e.x: k (normed, rotated) and v,
@@ -1043,12 +1060,12 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
                                e.stream));
     if (!full) return attn_store_kv(e, L, t, row0, 1);
     TRY(attn_mixer(e, L, t, row0, 1));
-    CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr, e.x,
-                               e.stream));
-    TRY(ffn_gate_up_pack(e, L, t));
-    TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
-    CHECK(launch_add_norm_pack(u, e.mix, static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps, e.mtp_hp,
+    CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
                                e.x, e.stream));
+    TRY(ffn_gate_up_pack(e, L, t));
+    TRY(project_out(e, L.ffn_down, t));
+    CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
+                               e.mtp_hp, e.x, e.stream));
     return gemv(e, e.draft_head(), t, nullptr, e.logits);
 }
 
@@ -1129,7 +1146,7 @@ int trunk(openjet_engine& e, int t) {
         const LayerW& L = e.layers[il];
         if (!normed) {
             mark(e, "norm");
-            CHECK(launch_add_norm_pack(e.h, il ? e.mix : nullptr, static_cast<const float*>(L.attn_norm.d), t,
+            CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), t,
                                        c.n_embd, c.rms_eps, e.a, e.x, e.stream));
         }
         const bool in_proj = !projected;
@@ -1146,16 +1163,16 @@ int trunk(openjet_engine& e, int t) {
             continue;
         }
         mark(e, "norm");
-        CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(L.post_norm.d), t, c.n_embd, c.rms_eps,
-                                   nullptr, e.x, e.stream));
+        CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
+                                   c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
         TRY(ffn_gate_up_pack(e, L, t));
-        TRY(gemv(e, L.ffn_down, t, nullptr, e.mix));
+        TRY(project_out(e, L.ffn_down, t));
     }
     if (!normed) {
         mark(e, "norm");
-        CHECK(launch_add_norm_pack(e.h, e.mix, static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps, e.a,
-                                   e.x, e.stream));
+        CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps,
+                                   e.a, e.x, e.stream));
     }
     return OPENJET_OK;
 }

@@ -166,6 +166,13 @@ bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense;
 
 bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); }
 
+bool prefill_gemm_adds(const GemvArgs& a) {
+    const char* v = std::getenv("OPENJET_PREFILL_RESIDUAL");
+    return v && std::strcmp(v, "1") == 0 && prefill_gemm_choice() == PrefillGemm::kDense &&
+           fast_prefill_call(a, PrefillGemm::kDense) && a.dense && a.t >= kDenseMinRows &&
+           prefill_dense_takes(a.qtype, a.n, a.k);
+}
+
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).
 cudaError_t gemv_launch_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block, int* blocks) {
     if (n <= 0 || k <= 0) return cudaErrorInvalidValue;
@@ -190,6 +197,7 @@ static cudaError_t check_gemv(const GemvArgs& a) {
     if (e != cudaSuccess) return e;
     if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
     if (a.tiled && !tile_layout_fits(a.qtype, a.n, a.k)) return cudaErrorInvalidValue;  // F32 included
+    if (a.add_to_y && !prefill_gemm_adds(a)) return cudaErrorInvalidValue;  // only the dense GEMM adds
     if (a.qtype == kF32) return cudaSuccess;
     if (!act_pack_fits(a.x, a.t, a.k) || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)

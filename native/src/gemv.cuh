@@ -32,6 +32,9 @@ struct GemvArgs {
     // from one row to the next, or null: a prefill call on the dense path then multiplies them without dequantising.
     const __half* w16 = nullptr;
     long long ld16 = 0;
+    // y += W x instead of y = W x: y holds the residual stream, added to in the GEMM's epilogue. Only a prefill call
+    // that the dense GEMM multiplies takes it (prefill_gemm_adds); launch_gemv refuses it anywhere else.
+    bool add_to_y = false;
     // Scratch for the integer GEMV's pack (gemv_imma.cuh; act_pack_imma_bytes(kActRows, k) bytes, 16-byte aligned),
     // or null. Set: a decode call (not prefill, t <= 8) of a type that GEMV reads (Q4_K, Q6_K) runs on it, its pack
     // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it
@@ -74,6 +77,14 @@ bool prefill_numerics_own();
 // or tf32x3 (read at each call; by default decode's kernels) and the prefill's own numerics (prefill_numerics_own).
 // Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
 bool prefill_f32_own();
+
+// Whether a call with GemvArgs::add_to_y (y += W x) is taken: OPENJET_PREFILL_RESIDUAL=1 (read at each call; unset or
+// 0, the default until its bit test has run on a GPU: never) and a prefill call that the dense GEMM multiplies
+// (OPENJET_PREFILL_GEMM dense, scratch given, prefill_gemm.cuh's kDenseMinRows rows or more, a type and shape it
+// takes). The engine then adds a mixer's or the FFN's output projection to the residual stream in the GEMM's
+// epilogue (launch_dense_gemm_add: the same bits as the next add-norm's h + delta), the delta neither written nor
+// read back.
+bool prefill_gemm_adds(const GemvArgs& a);
 bool prefill_f32_takes(const GemvArgs& a);
 cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 

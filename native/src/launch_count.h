@@ -29,6 +29,7 @@ enum class Counted {
     kAttnPrefillWgmma = 12,
     kPrefillF16Kept = 13,  // a prefill GEMM on the engine's kept fp16 weights (no dequantisation; the same bits)
     kGdnNormPack = 14,     // a prefill's GDN gated RMSNorm and the out projection's pack in one pass (the same bits)
+    kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
     kCount
 };
 

@@ -269,11 +269,6 @@ template <int QT> cudaError_t launch_dequant_t(const GemvArgs& a, cudaStream_t s
                          a.tiled);
 }
 
-// W dequantised into a.dense, then the dense GEMM (dense_gemm.cuh).
-template <int QT> cudaError_t launch_dense_t(const GemvArgs& a, cudaStream_t stream) {
-    if (const cudaError_t e = launch_dequant_t<QT>(a, stream, a.k)) return e;
-    return launch_dense_gemm(a.dense, a.n, a.k, a.x, a.t, a.y, stream);
-}
 
 // kSwiglu (launch_ffn_gate_up_pack): w the FFN's gate, w_up its up (one type and shape, n rows each) and the
 // tile's rows the two interleaved in groups of 8: tile row r is gate row (r / 16) 8 + r % 8 where r % 16 < 8, else
@@ -411,14 +406,21 @@ cudaError_t launch_fast_t(const GemvArgs& a, const void* w_up, cudaStream_t stre
     return launch_prefill_gemm_bn<QT, 128, kSwiglu>(a, w_up, row_blocks, stream);
 }
 
+// The dense path: W's fp16 rows kept by the engine (a.w16), or W dequantised into a.dense first; then the dense GEMM
+// (dense_gemm.cuh), adding to y where a.add_to_y.
 template <int QT> cudaError_t launch_prefill_gemm_t(const GemvArgs& a, cudaStream_t stream) {
     if (a.dense && a.t >= kDenseMinRows && prefill_dense_takes(QT, a.n, a.k)) {
+        const __half* w16 = a.dense;
         if (a.w16 && a.ld16 == a.k) {  // kept by the engine: no dequantisation
             count_launch(Counted::kPrefillF16Kept);
-            return launch_dense_gemm(a.w16, a.n, a.k, a.x, a.t, a.y, stream);
+            w16 = a.w16;
+        } else if (const cudaError_t e = launch_dequant_t<QT>(a, stream, a.k)) {
+            return e;
         }
-        return launch_dense_t<QT>(a, stream);
+        return a.add_to_y ? launch_dense_gemm_add(w16, a.n, a.k, a.x, a.t, a.y, stream)
+                          : launch_dense_gemm(w16, a.n, a.k, a.x, a.t, a.y, stream);
     }
+    if (a.add_to_y) return cudaErrorInvalidValue;  // only the dense GEMM adds (prefill_gemm_adds)
     return launch_fast_t<QT>(a, nullptr, stream);
 }
 
