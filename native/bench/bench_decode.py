@@ -781,7 +781,9 @@ def issue7_and_8(run: dict, t1: dict | None, prefill_rows: int | None) -> dict:
                        "no_draft_roofline_share": share,
                        "no_draft_roofline_ok": at_least(share, ACCEPT_ISSUE7["no_draft_roofline_share_min"])},
             "issue8": {"prefill_rows": prefill_rows, "scratch_bytes": (run.get("memory") or {}).get("scratch_bytes"),
-                       "prefill": prefill}}
+                       "prefill": prefill,
+                       # for reference, not judged: the first prefill after the load (the timed ones follow it)
+                       "cold_prefill": run.get("cold_prefill")}}
 
 
 def acceptance(out: dict) -> dict:
