@@ -875,10 +875,11 @@ def _logits_after(engine, parts, chunk, follow):
     return np.concatenate([engine.decode(state, follow[i:i + 1]).logits for i in range(len(follow))])
 
 
-def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off_value="0"):
-    """_logits_after(engine, parts, chunk, follow) with `switch`=off_value and then unset (on, its default) are the
-    same bits, the counted path (kernels_test.launch_count) ran while on and never while off; the engine is closed
-    after."""
+def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk, follow, off_value="0",
+                             on_value=None):
+    """_logits_after(engine, parts, chunk, follow) with `switch`=off_value and then on (unset, its default, or
+    `switch`=on_value for an opt-in switch) are the same bits, the counted path (kernels_test.launch_count) ran while
+    on and never while off; the engine is closed after."""
     from openjet_launcher.engine import kernels_test as kt
 
     try:
@@ -886,7 +887,10 @@ def _a_switch_keeps_the_bits(monkeypatch, switch, counted, engine, parts, chunk,
         before = kt.launch_count(counted)
         off = _logits_after(engine, parts, chunk, follow)
         assert kt.launch_count(counted) == before, f"{switch}={off_value} still launched {counted}"
-        monkeypatch.delenv(switch)
+        if on_value is None:
+            monkeypatch.delenv(switch)
+        else:
+            monkeypatch.setenv(switch, on_value)
         on = _logits_after(engine, parts, chunk, follow)
         ran = kt.launch_count(counted) - before
     finally:
@@ -1060,21 +1064,10 @@ def test_the_gdn_gated_norm_and_pack_in_one_pass_keep_the_engines_bits(models, m
     OPENJET_GDN_NORM_PACK=1, an experiment; 0 or unset: the norm kernel writes y, then launch_pack_act reads it; read
     at each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are
     the same bits, and the launch counter shows the one-pass kernel ran only where it was asked for."""
-    from openjet_launcher.engine import kernels_test as kt
-
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
-    logits, ran = {}, {}
-    try:
-        for value in ("0", "1"):
-            monkeypatch.setenv("OPENJET_GDN_NORM_PACK", value)
-            before = kt.launch_count("gdn_norm_pack")
-            logits[value] = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
-            ran[value] = kt.launch_count("gdn_norm_pack") - before
-    finally:
-        engine.close()
-    assert ran["0"] == 0 and ran["1"] > 0, ran
-    np.testing.assert_array_equal(logits["1"], logits["0"])
+    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_GDN_NORM_PACK", "gdn_norm_pack", engine,
+                             [prompt[:1024], prompt[1024:]], 512, follow, on_value="1")
 
 
 def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(models, monkeypatch):
@@ -1083,24 +1076,13 @@ def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(mod
     (launch_dense_gemm_add), and the next add-norm adds nothing. The logits of decode steps after a two-turn prefill
     (512-row chunks, a last chunk of 5 rows on the fast kernel, the MTP head's rows filled too) are the same bits as
     with the delta written and added by the add-norm, and the launch counter shows the epilogue ran only where asked."""
-    from openjet_launcher.engine import kernels_test as kt
-
     if not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512)
-    logits, ran = {}, {}
-    try:
-        for value in ("0", "1"):
-            monkeypatch.setenv("OPENJET_PREFILL_RESIDUAL", value)
-            before = kt.launch_count("prefill_residual")
-            logits[value] = _logits_after(engine, [prompt[:1024], prompt[1024:]], 512, follow)
-            ran[value] = kt.launch_count("prefill_residual") - before
-    finally:
-        engine.close()
-    assert ran["0"] == 0 and ran["1"] > 0, ran
-    np.testing.assert_array_equal(logits["1"], logits["0"])
+    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_RESIDUAL", "prefill_residual", engine,
+                             [prompt[:1024], prompt[1024:]], 512, follow, on_value="1")
 
 
 def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):

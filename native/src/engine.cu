@@ -818,8 +818,8 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
 int project_out(openjet_engine& e, const DevTensor& w, int t) {
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     a.add_to_y = true;
-    e.mix_added = prefill_gemm_adds(a);
-    if (!e.mix_added) return gemv(e, w, t, nullptr, e.mix);
+    e.mix_added = e.prefilling && prefill_gemm_adds(a);  // (a decode step asks nothing: no environment read)
+    if (!e.mix_added) a.add_to_y = false, a.y = e.mix;
     const cudaError_t err = launch_gemv(a, e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "project_out");
     return OPENJET_OK;

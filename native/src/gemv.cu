@@ -167,9 +167,9 @@ bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense;
 bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); }
 
 bool prefill_gemm_adds(const GemvArgs& a) {
+    if (!a.dense || a.t < kDenseMinRows || !fast_prefill_call(a, PrefillGemm::kDense)) return false;  // the cheap tests
     const char* v = std::getenv("OPENJET_PREFILL_RESIDUAL");
     return v && std::strcmp(v, "1") == 0 && prefill_gemm_choice() == PrefillGemm::kDense &&
-           fast_prefill_call(a, PrefillGemm::kDense) && a.dense && a.t >= kDenseMinRows &&
            prefill_dense_takes(a.qtype, a.n, a.k);
 }
 

@@ -212,6 +212,15 @@ extern "C" OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, in
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y);
 }
 
+// A prefill's launch_gemv_pair arguments for two F32 matrices of one shape (a GDN layer's beta and alpha) over x.
+static void f32_pair_args(const DevBuf& w0, const DevBuf& w1, const DevBuf& x, const DevBuf& y0, const DevBuf& y1,
+                          int n, int k, int t, GemvArgs& a, GemvArgs& b) {
+    a = GemvArgs{kF32, w0.p, n, k, t, ActPack{}, x.as<float>(), y0.as<float>()};
+    a.prefill = true;
+    b = a;
+    b.w = w1.p, b.y = y1.as<float>();
+}
+
 // Two F32 matrices of one shape over the same x in one launch_gemv_pair, as a prefill projects a GDN layer's beta and
 // alpha (GemvArgs::prefill set: prefill_f32.cu's GEMM where prefill_f32_own(), whatever t; else decode's kernels).
 extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x,
@@ -228,9 +237,8 @@ extern "C" OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const flo
         CHECK(d->alloc(yb));
         CHECK(cudaMemset(d->p, 0xFF, yb));  // NaN poison: every output must be written
     }
-    GemvArgs a{kF32, dw0.p, n, k, t, ActPack{}, dx.as<float>(), dy0.as<float>()}, b = a;
-    a.prefill = b.prefill = true;
-    b.w = dw1.p, b.y = dy1.as<float>();
+    GemvArgs a, b;
+    f32_pair_args(dw0, dw1, dx, dy0, dy1, n, k, t, a, b);
     CHECK(launch_gemv_pair(a, b, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y0, dy0.p, yb, cudaMemcpyDeviceToHost));
@@ -444,9 +452,8 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_f32_pair(int n, int k, int t,
     CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));
     CHECK(dy0.alloc(sizeof(float) * t * n));
     CHECK(dy1.alloc(sizeof(float) * t * n));
-    GemvArgs a{kF32, dw0.p, n, k, t, ActPack{}, dx.as<float>(), dy0.as<float>()}, b = a;
-    a.prefill = b.prefill = true;
-    b.w = dw1.p, b.y = dy1.as<float>();
+    GemvArgs a, b;
+    f32_pair_args(dw0, dw1, dx, dy0, dy1, n, k, t, a, b);
     std::string failed;
     const auto launch = [&](int, cudaStream_t stream) { return launch_gemv_pair(a, b, stream); };
     if (cudaError_t e = time_graph_replays("launch_gemv_pair", 1, reps, runs, us_out, launch, &failed))
