@@ -1071,7 +1071,7 @@ def test_the_gdn_gated_norm_and_pack_in_one_pass_keep_the_engines_bits(models, m
 
 
 def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(models, monkeypatch):
-    """OPENJET_PREFILL_RESIDUAL=1 (an experiment, read at each call; unset or 0: never): a prefill's mixer and FFN
+    """OPENJET_PREFILL_RESIDUAL unset or 1 (the default, read at each call; 0: never): a prefill's mixer and FFN
     output projections that the dense GEMM multiplies add themselves to the residual stream in its epilogue
     (launch_dense_gemm_add), and the next add-norm adds nothing. The logits of decode steps after a two-turn prefill
     (512-row chunks, a last chunk of 5 rows on the fast kernel, the MTP head's rows filled too) are the same bits as
@@ -1082,7 +1082,7 @@ def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(mod
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_RESIDUAL", "prefill_residual", engine,
-                             [prompt[:1024], prompt[1024:]], 512, follow, on_value="1")
+                             [prompt[:1024], prompt[1024:]], 512, follow)
 
 
 def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):

@@ -29,8 +29,9 @@ constexpr int kAddNormStagedMax = 6016;
 // ffn_persistent.cu: 512). kStaged (k <= kAddNormStagedMax): the summed row and the norm weights are staged in
 // `staged` (2 k floats of shared memory) as they are written, so the sum of squares and the pack read them there
 // instead of from L2 again (two round trips fewer per call, ~129 calls per 27B decode step); the same operations
-// in the same order, so the same bits.
-template <bool kStaged, int kThreads = kPackThreads, int kCached = kPackCached>
+// in the same order, so the same bits. kStageW false: the row alone (k floats; the weights from L1, where a prefill's
+// thousands of blocks find them: more blocks per SM).
+template <bool kStaged, int kThreads = kPackThreads, int kCached = kPackCached, bool kStageW = true>
 __device__ __forceinline__ void add_norm_pack_row(float* __restrict__ h, const float* __restrict__ delta,
                                                   const float* __restrict__ w, int k, float eps,
                                                   float* __restrict__ a_out, const ActPack& p, int row,
@@ -46,9 +47,10 @@ __device__ __forceinline__ void add_norm_pack_row(float* __restrict__ h, const f
             const float x = dr ? __fadd_rn(hr[i], dr[i]) : hr[i];
             if (dr) hr[i] = x;
             sh[i] = x;
-            sw[i] = w[i];
+            if constexpr (kStageW) sw[i] = w[i];
         }
-        xr = sh, wr = sw;
+        xr = sh;
+        if constexpr (kStageW) wr = sw;
     } else if (dr) {
 #pragma unroll 4
         for (int i = threadIdx.x; i < k; i += kThreads) hr[i] = __fadd_rn(hr[i], dr[i]);

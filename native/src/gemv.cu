@@ -169,7 +169,7 @@ bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); 
 bool prefill_gemm_adds(const GemvArgs& a) {
     if (!a.dense || a.t < kDenseMinRows || !fast_prefill_call(a, PrefillGemm::kDense)) return false;  // the cheap tests
     const char* v = std::getenv("OPENJET_PREFILL_RESIDUAL");
-    return v && std::strcmp(v, "1") == 0 && prefill_gemm_choice() == PrefillGemm::kDense &&
+    return !(v && std::strcmp(v, "0") == 0) && prefill_gemm_choice() == PrefillGemm::kDense &&
            prefill_dense_takes(a.qtype, a.n, a.k);
 }
 

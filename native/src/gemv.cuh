@@ -78,8 +78,8 @@ bool prefill_numerics_own();
 // Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
 bool prefill_f32_own();
 
-// Whether a call with GemvArgs::add_to_y (y += W x) is taken: OPENJET_PREFILL_RESIDUAL=1 (read at each call; unset or
-// 0, the default until its bit test has run on a GPU: never) and a prefill call that the dense GEMM multiplies
+// Whether a call with GemvArgs::add_to_y (y += W x) is taken: OPENJET_PREFILL_RESIDUAL unset or 1 (the default; read at
+// each call; 0: never) and a prefill call that the dense GEMM multiplies
 // (OPENJET_PREFILL_GEMM dense, scratch given, prefill_gemm.cuh's kDenseMinRows rows or more, a type and shape it
 // takes). The engine then adds a mixer's or the FFN's output projection to the residual stream in the GEMM's
 // epilogue (launch_dense_gemm_add: the same bits as the next add-norm's h + delta), the delta neither written nor

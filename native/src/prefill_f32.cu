@@ -150,13 +150,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------------- tf32x3
 namespace tc {
-constexpr int kTok = 32, kChunk = 32, kWarps = kTok / 16, kThreads = kWarps * 32;
+// A block: 32 tokens x kRows rows of one matrix, 8 warps = 2 token halves (one m16 tile each) x 4 k slices. k runs in
+// 64-value chunks through a kStages-deep cp.async ring (a short call's few blocks must keep many loads in flight to
+// stream their weights: ~0.5 MB a block at 16 rows); slice s takes k16 step s of every chunk.
+constexpr int kTok = 32, kChunk = 64, kSlices = 4, kWarps = 2 * kSlices, kThreads = kWarps * 32, kStages = 4;
 constexpr int kPitch = kChunk + 16;  // floats a staged row: a quarter warp's float4s (rows g, g + 1) on distinct banks
 constexpr int kXLoads = kTok * kChunk / 4 / kThreads;
 static_assert(kXLoads * kThreads * 4 == kTok * kChunk && 16 * kChunk / 4 % kThreads == 0, "whole loads");
+static_assert(kChunk == 16 * kSlices && kChunk == openjet::kChunk, "a k16 step a slice; prefill_f32_takes' k rule");
 // W rows a block: 48 (6 n8 tiles) where the call has enough token tiles to give every multiprocessor a block, else 16
 // (three times the blocks for a short call). Each n8 tile's sums are its own, so the bits are the same either way.
 constexpr int kRowsWide = 48, kRowsNarrow = 16;
+template <int kRows>
+constexpr int kStageFloats = (kTok + kRows) * kPitch;
+template <int kRows>
+constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats<kRows>;
+static_assert(sizeof(float) * kSlices * kTok * (kRowsNarrow + 1) <= kSmemBytes<kRowsNarrow> &&
+                  sizeof(float) * kSlices * kTok * (kRowsWide + 1) <= kSmemBytes<kRowsWide>,
+              "the slices' sums fit where the chunks were staged");
 
 // Chunk c of rows r0.. of m (k a row; rows from `valid` on: zeros), kLoads float4s a thread, into the stage dst.
 template <int kLoads>
@@ -172,29 +183,34 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ m, int r0, 
     }
 }
 
-// Chunk c of x's rows t0.. and W's rows r0.. (kRows of them) into stage buffers xs, ws (rows past t or n: zeros).
+// Chunk c of x's rows t0.. and W's rows r0.. (kRows of them) into a stage: x's 32 rows, then W's (past t or n: zeros).
 template <int kRows>
 __device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
-                                            int k, int t0, int r0, int c, float* xs, float* ws) {
-    stage_rows<kXLoads>(x, t0, t, k, c, xs);
-    stage_rows<kRows * kChunk / 4 / kThreads>(w, r0, n, k, c, ws);
+                                            int k, int t0, int r0, int c, float* stage) {
+    stage_rows<kXLoads>(x, t0, t, k, c, stage);
+    stage_rows<kRows * kChunk / 4 / kThreads>(w, r0, n, k, c, stage + kTok * kPitch);
 }
 
-// Warp w: tokens t0 + 16 w .. + 15 (one m16 tile) x the block's kRows rows (kRows / 8 n8 tiles). A lane (g, tq)
-// reads a float4 of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq and tq + 4 take the first two of them,
-// then the other two: A and B see the same slot-to-k map, so each product pairs x[t, k] with w[n, k] (a permutation
-// of k inside a k16 step, the same for every row and call).
+// Warp (half h, slice s): tokens t0 + 16 h .. + 15 (one m16 tile) x the block's kRows rows (kRows / 8 n8 tiles), over
+// k16 step s of each chunk. A lane (g, tq) reads a float4 of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq
+// and tq + 4 take the first two of them, then the other two: A and B see the same slot-to-k map, so each product
+// pairs x[t, k] with w[n, k] (a permutation of k inside a k16 step, the same for every row and call).
+//
+// The mma's own accumulation is not fp32's round-to-nearest (it truncates: measured 2026-12-04, 4.5e-5 relative
+// error against float64 when all 5,120 k ran through one accumulator): each chunk's k16 step goes into a fresh
+// fragment, added to the slice's sum with __fadd_rn. So y[t, n] = ((S0 + S1) + S2) + S3, S_s the slice's chunk
+// partials summed in chunk order: it depends on x's row t and W's row n only.
 template <int kRows>
 __global__ void __launch_bounds__(kThreads)
     prefill_f32_tc_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
                           float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
-    __shared__ __align__(16) float xs[2][kTok * kPitch];
-    __shared__ __align__(16) float ws[2][kRows * kPitch];
+    extern __shared__ __align__(16) float smem[];
     const float* w = blockIdx.z ? w1 : w0;
     float* y = blockIdx.z ? y1 : y0;
     const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
     constexpr int kTiles = kRows / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int half = warp & 1, slice = warp >> 1;
     float acc[kTiles][4];
 #pragma unroll
     for (int j = 0; j < kTiles; ++j)
@@ -202,44 +218,72 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     pdl_start();  // x is the kernel before's output
     const int chunks = k / kChunk;
-    stage_chunk<kRows>(x, w, t, n, k, t0, r0, 0, xs[0], ws[0]);
-    cp_async_commit();
+#pragma unroll
+    for (int c = 0; c < kStages - 1; ++c) {
+        if (c < chunks) stage_chunk<kRows>(x, w, t, n, k, t0, r0, c, smem + c * kStageFloats<kRows>);
+        cp_async_commit();  // (empty groups past the last chunk: the waits below stay uniform)
+    }
 #pragma unroll 1
     for (int c = 0; c < chunks; ++c) {
-        if (c + 1 < chunks) stage_chunk<kRows>(x, w, t, n, k, t0, r0, c + 1, xs[(c + 1) & 1], ws[(c + 1) & 1]);
-        cp_async_commit();  // (an empty group past the last chunk: the wait below stays uniform)
-        cp_async_wait<1>();
-        __syncthreads();
-        const float* xa = xs[c & 1] + (16 * warp + g) * kPitch + 4 * tq;
-        const float* wb = ws[c & 1] + g * kPitch + 4 * tq;
+        cp_async_wait<kStages - 2>();  // chunk c has landed (this thread's copies) ...
+        __syncthreads();               // ... everyone's; and every warp is done with chunk c - 1's stage
+        if (c + kStages - 1 < chunks)
+            stage_chunk<kRows>(x, w, t, n, k, t0, r0, c + kStages - 1,
+                               smem + (c + kStages - 1) % kStages * kStageFloats<kRows>);
+        cp_async_commit();
+        const float* stage = smem + c % kStages * kStageFloats<kRows>;
+        const float* xa = stage + (16 * half + g) * kPitch + 16 * slice + 4 * tq;
+        const float* wb = stage + (kTok + g) * kPitch + 16 * slice + 4 * tq;
+        const float4 lo = *reinterpret_cast<const float4*>(xa);               // token row g
+        const float4 hi = *reinterpret_cast<const float4*>(xa + 8 * kPitch);  // token row g + 8
+        float4 bv[kTiles];
 #pragma unroll
-        for (int k16 = 0; k16 < kChunk; k16 += 16) {
-            const float4 lo = *reinterpret_cast<const float4*>(xa + k16);               // token row g
-            const float4 hi = *reinterpret_cast<const float4*>(xa + 8 * kPitch + k16);  // token row g + 8
-            float4 bv[kTiles];
+        for (int j = 0; j < kTiles; ++j) bv[j] = *reinterpret_cast<const float4*>(wb + 8 * j * kPitch);
+        float part[kTiles][4] = {};
 #pragma unroll
-            for (int j = 0; j < kTiles; ++j) bv[j] = *reinterpret_cast<const float4*>(wb + 8 * j * kPitch + k16);
+        for (int second = 0; second < 2; ++second) {
+            const Tf32Pair a[4] = {tf32_split(second ? lo.z : lo.x), tf32_split(second ? hi.z : hi.x),
+                                   tf32_split(second ? lo.w : lo.y), tf32_split(second ? hi.w : hi.y)};
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const Tf32Pair a[4] = {tf32_split(half ? lo.z : lo.x), tf32_split(half ? hi.z : hi.x),
-                                       tf32_split(half ? lo.w : lo.y), tf32_split(half ? hi.w : hi.y)};
-#pragma unroll
-                for (int j = 0; j < kTiles; ++j) {
-                    const Tf32Pair b[2] = {tf32_split(half ? bv[j].z : bv[j].x), tf32_split(half ? bv[j].w : bv[j].y)};
-                    mma_1688_3xtf32(acc[j], a, b);
-                }
+            for (int j = 0; j < kTiles; ++j) {
+                const Tf32Pair b[2] = {tf32_split(second ? bv[j].z : bv[j].x),
+                                       tf32_split(second ? bv[j].w : bv[j].y)};
+                mma_1688_3xtf32(part[j], a, b);
             }
         }
-        __syncthreads();  // the stage is refilled at the next iteration
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = __fadd_rn(acc[j][e], part[j][e]);
     }
-    // C fragment: tokens 16 w + g (acc[j][0..1]) and + 8 (acc[j][2..3]) x rows 8 j + 2 tq, + 1.
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the slices' sums go there
+    // C fragment: tokens 16 h + g (acc[j][0..1]) and + 8 (acc[j][2..3]) x rows 8 j + 2 tq, + 1.
+    constexpr int kSumPitch = kRows + 1;
+    float* sums = smem + slice * kTok * kSumPitch;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int tok = t0 + 16 * warp + g + (e >> 1) * 8, row = r0 + 8 * j + 2 * tq + (e & 1);
-            if (tok < t && row < n) y[static_cast<long long>(tok) * n + row] = acc[j][e];
-        }
+        for (int e = 0; e < 4; ++e) sums[(16 * half + g + (e >> 1) * 8) * kSumPitch + 8 * j + 2 * tq + (e & 1)] = acc[j][e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTok * kRows; e += kThreads) {
+        const int tok = e / kRows, row = e % kRows;
+        if (t0 + tok >= t || r0 + row >= n) continue;
+        float v = smem[tok * kSumPitch + row];
+#pragma unroll
+        for (int s = 1; s < kSlices; ++s) v = __fadd_rn(v, smem[(s * kTok + tok) * kSumPitch + row]);
+        y[static_cast<long long>(t0 + tok) * n + r0 + row] = v;
+    }
+}
+
+template <int kRows>
+cudaError_t launch(dim3 grid, cudaStream_t stream, const float* w0, float* y0, const float* w1, float* y1, int n,
+                   int k, int t, const float* x) {
+    static const cudaError_t opted = cudaFuncSetAttribute(
+        prefill_f32_tc_kernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<kRows>));
+    if (opted != cudaSuccess) return opted;
+    return launch_kernel(prefill_f32_tc_kernel<kRows>, grid, kThreads, kSmemBytes<kRows>, stream, w0, y0, w1, y1, n,
+                         k, t, x);
 }
 }  // namespace tc
 
@@ -278,10 +322,9 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
             static_cast<long long>(tok_tiles) * ((a.n + tc::kRowsWide - 1) / tc::kRowsWide) * matrices >= sms;
         const int rows = wide ? tc::kRowsWide : tc::kRowsNarrow;
         const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
-        const auto kernel =
-            wide ? tc::prefill_f32_tc_kernel<tc::kRowsWide> : tc::prefill_f32_tc_kernel<tc::kRowsNarrow>;
-        return launch_kernel(kernel, grid, tc::kThreads, 0, stream, static_cast<const float*>(a.w), a.y, w1, y1, a.n,
-                             a.k, a.t, a.xf);
+        const auto* w0 = static_cast<const float*>(a.w);
+        return wide ? tc::launch<tc::kRowsWide>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)
+                    : tc::launch<tc::kRowsNarrow>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf);
     }
     const int tok_tiles = (a.t + kTok - 1) / kTok;
     if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
