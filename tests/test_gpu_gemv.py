@@ -558,9 +558,10 @@ def test_f32_projection_matches_numpy():
 @pytest.mark.parametrize("n", [48, 40, 100])
 def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, monkeypatch):
     """A GDN layer's beta and alpha as a prefill projects them, both in one launch_gemv_pair, with each
-    OPENJET_PREFILL_F32 form: rows (the default: decode's kernels, so every row has the bits of the decode call of
-    <= 8 rows holding it), simt and tf32x3 (prefill_f32.cu's GEMMs, numerics of their own: 64 tokens x 48 rows a
-    block with k split over 8 warps summed in warp order; the products on tensor cores in 3xTF32). For every form a
+    OPENJET_PREFILL_F32 form: rows (decode's kernels, so every row has the bits of the decode call of <= 8 rows
+    holding it), simt and tf32x3 (the default; prefill_f32.cu's GEMMs, numerics of their own: 64 tokens x 48 rows a
+    block with k split over 8 warps summed in warp order; the products on tensor cores in 3xTF32, each chunk's
+    products added in fp32, 4 k slices summed in order). For every form a
     row's values do not depend on the call's row count or the row's place in it (the chunk sizes' invariance: T =
     300 against T = 1, 7, 37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value
     written: the outputs start as NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles
@@ -589,7 +590,7 @@ def test_prefill_f32_tf32x3_wide_and_narrow_blocks_give_the_same_bits(monkeypatc
     """OPENJET_PREFILL_F32=tf32x3 takes 48 rows a block where the call gives every multiprocessor a block and 16 rows
     below that: each n8 tile's sums are its own, so a row's values must not depend on which. A call of 8,168 rows
     (wide blocks on any GPU of up to 510 multiprocessors) against calls of 300 rows (narrow on any of 21 or more) on
-    slices of it, its last partial token tile included."""
+    slices of it, its last partial token tile included; and tf32x3 is the default (the variable unset)."""
     monkeypatch.setenv("OPENJET_PREFILL_F32", "tf32x3")
     rng = np.random.default_rng(45)
     n, k, t = 48, 5120, 8168
@@ -600,6 +601,10 @@ def test_prefill_f32_tf32x3_wide_and_narrow_blocks_give_the_same_bits(monkeypatc
         y0, y1 = kt.gemv_f32_pair(w0, w1, x[t0:t0 + 300])
         np.testing.assert_array_equal(y0, big0[t0:t0 + 300], err_msg=f"beta rows {t0}..")
         np.testing.assert_array_equal(y1, big1[t0:t0 + 300], err_msg=f"alpha rows {t0}..")
+    monkeypatch.delenv("OPENJET_PREFILL_F32")
+    unset0, unset1 = kt.gemv_f32_pair(w0, w1, x[:300])
+    np.testing.assert_array_equal(unset0, big0[:300], err_msg="the default is not tf32x3")
+    np.testing.assert_array_equal(unset1, big1[:300], err_msg="the default is not tf32x3")
 
 
 def test_prefill_f32_pair_under_exact_numerics_gives_decode_bits(monkeypatch):

@@ -73,8 +73,8 @@ void set_gemv_half_tiles(int mode);
 bool prefill_numerics_own();
 
 // prefill_f32.cu: the F32 projections of a prefill with numerics of their own, a and b (where given: the same n, k, t
-// and x) in one launch; launch_gemv takes them for a prefill's rows where prefill_f32_own(): OPENJET_PREFILL_F32=simt
-// or tf32x3 (read at each call; by default decode's kernels) and the prefill's own numerics (prefill_numerics_own).
+// and x) in one launch; launch_gemv takes them for a prefill's rows where prefill_f32_own(): OPENJET_PREFILL_F32 unset,
+// tf32x3 or simt (read at each call; rows: decode's kernels) and the prefill's own numerics (prefill_numerics_own).
 // Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
 bool prefill_f32_own();
 

@@ -1,31 +1,26 @@
 // A prefill's F32 projections (a GDN layer's ssm_beta and ssm_alpha, [48, 5120] at 27B) with numerics of their own,
-// where OPENJET_PREFILL_F32 asks for them (simt or tf32x3; read at each call) and the prefill has its own numerics
-// (OPENJET_PREFILL_GEMM unset, fast or dense); by default decode's kernels and bits (gemv.cu). simt: an fp32 GEMM
-// tiled for the chunk, where decode's order (gemv.cu: 128 lanes' chains a row, summed by shuffles) must hold 128
-// partial sums for every (row, token) pair and so reads each weight chunk from L2 once per 8 tokens: 133 us a call
-// for the 27B's shape at 4,096 rows on the H200, ~12.7 ms of a 4,096-token prefill for the 96 calls, bound by those
-// L2 reads.
+// where the prefill has its own numerics (OPENJET_PREFILL_GEMM unset, fast or dense); OPENJET_PREFILL_F32 (read at each
+// call) picks the form: tf32x3 (the default since 2026-12-04), simt, or rows (decode's kernels and bits, gemv.cu).
+// Decode's order (gemv.cu: 128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every (row,
+// token) pair and so reads each weight chunk from L2 once per 8 tokens: 290 us for both matrices at 4,096 rows on the
+// H200, ~14 ms of a 4,096-token prefill for the 48 layers, bound by those L2 reads.
 //
-// Here a block takes 64 tokens x 48 rows through shared memory, each piece of x and W read from L2 once per block.
-// Its 8 warps split k: warp s takes k sub-chunk s (8 values) of every 64-value chunk, each lane an fma chain over
-// those k for its 8 tokens x 12 rows (96 accumulators); the 8 warps' sums are then added in warp order. So y[t, n] =
-// ((p0 + p1) + ...) + p7, p_s the chain over warp s's k in increasing order: a value that depends on x's row t and
-// W's row n only, never on t's place in the call or the call's row count (the chunk sizes' invariance). Not decode's
-// bits: fp32 throughout, summed in another order (a few ulps; the prefill's k-quant GEMMs differ from decode's far
-// more). OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits: gemv.cu's kernels. Measured on the
-// H200 (2026-12-04, bench/results/gemv-f32-prefill-h200-2026-12-04.json): the 27B's 4,096-token prefill, beta and
-// alpha of each GDN layer in one launch (128 blocks), gdn.in_proj 64-67 -> 58-60 ms; but a block takes ~165 us
-// whatever its rows hold (~37% of the SM's FMA rate), so a call of few blocks is slow: one matrix at 512 rows 139 us
-// against decode's kernel's 23, at 4,096 rows 165 against 133. Opt-in until smaller tiles for smaller calls (the
-// same k slices and sums, so the same bits) are written and timed at 50 to 4,096 rows.
+// tf32x3 (tc:: below): the products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts),
+// 32 tokens x 48 rows a block (16 rows where 48 would leave multiprocessors without a block: the same bits), 8 warps =
+// 2 token halves x 4 k slices, k in 64-value chunks through a 4-stage cp.async ring. Each chunk's products go into a
+// fresh fragment added to the slice's sum in fp32 (the mma's own accumulation truncates: all 5,120 k through one
+// accumulator measured 4.5e-5 against float64), the slices summed in order: 3e-7 against float64, and a row's values
+// depend on x's row and W's row only (the chunk sizes' invariance). Both matrices, H200 (bench_prefill_f32.py,
+// 2026-12-04, gemv-f32-prefill-h200-b620470.json): 8 to 512 rows 38 us (rows: 34-47), 2,048 79 (165), 4,096 121
+// (290); the 27B's gdn.in_proj at 4,096 tokens 64.2 -> 56.5 ms.
 //
-// tf32x3 (an experiment; written 2026-12-04 after the session's device time ran out, NOT yet run on a GPU): the same
-// products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts, ~fp32's accuracy), 32
-// tokens x 48 rows a block of 2 warps (16 rows where that leaves multiprocessors without a block: the same bits), k
-// in 32-value chunks through shared memory by cp.async. Its own numerics again, T-invariant the same way (a row's
-// sums run over k in a fixed order). Why: the fp32 kernel above ran a block at ~37% of the SM's FMA rate
-// (bench_gemv, 64 blocks: 165 us a call at 4,096 rows); the products' ~6 M mma.sync should take ~50 us for both
-// matrices. Every form timed at 8 to 4,096 rows: native/bench/bench_prefill_f32.py.
+// simt (opt-in): an fp32 FMA GEMM, 64 tokens x 48 rows a block through shared memory. Its 8 warps split k: warp s
+// takes k sub-chunk s (8 values) of every 64-value chunk, each lane an fma chain over those k for its 8 tokens x 12
+// rows (96 accumulators); the 8 warps' sums are then added in warp order. So y[t, n] = ((p0 + p1) + ...) + p7, p_s
+// the chain over warp s's k in increasing order (a row's bits independent of the call's rows). A block takes ~165 us
+// whatever its rows hold (~37% of the SM's FMA rate): one matrix at 512 rows 139 us against decode's kernel's 23.
+//
+// OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits whatever the form: gemv.cu's kernels.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -291,8 +286,8 @@ enum class F32Form { kRows, kSimt, kTf32x3 };
 F32Form prefill_f32_form() {
     const char* v = std::getenv("OPENJET_PREFILL_F32");
     if (v && std::strcmp(v, "simt") == 0) return F32Form::kSimt;
-    if (v && std::strcmp(v, "tf32x3") == 0) return F32Form::kTf32x3;
-    return F32Form::kRows;
+    if (v && std::strcmp(v, "rows") == 0) return F32Form::kRows;
+    return F32Form::kTf32x3;
 }
 
 }  // namespace
