@@ -1,9 +1,11 @@
 // launch_attn_decode: the three standalone kernels of attn_decode.cuh (prep, chunks, combine).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "attn_decode.cuh"
 #include "device_attr.cuh"
+#include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
@@ -14,6 +16,13 @@ template <class Fmt>
 __global__ void __launch_bounds__(kAttnThreads) attn_prep_kernel(const AttnDecodeArgs a, int first) {
     pdl_start();  // pdl.cuh
     attn_prep_row<Fmt>(a, blockIdx.y, first + blockIdx.x);
+}
+
+// Block t: every head of row t (a prefill call's rows; attn_prep_rows).
+template <class Fmt>
+__global__ void __launch_bounds__(kAttnThreads) attn_prep_rows_kernel(const AttnDecodeArgs a) {
+    pdl_start();  // pdl.cuh
+    attn_prep_heads_of_row<Fmt>(a, blockIdx.x);
 }
 
 // Blocks of up to 48 rows (decode and verify steps) are cut to 128 registers so that two fit an SM: a step
@@ -104,7 +113,22 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     return cudaSuccess;
 }
 
+// OPENJET_ATTN_PREP_ROWS (read at each call): unset or 1, a call of more than a decode step's rows preps a row a
+// block (attn_prep_heads_of_row: the same bits); 0, a block per (row, head) as a decode step.
+bool attn_prep_rows(int t) {
+    if (t <= kAttnMaxT) return false;
+    const char* v = std::getenv("OPENJET_ATTN_PREP_ROWS");
+    return !(v && std::strcmp(v, "0") == 0);
+}
+
 cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream) {
+    if (attn_prep_rows(a.t)) {
+        count_launch(Counted::kAttnPrepRows);
+        if (a.kv_type == kKvF16) return launch_kernel(attn_prep_rows_kernel<KvF16>, a.t, kAttnThreads, 0, stream, a);
+        if (a.kv_type == kKvQ8_0)
+            return launch_kernel(attn_prep_rows_kernel<KvQ8_0>, a.t, kAttnThreads, 0, stream, a);
+        return cudaErrorInvalidValue;
+    }
     const dim3 grid(a.n_head + a.n_kv, a.t);
     if (a.kv_type == kKvF16) return launch_kernel(attn_prep_kernel<KvF16>, grid, kAttnThreads, 0, stream, a, 0);
     if (a.kv_type == kKvQ8_0) return launch_kernel(attn_prep_kernel<KvQ8_0>, grid, kAttnThreads, 0, stream, a, 0);

@@ -226,6 +226,70 @@ __device__ __forceinline__ void attn_prep_row(const AttnDecodeArgs& a, int t, in
     }
 }
 
+// attn_prep_row's work for every head of row t by one block of kAttnThreads (a prefill call's rows: attn_prep_rows):
+// warp w takes heads w, w + 8, ... (attn_prep_row's numbering), lane l the dims l + 32 j. The same bits: dim d is
+// row_rms_scale's thread d (warp d / 32), so each j's butterfly is that warp's and the 8 sums are added in warp order;
+// a row's RoPE cos / sin (double arithmetic, ~28x fewer for the row's 28 heads at 27B) are computed once into shared
+// memory; a Q8_0 block's maximum is the warp's, as Fmt::store takes it. Why: a block per (row, head) spent ~275 us on
+// a 4,096-row call of the 27B (H200, ncu at 54793b6) for ~200 MB of traffic.
+template <class Fmt>
+__device__ __forceinline__ void attn_prep_heads_of_row(const AttnDecodeArgs& a, int t) {
+    static_assert(kAttnThreads == kRowThreads && kAttnHeadDim == kRowThreads, "dim d is row_rms_scale's thread d");
+    constexpr int kWarps = kAttnThreads / 32, kPer = kAttnHeadDim / 32;
+    __shared__ float rot[2][kAttnHeadDim / 2];   // cos, sin of pair i < n_rot / 2
+    __shared__ float ys[kWarps][kAttnHeadDim];  // a warp's head after the norm
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pos = a.n_past + t, heads = a.n_head + a.n_kv;
+    for (int i = threadIdx.x; i < a.n_rot / 2; i += kAttnThreads)
+        rope_cos_sin(pos + a.rope_offset, i, a.n_rot, a.rope_base, rot[0][i], rot[1][i]);
+    __syncthreads();
+    const auto input = [&](int i) {
+        return i < a.n_head ? a.qproj + (static_cast<size_t>(t) * a.n_head + i) * 2 * kAttnHeadDim
+                            : a.k + (static_cast<size_t>(t) * a.n_kv + (i - a.n_head)) * kAttnHeadDim;
+    };
+    float x[kPer];
+    if (warp < heads)
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) x[j] = input(warp)[lane + 32 * j];
+    for (int i = warp; i < heads; i += kWarps) {
+        float next[kPer];  // the warp's next head, in flight while this one is worked
+        if (i + kWarps < heads)
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) next[j] = input(i + kWarps)[lane + 32 * j];
+        const bool is_q = i < a.n_head;
+        float total = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            float s = __fmaf_rn(x[j], x[j], 0.0f);
+#pragma unroll
+            for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+            total += s;
+        }
+        const float scale = rsqrtf(__fdiv_rn(total, static_cast<float>(kAttnHeadDim)) + a.eps);
+        const float* w = is_q ? a.q_norm : a.k_norm;
+        float* y = ys[warp];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) y[lane + 32 * j] = __fmul_rn(__fmul_rn(x[j], scale), w[lane + 32 * j]);
+        __syncwarp();
+        const size_t row = is_q ? 0 : (static_cast<size_t>(i - a.n_head) * a.capacity + pos) * Fmt::kRowBytes;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int d = lane + 32 * j, p = d < a.n_rot / 2 ? d : d - a.n_rot / 2;
+            const float r = d < a.n_rot ? rope_neox_rotated(y, d, a.n_rot, rot[0][p], rot[1][p]) : y[d];
+            if (is_q) {
+                a.work[(static_cast<size_t>(t) * a.n_head + i) * kAttnHeadDim + d] = r;
+            } else {
+                Fmt::store(a.k_cache + row, d, r);
+                Fmt::store(a.v_cache + row, d,
+                           a.v[(static_cast<size_t>(t) * a.n_kv + (i - a.n_head)) * kAttnHeadDim + d]);
+            }
+        }
+        __syncwarp();  // y is rewritten for the warp's next head
+        if (i + kWarps < heads)
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) x[j] = next[j];
+    }
+}
+
 // ------------------------------------------------------------------------------------------ 2. chunks
 
 // Issues the copy of keys key0..key0+31 of kv head kv (K then V) into stage; keys >= valid are zero-filled.

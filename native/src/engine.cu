@@ -813,8 +813,8 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
 
 // A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the
 // trunk's, or the MTP head's u, which is h too): into e.mix, or, where the call's dense GEMM can add it
-// (OPENJET_PREFILL_RESIDUAL, the default; prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the delta neither
-// written nor read back. The next add-norm adds mix_delta(e).
+// (OPENJET_PREFILL_RESIDUAL, the default; prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the
+// delta neither written nor read back. The next add-norm adds mix_delta(e).
 int project_out(openjet_engine& e, const DevTensor& w, int t) {
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     a.add_to_y = true;

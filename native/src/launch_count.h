@@ -30,6 +30,7 @@ enum class Counted {
     kPrefillF16Kept = 13,  // a prefill GEMM on the engine's kept fp16 weights (no dequantisation; the same bits)
     kGdnNormPack = 14,     // a prefill's GDN gated RMSNorm and the out projection's pack in one pass (the same bits)
     kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
+    kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
     kCount
 };
 

@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sums[(16 * half + g + (e >> 1) * 8) * kSumPitch + 8 * j + 2 * tq + (e & 1)] = acc[j][e];
+        for (int e = 0; e < 4; ++e)
+            sums[(16 * half + g + (e >> 1) * 8) * kSumPitch + 8 * j + 2 * tq + (e & 1)] = acc[j][e];
     __syncthreads();
     for (int e = threadIdx.x; e < kTok * kRows; e += kThreads) {
         const int tok = e / kRows, row = e % kRows;
