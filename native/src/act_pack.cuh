@@ -144,40 +144,6 @@ __device__ __forceinline__ ActRow act_row(const ActPack& p, int row, int k, floa
             ldexpf(1.0f, sh), ldexpf(1.0f, -sh)};
 }
 
-// pack_act_row of a row the block holds in registers: v[j] = value(threadIdx.x + j kThreads) (0 past k), k <= kCached
-// kThreads.
-template <int kThreads, int kCached>
-__device__ __forceinline__ void pack_act_row_cached(const float (&v)[kCached], int k, const ActPack& p, int row,
-                                                    float* copy = nullptr) {
-    static_assert(kThreads % 32 == 0 && kThreads >= 256 && kThreads <= kPackThreads, "whole warps, >= row_rms's");
-    const int warp = threadIdx.x >> 5;
-    float m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kCached; ++j) {
-        m = fmaxf(m, fabsf(v[j]));
-        const int i = threadIdx.x + j * kThreads;
-        if (copy && i < k) copy[i] = v[j];
-    }
-    const ActRow r = act_row(p, row, k, block_amax<kThreads>(m));
-    const int nb = k / kActBlock;
-    // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j; four blocks at a time
-    constexpr int kFours = kCached / 4 * 4;
-#pragma unroll
-    for (int j = 0; j < kFours; j += 4) {
-        if (warp + kThreads / 32 * j >= nb) break;  // warp-uniform: the blocks ahead are past the row too
-        const float v4[4] = {v[j], v[j + 1], v[j + 2], v[j + 3]};
-        int b4[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) b4[q] = warp + kThreads / 32 * (j + q);
-        pack_blocks4(v4, r.s, b4, nb, r.h, r.sum);
-    }
-#pragma unroll
-    for (int j = kFours; j < kCached; ++j)
-        if (warp + kThreads / 32 * j < nb)
-            pack_block(v[j], r.s, warp + kThreads / 32 * j, r.h, r.sum);  // whole warps: k % 32 == 0
-    if (threadIdx.x == 0) p.inv[row] = r.inv;
-}
-
 // Packs row `row` of the pack from value(i), i in [0, k) (pure: a long row calls it twice per element), by
 // the whole block of kThreads threads (kPackThreads, or fewer in a persistent kernel: ffn_persistent.cu), each
 // keeping up to kCached values in registers (rows longer than kCached * kThreads compute each value twice);
@@ -189,25 +155,49 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
                                              float* copy = nullptr) {
     static_assert(kThreads % 32 == 0 && kThreads >= 256 && kThreads <= kPackThreads, "whole warps, >= row_rms's");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (k <= kCached * kThreads) {
-        float v[kCached];
+    const bool cached = k <= kCached * kThreads;
+    float v[kCached];
+    float m = 0.0f;
+    if (cached) {
 #pragma unroll
         for (int j = 0; j < kCached; ++j) {
             const int i = threadIdx.x + j * kThreads;
             v[j] = i < k ? value(i) : 0.0f;
         }
-        pack_act_row_cached<kThreads, kCached>(v, k, p, row, copy);
-        return;
-    }
-    float m = 0.0f;
-    for (int i = threadIdx.x; i < k; i += kThreads) {
-        const float x = value(i);
-        m = fmaxf(m, fabsf(x));
-        if (copy) copy[i] = x;
+#pragma unroll
+        for (int j = 0; j < kCached; ++j) {
+            m = fmaxf(m, fabsf(v[j]));
+            const int i = threadIdx.x + j * kThreads;
+            if (copy && i < k) copy[i] = v[j];
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += kThreads) {
+            const float x = value(i);
+            m = fmaxf(m, fabsf(x));
+            if (copy) copy[i] = x;
+        }
     }
     const ActRow r = act_row(p, row, k, block_amax<kThreads>(m));
-    for (int b = warp; b < k / kActBlock; b += kThreads / 32)
-        pack_block(value(b * kActBlock + lane), r.s, b, r.h, r.sum);
+    const int nb = k / kActBlock;
+    if (cached) {
+        // v[j]: element threadIdx.x + j kThreads, in 32-block warp + (kThreads / 32) j; four blocks at a time
+        constexpr int kFours = kCached / 4 * 4;
+#pragma unroll
+        for (int j = 0; j < kFours; j += 4) {
+            if (warp + kThreads / 32 * j >= nb) break;  // warp-uniform: the blocks ahead are past the row too
+            const float v4[4] = {v[j], v[j + 1], v[j + 2], v[j + 3]};
+            int b4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) b4[q] = warp + kThreads / 32 * (j + q);
+            pack_blocks4(v4, r.s, b4, nb, r.h, r.sum);
+        }
+#pragma unroll
+        for (int j = kFours; j < kCached; ++j)
+            if (warp + kThreads / 32 * j < nb)
+                pack_block(v[j], r.s, warp + kThreads / 32 * j, r.h, r.sum);  // whole warps: k % 32 == 0
+    } else {
+        for (int b = warp; b < nb; b += kThreads / 32) pack_block(value(b * kActBlock + lane), r.s, b, r.h, r.sum);
+    }
     if (threadIdx.x == 0) p.inv[row] = r.inv;
 }
 

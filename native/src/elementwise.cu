@@ -25,14 +25,6 @@ add_norm_pack_kernel(float* __restrict__ h, const float* __restrict__ delta, con
     add_norm_pack_row<kStaged, kThreads, kCached, kStageW>(h, delta, w, k, eps, a_out, p, blockIdx.x, staged);
 }
 
-template <int kCached>
-__global__ void __launch_bounds__(kRowThreads, 4)
-add_norm_pack_in_registers_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w,
-                                  int k, float eps, float* __restrict__ a_out, ActPack p) {
-    pdl_start();  // pdl.cuh
-    add_norm_pack_row_in_registers<kCached>(h, delta, w, k, eps, a_out, p, blockIdx.x);
-}
-
 template <int kThreads = kPackThreads, int kCached = kPackCached>
 __global__ void __launch_bounds__(kThreads)
 swiglu_pack_kernel(const float* __restrict__ gate, const float* __restrict__ up, int k, ActPack p, long long ld) {
@@ -122,16 +114,11 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
 // More than a decode step's rows: row_pack_threads (act_pack.cuh) threads a row, each keeping its share of a 27B
 // row in registers (add-norm 5,120; swiglu 17,408: at 256 threads 68 values, 99 registers, two rows per SM, which
 // made the FFN of a 2,048-row chunk 150 -> 163 ms on the H200 at 96e5d47; at 512, 34 values, 60 registers: 147).
-// At kRowThreads threads a row the add-norm holds its row in registers where it fits (the 27B's 5,120 at 20 a
-// thread), read once, no shared memory; otherwise it stages its row only (the norm weights, read by every block,
-// stay in L1).
+// The add-norm stages its row only (the norm weights, read by every block, stay in L1): 20 KB a block at 27B, so
+// registers (40 a thread at 256) set the blocks per SM, not the 40 KB of the row and the weights.
 template <int kThreads, int kCached>
 cudaError_t launch_add_norm_rows(float* h, const float* delta, const float* w, int t, int k, float eps, float* a_out,
                                  const ActPack& p, cudaStream_t stream) {
-    if constexpr (kThreads == kRowThreads)
-        if (k <= kCached * kRowThreads)
-            return launch_kernel(add_norm_pack_in_registers_kernel<kCached>, t, kRowThreads, 0, stream, h, delta, w,
-                                 k, eps, a_out, p);
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true, kThreads, kCached, false>, t, kThreads, sizeof(float) * k,
                              stream, h, delta, w, k, eps, a_out, p);

@@ -61,35 +61,6 @@ __device__ __forceinline__ void add_norm_pack_row(float* __restrict__ h, const f
                                     a_out ? a_out + static_cast<long long>(row) * k : nullptr);
 }
 
-// add_norm_pack_row by a block of kRowThreads threads that holds its row in registers (k <= kCached kRowThreads: a
-// prefill's rows, launch_add_norm_pack): thread i's elements i + kRowThreads j are both its row_rms_scale chain and
-// its pack_act_row values, so the row is read once, never staged, with the same operations in the same order.
-template <int kCached>
-__device__ __forceinline__ void add_norm_pack_row_in_registers(float* __restrict__ h, const float* __restrict__ delta,
-                                                               const float* __restrict__ w, int k, float eps,
-                                                               float* __restrict__ a_out, const ActPack& p, int row) {
-    float* hr = h + static_cast<long long>(row) * k;
-    const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
-    float x[kCached];
-#pragma unroll
-    for (int j = 0; j < kCached; ++j) {
-        const int i = threadIdx.x + j * kRowThreads;
-        x[j] = i < k ? (dr ? __fadd_rn(hr[i], dr[i]) : hr[i]) : 0.0f;
-        if (dr && i < k) hr[i] = x[j];
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kCached; ++j)
-        if (threadIdx.x + j * kRowThreads < k) s = __fmaf_rn(x[j], x[j], s);
-    const float scale = row_rms_scale_from_chains(s, k, eps);
-#pragma unroll
-    for (int j = 0; j < kCached; ++j) {
-        const int i = threadIdx.x + j * kRowThreads;
-        x[j] = i < k ? __fmul_rn(__fmul_rn(x[j], scale), w[i]) : 0.0f;
-    }
-    pack_act_row_cached<kRowThreads, kCached>(x, k, p, row, a_out ? a_out + static_cast<long long>(row) * k : nullptr);
-}
-
 // Row `row` of swiglu_pack by the calling block of kThreads threads; rows ld floats apart (0: k).
 template <int kThreads = kPackThreads, int kCached = kPackCached>
 __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, const float* __restrict__ up, int k,

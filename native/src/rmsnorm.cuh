@@ -12,11 +12,16 @@ constexpr int kRowThreads = 256;  // one block of this many threads per token ro
 // 0..7), so it depends on x alone, whatever the block size (>= kRowThreads: larger blocks' other threads
 // wait; the pack kernels run 1024 threads for their other passes and keep these bits).
 // x_of(i): element i (row_rms_scale_of: a row spread over a cluster's shared memory, elementwise.cu).
-// row_rms_scale_of from each of the first kRowThreads threads' chain s (over its elements i = threadIdx.x,
-// + kRowThreads, ... in increasing order: s = fma(x_i, x_i, s) from 0); the other threads' s is not read.
-__device__ __forceinline__ float row_rms_scale_from_chains(float s, int k, float eps) {
+template <class X>
+__device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float eps) {
     __shared__ float part[kRowThreads / 32];
     if (threadIdx.x < kRowThreads) {
+        float s = 0.0f;
+#pragma unroll 8  // loads ahead of the (ordered) chain of fmas
+        for (int i = threadIdx.x; i < k; i += kRowThreads) {
+            const float xi = x_of(i);
+            s = __fmaf_rn(xi, xi, s);
+        }
 #pragma unroll
         for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
         if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
@@ -27,19 +32,6 @@ __device__ __forceinline__ float row_rms_scale_from_chains(float s, int k, float
     for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
     __syncthreads();  // part may be reused by the caller's next row
     return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
-}
-
-template <class X>
-__device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float eps) {
-    float s = 0.0f;
-    if (threadIdx.x < kRowThreads) {
-#pragma unroll 8  // loads ahead of the (ordered) chain of fmas
-        for (int i = threadIdx.x; i < k; i += kRowThreads) {
-            const float xi = x_of(i);
-            s = __fmaf_rn(xi, xi, s);
-        }
-    }
-    return row_rms_scale_from_chains(s, k, eps);
 }
 
 __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int k, float eps) {
