@@ -254,29 +254,6 @@ def test_the_state_phase_in_one_tf32_pass_stays_near_the_reference(size, t, monk
                 n_k=args[0], n_v=args[1], t=t)
 
 
-@pytest.mark.parametrize("passes", ["tf32", "3xtf32"])
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("t", [1, 31, 32, 33, 100, 300])
-def test_the_state_phase_copying_a_chunk_ahead_keeps_the_bits(size, t, passes, monkeypatch):
-    """OPENJET_GDN_STATE_AHEAD (unset or 1, the default where two blocks of its shared memory fit an SM; read at each
-    call): the tensor-core state phase copies a chunk's k, U, Aq and decays while the chunk before computes, into a
-    second set of them, instead of during the chunk's own first products (0). Only when the copies land changes, so
-    y, the conv state and the state are the same bits with one chunk, several, and a ragged last one, in both
-    passes; the launch counter shows which ran (on a GPU whose SMs cannot hold two such blocks, neither: skipped)."""
-    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
-    monkeypatch.setenv("OPENJET_GDN_STATE_TC", passes)
-    monkeypatch.setenv("OPENJET_GDN_STATE_AHEAD", "0")
-    before = kt.launch_count("gdn_state_ahead")
-    args, one_set, two_sets = default_and_switched(size, t, 101, monkeypatch, "OPENJET_GDN_STATE_AHEAD", "1")
-    ran = kt.launch_count("gdn_state_ahead") - before
-    if ran == 0:
-        pytest.skip("two blocks of the two-set state phase do not fit this GPU's SMs")
-    assert ran == 1, f"the two-set state phase ran {ran} times for one call (0 must never take it)"
-    for name, x, y in zip(("y", "conv_state", "state"), two_sets, one_set):
-        np.testing.assert_array_equal(x, y, err_msg=name)
-    report(test="gdn_state_ahead", size=size, t=t, passes=passes, bit_identical=True)
-
-
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):

@@ -534,22 +534,9 @@ constexpr int kTcPadA = D + 4;      // q and W rows (A of steps 5, 6a)
 constexpr int kTcPadKT = D + 8;     // k rows (A of step 7, transposed)
 constexpr int kTcPadB = kCols + 8;  // S rows and U / V' rows (B)
 constexpr int kTcPadAq = C + 4;     // Aq rows (A of step 6b)
-// A chunk's operands of steps 6b and 7 (copy_chunk_rest's): k, U's columns, Aq and the decays.
-struct ChunkRestTc {
-    alignas(16) float k[C][kTcPadKT];
-    alignas(16) float u[C][kTcPadB];
-    alignas(16) float aq[C][kTcPadAq];
-    alignas(16) float gamma[C];
-    alignas(16) float e_gamma[C];
-    alignas(16) float e_rest[C];
-};
-// kRestSets 2: chunk c + 1's k, U, Aq and decays copied in while chunk c computes (gdn_state_rest_ahead); 1: during
-// chunk c's own steps 5 and 6a. 82 KB / 109 KB: two blocks an SM on the 228 KB SMs either way.
-template <int kRestSets> struct Phase2TcSmem {
+struct Phase2TcSmem {
     alignas(16) float s[D][kTcPadB];
-    alignas(16) float q[C][kTcPadA];  // copy_chunk_qw's (a chunk ahead)
-    alignas(16) float w[C][kTcPadA];
-    ChunkRestTc rest[kRestSets];
+    ChunkOperands<kTcPadA, kTcPadKT, kTcPadA, kTcPadB, kTcPadAq> c;
 };
 
 // f(j, e, row, column) for the lane's elements of S in step 7's C fragments: rows 16 warp + g (+ 8), columns
@@ -586,10 +573,10 @@ __device__ __forceinline__ void a_fragment(const float* m, int ld, int r, int k0
     a[3] = tf32_operand<kPasses>(m[(r + 8) * ld + k0 + tq + 4]);
 }
 
-template <int kPasses, int kRestSets>
+template <int kPasses>
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
-    Phase2TcSmem<kRestSets>& sm = *reinterpret_cast<Phase2TcSmem<kRestSets>*>(smem_raw);
+    Phase2TcSmem& sm = *reinterpret_cast<Phase2TcSmem*>(smem_raw);
     pdl_start();  // pdl.cuh
     constexpr int kSplits = D / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
@@ -603,33 +590,22 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
     // The operands arrive while the chunk before computes: a chunk's q and W (steps 5, 6a) during the previous
-    // chunk's steps 6b and 7, which no longer read them (H200, 27B, a 4,096-token prefill in one run, A/B/A: gdn.step
-    // 64.5 / 62.4 / 63.7 ms); its k, U, Aq and decays with two sets during the previous chunk too, with one set
-    // during its own steps 5 and 6a. Groups in issue order: qw(0), [rest(0)], then per chunk c rest(c + 1) or
-    // rest(c) at its start, qw(c + 1) after step 6a (empty past the last chunk: the waits stay uniform).
-    copy_chunk_qw(cs, r_pad, h, kh, 0, sm);
+    // chunk's steps 6b and 7, which no longer read them; its k, U, Aq and decays during its own steps 5 and 6a (the
+    // same shared memory; H200, 27B, a 4,096-token prefill in one run, A/B/A: gdn.step 64.5 / 62.4 / 63.7 ms).
+    copy_chunk_qw(cs, r_pad, h, kh, 0, sm.c);
     cp_async_commit();
-    if constexpr (kRestSets == 2) {
-        copy_chunk_rest(cs, r_pad, h, kh, c0, 0, sm.rest[0]);
-        cp_async_commit();
-    }
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
-        ChunkRestTc& rest = sm.rest[kRestSets == 2 ? (t0 / C) & 1 : 0];
         if (a.snap_state && t0 == a.snap_row)  // the state before row t0
             for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
                 a.snap_state[head + row * D + c0 + col] = st[j][e];
             });
         for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { sm.s[row][col] = st[j][e]; });
-        __syncthreads();  // every warp is done with the previous chunk's k, U, Aq and decays (that set is free)
-        if constexpr (kRestSets == 2) {
-            if (t0 + C < a.t) copy_chunk_rest(cs, r_pad, h, kh, c0, t0 + C, sm.rest[((t0 / C) + 1) & 1]);
-        } else {
-            copy_chunk_rest(cs, r_pad, h, kh, c0, t0, rest);
-        }
+        __syncthreads();  // every warp is done with the previous chunk's k, U, Aq and decays
+        copy_chunk_rest(cs, r_pad, h, kh, c0, t0, sm.c);
         cp_async_commit();
-        cp_async_wait<1>();  // all but the group just issued: this chunk's q and W (and, with two sets, the rest)
+        cp_async_wait<1>();  // this chunk's q and W (the group before)
         __syncthreads();
         // 5, 6a: W S and q S on the warp's tile; V' = U - W S there.
         float ws[4] = {}, qs[4] = {};
@@ -638,31 +614,29 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             const Tf32Pair b[2] = {tf32_operand<kPasses>(sm.s[k0 + tq][cc + g]),
                                    tf32_operand<kPasses>(sm.s[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment<kPasses>(&sm.w[0][0], kTcPadA, r, k0, tq, af);
+            a_fragment<kPasses>(&sm.c.w[0][0], kTcPadA, r, k0, tq, af);
             mma_tf32_passes<kPasses>(ws, af, b);
-            a_fragment<kPasses>(&sm.q[0][0], kTcPadA, r, k0, tq, af);
+            a_fragment<kPasses>(&sm.c.q[0][0], kTcPadA, r, k0, tq, af);
             mma_tf32_passes<kPasses>(qs, af, b);
         }
-        if constexpr (kRestSets == 1) {
-            cp_async_wait<0>();
-            __syncthreads();  // U, k, Aq and the decays whole
-        }
+        cp_async_wait<0>();
+        __syncthreads();  // U, k, Aq and the decays whole; every warp is done with q and W
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {  // (each warp its own tile of U)
-            float& u = rest.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
+        for (int e = 0; e < 4; ++e) {
+            float& u = sm.c.u[r + 8 * (e >> 1)][cc + 2 * tq + (e & 1)];
             u = __fsub_rn(u, ws[e]);
         }
-        __syncthreads();  // V' whole; S, q and W are not read again this chunk
-        if (t0 + C < a.t) copy_chunk_qw(cs, r_pad, h, kh, t0 + C, sm);
+        __syncthreads();  // V' whole; S is not read again this chunk
+        if (t0 + C < a.t) copy_chunk_qw(cs, r_pad, h, kh, t0 + C, sm.c);
         cp_async_commit();
         // 6b: o = e^gamma (q S) + Aq V' on the warp's tile.
         float av[4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
-            const Tf32Pair b[2] = {tf32_operand<kPasses>(rest.u[k0 + tq][cc + g]),
-                                   tf32_operand<kPasses>(rest.u[k0 + tq + 4][cc + g])};
+            const Tf32Pair b[2] = {tf32_operand<kPasses>(sm.c.u[k0 + tq][cc + g]),
+                                   tf32_operand<kPasses>(sm.c.u[k0 + tq + 4][cc + g])};
             Tf32Pair af[4];
-            a_fragment<kPasses>(&rest.aq[0][0], kTcPadAq, r, k0, tq, af);
+            a_fragment<kPasses>(&sm.c.aq[0][0], kTcPadAq, r, k0, tq, af);
             mma_tf32_passes<kPasses>(av, af, b);
         }
 #pragma unroll
@@ -670,10 +644,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             const int i = r + 8 * (e >> 1);
             if (i < n)
                 a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 2 * tq + (e & 1)] =
-                    __fmaf_rn(rest.e_gamma[i], qs[e], av[e]);
+                    __fmaf_rn(sm.c.e_gamma[i], qs[e], av[e]);
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
-        const float e_all = expf(rest.gamma[C - 1]);
+        const float e_all = expf(sm.c.gamma[C - 1]);
 #pragma unroll
         for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
@@ -681,16 +655,16 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
             const int m0 = 16 * warp;
-            const float(*k)[kTcPadKT] = rest.k;  // k^T's fragment: k rows k0 + tq (+ 4), columns m0 + g (+ 8)
+            const float(*k)[kTcPadKT] = sm.c.k;  // k^T's fragment: k rows k0 + tq (+ 4), columns m0 + g (+ 8)
             const Tf32Pair af[4] = {tf32_operand<kPasses>(k[k0 + tq][m0 + g]),
                                     tf32_operand<kPasses>(k[k0 + tq][m0 + g + 8]),
                                     tf32_operand<kPasses>(k[k0 + tq + 4][m0 + g]),
                                     tf32_operand<kPasses>(k[k0 + tq + 4][m0 + g + 8])};
-            const float er0 = rest.e_rest[k0 + tq], er1 = rest.e_rest[k0 + tq + 4];
+            const float er0 = sm.c.e_rest[k0 + tq], er1 = sm.c.e_rest[k0 + tq + 4];
 #pragma unroll
             for (int j = 0; j < kCols / 8; ++j) {
-                const Tf32Pair b[2] = {tf32_operand<kPasses>(__fmul_rn(rest.u[k0 + tq][8 * j + g], er0)),
-                                       tf32_operand<kPasses>(__fmul_rn(rest.u[k0 + tq + 4][8 * j + g], er1))};
+                const Tf32Pair b[2] = {tf32_operand<kPasses>(__fmul_rn(sm.c.u[k0 + tq][8 * j + g], er0)),
+                                       tf32_operand<kPasses>(__fmul_rn(sm.c.u[k0 + tq + 4][8 * j + g], er1))};
                 mma_tf32_passes<kPasses>(st[j], af, b);
             }
         }
@@ -712,39 +686,12 @@ int gdn_state_tf32_passes() {
     return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "3xtf32") == 0 ? 3 : 1;
 }
 
-// gdn_chunk_state_tc_kernel<kPasses, kRestSets>'s shared memory asked for once, at its first launch (each form on its
-// own: the default's launches never depend on another form's attribute call).
-template <int kPasses, int kRestSets> cudaError_t state_tc_opted_in() {
-    static const cudaError_t e =
-        cudaFuncSetAttribute(gdn_chunk_state_tc_kernel<kPasses, kRestSets>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem<kRestSets>));
+// gdn_chunk_state_tc_kernel<kPasses>'s shared memory asked for once, at its first launch (each form on its own: the
+// default's launches never depend on another form's attribute call).
+template <int kPasses> cudaError_t state_tc_opted_in() {
+    static const cudaError_t e = cudaFuncSetAttribute(
+        gdn_chunk_state_tc_kernel<kPasses>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
     return e;
-}
-
-// OPENJET_GDN_STATE_AHEAD (read at each call): unset or 1, the tensor-core state phase copies a chunk's k, U, Aq and
-// decays while the chunk before computes (two sets of them, Phase2TcSmem<2>) where two such blocks fit an SM (the
-// 228 KB SMs of sm_90 / sm_100); 0, or where they do not fit, one set, copied during the chunk's own steps 5 and 6a.
-// The same arithmetic either way: the same bits.
-bool gdn_state_rest_ahead() {
-    const char* v = std::getenv("OPENJET_GDN_STATE_AHEAD");
-    if (v && std::strcmp(v, "0") == 0) return false;
-    int per_sm = 0, reserved = 0;
-    return device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, &per_sm) == cudaSuccess &&
-           device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, &reserved) == cudaSuccess &&
-           2 * (sizeof(Phase2TcSmem<2>) + reserved) <= static_cast<size_t>(per_sm);
-}
-
-// The tensor-core state phase's launch: kPasses tf32 products, one or two sets of the rest (gdn_state_rest_ahead).
-template <int kPasses> cudaError_t launch_state_tc(const GdnStepArgs& a, cudaStream_t stream) {
-    const unsigned blocks = a.n_v * (D / kCols);
-    if (gdn_state_rest_ahead()) {
-        if (const cudaError_t e = state_tc_opted_in<kPasses, 2>()) return e;
-        count_launch(Counted::kGdnStateAhead);
-        return launch_kernel(gdn_chunk_state_tc_kernel<kPasses, 2>, blocks, kThreads, sizeof(Phase2TcSmem<2>), stream,
-                             a);
-    }
-    if (const cudaError_t e = state_tc_opted_in<kPasses, 1>()) return e;
-    return launch_kernel(gdn_chunk_state_tc_kernel<kPasses, 1>, blocks, kThreads, sizeof(Phase2TcSmem<1>), stream, a);
 }
 
 }  // namespace
@@ -793,9 +740,11 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         count_launch(Counted::kGdnTwoPhase);
         if (a.snap_state) count_launch(Counted::kGdnSnapshot);
         const int passes = gdn_state_tf32_passes();
-        if (passes && static_cast<int>(sizeof(Phase2TcSmem<1>)) <= optin) {
+        if (passes && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
+            if (const cudaError_t e = passes == 3 ? state_tc_opted_in<3>() : state_tc_opted_in<1>()) return e;
             count_launch(Counted::kGdnStateTensorCores);
-            return passes == 3 ? launch_state_tc<3>(a, stream) : launch_state_tc<1>(a, stream);
+            return launch_kernel(passes == 3 ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>,
+                                 a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem), stream, a);
         }
         return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
     }

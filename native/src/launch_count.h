@@ -31,7 +31,6 @@ enum class Counted {
     kGdnNormPack = 14,     // a prefill's GDN gated RMSNorm and the out projection's pack in one pass (the same bits)
     kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
     kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
-    kGdnStateAhead = 17,    // the GDN state phase with a chunk's operands copied a chunk ahead (the same bits)
     kCount
 };
 

@@ -292,7 +292,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
-           "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_ahead": 17}
+           "prefill_residual": 15, "attn_prep_rows": 16}
 
 
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
@@ -328,8 +328,7 @@ def launch_count(path: str) -> int:
     OPENJET_PREFILL_F16_WEIGHTS; "gdn_norm_pack": a prefill's GDN gated norm and out-projection pack in one pass,
     OPENJET_GDN_NORM_PACK; "prefill_residual": a prefill projection added to the residual stream in the dense GEMM's
     epilogue, OPENJET_PREFILL_RESIDUAL; "attn_prep_rows": an attention call's prep a row a block,
-    OPENJET_ATTN_PREP_ROWS; "gdn_state_ahead": the GDN state phase with each chunk's operands copied a chunk ahead,
-    OPENJET_GDN_STATE_AHEAD): how a test sees that the path ran."""
+    OPENJET_ATTN_PREP_ROWS): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
