@@ -36,6 +36,11 @@ OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float*
  * also runs the next layer's input projections (next_proj != 0), in rows of n_embd (else 0). */
 OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int k_out, int next_proj, int* rows);
 
+/* The W rows a block of the prefill's tf32x3 F32 GEMM takes (prefill_f32.cu; host arithmetic, no GPU needed) for a
+ * call of t rows x n, `matrices` (1 or 2) in one launch, on a GPU of `sms` multiprocessors whose blocks may opt in to
+ * `optin` bytes of shared memory: 48 (wide) or 16 (narrow) into *rows. */
+OPENJET_API int openjet_test_prefill_f32_block_rows(int t, int n, int matrices, int sms, int optin, int* rows);
+
 /* What the engine allocates for the persistent FFN at FFN width n_ff: *ints counters and flags
  * (ffn_persistent_scratch_ints) and *profile_slots 8-byte profile accumulators (kFfnProfileSlots). */
 OPENJET_API int openjet_test_ffn_scratch(int n_ff, int* ints, int* profile_slots);

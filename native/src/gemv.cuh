@@ -86,6 +86,9 @@ bool prefill_f32_own();
 // read back.
 bool prefill_gemm_adds(const GemvArgs& a);
 bool prefill_f32_takes(const GemvArgs& a);
+// The W rows a block of OPENJET_PREFILL_F32=tf32x3 takes for a call of t rows x n (of `matrices` matrices) on a GPU
+// of `sms` multiprocessors whose blocks may opt in to `optin` bytes of shared memory: 48 or 16 (the same bits).
+int prefill_f32_tc_block_rows(int t, int n, int matrices, int sms, int optin);
 cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
 // Whether OPENJET_PREFILL_GEMM=dense (read at each call): prefill calls given scratch dequantise and multiply densely.

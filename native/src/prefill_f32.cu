@@ -295,6 +295,16 @@ F32Form prefill_f32_form() {
 
 bool prefill_f32_own() { return prefill_f32_form() != F32Form::kRows && prefill_numerics_own(); }
 
+// Wide blocks where every multiprocessor gets one (the H200's 4,096-row chunk of the 27B: 256 for 132) and their
+// 100 KB of shared memory fit a block (not the 99 KB of sm_86 / 89 / 120, where a 4090's 2,048-row chunk would ask
+// for 128 blocks on 128 SMs); narrow ones (60 KB) otherwise: a short call, a 2,048-row chunk on a large GPU.
+int prefill_f32_tc_block_rows(int t, int n, int matrices, int sms, int optin) {
+    const long long tok_tiles = (t + tc::kTok - 1) / tc::kTok;
+    const bool wide = tok_tiles * ((n + tc::kRowsWide - 1) / tc::kRowsWide) * matrices >= sms &&
+                      tc::kSmemBytes<tc::kRowsWide> <= static_cast<size_t>(optin);
+    return wide ? tc::kRowsWide : tc::kRowsNarrow;
+}
+
 bool prefill_f32_takes(const GemvArgs& a) {
     return a.k % kChunk == 0 && a.t >= 1 && a.xf &&
            !((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.xf)) & 15);
@@ -310,13 +320,11 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
         const int tok_tiles = (a.t + tc::kTok - 1) / tc::kTok;
         if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
         const int matrices = b ? 2 : 1;
-        int sms = 0;
+        int sms = 0, optin = 0;
         if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-        // Wide blocks where every multiprocessor gets one (the H200's 4,096-row chunk of the 27B: 256 for 132);
-        // narrow ones below (a short call; a 2,048-row chunk on a large GPU).
-        const bool wide =
-            static_cast<long long>(tok_tiles) * ((a.n + tc::kRowsWide - 1) / tc::kRowsWide) * matrices >= sms;
-        const int rows = wide ? tc::kRowsWide : tc::kRowsNarrow;
+        if (const cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
+        const int rows = prefill_f32_tc_block_rows(a.t, a.n, matrices, sms, optin);
+        const bool wide = rows == tc::kRowsWide;
         const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
         const auto* w0 = static_cast<const float*>(a.w);
         return wide ? tc::launch<tc::kRowsWide>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)

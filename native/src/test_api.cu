@@ -385,6 +385,16 @@ extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     return OPENJET_OK;
 }
 
+extern "C" OPENJET_API int openjet_test_prefill_f32_block_rows(int t, int n, int matrices, int sms, int optin,
+                                                              int* rows) {
+    if (!rows || t < 1 || n < 1 || matrices < 1 || matrices > 2 || sms < 1 || optin < 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_f32_block_rows: t = %d, n = %d, matrices = %d, sms = %d, "
+                    "optin = %d (t, n, sms >= 1, 1 or 2 matrices, optin >= 0), or rows is null", t, n, matrices, sms,
+                    optin);
+    *rows = prefill_f32_tc_block_rows(t, n, matrices, sms, optin);
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_ffn_pack_rows(int n_embd, int n_ff, int k_out, int next_proj, int* rows) {
     if (!rows || n_embd < kActUnit || n_ff < kActUnit || k_out < 0 || n_embd % kActUnit || n_ff % kActUnit ||
         k_out % kActUnit)

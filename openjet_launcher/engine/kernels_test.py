@@ -295,6 +295,17 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "prefill_residual": 15, "attn_prep_rows": 16}
 
 
+def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
+    """The W rows (48 or 16) a block of the prefill's tf32x3 F32 GEMM takes for t rows x n, `matrices` in one launch,
+    on a GPU of `sms` multiprocessors whose blocks may opt in to `optin` bytes of shared memory
+    (openjet_test_prefill_f32_block_rows; host arithmetic, no GPU needed)."""
+    lib = _lib()
+    rows = ctypes.c_int(0)
+    _check(lib, lib.openjet_test_prefill_f32_block_rows(t, n, matrices, sms, optin, ctypes.byref(rows)),
+           "prefill_f32_block_rows")
+    return rows.value
+
+
 def ffn_pack_rows(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> tuple[int, int]:
     """The persistent FFN's pack rows (openjet_test_ffn_pack_rows; host arithmetic, no GPU needed): where the tail's
     rows start in rows of k_out (-1: k_out 0, no tail) and where the next norm's rows start in rows of n_embd (0
