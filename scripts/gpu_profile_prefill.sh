@@ -11,12 +11,15 @@
 # switch set in the environment applies to the profiled run. Written 2026-12-03 after the device time ran out: its
 # pieces ran (ncu over one_prefill_kernel.py engine, filtered by kernel name, and this table). The script as a whole
 # does NOT work yet: its first run (H200, a3220c0) ended with ncu's "Failed to profile add_norm_pack_kernel" (the
-# range's first kernel) and no rows, then hung until the 400 s timeout. Untried: without the profiler range (ncu's
-# --launch-skip past the load instead of --profile-from-start off), and with OPENJET_PDL=0.
+# range's first kernel) and no rows, then hung until the 400 s timeout. Since 2026-12-04 (twentieth session, NOT yet
+# run: the device time was spent) it runs with OPENJET_PDL=0 unless the environment sets it: kernels launched as
+# programmatic dependents are the first suspect (the failing kernel was the range's first, launched with the PDL
+# attribute after the load's last kernel). If it still fails: ncu's --launch-skip past the load instead of the range.
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
 ROWS=${ROWS:-4096}
+export OPENJET_PDL=${OPENJET_PDL:-0}  # see above: PDL launches under ncu (the bits do not depend on it)
 MODEL=${MODEL:-/tmp/full-random.gguf}
 if [ ! -s "$MODEL" ]; then
   python3 -m openjet_launcher synth --preset full --quiet --codes random "$MODEL" \
