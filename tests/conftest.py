@@ -29,6 +29,19 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def engine_library():
+    """The built engine library's path, for tests of its host arithmetic (no GPU needed); where it was not built,
+    the module's tests are skipped with the reason. Use: pytestmark = pytest.mark.usefixtures("engine_library")."""
+    from openjet_launcher.engine import native
+    from openjet_launcher.errors import OpenJetError
+
+    try:
+        return native.library_path()
+    except OpenJetError as e:
+        pytest.skip(str(e).split(": ")[0])  # "The OpenJet GPU engine was not built", or the env var's fault
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

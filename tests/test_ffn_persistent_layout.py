@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from openjet_launcher.engine import kernels_test as kt
-from openjet_launcher.engine import native
 from openjet_launcher.engine.cuda import PREFILL_ROWS
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher.memory import V1_FFN_PROFILE_SLOTS, memory_model
@@ -29,12 +28,7 @@ SHAPES += [("narrow-tail", 1024, 1024, 256), ("wide-tail", 512, 768, 4096), ("n_
            ("tail-rows-before-next", 1280, 1280, 1024)]  # the next rows' bytes past the tail's, their inv rows not
 
 
-@pytest.fixture(scope="module", autouse=True)
-def library():
-    try:
-        native.library_path()
-    except OpenJetError as e:
-        pytest.skip(str(e).split(": ")[0])
+pytestmark = pytest.mark.usefixtures("engine_library")
 
 
 def groups(n_embd: int, n_ff: int, k_out: int, next_proj: bool) -> dict[str, dict[str, tuple[int, int]]]:

@@ -13,7 +13,6 @@ import math
 import pytest
 
 from openjet_launcher.engine import kernels_test as kt
-from openjet_launcher.engine import native
 from openjet_launcher.errors import OpenJetError
 
 WIDE_SMEM = 4 * (32 + 48) * (64 + 16) * 4
@@ -22,12 +21,7 @@ GPUS = {"H200": (132, OPTIN_SM90), "H100 PCIe": (114, OPTIN_SM90), "RTX 3090": (
         "RTX 4090": (128, OPTIN_CONSUMER), "RTX 5090": (170, OPTIN_CONSUMER)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def library():
-    try:
-        native.library_path()
-    except OpenJetError as e:
-        pytest.skip(str(e).split(": ")[0])
+pytestmark = pytest.mark.usefixtures("engine_library")
 
 
 def expected(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
