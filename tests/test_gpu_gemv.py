@@ -554,14 +554,13 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
-@pytest.mark.parametrize("form", ["rows", "simt", "tf32x3"])
+@pytest.mark.parametrize("form", ["rows", "tf32x3"])
 @pytest.mark.parametrize("n", [48, 40, 100])
 def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, monkeypatch):
     """A GDN layer's beta and alpha as a prefill projects them, both in one launch_gemv_pair, with each
     OPENJET_PREFILL_F32 form: rows (decode's kernels, so every row has the bits of the decode call of <= 8 rows
-    holding it), simt and tf32x3 (the default; prefill_f32.cu's GEMMs, numerics of their own: 64 tokens x 48 rows a
-    block with k split over 8 warps summed in warp order; the products on tensor cores in 3xTF32, each chunk's
-    products added in fp32, 4 k slices summed in order). For every form a
+    holding it) and tf32x3 (the default; prefill_f32.cu's GEMM, numerics of its own: the products on tensor cores in
+    3xTF32, each chunk's products added in fp32, 4 k slices summed in order). For every form a
     row's values do not depend on the call's row count or the row's place in it (the chunk sizes' invariance: T =
     300 against T = 1, 7, 37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value
     written: the outputs start as NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles
@@ -588,9 +587,10 @@ def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, mon
 
 def test_prefill_f32_tf32x3_wide_and_narrow_blocks_give_the_same_bits(monkeypatch):
     """OPENJET_PREFILL_F32=tf32x3 takes 48 rows a block where the call gives every multiprocessor a block and 16 rows
-    below that: each n8 tile's sums are its own, so a row's values must not depend on which. A call of 8,168 rows
-    (wide blocks on any GPU of up to 510 multiprocessors) against calls of 300 rows (narrow on any of 21 or more) on
-    slices of it, its last partial token tile included; and tf32x3 is the default (the variable unset)."""
+    below that (or where the wide block's shared memory does not fit: tests/test_prefill_f32_blocks.py): each n8
+    tile's sums are its own, so a row's values must not depend on which. A call of 8,168 rows (wide blocks on any
+    sm_90 GPU of up to 510 multiprocessors) against calls of 300 rows (narrow on any of 21 or more) on slices of it,
+    its last partial token tile included; and tf32x3 is the default (the variable unset)."""
     monkeypatch.setenv("OPENJET_PREFILL_F32", "tf32x3")
     rng = np.random.default_rng(45)
     n, k, t = 48, 5120, 8168
@@ -611,7 +611,7 @@ def test_prefill_f32_pair_under_exact_numerics_gives_decode_bits(monkeypatch):
     """OPENJET_PREFILL_GEMM=exact: a prefill's beta and alpha keep decode's bits (gemv.cu's kernels) even where
     OPENJET_PREFILL_F32 asks for a GEMM, each row those of the decode call (<= 8 rows) holding it."""
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", "exact")
-    monkeypatch.setenv("OPENJET_PREFILL_F32", "simt")
+    monkeypatch.setenv("OPENJET_PREFILL_F32", "tf32x3")
     rng = np.random.default_rng(43)
     n, k = 48, 5120
     w0, w1 = (rng.standard_normal((n, k), dtype=np.float32) for _ in range(2))

@@ -63,9 +63,9 @@ OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k,
 OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
 /* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill
- * projects a GDN layer's beta and alpha: with OPENJET_PREFILL_F32=simt or tf32x3 under the prefill's own numerics
- * (OPENJET_PREFILL_GEMM unset, fast or dense) both in one launch of prefill_f32.cu's GEMM, whatever t; else (the
- * default) decode's kernels and bits. */
+ * projects a GDN layer's beta and alpha: under the prefill's own numerics (OPENJET_PREFILL_GEMM unset, fast or dense)
+ * both in one launch of prefill_f32.cu's GEMM, whatever t, unless OPENJET_PREFILL_F32=rows; else decode's kernels
+ * and bits. */
 OPENJET_API int openjet_test_gemv_f32_pair(const float* w0, const float* w1, int n, int k, const float* x, int t,
                                            float* y0, float* y1);
 

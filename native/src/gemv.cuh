@@ -73,8 +73,8 @@ void set_gemv_half_tiles(int mode);
 bool prefill_numerics_own();
 
 // prefill_f32.cu: the F32 projections of a prefill with numerics of their own, a and b (where given: the same n, k, t
-// and x) in one launch; launch_gemv takes them for a prefill's rows where prefill_f32_own(): OPENJET_PREFILL_F32 unset,
-// tf32x3 or simt (read at each call; rows: decode's kernels) and the prefill's own numerics (prefill_numerics_own).
+// and x) in one launch; launch_gemv takes them for a prefill's rows where prefill_f32_own(): OPENJET_PREFILL_F32 unset
+// or tf32x3 (read at each call; rows: decode's kernels) and the prefill's own numerics (prefill_numerics_own).
 // Takes calls with k % 64 == 0 and 16-byte aligned w and xf.
 bool prefill_f32_own();
 
@@ -88,7 +88,7 @@ bool prefill_gemm_adds(const GemvArgs& a);
 bool prefill_f32_takes(const GemvArgs& a);
 // The W rows a block of OPENJET_PREFILL_F32=tf32x3 takes for a call of t rows x n (of `matrices` matrices) on a GPU
 // of `sms` multiprocessors whose blocks may opt in to `optin` bytes of shared memory: 48 or 16 (the same bits).
-int prefill_f32_tc_block_rows(int t, int n, int matrices, int sms, int optin);
+int prefill_f32_block_rows(int t, int n, int matrices, int sms, int optin);
 cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
 // Whether OPENJET_PREFILL_GEMM=dense (read at each call): prefill calls given scratch dequantise and multiply densely.

@@ -1,24 +1,19 @@
 // A prefill's F32 projections (a GDN layer's ssm_beta and ssm_alpha, [48, 5120] at 27B) with numerics of their own,
-// where the prefill has its own numerics (OPENJET_PREFILL_GEMM unset, fast or dense); OPENJET_PREFILL_F32 (read at each
-// call) picks the form: tf32x3 (the default since 2026-12-04), simt, or rows (decode's kernels and bits, gemv.cu).
-// Decode's order (gemv.cu: 128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every (row,
-// token) pair and so reads each weight chunk from L2 once per 8 tokens: 290 us for both matrices at 4,096 rows on the
-// H200, ~14 ms of a 4,096-token prefill for the 48 layers, bound by those L2 reads.
+// where the prefill has its own numerics (OPENJET_PREFILL_GEMM unset, fast or dense) and OPENJET_PREFILL_F32 (read at
+// each call) is unset or tf32x3 (the default since 2026-12-04); `rows`: decode's kernels and bits (gemv.cu), whose
+// order (128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every (row, token) pair and so
+// reads each weight chunk from L2 once per 8 tokens: 290 us for both matrices at 4,096 rows on the H200, ~14 ms of a
+// 4,096-token prefill for the 48 layers, bound by those L2 reads.
 //
-// tf32x3 (tc:: below): the products on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts),
-// 32 tokens x 48 rows a block (16 rows where 48 would leave multiprocessors without a block: the same bits), 8 warps =
-// 2 token halves x 4 k slices, k in 64-value chunks through a 4-stage cp.async ring. Each chunk's products go into a
-// fresh fragment added to the slice's sum in fp32 (the mma's own accumulation truncates: all 5,120 k through one
-// accumulator measured 4.5e-5 against float64), the slices summed in order: 3e-7 against float64, and a row's values
-// depend on x's row and W's row only (the chunk sizes' invariance). Both matrices, H200 (bench_prefill_f32.py,
-// 2026-12-04, gemv-f32-prefill-h200-b620470.json): 8 to 512 rows 38 us (rows: 34-47), 2,048 79 (165), 4,096 121
-// (290); the 27B's gdn.in_proj at 4,096 tokens 64.2 -> 56.5 ms.
-//
-// simt (opt-in): an fp32 FMA GEMM, 64 tokens x 48 rows a block through shared memory. Its 8 warps split k: warp s
-// takes k sub-chunk s (8 values) of every 64-value chunk, each lane an fma chain over those k for its 8 tokens x 12
-// rows (96 accumulators); the 8 warps' sums are then added in warp order. So y[t, n] = ((p0 + p1) + ...) + p7, p_s
-// the chain over warp s's k in increasing order (a row's bits independent of the call's rows). A block takes ~165 us
-// whatever its rows hold (~37% of the SM's FMA rate): one matrix at 512 rows 139 us against decode's kernel's 23.
+// Here the products run on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts), 32 tokens x
+// 48 rows a block (16 rows where 48 would leave multiprocessors without a block or its shared memory does not fit:
+// the same bits), 8 warps = 2 token halves x 4 k slices, k in 64-value chunks through a 4-stage cp.async ring. Each
+// chunk's products go into a fresh fragment added to the slice's sum in fp32 (the mma's own accumulation truncates:
+// all 5,120 k through one accumulator measured 4.5e-5 against float64), the slices summed in order: 3e-7 against
+// float64, and a row's values depend on x's row and W's row only (the chunk sizes' invariance). Both matrices, H200
+// (bench_prefill_f32.py, 2026-12-04, gemv-f32-prefill-h200-b620470.json): 8 to 512 rows 38 us (rows: 34-47), 2,048
+// 79 (165), 4,096 121 (290); the 27B's gdn.in_proj at 4,096 tokens 64.2 -> 56.5 ms. (An fp32 FMA GEMM of 64 tokens x
+// 48 rows a block, `simt` until 2026-12-04, was slower at every size: 135-167 us; removed.)
 //
 // OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits whatever the form: gemv.cu's kernels.
 #include <cstdint>
@@ -34,117 +29,6 @@
 namespace openjet {
 namespace {
 
-constexpr int kTok = 64, kRowsTile = 48, kChunk = 64, kWarps = 8, kThreads = kWarps * 32;
-constexpr int kPitch = kChunk + 4;      // floats a row of a staged chunk: 8 lanes' float4s at distinct banks
-// A lane's tokens tg + 8 i and rows rg + 4 j (tg = lane % 8, rg = lane / 8).
-constexpr int kTokLane = 8, kRowsLane = 12;
-constexpr int kXLoads = kTok * kChunk / 4 / kThreads, kWLoads = kRowsTile * kChunk / 4 / kThreads;
-constexpr int kSumPitch = kRowsTile + 1;
-static_assert(kTokLane * 8 == kTok && kRowsLane * 4 == kRowsTile && kChunk == kWarps * 8, "the tile's split");
-static_assert(kTok * kSumPitch <= kTok * kPitch, "the block's sums fit where x was staged");
-
-// Chunk c of rows r0.. of m (k a row; rows from `valid` on: zeros), kLoads float4s a thread, into registers.
-template <int kLoads>
-__device__ __forceinline__ void load_rows(const float* __restrict__ m, int r0, int valid, int k, int c,
-                                          float4 (&p)[kLoads]) {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i, row = f / (kChunk / 4), q = f % (kChunk / 4);
-        p[i] = r0 + row < valid
-                   ? __ldg(reinterpret_cast<const float4*>(m + static_cast<long long>(r0 + row) * k + c * kChunk) + q)
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-}
-
-// Tokens [t0, t0 + 64) of x (zeros past t) and rows [r0, r0 + 48) of W (zeros past n), chunk c, into registers.
-__device__ __forceinline__ void load_chunk(const float* __restrict__ x, const float* __restrict__ w, int t, int n,
-                                           int k, int t0, int r0, int c, float4 (&px)[kXLoads],
-                                           float4 (&pw)[kWLoads]) {
-    load_rows(x, t0, t, k, c, px);
-    load_rows(w, r0, n, k, c, pw);
-}
-
-__device__ __forceinline__ void store_chunk(float* xs, float* ws, const float4 (&px)[kXLoads],
-                                            const float4 (&pw)[kWLoads]) {
-#pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i;
-        *reinterpret_cast<float4*>(xs + f / (kChunk / 4) * kPitch + f % (kChunk / 4) * 4) = px[i];
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-        const int f = threadIdx.x + kThreads * i;
-        *reinterpret_cast<float4*>(ws + f / (kChunk / 4) * kPitch + f % (kChunk / 4) * 4) = pw[i];
-    }
-}
-
-// blockIdx: x the 48-row tile of W, y the 64-token tile, z the matrix (0: w0 -> y0, 1: w1 -> y1).
-__global__ void __launch_bounds__(kThreads, 1)
-    prefill_f32_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
-                       float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
-    __shared__ __align__(16) float xs[kTok * kPitch];
-    __shared__ __align__(16) float ws[kRowsTile * kPitch];
-    const float* w = blockIdx.z ? w1 : w0;
-    float* y = blockIdx.z ? y1 : y0;
-    const int r0 = blockIdx.x * kRowsTile, t0 = blockIdx.y * kTok;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tg = lane & 7, rg = lane >> 3;
-    float acc[kRowsLane][kTokLane];
-#pragma unroll
-    for (int j = 0; j < kRowsLane; ++j)
-#pragma unroll
-        for (int i = 0; i < kTokLane; ++i) acc[j][i] = 0.0f;
-    float4 px[kXLoads], pw[kWLoads];
-    pdl_wait();  // x is the kernel before's output
-    pdl_launch_dependents();
-    load_chunk(x, w, t, n, k, t0, r0, 0, px, pw);
-    store_chunk(xs, ws, px, pw);
-    __syncthreads();
-    const int chunks = k / kChunk;
-#pragma unroll 1
-    for (int c = 0; c < chunks; ++c) {
-        if (c + 1 < chunks) load_chunk(x, w, t, n, k, t0, r0, c + 1, px, pw);  // in flight during the products
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int kk = warp * 8 + 4 * h;
-            float4 b[kTokLane];
-#pragma unroll
-            for (int i = 0; i < kTokLane; ++i) b[i] = *reinterpret_cast<const float4*>(xs + (tg + 8 * i) * kPitch + kk);
-#pragma unroll
-            for (int j = 0; j < kRowsLane; ++j) {
-                const float4 a = *reinterpret_cast<const float4*>(ws + (rg + 4 * j) * kPitch + kk);
-#pragma unroll
-                for (int i = 0; i < kTokLane; ++i) acc[j][i] = f32_fma4(a, b[i], acc[j][i]);
-            }
-        }
-        __syncthreads();
-        if (c + 1 < chunks) {
-            store_chunk(xs, ws, px, pw);
-            __syncthreads();
-        }
-    }
-    // The warps' partial sums in warp order, through shared memory (where x was staged: free after the sync above).
-    float* sum = xs;
-#pragma unroll 1
-    for (int s = 0; s < kWarps; ++s) {
-        if (warp == s)
-#pragma unroll
-            for (int j = 0; j < kRowsLane; ++j)
-#pragma unroll
-                for (int i = 0; i < kTokLane; ++i) {
-                    float& v = sum[(tg + 8 * i) * kSumPitch + rg + 4 * j];
-                    v = s == 0 ? acc[j][i] : __fadd_rn(v, acc[j][i]);
-                }
-        __syncthreads();
-    }
-    for (int e = threadIdx.x; e < kTok * kRowsTile; e += kThreads) {
-        const int tok = e / kRowsTile, row = e % kRowsTile;
-        if (t0 + tok < t && r0 + row < n)
-            y[static_cast<long long>(t0 + tok) * n + r0 + row] = sum[tok * kSumPitch + row];
-    }
-}
-
-// ---------------------------------------------------------------------------------------------- tf32x3
-namespace tc {
 // A block: 32 tokens x kRows rows of one matrix, 8 warps = 2 token halves (one m16 tile each) x 4 k slices. k runs in
 // 64-value chunks through a kStages-deep cp.async ring (a short call's few blocks must keep many loads in flight to
 // stream their weights: ~0.5 MB a block at 16 rows); slice s takes k16 step s of every chunk.
@@ -152,7 +36,7 @@ constexpr int kTok = 32, kChunk = 64, kSlices = 4, kWarps = 2 * kSlices, kThread
 constexpr int kPitch = kChunk + 16;  // floats a staged row: a quarter warp's float4s (rows g, g + 1) on distinct banks
 constexpr int kXLoads = kTok * kChunk / 4 / kThreads;
 static_assert(kXLoads * kThreads * 4 == kTok * kChunk && 16 * kChunk / 4 % kThreads == 0, "whole loads");
-static_assert(kChunk == 16 * kSlices && kChunk == openjet::kChunk, "a k16 step a slice; prefill_f32_takes' k rule");
+static_assert(kChunk == 16 * kSlices, "a k16 step a slice");
 // W rows a block: 48 (6 n8 tiles) where the call has enough token tiles to give every multiprocessor a block, else 16
 // (three times the blocks for a short call). Each n8 tile's sums are its own, so the bits are the same either way.
 constexpr int kRowsWide = 48, kRowsNarrow = 16;
@@ -281,28 +165,25 @@ cudaError_t launch(dim3 grid, cudaStream_t stream, const float* w0, float* y0, c
     return launch_kernel(prefill_f32_tc_kernel<kRows>, grid, kThreads, kSmemBytes<kRows>, stream, w0, y0, w1, y1, n,
                          k, t, x);
 }
-}  // namespace tc
 
-enum class F32Form { kRows, kSimt, kTf32x3 };
-F32Form prefill_f32_form() {
+// OPENJET_PREFILL_F32=rows: decode's kernels (read at each call).
+bool prefill_f32_rows() {
     const char* v = std::getenv("OPENJET_PREFILL_F32");
-    if (v && std::strcmp(v, "simt") == 0) return F32Form::kSimt;
-    if (v && std::strcmp(v, "rows") == 0) return F32Form::kRows;
-    return F32Form::kTf32x3;
+    return v && std::strcmp(v, "rows") == 0;
 }
 
 }  // namespace
 
-bool prefill_f32_own() { return prefill_f32_form() != F32Form::kRows && prefill_numerics_own(); }
+bool prefill_f32_own() { return !prefill_f32_rows() && prefill_numerics_own(); }
 
 // Wide blocks where every multiprocessor gets one (the H200's 4,096-row chunk of the 27B: 256 for 132) and their
 // 100 KB of shared memory fit a block (not the 99 KB of sm_86 / 89 / 120, where a 4090's 2,048-row chunk would ask
 // for 128 blocks on 128 SMs); narrow ones (60 KB) otherwise: a short call, a 2,048-row chunk on a large GPU.
-int prefill_f32_tc_block_rows(int t, int n, int matrices, int sms, int optin) {
-    const long long tok_tiles = (t + tc::kTok - 1) / tc::kTok;
-    const bool wide = tok_tiles * ((n + tc::kRowsWide - 1) / tc::kRowsWide) * matrices >= sms &&
-                      tc::kSmemBytes<tc::kRowsWide> <= static_cast<size_t>(optin);
-    return wide ? tc::kRowsWide : tc::kRowsNarrow;
+int prefill_f32_block_rows(int t, int n, int matrices, int sms, int optin) {
+    const long long tok_tiles = (t + kTok - 1) / kTok;
+    const bool wide = tok_tiles * ((n + kRowsWide - 1) / kRowsWide) * matrices >= sms &&
+                      kSmemBytes<kRowsWide> <= static_cast<size_t>(optin);
+    return wide ? kRowsWide : kRowsNarrow;
 }
 
 bool prefill_f32_takes(const GemvArgs& a) {
@@ -316,25 +197,17 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
         return cudaErrorInvalidValue;
     const float* w1 = b ? static_cast<const float*>(b->w) : nullptr;
     float* y1 = b ? b->y : nullptr;
-    if (prefill_f32_form() == F32Form::kTf32x3) {
-        const int tok_tiles = (a.t + tc::kTok - 1) / tc::kTok;
-        if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
-        const int matrices = b ? 2 : 1;
-        int sms = 0, optin = 0;
-        if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-        if (const cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
-        const int rows = prefill_f32_tc_block_rows(a.t, a.n, matrices, sms, optin);
-        const bool wide = rows == tc::kRowsWide;
-        const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
-        const auto* w0 = static_cast<const float*>(a.w);
-        return wide ? tc::launch<tc::kRowsWide>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)
-                    : tc::launch<tc::kRowsNarrow>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf);
-    }
     const int tok_tiles = (a.t + kTok - 1) / kTok;
     if (tok_tiles > 65535) return cudaErrorInvalidValue;  // gridDim.y
-    const dim3 grid((a.n + kRowsTile - 1) / kRowsTile, tok_tiles, b ? 2 : 1);
-    return launch_kernel(prefill_f32_kernel, grid, kThreads, 0, stream, static_cast<const float*>(a.w), a.y, w1, y1,
-                         a.n, a.k, a.t, a.xf);
+    const int matrices = b ? 2 : 1;
+    int sms = 0, optin = 0;
+    if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+    if (const cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
+    const int rows = prefill_f32_block_rows(a.t, a.n, matrices, sms, optin);
+    const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
+    const auto* w0 = static_cast<const float*>(a.w);
+    return rows == kRowsWide ? launch<kRowsWide>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)
+                             : launch<kRowsNarrow>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf);
 }
 
 }  // namespace openjet

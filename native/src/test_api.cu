@@ -391,7 +391,7 @@ extern "C" OPENJET_API int openjet_test_prefill_f32_block_rows(int t, int n, int
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_f32_block_rows: t = %d, n = %d, matrices = %d, sms = %d, "
                     "optin = %d (t, n, sms >= 1, 1 or 2 matrices, optin >= 0), or rows is null", t, n, matrices, sms,
                     optin);
-    *rows = prefill_f32_tc_block_rows(t, n, matrices, sms, optin);
+    *rows = prefill_f32_block_rows(t, n, matrices, sms, optin);
     return OPENJET_OK;
 }
 

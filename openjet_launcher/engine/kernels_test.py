@@ -150,7 +150,7 @@ def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
 def gemv_f32_pair(w0, w1, x) -> tuple[np.ndarray, np.ndarray]:
     """(W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill projects a GDN
     layer's beta and alpha (openjet_test_gemv_f32_pair: under the prefill's own numerics prefill_f32.cu's GEMM, any row
-    count, tf32x3 unless OPENJET_PREFILL_F32 names simt; rows, or OPENJET_PREFILL_GEMM=exact: decode's kernels)."""
+    count; OPENJET_PREFILL_F32=rows, or OPENJET_PREFILL_GEMM=exact: decode's kernels)."""
     lib = _lib()
     x = _f32(x, 2)
     t, k = x.shape
