@@ -18,6 +18,7 @@
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "launch_count.h"
+#include "mma_f16.cuh"
 #include "mma_tf32.cuh"
 #include "pdl.cuh"
 
@@ -360,6 +361,10 @@ constexpr int kLocalBlocksPerSm = 3;
 #else
 constexpr int kLocalBlocksPerSm = 1;
 #endif
+// kTf32Operands (the default state phase, gdn_chunk_state_tf32_kernel): q, k, W and Aq go out rounded to tf32 once
+// (the rounding every warp of the state phase would otherwise apply to each fragment it loads), and each chunk's k
+// transposed ([D][C] per key head and chunk: k^T is step 7's A operand); U stays fp32 (V' = U - W S is fp32).
+template <bool kTf32Operands>
 __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_kernel(const GdnStepArgs a) {
     extern __shared__ float4 smem_raw[];
     Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
@@ -404,6 +409,7 @@ __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_k
     // 4. Thread c < D solves U's column c, thread D + d W's column d; then everything the state steps need goes out.
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)chunks * C;
+    const auto operand = [](float x) { return kTf32Operands ? __uint_as_float(tf32_rna(x)) : x; };
     {
         const bool is_u = tid < D;
         const int c = is_u ? tid : tid - D;
@@ -413,15 +419,20 @@ __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_k
         }, x);
         float* dst = (is_u ? cs.u : cs.w) + ((size_t)h * r_pad + t0) * D + c;
 #pragma unroll
-        for (int i = 0; i < C; ++i) dst[(size_t)i * D] = x[i];
+        for (int i = 0; i < C; ++i) dst[(size_t)i * D] = is_u ? x[i] : operand(x[i]);
     }
     if (h == kh)
         for (int e = tid; e < C * D; e += kThreads) {
             const int i = e / D, d = e % D;
-            cs.q[((size_t)kh * r_pad + t0 + i) * D + d] = sm.q[i][d];
-            cs.k[((size_t)kh * r_pad + t0 + i) * D + d] = sm.k[i][d];
+            cs.q[((size_t)kh * r_pad + t0 + i) * D + d] = operand(sm.q[i][d]);
+            if constexpr (kTf32Operands) {  // k^T: element e is (d, i) = (e / C, e % C)
+                cs.k[((size_t)kh * r_pad + t0) * D + e] = operand(sm.k[e % C][e / C]);
+            } else {
+                cs.k[((size_t)kh * r_pad + t0 + i) * D + d] = sm.k[i][d];
+            }
         }
-    for (int e = tid; e < C * C; e += kThreads) cs.aq[((size_t)h * r_pad + t0) * C + e] = (&sm.aq[0][0])[e];
+    for (int e = tid; e < C * C; e += kThreads)
+        cs.aq[((size_t)h * r_pad + t0) * C + e] = operand((&sm.aq[0][0])[e]);
     if (tid < C) {
         const size_t at = (size_t)h * r_pad + t0 + tid;
         cs.gamma[at] = sm.gamma[tid], cs.e_gamma[at] = sm.e_gamma[tid], cs.e_rest[at] = sm.e_rest[tid];
@@ -459,16 +470,10 @@ __device__ __forceinline__ void copy_chunk_qw(const ChunkScratch& cs, size_t r_p
     }
 }
 
-// The rest of chunk t0's operands for block (h, c0): k's rows, U's columns, Aq's rows and the decays (1,024, 256,
-// 256 and 24 pieces).
+// Chunk t0's U columns, Aq rows and decays for block (h, c0) (256, 256 and 24 pieces).
 template <class Buf>
-__device__ __forceinline__ void copy_chunk_rest(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0, int t0,
-                                                Buf& b) {
-    const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
-        const int i = e / (D / 4), d = 4 * (e % (D / 4));
-        cp_async16(&b.k[i][d], k + 4 * e);
-    }
+__device__ __forceinline__ void copy_chunk_u_aq_decays(const ChunkScratch& cs, size_t r_pad, int h, int c0, int t0,
+                                                       Buf& b) {
     static_assert(C == kCols, "U's columns and Aq's rows copy in the same pieces");
     for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row; Aq's rows
         const int i = e / (kCols / 4), j = 4 * (e % (kCols / 4));
@@ -481,6 +486,18 @@ __device__ __forceinline__ void copy_chunk_rest(const ChunkScratch& cs, size_t r
         float* dst = part == 0 ? b.gamma : part == 1 ? b.e_gamma : b.e_rest;
         cp_async16(dst + j, (part == 0 ? cs.gamma : part == 1 ? cs.e_gamma : cs.e_rest) + at);
     }
+}
+
+// The rest of chunk t0's operands for block (h, c0): k's rows (1,024 pieces), then copy_chunk_u_aq_decays.
+template <class Buf>
+__device__ __forceinline__ void copy_chunk_rest(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0, int t0,
+                                                Buf& b) {
+    const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
+    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
+        const int i = e / (D / 4), d = 4 * (e % (D / 4));
+        cp_async16(&b.k[i][d], k + 4 * e);
+    }
+    copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
 // All of chunk t0's operands for block (h, c0) into b.
@@ -673,25 +690,221 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
 }
 
-// OPENJET_GDN_STATE_TC (read at each call): unset, 1 or `tf32` (the default since 2026-12-03) the state phase on
-// tensor cores, each product one tf32 mma of operands rounded once (gdn_chunk_state_tc_kernel<1>: numerics of their
-// own, the same 10-bit mantissa as the fp16 operands of every prefill GEMM; within 5e-4 of the float64 recurrence,
-// issue 6's KL bar in the engine); `3xtf32` the same products in 3xTF32 (<3>, about fp32's accuracy; the default
-// from 5cc0ff2 to 2026-12-03); 0 the FMA form. H200, a 4,096-row call at 27B widths: 1,247 us (tf32) against 1,756
-// (3xtf32) and 2,137 (FMA); the state phase alone 628 against 1,133 us (ncu). The tf32 products a call takes: 1, 3,
-// or 0 for the FMA form.
-int gdn_state_tf32_passes() {
-    const char* v = std::getenv("OPENJET_GDN_STATE_TC");
-    if (!v) return 1;
-    return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "3xtf32") == 0 ? 3 : 1;
+// ------------------------------------------------------------- the default state phase: operands rounded once
+// gdn_chunk_state_tc_kernel<1>'s products in its order, so its bits, on operands already rounded to tf32: the local
+// phase rounds q, W, Aq and k (k transposed per chunk: step 7's A operand is k^T), and this kernel rounds S, V' and
+// e^(Γ - γ) V' once per chunk into shared memory, stored transposed where they are B operands, instead of each of
+// its 8 warps converting every fragment element it loads. Every fragment then comes in by ldmatrix (8 rows of 16
+// bytes per matrix: a 32-bit element is a pair of b16, so thread (g, tq) gets element (g, tq) of each 8 x 4 block,
+// an m16n8k8 tf32 fragment's layout), so a chunk's products take ~180 instructions a warp instead of ~600.
+constexpr int kT32PadRow = D + 4;    // S^T, q and W rows: pitches of 4 words mod 32 put the 8 rows of an ldmatrix
+constexpr int kT32PadChunk = C + 4;  // k^T, Aq, V'^T and (e V')^T rows    on 8 different 16-byte bank groups
+struct Phase2Tf32Smem {
+    alignas(16) float st[kCols][kT32PadRow];     // S^T, rounded
+    alignas(16) float q[C][kT32PadRow];
+    alignas(16) float w[C][kT32PadRow];
+    alignas(16) float kt[D][kT32PadChunk];
+    alignas(16) float u[C][kTcPadB];             // U (fp32)
+    alignas(16) float aq[C][kT32PadChunk];
+    alignas(16) float vt[kCols][kT32PadChunk];   // V'^T, rounded
+    alignas(16) float vet[kCols][kT32PadChunk];  // (e^(Γ - γ) V')^T, rounded
+    alignas(16) float gamma[C];
+    alignas(16) float e_gamma[C];
+    alignas(16) float e_rest[C];
+};
+
+__device__ __forceinline__ float tf32_rounded(float x) { return __uint_as_float(tf32_rna(x)); }
+
+// An A fragment (rows r0 .. r0 + 15, k columns k0 .. k0 + 7) of a row-major matrix m (kLd floats a row).
+template <int kLd>
+__device__ __forceinline__ void ldmatrix_a(uint32_t (&a)[4], const float (*m)[kLd], int r0, int k0, int lane) {
+    const int mi = lane >> 3;
+    ldmatrix_x4(a, &m[r0 + (lane & 7) + 8 * (mi & 1)][k0 + 4 * (mi >> 1)]);
+}
+// B fragments of columns n0 .. n0 + 7 from a transposed store bt[column][k] (kLd floats a column): k rows k0 .. k0 + 7
+// in b[0], b[1] and k0 + 8 .. k0 + 15 in b[2], b[3].
+template <int kLd>
+__device__ __forceinline__ void ldmatrix_b_k16(uint32_t (&b)[4], const float (*bt)[kLd], int n0, int k0, int lane) {
+    ldmatrix_x4(b, &bt[n0 + (lane & 7)][k0 + 4 * (lane >> 3)]);
+}
+// B fragments of k rows k0 .. k0 + 7: columns n0 .. n0 + 7 in b[0], b[1] and n0 + 8 .. n0 + 15 in b[2], b[3].
+template <int kLd>
+__device__ __forceinline__ void ldmatrix_b_n16(uint32_t (&b)[4], const float (*bt)[kLd], int n0, int k0, int lane) {
+    const int mi = lane >> 3;
+    ldmatrix_x4(b, &bt[n0 + (lane & 7) + 8 * (mi >> 1)][k0 + 4 * (mi & 1)]);
 }
 
-// gdn_chunk_state_tc_kernel<kPasses>'s shared memory asked for once, at its first launch (each form on its own: the
-// default's launches never depend on another form's attribute call).
-template <int kPasses> cudaError_t state_tc_opted_in() {
-    static const cudaError_t e = cudaFuncSetAttribute(
-        gdn_chunk_state_tc_kernel<kPasses>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2TcSmem));
+// Chunk t0's k^T ([D][C] in scratch, gdn_chunk_local_kernel<true>), U columns, Aq rows and decays for block (h, c0).
+__device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
+                                                   int t0, Phase2Tf32Smem& b) {
+    const float* kt = cs.k + ((size_t)kh * r_pad + t0) * D;
+    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
+        const int d = e / (C / 4), i = 4 * (e % (C / 4));
+        cp_async16(&b.kt[d][i], kt + 4 * e);
+    }
+    copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const GdnStepArgs a) {
+    extern __shared__ float4 smem_raw[];
+    Phase2Tf32Smem& sm = *reinterpret_cast<Phase2Tf32Smem*>(smem_raw);
+    pdl_start();  // pdl.cuh
+    constexpr int kSplits = D / kCols;
+    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int kh = h % a.n_k, value_dim = a.n_v * D;
+    const int r0 = 16 * (warp & 1), cc = 8 * (warp >> 1);  // steps 5, 6: the warp's tile, as the <1> kernel's
+    const size_t head = (size_t)h * D * D;
+    float st[kCols / 8][4];
+    for_state_fragment(warp, g, tq,
+                       [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
+    const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
+    const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
+    copy_chunk_qw(cs, r_pad, h, kh, 0, sm);  // as the <1> kernel: q and W a chunk ahead, the rest during 5, 6a
+    cp_async_commit();
+#pragma unroll 1
+    for (int t0 = 0; t0 < a.t; t0 += C) {
+        const int n = min(C, a.t - t0);
+        if (a.snap_state && t0 == a.snap_row)  // the state before row t0
+            for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
+                a.snap_state[head + row * D + c0 + col] = st[j][e];
+            });
+        for_state_fragment(warp, g, tq,
+                           [&](int j, int e, int row, int col) { sm.st[col][row] = tf32_rounded(st[j][e]); });
+        __syncthreads();  // every warp is done with the previous chunk's k^T, U, Aq, V' and decays
+        copy_chunk_rest_kt(cs, r_pad, h, kh, c0, t0, sm);
+        cp_async_commit();
+        cp_async_wait<1>();  // this chunk's q and W (the group before)
+        __syncthreads();
+        // 5, 6a: W S and q S on the warp's tile, 16 k at a time (each accumulator in k order).
+        float ws[4] = {}, qs[4] = {};
+#pragma unroll 2
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            uint32_t b[4], aw0[4], aw1[4], aq0[4], aq1[4];
+            ldmatrix_b_k16(b, sm.st, cc, k0, lane);
+            ldmatrix_a(aw0, sm.w, r0, k0, lane);
+            ldmatrix_a(aq0, sm.q, r0, k0, lane);
+            ldmatrix_a(aw1, sm.w, r0, k0 + 8, lane);
+            ldmatrix_a(aq1, sm.q, r0, k0 + 8, lane);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_1688_tf32(ws, aw0, b0);
+            mma_1688_tf32(qs, aq0, b0);
+            mma_1688_tf32(ws, aw1, b1);
+            mma_1688_tf32(qs, aq1, b1);
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // U, k^T, Aq and the decays whole; every warp is done with q, W and S^T
+        // V' = U - W S on the warp's tile, kept rounded for 6b and, times e^(Γ - γ), for step 7.
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = r0 + g + 8 * (e >> 1), c = cc + 2 * tq + (e & 1);
+            const float v = __fsub_rn(sm.u[i][c], ws[e]);
+            sm.vt[c][i] = tf32_rounded(v);
+            sm.vet[c][i] = tf32_rounded(__fmul_rn(v, sm.e_rest[i]));
+        }
+        __syncthreads();  // V' whole
+        if (t0 + C < a.t) copy_chunk_qw(cs, r_pad, h, kh, t0 + C, sm);
+        cp_async_commit();
+        // 6b: o = e^gamma (q S) + Aq V' on the warp's tile.
+        float av[4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 16) {
+            uint32_t b[4], a0[4], a1[4];
+            ldmatrix_b_k16(b, sm.vt, cc, k0, lane);
+            ldmatrix_a(a0, sm.aq, r0, k0, lane);
+            ldmatrix_a(a1, sm.aq, r0, k0 + 8, lane);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_1688_tf32(av, a0, b0);
+            mma_1688_tf32(av, a1, b1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = r0 + g + 8 * (e >> 1);
+            if (i < n)
+                a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 2 * tq + (e & 1)] =
+                    __fmaf_rn(sm.e_gamma[i], qs[e], av[e]);
+        }
+        // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
+        const float e_all = expf(sm.gamma[C - 1]);
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = __fmul_rn(e_all, st[j][e]);
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 8) {
+            uint32_t ak[4];
+            ldmatrix_a(ak, sm.kt, 16 * warp, k0, lane);
+#pragma unroll
+            for (int j = 0; j < kCols / 8; j += 2) {
+                uint32_t b[4];
+                ldmatrix_b_n16(b, sm.vet, 8 * j, k0, lane);
+                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_1688_tf32(st[j], ak, b0);
+                mma_1688_tf32(st[j + 1], ak, b1);
+            }
+        }
+    }
+    float* so = a.state_out ? a.state_out : a.state;
+    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
+}
+
+// OPENJET_GDN_STATE_TC (read at each call): unset, 1 or `tf32` (the default since 2026-12-03) the state phase on
+// tensor cores, each product one tf32 mma of operands rounded once (numerics of their own, the same 10-bit mantissa
+// as the fp16 operands of every prefill GEMM; within 5e-4 of the float64 recurrence, issue 6's KL bar in the
+// engine), since 2026-12-04 by gdn_chunk_state_tf32_kernel on operands the local phase rounded; `tf32-cvt` the same
+// products and bits by gdn_chunk_state_tc_kernel<1>, which rounds each fragment as it loads it (to compare);
+// `3xtf32` the same products in 3xTF32 (<3>, about fp32's accuracy; the default from 5cc0ff2 to 2026-12-03); 0 the
+// FMA form. H200, a 4,096-row call at 27B widths: 1,247 us (tf32-cvt) against 1,756 (3xtf32) and 2,137 (FMA); the
+// state phase alone 628 against 1,133 us (ncu).
+enum class StateForm { kFma, kTf32, kTf32Cvt, k3xTf32 };
+StateForm gdn_state_form() {
+    const char* v = std::getenv("OPENJET_GDN_STATE_TC");
+    if (!v) return StateForm::kTf32;
+    return std::strcmp(v, "0") == 0          ? StateForm::kFma
+           : std::strcmp(v, "3xtf32") == 0   ? StateForm::k3xTf32
+           : std::strcmp(v, "tf32-cvt") == 0 ? StateForm::kTf32Cvt
+                                             : StateForm::kTf32;
+}
+
+// A kernel's dynamic shared memory asked for once, at its first launch (each kernel on its own: the default's
+// launches never depend on another form's attribute call).
+template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
+    static const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
     return e;
+}
+
+// Form 2's two launches: the local phase, then the state phase of `form` (where its shared memory fits the device's
+// opt-in limit; the 3xTF32 and tf32 forms fall back to the FMA one elsewhere).
+cudaError_t launch_two_phases(const GdnStepArgs& a, cudaStream_t stream, int optin) {
+    const StateForm form = gdn_state_form();
+    const bool rounded = form == StateForm::kTf32 && static_cast<int>(sizeof(Phase2Tf32Smem)) <= optin;
+    const bool tc = form != StateForm::kFma && static_cast<int>(sizeof(Phase2TcSmem)) <= optin;
+    const int chunks = (a.t + C - 1) / C, state_blocks = a.n_v * (D / kCols);
+    if (const cudaError_t e = rounded ? smem_opted_in<gdn_chunk_local_kernel<true>, sizeof(Phase1Smem)>()
+                                      : smem_opted_in<gdn_chunk_local_kernel<false>, sizeof(Phase1Smem)>())
+        return e;
+    if (const cudaError_t e = launch_kernel(rounded ? gdn_chunk_local_kernel<true> : gdn_chunk_local_kernel<false>,
+                                            a.n_v * chunks, kThreads, sizeof(Phase1Smem), stream, a))
+        return e;
+    count_launch(Counted::kGdnTwoPhase);
+    if (a.snap_state) count_launch(Counted::kGdnSnapshot);
+    if (rounded) {
+        if (const cudaError_t e = smem_opted_in<gdn_chunk_state_tf32_kernel, sizeof(Phase2Tf32Smem)>()) return e;
+        count_launch(Counted::kGdnStateTensorCores);
+        count_launch(Counted::kGdnStateRounded);
+        return launch_kernel(gdn_chunk_state_tf32_kernel, state_blocks, kThreads, sizeof(Phase2Tf32Smem), stream, a);
+    }
+    if (tc) {
+        const bool three = form == StateForm::k3xTf32;
+        if (const cudaError_t e = three ? smem_opted_in<gdn_chunk_state_tc_kernel<3>, sizeof(Phase2TcSmem)>()
+                                        : smem_opted_in<gdn_chunk_state_tc_kernel<1>, sizeof(Phase2TcSmem)>())
+            return e;
+        count_launch(Counted::kGdnStateTensorCores);
+        return launch_kernel(three ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>, state_blocks,
+                             kThreads, sizeof(Phase2TcSmem), stream, a);
+    }
+    if (const cudaError_t e = smem_opted_in<gdn_chunk_state_kernel, sizeof(Phase2Smem)>()) return e;
+    return launch_kernel(gdn_chunk_state_kernel, state_blocks, kThreads, sizeof(Phase2Smem), stream, a);
 }
 
 }  // namespace
@@ -726,27 +939,8 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
     if (cudaError_t e = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin)) return e;
     if (gdn_chunked_form() == 2 && a.chunk_scratch) {  // two phases: every chunk's local work at once, then the state
         if (kTwoPhaseSmem > optin) return cudaSuccess;  // (a snapshot request was refused before: gdn_two_phase_runs)
-        static const cudaError_t opted1 = cudaFuncSetAttribute(
-            gdn_chunk_local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase1Smem));
-        static const cudaError_t opted2 = cudaFuncSetAttribute(
-            gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(Phase2Smem));
-        if (opted1 != cudaSuccess) return opted1;
-        if (opted2 != cudaSuccess) return opted2;
         *launched = true;
-        const int chunks = (a.t + C - 1) / C;
-        if (cudaError_t e = launch_kernel(gdn_chunk_local_kernel, a.n_v * chunks, kThreads, sizeof(Phase1Smem),
-                                          stream, a))
-            return e;
-        count_launch(Counted::kGdnTwoPhase);
-        if (a.snap_state) count_launch(Counted::kGdnSnapshot);
-        const int passes = gdn_state_tf32_passes();
-        if (passes && static_cast<int>(sizeof(Phase2TcSmem)) <= optin) {
-            if (const cudaError_t e = passes == 3 ? state_tc_opted_in<3>() : state_tc_opted_in<1>()) return e;
-            count_launch(Counted::kGdnStateTensorCores);
-            return launch_kernel(passes == 3 ? gdn_chunk_state_tc_kernel<3> : gdn_chunk_state_tc_kernel<1>,
-                                 a.n_v * (D / kCols), kThreads, sizeof(Phase2TcSmem), stream, a);
-        }
-        return launch_kernel(gdn_chunk_state_kernel, a.n_v * (D / kCols), kThreads, sizeof(Phase2Smem), stream, a);
+        return launch_two_phases(a, stream, optin);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;
     static const cudaError_t opted =

@@ -6,7 +6,8 @@
 // decode row's pack on a cluster of blocks that of one block, a prefill's swiglu pack in two passes that of one, the
 // dense GEMM's swiglu epilogue that of its plain output and the swiglu pass, the prefill attention on warpgroup MMA
 // the mma.sync kernel's, a prefill GEMM on kept fp16 weights that of the weights dequantised at the call, the GDN's
-// gated norm and pack in one pass those of the two kernels), so that a test can see the path it checks really ran instead of a silent fallback. One
+// gated norm and pack in one pass those of the two kernels, the GDN's tf32 state phase on operands rounded once that
+// of the phase rounding each fragment), so that a test can see the path it checks really ran instead of a silent fallback. One
 // relaxed atomic add per launch, on the host.
 #pragma once
 
@@ -31,6 +32,7 @@ enum class Counted {
     kGdnNormPack = 14,     // a prefill's GDN gated RMSNorm and the out projection's pack in one pass (the same bits)
     kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
     kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
+    kGdnStateRounded = 17,  // the chunked GDN's tf32 state phase on operands rounded once (tf32-cvt's bits)
     kCount
 };
 
