@@ -37,6 +37,16 @@ static_assert(kCols == 32 && C == 32 && C % kWarps == 0 && D % kWarps == 0, "lan
 static_assert(kCols + D <= kThreads, "a thread per column of [U | W]");
 static_assert(2 * D == kThreads, "two phases: a thread per column of U and of W, all 128 of each");
 
+// f(e) for this thread's items e = threadIdx.x + i kThreads of kItems (the 16-byte pieces of a copy), unrolled: each
+// item's offsets fold into immediates on a few base registers (a loop from threadIdx.x in steps of kThreads compiled
+// to a general loop with 64-bit address arithmetic per piece: about half of the tf32 state phase's instructions per
+// chunk).
+template <int kItems, class F> __device__ __forceinline__ void for_block_items(const F& f) {
+    static_assert(kItems % kThreads == 0, "whole rounds of the block");
+#pragma unroll
+    for (int i = 0; i < kItems / kThreads; ++i) f(static_cast<int>(threadIdx.x) + i * kThreads);
+}
+
 // Shared-memory traffic sets this kernel's speed (the first version, one output a thread with both operands read
 // from shared memory at each step, took 58 us a chunk on the H200: slower than the recurrence). So every product
 // reads its warp-uniform operand as 16-byte broadcasts and keeps its lane's operand in registers for 4 outputs.
@@ -369,8 +379,10 @@ __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_k
     extern __shared__ float4 smem_raw[];
     Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
-    const int chunks = (a.t + C - 1) / C;
-    const int h = blockIdx.x / chunks, t0 = blockIdx.x % chunks * C, n = min(C, a.t - t0);
+    // Blocks in chunk order, a chunk's value heads together: the blocks that read the same q and k rows (value heads
+    // kh, kh + n_k, ...: the 27B's three a key head) run at the same time, so those rows mostly come from L2, not
+    // three times from memory.
+    const int h = blockIdx.x % a.n_v, t0 = blockIdx.x / a.n_v * C, n = min(C, a.t - t0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = h % a.n_k;  // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, conv_dim = 2 * key_dim + a.n_v * D;
@@ -408,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_k
     __syncthreads();
     // 4. Thread c < D solves U's column c, thread D + d W's column d; then everything the state steps need goes out.
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
-    const size_t r_pad = (size_t)chunks * C;
+    const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
     const auto operand = [](float x) { return kTf32Operands ? __uint_as_float(tf32_rna(x)) : x; };
     {
         const bool is_u = tid < D;
@@ -463,11 +475,11 @@ template <class Buf>
 __device__ __forceinline__ void copy_chunk_qw(const ChunkScratch& cs, size_t r_pad, int h, int kh, int t0, Buf& b) {
     const float* q = cs.q + ((size_t)kh * r_pad + t0) * D;
     const float* w = cs.w + ((size_t)h * r_pad + t0) * D;
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {  // 16-byte pieces of the chunk's rows
+    for_block_items<C * D / 4>([&](int e) {  // 16-byte pieces of the chunk's rows
         const int i = e / (D / 4), d = 4 * (e % (D / 4));
         cp_async16(&b.q[i][d], q + 4 * e);
         cp_async16(&b.w[i][d], w + 4 * e);
-    }
+    });
 }
 
 // Chunk t0's U columns, Aq rows and decays for block (h, c0) (256, 256 and 24 pieces).
@@ -475,11 +487,13 @@ template <class Buf>
 __device__ __forceinline__ void copy_chunk_u_aq_decays(const ChunkScratch& cs, size_t r_pad, int h, int c0, int t0,
                                                        Buf& b) {
     static_assert(C == kCols, "U's columns and Aq's rows copy in the same pieces");
-    for (int e = threadIdx.x; e < C * kCols / 4; e += kThreads) {  // U's columns c0 .. c0 + 31 of each row; Aq's rows
+    const float* u = cs.u + ((size_t)h * r_pad + t0) * D + c0;
+    const float* aq = cs.aq + ((size_t)h * r_pad + t0) * C;
+    for_block_items<C * kCols / 4>([&](int e) {  // U's columns c0 .. c0 + 31 of each row; Aq's rows
         const int i = e / (kCols / 4), j = 4 * (e % (kCols / 4));
-        cp_async16(&b.u[i][j], cs.u + ((size_t)h * r_pad + t0 + i) * D + c0 + j);
-        cp_async16(&b.aq[i][j], cs.aq + ((size_t)h * r_pad + t0 + i) * C + j);
-    }
+        cp_async16(&b.u[i][j], u + i * D + j);
+        cp_async16(&b.aq[i][j], aq + i * C + j);
+    });
     if (threadIdx.x < 3 * C / 4) {
         const int part = threadIdx.x / (C / 4), j = 4 * (threadIdx.x % (C / 4));
         const size_t at = (size_t)h * r_pad + t0 + j;
@@ -493,10 +507,10 @@ template <class Buf>
 __device__ __forceinline__ void copy_chunk_rest(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0, int t0,
                                                 Buf& b) {
     const float* k = cs.k + ((size_t)kh * r_pad + t0) * D;
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
+    for_block_items<C * D / 4>([&](int e) {
         const int i = e / (D / 4), d = 4 * (e % (D / 4));
         cp_async16(&b.k[i][d], k + 4 * e);
-    }
+    });
     copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
@@ -738,10 +752,10 @@ __device__ __forceinline__ void ldmatrix_b_n16(uint32_t (&b)[4], const float (*b
 __device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
                                                    int t0, Phase2Tf32Smem& b) {
     const float* kt = cs.k + ((size_t)kh * r_pad + t0) * D;
-    for (int e = threadIdx.x; e < C * D / 4; e += kThreads) {
+    for_block_items<C * D / 4>([&](int e) {
         const int d = e / (C / 4), i = 4 * (e % (C / 4));
         cp_async16(&b.kt[d][i], kt + 4 * e);
-    }
+    });
     copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
@@ -778,7 +792,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
         __syncthreads();
         // 5, 6a: W S and q S on the warp's tile, 16 k at a time (each accumulator in k order).
         float ws[4] = {}, qs[4] = {};
-#pragma unroll 2
+#pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
             uint32_t b[4], aw0[4], aw1[4], aq0[4], aq1[4];
             ldmatrix_b_k16(b, sm.st, cc, k0, lane);
