@@ -1099,22 +1099,6 @@ def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypa
                              [prompt[:1024], prompt[1024:]], 512, follow, off_value="split")
 
 
-def test_the_dense_gemms_pingpong_schedule_keeps_the_engines_bits(models, monkeypatch):
-    """OPENJET_DENSE_GEMM_SCHEDULE=pingpong (dense_gemm_cutlass.cuh: each consumer warpgroup a 128 x 128 tile of its
-    own, the two taking turns on the tensor cores) against the cooperative schedule: every output is still one wgmma
-    chain over k in order, so the logits of decode steps after a two-turn prefill (512-row chunks: the plain GEMM of
-    the input projections, the residual-adding one of the output projections and the swiglu one of gate and up) are
-    the same bits, and the launch counter shows the pingpong kernels ran only where asked."""
-    if not dense_gemm_available():
-        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
-    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
-    prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
-    engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512)
-    _a_switch_keeps_the_bits(monkeypatch, "OPENJET_DENSE_GEMM_SCHEDULE", "dense_gemm_pingpong", engine,
-                             [prompt[:1024], prompt[1024:]], 512, follow, off_value="cooperative",
-                             on_value="pingpong")
-
-
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
     """OPENJET_GDN_CHUNKED=1 (the one-kernel chunked GDN) and the flash prefill attention (the default;
     OPENJET_PREFILL_ATTN=pairs turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a

@@ -33,11 +33,9 @@ bool dense_gemm_shape_ok(int n, int k) { return n > 0 && k > 0 && n % 4 == 0 && 
 cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
                               cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
-    return dense_detail::with_schedule([&](auto schedule) {
-        using G = dense_detail::DenseGemm<decltype(schedule), dense_detail::ScaledAcc, float>;
-        const typename G::FusionArguments thread{{x.inv, 0.0f, {}}, {}, {}};  // (row factor, accumulator, product)
-        return dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kDenseGemm, stream);
-    });
+    using G = dense_detail::DenseGemm<dense_detail::ScaledAcc, float>;
+    const G::FusionArguments thread{{x.inv, 0.0f, {}}, {}, {}};  // (row factor, accumulator, product)
+    return dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kDenseGemm, stream);
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)y, (void)stream;
     return cudaErrorNotSupported;
@@ -47,12 +45,10 @@ cudaError_t launch_dense_gemm(const __half* w16, int n, int k, const ActPack& x,
 cudaError_t launch_dense_gemm_add(const __half* w16, int n, int k, const ActPack& x, int t, float* y,
                                   cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
-    const cudaError_t e = dense_detail::with_schedule([&](auto schedule) {
-        using G = dense_detail::DenseGemm<decltype(schedule), dense_detail::ResidualAdd, float, float>;
-        const typename G::FusionArguments thread{{}, {{x.inv, 0.0f, {}}, {}, {}}, {}};  // (C, the scaled accumulator,
-        return dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kPrefillResidual, stream,  // sum)
-                                               y);
-    });
+    using G = dense_detail::DenseGemm<dense_detail::ResidualAdd, float, float>;
+    const G::FusionArguments thread{{}, {{x.inv, 0.0f, {}}, {}, {}}, {}};  // (C, the scaled accumulator, the sum)
+    const cudaError_t e =
+        dense_detail::run_dense_gemm<G>(w16, n, k, x, t, y, thread, Counted::kPrefillResidual, stream, y);
     if (e == cudaSuccess) count_launch(Counted::kDenseGemm);  // a dense GEMM too
     return e;
 #else

@@ -3,17 +3,13 @@
 //
 // In CUTLASS's terms: M = tokens (A = the pack's h, row-major [t, k]), N = weight rows (B = w16, [n, k], i.e.
 // column-major k x n), K = k; D row-major [t, n] = the epilogue visitor tree Fusion over the accumulators, and C
-// (row-major [t, n], ElementC) where the tree reads it (void: none). Clusters of 2 along M (each weight tile is
-// multicast to two token tiles), a warp-specialised kernel (CooperativeSchedule or PingpongSchedule below) and the
-// plain persistent tile scheduler: every output is one wgmma chain over k in order whatever the call's t, so its bits
-// depend on its own rows only.
+// (row-major [t, n], ElementC) where the tree reads it (void: none). Tile 128 x 256 x 64, clusters of 2 along M (each weight tile is multicast to two token tiles), the
+// cooperative warp-specialised kernel and the plain persistent tile scheduler: every output is one wgmma chain over
+// k in order whatever the call's t, so its bits depend on its own rows only.
 #pragma once
 
 #ifdef OPENJET_HAVE_CUTLASS_SM90
 #include <cuda_runtime.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -41,68 +37,37 @@ using LayoutA = cutlass::layout::RowMajor;     // [t, k]
 using LayoutB = cutlass::layout::ColumnMajor;  // k x n stored as [n, k]
 using LayoutD = cutlass::layout::RowMajor;     // [t, n]
 constexpr int kAlignA = 8, kAlignB = 8;        // elements per 16 bytes
-// The two warp-specialised persistent schedules, OPENJET_DENSE_GEMM_SCHEDULE (dense_gemm_pingpong): cooperative (the
-// default), both consumer warpgroups on one 128 x 256 tile, then both on its epilogue; pingpong, each warpgroup a
-// 128 x 128 tile of its own, the two taking turns on the tensor cores so that one's epilogue (the fp32 outputs, the
-// residual's read) runs under the other's products. Either way every output is one wgmma chain over k in order.
-struct CooperativeSchedule {
-    using TileShape = Shape<_128, _256, _64>;
-    using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-    using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-};
-struct PingpongSchedule {
-    using TileShape = Shape<_128, _128, _64>;
-    using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
-    using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-};
+using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 
 // inv[m] * acc: the pack's row factor (a power of two, so the product is exact), in fp32.
-template <class TileShape> using RowFactor = fusion::Sm90ColBroadcast<0, TileShape, float>;
+using RowFactor = fusion::Sm90ColBroadcast<0, TileShape, float>;
 using Product = fusion::Sm90Compute<cutlass::multiplies, float, float, cutlass::FloatRoundStyle::round_to_nearest>;
-template <class TileShape> using ScaledAcc = fusion::Sm90EVT<Product, RowFactor<TileShape>, fusion::Sm90AccFetch>;
+using ScaledAcc = fusion::Sm90EVT<Product, RowFactor, fusion::Sm90AccFetch>;
 
 // C + inv[m] * acc, C = D: a projection added to the residual stream in place, rounded once as the add-norm's
 // h + delta rounds (the product is exact; fp32 addition commutes).
 using Plus = fusion::Sm90Compute<cutlass::plus, float, float, cutlass::FloatRoundStyle::round_to_nearest>;
-template <class TileShape>
-using ResidualAdd = fusion::Sm90EVT<Plus, fusion::Sm90SrcFetch<float>, ScaledAcc<TileShape>>;
+using ResidualAdd = fusion::Sm90EVT<Plus, fusion::Sm90SrcFetch<float>, ScaledAcc>;
 
-// The GEMM of Schedule writing D of ElementD through the epilogue visitor tree FusionOf<its tile> (reading C of
-// ElementC where not void).
-template <class Schedule, template <class> class FusionOf, class ElementD, class ElementC = void> struct DenseGemm {
-    using TileShape = typename Schedule::TileShape;
+// The GEMM writing D of ElementD through the epilogue visitor tree Fusion (reading C of ElementC where not void).
+template <class Fusion, class ElementD, class ElementC = void> struct DenseGemm {
     static constexpr int kAlignD = 16 / sizeof(ElementD);
     using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, ElementC, LayoutD, kAlignD, ElementD,
-        LayoutD, kAlignD, typename Schedule::Epilogue, FusionOf<TileShape>>::CollectiveOp;
+        LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
     using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignA, ElementB, LayoutB, kAlignB,
         ElementAcc, TileShape, ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
             sizeof(typename CollectiveEpilogue::SharedStorage))>,
-        typename Schedule::Mainloop>::CollectiveOp;
+        cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                         CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using FusionArguments = typename CollectiveEpilogue::FusionCallbacks::Arguments;  // the visitor tree's
 };
-
-// OPENJET_DENSE_GEMM_SCHEDULE (read at each call): unset or `cooperative` the default, `pingpong` the other.
-inline bool dense_gemm_pingpong() {
-    const char* v = std::getenv("OPENJET_DENSE_GEMM_SCHEDULE");
-    return v && std::strcmp(v, "pingpong") == 0;
-}
-
-// f(schedule) with the schedule dense_gemm_pingpong picks (a value of CooperativeSchedule or PingpongSchedule; a
-// pingpong launch counted as such).
-template <class F> cudaError_t with_schedule(const F& f) {
-    if (!dense_gemm_pingpong()) return f(CooperativeSchedule{});
-    const cudaError_t e = f(PingpongSchedule{});
-    if (e == cudaSuccess) count_launch(Counted::kDenseGemmPingpong);
-    return e;
-}
 
 inline cudaError_t status_error(cutlass::Status s) {
     return s == cutlass::Status::kSuccess ? cudaSuccess

@@ -54,7 +54,7 @@ struct SwigluPairBits : fusion::Sm90VisitorImpl<> {
     }
 };
 
-template <class TileShape> using SwigluOf = fusion::Sm90EVT<SwigluPairBits, dense_detail::ScaledAcc<TileShape>>;
+using G = dense_detail::DenseGemm<fusion::Sm90EVT<SwigluPairBits, dense_detail::ScaledAcc>, cutlass::half_t>;
 
 }  // namespace
 #endif
@@ -62,13 +62,9 @@ template <class TileShape> using SwigluOf = fusion::Sm90EVT<SwigluPairBits, dens
 cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActPack& x, int t, float* v,
                                      cudaStream_t stream) {
 #ifdef OPENJET_HAVE_CUTLASS_SM90
-    return dense_detail::with_schedule([&](auto schedule) {
-        using G = dense_detail::DenseGemm<decltype(schedule), SwigluOf, cutlass::half_t>;
-        const typename G::FusionArguments thread{{{x.inv, 0.0f, {}}, {}, {}}, {}};  // ((row factor, accumulator,
-        return dense_detail::run_dense_gemm<G>(w16, 2 * n, k, x, t,                // product), root)
-                                               reinterpret_cast<cutlass::half_t*>(v), thread,
-                                               Counted::kDenseGemmSwiglu, stream);
-    });
+    const G::FusionArguments thread{{{x.inv, 0.0f, {}}, {}, {}}, {}};  // ((row factor, accumulator, product), root)
+    return dense_detail::run_dense_gemm<G>(w16, 2 * n, k, x, t, reinterpret_cast<cutlass::half_t*>(v), thread,
+                                           Counted::kDenseGemmSwiglu, stream);
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)v, (void)stream;
     return cudaErrorNotSupported;

@@ -7,7 +7,7 @@
 // dense GEMM's swiglu epilogue that of its plain output and the swiglu pass, the prefill attention on warpgroup MMA
 // the mma.sync kernel's, a prefill GEMM on kept fp16 weights that of the weights dequantised at the call, the GDN's
 // gated norm and pack in one pass those of the two kernels, the GDN's tf32 state phase on operands rounded once that
-// of the phase rounding each fragment, the dense GEMM's pingpong schedule that of the cooperative one), so that a test can see the path it checks really ran instead of a silent fallback. One
+// of the phase rounding each fragment), so that a test can see the path it checks really ran instead of a silent fallback. One
 // relaxed atomic add per launch, on the host.
 #pragma once
 
@@ -33,7 +33,6 @@ enum class Counted {
     kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
     kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
     kGdnStateRounded = 17,  // the chunked GDN's tf32 state phase on operands rounded once (tf32-cvt's bits)
-    kDenseGemmPingpong = 18,  // the dense prefill GEMM on CUTLASS's pingpong schedule (the cooperative one's bits)
     kCount
 };
 

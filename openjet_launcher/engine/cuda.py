@@ -108,7 +108,6 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_NORM_PACK": ("0", "1"),                    # gdn_decode.cu, gdn_norm_pack (an experiment: 1)
     "OPENJET_PREFILL_F32": ("rows", "tf32x3"),              # gemv.cu / prefill_f32.cu (tf32x3: default)
     "OPENJET_PREFILL_RESIDUAL": ("0", "1"),                 # engine.cu project_out (1: default)
-    "OPENJET_DENSE_GEMM_SCHEDULE": ("cooperative", "pingpong"),  # dense_gemm_cutlass.cuh (cooperative: default)
     "OPENJET_ATTN_PREP_ROWS": ("0", "1"),                   # attn_decode.cu, attn_prep_rows (1: default)
     "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
