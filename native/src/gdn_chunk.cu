@@ -759,7 +759,14 @@ __device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_
     copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
+// kTiles: the 8-column tiles of W S, q S and Aq V' a warp takes in steps 5 and 6 (each on the warp's 16 rows): 1,
+// every warp one tile (the <1> kernel's tiling: each W and q row block loaded by 4 warps, each S^T column block by
+// 2); 2, warps 0-3 two tiles each while warps 4-7 wait (the rows' fragments loaded by 2 warps, the columns' by 2:
+// two thirds of the shared-memory reads, which bound this phase, ncu: short scoreboard and MIO throttle stalls).
+// Each output is the same chain of products in k order either way, so the same bits.
+template <int kTiles>
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const GdnStepArgs a) {
+    static_assert(kTiles == 1 || kTiles == 2, "a warp's tiles: the block's 32 x 32 over 8 or 4 warps");
     extern __shared__ float4 smem_raw[];
     Phase2Tf32Smem& sm = *reinterpret_cast<Phase2Tf32Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
@@ -767,7 +774,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const int kh = h % a.n_k, value_dim = a.n_v * D;
-    const int r0 = 16 * (warp & 1), cc = 8 * (warp >> 1);  // steps 5, 6: the warp's tile, as the <1> kernel's
+    const bool products = warp < kWarps / kTiles;  // steps 5, 6: the warp's rows r0 .., columns cc .. cc + 8 kTiles
+    const int r0 = 16 * (warp & 1), cc = 8 * kTiles * (warp >> 1);
     const size_t head = (size_t)h * D * D;
     float st[kCols / 8][4];
     for_state_fragment(warp, g, tq,
@@ -790,53 +798,70 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
         cp_async_commit();
         cp_async_wait<1>();  // this chunk's q and W (the group before)
         __syncthreads();
-        // 5, 6a: W S and q S on the warp's tile, 16 k at a time (each accumulator in k order).
-        float ws[4] = {}, qs[4] = {};
+        // 5, 6a: W S and q S on the warp's tiles, 16 k at a time (each accumulator in k order).
+        float ws[kTiles][4] = {}, qs[kTiles][4] = {};
+        if (products) {
 #pragma unroll
-        for (int k0 = 0; k0 < D; k0 += 16) {
-            uint32_t b[4], aw0[4], aw1[4], aq0[4], aq1[4];
-            ldmatrix_b_k16(b, sm.st, cc, k0, lane);
-            ldmatrix_a(aw0, sm.w, r0, k0, lane);
-            ldmatrix_a(aq0, sm.q, r0, k0, lane);
-            ldmatrix_a(aw1, sm.w, r0, k0 + 8, lane);
-            ldmatrix_a(aq1, sm.q, r0, k0 + 8, lane);
-            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_1688_tf32(ws, aw0, b0);
-            mma_1688_tf32(qs, aq0, b0);
-            mma_1688_tf32(ws, aw1, b1);
-            mma_1688_tf32(qs, aq1, b1);
+            for (int k0 = 0; k0 < D; k0 += 16) {
+                uint32_t aw0[4], aw1[4], aq0[4], aq1[4];
+                ldmatrix_a(aw0, sm.w, r0, k0, lane);
+                ldmatrix_a(aq0, sm.q, r0, k0, lane);
+                ldmatrix_a(aw1, sm.w, r0, k0 + 8, lane);
+                ldmatrix_a(aq1, sm.q, r0, k0 + 8, lane);
+#pragma unroll
+                for (int j = 0; j < kTiles; ++j) {
+                    uint32_t b[4];
+                    ldmatrix_b_k16(b, sm.st, cc + 8 * j, k0, lane);
+                    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                    mma_1688_tf32(ws[j], aw0, b0);
+                    mma_1688_tf32(qs[j], aq0, b0);
+                    mma_1688_tf32(ws[j], aw1, b1);
+                    mma_1688_tf32(qs[j], aq1, b1);
+                }
+            }
         }
         cp_async_wait<0>();
         __syncthreads();  // U, k^T, Aq and the decays whole; every warp is done with q, W and S^T
-        // V' = U - W S on the warp's tile, kept rounded for 6b and, times e^(Γ - γ), for step 7.
+        // V' = U - W S on the warp's tiles, kept rounded for 6b and, times e^(Γ - γ), for step 7.
+        if (products)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = r0 + g + 8 * (e >> 1), c = cc + 2 * tq + (e & 1);
-            const float v = __fsub_rn(sm.u[i][c], ws[e]);
-            sm.vt[c][i] = tf32_rounded(v);
-            sm.vet[c][i] = tf32_rounded(__fmul_rn(v, sm.e_rest[i]));
-        }
+            for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = r0 + g + 8 * (e >> 1), c = cc + 8 * j + 2 * tq + (e & 1);
+                    const float v = __fsub_rn(sm.u[i][c], ws[j][e]);
+                    sm.vt[c][i] = tf32_rounded(v);
+                    sm.vet[c][i] = tf32_rounded(__fmul_rn(v, sm.e_rest[i]));
+                }
         __syncthreads();  // V' whole
         if (t0 + C < a.t) copy_chunk_qw(cs, r_pad, h, kh, t0 + C, sm);
         cp_async_commit();
-        // 6b: o = e^gamma (q S) + Aq V' on the warp's tile.
-        float av[4] = {};
+        // 6b: o = e^gamma (q S) + Aq V' on the warp's tiles.
+        if (products) {
+            float av[kTiles][4] = {};
 #pragma unroll
-        for (int k0 = 0; k0 < C; k0 += 16) {
-            uint32_t b[4], a0[4], a1[4];
-            ldmatrix_b_k16(b, sm.vt, cc, k0, lane);
-            ldmatrix_a(a0, sm.aq, r0, k0, lane);
-            ldmatrix_a(a1, sm.aq, r0, k0 + 8, lane);
-            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_1688_tf32(av, a0, b0);
-            mma_1688_tf32(av, a1, b1);
-        }
+            for (int k0 = 0; k0 < C; k0 += 16) {
+                uint32_t a0[4], a1[4];
+                ldmatrix_a(a0, sm.aq, r0, k0, lane);
+                ldmatrix_a(a1, sm.aq, r0, k0 + 8, lane);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = r0 + g + 8 * (e >> 1);
-            if (i < n)
-                a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 2 * tq + (e & 1)] =
-                    __fmaf_rn(sm.e_gamma[i], qs[e], av[e]);
+                for (int j = 0; j < kTiles; ++j) {
+                    uint32_t b[4];
+                    ldmatrix_b_k16(b, sm.vt, cc + 8 * j, k0, lane);
+                    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                    mma_1688_tf32(av[j], a0, b0);
+                    mma_1688_tf32(av[j], a1, b1);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = r0 + g + 8 * (e >> 1);
+                    if (i < n)
+                        a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 8 * j + 2 * tq + (e & 1)] =
+                            __fmaf_rn(sm.e_gamma[i], qs[j][e], av[j][e]);
+                }
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
         const float e_all = expf(sm.gamma[C - 1]);
@@ -880,6 +905,13 @@ StateForm gdn_state_form() {
                                              : StateForm::kTf32;
 }
 
+// OPENJET_GDN_STATE_TILES (read at each call; an experiment): 2 (the default) gdn_chunk_state_tf32_kernel<2>, 1 the
+// tiling of a tile a warp (<1>). The same bits.
+bool gdn_state_wide_tiles() {
+    const char* v = std::getenv("OPENJET_GDN_STATE_TILES");
+    return !(v && std::strcmp(v, "1") == 0);
+}
+
 // A kernel's dynamic shared memory asked for once, at its first launch (each kernel on its own: the default's
 // launches never depend on another form's attribute call).
 template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
@@ -903,10 +935,14 @@ cudaError_t launch_two_phases(const GdnStepArgs& a, cudaStream_t stream, int opt
     count_launch(Counted::kGdnTwoPhase);
     if (a.snap_state) count_launch(Counted::kGdnSnapshot);
     if (rounded) {
-        if (const cudaError_t e = smem_opted_in<gdn_chunk_state_tf32_kernel, sizeof(Phase2Tf32Smem)>()) return e;
+        const bool wide = gdn_state_wide_tiles();
+        if (const cudaError_t e = wide ? smem_opted_in<gdn_chunk_state_tf32_kernel<2>, sizeof(Phase2Tf32Smem)>()
+                                       : smem_opted_in<gdn_chunk_state_tf32_kernel<1>, sizeof(Phase2Tf32Smem)>())
+            return e;
         count_launch(Counted::kGdnStateTensorCores);
         count_launch(Counted::kGdnStateRounded);
-        return launch_kernel(gdn_chunk_state_tf32_kernel, state_blocks, kThreads, sizeof(Phase2Tf32Smem), stream, a);
+        return launch_kernel(wide ? gdn_chunk_state_tf32_kernel<2> : gdn_chunk_state_tf32_kernel<1>, state_blocks,
+                             kThreads, sizeof(Phase2Tf32Smem), stream, a);
     }
     if (tc) {
         const bool three = form == StateForm::k3xTf32;
