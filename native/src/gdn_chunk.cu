@@ -759,35 +759,12 @@ __device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_
     copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
-// An L2 prefetch of chunk t0's operands for block (h, c0), two chunks before they are copied: q, W and k^T (16 KB
-// each, contiguous), U's 32 rows of 128 bytes, Aq (4 KB) and the decays, 451 lines of 128 bytes over the block's
-// threads. The phase's copies then wait on L2 rather than memory (ncu at 0dd9760: long scoreboard 2.2 of its ~12
-// stall cycles per instruction).
-__device__ __forceinline__ void prefetch_chunk_l2(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
-                                                  int t0) {
-    constexpr int kRowsLines = C * D * 4 / 128;  // 128 lines of q, of W, of k^T
-    const size_t at_k = ((size_t)kh * r_pad + t0) * D, at_v = ((size_t)h * r_pad + t0) * D;
-    for (int l = threadIdx.x; l < 3 * kRowsLines + 2 * C + 3; l += kThreads) {
-        const float* p = l < kRowsLines           ? cs.q + at_k + 32 * l
-                         : l < 2 * kRowsLines     ? cs.w + at_v + 32 * (l - kRowsLines)
-                         : l < 3 * kRowsLines     ? cs.k + at_k + 32 * (l - 2 * kRowsLines)
-                         : l < 3 * kRowsLines + C ? cs.u + at_v + (size_t)(l - 3 * kRowsLines) * D + c0
-                         : l < 3 * kRowsLines + 2 * C
-                             ? cs.aq + ((size_t)h * r_pad + t0) * C + 32 * (l - 3 * kRowsLines - C)
-                             : (l == 3 * kRowsLines + 2 * C ? cs.gamma : l == 3 * kRowsLines + 2 * C + 1 ? cs.e_gamma
-                                                                                                         : cs.e_rest) +
-                                   (size_t)h * r_pad + t0;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-}
-
 // kTiles: the 8-column tiles of W S, q S and Aq V' a warp takes in steps 5 and 6 (each on the warp's 16 rows): 1,
 // every warp one tile (the <1> kernel's tiling: each W and q row block loaded by 4 warps, each S^T column block by
 // 2); 2, warps 0-3 two tiles each while warps 4-7 wait (the rows' fragments loaded by 2 warps, the columns' by 2:
 // two thirds of the shared-memory reads, which bound this phase, ncu: short scoreboard and MIO throttle stalls).
 // Each output is the same chain of products in k order either way, so the same bits.
-// kPrefetch: prefetch_chunk_l2 two chunks ahead (OPENJET_GDN_STATE_PREFETCH).
-template <int kTiles, bool kPrefetch>
+template <int kTiles>
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const GdnStepArgs a) {
     static_assert(kTiles == 1 || kTiles == 2, "a warp's tiles: the block's 32 x 32 over 8 or 4 warps");
     extern __shared__ float4 smem_raw[];
@@ -814,7 +791,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
             for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
                 a.snap_state[head + row * D + c0 + col] = st[j][e];
             });
-        if (kPrefetch && a.t - t0 > 2 * C) prefetch_chunk_l2(cs, r_pad, h, kh, c0, t0 + 2 * C);
         for_state_fragment(warp, g, tq,
                            [&](int j, int e, int row, int col) { sm.st[col][row] = tf32_rounded(st[j][e]); });
         __syncthreads();  // every warp is done with the previous chunk's k^T, U, Aq, V' and decays
@@ -936,26 +912,11 @@ bool gdn_state_wide_tiles() {
     return !(v && std::strcmp(v, "1") == 0);
 }
 
-// OPENJET_GDN_STATE_PREFETCH (read at each call; an experiment): unset or 1 the tf32 state phase prefetches into L2
-// two chunks ahead, 0 not. The same bits.
-bool gdn_state_prefetch() {
-    const char* v = std::getenv("OPENJET_GDN_STATE_PREFETCH");
-    return !(v && std::strcmp(v, "0") == 0);
-}
-
 // A kernel's dynamic shared memory asked for once, at its first launch (each kernel on its own: the default's
 // launches never depend on another form's attribute call).
 template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
     static const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
     return e;
-}
-
-// gdn_chunk_state_tf32_kernel<kTiles, kPrefetch> over a's state blocks.
-template <int kTiles, bool kPrefetch> cudaError_t launch_state_tf32(const GdnStepArgs& a, cudaStream_t stream) {
-    if (const cudaError_t e = smem_opted_in<gdn_chunk_state_tf32_kernel<kTiles, kPrefetch>, sizeof(Phase2Tf32Smem)>())
-        return e;
-    return launch_kernel(gdn_chunk_state_tf32_kernel<kTiles, kPrefetch>, a.n_v * (D / kCols), kThreads,
-                         sizeof(Phase2Tf32Smem), stream, a);
 }
 
 // Form 2's two launches: the local phase, then the state phase of `form` (where its shared memory fits the device's
@@ -974,12 +935,14 @@ cudaError_t launch_two_phases(const GdnStepArgs& a, cudaStream_t stream, int opt
     count_launch(Counted::kGdnTwoPhase);
     if (a.snap_state) count_launch(Counted::kGdnSnapshot);
     if (rounded) {
+        const bool wide = gdn_state_wide_tiles();
+        if (const cudaError_t e = wide ? smem_opted_in<gdn_chunk_state_tf32_kernel<2>, sizeof(Phase2Tf32Smem)>()
+                                       : smem_opted_in<gdn_chunk_state_tf32_kernel<1>, sizeof(Phase2Tf32Smem)>())
+            return e;
         count_launch(Counted::kGdnStateTensorCores);
         count_launch(Counted::kGdnStateRounded);
-        const bool ahead = gdn_state_prefetch();
-        return gdn_state_wide_tiles()
-                   ? (ahead ? launch_state_tf32<2, true>(a, stream) : launch_state_tf32<2, false>(a, stream))
-                   : (ahead ? launch_state_tf32<1, true>(a, stream) : launch_state_tf32<1, false>(a, stream));
+        return launch_kernel(wide ? gdn_chunk_state_tf32_kernel<2> : gdn_chunk_state_tf32_kernel<1>, state_blocks,
+                             kThreads, sizeof(Phase2Tf32Smem), stream, a);
     }
     if (tc) {
         const bool three = form == StateForm::k3xTf32;
