@@ -256,16 +256,14 @@ def test_the_state_phase_in_one_tf32_pass_stays_near_the_reference(size, t, monk
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 9, 32, 33, 100, 300, 1000])
-@pytest.mark.parametrize("tiles", ["2", "1"])
-def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, tiles, monkeypatch):
+def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, monkeypatch):
     """The default tf32 state phase (gdn_chunk_state_tf32_kernel: q, k, W and Aq rounded to tf32 once by the local
     phase, S and V' once per chunk, fragments by ldmatrix) issues OPENJET_GDN_STATE_TC=tf32-cvt's products
     (gdn_chunk_state_tc_kernel<1>, which rounds each fragment element as it loads it) in the same order on the same
     tf32 values, so y, the conv state and the state are equal bit for bit; the launch counters show that the rounded
-    form ran for the default and not for tf32-cvt. Both tilings of its products (OPENJET_GDN_STATE_TILES: 2, the
-    default, two 8-column tiles a warp on 4 warps; 1, a tile a warp)."""
+    form ran for the default and not for tf32-cvt (whose products a warp takes in another tiling: 8 warps of one
+    tile against 4 of two)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
-    monkeypatch.setenv("OPENJET_GDN_STATE_TILES", tiles)
     monkeypatch.delenv("OPENJET_GDN_STATE_TC", raising=False)
     rounded_before, tc_before = kt.launch_count("gdn_state_rounded"), kt.launch_count("gdn_state_tensor_cores")
     args, rounded, cvt = default_and_switched(size, t, 79, monkeypatch, "OPENJET_GDN_STATE_TC", "tf32-cvt")
@@ -273,7 +271,7 @@ def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, tiles, mon
     assert kt.launch_count("gdn_state_tensor_cores") == tc_before + 2, "both calls' state phases on tensor cores"
     for name, x, y in zip(("y", "conv_state", "state"), rounded, cvt):
         np.testing.assert_array_equal(x, y, err_msg=name)
-    check_close(f"{size} t={t} state phase on rounded operands, {tiles} tiles a warp", rounded, reference_step(*args), tol=TF32_TOL,
+    check_close(f"{size} t={t} state phase on rounded operands", rounded, reference_step(*args), tol=TF32_TOL,
                 n_k=args[0], n_v=args[1], t=t)
 
 

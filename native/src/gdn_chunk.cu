@@ -759,14 +759,14 @@ __device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_
     copy_chunk_u_aq_decays(cs, r_pad, h, c0, t0, b);
 }
 
-// kTiles: the 8-column tiles of W S, q S and Aq V' a warp takes in steps 5 and 6 (each on the warp's 16 rows): 1,
-// every warp one tile (the <1> kernel's tiling: each W and q row block loaded by 4 warps, each S^T column block by
-// 2); 2, warps 0-3 two tiles each while warps 4-7 wait (the rows' fragments loaded by 2 warps, the columns' by 2:
-// two thirds of the shared-memory reads, which bound this phase, ncu: short scoreboard and MIO throttle stalls).
-// Each output is the same chain of products in k order either way, so the same bits.
-template <int kTiles>
+// Steps 5 and 6 (W S, q S, Aq V') on warps 0-3, two 8-column tiles each on 16 rows, while warps 4-7 wait; all 8
+// update the state. The phase is bound by shared-memory reads (ncu at 22c568a, a tile a warp as the <1> kernel: 519
+// us of a 4,096-row call, 18.6% of issue slots busy, stalls short scoreboard 4.6, wait 2.0, MIO throttle 1.8 per
+// instruction): with a tile a warp each W and q row block is loaded by 4 warps and each S^T column block by 2, ~160 KB
+// of fragments a block and chunk for 5 and 6a; two tiles a warp load ~96 KB (ncu at 0dd9760: 466 us; bench_gdn.py, a
+// 4,096-row call: 989 against 1,048 us). Each output is the same chain of products in k order, so the same bits.
 __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const GdnStepArgs a) {
-    static_assert(kTiles == 1 || kTiles == 2, "a warp's tiles: the block's 32 x 32 over 8 or 4 warps");
+    constexpr int kTiles = 2;  // a product warp's 8-column tiles
     extern __shared__ float4 smem_raw[];
     Phase2Tf32Smem& sm = *reinterpret_cast<Phase2Tf32Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
@@ -905,13 +905,6 @@ StateForm gdn_state_form() {
                                              : StateForm::kTf32;
 }
 
-// OPENJET_GDN_STATE_TILES (read at each call; an experiment): 2 (the default) gdn_chunk_state_tf32_kernel<2>, 1 the
-// tiling of a tile a warp (<1>). The same bits.
-bool gdn_state_wide_tiles() {
-    const char* v = std::getenv("OPENJET_GDN_STATE_TILES");
-    return !(v && std::strcmp(v, "1") == 0);
-}
-
 // A kernel's dynamic shared memory asked for once, at its first launch (each kernel on its own: the default's
 // launches never depend on another form's attribute call).
 template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
@@ -935,14 +928,10 @@ cudaError_t launch_two_phases(const GdnStepArgs& a, cudaStream_t stream, int opt
     count_launch(Counted::kGdnTwoPhase);
     if (a.snap_state) count_launch(Counted::kGdnSnapshot);
     if (rounded) {
-        const bool wide = gdn_state_wide_tiles();
-        if (const cudaError_t e = wide ? smem_opted_in<gdn_chunk_state_tf32_kernel<2>, sizeof(Phase2Tf32Smem)>()
-                                       : smem_opted_in<gdn_chunk_state_tf32_kernel<1>, sizeof(Phase2Tf32Smem)>())
-            return e;
+        if (const cudaError_t e = smem_opted_in<gdn_chunk_state_tf32_kernel, sizeof(Phase2Tf32Smem)>()) return e;
         count_launch(Counted::kGdnStateTensorCores);
         count_launch(Counted::kGdnStateRounded);
-        return launch_kernel(wide ? gdn_chunk_state_tf32_kernel<2> : gdn_chunk_state_tf32_kernel<1>, state_blocks,
-                             kThreads, sizeof(Phase2Tf32Smem), stream, a);
+        return launch_kernel(gdn_chunk_state_tf32_kernel, state_blocks, kThreads, sizeof(Phase2Tf32Smem), stream, a);
     }
     if (tc) {
         const bool three = form == StateForm::k3xTf32;
