@@ -748,6 +748,30 @@ __device__ __forceinline__ void ldmatrix_b_n16(uint32_t (&b)[4], const float (*b
     ldmatrix_x4(b, &bt[n0 + (lane & 7) + 8 * (mi >> 1)][k0 + 4 * (mi & 1)]);
 }
 
+// acc[m][j] += A_m B over k0 .. k0 + 15 for each matrix A_m of a (rows r0 .. r0 + 15, row-major) and each of the
+// warp's kTiles 8-column tiles j of B (columns cc + 8 j .., stored transposed as bt): each B fragment loaded once for
+// every A_m, and each accumulator's k0 product before its k0 + 8 one.
+template <int kMats, int kTiles, int kLdA, int kLdB>
+__device__ __forceinline__ void mma_rows_k16(float (&acc)[kMats][kTiles][4], const float (*const (&a)[kMats])[kLdA],
+                                             const float (*bt)[kLdB], int r0, int cc, int k0, int lane) {
+    uint32_t lo[kMats][4], hi[kMats][4];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+        ldmatrix_a(lo[m], a[m], r0, k0, lane);
+        ldmatrix_a(hi[m], a[m], r0, k0 + 8, lane);
+    }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+        uint32_t b[4];
+        ldmatrix_b_k16(b, bt, cc + 8 * j, k0, lane);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) mma_1688_tf32(acc[m][j], lo[m], b0);
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) mma_1688_tf32(acc[m][j], hi[m], b1);
+    }
+}
+
 // Chunk t0's k^T ([D][C] in scratch, gdn_chunk_local_kernel<true>), U columns, Aq rows and decays for block (h, c0).
 __device__ __forceinline__ void copy_chunk_rest_kt(const ChunkScratch& cs, size_t r_pad, int h, int kh, int c0,
                                                    int t0, Phase2Tf32Smem& b) {
@@ -799,27 +823,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
         cp_async_wait<1>();  // this chunk's q and W (the group before)
         __syncthreads();
         // 5, 6a: W S and q S on the warp's tiles, 16 k at a time (each accumulator in k order).
-        float ws[kTiles][4] = {}, qs[kTiles][4] = {};
-        if (products) {
+        float wq[2][kTiles][4] = {};  // W S, q S
+        const float(*const wq_rows[2])[kT32PadRow] = {sm.w, sm.q};
+        if (products)
 #pragma unroll
-            for (int k0 = 0; k0 < D; k0 += 16) {
-                uint32_t aw0[4], aw1[4], aq0[4], aq1[4];
-                ldmatrix_a(aw0, sm.w, r0, k0, lane);
-                ldmatrix_a(aq0, sm.q, r0, k0, lane);
-                ldmatrix_a(aw1, sm.w, r0, k0 + 8, lane);
-                ldmatrix_a(aq1, sm.q, r0, k0 + 8, lane);
-#pragma unroll
-                for (int j = 0; j < kTiles; ++j) {
-                    uint32_t b[4];
-                    ldmatrix_b_k16(b, sm.st, cc + 8 * j, k0, lane);
-                    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                    mma_1688_tf32(ws[j], aw0, b0);
-                    mma_1688_tf32(qs[j], aq0, b0);
-                    mma_1688_tf32(ws[j], aw1, b1);
-                    mma_1688_tf32(qs[j], aq1, b1);
-                }
-            }
-        }
+            for (int k0 = 0; k0 < D; k0 += 16) mma_rows_k16(wq, wq_rows, sm.st, r0, cc, k0, lane);
         cp_async_wait<0>();
         __syncthreads();  // U, k^T, Aq and the decays whole; every warp is done with q, W and S^T
         // V' = U - W S on the warp's tiles, kept rounded for 6b and, times e^(Γ - γ), for step 7.
@@ -829,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = r0 + g + 8 * (e >> 1), c = cc + 8 * j + 2 * tq + (e & 1);
-                    const float v = __fsub_rn(sm.u[i][c], ws[j][e]);
+                    const float v = __fsub_rn(sm.u[i][c], wq[0][j][e]);
                     sm.vt[c][i] = tf32_rounded(v);
                     sm.vet[c][i] = tf32_rounded(__fmul_rn(v, sm.e_rest[i]));
                 }
@@ -838,21 +846,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
         cp_async_commit();
         // 6b: o = e^gamma (q S) + Aq V' on the warp's tiles.
         if (products) {
-            float av[kTiles][4] = {};
+            float av[1][kTiles][4] = {};
+            const float(*const aq_rows[1])[kT32PadChunk] = {sm.aq};
 #pragma unroll
-            for (int k0 = 0; k0 < C; k0 += 16) {
-                uint32_t a0[4], a1[4];
-                ldmatrix_a(a0, sm.aq, r0, k0, lane);
-                ldmatrix_a(a1, sm.aq, r0, k0 + 8, lane);
-#pragma unroll
-                for (int j = 0; j < kTiles; ++j) {
-                    uint32_t b[4];
-                    ldmatrix_b_k16(b, sm.vt, cc + 8 * j, k0, lane);
-                    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                    mma_1688_tf32(av[j], a0, b0);
-                    mma_1688_tf32(av[j], a1, b1);
-                }
-            }
+            for (int k0 = 0; k0 < C; k0 += 16) mma_rows_k16(av, aq_rows, sm.vt, r0, cc, k0, lane);
 #pragma unroll
             for (int j = 0; j < kTiles; ++j)
 #pragma unroll
@@ -860,7 +857,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
                     const int i = r0 + g + 8 * (e >> 1);
                     if (i < n)
                         a.y[(size_t)(t0 + i) * value_dim + h * D + c0 + cc + 8 * j + 2 * tq + (e & 1)] =
-                            __fmaf_rn(sm.e_gamma[i], qs[j][e], av[j][e]);
+                            __fmaf_rn(sm.e_gamma[i], wq[1][j][e], av[0][j][e]);
                 }
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
