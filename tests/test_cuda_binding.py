@@ -359,6 +359,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_ATTN_PREFILL_F16", "yes", "1"),
                                              ("OPENJET_ATTN_PREFILL_WGMMA", "on", "2"),
                                              ("OPENJET_GDN_STATE_TC", "tc", "1"),
+                                             ("OPENJET_GDN_LOCAL_TC", "on", "1"),
                                              ("OPENJET_ROW_PACK_THREADS", "128", "512"),
                                              ("OPENJET_PREFILL_FFN_FUSED", "off", "0"),
                                              ("OPENJET_PREFILL_F16_WEIGHTS", "yes", "auto"),

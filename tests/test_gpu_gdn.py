@@ -276,6 +276,25 @@ def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, monkeypatc
 
 
 @pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [1, 9, 33, 300, 1000])
+def test_the_local_phase_on_tensor_cores_stays_near_the_reference(size, t, monkeypatch):
+    """OPENJET_GDN_LOCAL_TC=1 (opt-in; gdn_chunk.cu chunk_decays_tc): the local phase's A = K K^T and Aq = Q K^T as
+    single tf32 tensor-core passes, numerics of their own (emulate_gdn_tf32.py: 4.8e-4 of the float64 recurrence
+    against the default's 4.2e-4). y and the state within TF32_TOL of the float64 recurrence, the conv state (the same
+    conv) equal to the default's, its launch counted once, and y not the default's bits (the products changed)."""
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    monkeypatch.delenv("OPENJET_GDN_STATE_TC", raising=False)
+    before = kt.launch_count("gdn_local_tensor_cores")
+    args, default, tc = default_and_switched(size, t, 73, monkeypatch, "OPENJET_GDN_LOCAL_TC", "1")
+    assert kt.launch_count("gdn_local_tensor_cores") == before + 1, "the tensor-core local phase did not run"
+    np.testing.assert_array_equal(tc[1], default[1], err_msg="conv state: the same conv")
+    if t > 1:
+        assert not np.array_equal(tc[0], default[0]), "y: the default's bits"
+    check_close(f"{size} t={t} local phase on tensor cores", tc, reference_step(*args), tol=TF32_TOL,
+                n_k=args[0], n_v=args[1], t=t)
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
     """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not

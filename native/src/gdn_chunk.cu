@@ -179,6 +179,40 @@ __device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const fl
     }
 }
 
+// chunk_decays with A's and Aq's products (K K^T, Q K^T over the 128 dimensions) as single tf32 tensor-core passes
+// (m16n8k8, each operand rounded as it is loaded; OPENJET_GDN_LOCAL_TC=1, gdn_chunk_local_kernel's kTcDecays):
+// warp w the 16 x 8 tile (rows 16 (w % 2), columns 8 (w / 2)) of both, then chunk_decays' masks and decays on the
+// tile's elements. Numerics of their own: emulated on the CPU (emulate_gdn_tf32.py, 4,096 tokens) the prefill's o
+// moves from 4.2e-4 to 4.8e-4 of the float64 recurrence. Those products were ~1,300 of a thread's FMA-form
+// instructions; here ~350 a warp.
+__device__ __forceinline__ void chunk_decays_tc(const float (*q)[kRowPad], const float (*k)[kRowPad],
+                                                const float* gamma, const float* beta, float* e_gamma, float* e_rest,
+                                                float (*am)[C], float (*aq)[C], int tid, int warp, int lane) {
+    if (tid < C) {
+        e_gamma[tid] = expf(gamma[tid]);
+        e_rest[tid] = expf(__fsub_rn(gamma[C - 1], gamma[tid]));
+    }
+    const int g = lane >> 2, tq = lane & 3, r0 = 16 * (warp & 1), n0 = 8 * (warp >> 1);
+    float kk[4] = {}, qk[4] = {};
+#pragma unroll 4
+    for (int d0 = 0; d0 < D; d0 += 8) {  // B = K^T: b[0] = k[n0 + g][d0 + tq], b[1] = k[n0 + g][d0 + tq + 4]
+        const uint32_t b[2] = {tf32_rna(k[n0 + g][d0 + tq]), tf32_rna(k[n0 + g][d0 + tq + 4])};
+        const uint32_t ak[4] = {tf32_rna(k[r0 + g][d0 + tq]), tf32_rna(k[r0 + g + 8][d0 + tq]),
+                                tf32_rna(k[r0 + g][d0 + tq + 4]), tf32_rna(k[r0 + g + 8][d0 + tq + 4])};
+        const uint32_t aqf[4] = {tf32_rna(q[r0 + g][d0 + tq]), tf32_rna(q[r0 + g + 8][d0 + tq]),
+                                 tf32_rna(q[r0 + g][d0 + tq + 4]), tf32_rna(q[r0 + g + 8][d0 + tq + 4])};
+        mma_1688_tf32(kk, ak, b);
+        mma_1688_tf32(qk, aqf, b);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int i = r0 + g + 8 * (e >> 1), j = n0 + 2 * tq + (e & 1);
+        const float dec = j <= i ? expf(__fsub_rn(gamma[i], gamma[j])) : 0.0f;  // masked before the exp
+        am[i][j] = j < i ? __fmul_rn(__fmul_rn(beta[i], kk[e]), dec) : 0.0f;
+        aq[i][j] = j <= i ? __fmul_rn(qk[e], dec) : 0.0f;
+    }
+}
+
 // Step 4 for one column: (I + A) x = rhs by forward substitution (rhs(i): row i's right-hand side). A column
 // reads only its own earlier rows.
 template <class Rhs>
@@ -374,8 +408,10 @@ constexpr int kLocalBlocksPerSm = 1;
 // kTf32Operands (the default state phase, gdn_chunk_state_tf32_kernel): q, k, W and Aq go out rounded to tf32 once
 // (the rounding every warp of the state phase would otherwise apply to each fragment it loads), and each chunk's k
 // transposed ([D][C] per key head and chunk: k^T is step 7's A operand); U stays fp32 (V' = U - W S is fp32).
-template <bool kTf32Operands>
+// kTcDecays (with kTf32Operands only): A and Aq by chunk_decays_tc, OPENJET_GDN_LOCAL_TC=1.
+template <bool kTf32Operands, bool kTcDecays>
 __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_kernel(const GdnStepArgs a) {
+    static_assert(kTf32Operands || !kTcDecays, "the tensor-core decays go with the tf32 state phase");
     extern __shared__ float4 smem_raw[];
     Phase1Smem& sm = *reinterpret_cast<Phase1Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
@@ -416,7 +452,10 @@ __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_k
     // 2, 3.
     chunk_norms(sm.q, sm.k, sm.gamma, a.eps, tid, warp, lane);
     __syncthreads();
-    chunk_decays(sm.q, sm.k, sm.gamma, sm.beta, sm.e_gamma, sm.e_rest, sm.a, sm.aq, tid, warp, lane);
+    if constexpr (kTcDecays)
+        chunk_decays_tc(sm.q, sm.k, sm.gamma, sm.beta, sm.e_gamma, sm.e_rest, sm.a, sm.aq, tid, warp, lane);
+    else
+        chunk_decays(sm.q, sm.k, sm.gamma, sm.beta, sm.e_gamma, sm.e_rest, sm.a, sm.aq, tid, warp, lane);
     __syncthreads();
     // 4. Thread c < D solves U's column c, thread D + d W's column d; then everything the state steps need goes out.
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
@@ -910,19 +949,34 @@ template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
     return e;
 }
 
+// OPENJET_GDN_LOCAL_TC (read at each call; opt-in, NOT yet run on a GPU): 1 the local phase's A and Aq on tensor
+// cores (chunk_decays_tc; numerics of their own) where the tf32 state phase runs; unset or 0 the FMA products.
+bool gdn_local_tc() {
+    const char* v = std::getenv("OPENJET_GDN_LOCAL_TC");
+    return v && std::strcmp(v, "1") == 0;
+}
+
+// gdn_chunk_local_kernel<kTf32Operands, kTcDecays> over a's (chunk, value head) blocks.
+template <bool kTf32Operands, bool kTcDecays> cudaError_t launch_local(const GdnStepArgs& a, cudaStream_t stream) {
+    if (const cudaError_t e = smem_opted_in<gdn_chunk_local_kernel<kTf32Operands, kTcDecays>, sizeof(Phase1Smem)>())
+        return e;
+    return launch_kernel(gdn_chunk_local_kernel<kTf32Operands, kTcDecays>, a.n_v * ((a.t + C - 1) / C), kThreads,
+                         sizeof(Phase1Smem), stream, a);
+}
+
 // Form 2's two launches: the local phase, then the state phase of `form` (where its shared memory fits the device's
 // opt-in limit; the 3xTF32 and tf32 forms fall back to the FMA one elsewhere).
 cudaError_t launch_two_phases(const GdnStepArgs& a, cudaStream_t stream, int optin) {
     const StateForm form = gdn_state_form();
     const bool rounded = form == StateForm::kTf32 && static_cast<int>(sizeof(Phase2Tf32Smem)) <= optin;
     const bool tc = form != StateForm::kFma && static_cast<int>(sizeof(Phase2TcSmem)) <= optin;
-    const int chunks = (a.t + C - 1) / C, state_blocks = a.n_v * (D / kCols);
-    if (const cudaError_t e = rounded ? smem_opted_in<gdn_chunk_local_kernel<true>, sizeof(Phase1Smem)>()
-                                      : smem_opted_in<gdn_chunk_local_kernel<false>, sizeof(Phase1Smem)>())
+    const int state_blocks = a.n_v * (D / kCols);
+    const bool local_tc = rounded && gdn_local_tc();
+    if (const cudaError_t e = local_tc  ? launch_local<true, true>(a, stream)
+                              : rounded ? launch_local<true, false>(a, stream)
+                                        : launch_local<false, false>(a, stream))
         return e;
-    if (const cudaError_t e = launch_kernel(rounded ? gdn_chunk_local_kernel<true> : gdn_chunk_local_kernel<false>,
-                                            a.n_v * chunks, kThreads, sizeof(Phase1Smem), stream, a))
-        return e;
+    if (local_tc) count_launch(Counted::kGdnLocalTensorCores);
     count_launch(Counted::kGdnTwoPhase);
     if (a.snap_state) count_launch(Counted::kGdnSnapshot);
     if (rounded) {

@@ -33,6 +33,7 @@ enum class Counted {
     kPrefillResidual = 15,  // a prefill projection added to the residual stream in the dense GEMM's epilogue
     kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
     kGdnStateRounded = 17,  // the chunked GDN's tf32 state phase on operands rounded once (tf32-cvt's bits)
+    kGdnLocalTensorCores = 18,  // the chunked GDN's local phase with A and Aq on tensor cores (numerics of its own)
     kCount
 };
 

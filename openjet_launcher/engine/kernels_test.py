@@ -292,7 +292,8 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
-           "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17}
+           "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
+           "gdn_local_tensor_cores": 18}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -340,7 +341,8 @@ def launch_count(path: str) -> int:
     OPENJET_GDN_NORM_PACK; "prefill_residual": a prefill projection added to the residual stream in the dense GEMM's
     epilogue, OPENJET_PREFILL_RESIDUAL; "attn_prep_rows": an attention call's prep a row a block,
     OPENJET_ATTN_PREP_ROWS; "gdn_state_rounded": the chunked GDN's tf32 state phase on operands the local phase rounded,
-    the default, against OPENJET_GDN_STATE_TC=tf32-cvt): how a test sees that the path ran."""
+    the default, against OPENJET_GDN_STATE_TC=tf32-cvt; "gdn_local_tensor_cores": its local phase's A and Aq on
+    tensor cores, OPENJET_GDN_LOCAL_TC): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
