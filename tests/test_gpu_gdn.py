@@ -219,13 +219,21 @@ def test_two_phase_state_phase_in_3xtf32_matches_reference(size, t, monkeypatch)
     another order than the FMA chains (its y differs in the last bits)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     monkeypatch.setenv("OPENJET_GDN_STATE_TC", "0")
-    before = kt.launch_count("gdn_state_tensor_cores")
-    args, fma, tc = default_and_switched(size, t, 89, monkeypatch, "OPENJET_GDN_STATE_TC", "3xtf32")
-    assert kt.launch_count("gdn_state_tensor_cores") == before + 1, "the tensor-core state phase did not run"
-    np.testing.assert_array_equal(tc[1], fma[1], err_msg="conv state: the same local phase")
+    a_form_of_its_own("state on tensor cores", size, t, 89, monkeypatch, "OPENJET_GDN_STATE_TC", "3xtf32",
+                      "gdn_state_tensor_cores", TOL)
+
+
+def a_form_of_its_own(label, size, t, seed_mul, monkeypatch, name, value, counted, tol):
+    """default_and_switched with `name`=`value` for a form with numerics of its own: its path (`counted`) ran once,
+    the conv state (the same conv) equals the form before the switch, y does not (t > 1: its sums ran), and the
+    switched result is within `tol` of the float64 recurrence."""
+    before = kt.launch_count(counted)
+    args, base, switched = default_and_switched(size, t, seed_mul, monkeypatch, name, value)
+    assert kt.launch_count(counted) == before + 1, f"{name}={value}: {counted} did not run"
+    np.testing.assert_array_equal(switched[1], base[1], err_msg="conv state: the same conv")
     if t > 1:
-        assert not np.array_equal(tc[0], fma[0]), "y: the same bits as the FMA form"
-    check_close(f"{size} t={t} state on tensor cores", tc, reference_step(*args), n_k=args[0], n_v=args[1], t=t)
+        assert not np.array_equal(switched[0], base[0]), f"y: {name}={value} gave the bits of the form before"
+    check_close(f"{size} t={t} {label}", switched, reference_step(*args), tol=tol, n_k=args[0], n_v=args[1], t=t)
 
 
 TF32_TOL = 5e-3  # one tf32 rounding per operand (2^-11 relative) through 128-term sums and the chunks' state
@@ -284,14 +292,8 @@ def test_the_local_phase_on_tensor_cores_stays_near_the_reference(size, t, monke
     conv) equal to the default's, its launch counted once, and y not the default's bits (the products changed)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     monkeypatch.delenv("OPENJET_GDN_STATE_TC", raising=False)
-    before = kt.launch_count("gdn_local_tensor_cores")
-    args, default, tc = default_and_switched(size, t, 73, monkeypatch, "OPENJET_GDN_LOCAL_TC", "1")
-    assert kt.launch_count("gdn_local_tensor_cores") == before + 1, "the tensor-core local phase did not run"
-    np.testing.assert_array_equal(tc[1], default[1], err_msg="conv state: the same conv")
-    if t > 1:
-        assert not np.array_equal(tc[0], default[0]), "y: the default's bits"
-    check_close(f"{size} t={t} local phase on tensor cores", tc, reference_step(*args), tol=TF32_TOL,
-                n_k=args[0], n_v=args[1], t=t)
+    a_form_of_its_own("local phase on tensor cores", size, t, 73, monkeypatch, "OPENJET_GDN_LOCAL_TC", "1",
+                      "gdn_local_tensor_cores", TF32_TOL)
 
 
 @pytest.mark.parametrize("size", SIZES)
