@@ -175,9 +175,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attn_prefill_kernel(c
 
 template <class Fmt, int kWarps, int kKeys> cudaError_t launch_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
     constexpr int kRows = 16 * kWarps, kSmem = smem_bytes<Fmt, kWarps, kKeys>();
-    static const cudaError_t opted = cudaFuncSetAttribute(attn_prefill_kernel<Fmt, kWarps, kKeys>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<attn_prefill_kernel<Fmt, kWarps, kKeys>, kSmem>()) return e;
     return launch_kernel(attn_prefill_kernel<Fmt, kWarps, kKeys>, dim3(a.n_head, (a.t + kRows - 1) / kRows),
                          32 * kWarps, kSmem, stream, a);
 }

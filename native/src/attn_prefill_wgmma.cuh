@@ -20,8 +20,7 @@ bool attn_prefill_wgmma_fits(int smem_bytes);
 // memory a block (asked for at its first launch).
 template <void (*kKernel)(AttnDecodeArgs), int kRows, int kThreads, int kSmem>
 cudaError_t launch_wgmma_rows(const AttnDecodeArgs& a, cudaStream_t stream) {
-    static const cudaError_t opted = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<kKernel, kSmem>()) return e;
     return launch_kernel(kKernel, dim3(a.n_head, (a.t + kRows - 1) / kRows), kThreads, kSmem, stream, a);
 }
 

@@ -942,13 +942,6 @@ StateForm gdn_state_form() {
                                              : StateForm::kTf32;
 }
 
-// A kernel's dynamic shared memory asked for once, at its first launch (each kernel on its own: the default's
-// launches never depend on another form's attribute call).
-template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
-    static const cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    return e;
-}
-
 // OPENJET_GDN_LOCAL_TC (read at each call; opt-in, NOT yet run on a GPU): 1 the local phase's A and Aq on tensor
 // cores (chunk_decays_tc; numerics of their own) where the tf32 state phase runs; unset or 0 the FMA products.
 bool gdn_local_tc() {
@@ -1034,9 +1027,7 @@ cudaError_t launch_gdn_chunk(const GdnStepArgs& a, cudaStream_t stream, bool* la
         return launch_two_phases(a, stream, optin);
     }
     if (static_cast<int>(sizeof(ChunkSmem)) > optin) return cudaSuccess;
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(gdn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(ChunkSmem));
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<gdn_chunk_kernel, sizeof(ChunkSmem)>()) return e;
     *launched = true;
     return launch_kernel(gdn_chunk_kernel, a.n_v * (D / kCols), kThreads, sizeof(ChunkSmem), stream, a);
 }

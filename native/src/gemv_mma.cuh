@@ -870,9 +870,7 @@ cudaError_t launch_prefill_mma(const GemvArgs& a, cudaStream_t stream, bool forc
     if (row_blocks * per_rows > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (!force && row_blocks * per_rows < 3LL * sms) return cudaSuccess;
     auto kernel = prefill_mma_kernel<QT>;
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes);
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<prefill_mma_kernel<QT>, P::kSmemBytes>()) return e;
     *launched = true;
     if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(kernel, static_cast<unsigned>(row_blocks * per_rows), kPrefillWarps * 32, P::kSmemBytes,
@@ -886,9 +884,7 @@ cudaError_t launch_gemv_mma_ng(const GemvArgs& a, cudaStream_t stream, const Gem
     using S = MmaShape<QT, kRows>;
     auto kernel = gemv_mma_kernel<QT, NG, kRows>;
     // Opt in once to the dynamic size (static part[] included, the block may pass the default 48 KiB).
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<gemv_mma_kernel<QT, NG, kRows>, S::kSmemBytes>()) return e;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (!tile_offsets_fit(row_bytes)) return cudaErrorInvalidValue;
     // One launch, one layout: both of a pair in the tile layout or neither (launch_gemv's check_gemv has checked

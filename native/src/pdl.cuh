@@ -72,6 +72,14 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
                               std::forward<Args>(args)...);
 }
 
+// kKernel allowed kBytes of dynamic shared memory a block (past the default 48 KiB), asked once, at the first call:
+// every later call returns the first one's result without a driver call (a launch's path pays one static's check).
+template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
+    static const cudaError_t e =
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+    return e;
+}
+
 // The same in thread-block clusters of cluster_x blocks along x (sm_90+; the kernel may use cluster APIs).
 template <class... Params, class... Args>
 cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

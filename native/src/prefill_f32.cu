@@ -159,9 +159,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kRows>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const float* w0, float* y0, const float* w1, float* y1, int n,
                    int k, int t, const float* x) {
-    static const cudaError_t opted = cudaFuncSetAttribute(
-        prefill_f32_tc_kernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<kRows>));
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<prefill_f32_tc_kernel<kRows>, kSmemBytes<kRows>>()) return e;
     return launch_kernel(prefill_f32_tc_kernel<kRows>, grid, kThreads, kSmemBytes<kRows>, stream, w0, y0, w1, y1, n,
                          k, t, x);
 }

@@ -377,9 +377,7 @@ prefill_gemm_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w
 template <int QT, int BN, bool kSwiglu>
 cudaError_t launch_prefill_gemm_bn(const GemvArgs& a, const void* w_up, long long row_blocks, cudaStream_t stream) {
     using S = FastShape<BN>;
-    static const cudaError_t opted = cudaFuncSetAttribute(prefill_gemm_kernel<QT, BN, kSwiglu>,
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-    if (opted != cudaSuccess) return opted;
+    if (const cudaError_t e = smem_opted_in<prefill_gemm_kernel<QT, BN, kSwiglu>, S::kSmemBytes>()) return e;
     const long long row_bytes = row_bytes_of<QT>(a.k);
     if (a.tiled) count_launch(Counted::kTiledWeights);
     return launch_kernel(prefill_gemm_kernel<QT, BN, kSwiglu>,
