@@ -618,6 +618,33 @@ template <class F> __device__ __forceinline__ void for_state_fragment(int warp, 
         for (int e = 0; e < 4; ++e) f(j, e, 16 * warp + g + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
 }
 
+// A tensor-core state-phase block (value head h, state columns c0 .. c0 + kCols - 1, key head kh), the lane's place
+// in it, and the lane's elements of the block's state as step 7's C fragments (for_state_fragment), in fp32 registers
+// from the call's start to its end: read from a.state at construction, written out by store_to.
+struct StateBlock {
+    int h, c0, kh, lane, warp, g, tq;
+    size_t head;  // the value head's [D][D] state in an [n_v][D][D] array
+    float st[kCols / 8][4];
+    __device__ __forceinline__ explicit StateBlock(const GdnStepArgs& a)
+        : h(blockIdx.x / (D / kCols)), c0(blockIdx.x % (D / kCols) * kCols), kh(h % a.n_k), lane(threadIdx.x & 31),
+          warp(threadIdx.x >> 5), g(lane >> 2), tq(lane & 3), head((size_t)h * D * D) {
+        for_state_fragment(warp, g, tq,
+                           [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
+    }
+    // The state into s (a snapshot before a chunk, or the call's end).
+    __device__ __forceinline__ void store_to(float* s) const {
+        for_state_fragment(warp, g, tq,
+                           [&](int j, int e, int row, int col) { s[head + row * D + c0 + col] = st[j][e]; });
+    }
+    // Step 7's first half: S <- e^Gamma S.
+    __device__ __forceinline__ void decay(float e_all) {
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = __fmul_rn(e_all, st[j][e]);
+    }
+};
+
 // kPasses = 1 (the default): each operand rounded once to tf32's 10-bit mantissa, big x big alone; 3
 // (OPENJET_GDN_STATE_TC=3xtf32): 3xTF32, an operand as big + small, three times the products.
 template <int kPasses> __device__ __forceinline__ Tf32Pair tf32_operand(float x) {
@@ -648,15 +675,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
     extern __shared__ float4 smem_raw[];
     Phase2TcSmem& sm = *reinterpret_cast<Phase2TcSmem*>(smem_raw);
     pdl_start();  // pdl.cuh
-    constexpr int kSplits = D / kCols;
-    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int kh = h % a.n_k, value_dim = a.n_v * D;
+    StateBlock sb(a);
+    const int h = sb.h, c0 = sb.c0, kh = sb.kh, warp = sb.warp, g = sb.g, tq = sb.tq, value_dim = a.n_v * D;
+    auto& st = sb.st;
     const int r = 16 * (warp & 1) + g, cc = 8 * (warp >> 1);  // steps 5, 6: the tile's rows r, r + 8, columns cc ..
-    const size_t head = (size_t)h * D * D;
-    float st[kCols / 8][4];
-    for_state_fragment(warp, g, tq,
-                       [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
     // The operands arrive while the chunk before computes: a chunk's q and W (steps 5, 6a) during the previous
@@ -667,10 +689,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
-        if (a.snap_state && t0 == a.snap_row)  // the state before row t0
-            for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
-                a.snap_state[head + row * D + c0 + col] = st[j][e];
-            });
+        if (a.snap_state && t0 == a.snap_row) sb.store_to(a.snap_state);  // the state before row t0
         for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { sm.s[row][col] = st[j][e]; });
         __syncthreads();  // every warp is done with the previous chunk's k, U, Aq and decays
         copy_chunk_rest(cs, r_pad, h, kh, c0, t0, sm.c);
@@ -717,11 +736,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
                     __fmaf_rn(sm.c.e_gamma[i], qs[e], av[e]);
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
-        const float e_all = expf(sm.c.gamma[C - 1]);
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[j][e] = __fmul_rn(e_all, st[j][e]);
+        sb.decay(expf(sm.c.gamma[C - 1]));
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
             const int m0 = 16 * warp;
@@ -739,8 +754,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tc_kernel(const G
             }
         }
     }
-    float* so = a.state_out ? a.state_out : a.state;
-    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
+    sb.store_to(a.state_out ? a.state_out : a.state);
 }
 
 // ------------------------------------------------------------- the default state phase: operands rounded once
@@ -834,16 +848,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
     extern __shared__ float4 smem_raw[];
     Phase2Tf32Smem& sm = *reinterpret_cast<Phase2Tf32Smem*>(smem_raw);
     pdl_start();  // pdl.cuh
-    constexpr int kSplits = D / kCols;
-    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int kh = h % a.n_k, value_dim = a.n_v * D;
+    StateBlock sb(a);
+    const int h = sb.h, c0 = sb.c0, kh = sb.kh, lane = sb.lane, warp = sb.warp, g = sb.g, tq = sb.tq;
+    const int value_dim = a.n_v * D;
+    auto& st = sb.st;
     const bool products = warp < kWarps / kTiles;  // steps 5, 6: the warp's rows r0 .., columns cc .. cc + 8 kTiles
     const int r0 = 16 * (warp & 1), cc = 8 * kTiles * (warp >> 1);
-    const size_t head = (size_t)h * D * D;
-    float st[kCols / 8][4];
-    for_state_fragment(warp, g, tq,
-                       [&](int j, int e, int row, int col) { st[j][e] = a.state[head + row * D + c0 + col]; });
     const ChunkScratch cs(a.chunk_scratch, a.n_k, a.n_v, a.t);
     const size_t r_pad = (size_t)(a.t + C - 1) / C * C;
     copy_chunk_qw(cs, r_pad, h, kh, 0, sm);  // as the <1> kernel: q and W a chunk ahead, the rest during 5, 6a
@@ -851,10 +861,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
 #pragma unroll 1
     for (int t0 = 0; t0 < a.t; t0 += C) {
         const int n = min(C, a.t - t0);
-        if (a.snap_state && t0 == a.snap_row)  // the state before row t0
-            for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) {
-                a.snap_state[head + row * D + c0 + col] = st[j][e];
-            });
+        if (a.snap_state && t0 == a.snap_row) sb.store_to(a.snap_state);  // the state before row t0
         for_state_fragment(warp, g, tq,
                            [&](int j, int e, int row, int col) { sm.st[col][row] = tf32_rounded(st[j][e]); });
         __syncthreads();  // every warp is done with the previous chunk's k^T, U, Aq, V' and decays
@@ -901,11 +908,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
                 }
         }
         // 7: S <- e^Gamma S + k^T (e^(Gamma - gamma) V') on the warp's rows of S.
-        const float e_all = expf(sm.gamma[C - 1]);
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[j][e] = __fmul_rn(e_all, st[j][e]);
+        sb.decay(expf(sm.gamma[C - 1]));
 #pragma unroll
         for (int k0 = 0; k0 < C; k0 += 8) {
             uint32_t ak[4];
@@ -920,8 +923,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_chunk_state_tf32_kernel(const
             }
         }
     }
-    float* so = a.state_out ? a.state_out : a.state;
-    for_state_fragment(warp, g, tq, [&](int j, int e, int row, int col) { so[head + row * D + c0 + col] = st[j][e]; });
+    sb.store_to(a.state_out ? a.state_out : a.state);
 }
 
 // OPENJET_GDN_STATE_TC (read at each call): unset, 1 or `tf32` (the default since 2026-12-03) the state phase on
