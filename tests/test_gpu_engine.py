@@ -151,7 +151,7 @@ PREFILL_VARIANTS = {"default": {}, "gdn-chunked": {"OPENJET_GDN_CHUNKED": "1"},
                     "attn-chunks": {"OPENJET_PREFILL_ATTN": "chunks"}, "attn-pairs": {"OPENJET_PREFILL_ATTN": "pairs"},
                     "gemm-dense": {"OPENJET_PREFILL_GEMM": "dense"},
                     "gdn-state-3xtf32": {"OPENJET_GDN_STATE_TC": "3xtf32"},
-                    "gdn-local-tc": {"OPENJET_GDN_LOCAL_TC": "1"}}
+                    "gdn-local-fma": {"OPENJET_GDN_LOCAL_TC": "0"}}
 
 
 def dense_gemm_available() -> bool:
@@ -164,16 +164,16 @@ def dense_gemm_available() -> bool:
 @pytest.mark.parametrize("kv_type, variant", [("f16", "default"), ("q8_0", "default"), ("f16", "gdn-chunked"),
                                               ("q8_0", "gdn-recurrent"),
                                               ("q8_0", "attn-pairs"), ("f16", "attn-chunks"), ("q8_0", "gemm-dense"),
-                                              ("q8_0", "gdn-state-3xtf32"), ("q8_0", "gdn-local-tc")])
+                                              ("q8_0", "gdn-state-3xtf32"), ("q8_0", "gdn-local-fma")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_a_long_prompt_prefilled_then_teacher_forced_matches_the_reference(models, preset, kv_type, variant,
                                                                              monkeypatch):
     """Issue 6's bar after a prompt of N_POS tokens read by prefill with the default numerics (the fast GEMM;
     512-row chunks): the prompt's last logits and N_AFTER teacher-forced decode steps after it against the
     reference's, mean KL <= 2e-3 and any top-1 miss at a near-tie only (the default: the two-phase chunked GDN, its
-    state phase's products in one tf32 pass). The other prefill forms too: "gdn-state-3xtf32" (those products in
-    3xTF32, OPENJET_GDN_STATE_TC=3xtf32), "gdn-local-tc" (the local phase's A and Aq on tensor cores,
-    OPENJET_GDN_LOCAL_TC=1), "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel
+    state phase's products in one tf32 pass, the local phase's A and Aq on tensor cores). The other prefill forms too:
+    "gdn-state-3xtf32" (those products in 3xTF32, OPENJET_GDN_STATE_TC=3xtf32), "gdn-local-fma" (the local phase's
+    A and Aq as FMA sums, OPENJET_GDN_LOCAL_TC=0), "gdn-chunked" (OPENJET_GDN_CHUNKED=1, gdn_chunk.cuh: the one-kernel
     form), "gdn-recurrent" (OPENJET_GDN_CHUNKED=0: the token-by-token recurrence); the prefill's attention by
     decode's kernel instead of the default flash kernel (attn_prefill.cuh), with q and the probabilities as single
     fp16 ("attn-chunks", OPENJET_PREFILL_ATTN=chunks) or as decode's hi + lo pairs ("attn-pairs",

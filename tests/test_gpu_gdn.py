@@ -226,7 +226,7 @@ def test_two_phase_state_phase_in_3xtf32_matches_reference(size, t, monkeypatch)
 def a_form_of_its_own(label, size, t, seed_mul, monkeypatch, name, value, counted, tol):
     """default_and_switched with `name`=`value` for a form with numerics of its own: its path (`counted`) ran once,
     the conv state (the same conv) equals the form before the switch, y does not (t > 1: its sums ran), and the
-    switched result is within `tol` of the float64 recurrence."""
+    switched result is within `tol` of the float64 recurrence. Returns (reference_step's arguments, the switched result)."""
     before = kt.launch_count(counted)
     args, base, switched = default_and_switched(size, t, seed_mul, monkeypatch, name, value)
     assert kt.launch_count(counted) == before + 1, f"{name}={value}: {counted} did not run"
@@ -234,6 +234,7 @@ def a_form_of_its_own(label, size, t, seed_mul, monkeypatch, name, value, counte
     if t > 1:
         assert not np.array_equal(switched[0], base[0]), f"y: {name}={value} gave the bits of the form before"
     check_close(f"{size} t={t} {label}", switched, reference_step(*args), tol=tol, n_k=args[0], n_v=args[1], t=t)
+    return args, switched
 
 
 TF32_TOL = 5e-3  # one tf32 rounding per operand (2^-11 relative) through 128-term sums and the chunks' state
@@ -273,6 +274,7 @@ def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, monkeypatc
     tile against 4 of two)."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     monkeypatch.delenv("OPENJET_GDN_STATE_TC", raising=False)
+    monkeypatch.setenv("OPENJET_GDN_LOCAL_TC", "0")  # tf32-cvt's local phase: A and Aq by FMA
     rounded_before, tc_before = kt.launch_count("gdn_state_rounded"), kt.launch_count("gdn_state_tensor_cores")
     args, rounded, cvt = default_and_switched(size, t, 79, monkeypatch, "OPENJET_GDN_STATE_TC", "tf32-cvt")
     assert kt.launch_count("gdn_state_rounded") == rounded_before + 1, "the rounded form ran for the default only"
@@ -286,14 +288,19 @@ def test_the_state_phase_on_rounded_operands_keeps_every_bit(size, t, monkeypatc
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 9, 33, 300, 1000])
 def test_the_local_phase_on_tensor_cores_stays_near_the_reference(size, t, monkeypatch):
-    """OPENJET_GDN_LOCAL_TC=1 (opt-in; gdn_chunk.cu chunk_decays_tc): the local phase's A = K K^T and Aq = Q K^T as
-    single tf32 tensor-core passes, numerics of their own (emulate_gdn_tf32.py: 4.8e-4 of the float64 recurrence
-    against the default's 4.2e-4). y and the state within TF32_TOL of the float64 recurrence, the conv state (the same
-    conv) equal to the default's, its launch counted once, and y not the default's bits (the products changed)."""
+    """The default local phase (OPENJET_GDN_LOCAL_TC unset or 1 since 2026-12-04; gdn_chunk.cu chunk_decays_tc): A =
+    K K^T and Aq = Q K^T as single tf32 tensor-core passes, numerics of their own (emulate_gdn_tf32.py: 4.8e-4 of the
+    float64 recurrence against the FMA products' 4.2e-4; the H200: 2.8e-4 .. 1.1e-3). Against OPENJET_GDN_LOCAL_TC=0
+    (the FMA products): y and the state within TF32_TOL of the float64 recurrence, the conv state (the same conv)
+    equal, its launch counted once, y not the FMA form's bits (the products changed); unset gives 1's bits."""
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
     monkeypatch.delenv("OPENJET_GDN_STATE_TC", raising=False)
-    a_form_of_its_own("local phase on tensor cores", size, t, 73, monkeypatch, "OPENJET_GDN_LOCAL_TC", "1",
-                      "gdn_local_tensor_cores", TF32_TOL)
+    monkeypatch.setenv("OPENJET_GDN_LOCAL_TC", "0")
+    args, tc = a_form_of_its_own("local phase on tensor cores", size, t, 73, monkeypatch, "OPENJET_GDN_LOCAL_TC", "1",
+                                 "gdn_local_tensor_cores", TF32_TOL)
+    monkeypatch.delenv("OPENJET_GDN_LOCAL_TC")
+    for name, x, y in zip(("y", "conv_state", "state"), gpu_step(*args), tc):
+        np.testing.assert_array_equal(x, y, err_msg=f"{name}: the default is the tensor-core local phase")
 
 
 @pytest.mark.parametrize("size", SIZES)

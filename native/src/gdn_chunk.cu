@@ -180,11 +180,11 @@ __device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const fl
 }
 
 // chunk_decays with A's and Aq's products (K K^T, Q K^T over the 128 dimensions) as single tf32 tensor-core passes
-// (m16n8k8, each operand rounded as it is loaded; OPENJET_GDN_LOCAL_TC=1, gdn_chunk_local_kernel's kTcDecays):
-// warp w the 16 x 8 tile (rows 16 (w % 2), columns 8 (w / 2)) of both, then chunk_decays' masks and decays on the
-// tile's elements. Numerics of their own: emulated on the CPU (emulate_gdn_tf32.py, 4,096 tokens) the prefill's o
-// moves from 4.2e-4 to 4.8e-4 of the float64 recurrence. Those products were ~1,300 of a thread's FMA-form
-// instructions; here ~350 a warp.
+// (m16n8k8, each operand rounded as it is loaded; gdn_chunk_local_kernel's kTcDecays, the default): warp w the
+// 16 x 8 tile (rows 16 (w % 2), columns 8 (w / 2)) of both, then chunk_decays' masks and decays on the tile's
+// elements. Numerics of their own: emulated on the CPU (emulate_gdn_tf32.py, 4,096 tokens) the prefill's o moves
+// from 4.2e-4 to 4.8e-4 of the float64 recurrence; on the H200 y within 2.8e-4 .. 1.1e-3 of it (the tests' 5e-3).
+// Those products were ~1,300 of a thread's FMA-form instructions; here ~350 a warp.
 __device__ __forceinline__ void chunk_decays_tc(const float (*q)[kRowPad], const float (*k)[kRowPad],
                                                 const float* gamma, const float* beta, float* e_gamma, float* e_rest,
                                                 float (*am)[C], float (*aq)[C], int tid, int warp, int lane) {
@@ -408,7 +408,7 @@ constexpr int kLocalBlocksPerSm = 1;
 // kTf32Operands (the default state phase, gdn_chunk_state_tf32_kernel): q, k, W and Aq go out rounded to tf32 once
 // (the rounding every warp of the state phase would otherwise apply to each fragment it loads), and each chunk's k
 // transposed ([D][C] per key head and chunk: k^T is step 7's A operand); U stays fp32 (V' = U - W S is fp32).
-// kTcDecays (with kTf32Operands only): A and Aq by chunk_decays_tc, OPENJET_GDN_LOCAL_TC=1.
+// kTcDecays (with kTf32Operands only): A and Aq by chunk_decays_tc (the default; OPENJET_GDN_LOCAL_TC=0 turns it off).
 template <bool kTf32Operands, bool kTcDecays>
 __global__ void __launch_bounds__(kThreads, kLocalBlocksPerSm) gdn_chunk_local_kernel(const GdnStepArgs a) {
     static_assert(kTf32Operands || !kTcDecays, "the tensor-core decays go with the tf32 state phase");
@@ -944,11 +944,12 @@ StateForm gdn_state_form() {
                                              : StateForm::kTf32;
 }
 
-// OPENJET_GDN_LOCAL_TC (read at each call; opt-in, NOT yet run on a GPU): 1 the local phase's A and Aq on tensor
-// cores (chunk_decays_tc; numerics of their own) where the tf32 state phase runs; unset or 0 the FMA products.
+// OPENJET_GDN_LOCAL_TC (read at each call): unset or 1 (the default since 2026-12-04, a declared numerics change) the
+// local phase's A and Aq on tensor cores (chunk_decays_tc) where the tf32 state phase runs; 0 the FMA products (the
+// bits of before, which tf32-cvt's state phase reproduces). H200, a 4,096-row call at 27B widths: 960 us against 989.
 bool gdn_local_tc() {
     const char* v = std::getenv("OPENJET_GDN_LOCAL_TC");
-    return v && std::strcmp(v, "1") == 0;
+    return !v || std::strcmp(v, "0") != 0;
 }
 
 // gdn_chunk_local_kernel<kTf32Operands, kTcDecays> over a's (chunk, value head) blocks.

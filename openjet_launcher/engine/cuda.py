@@ -101,7 +101,7 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_PREFILL_WGMMA": ("0", "1", "2"),          # attn_prefill.cu, flash on wgmma (2, FA3-style: default)
     "OPENJET_GDN_CHUNKED": ("0", "1", "2"),                 # gdn_chunk.cu, gdn_chunked_form
     "OPENJET_GDN_STATE_TC": ("0", "1", "tf32", "tf32-cvt", "3xtf32"),  # gdn_chunk.cu, gdn_state_form (1 = tf32: default)
-    "OPENJET_GDN_LOCAL_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_local_tc (an experiment: 1)
+    "OPENJET_GDN_LOCAL_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_local_tc (1: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
     "OPENJET_PREFILL_SWIGLU": ("epilogue", "split", "rows"),  # elementwise.cu, prefill_swiglu (epilogue: default)
