@@ -955,9 +955,13 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
     """OPENJET_PREFILL_GEMM=dense (dense_gemm.cuh: each prefill projection dequantised to fp16 scratch, then CUTLASS's
     GEMM; its scratch, made at load, is the largest projection's fp16 in the memory report): chunk sizes 128 / 512 /
     2,048 and a 2-turn split (a last chunk of 5 rows) leave the same bits, since one kernel configuration takes
-    every call; the server's Slot, resuming a conversation by prefill, gives the bits of a fresh prefill; and its
-    logits are the fast kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain
-    order), so the launch counter shows the dense GEMM ran under "dense" and not under "fast"."""
+    every call and the FFN's bounded form (on the kept fp16 rows: fp16 silu(g) u from the GEMM's epilogue in chunks of
+    kDenseMinRows rows or more, the same values packed under the same row scales in smaller calls) gives a row the
+    same bits in calls of any size; the server's Slot, resuming a conversation by prefill, gives the bits of a fresh
+    prefill; under OPENJET_PREFILL_SWIGLU=epilogue-f32 (fp32 swiglu values, then the pack) its logits are the fast
+    kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain order), so the launch
+    counter shows the dense GEMM ran under "dense" and not under "fast"; and the bounded form stays within a
+    thousandth of the KL bar of that."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.server.worker import Slot
 
@@ -995,8 +999,17 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
         text = [*prompt[:150], *reply, *prompt[150:217]]
         resumed, _ = slot.load_prompt(text)
         fresh, _ = Slot(engine).load_prompt(text)
+        half_before = kt.launch_count("dense_gemm_swiglu_half")
+        monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "epilogue-f32")
+        f32 = after(engine, [prompt], 512)
+        assert kt.launch_count("dense_gemm_swiglu_half") == half_before, "epilogue-f32 ran the fp16 form"
+        monkeypatch.delenv("OPENJET_PREFILL_SWIGLU")
     finally:
         engine.close()
+    assert half_before > 0, "the FFN's fp16 form did not run"
+    m = compare(f32, runs[512])
+    report(test="dense_prefill_bounded_ffn_vs_f32", metrics=m)
+    assert m["mean_kl"] <= KL_BAR / 1000 and m["misses"] == 0, m
     for c in (512, 2048):
         np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
     np.testing.assert_array_equal(turns, runs[512], err_msg="two turns")
@@ -1005,7 +1018,7 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
            scratch_bytes_dense=dense_scratch, scratch_bytes_fast=fast_scratch)
     grown, largest = dense_scratch - fast_scratch, 2 * _largest_kquant_projection(models["tiny"])
     assert largest <= grown <= largest + 512, f"dense scratch {grown} bytes for a largest projection of {largest}"
-    np.testing.assert_array_equal(runs[512], fast, err_msg="the dense GEMM's bits are not the fast kernel's")
+    np.testing.assert_array_equal(f32, fast, err_msg="the dense GEMM's bits are not the fast kernel's")
 
 
 def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(models, monkeypatch):
@@ -1014,7 +1027,8 @@ def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(mod
     logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows on the fast kernel) are
     the same bits; the kept weights were multiplied (launch counter) only under `1`; and the memory report's
     prefill_f16_bytes is 2 bytes a weight of every projection the dense path takes, from the GGUF's own tensor list
-    (k-quant or Q8_0, not the embedding or lm_head, rows a multiple of 4), part of total_bytes, and 0 under `0`."""
+    (k-quant or Q8_0, not the embedding or lm_head, rows a multiple of 4), part of total_bytes, and 0 under `0`. The
+    FFN's swiglu by the fp32 epilogue (OPENJET_PREFILL_SWIGLU=epilogue-f32): its bounded form runs on kept rows only."""
     from gguf import GGUFReader
 
     from openjet_launcher.engine import kernels_test as kt
@@ -1027,6 +1041,7 @@ def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(mod
                      and int(t.shape[1]) % 4 == 0)
     prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
     logits, kept = {}, {}
+    monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "epilogue-f32")  # the FFN's bounded form runs on kept rows only
     for value in ("0", "1"):
         monkeypatch.setenv("OPENJET_PREFILL_F16_WEIGHTS", value)
         engine = CudaEngine.load(path, n_ctx=4096, prefill_rows=2048)
@@ -1055,6 +1070,7 @@ def test_prefill_gate_and_up_in_one_gemm_keep_the_engines_bits(models, gemm, mon
     if gemm == "dense" and not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "epilogue-f32")  # the values the two GEMMs' swiglu pack makes
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_FFN_FUSED", "prefill_gate_up", engine,
@@ -1088,9 +1104,9 @@ def test_the_residual_add_in_the_dense_gemms_epilogue_keeps_the_engines_bits(mod
 
 
 def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypatch):
-    """The dense gate-and-up GEMM writing silu(g) u in its epilogue (dense_gemm_swiglu.cu, the default where the dense
-    GEMM runs; OPENJET_PREFILL_SWIGLU=split: the plain GEMM's [t, 2 n_ff] output and two streaming passes, read at
-    each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are the
+    """The dense gate-and-up GEMM writing fp32 silu(g) u in its epilogue (dense_gemm_swiglu.cu,
+    OPENJET_PREFILL_SWIGLU=epilogue-f32; the default's bounded form has numerics of its own) and `split` (the plain
+    GEMM's [t, 2 n_ff] output and two streaming passes; read at each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are the
     same bits, and the launch counter shows the epilogue ran only where it was asked for."""
     if not dense_gemm_available():
         pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
@@ -1098,7 +1114,7 @@ def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypa
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_PREFILL_SWIGLU", "dense_gemm_swiglu", engine,
-                             [prompt[:1024], prompt[1024:]], 512, follow, off_value="split")
+                             [prompt[:1024], prompt[1024:]], 512, follow, off_value="split", on_value="epilogue-f32")
 
 
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):

@@ -530,6 +530,48 @@ def test_the_prefill_swiglu_pack_gives_the_one_pass_bits_every_way(qtype, n, k, 
                 np.testing.assert_array_equal(a, b, err_msg=f"t={t}, {mode}: {name}")
 
 
+@pytest.mark.parametrize("qtype, n, k, exps", [("Q4_K", 17408, 512, (-14, -6)), ("Q6_K", 2304, 1024, (-6, -2)),
+                                               ("Q8_0", 1024, 256, (-10, -4))])
+def test_the_ffns_fp16_form_is_the_fp32_epilogues_values_under_a_bounded_scale(qtype, n, k, exps, monkeypatch):
+    """launch_ffn_gate_up_pack's fp16 form (the engine's default on its kept fp16 rows: dense_gemm_swiglu.cu
+    launch_dense_gemm_swiglu_half after the row scales) against the fp32 swiglu epilogue on the same rows: h, in the
+    pack's element order, is fp16(v s) for every element (numpy's float16 rounding, subnormals included), s = 1 / inv
+    a power of two a row; every |v| s below 2^15 (no overflow); s the scale of the bound max(||x|| G, 0.2785) ||x|| U
+    in numpy (G, U: the largest row norms, which equal numpy's of the fp16 rows; a factor 2 allowed where the fp32 sums
+    straddle an exponent); the path's launch counted. Where v s is a normal fp16 number, h is then the pack's value
+    times a power of two, which the down GEMM's row factor 1 / s undoes exactly."""
+    if not kt.dense_gemm_available():
+        pytest.skip("no dense GEMM here: it needs a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    monkeypatch.setenv("OPENJET_PREFILL_GEMM", "dense")
+    monkeypatch.delenv("OPENJET_PREFILL_SWIGLU", raising=False)
+    rng = np.random.default_rng(n + 5 * k)
+    raw_g, raw_u = (random_raw(rng, qtype, n, k, *exps) for _ in range(2))
+    t = 300
+    x = random_x(rng, t, k)
+    before = kt.launch_count("dense_gemm_swiglu_half")
+    v, h, inv, norms = kt.prefill_gate_up_half(Q[qtype], raw_g, raw_u, x)
+    assert kt.launch_count("dense_gemm_swiglu_half") == before + 1, "the fp16 form did not run"
+    ref_norms = [float(np.sqrt((fast_weights(qtype, r).astype(np.float64) ** 2).sum(axis=1)).max())
+                 for r in (raw_g, raw_u)]
+    np.testing.assert_allclose(norms, ref_norms, rtol=1e-5)
+    assert np.isfinite(v).all()
+    s = 1.0 / inv.astype(np.float64)
+    assert np.all(np.frexp(s)[0] == 0.5), "a row scale is not a power of two"
+    scaled = np.abs(v.astype(np.float64)) * s[:, None]
+    assert scaled.max() < 2.0 ** 15, scaled.max()
+    xh, _, xinv = pack_act_numpy(x)
+    nx = np.linalg.norm(unpack_act(xh, xinv), axis=1)
+    bound = np.maximum(nx * ref_norms[0], 0.2785) * nx * ref_norms[1] * 1.0625
+    s_ref = np.ldexp(1.0, 15 - np.frexp(bound)[1])
+    assert np.all((s == s_ref) | (s == 2 * s_ref) | (2 * s == s_ref)), "not the bound's scale"
+    want = (v * s[:, None].astype(np.float32)).astype(np.float16).view(np.uint16)
+    want = want.reshape(t, n // 4, 4)[..., [0, 2, 1, 3]].reshape(t, n)  # the pack's element order (act_quad_pos)
+    np.testing.assert_array_equal(h, want)
+    report(test="ffn_fp16_form", qtype=qtype, n=n, k=k, same_scale=float(np.mean(s == s_ref)),
+           largest_scaled=float(scaled.max()), subnormal_share=float(np.mean((scaled < 2.0 ** -14) & (scaled > 0))),
+           bound_over_max=float(np.median(bound / np.abs(v.astype(np.float64)).max(axis=1))))
+
+
 def test_a_pack_of_a_row_not_whole_units_is_refused():
     """A pack's sums are laid out per 256-element unit (act_pack.cuh, act_sum_pos): a row of 96 or 1,056 elements
     would write its last sums into the next row's, where two rows' blocks race (seen on the H200, 2026-12-03), so such

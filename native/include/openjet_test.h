@@ -84,6 +84,14 @@ OPENJET_API int openjet_test_gemv_packed(int qtype, const void* w, int n, int k,
 OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w_gate, const void* w_up, int n, int k,
                                              const float* x, int t, uint16_t* xh, uint16_t* xsum, float* xinv);
 
+/* The FFN's fp16 form (launch_ffn_gate_up_pack on the engine's kept rows) beside the fp32 swiglu epilogue on the same
+ * fp16 rows: v [t, n] float (the fp32 epilogue, natural order), h [t, n] fp16 bits (the fp16 form, the pack's element
+ * order), inv [t] (its row factors), norms [2] (the largest row norms of G and U). The dense GEMM only (a 90a build
+ * with CUTLASS on sm_90); t >= 256, n % 256 == 0. */
+OPENJET_API int openjet_test_prefill_gate_up_half(int qtype, const void* w_gate, const void* w_up, int n, int k,
+                                                  const float* x, int t, float* v, uint16_t* h, float* inv,
+                                                  float* norms);
+
 /* out [n_ids, dim] = rows ids of a Q4_K table [vocab, dim] (qtype 12), dequantised. */
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                    int n_ids, float* out);

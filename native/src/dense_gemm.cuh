@@ -47,4 +47,12 @@ cudaError_t launch_dense_gemm_add(const __half* w16, int n, int k, const ActPack
 cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActPack& x, int t, float* v,
                                      cudaStream_t stream);
 
+// h[t, n] = fp16(swiglu1(g, u) * s[t]), g and u as launch_dense_gemm_swiglu's: the FFN's input to ffn_down as fp16
+// under the row scale s (a power of two that keeps every |v| s below 2^15: prefill_gemm.cu's bound), written by the
+// GEMM's epilogue without the fp32 values or a pack's pass; the down GEMM then multiplies h with 1 / s as its row
+// factor. Where every v s is a normal fp16 number, h is the pack's value times a power of two, so the down GEMM's
+// output has the pack's bits (the products and sums scale exactly); values under 2^-14 / s round as subnormals.
+cudaError_t launch_dense_gemm_swiglu_half(const __half* w16, int n, int k, const ActPack& x, int t, const float* s,
+                                          __half* h, cudaStream_t stream);
+
 }  // namespace openjet

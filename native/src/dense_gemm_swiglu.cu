@@ -56,6 +56,40 @@ struct SwigluPairBits : fusion::Sm90VisitorImpl<> {
 
 using G = dense_detail::DenseGemm<fusion::Sm90EVT<SwigluPairBits, dense_detail::ScaledAcc>, cutlass::half_t>;
 
+// The fp16 form's root (launch_dense_gemm_swiglu_half): inputs inv * acc of adjacent column pairs (gate, up) and the
+// row's scale s; output the bytes of fp16(swiglu1(g, u) * s) of each pair, low byte first, so that D, [t, 2n]
+// bytes, is byte for byte h [t, n] fp16: the pack's value (pack_block: the same product, the same rounding) under
+// another power-of-two scale.
+struct SwigluHalfBytes : fusion::Sm90VisitorImpl<> {
+    using fusion::Sm90VisitorImpl<>::Sm90VisitorImpl;
+
+    struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
+        template <class ElementAccumulator, class ElementPair, class ElementScale, int kFragment>
+        CUTLASS_DEVICE cutlass::Array<uint8_t, kFragment> visit(
+            cutlass::Array<ElementAccumulator, kFragment> const&, int, int, int,
+            cutlass::Array<ElementPair, kFragment> const& in, cutlass::Array<ElementScale, kFragment> const& s) {
+            static_assert(kFragment % 2 == 0, "whole column pairs");
+            cutlass::Array<uint8_t, kFragment> out;
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kFragment; i += 2) {
+                const float v = swiglu1(static_cast<float>(in[i]), static_cast<float>(in[i + 1]));
+                const uint16_t bits = __half_as_ushort(__float2half_rn(__fmul_rn(v, static_cast<float>(s[i]))));
+                out[i] = static_cast<uint8_t>(bits & 0xFFu);
+                out[i + 1] = static_cast<uint8_t>(bits >> 8);
+            }
+            return out;
+        }
+    };
+
+    template <bool kReferenceSrc, class... Args>
+    CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::detail::ConsumerStoreArgs<Args...> const&) {
+        return ConsumerStoreCallbacks();
+    }
+};
+
+using RowScale = fusion::Sm90ColBroadcast<0, dense_detail::TileShape, float>;
+using GHalf = dense_detail::DenseGemm<fusion::Sm90EVT<SwigluHalfBytes, dense_detail::ScaledAcc, RowScale>, uint8_t>;
+
 }  // namespace
 #endif
 
@@ -67,6 +101,20 @@ cudaError_t launch_dense_gemm_swiglu(const __half* w16, int n, int k, const ActP
                                            Counted::kDenseGemmSwiglu, stream);
 #else
     (void)w16, (void)n, (void)k, (void)x, (void)t, (void)v, (void)stream;
+    return cudaErrorNotSupported;
+#endif
+}
+
+cudaError_t launch_dense_gemm_swiglu_half(const __half* w16, int n, int k, const ActPack& x, int t, const float* s,
+                                          __half* h, cudaStream_t stream) {
+#ifdef OPENJET_HAVE_CUTLASS_SM90
+    if (!s) return cudaErrorInvalidValue;
+    // ((row factor, accumulator, product), row scale, root)
+    const GHalf::FusionArguments thread{{{x.inv, 0.0f, {}}, {}, {}}, {s, 0.0f, {}}, {}};
+    return dense_detail::run_dense_gemm<GHalf>(w16, 2 * n, k, x, t, reinterpret_cast<uint8_t*>(h), thread,
+                                               Counted::kDenseGemmSwigluHalf, stream);
+#else
+    (void)w16, (void)n, (void)k, (void)x, (void)t, (void)s, (void)h, (void)stream;
     return cudaErrorNotSupported;
 #endif
 }

@@ -73,15 +73,18 @@ __global__ void __launch_bounds__(kSplitThreads) swiglu_values_kernel(float* __r
 // The second pass, a block a row: v [t, k] (rows ld floats apart, 16-byte aligned) into the pack. The row's maximum
 // from the first pass's block maxima (maxima: its cells kSplitCols apart), or where maxima is null (v written by the
 // GEMM's swiglu epilogue, launch_pack_rows_streamed) by a pass over the row of its own; the pack reads the row again
-// then (from L2: a block's 70 KB row was just read).
+// then (from L2: a block's 70 KB row was just read). Where scales is given, the row's scale is scales[row] (a power
+// of two: prefill_gemm.cu's bounded form) and no maximum is taken.
 __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float* __restrict__ v,
                                                                     const float* __restrict__ maxima, int k,
-                                                                    ActPack p, long long ld) {
+                                                                    ActPack p, long long ld,
+                                                                    const float* __restrict__ scales) {
     pdl_start();  // pdl.cuh
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* vr = v + row * ld;
     float amax = 0.0f;
-    if (maxima) {
+    if (scales) {  // the row's scale given
+    } else if (maxima) {
         for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
     } else {
         const float4* v4 = reinterpret_cast<const float4*>(vr);  // k % 256 == 0 (act_pack_fits): whole float4s
@@ -93,7 +96,10 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
         }
         amax = block_amax<kSplitThreads>(m);
     }
-    const ActRow r = act_row(p, row, k, amax);
+    const ActRow r = scales ? ActRow{p.h + static_cast<long long>(row) * k,
+                                     p.sum + static_cast<long long>(row) * (k / kActBlock) * 2, scales[row],
+                                     __frcp_rn(scales[row])}
+                            : act_row(p, row, k, amax);
     const int nb = k / kActBlock;
     constexpr int kWarps = kSplitThreads / 32, kAhead = 4;  // 32-blocks a warp loads before packing them
     for (int b0 = warp; b0 < nb; b0 += kWarps * kAhead) {
@@ -298,7 +304,7 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
                                                 kSplitThreads, 0, stream, gate, up, k, stride))
             return e;
         count_launch(Counted::kSwigluSplit);
-        return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride);
+        return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, gate, up, k, p, stride, nullptr);
     }
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kSwiglu)) {
         case 1024: return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
@@ -315,14 +321,17 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
 
 PrefillSwiglu prefill_swiglu() {
     const char* v = std::getenv("OPENJET_PREFILL_SWIGLU");
-    return v && std::strcmp(v, "rows") == 0 ? PrefillSwiglu::kRows
-           : v && std::strcmp(v, "split") == 0 ? PrefillSwiglu::kSplit
-                                                : PrefillSwiglu::kEpilogue;
+    return v && std::strcmp(v, "rows") == 0           ? PrefillSwiglu::kRows
+           : v && std::strcmp(v, "split") == 0        ? PrefillSwiglu::kSplit
+           : v && std::strcmp(v, "epilogue-f32") == 0 ? PrefillSwiglu::kEpilogueF32
+                                                      : PrefillSwiglu::kEpilogue;
 }
 
-cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream) {
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream,
+                                      const float* scales) {
     if (!v || reinterpret_cast<uintptr_t>(v) % 16 || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k));
+    return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k),
+                         scales);
 }
 
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {

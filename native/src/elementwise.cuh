@@ -80,16 +80,20 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
 
 // OPENJET_PREFILL_SWIGLU (read at each call): where a prefill's swiglu values are made. Unset or `epilogue`: by the
-// dense gate-and-up GEMM's epilogue where that GEMM runs (launch_dense_gemm_swiglu, then launch_pack_rows_streamed),
-// else as `split`; `split`: two streaming passes over the GEMM's [t, 2k] output (elementwise.cu); `rows`: the
-// one-pass kernel that keeps a row in registers. The same bits every way.
-enum class PrefillSwiglu { kEpilogue, kSplit, kRows };
+// dense gate-and-up GEMM's epilogue where that GEMM runs: as fp16 under a bound's row scale where the engine keeps the
+// fp16 rows (prefill_gemm.cuh, launch_ffn_gate_up_pack's fp16 form: numerics of its own), else as `epilogue-f32`;
+// `epilogue-f32`: fp32 values (launch_dense_gemm_swiglu), then launch_pack_rows_streamed, else as `split`; `split`: two
+// streaming passes over the GEMM's [t, 2k] output (elementwise.cu); `rows`: the one-pass kernel that keeps a row in
+// registers. The same bits every way but the fp16 form.
+enum class PrefillSwiglu { kEpilogue, kEpilogueF32, kSplit, kRows };
 PrefillSwiglu prefill_swiglu();
 
 // The pack of v [t, k] (rows k floats apart; v 16-byte aligned, else cudaErrorInvalidValue) for a prefill's rows: a
 // pass over each row for its maximum, then the pack from a second read (L2) of it. launch_pack_act's bits, without its
 // rows in registers (a 17,408-element row at 512 threads: two rows an SM).
-cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream);
+// scales (given): each row's power-of-two scale instead of its maximum's (prefill_gemm.cuh's bounded form).
+cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream,
+                                      const float* scales = nullptr);
 
 // The pack <- silu(gate) * up, rows [t, k], ld floats apart in gate and up (0: k; the prefill's gate and up as the
 // halves of one GEMM's [t, 2k] output: 2k). Both are scratch: a prefill's rows (t > OPENJET_ENGINE_MAX_T) leave

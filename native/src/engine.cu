@@ -78,6 +78,8 @@ struct DevTensor {
     // Its prefill fp16 rows where the engine keeps them (OPENJET_PREFILL_F16_WEIGHTS; GemvArgs::w16), or null.
     __half* w16 = nullptr;
     long long ld16 = 0;
+    // The FFN's gate kept with its up in the pack's order: their largest row norms (GemvArgs::w16_norms), or null.
+    const float* w16_norms = nullptr;
     // Its bytes in the weight arena: the GGUF's, or the tile layout's (Q6_K pieces padded 210 -> 212).
     size_t device_bytes() const {
         if (!tiled) return bytes;
@@ -139,6 +141,10 @@ struct openjet_engine {
     // matrix a prefill GEMM dequantises (the 27B's FFN gate and up together, 2 x 17408 x 5120 halves: 340 MiB); null
     // otherwise.
     __half* wdense = nullptr;
+    // launch_ffn_gate_up_pack's fp16 form (prefill_gemm.cuh, on the kept fp16 rows): the norms of each kept gate and
+    // up (2 floats a layer, the MTP head's last) and a prefill chunk's row scales and their inverses (2 R floats).
+    float* ffn_norms = nullptr;
+    float* ffn_row_scale = nullptr;
     // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of
     // the two scratches above (both free during attention), and the keys per kv head it holds; null where neither is
     // made.
@@ -493,6 +499,7 @@ int keep_prefill_f16_weights(openjet_engine& e) {
     TRY(device_alloc(&e.prefill_f16, bytes, "prefill fp16 weights"));
     e.prefill_f16_bytes = bytes;
     __half* at = reinterpret_cast<__half*>(e.prefill_f16);
+    float* norms = e.ffn_norms;  // 2 floats a kept gate and up: one pair a layer at most
     for (const Kept& m : kept) {
         const long long k = m.w->ne0, ld = m.up ? 2 * k : k;
         for (DevTensor* t : {m.w, m.up}) {
@@ -503,6 +510,13 @@ int keep_prefill_f16_weights(openjet_engine& e) {
             t->w16 = at + (t == m.up ? k : 0), t->ld16 = ld;
             const cudaError_t err = launch_dequant_f16(a, t->w16, ld, e.stream);
             if (err != cudaSuccess) return cuda_fail(err, "launch_dequant_f16 (prefill fp16 weights)");
+        }
+        if (m.up) {  // the fp16 form's order and norms (launch_ffn_gate_up_pack)
+            const cudaError_t err = launch_gate_up_pack_order(m.w->w16, static_cast<int>(m.w->ne1),
+                                                              static_cast<int>(k), norms, e.stream);
+            if (err != cudaSuccess) return cuda_fail(err, "launch_gate_up_pack_order (prefill fp16 weights)");
+            m.w->w16_norms = norms;
+            norms += 2;
         }
         at += halves_of(m);
     }
@@ -671,6 +685,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
+        {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
+        {(void**)&e.ffn_row_scale, sizeof(float) * 2 * R},
         {(void**)&e.gdn_chunk_scratch, sizeof(float) * gdn_chunk_floats},
         {(void**)&e.xi, e.gemv_int ? static_cast<size_t>(act_pack_imma_bytes(T, static_cast<int>(kmax))) : 0},
     };
@@ -792,7 +808,7 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
                e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
     a.tiled = w.tiled;
-    if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16;
+    if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
     if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
     return a;
 }
@@ -815,8 +831,9 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
 // trunk's, or the MTP head's u, which is h too): into e.mix, or, where the call's dense GEMM can add it
 // (OPENJET_PREFILL_RESIDUAL, the default; prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the
 // delta neither written nor read back. The next add-norm adds mix_delta(e).
-int project_out(openjet_engine& e, const DevTensor& w, int t) {
+int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x = nullptr) {
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
+    if (x) a.x = *x;
     a.add_to_y = true;
     e.mix_added = e.prefilling && prefill_gemm_adds(a);  // (a decode step asks nothing: no environment read)
     if (!e.mix_added) a.add_to_y = false, a.y = e.mix;
@@ -826,13 +843,20 @@ int project_out(openjet_engine& e, const DevTensor& w, int t) {
 }
 const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr : e.mix; }
 
-// Layer L's FFN input to ffn_down, silu(gate x) * (up x), packed into e.x (launch_ffn_gate_up_pack: a prefill's in one
-// GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one allocation, create).
-int ffn_gate_up_pack(openjet_engine& e, const LayerW& L, int t) {
-    const cudaError_t err = launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
-                                                    gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.x, e.stream);
+// Layer L's FFN after its norm's pack e.x: ffn_down's input silu(gate x) * (up x) packed into e.x
+// (launch_ffn_gate_up_pack: a prefill's in one GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one
+// allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
+// in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
+int ffn(openjet_engine& e, const LayerW& L, int t) {
+    const bool direct = prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
+    const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.ffn_row_scale, e.ffn_row_scale + e.x.rows, direct};
+    bool wrote_half = false;
+    const cudaError_t err =
+        launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1), gemv_args(e, L.ffn_up, t, nullptr, e.big2),
+                                e.x, e.stream, &half, &wrote_half);
     if (err != cudaSuccess) return cuda_fail(err, "ffn_gate_up_pack");
-    return OPENJET_OK;
+    const ActPack down_x{half.h, e.x.sum, half.inv, e.x.rows};
+    return project_out(e, L.ffn_down, t, wrote_half ? &down_x : nullptr);
 }
 
 // Attention mixes a step's token rows in sub-steps of up to 8 (its kernels take at most 8 rows and give a row
@@ -1062,8 +1086,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     TRY(attn_mixer(e, L, t, row0, 1));
     CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
                                e.x, e.stream));
-    TRY(ffn_gate_up_pack(e, L, t));
-    TRY(project_out(e, L.ffn_down, t));
+    TRY(ffn(e, L, t));
     CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
                                e.mtp_hp, e.x, e.stream));
     return gemv(e, e.draft_head(), t, nullptr, e.logits);
@@ -1166,8 +1189,7 @@ int trunk(openjet_engine& e, int t) {
         CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
                                    c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
-        TRY(ffn_gate_up_pack(e, L, t));
-        TRY(project_out(e, L.ffn_down, t));
+        TRY(ffn(e, L, t));
     }
     if (!normed) {
         mark(e, "norm");

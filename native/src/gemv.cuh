@@ -32,6 +32,10 @@ struct GemvArgs {
     // from one row to the next, or null: a prefill call on the dense path then multiplies them without dequantising.
     const __half* w16 = nullptr;
     long long ld16 = 0;
+    // The FFN's gate kept with its up (w16 interleaved, ld16 = 2k) in the pack's order of their outputs, with the
+    // largest row norms of gate and up (two floats: launch_gate_up_pack_order), or null: launch_ffn_gate_up_pack's
+    // fp16 form multiplies such rows only.
+    const float* w16_norms = nullptr;
     // y += W x instead of y = W x: y holds the residual stream, added to in the GEMM's epilogue. Only a prefill call
     // that the dense GEMM multiplies takes it (prefill_gemm_adds); launch_gemv refuses it anywhere else.
     bool add_to_y = false;

@@ -34,6 +34,7 @@ enum class Counted {
     kAttnPrepRows = 16,     // an attention call's prep a row a block (attn_prep_rows; the same bits)
     kGdnStateRounded = 17,  // the chunked GDN's tf32 state phase on operands rounded once (tf32-cvt's bits)
     kGdnLocalTensorCores = 18,  // the chunked GDN's local phase with A and Aq on tensor cores (numerics of its own)
+    kDenseGemmSwigluHalf = 19,  // the FFN's gate and up writing fp16 silu(g) u under a bound's scale (its own numerics)
     kCount
 };
 

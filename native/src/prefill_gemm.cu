@@ -428,33 +428,121 @@ bool gate_up_in_one_gemm() {
     return !(v && std::strcmp(v, "0") == 0);
 }
 
+// ------------------------------------------------------------------------------------------ the FFN's fp16 form
+// The row scale of launch_ffn_gate_up_pack's fp16 form, a warp a row of the pack x: with ||x|| the norm of the row's
+// values (h / s_x: fp32 sums of the fp16 h, times the pack's exact 1 / s_x), Cauchy-Schwarz bounds every gate output
+// |g| <= ||x|| G and up output |u| <= ||x|| U (G, U: the largest row norms, norms[0] and norms[1]); silu(g) lies in
+// [-0.2785, max(g, 0)] (its minimum -0.27846 at g = -1.2785), so |silu(g) u| <= max(||x|| G, 0.2785) ||x|| U. One
+// sixteenth more covers the fp32 sums (each within ~k 2^-24 of exact). s = 2^act_pack_shift(bound) puts bound s in
+// [2^14, 2^15): every |v| s is below 2^15, half fp16's largest finite value.
+__global__ void __launch_bounds__(256) ffn_row_scale_kernel(ActPack x, int k, int t, const float* __restrict__ norms,
+                                                            float* __restrict__ s, float* __restrict__ inv) {
+    pdl_start();  // pdl.cuh: x is the previous kernel's
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= t) return;
+    const uint4* h = reinterpret_cast<const uint4*>(x.h + static_cast<long long>(row) * k);  // k % 8 == 0
+    float sum = 0.0f;
+    for (int i = lane; i < k / 8; i += 32) {
+        const uint4 q = h[i];
+        const __half2* p = reinterpret_cast<const __half2*>(&q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(p[j]);
+            sum = fmaf(f.x, f.x, fmaf(f.y, f.y, sum));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        const float nx = sqrtf(sum) * x.inv[row];
+        const float bound = fmaxf(nx * norms[0], 0.2785f) * (nx * norms[1]) * 1.0625f;
+        const int sh = bound <= 3.0e38f ? act_pack_shift(bound) : -100;  // not finite: x itself overflowed
+        s[row] = ldexpf(1.0f, sh);
+        inv[row] = ldexpf(1.0f, -sh);
+    }
+}
+
+// launch_gate_up_pack_order's kernel, a block per quad q of pair slots: the norms of its 4 gate and 4 up rows (the
+// largest kept by atomicMax on the non-negative floats' bits), then slots 4q + 1 and 4q + 2 swapped.
+__global__ void __launch_bounds__(256) gate_up_pack_order_kernel(__half* w16, int k, float* norms) {
+    __shared__ float part[2][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __half2* quad = reinterpret_cast<__half2*>(w16 + 4LL * blockIdx.x * 2 * k);  // 4 slots of 2k halves: k half2 each
+    for (int r = 0; r < 4; ++r) {
+        const __half2* row = quad + static_cast<long long>(r) * k;
+        float g = 0.0f, u = 0.0f;
+        for (int i = threadIdx.x; i < k / 2; i += 256) {
+            const float2 a = __half22float2(row[i]), b = __half22float2(row[k / 2 + i]);
+            g = fmaf(a.x, a.x, fmaf(a.y, a.y, g));
+            u = fmaf(b.x, b.x, fmaf(b.y, b.y, u));
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) {
+            g += __shfl_xor_sync(0xffffffffu, g, o);
+            u += __shfl_xor_sync(0xffffffffu, u, o);
+        }
+        if (lane == 0) part[0][warp] = g, part[1][warp] = u;
+        __syncthreads();
+        if (threadIdx.x < 2) {
+            float sum = 0.0f;
+            for (int w = 0; w < 8; ++w) sum += part[threadIdx.x][w];
+            atomicMax(reinterpret_cast<int*>(norms) + threadIdx.x, __float_as_int(sqrtf(sum)));
+        }
+        __syncthreads();  // part is written again
+    }
+    for (long long i = threadIdx.x; i < k; i += 256) {
+        const __half2 a = quad[k + i];
+        quad[k + i] = quad[2LL * k + i];
+        quad[2LL * k + i] = a;
+    }
+}
+
+// The bounded form's row scales (into half.s, their inverses into half.inv) for gate's call.
+cudaError_t launch_ffn_row_scale(const GemvArgs& gate, const FfnHalfOut& half, cudaStream_t stream) {
+    if (!half.s || !half.inv || gate.k % 8) return cudaErrorInvalidValue;
+    return launch_kernel(ffn_row_scale_kernel, (gate.t + 7) / 8, 256, 0, stream, gate.x, gate.k, gate.t,
+                         gate.w16_norms, half.s, half.inv);
+}
+
 // launch_ffn_gate_up_pack's one GEMM for one weight type.
 template <int QT>
-cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream) {
+cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream,
+                                  const FfnHalfOut* half, bool* wrote_half) {
     const int n = gate.n, k = gate.k, t = gate.t;
+    // the kept rows' bounded form: its row scales first, for every size of call (a row's bits its own)
+    const bool bounded = half && gate.w16 && gate.w16_norms && prefill_swiglu() == PrefillSwiglu::kEpilogue;
+    if (bounded)
+        if (const cudaError_t e = launch_ffn_row_scale(gate, *half, stream)) return e;
     if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
         // One [2n, k] fp16 matrix: with the swiglu epilogue gate and up rows interleaved (gate row j at 2j, up's at
         // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for
         // one GEMM into y [t, 2n] and the swiglu pack over its halves.
-        // The interleaved matrix kept by the engine (GemvArgs::w16) where it has it: nothing to dequantise.
-        const bool epilogue = prefill_swiglu() == PrefillSwiglu::kEpilogue;
-        const bool kept = epilogue && gate.w16 && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k;
-        if (kept) count_launch(Counted::kPrefillF16Kept);
-        for (const GemvArgs* m : {&gate, &up}) {
-            if (kept) break;
+        // The interleaved matrix kept by the engine (GemvArgs::w16, in the pack's order with its norms) takes the
+        // fp16 form where the caller gave its destination; otherwise the rows are dequantised here.
+        const PrefillSwiglu mode = prefill_swiglu();
+        const bool epilogue = mode == PrefillSwiglu::kEpilogue || mode == PrefillSwiglu::kEpilogueF32;
+        if (bounded && half->direct && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k) {
+            count_launch(Counted::kPrefillF16Kept);
+            if (const cudaError_t e =
+                    launch_dense_gemm_swiglu_half(gate.w16, n, k, gate.x, t, half->s, half->h, stream))
+                return e;
+            *wrote_half = true;
+            return cudaSuccess;
+        }
+        for (const GemvArgs* m : {&gate, &up}) {  // the kept rows are in the pack's order: the other forms' own
             GemvArgs d = *m;
             d.dense = gate.dense + (m == &up ? (epilogue ? k : static_cast<long long>(n) * k) : 0);
             if (const cudaError_t e = launch_dequant_t<QT>(d, stream, epilogue ? 2LL * k : k)) return e;
         }
         if (epilogue) {
-            const __half* w16 = kept ? gate.w16 : gate.dense;
-            if (const cudaError_t e = launch_dense_gemm_swiglu(w16, n, k, gate.x, t, gate.y, stream)) return e;
-            return launch_pack_rows_streamed(gate.y, t, n, out, stream);
+            if (const cudaError_t e = launch_dense_gemm_swiglu(gate.dense, n, k, gate.x, t, gate.y, stream)) return e;
+            return launch_pack_rows_streamed(gate.y, t, n, out, stream, bounded ? half->s : nullptr);
         }
         if (const cudaError_t e = launch_dense_gemm(gate.dense, 2 * n, k, gate.x, t, gate.y, stream)) return e;
         return launch_swiglu_pack(gate.y, gate.y + n, t, n, out, stream, 2LL * n);
     }
     if (const cudaError_t e = launch_fast_t<QT, true>(gate, up.w, stream)) return e;
+    if (bounded) return launch_pack_rows_streamed(gate.y, t, n, out, stream, half->s);
     return launch_pack_act(gate.y, t, n, nullptr, 0.0f, out, stream);
 }
 
@@ -483,7 +571,10 @@ cudaError_t launch_dequant_f16(const GemvArgs& a, __half* w16, long long ld16, c
 }
 
 cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const FfnHalfOut* half, bool* wrote_half) {
+    bool ignored = false;
+    if (!wrote_half) wrote_half = &ignored;
+    *wrote_half = false;
     // one GEMM: prefill rows (checked first: a decode step reads no environment here), one type and shape the
     // prefill GEMM takes, its numerics, the switch
     const bool one = gate.prefill && up.prefill && gate.qtype == up.qtype && prefill_gemm_takes(gate.qtype) &&
@@ -497,11 +588,22 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
     }
     count_launch(Counted::kPrefillGateUp);
     switch (gate.qtype) {
-        case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream);
-        case kQ5_K: return launch_gate_up_pack_t<kQ5_K>(gate, up, out, stream);
-        case kQ6_K: return launch_gate_up_pack_t<kQ6_K>(gate, up, out, stream);
-        default: return launch_gate_up_pack_t<kQ8_0>(gate, up, out, stream);
+        case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream, half, wrote_half);
+        case kQ5_K: return launch_gate_up_pack_t<kQ5_K>(gate, up, out, stream, half, wrote_half);
+        case kQ6_K: return launch_gate_up_pack_t<kQ6_K>(gate, up, out, stream, half, wrote_half);
+        default: return launch_gate_up_pack_t<kQ8_0>(gate, up, out, stream, half, wrote_half);
     }
+}
+
+bool prefill_dense_runs(const GemvArgs& a) {
+    return a.dense && a.t >= kDenseMinRows && (a.prefill || a.t > kActRows) && prefill_gemm_dense() &&
+           prefill_dense_takes(a.qtype, a.n, a.k);
+}
+
+cudaError_t launch_gate_up_pack_order(__half* w16, int n, int k, float* norms, cudaStream_t stream) {
+    if (!w16 || !norms || n < 4 || n % 4 || k < 2 || k % 2) return cudaErrorInvalidValue;
+    if (const cudaError_t e = cudaMemsetAsync(norms, 0, 2 * sizeof(float), stream)) return e;
+    return launch_kernel(gate_up_pack_order_kernel, n / 4, 256, 0, stream, w16, k, norms);
 }
 
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {

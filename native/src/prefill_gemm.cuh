@@ -52,7 +52,35 @@ cudaError_t launch_dequant_f16(const GemvArgs& a, __half* w16, long long ld16, c
 // of those rows (OPENJET_PREFILL_SWIGLU=split or rows: [gate; up] for the plain dense GEMM, whose
 // [t, 2n] output the swiglu pack reads). Everything else: launch_gemv_pair, then launch_swiglu_pack. Either way the
 // same bits: the same products, swiglu1 and pack. H200, 27B, 2,048 rows: docs/ENGINE.md's switch table.
+//
+// The bounded form (the default where the engine keeps the FFN's fp16 rows: gate.w16 holds gate and up interleaved in
+// the pack's order, their norms in gate.w16_norms (launch_gate_up_pack_order); OPENJET_PREFILL_SWIGLU unset or
+// epilogue; `half` given): each row's scale s comes from a bound on |silu(g) u| (ffn_row_scale_kernel) instead of the
+// row's maximum, so that the dense GEMM can write fp16(silu(g) u s) in its epilogue (launch_dense_gemm_swiglu_half)
+// into half->h with 1 / s in half->inv: no fp32 values, no pack pass, no sums. That only where half->direct (the
+// caller's ffn_down takes the dense path, which reads no sums: prefill_dense_runs); every other call of such rows (a
+// call under kDenseMinRows rows on the fast kernel) packs its values under the same scale, so that a row's bits do
+// not depend on its call's size. *wrote_half says which of out and half holds the result. Numerics of their own: the
+// pack's values times a power of two where they are normal fp16 numbers (the down GEMM's bits then), the smallest
+// (|v| s < 2^-14) as subnormals.
+struct FfnHalfOut {
+    __half* h;    // [t, n] fp16, the pack's element order (rows n apart)
+    float* s;     // [t] scratch: the row scales
+    float* inv;   // [t] their inverses, the down GEMM's row factors
+    bool direct;  // whether h may take the pack's place (ffn_down on the dense GEMM)
+};
 cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, const ActPack& out,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, const FfnHalfOut* half = nullptr,
+                                    bool* wrote_half = nullptr);
+
+// Whether a prefill call of `a` runs on the dense GEMM (launch_gemv's choice: scratch given, kDenseMinRows rows or
+// more, OPENJET_PREFILL_GEMM dense, a type and shape it takes).
+bool prefill_dense_runs(const GemvArgs& a);
+
+// The kept gate-and-up matrix w16 ([2n, k] fp16, gate row j at 2j, up's at 2j + 1, in launch_dequant_f16's element
+// order) put in the order of the pack's elements of its outputs (pair slots 4q + 1 and 4q + 2 swapped: act_quad_pos),
+// so that the fp16 form's output column p is the pack's element p, which ffn_down's fp16 rows multiply as they are;
+// and the largest row norms of gate and up (fp32 sums of the fp16 rows) into norms[0] and norms[1]. n % 4 == 0.
+cudaError_t launch_gate_up_pack_order(__half* w16, int n, int k, float* norms, cudaStream_t stream);
 
 }  // namespace openjet

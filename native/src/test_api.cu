@@ -307,6 +307,62 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w
     return OPENJET_OK;
 }
 
+// launch_ffn_gate_up_pack's fp16 form against the fp32 epilogue on the same rows: gate and up dequantised into one
+// interleaved [2n, k] fp16 matrix as the engine keeps it, the plain fp32 swiglu epilogue's v [t, n] first
+// (launch_dense_gemm_swiglu), then the matrix put in the pack's order (launch_gate_up_pack_order: norms [2]) and
+// the fp16 form: h [t, n] (fp16 bits) and its row factors inv [t]. The dense GEMM only (a 90a build on sm_90).
+extern "C" OPENJET_API int openjet_test_prefill_gate_up_half(int qtype, const void* w_gate, const void* w_up, int n,
+                                                             int k, const float* x, int t, float* v, uint16_t* h,
+                                                             float* inv, float* norms) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (!prefill_gemm_dense() || !prefill_dense_takes(qtype, 2 * n, k))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up_half: no dense GEMM here for qtype %d, %d x %d",
+                    qtype, n, k);
+    if (!w_gate || !w_up || !x || !v || !h || !inv || !norms)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up_half: null pointer");
+    if (n % kActUnit || t < kDenseMinRows)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up_half: n = %d not a multiple of %d or t = %d < %d", n,
+                    kActUnit, t, kDenseMinRows);
+    const size_t wb = weight_bytes(qtype, n, k);
+    DevBuf dg, du, dx, dv, dh, dw16, dscale, dnorms;
+    DevPack in;
+    CHECK(dg.upload(w_gate, wb));
+    CHECK(du.upload(w_up, wb));
+    CHECK(dx.upload(x, sizeof(float) * t * k));
+    CHECK(dv.alloc(sizeof(float) * t * n));
+    CHECK(dh.alloc(sizeof(__half) * t * n));
+    CHECK(cudaMemset(dh.p, 0xFF, sizeof(__half) * t * n));  // NaN poison
+    CHECK(dw16.alloc(sizeof(__half) * 2 * n * k));
+    CHECK(dscale.alloc(sizeof(float) * 2 * t));
+    CHECK(dnorms.alloc(sizeof(float) * 2));
+    CHECK(in.alloc(t, k));
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, in.view(), 0));
+    GemvArgs g{qtype, dg.p, n, k, t, in.view(), nullptr, dv.as<float>(), true};
+    GemvArgs u = g;
+    u.w = du.p;
+    __half* w16 = dw16.as<__half>();
+    CHECK(launch_dequant_f16(g, w16, 2LL * k, 0));
+    CHECK(launch_dequant_f16(u, w16 + k, 2LL * k, 0));
+    CHECK(launch_dense_gemm_swiglu(w16, n, k, in.view(), t, dv.as<float>(), 0));
+    CHECK(launch_gate_up_pack_order(w16, n, k, dnorms.as<float>(), 0));
+    g.dense = w16, u.dense = w16;  // scratch the fp16 form does not touch
+    g.w16 = w16, g.ld16 = 2LL * k, g.w16_norms = dnorms.as<float>();
+    u.w16 = w16 + k, u.ld16 = 2LL * k;
+    const FfnHalfOut half{dh.as<__half>(), dscale.as<float>(), dscale.as<float>() + t, true};
+    bool wrote = false;
+    DevPack unused;
+    CHECK(unused.alloc(t, n));
+    CHECK(launch_ffn_gate_up_pack(g, u, unused.view(), 0, &half, &wrote));
+    CHECK(cudaDeviceSynchronize());
+    if (!wrote) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_gate_up_half: the fp16 form did not run");
+    CHECK(cudaMemcpy(v, dv.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(h, dh.p, sizeof(uint16_t) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(inv, half.inv, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(norms, dnorms.p, sizeof(float) * 2, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                               int n_ids, float* out) {
     if (qtype != kQ4_K) return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: qtype %d: only Q4_K (12) is supported", qtype);

@@ -104,7 +104,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_LOCAL_TC": ("0", "1"),                     # gdn_chunk.cu, gdn_local_tc (1: default)
     "OPENJET_ROW_PACK_THREADS": ("auto", "256", "512", "1024"),  # act_pack.cu, row_pack_threads (prefill rows)
     "OPENJET_PREFILL_FFN_FUSED": ("0", "1"),                # prefill_gemm.cu, gate_up_in_one_gemm (1: default)
-    "OPENJET_PREFILL_SWIGLU": ("epilogue", "split", "rows"),  # elementwise.cu, prefill_swiglu (epilogue: default)
+    "OPENJET_PREFILL_SWIGLU": ("epilogue", "epilogue-f32", "split", "rows"),  # elementwise.cu, prefill_swiglu
     "OPENJET_PREFILL_F16_WEIGHTS": ("0", "1", "auto"),      # engine.cu, keep_prefill_f16_weights (read at load)
     "OPENJET_GDN_NORM_PACK": ("0", "1"),                    # gdn_decode.cu, gdn_norm_pack (an experiment: 1)
     "OPENJET_PREFILL_F32": ("rows", "tf32x3"),              # gemv.cu / prefill_f32.cu (tf32x3: default)

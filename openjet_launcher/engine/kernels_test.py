@@ -57,6 +57,7 @@ def _lib() -> ctypes.CDLL:
         "tile_layout": [_I, _P, _I, _I, _P],
         "gemv_packed": [_I, _P, _I, _I, _P, _P, _P, _I, _P],
         "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
+        "prefill_gate_up_half": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
         "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
@@ -219,6 +220,25 @@ def prefill_gate_up(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray
     return xh, xsum, xinv
 
 
+def prefill_gate_up_half(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The FFN's fp16 form on x [t, k] (t >= DENSE_MIN_ROWS; the dense GEMM: a 90a build on sm_90) beside the fp32
+    epilogue on the same rows: (v float32 [t, n] = silu(G x) * (U x) by the fp32 epilogue, in natural order; h uint16
+    [t, n], the fp16 form's bits in the pack's element order; inv float32 [t], its row factors; norms float32 [2], the
+    largest row norms of G and U as the device summed them)."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw_g, n = _weights(qtype, w_gate, k)
+    raw_u, n_u = _weights(qtype, w_up, k)
+    if n_u != n:
+        raise ValueError(f"gate has {n} rows, up {n_u}")
+    v, h = np.empty((t, n), np.float32), np.empty((t, n), np.uint16)
+    inv, norms = np.empty(t, np.float32), np.empty(2, np.float32)
+    _check(lib, lib.openjet_test_prefill_gate_up_half(qtype, _ptr(raw_g), _ptr(raw_u), n, k, _ptr(x), t, _ptr(v),
+                                                      _ptr(h), _ptr(inv), _ptr(norms)), "prefill_gate_up_half")
+    return v, h, inv, norms
+
+
 def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
     """float32 [len(ids), dim]: rows `ids` of a quantised table [vocab, dim]."""
     lib = _lib()
@@ -293,7 +313,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
-           "gdn_local_tensor_cores": 18}
+           "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -342,7 +362,8 @@ def launch_count(path: str) -> int:
     epilogue, OPENJET_PREFILL_RESIDUAL; "attn_prep_rows": an attention call's prep a row a block,
     OPENJET_ATTN_PREP_ROWS; "gdn_state_rounded": the chunked GDN's tf32 state phase on operands the local phase rounded,
     the default, against OPENJET_GDN_STATE_TC=tf32-cvt; "gdn_local_tensor_cores": its local phase's A and Aq on
-    tensor cores, OPENJET_GDN_LOCAL_TC): how a test sees that the path ran."""
+    tensor cores, OPENJET_GDN_LOCAL_TC; "dense_gemm_swiglu_half": the FFN's gate and up on the kept fp16 rows writing
+    fp16 silu(g) u under its bound's scale, OPENJET_PREFILL_SWIGLU): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
