@@ -107,8 +107,14 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # session: 4 ints; since 2026-12-03, thirteenth session, its per-row values and pair flags too: ffn_scratch below) and
 # its profile (14 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
 # and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows), the integer
-# decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1).
+# decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1); the FFN's bounded form's norms (2026-12-04,
+# twenty-second session: 2 floats a layer and the MTP head's) and row scales (2 floats a prefill row): bounded_parts.
 PARTS_SINCE_REPORTS = 4 * 256
+
+
+def bounded_parts(mm, chunk: int) -> int:
+    """The arena parts of the FFN's bounded form (engine.cu ffn_norms, ffn_row_scale)."""
+    return v1_align(8 * (mm.shape.n_layer + 1)) + v1_align(8 * chunk)
 
 
 def ffn_scratch(mm) -> int:
@@ -125,7 +131,7 @@ def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ct
     gdn = v1_align(mm.gdn_chunk_scratch_bytes(512)) - v1_align(0)
     assert mm.weights_v1_bytes == weights
     assert n_ctx * mm.kv_bytes_per_token(kv) == kv_bytes
-    since = PARTS_SINCE_REPORTS + ffn_scratch(mm) + gdn
+    since = PARTS_SINCE_REPORTS + ffn_scratch(mm) + gdn + bounded_parts(mm, 512)
     assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch + since)
 
 
@@ -134,9 +140,13 @@ def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engin
     """bench/results/engine-full-h200-8bfa2d6-rows-{2048,4096,8192}.json: the full 27B on the H200 (132 SMs), n_ctx
     32768, q8_0 KV, prefill chunks of 2,048, 4,096 and 8,192 rows, the dense prefill GEMM (its scratch: the FFN's
     gate and up as fp16) and the chunked GDN's scratch: the engine reported these scratch bytes (memory()), and at
-    2,048 rows 147,980,288 of them the GDN's (the -attn128 run of 8387270, without it, beside -attn128-gdn2)."""
+    2,048 rows 147,980,288 of them the GDN's (the -attn128 run of 8387270, without it, beside -attn128-gdn2); the FFN's
+    bounded form's parts added since (bounded_parts: at 4,096 rows the engine reported 1,935,780,352 bytes at 76e77e0,
+    engine-full-h200-76e77e0-ffn-bounded.json)."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True)
-    assert a.scratch_bytes == scratch
+    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk)
+    if chunk == 4096:
+        assert a.scratch_bytes == 1935780352
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
 
 

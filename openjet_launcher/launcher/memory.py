@@ -276,10 +276,11 @@ class MemoryModel:
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
         # persistent FFN's counters and flags (ffn_persistent_scratch_ints) and its profile, the dense prefill GEMM's
-        # scratch, the two-phase chunked GDN's, the integer decode GEMV's pack (only under OPENJET_GEMV_INT=1, an
+        # scratch, the FFN's bounded form's norms (two floats a layer and the MTP head's) and row scales (two floats a
+        # prefill row), the two-phase chunked GDN's, the integer decode GEMV's pack (only under OPENJET_GEMV_INT=1, an
         # experiment: empty in every plan).
         fixed += [self.ffn_persistent_scratch_bytes, V1_FFN_PROFILE_SLOTS * 8, self.dense_prefill_bytes if dense_prefill else 0,
-                  self.gdn_chunk_scratch_bytes(chunk), 0]
+                  4 * 2 * (s.n_layer + 1), 4 * 2 * chunk, self.gdn_chunk_scratch_bytes(chunk), 0]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
