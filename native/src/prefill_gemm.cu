@@ -428,8 +428,8 @@ bool gate_up_in_one_gemm() {
     return !(v && std::strcmp(v, "0") == 0);
 }
 
-// ------------------------------------------------------------------------------------------ the FFN's fp16 form
-// The row scale of launch_ffn_gate_up_pack's fp16 form, a warp a row of the pack x: with ||x|| the norm of the row's
+// --------------------------------------------------------------------------------------- the FFN's bounded form
+// The row scale of launch_ffn_gate_up_pack's bounded form, a warp a row of the pack x: with ||x|| the norm of the row's
 // values (h / s_x: fp32 sums of the fp16 h, times the pack's exact 1 / s_x), Cauchy-Schwarz bounds every gate output
 // |g| <= ||x|| G and up output |u| <= ||x|| U (G, U: the largest row norms, norms[0] and norms[1]); silu(g) lies in
 // [-0.2785, max(g, 0)] (its minimum -0.27846 at g = -1.2785), so |silu(g) u| <= max(||x|| G, 0.2785) ||x|| U. One

@@ -202,16 +202,23 @@ def gemv_packed(qtype: int, w, xh, xsum, xinv) -> np.ndarray:
     return y
 
 
-def prefill_gate_up(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pack (xh, xsum, xinv as pack_act returns them) of silu(G x) * (U x), x [t, k] packed first: a prefill
-    call's ffn_down input as the engine makes it (one GEMM for G and U; OPENJET_PREFILL_FFN_FUSED=0: two)."""
-    lib = _lib()
+def _gate_up_inputs(qtype: int, w_gate, w_up, x):
+    """(x as float32 [t, k], t, k, the gate's and up's raw blocks, n) for the gate-and-up test calls; gate and up of
+    one shape, else ValueError."""
     x = _f32(x, 2)
     t, k = x.shape
     raw_g, n = _weights(qtype, w_gate, k)
     raw_u, n_u = _weights(qtype, w_up, k)
     if n_u != n:
         raise ValueError(f"gate has {n} rows, up {n_u}")
+    return x, t, k, raw_g, raw_u, n
+
+
+def prefill_gate_up(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pack (xh, xsum, xinv as pack_act returns them) of silu(G x) * (U x), x [t, k] packed first: a prefill
+    call's ffn_down input as the engine makes it (one GEMM for G and U; OPENJET_PREFILL_FFN_FUSED=0: two)."""
+    lib = _lib()
+    x, t, k, raw_g, raw_u, n = _gate_up_inputs(qtype, w_gate, w_up, x)
     xh = np.empty((t, n), np.uint16)
     xsum = np.empty((t, n // 32 * 2), np.uint16)
     xinv = np.empty(t, np.float32)
@@ -226,12 +233,7 @@ def prefill_gate_up_half(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.nd
     [t, n], the fp16 form's bits in the pack's element order; inv float32 [t], its row factors; norms float32 [2], the
     largest row norms of G and U as the device summed them)."""
     lib = _lib()
-    x = _f32(x, 2)
-    t, k = x.shape
-    raw_g, n = _weights(qtype, w_gate, k)
-    raw_u, n_u = _weights(qtype, w_up, k)
-    if n_u != n:
-        raise ValueError(f"gate has {n} rows, up {n_u}")
+    x, t, k, raw_g, raw_u, n = _gate_up_inputs(qtype, w_gate, w_up, x)
     v, h = np.empty((t, n), np.float32), np.empty((t, n), np.uint16)
     inv, norms = np.empty(t, np.float32), np.empty(2, np.float32)
     _check(lib, lib.openjet_test_prefill_gate_up_half(qtype, _ptr(raw_g), _ptr(raw_u), n, k, _ptr(x), t, _ptr(v),
