@@ -364,6 +364,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_PREFILL_FFN_FUSED", "off", "0"),
                                              ("OPENJET_PREFILL_F16_WEIGHTS", "yes", "auto"),
                                              ("OPENJET_GDN_NORM_PACK", "on", "1"),
+                                             ("OPENJET_GDN_PACK_BOUND", "yes", "1"),
                                              ("OPENJET_PREFILL_F32", "tf32", "tf32x3"),
                                              ("OPENJET_PREFILL_RESIDUAL", "on", "1"),
                                              ("OPENJET_ATTN_PREP_ROWS", "2", "0")])

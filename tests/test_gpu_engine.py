@@ -1117,6 +1117,38 @@ def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypa
                              [prompt[:1024], prompt[1024:]], 512, follow, off_value="split", on_value="epilogue-f32")
 
 
+def test_the_gdn_outputs_bounded_pack_keeps_chunk_sizes_bitwise_and_stays_near_the_default(models, monkeypatch):
+    """OPENJET_GDN_PACK_BOUND=1 (an experiment, read at each call; row_bound.cuh launch_gdn_out_scale, gdn_decode.cu
+    gdn_gated_pack_bounded_kernel): a prefill's GDN gated norm packs each head's values under its row's bound scale
+    (|y| <= max(||x|| z_max, 0.2785) sqrt(128) max |norm weight|), a warp a head, instead of writing y for a pack of
+    the row's maxima. With it chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows) leave the
+    same bits (a row's scale is its own), the logits of decode steps after the prefill stay within a thousandth of
+    the KL bar of the default's with no top-1 change (only values under 2^-14 / s round otherwise), and its launch
+    is counted. Needs W_z's kept fp16 rows (the dense path)."""
+    from openjet_launcher.engine import kernels_test as kt
+
+    if not dense_gemm_available():
+        pytest.skip("no dense prefill GEMM here: a 90a build with CUTLASS (scripts/fetch_cutlass.py) on sm_90")
+    prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
+    engine = CudaEngine.load(models["small"], n_ctx=4096, prefill_rows=2048, mtp=False)
+    try:
+        base = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
+        monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "1")
+        before = kt.launch_count("gdn_pack_bounded")
+        runs = {c: _logits_after(engine, [prompt], c, follow) for c in (128, 512, 2048)}
+        turns = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
+        ran = kt.launch_count("gdn_pack_bounded") - before
+    finally:
+        engine.close()
+    assert ran > 0, "the bounded pack did not run"
+    for c in (512, 2048):
+        np.testing.assert_array_equal(runs[c], runs[128], err_msg=f"chunk {c}")
+    np.testing.assert_array_equal(turns, runs[512], err_msg="two turns")
+    m = compare(base, turns)
+    report(test="gdn_pack_bounded_vs_default", metrics=m)
+    assert m["mean_kl"] <= KL_BAR / 1000 and m["misses"] == 0, m
+
+
 def test_prefill_forms_keep_chunk_sizes_bitwise_and_leave_the_exact_prefill_alone(models, monkeypatch):
     """OPENJET_GDN_CHUNKED=1 (the one-kernel chunked GDN) and the flash prefill attention (the default;
     OPENJET_PREFILL_ATTN=pairs turns it off): prefill chunks of 128 / 512 / 2,048 rows still give the same bits (a

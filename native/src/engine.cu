@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <cstdlib>
@@ -48,6 +49,7 @@
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
 #include "prefill_gemm.cuh"
+#include "row_bound.cuh"
 #include "topk.cuh"
 #include "weight_layout.cuh"
 #include "openjet_engine.h"
@@ -93,6 +95,9 @@ struct LayerW {
     DevTensor attn_norm, post_norm, ffn_gate, ffn_up, ffn_down;
     // GDN
     DevTensor qkv, gate, alpha, beta, conv, dt_bias, ssm_a, ssm_norm, ssm_out;
+    // The GDN output's bounded pack (row_bound.cuh launch_gdn_out_scale): the largest row norm of the z projection's
+    // kept fp16 rows and max |ssm_norm|, set at load where those rows are kept; -1 elsewhere (the pack of y then).
+    float z_norm_max = -1.0f, norm_w_max = -1.0f;
     // attention
     DevTensor wq, wk, wv, q_norm, k_norm, wo;
 };
@@ -141,10 +146,11 @@ struct openjet_engine {
     // matrix a prefill GEMM dequantises (the 27B's FFN gate and up together, 2 x 17408 x 5120 halves: 340 MiB); null
     // otherwise.
     __half* wdense = nullptr;
-    // launch_ffn_gate_up_pack's fp16 form (prefill_gemm.cuh, on the kept fp16 rows): the norms of each kept gate and
-    // up (2 floats a layer, the MTP head's last) and a prefill chunk's row scales and their inverses (2 R floats).
+    // The bounded packs (row_bound.cuh; on the kept fp16 rows): the norms of each kept FFN gate and up (2 floats a
+    // layer, the MTP head's last) and a prefill chunk's row scales and their inverses (2 R floats: the FFN's; the GDN
+    // output's scales in the first R before them in each layer).
     float* ffn_norms = nullptr;
-    float* ffn_row_scale = nullptr;
+    float* row_scale = nullptr;
     // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of
     // the two scratches above (both free during attention), and the keys per kv head it holds; null where neither is
     // made.
@@ -520,6 +526,17 @@ int keep_prefill_f16_weights(openjet_engine& e) {
         }
         at += halves_of(m);
     }
+    for (LayerW& L : e.layers) {  // the GDN output's bounded pack: W_z's largest row norm, max |ssm_norm|
+        if (L.attn || !L.gate.w16 || L.ssm_norm.type != kF32 || !L.ssm_norm.host) continue;
+        const cudaError_t err = launch_row_norm_max(L.gate.w16, static_cast<int>(L.gate.ne1),
+                                                    static_cast<int>(L.gate.ne0), L.gate.ld16, e.row_scale, e.stream);
+        if (err != cudaSuccess) return cuda_fail(err, "launch_row_norm_max (prefill fp16 weights)");
+        CHECK(cudaMemcpyAsync(&L.z_norm_max, e.row_scale, sizeof(float), cudaMemcpyDeviceToHost, e.stream));
+        const float* w = static_cast<const float*>(L.ssm_norm.host);
+        L.norm_w_max = 0.0f;
+        for (int64_t i = 0; i < L.ssm_norm.ne0 * L.ssm_norm.ne1; ++i)
+            L.norm_w_max = std::max(L.norm_w_max, std::fabs(w[i]));
+    }
     CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
 }
@@ -686,7 +703,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
-        {(void**)&e.ffn_row_scale, sizeof(float) * 2 * R},
+        {(void**)&e.row_scale, sizeof(float) * 2 * R},
         {(void**)&e.gdn_chunk_scratch, sizeof(float) * gdn_chunk_floats},
         {(void**)&e.xi, e.gemv_int ? static_cast<size_t>(act_pack_imma_bytes(T, static_cast<int>(kmax))) : 0},
     };
@@ -849,7 +866,7 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t) {
     const bool direct = prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
-    const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.ffn_row_scale, e.ffn_row_scale + e.x.rows, direct};
+    const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.row_scale, e.row_scale + e.x.rows, direct};
     bool wrote_half = false;
     const cudaError_t err =
         launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1), gemv_args(e, L.ffn_up, t, nullptr, e.big2),
@@ -913,8 +930,13 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     // would stall each one) or another type takes the GEMV.
     // A prefill with the two-phase chunked GDN never fuses: every prefill row takes the chunked form (gdn_chunked).
     const bool fused = gdn_fuses(e, L, t);
+    // The bounded pack of the output (OPENJET_GDN_PACK_BOUND=1, an experiment; W_z's rows kept): its row scales from
+    // the layer's input pack e.x, which the step's pack overwrites only after the projections read it.
+    const bool bound = e.prefilling && out_proj && L.z_norm_max >= 0.0f && gdn_pack_bound() && prefill_numerics_own();
     if (in_proj) {
         mark(e, "gdn.in_proj");
+        if (bound)
+            CHECK(launch_gdn_out_scale(e.x, c.n_embd, t, L.z_norm_max, L.norm_w_max, e.row_scale, e.stream));
         TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
     }
     if (!fused) TRY(gemv_pair(e, L.beta, b, L.alpha, alpha, t, e.a));
@@ -941,7 +963,8 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     // A prefill's gated norm packs y for the out projection in the same pass where it runs apart from the step and
     // OPENJET_GDN_NORM_PACK=1 (launch_gdn_step; the same bits): e.x, the layer's input pack, was read above.
     bool packed = false;
-    CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed));
+    CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed,
+                          bound && in_proj ? e.row_scale : nullptr));
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
     if (!packed) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));

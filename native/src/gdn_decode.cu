@@ -69,6 +69,34 @@ __global__ void __launch_bounds__(kThreads) gdn_gated_norm_pack_kernel(const Gdn
         tok);
 }
 
+// A prefill's gated RMSNorm packed under given row scales (launch_gdn_step's pack_scales), a warp a (token, head):
+// the head's 128 values (gdn_gated_norm_row's, the same operations) as four 32-blocks of the pack (pack_blocks4:
+// fp16(v s) in the pack's element order, the blocks' sums), with neither y written nor a pass for the row's maximum;
+// the warp of head 0 writes the row's 1 / s.
+__global__ void __launch_bounds__(kNormThreads)
+    gdn_gated_pack_bounded_kernel(const GdnStepArgs a, ActPack p, const float* __restrict__ scales) {
+    pdl_start();
+    const int w = static_cast<int>((blockIdx.x * kNormThreads + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (w >= a.t * a.n_v) return;  // whole warps
+    const int tok = w / a.n_v, h = w % a.n_v, k = a.n_v * kGdnHeadDim;
+    const size_t row = static_cast<size_t>(tok) * k + static_cast<size_t>(h) * kGdnHeadDim;
+    const float *o = a.y + row, *z = a.z + row;
+    const float r = gdn_inv_rms(o, a.eps, lane);
+    static_assert(kGdnHeadDim == 4 * kActBlock, "a head is four 32-blocks of the pack");
+    float v[4];
+    int b4[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int c = kActBlock * q + lane;
+        v[q] = gdn_gated(o[c], r, a.norm_w[c], z[c]);
+        b4[q] = 4 * h + q;
+    }
+    const float s = scales[tok];
+    pack_blocks4(v, s, b4, k / kActBlock, p.h + static_cast<size_t>(tok) * k,
+                 p.sum + static_cast<size_t>(tok) * (k / kActBlock) * 2);
+    if (h == 0 && lane == 0) p.inv[tok] = __frcp_rn(s);
+}
+
 // OPENJET_GDN_NORM_PACK=1: launch_gdn_step's pack where it is asked for; unset or 0 (the default until its bit test
 // has run on a GPU): never.
 bool gdn_norm_pack() {
@@ -102,7 +130,8 @@ bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b <
 
 }  // namespace
 
-cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed) {
+cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed,
+                            const float* pack_scales) {
     if (packed) *packed = false;
     if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxRows || !(a.eps >= 0.0f))
         return cudaErrorInvalidValue;
@@ -137,6 +166,16 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             return e;
     }
     const int k = a.n_v * kGdnHeadDim;
+    if (pack && pack_scales && act_pack_fits(*pack, a.t, k)) {  // the bounded pack
+        count_launch(Counted::kGdnPackBounded);
+        const long long threads = 32LL * a.t * a.n_v;
+        if (const cudaError_t e = launch_kernel(gdn_gated_pack_bounded_kernel,
+                                                static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
+                                                kNormThreads, 0, stream, a, *pack, pack_scales))
+            return e;
+        if (packed) *packed = true;
+        return cudaSuccess;
+    }
     if (pack && !(gdn_norm_pack() && a.n_v <= kMaxNormPackHeads && act_pack_fits(*pack, a.t, k)))
         pack = nullptr;  // the caller packs y
     if (const cudaError_t e = launch_gated_norm(a, pack, stream)) return e;

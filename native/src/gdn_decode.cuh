@@ -82,9 +82,11 @@ struct GdnStepArgs {
 // RMSNorm launch. pack (optional): where that separate gated RMSNorm runs, it also packs y for the out projection
 // (launch_pack_act's bits: pack_act_row of the same values) into *pack in the same pass, y itself left as o, and
 // *packed says so (the caller packs y itself otherwise); only under OPENJET_GDN_NORM_PACK=1 (read at each call; an
-// experiment until its bit test has run on a GPU).
+// experiment until its bit test has run on a GPU). pack_scales (optional, with pack): the rows' scales of a bounded
+// pack (row_bound.cuh launch_gdn_out_scale): the gated norm then packs each head's values under its row's scale, a
+// warp a head, without a row's maximum (numerics of its own where v s is subnormal); pack->inv[row] = 1 / s.
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack = nullptr,
-                            bool* packed = nullptr);
+                            bool* packed = nullptr, const float* pack_scales = nullptr);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 

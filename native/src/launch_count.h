@@ -35,6 +35,7 @@ enum class Counted {
     kGdnStateRounded = 17,  // the chunked GDN's tf32 state phase on operands rounded once (tf32-cvt's bits)
     kGdnLocalTensorCores = 18,  // the chunked GDN's local phase with A and Aq on tensor cores (numerics of its own)
     kDenseGemmSwigluHalf = 19,  // the FFN's gate and up writing fp16 silu(g) u under a bound's scale (its own numerics)
+    kGdnPackBounded = 20,       // a prefill's GDN gated norm packed under a bound's row scales (its own numerics)
     kCount
 };
 

@@ -26,6 +26,7 @@
 #include "mma_f16.cuh"
 #include "pdl.cuh"
 #include "prefill_gemm.cuh"
+#include "row_bound.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -429,39 +430,7 @@ bool gate_up_in_one_gemm() {
 }
 
 // --------------------------------------------------------------------------------------- the FFN's bounded form
-// The row scale of launch_ffn_gate_up_pack's bounded form, a warp a row of the pack x: with ||x|| the norm of the row's
-// values (h / s_x: fp32 sums of the fp16 h, times the pack's exact 1 / s_x), Cauchy-Schwarz bounds every gate output
-// |g| <= ||x|| G and up output |u| <= ||x|| U (G, U: the largest row norms, norms[0] and norms[1]); silu(g) lies in
-// [-0.2785, max(g, 0)] (its minimum -0.27846 at g = -1.2785), so |silu(g) u| <= max(||x|| G, 0.2785) ||x|| U. One
-// sixteenth more covers the fp32 sums (each within ~k 2^-24 of exact). s = 2^act_pack_shift(bound) puts bound s in
-// [2^14, 2^15): every |v| s is below 2^15, half fp16's largest finite value.
-__global__ void __launch_bounds__(256) ffn_row_scale_kernel(ActPack x, int k, int t, const float* __restrict__ norms,
-                                                            float* __restrict__ s, float* __restrict__ inv) {
-    pdl_start();  // pdl.cuh: x is the previous kernel's
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= t) return;
-    const uint4* h = reinterpret_cast<const uint4*>(x.h + static_cast<long long>(row) * k);  // k % 8 == 0
-    float sum = 0.0f;
-    for (int i = lane; i < k / 8; i += 32) {
-        const uint4 q = h[i];
-        const __half2* p = reinterpret_cast<const __half2*>(&q);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(p[j]);
-            sum = fmaf(f.x, f.x, fmaf(f.y, f.y, sum));
-        }
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-        const float nx = sqrtf(sum) * x.inv[row];
-        const float bound = fmaxf(nx * norms[0], 0.2785f) * (nx * norms[1]) * 1.0625f;
-        const int sh = bound <= 3.0e38f ? act_pack_shift(bound) : -100;  // not finite: x itself overflowed
-        s[row] = ldexpf(1.0f, sh);
-        inv[row] = ldexpf(1.0f, -sh);
-    }
-}
-
+// (its row scales: row_bound.cuh)
 // launch_gate_up_pack_order's kernel, a block per quad q of pair slots: the norms of its 4 gate and 4 up rows (the
 // largest kept by atomicMax on the non-negative floats' bits), then slots 4q + 1 and 4q + 2 swapped.
 __global__ void __launch_bounds__(256) gate_up_pack_order_kernel(__half* w16, int k, float* norms) {
@@ -497,13 +466,6 @@ __global__ void __launch_bounds__(256) gate_up_pack_order_kernel(__half* w16, in
     }
 }
 
-// The bounded form's row scales (into half.s, their inverses into half.inv) for gate's call.
-cudaError_t launch_ffn_row_scale(const GemvArgs& gate, const FfnHalfOut& half, cudaStream_t stream) {
-    if (!half.s || !half.inv || gate.k % 8) return cudaErrorInvalidValue;
-    return launch_kernel(ffn_row_scale_kernel, (gate.t + 7) / 8, 256, 0, stream, gate.x, gate.k, gate.t,
-                         gate.w16_norms, half.s, half.inv);
-}
-
 // launch_ffn_gate_up_pack's one GEMM for one weight type.
 template <int QT>
 cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream,
@@ -512,7 +474,8 @@ cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, cons
     // the kept rows' bounded form: its row scales first, for every size of call (a row's bits its own)
     const bool bounded = half && gate.w16 && gate.w16_norms && prefill_swiglu() == PrefillSwiglu::kEpilogue;
     if (bounded)
-        if (const cudaError_t e = launch_ffn_row_scale(gate, *half, stream)) return e;
+        if (const cudaError_t e = launch_ffn_row_scale(gate.x, k, t, gate.w16_norms, half->s, half->inv, stream))
+            return e;
     if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
         // One [2n, k] fp16 matrix: with the swiglu epilogue gate and up rows interleaved (gate row j at 2j, up's at
         // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for

@@ -55,7 +55,7 @@ cudaError_t launch_dequant_f16(const GemvArgs& a, __half* w16, long long ld16, c
 //
 // The bounded form (the default where the engine keeps the FFN's fp16 rows: gate.w16 holds gate and up interleaved in
 // the pack's order, their norms in gate.w16_norms (launch_gate_up_pack_order); OPENJET_PREFILL_SWIGLU unset or
-// epilogue; `half` given): each row's scale s comes from a bound on |silu(g) u| (ffn_row_scale_kernel) instead of the
+// epilogue; `half` given): each row's scale s comes from a bound on |silu(g) u| (row_bound.cuh) instead of the
 // row's maximum, so that the dense GEMM can write fp16(silu(g) u s) in its epilogue (launch_dense_gemm_swiglu_half)
 // into half->h with 1 / s in half->inv: no fp32 values, no pack pass, no sums. That only where half->direct (the
 // caller's ffn_down takes the dense path, which reads no sums: prefill_dense_runs); every other call of such rows (a
