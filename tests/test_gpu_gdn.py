@@ -304,6 +304,33 @@ def test_the_local_phase_on_tensor_cores_stays_near_the_reference(size, t, monke
 
 
 @pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [1, 9, 300])
+def test_the_bounded_pack_is_the_gated_norms_values_under_the_row_scales(size, t, monkeypatch):
+    """launch_gdn_step's bounded pack (OPENJET_GDN_PACK_BOUND's kernel, gdn_gated_pack_bounded_kernel: a warp a token
+    and head): for row scales a bound would give (here the pack's own scale for the row's maximum divided by 2^0 ..
+    2^12, powers of two), the pack is numpy's pack of the default step's y under those scales bit for bit: every fp16
+    value (subnormals included) in the pack's element order, every 32-block's sum as two fp16, and 1 / s."""
+    from test_gpu_gemv import pack_scaled_numpy
+
+    monkeypatch.setenv("OPENJET_GDN_CHUNKED", "2")
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(101 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, t)
+    conv_state, state = random_state(rng, n_k, n_v)
+    y = gpu_step(n_k, n_v, tok, par, conv_state, state)[0]
+    amax = np.abs(y).max(axis=1)
+    s = np.ldexp(np.float32(1), 14 - np.frexp(amax)[1] - rng.integers(0, 13, t)).astype(np.float32)
+    before = kt.launch_count("gdn_pack_bounded")
+    h, sums, inv = kg.gdn_step_bounded_pack(n_k, n_v, tok["qkv"], tok["z"], tok["b"], tok["alpha"], par["conv_w"],
+                                            conv_state, par["ssm_a"], par["dt_bias"], par["norm_w"], state, s, EPS)
+    assert kt.launch_count("gdn_pack_bounded") == before + 1, "the bounded pack did not run"
+    want_h, want_sums, want_inv = pack_scaled_numpy(y, s)
+    np.testing.assert_array_equal(h, want_h)
+    np.testing.assert_array_equal(sums, want_sums)
+    np.testing.assert_array_equal(inv, want_inv)
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1, 5])
 def test_two_phase_form_takes_a_call_of_a_few_rows(size, t, monkeypatch):
     """Form 2 (the engine's prefill default) takes every prefill call, 8 rows or fewer too (a chunk's bits must not

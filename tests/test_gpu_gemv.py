@@ -33,12 +33,20 @@ SHAPES_SMALL = [(1, 256), (3, 512), (7, 768), (33, 1280), (130, 2304)]
 
 def pack_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(xh uint16 [t, k], xsum uint16 [t, k/32 * 2], xinv float32 [t]) exactly as act_pack.cuh computes them."""
-    t, k = x.shape
     x = x.astype(np.float32)
     amax = np.abs(x).max(axis=1)
     e = np.frexp(amax)[1]
     sh = np.where(amax > 0, np.clip(15 - e, -100, 100), 0)
-    h = (x * np.ldexp(np.float32(1), sh).astype(np.float32)[:, None]).astype(np.float16)
+    return pack_scaled_numpy(x, np.ldexp(np.float32(1), sh).astype(np.float32))
+
+
+def pack_scaled_numpy(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pack of x [t, k] under the row scales `scale` [t] (powers of two; the maximum's in pack_act_numpy, a
+    bound's in the bounded packs), as act_pack.cuh's pack_block writes it: (xh, xsum, xinv = 1 / scale)."""
+    t, k = x.shape
+    x = x.astype(np.float32)
+    scale = scale.astype(np.float32)
+    h = (x * scale[:, None]).astype(np.float16)
     s = h.astype(np.float32).reshape(t, k // 32, 32)
     for m in (16, 8, 4, 2, 1):  # the kernel's xor butterfly; lane 0 writes
         s = s + s[..., np.arange(32) ^ m]
@@ -50,7 +58,7 @@ def pack_act_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     pos = (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1)  # act_sum_pos
     xsum = np.zeros((t, k // 32 * 2), np.uint16)
     xsum[:, pos], xsum[:, pos + 2] = hi.view(np.uint16), lo.view(np.uint16)
-    return xh, xsum, np.ldexp(np.float32(1), -sh).astype(np.float32)
+    return xh, xsum, (np.float32(1) / scale).astype(np.float32)
 
 
 def unpack_act(xh: np.ndarray, xinv: np.ndarray) -> np.ndarray:

@@ -22,6 +22,17 @@ OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const 
                                       const float* conv_state_in, float* conv_state_out, const float* ssm_a,
                                       const float* dt_bias, const float* norm_w, float* state, float* y);
 
+/* The same step over t token rows (OPENJET_GDN_CHUNKED's two-phase form: a prefill call's) with its output packed
+ * under the given row scales (launch_gdn_step's bounded pack, OPENJET_GDN_PACK_BOUND): h [t, n_v*128] (fp16 bits,
+ * the pack's element order), sum [t, n_v*128/32*2] (each 32-block's sum as two fp16), inv [t] = 1 / scales; the
+ * inputs left unchanged. n_v * 128 a multiple of 256. */
+OPENJET_API int openjet_test_gdn_step_bounded_pack(int n_k, int n_v, int t, float eps, const float* qkv,
+                                                   const float* z, const float* b, const float* alpha,
+                                                   const float* conv_w, const float* conv_state_in,
+                                                   const float* ssm_a, const float* dt_bias, const float* norm_w,
+                                                   const float* state, const float* scales, uint16_t* h,
+                                                   uint16_t* sum, float* inv);
+
 /* Times launch_gdn_step on pseudo-random inputs: `copies` independent sets of states (S and both conv
  * buffers) that successive calls rotate through (so L2 cannot hold them), `reps` calls captured in a CUDA
  * graph, each of `runs` replays timed with events: us_out[i] = microseconds per call. */

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "api_common.cuh"
@@ -51,6 +52,30 @@ struct GdnDev {
     }
 };
 
+// The step's inputs uploaded into d (allocated here), its outputs poisoned with NaN: every element must be written
+// (conv_state_out: all channels, y: all rows).
+cudaError_t upload_step(GdnDev& d, int n_k, int n_v, int t, const float* qkv, const float* z, const float* b,
+                        const float* alpha, const float* conv_w, const float* conv_state_in, const float* ssm_a,
+                        const float* dt_bias, const float* norm_w, const float* state) {
+    const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
+    if (cudaError_t e = d.alloc(n_k, n_v, t)) return e;
+    const std::pair<const DevBuf*, std::pair<const float*, size_t>> parts[] = {
+        {&d.qkv, {qkv, t * conv_dim}},
+        {&d.z, {z, t * vd}},
+        {&d.b, {b, (size_t)t * n_v}},
+        {&d.alpha, {alpha, (size_t)t * n_v}},
+        {&d.conv_w, {conv_w, 4 * conv_dim}},
+        {&d.cs_in, {conv_state_in, 3 * conv_dim}},
+        {&d.ssm_a, {ssm_a, (size_t)n_v}},
+        {&d.dt_bias, {dt_bias, (size_t)n_v}},
+        {&d.norm_w, {norm_w, (size_t)kGdnHeadDim}},
+        {&d.state, {state, vd * kGdnHeadDim}}};
+    for (const auto& [dst, src] : parts)
+        if (cudaError_t e = cudaMemcpy(dst->p, src.first, sizeof(float) * src.second, cudaMemcpyHostToDevice)) return e;
+    if (cudaError_t e = cudaMemset(d.cs_out.p, 0xFF, sizeof(float) * 3 * conv_dim)) return e;
+    return cudaMemset(d.y.p, 0xFF, sizeof(float) * t * vd);
+}
+
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const float* qkv, const float* z,
@@ -64,28 +89,46 @@ extern "C" OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float 
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step: null pointer");
     const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
     GdnDev d;
-    CHECK(d.alloc(n_k, n_v, t));
-    const auto up = [](const DevBuf& dst, const float* src, size_t n) {
-        return cudaMemcpy(dst.p, src, sizeof(float) * n, cudaMemcpyHostToDevice);
-    };
-    CHECK(up(d.qkv, qkv, t * conv_dim));
-    CHECK(up(d.z, z, t * vd));
-    CHECK(up(d.b, b, (size_t)t * n_v));
-    CHECK(up(d.alpha, alpha, (size_t)t * n_v));
-    CHECK(up(d.conv_w, conv_w, 4 * conv_dim));
-    CHECK(up(d.cs_in, conv_state_in, 3 * conv_dim));
-    CHECK(up(d.ssm_a, ssm_a, n_v));
-    CHECK(up(d.dt_bias, dt_bias, n_v));
-    CHECK(up(d.norm_w, norm_w, kGdnHeadDim));
-    CHECK(up(d.state, state, vd * kGdnHeadDim));
-    // NaN poison: every output element must be written (conv_state_out: all channels, y: all rows).
-    CHECK(cudaMemset(d.cs_out.p, 0xFF, sizeof(float) * 3 * conv_dim));
-    CHECK(cudaMemset(d.y.p, 0xFF, sizeof(float) * t * vd));
+    CHECK(upload_step(d, n_k, n_v, t, qkv, z, b, alpha, conv_w, conv_state_in, ssm_a, dt_bias, norm_w, state));
     CHECK(launch_gdn_step(d.args(n_k, n_v, t, eps), 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(conv_state_out, d.cs_out.p, sizeof(float) * 3 * conv_dim, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(state, d.state.p, sizeof(float) * vd * kGdnHeadDim, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(y, d.y.p, sizeof(float) * t * vd, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_gdn_step_bounded_pack(int n_k, int n_v, int t, float eps, const float* qkv,
+                                                              const float* z, const float* b, const float* alpha,
+                                                              const float* conv_w, const float* conv_state_in,
+                                                              const float* ssm_a, const float* dt_bias,
+                                                              const float* norm_w, const float* state,
+                                                              const float* scales, uint16_t* h, uint16_t* sum,
+                                                              float* inv) {
+    if (int s = check_dims(n_k, n_v, t)) return s;
+    if (!qkv || !z || !b || !alpha || !conv_w || !conv_state_in || !ssm_a || !dt_bias || !norm_w || !state ||
+        !scales || !h || !sum || !inv)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step_bounded_pack: null pointer");
+    const size_t vd = (size_t)n_v * kGdnHeadDim;
+    if (t > kActMaxRows || vd % kActUnit || gdn_chunked_form() != 2)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step_bounded_pack: t = %d > %d, n_v * 128 not a multiple of "
+                    "%d, or not the two-phase chunked form (OPENJET_GDN_CHUNKED)", t, kActMaxRows, kActUnit);
+    GdnDev d;
+    CHECK(upload_step(d, n_k, n_v, t, qkv, z, b, alpha, conv_w, conv_state_in, ssm_a, dt_bias, norm_w, state));
+    DevBuf ph, psum, pinv, dscales;
+    CHECK(ph.alloc(sizeof(__half) * t * vd));
+    CHECK(psum.alloc(sizeof(__half) * t * (vd / kActBlock) * 2));
+    CHECK(pinv.alloc(sizeof(float) * t));
+    CHECK(dscales.alloc(sizeof(float) * t));
+    CHECK(cudaMemcpy(dscales.p, scales, sizeof(float) * t, cudaMemcpyHostToDevice));
+    const ActPack pack{ph.as<__half>(), psum.as<__half>(), pinv.as<float>(), t};
+    bool packed = false;
+    CHECK(launch_gdn_step(d.args(n_k, n_v, t, eps), 0, &pack, &packed, dscales.as<float>()));
+    CHECK(cudaDeviceSynchronize());
+    if (!packed) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step_bounded_pack: the bounded pack did not run");
+    CHECK(cudaMemcpy(h, ph.p, sizeof(uint16_t) * t * vd, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(sum, psum.p, sizeof(uint16_t) * t * (vd / kActBlock) * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(inv, pinv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 

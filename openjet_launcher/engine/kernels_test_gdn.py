@@ -20,14 +20,13 @@ MAX_T = 8
 
 def _lib() -> ctypes.CDLL:
     return _bind("GDN test API", {"gdn_step": [_I, _I, _I, _F] + [_P] * 12,
+                                  "gdn_step_bounded_pack": [_I, _I, _I, _F] + [_P] * 14,
                                   "bench_gdn": [_I, _I, _I, _I, _I, _I, _P]})
 
 
-def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state,
-             eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One GDN decode step over t = len(qkv) tokens. Returns (y [t, n_v*128], new conv state [3, conv_dim],
-    new state [n_v, 128, 128]); the arguments are left unchanged."""
-    lib = _lib()
+def _step_inputs(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state):
+    """The step's arguments as contiguous float32 arrays of their shapes (ValueError naming a wrong one):
+    (t, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state)."""
     d = HEAD_DIM
     conv_dim, vd = (2 * n_k + n_v) * d, n_v * d
     qkv = np.ascontiguousarray(qkv, dtype=np.float32)
@@ -43,12 +42,39 @@ def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt
     ssm_a = _f32_shaped(ssm_a, (n_v,), "ssm_a")
     dt_bias = _f32_shaped(dt_bias, (n_v,), "dt_bias")
     norm_w = _f32_shaped(norm_w, (d,), "norm_w")
-    s = _f32_shaped(state, (n_v, d, d), "state").copy()
+    return t, qkv, z, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, _f32_shaped(state, (n_v, d, d), "state")
+
+
+def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state,
+             eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One GDN decode step over t = len(qkv) tokens. Returns (y [t, n_v*128], new conv state [3, conv_dim],
+    new state [n_v, 128, 128]); the arguments are left unchanged."""
+    lib = _lib()
+    t, qkv, z, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, state = _step_inputs(
+        n_k, n_v, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state)
+    s = state.copy()
     cs_out = np.empty_like(cs_in)
-    y = np.empty((t, vd), np.float32)
+    y = np.empty((t, n_v * HEAD_DIM), np.float32)
     _check(lib, lib.openjet_test_gdn_step(n_k, n_v, t, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, cs_out,
                                                                         ssm_a, dt_bias, norm_w, s, y))), "gdn_step")
     return y, cs_out, s
+
+
+def gdn_step_bounded_pack(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state,
+                          scales, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same step (the two-phase chunked form) with its output packed under the row scales `scales` [t]
+    (launch_gdn_step's bounded pack): (h uint16 [t, n_v*128], the pack's element order; sum uint16
+    [t, n_v*128/32*2]; inv float32 [t]); the arguments are left unchanged."""
+    lib = _lib()
+    t, qkv, z, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, state = _step_inputs(
+        n_k, n_v, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state)
+    scales = _f32_shaped(scales, (t,), "scales")
+    vd = n_v * HEAD_DIM
+    h, sums, inv = np.empty((t, vd), np.uint16), np.empty((t, vd // 32 * 2), np.uint16), np.empty(t, np.float32)
+    _check(lib, lib.openjet_test_gdn_step_bounded_pack(
+        n_k, n_v, t, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, state, scales, h,
+                                      sums, inv))), "gdn_step_bounded_pack")
+    return h, sums, inv
 
 
 def bench_gdn(n_k: int, n_v: int, t: int, copies: int, reps: int, runs: int) -> list[float]:
