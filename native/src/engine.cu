@@ -147,8 +147,8 @@ struct openjet_engine {
     // otherwise.
     __half* wdense = nullptr;
     // The bounded packs (row_bound.cuh; on the kept fp16 rows): the norms of each kept FFN gate and up (2 floats a
-    // layer, the MTP head's last) and a prefill chunk's row scales and their inverses (2 R floats: the FFN's; the GDN
-    // output's scales in the first R before them in each layer).
+    // layer, the MTP head's last) and a prefill chunk's row scales and their inverses (2 R floats), used in turn by
+    // a layer's GDN output pack (the scales only) and its FFN.
     float* ffn_norms = nullptr;
     float* row_scale = nullptr;
     // OPENJET_ATTN_PREFILL_F16 (default on): where a Q8_0 cache's prefill attention puts its fp16 rows, the larger of
@@ -517,7 +517,7 @@ int keep_prefill_f16_weights(openjet_engine& e) {
             const cudaError_t err = launch_dequant_f16(a, t->w16, ld, e.stream);
             if (err != cudaSuccess) return cuda_fail(err, "launch_dequant_f16 (prefill fp16 weights)");
         }
-        if (m.up) {  // the fp16 form's order and norms (launch_ffn_gate_up_pack)
+        if (m.up) {  // the FFN's bounded form: the pack's order and the norms (launch_ffn_gate_up_pack)
             const cudaError_t err = launch_gate_up_pack_order(m.w->w16, static_cast<int>(m.w->ne1),
                                                               static_cast<int>(k), norms, e.stream);
             if (err != cudaSuccess) return cuda_fail(err, "launch_gate_up_pack_order (prefill fp16 weights)");
