@@ -131,17 +131,24 @@ template <int kThreads> __device__ __forceinline__ float block_amax(float m) {
     return amax;
 }
 
-// Where row `row` of a pack of k-element rows goes and its scale for the row's max |x| (act_pack_shift): s = 2^shift,
-// inv = 1 / s (p.inv[row], written once the row is packed).
+// Where row `row` of a pack of k-element rows goes and its scale s (a power of two) with inv = 1 / s (p.inv[row],
+// written once the row is packed).
 struct ActRow {
     __half* h;
     __half* sum;
     float s, inv;
 };
+__device__ __forceinline__ ActRow act_row_at(const ActPack& p, int row, int k, float s, float inv) {
+    return {p.h + static_cast<long long>(row) * k, p.sum + static_cast<long long>(row) * (k / kActBlock) * 2, s, inv};
+}
+// The row's scale for its max |x| (act_pack_shift): s = 2^shift.
 __device__ __forceinline__ ActRow act_row(const ActPack& p, int row, int k, float amax) {
     const int sh = act_pack_shift(amax);
-    return {p.h + static_cast<long long>(row) * k, p.sum + static_cast<long long>(row) * (k / kActBlock) * 2,
-            ldexpf(1.0f, sh), ldexpf(1.0f, -sh)};
+    return act_row_at(p, row, k, ldexpf(1.0f, sh), ldexpf(1.0f, -sh));
+}
+// The row under a scale given by a bound (row_bound.cuh), not its maximum.
+__device__ __forceinline__ ActRow act_row_scaled(const ActPack& p, int row, int k, float s) {
+    return act_row_at(p, row, k, s, __frcp_rn(s));
 }
 
 // Packs row `row` of the pack from value(i), i in [0, k) (pure: a long row calls it twice per element), by

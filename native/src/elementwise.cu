@@ -83,10 +83,9 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* vr = v + row * ld;
     float amax = 0.0f;
-    if (scales) {  // the row's scale given
-    } else if (maxima) {
+    if (maxima) {
         for (int c0 = 0; c0 < k; c0 += kSplitCols) amax = fmaxf(amax, maxima[row * ld + c0]);
-    } else {
+    } else if (!scales) {
         const float4* v4 = reinterpret_cast<const float4*>(vr);  // k % 256 == 0 (act_pack_fits): whole float4s
         float m = 0.0f;
 #pragma unroll 4
@@ -96,10 +95,7 @@ __global__ void __launch_bounds__(kSplitThreads) pack_values_kernel(const float*
         }
         amax = block_amax<kSplitThreads>(m);
     }
-    const ActRow r = scales ? ActRow{p.h + static_cast<long long>(row) * k,
-                                     p.sum + static_cast<long long>(row) * (k / kActBlock) * 2, scales[row],
-                                     __frcp_rn(scales[row])}
-                            : act_row(p, row, k, amax);
+    const ActRow r = scales ? act_row_scaled(p, row, k, scales[row]) : act_row(p, row, k, amax);
     const int nb = k / kActBlock;
     constexpr int kWarps = kSplitThreads / 32, kAhead = 4;  // 32-blocks a warp loads before packing them
     for (int b0 = warp; b0 < nb; b0 += kWarps * kAhead) {

@@ -865,7 +865,7 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t) {
-    const bool direct = prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
+    const bool direct = e.prefilling && prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
     const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.row_scale, e.row_scale + e.x.rows, direct};
     bool wrote_half = false;
     const cudaError_t err =

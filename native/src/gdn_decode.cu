@@ -91,10 +91,9 @@ __global__ void __launch_bounds__(kNormThreads)
         v[q] = gdn_gated(o[c], r, a.norm_w[c], z[c]);
         b4[q] = 4 * h + q;
     }
-    const float s = scales[tok];
-    pack_blocks4(v, s, b4, k / kActBlock, p.h + static_cast<size_t>(tok) * k,
-                 p.sum + static_cast<size_t>(tok) * (k / kActBlock) * 2);
-    if (h == 0 && lane == 0) p.inv[tok] = __frcp_rn(s);
+    const ActRow dst = act_row_scaled(p, tok, k, scales[tok]);
+    pack_blocks4(v, dst.s, b4, k / kActBlock, dst.h, dst.sum);
+    if (h == 0 && lane == 0) p.inv[tok] = dst.inv;
 }
 
 // OPENJET_GDN_NORM_PACK=1: launch_gdn_step's pack where it is asked for; unset or 0 (the default until its bit test
@@ -104,17 +103,23 @@ bool gdn_norm_pack() {
     return v && std::strcmp(v, "1") == 0;
 }
 
-// The gated RMSNorm of y in place, or (pack) it and the pack of its rows in one pass at 256 threads a row
-// (launch_pack_act's default for prefill rows; its pack's bits do not depend on the count: pack_act_row).
-cudaError_t launch_gated_norm(const GdnStepArgs& a, const ActPack* pack, cudaStream_t stream) {
+// The gated RMSNorm of y in place; or (pack) it and the pack of its rows in one pass at 256 threads a row
+// (launch_pack_act's default for prefill rows; its pack's bits do not depend on the count: pack_act_row); or (pack
+// and scales) the pack under those row scales, a warp a head, as the in-place norm takes its warps.
+cudaError_t launch_gated_norm(const GdnStepArgs& a, const ActPack* pack, const float* scales,
+                              cudaStream_t stream) {
+    const long long threads = 32LL * a.t * a.n_v;
+    const auto warps_grid = static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads);
+    if (pack && scales) {
+        count_launch(Counted::kGdnPackBounded);
+        return launch_kernel(gdn_gated_pack_bounded_kernel, warps_grid, kNormThreads, 0, stream, a, *pack, scales);
+    }
     if (pack) {
         count_launch(Counted::kGdnNormPack);
         return launch_kernel(gdn_gated_norm_pack_kernel<256, 24>, a.t, 256,
                              sizeof(float) * a.n_v * kGdnHeadDim, stream, a, *pack);
     }
-    const long long threads = 32LL * a.t * a.n_v;
-    return launch_kernel(gdn_gated_norm_kernel, static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
-                         kNormThreads, 0, stream, a);
+    return launch_kernel(gdn_gated_norm_kernel, warps_grid, kNormThreads, 0, stream, a);
 }
 
 // The column split for a prefill call's rows: more than one sub-step, no fused projections (whose per-head
@@ -166,19 +171,9 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             return e;
     }
     const int k = a.n_v * kGdnHeadDim;
-    if (pack && pack_scales && act_pack_fits(*pack, a.t, k)) {  // the bounded pack
-        count_launch(Counted::kGdnPackBounded);
-        const long long threads = 32LL * a.t * a.n_v;
-        if (const cudaError_t e = launch_kernel(gdn_gated_pack_bounded_kernel,
-                                                static_cast<unsigned>((threads + kNormThreads - 1) / kNormThreads),
-                                                kNormThreads, 0, stream, a, *pack, pack_scales))
-            return e;
-        if (packed) *packed = true;
-        return cudaSuccess;
-    }
-    if (pack && !(gdn_norm_pack() && a.n_v <= kMaxNormPackHeads && act_pack_fits(*pack, a.t, k)))
+    if (pack && !(act_pack_fits(*pack, a.t, k) && (pack_scales || (gdn_norm_pack() && a.n_v <= kMaxNormPackHeads))))
         pack = nullptr;  // the caller packs y
-    if (const cudaError_t e = launch_gated_norm(a, pack, stream)) return e;
+    if (const cudaError_t e = launch_gated_norm(a, pack, pack ? pack_scales : nullptr, stream)) return e;
     if (packed) *packed = pack != nullptr;
     return cudaSuccess;
 }

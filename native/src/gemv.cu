@@ -167,10 +167,9 @@ bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense;
 bool prefill_numerics_own() { return prefill_choice_own(prefill_gemm_choice()); }
 
 bool prefill_gemm_adds(const GemvArgs& a) {
-    if (!a.dense || a.t < kDenseMinRows || !fast_prefill_call(a, PrefillGemm::kDense)) return false;  // the cheap tests
+    if (!prefill_dense_runs(a)) return false;
     const char* v = std::getenv("OPENJET_PREFILL_RESIDUAL");
-    return !(v && std::strcmp(v, "0") == 0) && prefill_gemm_choice() == PrefillGemm::kDense &&
-           prefill_dense_takes(a.qtype, a.n, a.k);
+    return !(v && std::strcmp(v, "0") == 0);
 }
 
 // The 16-row shape (decode may run 8-row tiles of the same bits: gemv_half_tiles).

@@ -431,34 +431,9 @@ bool gate_up_in_one_gemm() {
 
 // --------------------------------------------------------------------------------------- the FFN's bounded form
 // (its row scales: row_bound.cuh)
-// launch_gate_up_pack_order's kernel, a block per quad q of pair slots: the norms of its 4 gate and 4 up rows (the
-// largest kept by atomicMax on the non-negative floats' bits), then slots 4q + 1 and 4q + 2 swapped.
-__global__ void __launch_bounds__(256) gate_up_pack_order_kernel(__half* w16, int k, float* norms) {
-    __shared__ float part[2][8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// launch_gate_up_pack_order's swap, a block per quad q of pair slots: slots 4q + 1 and 4q + 2 exchanged.
+__global__ void __launch_bounds__(256) gate_up_pack_order_kernel(__half* w16, int k) {
     __half2* quad = reinterpret_cast<__half2*>(w16 + 4LL * blockIdx.x * 2 * k);  // 4 slots of 2k halves: k half2 each
-    for (int r = 0; r < 4; ++r) {
-        const __half2* row = quad + static_cast<long long>(r) * k;
-        float g = 0.0f, u = 0.0f;
-        for (int i = threadIdx.x; i < k / 2; i += 256) {
-            const float2 a = __half22float2(row[i]), b = __half22float2(row[k / 2 + i]);
-            g = fmaf(a.x, a.x, fmaf(a.y, a.y, g));
-            u = fmaf(b.x, b.x, fmaf(b.y, b.y, u));
-        }
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) {
-            g += __shfl_xor_sync(0xffffffffu, g, o);
-            u += __shfl_xor_sync(0xffffffffu, u, o);
-        }
-        if (lane == 0) part[0][warp] = g, part[1][warp] = u;
-        __syncthreads();
-        if (threadIdx.x < 2) {
-            float sum = 0.0f;
-            for (int w = 0; w < 8; ++w) sum += part[threadIdx.x][w];
-            atomicMax(reinterpret_cast<int*>(norms) + threadIdx.x, __float_as_int(sqrtf(sum)));
-        }
-        __syncthreads();  // part is written again
-    }
     for (long long i = threadIdx.x; i < k; i += 256) {
         const __half2 a = quad[k + i];
         quad[k + i] = quad[2LL * k + i];
@@ -558,15 +533,16 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
     }
 }
 
-bool prefill_dense_runs(const GemvArgs& a) {
+bool prefill_dense_runs(const GemvArgs& a) {  // the cheap tests first: a decode call reads no environment
     return a.dense && a.t >= kDenseMinRows && (a.prefill || a.t > kActRows) && prefill_gemm_dense() &&
            prefill_dense_takes(a.qtype, a.n, a.k);
 }
 
 cudaError_t launch_gate_up_pack_order(__half* w16, int n, int k, float* norms, cudaStream_t stream) {
     if (!w16 || !norms || n < 4 || n % 4 || k < 2 || k % 2) return cudaErrorInvalidValue;
-    if (const cudaError_t e = cudaMemsetAsync(norms, 0, 2 * sizeof(float), stream)) return e;
-    return launch_kernel(gate_up_pack_order_kernel, n / 4, 256, 0, stream, w16, k, norms);
+    for (int m = 0; m < 2; ++m)  // gate's rows (slots' first halves), then up's: the largest is the same in any order
+        if (const cudaError_t e = launch_row_norm_max(w16 + m * k, n, k, 2LL * k, norms + m, stream)) return e;
+    return launch_kernel(gate_up_pack_order_kernel, n / 4, 256, 0, stream, w16, k);
 }
 
 cudaError_t launch_prefill_gemm(const GemvArgs& a, cudaStream_t stream) {
