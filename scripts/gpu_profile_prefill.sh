@@ -15,6 +15,10 @@
 # run: the device time was spent) it runs with OPENJET_PDL=0 unless the environment sets it: kernels launched as
 # programmatic dependents are the first suspect (the failing kernel was the range's first, launched with the PDL
 # attribute after the load's last kernel). If it still fails: ncu's --launch-skip past the load instead of the range.
+# What did run (2026-12-04, twenty-second session, H200): with OPENJET_PDL=0 and without the range, ncu --kernel-name
+# regex:"device_kernel|pack|norm|attn|gdn|gemv|f32|swiglu|embed" --launch-count 60 --section SpeedOfLight over
+# one_prefill_kernel.py engine MODEL 4096: 60 launches (a GDN layer, an attention layer, their FFNs) in ~70 s with
+# the load; their figures are in docs/ENGINE.md's prefill section.
 set -o pipefail
 . scripts/device_common.sh
 device_wheels
