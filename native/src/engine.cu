@@ -527,15 +527,17 @@ int keep_prefill_f16_weights(openjet_engine& e) {
         at += halves_of(m);
     }
     for (LayerW& L : e.layers) {  // the GDN output's bounded pack: W_z's largest row norm, max |ssm_norm|
-        if (L.attn || !L.gate.w16 || L.ssm_norm.type != kF32 || !L.ssm_norm.host) continue;
+        if (L.attn || !L.gate.w16 || L.ssm_norm.type != kF32) continue;
         const cudaError_t err = launch_row_norm_max(L.gate.w16, static_cast<int>(L.gate.ne1),
                                                     static_cast<int>(L.gate.ne0), L.gate.ld16, e.row_scale, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "launch_row_norm_max (prefill fp16 weights)");
         CHECK(cudaMemcpyAsync(&L.z_norm_max, e.row_scale, sizeof(float), cudaMemcpyDeviceToHost, e.stream));
-        const float* w = static_cast<const float*>(L.ssm_norm.host);
+        // The norm's weights from the device copy: the caller's host pages are no longer ours (create's upload).
+        std::vector<float> w(static_cast<size_t>(L.ssm_norm.ne0 * L.ssm_norm.ne1));
+        CHECK(cudaMemcpyAsync(w.data(), L.ssm_norm.d, w.size() * sizeof(float), cudaMemcpyDeviceToHost, e.stream));
+        CHECK(cudaStreamSynchronize(e.stream));
         L.norm_w_max = 0.0f;
-        for (int64_t i = 0; i < L.ssm_norm.ne0 * L.ssm_norm.ne1; ++i)
-            L.norm_w_max = std::max(L.norm_w_max, std::fabs(w[i]));
+        for (const float v : w) L.norm_w_max = std::max(L.norm_w_max, std::fabs(v));
     }
     CHECK(cudaStreamSynchronize(e.stream));
     return OPENJET_OK;
