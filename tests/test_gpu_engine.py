@@ -960,7 +960,8 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
     same bits in calls of any size; the server's Slot, resuming a conversation by prefill, gives the bits of a fresh
     prefill; under OPENJET_PREFILL_SWIGLU=epilogue-f32 (fp32 swiglu values, then the pack) its logits are the fast
     kernel's bit for bit (measured on the H200: wgmma sums the k16 products in mma.sync's chain order), so the launch
-    counter shows the dense GEMM ran under "dense" and not under "fast"; and the bounded form stays within a
+    counter shows the dense GEMM ran under "dense" and not under "fast" (with the GDN output's pack of the row's
+    maxima too, OPENJET_GDN_PACK_BOUND=0); and the bounded forms (the FFN's, the GDN output's) stay within a
     thousandth of the KL bar of that."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.server.worker import Slot
@@ -1000,13 +1001,18 @@ def test_dense_prefill_is_chunk_invariant_and_gives_the_fast_kernels_bits(models
         resumed, _ = slot.load_prompt(text)
         fresh, _ = Slot(engine).load_prompt(text)
         half_before = kt.launch_count("dense_gemm_swiglu_half")
+        bound_before = kt.launch_count("gdn_pack_bounded")
         monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "epilogue-f32")
+        monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "0")
         f32 = after(engine, [prompt], 512)
         assert kt.launch_count("dense_gemm_swiglu_half") == half_before, "epilogue-f32 ran the fp16 form"
+        assert kt.launch_count("gdn_pack_bounded") == bound_before, "OPENJET_GDN_PACK_BOUND=0 ran the bounded pack"
         monkeypatch.delenv("OPENJET_PREFILL_SWIGLU")
+        monkeypatch.delenv("OPENJET_GDN_PACK_BOUND")
     finally:
         engine.close()
     assert half_before > 0, "the FFN's fp16 form did not run"
+    assert bound_before > 0, "the GDN output's bounded pack did not run"
     m = compare(f32, runs[512])
     report(test="dense_prefill_bounded_ffn_vs_f32", metrics=m)
     assert m["mean_kl"] <= KL_BAR / 1000 and m["misses"] == 0, m
@@ -1028,7 +1034,8 @@ def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(mod
     the same bits; the kept weights were multiplied (launch counter) only under `1`; and the memory report's
     prefill_f16_bytes is 2 bytes a weight of every projection the dense path takes, from the GGUF's own tensor list
     (k-quant or Q8_0, not the embedding or lm_head, rows a multiple of 4), part of total_bytes, and 0 under `0`. The
-    FFN's swiglu by the fp32 epilogue (OPENJET_PREFILL_SWIGLU=epilogue-f32): its bounded form runs on kept rows only."""
+    FFN's swiglu by the fp32 epilogue (OPENJET_PREFILL_SWIGLU=epilogue-f32) and the GDN output's pack of the rows'
+    maxima (OPENJET_GDN_PACK_BOUND=0): their bounded forms run on kept rows only."""
     from gguf import GGUFReader
 
     from openjet_launcher.engine import kernels_test as kt
@@ -1042,6 +1049,7 @@ def test_kept_prefill_f16_weights_give_the_bits_of_dequantising_at_each_call(mod
     prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
     logits, kept = {}, {}
     monkeypatch.setenv("OPENJET_PREFILL_SWIGLU", "epilogue-f32")  # the FFN's bounded form runs on kept rows only
+    monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "0")  # and so does the GDN output's
     for value in ("0", "1"):
         monkeypatch.setenv("OPENJET_PREFILL_F16_WEIGHTS", value)
         engine = CudaEngine.load(path, n_ctx=4096, prefill_rows=2048)
@@ -1083,6 +1091,7 @@ def test_the_gdn_gated_norm_and_pack_in_one_pass_keep_the_engines_bits(models, m
     at each call): the logits of decode steps after a two-turn prefill (512-row chunks, a last chunk of 5 rows) are
     the same bits, and the launch counter shows the one-pass kernel ran only where it was asked for."""
     prompt, follow = _TURNS_PROMPT[:1029], _TURNS_PROMPT[1029:1061]
+    monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "0")  # the bounded pack (the default on kept rows) takes no y
     engine = CudaEngine.load(models["small"], n_ctx=2048, prefill_rows=512, mtp=False)
     _a_switch_keeps_the_bits(monkeypatch, "OPENJET_GDN_NORM_PACK", "gdn_norm_pack", engine,
                              [prompt[:1024], prompt[1024:]], 512, follow, on_value="1")
@@ -1118,13 +1127,14 @@ def test_the_dense_gemms_swiglu_epilogue_keeps_the_engines_bits(models, monkeypa
 
 
 def test_the_gdn_outputs_bounded_pack_keeps_chunk_sizes_bitwise_and_stays_near_the_default(models, monkeypatch):
-    """OPENJET_GDN_PACK_BOUND=1 (an experiment, read at each call; row_bound.cuh launch_gdn_out_scale, gdn_decode.cu
-    gdn_gated_pack_bounded_kernel): a prefill's GDN gated norm packs each head's values under its row's bound scale
-    (|y| <= max(||x|| z_max, 0.2785) sqrt(128) max |norm weight|), a warp a head, instead of writing y for a pack of
-    the row's maxima. With it chunk sizes 128 / 512 / 2,048 and a 2-turn split (a last chunk of 5 rows) leave the
-    same bits (a row's scale is its own), the logits of decode steps after the prefill stay within a thousandth of
-    the KL bar of the default's with no top-1 change (only values under 2^-14 / s round otherwise), and its launch
-    is counted. Needs W_z's kept fp16 rows (the dense path)."""
+    """OPENJET_GDN_PACK_BOUND unset or 1 (the default, read at each call; row_bound.cuh launch_gdn_out_scale,
+    gdn_decode.cu gdn_gated_pack_bounded_kernel): a prefill's GDN gated norm packs each head's values under its row's
+    bound scale (|y| <= max(||x|| z_max, 0.2785) sqrt(128) max |norm weight|), a warp a head, instead of writing y
+    for a pack of the row's maxima (OPENJET_GDN_PACK_BOUND=0). With it chunk sizes 128 / 512 / 2,048 and a 2-turn
+    split (a last chunk of 5 rows) leave the same bits (a row's scale is its own), the logits of decode steps after
+    the prefill stay within a thousandth of the KL bar of the maxima's pack with no top-1 change (only values under
+    2^-14 / s round otherwise), and its launch is counted (never under 0). Needs W_z's kept fp16 rows (the dense
+    path)."""
     from openjet_launcher.engine import kernels_test as kt
 
     if not dense_gemm_available():
@@ -1132,9 +1142,11 @@ def test_the_gdn_outputs_bounded_pack_keeps_chunk_sizes_bitwise_and_stays_near_t
     prompt, follow = _TURNS_PROMPT[:2605], _TURNS_PROMPT[2605:]
     engine = CudaEngine.load(models["small"], n_ctx=4096, prefill_rows=2048, mtp=False)
     try:
-        base = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
-        monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "1")
+        monkeypatch.setenv("OPENJET_GDN_PACK_BOUND", "0")
         before = kt.launch_count("gdn_pack_bounded")
+        base = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
+        assert kt.launch_count("gdn_pack_bounded") == before, "OPENJET_GDN_PACK_BOUND=0 ran the bounded pack"
+        monkeypatch.delenv("OPENJET_GDN_PACK_BOUND")
         runs = {c: _logits_after(engine, [prompt], c, follow) for c in (128, 512, 2048)}
         turns = _logits_after(engine, [prompt[:2600], prompt[2600:]], 512, follow)
         ran = kt.launch_count("gdn_pack_bounded") - before

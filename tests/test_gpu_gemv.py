@@ -604,13 +604,14 @@ def test_f32_projection_matches_numpy():
     assert e < 1e-5
 
 
-@pytest.mark.parametrize("form", ["rows", "tf32x3"])
+@pytest.mark.parametrize("form", ["rows", "tf32x3", "tf32x3-rna"])
 @pytest.mark.parametrize("n", [48, 40, 100])
 def test_prefill_f32_pair_rows_do_not_depend_on_t_and_match_float64(n, form, monkeypatch):
     """A GDN layer's beta and alpha as a prefill projects them, both in one launch_gemv_pair, with each
     OPENJET_PREFILL_F32 form: rows (decode's kernels, so every row has the bits of the decode call of <= 8 rows
-    holding it) and tf32x3 (the default; prefill_f32.cu's GEMM, numerics of its own: the products on tensor cores in
-    3xTF32, each chunk's products added in fp32, 4 k slices summed in order). For every form a
+    holding it), tf32x3 (the default; prefill_f32.cu's GEMM, numerics of its own: the products on tensor cores in
+    3xTF32, each chunk's products added in fp32, 4 k slices summed in order) and tf32x3-rna (the same, both split
+    parts rounded by cvt.rna: the default before 2026-12-04). For every form a
     row's values do not depend on the call's row count or the row's place in it (the chunk sizes' invariance: T =
     300 against T = 1, 7, 37, 64, 65 and 128), each matrix lands in its own output (not swapped, every value
     written: the outputs start as NaN), and both match float64 to fp32's accuracy; n = 40 and 100 leave row tiles

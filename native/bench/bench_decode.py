@@ -16,12 +16,14 @@ What it does, per KV cache type (q8_0 first: the 24 GB footprint is asked with i
   clock around the C call (it returns when the logits [T, n_vocab] are in host memory), with the sequence
   put back to exactly that context before every step (checkpoint slot 0 restored, or reset at context 0;
   untimed), so every timed step reads the same bytes. The median is kept;
-* prefill: one sequence grows through the sorted prefill lengths and contexts with ``engine.prefill``; the
-  prefill time of N tokens is the sum of its segments from 0 to N (``--prefill-mode incremental``: the same
-  work as one prefill of N tokens, since prefill runs chunks of ``--prefill-rows`` rows (default 2048, the
-  launcher's choice) whose arithmetic does not depend on the chunking; the decode measurements between segments are
-  undone by restoring the checkpoint). ``fresh`` prefills each length from an empty sequence instead (more
-  device time). OPENJET_PREFILL_GEMM=exact in the environment measures the prefill with decode's numerics
+* prefill: ``--prefill-mode fresh`` (the default since 2026-12-04) prefills each length N from an empty sequence,
+  in chunks of ``--prefill-rows`` rows (default 2048; the launcher takes 4,096 where the dense prefill GEMM runs and
+  the context fits), what a user pasting an N-token prompt waits for; then one sequence grows through the decode
+  contexts. ``incremental``: one sequence grows through the sorted prefill lengths and contexts, the prefill time of
+  N tokens the sum of its segments from 0 to N (the same arithmetic as one prefill of N tokens, but not the same
+  chunks: with 512 first, the 4,096 figure holds a 512-row chunk and a 3,584-row one, ~4% slower on the H200 at
+  08f036e than one 4,096-row chunk; the decode measurements between segments are undone by restoring the
+  checkpoint). OPENJET_PREFILL_GEMM=exact in the environment measures the prefill with decode's numerics
   (=shared or =grouped: one of its kernels forced; recorded as "prefill_gemm"); OPENJET_PDL=0 measures
   without programmatic dependent launch (recorded as "pdl"). Before them, one prefill of the shortest length on a
   scratch sequence, timed apart as ``cold_prefill`` (``--prefill-warmup 0``: none), so that every timed prefill
@@ -910,7 +912,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="tokens per decode step (default 1..8)")
     ap.add_argument("--prefill", type=parse_ints, default=parse_ints("512,4096,16384,32768"),
                     help="prefill lengths (default 512,4096,16384,32768; 'none' for none)")
-    ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="incremental")
+    ap.add_argument("--prefill-mode", choices=["incremental", "fresh"], default="fresh",
+                    help="fresh (default): each prefill length from an empty sequence; incremental: one sequence "
+                         "grown through the lengths, a length's time the sum of its segments")
     ap.add_argument("--prefill-warmup", type=int, choices=[0, 1], default=1,
                     help="1 (default): one prefill of the shortest --prefill length before the timed ones, "
                          "reported apart as cold_prefill; 0: none, the first timed prefill is the cold one")

@@ -1,7 +1,8 @@
 """A prefill's F32 projections (a GDN layer's ssm_beta and ssm_alpha, [48, 5120] at 27B), both matrices in one
 launch_gemv_pair as the engine calls them, with each OPENJET_PREFILL_F32 form (tf32x3, the default: prefill_f32.cu's
-tensor-core GEMM; rows: decode's kernels) at chunk sizes from a short turn to the H200's 4,096-row chunk. Prints JSON:
-microseconds per call (median of the runs, each a CUDA-graph replay of --reps calls).
+tensor-core GEMM; tf32x3-rna: the same with both split parts rounded by cvt.rna; rows: decode's kernels) at chunk
+sizes from a short turn to the H200's 4,096-row chunk. Prints JSON: microseconds per call (median of the runs, each a
+CUDA-graph replay of --reps calls).
 
     OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONPATH=. python3 native/bench/bench_prefill_f32.py [--t 8,50,...]
 """
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from openjet_launcher.engine import kernels_test as kt  # noqa: E402
 
-FORMS = ("rows", "tf32x3")
+FORMS = ("rows", "tf32x3-rna", "tf32x3")
 
 
 def main() -> None:

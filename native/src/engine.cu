@@ -932,8 +932,8 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     // would stall each one) or another type takes the GEMV.
     // A prefill with the two-phase chunked GDN never fuses: every prefill row takes the chunked form (gdn_chunked).
     const bool fused = gdn_fuses(e, L, t);
-    // The bounded pack of the output (OPENJET_GDN_PACK_BOUND=1, an experiment; W_z's rows kept): its row scales from
-    // the layer's input pack e.x, which the step's pack overwrites only after the projections read it.
+    // The bounded pack of the output (OPENJET_GDN_PACK_BOUND, the default; where W_z's rows are kept): its row scales
+    // from the layer's input pack e.x, which the step's pack overwrites only after the projections read it.
     const bool bound = e.prefilling && out_proj && L.z_norm_max >= 0.0f && gdn_pack_bound() && prefill_numerics_own();
     if (in_proj) {
         mark(e, "gdn.in_proj");

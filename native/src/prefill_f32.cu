@@ -1,9 +1,9 @@
 // A prefill's F32 projections (a GDN layer's ssm_beta and ssm_alpha, [48, 5120] at 27B) with numerics of their own,
 // where the prefill has its own numerics (OPENJET_PREFILL_GEMM unset, fast or dense) and OPENJET_PREFILL_F32 (read at
-// each call) is unset or tf32x3 (the default since 2026-12-04); `rows`: decode's kernels and bits (gemv.cu), whose
-// order (128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every (row, token) pair and so
-// reads each weight chunk from L2 once per 8 tokens: 290 us for both matrices at 4,096 rows on the H200, ~14 ms of a
-// 4,096-token prefill for the 48 layers, bound by those L2 reads.
+// each call) is unset, tf32x3 (the default since 2026-12-04) or tf32x3-rna (split_operand); `rows`: decode's kernels
+// and bits (gemv.cu), whose order (128 lanes' chains a row, summed by shuffles) must hold 128 partial sums for every
+// (row, token) pair and so reads each weight chunk from L2 once per 8 tokens: 290 us for both matrices at 4,096 rows
+// on the H200, ~14 ms of a 4,096-token prefill for the 48 layers, bound by those L2 reads.
 //
 // Here the products run on tensor cores in 3xTF32 (mma_tf32.cuh: each operand split into two tf32 parts), 32 tokens x
 // 48 rows a block (16 rows where 48 would leave multiprocessors without a block or its shared memory does not fit:
@@ -70,6 +70,24 @@ __device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const f
     stage_rows<kRows * kChunk / 4 / kThreads>(w, r0, n, k, c, stage + kTok * kPitch);
 }
 
+// x = big + small for the 3xTF32 products. kRoundSmall (OPENJET_PREFILL_F32=tf32x3-rna, the form before 2026-12-04):
+// tf32_split, big and small each rounded by cvt.rna (7 instructions a value on sm_90: cvt.rna is a guard for Inf / NaN,
+// a select and a mask). The default: big rounded by adding half a tf32 ulp to the bits and clearing the 13 below
+// (round half away from zero, cvt.rna's value for every finite x), small the exact remainder handed to the mma as it
+// is (the tensor core reads a tf32 operand's top 19 bits, so small is truncated: an error under 2^-21 |x| against
+// 2^-22), 3 instructions; ncu at dc8e137: the loop is issue-bound (55% of issue slots, 464 instructions a warp and
+// chunk, most of them these conversions). A NaN or Inf x may leave big wrong (Inf, or zero for an all-ones payload),
+// but small = x - big is then NaN, so the product still is.
+template <bool kRoundSmall>
+__device__ __forceinline__ Tf32Pair split_operand(float x) {
+    if constexpr (kRoundSmall) {
+        return tf32_split(x);
+    } else {
+        const uint32_t big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+        return {big, __float_as_uint(__fsub_rn(x, __uint_as_float(big)))};
+    }
+}
+
 // Warp (half h, slice s): tokens t0 + 16 h .. + 15 (one m16 tile) x the block's kRows rows (kRows / 8 n8 tiles), over
 // k16 step s of each chunk. A lane (g, tq) reads a float4 of k 4 tq .. 4 tq + 3 of each row it needs; mma k slots tq
 // and tq + 4 take the first two of them, then the other two: A and B see the same slot-to-k map, so each product
@@ -79,7 +97,7 @@ __device__ __forceinline__ void stage_chunk(const float* __restrict__ x, const f
 // error against float64 when all 5,120 k ran through one accumulator): each chunk's k16 step goes into a fresh
 // fragment, added to the slice's sum with __fadd_rn. So y[t, n] = ((S0 + S1) + S2) + S3, S_s the slice's chunk
 // partials summed in chunk order: it depends on x's row t and W's row n only.
-template <int kRows>
+template <int kRows, bool kRoundSmall>
 __global__ void __launch_bounds__(kThreads)
     prefill_f32_tc_kernel(const float* __restrict__ w0, float* __restrict__ y0, const float* __restrict__ w1,
                           float* __restrict__ y1, int n, int k, int t, const float* __restrict__ x) {
@@ -121,12 +139,13 @@ __global__ void __launch_bounds__(kThreads)
         float part[kTiles][4] = {};
 #pragma unroll
         for (int second = 0; second < 2; ++second) {
-            const Tf32Pair a[4] = {tf32_split(second ? lo.z : lo.x), tf32_split(second ? hi.z : hi.x),
-                                   tf32_split(second ? lo.w : lo.y), tf32_split(second ? hi.w : hi.y)};
+            const Tf32Pair a[4] = {
+                split_operand<kRoundSmall>(second ? lo.z : lo.x), split_operand<kRoundSmall>(second ? hi.z : hi.x),
+                split_operand<kRoundSmall>(second ? lo.w : lo.y), split_operand<kRoundSmall>(second ? hi.w : hi.y)};
 #pragma unroll
             for (int j = 0; j < kTiles; ++j) {
-                const Tf32Pair b[2] = {tf32_split(second ? bv[j].z : bv[j].x),
-                                       tf32_split(second ? bv[j].w : bv[j].y)};
+                const Tf32Pair b[2] = {split_operand<kRoundSmall>(second ? bv[j].z : bv[j].x),
+                                       split_operand<kRoundSmall>(second ? bv[j].w : bv[j].y)};
                 mma_1688_3xtf32(part[j], a, b);
             }
         }
@@ -156,19 +175,28 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <int kRows>
+template <int kRows, bool kRoundSmall>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const float* w0, float* y0, const float* w1, float* y1, int n,
                    int k, int t, const float* x) {
-    if (const cudaError_t e = smem_opted_in<prefill_f32_tc_kernel<kRows>, kSmemBytes<kRows>>()) return e;
-    return launch_kernel(prefill_f32_tc_kernel<kRows>, grid, kThreads, kSmemBytes<kRows>, stream, w0, y0, w1, y1, n,
-                         k, t, x);
+    constexpr auto kernel = prefill_f32_tc_kernel<kRows, kRoundSmall>;
+    if (const cudaError_t e = smem_opted_in<kernel, kSmemBytes<kRows>>()) return e;
+    return launch_kernel(kernel, grid, kThreads, kSmemBytes<kRows>, stream, w0, y0, w1, y1, n, k, t, x);
 }
 
-// OPENJET_PREFILL_F32=rows: decode's kernels (read at each call).
-bool prefill_f32_rows() {
-    const char* v = std::getenv("OPENJET_PREFILL_F32");
-    return v && std::strcmp(v, "rows") == 0;
+template <int kRows>
+cudaError_t launch_rows(bool round_small, dim3 grid, cudaStream_t stream, const float* w0, float* y0, const float* w1,
+                        float* y1, int n, int k, int t, const float* x) {
+    return round_small ? launch<kRows, true>(grid, stream, w0, y0, w1, y1, n, k, t, x)
+                       : launch<kRows, false>(grid, stream, w0, y0, w1, y1, n, k, t, x);
 }
+
+// OPENJET_PREFILL_F32 (read at each call): `rows` decode's kernels; `tf32x3-rna` the 3xTF32 GEMM with both parts
+// rounded by cvt.rna (split_operand).
+bool prefill_f32_is(const char* form) {
+    const char* v = std::getenv("OPENJET_PREFILL_F32");
+    return v && std::strcmp(v, form) == 0;
+}
+bool prefill_f32_rows() { return prefill_f32_is("rows"); }
 
 }  // namespace
 
@@ -204,8 +232,9 @@ cudaError_t launch_prefill_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_
     const int rows = prefill_f32_block_rows(a.t, a.n, matrices, sms, optin);
     const dim3 grid((a.n + rows - 1) / rows, tok_tiles, matrices);
     const auto* w0 = static_cast<const float*>(a.w);
-    return rows == kRowsWide ? launch<kRowsWide>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)
-                             : launch<kRowsNarrow>(grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf);
+    const bool rna = prefill_f32_is("tf32x3-rna");
+    return rows == kRowsWide ? launch_rows<kRowsWide>(rna, grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf)
+                             : launch_rows<kRowsNarrow>(rna, grid, stream, w0, a.y, w1, y1, a.n, a.k, a.t, a.xf);
 }
 
 }  // namespace openjet

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(256) row_norm_max_kernel(const __half* __restr
 
 bool gdn_pack_bound() {
     const char* v = std::getenv("OPENJET_GDN_PACK_BOUND");
-    return v && std::strcmp(v, "1") == 0;
+    return !v || std::strcmp(v, "0") != 0;
 }
 
 cudaError_t launch_ffn_row_scale(const ActPack& x, int k, int t, const float* norms, float* s, float* inv,
