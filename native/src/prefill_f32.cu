@@ -12,7 +12,8 @@
 // all 5,120 k through one accumulator measured 4.5e-5 against float64), the slices summed in order: 3e-7 against
 // float64, and a row's values depend on x's row and W's row only (the chunk sizes' invariance). Both matrices, H200
 // (bench_prefill_f32.py, 2026-12-04, gemv-f32-prefill-h200-b620470.json): 8 to 512 rows 38 us (rows: 34-47), 2,048
-// 79 (165), 4,096 121 (290); the 27B's gdn.in_proj at 4,096 tokens 64.2 -> 56.5 ms. (An fp32 FMA GEMM of 64 tokens x
+// 79 (165), 4,096 121 (290); the 27B's gdn.in_proj at 4,096 tokens 64.2 -> 56.5 ms. With split_operand's cheaper
+// split (95b8ed0): 2,048 rows 58.1 us, 4,096 94.7. (An fp32 FMA GEMM of 64 tokens x
 // 48 rows a block, `simt` until 2026-12-04, was slower at every size: 135-167 us; removed.)
 //
 // OPENJET_PREFILL_GEMM=exact (or shared, grouped) keeps decode's bits whatever the form: gemv.cu's kernels.
