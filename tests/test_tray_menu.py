@@ -180,3 +180,32 @@ def test_icon_images_differ_by_state():
     a, b = icon_image(STATE_COLOURS[READY]), icon_image(STATE_COLOURS[FAILED])
     assert a.size == (64, 64) and a.getpixel((12, 32))[:3] == STATE_COLOURS[READY]
     assert b.getpixel((12, 32))[:3] == STATE_COLOURS[FAILED] and a.getpixel((0, 0))[3] == 0
+
+
+class _XorgIconStandIn:
+    """What _await_x11_loop_thread looks at in pystray's X11 Icon: the class's module and `_thread`, which
+    Icon._run records one line after it lets the setup thread go."""
+    __module__ = "pystray._xorg"
+
+
+def test_setup_waits_for_the_x11_loop_thread_before_calling_into_pystray():
+    import threading
+    import time
+
+    from openjet_launcher.launcher.tray import _await_x11_loop_thread
+
+    icon = _XorgIconStandIn()
+    seen = {}
+
+    def loop_starts():
+        time.sleep(0.2)
+        seen["set_at"] = time.monotonic()
+        icon._thread = threading.current_thread()
+
+    threading.Thread(target=loop_starts).start()
+    assert _await_x11_loop_thread(icon, timeout_s=10)
+    assert time.monotonic() >= seen["set_at"] and icon._thread is not None
+    t0 = time.monotonic()
+    assert not _await_x11_loop_thread(_XorgIconStandIn(), timeout_s=0.1)   # never recorded: gives up, says so
+    assert 0.1 <= time.monotonic() - t0 < 5
+    assert _await_x11_loop_thread(object(), timeout_s=0)                   # other backends: nothing to wait for

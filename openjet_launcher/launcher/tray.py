@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from .menu import MenuEntry, TrayController
 
@@ -132,6 +133,7 @@ class Tray:
     def run(self, on_ready=None) -> None:
         """Show the icon and block until Quit (or `stop()`); pystray wants the main thread on macOS."""
         def setup(icon) -> None:
+            _await_x11_loop_thread(icon)
             icon.visible = True
             self._alive = True
             threading.Thread(target=self._painter, name="openjet-tray-painter", daemon=True).start()
@@ -174,6 +176,26 @@ class Tray:
 # raises, pystray logs it): the window is already gone then, nothing else is lost.
 STOP_GRACE_S = 3.0
 NUDGE_S = 0.5
+
+
+# pystray's X11 Icon._run marks the icon ready (which starts run()'s setup thread) one line before it records its
+# loop thread in `_thread`, and every call from another thread (show, update, stop) first compares itself with
+# `_thread`: a setup that wins that race dies on an AttributeError in its thread, silently, and the icon never shows
+# (seen once in a clean-clone CI run of tests/test_tray_xvfb.py, pystray 0.19.5). So setup waits for `_thread`.
+LOOP_THREAD_WAIT_S = 10.0
+
+
+def _await_x11_loop_thread(icon, timeout_s: float = LOOP_THREAD_WAIT_S) -> bool:
+    """True once pystray's X11 loop thread is recorded on the icon (at once for other backends); False after
+    timeout_s without it (the caller goes on: pystray then raises what it raises)."""
+    if type(icon).__module__ != "pystray._xorg":
+        return True
+    deadline = time.monotonic() + timeout_s
+    while getattr(icon, "_thread", None) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _nudge_x11_loop(icon, ended: threading.Event) -> None:
