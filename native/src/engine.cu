@@ -934,7 +934,8 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     const bool fused = gdn_fuses(e, L, t);
     // The bounded pack of the output (OPENJET_GDN_PACK_BOUND, the default; where W_z's rows are kept): its row scales
     // from the layer's input pack e.x, which the step's pack overwrites only after the projections read it.
-    const bool bound = e.prefilling && out_proj && L.z_norm_max >= 0.0f && gdn_pack_bound() && prefill_numerics_own();
+    const bool bound = e.prefilling && in_proj && out_proj && L.z_norm_max >= 0.0f && gdn_pack_bound() &&
+                       prefill_numerics_own();
     if (in_proj) {
         mark(e, "gdn.in_proj");
         if (bound)
@@ -966,7 +967,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     // OPENJET_GDN_NORM_PACK=1 (launch_gdn_step; the same bits): e.x, the layer's input pack, was read above.
     bool packed = false;
     CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed,
-                          bound && in_proj ? e.row_scale : nullptr));
+                          bound ? e.row_scale : nullptr));
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
     if (!packed) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));

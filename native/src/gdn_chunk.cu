@@ -150,15 +150,29 @@ __device__ __forceinline__ void chunk_norms(float (*q)[kRowPad], float (*k)[kRow
     }
 }
 
+// Step 3's decays e^gamma and e^(Gamma - gamma), a thread a row.
+__device__ __forceinline__ void chunk_decay_vectors(const float* gamma, float* e_gamma, float* e_rest, int tid) {
+    if (tid < C) {
+        e_gamma[tid] = expf(gamma[tid]);
+        e_rest[tid] = expf(__fsub_rn(gamma[C - 1], gamma[tid]));
+    }
+}
+
+// Step 3's entry (i, j) of A and Aq from the products kk = k_i . k_j and qk = q_i . k_j: masked (A strictly below the
+// diagonal, Aq on and below it) and decayed by e^(gamma_i - gamma_j), A's also scaled by beta_i.
+__device__ __forceinline__ void chunk_decay_entry(int i, int j, float kk, float qk, const float* gamma,
+                                                  const float* beta, float (*am)[C], float (*aq)[C]) {
+    const float dec = j <= i ? expf(__fsub_rn(gamma[i], gamma[j])) : 0.0f;  // masked before the exp
+    am[i][j] = j < i ? __fmul_rn(__fmul_rn(beta[i], kk), dec) : 0.0f;
+    aq[i][j] = j <= i ? __fmul_rn(qk, dec) : 0.0f;
+}
+
 // Step 3: A and Aq, entries (i, j = lane) for rows i = warp + 8 m (k_j in 16-byte steps, the rows' k_i, q_i
 // broadcast); the decays e^gamma and e^(Gamma - gamma).
 __device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const float (*k)[kRowPad], const float* gamma,
                                              const float* beta, float* e_gamma, float* e_rest, float (*am)[C],
                                              float (*aq)[C], int tid, int warp, int lane) {
-    if (tid < C) {
-        e_gamma[tid] = expf(gamma[tid]);
-        e_rest[tid] = expf(__fsub_rn(gamma[C - 1], gamma[tid]));
-    }
+    chunk_decay_vectors(gamma, e_gamma, e_rest, tid);
     constexpr int M = C / kWarps;
     float kk[M] = {}, qk[M] = {};
 #pragma unroll 4
@@ -171,12 +185,7 @@ __device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const fl
         }
     }
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-        const int i = warp + kWarps * m, j = lane;
-        const float dec = j <= i ? expf(__fsub_rn(gamma[i], gamma[j])) : 0.0f;  // masked before the exp
-        am[i][j] = j < i ? __fmul_rn(__fmul_rn(beta[i], kk[m]), dec) : 0.0f;
-        aq[i][j] = j <= i ? __fmul_rn(qk[m], dec) : 0.0f;
-    }
+    for (int m = 0; m < M; ++m) chunk_decay_entry(warp + kWarps * m, lane, kk[m], qk[m], gamma, beta, am, aq);
 }
 
 // chunk_decays with A's and Aq's products (K K^T, Q K^T over the 128 dimensions) as single tf32 tensor-core passes
@@ -188,10 +197,7 @@ __device__ __forceinline__ void chunk_decays(const float (*q)[kRowPad], const fl
 __device__ __forceinline__ void chunk_decays_tc(const float (*q)[kRowPad], const float (*k)[kRowPad],
                                                 const float* gamma, const float* beta, float* e_gamma, float* e_rest,
                                                 float (*am)[C], float (*aq)[C], int tid, int warp, int lane) {
-    if (tid < C) {
-        e_gamma[tid] = expf(gamma[tid]);
-        e_rest[tid] = expf(__fsub_rn(gamma[C - 1], gamma[tid]));
-    }
+    chunk_decay_vectors(gamma, e_gamma, e_rest, tid);
     const int g = lane >> 2, tq = lane & 3, r0 = 16 * (warp & 1), n0 = 8 * (warp >> 1);
     float kk[4] = {}, qk[4] = {};
 #pragma unroll 4
@@ -205,12 +211,8 @@ __device__ __forceinline__ void chunk_decays_tc(const float (*q)[kRowPad], const
         mma_1688_tf32(qk, aqf, b);
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const int i = r0 + g + 8 * (e >> 1), j = n0 + 2 * tq + (e & 1);
-        const float dec = j <= i ? expf(__fsub_rn(gamma[i], gamma[j])) : 0.0f;  // masked before the exp
-        am[i][j] = j < i ? __fmul_rn(__fmul_rn(beta[i], kk[e]), dec) : 0.0f;
-        aq[i][j] = j <= i ? __fmul_rn(qk[e], dec) : 0.0f;
-    }
+    for (int e = 0; e < 4; ++e)
+        chunk_decay_entry(r0 + g + 8 * (e >> 1), n0 + 2 * tq + (e & 1), kk[e], qk[e], gamma, beta, am, aq);
 }
 
 // Step 4 for one column: (I + A) x = rhs by forward substitution (rhs(i): row i's right-hand side). A column

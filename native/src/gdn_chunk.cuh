@@ -6,8 +6,9 @@
 // FMA form; H200, 2,048 rows at 27B widths: 1,994 us a layer for the recurrence, 635 for form 2, 889 in 3xTF32,
 // 1,081 with its FMA state phase; 4,096 rows since 2026-12-04: 989 us for form 2, its state phase on operands
 // rounded once, gdn_chunk.cu), 1 (one kernel, form 2's bits with the FMA state phase, 1,832 us) and 0 (the
-// recurrence) through OPENJET_GDN_CHUNKED. A call's chunks start at its first row, so a row's bits depend on where its call began modulo kGdnChunk: the engine's prefill chunks are
-// multiples of it, and a resumed prompt starts at a chunk boundary (CudaEngine.prefill rewinds to one).
+// recurrence) through OPENJET_GDN_CHUNKED. A call's chunks start at its first row, so a row's bits depend on where
+// its call began modulo kGdnChunk: the engine's prefill chunks are multiples of it, and a resumed prompt starts at a
+// chunk boundary (CudaEngine.prefill rewinds to one).
 #pragma once
 
 #include <cuda_runtime.h>

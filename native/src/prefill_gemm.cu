@@ -446,18 +446,20 @@ template <int QT>
 cudaError_t launch_gate_up_pack_t(const GemvArgs& gate, const GemvArgs& up, const ActPack& out, cudaStream_t stream,
                                   const FfnHalfOut* half, bool* wrote_half) {
     const int n = gate.n, k = gate.k, t = gate.t;
+    const PrefillSwiglu mode = prefill_swiglu();
     // the kept rows' bounded form: its row scales first, for every size of call (a row's bits its own)
-    const bool bounded = half && gate.w16 && gate.w16_norms && prefill_swiglu() == PrefillSwiglu::kEpilogue;
+    const bool bounded = half && gate.w16 && gate.w16_norms && mode == PrefillSwiglu::kEpilogue;
     if (bounded)
         if (const cudaError_t e = launch_ffn_row_scale(gate.x, k, t, gate.w16_norms, half->s, half->inv, stream))
             return e;
-    if (gate.dense && prefill_gemm_dense() && t >= kDenseMinRows && prefill_dense_takes(QT, 2 * n, k)) {
+    GemvArgs both = gate;  // gate and up as one [2n, k] matrix
+    both.n = 2 * n;
+    if (prefill_dense_runs(both)) {
         // One [2n, k] fp16 matrix: with the swiglu epilogue gate and up rows interleaved (gate row j at 2j, up's at
         // 2j + 1) for one GEMM that writes silu(g) u into y [t, n], then the pack of those rows; else [gate; up] for
         // one GEMM into y [t, 2n] and the swiglu pack over its halves.
         // The interleaved matrix kept by the engine (GemvArgs::w16, in the pack's order with its norms) takes the
         // fp16 form where the caller gave its destination; otherwise the rows are dequantised here.
-        const PrefillSwiglu mode = prefill_swiglu();
         const bool epilogue = mode == PrefillSwiglu::kEpilogue || mode == PrefillSwiglu::kEpilogueF32;
         if (bounded && half->direct && gate.ld16 == 2LL * k && up.w16 == gate.w16 + k && up.ld16 == 2LL * k) {
             count_launch(Counted::kPrefillF16Kept);
