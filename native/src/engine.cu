@@ -222,6 +222,7 @@ struct openjet_engine {
     // the integer GEMV (gemv_imma.cuh), 2: those of Q6_K weights too, each call's int pack made from x into this
     // scratch (GemvArgs::xi). Per weight type, so every t takes the same path (T-invariance).
     int gemv_int = 0;
+    int gemv_tma = 0;  // OPENJET_GEMV_TMA (read at create): decode GEMVs on gemv_tma.cu's kernel, an experiment
     void* xi = nullptr;
     // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
     float* top_values = nullptr;
@@ -645,6 +646,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
+    e.gemv_tma = env_level("OPENJET_GEMV_TMA", 3);
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
@@ -829,6 +831,7 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     a.tiled = w.tiled;
     if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
     if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
+    if (!e.prefilling) a.tma = e.gemv_tma;
     return a;
 }
 

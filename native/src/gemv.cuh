@@ -44,6 +44,9 @@ struct GemvArgs {
     // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it
     // per weight type.
     void* xi = nullptr;
+    // A decode call on the producer-warp GEMV (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA, an experiment): 0 no, 1-3
+    // its forms (ring depth, L2 policy). The same bits.
+    int tma = 0;
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks

@@ -36,6 +36,7 @@ enum class Counted {
     kGdnLocalTensorCores = 18,  // the chunked GDN's local phase with A and Aq on tensor cores (numerics of its own)
     kDenseGemmSwigluHalf = 19,  // the FFN's gate and up writing fp16 silu(g) u under a bound's scale (its own numerics)
     kGdnPackBounded = 20,       // a prefill's GDN gated norm packed under a bound's row scales (its own numerics)
+    kGemvTma = 21,              // a decode GEMV on the producer-warp kernel (gemv_tma.cu; the same bits)
     kCount
 };
 

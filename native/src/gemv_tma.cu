@@ -1,0 +1,179 @@
+// The decode GEMV with a producer warp (sm_90a): gemv_mma_kernel's tiles, units, quarter split and sums, so the same
+// bits, with the weights brought in by the TMA unit instead of each warp's cp.async ring.
+//
+// Why: the decode GEMV streams at ~50% of the copy rate, latency-bound (few warps, each a dependent chain of its own
+// copies, waits and arithmetic; NOTES_gemv.md), and a block per 16-row tile starts its ring from empty once per tile
+// (5 units a warp at k = 5,120). Here a block is resident for the whole call and takes tiles in turn; one thread of
+// its producer warp keeps every consumer warp's ring of kRing units full across tile boundaries with one bulk copy a
+// unit (in the tile layout a unit of a 16-row group is one contiguous piece of 16 x tile_pitch bytes), and the four
+// consumer warps only compute: no copy instructions, no address arithmetic per copy.
+//
+// A tile's consumer warp i takes units [nu i / 4, nu (i + 1) / 4) in order with UnitMma, warp 0 sums the four
+// partials in order and stores (tile_sum_store): gemv_mma_kernel's sequence of operations for every output.
+#include "gemv_tma.cuh"
+
+#include <cstdlib>
+
+#include "device_attr.cuh"
+#include "gemv_mma.cuh"
+#include "launch_count.h"
+#include "mbarrier.cuh"
+#include "weight_layout.cuh"
+
+namespace openjet {
+namespace {
+
+constexpr int kConsumerWarps = kGemvWarps;
+constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
+
+template <int QT, int kRing> struct TmaShape {
+    static constexpr int kPitch = tile_pitch(unit_bytes_of<QT>());
+    static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row group: contiguous, 16-byte multiple
+    static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
+    static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
+};
+
+// kRing: units in flight per consumer warp. Registers cut for 3 blocks per SM (128, gemv_mma_kernel's budget).
+template <int QT, int kRing>
+__global__ void __launch_bounds__(kTmaThreads, 3)
+gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
+                GemvSecond second, int tiles, bool evict_first) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Sh = TmaShape<QT, kRing>;
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
+    __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const auto bar = [&](int which, int q, int slot) {
+        return static_cast<uint32_t>(__cvta_generic_to_shared(&bars[which][q][slot]));
+    };
+    if (threadIdx.x < kConsumerWarps * kRing) {
+        const int q = threadIdx.x / kRing, slot = threadIdx.x % kRing;
+        mbar_init(bar(0, q, slot), 1);  // the producer's arrival (with the bytes it expects)
+        mbar_init(bar(1, q, slot), 1);  // the consumer warp's lane 0
+    }
+    mbar_init_fence();
+    __syncthreads();  // the barriers initialised; the only block-wide barrier
+    pdl_launch_dependents();
+    const int nu = k / kUnitElems;
+    const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+
+    if (warp == kConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
+        if (lane != 0) return;
+        const uint64_t policy = evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
+        int issued[kConsumerWarps] = {};
+        const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const bool first = tile < second.from;
+            const uint8_t* group = (first ? w : second.w) +
+                                   static_cast<long long>(first ? tile : tile - second.from) * nu * Sh::kChunk;
+            // round-robin over the warps, so that each warp's ring fills as the warp drains it
+            for (int j = 0; j < per_quarter; ++j) {
+#pragma unroll
+                for (int q = 0; q < kConsumerWarps; ++q) {
+                    const int u = nu * q / kConsumerWarps + j;
+                    if (u >= nu * (q + 1) / kConsumerWarps) continue;
+                    const int slot = issued[q] % kRing;
+                    mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
+                    mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
+                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk, group + static_cast<long long>(u) * Sh::kChunk,
+                                  Sh::kChunk, bar(0, q, slot), policy);
+                    ++issued[q];
+                }
+            }
+        }
+        return;
+    }
+
+    // a consumer warp: quarter `warp` of each of the block's tiles
+    const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
+    const int u0 = nu * warp / kConsumerWarps, u1 = nu * (warp + 1) / kConsumerWarps;
+    pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
+    const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
+    const __half* xh = x.h + col * k;
+    const __half* xs = x.sum + col * kb * 2;
+    int used = 0, buf = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
+        const bool first = tile < second.from;
+        float acc[1][4] = {};
+        for (int u = u0; u < u1; ++u, ++used) {
+            const int slot = used % kRing;
+            mbar_wait(bar(0, warp, slot), (used / kRing) & 1);
+            const uint8_t* stage = ring + (warp * kRing + slot) * Sh::kChunk;
+            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (g + 8) * Sh::kPitch};
+            UnitX ux[1];
+            ux[0].col = xh + u * kUnitElems;
+            ux[0].sum = xs + u * 16;
+            UnitMma<QT, 1, false, 2>::run(r, ux, tq, acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar(1, warp, slot));  // every lane's reads of the slot are done
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
+        named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
+        if (warp == 0) {
+            const int row0 = (first ? tile : tile - second.from) * kMmaRows;
+            tile_sum_store<1, kMmaRows>(part[buf], lane, row0, 0, first ? n : second.n, t, x.inv,
+                                        first ? y : second.y);
+        }
+    }
+#endif
+}
+
+// The switch's forms: 1 a ring of 4 units a warp with L2 evict-first weights, 2 the same with evict-normal, 3 a ring
+// of 8 with evict-first.
+template <int QT, int kRing>
+cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, bool evict_first, cudaStream_t stream) {
+    using Sh = TmaShape<QT, kRing>;
+    auto kernel = gemv_tma_kernel<QT, kRing>;
+    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing>, Sh::kSmemBytes>()) return e;
+    static const int slots = [] {  // resident blocks: occupancy (asked once) x the SM count; nothing compiled in
+        int per_sm = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing>, kTmaThreads,
+                                                          Sh::kSmemBytes) != cudaSuccess ||
+            device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return per_sm * sms;
+    }();
+    if (slots <= 0) return cudaErrorInvalidConfiguration;
+    const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
+    GemvSecond second;
+    second.from = first;
+    if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
+    count_launch(Counted::kGemvTma);
+    count_launch(Counted::kTiledWeights);
+    return launch_kernel(kernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles, evict_first);
+}
+
+}  // namespace
+
+bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
+#ifdef OPENJET_HAVE_SM90A
+    static const bool device = [] {  // 90a code runs on 9.0 only
+        int major = 0, minor = 0;
+        return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
+               device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0;
+    }();
+    const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
+    return a.tma >= 1 && a.tma <= 3 && device && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+           (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t));
+#else
+    (void)a, (void)b;
+    return false;
+#endif
+}
+
+template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
+    if (a.tma == 3) return launch_ring<QT, 8>(a, b, true, stream);
+    return launch_ring<QT, 4>(a, b, a.tma == 1, stream);
+}
+
+template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+
+}  // namespace openjet

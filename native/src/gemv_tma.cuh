@@ -1,0 +1,19 @@
+// The decode GEMV fed by a producer warp's bulk copies (gemv_tma.cu; sm_90a, the engine's OPENJET_GEMV_TMA): the
+// arithmetic and bits of gemv_mma_kernel, the weights brought in another way.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "gemv.cuh"
+
+namespace openjet {
+
+// Whether a decode call a (and b, launched with it) can run on it: a.tma asked, a 90a build on a 9.0 GPU, tile layout
+// (whole 16-row groups), t <= 8, b of a's type, k and layout.
+bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
+
+// a's GEMV (and b's after it in the same launch) on a grid of resident blocks, each a producer warp and four consumer
+// warps; the caller has checked gemv_tma_takes.
+template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
+
+}  // namespace openjet
