@@ -33,9 +33,10 @@ template <int QT, int kRing> struct TmaShape {
     static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
-// kRing: units in flight per consumer warp. Registers cut for 3 blocks per SM (128, gemv_mma_kernel's budget).
-template <int QT, int kRing>
-__global__ void __launch_bounds__(kTmaThreads, 3)
+// kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, gemv_mma_kernel's
+// budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
+template <int QT, int kRing, int kMinBlocks>
+__global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles, bool evict_first) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -120,16 +121,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #endif
 }
 
-// The switch's forms: 1 a ring of 4 units a warp with L2 evict-first weights, 2 the same with evict-normal, 3 a ring
-// of 8 with evict-first.
-template <int QT, int kRing>
+template <int QT, int kRing, int kMinBlocks>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, bool evict_first, cudaStream_t stream) {
     using Sh = TmaShape<QT, kRing>;
-    auto kernel = gemv_tma_kernel<QT, kRing>;
-    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing>, Sh::kSmemBytes>()) return e;
+    auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks>;
+    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks>, Sh::kSmemBytes>()) return e;
     static const int slots = [] {  // resident blocks: occupancy (asked once) x the SM count; nothing compiled in
         int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing>, kTmaThreads,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks>, kTmaThreads,
                                                           Sh::kSmemBytes) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
             cudaGetLastError();
@@ -166,9 +165,13 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 #endif
 }
 
+// The switch's forms (H200, the 27B's T=1 step against 9.364 ms without, 2026-12-04): 1 a ring of 4 units a warp, 3
+// blocks per SM, L2 evict-first weights (9.104), 2 the same with evict-normal (9.223), 3 four blocks per SM (Q5_K: 3,
+// it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory holds), evict-first. (A ring of 8, 2 blocks per SM
+// for Q6_K, 1 for Q8_0: 9.992.)
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    if (a.tma == 3) return launch_ring<QT, 8>(a, b, true, stream);
-    return launch_ring<QT, 4>(a, b, a.tma == 1, stream);
+    if (a.tma == 3) return launch_ring<QT, QT == kQ6_K ? 3 : 4, QT == kQ5_K ? 3 : 4>(a, b, true, stream);
+    return launch_ring<QT, 4, 3>(a, b, a.tma == 1, stream);
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
