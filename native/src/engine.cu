@@ -222,7 +222,7 @@ struct openjet_engine {
     // the integer GEMV (gemv_imma.cuh), 2: those of Q6_K weights too, each call's int pack made from x into this
     // scratch (GemvArgs::xi). Per weight type, so every t takes the same path (T-invariance).
     int gemv_int = 0;
-    int gemv_tma = 0;  // OPENJET_GEMV_TMA (read at create): decode GEMVs on gemv_tma.cu's kernel, an experiment
+    int gemv_tma = 0;  // OPENJET_GEMV_TMA (read at create; gemv_tma_switch): GemvArgs::tma of decode calls
     void* xi = nullptr;
     // the sampler's top-k on the device (topk.cuh): T rows of values / ids, its work, the penalty list
     float* top_values = nullptr;
@@ -551,6 +551,14 @@ int env_level(const char* name, int max) {
     return f && f[0] >= '1' && f[0] <= '0' + max && !f[1] ? f[0] - '0' : 0;
 }
 
+// OPENJET_GEMV_TMA (read at create): unset or "auto", decode GEMVs on the producer-warp kernel where it runs
+// (gemv_tma.cuh: a 90a build on a 9.0 GPU; the same bits, its form chosen by t: -1); "0" the cp.async kernels; "1" or
+// "2" one of its forms for every t (CudaEngine.load refuses other values).
+int gemv_tma_switch() {
+    const char* v = std::getenv("OPENJET_GEMV_TMA");
+    return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", 2);
+}
+
 // OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant
 // type, rows a multiple of 16; not the token embedding, which is read by row) is stored in it (weight_layout.cuh):
 // the decode GEMV mix runs ~6% faster in it (H200, 27B: T=1 step 10.54 -> 10.06 ms in one run,
@@ -646,7 +654,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
-    e.gemv_tma = env_level("OPENJET_GEMV_TMA", 3);
+    e.gemv_tma = gemv_tma_switch();
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);

@@ -44,8 +44,8 @@ struct GemvArgs {
     // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it
     // per weight type.
     void* xi = nullptr;
-    // A decode call on the producer-warp GEMV (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA, an experiment): 0 no, 1-3
-    // its forms (ring depth, L2 policy). The same bits.
+    // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA): 0 no, -1 its
+    // default form for t, 1 or 2 one form. Its bits are the cp.async kernels'.
     int tma = 0;
 };
 

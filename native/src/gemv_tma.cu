@@ -38,7 +38,7 @@ template <int QT, int kRing> struct TmaShape {
 template <int QT, int kRing, int kMinBlocks>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles, bool evict_first) {
+                GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
@@ -61,7 +61,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
     if (warp == kConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
         if (lane != 0) return;
-        const uint64_t policy = evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
+        const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
         const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -122,7 +122,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 }
 
 template <int QT, int kRing, int kMinBlocks>
-cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, bool evict_first, cudaStream_t stream) {
+cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     using Sh = TmaShape<QT, kRing>;
     auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks>;
     if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks>, Sh::kSmemBytes>()) return e;
@@ -144,34 +144,39 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, bool evict_first, 
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
     return launch_kernel(kernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles, evict_first);
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles);
 }
 
 }  // namespace
 
-bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
+bool gemv_tma_available() {
 #ifdef OPENJET_HAVE_SM90A
     static const bool device = [] {  // 90a code runs on 9.0 only
         int major = 0, minor = 0;
         return device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess &&
                device_attribute(cudaDevAttrComputeCapabilityMinor, &minor) == cudaSuccess && major == 9 && minor == 0;
     }();
-    const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
-    return a.tma >= 1 && a.tma <= 3 && device && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
-           (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t));
+    return device;
 #else
-    (void)a, (void)b;
     return false;
 #endif
 }
 
-// The switch's forms (H200, the 27B's T=1 step against 9.364 ms without, 2026-12-04): 1 a ring of 4 units a warp, 3
-// blocks per SM, L2 evict-first weights (9.104), 2 the same with evict-normal (9.223), 3 four blocks per SM (Q5_K: 3,
-// it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory holds), evict-first. (A ring of 8, 2 blocks per SM
-// for Q6_K, 1 for Q8_0: 9.992.)
+bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
+    const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
+    return a.tma != 0 && a.tma <= 2 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+           (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t)) && gemv_tma_available();
+}
+
+// Its two forms: 1 a ring of 4 units a warp at 3 blocks per SM, 2 four blocks per SM (Q5_K: 3, it spills at 4; Q6_K: a
+// ring of 3, what 4 blocks' shared memory holds). The default (GemvArgs::tma < 0) takes 1 for one token row and 2 for
+// more, the faster of the two at each T in the 27B's step on the H200 (2026-12-04, against the cp.async kernels in the
+// same run: T=1 9.275 -> 9.035 / 9.140 ms, T=4 10.774 -> 10.086 / 9.890, T=5 11.195 -> 10.316 / 10.208; an L2
+// evict-normal policy instead of evict-first measured T=1 9.223 against 9.104, a ring of 8 at 2 blocks 9.992).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    if (a.tma == 3) return launch_ring<QT, QT == kQ6_K ? 3 : 4, QT == kQ5_K ? 3 : 4>(a, b, true, stream);
-    return launch_ring<QT, 4, 3>(a, b, a.tma == 1, stream);
+    const int form = a.tma > 0 ? a.tma : a.t == 1 ? 1 : 2;
+    if (form == 2) return launch_ring<QT, QT == kQ6_K ? 3 : 4, QT == kQ5_K ? 3 : 4>(a, b, stream);
+    return launch_ring<QT, 4, 3>(a, b, stream);
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);

@@ -8,7 +8,10 @@
 
 namespace openjet {
 
-// Whether a decode call a (and b, launched with it) can run on it: a.tma asked, a 90a build on a 9.0 GPU, tile layout
+// Whether this library and GPU run it: a 90a build on compute capability 9.0.
+bool gemv_tma_available();
+
+// Whether a decode call a (and b, launched with it) runs on it: a.tma not 0, gemv_tma_available(), the tile layout
 // (whole 16-row groups), t <= 8, b of a's type, k and layout.
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 

@@ -9,6 +9,7 @@
 #include "embed.cuh"
 #include "topk.cuh"
 #include "gemv.cuh"
+#include "gemv_tma.cuh"
 #include "weight_layout.cuh"
 #include "gemv_imma.cuh"
 #include "kquant.cuh"
@@ -427,6 +428,9 @@ extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
 
 // 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
 extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
+
+// 1 where this build and device run the producer-warp decode GEMV (gemv_tma_available: OPENJET_GEMV_TMA), else 0.
+extern "C" OPENJET_API int openjet_test_gemv_tma_available() { return gemv_tma_available() ? 1 : 0; }
 
 // Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN, 2 its
 // state written at a chunk boundary for a checkpoint, 3 its state phase on tensor cores, 4 the prefill attention on

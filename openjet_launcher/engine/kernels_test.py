@@ -66,6 +66,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
+        "gemv_tma_available": [],
         "launch_count": [_I, _P],
         "ffn_pack_rows": [_I, _I, _I, _I, _P],
         "ffn_scratch": [_I, _P, _P],
@@ -303,6 +304,12 @@ def dense_gemm_available() -> bool:
     """Whether this library and GPU run the dense prefill GEMM (a 90a build with CUTLASS on compute capability 9.0;
     OPENJET_PREFILL_GEMM=dense then takes it: native/src/dense_gemm.cuh)."""
     return bool(_lib().openjet_test_dense_gemm_available())
+
+
+def gemv_tma_available() -> bool:
+    """Whether this library and GPU run the producer-warp decode GEMV (a 90a build on compute capability 9.0; decode
+    calls then take it unless OPENJET_GEMV_TMA=0: native/src/gemv_tma.cu)."""
+    return bool(_lib().openjet_test_gemv_tma_available())
 
 
 # prefill_gemm.cuh's kDenseMinRows: a prefill call of fewer rows takes the fast kernel (the same bits) even where the
