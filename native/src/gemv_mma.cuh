@@ -941,7 +941,10 @@ bool decode_half_tiles(const GemvArgs& a, const GemvArgs* b) {
 // One group of 8 token rows per block, in 16-row or half tiles (decode_half_tiles): the same bits.
 template <int QT>
 cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
-    if (a.tma && gemv_tma_takes(a, b)) return launch_gemv_tma<QT>(a, b, stream);
+    if (a.tma && gemv_tma_takes(a, b)) {  // the producer-warp GEMV (gemv_tma.cuh): the same bits
+        const cudaError_t e = launch_gemv_tma<QT>(a, b, stream);
+        if (e != cudaErrorNotSupported) return e;
+    }
     if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
     return launch_gemv_mma_ng<QT, 1>(a, stream, b);
 }

@@ -1,18 +1,17 @@
 // The decode GEMV with a producer warp (sm_90a): gemv_mma_kernel's tiles, units, quarter split and sums, so the same
 // bits, with the weights brought in by the TMA unit instead of each warp's cp.async ring.
 //
-// Why: the decode GEMV streams at ~50% of the copy rate, latency-bound (few warps, each a dependent chain of its own
-// copies, waits and arithmetic; NOTES_gemv.md), and a block per 16-row tile starts its ring from empty once per tile
-// (5 units a warp at k = 5,120). Here a block is resident for the whole call and takes tiles in turn; one thread of
-// its producer warp keeps every consumer warp's ring of kRing units full across tile boundaries with one bulk copy a
-// unit (in the tile layout a unit of a 16-row group is one contiguous piece of 16 x tile_pitch bytes), and the four
-// consumer warps only compute: no copy instructions, no address arithmetic per copy.
+// A block is resident for the whole call and takes 16-row tiles in turn; one thread of its producer warp keeps every
+// consumer warp's ring of kRing units full across tiles with one bulk copy a unit (in the tile layout a unit of a
+// 16-row group is one contiguous piece of 16 x tile_pitch bytes), and the four consumer warps only compute. Alone it
+// streams no faster than the cp.async kernel (Nsight Compute, bench/results/ncu-gemv-tma-h200-3514538.txt); in the
+// step it is faster (the 27B on the H200: T=1 9.45 -> 9.06 ms, T=5 11.39 -> 10.43) because under PDL its rings fill
+// while the kernel before still runs (pdl.cuh: weights may be read before the wait), ~110 KB a SM at Q4_K, where a
+// block-per-tile grid's first blocks have two units a warp in flight.
 //
 // A tile's consumer warp i takes units [nu i / 4, nu (i + 1) / 4) in order with UnitMma, warp 0 sums the four
 // partials in order and stores (tile_sum_store): gemv_mma_kernel's sequence of operations for every output.
 #include "gemv_tma.cuh"
-
-#include <cstdlib>
 
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
@@ -33,8 +32,8 @@ template <int QT, int kRing> struct TmaShape {
     static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
-// kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, gemv_mma_kernel's
-// budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
+// kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
+// cp.async kernel's budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
 template <int QT, int kRing, int kMinBlocks>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -77,8 +76,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                     const int slot = issued[q] % kRing;
                     mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
                     mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
-                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk, group + static_cast<long long>(u) * Sh::kChunk,
-                                  Sh::kChunk, bar(0, q, slot), policy);
+                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk,
+                                  group + static_cast<long long>(u) * Sh::kChunk, Sh::kChunk, bar(0, q, slot), policy);
                     ++issued[q];
                 }
             }
@@ -136,7 +135,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
         }
         return per_sm * sms;
     }();
-    if (slots <= 0) return cudaErrorInvalidConfiguration;
+    if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
     second.from = first;

@@ -16,7 +16,8 @@ bool gemv_tma_available();
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 
 // a's GEMV (and b's after it in the same launch) on a grid of resident blocks, each a producer warp and four consumer
-// warps; the caller has checked gemv_tma_takes.
+// warps; the caller has checked gemv_tma_takes. cudaErrorNotSupported, nothing launched: no block of the form fits
+// an SM (the caller takes the cp.async kernel).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
 }  // namespace openjet
