@@ -25,21 +25,26 @@ namespace {
 constexpr int kConsumerWarps = kGemvWarps;
 constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
 
-template <int QT, int kRing> struct TmaShape {
+// kRows: rows per tile, 16 or 8 (a half tile: the first or second 8 rows of a group's unit piece, contiguous too).
+template <int QT, int kRing, int kRows = kMmaRows> struct TmaShape {
     static constexpr int kPitch = tile_pitch(unit_bytes_of<QT>());
-    static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row group: contiguous, 16-byte multiple
+    static constexpr int kGroupChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row group: contiguous
+    static constexpr int kChunk = kRows * kPitch;                   // what one copy brings: the tile's rows of a unit
     static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
     static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
-template <int QT, int kRing, int kMinBlocks>
+// kRows = 8: half tiles (the cp.async kernel's 8-row form: UnitMma's kHalves = 1, row g of each mma only; the
+// same bits), twice the tiles for the calls whose 16-row tiles leave resident blocks idle.
+template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = TmaShape<QT, kRing>;
+    using Sh = TmaShape<QT, kRing, kRows>;
+    constexpr int kPerGroup = kTileLayoutRows / kRows;  // tiles a 16-row group holds
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
     __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
@@ -65,8 +70,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const bool first = tile < second.from;
+            const int own = first ? tile : tile - second.from;  // the tile in its matrix: group own / kPerGroup
             const uint8_t* group = (first ? w : second.w) +
-                                   static_cast<long long>(first ? tile : tile - second.from) * nu * Sh::kChunk;
+                                   static_cast<long long>(own / kPerGroup) * nu * Sh::kGroupChunk +
+                                   own % kPerGroup * Sh::kChunk;
             // round-robin over the warps, so that each warp's ring fills as the warp drains it
             for (int j = 0; j < per_quarter; ++j) {
 #pragma unroll
@@ -77,7 +84,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                     mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
                     mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
                     bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk,
-                                  group + static_cast<long long>(u) * Sh::kChunk, Sh::kChunk, bar(0, q, slot), policy);
+                                  group + static_cast<long long>(u) * Sh::kGroupChunk, Sh::kChunk, bar(0, q, slot),
+                                  policy);
                     ++issued[q];
                 }
             }
@@ -100,11 +108,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             const int slot = used % kRing;
             mbar_wait(bar(0, warp, slot), (used / kRing) & 1);
             const uint8_t* stage = ring + (warp * kRing + slot) * Sh::kChunk;
-            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (g + 8) * Sh::kPitch};
+            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (kRows == 8 ? g : g + 8) * Sh::kPitch};
             UnitX ux[1];
             ux[0].col = xh + u * kUnitElems;
             ux[0].sum = xs + u * 16;
-            UnitMma<QT, 1, false, 2>::run(r, ux, tq, acc);
+            UnitMma<QT, 1, false, kRows / 8>::run(r, ux, tq, acc);
             __syncwarp();
             if (lane == 0) mbar_arrive(bar(1, warp, slot));  // every lane's reads of the slot are done
         }
@@ -112,31 +120,37 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
         named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
         if (warp == 0) {
-            const int row0 = (first ? tile : tile - second.from) * kMmaRows;
-            tile_sum_store<1, kMmaRows>(part[buf], lane, row0, 0, first ? n : second.n, t, x.inv,
-                                        first ? y : second.y);
+            const int row0 = (first ? tile : tile - second.from) * kRows;
+            tile_sum_store<1, kRows>(part[buf], lane, row0, 0, first ? n : second.n, t, x.inv, first ? y : second.y);
         }
     }
 #endif
 }
 
-template <int QT, int kRing, int kMinBlocks>
-cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    using Sh = TmaShape<QT, kRing>;
-    auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks>;
-    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks>, Sh::kSmemBytes>()) return e;
-    static const int slots = [] {  // resident blocks: occupancy (asked once) x the SM count; nothing compiled in
+// Resident blocks of a form: its occupancy (asked once) x the SM count; nothing about the GPU compiled in. 0: none fits.
+template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks() {
+    static const int slots = [] {
         int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks>, kTmaThreads,
-                                                          Sh::kSmemBytes) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>,
+                                                          kTmaThreads, TmaShape<QT, kRing, kRows>::kSmemBytes) !=
+                cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
         return per_sm * sms;
     }();
+    return slots;
+}
+
+template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows>
+cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
+    using Sh = TmaShape<QT, kRing, kRows>;
+    auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>;
+    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>, Sh::kSmemBytes>()) return e;
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows>();
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
-    const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
+    const int first = a.n / kRows, tiles = first + (b ? b->n / kRows : 0);
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -163,7 +177,7 @@ bool gemv_tma_available() {
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
     const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
-    return a.tma != 0 && a.tma <= 2 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+    return a.tma != 0 && a.tma <= 3 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
            (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t)) && gemv_tma_available();
 }
 
@@ -172,9 +186,17 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // more, the faster of the two at each T in the 27B's step on the H200 (2026-12-04, against the cp.async kernels in the
 // same run: T=1 9.275 -> 9.035 / 9.140 ms, T=4 10.774 -> 10.086 / 9.890, T=5 11.195 -> 10.316 / 10.208; an L2
 // evict-normal policy instead of evict-first measured T=1 9.223 against 9.104, a ring of 8 at 2 blocks 9.992).
+//
+// 3 (NOT yet run on a GPU; written after the session's device time ran out): the default's choice, except that a call
+// whose 16-row tiles are fewer than form 2's resident blocks (the n = 5,120 calls: ssm_out, attn_output, ffn_down, 320
+// tiles against 396-528 blocks on the H200, at 30-46% of DRAM; bench/results/ncu-gemv-tma-h200-3514538.txt) takes half
+// tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma instead of two.
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    const int form = a.tma > 0 ? a.tma : a.t == 1 ? 1 : 2;
-    if (form == 2) return launch_ring<QT, QT == kQ6_K ? 3 : 4, QT == kQ5_K ? 3 : 4>(a, b, stream);
+    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>())
+        return launch_ring<QT, 4, 4, 8>(a, b, stream);
+    const int form = a.tma == 1 || a.tma == 2 ? a.tma : a.t == 1 ? 1 : 2;
+    if (form == 2) return launch_ring<QT, kRing2, kBlocks2>(a, b, stream);
     return launch_ring<QT, 4, 3>(a, b, stream);
 }
 
