@@ -45,8 +45,8 @@ struct GemvArgs {
     // per weight type.
     void* xi = nullptr;
     // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA): 0 no, -1 its
-    // default form for t, 1 or 2 one form, 3 the default with half tiles for calls of few tiles. The cp.async
-    // kernels' bits.
+    // default form for t, 1 or 2 one form, 3 the default with half tiles for calls of few tiles, 4 with deeper rings.
+    // The cp.async kernels' bits.
     int tma = 0;
 };
 

@@ -127,7 +127,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #endif
 }
 
-// Resident blocks of a form: its occupancy (asked once) x the SM count; nothing about the GPU compiled in. 0: none fits.
+// Resident blocks of a form: its occupancy (asked once) x the SM count; nothing about the GPU compiled in. 0: none
+// fits.
 template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks() {
     static const int slots = [] {
         int per_sm = 0, sms = 0;
@@ -177,7 +178,7 @@ bool gemv_tma_available() {
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
     const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
-    return a.tma != 0 && a.tma <= 3 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+    return a.tma != 0 && a.tma <= 4 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
            (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t)) && gemv_tma_available();
 }
 
@@ -187,15 +188,23 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // same run: T=1 9.275 -> 9.035 / 9.140 ms, T=4 10.774 -> 10.086 / 9.890, T=5 11.195 -> 10.316 / 10.208; an L2
 // evict-normal policy instead of evict-first measured T=1 9.223 against 9.104, a ring of 8 at 2 blocks 9.992).
 //
-// 3 (NOT yet run on a GPU; written after the session's device time ran out): the default's choice, except that a call
-// whose 16-row tiles are fewer than form 2's resident blocks (the n = 5,120 calls: ssm_out, attn_output, ffn_down, 320
-// tiles against 396-528 blocks on the H200, at 30-46% of DRAM; bench/results/ncu-gemv-tma-h200-3514538.txt) takes half
-// tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma instead of two.
+// 3 and 4 (NOT yet run on a GPU; written after the session's device time ran out): 3 is the default's choice, except
+// that a call whose 16-row tiles are fewer than form 2's resident blocks (the n = 5,120 calls: ssm_out, attn_output,
+// ffn_down, 320 tiles against 396-528 blocks on the H200, at 30-46% of DRAM;
+// bench/results/ncu-gemv-tma-h200-3514538.txt) takes half tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma instead of two. 4 is
+// the default's choice with the deepest rings its blocks per SM leave room for (the gain is the rings filling while
+// the kernel before ends, so deeper rings may fill more; a ring of 8 lost at 9.992 ms because it cost blocks).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>())
         return launch_ring<QT, 4, 4, 8>(a, b, stream);
     const int form = a.tma == 1 || a.tma == 2 ? a.tma : a.t == 1 ? 1 : 2;
+    if (a.tma == 4) {  // 3 blocks: Q4_K / Q5_K 6, Q6_K 5, Q8_0 4; 4 blocks: Q4_K 5, Q6_K 3 (Q5_K 3 blocks, 6)
+        constexpr int kDeep1 = QT == kQ6_K ? 5 : QT == kQ8_0 ? 4 : 6;
+        constexpr int kDeep2 = QT == kQ4_K ? 5 : QT == kQ5_K ? 6 : kRing2;
+        if (form == 2) return launch_ring<QT, kDeep2, kBlocks2>(a, b, stream);
+        return launch_ring<QT, kDeep1, 3>(a, b, stream);
+    }
     if (form == 2) return launch_ring<QT, kRing2, kBlocks2>(a, b, stream);
     return launch_ring<QT, 4, 3>(a, b, stream);
 }
