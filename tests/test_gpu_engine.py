@@ -516,6 +516,37 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
     np.testing.assert_array_equal(out["4"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
 
 
+@pytest.mark.parametrize("sms", ["1", "46", "82"])
+def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
+    """OPENJET_PERSISTENT_SMS: the producer-warp decode GEMV's grid of resident blocks (gemv_tma.cu, the default where
+    it runs; form 3 too, whose half-tile rule reads the grid) sized for 1, 46 or 82 SMs (issue 7: the small cards'
+    grids, emulated; 1: a few blocks take every tile in turn) gives the cp.async kernels' bits (OPENJET_GEMV_TMA=0, the
+    whole GPU): decode_sequence_logits on the small model."""
+    from openjet_launcher.engine import kernels_test as kt
+    if not kt.gemv_tma_available():
+        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
+    ids = np.random.default_rng(29).integers(0, 4096, 40)
+    out, ran = {}, {}
+    for tma in ("0", "auto", "3"):
+        monkeypatch.setenv("OPENJET_GEMV_TMA", tma)
+        if tma == "0":
+            monkeypatch.delenv("OPENJET_PERSISTENT_SMS", raising=False)
+        else:
+            monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
+        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+        try:
+            before = kt.launch_count("gemv_tma")
+            out[tma] = decode_sequence_logits(engine, ids)
+            ran[tma] = kt.launch_count("gemv_tma") - before
+        finally:
+            engine.close()
+    assert ran["0"] == 0 and ran["auto"] > 0 and ran["3"] > 0, f"producer-warp GEMV launches: {ran}"
+    assert np.isfinite(out["0"]).all()
+    for tma in ("auto", "3"):
+        np.testing.assert_array_equal(out[tma], out["0"],
+                                      err_msg=f"OPENJET_GEMV_TMA={tma}, OPENJET_PERSISTENT_SMS={sms}")
+
+
 def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatch):
     """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=4 with the engine's profile on; engine.profile()'s
     "persistent_ffn"): one launch per layer and decode step, and the phases end in the order their counters make them

@@ -840,7 +840,7 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     a.tiled = w.tiled;
     if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
     if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
-    if (!e.prefilling) a.tma = e.gemv_tma;
+    if (!e.prefilling) a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
     return a;
 }
 

@@ -127,21 +127,24 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #endif
 }
 
-// Resident blocks of a form: its occupancy (asked once) x the SM count; nothing about the GPU compiled in. 0: none
-// fits.
-template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks() {
-    static const int slots = [] {
+// Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
+// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
+template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks(int grid_sms) {
+    struct Fit {
         int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>,
+    };
+    static const Fit fit = [] {
+        Fit f;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>,
                                                           kTmaThreads, TmaShape<QT, kRing, kRows>::kSmemBytes) !=
                 cudaSuccess ||
-            device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) {
+            device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
-            return 0;
+            return Fit{};
         }
-        return per_sm * sms;
+        return f;
     }();
-    return slots;
+    return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
 template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows>
@@ -149,7 +152,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     using Sh = TmaShape<QT, kRing, kRows>;
     auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>;
     if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows>();
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kRows, tiles = first + (b ? b->n / kRows : 0);
     GemvSecond second;
@@ -190,13 +193,14 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 //
 // 3 and 4 (NOT yet run on a GPU; written after the session's device time ran out): 3 is the default's choice, except
 // that a call whose 16-row tiles are fewer than form 2's resident blocks (the n = 5,120 calls: ssm_out, attn_output,
-// ffn_down, 320 tiles against 396-528 blocks on the H200, at 30-46% of DRAM;
-// bench/results/ncu-gemv-tma-h200-3514538.txt) takes half tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma instead of two. 4 is
-// the default's choice with the deepest rings its blocks per SM leave room for (the gain is the rings filling while
-// the kernel before ends, so deeper rings may fill more; a ring of 8 lost at 9.992 ms because it cost blocks).
+// ffn_down, 320 tiles against 396-528 blocks on the H200, at 30-46% of DRAM; ncu-gemv-tma-h200-3514538.txt in
+// bench/results) takes half tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma
+// instead of two. 4 is the default's choice with the deepest rings its blocks per SM leave room for (the gain is the
+// rings filling while the kernel before ends, so deeper rings may fill more; a ring of 8 lost at 9.992 ms because it
+// cost blocks).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>())
+    if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>(a.grid_sms))
         return launch_ring<QT, 4, 4, 8>(a, b, stream);
     const int form = a.tma == 1 || a.tma == 2 ? a.tma : a.t == 1 ? 1 : 2;
     if (a.tma == 4) {  // 3 blocks: Q4_K / Q5_K 6, Q6_K 5, Q8_0 4; 4 blocks: Q4_K 5, Q6_K 3 (Q5_K 3 blocks, 6)
