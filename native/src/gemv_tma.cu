@@ -24,6 +24,16 @@ namespace {
 
 constexpr int kConsumerWarps = kGemvWarps;
 constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
+constexpr long long kPrefetchXBytes = 48 << 10;  // t rows of x beyond this are not prefetched (what L1 may keep)
+
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// The consumer threads' L1 prefetches of [p, p + bytes), a 128-byte line each in turn.
+__device__ __forceinline__ void prefetch_l1_range(const void* p, long long bytes) {
+    const char* c = static_cast<const char*>(p);
+#pragma unroll 1
+    for (long long o = 128LL * threadIdx.x; o < bytes; o += 128LL * kConsumerWarps * 32) prefetch_l1(c + o);
+}
 
 // kRows: rows per tile, 16 or 8 (a half tile: the first or second 8 rows of a group's unit piece, contiguous too).
 template <int QT, int kRing, int kRows = kMmaRows> struct TmaShape {
@@ -37,8 +47,9 @@ template <int QT, int kRing, int kRows = kMmaRows> struct TmaShape {
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
 // kRows = 8: half tiles (the cp.async kernel's 8-row form: UnitMma's kHalves = 1, row g of each mma only; the
-// same bits), twice the tiles for the calls whose 16-row tiles leave resident blocks idle.
-template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows>
+// same bits), twice the tiles for the calls whose 16-row tiles leave resident blocks idle. kPrefetchX: the consumers
+// first ask L1 for the call's activation rows (kPrefetchXBytes at most), which every tile reads again.
+template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows, bool kPrefetchX = false>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles) {
@@ -97,6 +108,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
     const int u0 = nu * warp / kConsumerWarps, u1 = nu * (warp + 1) / kConsumerWarps;
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
+    if constexpr (kPrefetchX) {  // every tile reads all of x: ask for it at once, not a unit's worth at a time
+        const long long h_bytes = 2LL * t * k, sum_bytes = 4LL * t * kb;
+        if (h_bytes + sum_bytes <= kPrefetchXBytes)
+            prefetch_l1_range(x.h, h_bytes), prefetch_l1_range(x.sum, sum_bytes);
+    }
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
@@ -129,13 +145,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, int kRows, bool kPrefetchX = false> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
         Fit f;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm,
+                                                          gemv_tma_kernel<QT, kRing, kMinBlocks, kRows, kPrefetchX>,
                                                           kTmaThreads, TmaShape<QT, kRing, kRows>::kSmemBytes) !=
                 cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
@@ -147,12 +164,12 @@ template <int QT, int kRing, int kMinBlocks, int kRows> int resident_blocks(int 
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows>
+template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows, bool kPrefetchX = false>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     using Sh = TmaShape<QT, kRing, kRows>;
-    auto kernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>;
-    if (const cudaError_t e = smem_opted_in<gemv_tma_kernel<QT, kRing, kMinBlocks, kRows>, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows>(a.grid_sms);
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kRows, kPrefetchX>;
+    if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows, kPrefetchX>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kRows, tiles = first + (b ? b->n / kRows : 0);
     GemvSecond second;
@@ -160,7 +177,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    return launch_kernel(kernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
+    return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
                          stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles);
 }
 
@@ -181,7 +198,7 @@ bool gemv_tma_available() {
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
     const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
-    return a.tma != 0 && a.tma <= 4 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+    return a.tma != 0 && a.tma <= 5 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
            (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t)) && gemv_tma_available();
 }
 
@@ -197,7 +214,9 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // bench/results) takes half tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma
 // instead of two. 4 is the default's choice with the deepest rings its blocks per SM leave room for (the gain is the
 // rings filling while the kernel before ends, so deeper rings may fill more; a ring of 8 lost at 9.992 ms because it
-// cost blocks).
+// cost blocks). 5 (NOT yet run either) is form 1 for every t, its consumers first prefetching the call's activation
+// rows into L1 (kPrefetchX): under Nsight Compute the kernel's top stall is long_scoreboard (1.0-1.3 per instruction),
+// likely the B loads of each unit missing L1 on a block's first tile (the n = 5,120 calls have about one tile a block).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>(a.grid_sms))
@@ -209,6 +228,7 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
         if (form == 2) return launch_ring<QT, kDeep2, kBlocks2>(a, b, stream);
         return launch_ring<QT, kDeep1, 3>(a, b, stream);
     }
+    if (a.tma == 5) return launch_ring<QT, 4, 3, kMmaRows, true>(a, b, stream);  // (4 blocks' Q4_K spilled 4 bytes)
     if (form == 2) return launch_ring<QT, kRing2, kBlocks2>(a, b, stream);
     return launch_ring<QT, 4, 3>(a, b, stream);
 }
