@@ -429,6 +429,24 @@ def decode_sequence_logits(engine, ids) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def small_model_sequence(models, monkeypatch, env: dict, counted: str, ids) -> tuple[np.ndarray, int]:
+    """decode_sequence_logits on the small model loaded under `env` (set, or removed where a value is None), and how
+    many launches of the `counted` path (kernels_test.launch_count) it took."""
+    from openjet_launcher.engine import kernels_test as kt
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+    try:
+        before = kt.launch_count(counted)
+        logits = decode_sequence_logits(engine, ids)
+        return logits, kt.launch_count(counted) - before
+    finally:
+        engine.close()
+
+
 def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
     """The decode GEMV's tile settings against 16-row tiles everywhere: 8-row tiles everywhere and where they fit
     one wave of the GPU (auto, the default) give the same logits bit for bit (decode_sequence_logits)."""
@@ -471,14 +489,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
     for value in ("0", *values):
-        monkeypatch.setenv(switch, value)
-        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
-        try:
-            before = kt.launch_count(counted)
-            out[value] = decode_sequence_logits(engine, ids)
-            ran[value] = kt.launch_count(counted) - before
-        finally:
-            engine.close()
+        out[value], ran[value] = small_model_sequence(models, monkeypatch, {switch: value}, counted, ids)
     assert ran["0"] == 0 and all(ran[v] > 0 for v in values), f"{counted} launches: {ran}"
     assert np.isfinite(out["0"]).all()
     # Every value's verdict at once (one device run tells which levels differ, and where first).
@@ -499,19 +510,11 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
     82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take every tile and pack item in turn) gives
     the launches' bits, as the whole grid does (test_decode_experiments_keep_every_bit): decode_sequence_logits on
     the small model against OPENJET_FFN_PERSISTENT=0."""
-    from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
     for persistent in ("0", "4"):
-        monkeypatch.setenv("OPENJET_FFN_PERSISTENT", persistent)
-        monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
-        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
-        try:
-            before = kt.launch_count("ffn_persistent")
-            out[persistent] = decode_sequence_logits(engine, ids)
-            ran[persistent] = kt.launch_count("ffn_persistent") - before
-        finally:
-            engine.close()
+        env = {"OPENJET_FFN_PERSISTENT": persistent, "OPENJET_PERSISTENT_SMS": sms}
+        out[persistent], ran[persistent] = small_model_sequence(models, monkeypatch, env, "ffn_persistent", ids)
     assert ran["0"] == 0 and ran["4"] > 0, f"persistent FFN launches: {ran}"
     assert np.isfinite(out["0"]).all()
     np.testing.assert_array_equal(out["4"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
@@ -528,19 +531,9 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for tma in ("0", "auto", "3"):
-        monkeypatch.setenv("OPENJET_GEMV_TMA", tma)
-        if tma == "0":
-            monkeypatch.delenv("OPENJET_PERSISTENT_SMS", raising=False)
-        else:
-            monkeypatch.setenv("OPENJET_PERSISTENT_SMS", sms)
-        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
-        try:
-            before = kt.launch_count("gemv_tma")
-            out[tma] = decode_sequence_logits(engine, ids)
-            ran[tma] = kt.launch_count("gemv_tma") - before
-        finally:
-            engine.close()
+    for tma in ("0", "auto", "3"):  # =0 on the whole GPU, the others on the smaller grid
+        env = {"OPENJET_GEMV_TMA": tma, "OPENJET_PERSISTENT_SMS": None if tma == "0" else sms}
+        out[tma], ran[tma] = small_model_sequence(models, monkeypatch, env, "gemv_tma", ids)
     assert ran["0"] == 0 and ran["auto"] > 0 and ran["3"] > 0, f"producer-warp GEMV launches: {ran}"
     assert np.isfinite(out["0"]).all()
     for tma in ("auto", "3"):
