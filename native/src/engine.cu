@@ -45,6 +45,7 @@
 #include "ffn_persistent.cuh"
 #include "gemv.cuh"
 #include "gemv_imma.cuh"
+#include "gemv_tma.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
@@ -558,7 +559,7 @@ int env_level(const char* name, int max) {
 // CudaEngine.load refuses other values.
 int gemv_tma_switch() {
     const char* v = std::getenv("OPENJET_GEMV_TMA");
-    return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", 5);
+    return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", kGemvTmaForms);
 }
 
 // OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant

@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         const int nu = k / kUnitElems;
         float acc[1][4] = {};
         gemv_tile_warp<QT, 1, kRows>(static_cast<const uint8_t*>(w), row_bytes_of<QT>(k), n, row0,
-                                     nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, xin, k, a.t, 0,
+                                     quarter_begin(nu, warp), quarter_begin(nu, warp + 1), xin, k, a.t, 0,
                                      team_smem + warp * MmaShape<QT, kRows>::kWarpWords, acc, ready, a.tiled);
 #pragma unroll
         for (int c = 0; c < 4; ++c) part[parity][team][warp][0][lane][c] = acc[0][c];

@@ -90,6 +90,9 @@ constexpr int kGemvWarps = OPENJET_GEMV_WARPS;    // warps per tile, splitting k
 constexpr int kGemvStages = OPENJET_GEMV_STAGES;  // cp.async depth per warp
 static_assert(kGemvStages >= 2, "cp.async stages: one in use, the rest in flight");
 constexpr int kUnitElems = kGemvUnit;
+// The first unit of k quarter q (0..kGemvWarps) of nu units: quarter q is [quarter_begin(nu, q), quarter_begin(nu, q +
+// 1)). Every kernel that gives a row decode's bits (this file's, ffn_persistent.cu's, gemv_tma.cu's) splits k so.
+__host__ __device__ __forceinline__ constexpr int quarter_begin(int nu, int q) { return nu * q / kGemvWarps; }
 constexpr int kPrefillGroups = 4;  // groups of 8 token rows a prefill block takes (one weight decode for all)
 
 // kRows: weight rows per tile, 16 (an mma's rows) or 8 (a half tile: the mma's rows g + 8 are zeros; see
@@ -639,7 +642,7 @@ gemv_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int k
     const int grp0 = block % blocks_per_tile * NG, tile = block / blocks_per_tile;
     const int nu = k / kUnitElems, row0 = tile * kRows;
     float acc[NG][4] = {};
-    gemv_tile_warp<QT, NG, kRows>(w, row_bytes, n, row0, nu * warp / kGemvWarps, nu * (warp + 1) / kGemvWarps, x, k,
+    gemv_tile_warp<QT, NG, kRows>(w, row_bytes, n, row0, quarter_begin(nu, warp), quarter_begin(nu, warp + 1), x, k,
                                   t, grp0, smem + warp * MmaShape<QT, kRows>::kWarpWords, acc, PdlWait{}, tiled);
 #pragma unroll
     for (int j = 0; j < NG; ++j)
@@ -779,7 +782,7 @@ prefill_mma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, in
 #pragma unroll 1
     for (int q = 0; q < kGemvWarps; ++q) {
         float acc[NG][4] = {};
-        for (const int u1 = nu * (q + 1) / kGemvWarps; u < u1; ++u) {
+        for (const int u1 = quarter_begin(nu, q + 1); u < u1; ++u) {
             cp_async_wait<kPrefillStages - 2>();
             __syncthreads();  // the stage's activations came from every thread of the block
             const uint8_t* r[2];

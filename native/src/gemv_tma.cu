@@ -60,6 +60,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
     __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
     const auto bar = [&](int which, int q, int slot) {
         return static_cast<uint32_t>(__cvta_generic_to_shared(&bars[which][q][slot]));
     };
@@ -80,17 +81,16 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         int issued[kConsumerWarps] = {};
         const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const bool first = tile < second.from;
-            const int own = first ? tile : tile - second.from;  // the tile in its matrix: group own / kPerGroup
-            const uint8_t* group = (first ? w : second.w) +
-                                   static_cast<long long>(own / kPerGroup) * nu * Sh::kGroupChunk +
-                                   own % kPerGroup * Sh::kChunk;
+            const int in = own(tile);  // its 16-row group: in / kPerGroup
+            const uint8_t* group = (tile < second.from ? w : second.w) +
+                                   static_cast<long long>(in / kPerGroup) * nu * Sh::kGroupChunk +
+                                   in % kPerGroup * Sh::kChunk;
             // round-robin over the warps, so that each warp's ring fills as the warp drains it
             for (int j = 0; j < per_quarter; ++j) {
 #pragma unroll
                 for (int q = 0; q < kConsumerWarps; ++q) {
-                    const int u = nu * q / kConsumerWarps + j;
-                    if (u >= nu * (q + 1) / kConsumerWarps) continue;
+                    const int u = quarter_begin(nu, q) + j;
+                    if (u >= quarter_begin(nu, q + 1)) continue;
                     const int slot = issued[q] % kRing;
                     mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
                     mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
@@ -106,7 +106,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
     // a consumer warp: quarter `warp` of each of the block's tiles
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
-    const int u0 = nu * warp / kConsumerWarps, u1 = nu * (warp + 1) / kConsumerWarps;
+    const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
     if constexpr (kPrefetchX) {  // every tile reads all of x: ask for it at once, not a unit's worth at a time
         const long long h_bytes = 2LL * t * k, sum_bytes = 4LL * t * kb;
@@ -118,7 +118,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xs = x.sum + col * kb * 2;
     int used = 0, buf = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
-        const bool first = tile < second.from;
         float acc[1][4] = {};
         for (int u = u0; u < u1; ++u, ++used) {
             const int slot = used % kRing;
@@ -136,8 +135,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
         named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
         if (warp == 0) {
-            const int row0 = (first ? tile : tile - second.from) * kRows;
-            tile_sum_store<1, kRows>(part[buf], lane, row0, 0, first ? n : second.n, t, x.inv, first ? y : second.y);
+            const bool first = tile < second.from;
+            tile_sum_store<1, kRows>(part[buf], lane, own(tile) * kRows, 0, first ? n : second.n, t, x.inv,
+                                     first ? y : second.y);
         }
     }
 #endif
@@ -198,7 +198,7 @@ bool gemv_tma_available() {
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
     const auto fits = [](const GemvArgs& g) { return g.tiled && g.n % kMmaRows == 0 && g.k % kUnitElems == 0; };
-    return a.tma != 0 && a.tma <= 5 && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
+    return a.tma != 0 && a.tma <= kGemvTmaForms && !a.prefill && a.t >= 1 && a.t <= kActRows && fits(a) &&
            (!b || (fits(*b) && b->qtype == a.qtype && b->k == a.k && b->t == a.t)) && gemv_tma_available();
 }
 
