@@ -554,9 +554,7 @@ int env_level(const char* name, int max) {
 
 // OPENJET_GEMV_TMA (read at create): unset or "auto", decode GEMVs on the producer-warp kernel where it runs
 // (gemv_tma.cuh: a 90a build on a 9.0 GPU; the same bits, its form chosen by t: -1); "0" the cp.async kernels; "1" or
-// "2" one of its forms for every t; "3" the default's choice with half tiles for the calls of few tiles, "4" with
-// deeper rings, "5" form 1 with the activations prefetched into L1 (experiments, NOT yet run on a GPU).
-// CudaEngine.load refuses other values.
+// "2" one of its forms for every t. CudaEngine.load refuses other values.
 int gemv_tma_switch() {
     const char* v = std::getenv("OPENJET_GEMV_TMA");
     return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", kGemvTmaForms);

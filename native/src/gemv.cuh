@@ -45,8 +45,7 @@ struct GemvArgs {
     // per weight type.
     void* xi = nullptr;
     // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA): 0 no, -1 its
-    // default form for t, 1 or 2 one form, 3 the default with half tiles for calls of few tiles, 4 with deeper rings,
-    // 5 form 1 with x prefetched into L1.
+    // default form for t, 1 or 2 one form.
     // The cp.async kernels' bits. Its grid of resident blocks sized for at most grid_sms SMs (0: all of them; the
     // engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated: the same bits on any grid).
     int tma = 0;

@@ -255,6 +255,9 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int i = 0; i < kHalves; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
     float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
+    const __half* xb[NG];    // the lane's elements 64 (tq / 2) + 16 (tq % 2) + ... of each column
+#pragma unroll
+    for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1);
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv) {
         const int jj = (tq >> 1) + 2 * hv;
@@ -272,11 +275,11 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             // The B pairs of the four mma: elements 128 hv + 32 nb + 16 (tq & 1) + 64 (tq / 2) + 4 wd, wd = 0..3,
             // are 16 consecutive halves: two 16-byte loads (one group; several groups load each pair where it
             // is used: 32 more live registers per group spilled on sm_120).
-            const int e0 = 64 * (tq >> 1) + 16 * (tq & 1) + 128 * hv + 32 * nb;
+            const int e0 = 128 * hv + 32 * nb;  // from the lane's base xb
             uint4 bv[2];
             if constexpr (NG == 1) {
-                bv[0] = ld_b2<kSmemB>(x[0].col + e0);
-                bv[1] = ld_b2<kSmemB>(x[0].col + e0 + 8);
+                bv[0] = ld_b2<kSmemB>(xb[0] + e0);
+                bv[1] = ld_b2<kSmemB>(xb[0] + e0 + 8);
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
@@ -295,7 +298,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
                         b[0] = (wd & 1) ? v.z : v.x;
                         b[1] = (wd & 1) ? v.w : v.y;
                     } else {
-                        load_b<kSmemB>(x[j].col, e0 + 4 * wd, b);
+                        load_b<kSmemB>(xb[j], e0 + 4 * wd, b);
                     }
                     mma_16816(u[j][wd], a, b);
                 }
@@ -363,6 +366,9 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
     float d[kHalves];
     uint32_t scw[kHalves][4];  // the 16 int8 scales
     using Words = std::conditional_t<NG == 1, RowWords<kAligned4>, RowWordsLean<kAligned4>>;
+    const __half* xb[NG];  // the lane's elements 4 tq + ... of each column
+#pragma unroll
+    for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 4 * tq;
     const Words rw[2] = {Words(r[0]), Words(r[kHalves - 1])};
 #pragma unroll
     for (int i = 0; i < kHalves; ++i) {
@@ -407,7 +413,7 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b<kSmemB>(x[j].col, 128 * hh + 32 * qd + 16 * lh + 4 * tq, b);
+                    load_b<kSmemB>(xb[j], 128 * hh + 32 * qd + 16 * lh, b);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816(s, a, b);
 #pragma unroll
@@ -435,6 +441,9 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ6_K, NG, kSmemB, kH
 template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
+        const __half* xb[NG];  // the lane's elements 4 tq + ... of each column
+#pragma unroll
+        for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 4 * tq;
 #pragma unroll 2
         for (int blk = 0; blk < 8; ++blk) {
             float s[NG][4] = {};
@@ -450,7 +459,7 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kH
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    load_b<kSmemB>(x[j].col, 32 * blk + 16 * hf + 4 * tq, b);
+                    load_b<kSmemB>(xb[j], 32 * blk + 16 * hf, b);
                     mma_16816(s[j], a, b);
                 }
             }
@@ -592,9 +601,9 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 // order, y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a persistent kernel
 // (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones this SM read
 // before in the same 128-byte line, which a plain load could find stale in this SM's L1.
-template <int NG, int kRows>
-__device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0, int grp0,
-                                               int n, int t, const float* inv, float* __restrict__ y) {
+template <int NG, int kRows, class InvOf>
+__device__ __forceinline__ void tile_sum_store_by(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0,
+                                                  int grp0, int n, int t, const InvOf& inv_of, float* __restrict__ y) {
     const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
@@ -604,9 +613,14 @@ __device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][N
 #pragma unroll
             for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
             const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
-            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, __ldcg(inv + col));
+            if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, inv_of(c & 1, col));
         }
     }
+}
+template <int NG, int kRows>
+__device__ __forceinline__ void tile_sum_store(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0, int grp0,
+                                               int n, int t, const float* inv, float* __restrict__ y) {
+    tile_sum_store_by<NG, kRows>(part, lane, row0, grp0, n, t, [&](int, int col) { return __ldcg(inv + col); }, y);
 }
 
 // A second weight matrix one launch may carry (launch_gemv_mma_pair): blocks from `from` on compute it, with

@@ -24,41 +24,28 @@ namespace {
 
 constexpr int kConsumerWarps = kGemvWarps;
 constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
-constexpr long long kPrefetchXBytes = 48 << 10;  // t rows of x beyond this are not prefetched (what L1 may keep)
 
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
-// The consumer threads' L1 prefetches of [p, p + bytes), a 128-byte line each in turn.
-__device__ __forceinline__ void prefetch_l1_range(const void* p, long long bytes) {
-    const char* c = static_cast<const char*>(p);
-#pragma unroll 1
-    for (long long o = 128LL * threadIdx.x; o < bytes; o += 128LL * kConsumerWarps * 32) prefetch_l1(c + o);
-}
-
-// kRows: rows per tile, 16 or 8 (a half tile: the first or second 8 rows of a group's unit piece, contiguous too).
-template <int QT, int kRing, int kRows = kMmaRows> struct TmaShape {
+template <int QT, int kRing> struct TmaShape {
     static constexpr int kPitch = tile_pitch(unit_bytes_of<QT>());
-    static constexpr int kGroupChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row group: contiguous
-    static constexpr int kChunk = kRows * kPitch;                   // what one copy brings: the tile's rows of a unit
+    static_assert(kPitch % 4 == 0, "rows of a slot 4-byte aligned (the Q6_K unit's aligned form)");
+    static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row tile: contiguous, one bulk copy
     static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
     static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
-// cp.async kernel's budget; 4: 96, where Q4_K, Q6_K and Q8_0 do not spill on sm_90a and Q5_K does, 20 bytes).
-// kRows = 8: half tiles (the cp.async kernel's 8-row form: UnitMma's kHalves = 1, row g of each mma only; the
-// same bits), twice the tiles for the calls whose 16-row tiles leave resident blocks idle. kPrefetchX: the consumers
-// first ask L1 for the call's activation rows (kPrefetchXBytes at most), which every tile reads again.
-template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows, bool kPrefetchX = false>
+// cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
+// spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
+template <int QT, int kRing, int kMinBlocks>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = TmaShape<QT, kRing, kRows>;
-    constexpr int kPerGroup = kTileLayoutRows / kRows;  // tiles a 16-row group holds
+    using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
     __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
+    __shared__ float inv_s[kActRows];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
     const auto bar = [&](int which, int q, int slot) {
@@ -81,10 +68,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         int issued[kConsumerWarps] = {};
         const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const int in = own(tile);  // its 16-row group: in / kPerGroup
-            const uint8_t* group = (tile < second.from ? w : second.w) +
-                                   static_cast<long long>(in / kPerGroup) * nu * Sh::kGroupChunk +
-                                   in % kPerGroup * Sh::kChunk;
+            const uint8_t* unit0 = (tile < second.from ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
             // round-robin over the warps, so that each warp's ring fills as the warp drains it
             for (int j = 0; j < per_quarter; ++j) {
 #pragma unroll
@@ -94,9 +78,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                     const int slot = issued[q] % kRing;
                     mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
                     mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
-                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk,
-                                  group + static_cast<long long>(u) * Sh::kGroupChunk, Sh::kChunk, bar(0, q, slot),
-                                  policy);
+                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk, unit0 + static_cast<long long>(u) * Sh::kChunk,
+                                  Sh::kChunk, bar(0, q, slot), policy);
                     ++issued[q];
                 }
             }
@@ -104,40 +87,47 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         return;
     }
 
-    // a consumer warp: quarter `warp` of each of the block's tiles
+    // a consumer warp: quarter `warp` of each of the block's tiles. Its ring's slot and phase are counted as it goes
+    // (no division per unit), and it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
     const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
+    const uint32_t full0 = bar(0, warp, 0);  // slot s: full0 + 8 s; its empty barrier kEmpty bytes on
+    constexpr uint32_t kEmpty = sizeof(bars[0]);
+    const uint8_t* const ring_w = ring + warp * kRing * Sh::kChunk;
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
-    if constexpr (kPrefetchX) {  // every tile reads all of x: ask for it at once, not a unit's worth at a time
-        const long long h_bytes = 2LL * t * k, sum_bytes = 4LL * t * kb;
-        if (h_bytes + sum_bytes <= kPrefetchXBytes)
-            prefetch_l1_range(x.h, h_bytes), prefetch_l1_range(x.sum, sum_bytes);
-    }
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
-    int used = 0, buf = 0;
+    // The pack's row scales, read from L2 once a call instead of once a tile by warp 0 (seen by it after the first
+    // tile's barrier).
+    if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
+    int slot = 0;
+    uint32_t phase = 0;
+    int buf = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
         float acc[1][4] = {};
-        for (int u = u0; u < u1; ++u, ++used) {
-            const int slot = used % kRing;
-            mbar_wait(bar(0, warp, slot), (used / kRing) & 1);
-            const uint8_t* stage = ring + (warp * kRing + slot) * Sh::kChunk;
-            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (kRows == 8 ? g : g + 8) * Sh::kPitch};
+        for (int u = u0; u < u1; ++u) {
+            mbar_wait_warp(full0 + 8 * slot, phase);
+            const uint8_t* stage = ring_w + slot * Sh::kChunk;
+            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (g + 8) * Sh::kPitch};
             UnitX ux[1];
             ux[0].col = xh + u * kUnitElems;
             ux[0].sum = xs + u * 16;
-            UnitMma<QT, 1, false, kRows / 8>::run(r, ux, tq, acc);
+            if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
+                unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
+            else
+                UnitMma<QT, 1, false>::run(r, ux, tq, acc);
             __syncwarp();
-            if (lane == 0) mbar_arrive(bar(1, warp, slot));  // every lane's reads of the slot are done
+            if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
+            if (++slot == kRing) slot = 0, phase ^= 1;
         }
 #pragma unroll
         for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
         named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
         if (warp == 0) {
             const bool first = tile < second.from;
-            tile_sum_store<1, kRows>(part[buf], lane, own(tile) * kRows, 0, first ? n : second.n, t, x.inv,
-                                     first ? y : second.y);
+            tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
+                                           [&](int, int c) { return inv_s[c]; }, first ? y : second.y);
         }
     }
 #endif
@@ -145,16 +135,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, int kRows, bool kPrefetchX = false> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
         Fit f;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm,
-                                                          gemv_tma_kernel<QT, kRing, kMinBlocks, kRows, kPrefetchX>,
-                                                          kTmaThreads, TmaShape<QT, kRing, kRows>::kSmemBytes) !=
-                cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks>, kTmaThreads,
+                                                          TmaShape<QT, kRing>::kSmemBytes) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
             return Fit{};
@@ -164,14 +152,14 @@ template <int QT, int kRing, int kMinBlocks, int kRows, bool kPrefetchX = false>
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, int kRows = kMmaRows, bool kPrefetchX = false>
+template <int QT, int kRing, int kMinBlocks>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    using Sh = TmaShape<QT, kRing, kRows>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kRows, kPrefetchX>;
+    using Sh = TmaShape<QT, kRing>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kRows, kPrefetchX>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
-    const int first = a.n / kRows, tiles = first + (b ? b->n / kRows : 0);
+    const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -205,30 +193,13 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // Its two forms: 1 a ring of 4 units a warp at 3 blocks per SM, 2 four blocks per SM (Q5_K: 3, it spills at 4; Q6_K: a
 // ring of 3, what 4 blocks' shared memory holds). The default (GemvArgs::tma < 0) takes 1 for one token row and 2 for
 // more, the faster of the two at each T in the 27B's step on the H200 (2026-12-04, against the cp.async kernels in the
-// same run: T=1 9.275 -> 9.035 / 9.140 ms, T=4 10.774 -> 10.086 / 9.890, T=5 11.195 -> 10.316 / 10.208; an L2
-// evict-normal policy instead of evict-first measured T=1 9.223 against 9.104, a ring of 8 at 2 blocks 9.992).
-//
-// 3 and 4 (NOT yet run on a GPU; written after the session's device time ran out): 3 is the default's choice, except
-// that a call whose 16-row tiles are fewer than form 2's resident blocks (the n = 5,120 calls: ssm_out, attn_output,
-// ffn_down, 320 tiles against 396-528 blocks on the H200, at 30-46% of DRAM; ncu-gemv-tma-h200-3514538.txt in
-// bench/results) takes half tiles at 4 blocks per SM: twice the warps, each unit's decode for one row of the mma
-// instead of two. 4 is the default's choice with the deepest rings its blocks per SM leave room for (the gain is the
-// rings filling while the kernel before ends, so deeper rings may fill more; a ring of 8 lost at 9.992 ms because it
-// cost blocks). 5 (NOT yet run either) is form 1 for every t, its consumers first prefetching the call's activation
-// rows into L1 (kPrefetchX): under Nsight Compute the kernel's top stall is long_scoreboard (1.0-1.3 per instruction),
-// likely the B loads of each unit missing L1 on a block's first tile (the n = 5,120 calls have about one tile a block).
+// same run: T=1 9.275 -> 9.035 / 9.140 ms, T=4 10.774 -> 10.086 / 9.890, T=5 11.195 -> 10.316 / 10.208). Measured
+// slower and removed (NOTES_gemv.md): an L2 evict-normal policy (T=1 9.223 against 9.104), a ring of 8 at 2 blocks
+// (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
+// the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    if (a.tma == 3 && (a.n + (b ? b->n : 0)) / kMmaRows < resident_blocks<QT, kRing2, kBlocks2, kMmaRows>(a.grid_sms))
-        return launch_ring<QT, 4, 4, 8>(a, b, stream);
     const int form = a.tma == 1 || a.tma == 2 ? a.tma : a.t == 1 ? 1 : 2;
-    if (a.tma == 4) {  // 3 blocks: Q4_K / Q5_K 6, Q6_K 5, Q8_0 4; 4 blocks: Q4_K 5, Q6_K 3 (Q5_K 3 blocks, 6)
-        constexpr int kDeep1 = QT == kQ6_K ? 5 : QT == kQ8_0 ? 4 : 6;
-        constexpr int kDeep2 = QT == kQ4_K ? 5 : QT == kQ5_K ? 6 : kRing2;
-        if (form == 2) return launch_ring<QT, kDeep2, kBlocks2>(a, b, stream);
-        return launch_ring<QT, kDeep1, 3>(a, b, stream);
-    }
-    if (a.tma == 5) return launch_ring<QT, 4, 3, kMmaRows, true>(a, b, stream);  // (4 blocks' Q4_K spilled 4 bytes)
     if (form == 2) return launch_ring<QT, kRing2, kBlocks2>(a, b, stream);
     return launch_ring<QT, 4, 3>(a, b, stream);
 }

@@ -31,6 +31,25 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+// mbar_wait by a whole warp, the spin on a vote: a branch the compiler sees as warp-uniform, so that the code after it
+// keeps its uniform registers (with mbar_wait's per-thread branch, ptxas re-made the global-load descriptor before each
+// load of a decode GEMV's unit: 18 of its ~350 instructions).
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity) {
+    while (!__all_sync(0xffffffffu, mbar_try_wait(bar, parity))) {
+    }
+}
+
 // An arrival on bar once every cp.async this thread issued before it has landed, without raising the pending count
 // (.noinc): the barrier's count includes these arrivals.
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
