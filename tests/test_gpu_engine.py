@@ -522,20 +522,20 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the producer-warp decode GEMV's grid of resident blocks (gemv_tma.cu, the default where
-    it runs; form 3 too, whose half-tile rule reads the grid) sized for 1, 46 or 82 SMs (issue 7: the small cards'
-    grids, emulated; 1: a few blocks take every tile in turn) gives the cp.async kernels' bits (OPENJET_GEMV_TMA=0, the
-    whole GPU): decode_sequence_logits on the small model."""
+    it runs; both its forms) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take
+    every tile in turn) gives the cp.async kernels' bits (OPENJET_GEMV_TMA=0, the whole GPU): decode_sequence_logits
+    on the small model."""
     from openjet_launcher.engine import kernels_test as kt
     if not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for tma in ("0", "auto", "3"):  # =0 on the whole GPU, the others on the smaller grid
+    for tma in ("0", "1", "2"):  # =0 on the whole GPU, the forms on the smaller grid
         env = {"OPENJET_GEMV_TMA": tma, "OPENJET_PERSISTENT_SMS": None if tma == "0" else sms}
         out[tma], ran[tma] = small_model_sequence(models, monkeypatch, env, "gemv_tma", ids)
-    assert ran["0"] == 0 and ran["auto"] > 0 and ran["3"] > 0, f"producer-warp GEMV launches: {ran}"
+    assert ran["0"] == 0 and ran["1"] > 0 and ran["2"] > 0, f"producer-warp GEMV launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    for tma in ("auto", "3"):
+    for tma in ("1", "2"):
         np.testing.assert_array_equal(out[tma], out["0"],
                                       err_msg=f"OPENJET_GEMV_TMA={tma}, OPENJET_PERSISTENT_SMS={sms}")
 
