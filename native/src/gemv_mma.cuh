@@ -255,7 +255,9 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int i = 0; i < kHalves; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
     float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
-    const __half* xb[NG];    // the lane's elements 64 (tq / 2) + 16 (tq % 2) + ... of each column
+    // The lane's elements 64 (tq / 2) + 16 (tq % 2) + ... of each column: with the lane's offset added to the pointer
+    // first, the loads below take their constants as immediates (not a 64-bit index and its descriptor per load).
+    const __half* xb[NG];
 #pragma unroll
     for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1);
 #pragma unroll
@@ -600,7 +602,8 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
 // A tile's output from its warps' C fragments part[warp] (warp i: k quarter i), by one warp: the quarters added in
 // order, y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a persistent kernel
 // (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones this SM read
-// before in the same 128-byte line, which a plain load could find stale in this SM's L1.
+// before in the same 128-byte line, which a plain load could find stale in this SM's L1. tile_sum_store_by: the same
+// with inv[col] from inv_of(c & 1, col) (gemv_tma.cu reads the call's scales once).
 template <int NG, int kRows, class InvOf>
 __device__ __forceinline__ void tile_sum_store_by(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0,
                                                   int grp0, int n, int t, const InvOf& inv_of, float* __restrict__ y) {

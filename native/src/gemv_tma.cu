@@ -98,8 +98,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
-    // The pack's row scales, read from L2 once a call instead of once a tile by warp 0 (seen by it after the first
-    // tile's barrier).
+    // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
+    // tile's barrier orders that before warp 0's reads).
     if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
