@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024 (bench/results/
-# engine-full-h200-fd3d8d8-gemv-tma-auto.json, the producer-warp GEMV; verify through verify_top, the server's
-# path): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft vocabulary (0.297 ms) and the accept
-# (0.355 ms) when n > 0. Only the ratios matter (8 rows cost 1.25x one; 5 rows 1.12x).
-VERIFY_MS = (9.403, 9.675, 9.827, 10.083, 10.489, 11.13, 11.296, 11.8)
-DRAFT_MS, ACCEPT_MS = 0.297, 0.355
+# engine-full-h200-3e2051f-gemv-tma-auto.json, the producer-warp GEMV with its leaner unit loops; verify through
+# verify_top, the server's path): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft vocabulary
+# (0.280 ms) and the accept (0.355 ms) when n > 0. Only the ratios matter (8 rows cost 1.33x one; 5 rows 1.17x).
+VERIFY_MS = (8.784, 9.267, 9.453, 9.985, 10.285, 10.912, 11.169, 11.649)
+DRAFT_MS, ACCEPT_MS = 0.280, 0.355
 DEFAULT_COST_MS = tuple(v + n * DRAFT_MS + (ACCEPT_MS if n else 0.0) for n, v in enumerate(VERIFY_MS))
 
 
