@@ -61,10 +61,10 @@ def test_choice_settles_on_the_best_depth_for_the_true_rates(true, want_deep):
     best = best_depth(true, 7)
     late = chosen[-500:]
     mode = max(set(late), key=late.count)
-    # the best depth, or one within 2% of its yield (the demo rates make depths 2 and 3 a near-tie: 1.4% on the
-    # default costs, whose cheaper verify steps since fd3d8d8 favour 3; 0.2% on the earlier ones; this seed's
-    # late choices: 2 317 times, 3 179; seeds 0 and 2-7 settle on 3)
-    assert yield_per_ms(true, mode) >= 0.98 * yield_per_ms(true, best), (mode, best)
+    # the best depth, or one within 1% of its yield (the demo rates make depths 2 and 3 a near-tie: on the default
+    # costs, 3e2051f's, 3 yields 98.9% of 2, the best; seeds 0-7 all settle on 2, this one's late choices 2 446 times,
+    # 3 41, 4 13)
+    assert yield_per_ms(true, mode) >= 0.99 * yield_per_ms(true, best), (mode, best)
     assert (best >= 5) == want_deep
 
 

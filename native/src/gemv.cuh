@@ -44,10 +44,9 @@ struct GemvArgs {
     // made from x first (launch_pack_act_imma_from_half), every t the same way: the engine's OPENJET_GEMV_INT sets it
     // per weight type.
     void* xi = nullptr;
-    // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA): 0 no, -1 its
-    // default form for t, 1 or 2 one form.
-    // The cp.async kernels' bits. Its grid of resident blocks sized for at most grid_sms SMs (0: all of them; the
-    // engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated: the same bits on any grid).
+    // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA), with the
+    // cp.async kernels' bits: 0 no, -1 its default form for t, 1 or 2 one form. Its grid of resident blocks is sized
+    // for at most grid_sms SMs (0: all of them; the engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated).
     int tma = 0;
     int grid_sms = 0;
 };

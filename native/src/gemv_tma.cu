@@ -5,12 +5,13 @@
 // consumer warp's ring of kRing units full across tiles with one bulk copy a unit (in the tile layout a unit of a
 // 16-row group is one contiguous piece of 16 x tile_pitch bytes), and the four consumer warps only compute. Alone it
 // streams no faster than the cp.async kernel (Nsight Compute, bench/results/ncu-gemv-tma-h200-3514538.txt); in the
-// step it is faster (the 27B on the H200: T=1 9.45 -> 9.06 ms, T=5 11.39 -> 10.43) because under PDL its rings fill
+// step it is faster (the 27B on the H200 at fd3d8d8: T=1 9.45 -> 9.06 ms, T=5 11.39 -> 10.43; with the leaner unit
+// loops of 3e2051f T=1 9.00 -> 8.50 against the cp.async kernels of the same run) because under PDL its rings fill
 // while the kernel before still runs (pdl.cuh: weights may be read before the wait), ~110 KB a SM at Q4_K, where a
 // block-per-tile grid's first blocks have two units a warp in flight.
 //
 // A tile's consumer warp i takes units [nu i / 4, nu (i + 1) / 4) in order with UnitMma, warp 0 sums the four
-// partials in order and stores (tile_sum_store): gemv_mma_kernel's sequence of operations for every output.
+// partials in order and stores (tile_sum_store_by): gemv_mma_kernel's sequence of operations for every output.
 #include "gemv_tma.cuh"
 
 #include "device_attr.cuh"
