@@ -125,6 +125,20 @@ class FakeLib:
         out[:] = [head_logit(i) for i in (self.rows or range(N_VOCAB))]
         return 0
 
+    def openjet_engine_mtp_draft_greedy(self, h, token, n, n_valid, drafts, values, hidden):
+        self.calls.append(("mtp_draft_greedy", int(token), n, n_valid, tuple(self.rows)))
+        if not 1 <= n <= 8 or not 1 <= n_valid <= N_VOCAB:
+            return self._fail(f"mtp_draft_greedy: n = {n} or n_valid = {n_valid}")
+        # The C API's pick: value down, ties to the lower id, ids < n_valid (none: id 0 at -inf).
+        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)
+        value, pick = (-cands[0][0], cands[0][1]) if cands else (-np.inf, 0)
+        np.ctypeslib.as_array(drafts, shape=(n,))[:] = pick
+        if values:
+            np.ctypeslib.as_array(values, shape=(n,))[:] = value
+        if hidden:
+            np.ctypeslib.as_array(hidden, shape=(n, N_EMBD))[:] = 0.0
+        return 0
+
     def openjet_engine_destroy(self, h):
         return None
 
@@ -240,6 +254,37 @@ def test_draft_top_ranks_only_the_draft_rows_as_the_whole_row_would_rank(engine)
         assert top.tokens == [int(top.ids[0][0]), int(top.ids[1][0])]
     picked = engine.mtp_draft_top(state, 200, 2, k=4, choose=lambda values, ids: int(ids[-1]))
     assert picked.tokens == [int(picked.ids[0][-1]), int(picked.ids[1][-1])]
+
+
+def test_greedy_drafts_go_to_the_device_chain_with_the_host_rankings_answer(engine):
+    """Greedy drafting (mtp_draft_top with k = 1 and no choice) is one openjet_engine_mtp_draft_greedy call per chain,
+    after the draft rows took the sequence's tokens, and hands back what the step-by-step host ranking gives (the
+    fake head peaks at 77 and ties 76 with 78: the lower id; n_valid bounds the ids); native_draft off, a choice, or
+    k > 1 take the steps."""
+    state = engine.new_state()
+    engine.decode(state, [3, 150])
+    expected = {(True, N_VOCAB): 77, (True, 77): 76, (True, 78): 77, (False, N_VOCAB): 76, (False, 77): 76,
+                (False, 76): 5}
+    for (with_77, n_valid), want in expected.items():
+        engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77] if with_77 else [78, 5, 76, 90]))
+        got = {}
+        for native in (True, False):
+            engine.native_draft = native
+            engine._lib.calls.clear()
+            got[native] = engine.mtp_draft_top(state, 200, 3, k=1, n_valid=n_valid)
+            chains = [c for c in engine._lib.calls if c[0] == "mtp_draft_greedy"]
+            assert len(chains) == (1 if native else 0)
+        np.testing.assert_array_equal(got[True].ids, got[False].ids)
+        np.testing.assert_array_equal(got[True].values, got[False].values)
+        assert got[True].tokens == got[False].tokens == [want] * 3, (with_77, n_valid)
+    engine.native_draft = True
+    engine._lib.calls.clear()
+    engine.mtp_draft_top(state, 201, 2, k=1)
+    assert engine._lib.calls[-1] == ("mtp_draft_greedy", 201, 2, N_VOCAB, (5, 76, 78, 90, 3, 150, 200, 201))
+    engine._lib.calls.clear()
+    engine.mtp_draft_top(state, 201, 2, k=4)
+    engine.mtp_draft_top(state, 201, 2, k=1, choose=lambda values, ids: int(ids[0]))
+    assert not [c for c in engine._lib.calls if c[0] == "mtp_draft_greedy"]
 
 
 def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them(monkeypatch):

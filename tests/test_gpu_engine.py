@@ -800,6 +800,63 @@ def test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows(models
         engine.close()
 
 
+def speculation_script_outputs(engine: CudaEngine, ids: np.ndarray) -> list[np.ndarray]:
+    """Every output of a fixed run of speculative cycles and what may follow one: verify steps of 1..8 rows, each
+    accept keeping 1..all of them, verify after verify, a plain decode after an accept, MTP drafts, a checkpoint and
+    a truncation back to it, a prefill that extends the sequence (the next turn) right after an accept."""
+    state = engine.new_state()
+    out = [engine.prefill(state, ids[:40]).logits]
+    pos = 40
+    plan = [(5, 2), (8, 8), (1, 1), (3, 1), (6, 4), ("decode", 2), (4, 3), ("checkpoint", 0), (7, 5), (2, 2),
+            ("truncate", 0), (5, 5), ("prefill", 9), (3, 2), ("decode", 1), (8, 1)]
+    mark = 0
+    for what, n in plan:
+        if what == "decode":
+            out.append(engine.decode(state, ids[pos:pos + n]).logits)
+            pos += n
+        elif what == "checkpoint":
+            engine.checkpoint(state)
+            mark = pos
+        elif what == "truncate":
+            engine.truncate(state, mark)
+            pos = mark
+        elif what == "prefill":
+            out.append(engine.prefill(state, ids[pos:pos + n]).logits)
+            pos += n
+        else:
+            out.append(engine.verify(state, ids[pos:pos + what]).logits)
+            engine.accept(state, n)
+            pos += n
+            out.append(engine.mtp_draft(state, int(ids[pos]), 2).logits)
+        assert state.n_tokens == pos
+    out.append(engine.decode(state, ids[pos:pos + 1]).logits)
+    return out
+
+
+@pytest.mark.parametrize("which", ["tiny", "small"])
+def test_the_fused_gdn_replay_keeps_every_bit(models, which, monkeypatch):
+    """OPENJET_GDN_REPLAY=fused (accept's GDN replay deferred into the next decode or verify step's GDN launches, or
+    run at once before a prefill or a checkpoint) gives every logit of speculation_script_outputs that accept's
+    immediate replay gives, bit for bit, and the engine no longer holds the verify step's shadow state."""
+    ids = np.random.default_rng(43).integers(0, 4096, 160)
+    out, scratch = {}, {}
+    for mode in ("accept", "fused"):
+        monkeypatch.setenv("OPENJET_GDN_REPLAY", mode)
+        engine = CudaEngine.load(models[which], n_ctx=256, n_checkpoints=2)
+        engine.native_verify = True
+        try:
+            out[mode] = speculation_script_outputs(engine, ids)
+            scratch[mode] = engine.memory_report()["scratch_bytes"]
+        finally:
+            engine.close()
+    differ = [i for i, (a, b) in enumerate(zip(out["accept"], out["fused"])) if not np.array_equal(a, b)]
+    report(test="fused_gdn_replay_bits", model=which, outputs=len(out["accept"]), differ=differ,
+           scratch_bytes=scratch)
+    assert len(out["accept"]) == len(out["fused"]) and all(np.isfinite(a).all() for a in out["accept"])
+    assert not differ, f"outputs {differ} differ (of {len(out['accept'])})"
+    assert scratch["fused"] < scratch["accept"]
+
+
 def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models):
     """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
     logits a decode step returns from the same state, values bit for bit; both steps advance the sequence
@@ -1411,6 +1468,46 @@ def test_a_draft_vocabulary_gives_the_full_heads_logits_on_its_rows(models):
         report(test="draft_vocabulary", rows=int(len(rows)), equal=True)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("which", ["tiny", "demo"])
+def test_greedy_drafts_chained_on_the_device_are_the_host_rankings(models, which):
+    """openjet_engine_mtp_draft_greedy (each draft step's argmax fed to the next step on the device) gives the drafts,
+    their logits and the head's hidden rows that draft steps ranked on the host give (CudaEngine.native_draft off),
+    bit for bit: over the whole vocabulary, over a draft vocabulary (with the sequence's tokens) and with n_valid
+    below the vocabulary; 1 to 8 steps; the sequence is unchanged (the next decode's logits)."""
+    path = DEMO if which == "demo" else models[which]
+    engine = CudaEngine.load(path, n_ctx=256, n_checkpoints=2)
+    n_vocab = engine.config.shape.n_vocab
+    seq = [int(x) for x in np.random.default_rng(47).integers(0, n_vocab, 30)]
+    cases = 0
+    try:
+        state = engine.new_state()
+        token = int(np.argmax(engine.prefill(state, seq).logits[-1]))
+        engine.checkpoint(state)
+        expected = engine.decode(state, [token]).logits[-1]
+        engine.truncate(state, len(seq))
+        for vocab in (None, np.arange(0, n_vocab, 3)):
+            engine.set_draft_vocabulary(vocab)
+            for n_valid in (n_vocab, n_vocab - 5):
+                for n in (1, 3, 8):
+                    got = {}
+                    for native in (True, False):
+                        engine.native_draft = native
+                        got[native] = engine.mtp_draft_top(state, token, n, k=1, n_valid=n_valid)
+                    dev, host = got[True], got[False]
+                    where = f"vocabulary {'list' if vocab is not None else 'full'}, n_valid {n_valid}, {n} steps"
+                    assert dev.tokens == host.tokens, where
+                    np.testing.assert_array_equal(dev.ids, host.ids, err_msg=where)
+                    np.testing.assert_array_equal(dev.values, host.values, err_msg=where)
+                    np.testing.assert_array_equal(dev.hidden, host.hidden, err_msg=where)
+                    assert max(dev.tokens) < n_valid
+                    cases += 1
+        engine.native_draft = True
+        np.testing.assert_array_equal(engine.decode(state, [token]).logits[-1], expected)
+    finally:
+        engine.close()
+    report(test="greedy_drafts_on_the_device", model=which, cases=cases, equal=True)
 
 
 def test_the_profile_splits_a_step_into_phases_and_changes_no_bit(models):

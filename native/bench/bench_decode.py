@@ -644,16 +644,18 @@ class Bench:
 
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
-        head, and over a 32,768-row draft vocabulary), a verify step of 1 + n rows (verify_top: the top TOP_K
-        logits per row come back, as the server asks) and an accept, each median of
-        --steps; then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens per cycle
-        (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
+        head, and over a 32,768-row draft vocabulary), chains of 1..7 greedy drafts on the device over that
+        vocabulary, a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
+        asks) and an accept, each median of --steps (each verify timed right after the accept of a one-row verify,
+        as in a run of cycles: with OPENJET_GDN_REPLAY=fused that row's GDN replay runs inside the timed step, and
+        accept itself only books); then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens
+        per cycle (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
         a, s = self.a, self.s
         lib, h = engine._lib, engine._handle
         f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
         logits = np.empty((8, s.n_vocab), np.float32)
         top_vals, top_ids = np.empty((8, TOP_K), np.float32), np.empty((8, TOP_K), np.int32)
-        ids = self.rng.integers(0, s.n_vocab, SPEC_CTX + 8).astype(np.int32)
+        ids = self.rng.integers(0, s.n_vocab, SPEC_CTX + 9).astype(np.int32)
         engine.new_state()
         check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), SPEC_CTX, 128, None, None), "spec prefill")
         check(lib.openjet_engine_checkpoint(h, 0), "spec checkpoint")
@@ -676,25 +678,39 @@ class Bench:
         check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
         rec["draft_rows"] = len(subset)
         rec["draft_ms_subset"] = round(timed(draft_step) * 1e3, 3)
+        # n greedy drafts chained on the device (openjet_engine_mtp_draft_greedy, one wait): the whole chain's time.
+        drafted = np.empty(8, np.int32)
+        chain = {}
+        for n in range(1, 8):
+            def draft_chain(n=n):
+                check(lib.openjet_engine_mtp_draft_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
+                                                          drafted.ctypes.data_as(i32), None, None), "mtp_draft_greedy")
+            chain[n] = round(timed(draft_chain) * 1e3, 3)
+        rec["draft_chain_ms_subset"] = chain
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         verify_ms, accept_ms = {}, None
+        def verify_top(row):
+            check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), TOP_K, s.n_vocab,
+                                                top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32), None),
+                  "verify_top")
+
         for n in range(0, 8):
-            row = ids[SPEC_CTX:SPEC_CTX + 1 + n]
+            row = ids[SPEC_CTX + 1:SPEC_CTX + 2 + n]
 
             def verify_accept(row=row):
                 check(lib.openjet_engine_restore(h, 0), "restore")
-                check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), TOP_K, s.n_vocab,
-                                                    top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32), None),
-                      "verify_top")
-                t0 = time.perf_counter()
+                verify_top(ids[SPEC_CTX:SPEC_CTX + 1])  # the cycle before: one row, accepted
                 check(lib.openjet_engine_accept(h, 1), "accept")
-                return time.perf_counter() - t0
+                t0 = time.perf_counter()
+                verify_top(row)
+                t1 = time.perf_counter()
+                check(lib.openjet_engine_accept(h, 1), "accept")
+                return t1 - t0, time.perf_counter() - t1
             times, acc = [], []
             for i in range(a.warmup + a.steps):
-                t0 = time.perf_counter()
-                acc_s = verify_accept()
+                verify_s, acc_s = verify_accept()
                 if i >= a.warmup:
-                    times.append(time.perf_counter() - t0 - acc_s)
+                    times.append(verify_s)
                     acc.append(acc_s)
             verify_ms[1 + n] = round(statistics.median(times) * 1e3, 3)
             accept_ms = round(statistics.median(acc) * 1e3, 3)
@@ -702,9 +718,10 @@ class Bench:
         rec.update(verify_ms=verify_ms, accept_ms=accept_ms)
         plain = verify_ms[1] + accept_ms
         table = {}
-        for draft_key in ("draft_ms_full", "draft_ms_subset"):
+        for draft_key in ("draft_ms_full", "draft_ms_subset", "draft_chain_ms_subset"):
             for n in range(1, 8):
-                cycle = n * rec[draft_key] + verify_ms[1 + n] + accept_ms
+                drafting = chain[n] if draft_key == "draft_chain_ms_subset" else n * rec[draft_key]
+                cycle = drafting + verify_ms[1 + n] + accept_ms
                 for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
                     tokens = (1 - alpha ** (n + 1)) / (1 - alpha)
                     table.setdefault(draft_key, {}).setdefault(str(n), {})[str(alpha)] = round(tokens / cycle * 1e3, 1)
@@ -715,7 +732,7 @@ class Bench:
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
         run["speculation"] = rec
         log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
-            f"({len(subset)} rows), verify {verify_ms}, accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, "
+            f"({len(subset)} rows), chained on the device {chain} ms, verify {verify_ms}, accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, "
             f"best at 0.7: {rec['best_at_acceptance_0.7']}")
         self.save()
 

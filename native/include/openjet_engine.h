@@ -152,6 +152,15 @@ OPENJET_API int openjet_engine_has_mtp(const openjet_engine* engine, int* has_mt
  * host buffers, either may be NULL. The sequence is unchanged. Needs n_past >= 1. */
 OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, int k, float* logits, float* hidden);
 
+/* Greedy drafting chained on the device (issue 7: the host reads back only the drafts): draft steps 0..n-1 after
+ * `token` as mtp_step runs them, each step's token the one before's argmax (the first of verify_top's order: value
+ * down, ties to the lower id, ids < n_valid; over the draft vocabulary's rows when set), with one wait at the end.
+ * drafts [n] the ids; values [n] their logits and hidden [n, n_embd] each step's h' (either may be NULL). The same
+ * drafts as mtp_step steps ranked on the host (CudaEngine.mtp_draft_top, k = 1). 1 <= n <= OPENJET_ENGINE_MAX_T,
+ * 1 <= n_valid <= n_vocab; the sequence is unchanged. */
+OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* engine, int32_t token, int n, int n_valid,
+                                                int32_t* drafts, float* values, float* hidden);
+
 /* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON
  * {"on": bool, "calls": n, "phases": {"gdn.step": {"ms": total, "marks": n}, ...}} of the device time between
  * phase marks (embed, norm, gdn.in_proj, gdn.step, gdn.out_proj, attn.in_proj, attn.core, attn.out_proj, ffn,

@@ -189,11 +189,23 @@ struct openjet_engine {
     // openjet_engine_prefill_checkpoint inside a chunk: every GDN layer's form-2 step also writes its state before
     // the chunk's row snap_row to checkpoint slot snap_slot (-1: none).
     int snap_slot = -1, snap_row = 0;
-    float* ssm_shadow = nullptr;       // [n_gdn, n_v, 128, 128] the verify step's own GDN states
-    float* ring_qkv = nullptr;         // [n_gdn, T, conv_dim] the verify step's GDN inputs, by layer
-    float* ring_b = nullptr;           // [n_gdn, T, n_v]
-    float* ring_a = nullptr;           // [n_gdn, T, n_v]
+    float* ssm_shadow = nullptr;       // [n_gdn, n_v, 128, 128] the verify step's own GDN states (accept mode)
+    float* ring_qkv = nullptr;         // [rings, n_gdn, T, conv_dim] the verify step's GDN inputs, by layer
+    float* ring_b = nullptr;           // [rings, n_gdn, T, n_v]
+    float* ring_a = nullptr;           // [rings, n_gdn, T, n_v]
+    // OPENJET_GDN_REPLAY at create (gdn_replay_switch): "fused" defers accept's GDN replay into the next decode or
+    // verify step's GDN launches (GdnStepArgs::replay: the rows' own arithmetic, so the same bits; the replay then
+    // costs a few rows of a launch that runs anyway instead of a launch per GDN layer, and a verify step writes no
+    // shadow state); unset or "accept", accept replays at once. Fused: two rings, a verify step writes ring_w while
+    // the rows of the one before it may still wait in the other.
+    bool replay_fused = false;
+    int ring_w = 0;
+    int replay_rows = 0, replay_ring = 0;  // accepted rows whose GDN replay is pending (fused), and their ring
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
+    // openjet_engine_mtp_draft_greedy's outputs on the device: each step's h' [T, E], drafted id and its logit [T]
+    float* draft_hidden = nullptr;
+    int32_t* draft_pick = nullptr;
+    float* draft_value = nullptr;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
     // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
     char* draft_rows = nullptr;
@@ -560,6 +572,15 @@ int gemv_tma_switch() {
     return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", kGemvTmaForms);
 }
 
+// OPENJET_GDN_REPLAY (read at create; openjet_engine::replay_fused): unset or "accept", accept replays the kept rows'
+// GDN steps at once; "fused", the next decode or verify step's GDN launches replay them first. Other values are refused.
+int gdn_replay_switch(bool* fused) {
+    const char* v = std::getenv("OPENJET_GDN_REPLAY");
+    *fused = v && std::strcmp(v, "fused") == 0;
+    if (*fused || !v || !*v || std::strcmp(v, "accept") == 0) return OPENJET_OK;
+    return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_GDN_REPLAY=%s: expected accept or fused", v);
+}
+
 // OPENJET_WEIGHT_LAYOUT (read at create): unset or "tiles", every GEMV weight that has a tile layout (a k-quant
 // type, rows a multiple of 16; not the token embedding, which is read by row) is stored in it (weight_layout.cuh):
 // the decode GEMV mix runs ~6% faster in it (H200, 27B: T=1 step 10.54 -> 10.06 ms in one run,
@@ -611,6 +632,7 @@ size_t ckpt_ssm_bytes(const openjet_engine& e);
 char* ckpt_slot(const openjet_engine& e, int slot);
 float* ckpt_mtp_row(const openjet_engine& e, int slot);
 int save_checkpoint(openjet_engine& e, int slot);
+int replay_now(openjet_engine& e);
 
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
@@ -656,6 +678,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
+    TRY(gdn_replay_switch(&e.replay_fused));
+    const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
         e.attn_spread = std::min(kDefaultAttnSpread, e.attn_spread_cap);
@@ -707,11 +731,14 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.mtp_last, e.has_mtp ? sizeof(float) * E : 0},
         {(void**)&e.mtp_hp, e.has_mtp ? sizeof(float) * E : 0},
         // speculation (verify / accept) only with the MTP head that drafts
-        {(void**)&e.ssm_shadow, e.has_mtp ? sizeof(float) * e.ssm_layer_floats * e.n_gdn : 0},
-        {(void**)&e.ring_qkv, e.has_mtp ? sizeof(float) * e.n_gdn * T * e.conv_dim() : 0},
-        {(void**)&e.ring_b, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
-        {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * e.n_gdn * T * c.ssm_n_v_heads : 0},
+        {(void**)&e.ssm_shadow, e.has_mtp && !e.replay_fused ? sizeof(float) * e.ssm_layer_floats * e.n_gdn : 0},
+        {(void**)&e.ring_qkv, e.has_mtp ? sizeof(float) * rings * e.n_gdn * T * e.conv_dim() : 0},
+        {(void**)&e.ring_b, e.has_mtp ? sizeof(float) * rings * e.n_gdn * T * c.ssm_n_v_heads : 0},
+        {(void**)&e.ring_a, e.has_mtp ? sizeof(float) * rings * e.n_gdn * T * c.ssm_n_v_heads : 0},
         {(void**)&e.verify_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
+        {(void**)&e.draft_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
+        {(void**)&e.draft_pick, e.has_mtp ? sizeof(int32_t) * T : 0},
+        {(void**)&e.draft_value, e.has_mtp ? sizeof(float) * T : 0},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -917,8 +944,10 @@ GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
 struct GdnRing {
     float *qkv, *b, *alpha;
 };
-GdnRing gdn_ring(const openjet_engine& e, const LayerW& L) {
-    const size_t rows = static_cast<size_t>(L.idx) * OPENJET_ENGINE_MAX_T, n_v = e.cfg.ssm_n_v_heads;
+// Ring `which` (0, or 1 with the fused replay); by default the one the next verify step writes.
+GdnRing gdn_ring(const openjet_engine& e, const LayerW& L, int which = -1) {
+    const size_t rows = (static_cast<size_t>(which < 0 ? e.ring_w : which) * e.n_gdn + L.idx) * OPENJET_ENGINE_MAX_T;
+    const size_t n_v = e.cfg.ssm_n_v_heads;
     return {e.ring_qkv + rows * e.conv_dim(), e.ring_b + rows * n_v, e.ring_a + rows * n_v};
 }
 
@@ -957,7 +986,13 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     if (!fused) TRY(gemv_pair(e, L.beta, b, L.alpha, alpha, t, e.a));
     mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
-    if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
+    if (e.replay_rows) {  // the kept rows of the verify step before (fused replay): first, in this launch
+        const GdnRing kept = gdn_ring(e, L, e.replay_ring);
+        g.replay = e.replay_rows, g.replay_qkv = kept.qkv, g.replay_b = kept.b, g.replay_alpha = kept.alpha;
+    }
+    // A verify step commits only the replayed rows (fused: in place, so no shadow), or (accept mode) none.
+    if (e.verifying && e.replay_fused) g.commit = g.replay;
+    else if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
     g.t = t;
     g.qkv = qkv, g.z = e.big2, g.b = b, g.alpha = alpha;
     if (fused) {
@@ -1293,6 +1328,10 @@ int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
     e.verifying = verifying;
     const int status = trunk(e, t);
     e.verifying = false;
+    // A pending replay ran in the step's GDN launches (gdn_mixer). A verify step wrote the conv window after the
+    // replayed rows to the other buffer, which now holds the committed one (a decode step flips in commit_rows).
+    if (verifying && e.replay_rows && e.n_gdn) e.conv_cur ^= 1;
+    e.replay_rows = 0;
     return status;
 }
 
@@ -1315,6 +1354,7 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
                  int snap_slot = -1, int snap_at = 0) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
+    TRY(replay_now(e));  // a prefill's GDN forms take no replay rows
     struct Prefilling {  // e.prefilling for this call's GEMVs and no snapshot request left, however it returns
         openjet_engine& e;
         explicit Prefilling(openjet_engine& e_) : e(e_) { e.prefilling = true; }
@@ -1372,30 +1412,45 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     return OPENJET_OK;
 }
 
-// Commits the first n rows of the pending verify step: each GDN layer's step replayed over them from the ring
-// onto the committed state (in place) and conv state, the MTP head's carried hidden row set to row n - 1.
-int accept_impl(openjet_engine& e, int n) {
-    const auto& c = e.cfg;
-    CHECK(cudaSetDevice(c.device));
-    mark(e, "accept");
+// The pending replay (accepted rows, e.replay_rows) on its own: each GDN layer's step replayed over them from their
+// ring onto the committed state (in place) and conv state. Accept mode runs it at once; with the fused replay, what
+// needs the committed state before the next decode or verify step does (a prefill, a checkpoint). Stream-ordered.
+int replay_now(openjet_engine& e) {
+    if (!e.replay_rows) return OPENJET_OK;
     for (const LayerW& L : e.layers) {
         if (L.attn) continue;
         GdnStepArgs g = gdn_layer_args(e, L);
-        const GdnRing ring = gdn_ring(e, L);
-        g.t = n;
+        const GdnRing ring = gdn_ring(e, L, e.replay_ring);
+        g.t = e.replay_rows;
         g.qkv = ring.qkv, g.b = ring.b, g.alpha = ring.alpha;
         g.z = e.big2, g.y = e.y;  // the step's output is not needed: scratch
         g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
         g.conv_state_out = e.conv[e.conv_cur ^ 1] + e.conv_layer_floats * L.idx;
         CHECK(launch_gdn_step(g, e.stream));
     }
+    if (e.n_gdn) e.conv_cur ^= 1;
+    e.replay_rows = 0;
+    return OPENJET_OK;
+}
+
+// Commits the first n rows of the pending verify step: their GDN replay (at once, or with the fused replay in the
+// next step's launches), the MTP head's carried hidden row set to row n - 1.
+int accept_impl(openjet_engine& e, int n) {
+    const auto& c = e.cfg;
+    CHECK(cudaSetDevice(c.device));
+    mark(e, "accept");
+    e.replay_rows = n, e.replay_ring = e.ring_w;
+    if (e.replay_fused) e.ring_w ^= 1;  // the next verify step writes the other ring
     CHECK(cudaMemcpyAsync(e.mtp_last, e.verify_hidden + static_cast<size_t>(n - 1) * c.n_embd,
                           sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    CHECK(cudaStreamSynchronize(e.stream));
-    collect_profile(e);
-    if (e.n_gdn) e.conv_cur ^= 1;
     e.n_past += n;
     e.pending = 0;
+    if (e.replay_fused) {  // nothing to wait for: the host goes on (a profile collects at the next call's sync)
+        return OPENJET_OK;
+    }
+    TRY(replay_now(e));
+    CHECK(cudaStreamSynchronize(e.stream));
+    collect_profile(e);
     return OPENJET_OK;
 }
 
@@ -1413,6 +1468,7 @@ float* ckpt_mtp_row(const openjet_engine& e, int slot) {  // the slot's copy of 
 
 // The sequence's GDN and conv states and the carried hidden row into a slot, as of e.n_past.
 int save_checkpoint(openjet_engine& e, int slot) {
+    TRY(replay_now(e));  // the state as of n_past
     char* dst = ckpt_slot(e, slot);
     CHECK(cudaMemcpyAsync(dst, e.ssm, sizeof(float) * e.ssm_layer_floats * e.n_gdn, cudaMemcpyDeviceToDevice, e.stream));
     CHECK(cudaMemcpyAsync(dst + ckpt_ssm_bytes(e), e.conv[e.conv_cur], ckpt_conv_bytes(e), cudaMemcpyDeviceToDevice,
@@ -1523,6 +1579,7 @@ extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     e->n_past = 0;
     e->conv_cur = 0;
     e->pending = 0;
+    e->replay_rows = 0;
     return OPENJET_OK;
 }
 
@@ -1628,6 +1685,7 @@ extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
                               cudaMemcpyDeviceToDevice, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = e->ckpt_n_past[slot];
+    e->replay_rows = 0;  // a pending replay belonged to the state the slot replaces
     return OPENJET_OK;
 }
 
@@ -1658,6 +1716,45 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
+                                                           int32_t* drafts, float* values, float* hidden) {
+    TRY(check_idle(e, "mtp_draft_greedy"));
+    const auto& c = e->cfg;
+    if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: the model has no MTP head");
+    if (e->n_past < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: no token processed yet (prefill first)");
+    if (!drafts || n < 1 || n > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: drafts is NULL, n = %d is not 1..%d, or n_valid = "
+                    "%d is not 1..%d", n, OPENJET_ENGINE_MAX_T, n_valid, c.n_vocab);
+    if (token < 0 || token >= c.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: token id %d is outside the vocabulary [0, %d)",
+                    token, c.n_vocab);
+    if (e->n_past - 1 + n > c.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: %d draft steps at %d tokens exceed the context "
+                    "of %d", n, e->n_past, c.n_ctx);
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
+    for (int k = 0; k < n; ++k) {
+        mark(*e, "mtp.draft");
+        // Step k's token is in e->ids[0]: the caller's, then the argmax of the step before (written there below).
+        TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, e->n_past - 1 + k, true));
+        CHECK(launch_argmax(e->logits, n_logits, e->draft_n ? e->draft_ids : nullptr, n_valid, e->draft_pick + k,
+                            e->draft_value + k, e->ids, e->stream));
+        if (hidden)
+            CHECK(cudaMemcpyAsync(e->draft_hidden + static_cast<size_t>(k) * c.n_embd, e->mtp_hp,
+                                  sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e->stream));
+    }
+    CHECK(cudaMemcpyAsync(drafts, e->draft_pick, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, e->stream));
+    if (values) CHECK(cudaMemcpyAsync(values, e->draft_value, sizeof(float) * n, cudaMemcpyDeviceToHost, e->stream));
+    if (hidden)
+        CHECK(cudaMemcpyAsync(hidden, e->draft_hidden, sizeof(float) * n * c.n_embd, cudaMemcpyDeviceToHost,
+                              e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     return OPENJET_OK;

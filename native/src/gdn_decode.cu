@@ -126,7 +126,7 @@ cudaError_t launch_gated_norm(const GdnStepArgs& a, const ActPack* pack, const f
 // logits every block of the head would compute again); OPENJET_GDN_SPLIT=0 turns it off (to compare).
 // (Read at each such launch, a prefill chunk's 48, never on a decode step: tests switch it.)
 bool gdn_split(const GdnStepArgs& a) {
-    if (a.w_beta || a.t <= kGdnMaxT) return false;
+    if (a.w_beta || a.t <= kGdnMaxT || a.replay) return false;
     const char* v = std::getenv("OPENJET_GDN_SPLIT");
     return !(v && std::strcmp(v, "0") == 0);
 }
@@ -154,6 +154,12 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
     const size_t conv_dim = (size_t)(2 * a.n_k + a.n_v) * kGdnHeadDim;
     if (overlap(a.conv_state_in, a.conv_state_out, 3 * conv_dim)) return cudaErrorInvalidValue;
     if (a.state_out && overlap(a.state, a.state_out, (size_t)a.n_v * kGdnHeadDim * kGdnHeadDim))
+        return cudaErrorInvalidValue;
+    // A fused replay or an early commit: whole-head blocks of a decode or verify step only (the column split and the
+    // chunked forms take neither).
+    if (a.replay < 0 || a.replay > kGdnMaxT || a.commit < -1 || a.commit > a.replay + a.t ||
+        (a.replay && (!a.replay_qkv || !a.replay_b || !a.replay_alpha)) ||
+        ((a.replay || a.commit >= 0) && (a.t > kGdnMaxT || a.chunk_scratch)))
         return cudaErrorInvalidValue;
     if ((a.snap_state || a.snap_conv) &&  // a snapshot: form 2 only, at a chunk boundary inside the call
         (!a.snap_state || !a.snap_conv || a.snap_row <= 0 || a.snap_row >= a.t || a.snap_row % kGdnChunk ||

@@ -59,6 +59,18 @@ struct GdnStepArgs {
     float* y;                         // [t, n_v*128] rms(o)·w·silu(z), input of ssm_out
     float* state_out = nullptr;       // or where the updated state goes (state is then only read; a verify
                                       // step keeps the committed state for its accepted rows' replay)
+    // A deferred accept (the engine's fused replay, OPENJET_GDN_REPLAY=fused): the call first runs `replay` rows
+    // (0..kGdnMaxT) of the previous verify step's kept rows from its ring (replay_qkv [replay, conv_dim], replay_b /
+    // replay_alpha [replay, n_v] logits), the same per-row code as its own rows, without outputs; its own t rows
+    // follow (y rows 0..t-1). Every row's arithmetic is what a call of those rows alone does: the same bits.
+    int replay = 0;
+    const float* replay_qkv = nullptr;
+    const float* replay_b = nullptr;
+    const float* replay_alpha = nullptr;
+    // Where the state (in place, or state_out) and conv_state_out are written: after this many of the call's
+    // rows, replay rows counted; -1: after all of them. A verify step with a fused replay commits its replay rows
+    // only (its own rows wait in the ring for accept); 0 writes neither.
+    int commit = -1;
     // The beta and alpha projections fused (F32 W [n_v, proj_k], both set; t <= kGdnMaxT): each block computes its
     // head's logits from x_in [t, proj_k] in the F32 GEMV's order (f32_dot_lanes: the same bits as the two launches
     // it saves) and writes them to b_out / alpha_out where set (a verify step's ring); b and alpha unread.
@@ -159,6 +171,10 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const int tid = threadIdx.x, j = c0 + tid % kCols, rg = tid / kCols, lane = tid & 31, warp = tid >> 5;
     const int kh = h % a.n_k;                                  // tiled pairing: value head h reads key head h mod n_k
     const int key_dim = a.n_k * D, value_dim = a.n_v * D, conv_dim = 2 * key_dim + value_dim;
+    // The call's rows: a.replay rows from the ring first (GdnStepArgs::replay), then its own a.t; "own" below is a
+    // row's index among the latter (negative: a replayed row, which writes no output).
+    const int total = a.replay + a.t;
+    const int commit = a.commit < 0 ? total : a.commit;  // the state and conv window go out after this many rows
 
     // The fused beta (even jobs) and alpha (odd) projections of each token (a call of one sub-step: the launcher
     // checks), a 128-thread group per row; first, so that their registers are free again before the state's 16
@@ -207,17 +223,21 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     constexpr int kLoads = (kGdnMaxT * W + kThreads - 1) / kThreads;  // raw qkv values per thread
     static_assert(!kWhole || kGdnMaxT * D <= kThreads, "one z value per thread");
     float xr[kLoads], zr = 0.0f;
+    const auto qkv_row = [&](int row) {  // the call's row: replayed from the ring, or its own
+        return row < a.replay ? a.replay_qkv + (size_t)row * conv_dim : a.qkv + (size_t)(row - a.replay) * conv_dim;
+    };
     const auto load_rows = [&](int t0) {  // this thread's raw qkv (and z) values of rows t0 .. t0 + kGdnMaxT - 1
-        const int n = min(kGdnMaxT, a.t - t0);
+        const int n = min(kGdnMaxT, total - t0);
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
             const int e = tid + u * kThreads, t = e / W, ch = e - t * W;
             if constexpr (kWhole)
-                xr[u] = e < n * W ? a.qkv[(size_t)(t0 + t) * conv_dim + channel((e / D) % 3, e % D)] : 0.0f;
+                xr[u] = e < n * W ? qkv_row(t0 + t)[channel((e / D) % 3, e % D)] : 0.0f;
             else
-                xr[u] = e < n * W ? a.qkv[(size_t)(t0 + t) * conv_dim + channel(part_of(ch), column_of(ch))] : 0.0f;
+                xr[u] = e < n * W ? qkv_row(t0 + t)[channel(part_of(ch), column_of(ch))] : 0.0f;
         }
-        if (kWhole && tid < n * D) zr = a.z[(size_t)(t0 + tid / D) * value_dim + h * D + j];
+        const int own = t0 + tid / D - a.replay;  // z only for the call's own rows (a replayed row has no output)
+        if (kWhole && tid < n * D) zr = own >= 0 ? a.z[(size_t)own * value_dim + h * D + j] : 0.0f;
     };
     load_rows(0);
     // Conv thread of channel ch: what it puts in shared memory only it reads back.
@@ -230,8 +250,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     if (kWhole && tid >= 4 * D && tid < 5 * D) sm.norm_w[j] = a.norm_w[j];
 
 #pragma unroll 1
-    for (int t0 = 0; t0 < a.t; t0 += kGdnMaxT) {
-        const int n_tok = min(kGdnMaxT, a.t - t0);
+    for (int t0 = 0; t0 < total; t0 += kGdnMaxT) {
+        const int n_tok = min(kGdnMaxT, total - t0);
         if (t0) __syncthreads();  // the last sub-step's readers of shared memory are done
 
 #pragma unroll
@@ -248,18 +268,21 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
         constexpr int kGateTid = kWhole ? 3 * D : 0;  // whole head: threads without a conv channel
         if (tid >= kGateTid && tid < kGateTid + n_tok) {
-            const int t = tid - kGateTid, row = t0 + t;
-            float bl, al;  // the logits: computed above (the F32 GEMV's final sum), or read
-            if (a.w_beta) {
-                const float* pb = sm.proj[2 * t];
-                const float* pa = sm.proj[2 * t + 1];
+            const int t = tid - kGateTid, row = t0 + t, own = row - a.replay;
+            float bl, al;  // the logits: the ring's (a replayed row), computed above (the F32 GEMV's final sum), or read
+            if (own < 0) {
+                bl = a.replay_b[row * a.n_v + h];
+                al = a.replay_alpha[row * a.n_v + h];
+            } else if (a.w_beta) {
+                const float* pb = sm.proj[2 * own];
+                const float* pa = sm.proj[2 * own + 1];
                 bl = f32_warps_total(pb[0], pb[1], pb[2], pb[3]);
                 al = f32_warps_total(pa[0], pa[1], pa[2], pa[3]);
-                if (a.b_out) a.b_out[row * a.n_v + h] = bl;
-                if (a.alpha_out) a.alpha_out[row * a.n_v + h] = al;
+                if (a.b_out) a.b_out[own * a.n_v + h] = bl;
+                if (a.alpha_out) a.alpha_out[own * a.n_v + h] = al;
             } else {
-                bl = a.b[row * a.n_v + h];
-                al = a.alpha[row * a.n_v + h];
+                bl = a.b[own * a.n_v + h];
+                al = a.alpha[own * a.n_v + h];
             }
             sm.beta[t] = gdn_sigmoid(bl);
             const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
@@ -278,15 +301,16 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                                             __fmul_rn(xt, w3));
                 xc[t * D] = gdn_silu(out);
                 x0 = x1; x1 = x2; x2 = xt;
+                // The window after the commit row: q/k channels are written by the one block with h < n_k (and
+                // c0 = 0).
+                if (t0 + t + 1 == commit && (ch >= 2 * D || (h == kh && c0 == 0))) {
+                    const int c = channel(part_of(ch), column_of(ch));
+                    a.conv_state_out[c] = x0;
+                    a.conv_state_out[conv_dim + c] = x1;
+                    a.conv_state_out[2 * conv_dim + c] = x2;
+                }
             }
             sm.conv_x[0][ch] = x0, sm.conv_x[1][ch] = x1, sm.conv_x[2][ch] = x2;
-            // The call's last rows: q/k channels are written by the one block with h < n_k (and c0 = 0).
-            if (t0 + n_tok == a.t && (ch >= 2 * D || (h == kh && c0 == 0))) {
-                const int c = channel(part_of(ch), column_of(ch));
-                a.conv_state_out[c] = x0;
-                a.conv_state_out[conv_dim + c] = x1;
-                a.conv_state_out[2 * conv_dim + c] = x2;
-            }
         });
         __syncthreads();
 
@@ -340,23 +364,24 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
 #pragma unroll
             for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
             const float o = __fmaf_rn(delta, sm.kq[t], qs);                       // o = S'ᵀq + δ (k·q)
+            const int own = t0 + t - a.replay;
             if (rg == 0) {
                 if (kWhole) sm.o[t][j] = o;
-                else a.y[(size_t)(t0 + t) * value_dim + (size_t)h * D + j] = o;  // normed by the next launch
+                else if (own >= 0) a.y[(size_t)own * value_dim + (size_t)h * D + j] = o;  // normed by the next launch
             }
-        }
-        if (t0 + n_tok == a.t) {  // the call's last rows: the state goes out while y is computed
-            float* so = (a.state_out ? a.state_out : a.state) + st;
+            if (t0 + t + 1 == commit) {  // the commit row (a decode step: the last): the state goes out
+                float* so = (a.state_out ? a.state_out : a.state) + st;
 #pragma unroll
-            for (int i = 0; i < R; ++i) so[i * D] = s[i];
+                for (int i = 0; i < R; ++i) so[i * D] = s[i];
+            }
         }
         __syncthreads();
 
         // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token (the column split: a launch of its own).
-        if (kWhole && warp < n_tok) {
+        if (kWhole && warp < n_tok && t0 + warp >= a.replay) {
             const float* zt = sm.z[warp];
             gdn_gated_norm_row(sm.o[warp], [&](int c) { return sm.norm_w[c]; }, [&](int c) { return zt[c]; }, a.eps,
-                               lane, a.y + (size_t)(t0 + warp) * value_dim + (size_t)h * D);
+                               lane, a.y + (size_t)(t0 + warp - a.replay) * value_dim + (size_t)h * D);
         }
     }
 }

@@ -92,7 +92,42 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
 
 int n_chunks_for(int n) { return (n + kChunk - 1) / kChunk; }
 
+// launch_argmax: one block; the least make_key over the row (the first of launch_topk's order), its id mapped.
+constexpr int kArgmaxThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
+                                                                 const int32_t* __restrict__ row_ids, int n_valid,
+                                                                 int32_t* id_out, float* value_out, int32_t* id_copy) {
+    __shared__ unsigned long long warp_least[kArgmaxThreads / 32];
+    pdl_start();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long best = kNone;
+    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+        const int id = row_ids ? row_ids[i] : i;
+        if (id < n_valid) best = min(best, make_key(x[i], id));
+    }
+    for (int m = 16; m >= 1; m >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, m));
+    if (lane == 0) warp_least[warp] = best;
+    __syncthreads();
+    if (warp) return;
+    best = warp_least[lane];  // kArgmaxThreads / 32 == 32 warps
+    for (int m = 16; m >= 1; m >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, m));
+    if (lane) return;
+    // No candidate (every id >= n_valid): id 0 at -inf, what ranking the whole row padded with -inf gives.
+    const int id = best == kNone ? 0 : static_cast<int>(static_cast<uint32_t>(best));
+    *id_out = id;
+    if (value_out) *value_out = best == kNone ? __uint_as_float(0xff800000u) /* -inf */ : from_orderable(~static_cast<uint32_t>(best >> 32));
+    if (id_copy) *id_copy = id;
+}
+static_assert(kArgmaxThreads == 32 * 32, "the second reduction is one warp over the warps' results");
+
 }  // namespace
+
+cudaError_t launch_argmax(const float* x, int n, const int32_t* row_ids, int n_valid, int32_t* id_out,
+                          float* value_out, int32_t* id_copy, cudaStream_t stream) {
+    if (!x || !id_out || n < 1 || n_valid < 1) return cudaErrorInvalidValue;
+    return launch_kernel(argmax_kernel, 1, kArgmaxThreads, 0, stream, x, n, row_ids, n_valid, id_out, value_out,
+                         id_copy);
+}
 
 size_t topk_work_bytes(int rows, int n) {
     return sizeof(unsigned long long) * static_cast<size_t>(rows) * n_chunks_for(n) * kTopKMax;

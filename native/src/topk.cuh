@@ -23,4 +23,11 @@ cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int
                         const float* pen_deltas, int n_pen, float* values, int32_t* ids, void* work,
                         cudaStream_t stream);
 
+// The first of launch_topk's order (k = 1) of one row x [n], for a greedy draft chained on the device: entry i has
+// id row_ids[i] (the draft vocabulary's rows; null: i), ids >= n_valid are skipped, and the id goes to *id_out and,
+// where set, *id_copy (the next draft step's input), its value to *value_out (where set). One block (a draft
+// vocabulary's ~32K rows; the whole vocabulary is a slower fallback). None valid: id 0 at -inf.
+cudaError_t launch_argmax(const float* x, int n, const int32_t* row_ids, int n_valid, int32_t* id_out,
+                          float* value_out, int32_t* id_copy, cudaStream_t stream);
+
 }  // namespace openjet

@@ -116,6 +116,7 @@ KERNEL_SWITCHES = {
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
     "OPENJET_GEMV_INT": ("0", "1", "2"),                    # engine.cu, gemv_int (an experiment; read at load)
     "OPENJET_GEMV_TMA": ("auto", "0", "1", "2"),            # engine.cu, gemv_tma_switch (read at load)
+    "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (read at load)
 }
 
 
@@ -179,6 +180,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_memory": ([_P, ctypes.POINTER(MemoryReport)], ctypes.c_int),
         "openjet_engine_has_mtp": ([_P, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
+        "openjet_engine_mtp_draft_greedy": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, i32p, f32p, f32p],
+                                            ctypes.c_int),
         "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_attn_spread": ([_P, ctypes.c_int], ctypes.c_int),
@@ -574,6 +577,8 @@ class CudaEngine(Engine):
         """mtp_draft through each row's top k: with a draft vocabulary only its rows are ranked (a whole row,
         mostly -inf, takes numpy's partition ~5 ms at 248,320 entries; its 32,768 rows ~0.03 ms)."""
         n_valid = self.config.shape.n_vocab if n_valid is None else n_valid
+        if choose is None and k == 1 and self.native_draft and 1 <= n_draft <= MAX_GPU_DECODE_TOKENS:
+            return self._draft_greedy(state, token, n_draft, n_valid)
         pick = choose or first_id
         values, ids = np.empty((n_draft, k), np.float32), np.empty((n_draft, k), np.int32)
         full = np.empty((n_draft, self.config.shape.n_vocab), np.float32)
@@ -589,6 +594,29 @@ class CudaEngine(Engine):
 
         drafted, hidden = self._draft_steps(state, token, n_draft, on_row, full)
         return DraftTopOutput(drafted, values, ids, hidden)
+
+    # Greedy drafts chained on the device (openjet_engine_mtp_draft_greedy: each step's argmax feeds the next step
+    # there, one wait per chain); False: a step and a host ranking at a time (_draft_steps), the same drafts. Off
+    # until its GPU test (test_greedy_drafts_chained_on_the_device_are_the_host_rankings) has run; drafts only
+    # change how many tokens a cycle keeps, never which (verification is full).
+    native_draft = False
+
+    def _draft_greedy(self, state: CudaState, token: int, n_draft: int, n_valid: int) -> DraftTopOutput:
+        """mtp_draft_top with k = 1 and the argmax as the choice, the chain on the device."""
+        s = self.config.shape
+        (tok,) = self._token_ids(state, [token])
+        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
+        t0 = time.perf_counter()
+        if self._draft_base is not None:
+            self._sync_draft_rows(state, int(tok))
+        drafts, values = np.empty(n_draft, np.int32), np.empty((n_draft, 1), np.float32)
+        hidden = np.empty((n_draft, s.n_embd), np.float32)
+        self._check(self._lib.openjet_engine_mtp_draft_greedy(
+            self._handle, int(tok), n_draft, n_valid, drafts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            _f32p(values), _f32p(hidden)), "mtp_draft")
+        self._stats.draft_tokens += n_draft
+        self._stats.draft_seconds += time.perf_counter() - t0
+        return DraftTopOutput([int(x) for x in drafts], values, drafts.reshape(n_draft, 1).copy(), hidden)
 
     def _draft_steps(self, state: CudaState, token: int, n_draft: int, on_row, full: np.ndarray):
         """The draft loop of mtp_draft and mtp_draft_top: per step the head's logits (the draft vocabulary's
