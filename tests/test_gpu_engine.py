@@ -468,14 +468,15 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
-                          ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2"))])
+                          ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4"))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
     arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
     input projections, is what it takes); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
-    producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms). The
+    producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
+    those with the last-arriver tile sum). The
     counted path
     (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
@@ -522,7 +523,7 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeyp
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the producer-warp decode GEMV's grid of resident blocks (gemv_tma.cu, the default where
-    it runs; both its forms) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take
+    it runs; its forms, the last-arriver sum's too) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take
     every tile in turn) gives the cp.async kernels' bits (OPENJET_GEMV_TMA=0, the whole GPU): decode_sequence_logits
     on the small model."""
     from openjet_launcher.engine import kernels_test as kt
@@ -530,12 +531,13 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for tma in ("0", "1", "2"):  # =0 on the whole GPU, the forms on the smaller grid
+    forms = ("1", "2", "3", "4")
+    for tma in ("0", *forms):  # =0 on the whole GPU, the forms on the smaller grid
         env = {"OPENJET_GEMV_TMA": tma, "OPENJET_PERSISTENT_SMS": None if tma == "0" else sms}
         out[tma], ran[tma] = small_model_sequence(models, monkeypatch, env, "gemv_tma", ids)
-    assert ran["0"] == 0 and ran["1"] > 0 and ran["2"] > 0, f"producer-warp GEMV launches: {ran}"
+    assert ran["0"] == 0 and all(ran[f] > 0 for f in forms), f"producer-warp GEMV launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    for tma in ("1", "2"):
+    for tma in forms:
         np.testing.assert_array_equal(out[tma], out["0"],
                                       err_msg=f"OPENJET_GEMV_TMA={tma}, OPENJET_PERSISTENT_SMS={sms}")
 

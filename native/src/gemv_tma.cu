@@ -12,6 +12,8 @@
 //
 // A tile's consumer warp i takes units [nu i / 4, nu (i + 1) / 4) in order with UnitMma, warp 0 sums the four
 // partials in order and stores (tile_sum_store_by): gemv_mma_kernel's sequence of operations for every output.
+// kLastSum (forms 3 and 4, an experiment): no barrier at the tile's end; the last of the four warps to store its
+// partial sums them (in the same order) and stores, and the others go on to their next tile's units.
 #include "gemv_tma.cuh"
 
 #include "device_attr.cuh"
@@ -37,7 +39,7 @@ template <int QT, int kRing> struct TmaShape {
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
-template <int QT, int kRing, int kMinBlocks>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles) {
@@ -47,6 +49,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
     __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
+    __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
     const auto bar = [&](int which, int q, int slot) {
@@ -57,6 +60,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         mbar_init(bar(0, q, slot), 1);  // the producer's arrival (with the bytes it expects)
         mbar_init(bar(1, q, slot), 1);  // the consumer warp's lane 0
     }
+    if (threadIdx.x < 2) arrived[threadIdx.x] = 0, summed[threadIdx.x] = 0;
     mbar_init_fence();
     __syncthreads();  // the barriers initialised; the only block-wide barrier
     pdl_launch_dependents();
@@ -104,8 +108,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
-    int buf = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
+    int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
         float acc[1][4] = {};
         for (int u = u0; u < u1; ++u) {
             mbar_wait_warp(full0 + 8 * slot, phase);
@@ -122,13 +126,40 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
             if (++slot == kRing) slot = 0, phase ^= 1;
         }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
-        named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
-        if (warp == 0) {
-            const bool first = tile < second.from;
+        const bool first = tile < second.from;
+        const auto sum_store = [&] {
             tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
                                            [&](int, int c) { return inv_s[c]; }, first ? y : second.y);
+        };
+        if constexpr (kLastSum) {
+            // part[buf] is free once its previous use's sum is done (only a warp two tiles ahead waits here).
+            if (lane == 0)
+                while (*static_cast<volatile int*>(&summed[buf]) < round) {
+                }
+            __syncwarp();
+            __threadfence_block();
+#pragma unroll
+            for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
+            __syncwarp();  // every lane's partials before lane 0's arrival (fences are cumulative)
+            int last = 0;
+            if (lane == 0) {
+                __threadfence_block();
+                last = atomicAdd(&arrived[buf], 1) % kConsumerWarps == kConsumerWarps - 1;
+                __threadfence_block();
+            }
+            if (__shfl_sync(0xffffffffu, last, 0)) {  // the tile's fourth partial: sum the four, in order
+                sum_store();
+                __syncwarp();  // every lane's reads of part[buf] before it is handed back
+                if (lane == 0) {
+                    __threadfence_block();
+                    atomicAdd(&summed[buf], 1);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
+            named_bar_sync(1, kConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
+            if (warp == 0) sum_store();
         }
     }
 #endif
@@ -136,13 +167,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
         Fit f;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks>, kTmaThreads,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>,
+                                                          kTmaThreads,
                                                           TmaShape<QT, kRing>::kSmemBytes) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
@@ -153,12 +185,12 @@ template <int QT, int kRing, int kMinBlocks> int resident_blocks(int grid_sms) {
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     using Sh = TmaShape<QT, kRing>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
@@ -198,11 +230,16 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // slower and removed (NOTES_gemv.md): an L2 evict-normal policy (T=1 9.223 against 9.104), a ring of 8 at 2 blocks
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
+// Forms 3 and 4 (an experiment, NOT yet run on a GPU): 1 and 2 with the last-arriver tile sum (kLastSum).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    const int form = a.tma == 1 || a.tma == 2 ? a.tma : a.t == 1 ? 1 : 2;
-    if (form == 2) return launch_ring<QT, kRing2, kBlocks2>(a, b, stream);
-    return launch_ring<QT, 4, 3>(a, b, stream);
+    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
+    switch (form) {
+        case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
+        case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
+        case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
+        default: return launch_ring<QT, 4, 3, false>(a, b, stream);
+    }
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);

@@ -115,7 +115,7 @@ KERNEL_SWITCHES = {
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
     "OPENJET_GEMV_INT": ("0", "1", "2"),                    # engine.cu, gemv_int (an experiment; read at load)
-    "OPENJET_GEMV_TMA": ("auto", "0", "1", "2"),            # engine.cu, gemv_tma_switch (read at load)
+    "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4"),  # engine.cu, gemv_tma_switch (read at load)
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (read at load)
 }
 
