@@ -57,6 +57,23 @@ def test_ties_go_to_the_lower_id_across_chunks_and_signed_zeros_tie():
     assert list(ids[1][:6]) == [3, 7, 10, 40, 6000, 9001]
 
 
+def test_the_argmax_takes_the_lowest_of_tied_ids_across_chunks():
+    """k = 1 (greedy's argmax, a reduction instead of the sorts): ties across pass-1 chunks go to the lower id,
+    -0.0 ties with 0.0, and ids at or above n_valid never win."""
+    n = 3 * 4096 + 5
+    x = np.full((3, n), -1.0, np.float32)
+    x[0, [9000, 4100, 8191, 4096]] = 2.5                       # the lowest of them (4096) opens the second chunk
+    x[1, [9001, 7]] = 0.0
+    x[1, 6] = -0.0                                             # ties with 0.0: the lower id
+    x[2, [n - 1, 12000]] = 5.0                                 # n - 1 is padding below
+    v, ids = kt.topk(x, 1, n - 1)
+    assert [int(i) for i in ids[:, 0]] == [4096, 6, 12000]
+    for r in range(3):
+        hv, hi = host_top(x[r], 1, n - 1)
+        np.testing.assert_array_equal(ids[r], hi)
+        assert np.array_equal(v[r], hv)
+
+
 def test_penalties_apply_before_ranking_as_the_sampler_applies_them():
     rng = np.random.default_rng(3)
     n = 50000

@@ -646,10 +646,11 @@ class Bench:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
         head, and over a 32,768-row draft vocabulary), chains of 1..7 greedy drafts on the device over that
         vocabulary, a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
-        asks) and an accept, each median of --steps (each verify timed right after the accept of a one-row verify,
-        as in a run of cycles: with OPENJET_GDN_REPLAY=fused that row's GDN replay runs inside the timed step, and
-        accept itself only books); then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens
-        per cycle (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
+        asks for sampled requests; and k = 1, greedy's, which the chained drafts' table rows take) and an accept,
+        each median of --steps (each verify timed right after the accept of a one-row verify, as in a run of
+        cycles: with OPENJET_GDN_REPLAY=fused that row's GDN replay runs inside the timed step, and accept itself
+        only books); then tok/s of cycles of n drafts at acceptance rates 0.5..0.9 (expected tokens per cycle
+        (1 - a^(n+1)) / (1 - a) over n drafts + verify(1 + n) + accept), against plain decoding."""
         a, s = self.a, self.s
         lib, h = engine._lib, engine._handle
         f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
@@ -688,40 +689,44 @@ class Bench:
             chain[n] = round(timed(draft_chain) * 1e3, 3)
         rec["draft_chain_ms_subset"] = chain
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
-        verify_ms, accept_ms = {}, None
-        def verify_top(row):
-            check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), TOP_K, s.n_vocab,
+        def verify_top(row, k):
+            check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), k, s.n_vocab,
                                                 top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32), None),
                   "verify_top")
 
-        for n in range(0, 8):
-            row = ids[SPEC_CTX + 1:SPEC_CTX + 2 + n]
+        def verify_accept_ms(k: int) -> tuple[dict, float]:
+            """Median verify (1 + n rows, the top k back) and accept times, n = 0..7."""
+            verify, accept = {}, None
+            for n in range(0, 8):
+                row = ids[SPEC_CTX + 1:SPEC_CTX + 2 + n]
+                times, acc = [], []
+                for i in range(a.warmup + a.steps):
+                    check(lib.openjet_engine_restore(h, 0), "restore")
+                    verify_top(ids[SPEC_CTX:SPEC_CTX + 1], k)  # the cycle before: one row, accepted
+                    check(lib.openjet_engine_accept(h, 1), "accept")
+                    t0 = time.perf_counter()
+                    verify_top(row, k)
+                    t1 = time.perf_counter()
+                    check(lib.openjet_engine_accept(h, 1), "accept")
+                    if i >= a.warmup:
+                        times.append(t1 - t0)
+                        acc.append(time.perf_counter() - t1)
+                verify[1 + n] = round(statistics.median(times) * 1e3, 3)
+                accept = round(statistics.median(acc) * 1e3, 3)
+            return verify, accept
 
-            def verify_accept(row=row):
-                check(lib.openjet_engine_restore(h, 0), "restore")
-                verify_top(ids[SPEC_CTX:SPEC_CTX + 1])  # the cycle before: one row, accepted
-                check(lib.openjet_engine_accept(h, 1), "accept")
-                t0 = time.perf_counter()
-                verify_top(row)
-                t1 = time.perf_counter()
-                check(lib.openjet_engine_accept(h, 1), "accept")
-                return t1 - t0, time.perf_counter() - t1
-            times, acc = [], []
-            for i in range(a.warmup + a.steps):
-                verify_s, acc_s = verify_accept()
-                if i >= a.warmup:
-                    times.append(verify_s)
-                    acc.append(acc_s)
-            verify_ms[1 + n] = round(statistics.median(times) * 1e3, 3)
-            accept_ms = round(statistics.median(acc) * 1e3, 3)
+        verify_ms, accept_ms = verify_accept_ms(TOP_K)
+        verify_k1_ms, _ = verify_accept_ms(1)  # greedy requests' path: each row's argmax back
         check(lib.openjet_engine_restore(h, 0), "restore")
-        rec.update(verify_ms=verify_ms, accept_ms=accept_ms)
+        rec.update(verify_ms=verify_ms, accept_ms=accept_ms, verify_ms_k1=verify_k1_ms)
         plain = verify_ms[1] + accept_ms
         table = {}
         for draft_key in ("draft_ms_full", "draft_ms_subset", "draft_chain_ms_subset"):
             for n in range(1, 8):
-                drafting = chain[n] if draft_key == "draft_chain_ms_subset" else n * rec[draft_key]
-                cycle = drafting + verify_ms[1 + n] + accept_ms
+                # the chained drafts are greedy's: with the k = 1 verify
+                greedy = draft_key == "draft_chain_ms_subset"
+                drafting = chain[n] if greedy else n * rec[draft_key]
+                cycle = drafting + (verify_k1_ms if greedy else verify_ms)[1 + n] + accept_ms
                 for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
                     tokens = (1 - alpha ** (n + 1)) / (1 - alpha)
                     table.setdefault(draft_key, {}).setdefault(str(n), {})[str(alpha)] = round(tokens / cycle * 1e3, 1)
@@ -732,8 +737,8 @@ class Bench:
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
         run["speculation"] = rec
         log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
-            f"({len(subset)} rows), chained on the device {chain} ms, verify {verify_ms}, accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, "
-            f"best at 0.7: {rec['best_at_acceptance_0.7']}")
+            f"({len(subset)} rows), chained on the device {chain} ms, verify {verify_ms} (k = 1: {verify_k1_ms}), "
+            f"accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, best at 0.7: {rec['best_at_acceptance_0.7']}")
         self.save()
 
 

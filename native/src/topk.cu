@@ -92,6 +92,52 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
 
 int n_chunks_for(int n) { return (n + kChunk - 1) / kChunk; }
 
+// The least of the block's keys (every thread gets it): a min is a min in any order, so this is the first of the
+// bitonic sort's order without the sort. warp_least: kThreads / 32 slots of shared memory.
+template <int kBlock> __device__ unsigned long long block_least(unsigned long long v, unsigned long long* warp_least) {
+    for (int m = 16; m >= 1; m >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, m));
+    if ((threadIdx.x & 31) == 0) warp_least[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = kNone;
+#pragma unroll
+    for (int i = 0; i < kBlock / 32; ++i) v = min(v, warp_least[i]);
+    return v;
+}
+
+// k = 1 (greedy's argmax): pass 1 keeps each chunk's least key (slot 0 of its kTopKMax), pass 2 the least of those.
+__global__ void __launch_bounds__(kThreads) topk_least_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
+                                                                    unsigned long long* __restrict__ out,
+                                                                    int n_chunks) {
+    __shared__ unsigned long long warp_least[kThreads / 32];
+    pdl_start();
+    const int chunk = blockIdx.x, row = blockIdx.y;
+    const float* xr = x + static_cast<long long>(row) * n;
+    const int lim = min(n, n_valid);
+    unsigned long long v = kNone;
+    for (int i = threadIdx.x; i < kChunk; i += kThreads) {
+        const int id = chunk * kChunk + i;
+        if (id < lim) v = min(v, make_key(xr[id], id));
+    }
+    v = block_least<kThreads>(v, warp_least);
+    if (threadIdx.x == 0) out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax] = v;
+}
+
+__global__ void __launch_bounds__(kThreads) topk_least_merge_kernel(const unsigned long long* __restrict__ in,
+                                                                    int n_chunks, float* __restrict__ values,
+                                                                    int32_t* __restrict__ ids) {
+    __shared__ unsigned long long warp_least[kThreads / 32];
+    pdl_start();
+    const int row = blockIdx.x;
+    const unsigned long long* r = in + static_cast<long long>(row) * n_chunks * kTopKMax;
+    unsigned long long v = kNone;
+    for (int c = threadIdx.x; c < n_chunks; c += kThreads) v = min(v, r[c * kTopKMax]);
+    v = block_least<kThreads>(v, warp_least);
+    if (threadIdx.x == 0) {  // launch_topk's k <= n_valid: a valid key exists
+        values[row] = from_orderable(~static_cast<uint32_t>(v >> 32));
+        ids[row] = static_cast<int32_t>(v & 0xffffffffu);
+    }
+}
+
 // launch_argmax: one block; the least make_key over the row (the first of launch_topk's order), its id mapped.
 constexpr int kArgmaxThreads = 1024;
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
@@ -99,26 +145,20 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
                                                                  int32_t* id_out, float* value_out, int32_t* id_copy) {
     __shared__ unsigned long long warp_least[kArgmaxThreads / 32];
     pdl_start();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned long long best = kNone;
+    unsigned long long v = kNone;
     for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
         const int id = row_ids ? row_ids[i] : i;
-        if (id < n_valid) best = min(best, make_key(x[i], id));
+        if (id < n_valid) v = min(v, make_key(x[i], id));
     }
-    for (int m = 16; m >= 1; m >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, m));
-    if (lane == 0) warp_least[warp] = best;
-    __syncthreads();
-    if (warp) return;
-    best = warp_least[lane];  // kArgmaxThreads / 32 == 32 warps
-    for (int m = 16; m >= 1; m >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, m));
-    if (lane) return;
+    v = block_least<kArgmaxThreads>(v, warp_least);
+    if (threadIdx.x) return;
     // No candidate (every id >= n_valid): id 0 at -inf, what ranking the whole row padded with -inf gives.
-    const int id = best == kNone ? 0 : static_cast<int>(static_cast<uint32_t>(best));
+    const int id = v == kNone ? 0 : static_cast<int>(static_cast<uint32_t>(v));
     *id_out = id;
-    if (value_out) *value_out = best == kNone ? __uint_as_float(0xff800000u) /* -inf */ : from_orderable(~static_cast<uint32_t>(best >> 32));
+    const float minus_inf = __uint_as_float(0xff800000u);
+    if (value_out) *value_out = v == kNone ? minus_inf : from_orderable(~static_cast<uint32_t>(v >> 32));
     if (id_copy) *id_copy = id;
 }
-static_assert(kArgmaxThreads == 32 * 32, "the second reduction is one warp over the warps' results");
 
 }  // namespace
 
@@ -147,6 +187,12 @@ cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int
             return e;
     }
     auto* keys = static_cast<unsigned long long*>(work);
+    if (k == 1) {  // the argmax: a reduction per chunk and per row instead of two sorts (the same key wins)
+        if (cudaError_t e = launch_kernel(topk_least_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n,
+                                          n_valid, keys, n_chunks))
+            return e;
+        return launch_kernel(topk_least_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, values, ids);
+    }
     if (cudaError_t e = launch_kernel(topk_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n, n_valid, keys,
                                       n_chunks))
         return e;
