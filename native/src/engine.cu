@@ -1445,10 +1445,8 @@ int accept_impl(openjet_engine& e, int n) {
                           sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     e.n_past += n;
     e.pending = 0;
-    if (e.replay_fused) {  // nothing to wait for: the host goes on (a profile collects at the next call's sync)
-        return OPENJET_OK;
-    }
-    TRY(replay_now(e));
+    if (!e.replay_fused) TRY(replay_now(e));
+    else if (!e.prof.on) return OPENJET_OK;  // nothing to wait for: the host goes on
     CHECK(cudaStreamSynchronize(e.stream));
     collect_profile(e);
     return OPENJET_OK;
