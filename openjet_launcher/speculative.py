@@ -91,13 +91,14 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
         q_rows.append(dist)
         return int(dist[0][sampler.draw(dist[1])])
 
-    if k_top is not None:                                  # greedy: the first of each row's top 1
-        draft = engine.mtp_draft_top(state, token, n_draft, k=k_top, n_valid=sampler.n_valid,
-                                     choose=None if greedy else
-                                     lambda values, ids: draw(sampler.distribution_top(values, ids)))
+    if k_top is not None and greedy:                       # the first of each row's top 1
+        drafts = list(engine.mtp_draft_top(state, token, n_draft, k=1, n_valid=sampler.n_valid).tokens)
+    elif k_top is not None:                                # each draft from its row's top k, with the q it came from
+        sampled = engine.mtp_draft_sampled(state, token, n_draft, sampler, k=k_top)
+        drafts, q_rows = list(sampled.tokens), list(sampled.q)
     else:
-        draft = engine.mtp_draft(state, token, n_draft, choose=lambda lg: draw(sparse(sampler.probabilities(lg))))
-    drafts = list(draft.tokens)
+        drafts = list(engine.mtp_draft(state, token, n_draft,
+                                       choose=lambda lg: draw(sparse(sampler.probabilities(lg)))).tokens)
     rows = [token, *drafts]
     if k_top is not None:
         top = engine.verify_top(state, rows, k=k_top, n_valid=sampler.n_valid)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from openjet_launcher.engine.cuda import GDN_CHUNK, CudaEngine, gdn_chunk_rows
+from openjet_launcher.engine.interface import rank_subset
 from openjet_launcher.errors import OpenJetError
 
 N_VOCAB, N_EMBD = 300, 16
@@ -137,6 +138,24 @@ class FakeLib:
             np.ctypeslib.as_array(values, shape=(n,))[:] = value
         if hidden:
             np.ctypeslib.as_array(hidden, shape=(n, N_EMBD))[:] = 0.0
+        return 0
+
+    def openjet_engine_mtp_draft_sampled(self, h, token, n, n_valid, k, temperature, top_p, min_p, u, drafts, q_ids,
+                                         q_probs, q_len):
+        self.calls.append(("mtp_draft_sampled", int(token), n, n_valid, k, round(temperature, 6), round(top_p, 6),
+                           round(min_p, 6), tuple(self.rows)))
+        if not 1 <= n <= 8 or not 1 <= k <= 32:
+            return self._fail(f"mtp_draft_sampled: n = {n} or k = {k}")
+        # Not the kernel's transform: any q serves, as long as the caller gets back the one each draft came from.
+        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)[:k]
+        ids = np.array(sorted(i for _, i in cands), np.int32)
+        probs = np.full(len(ids), 1.0 / len(ids))
+        us = np.ctypeslib.as_array(u, shape=(n,))
+        picks = ids[np.minimum((us * len(ids)).astype(int), len(ids) - 1)]
+        np.ctypeslib.as_array(drafts, shape=(n,))[:] = picks
+        np.ctypeslib.as_array(q_ids, shape=(n, k))[:, :len(ids)] = ids
+        np.ctypeslib.as_array(q_probs, shape=(n, k))[:, :len(ids)] = probs
+        np.ctypeslib.as_array(q_len, shape=(n,))[:] = len(ids)
         return 0
 
     def openjet_engine_destroy(self, h):
@@ -285,6 +304,42 @@ def test_greedy_drafts_go_to_the_device_chain_with_the_host_rankings_answer(engi
     engine.mtp_draft_top(state, 201, 2, k=4)
     engine.mtp_draft_top(state, 201, 2, k=1, choose=lambda values, ids: int(ids[0]))
     assert not [c for c in engine._lib.calls if c[0] == "mtp_draft_greedy"]
+
+
+def test_sampled_drafts_go_to_the_device_chain_with_its_uniforms_and_hand_back_its_q(engine):
+    """Sampled drafting on the device (native_draft): one openjet_engine_mtp_draft_sampled call with the request's
+    transform and one uniform per draft from the sampler's generator (its stream advances by n_draft, as the host's
+    draws advance it); the drafts and each one's q (ids increasing, probabilities) come back as the device gave them.
+    Off, the host draws from Sampler.distribution_top of mtp_draft_top's rows."""
+    from openjet_launcher.sampling import Sampler, SamplingParams
+    params = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=11)
+    state = engine.new_state()
+    engine.decode(state, [3, 150])
+    engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77]))
+    engine.native_draft = True
+    sampler = Sampler(params, N_VOCAB)
+    got = engine.mtp_draft_sampled(state, 200, 3, sampler, k=5)
+    assert engine._lib.calls[-1] == ("mtp_draft_sampled", 200, 3, N_VOCAB, 5, 0.7, 0.9, 0.05,
+                                     (5, 76, 77, 78, 90, 299, 3, 150, 200))
+    u = np.random.default_rng(11).random(3)
+    assert sampler.rng.random() == np.random.default_rng(11).random(4)[3]  # the generator moved on by 3
+    five = [5, 76, 77, 78, 90]                                             # the fake head's top 5, ids increasing
+    assert got.tokens == [five[min(int(x * 5), 4)] for x in u]
+    for ids, probs in got.q:
+        assert ids.tolist() == five and np.allclose(probs, 0.2)
+    engine.native_draft = False
+    engine._lib.calls.clear()
+    host = Sampler(params, N_VOCAB)
+    off = engine.mtp_draft_sampled(state, 200, 2, host, k=5)
+    assert not [c for c in engine._lib.calls if c[0] == "mtp_draft_sampled"]
+    ref = Sampler(params, N_VOCAB)
+    rows = np.array(engine._draft_rows, np.int64)
+    values, ids = rank_subset(np.array([head_logit(i) for i in rows], np.float32), rows, 5, N_VOCAB)
+    for j in range(2):
+        want = ref.distribution_top(values, ids)
+        np.testing.assert_array_equal(off.q[j][0], want[0])
+        np.testing.assert_array_equal(off.q[j][1], want[1])
+        assert off.tokens[j] == int(want[0][ref.draw(want[1])])
 
 
 def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them(monkeypatch):

@@ -105,3 +105,34 @@ def test_bad_arguments_are_errors_with_messages():
         kt.topk(x, 4, 3)
     v, ids = kt.topk(x, 4)                                       # still works after errors
     assert list(ids[0]) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("temperature, top_p, min_p", [(1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.3, 1.0, 0.05),
+                                                        (0.6, 0.95, 0.1)])
+def test_a_sampled_draft_step_draws_from_the_samplers_distribution(temperature, top_p, min_p):
+    """sample_top.cuh after launch_topk (openjet_engine_mtp_draft_sampled's step): q is the host sampler's
+    distribution_top of the row's top 20 (the same ids, increasing; probabilities to 1e-12: double precision, not
+    numpy's operations), and the pick is its inverse CDF at u; also over a draft vocabulary's rows (row_ids: a row of
+    the subset's logits, ranked by their token ids, n_valid applied to those)."""
+    from openjet_launcher.engine.interface import rank_subset
+    rng = np.random.default_rng(int(temperature * 100 + top_p * 10 + min_p * 1000))
+    n, n_valid, k = 5000, 4990, 20
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=temperature, top_k=k, top_p=top_p, min_p=min_p), n_valid)
+    rows = rng.permutation(n)[:3000].astype(np.int32)
+    for row_ids in (None, rows):
+        if row_ids is None:
+            logits, ranked = x, host_top(x, k, n_valid)
+        else:
+            logits = x[row_ids]
+            ranked = rank_subset(logits, row_ids.astype(np.int64), k, n_valid)
+        want_ids, want_probs = sampler.distribution_top(*ranked)
+        cdf = np.cumsum(want_probs)
+        for u in (0.0, 0.13, 0.5, 0.77, 0.999):
+            pick, q_ids, q_probs = kt.sample_top(logits, k, temperature, top_p, min_p, u, n_valid, row_ids)
+            np.testing.assert_array_equal(q_ids, want_ids)
+            np.testing.assert_allclose(q_probs, want_probs, rtol=1e-12, atol=0)
+            x_u = u * cdf[-1]
+            if np.min(np.abs(cdf - x_u)) > 1e-9:                   # not at a boundary, where rounding may differ
+                assert pick == int(want_ids[np.searchsorted(cdf, x_u, side="right")])
+            assert pick in set(q_ids.tolist())

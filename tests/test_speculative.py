@@ -83,6 +83,40 @@ def test_a_sampled_cycle_on_the_engine_emits_the_plain_distribution(tiny):
     assert stat < CHI2_999[df], (stat, df, kept)
 
 
+def test_drafts_from_any_q_keep_the_target_distribution_when_the_test_uses_that_q(tiny, monkeypatch):
+    """Exact speculative sampling needs only that the acceptance test use the distribution each draft was drawn
+    from, whatever it is: the CUDA engine's device-drawn drafts hand back their own q (Engine.mtp_draft_sampled).
+    Here the first draft comes from the uniform distribution over the target's top 8 and one id outside them (far
+    from the target's shape, and often kept), later ones uniformly from the head's top 8; the first emitted token
+    still follows the target's distribution."""
+    from openjet_launcher.engine.interface import SampledDrafts
+    prompt, token = [11, 402, 7, 1999, 3, 250, 96], 1234
+    params = SamplingParams(temperature=1.0, top_k=8, seed=5)
+    state = tiny.new_state()
+    tiny.prefill(state, prompt)
+    support = np.flatnonzero(Sampler(params, tiny.config.shape.n_vocab).probabilities(
+        tiny.decode(state, [token]).logits[0]))
+    first_q = np.union1d(support, [int(np.setdiff1d(np.arange(100), support)[0])])
+
+    def uniform_drafts(state, token, n_draft, sampler, *, k):
+        q = []
+        def choose(values, ids):
+            q.append(first_q if not q else np.sort(ids).astype(np.int64))
+            q[-1] = (q[-1], np.full(len(q[-1]), 1.0 / len(q[-1])))
+            return int(q[-1][0][sampler.draw(q[-1][1])])
+        out = tiny.mtp_draft_top(state, token, n_draft, k=k, n_valid=sampler.n_valid, choose=choose)
+        return SampledDrafts(list(out.tokens), q)
+    monkeypatch.setattr(tiny, "mtp_draft_sampled", uniform_drafts)
+    sampler = Sampler(params, tiny.config.shape.n_vocab)
+    # 1,200 cycles (~11 s): enough to fail when the test is handed another q than the drafts came from (a q skewed
+    # 1:3 across the same ids gave chi-square 68.6 against the 24.3 bar at 7 degrees of freedom; 23.2 at 400).
+    target, counts, kept = first_token_counts(tiny, sampler, prompt, token, 2, 1200)
+    assert np.array_equal(np.flatnonzero(target), support)
+    assert counts[np.setdiff1d(np.arange(len(target)), support)].sum() == 0
+    stat, df = chi2(counts[support], target[support])
+    assert kept > 300 and stat < CHI2_999[df], (stat, df, kept)
+
+
 def test_verify_then_accept_keeps_the_first_rows_as_decode_would(tiny):
     """Engine.verify / accept (the interface's default: checkpoint, decode, truncate): accept(n) leaves the
     state a decode of the first n rows leaves; misuse is an error that says what is wrong."""

@@ -161,6 +161,17 @@ OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, i
 OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* engine, int32_t token, int n, int n_valid,
                                                 int32_t* drafts, float* values, float* hidden);
 
+/* Sampled drafting chained on the device: draft steps 0..n-1 after `token` as mtp_draft_greedy runs them, each step's
+ * token drawn from q_j, the request's transform of the step's top k logits (ids < n_valid; over the draft vocabulary's
+ * rows when set): logits / temperature, softmax over the k, top-p, min-p, renormalised (sampling.py's order), then
+ * the inverse CDF over q_j's ids in increasing order with u[j] in [0, 1), drawn by the caller from the request's
+ * generator. q_j comes back for the acceptance test, which must use the very q the draft was drawn from (the output
+ * is then exact whatever q is): q_ids / q_probs [n, k], row j's first q_len[j] entries (ids increasing). 1 <= n <=
+ * OPENJET_ENGINE_MAX_T, 1 <= k <= 32, temperature > 0, 0 < top_p <= 1, 0 <= min_p <= 1. The sequence is unchanged. */
+OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* engine, int32_t token, int n, int n_valid, int k,
+                                                 float temperature, float top_p, float min_p, const double* u,
+                                                 int32_t* drafts, int32_t* q_ids, double* q_probs, int* q_len);
+
 /* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON
  * {"on": bool, "calls": n, "phases": {"gdn.step": {"ms": total, "marks": n}, ...}} of the device time between
  * phase marks (embed, norm, gdn.in_proj, gdn.step, gdn.out_proj, attn.in_proj, attn.core, attn.out_proj, ffn,

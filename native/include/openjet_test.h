@@ -101,6 +101,13 @@ OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int 
 OPENJET_API int openjet_test_topk(const float* x, int rows, int n, int n_valid, int k, const int32_t* pen_ids,
                                   const float* pen_deltas, int n_pen, float* values, int32_t* ids);
 
+/* A sampled draft step's pick from a row x [n] (sample_top.cuh): its top k (1..32) among ids < n_valid, entry i being
+ * token row_ids[i] (NULL: i), then the transform (temperature > 0, top_p, min_p) and the draw with u in [0, 1): the
+ * pick, and q (q_len ids, increasing, in q_ids / q_probs [k]). */
+OPENJET_API int openjet_test_sample_top(const float* x, int n, const int32_t* row_ids, int n_valid, int k,
+                                        float temperature, float top_p, float min_p, double u, int32_t* pick,
+                                        int32_t* q_ids, double* q_probs, int* q_len);
+
 /* The launch shape the GEMV picks on the current device. */
 OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block,
                                         int* blocks);

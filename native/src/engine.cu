@@ -51,6 +51,7 @@
 #include "kquant.cuh"
 #include "prefill_gemm.cuh"
 #include "row_bound.cuh"
+#include "sample_top.cuh"
 #include "topk.cuh"
 #include "weight_layout.cuh"
 #include "openjet_engine.h"
@@ -202,10 +203,15 @@ struct openjet_engine {
     int ring_w = 0;
     int replay_rows = 0, replay_ring = 0;  // accepted rows whose GDN replay is pending (fused), and their ring
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
-    // openjet_engine_mtp_draft_greedy's outputs on the device: each step's h' [T, E], drafted id and its logit [T]
+    // openjet_engine_mtp_draft_greedy's outputs on the device: each step's h' [T, E], drafted id and its logit [T];
+    // openjet_engine_mtp_draft_sampled's uniforms [T] and distributions [T, kTopKMax] (ids, probabilities, lengths)
     float* draft_hidden = nullptr;
     int32_t* draft_pick = nullptr;
     float* draft_value = nullptr;
+    double* draft_u = nullptr;
+    int32_t* draft_q_ids = nullptr;
+    double* draft_q_probs = nullptr;
+    int* draft_q_len = nullptr;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
     // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
     char* draft_rows = nullptr;
@@ -739,6 +745,10 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.draft_pick, e.has_mtp ? sizeof(int32_t) * T : 0},
         {(void**)&e.draft_value, e.has_mtp ? sizeof(float) * T : 0},
+        {(void**)&e.draft_u, e.has_mtp ? sizeof(double) * T : 0},
+        {(void**)&e.draft_q_ids, e.has_mtp ? sizeof(int32_t) * T * kTopKMax : 0},
+        {(void**)&e.draft_q_probs, e.has_mtp ? sizeof(double) * T * kTopKMax : 0},
+        {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -1719,24 +1729,33 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     return OPENJET_OK;
 }
 
-extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
-                                                           int32_t* drafts, float* values, float* hidden) {
-    TRY(check_idle(e, "mtp_draft_greedy"));
+namespace {
+// What a chain of n draft steps on the device after `token` needs (mtp_draft_greedy, mtp_draft_sampled); then the
+// token goes to e->ids[0], the first step's input.
+int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
+    TRY(check_idle(e, what));
     const auto& c = e->cfg;
-    if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: the model has no MTP head");
-    if (e->n_past < 1)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: no token processed yet (prefill first)");
+    if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the model has no MTP head", what);
+    if (e->n_past < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: no token processed yet (prefill first)", what);
     if (!drafts || n < 1 || n > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: drafts is NULL, n = %d is not 1..%d, or n_valid = "
-                    "%d is not 1..%d", n, OPENJET_ENGINE_MAX_T, n_valid, c.n_vocab);
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: drafts is NULL, n = %d is not 1..%d, or n_valid = %d is not "
+                    "1..%d", what, n, OPENJET_ENGINE_MAX_T, n_valid, c.n_vocab);
     if (token < 0 || token >= c.n_vocab)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: token id %d is outside the vocabulary [0, %d)",
-                    token, c.n_vocab);
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: token id %d is outside the vocabulary [0, %d)", what, token,
+                    c.n_vocab);
     if (e->n_past - 1 + n > c.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_greedy: %d draft steps at %d tokens exceed the context "
-                    "of %d", n, e->n_past, c.n_ctx);
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d draft steps at %d tokens exceed the context of %d", what, n,
+                    e->n_past, c.n_ctx);
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    return OPENJET_OK;
+}
+}  // namespace
+
+extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
+                                                           int32_t* drafts, float* values, float* hidden) {
+    TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_greedy"));
+    const auto& c = e->cfg;
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     for (int k = 0; k < n; ++k) {
         mark(*e, "mtp.draft");
@@ -1753,6 +1772,44 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, in
     if (hidden)
         CHECK(cudaMemcpyAsync(hidden, e->draft_hidden, sizeof(float) * n * c.n_embd, cudaMemcpyDeviceToHost,
                               e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,
+                                                            int k, float temperature, float top_p, float min_p,
+                                                            const double* u, int32_t* drafts, int32_t* q_ids,
+                                                            double* q_probs, int* q_len) {
+    if (e && (k < 1 || k > kTopKMax || !(temperature > 0.0f) || !std::isfinite(temperature) ||
+              !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) || !u || !q_ids || !q_probs ||
+              !q_len))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d, temperature %g, top_p %g or "
+                    "min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature, top_p, min_p);
+    for (int j = 0; u && j < n && j < OPENJET_ENGINE_MAX_T; ++j)
+        if (!(u[j] >= 0.0 && u[j] < 1.0))
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: u[%d] = %g is not in [0, 1)", j, u[j]);
+    TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_sampled"));
+    const auto& c = e->cfg;
+    CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * n, cudaMemcpyHostToDevice, e->stream));
+    const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
+    const SampleTransform tr{temperature, top_p, min_p};
+    for (int j = 0; j < n; ++j) {
+        mark(*e, "mtp.draft");
+        // Step j's token is in e->ids[0]: the caller's, then the draw of the step before (written there below).
+        TRY(mtp_rows(*e, e->ids, j == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, e->n_past - 1 + j, true));
+        CHECK(launch_topk(e->logits, 1, n_logits, n_valid, k, nullptr, nullptr, 0, e->top_values, e->top_ids,
+                          e->top_work, e->stream, e->draft_n ? e->draft_ids : nullptr));
+        CHECK(launch_sample_top(e->top_values, e->top_ids, k, tr, e->draft_u + j, e->draft_pick + j, e->ids,
+                                e->draft_q_ids + j * kTopKMax, e->draft_q_probs + j * kTopKMax, e->draft_q_len + j,
+                                e->stream));
+    }
+    CHECK(cudaMemcpyAsync(drafts, e->draft_pick, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpy2DAsync(q_ids, sizeof(int32_t) * k, e->draft_q_ids, sizeof(int32_t) * kTopKMax,
+                            sizeof(int32_t) * k, n, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpy2DAsync(q_probs, sizeof(double) * k, e->draft_q_probs, sizeof(double) * kTopKMax,
+                            sizeof(double) * k, n, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpyAsync(q_len, e->draft_q_len, sizeof(int) * n, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     return OPENJET_OK;

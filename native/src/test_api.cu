@@ -7,6 +7,7 @@
 #include "api_common.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
+#include "sample_top.cuh"
 #include "topk.cuh"
 #include "gemv.cuh"
 #include "gemv_tma.cuh"
@@ -407,6 +408,36 @@ extern "C" OPENJET_API int openjet_test_topk(const float* x, int rows, int n, in
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(values, dv.p, sizeof(float) * rows * k, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(ids, di.p, sizeof(int32_t) * rows * k, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_sample_top(const float* x, int n, const int32_t* row_ids, int n_valid, int k,
+                                                   float temperature, float top_p, float min_p, double u,
+                                                   int32_t* pick, int32_t* q_ids, double* q_probs, int* q_len) {
+    if (!x || !pick || !q_ids || !q_probs || !q_len || n < 1 || k < 1 || k > kTopKMax || n_valid < 1 ||
+        !(u >= 0.0 && u < 1.0))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "sample_top: null pointer, bad shape, k or u");
+    DevBuf dx, dr, dv, di, dw, du, dp, dqi, dqp, dql;
+    CHECK(dx.upload(x, sizeof(float) * n));
+    if (row_ids) CHECK(dr.upload(row_ids, sizeof(int32_t) * n));
+    CHECK(du.upload(&u, sizeof(double)));
+    CHECK(dv.alloc(sizeof(float) * k));
+    CHECK(di.alloc(sizeof(int32_t) * k));
+    CHECK(dw.alloc(topk_work_bytes(1, n)));
+    CHECK(dp.alloc(sizeof(int32_t)));
+    CHECK(dqi.alloc(sizeof(int32_t) * k));
+    CHECK(dqp.alloc(sizeof(double) * k));
+    CHECK(dql.alloc(sizeof(int)));
+    CHECK(launch_topk(dx.as<float>(), 1, n, n_valid, k, nullptr, nullptr, 0, dv.as<float>(), di.as<int32_t>(), dw.p, 0,
+                      row_ids ? dr.as<int32_t>() : nullptr));
+    CHECK(launch_sample_top(dv.as<float>(), di.as<int32_t>(), k, SampleTransform{temperature, top_p, min_p},
+                            static_cast<const double*>(du.p), dp.as<int32_t>(), nullptr, dqi.as<int32_t>(),
+                            static_cast<double*>(dqp.p), static_cast<int*>(dql.p), 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(pick, dp.p, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(q_len, dql.p, sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(q_ids, dqi.p, sizeof(int32_t) * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(q_probs, dqp.p, sizeof(double) * k, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 

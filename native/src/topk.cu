@@ -28,6 +28,14 @@ __device__ __forceinline__ unsigned long long make_key(float v, int id) {
     return (static_cast<unsigned long long>(~orderable(v)) << 32) | static_cast<uint32_t>(id);
 }
 
+// Entry pos's key: its logit and id (row_ids[pos], or pos), kNone past the row or for an id >= n_valid.
+__device__ __forceinline__ unsigned long long entry_key(const float* xr, int pos, int n, int n_valid,
+                                                        const int32_t* row_ids) {
+    if (pos >= n) return kNone;
+    const int id = row_ids ? row_ids[pos] : pos;
+    return id < n_valid ? make_key(xr[pos], id) : kNone;
+}
+
 // Sorts s[0, n) ascending (n a power of two), every thread of the block taking part.
 __device__ void bitonic_sort(unsigned long long* s, int n) {
     for (int k = 2; k <= n; k <<= 1) {
@@ -56,19 +64,18 @@ __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, con
 }
 
 __global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
+                                                              const int32_t* __restrict__ row_ids,
                                                               unsigned long long* __restrict__ out, int n_chunks) {
     __shared__ unsigned long long s[kChunk];
     pdl_start();  // pdl.cuh
     const int chunk = blockIdx.x, row = blockIdx.y;
     const float* xr = x + static_cast<long long>(row) * n;
-    const int lim = min(n, n_valid);
-    for (int i = threadIdx.x; i < kChunk; i += kThreads) {
-        const int id = chunk * kChunk + i;
-        s[i] = id < lim ? make_key(xr[id], id) : kNone;
-    }
+    for (int i = threadIdx.x; i < kChunk; i += kThreads)
+        s[i] = entry_key(xr, chunk * kChunk + i, n, n_valid, row_ids);
     __syncthreads();
     bitonic_sort(s, kChunk);
-    if (threadIdx.x < kTopKMax) out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax + threadIdx.x] = s[threadIdx.x];
+    if (threadIdx.x < kTopKMax)
+        out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax + threadIdx.x] = s[threadIdx.x];
 }
 
 __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned long long* __restrict__ in, int n_chunks,
@@ -86,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
     if (threadIdx.x < k) {
         const unsigned long long key = s[threadIdx.x];
         values[static_cast<long long>(row) * k + threadIdx.x] = from_orderable(~static_cast<uint32_t>(key >> 32));
-        ids[static_cast<long long>(row) * k + threadIdx.x] = static_cast<int32_t>(key & 0xffffffffu);
+        const int32_t id = key == kNone ? -1 : static_cast<int32_t>(key & 0xffffffffu);  // fewer valid than k
+        ids[static_cast<long long>(row) * k + threadIdx.x] = id;
     }
 }
 
@@ -106,18 +114,16 @@ template <int kBlock> __device__ unsigned long long block_least(unsigned long lo
 
 // k = 1 (greedy's argmax): pass 1 keeps each chunk's least key (slot 0 of its kTopKMax), pass 2 the least of those.
 __global__ void __launch_bounds__(kThreads) topk_least_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
+                                                                    const int32_t* __restrict__ row_ids,
                                                                     unsigned long long* __restrict__ out,
                                                                     int n_chunks) {
     __shared__ unsigned long long warp_least[kThreads / 32];
     pdl_start();
     const int chunk = blockIdx.x, row = blockIdx.y;
     const float* xr = x + static_cast<long long>(row) * n;
-    const int lim = min(n, n_valid);
     unsigned long long v = kNone;
-    for (int i = threadIdx.x; i < kChunk; i += kThreads) {
-        const int id = chunk * kChunk + i;
-        if (id < lim) v = min(v, make_key(xr[id], id));
-    }
+    for (int i = threadIdx.x; i < kChunk; i += kThreads)
+        v = min(v, entry_key(xr, chunk * kChunk + i, n, n_valid, row_ids));
     v = block_least<kThreads>(v, warp_least);
     if (threadIdx.x == 0) out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax] = v;
 }
@@ -132,9 +138,9 @@ __global__ void __launch_bounds__(kThreads) topk_least_merge_kernel(const unsign
     unsigned long long v = kNone;
     for (int c = threadIdx.x; c < n_chunks; c += kThreads) v = min(v, r[c * kTopKMax]);
     v = block_least<kThreads>(v, warp_least);
-    if (threadIdx.x == 0) {  // launch_topk's k <= n_valid: a valid key exists
+    if (threadIdx.x == 0) {  // without row_ids, launch_topk's k <= n_valid: a valid key exists
         values[row] = from_orderable(~static_cast<uint32_t>(v >> 32));
-        ids[row] = static_cast<int32_t>(v & 0xffffffffu);
+        ids[row] = v == kNone ? -1 : static_cast<int32_t>(v & 0xffffffffu);
     }
 }
 
@@ -175,11 +181,13 @@ size_t topk_work_bytes(int rows, int n) {
 
 cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int32_t* pen_ids,
                         const float* pen_deltas, int n_pen, float* values, int32_t* ids, void* work,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const int32_t* row_ids) {
     const int n_chunks = n_chunks_for(n);
-    // k must leave no padding key in the output: at least k valid ids.
+    // Without row_ids k must leave no padding key in the output: at least k valid ids. Penalties index the row by
+    // id, so they take no row_ids.
     if (!x || !values || !ids || !work || rows < 1 || rows > 65535 || n < 1 || n_chunks > kMaxChunks ||
-        k < 1 || k > kTopKMax || n_valid < k || n_pen < 0 || (n_pen > 0 && (!pen_ids || !pen_deltas)))
+        k < 1 || k > kTopKMax || n_valid < (row_ids ? 1 : k) || n_pen < 0 || (n_pen > 0 && (!pen_ids || !pen_deltas)) ||
+        (n_pen > 0 && row_ids))
         return cudaErrorInvalidValue;
     if (n_pen > 0) {
         if (cudaError_t e = launch_kernel(penalise_kernel, dim3((n_pen + kThreads - 1) / kThreads, rows), kThreads, 0,
@@ -189,12 +197,12 @@ cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int
     auto* keys = static_cast<unsigned long long*>(work);
     if (k == 1) {  // the argmax: a reduction per chunk and per row instead of two sorts (the same key wins)
         if (cudaError_t e = launch_kernel(topk_least_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n,
-                                          n_valid, keys, n_chunks))
+                                          n_valid, row_ids, keys, n_chunks))
             return e;
         return launch_kernel(topk_least_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, values, ids);
     }
-    if (cudaError_t e = launch_kernel(topk_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n, n_valid, keys,
-                                      n_chunks))
+    if (cudaError_t e = launch_kernel(topk_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n, n_valid,
+                                      row_ids, keys, n_chunks))
         return e;
     return launch_kernel(topk_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, k, values, ids);
 }

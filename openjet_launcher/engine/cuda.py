@@ -53,8 +53,8 @@ from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from ..sampling import GPU_MAX_TOP_K
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, ChooseTop, DraftOutput, DraftTopOutput, Engine, EngineStats,
-                        SequenceState, StepOutput, TokenIds, TopOutput, argmax, check_chunk_size, check_draft_request,
-                        check_token_ids, first_id, rank_row, rank_subset)
+                        SampledDrafts, SequenceState, StepOutput, TokenIds, TopOutput, argmax, check_chunk_size,
+                        check_draft_request, check_token_ids, first_id, rank_row, rank_subset)
 from .device_probe import probe, require_runnable_device
 from .native import load_library
 
@@ -166,7 +166,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """argtypes/restype of the openjet_engine_* functions (once per library)."""
     if getattr(lib, "_openjet_engine_declared", False):
         return lib
-    f32p, i32p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
+    f32p, i32p, f64p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
     sig = {
         "openjet_engine_last_error": ([], ctypes.c_char_p),
         "openjet_engine_create": ([ctypes.POINTER(EngineConfig), ctypes.POINTER(TensorDesc), ctypes.c_int,
@@ -182,6 +182,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_mtp_draft_greedy": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, i32p, f32p, f32p],
                                             ctypes.c_int),
+        "openjet_engine_mtp_draft_sampled": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                              ctypes.c_float, ctypes.c_float, ctypes.c_float, f64p, i32p, f64p,
+                                              ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_attn_spread": ([_P, ctypes.c_int], ctypes.c_int),
@@ -617,6 +620,31 @@ class CudaEngine(Engine):
         self._stats.draft_tokens += n_draft
         self._stats.draft_seconds += time.perf_counter() - t0
         return DraftTopOutput([int(x) for x in drafts], values, drafts.reshape(n_draft, 1).copy(), hidden)
+
+    def mtp_draft_sampled(self, state: CudaState, token: int, n_draft: int, sampler, *, k: int) -> SampledDrafts:
+        """The interface's sampled drafts, chained on the device when native_draft is on
+        (openjet_engine_mtp_draft_sampled: one uniform per draft from the sampler's generator, in order, as the
+        host's draws take them; the q each draft came from comes back)."""
+        if not (self.native_draft and 1 <= n_draft <= MAX_GPU_DECODE_TOKENS and 1 <= k <= GPU_MAX_TOP_K):
+            return super().mtp_draft_sampled(state, token, n_draft, sampler, k=k)
+        s, p = self.config.shape, sampler.params
+        (tok,) = self._token_ids(state, [token])
+        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
+        t0 = time.perf_counter()
+        if self._draft_base is not None:
+            self._sync_draft_rows(state, int(tok))
+        u = sampler.rng.random(n_draft)
+        drafts, q_len = np.empty(n_draft, np.int32), np.empty(n_draft, np.intc)
+        q_ids, q_probs = np.empty((n_draft, k), np.int32), np.empty((n_draft, k), np.float64)
+        i32, f64 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
+        self._check(self._lib.openjet_engine_mtp_draft_sampled(
+            self._handle, int(tok), n_draft, sampler.n_valid, k, p.temperature, p.top_p, p.min_p,
+            u.ctypes.data_as(f64), drafts.ctypes.data_as(i32), q_ids.ctypes.data_as(i32), q_probs.ctypes.data_as(f64),
+            q_len.ctypes.data_as(ctypes.POINTER(ctypes.c_int))), "mtp_draft")
+        self._stats.draft_tokens += n_draft
+        self._stats.draft_seconds += time.perf_counter() - t0
+        q = [(q_ids[j, :q_len[j]].astype(np.int64), q_probs[j, :q_len[j]].copy()) for j in range(n_draft)]
+        return SampledDrafts([int(x) for x in drafts], q)
 
     def _draft_steps(self, state: CudaState, token: int, n_draft: int, on_row, full: np.ndarray):
         """The draft loop of mtp_draft and mtp_draft_top: per step the head's logits (the draft vocabulary's

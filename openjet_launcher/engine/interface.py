@@ -160,6 +160,14 @@ class DraftTopOutput:
 
 
 @dataclass(frozen=True)
+class SampledDrafts:
+    """Chained MTP drafts, each drawn from its q: ``tokens[j]`` from ``q[j]`` = (ids increasing, probabilities
+    float64), the distribution exact speculative sampling's acceptance test must use for draft j."""
+    tokens: list[int]
+    q: list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
 class DraftOutput:
     """Chained MTP drafts: ``tokens[k]`` is ``choose(logits[k])``; ``hidden[k]`` is the MTP output h'."""
     tokens: list[int]
@@ -271,6 +279,20 @@ class Engine(abc.ABC):
         out = self.mtp_draft(state, token, n_draft, choose=choose_row)
         values, ids = zip(*rows)
         return DraftTopOutput(out.tokens, np.stack(values), np.stack(ids).astype(np.int32), out.hidden)
+
+    def mtp_draft_sampled(self, state: SequenceState, token: int, n_draft: int, sampler, *, k: int) -> SampledDrafts:
+        """Sampled drafts: draft j drawn from q_j, the sampler's transform of the head's top k logits at step j
+        (Sampler.distribution_top), with one uniform from the sampler's generator per draft, in order; the next step
+        drafts after it. Here: mtp_draft_top with the draws on the host; the CUDA engine draws on the device and
+        hands back its own q_j (exact speculative sampling needs only that the test use the q the draft came from)."""
+        q: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def choose(values: np.ndarray, ids: np.ndarray) -> int:
+            q.append(sampler.distribution_top(values, ids))
+            return int(q[-1][0][sampler.draw(q[-1][1])])
+
+        out = self.mtp_draft_top(state, token, n_draft, k=k, n_valid=sampler.n_valid, choose=choose)
+        return SampledDrafts(list(out.tokens), q)
 
     def decode_top(self, state: SequenceState, tokens: TokenIds, *, k: int, n_valid: int | None = None,
                    penalties: dict[int, float] | None = None) -> TopOutput:

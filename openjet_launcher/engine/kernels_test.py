@@ -60,6 +60,8 @@ def _lib() -> ctypes.CDLL:
         "prefill_gate_up_half": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
         "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
+        "sample_top": [_P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_double, _P, _P,
+                       _P, _P],
         "gemv_shape": [_I, _I, _I, _P, _P, _P],
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_gemv_layout": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _P],
@@ -265,6 +267,24 @@ def topk(x, k: int, n_valid: int | None = None, penalties: dict[int, float] | No
     _check(lib, lib.openjet_test_topk(_ptr(x), rows, n, n if n_valid is None else n_valid, k, _ptr(pen_ids),
                                       _ptr(pen_deltas), len(pen_ids), _ptr(values), _ptr(ids)), "topk")
     return values, ids
+
+
+def sample_top(x, k: int, temperature: float, top_p: float, min_p: float, u: float, n_valid: int | None = None,
+               row_ids=None) -> tuple[int, np.ndarray, np.ndarray]:
+    """A sampled draft step's pick from the row x (sample_top.cuh): its top k among ids < n_valid (entry i being
+    token row_ids[i]), the transform and the draw with u: (the id, q's ids increasing, q's probabilities)."""
+    lib = _lib()
+    x = _f32(x, 1)
+    n = len(x)
+    rows = None if row_ids is None else np.ascontiguousarray(row_ids, np.int32)
+    if rows is not None and rows.shape != (n,):
+        raise OpenJetError(f"sample_top: row_ids has shape {rows.shape}, the row {n} entries")
+    pick, q_len = ctypes.c_int32(), ctypes.c_int()
+    q_ids, q_probs = np.empty(k, np.int32), np.empty(k, np.float64)
+    _check(lib, lib.openjet_test_sample_top(_ptr(x), n, _ptr(rows), n if n_valid is None else n_valid, k, temperature,
+                                            top_p, min_p, u, ctypes.byref(pick), _ptr(q_ids), _ptr(q_probs),
+                                            ctypes.byref(q_len)), "sample_top")
+    return int(pick.value), q_ids[:q_len.value].copy(), q_probs[:q_len.value].copy()
 
 
 def gemv_shape(qtype: int, n: int, k: int) -> dict:

@@ -1,0 +1,31 @@
+// A token drawn on the device from one row's top k: the MTP head's sampled drafts, chained without the host
+// (openjet_engine_mtp_draft_sampled).
+//
+// The transform is sampling.py's, in its order: logits / temperature, softmax over the k, top-p (the smallest prefix
+// whose mass reaches top_p), min-p (drop p < min_p * p_max), renormalised; then the inverse CDF over the survivors in
+// increasing id order with a uniform u in [0, 1) that the host drew from the request's generator. In double
+// precision, but not numpy's operations bit for bit, and it need not be: exact speculative sampling only needs the
+// acceptance test to use the very distribution q the draft was drawn from, so q comes back (its ids, increasing, and
+// probabilities) and the host tests against it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace openjet {
+
+struct SampleTransform {
+    float temperature;  // > 0
+    float top_p;        // (0, 1]
+    float min_p;        // [0, 1]
+};
+
+// values / ids [k]: launch_topk's output for the row (value down, ties to the lower id; ids -1 past the valid ones).
+// u: one double on the device. Writes the drawn id to *pick (and *pick_copy where set: the next draft step's input),
+// q's q_len survivors to q_ids / q_probs (ids increasing). No valid entry at all: id 0 with probability 1.
+cudaError_t launch_sample_top(const float* values, const int32_t* ids, int k, SampleTransform tr, const double* u,
+                              int32_t* pick, int32_t* pick_copy, int32_t* q_ids, double* q_probs, int* q_len,
+                              cudaStream_t stream);
+
+}  // namespace openjet
