@@ -1407,16 +1407,19 @@ def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, mon
 
 
 @pytest.mark.skipif(not DEMO.exists(), reason="the bundled demo model is not in this tree")
-def test_sampled_speculation_keeps_the_target_distribution_on_the_device():
+@pytest.mark.parametrize("native_draft", [False, True])
+def test_sampled_speculation_keeps_the_target_distribution_on_the_device(native_draft):
     """Issue 7's sampled exactness on the CUDA engine (device verify/accept), on the demo model (its trained
     head gets drafts kept): at two positions, the first token of 2,000 cycles of 3 drafts follows the target's
-    distribution there by a chi-square test at significance 1e-3."""
+    distribution there by a chi-square test at significance 1e-3; with the drafts drawn on the host, and on the
+    device (native_draft: openjet_engine_mtp_draft_sampled, whose own q the acceptance test uses)."""
     from test_speculative import CHI2_999, chi2, first_token_counts
 
     from openjet_launcher.sampling import Sampler, SamplingParams
 
     engine = CudaEngine.load(DEMO, n_ctx=256, n_checkpoints=2)
     engine.native_verify = True
+    engine.native_draft = native_draft
     n_vocab = engine.config.shape.n_vocab
     results = []
     try:
@@ -1430,7 +1433,7 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_device():
                             "outside_support": float(counts.sum() - counts[support].sum())})
     finally:
         engine.close()
-    report(test="sampled_speculation_chi2", model="demo", samples=2000, results=results)
+    report(test="sampled_speculation_chi2", model="demo", native_draft=native_draft, samples=2000, results=results)
     for r in results:
         assert r["outside_support"] == 0 and r["chi2"] < CHI2_999[r["df"]], r
 
