@@ -1369,19 +1369,25 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
 
 
 @pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
-                                         ("demo", "int"), ("demo", "int-q4k")])
+                                         ("demo", "int"), ("demo", "int-q4k"), ("small", "fp16+chain"),
+                                         ("demo", "fp16+chain")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
-    the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k")."""
+    the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k"), and ("+chain") with the drafts chained on
+    the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused)."""
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 
     path = DEMO if which == "demo" else models[which]
+    chain = gemv.endswith("+chain")
+    gemv = gemv.removesuffix("+chain")
+    monkeypatch.setenv("OPENJET_GDN_REPLAY", "fused" if chain else "accept")
     before = use_gemv(gemv, monkeypatch)
     engine = CudaEngine.load(path, n_ctx=512, n_checkpoints=2)
     engine.native_verify = True
+    engine.native_draft = chain
     n_vocab = engine.config.shape.n_vocab
     rng = np.random.default_rng(41)
     prompts = [[int(x) for x in rng.integers(0, n_vocab, 24 + 9 * i)] for i in range(4)]
@@ -1397,7 +1403,7 @@ def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, mon
             runs[n_draft], accepted[n_draft] = ids, acc
     finally:
         engine.close()
-    report(test="greedy_across_n_draft", model=which, gemv=gemv, tokens=4 * 128, accepted=accepted,
+    report(test="greedy_across_n_draft", model=which, gemv=gemv, chain=chain, tokens=4 * 128, accepted=accepted,
            identical=all(runs[n] == runs[0] for n in runs))
     assert_gemv_ran(gemv, before)
     for n in range(1, 8):
