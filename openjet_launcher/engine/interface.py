@@ -145,7 +145,9 @@ def rank_subset(values: np.ndarray, ids: np.ndarray, k: int, n_valid: int) -> tu
     v, i = values[keep], ids[keep]
     if len(v) < k:
         return None
-    cand = np.flatnonzero(v >= np.partition(v, len(v) - k)[len(v) - k]) if k < len(v) else np.arange(len(v))
+    # the k-th largest value (k = 1, greedy's: the maximum, several times faster than a partition) and every tie of it
+    kth = v.max() if k == 1 else np.partition(v, len(v) - k)[len(v) - k] if k < len(v) else None
+    cand = np.flatnonzero(v >= kth) if kth is not None else np.arange(len(v))
     order = cand[np.lexsort((i[cand], -v[cand]))][:k]
     return v[order], i[order]
 
