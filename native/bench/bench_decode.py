@@ -488,6 +488,17 @@ class Bench:
                                                         logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)),
                               "profiled decode")
                     prof = engine.profile(reset=True)
+                    # the device top-k alone (its "topk" phase), for k = TOP_K (sampled requests) and 1 (greedy)
+                    topk_ms = {}
+                    for k in (TOP_K, 1):
+                        for i in range(a.profile_steps):
+                            back()
+                            check(lib.openjet_engine_decode_top(
+                                h, ids[i % len(ids)].ctypes.data_as(i32), t, k, s.n_vocab, None, None, 0,
+                                top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32),
+                                hidden.ctypes.data_as(f32)), "profiled decode_top")
+                        tp = engine.profile(reset=True)
+                        topk_ms[str(k)] = round(tp["phases"].get("topk", {}).get("ms", 0.0) / max(tp["calls"], 1), 4)
                     engine.set_profile(False)
                 med = statistics.median(times)
                 if ctx == 0:
@@ -505,6 +516,7 @@ class Bench:
                 if prof and prof["calls"]:
                     rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
                                                   for k, v in sorted(prof["phases"].items())}
+                    rec["topk_profile_ms_by_k"] = topk_ms  # decode_top's "topk" phase a step
                 if prof and prof.get("persistent_ffn"):
                     rec["persistent_ffn_us_per_launch"] = persistent_profile_us(prof["persistent_ffn"])
                 t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
