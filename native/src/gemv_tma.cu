@@ -134,8 +134,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kLastSum) {
             // part[buf] is free once its previous use's sum is done (only a warp two tiles ahead waits here).
             if (lane == 0)
-                while (*static_cast<volatile int*>(&summed[buf]) < round) {
-                }
+                while (*static_cast<volatile int*>(&summed[buf]) < round) __nanosleep(32);  // leave the issue slots
             __syncwarp();
             __threadfence_block();
 #pragma unroll
