@@ -1781,11 +1781,12 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
                                                             int k, float temperature, float top_p, float min_p,
                                                             const double* u, int32_t* drafts, int32_t* q_ids,
                                                             double* q_probs, int* q_len) {
-    if (e && (k < 1 || k > kTopKMax || !(temperature > 0.0f) || !std::isfinite(temperature) ||
+    if (e && (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0f) || !std::isfinite(temperature) ||
               !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) || !u || !q_ids || !q_probs ||
               !q_len))
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d, temperature %g, top_p %g or "
-                    "min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature, top_p, min_p);
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d (nor above n_valid), "
+                    "temperature %g, top_p %g or min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature,
+                    top_p, min_p);
     for (int j = 0; u && j < n && j < OPENJET_ENGINE_MAX_T; ++j)
         if (!(u[j] >= 0.0 && u[j] < 1.0))
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: u[%d] = %g is not in [0, 1)", j, u[j]);
