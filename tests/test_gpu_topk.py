@@ -25,10 +25,18 @@ def host_top(z: np.ndarray, k: int, n_valid: int, penalties: dict[int, float] | 
     return z[order], order.astype(np.int32)
 
 
+@pytest.fixture(params=["sort", "least"])
+def topk_form(request, monkeypatch):
+    """launch_topk's two forms for k > 1 (OPENJET_TOPK, read at each call): the full bitonic sorts, and the bitonic
+    top-k that keeps only the least 32 keys of each pair of runs (least_keys): the same output."""
+    monkeypatch.setenv("OPENJET_TOPK", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("rows, n, n_valid", [(1, 248320, 248077), (8, 248320, 248320), (3, 4096, 4000),
                                               (2, 100, 100), (5, 262144, 262144)])
 @pytest.mark.parametrize("k", [1, 7, GPU_MAX_TOP_K])
-def test_topk_equals_the_samplers_order(rows, n, n_valid, k):
+def test_topk_equals_the_samplers_order(rows, n, n_valid, k, topk_form):
     rng = np.random.default_rng(rows * 1000 + k)
     x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
     x[:, n_valid:] = 1e30                                      # padding rows must never win
@@ -39,7 +47,7 @@ def test_topk_equals_the_samplers_order(rows, n, n_valid, k):
         np.testing.assert_array_equal(v[r], hv, err_msg=f"row {r}")
 
 
-def test_ties_go_to_the_lower_id_across_chunks_and_signed_zeros_tie():
+def test_ties_go_to_the_lower_id_across_chunks_and_signed_zeros_tie(topk_form):
     n = 3 * 4096 + 5
     x = np.full((2, n), -1.0, np.float32)
     tied = [9000, 5, 4096, 12000, 4100, 8191]                  # spread over three pass-1 chunks
@@ -74,7 +82,7 @@ def test_the_argmax_takes_the_lowest_of_tied_ids_across_chunks():
         assert np.array_equal(v[r], hv)
 
 
-def test_penalties_apply_before_ranking_as_the_sampler_applies_them():
+def test_penalties_apply_before_ranking_as_the_sampler_applies_them(topk_form):
     rng = np.random.default_rng(3)
     n = 50000
     x = rng.standard_normal((2, n)).astype(np.float32)
