@@ -83,17 +83,17 @@ def plain_step(engine: Engine, state: SequenceState, sampler: Sampler, token: in
 
 def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, token: int, n_draft: int) -> Cycle:
     """One cycle after `token` (chosen, not yet processed): on return `state` holds token and the kept drafts."""
-    greedy = sampler.params.greedy
     k_top = sampler.top_request(GPU_MAX_TOP_K)                 # 1 when greedy; None: the whole rows
+    if sampler.params.greedy:                       # drafts, verify, verdict and accept: Engine.greedy_cycle
+        kept, next_token = engine.greedy_cycle(state, token, n_draft, n_valid=sampler.n_valid)
+        return Cycle(kept, next_token, n_draft)
     q_rows: list[Dist] = []
 
     def draw(dist: Dist) -> int:                           # a draft from q, noted for the acceptance test
         q_rows.append(dist)
         return int(dist[0][sampler.draw(dist[1])])
 
-    if k_top is not None and greedy:                       # the first of each row's top 1
-        drafts = list(engine.mtp_draft_top(state, token, n_draft, k=1, n_valid=sampler.n_valid).tokens)
-    elif k_top is not None:                                # each draft from its row's top k, with the q it came from
+    if k_top is not None:                                  # each draft from its row's top k, with the q it came from
         sampled = engine.mtp_draft_sampled(state, token, n_draft, sampler, k=k_top)
         drafts, q_rows = list(sampled.tokens), list(sampled.q)
     else:
@@ -102,17 +102,10 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
     rows = [token, *drafts]
     if k_top is not None:
         top = engine.verify_top(state, rows, k=k_top, n_valid=sampler.n_valid)
-        p_rows = [sampler.distribution_top(v, i) for v, i in zip(top.values, top.ids)] if not greedy else []
-        targets = [int(i[0]) for i in top.ids]
+        p_rows = [sampler.distribution_top(v, i) for v, i in zip(top.values, top.ids)]
     else:
         out = engine.verify(state, rows)
         p_rows = [sparse(sampler.probabilities(row)) for row in out.logits]
-    if greedy:
-        k = 0
-        while k < len(drafts) and drafts[k] == targets[k]:
-            k += 1
-        next_token = targets[k]
-    else:
-        k, next_token = accept_sampled(p_rows, q_rows, drafts, sampler)
+    k, next_token = accept_sampled(p_rows, q_rows, drafts, sampler)
     engine.accept(state, 1 + k)                             # keep token and the k kept drafts
     return Cycle(drafts[:k], next_token, len(drafts))

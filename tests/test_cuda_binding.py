@@ -33,6 +33,7 @@ class FakeLib:
         self.error = b""
         self.mtp = 1
         self.prefill_rows = 1024
+        self.target = 0                                  # every verify row's argmax (top 1)
 
     def _fail(self, msg: str) -> int:
         self.error = msg.encode()
@@ -87,7 +88,7 @@ class FakeLib:
         rc = self._step("verify_top", ids, t)
         if rc == 0:
             self.pending = t
-            np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = np.arange(k)[::-1]
+            np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = np.arange(k)[::-1] if k > 1 else self.target
         return rc
 
     def openjet_engine_accept(self, h, n):
@@ -126,13 +127,16 @@ class FakeLib:
         out[:] = [head_logit(i) for i in (self.rows or range(N_VOCAB))]
         return 0
 
+    def _greedy_pick(self, n_valid: int) -> tuple[float, int]:
+        """The C API's pick: value down, ties to the lower id, ids < n_valid (none: id 0 at -inf)."""
+        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)
+        return (-cands[0][0], cands[0][1]) if cands else (-np.inf, 0)
+
     def openjet_engine_mtp_draft_greedy(self, h, token, n, n_valid, drafts, values, hidden):
         self.calls.append(("mtp_draft_greedy", int(token), n, n_valid, tuple(self.rows)))
         if not 1 <= n <= 8 or not 1 <= n_valid <= N_VOCAB:
             return self._fail(f"mtp_draft_greedy: n = {n} or n_valid = {n_valid}")
-        # The C API's pick: value down, ties to the lower id, ids < n_valid (none: id 0 at -inf).
-        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)
-        value, pick = (-cands[0][0], cands[0][1]) if cands else (-np.inf, 0)
+        value, pick = self._greedy_pick(n_valid)
         np.ctypeslib.as_array(drafts, shape=(n,))[:] = pick
         if values:
             np.ctypeslib.as_array(values, shape=(n,))[:] = value
@@ -156,6 +160,20 @@ class FakeLib:
         np.ctypeslib.as_array(q_ids, shape=(n, k))[:, :len(ids)] = ids
         np.ctypeslib.as_array(q_probs, shape=(n, k))[:, :len(ids)] = probs
         np.ctypeslib.as_array(q_len, shape=(n,))[:] = len(ids)
+        return 0
+
+    def openjet_engine_cycle_greedy(self, h, token, n_draft, n_valid, out, n_out):
+        self.calls.append(("cycle_greedy", int(token), n_draft, n_valid, tuple(self.rows)))
+        if self.pending or not 0 <= n_draft <= 7:
+            return self._fail(f"cycle_greedy: pending {self.pending} or n_draft = {n_draft}")
+        drafts = [self._greedy_pick(n_valid)[1]] * n_draft
+        k = 0
+        while k < n_draft and drafts[k] == self.target:
+            k += 1
+        o = np.ctypeslib.as_array(out, shape=(n_draft + 1,))
+        o[:k], o[k] = drafts[:k], self.target
+        n_out._obj.value = k + 1
+        self.n_past += k + 1
         return 0
 
     def openjet_engine_destroy(self, h):
@@ -304,6 +322,30 @@ def test_greedy_drafts_go_to_the_device_chain_with_the_host_rankings_answer(engi
     engine.mtp_draft_top(state, 201, 2, k=4)
     engine.mtp_draft_top(state, 201, 2, k=1, choose=lambda values, ids: int(ids[0]))
     assert not [c for c in engine._lib.calls if c[0] == "mtp_draft_greedy"]
+
+
+@pytest.mark.parametrize("target", [0, 77])
+def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(engine, target):
+    """With native_draft on, a greedy cycle is one openjet_engine_cycle_greedy call (after the draft rows took the
+    sequence's tokens), and its kept drafts, next token and sequence are those of the interface's cycle over the
+    single calls (drafts, verify_top, accept): every draft kept (the fake's verify agrees with its head at 77) or
+    none (target 0)."""
+    engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77]))
+    engine._lib.target = target
+    got = {}
+    for native in (True, False):
+        engine.native_draft = native
+        state = engine.new_state()
+        engine.decode(state, [3, 150])
+        engine._lib.calls.clear()
+        got[native] = (engine.greedy_cycle(state, 200, 3, n_valid=N_VOCAB), list(state.token_ids),
+                       engine._lib.n_past)
+        cycles = [c for c in engine._lib.calls if c[0] == "cycle_greedy"]
+        assert cycles == ([("cycle_greedy", 200, 3, N_VOCAB, (5, 76, 77, 78, 90, 299, 3, 150, 200))] if native else [])
+    assert got[True] == got[False]
+    kept, next_token = got[True][0]
+    assert (kept, next_token) == (([77, 77, 77], 77) if target == 77 else ([], 0))
+    assert got[True][1] == [3, 150, 200, *kept] and got[True][2] == len(got[True][1])
 
 
 def test_sampled_drafts_go_to_the_device_chain_with_its_uniforms_and_hand_back_its_q(engine):

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from openjet_launcher.engine.interface import DraftOutput, DraftTopOutput
+from openjet_launcher.engine.interface import DraftOutput, DraftTopOutput, Engine
 from openjet_launcher.generate import generate
 from openjet_launcher.model.synth import synthesize
 from openjet_launcher.reference import ReferenceEngine
@@ -34,6 +34,8 @@ class OracleDrafter:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+    greedy_cycle = Engine.greedy_cycle  # the interface's cycle over this double's drafts (not the wrapped engine's)
 
     def mtp_draft(self, state, token, n_draft=1, choose=None):
         real = self.engine.mtp_draft(state, token, n_draft)

@@ -657,7 +657,7 @@ class Bench:
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
         head, and over a 32,768-row draft vocabulary), chains of 1..7 greedy drafts on the device over that
-        vocabulary, a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
+        vocabulary, whole greedy cycles of 0..7 drafts in one call (openjet_engine_cycle_greedy), a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
         asks for sampled requests; and k = 1, greedy's, which the chained drafts' table rows take) and an accept,
         each median of --steps (each verify timed right after the accept of a one-row verify, as in a run of
         cycles: with OPENJET_GDN_REPLAY=fused that row's GDN replay runs inside the timed step, and accept itself
@@ -729,16 +729,35 @@ class Bench:
 
         verify_ms, accept_ms = verify_accept_ms(TOP_K)
         verify_k1_ms, _ = verify_accept_ms(1)  # greedy requests' path: each row's argmax back
+        # A whole greedy cycle of n drafts in one call (openjet_engine_cycle_greedy: drafts over the draft rows,
+        # verify, verdict, accept), timed after a cycle like it (so a fused replay of its kept rows is inside).
+        check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
+        out_ids, n_out = np.empty(8, np.int32), ctypes.c_int()
+        cycle_ms = {}
+        for n in range(0, 8):
+            times = []
+            for i in range(a.warmup + a.steps):
+                check(lib.openjet_engine_restore(h, 0), "restore")
+                for timed_call in (False, True):
+                    t0 = time.perf_counter()
+                    check(lib.openjet_engine_cycle_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
+                                                          out_ids.ctypes.data_as(i32), ctypes.byref(n_out)),
+                          "cycle_greedy")
+                    if timed_call and i >= a.warmup:
+                        times.append(time.perf_counter() - t0)
+            cycle_ms[n] = round(statistics.median(times) * 1e3, 3)
+        check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         check(lib.openjet_engine_restore(h, 0), "restore")
-        rec.update(verify_ms=verify_ms, accept_ms=accept_ms, verify_ms_k1=verify_k1_ms)
+        rec.update(verify_ms=verify_ms, accept_ms=accept_ms, verify_ms_k1=verify_k1_ms, cycle_greedy_ms=cycle_ms)
         plain = verify_ms[1] + accept_ms
         table = {}
-        for draft_key in ("draft_ms_full", "draft_ms_subset", "draft_chain_ms_subset"):
+        for draft_key in ("draft_ms_full", "draft_ms_subset", "draft_chain_ms_subset", "cycle_greedy"):
             for n in range(1, 8):
-                # the chained drafts are greedy's: with the k = 1 verify
+                # the chained drafts are greedy's: with the k = 1 verify; cycle_greedy: the one call, all included
                 greedy = draft_key == "draft_chain_ms_subset"
-                drafting = chain[n] if greedy else n * rec[draft_key]
-                cycle = drafting + (verify_k1_ms if greedy else verify_ms)[1 + n] + accept_ms
+                drafting = chain[n] if greedy else 0.0 if draft_key == "cycle_greedy" else n * rec[draft_key]
+                cycle = (cycle_ms[n] if draft_key == "cycle_greedy"
+                         else drafting + (verify_k1_ms if greedy else verify_ms)[1 + n] + accept_ms)
                 for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
                     tokens = (1 - alpha ** (n + 1)) / (1 - alpha)
                     table.setdefault(draft_key, {}).setdefault(str(n), {})[str(alpha)] = round(tokens / cycle * 1e3, 1)
@@ -749,7 +768,8 @@ class Bench:
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
         run["speculation"] = rec
         log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
-            f"({len(subset)} rows), chained on the device {chain} ms, verify {verify_ms} (k = 1: {verify_k1_ms}), "
+            f"({len(subset)} rows), chained on the device {chain} ms, whole greedy cycles {cycle_ms} ms, "
+            f"verify {verify_ms} (k = 1: {verify_k1_ms}), "
             f"accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, best at 0.7: {rec['best_at_acceptance_0.7']}")
         self.save()
 
@@ -813,7 +833,11 @@ def issue7_and_8(run: dict, t1: dict | None, prefill_rows: int | None) -> dict:
                         "ok": at_least(pre[n]["tok_s"], ACCEPT_ISSUE8[f"prefill_{n}_tok_s_min"])}
                for n in (4096, 32768) if n in pre}
     ratio_ok = None if ratio is None else ratio <= ACCEPT_ISSUE7["verify_t5_over_t1_max"]
+    cyc = (run.get("speculation") or {}).get("cycle_greedy_ms") or {}
+    c0, c4 = cyc.get(0, cyc.get("0")), cyc.get(4, cyc.get("4"))
     return {"issue7": {"verify_t5_over_t1": ratio, "verify_t5_over_t1_ok": ratio_ok,
+                       # for reference: whole greedy cycles (drafts and accept included), 4 drafts against none
+                       "cycle_greedy_4_over_0": round(c4 / c0, 3) if c0 and c4 else None,
                        "no_draft_roofline_share": share,
                        "no_draft_roofline_ok": at_least(share, ACCEPT_ISSUE7["no_draft_roofline_share_min"])},
             "issue8": {"prefill_rows": prefill_rows, "scratch_bytes": (run.get("memory") or {}).get("scratch_bytes"),

@@ -168,6 +168,15 @@ OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* engine, int32_t 
  * generator. q_j comes back for the acceptance test, which must use the very q the draft was drawn from (the output
  * is then exact whatever q is): q_ids / q_probs [n, k], row j's first q_len[j] entries (ids increasing). 1 <= n <=
  * OPENJET_ENGINE_MAX_T, 1 <= k <= 32, temperature > 0, 0 < top_p <= 1, 0 <= min_p <= 1. The sequence is unchanged. */
+/* A whole greedy speculative cycle after `token` (chosen, not processed), with one wait: n_draft (0..7) greedy
+ * drafts as mtp_draft_greedy makes them, a verify step of [token, drafts] whose rows are ranked on the device (the
+ * argmax among ids < n_valid), the longest prefix of drafts equal to the target's argmax kept and accepted with the
+ * token (openjet_engine_accept's work), and the target's next token. out [n_draft + 1]: the kept drafts then the next
+ * token, *n_out of them (1..n_draft + 1); the sequence has advanced by the token and the kept drafts. What verify +
+ * accept give with the drafts the host's own ranking makes, the same ids. */
+OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* engine, int32_t token, int n_draft, int n_valid,
+                                            int32_t* out, int* n_out);
+
 OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* engine, int32_t token, int n, int n_valid, int k,
                                                  float temperature, float top_p, float min_p, const double* u,
                                                  int32_t* drafts, int32_t* q_ids, double* q_probs, int* q_len);

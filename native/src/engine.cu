@@ -212,6 +212,8 @@ struct openjet_engine {
     int32_t* draft_q_ids = nullptr;
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
+    int32_t* cycle_out = nullptr;  // openjet_engine_cycle_greedy's verdict: [T] kept drafts and the next token, [1] count
+    int* cycle_n = nullptr;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
     // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
     char* draft_rows = nullptr;
@@ -749,6 +751,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_q_ids, e.has_mtp ? sizeof(int32_t) * T * kTopKMax : 0},
         {(void**)&e.draft_q_probs, e.has_mtp ? sizeof(double) * T * kTopKMax : 0},
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
+        {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
+        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) : 0},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -1330,11 +1334,11 @@ int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const T
     return OPENJET_OK;
 }
 
-// The trunk of a decode or verify step over t <= 8 host ids (verifying: the GDN states go to the shadow and
-// the GDN inputs to the ring, the committed state stays).
+// The trunk of a decode or verify step over t <= 8 host ids, or (ids NULL) the ids already in e.ids (the device's
+// own cycle) (verifying: the GDN states go to the shadow and the GDN inputs to the ring, the committed state stays).
 int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
     CHECK(cudaSetDevice(e.cfg.device));
-    CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
+    if (ids) CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
     e.verifying = verifying;
     const int status = trunk(e, t);
     e.verifying = false;
@@ -1750,23 +1754,31 @@ int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     return OPENJET_OK;
 }
+
+// n greedy draft steps after the token in e->ids[0] (start_draft_chain), each step's argmax the next one's input:
+// the drafts in e->draft_pick, their logits in e->draft_value, with `hidden` each step's h' in e->draft_hidden.
+int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
+    const auto& c = e.cfg;
+    const int n_logits = e.draft_n ? e.draft_n : c.n_vocab;
+    for (int k = 0; k < n; ++k) {
+        mark(e, "mtp.draft");
+        // Step k's token is in e.ids[0]: the caller's, then the argmax of the step before (written there below).
+        TRY(mtp_rows(e, e.ids, k == 0 ? e.mtp_last : e.mtp_hp, nullptr, 1, e.n_past - 1 + k, true));
+        CHECK(launch_argmax(e.logits, n_logits, e.draft_n ? e.draft_ids : nullptr, n_valid, e.draft_pick + k,
+                            e.draft_value + k, e.ids, e.stream));
+        if (hidden)
+            CHECK(cudaMemcpyAsync(e.draft_hidden + static_cast<size_t>(k) * c.n_embd, e.mtp_hp,
+                                  sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    }
+    return OPENJET_OK;
+}
 }  // namespace
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
                                                            int32_t* drafts, float* values, float* hidden) {
     TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_greedy"));
     const auto& c = e->cfg;
-    const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
-    for (int k = 0; k < n; ++k) {
-        mark(*e, "mtp.draft");
-        // Step k's token is in e->ids[0]: the caller's, then the argmax of the step before (written there below).
-        TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, e->n_past - 1 + k, true));
-        CHECK(launch_argmax(e->logits, n_logits, e->draft_n ? e->draft_ids : nullptr, n_valid, e->draft_pick + k,
-                            e->draft_value + k, e->ids, e->stream));
-        if (hidden)
-            CHECK(cudaMemcpyAsync(e->draft_hidden + static_cast<size_t>(k) * c.n_embd, e->mtp_hp,
-                                  sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e->stream));
-    }
+    TRY(greedy_draft_chain(*e, n, n_valid, hidden != nullptr));
     CHECK(cudaMemcpyAsync(drafts, e->draft_pick, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, e->stream));
     if (values) CHECK(cudaMemcpyAsync(values, e->draft_value, sizeof(float) * n, cudaMemcpyDeviceToHost, e->stream));
     if (hidden)
@@ -1775,6 +1787,44 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, in
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_t token, int n_draft, int n_valid,
+                                                      int32_t* out, int* n_out) {
+    TRY(check_idle(e, "cycle_greedy"));
+    const auto& c = e->cfg;
+    const int t = 1 + n_draft;
+    if (!out || !n_out || n_draft < 0 || t > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_greedy: a NULL output, n_draft = %d is not 0..%d, or n_valid "
+                    "= %d is not 1..%d", n_draft, OPENJET_ENGINE_MAX_T - 1, n_valid, c.n_vocab);
+    TRY(check_verify(e, &token, 1, "cycle_greedy"));  // the MTP head and the buffers verify needs; the token's id
+    if (static_cast<long long>(e->n_past) + t > c.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_greedy: %d + %d tokens exceed the context of %d tokens",
+                    e->n_past, t, c.n_ctx);
+    if (n_draft) {
+        TRY(start_draft_chain(e, token, n_draft, n_valid, out, "cycle_greedy"));
+        TRY(greedy_draft_chain(*e, n_draft, n_valid, false));
+    }
+    // The verify rows on the device: the token, then the drafts (the chain left its own running token in ids[0]).
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    if (n_draft)
+        CHECK(cudaMemcpyAsync(e->ids + 1, e->draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice,
+                              e->stream));
+    TRY(step_trunk(*e, nullptr, t, true));
+    mark(*e, "lm_head");
+    TRY(gemv(*e, e->output, t, nullptr, e->logits));
+    mark(*e, "topk");
+    CHECK(launch_topk(e->logits, t, c.n_vocab, n_valid, 1, nullptr, nullptr, 0, e->top_values, e->top_ids,
+                      e->top_work, e->stream));
+    CHECK(launch_accept_greedy(e->draft_pick, e->top_ids, n_draft, e->cycle_out, e->cycle_n, e->stream));
+    CHECK(cudaMemcpyAsync(e->verify_hidden, e->a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e->stream));
+    TRY(mtp_fill(*e, e->ids, e->a, t, e->n_past));  // as verify_impl
+    CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    e->pending = t;
+    return accept_impl(*e, *n_out);
 }
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,

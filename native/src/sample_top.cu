@@ -74,7 +74,24 @@ __global__ void __launch_bounds__(32) sample_top_kernel(const float* __restrict_
     *q_len = m;
 }
 
+__global__ void __launch_bounds__(32) accept_greedy_kernel(const int32_t* __restrict__ drafts,
+                                                           const int32_t* __restrict__ targets, int n_draft,
+                                                           int32_t* out, int* n_out) {
+    pdl_start();
+    if (threadIdx.x) return;
+    int k = 0;
+    while (k < n_draft && drafts[k] == targets[k]) out[k] = drafts[k], ++k;
+    out[k] = targets[k];
+    *n_out = k + 1;
+}
+
 }  // namespace
+
+cudaError_t launch_accept_greedy(const int32_t* drafts, const int32_t* targets, int n_draft, int32_t* out, int* n_out,
+                                 cudaStream_t stream) {
+    if (!targets || !out || !n_out || n_draft < 0 || (n_draft && !drafts)) return cudaErrorInvalidValue;
+    return launch_kernel(accept_greedy_kernel, 1, 32, 0, stream, drafts, targets, n_draft, out, n_out);
+}
 
 cudaError_t launch_sample_top(const float* values, const int32_t* ids, int k, SampleTransform tr, const double* u,
                               int32_t* pick, int32_t* pick_copy, int32_t* q_ids, double* q_probs, int* q_len,

@@ -28,4 +28,10 @@ cudaError_t launch_sample_top(const float* values, const int32_t* ids, int k, Sa
                               int32_t* pick, int32_t* pick_copy, int32_t* q_ids, double* q_probs, int* q_len,
                               cudaStream_t stream);
 
+// A greedy speculative cycle's verdict on the device: targets [n_draft + 1] the verify rows' argmaxes, drafts
+// [n_draft]; k = the longest prefix with drafts[i] == targets[i]; out [k + 1] = drafts[0..k) and targets[k], *n_out =
+// k + 1 (the rows to accept: the cycle's token and the k kept drafts).
+cudaError_t launch_accept_greedy(const int32_t* drafts, const int32_t* targets, int n_draft, int32_t* out, int* n_out,
+                                 cudaStream_t stream);
+
 }  // namespace openjet

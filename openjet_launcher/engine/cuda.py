@@ -183,6 +183,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_mtp_step": ([_P, ctypes.c_int32, ctypes.c_int, f32p, f32p], ctypes.c_int),
         "openjet_engine_mtp_draft_greedy": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, i32p, f32p, f32p],
                                             ctypes.c_int),
+        "openjet_engine_cycle_greedy": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, i32p,
+                                         ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_draft_sampled": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                               ctypes.c_float, ctypes.c_float, ctypes.c_float, f64p, i32p, f64p,
                                               ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
@@ -624,6 +626,32 @@ class CudaEngine(Engine):
         self._stats.draft_tokens += n_draft
         self._stats.draft_seconds += time.perf_counter() - t0
         return DraftTopOutput([int(x) for x in drafts], values, drafts.reshape(n_draft, 1).copy(), hidden)
+
+    def greedy_cycle(self, state: CudaState, token: int, n_draft: int, *, n_valid: int) -> tuple[list[int], int]:
+        """The interface's greedy cycle in one call when native_draft is on (openjet_engine_cycle_greedy: the drafts,
+        the verify step, its argmaxes, the verdict and the accept on the device, one wait; the ids the calls one at a
+        time give)."""
+        if not (self.native_draft and self.native_verify and self.native_top and self.has_mtp
+                and 0 <= n_draft < MAX_GPU_DECODE_TOKENS):
+            return super().greedy_cycle(state, token, n_draft, n_valid=n_valid)
+        self._check_state(state)
+        (tok,) = self._token_ids(state, [token])
+        if n_draft:
+            check_draft_request(self.config.name, self.config.shape.n_layer, self.has_mtp, state.n_tokens, n_draft)
+        self._check_room(state, 1 + n_draft)
+        t0 = time.perf_counter()
+        if n_draft and self._draft_base is not None:
+            self._sync_draft_rows(state, int(tok))
+        out, n_out = np.empty(1 + n_draft, np.int32), ctypes.c_int()
+        self._check(self._lib.openjet_engine_cycle_greedy(self._handle, int(tok), n_draft, n_valid,
+                                                          out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                                          ctypes.byref(n_out)), "cycle")
+        n = n_out.value
+        kept = [int(x) for x in out[:n - 1]]
+        state.add([int(tok), *kept], prefilled=False)
+        self._stats.draft_tokens += n_draft  # their time is the step's (one call)
+        self._count_step(1 + n_draft, t0)
+        return kept, int(out[n - 1])
 
     def mtp_draft_sampled(self, state: CudaState, token: int, n_draft: int, sampler, *, k: int) -> SampledDrafts:
         """The interface's sampled drafts, chained on the device when native_draft is on

@@ -331,6 +331,20 @@ class Engine(abc.ABC):
         state.verify_rows = 0
         self.truncate(state, state.n_tokens - t + n)
 
+    def greedy_cycle(self, state: SequenceState, token: int, n_draft: int, *, n_valid: int) -> tuple[list[int], int]:
+        """One greedy speculative cycle after `token` (chosen, not processed): n_draft (0 or more) greedy drafts, a
+        verify step of [token, drafts] ranked to each row's argmax among ids < n_valid, the longest prefix of drafts
+        equal to those argmaxes kept (accept), and the target's token after them: (the kept drafts, that token). Here
+        the pieces one call at a time; the CUDA engine runs them in one call (openjet_engine_cycle_greedy)."""
+        drafts = list(self.mtp_draft_top(state, token, n_draft, k=1, n_valid=n_valid).tokens) if n_draft else []
+        top = self.verify_top(state, [token, *drafts], k=1, n_valid=n_valid)
+        targets = [int(i[0]) for i in top.ids]
+        k = 0
+        while k < len(drafts) and drafts[k] == targets[k]:
+            k += 1
+        self.accept(state, 1 + k)
+        return drafts[:k], targets[k]
+
     @abc.abstractmethod
     def checkpoint(self, state: SequenceState) -> None:
         """Record the recurrent + conv state at the current position, for ``truncate``."""
