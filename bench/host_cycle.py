@@ -7,7 +7,8 @@ CudaEngine (the Python above the C API: drafting, ranking, verify_top, accept, t
 speculative_cycle over tests/test_cuda_binding.py's fake library, made instant: its calls copy precomputed rows of
 the 27B's shapes (a 248,320-entry vocabulary, a 32,768-row draft vocabulary), so what is timed is the host's work
 a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests, the drafts chained on the device or drafted
-step by step with a host ranking (CudaEngine.native_draft), 1 and 3 drafts a cycle. --profile prints the top
+step by step with a host ranking (CudaEngine.native_draft; greedy: the whole cycle in one call), 1 and 3 drafts a
+cycle. --profile prints the top
 functions of the slowest case to stderr.
 """
 
@@ -61,6 +62,12 @@ class InstantLib(FakeLib):
         np.ctypeslib.as_array(q_ids, shape=(n, k))[:] = ids
         np.ctypeslib.as_array(q_probs, shape=(n, k))[:] = 1.0 / k
         np.ctypeslib.as_array(q_len, shape=(n,))[:] = k
+        return 0
+
+    def openjet_engine_cycle_greedy(self, h, token, n_draft, n_valid, out, n_out):
+        np.ctypeslib.as_array(out, shape=(n_draft + 1,))[:] = self.top_ids[0]  # every draft kept
+        n_out._obj.value = n_draft + 1
+        self.n_past += n_draft + 1
         return 0
 
     def openjet_engine_verify_top(self, h, ids, t, k, n_valid, values, top_ids, hidden):
