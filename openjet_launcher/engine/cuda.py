@@ -604,10 +604,12 @@ class CudaEngine(Engine):
         drafted, hidden = self._draft_steps(state, token, n_draft, on_row, full)
         return DraftTopOutput(drafted, values, ids, hidden)
 
-    # Greedy drafts chained on the device (openjet_engine_mtp_draft_greedy: each step's argmax feeds the next step
-    # there, one wait per chain); False: a step and a host ranking at a time (_draft_steps), the same drafts. Off
-    # until its GPU test (test_greedy_drafts_chained_on_the_device_are_the_host_rankings) has run; drafts only
-    # change how many tokens a cycle keeps, never which (verification is full).
+    # The speculative cycle's host round trips on the device: greedy drafts chained there (openjet_engine_mtp_draft_
+    # greedy: each step's argmax feeds the next step), a whole greedy cycle in one call (openjet_engine_cycle_greedy)
+    # and sampled drafts drawn there (openjet_engine_mtp_draft_sampled, its q handed back); False: a step and a host
+    # ranking or draw at a time (_draft_steps), the same greedy drafts. Off until their GPU tests have run
+    # (test_greedy_drafts_chained_on_the_device_are_the_host_rankings, the "+chain" cases of test_greedy_ids_..., the
+    # native_draft case of the sampled chi-square test); drafts change how many tokens a cycle keeps, never which.
     native_draft = False
 
     def _draft_greedy(self, state: CudaState, token: int, n_draft: int, n_valid: int) -> DraftTopOutput:
