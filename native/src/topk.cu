@@ -2,6 +2,8 @@
 // (descending) then id (ascending), so the result is deterministic and equals a stable sort's prefix.
 //   pass 1: one block per (chunk of 4096 logits, row) sorts its chunk and keeps its first 32 keys;
 //   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
+// k = 1 takes a min-reduction in both passes instead; OPENJET_TOPK=least the bitonic top-k (least_keys). Both give
+// the same keys. launch_argmax (a draft step's pick over a draft vocabulary's rows) is one block's min-reduction.
 #include "topk.cuh"
 
 #include <cstdlib>
