@@ -1521,6 +1521,39 @@ def test_greedy_drafts_chained_on_the_device_are_the_host_rankings(models, which
     report(test="greedy_drafts_on_the_device", model=which, cases=cases, equal=True)
 
 
+@pytest.mark.parametrize("replay", ["accept", "fused"])
+def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(models, replay, monkeypatch):
+    """openjet_engine_cycle_greedy (drafts, verify, verdict and accept in one call, CudaEngine.greedy_cycle with
+    native_draft) against the interface's cycle over single calls (drafts ranked on the host, verify_top, accept):
+    the same kept drafts and next tokens over 24 cycles of 0..7 drafts on the demo model (its trained head keeps
+    drafts) with a draft vocabulary, and then the same next logits; under both GDN replay modes."""
+    monkeypatch.setenv("OPENJET_GDN_REPLAY", replay)
+    engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
+    engine.native_verify = True
+    n_vocab = engine.config.shape.n_vocab
+    prompt = [int(x) for x in np.random.default_rng(53).integers(0, n_vocab, 40)]
+    runs = {}
+    try:
+        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
+        for native in (False, True):
+            engine.native_draft = native
+            state = engine.new_state()
+            token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
+            cycles = []
+            for i in range(24):
+                kept, token = engine.greedy_cycle(state, token, i % 8, n_valid=n_vocab - 7)
+                cycles.append((kept, token))
+            runs[native] = (cycles, list(state.token_ids), engine.decode(state, [token]).logits[-1])
+    finally:
+        engine.close()
+    (one, ids1, lg1), (calls, ids0, lg0) = runs[True], runs[False]
+    kept = sum(len(k) for k, _ in calls)
+    report(test="greedy_cycle_one_call", replay=replay, cycles=len(calls), kept=kept, equal=one == calls)
+    assert one == calls and ids1 == ids0
+    np.testing.assert_array_equal(lg1, lg0)
+    assert kept > 0
+
+
 def test_the_profile_splits_a_step_into_phases_and_changes_no_bit(models):
     """set_profile(True): one decode step reports device time per phase (every phase of a GDN and an attention
     layer, the FFN, the lm_head); the logits are the same bits as without it; off, nothing is recorded."""
