@@ -6,7 +6,7 @@
 CudaEngine (the Python above the C API: drafting, ranking, verify_top, accept, the draft vocabulary's rows) and
 speculative_cycle over tests/test_cuda_binding.py's fake library, made instant: its calls copy precomputed rows of
 the 27B's shapes (a 248,320-entry vocabulary, a 32,768-row draft vocabulary), so what is timed is the host's work
-a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests, the drafts chained on the device or drafted
+a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests, a plain decode step (no drafts), the drafts chained on the device or drafted
 step by step with a host ranking (CudaEngine.native_draft; greedy: the whole cycle in one call), 1 and 3 drafts a
 cycle. --profile prints the top
 functions of the slowest case to stderr.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
 from openjet_launcher.sampling import Sampler, SamplingParams  # noqa: E402
-from openjet_launcher.speculative import speculative_cycle  # noqa: E402
+from openjet_launcher.speculative import plain_step, speculative_cycle  # noqa: E402
 from tests.test_cuda_binding import FakeLib  # noqa: E402
 
 N_VOCAB, N_EMBD, DRAFT_ROWS = 248_320, 5120, 32_768
@@ -70,6 +70,12 @@ class InstantLib(FakeLib):
         self.n_past += n_draft + 1
         return 0
 
+    def openjet_engine_decode_top(self, h, ids, t, k, n_valid, pen_ids, pen_deltas, n_pen, values, top_ids, hidden):
+        self.n_past += t
+        np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = self.top_ids[:k]
+        np.ctypeslib.as_array(values, shape=(t, k))[:] = self.head[self.top_ids[:k]]
+        return 0
+
     def openjet_engine_verify_top(self, h, ids, t, k, n_valid, values, top_ids, hidden):
         self.pending = t
         np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = self.top_ids[:k]
@@ -97,6 +103,18 @@ def time_cycles(engine: CudaEngine, params: SamplingParams, n_draft: int, cycles
     return (time.perf_counter() - t0) / cycles * 1e3
 
 
+def time_plain_steps(engine: CudaEngine, params: SamplingParams, steps: int) -> float:
+    """ms of host work a decode step without drafts (plain_step: decode_top and the sampler)."""
+    state = engine.new_state()
+    engine.prefill(state, list(range(1, 200)))
+    sampler = Sampler(params, N_VOCAB)
+    token = 7
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = plain_step(engine, state, sampler, token)
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=2000)
@@ -109,6 +127,7 @@ def main() -> None:
            "ms_per_cycle": {}}
     worst = None
     for name, params in requests.items():
+        out["ms_per_cycle"][f"{name}/no_drafts"] = round(time_plain_steps(engine, params, a.cycles), 4)
         for native in (False, True):
             engine.native_draft = native
             for n_draft in (1, 3):
