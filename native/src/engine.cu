@@ -200,6 +200,10 @@ struct openjet_engine {
     // shadow state); unset or "accept", accept replays at once. Fused: two rings, a verify step writes ring_w while
     // the rows of the one before it may still wait in the other.
     bool replay_fused = false;
+    // OPENJET_BENCH_SKIP_NORM_PACKS at create (a measurement, never for use: the outputs are WRONG): a decode step's
+    // add-norm packs are not launched (1: the FFN's input norms, 2: every layer's two), so a benchmark shows what
+    // those ~128 pack boundaries of the 27B's step cost (what folding the packs into the GEMVs could save).
+    int bench_skip_norm_packs = 0;
     int ring_w = 0;
     int replay_rows = 0, replay_ring = 0;  // accepted rows whose GDN replay is pending (fused), and their ring
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
@@ -687,6 +691,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
+    e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 2);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -1254,7 +1259,8 @@ int trunk(openjet_engine& e, int t) {
     bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
-        if (!normed) {
+        const bool skip_norm = !e.prefilling && e.bench_skip_norm_packs;  // a measurement: wrong outputs
+        if (!normed && !(skip_norm && e.bench_skip_norm_packs >= 2)) {
             mark(e, "norm");
             CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), t,
                                        c.n_embd, c.rms_eps, e.a, e.x, e.stream));
@@ -1273,8 +1279,9 @@ int trunk(openjet_engine& e, int t) {
             continue;
         }
         mark(e, "norm");
-        CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
-                                   c.rms_eps, nullptr, e.x, e.stream));
+        if (!skip_norm)
+            CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
+                                       c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
         TRY(ffn(e, L, t));
     }

@@ -43,6 +43,7 @@ import itertools
 import json
 import os
 import time
+import warnings
 import weakref
 
 import numpy as np
@@ -118,6 +119,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4"),  # engine.cu, gemv_tma_switch (read at load)
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (read at load)
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1; read at each call)
+    "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2"),       # engine.cu (a measurement: WRONG outputs; read at load)
 }
 
 
@@ -132,6 +134,10 @@ def check_kernel_switches() -> None:
     sms = os.environ.get("OPENJET_PERSISTENT_SMS")
     if sms and not (sms.isdigit() and int(sms) >= 1):
         raise OpenJetError(f"OPENJET_PERSISTENT_SMS={sms!r} is not a positive number of SMs (docs/ENGINE.md, Switches)")
+    if os.environ.get("OPENJET_BENCH_SKIP_NORM_PACKS", "0") != "0":
+        warnings.warn("OPENJET_BENCH_SKIP_NORM_PACKS is set: decode steps skip their add-norm packs and give WRONG "
+                      "outputs (a benchmark's measurement of what the packs cost; unset it to use the engine)",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
