@@ -398,6 +398,55 @@ def test_mtp_draft_errors(models):
         engine.close()
 
 
+def test_the_device_draft_and_cycle_calls_refuse_bad_arguments_with_messages(models):
+    """openjet_engine_mtp_draft_greedy / _sampled and openjet_engine_cycle_greedy: every bad argument is a return
+    code and a message naming it (nothing launched, the sequence unchanged), and the engine works after them."""
+    engine = CudaEngine.load(models["tiny"], n_ctx=64, n_checkpoints=2)
+    lib, h = engine._lib, engine._handle
+    n_vocab = engine.config.shape.n_vocab
+    i32, f64 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
+    drafts = np.empty(8, np.int32)
+    q_ids, q_probs, q_len = np.empty((8, 32), np.int32), np.empty((8, 32), np.float64), np.empty(8, np.intc)
+    out, n_out = np.empty(8, np.int32), ctypes.c_int()
+
+    def greedy(token, n, n_valid):
+        return lib.openjet_engine_mtp_draft_greedy(h, token, n, n_valid, drafts.ctypes.data_as(i32), None, None)
+
+    def sampled(n, k, temperature, u):
+        uu = np.asarray(u, np.float64)
+        return lib.openjet_engine_mtp_draft_sampled(h, 1, n, n_vocab, k, temperature, 0.9, 0.0, uu.ctypes.data_as(f64),
+                                                    drafts.ctypes.data_as(i32), q_ids.ctypes.data_as(i32),
+                                                    q_probs.ctypes.data_as(f64),
+                                                    q_len.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
+
+    def cycle(token, n_draft):
+        return lib.openjet_engine_cycle_greedy(h, token, n_draft, n_vocab, out.ctypes.data_as(i32), ctypes.byref(n_out))
+
+    def refused(rc, pattern):
+        with pytest.raises(OpenJetError, match=pattern):
+            engine._check(rc, "call")
+
+    try:
+        state = engine.new_state()
+        refused(greedy(1, 2, n_vocab), "prefill first")
+        engine.prefill(state, [1, 2, 3])
+        refused(greedy(n_vocab, 2, n_vocab), "outside the vocabulary")
+        refused(greedy(1, 0, n_vocab), "n = 0 is not 1..8")
+        refused(greedy(1, 9, n_vocab), "n = 9 is not 1..8")
+        refused(greedy(1, 2, n_vocab + 1), "n_valid")
+        refused(lib.openjet_engine_mtp_draft_greedy(h, 1, 2, n_vocab, None, None, None), "drafts is NULL")
+        refused(sampled(2, 33, 1.0, [0.1, 0.2]), "k = 33")
+        refused(sampled(2, 4, 0.0, [0.1, 0.2]), "temperature")
+        refused(sampled(2, 4, 1.0, [0.1, 1.0]), r"u\[1\] = 1")
+        refused(cycle(1, 8), "n_draft = 8")
+        refused(cycle(n_vocab, 2), "outside the vocabulary")
+        assert state.n_tokens == 3
+        assert greedy(1, 2, n_vocab) == 0 and sampled(2, 4, 1.0, [0.1, 0.2]) == 0
+        assert cycle(1, 2) == 0 and 1 <= n_out.value <= 3
+    finally:
+        engine.close()
+
+
 def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
     """mtp=False leaves the head out (what `serve --engine cuda` does without drafts): the trunk's logits do not
     change by a bit, and drafting says there is no head."""
