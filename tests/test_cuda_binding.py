@@ -384,6 +384,28 @@ def test_sampled_drafts_go_to_the_device_chain_with_its_uniforms_and_hand_back_i
         assert off.tokens[j] == int(want[0][ref.draw(want[1])])
 
 
+def test_the_draft_rows_array_follows_the_rows_through_every_change(engine):
+    """CudaEngine keeps the draft rows twice (a list with an index, and the array each draft step ranks by): after
+    setting a list, drafting after new tokens (rows appended), a new sequence (its tokens dropped) and clearing it,
+    the array is the list, and the device got the same rows."""
+    def same():
+        assert engine._draft_row_ids.dtype == np.int64
+        assert engine._draft_row_ids.tolist() == engine._draft_rows == engine._lib.rows
+    engine.set_draft_vocabulary(np.array([78, 5, 76]))
+    same()
+    state = engine.new_state()
+    engine.decode(state, [3, 150, 5])
+    engine.mtp_draft_top(state, 200, 2, k=1)
+    same()
+    assert engine._draft_rows[3:] == [3, 150, 200]
+    engine.new_state()
+    same()
+    assert engine._draft_rows == [5, 76, 78]
+    engine.set_draft_vocabulary(None)
+    same()
+    assert engine._draft_rows == []
+
+
 def test_prefill_chunks_default_to_the_engines_prefill_rows_and_never_pass_them(monkeypatch):
     monkeypatch.setenv("OPENJET_GDN_CHUNKED", "0")  # one call per prefill (the chunked GDN's cuts: the test below)
     shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
