@@ -201,8 +201,9 @@ struct openjet_engine {
     // the rows of the one before it may still wait in the other.
     bool replay_fused = false;
     // OPENJET_BENCH_SKIP_NORM_PACKS at create (a measurement, never for use: the outputs are WRONG): a decode step's
-    // add-norm packs are not launched (1: the FFN's input norms, 2: every layer's two), so a benchmark shows what
-    // those ~128 pack boundaries of the 27B's step cost (what folding the packs into the GEMVs could save).
+    // add-norm packs are not launched (1: the FFN's input norms, 2: every layer's two, 3: and the mixers' output
+    // packs), so a benchmark shows what those pack boundaries of the 27B's step cost (64 / 128 / 192: what folding
+    // the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
     int ring_w = 0;
     int replay_rows = 0, replay_ring = 0;  // accepted rows whose GDN replay is pending (fused), and their ring
@@ -691,7 +692,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
-    e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 2);
+    e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 3);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -970,6 +971,9 @@ GdnRing gdn_ring(const openjet_engine& e, const LayerW& L, int which = -1) {
     return {e.ring_qkv + rows * e.conv_dim(), e.ring_b + rows * n_v, e.ring_a + rows * n_v};
 }
 
+// OPENJET_BENCH_SKIP_NORM_PACKS=3 (a measurement with wrong outputs): a decode step's mixer output packs skipped too.
+bool skip_out_pack(const openjet_engine& e) { return !e.prefilling && e.bench_skip_norm_packs >= 3; }
+
 // The GDN mixer of layer L: a (packed in e.x, float in e.a) -> e.mix. One step over all t rows (the kernel takes
 // them in sub-steps of 8, the state held on chip between them): it reads conv buffer conv_cur and writes the
 // other; the caller flips conv_cur once all layers ran.
@@ -984,7 +988,7 @@ bool gdn_fuses(const openjet_engine& e, const LayerW& L, int t) {
 // caller has checked that this step fuses the beta and alpha projections: gdn_fuses).
 int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, bool in_proj = true) {
     const auto& c = e.cfg;
-    // A verify step (t <= 8) keeps its inputs in the ring and writes its states to the shadow.
+    // A verify step (t <= 8) keeps its inputs in the ring (ring_w) and writes its states to the shadow (accept mode).
     const GdnRing in = e.verifying ? gdn_ring(e, L) : GdnRing{e.big1, e.sb, e.sa};
     float *qkv = in.qkv, *b = in.b, *alpha = in.alpha;
     // F32 beta and alpha (the usual case) of a decode or verify step are projected inside the step (GdnStepArgs:
@@ -1036,7 +1040,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
                           bound ? e.row_scale : nullptr));
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");
-    if (!packed) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
+    if (!packed && !skip_out_pack(e)) CHECK(launch_pack_act(e.y, t, e.d_inner(), nullptr, 0.0f, e.x, e.stream));
     return project_out(e, L.ssm_out, t);
 }
 
@@ -1139,7 +1143,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     }
     if (!out_proj) return OPENJET_OK;  // as gdn_mixer's
     phase("attn.out_proj");
-    CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
+    if (!skip_out_pack(e)) CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return project_out(e, L.wo, t);
 }
 
