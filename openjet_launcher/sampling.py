@@ -93,7 +93,11 @@ class Sampler:
         """Steps 2-3 after top-k: (ids, normalised probabilities) of the tokens that top-p and min-p keep,
         from the top-k logits `ranked` (best first) of ids `order`."""
         p = self.params
-        zs = ranked.astype(np.float64) / p.temperature
+        x = ranked.astype(np.float64)
+        with np.errstate(over="ignore"):  # an overflow here is handled: below
+            zs = x / p.temperature
+            if not np.isfinite(zs[0]):  # a temperature so small that the top logit / t leaves float64 (inf - inf:
+                zs = (x - x[0]) / p.temperature  # nan); its limit instead, 0 for the maxima and -inf below them
         probs = np.exp(zs - zs[0])
         probs /= probs.sum()
         if p.top_p < 1.0:

@@ -116,12 +116,13 @@ def test_bad_arguments_are_errors_with_messages():
 
 
 @pytest.mark.parametrize("temperature, top_p, min_p", [(1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.3, 1.0, 0.05),
-                                                        (0.6, 0.95, 0.1)])
+                                                        (0.6, 0.95, 0.1), (1e-310, 1.0, 0.0)])
 def test_a_sampled_draft_step_draws_from_the_samplers_distribution(temperature, top_p, min_p):
     """sample_top.cuh after launch_topk (openjet_engine_mtp_draft_sampled's step): q is the host sampler's
     distribution_top of the row's top 20 (the same ids, increasing; probabilities to 1e-12: double precision, not
     numpy's operations), and the pick is its inverse CDF at u; also over a draft vocabulary's rows (row_ids: a row of
-    the subset's logits, ranked by their token ids, n_valid applied to those)."""
+    the subset's logits, ranked by their token ids, n_valid applied to those); and a temperature so small that logits /
+    t overflow gives the same limit as the host (the maxima only)."""
     from openjet_launcher.engine.interface import rank_subset
     rng = np.random.default_rng(int(temperature * 100 + top_p * 10 + min_p * 1000))
     n, n_valid, k = 5000, 4990, 20

@@ -131,3 +131,25 @@ def test_top_request_says_when_the_whole_row_is_needed():
     assert Sampler(SamplingParams(temperature=1.0, top_k=40), 30).top_request(64) is None   # past the vocabulary
     assert Sampler(SamplingParams(temperature=0.0, top_k=0), 100).top_request(GPU_MAX_TOP_K) == 1
 
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310])
+def test_a_temperature_too_small_for_float64_gives_the_greedy_limit(temperature):
+    """logits / t overflowing float64 (a fuzzer's 5e-324) gave NaN probabilities and the id one past the vocabulary;
+    now the limit: the maxima share the mass (ties: each 1/2), every other id 0, and a draw is one of the maxima.
+    Ordinary temperatures keep the very numbers of logits / t - max / t (the formula is only replaced on overflow)."""
+    logits = np.array([1.0, 3.0, 2.0, 3.0, -1.0], np.float32)
+    s = Sampler(SamplingParams(temperature=temperature, seed=1), 5)
+    probs = s.probabilities(logits)
+    np.testing.assert_array_equal(probs, [0.0, 0.5, 0.0, 0.5, 0.0])
+    assert all(s.sample(logits) in (1, 3) for _ in range(20))
+    rng = np.random.default_rng(5)
+    for t in (0.3, 1.0, 1.7):
+        row = (rng.standard_normal(50) * 5).astype(np.float32)
+        order = np.argsort(-row, kind="stable")
+        zs = row[order].astype(np.float64) / t
+        want = np.exp(zs - zs[0])
+        want /= want.sum()
+        want = want / want.sum()  # _survivors' final renormalisation (after top-p / min-p), as before
+        got = Sampler(SamplingParams(temperature=t), 50).probabilities(row)[order]
+        np.testing.assert_array_equal(got, want)

@@ -178,7 +178,7 @@ OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* engine, int32_t toke
                                             int32_t* out, int* n_out);
 
 OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* engine, int32_t token, int n, int n_valid, int k,
-                                                 float temperature, float top_p, float min_p, const double* u,
+                                                 double temperature, double top_p, double min_p, const double* u,
                                                  int32_t* drafts, int32_t* q_ids, double* q_probs, int* q_len);
 
 /* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON

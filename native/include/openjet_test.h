@@ -105,7 +105,7 @@ OPENJET_API int openjet_test_topk(const float* x, int rows, int n, int n_valid, 
  * token row_ids[i] (NULL: i), then the transform (temperature > 0, top_p, min_p) and the draw with u in [0, 1): the
  * pick, and q (q_len ids, increasing, in q_ids / q_probs [k]). */
 OPENJET_API int openjet_test_sample_top(const float* x, int n, const int32_t* row_ids, int n_valid, int k,
-                                        float temperature, float top_p, float min_p, double u, int32_t* pick,
+                                        double temperature, double top_p, double min_p, double u, int32_t* pick,
                                         int32_t* q_ids, double* q_probs, int* q_len);
 
 /* The launch shape the GEMV picks on the current device. */

@@ -1839,11 +1839,11 @@ extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_
 }
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,
-                                                            int k, float temperature, float top_p, float min_p,
+                                                            int k, double temperature, double top_p, double min_p,
                                                             const double* u, int32_t* drafts, int32_t* q_ids,
                                                             double* q_probs, int* q_len) {
-    if (e && (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0f) || !std::isfinite(temperature) ||
-              !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) || !u || !q_ids || !q_probs ||
+    if (e && (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
+              !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !q_ids || !q_probs ||
               !q_len))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d (nor above n_valid), "
                     "temperature %g, top_p %g or min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature,

@@ -22,12 +22,18 @@ __global__ void __launch_bounds__(32) sample_top_kernel(const float* __restrict_
     if (m == 0) {  // nothing valid to rank (a draft vocabulary without an id below n_valid): a certain id 0
         id[0] = 0, p[0] = 1.0, m = 1;
     } else {
-        // softmax of logits / temperature over the candidates, the largest first (sampling.py's _survivors)
-        const double t = tr.temperature, z0 = static_cast<double>(values[0]) / t;
+        // softmax of logits / temperature over the candidates, the largest first (sampling.py's _survivors; where the
+        // top logit / t leaves double, its limit: (v - v0) / t, 0 for the maxima and -inf below them)
+        const double t = tr.temperature, v0 = values[0];
+        const bool limit = !isfinite(v0 / t);
+        const double z0 = limit ? 0.0 : v0 / t;
         double sum = 0.0;
-        for (int i = 0; i < m; ++i) sum += p[i] = exp(static_cast<double>(values[i]) / t - z0);
+        for (int i = 0; i < m; ++i) {
+            const double v = values[i];
+            sum += p[i] = exp((limit ? (v - v0) / t : v / t) - z0);
+        }
         for (int i = 0; i < m; ++i) p[i] /= sum;
-        if (tr.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p (all of them if rounding falls short)
+        if (tr.top_p < 1.0) {  // the smallest prefix whose mass reaches top_p (all of them if rounding falls short)
             double mass = 0.0;
             for (int i = 0; i < m; ++i) {
                 mass += p[i];
@@ -37,7 +43,7 @@ __global__ void __launch_bounds__(32) sample_top_kernel(const float* __restrict_
                 }
             }
         }
-        if (tr.min_p > 0.0f) {  // p[0] is the largest and always stays
+        if (tr.min_p > 0.0) {  // p[0] is the largest and always stays
             const double floor = tr.min_p * p[0];
             int kept = 0;
             for (int i = 0; i < m; ++i)
@@ -97,7 +103,7 @@ cudaError_t launch_sample_top(const float* values, const int32_t* ids, int k, Sa
                               int32_t* pick, int32_t* pick_copy, int32_t* q_ids, double* q_probs, int* q_len,
                               cudaStream_t stream) {
     if (!values || !ids || !u || !pick || !q_ids || !q_probs || !q_len || k < 1 || k > kTopKMax ||
-        !(tr.temperature > 0.0f) || !(tr.top_p > 0.0f && tr.top_p <= 1.0f) || !(tr.min_p >= 0.0f && tr.min_p <= 1.0f))
+        !(tr.temperature > 0.0) || !(tr.top_p > 0.0 && tr.top_p <= 1.0) || !(tr.min_p >= 0.0 && tr.min_p <= 1.0))
         return cudaErrorInvalidValue;
     return launch_kernel(sample_top_kernel, 1, 32, 0, stream, values, ids, k, tr, u, pick, pick_copy, q_ids, q_probs,
                          q_len);

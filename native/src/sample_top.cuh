@@ -16,9 +16,9 @@
 namespace openjet {
 
 struct SampleTransform {
-    float temperature;  // > 0
-    float top_p;        // (0, 1]
-    float min_p;        // [0, 1]
+    double temperature;  // > 0 (the host's float64 parameters, as sampling.py has them)
+    double top_p;        // (0, 1]
+    double min_p;        // [0, 1]
 };
 
 // values / ids [k]: launch_topk's output for the row (value down, ties to the lower id; ids -1 past the valid ones).

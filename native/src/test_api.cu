@@ -412,7 +412,7 @@ extern "C" OPENJET_API int openjet_test_topk(const float* x, int rows, int n, in
 }
 
 extern "C" OPENJET_API int openjet_test_sample_top(const float* x, int n, const int32_t* row_ids, int n_valid, int k,
-                                                   float temperature, float top_p, float min_p, double u,
+                                                   double temperature, double top_p, double min_p, double u,
                                                    int32_t* pick, int32_t* q_ids, double* q_probs, int* q_len) {
     if (!x || !pick || !q_ids || !q_probs || !q_len || n < 1 || k < 1 || k > kTopKMax || n_valid < 1 ||
         !(u >= 0.0 && u < 1.0))

@@ -192,7 +192,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_cycle_greedy": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, i32p,
                                          ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_mtp_draft_sampled": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                              ctypes.c_float, ctypes.c_float, ctypes.c_float, f64p, i32p, f64p,
+                                              ctypes.c_double, ctypes.c_double, ctypes.c_double, f64p, i32p, f64p,
                                               ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
