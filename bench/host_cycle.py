@@ -91,28 +91,29 @@ def engine_with_draft_vocabulary() -> CudaEngine:
     return e
 
 
-def time_cycles(engine: CudaEngine, params: SamplingParams, n_draft: int, cycles: int) -> float:
-    """ms per cycle, the sequence growing as the cycles keep tokens (new tokens join the draft rows)."""
+def ms_per_call(engine: CudaEngine, params: SamplingParams, calls: int, step) -> float:
+    """ms of host work per step(state, sampler, token) -> next token, after a 199-token prompt (the sequence grows
+    as the steps keep tokens; new tokens join the draft rows)."""
     state = engine.new_state()
     engine.prefill(state, list(range(1, 200)))
     sampler = Sampler(params, N_VOCAB)
     token = 7
     t0 = time.perf_counter()
-    for _ in range(cycles):
-        token = speculative_cycle(engine, state, sampler, token, n_draft).next_token
-    return (time.perf_counter() - t0) / cycles * 1e3
+    for _ in range(calls):
+        token = step(state, sampler, token)
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+def time_cycles(engine: CudaEngine, params: SamplingParams, n_draft: int, cycles: int) -> float:
+    """ms per speculative cycle of n_draft drafts."""
+    return ms_per_call(engine, params, cycles,
+                       lambda state, sampler, token: speculative_cycle(engine, state, sampler, token, n_draft).next_token)
 
 
 def time_plain_steps(engine: CudaEngine, params: SamplingParams, steps: int) -> float:
-    """ms of host work a decode step without drafts (plain_step: decode_top and the sampler)."""
-    state = engine.new_state()
-    engine.prefill(state, list(range(1, 200)))
-    sampler = Sampler(params, N_VOCAB)
-    token = 7
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        token = plain_step(engine, state, sampler, token)
-    return (time.perf_counter() - t0) / steps * 1e3
+    """ms per decode step without drafts (plain_step: decode_top and the sampler)."""
+    return ms_per_call(engine, params, steps,
+                       lambda state, sampler, token: plain_step(engine, state, sampler, token))
 
 
 def main() -> None:
