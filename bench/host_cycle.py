@@ -6,10 +6,9 @@
 CudaEngine (the Python above the C API: drafting, ranking, verify_top, accept, the draft vocabulary's rows) and
 speculative_cycle over tests/test_cuda_binding.py's fake library, made instant: its calls copy precomputed rows of
 the 27B's shapes (a 248,320-entry vocabulary, a 32,768-row draft vocabulary), so what is timed is the host's work
-a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests, a plain decode step (no drafts), the drafts chained on the device or drafted
-step by step with a host ranking (CudaEngine.native_draft; greedy: the whole cycle in one call), 1 and 3 drafts a
-cycle. --profile prints the top
-functions of the slowest case to stderr.
+a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests; a plain decode step (no drafts); cycles of 1
+and 3 drafts, chained on the device or drafted step by step with a host ranking (CudaEngine.native_draft; greedy:
+the whole cycle in one call). --profile prints the top functions of the slowest case to stderr.
 """
 
 from __future__ import annotations
@@ -106,8 +105,9 @@ def ms_per_call(engine: CudaEngine, params: SamplingParams, calls: int, step) ->
 
 def time_cycles(engine: CudaEngine, params: SamplingParams, n_draft: int, cycles: int) -> float:
     """ms per speculative cycle of n_draft drafts."""
-    return ms_per_call(engine, params, cycles,
-                       lambda state, sampler, token: speculative_cycle(engine, state, sampler, token, n_draft).next_token)
+    def cycle(state, sampler, token):
+        return speculative_cycle(engine, state, sampler, token, n_draft).next_token
+    return ms_per_call(engine, params, cycles, cycle)
 
 
 def time_plain_steps(engine: CudaEngine, params: SamplingParams, steps: int) -> float:
