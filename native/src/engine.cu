@@ -206,7 +206,7 @@ struct openjet_engine {
     // the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
     int ring_w = 0;
-    int replay_rows = 0, replay_ring = 0;  // accepted rows whose GDN replay is pending (fused), and their ring
+    int replay_rows = 0;  // accepted rows whose GDN replay is pending (their ring: kept_ring)
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
     // openjet_engine_mtp_draft_greedy's outputs on the device: each step's h' [T, E], drafted id and its logit [T];
     // openjet_engine_mtp_draft_sampled's uniforms [T] and distributions [T, kTopKMax] (ids, probabilities, lengths)
@@ -964,6 +964,10 @@ GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
 struct GdnRing {
     float *qkv, *b, *alpha;
 };
+// The ring holding the accepted rows whose replay is pending: the last verify step's (accept flipped ring_w past it
+// with the fused replay; accept mode has one ring).
+int kept_ring(const openjet_engine& e) { return e.replay_fused ? e.ring_w ^ 1 : e.ring_w; }
+
 // Ring `which` (0, or 1 with the fused replay); by default the one the next verify step writes.
 GdnRing gdn_ring(const openjet_engine& e, const LayerW& L, int which = -1) {
     const size_t rows = (static_cast<size_t>(which < 0 ? e.ring_w : which) * e.n_gdn + L.idx) * OPENJET_ENGINE_MAX_T;
@@ -1010,7 +1014,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     mark(e, "gdn.step");
     GdnStepArgs g = gdn_layer_args(e, L);
     if (e.replay_rows) {  // the kept rows of the verify step before (fused replay): first, in this launch
-        const GdnRing kept = gdn_ring(e, L, e.replay_ring);
+        const GdnRing kept = gdn_ring(e, L, kept_ring(e));
         g.replay = e.replay_rows, g.replay_qkv = kept.qkv, g.replay_b = kept.b, g.replay_alpha = kept.alpha;
     }
     // A verify step commits only the replayed rows (fused: in place, so no shadow), or (accept mode) none.
@@ -1445,7 +1449,7 @@ int replay_now(openjet_engine& e) {
     for (const LayerW& L : e.layers) {
         if (L.attn) continue;
         GdnStepArgs g = gdn_layer_args(e, L);
-        const GdnRing ring = gdn_ring(e, L, e.replay_ring);
+        const GdnRing ring = gdn_ring(e, L, kept_ring(e));
         g.t = e.replay_rows;
         g.qkv = ring.qkv, g.b = ring.b, g.alpha = ring.alpha;
         g.z = e.big2, g.y = e.y;  // the step's output is not needed: scratch
@@ -1464,8 +1468,8 @@ int accept_impl(openjet_engine& e, int n) {
     const auto& c = e.cfg;
     CHECK(cudaSetDevice(c.device));
     mark(e, "accept");
-    e.replay_rows = n, e.replay_ring = e.ring_w;
-    if (e.replay_fused) e.ring_w ^= 1;  // the next verify step writes the other ring
+    e.replay_rows = n;
+    if (e.replay_fused) e.ring_w ^= 1;  // the next verify step writes the other ring (kept_ring: this one)
     CHECK(cudaMemcpyAsync(e.mtp_last, e.verify_hidden + static_cast<size_t>(n - 1) * c.n_embd,
                           sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     e.n_past += n;
@@ -1768,20 +1772,30 @@ int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
 
 // n greedy draft steps after the token in e->ids[0] (start_draft_chain), each step's argmax the next one's input:
 // the drafts in e->draft_pick, their logits in e->draft_value, with `hidden` each step's h' in e->draft_hidden.
-int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
-    const auto& c = e.cfg;
-    const int n_logits = e.draft_n ? e.draft_n : c.n_vocab;
+// n draft steps on the device after the token in e.ids[0] (start_draft_chain): step k runs the MTP head on e.ids[0],
+// then pick(k) chooses from its logits (e.logits: the draft rows, or the vocabulary) and writes the token to e.ids[0],
+// the next step's input, as well as to the chain's outputs.
+template <class Pick> int draft_chain(openjet_engine& e, int n, const Pick& pick) {
     for (int k = 0; k < n; ++k) {
         mark(e, "mtp.draft");
-        // Step k's token is in e.ids[0]: the caller's, then the argmax of the step before (written there below).
         TRY(mtp_rows(e, e.ids, k == 0 ? e.mtp_last : e.mtp_hp, nullptr, 1, e.n_past - 1 + k, true));
-        CHECK(launch_argmax(e.logits, n_logits, e.draft_n ? e.draft_ids : nullptr, n_valid, e.draft_pick + k,
-                            e.draft_value + k, e.ids, e.stream));
+        TRY(pick(k));
+    }
+    return OPENJET_OK;
+}
+
+// The greedy chain: each step's argmax (launch_argmax) in e.draft_pick, its logit in e.draft_value, and with `hidden`
+// the step's h' in e.draft_hidden.
+int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
+    const auto& c = e.cfg;
+    return draft_chain(e, n, [&](int k) -> int {
+        CHECK(launch_argmax(e.logits, e.draft_n ? e.draft_n : c.n_vocab, e.draft_n ? e.draft_ids : nullptr, n_valid,
+                            e.draft_pick + k, e.draft_value + k, e.ids, e.stream));
         if (hidden)
             CHECK(cudaMemcpyAsync(e.draft_hidden + static_cast<size_t>(k) * c.n_embd, e.mtp_hp,
                                   sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    }
-    return OPENJET_OK;
+        return OPENJET_OK;
+    });
 }
 }  // namespace
 
@@ -1802,7 +1816,7 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, in
 
 extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_t token, int n_draft, int n_valid,
                                                       int32_t* out, int* n_out) {
-    TRY(check_idle(e, "cycle_greedy"));
+    TRY(check_engine(e));  // (check_verify below: idle, the MTP head, the token)
     const auto& c = e->cfg;
     const int t = 1 + n_draft;
     if (!out || !n_out || n_draft < 0 || t > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
@@ -1842,9 +1856,9 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
                                                             int k, double temperature, double top_p, double min_p,
                                                             const double* u, int32_t* drafts, int32_t* q_ids,
                                                             double* q_probs, int* q_len) {
-    if (e && (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
-              !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !q_ids || !q_probs ||
-              !q_len))
+    TRY(check_engine(e));
+    if (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
+        !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !q_ids || !q_probs || !q_len)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d (nor above n_valid), "
                     "temperature %g, top_p %g or min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature,
                     top_p, min_p);
@@ -1854,18 +1868,15 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
     TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_sampled"));
     const auto& c = e->cfg;
     CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * n, cudaMemcpyHostToDevice, e->stream));
-    const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     const SampleTransform tr{temperature, top_p, min_p};
-    for (int j = 0; j < n; ++j) {
-        mark(*e, "mtp.draft");
-        // Step j's token is in e->ids[0]: the caller's, then the draw of the step before (written there below).
-        TRY(mtp_rows(*e, e->ids, j == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, e->n_past - 1 + j, true));
-        CHECK(launch_topk(e->logits, 1, n_logits, n_valid, k, nullptr, nullptr, 0, e->top_values, e->top_ids,
-                          e->top_work, e->stream, e->draft_n ? e->draft_ids : nullptr));
+    TRY(draft_chain(*e, n, [&](int j) -> int {  // each step's top k, then the draw with u[j]
+        CHECK(launch_topk(e->logits, 1, e->draft_n ? e->draft_n : c.n_vocab, n_valid, k, nullptr, nullptr, 0,
+                          e->top_values, e->top_ids, e->top_work, e->stream, e->draft_n ? e->draft_ids : nullptr));
         CHECK(launch_sample_top(e->top_values, e->top_ids, k, tr, e->draft_u + j, e->draft_pick + j, e->ids,
                                 e->draft_q_ids + j * kTopKMax, e->draft_q_probs + j * kTopKMax, e->draft_q_len + j,
                                 e->stream));
-    }
+        return OPENJET_OK;
+    }));
     CHECK(cudaMemcpyAsync(drafts, e->draft_pick, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaMemcpy2DAsync(q_ids, sizeof(int32_t) * k, e->draft_q_ids, sizeof(int32_t) * kTopKMax,
                             sizeof(int32_t) * k, n, cudaMemcpyDeviceToHost, e->stream));

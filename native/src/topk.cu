@@ -208,10 +208,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     __shared__ unsigned long long warp_least[kArgmaxThreads / 32];
     pdl_start();
     unsigned long long v = kNone;
-    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
-        const int id = row_ids ? row_ids[i] : i;
-        if (id < n_valid) v = min(v, make_key(x[i], id));
-    }
+    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) v = min(v, entry_key(x, i, n, n_valid, row_ids));
     v = block_least<kArgmaxThreads>(v, warp_least);
     if (threadIdx.x) return;
     // No candidate (every id >= n_valid): id 0 at -inf, what ranking the whole row padded with -inf gives.

@@ -618,18 +618,24 @@ class CudaEngine(Engine):
     # native_draft case of the sampled chi-square test); drafts change how many tokens a cycle keeps, never which.
     native_draft = False
 
+    def _start_drafting(self, state: CudaState, token: int, n_draft: int) -> int:
+        """Every drafting's start: the token's id, checked with the request (an MTP head, a processed token, n_draft >=
+        1), and the draft rows holding the sequence's tokens and it."""
+        tok = int(self._token_ids(state, [token])[0])
+        check_draft_request(self.config.name, self.config.shape.n_layer, self.has_mtp, state.n_tokens, n_draft)
+        if self._draft_base is not None:
+            self._sync_draft_rows(state, tok)
+        return tok
+
     def _draft_greedy(self, state: CudaState, token: int, n_draft: int, n_valid: int) -> DraftTopOutput:
         """mtp_draft_top with k = 1 and the argmax as the choice, the chain on the device."""
         s = self.config.shape
-        (tok,) = self._token_ids(state, [token])
-        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
         t0 = time.perf_counter()
-        if self._draft_base is not None:
-            self._sync_draft_rows(state, int(tok))
+        tok = self._start_drafting(state, token, n_draft)
         drafts, values = np.empty(n_draft, np.int32), np.empty((n_draft, 1), np.float32)
         hidden = np.empty((n_draft, s.n_embd), np.float32)
         self._check(self._lib.openjet_engine_mtp_draft_greedy(
-            self._handle, int(tok), n_draft, n_valid, drafts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            self._handle, tok, n_draft, n_valid, drafts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
             _f32p(values), _f32p(hidden)), "mtp_draft")
         self._stats.draft_tokens += n_draft
         self._stats.draft_seconds += time.perf_counter() - t0
@@ -643,20 +649,16 @@ class CudaEngine(Engine):
                 and 0 <= n_draft < MAX_GPU_DECODE_TOKENS):
             return super().greedy_cycle(state, token, n_draft, n_valid=n_valid)
         self._check_state(state)
-        (tok,) = self._token_ids(state, [token])
-        if n_draft:
-            check_draft_request(self.config.name, self.config.shape.n_layer, self.has_mtp, state.n_tokens, n_draft)
         self._check_room(state, 1 + n_draft)
         t0 = time.perf_counter()
-        if n_draft and self._draft_base is not None:
-            self._sync_draft_rows(state, int(tok))
+        tok = self._start_drafting(state, token, n_draft) if n_draft else int(self._token_ids(state, [token])[0])
         out, n_out = np.empty(1 + n_draft, np.int32), ctypes.c_int()
-        self._check(self._lib.openjet_engine_cycle_greedy(self._handle, int(tok), n_draft, n_valid,
+        self._check(self._lib.openjet_engine_cycle_greedy(self._handle, tok, n_draft, n_valid,
                                                           out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                                                           ctypes.byref(n_out)), "cycle")
         n = n_out.value
         kept = [int(x) for x in out[:n - 1]]
-        state.add([int(tok), *kept], prefilled=False)
+        state.add([tok, *kept], prefilled=False)
         self._stats.draft_tokens += n_draft  # their time is the step's (one call)
         self._count_step(1 + n_draft, t0)
         return kept, int(out[n - 1])
@@ -667,18 +669,15 @@ class CudaEngine(Engine):
         host's draws take them; the q each draft came from comes back)."""
         if not (self.native_draft and 1 <= n_draft <= MAX_GPU_DECODE_TOKENS and 1 <= k <= GPU_MAX_TOP_K):
             return super().mtp_draft_sampled(state, token, n_draft, sampler, k=k)
-        s, p = self.config.shape, sampler.params
-        (tok,) = self._token_ids(state, [token])
-        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
+        p = sampler.params
         t0 = time.perf_counter()
-        if self._draft_base is not None:
-            self._sync_draft_rows(state, int(tok))
+        tok = self._start_drafting(state, token, n_draft)
         u = sampler.rng.random(n_draft)
         drafts, q_len = np.empty(n_draft, np.int32), np.empty(n_draft, np.intc)
         q_ids, q_probs = np.empty((n_draft, k), np.int32), np.empty((n_draft, k), np.float64)
         i32, f64 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
         self._check(self._lib.openjet_engine_mtp_draft_sampled(
-            self._handle, int(tok), n_draft, sampler.n_valid, k, p.temperature, p.top_p, p.min_p,
+            self._handle, tok, n_draft, sampler.n_valid, k, p.temperature, p.top_p, p.min_p,
             u.ctypes.data_as(f64), drafts.ctypes.data_as(i32), q_ids.ctypes.data_as(i32), q_probs.ctypes.data_as(f64),
             q_len.ctypes.data_as(ctypes.POINTER(ctypes.c_int))), "mtp_draft")
         self._stats.draft_tokens += n_draft
@@ -691,18 +690,16 @@ class CudaEngine(Engine):
         rows in their order, or the whole row written into full[j]), then on_row(j, logits, subset or None)
         picks the token the next step drafts after."""
         s = self.config.shape
-        (tok,) = self._token_ids(state, [token])
-        check_draft_request(self.config.name, s.n_layer, self.has_mtp, state.n_tokens, n_draft)
         t0 = time.perf_counter()
+        tok = self._start_drafting(state, token, n_draft)
         subset = None
         if self._draft_base is not None:
-            self._sync_draft_rows(state, int(tok))
             subset = self._draft_row_ids
             compact = np.empty(len(subset), np.float32)
         drafted, hidden = [], np.empty((n_draft, s.n_embd), np.float32)
         for j in range(n_draft):
             out = compact if subset is not None else full[j]
-            self._check(self._lib.openjet_engine_mtp_step(self._handle, int(tok), j, _f32p(out),
+            self._check(self._lib.openjet_engine_mtp_step(self._handle, tok, j, _f32p(out),
                                                           _f32p(hidden[j])), "mtp_draft")
             tok = on_row(j, out, subset)
             drafted.append(tok)
