@@ -854,11 +854,13 @@ def test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows(models
 def speculation_script_outputs(engine: CudaEngine, ids: np.ndarray) -> list[np.ndarray]:
     """Every output of a fixed run of speculative cycles and what may follow one: verify steps of 1..8 rows, each
     accept keeping 1..all of them, verify after verify, a plain decode after an accept, MTP drafts, a checkpoint and
-    a truncation back to it, a prefill that extends the sequence (the next turn) right after an accept."""
+    a truncation back to it, a prefill that extends the sequence (the next turn) right after an accept. Under the
+    fused replay a step's GDN launch takes up to 8 replayed rows before its own: 8 + 1 (a decode after a full
+    accept: its row is in the launch's second sub-step) and 8 + 8 are here."""
     state = engine.new_state()
     out = [engine.prefill(state, ids[:40]).logits]
     pos = 40
-    plan = [(5, 2), (8, 8), (1, 1), (3, 1), (6, 4), ("decode", 2), (4, 3), ("checkpoint", 0), (7, 5), (2, 2),
+    plan = [(5, 2), (8, 8), ("decode", 1), (8, 8), (8, 3), (1, 1), (3, 1), (6, 4), ("decode", 2), (4, 3), ("checkpoint", 0), (7, 5), (2, 2),
             ("truncate", 0), (5, 5), ("prefill", 9), (3, 2), ("decode", 1), (8, 1)]
     mark = 0
     for what, n in plan:

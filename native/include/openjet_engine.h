@@ -161,13 +161,6 @@ OPENJET_API int openjet_engine_mtp_step(openjet_engine* engine, int32_t token, i
 OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* engine, int32_t token, int n, int n_valid,
                                                 int32_t* drafts, float* values, float* hidden);
 
-/* Sampled drafting chained on the device: draft steps 0..n-1 after `token` as mtp_draft_greedy runs them, each step's
- * token drawn from q_j, the request's transform of the step's top k logits (ids < n_valid; over the draft vocabulary's
- * rows when set): logits / temperature, softmax over the k, top-p, min-p, renormalised (sampling.py's order), then
- * the inverse CDF over q_j's ids in increasing order with u[j] in [0, 1), drawn by the caller from the request's
- * generator. q_j comes back for the acceptance test, which must use the very q the draft was drawn from (the output
- * is then exact whatever q is): q_ids / q_probs [n, k], row j's first q_len[j] entries (ids increasing). 1 <= n <=
- * OPENJET_ENGINE_MAX_T, 1 <= k <= 32, temperature > 0, 0 < top_p <= 1, 0 <= min_p <= 1. The sequence is unchanged. */
 /* A whole greedy speculative cycle after `token` (chosen, not processed), with one wait: n_draft (0..7) greedy
  * drafts as mtp_draft_greedy makes them, a verify step of [token, drafts] whose rows are ranked on the device (the
  * argmax among ids < n_valid), the longest prefix of drafts equal to the target's argmax kept and accepted with the
@@ -177,6 +170,13 @@ OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* engine, int32_t 
 OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* engine, int32_t token, int n_draft, int n_valid,
                                             int32_t* out, int* n_out);
 
+/* Sampled drafting chained on the device: draft steps 0..n-1 after `token` as mtp_draft_greedy runs them, each step's
+ * token drawn from q_j, the request's transform of the step's top k logits (ids < n_valid; over the draft vocabulary's
+ * rows when set): logits / temperature, softmax over the k, top-p, min-p, renormalised (sampling.py's order), then
+ * the inverse CDF over q_j's ids in increasing order with u[j] in [0, 1), drawn by the caller from the request's
+ * generator. q_j comes back for the acceptance test, which must use the very q the draft was drawn from (the output
+ * is then exact whatever q is): q_ids / q_probs [n, k], row j's first q_len[j] entries (ids increasing). 1 <= n <=
+ * OPENJET_ENGINE_MAX_T, 1 <= k <= 32, temperature > 0, 0 < top_p <= 1, 0 <= min_p <= 1. The sequence is unchanged. */
 OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* engine, int32_t token, int n, int n_valid, int k,
                                                  double temperature, double top_p, double min_p, const double* u,
                                                  int32_t* drafts, int32_t* q_ids, double* q_probs, int* q_len);

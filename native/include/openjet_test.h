@@ -112,6 +112,22 @@ OPENJET_API int openjet_test_sample_top(const float* x, int n, const int32_t* ro
 OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_block, int* warps_per_block,
                                         int* blocks);
 
+/* The decode GEMV's tile shape for the calls that follow: -1 what OPENJET_GEMV_HALF says (gemv_half_tiles), 0 the
+ * automatic choice, 1 16-row tiles, 2 half tiles. Process-wide: tests compare the shapes' bits, the benchmark their
+ * times. */
+OPENJET_API int openjet_test_set_gemv_half(int mode);
+
+/* 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else
+ * 0. */
+OPENJET_API int openjet_test_dense_gemm_available(void);
+
+/* 1 where this build and device run the producer-warp decode GEMV (gemv_tma_available: OPENJET_GEMV_TMA), else 0. */
+OPENJET_API int openjet_test_gemv_tma_available(void);
+
+/* Launches so far of a counted path: `what` is an index of native/src/launch_count.h's Counted (0 the dense prefill
+ * GEMM, ..., 21 a decode GEMV on the producer-warp kernel; the Python side's COUNTED names them). */
+OPENJET_API int openjet_test_launch_count(int what, long long* out);
+
 /* Times the GEMV alone (activations packed once beforehand): W is copied to `copies` device buffers
  * that successive calls rotate through (so L2 cannot hold the weights), `reps` calls are captured in a
  * CUDA graph, and each of `runs` graph replays is timed with events: us_out[i] = microseconds per call. */

@@ -578,8 +578,8 @@ int env_level(const char* name, int max) {
 }
 
 // OPENJET_GEMV_TMA (read at create): unset or "auto", decode GEMVs on the producer-warp kernel where it runs
-// (gemv_tma.cuh: a 90a build on a 9.0 GPU; the same bits, its form chosen by t: -1); "0" the cp.async kernels; "1" or
-// "2" one of its forms for every t. CudaEngine.load refuses other values.
+// (gemv_tma.cuh: a 90a build on a 9.0 GPU; the same bits, its form chosen by t: -1); "0" the cp.async kernels; "1" ..
+// "4" one of its forms for every t (gemv_tma.cu). CudaEngine.load refuses other values.
 int gemv_tma_switch() {
     const char* v = std::getenv("OPENJET_GEMV_TMA");
     return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", kGemvTmaForms);
@@ -1446,11 +1446,13 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
 // needs the committed state before the next decode or verify step does (a prefill, a checkpoint). Stream-ordered.
 int replay_now(openjet_engine& e) {
     if (!e.replay_rows) return OPENJET_OK;
+    const int rows = e.replay_rows;
+    e.replay_rows = 0;  // taken now: a launch that fails below must not leave the rows to be replayed a second time
     for (const LayerW& L : e.layers) {
         if (L.attn) continue;
         GdnStepArgs g = gdn_layer_args(e, L);
         const GdnRing ring = gdn_ring(e, L, kept_ring(e));
-        g.t = e.replay_rows;
+        g.t = rows;
         g.qkv = ring.qkv, g.b = ring.b, g.alpha = ring.alpha;
         g.z = e.big2, g.y = e.y;  // the step's output is not needed: scratch
         g.conv_state_in = e.conv[e.conv_cur] + e.conv_layer_floats * L.idx;
@@ -1458,7 +1460,6 @@ int replay_now(openjet_engine& e) {
         CHECK(launch_gdn_step(g, e.stream));
     }
     if (e.n_gdn) e.conv_cur ^= 1;
-    e.replay_rows = 0;
     return OPENJET_OK;
 }
 
@@ -1770,8 +1771,6 @@ int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
     return OPENJET_OK;
 }
 
-// n greedy draft steps after the token in e->ids[0] (start_draft_chain), each step's argmax the next one's input:
-// the drafts in e->draft_pick, their logits in e->draft_value, with `hidden` each step's h' in e->draft_hidden.
 // n draft steps on the device after the token in e.ids[0] (start_draft_chain): step k runs the MTP head on e.ids[0],
 // then pick(k) chooses from its logits (e.logits: the draft rows, or the vocabulary) and writes the token to e.ids[0],
 // the next step's input, as well as to the chain's outputs.
@@ -1849,7 +1848,9 @@ extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     e->pending = t;
-    return accept_impl(*e, *n_out);
+    const int status = accept_impl(*e, *n_out);
+    e->pending = 0;  // (a failed accept must not leave the engine waiting for an accept the host will not send)
+    return status;
 }
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,

@@ -176,8 +176,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const int total = a.replay + a.t;
     const int commit = a.commit < 0 ? total : a.commit;  // the state and conv window go out after this many rows
 
-    // The fused beta (even jobs) and alpha (odd) projections of each token (a call of one sub-step: the launcher
-    // checks), a 128-thread group per row; first, so that their registers are free again before the state's 16
+    // The fused beta (even jobs) and alpha (odd) projections of each of the call's own rows (at most kGdnMaxT: the
+    // launcher checks; replayed rows bring theirs from the ring), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
     if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
         constexpr int kGroups = kThreads / 128;
@@ -334,7 +334,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (lane == 0) sm.kq[tw] = p;
         });
         __syncthreads();
-        if (t0 + kGdnMaxT < a.t) load_rows(t0 + kGdnMaxT);  // in flight during the delta rule
+        if (t0 + kGdnMaxT < total) load_rows(t0 + kGdnMaxT);  // in flight during the delta rule
 
         // 3. Delta rule, token by token, state in registers. One barrier per token (red is double-buffered:
         // a thread writing red[t&1] for token t has passed token t-1's barrier, after every read of red[t&1]

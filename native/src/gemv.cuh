@@ -45,7 +45,7 @@ struct GemvArgs {
     // per weight type.
     void* xi = nullptr;
     // A decode call on the producer-warp GEMV where it runs (gemv_tma.cuh; the engine's OPENJET_GEMV_TMA), with the
-    // cp.async kernels' bits: 0 no, -1 its default form for t, 1 or 2 one form. Its grid of resident blocks is sized
+    // cp.async kernels' bits: 0 no, -1 its default form for t, 1 .. kGemvTmaForms one form. Its grid of resident blocks is sized
     // for at most grid_sms SMs (0: all of them; the engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated).
     int tma = 0;
     int grid_sms = 0;

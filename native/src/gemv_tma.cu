@@ -104,7 +104,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
-    // tile's barrier orders that before warp 0's reads).
+    // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
     if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
@@ -133,10 +133,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         };
         if constexpr (kLastSum) {
             // part[buf] is free once its previous use's sum is done (only a warp two tiles ahead waits here).
-            if (lane == 0)
+            if (lane == 0) {
                 while (*static_cast<volatile int*>(&summed[buf]) < round) __nanosleep(32);  // leave the issue slots
-            __syncwarp();
-            __threadfence_block();
+                __threadfence_block();  // the summing warp's reads of part[buf] before this warp's writes
+            }
+            __syncwarp();  // (orders memory among the warp's lanes, where a shuffle would not)
 #pragma unroll
             for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
             __syncwarp();  // every lane's partials before lane 0's arrival (fences are cumulative)
@@ -147,6 +148,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                 __threadfence_block();
             }
             if (__shfl_sync(0xffffffffu, last, 0)) {  // the tile's fourth partial: sum the four, in order
+                __syncwarp();  // lane 0's acquire (the fence after its atomic) before every lane's reads
                 sum_store();
                 __syncwarp();  // every lane's reads of part[buf] before it is handed back
                 if (lane == 0) {

@@ -448,26 +448,16 @@ extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int*
     return OPENJET_OK;
 }
 
-// The decode GEMV's tile shape for the calls that follow: -1 what OPENJET_GEMV_HALF says (gemv_half_tiles), 0 the
-// automatic choice, 1 16-row tiles, 2 half tiles. Process-wide: tests compare the shapes' bits, the benchmark
-// their times.
 extern "C" OPENJET_API int openjet_test_set_gemv_half(int mode) {
     if (mode < -1 || mode > 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_gemv_half: mode must be -1, 0, 1 or 2");
     set_gemv_half_tiles(mode);  // -1: the environment's choice; 0 .. 2: GemvHalfTiles' order
     return OPENJET_OK;
 }
 
-// 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else 0.
-extern "C" OPENJET_API int openjet_test_dense_gemm_available() { return dense_gemm_available() ? 1 : 0; }
+extern "C" OPENJET_API int openjet_test_dense_gemm_available(void) { return dense_gemm_available() ? 1 : 0; }
 
-// 1 where this build and device run the producer-warp decode GEMV (gemv_tma_available: OPENJET_GEMV_TMA), else 0.
-extern "C" OPENJET_API int openjet_test_gemv_tma_available() { return gemv_tma_available() ? 1 : 0; }
+extern "C" OPENJET_API int openjet_test_gemv_tma_available(void) { return gemv_tma_available() ? 1 : 0; }
 
-// Launches so far of a counted path (launch_count.h: 0 the dense prefill GEMM, 1 the two-phase chunked GDN, 2 its
-// state written at a chunk boundary for a checkpoint, 3 its state phase on tensor cores, 4 the prefill attention on
-// fp16 rows of a Q8_0 cache, 5 a prefill's FFN gate and up in one GEMM, 6 the persistent FFN, 7 a read of weights in
-// the tile layout, 8 a decode pack on a cluster of blocks, 9 a decode call on the integer GEMV, 10 a prefill's swiglu
-// pack in two passes, 11 the dense gate-and-up GEMM's swiglu epilogue, 12 the prefill attention on warpgroup MMA).
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,

@@ -33,12 +33,12 @@ __device__ __forceinline__ unsigned long long make_key(float v, int id) {
     return (static_cast<unsigned long long>(~orderable(v)) << 32) | static_cast<uint32_t>(id);
 }
 
-// Entry pos's key: its logit and id (row_ids[pos], or pos), kNone past the row or for an id >= n_valid.
+// Entry pos's key: its logit and id (row_ids[pos], or pos), kNone past the row or for an id outside [0, n_valid).
 __device__ __forceinline__ unsigned long long entry_key(const float* xr, int pos, int n, int n_valid,
                                                         const int32_t* row_ids) {
     if (pos >= n) return kNone;
     const int id = row_ids ? row_ids[pos] : pos;
-    return id < n_valid ? make_key(xr[pos], id) : kNone;
+    return id >= 0 && id < n_valid ? make_key(xr[pos], id) : kNone;
 }
 
 // Sorts s[0, n) ascending (n a power of two), every thread of the block taking part.
