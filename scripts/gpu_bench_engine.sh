@@ -134,9 +134,14 @@ for kv, r in d["runs"].items():
               f"(tensor-core share {p.get('tensor_core_share')})")
     sp = r.get("speculation")
     if sp:
-        print(f"  speculation at {sp['context']}: draft {sp['draft_ms_full']} ms full / {sp['draft_ms_subset']} ms "
-              f"{sp['draft_rows']} rows; verify {sp['verify_ms']}; accept {sp['accept_ms']} ms; plain "
-              f"{sp['tok_s_plain']} tok/s; best at acceptance 0.7: {sp['best_at_acceptance_0.7']}")
+        g = sp.get  # (a part that failed has no figures: errors says why)
+        print(f"  speculation at {g('context')}: draft {g('draft_ms_full')} ms full / {g('draft_ms_subset')} ms "
+              f"{g('draft_rows')} rows, chained {g('draft_chain_ms_subset')}; verify {g('verify_ms')}, k = 1 "
+              f"{g('verify_ms_k1')}; accept {g('accept_ms')} ms; greedy cycles {g('cycle_greedy_ms')}; plain "
+              f"{g('tok_s_plain')} tok/s; best at acceptance 0.7: {g('best_at_acceptance_0.7')}; errors {g('errors')}")
+    for x in r["decode"]:
+        if x.get("topk_profile_ms_by_k"):
+            print(f"  ctx {x['context']} T {x['t']}: device top-k ms a step by k {x['topk_profile_ms_by_k']}")
     for s in r["skipped"]:
         print("  skipped", s)
 print("footprint", json.dumps({k: v for k, v in (d.get("footprint_32k_q8_0") or {}).items() if k != "assumption"}))
@@ -157,5 +162,6 @@ for i in "${!VARS[@]}"; do
   echo "== ${v:-default settings}"
   summarise "$OUT/$name.json"
 done
-(cd "$OUT" && tar -czf misc.tgz --remove-files build.log nvidia-smi.txt synth.json synth.err wheels.log \
-  bench-engine*.log 2>/dev/null)
+# (the files that exist: a reused model leaves no synth.*, and tar would fail on them)
+(cd "$OUT" && ls -d build.log nvidia-smi.txt synth.json synth.err wheels.log bench-engine*.log 2>/dev/null |
+  tar -czf misc.tgz --remove-files -T -)

@@ -475,31 +475,41 @@ class Bench:
                     h, row.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)), "decode")
                 # The server's path: openjet_engine_decode_top, the top TOP_K logits of each row back instead of
                 # the vocabulary (t x 1 MB of pageable copies fewer).
-                top_times = timed_steps(lambda row: lib.openjet_engine_decode_top(
-                    h, row.ctypes.data_as(i32), t, TOP_K, s.n_vocab, None, None, 0, top_vals.ctypes.data_as(f32),
-                    top_ids.ctypes.data_as(i32), hidden.ctypes.data_as(f32)), "decode_top")
-                prof = None
+                try:  # (a failure on this path costs its own figures only)
+                    top_times = timed_steps(lambda row: lib.openjet_engine_decode_top(
+                        h, row.ctypes.data_as(i32), t, TOP_K, s.n_vocab, None, None, 0, top_vals.ctypes.data_as(f32),
+                        top_ids.ctypes.data_as(i32), hidden.ctypes.data_as(f32)), "decode_top")
+                except (Exception, SystemExit) as e:
+                    top_times = None
+                    run["notes"].append(f"decode_top ctx {ctx} T {t} failed: {type(e).__name__}: {e}")
+                    log(run["notes"][-1])
+                prof, topk_ms = None, {}
                 if a.profile_steps:                           # untimed: events between phases slow the step
                     engine.set_profile(True)
-                    engine.profile(reset=True)
-                    for i in range(a.profile_steps):
-                        back()
-                        check(lib.openjet_engine_decode(h, ids[i % len(ids)].ctypes.data_as(i32), t,
-                                                        logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)),
-                              "profiled decode")
-                    prof = engine.profile(reset=True)
-                    # the device top-k alone (its "topk" phase), for k = TOP_K (sampled requests) and 1 (greedy)
-                    topk_ms = {}
-                    for k in (TOP_K, 1):
+                    try:  # a failure here costs the profile, not the sweep's timed figures
+                        engine.profile(reset=True)
                         for i in range(a.profile_steps):
                             back()
-                            check(lib.openjet_engine_decode_top(
-                                h, ids[i % len(ids)].ctypes.data_as(i32), t, k, s.n_vocab, None, None, 0,
-                                top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32),
-                                hidden.ctypes.data_as(f32)), "profiled decode_top")
-                        tp = engine.profile(reset=True)
-                        topk_ms[str(k)] = round(tp["phases"].get("topk", {}).get("ms", 0.0) / max(tp["calls"], 1), 4)
-                    engine.set_profile(False)
+                            check(lib.openjet_engine_decode(h, ids[i % len(ids)].ctypes.data_as(i32), t,
+                                                            logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)),
+                                  "profiled decode")
+                        prof = engine.profile(reset=True)
+                        # the device top-k alone (its "topk" phase), for k = TOP_K (sampled requests) and 1 (greedy)
+                        for k in (TOP_K, 1):
+                            for i in range(a.profile_steps):
+                                back()
+                                check(lib.openjet_engine_decode_top(
+                                    h, ids[i % len(ids)].ctypes.data_as(i32), t, k, s.n_vocab, None, None, 0,
+                                    top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32),
+                                    hidden.ctypes.data_as(f32)), "profiled decode_top")
+                            tp = engine.profile(reset=True)
+                            topk_ms[str(k)] = round(tp["phases"].get("topk", {}).get("ms", 0.0) / max(tp["calls"], 1),
+                                                    4)
+                    except (Exception, SystemExit) as e:
+                        run["notes"].append(f"profile ctx {ctx} T {t} failed: {type(e).__name__}: {e}")
+                        log(run["notes"][-1])
+                    finally:
+                        engine.set_profile(False)
                 med = statistics.median(times)
                 if ctx == 0:
                     self.step_s[t] = med
@@ -510,9 +520,10 @@ class Bench:
                        "kv_bytes_read": nb["kv"], "mtp_weight_bytes": nb["mtp_weights"],
                        "roofline_ms": round(roof * 1e3, 3),
                        "roofline_share": round(roof / med, 4), "n": len(times)}
-                top_med = statistics.median(top_times)
-                rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3),
-                                "roofline_share": round(roof / top_med, 4)}
+                top_med = statistics.median(top_times) if top_times else None
+                if top_med:
+                    rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3),
+                                    "roofline_share": round(roof / top_med, 4)}
                 if prof and prof["calls"]:
                     rec["profile_ms_per_step"] = {k: round(v["ms"] / prof["calls"], 4)
                                                   for k, v in sorted(prof["phases"].items())}
@@ -521,13 +532,16 @@ class Bench:
                     rec["persistent_ffn_us_per_launch"] = persistent_profile_us(prof["persistent_ffn"])
                 t1 = next((r for r in run["decode"] if r["context"] == ctx and r["t"] == 1), None)
                 rec["cost_vs_t1"] = 1.0 if t == 1 else (round(med * 1e3 / t1["median_ms"], 3) if t1 else None)
-                rec["top_k"]["cost_vs_t1"] = 1.0 if t == 1 else (
-                    round(top_med * 1e3 / t1["top_k"]["median_ms"], 3) if t1 else None)
+                if top_med:
+                    t1_top = (t1 or {}).get("top_k")
+                    rec["top_k"]["cost_vs_t1"] = 1.0 if t == 1 else (
+                        round(top_med * 1e3 / t1_top["median_ms"], 3) if t1_top else None)
                 run["decode"].append(rec)
+                top = rec.get("top_k")
                 log(f"{kv} ctx {ctx:>6} T {t}: {rec['median_ms']:8.3f} ms  {rec['tok_s']:8.1f} tok/s  "
                     f"roofline {rec['roofline_share'] * 100:5.1f} %  vs T1 {rec['cost_vs_t1']}; top-{TOP_K} path "
-                    f"{rec['top_k']['median_ms']:8.3f} ms ({rec['top_k']['roofline_share'] * 100:5.1f} %, vs T1 "
-                    f"{rec['top_k']['cost_vs_t1']})")
+                    + (f"{top['median_ms']:8.3f} ms ({top['roofline_share'] * 100:5.1f} %, vs T1 {top['cost_vs_t1']})"
+                       if top else "failed"))
             self.out["gpu"]["clocks"].append(gpu_query(f"{kv}: right after the decode steps at context {ctx}"))
             self.save()
 
@@ -620,7 +634,11 @@ class Bench:
                                                                          "restore"), check)
                 check(lib.openjet_engine_restore(h, slot), "restore")     # back to exactly p tokens
         if a.prefill_profile:
-            self.prefill_profile(engine, run, kv)
+            try:
+                self.prefill_profile(engine, run, kv)
+            except (Exception, SystemExit) as e:  # its figures only: the speculation section still runs
+                run["notes"].append(f"prefill profile failed: {type(e).__name__}: {e}")
+                log(run["notes"][-1])
         # Last: the newest code paths (verify / accept, draft rows) must not cost the figures above.
         if has_mtp(s, self.tb) and getattr(engine, "has_mtp", False):
             if not self.budget.fits(SPEC_EST_S):
@@ -687,18 +705,36 @@ class Bench:
 
         rec = {"context": SPEC_CTX, "verify_path": f"openjet_engine_verify_top, k = {TOP_K} (the server's)",
                "draft_ms_full": round(timed(draft_step) * 1e3, 3)}
+        run["speculation"] = rec  # filled in as it goes: a later part's failure keeps the figures before it
+
+        def attempt(part: str, fn):
+            """fn()'s result, or None with the failure noted in rec["errors"] (the device paths newest in the
+            engine must not cost the figures of the others)."""
+            try:
+                return fn()
+            except (Exception, SystemExit) as e:
+                rec.setdefault("errors", {})[part] = f"{type(e).__name__}: {e}"
+                log(f"speculation: {part} failed: {rec['errors'][part]}")
+                return None
+
         subset = np.sort(self.rng.choice(s.n_vocab, min(32768, s.n_vocab), replace=False)).astype(np.int32)
         check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
         rec["draft_rows"] = len(subset)
         rec["draft_ms_subset"] = round(timed(draft_step) * 1e3, 3)
         # n greedy drafts chained on the device (openjet_engine_mtp_draft_greedy, one wait): the whole chain's time.
         drafted = np.empty(8, np.int32)
-        chain = {}
-        for n in range(1, 8):
-            def draft_chain(n=n):
-                check(lib.openjet_engine_mtp_draft_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
-                                                          drafted.ctypes.data_as(i32), None, None), "mtp_draft_greedy")
-            chain[n] = round(timed(draft_chain) * 1e3, 3)
+
+        def draft_chains() -> dict:
+            chain = {}
+            for n in range(1, 8):
+                def draft_chain(n=n):
+                    check(lib.openjet_engine_mtp_draft_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
+                                                              drafted.ctypes.data_as(i32), None, None),
+                          "mtp_draft_greedy")
+                chain[n] = round(timed(draft_chain) * 1e3, 3)
+            return chain
+
+        chain = attempt("draft_chain", draft_chains)
         rec["draft_chain_ms_subset"] = chain
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         def verify_top(row, k):
@@ -728,30 +764,40 @@ class Bench:
             return verify, accept
 
         verify_ms, accept_ms = verify_accept_ms(TOP_K)
-        verify_k1_ms, _ = verify_accept_ms(1)  # greedy requests' path: each row's argmax back
+        rec.update(verify_ms=verify_ms, accept_ms=accept_ms)
+        verify_k1_ms = attempt("verify_k1", lambda: verify_accept_ms(1)[0])  # greedy's path: each row's argmax back
+        rec["verify_ms_k1"] = verify_k1_ms
+        self.save()
         # A whole greedy cycle of n drafts in one call (openjet_engine_cycle_greedy: drafts over the draft rows,
         # verify, verdict, accept), timed after a cycle like it (so a fused replay of its kept rows is inside).
         check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
         out_ids, n_out = np.empty(8, np.int32), ctypes.c_int()
-        cycle_ms = {}
-        for n in range(0, 8):
-            times = []
-            for i in range(a.warmup + a.steps):
-                check(lib.openjet_engine_restore(h, 0), "restore")
-                for timed_call in (False, True):
-                    t0 = time.perf_counter()
-                    check(lib.openjet_engine_cycle_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
-                                                          out_ids.ctypes.data_as(i32), ctypes.byref(n_out)),
-                          "cycle_greedy")
-                    if timed_call and i >= a.warmup:
-                        times.append(time.perf_counter() - t0)
-            cycle_ms[n] = round(statistics.median(times) * 1e3, 3)
+
+        def greedy_cycles() -> dict:
+            cycle_ms = {}
+            for n in range(0, 8):
+                times = []
+                for i in range(a.warmup + a.steps):
+                    check(lib.openjet_engine_restore(h, 0), "restore")
+                    for timed_call in (False, True):
+                        t0 = time.perf_counter()
+                        check(lib.openjet_engine_cycle_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
+                                                              out_ids.ctypes.data_as(i32), ctypes.byref(n_out)),
+                              "cycle_greedy")
+                        if timed_call and i >= a.warmup:
+                            times.append(time.perf_counter() - t0)
+                cycle_ms[n] = round(statistics.median(times) * 1e3, 3)
+            return cycle_ms
+
+        cycle_ms = attempt("cycle_greedy", greedy_cycles)
+        rec["cycle_greedy_ms"] = cycle_ms
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         check(lib.openjet_engine_restore(h, 0), "restore")
-        rec.update(verify_ms=verify_ms, accept_ms=accept_ms, verify_ms_k1=verify_k1_ms, cycle_greedy_ms=cycle_ms)
         plain = verify_ms[1] + accept_ms
         table = {}
-        for draft_key in ("draft_ms_full", "draft_ms_subset", "draft_chain_ms_subset", "cycle_greedy"):
+        usable = {"draft_ms_full": True, "draft_ms_subset": True, "draft_chain_ms_subset": bool(chain and verify_k1_ms),
+                  "cycle_greedy": bool(cycle_ms)}  # (a part that failed has no row)
+        for draft_key in (key for key, ok in usable.items() if ok):
             for n in range(1, 8):
                 # the chained drafts are greedy's: with the k = 1 verify; cycle_greedy: the one call, all included
                 greedy = draft_key == "draft_chain_ms_subset"
@@ -766,7 +812,6 @@ class Bench:
         best = max(((v, k, n, al) for k, d in table.items() for n, r in d.items() for al, v in r.items()
                     if al == "0.7"), default=None)
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
-        run["speculation"] = rec
         log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
             f"({len(subset)} rows), chained on the device {chain} ms, whole greedy cycles {cycle_ms} ms, "
             f"verify {verify_ms} (k = 1: {verify_k1_ms}), "
