@@ -158,6 +158,51 @@ def test_t_tokens_in_one_call_equal_t_single_calls_bitwise(size, t):
     np.testing.assert_array_equal(s_all, s)
 
 
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("replay", [0, 1, 3, 8])
+@pytest.mark.parametrize("t", [1, 5, 8])
+def test_a_fused_replay_gives_the_bits_of_one_row_calls(size, replay, t):
+    """The engine's fused GDN replay (OPENJET_GDN_REPLAY=fused) at the kernel: `replay` rows from a ring before the
+    call's own t, the state and conv window written after `commit` rows (all: a decode step; the replay rows only: a
+    verify step, whose own rows wait for accept). Every output equals a chain of one-row calls bit for bit (the
+    T-invariance test above anchors those to the reference): y of the own rows, the state and conv state after
+    exactly `commit` rows, and nothing written where commit is 0. 8 + 1 and more rows take the kernel's second
+    sub-step (a prefetch there once went by the own rows' count)."""
+    n_k, n_v = SIZES[size]
+    rng = np.random.default_rng(97 * replay + 13 * t + n_v)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, replay + t)
+    cs0, s0 = random_state(rng, n_k, n_v)
+    chain = [(cs0, s0)]  # conv state and state after 0, 1, ... rows
+    ys = []
+    for i in range(replay + t):
+        y, cs, s = gpu_step(n_k, n_v, {key: a[i:i + 1] for key, a in tok.items()}, par, *chain[-1])
+        chain.append((cs, s))
+        ys.append(y)
+    poison = np.full_like(cs0, np.nan)
+    for commit in (-1, replay):
+        y, cs, s = kg.gdn_step_replay(n_k, n_v, replay, commit, tok["qkv"], tok["z"][replay:], tok["b"], tok["alpha"],
+                                      par["conv_w"], cs0, par["ssm_a"], par["dt_bias"], par["norm_w"], s0, poison, EPS)
+        rows = replay + t if commit < 0 else commit
+        report(test="gdn_fused_replay", size=size, replay=replay, t=t, commit=rows)
+        np.testing.assert_array_equal(y, np.concatenate(ys[replay:]), err_msg=f"y, commit {commit}")
+        np.testing.assert_array_equal(s, chain[rows][1], err_msg=f"state, commit {commit}")
+        if rows:
+            np.testing.assert_array_equal(cs, chain[rows][0], err_msg=f"conv state, commit {commit}")
+        else:
+            assert np.isnan(cs).all(), "commit 0 wrote the conv state"
+
+
+def test_the_fused_replay_refuses_what_it_cannot_take():
+    n_k, n_v = SIZES["tiny"]
+    rng = np.random.default_rng(5)
+    par, tok = random_params(rng, n_k, n_v), random_tokens(rng, n_k, n_v, 10)
+    cs0, s0 = random_state(rng, n_k, n_v)
+    for replay, commit in ((9, -1), (1, 11), (2, -2)):  # replay past 8 rows, commit past the rows, commit < -1
+        with pytest.raises(OpenJetError, match="gdn_step_replay"):
+            kg.gdn_step_replay(n_k, n_v, replay, commit, tok["qkv"], tok["z"][replay:], tok["b"], tok["alpha"],
+                               par["conv_w"], cs0, par["ssm_a"], par["dt_bias"], par["norm_w"], s0, cs0, EPS)
+
+
 def default_and_switched(size: str, t: int, seed_mul: int, monkeypatch, name: str, value: str):
     """A random call of t rows at `size` (seed seed_mul * t + n_v) on the default kernels, then with the environment's
     `name` set to `value`: (reference_step's arguments, the default result, the switched result)."""

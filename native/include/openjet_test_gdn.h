@@ -22,6 +22,18 @@ OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float eps, const 
                                       const float* conv_state_in, float* conv_state_out, const float* ssm_a,
                                       const float* dt_bias, const float* norm_w, float* state, float* y);
 
+/* The step with a fused replay (the engine's OPENJET_GDN_REPLAY=fused, GdnStepArgs::replay / commit): qkv, b and
+ * alpha hold replay + t rows, the first `replay` (0..8) of them given to the kernel as the replay ring's rows, the
+ * other t (1..8) as the call's own; z and y hold the t own rows. The state (in place) and conv_state_out are written
+ * after `commit` rows, replay rows counted (-1: all; 0: neither, conv_state_out then left as it came). Each row's
+ * arithmetic is what a one-row call of it does, so every output equals a chain of one-row openjet_test_gdn_step
+ * calls bit for bit. */
+OPENJET_API int openjet_test_gdn_step_replay(int n_k, int n_v, int replay, int t, int commit, float eps,
+                                             const float* qkv, const float* z, const float* b, const float* alpha,
+                                             const float* conv_w, const float* conv_state_in, float* conv_state_out,
+                                             const float* ssm_a, const float* dt_bias, const float* norm_w,
+                                             float* state, float* y);
+
 /* The same step over t token rows (OPENJET_GDN_CHUNKED's two-phase form: a prefill call's) with its output packed
  * under the given row scales (launch_gdn_step's bounded pack, OPENJET_GDN_PACK_BOUND): h [t, n_v*128] (fp16 bits,
  * the pack's element order), sum [t, n_v*128/32*2] (each 32-block's sum as two fp16), inv [t] = 1 / scales; the

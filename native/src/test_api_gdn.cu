@@ -98,6 +98,45 @@ extern "C" OPENJET_API int openjet_test_gdn_step(int n_k, int n_v, int t, float 
     return OPENJET_OK;
 }
 
+extern "C" OPENJET_API int openjet_test_gdn_step_replay(int n_k, int n_v, int replay, int t, int commit, float eps,
+                                                        const float* qkv, const float* z, const float* b,
+                                                        const float* alpha, const float* conv_w,
+                                                        const float* conv_state_in, float* conv_state_out,
+                                                        const float* ssm_a, const float* dt_bias, const float* norm_w,
+                                                        float* state, float* y) {
+    if (int s = check_dims(n_k, n_v, t)) return s;
+    if (t > kGdnMaxT || replay < 0 || replay > kGdnMaxT || commit < -1 || commit > replay + t)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step_replay: t = %d, replay = %d, commit = %d (t 1..%d, replay "
+                    "0..%d, commit -1..replay + t)", t, replay, commit, kGdnMaxT, kGdnMaxT);
+    if (!qkv || !z || !b || !alpha || !conv_w || !conv_state_in || !conv_state_out || !ssm_a || !dt_bias || !norm_w ||
+        !state || !y)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_step_replay: null pointer");
+    const size_t conv_dim = (size_t)(2 * n_k + n_v) * kGdnHeadDim, vd = (size_t)n_v * kGdnHeadDim;
+    GdnDev d;  // the own rows as openjet_test_gdn_step's; the replay rows in a ring of their own
+    CHECK(upload_step(d, n_k, n_v, t, qkv + replay * conv_dim, z, b + replay * n_v, alpha + replay * n_v, conv_w,
+                      conv_state_in, ssm_a, dt_bias, norm_w, state));
+    DevBuf ring_qkv, ring_b, ring_alpha;
+    GdnStepArgs a = d.args(n_k, n_v, t, eps);
+    a.chunk_scratch = nullptr;  // a decode or verify step's call: whole-head blocks
+    a.replay = replay, a.commit = commit;
+    if (replay) {
+        CHECK(ring_qkv.alloc(sizeof(float) * replay * conv_dim));
+        CHECK(ring_b.alloc(sizeof(float) * replay * n_v));
+        CHECK(ring_alpha.alloc(sizeof(float) * replay * n_v));
+        CHECK(cudaMemcpy(ring_qkv.p, qkv, sizeof(float) * replay * conv_dim, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(ring_b.p, b, sizeof(float) * replay * n_v, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(ring_alpha.p, alpha, sizeof(float) * replay * n_v, cudaMemcpyHostToDevice));
+        a.replay_qkv = ring_qkv.as<float>(), a.replay_b = ring_b.as<float>(), a.replay_alpha = ring_alpha.as<float>();
+    }
+    CHECK(cudaMemcpy(d.cs_out.p, conv_state_out, sizeof(float) * 3 * conv_dim, cudaMemcpyHostToDevice));
+    CHECK(launch_gdn_step(a, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(conv_state_out, d.cs_out.p, sizeof(float) * 3 * conv_dim, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(state, d.state.p, sizeof(float) * vd * kGdnHeadDim, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(y, d.y.p, sizeof(float) * t * vd, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_gdn_step_bounded_pack(int n_k, int n_v, int t, float eps, const float* qkv,
                                                               const float* z, const float* b, const float* alpha,
                                                               const float* conv_w, const float* conv_state_in,

@@ -20,6 +20,7 @@ MAX_T = 8
 
 def _lib() -> ctypes.CDLL:
     return _bind("GDN test API", {"gdn_step": [_I, _I, _I, _F] + [_P] * 12,
+                                  "gdn_step_replay": [_I] * 5 + [_F] + [_P] * 12,
                                   "gdn_step_bounded_pack": [_I, _I, _I, _F] + [_P] * 14,
                                   "bench_gdn": [_I, _I, _I, _I, _I, _I, _P]})
 
@@ -57,6 +58,26 @@ def gdn_step(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt
     y = np.empty((t, n_v * HEAD_DIM), np.float32)
     _check(lib, lib.openjet_test_gdn_step(n_k, n_v, t, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, cs_out,
                                                                         ssm_a, dt_bias, norm_w, s, y))), "gdn_step")
+    return y, cs_out, s
+
+
+def gdn_step_replay(n_k: int, n_v: int, replay: int, commit: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a,
+                    dt_bias, norm_w, state, conv_state_out, eps: float = 1e-6
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step with a fused replay (openjet_test_gdn_step_replay): qkv, b, alpha of replay + t rows, the first
+    `replay` replayed from a ring, z of the t own rows; state and conv state written after `commit` rows (-1: all).
+    Returns (y [t, n_v*128], conv_state_out (the given array's copy where nothing was written), state)."""
+    lib = _lib()
+    rows, qkv, _, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, state = _step_inputs(
+        n_k, n_v, qkv, np.zeros((len(qkv), n_v * HEAD_DIM), np.float32), b, alpha, conv_w, conv_state, ssm_a,
+        dt_bias, norm_w, state)
+    t = rows - replay
+    z = _f32_shaped(z, (t, n_v * HEAD_DIM), "z")
+    s, cs_out = state.copy(), _f32_shaped(conv_state_out, cs_in.shape, "conv_state_out").copy()
+    y = np.empty((t, n_v * HEAD_DIM), np.float32)
+    _check(lib, lib.openjet_test_gdn_step_replay(
+        n_k, n_v, replay, t, commit, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, cs_out, ssm_a, dt_bias, norm_w,
+                                                      s, y))), "gdn_step_replay")
     return y, cs_out, s
 
 
