@@ -288,6 +288,7 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // Forms 3 and 4 (an experiment, NOT yet run on a GPU): 1 and 2 with the last-arriver tile sum (kLastSum). Form 5
 // (likewise): form 1 with each warp's next unit of activations prefetched into shared memory (kPrefetchB), for calls
 // of t <= kPrefetchRows whose pack is 16-byte aligned (cp.async); other calls take the default's form for their t.
+// Q8_0's ring is 3 units there: 4 and the activation buffers (9 KB a block) would leave 2 blocks a SM on sm_90.
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
@@ -297,7 +298,7 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
         case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
-        case 5: return launch_ring<QT, 4, 3, false, true>(a, b, stream);
+        case 5: return launch_ring<QT, QT == kQ8_0 ? 3 : 4, 3, false, true>(a, b, stream);  // (Q8_0: 3 blocks a SM)
         default: return launch_ring<QT, 4, 3, false>(a, b, stream);
     }
 }
