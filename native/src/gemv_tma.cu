@@ -35,10 +35,10 @@ constexpr int kConsumerWarps = kGemvWarps;
 constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
 
 // Form 5's activation buffers: per consumer warp two (the unit computed, the next one arriving), each kPrefetchRows
-// rows of a unit's 256 halves (rows kBPitch halves apart: 16 bytes of padding put the rows' equal offsets in other
-// banks) and then the rows' 16 sums.
+// rows of a unit's 256 halves (rows kBPitch halves apart: 48 bytes of padding put row 1 twelve banks on, so that the
+// Q6_K / Q8_0 units' 8-byte reads of rows 0 and 1 meet no conflict) and then the rows' 16 sums.
 constexpr int kPrefetchRows = 2;
-constexpr int kBPitch = kUnitElems + 8;
+constexpr int kBPitch = kUnitElems + 24;
 constexpr int kBSums = kPrefetchRows * kBPitch;              // where a buffer's sums start (halves)
 constexpr int kBBufHalves = kBSums + kPrefetchRows * 16;
 constexpr int kBBytes = kConsumerWarps * 2 * kBBufHalves * 2;
@@ -293,7 +293,8 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (form == 5 && (a.t > kPrefetchRows || !aligned16(a.x.h) || !aligned16(a.x.sum))) form = a.t == 1 ? 1 : 2;
+    if (form == 5 && (a.t > kPrefetchRows || !a.x.h || !a.x.sum || !aligned16(a.x.h) || !aligned16(a.x.sum)))
+        form = a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
