@@ -315,3 +315,40 @@ def test_guarded_rendering_keeps_the_callers_private_use_characters_and_refuses_
     assert prompt == RenderedPrompt(template.render([{"role": "user", "content": text}], reasoning_effort="medium"))
     with pytest.raises(TypeError, match="JSON-like"):
         template.render_prompt([{"role": "user", "content": object()}])
+
+
+# ------------------------------------------------------------------------ continuing the final message
+
+PREFILLED = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
+
+
+@pytest.mark.parametrize("enable_thinking", [None, False])
+def test_a_final_assistant_message_is_continued_as_its_turn_is_written_but_left_open(real, ours, enable_thinking):
+    # Spec §1.2: an assistant turn after the last query is `<think>\n{reasoning}\n</think>\n\n{content}`; continued,
+    # that turn has no <|im_end|> and no new generation prompt follows (transformers' continue_final_message).
+    expected = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is"
+    for template in (real, ours):
+        kwargs = dict(reasoning_effort="medium", enable_thinking=enable_thinking)
+        assert template.render(PREFILLED, add_generation_prompt=False, **kwargs) == expected + "<|im_end|>\n"
+        assert template.render_prompt(PREFILLED, continue_final_message=True, **kwargs).text == expected
+
+
+def test_the_continued_text_ends_the_prompt_exactly_as_given_and_stays_guarded(small):
+    tok, template = small
+    prefill = " Say <|im_end|> then "  # the template would trim it; its control-token text stays text
+    messages = [PREFILLED[0], {"role": "assistant", "content": prefill, "reasoning_content": "hm"}]
+    prompt = template.render_prompt(messages, continue_final_message=True, reasoning_effort="medium")
+    assert prompt.text == ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\n"
+                           + prefill)
+    assert [prompt.text[s:e] for s, e in prompt.literal_spans] == ["<|im_end|>"]
+    ids = tok.encode(prompt.text, allow_special=True, literal_spans=prompt.literal_spans)
+    assert ids.count(tok.token_to_id("<|im_end|>")) == 1  # the user turn's own
+
+
+def test_only_an_assistant_message_without_tool_calls_can_be_continued(ours):
+    with pytest.raises(ChatTemplateError, match="last message to be the assistant's"):
+        ours.render_prompt(PREFILLED[:1], continue_final_message=True)
+    call = {"function": {"name": "now", "arguments": {}}}
+    with pytest.raises(ChatTemplateError, match="tool calls"):
+        ours.render_prompt([PREFILLED[0], {"role": "assistant", "content": "x", "tool_calls": [call]}],
+                           continue_final_message=True)

@@ -24,7 +24,7 @@ from openjet_launcher.text.output import (
     parse_complete,
 )
 from openjet_launcher.text.reasoning import split_reasoning
-from openjet_launcher.text.tool_calls import ToolCall
+from openjet_launcher.text.tool_calls import ToolCall, call_opening
 
 TOOLS = [
     {
@@ -182,10 +182,19 @@ def test_a_value_that_does_not_parse_falls_back_to_the_string_with_a_warning():
     assert args(out.tool_calls[0]) == {"ratio": "NaN"} and len(out.warnings) == 1
 
 
-def test_unknown_function_and_unknown_parameter_keep_strings_and_warn():
-    out = parse("</think>" + xml_call("search", query="cats", limit="5"))
-    assert out.tool_calls[0].name == "search" and args(out.tool_calls[0]) == {"query": "cats", "limit": "5"}
-    assert "unknown function" in out.warnings[0]
+def test_a_call_to_a_function_the_request_did_not_declare_stays_text_with_a_warning():
+    # OpenAI and Anthropic clients run only the tools they declared: a call to another is not one they can run.
+    call = xml_call("search", query="cats", limit="5")
+    out = parse("</think>\n\nLet me search.\n" + call)
+    assert out.tool_calls == [] and out.content == "Let me search.\n" + call
+    assert len(out.warnings) == 1 and "'search', which is not among the request's tools" in out.warnings[0]
+    out = parse("Plan.\n" + call + "\n</think>\n\nDone.")  # in the think block it stays reasoning
+    assert (out.reasoning, out.content, out.tool_calls) == ("Plan.\n" + call, "Done.", [])
+    out = parse("</think>" + call + xml_call("get_weather", city="Rome"))  # scanning goes on after it
+    assert out.content == call and [c.name for c in out.tool_calls] == ["get_weather"]
+
+
+def test_an_unknown_parameter_keeps_its_string_and_warns():
     out = parse("</think>" + xml_call("get_weather", city="Rome", color="7"))
     assert args(out.tool_calls[0]) == {"city": "Rome", "color": "7"} and "not in the schema" in out.warnings[0]
 
@@ -373,3 +382,37 @@ def test_end_of_output_releases_a_held_prefix_as_text():
     parser = OutputParser(thinking=False, tools=TOOLS)
     assert parser.feed("see <tool_ca") == [ContentDelta("see")]
     assert parser.finish() == [ContentDelta(" <tool_ca")]
+
+
+# ---- output that starts in the prompt: a forced call's opening, a prefill's continuation ----
+
+FORCED_REST = "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_a_forced_calls_opening_written_by_the_prompt_is_parsed_with_the_output():
+    # The prompt ends with the opening (tool_choice names get_weather); the model writes the rest of the call.
+    assert call_opening("get_weather") == "<tool_call>\n<function=get_weather>\n"
+    for cut in range(len(FORCED_REST) + 1):
+        parser = OutputParser(thinking=False, tools=TOOLS, make_call_id=call_id, prefix=call_opening("get_weather"))
+        out = accumulate(parser.feed(FORCED_REST[:cut]) + parser.feed(FORCED_REST[cut:]) + parser.finish())
+        assert out == ParsedOutput(tool_calls=[ToolCall("call_0", "get_weather", '{"city": "Paris"}')])
+
+
+def forced(text: str, name: str | None) -> ParsedOutput:
+    return parse_complete(text, thinking=False, tools=TOOLS, make_call_id=call_id, prefix=call_opening(name))
+
+
+def test_an_opening_without_a_name_lets_the_model_name_one_of_the_tools():
+    assert call_opening(None) == "<tool_call>\n<function"
+    out = forced("=get_weather>\n" + FORCED_REST, None)
+    assert [(c.name, args(c)) for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+    out = forced("=search>\n" + FORCED_REST, None)  # a function the request did not declare: text
+    assert out.tool_calls == [] and out.content == call_opening(None) + "=search>\n" + FORCED_REST
+
+
+def test_a_continued_answer_keeps_its_leading_whitespace():
+    # After the prefill "The answer is", the model's " 42." is the text to append, space included.
+    assert parse_complete(" 42.\n", thinking=False, continues=True).content == " 42."
+    parser = OutputParser(thinking=False, continues=True)
+    assert accumulate(parser.feed(" ") + parser.feed("42.") + parser.finish()).content == " 42."
+    assert parse(" 42.\n", thinking=False).content == "42."  # a new answer is stripped

@@ -18,7 +18,7 @@ from ..text.tokenizer import Tokenizer, TokenizerError
 from .auth import APIKeyMiddleware
 from .body import parse_request
 from .core import ServerCore, n_valid_tokens
-from .errors import APIError, error_response, install_error_handlers
+from .errors import APIError, EngineFailure, error_response, install_error_handlers
 from .limits import LimitsMiddleware
 from .metrics import Metrics
 from .protocol.anthropic import CountTokensRequest, MessagesRequest
@@ -33,6 +33,8 @@ from .settings import ServerSettings
 from .worker import EngineWorker
 
 log = logging.getLogger("openjet.server")
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
 
 
 def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
@@ -51,11 +53,21 @@ def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
 
     app = FastAPI(title="OpenJet", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.core = core
-    install_error_handlers(app)
+
+    def count_rejection(path: str) -> None:
+        if path in GENERATION_PATHS:
+            metrics.add(requests_rejected_total=1)
+
+    def count_error(request: Request, e: Exception) -> None:
+        # Every error answer on a generation path comes before its generation, except an accepted job's failure.
+        if not isinstance(e, EngineFailure):
+            count_rejection(request.url.path)
+
+    install_error_handlers(app, count_error)
     app.add_middleware(LimitsMiddleware, max_inflight_bytes=settings.max_inflight_bytes,
-                       max_body_bytes=settings.max_body_bytes)
+                       max_body_bytes=settings.max_body_bytes, on_refused=count_rejection)
     if settings.api_key:                   # added last: outermost, so a request without the key costs nothing
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, on_refused=count_rejection)
     app.include_router(_routes(core))
     _describe_request_bodies(app, REQUEST_MODELS)
     return app

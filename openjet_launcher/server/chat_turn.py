@@ -4,6 +4,13 @@ its token budget, and the model's text parsed into reasoning, content and whole 
 
 Each surface maps its own request to template messages (OpenAI chat dicts) and the parsed events to its
 own response shape; nothing here knows a wire format.
+
+The answer may start in the prompt, which the model then continues (ChatTemplate.render_prompt's
+`continue_final_message`): a prefill (the conversation ends with the start of the assistant's answer), and a
+forced tool call (tool_choice naming a function, or requiring any): its opening in the model's call format
+(tool_calls.call_opening) is written as the assistant's text, after a prefill's text if there is one. The
+parser reads that opening before the model's output, so the call comes back whole; a prefill's text is not
+repeated in the answer.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from fastapi import Request
 from ..sampling import SamplingParams
 from ..text.output import ContentDelta, OutputParser, ParseWarning, ReasoningDelta, ToolCallEvent, random_call_id
 from ..text.reasoning import THINK_OPEN
+from ..text.tool_calls import call_opening, index_tools
 from .core import ServerCore
-from .errors import APIError, escape_for_log
-from .worker import Failed, Finished, GenerationResult, Job
+from .errors import APIError, EngineFailure, escape_for_log
+from .protocol.openai import ForcedCall
+from .worker import Failed, Finished, GenerationResult, Job, Started
 
 log = logging.getLogger("openjet.server")
 
@@ -36,41 +45,76 @@ class ChatTurn:
     prompt_tokens: int
 
 
+@dataclass(frozen=True)
+class TurnPrompt:
+    ids: list[int]
+    thinking: bool          # the prompt opened a think block: the output starts as reasoning
+    continues: bool         # the prompt ends in the answer's text (a prefill): the output goes on from it
+    output_prefix: str      # the start of the output that the prompt wrote (a forced call's opening)
+
+
 async def render_prompt(core: ServerCore, messages: Sequence[Mapping[str, Any]],
-                        tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any]
-                        ) -> tuple[list[int], bool]:
-    """Prompt token ids, and whether the prompt opened a think block (the output starts as reasoning).
-    A conversation the template rejects is a ChatTemplateError (400)."""
+                        tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any], *,
+                        continue_final: bool = False, forced: ForcedCall | None = None) -> TurnPrompt:
+    """The prompt of a turn: a new assistant answer, or the continuation of the last (assistant) message with
+    `continue_final`; `forced` opens a tool call there (see the module docstring). A conversation the template
+    rejects is a ChatTemplateError (400)."""
     if core.template is None:
         raise APIError(400, "this model file has no chat template: use /v1/completions")
+    prefill = bool(continue_final and messages and messages[-1].get("content"))
+    opening = ""
+    if forced is not None:
+        names = list(index_tools(tools or ()))
+        opening = call_opening(forced.name if forced.name is not None or len(names) != 1 else names[0])
+        messages = _open_call(messages, opening, continue_final)
+        continue_final = True
 
-    def render() -> tuple[list[int], bool]:
-        rendered = core.template.render_prompt(messages, tools=tools, add_generation_prompt=True,
+    def render() -> TurnPrompt:
+        rendered = core.template.render_prompt(messages, tools=tools, continue_final_message=continue_final,
                                                **template_kwargs)
         ids = core.tokenizer.encode(rendered.text, allow_special=True, literal_spans=rendered.literal_spans)
-        return ids, rendered.text.rstrip().endswith(THINK_OPEN)
+        return TurnPrompt(ids, thinking=rendered.text.rstrip().endswith(THINK_OPEN),
+                          continues=prefill and not opening, output_prefix=opening)
 
     return await asyncio.to_thread(render)
+
+
+def _open_call(messages: Sequence[Mapping[str, Any]], opening: str, after_last: bool) -> list[Mapping[str, Any]]:
+    """The conversation with a call's opening as the assistant's text: after the last message's text (a blank
+    line between, as the template writes text and calls), or as a new assistant message."""
+    if not after_last:
+        return [*messages, {"role": "assistant", "content": opening}]
+    last = messages[-1]
+    text = last.get("content") or ""
+    return [*messages[:-1], {**last, "content": f"{text}\n\n{opening}" if text else opening}]
 
 
 async def start_turn(core: ServerCore, messages: Sequence[Mapping[str, Any]], *,
                      tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any],
                      params: SamplingParams, max_tokens: int | None, stops: list[str],
-                     make_call_id: Callable[[int], str] = random_call_id) -> ChatTurn:
-    """Render, check the context, queue the job. `tools` None turns tool-call parsing off."""
-    prompt, thinking = await render_prompt(core, messages, tools, template_kwargs)
-    job = core.submit(prompt, params, core.token_budget(len(prompt), max_tokens), stops)
-    return ChatTurn(job, OutputParser(thinking=thinking, tools=tools, make_call_id=make_call_id), len(prompt))
+                     make_call_id: Callable[[int], str] = random_call_id, continue_final: bool = False,
+                     forced: ForcedCall | None = None, prompt_param: str = "messages") -> ChatTurn:
+    """Render, check the context, queue the job. `tools` None turns tool-call parsing off; `prompt_param` is the
+    request field a too-long prompt is reported on."""
+    prompt = await render_prompt(core, messages, tools, template_kwargs, continue_final=continue_final,
+                                 forced=forced)
+    job = core.submit(prompt.ids, params, core.token_budget(len(prompt.ids), max_tokens, prompt_param), stops)
+    parser = OutputParser(thinking=prompt.thinking, tools=tools, make_call_id=make_call_id,
+                          prefix=prompt.output_prefix, continues=prompt.continues)
+    return ChatTurn(job, parser, len(prompt.ids))
 
 
-async def turn_events(core: ServerCore, turn: ChatTurn, request: Request | None = None
-                      ) -> AsyncIterator[OutputEvent | Finished | Failed]:
-    """The parsed output as it comes, then the worker's Finished or Failed. Parse warnings go to the log.
-    With `request` (a non-streaming answer) a client that disconnects cancels the job; a stream that is
-    closed early cancels it too."""
-    source = core.collect(request, turn.job) if request is not None else core.events(turn.job)
+async def turn_events(core: ServerCore, turn: ChatTurn, request: Request | None = None, *, with_start: bool = False
+                      ) -> AsyncIterator[OutputEvent | Started | Finished | Failed]:
+    """The parsed output as it comes, then the worker's Finished or Failed; first the worker's Started when
+    `with_start`. Parse warnings go to the log. With `request` (a non-streaming answer) a client that
+    disconnects cancels the job; a stream that is closed early cancels it too."""
+    source = core.collect(request, turn.job) if request is not None else core.events(turn.job, with_start)
     async with contextlib.aclosing(source) as events:
         async for event in events:
+            if isinstance(event, Started):
+                yield event
+                continue
             if isinstance(event, Failed):
                 yield event
                 return
@@ -91,7 +135,7 @@ async def complete_turn(core: ServerCore, turn: ChatTurn, request: Request,
     """A non-streaming answer: each parsed event to `add`, then the result; an engine failure is its APIError."""
     async for event in turn_events(core, turn, request):
         if isinstance(event, Failed):
-            raise APIError(event.status, event.message)
+            raise EngineFailure(event.status, event.message)
         if isinstance(event, Finished):
             return event.result
         add(event)

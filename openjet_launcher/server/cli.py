@@ -217,6 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
     if args.draft < 0:
         raise OpenJetError(f"--draft {args.draft}: the number of drafts per step cannot be negative")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise OpenJetError(f"--max-tokens {args.max_tokens}: a request must be allowed at least 1 token")
     from ..engine.cuda import PREFILL_ROWS, PREFILL_ROWS_MAX
 
     if args.prefill_chunk is not None and not 1 <= args.prefill_chunk <= PREFILL_ROWS_MAX:
@@ -231,7 +233,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               request_timeout_s=args.request_timeout, keep_alive_s=args.keep_alive,
                               max_body_bytes=args.max_body, max_inflight_bytes=args.max_inflight,
                               max_queue=args.max_queue)
-    if args.max_tokens:
+    if args.max_tokens is not None:
         settings.max_tokens_ceiling = args.max_tokens
     if args.engine == "cuda":
         from ..engine.cuda import CudaEngine

@@ -19,7 +19,7 @@ from .errors import APIError
 from .metrics import Metrics
 from .protocol.openai import SamplingFields
 from .settings import ServerSettings
-from .worker import Channel, EngineWorker, Event, Failed, Finished, Job
+from .worker import Channel, EngineWorker, Event, Failed, Finished, Job, Started
 
 
 def n_valid_tokens(tokenizer: Tokenizer) -> int:
@@ -63,15 +63,16 @@ class ServerCore:
             raise APIError(400, f"a stop string is longer than {s.max_stop_chars} characters", param="stop")
         return stops
 
-    def token_budget(self, n_prompt: int, requested: int | None) -> int:
-        """Tokens the request may generate; a prompt that leaves no room in the context is a 400."""
+    def token_budget(self, n_prompt: int, requested: int | None, prompt_param: str = "messages") -> int:
+        """Tokens the request may generate; a prompt that leaves no room in the context is a 400 about the
+        request's field `prompt_param`."""
         n_ctx = self.settings.n_ctx
         if n_prompt == 0:
             raise APIError(400, "the prompt is empty")
         if n_prompt >= n_ctx:
             raise APIError(400, f"the prompt is {n_prompt} tokens, but the context holds {n_ctx} tokens "
                                 f"(prompt and output together); shorten the conversation or serve with a larger "
-                                f"--ctx", code="context_length_exceeded", param="messages")
+                                f"--ctx", code="context_length_exceeded", param=prompt_param)
         room = n_ctx - n_prompt
         ceiling = self.settings.max_tokens_ceiling
         return min(requested or ceiling, ceiling, room)
@@ -82,19 +83,17 @@ class ServerCore:
         loop = asyncio.get_running_loop()
         s = self.settings
         job = Job(prompt, params, max_tokens, Channel(loop, s.max_pending_events, s.stall_timeout_s), stops)
-        try:
-            self.worker.submit(job)
-        except APIError:
-            self.metrics.add(requests_rejected_total=1)
-            raise
+        self.worker.submit(job)
         return job
 
-    async def events(self, job: Job) -> AsyncIterator[Event]:
-        """The job's events until Finished or Failed; leaving early (the client went away, the stream was
-        closed) cancels the job."""
+    async def events(self, job: Job, with_start: bool = False) -> AsyncIterator[Event]:
+        """The job's events until Finished or Failed (Started too when `with_start`); leaving early (the client
+        went away, the stream was closed) cancels the job."""
         try:
             while True:
                 event = await job.channel.get()
+                if isinstance(event, Started) and not with_start:
+                    continue
                 yield event
                 if isinstance(event, (Finished, Failed)):
                     return

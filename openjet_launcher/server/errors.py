@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,6 +48,10 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return error_body(self.status, self.message, param=self.param, code=self.code, type=self.type)
+
+
+class EngineFailure(APIError):
+    """A job the worker accepted failed while generating (the worker counts it as failed, not as rejected)."""
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None,
@@ -107,19 +112,50 @@ def _in_endpoint_shape(handler):
     return handle
 
 
+_SCALAR_BRANCHES = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _is_branch(part: object) -> bool:
+    """Whether a part of an error's location names a member of a union (`str`, `list[int]`, a model's class
+    name) rather than a field or an index."""
+    return isinstance(part, str) and (part in _SCALAR_BRANCHES or "[" in part or part[:1].isupper())
+
+
+def _union_root(loc: tuple) -> tuple:
+    """The location of the field an error is about, up to its first union member."""
+    return next((loc[:i] for i, part in enumerate(loc) if _is_branch(part)), loc)
+
+
+def _field(loc: tuple) -> tuple:
+    """An error's location without its union members: the place in the request as the client wrote it."""
+    return tuple(part for part in loc if not _is_branch(part))
+
+
 def validation_message(e: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    """The first problem of a validation error as one line, and its location as the `param`."""
-    errors = e.errors()
+    """The first problem of a validation error as one line, and its location as the `param`.
+
+    A field of several types (a string or a list of parts) fails once per type. The problem reported is the one
+    of the type that applies: a message of our own validators first (they speak of the value as sent), else the
+    type that got furthest into the value; when no type applies, the types it could have been."""
+    errors = [(x, tuple(p for p in x.get("loc", ()) if p != "body")) for x in e.errors()]
     if not errors:
         return "invalid request", None
-    first = errors[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",))
-    msg = first.get("msg", "invalid value")
-    extra = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return (f"{loc}: {msg}{extra}" if loc else msg + extra), (loc or None)
+    roots = list(dict.fromkeys(_union_root(loc) for _, loc in errors))      # the fields with problems
+    alternatives = [(x, loc) for x, loc in errors if _union_root(loc) == roots[0]]
+    best, loc = max(alternatives, key=lambda a: (a[0].get("type") == "value_error", len(a[1])))
+    msg = best.get("msg", "invalid value")
+    if best.get("type") != "value_error":
+        others = [x.get("msg", "") for x, other in alternatives
+                  if x is not best and len(other) == len(loc) and _field(other) == _field(loc)]
+        msg = " or ".join([msg, *dict.fromkeys(m.removeprefix("Input should be ") for m in others)])
+    extra = f" (and {len(roots) - 1} more problems)" if len(roots) > 1 else ""
+    where = ".".join(map(str, _field(loc)))
+    return (f"{where}: {msg}{extra}" if where else msg + extra), (where or None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_error: Callable[[Request, Exception], object] = lambda request, e: None
+                           ) -> None:
+    """The app's error answers; `on_error` hears of each (for the metrics)."""
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
@@ -157,5 +193,11 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unexpected error on %s", escape_for_log(request.url.path))
         return error_response(500, f"internal error ({type(e).__name__})")
 
+    def reported(handler):
+        async def handle(request, e):
+            on_error(request, e)
+            return await handler(request, e)
+        return handle
+
     for exc_class, handler in list(app.exception_handlers.items()):
-        app.exception_handlers[exc_class] = _in_endpoint_shape(handler)
+        app.exception_handlers[exc_class] = reported(_in_endpoint_shape(handler))

@@ -23,6 +23,7 @@ Design note (the numbers live in ServerSettings; `serve --help` lists them).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -120,10 +121,12 @@ class InflightLimit(APIError):
 class LimitsMiddleware:
     """Pure ASGI: counts request body bytes over all connections (see the design note)."""
 
-    def __init__(self, app, max_inflight_bytes: int, max_body_bytes: int):
+    def __init__(self, app, max_inflight_bytes: int, max_body_bytes: int,
+                 on_refused: Callable[[str], object] = lambda path: None):
         self.app = app
         self.max_inflight = max_inflight_bytes
         self.max_body = max_body_bytes
+        self.on_refused = on_refused           # hears the path of each request refused here (for the metrics)
         self.inflight = 0                      # bytes of the bodies of requests being served
 
     async def __call__(self, scope, receive, send):
@@ -132,6 +135,7 @@ class LimitsMiddleware:
         declared = _content_length(scope)
         held = declared if declared <= self.max_body else 0     # a larger one is a 413 without being read
         if self.inflight + held > self.max_inflight:
+            self.on_refused(scope["path"])
             return await send_error(send, scope["path"], 503, InflightLimit(self.max_inflight).message,
                                     "server_busy", [CLOSE])
         self.inflight += held

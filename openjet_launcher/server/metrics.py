@@ -12,7 +12,8 @@ class Metrics:
     requests_failed_total: int = 0
     requests_cancelled_total: int = 0   # client gone or stream reader stalled
     requests_stalled_total: int = 0
-    requests_rejected_total: int = 0    # 4xx/5xx answered before generation
+    requests_rejected_total: int = 0    # generation requests answered 4xx/5xx before generating (not those
+                                        # the connection limits refuse before HTTP: limits.LimitsProtocol)
     prompt_tokens_total: int = 0        # tokens prefilled (new)
     prompt_tokens_reused_total: int = 0 # tokens kept from the previous request (conversation reuse)
     generated_tokens_total: int = 0

@@ -15,17 +15,10 @@ from .chat_turn import ChatTurn, complete_turn, start_turn, turn_events
 from .core import ServerCore, new_id, sse, usage_of
 from .errors import error_body
 from .protocol.openai import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
-                              ToolCallFunction, ToolCallOut, Usage)
+                              ToolCallFunction, ToolCallOut, Usage, template_kwargs)
 from .worker import Failed, Finished
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def _template_kwargs(req: ChatCompletionRequest) -> dict:
-    kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
-    if req.reasoning_effort is not None:
-        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
-    return kwargs
 
 
 def _finish_reason(finish: str, n_calls: int) -> str:
@@ -37,10 +30,11 @@ def _finish_reason(finish: str, n_calls: int) -> str:
 async def create_chat_completion(core: ServerCore, request: Request):
     s = core.settings
     req = await parse_request(request, ChatCompletionRequest, s.max_body_bytes, s.max_json_depth)
-    tools = [t.for_template() for t in req.tools] if req.tools and req.tool_choice != "none" else None
-    turn = await start_turn(core, [m.for_template() for m in req.messages], tools=tools,
-                            template_kwargs=_template_kwargs(req), params=core.sampling_params(req),
-                            max_tokens=req.max_completion_tokens or req.max_tokens, stops=core.stop_strings(req.stop))
+    turn = await start_turn(core, [m.for_template() for m in req.messages], tools=req.tools_for_template(),
+                            template_kwargs=template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
+                            params=core.sampling_params(req), max_tokens=req.max_completion_tokens or req.max_tokens,
+                            stops=core.stop_strings(req.stop), continue_final=req.continue_final_message,
+                            forced=req.forced_call())
     ids = (new_id("chatcmpl"), int(time.time()), req.model or s.model_id)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .body import parse_request
 from .core import ServerCore, new_id, sse, usage_of
-from .errors import APIError, error_body
+from .errors import APIError, EngineFailure, error_body
 from .protocol.openai import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from .serving_chat import SSE_HEADERS
 from .worker import Failed, Finished, TextDelta
@@ -30,7 +30,7 @@ async def create_completion(core: ServerCore, request: Request):
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary of {n} tokens", param="prompt")
         prompt = list(req.prompt)
-    job = core.submit(prompt, params, core.token_budget(len(prompt), req.max_tokens), stops)
+    job = core.submit(prompt, params, core.token_budget(len(prompt), req.max_tokens, "prompt"), stops)
     ids = (new_id("cmpl"), int(time.time()), req.model or s.model_id)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -43,7 +43,7 @@ async def create_completion(core: ServerCore, request: Request):
         elif isinstance(event, Finished):
             result = event.result
         else:
-            raise APIError(event.status, event.message)
+            raise EngineFailure(event.status, event.message)
     cid, created, model = ids
     body = CompletionResponse(id=cid, created=created, model=model,
                               choices=[CompletionChoice(text="".join(text), finish_reason=_reason(result))],

@@ -18,14 +18,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..text.output import ReasoningDelta, ToolCallEvent
 from .body import parse_request
-from .chat_turn import OutputEvent, complete_turn, render_prompt, start_turn, turn_events
+from .chat_turn import ChatTurn, OutputEvent, complete_turn, render_prompt, start_turn, turn_events
 from .core import ServerCore, sse
 from .errors import anthropic_error_body
 from .protocol.anthropic import (CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest,
                                  TextBlock, ThinkingBlock, ToolUseBlock, Usage)
 from .protocol.openai import SamplingFields
 from .serving_chat import SSE_HEADERS
-from .worker import Failed, Finished, GenerationResult
+from .worker import Failed, Finished, GenerationResult, Started
 
 
 def register_messages(router: APIRouter, core: ServerCore) -> None:
@@ -55,11 +55,18 @@ def _usage(result: GenerationResult) -> Usage:
                  cache_read_input_tokens=result.reused_tokens)
 
 
+def _start_usage(turn: ChatTurn, started: Started) -> Usage:
+    """message_start's usage: the final usage's split of the prompt (prefilled, reused), no output yet."""
+    return Usage(input_tokens=turn.prompt_tokens - started.reused_tokens, output_tokens=0,
+                 cache_read_input_tokens=started.reused_tokens)
+
+
 async def count_message_tokens(core: ServerCore, request: Request) -> dict:
     s = core.settings
     req = await parse_request(request, CountTokensRequest, s.max_body_bytes, s.max_json_depth)
-    prompt, _ = await render_prompt(core, req.for_template(), req.tools_for_template(), req.template_kwargs())
-    return CountTokensResponse(input_tokens=len(prompt)).model_dump()
+    prompt = await render_prompt(core, req.for_template(), req.tools_for_template(), req.template_kwargs(),
+                                 continue_final=req.continues_answer(), forced=req.forced_call())
+    return CountTokensResponse(input_tokens=len(prompt.ids)).model_dump()
 
 
 async def create_message(core: ServerCore, request: Request):
@@ -68,7 +75,8 @@ async def create_message(core: ServerCore, request: Request):
     params = core.sampling_params(SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k))
     turn = await start_turn(core, req.for_template(), tools=req.tools_for_template(),
                             template_kwargs=req.template_kwargs(), params=params, max_tokens=req.max_tokens,
-                            stops=core.stop_strings(req.stop_sequences), make_call_id=lambda i: _id("toolu_"))
+                            stops=core.stop_strings(req.stop_sequences), make_call_id=lambda i: _id("toolu_"),
+                            continue_final=req.continues_answer(), forced=req.forced_call())
     message = {"id": _id("msg_"), "model": req.model}
     if req.stream:
         return StreamingResponse(_stream(core, turn, message), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -140,14 +148,18 @@ def _event(name: str, payload: dict) -> str:
     return f"event: {name}\n" + sse(payload)
 
 
-async def _stream(core: ServerCore, turn, message: dict):
-    start = MessageResponse(**message, content=[], stop_reason=None,
-                            usage=Usage(input_tokens=turn.prompt_tokens, output_tokens=0))
-    start = start.model_dump(exclude={"timings"})           # known at the end: message_stop carries them
-    yield _event("message_start", {"type": "message_start", "message": start})
-    yield _event("ping", {"type": "ping"})
+async def _stream(core: ServerCore, turn: ChatTurn, message: dict):
+    # message_start's usage splits the prompt into prefilled and reused tokens as the final usage does; the split is
+    # known once the worker has matched the prompt against its cache (Started), before the prefill. So message_start
+    # waits for the queue, never for the prefill; the response's headers go out at once.
     blocks = _Blocks()
-    async for event in turn_events(core, turn):
+    async for event in turn_events(core, turn, with_start=True):
+        if isinstance(event, Started):
+            start = MessageResponse(**message, content=[], stop_reason=None, usage=_start_usage(turn, event))
+            start = start.model_dump(exclude={"timings"})           # known at the end: message_stop carries them
+            yield _event("message_start", {"type": "message_start", "message": start})
+            yield _event("ping", {"type": "ping"})
+            continue
         if isinstance(event, Failed):
             yield _event("error", anthropic_error_body(event.status, event.message))
             return

@@ -4,10 +4,10 @@ Design note.
 * Threads: the engine's calls block for milliseconds to seconds, so they never run on the event loop.
   `EngineWorker` takes `Job`s from a queue and runs them one at a time on its `Slot`s (one today; the
   engine can hold several states, and a batched engine would step several slots per weight read).
-* Worker -> asyncio: each job has a `Channel`: the worker puts events (text deltas, then one Finished
-  or Failed) with `loop.call_soon_threadsafe`; the handler awaits them. At most `max_pending` events
-  wait unread: past that the worker waits for the reader, and a reader that takes nothing for
-  `stall_timeout_s` counts as gone (the job is cancelled and the engine freed).
+* Worker -> asyncio: each job has a `Channel`: the worker puts events (Started once the prompt is matched
+  against the state, text deltas, then one Finished or Failed) with `loop.call_soon_threadsafe`; the handler
+  awaits them. At most `max_pending` events wait unread: past that the worker waits for the reader, and a
+  reader that takes nothing for `stall_timeout_s` counts as gone (the job is cancelled and the engine freed).
 * Cancellation: the handler sets `job.cancelled` when the client disconnects; the worker checks it
   between tokens and stops there, leaving a consistent state.
 * Text: the worker detokenizes (holding back incomplete UTF-8) and applies stop strings (holding back
@@ -89,6 +89,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The worker took the job and matched its prompt against the state: `reused_tokens` are kept, the rest is
+    prefilled next."""
+    reused_tokens: int
+
+
+@dataclass(frozen=True)
 class Finished:
     result: GenerationResult
 
@@ -99,7 +106,7 @@ class Failed:
     status: int = 500
 
 
-Event = TextDelta | Finished | Failed
+Event = TextDelta | Started | Finished | Failed
 
 
 # ------------------------------------------------------------------------------------------- channel
@@ -181,9 +188,10 @@ class Slot:
         self.state = self.engine.new_state()
         self.prompt_end = 0
 
-    def load_prompt(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+    def load_prompt(self, prompt: Sequence[int], matched: Callable[[int], object] = lambda reused: None
+                    ) -> tuple[np.ndarray, int]:
         """Bring the state to exactly `prompt`, prefilling only what it lacks. Returns the last prompt
-        token's logits and the number of tokens reused."""
+        token's logits and the number of tokens reused, which `matched` hears before the prefill."""
         state = self.state
         # At least the last prompt token is run again: its logits are not kept.
         common = min(common_prefix(state.tokens, prompt), len(prompt) - 1)
@@ -198,6 +206,7 @@ class Slot:
             else:                                  # nothing to rewind to: start over
                 self.reset()
                 state = self.state
+        matched(common)
         # Checkpoint before the last prompt token: the next request may repeat this prompt (a regenerated
         # answer) or diverge anywhere after it (a re-rendered history), and both rewind to here.
         rest = list(prompt[common:])
@@ -301,7 +310,8 @@ class EngineWorker:
             return
         self.metrics.add(requests_total=1)
         t0 = time.perf_counter()
-        logits, result.reused_tokens = slot.load_prompt(job.prompt)
+        logits, result.reused_tokens = slot.load_prompt(
+            job.prompt, lambda reused: job.channel.put(Started(reused), force=True))
         sampler = Sampler(job.params, self.n_valid)
         first = sampler.sample(logits)
         result.prefill_seconds = time.perf_counter() - t0

@@ -20,6 +20,7 @@ are not CONTROL: llama.cpp and HF match them in any text, so they are left alone
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,9 +39,11 @@ from openjet_launcher.errors import OpenJetError
 if TYPE_CHECKING:
     from openjet_launcher.model.gguf_file import GGUFFile
 
-# Placeholders for CONTROL token texts in caller strings: Supplementary Private Use Area-B, one per text.
+# Placeholders for CONTROL token texts in caller strings: Supplementary Private Use Area-B, one per text; the
+# last one marks where a continued assistant message's text goes (no caller string holds it once defused).
 _PUA_FIRST, _PUA_LAST = 0x100000, 0x10FFFD
 _PUA = re.compile(f"[{chr(_PUA_FIRST)}-{chr(_PUA_LAST)}]")
+_CONTINUE_HERE = chr(_PUA_LAST)
 
 
 class ChatTemplateError(OpenJetError, jinja2.exceptions.TemplateError):
@@ -172,16 +175,22 @@ class ChatTemplate:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> RenderedPrompt:
         """`render`, with the caller's CONTROL-token texts marked as literal (see the module docstring).
-        `messages`, `tools` and the kwargs must be JSON-like: dicts, lists, strings, numbers, None."""
+        `messages`, `tools` and the kwargs must be JSON-like: dicts, lists, strings, numbers, None.
+
+        `continue_final_message` (transformers' and vLLM's name): the last message is the start of the
+        assistant's answer (a prefill). The prompt writes that turn as the template writes it (a think block
+        before the text, say) up to the end of its text, exactly as given, and leaves it open (no end of turn,
+        no generation prompt), so the model continues the text."""
         originals: dict[str, str] = {}  # original text -> placeholder character
 
         def placeholder(m: re.Match) -> str:
             found = m.group()
             if found not in originals:
-                if len(originals) > _PUA_LAST - _PUA_FIRST:
+                if len(originals) >= _PUA_LAST - _PUA_FIRST:  # the last one is _CONTINUE_HERE
                     raise ChatTemplateError("too many distinct special-token texts in one request")
                 originals[found] = chr(_PUA_FIRST + len(originals))
             return originals[found]
@@ -201,11 +210,27 @@ class ChatTemplate:
         safe_kwargs = {k: defuse(v) for k, v in template_kwargs.items()}
         safe_messages = defuse(list(messages))
         safe_tools = defuse(list(tools)) if tools is not None else None
+        prefill = None
+        if continue_final_message:
+            prefill = _text_to_continue(safe_messages)
+            # The template writes the turn around a marker: whatever it puts before the text (a closed think
+            # block), and nothing it would trim from the text or put after it.
+            safe_messages[-1] = {**safe_messages[-1], "content": _CONTINUE_HERE}
         back = {p: t for t, p in originals.items()}
         try:
             text = self.render(
-                safe_messages, tools=safe_tools, add_generation_prompt=add_generation_prompt, **safe_kwargs
+                safe_messages,
+                tools=safe_tools,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                **safe_kwargs,
             )
+            if prefill is not None:
+                if text.count(_CONTINUE_HERE) != 1:
+                    raise ChatTemplateError(
+                        "the chat template does not write the last assistant message's text once, so the answer "
+                        "cannot continue it"
+                    )
+                text = text[: text.index(_CONTINUE_HERE)] + prefill
         except ChatTemplateError as e:
             message = _PUA.sub(lambda m: back.get(m.group(), m.group()), str(e))
             raise type(e)(message) from None
@@ -227,3 +252,26 @@ class ChatTemplate:
             pos = m.end()
         pieces.append(text[pos:])
         return RenderedPrompt("".join(pieces), tuple(spans))
+
+
+def _text_to_continue(messages: list[Any]) -> str:
+    """The text of the last message when it is an assistant's answer that can be continued."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, Mapping) or last.get("role") != "assistant":
+        raise ChatTemplateError("continuing the answer needs the last message to be the assistant's")
+    if last.get("tool_calls"):
+        raise ChatTemplateError("the last assistant message has tool calls: send their results instead of "
+                                "continuing it")
+    content = last.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ChatTemplateError("the assistant message to continue must have text content (a string)")
+    return content or ""
+
+
+# Keywords render() and render_prompt() set themselves: a template kwarg of one of these names would collide.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    name
+    for method in (ChatTemplate.render, ChatTemplate.render_prompt)
+    for name, p in inspect.signature(method).parameters.items()
+    if p.kind is not p.VAR_KEYWORD
+)

@@ -17,14 +17,20 @@ Three modes, one buffer of text not yet decided:
   call. Then it goes out as one ToolCallEvent with its complete arguments; a call that turns out
   malformed (garbage inside, `</function>` missing, output ending inside it) goes out raw as content
   (as reasoning when it began there), with a warning, and scanning goes on after the point where it
-  went wrong. Emitting whole calls is a choice: a call's name streamed early could not be
+  went wrong. A call to a function the request did not declare goes out the same way: the client could
+  not run it. Emitting whole calls is a choice: a call's name streamed early could not be
   taken back when the call proves malformed, and typed arguments (an integer, an object) are only
   known once their value is closed. OpenAI clients accept a whole call in one delta
   (`ToolCallEvent.to_openai_delta`).
 
 Reasoning and content each come out stripped of leading and trailing whitespace: leading whitespace is
-dropped, trailing whitespace is held back until more text follows it, and dropped at the end.
+dropped, trailing whitespace is held back until more text follows it, and dropped at the end. An output
+that continues text the prompt already holds (an assistant prefill) keeps its leading whitespace: it is
+the continuation's own (" 42" after "The answer is").
 Warnings are events too, so a stream's accumulation and the complete parse carry the same ones.
+
+The prompt may also hold the start of the output for the model to go on from (a forced tool call's
+opening, tool_calls.call_opening): the parser reads that `prefix` first, as if the model had written it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any, Union
 from openjet_launcher.text.reasoning import THINK_CLOSE, THINK_OPEN
 from openjet_launcher.text.tool_calls import (
     TOOL_CALL_OPEN,
-    CallEnd,
+    Malformed,
     ToolCall,
     ToolCallScanner,
     build_call,
@@ -109,10 +115,11 @@ def random_call_id(index: int) -> str:
 
 
 class _Stripped:
-    """One output channel with surrounding whitespace removed as the text streams through."""
+    """One output channel with surrounding whitespace removed as the text streams through; `started`: text
+    came before (the prompt's), so leading whitespace is kept."""
 
-    def __init__(self) -> None:
-        self._started = False
+    def __init__(self, started: bool = False) -> None:
+        self._started = started
         self._held = ""  # trailing whitespace, sent only if more text follows
 
     def push(self, text: str) -> str:
@@ -140,6 +147,8 @@ class OutputParser:
     tools: the request's `tools` (OpenAI or Anthropic shapes); None or empty turns tool-call parsing off,
         and `<tool_call>` is then plain text (tool_choice "none" should pass None).
     make_call_id: index -> id of each call; random `call_...` ids by default.
+    prefix: the start of the output that the prompt wrote (a forced call's opening), read before the model's.
+    continues: the output continues text of the prompt's (an assistant prefill): its leading whitespace stays.
     """
 
     def __init__(
@@ -147,14 +156,17 @@ class OutputParser:
         thinking: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         make_call_id: Callable[[int], str] = random_call_id,
+        prefix: str = "",
+        continues: bool = False,
     ) -> None:
         self._tools = index_tools(tools) if tools else None
         self._make_call_id = make_call_id
         self._mode = _REASONING if thinking else _CONTENT
-        self._buf = ""  # text not yet emitted; in a tool call it starts with `<tool_call>`
+        self._buf = prefix  # text not yet emitted; in a tool call it starts with `<tool_call>`
         self._scanner: ToolCallScanner | None = None
         self._call_from = _CONTENT  # the mode a call began in: a malformed call's text goes back there
         self._channels = {_REASONING: _Stripped(), _CONTENT: _Stripped()}
+        self._channels[self._mode] = _Stripped(started=continues)
         self._n_calls = 0
         self._finished = False
 
@@ -208,7 +220,13 @@ class OutputParser:
             if not at_end:
                 return False
             verdict = self._scanner.at_end(self._buf)
-        if isinstance(verdict, CallEnd):
+        self._scanner = None
+        if isinstance(verdict, Malformed):
+            self._keep_as_text(events, verdict.at, f"malformed tool call, kept as {self._call_from}: {verdict.reason}")
+        elif verdict.name not in self._tools:  # the client could not run it
+            self._keep_as_text(events, verdict.end, f"tool call to {verdict.name!r}, which is not among the "
+                                                    f"request's tools, kept as {self._call_from}")
+        else:
             if self._call_from == _REASONING:
                 events.append(ParseWarning("tool call inside the think block (no </think>): reasoning ends there"))
             call, warnings = build_call(verdict, self._make_call_id(self._n_calls), self._tools)
@@ -216,12 +234,13 @@ class OutputParser:
             events.extend(ParseWarning(w) for w in warnings)
             self._n_calls += 1
             self._buf, self._mode = self._buf[verdict.end :], _CONTENT
-        else:
-            events.append(ParseWarning(f"malformed tool call, kept as {self._call_from}: {verdict.reason}"))
-            self._emit(events, self._call_from, self._buf[: verdict.at])
-            self._buf, self._mode = self._buf[verdict.at :], self._call_from
-        self._scanner = None
         return True
+
+    def _keep_as_text(self, events: list[Event], at: int, warning: str) -> None:
+        """The call's text up to `at` goes out as text of the mode the call began in; scanning resumes there."""
+        events.append(ParseWarning(warning))
+        self._emit(events, self._call_from, self._buf[:at])
+        self._buf, self._mode = self._buf[at:], self._call_from
 
     def _find_tag(self) -> tuple[str, int, str]:
         """First tag of the current mode in the buffer: ("tag", at, tag), ("hold", at, "") when the
@@ -261,7 +280,9 @@ def parse_complete(
     thinking: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
     make_call_id: Callable[[int], str] = random_call_id,
+    prefix: str = "",
+    continues: bool = False,
 ) -> ParsedOutput:
     """The non-streaming parse: the incremental parser fed the whole text at once."""
-    parser = OutputParser(thinking=thinking, tools=tools, make_call_id=make_call_id)
+    parser = OutputParser(thinking=thinking, tools=tools, make_call_id=make_call_id, prefix=prefix, continues=continues)
     return accumulate(parser.feed(text) + parser.finish())

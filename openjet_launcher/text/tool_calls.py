@@ -73,6 +73,16 @@ class Malformed:
     reason: str
 
 
+def call_opening(name: str | None) -> str:
+    """The start of a call the prompt writes for the model to go on from (a forced call): up to the function's
+    parameters, or, for a call of any function, up to where the model writes `=NAME>`. Both end where the
+    qwen35 pre-tokenizer splits (`<function` is one pre-token, `=NAME` the next), so the model's next tokens
+    are ones it writes in that place anyway."""
+    if name is None:
+        return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN[:-1]}"
+    return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
+
+
 def index_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Function name -> its parameters schema, from a request's `tools`.
 
@@ -288,19 +298,17 @@ def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[An
 
 
 def build_call(end: CallEnd, call_id: str, tools: Mapping[str, Mapping[str, Any]]) -> tuple[ToolCall, list[str]]:
-    """Type a scanned call's arguments by its function's schema; warnings for what had to be guessed."""
+    """Type a scanned call's arguments by its function's schema (`end.name` must be one of `tools`); warnings
+    for what had to be guessed."""
     warnings: list[str] = []
-    schema = tools.get(end.name)
-    if schema is None:
-        warnings.append(f"tool call to unknown function {end.name!r}: arguments passed as strings")
-        schema = {}
+    schema = tools[end.name]
     properties = schema.get("properties")
     properties = properties if isinstance(properties, Mapping) else {}
     arguments: dict[str, Any] = {}
     for name, raw in end.params:
         if name in arguments:
             warnings.append(f"tool call {end.name!r}: parameter {name!r} given twice; the last one is kept")
-        if name not in properties and end.name in tools:
+        if name not in properties:
             warnings.append(f"tool call {end.name!r}: parameter {name!r} is not in the schema; passed as a string")
         value, problem = convert_argument(raw, properties.get(name), schema)
         if problem:

@@ -99,6 +99,12 @@ def wait_for(predicate, timeout: float = 15.0) -> bool:
     return False
 
 
+def prompt_text(server) -> str:
+    """The prompt the server's engine ran last, as text: its slot's state up to the prompt's end."""
+    slot = server.core.worker.slots[0]
+    return server.core.tokenizer.decode(list(slot.state.tokens[:slot.prompt_end]))
+
+
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("server-model") / "tiny.gguf"

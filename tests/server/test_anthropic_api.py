@@ -13,13 +13,14 @@ import pytest
 
 from openjet_launcher.server import ServerSettings, create_app
 
-from .conftest import LiveServer
+from .conftest import LiveServer, prompt_text
 from .scripted import ScriptedEngine
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 TOOLS = [{"name": "get_weather", "description": "Weather of a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
                            "required": ["city"]}}]
+NOW = {"name": "now", "input_schema": {"type": "object", "properties": {}}}
 TOOL_OUTPUT = ("The user wants the weather.</think>\n\nLet me check."
                "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
@@ -217,6 +218,70 @@ def test_history_with_thinking_tool_use_and_tool_result_renders_as_chat_does(scr
     assert chat.model_extra["timings"]["prompt_n"] <= 1      # the same prompt: all of it reused
 
 
+# ------------------------------------------------------------------------------------ prefill, tool_choice
+
+TURN_START = "<|im_start|>assistant\n<think>\n\n</think>\n\n"     # spec §1.2: an assistant turn without thinking
+PREFILLED = HELLO + [{"role": "assistant", "content": "The answer is"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_final_assistant_message_is_continued_and_only_the_new_text_returned(scripted, sclient, say, stream):
+    """Anthropic's prefill: the model continues the last assistant message, the response holds the continuation."""
+    say(" 42.")
+    kwargs = dict(model="m", max_tokens=20, messages=PREFILLED)
+    if stream:
+        with sclient.messages.stream(**kwargs) as s:
+            m = s.get_final_message()
+    else:
+        m = sclient.messages.create(**kwargs)
+    assert prompt_text(scripted).endswith("<|im_start|>user\nSay hello.<|im_end|>\n" + TURN_START + "The answer is")
+    assert [(b.type, b.text) for b in m.content] == [("text", " 42.")] and m.stop_reason == "end_turn"
+    counted = sclient.messages.count_tokens(model="m", messages=PREFILLED).input_tokens
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == counted
+
+
+def test_an_empty_final_assistant_message_leaves_a_new_answer_to_write(scripted, sclient, say):
+    say("Hi!")
+    sclient.messages.create(model="m", max_tokens=20, messages=HELLO)
+    fresh = prompt_text(scripted)
+    for empty in ("", []):
+        sclient.messages.create(model="m", max_tokens=20, messages=HELLO + [{"role": "assistant", "content": empty}])
+        assert prompt_text(scripted) == fresh
+
+
+def test_tool_choice_tool_makes_the_answer_that_call(scripted, sclient, say):
+    say("<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    m = sclient.messages.create(model="m", max_tokens=100, messages=HELLO, tools=TOOLS + [NOW],
+                                tool_choice={"type": "tool", "name": "get_weather"})
+    assert prompt_text(scripted).endswith(TURN_START + "<tool_call>\n<function=get_weather>\n")
+    assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "get_weather", {"city": "Paris"})]
+    assert m.stop_reason == "tool_use"
+
+
+def test_tool_choice_any_opens_a_call_whose_tool_the_model_names(scripted, sclient, say):
+    say("=now>\n</function>\n</tool_call>")
+    m = sclient.messages.create(model="m", max_tokens=100, messages=HELLO, tools=TOOLS + [NOW],
+                                tool_choice={"type": "any"})
+    assert prompt_text(scripted).endswith(TURN_START + "<tool_call>\n<function")
+    assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "now", {})]
+    counted = sclient.messages.count_tokens(model="m", messages=HELLO, tools=TOOLS + [NOW],
+                                            tool_choice={"type": "any"}).input_tokens
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == counted
+
+
+def test_message_start_reports_the_same_usage_split_as_the_end_of_the_stream(scripted, say):
+    """The second identical request reuses its prompt: message_start says so already, as message_delta does."""
+    say("fine")
+    body = {"model": "m", "max_tokens": 5, "messages": HELLO, "stream": True}
+    for _ in range(2):
+        events = sse_events(httpx.post(scripted.base + "/v1/messages", json=body, timeout=30))
+        start = events[0][1]["message"]["usage"]
+        final = next(d for n, d in events if n == "message_delta")["usage"]
+        keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        assert {k: start[k] for k in keys} == {k: final[k] for k in keys}
+    assert final["cache_read_input_tokens"] > 0
+
+
 # ------------------------------------------------------------------------------------------ bad requests
 
 OK = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -285,6 +350,10 @@ BAD = {
     "tool_choice any without tools": _with(tool_choice={"type": "any"}),
     "thinking bad type": _with(thinking={"type": "sometimes"}),
     "thinking budget zero": _with(thinking={"type": "enabled", "budget_tokens": 0}),
+    "user content empty list": _msg([]),
+    "user content empty string": _msg(""),
+    "empty assistant message before the last": _with(messages=[USER, {"role": "assistant", "content": []}, USER]),
+    "chat_template_kwargs sets messages": _with(chat_template_kwargs={"messages": []}),
     "prompt longer than the context": _msg("word " * 5000),
 }
 

@@ -187,6 +187,35 @@ def test_queued_requests_past_the_limit_get_503(server):
         worker.max_queue = old
 
 
+def rejected_total(server) -> int:
+    """openjet_requests_rejected_total as /metrics reports it."""
+    line = next(x for x in httpx.get(server.base + "/metrics").text.splitlines()
+                if x.startswith("openjet_requests_rejected_total "))
+    return int(float(line.split()[1]))
+
+
+def test_every_request_answered_with_an_error_before_generation_counts_once_as_rejected(server):
+    before = rejected_total(server)
+    worker = server.core.worker
+    refused = [chat(server, with_(max_tokens=0)),                           # validation
+               chat(server, msg("word " * 400)),                            # the context (token_budget)
+               chat(server, MALFORMED["template rejects"]),                 # the template
+               chat(server, with_(top_k=64)),                               # sampling
+               httpx.post(server.base + "/v1/completions", json={"prompt": [5] * 400}, timeout=30),
+               httpx.post(server.base + "/v1/messages", json={"model": "m", "max_tokens": 0, "messages": []})]
+    old, worker.max_queue = worker.max_queue, 0
+    try:
+        refused.append(chat(server, OK))                                     # the queue
+    finally:
+        worker.max_queue = old
+    assert [r.status_code for r in refused] == [400] * 6 + [503]
+    assert rejected_total(server) == before + len(refused)
+    assert chat(server, OK).status_code == 200                              # generated: not rejected
+    server.engine.fail_on_prefill = True                                    # failed while generating: not rejected
+    assert chat(server, with_(messages=[{"role": "user", "content": "fails"}])).status_code == 500
+    assert rejected_total(server) == before + len(refused)
+
+
 # ------------------------------------------------------------------------------------------- API key
 
 @pytest.fixture(scope="module")
@@ -209,6 +238,14 @@ def test_api_key_protects_everything_but_health(keyed):
     assert httpx.get(base + "/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
     props = httpx.get(base + "/props", headers={"x-api-key": "s3cret"}).text
     assert "s3cret" not in props and '"api_key_required":true' in props.replace(" ", "")
+
+
+def test_a_generation_request_refused_for_its_key_counts_as_rejected(keyed):
+    metrics = keyed.core.metrics
+    before = metrics.requests_rejected_total
+    assert httpx.post(keyed.base + "/v1/chat/completions", json=OK).status_code == 401
+    assert httpx.get(keyed.base + "/v1/models").status_code == 401          # not a generation request
+    assert metrics.requests_rejected_total == before + 1
 
 
 def test_openai_sdk_with_the_key(keyed):

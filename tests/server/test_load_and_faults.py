@@ -206,6 +206,7 @@ def test_an_oversized_body_is_a_413_whether_declared_or_chunked(server):
 
 
 def test_bodies_in_flight_past_the_limit_get_503_and_service_resumes(server):
+    rejected = server.core.metrics.requests_rejected_total
     body = json.dumps({**OK, "messages": [{"role": "user", "content": "y" * 17_000}]}).encode()
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body))
@@ -225,6 +226,7 @@ def test_bodies_in_flight_past_the_limit_get_503_and_service_resumes(server):
     # Its bytes were released: the same body now gets through the limit (and is a 400 for its length).
     r = httpx.post(server.base + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert server.core.metrics.requests_rejected_total == rejected + 3       # the 503 and the two 400s
     assert chat_ok(server)
 
 

@@ -108,6 +108,17 @@ CASES: dict[str, dict[str, object]] = {
              "17 stop strings": with_("chat", stop=[f"s{i}" for i in range(17)]),
              "chat_template_kwargs a list": with_("chat", chat_template_kwargs=["enable_thinking"]),
              "logprobs true": with_("chat", logprobs=True),
+             "top_logprobs alone": with_("chat", top_logprobs=2),
+             "response_format json_object": with_("chat", response_format={"type": "json_object"}),
+             "response_format json_schema": with_("chat", response_format={"type": "json_schema", "json_schema": {
+                 "name": "x", "schema": {"type": "object"}}}),
+             "reasoning_effort unknown": with_("chat", reasoning_effort="max"),
+             "chat_template_kwargs sets messages": with_("chat", chat_template_kwargs={"messages": []}),
+             "chat_template_kwargs sets tools": with_("chat", chat_template_kwargs={"tools": None}),
+             "chat_template_kwargs sets add_generation_prompt": with_("chat", chat_template_kwargs={
+                 "add_generation_prompt": False}),
+             "tool_choice names no tool": with_("chat", tool_choice={"type": "function", "function": {"name": "f"}}),
+             "continue_final_message after a user message": with_("chat", continue_final_message=True),
              "huge string under the size limit": with_("chat", messages=[{"role": "user", "content": "x" * 19_000}]),
              },
     "completions": {**_generic("completions"),
@@ -129,6 +140,7 @@ CASES: dict[str, dict[str, object]] = {
                     "suffix": with_("completions", suffix="x"),
                     "n 2": with_("completions", n=2),
                     "empty stop string": with_("completions", stop=[""]),
+                    "logprobs 2": with_("completions", logprobs=2),
                     },
     "tokenize": {**_generic("tokenize"),
                  "no content": {},
@@ -164,6 +176,9 @@ CASES: dict[str, dict[str, object]] = {
                  "temperature 1.5": with_("messages", temperature=1.5),
                  "bad tool schema": with_("messages", tools=[{"name": "f", "input_schema": {"type": "banana"}}]),
                  "tool_choice names no tool": with_("messages", tool_choice={"type": "tool", "name": "f"}),
+                 "user content an empty list": with_("messages", messages=[{"role": "user", "content": []}]),
+                 "chat_template_kwargs sets add_generation_prompt": with_("messages", chat_template_kwargs={
+                     "add_generation_prompt": True}),
                  "prompt longer than the context": with_("messages", messages=[{"role": "user",
                                                                                 "content": "word " * 400}]),
                  },
@@ -171,6 +186,7 @@ CASES: dict[str, dict[str, object]] = {
                      "no messages": {"model": "m"},
                      "messages a string": with_("count_tokens", messages="hi"),
                      "system a number": with_("count_tokens", system=5),
+                     "chat_template_kwargs sets messages": with_("count_tokens", chat_template_kwargs={"messages": 1}),
                      },
     "responses": {**_generic("responses"),
                   "no input": {"max_output_tokens": 3},
@@ -187,6 +203,8 @@ CASES: dict[str, dict[str, object]] = {
                   "function call arguments not JSON": with_("responses", input=[
                       {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]),
                   "prompt longer than the context": with_("responses", input="word " * 400),
+                  "chat_template_kwargs sets continue_final_message": with_("responses", chat_template_kwargs={
+                      "continue_final_message": True}),
                   },
 }
 
@@ -282,3 +300,58 @@ def test_malformed_request_is_a_4xx_in_the_endpoints_format_and_the_next_request
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:500])
     _check_error_shape(r, ep.shape)
     assert _answer(post(server, ep.path, ep.valid)) == server.expected[endpoint]
+
+
+# The message of a 400 names the problem that applies, not the first alternative of a field of several types.
+CLEAR = {
+    "function_call arguments not JSON": ("responses", with_("responses", input=[
+        {"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "x"}]),
+        "arguments must be a JSON object"),
+    "input_image part": ("responses", with_("responses", input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": "http://x/y.png"}]}]), "input_image: this model reads text only"),
+    "tool_result holding an image": ("messages", with_("messages", messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]),
+        "image block: this model reads text only"),
+    "content a number": ("chat", with_("chat", messages=[{"role": "user", "content": 5}]),
+                         "messages.0.content: Input should be a valid string or a valid list"),
+    "prompt a list of lists": ("completions", with_("completions", prompt=[[1, 2]]),
+                               "prompt.0: Input should be a valid integer or a valid string"),
+    "chat_template_kwargs sets messages": ("chat", CASES["chat"]["chat_template_kwargs sets messages"],
+                                           "'messages' is set by the server"),
+    "chat_template_kwargs sets add_generation_prompt (messages)": (
+        "messages", CASES["messages"]["chat_template_kwargs sets add_generation_prompt"],
+        "'add_generation_prompt' is set by the server"),
+    "chat_template_kwargs sets continue_final_message (responses)": (
+        "responses", CASES["responses"]["chat_template_kwargs sets continue_final_message"],
+        "'continue_final_message' is set by the server"),
+    "completions logprobs": ("completions", CASES["completions"]["logprobs 2"], "logprobs are not supported"),
+    "chat top_logprobs": ("chat", CASES["chat"]["top_logprobs alone"], "logprobs are not supported"),
+    "chat response_format": ("chat", CASES["chat"]["response_format json_schema"], "structured output"),
+    "responses text.format": ("responses", with_("responses", text={"format": {"type": "json_object"}}),
+                              "structured output"),
+    "Anthropic user content []": ("messages", CASES["messages"]["user content an empty list"], "non-empty content"),
+}
+
+
+def error_message(r: httpx.Response) -> str:
+    return r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("name", CLEAR)
+def test_the_error_names_the_problem_that_applies(server, name):
+    endpoint, body, says = CLEAR[name]
+    r = post(server, ENDPOINTS[endpoint].path, body)
+    assert r.status_code == 400 and says in error_message(r), r.text
+    assert "more problems" not in error_message(r) and ".str" not in error_message(r)
+
+
+@pytest.mark.parametrize("endpoint,field", [("chat", "messages"), ("completions", "prompt"), ("responses", "input")])
+def test_a_prompt_longer_than_the_context_is_reported_on_the_field_that_holds_it(server, endpoint, field):
+    r = post(server, ENDPOINTS[endpoint].path, CASES[endpoint]["prompt longer than the context"]
+             if endpoint != "chat" else with_("chat", messages=[{"role": "user", "content": "word " * 400}]))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert r.json()["error"]["param"] == field
+
+
+def test_a_plain_text_response_format_is_accepted(server):
+    assert post(server, "/v1/chat/completions", with_("chat", response_format={"type": "text"})).status_code == 200

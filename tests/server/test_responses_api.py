@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from .conftest import prompt_text
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -199,6 +200,25 @@ def test_previous_response_id_is_refused_with_a_clear_message(sclient):
     assert e.value.body["param"] == "previous_response_id" and "whole conversation" in e.value.body["message"]
 
 
+def test_a_tool_choice_naming_a_function_makes_the_answer_that_call(scripted, sclient, say):
+    """The prompt opens the call after an empty think block (spec §1.2); the model writes its parameters."""
+    say("<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    now = {"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}}
+    r = sclient.responses.create(model="m", input="Weather in Paris?", tools=TOOLS + [now], max_output_tokens=100,
+                                 tool_choice={"type": "function", "name": "get_weather"})
+    assert prompt_text(scripted).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                                          "<tool_call>\n<function=get_weather>\n")
+    assert [(i.type, i.name, json.loads(i.arguments)) for i in r.output] == [
+        ("function_call", "get_weather", {"city": "Paris"})]
+    assert r.tool_choice.type == "function" and r.tool_choice.name == "get_weather"
+
+
+def test_plain_text_format_is_accepted(sclient, say):
+    say("fine")
+    r = sclient.responses.create(model="m", input="hi", max_output_tokens=5, text={"format": {"type": "text"}})
+    assert r.status == "completed"
+
+
 # ------------------------------------------------------------------------------------------ bad requests
 
 OK = {"model": "m", "input": "hi", "max_output_tokens": 5}
@@ -247,6 +267,12 @@ BAD = {
         "type": "object", "properties": {"x": {"type": "strin"}}}}]),
     "tool name bad": _with(tools=[{"type": "function", "name": "get weather!", "parameters": {"type": "object"}}]),
     "tool_choice bad": _with(tool_choice="sometimes"),
+    "tool_choice names an unknown function": _with(tools=TOOLS, tool_choice={"type": "function", "name": "nope"}),
+    "tool_choice required without tools": _with(tool_choice="required"),
+    "tool_choice a hosted tool": _with(tools=TOOLS, tool_choice={"type": "file_search"}),
+    "text format json_schema": _with(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
+    "text format json_object": _with(text={"format": {"type": "json_object"}}),
+    "chat_template_kwargs sets tools": _with(chat_template_kwargs={"tools": []}),
     "previous_response_id": _with(previous_response_id="resp_abc"),
     "no user message": _item(role="assistant", content="hi"),
     "system message after the start": _with(input=[{"role": "user", "content": "hi"},

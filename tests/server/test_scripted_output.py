@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
+
+from .conftest import prompt_text
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -141,3 +144,99 @@ def test_an_engine_whose_prefill_is_not_decodes_keeps_only_the_previous_prompt(s
     assert t["cache_n"] == a.usage.prompt_tokens - 1
     assert sum(scripted.engine.prefills) == t["prompt_n"] == b.usage.prompt_tokens - t["cache_n"]
     assert scripted.engine.replayed == 0 and len(scripted.engine.prefills) == 2   # the run, then the last token
+
+
+# ------------------------------------------------------------------------------ reasoning effort
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh"])
+def test_every_openai_reasoning_effort_renders_as_the_responses_api_renders_it(scripted, client, say, effort):
+    """OpenAI's efforts (chat's `reasoning_effort`, Responses' `reasoning.effort`) map onto the template's xhigh,
+    medium and low the same way on both APIs; "none" turns thinking off."""
+    say("Fine.")
+    r = client.chat.completions.create(model="m", messages=ASK, max_tokens=5, reasoning_effort=effort)
+    assert r.choices[0].finish_reason == "stop"
+    chat_prompt = prompt_text(scripted)
+    client.responses.create(model="m", input=ASK, max_output_tokens=5, reasoning={"effort": effort})
+    assert prompt_text(scripted) == chat_prompt
+    template_effort = {"none": None, "minimal": "low", "high": "xhigh"}.get(effort, effort)
+    expected = scripted.core.template.render(ASK, reasoning_effort=template_effort, enable_thinking=effort != "none")
+    assert chat_prompt == expected
+    if effort == "none":
+        assert chat_prompt.endswith("<think>\n\n</think>\n\n") and r.choices[0].message.content == "Fine."
+
+
+def test_an_unknown_reasoning_effort_is_a_400_that_names_the_accepted_values(scripted):
+    r = httpx.post(scripted.base + "/v1/chat/completions", timeout=30,
+                   json={"messages": ASK, "max_tokens": 5, "reasoning_effort": "max"})
+    assert r.status_code == 400, r.text
+    assert all(f"'{e}'" in r.json()["error"]["message"] for e in ("none", "minimal", "low", "medium", "high", "xhigh"))
+
+
+# ------------------------------------------------------------------------------ tool_choice and prefill
+
+CALL_REST = "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"   # a call after its opening
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+TURN_START = "<|im_start|>assistant\n<think>\n\n</think>\n\n"     # spec §1.2: an assistant turn without thinking
+
+
+def chat_calls(client, stream: bool, **kwargs) -> tuple[list, str | None, str]:
+    """(name, arguments) of the answer's tool calls, its content and finish_reason, streamed or not."""
+    if not stream:
+        choice = client.chat.completions.create(model="m", max_tokens=100, **kwargs).choices[0]
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or ()]
+        return calls, choice.message.content, choice.finish_reason
+    chunks = list(client.chat.completions.create(model="m", max_tokens=100, stream=True, **kwargs))
+    calls = [(c.function.name, json.loads(c.function.arguments))
+             for k in chunks if k.choices for c in k.choices[0].delta.tool_calls or ()]
+    content = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices)
+    return calls, content or None, chunks[-1].choices[0].finish_reason
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_choice_naming_a_function_makes_the_answer_that_call(scripted, client, say, stream):
+    """The prompt opens the call in the model's format (spec §1.2) after an empty think block; the model writes
+    its parameters, and the answer is the whole call."""
+    say(CALL_REST)
+    calls, content, finish = chat_calls(client, stream, messages=ASK, tools=TOOLS + [NOW],
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert prompt_text(scripted).endswith(TURN_START + "<tool_call>\n<function=get_weather>\n")
+    assert (calls, content, finish) == ([("get_weather", {"city": "Paris"})], None, "tool_calls")
+
+
+def test_tool_choice_required_opens_a_call_whose_function_the_model_names(scripted, client, say):
+    say("=now>\n</function>\n</tool_call>")
+    calls, _, finish = chat_calls(client, False, messages=ASK, tools=TOOLS + [NOW], tool_choice="required")
+    assert prompt_text(scripted).endswith(TURN_START + "<tool_call>\n<function")
+    assert (calls, finish) == ([("now", {})], "tool_calls")
+    say(CALL_REST)      # with one tool, "required" can only mean that one: it is named
+    calls, _, _ = chat_calls(client, False, messages=ASK, tools=TOOLS, tool_choice="required")
+    assert prompt_text(scripted).endswith(TURN_START + "<tool_call>\n<function=get_weather>\n")
+    assert calls == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("tools,choice,says", [
+    (TOOLS, {"type": "function", "function": {"name": "get_time"}}, "'get_time'"),
+    (None, "required", "no tools")], ids=["unknown name", "no tools"])
+def test_a_tool_choice_that_needs_a_tool_the_request_lacks_is_a_400(scripted, tools, choice, says):
+    r = httpx.post(scripted.base + "/v1/chat/completions", timeout=30,
+                   json={"messages": ASK, "max_tokens": 5, "tools": tools, "tool_choice": choice})
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_a_call_to_a_function_the_request_did_not_declare_is_returned_as_text(client, say):
+    unknown = "<tool_call>\n<function=search>\n<parameter=q>\ncats\n</parameter>\n</function>\n</tool_call>"
+    say("Hm.</think>\n\nSearching." + unknown)
+    calls, content, finish = chat_calls(client, False, messages=ASK, tools=TOOLS)
+    assert (calls, content, finish) == ([], "Searching." + unknown, "stop")
+
+
+def test_continue_final_message_continues_the_assistants_text(scripted, client, say):
+    """vLLM's `continue_final_message`: the prompt ends inside the last (assistant) message, which the model
+    continues; the answer is the continuation only."""
+    say(" 42.")
+    r = client.chat.completions.create(model="m", max_tokens=20, messages=ASK + [
+        {"role": "assistant", "content": "The answer is"}], extra_body={"continue_final_message": True,
+                                                                        "add_generation_prompt": False})
+    assert prompt_text(scripted).endswith("<|im_start|>user\nWeather in Paris?<|im_end|>\n" + TURN_START
+                                          + "The answer is")
+    assert r.choices[0].message.content == " 42." and r.choices[0].finish_reason == "stop"

@@ -29,6 +29,13 @@ def test_serve_parser_defaults_and_options():
     assert (args.host, args.port, args.ctx, args.api_key) == ("0.0.0.0", 9, 512, "k")
 
 
+def test_serve_max_tokens_takes_a_ceiling_of_at_least_one_token(tiny_path):
+    assert serve_app(str(tiny_path), "--ctx", "512", "--max-tokens", "7").state.core.settings.max_tokens_ceiling == 7
+    for bad in ("0", "-5"):
+        with pytest.raises(cli.OpenJetError, match=f"--max-tokens {bad}: a request must be allowed at least 1 token"):
+            serve_app(str(tiny_path), "--ctx", "512", "--max-tokens", bad)
+
+
 def test_loopback_detection():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.com")

@@ -10,6 +10,10 @@ text and tool_use blocks -> one assistant message with `reasoning_content`, `con
 (arguments as objects, as the template wants them); a user message's tool_result blocks -> `tool`
 messages and its text blocks -> user messages, in the order written (the template merges consecutive
 tool results into one turn).
+
+A conversation that ends with an assistant message is a prefill: the answer continues that message's text
+(Anthropic's documented behaviour; the response holds only the new text). An empty final assistant message
+(which Anthropic allows) has nothing to continue and is left out.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import RequestModel, ResponseModel
-from .openai import ChatTemplateKwargs, check_schema
+from .openai import ChatTemplateKwargs, ForcedCall, check_forced_call, check_schema, template_kwargs
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 _TEXT_ONLY = ("image", "document", "search_result", "container_upload")
@@ -101,6 +105,9 @@ class MessageIn(RequestModel):
             role = value.get("role")
             _check_blocks(value.get("content"), _ASSISTANT_BLOCKS if role == "assistant" else _USER_BLOCKS)
         return value
+
+    def is_empty(self) -> bool:
+        return not self.content
 
     def for_template(self) -> list[dict[str, Any]]:
         if isinstance(self.content, str):
@@ -209,21 +216,41 @@ class CountTokensRequest(RequestModel):
 
     @model_validator(mode="after")
     def _choice_names_a_tool(self) -> "CountTokensRequest":
-        c = self.tool_choice
-        if c is not None and c.type in ("any", "tool") and not self.tools:
-            raise ValueError(f"tool_choice {c.type!r} needs tools")
-        if c is not None and c.type == "tool" and c.name not in {t.name for t in self.tools or ()}:
-            raise ValueError(f"tool_choice names {c.name!r}, which is not among the tools")
+        check_forced_call(self.forced_call(), {t.name for t in self.tools or ()})
         return self
+
+    @model_validator(mode="after")
+    def _content_not_empty(self) -> "CountTokensRequest":
+        for i, m in enumerate(self.messages):
+            if m.is_empty() and not (m.role == "assistant" and i == len(self.messages) - 1):
+                raise ValueError(f"messages.{i}: all messages must have non-empty content except for the "
+                                 f"optional final assistant message")
+        return self
+
+    def _conversation(self) -> list[MessageIn]:
+        """The messages, without an empty final assistant message (nothing to continue)."""
+        last = self.messages[-1]
+        return self.messages[:-1] if last.role == "assistant" and last.is_empty() else self.messages
 
     def for_template(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         if self.system:
             text = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)
             messages.append({"role": "system", "content": text})
-        for m in self.messages:
+        for m in self._conversation():
             messages.extend(m.for_template())
         return messages
+
+    def continues_answer(self) -> bool:
+        """The conversation ends with the start of the assistant's answer (a prefill) for the model to continue."""
+        conversation = self._conversation()
+        return bool(conversation) and conversation[-1].role == "assistant"
+
+    def forced_call(self) -> ForcedCall | None:
+        c = self.tool_choice
+        if c is None or c.type not in ("any", "tool"):
+            return None
+        return ForcedCall(c.name if c.type == "tool" else None)
 
     def tools_for_template(self) -> list[dict[str, Any]] | None:
         if not self.tools or (self.tool_choice is not None and self.tool_choice.type == "none"):
@@ -231,7 +258,7 @@ class CountTokensRequest(RequestModel):
         return [t.for_template() for t in self.tools]
 
     def template_kwargs(self) -> dict[str, Any]:
-        kwargs = self.chat_template_kwargs.model_dump(exclude_none=True) if self.chat_template_kwargs else {}
+        kwargs = template_kwargs(self.chat_template_kwargs)
         if self.thinking is not None:      # absent: the model's own default (Qwen3.8 thinks)
             kwargs.setdefault("enable_thinking", self.thinking.type != "disabled")
         return kwargs

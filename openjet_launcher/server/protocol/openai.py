@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ...text.chat import RESERVED_TEMPLATE_KWARGS
 from .base import RequestModel, ResponseModel
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -180,6 +182,53 @@ class Tool(RequestModel):
         return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
 
+@dataclass(frozen=True)
+class ForcedCall:
+    """A tool_choice that requires a call: of the function `name`, or of any of the request's tools (None)."""
+    name: str | None = None
+
+
+def check_forced_call(forced: ForcedCall | None, tool_names: set[str]) -> None:
+    """A forced call needs tools, and a named one a tool of that name."""
+    if forced is None:
+        return
+    if not tool_names:
+        raise ValueError("tool_choice requires a tool call, but the request has no tools")
+    if forced.name is not None and forced.name not in tool_names:
+        raise ValueError(f"tool_choice names {forced.name!r}, which is not among the tools "
+                         f"({', '.join(sorted(tool_names))})")
+
+
+class FunctionName(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    """Chat completions' `{"type": "function", "function": {"name": ...}}`: call that function."""
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionToolChoice:
+    """What chat completions and Responses share about `tools` and a `tool_choice` of "none", "auto", "required"
+    or a named function: the tools the template sees and the call the request forces. A request class mixing it
+    in says where its named choice keeps the name (_named_choice); it has `tools` and `tool_choice` fields."""
+
+    def _named_choice(self) -> str | None:
+        raise NotImplementedError
+
+    def tools_for_template(self) -> list[dict[str, Any]] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.for_template() for t in self.tools]
+
+    def forced_call(self) -> ForcedCall | None:
+        name = self._named_choice()
+        if name is not None:
+            return ForcedCall(name)
+        return ForcedCall() if self.tool_choice == "required" else None
+
+
 # ------------------------------------------------------------------------------------------- requests
 
 class StreamOptions(RequestModel):
@@ -190,7 +239,44 @@ class ChatTemplateKwargs(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     enable_thinking: bool | None = None
     preserve_thinking: bool | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: str | None = None      # the template's own values (xhigh | medium | low), passed as is
+
+    @model_validator(mode="after")
+    def _no_reserved_names(self) -> "ChatTemplateKwargs":
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(self.model_extra or ()))
+        if clash:
+            raise ValueError(f"{clash[0]!r} is set by the server, not by chat_template_kwargs (reserved: "
+                             f"{', '.join(sorted(RESERVED_TEMPLATE_KWARGS))})")
+        return self
+
+
+# OpenAI's reasoning efforts -> the Qwen3.8 template's (xhigh | medium | low); "none" turns thinking off.
+REASONING_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh"}
+ReasoningEffort = Literal[("none", *REASONING_EFFORT)]
+
+
+def template_kwargs(kwargs: ChatTemplateKwargs | None, effort: ReasoningEffort | None = None) -> dict[str, Any]:
+    """The chat template's kwargs: the request's chat_template_kwargs, which win, and an OpenAI reasoning
+    effort mapped onto the template's (chat completions' `reasoning_effort`, Responses' `reasoning.effort`)."""
+    out = kwargs.model_dump(exclude_none=True) if kwargs else {}
+    if effort == "none":
+        out.setdefault("enable_thinking", False)
+    elif effort is not None:
+        out.setdefault("reasoning_effort", REASONING_EFFORT[effort])
+    return out
+
+
+class ResponseFormat(RequestModel):
+    """`response_format` (Responses: `text.format`): plain text only, there is no constrained decoding."""
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":
+            raise ValueError(f"{kind!r}: structured output (json_object, json_schema) is not supported; "
+                             f"only type 'text'")
+        return kind
 
 
 class SamplingFields(RequestModel):
@@ -208,6 +294,15 @@ class SamplingFields(RequestModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1)   # one choice per request
+    logprobs: bool | int | None = None        # chat's flag, completions' count: neither is supported
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v is not None and v is not False:
+            raise ValueError("logprobs are not supported")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -226,23 +321,25 @@ class SamplingFields(RequestModel):
         return None if seed is None else seed % 2**64
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(FunctionToolChoice, SamplingFields):
     # Qwen's template needs a user message (the schema says so; the template's error is the 400).
     messages: list[ChatMessage] = Field(min_length=1, json_schema_extra={
         "contains": {"type": "object", "properties": {"role": {"const": "user"}}, "required": ["role"]}})
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
-    reasoning_effort: str | None = None      # OpenAI's top-level spelling; chat_template_kwargs wins
-    logprobs: bool | None = None
+    reasoning_effort: ReasoningEffort | None = None     # chat_template_kwargs.reasoning_effort wins
+    response_format: ResponseFormat | None = None
+    continue_final_message: bool = False     # vLLM's: the last (assistant) message is the answer's start
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> "ChatCompletionRequest":
+        check_forced_call(self.forced_call(), {t.function.name for t in self.tools or ()})
+        return self
+
+    def _named_choice(self) -> str | None:
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
 
 
 class CompletionRequest(SamplingFields):

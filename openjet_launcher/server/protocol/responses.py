@@ -19,13 +19,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import RequestModel, ResponseModel
-from .openai import ChatTemplateKwargs, FunctionDef
+from .openai import (ChatTemplateKwargs, FunctionDef, FunctionToolChoice, ReasoningEffort, ResponseFormat,
+                     check_forced_call, template_kwargs)
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
-
-# OpenAI's reasoning efforts -> the Qwen3.8 template's (xhigh | medium | low); "none" turns thinking off.
-REASONING_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh"}
 
 
 def _check_parts(parts: Any) -> Any:
@@ -157,18 +155,29 @@ class FunctionTool(FunctionDef):
 
 
 class ReasoningConfig(RequestModel):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None          # accepted; the whole reasoning comes back as reasoning_text
+
+
+class NamedToolChoice(RequestModel):
+    """Responses' `{"type": "function", "name": ...}`: call that function."""
+    type: Literal["function"]
+    name: str
+
+
+class TextConfig(RequestModel):
+    format: ResponseFormat | None = None
+    verbosity: str | None = None        # accepted; the model has no such control
 
 
 # ------------------------------------------------------------------------------------------- requests
 
-class ResponsesRequest(RequestModel):
+class ResponsesRequest(FunctionToolChoice, RequestModel):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -177,6 +186,7 @@ class ResponsesRequest(RequestModel):
     store: bool | None = None
     previous_response_id: str | None = None
     reasoning: ReasoningConfig | None = None
+    text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None     # OpenJet extension, as on chat completions
 
@@ -186,6 +196,11 @@ class ResponsesRequest(RequestModel):
         if isinstance(value, list) and not value:
             raise ValueError("input must not be empty")
         return _check_items(value)
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> "ResponsesRequest":
+        check_forced_call(self.forced_call(), {t.name for t in self.tools or ()})
+        return self
 
     def for_template(self) -> list[dict[str, Any]]:
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
@@ -221,19 +236,11 @@ class ResponsesRequest(RequestModel):
                 messages.append({"role": item.role, "content": _text(item.content)})
         return messages
 
-    def tools_for_template(self) -> list[dict[str, Any]] | None:
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return [t.for_template() for t in self.tools]
+    def _named_choice(self) -> str | None:
+        return self.tool_choice.name if isinstance(self.tool_choice, NamedToolChoice) else None
 
     def template_kwargs(self) -> dict[str, Any]:
-        kwargs = self.chat_template_kwargs.model_dump(exclude_none=True) if self.chat_template_kwargs else {}
-        effort = self.reasoning.effort if self.reasoning else None
-        if effort == "none":
-            kwargs.setdefault("enable_thinking", False)
-        elif effort is not None:
-            kwargs.setdefault("reasoning_effort", REASONING_EFFORT[effort])
-        return kwargs
+        return template_kwargs(self.chat_template_kwargs, self.reasoning.effort if self.reasoning else None)
 
 
 # ------------------------------------------------------------------------------------------ responses
