@@ -468,13 +468,16 @@ def test_without_the_mtp_head_the_trunk_gives_the_same_bits(models):
 
 
 def decode_sequence_logits(engine, ids) -> np.ndarray:
-    """A fresh sequence's logits over a 13-token prefill (all rows), 7 T = 1, 3 T = 5 and 2 T = 2 decode steps after it
-    (the FFN's gate + up pair included) and 3 MTP drafts: the call sequence the decode bit tests compare."""
+    """A fresh sequence's logits over a 13-token prefill (all rows), 7 T = 1 decode steps after it, then steps of T = 5,
+    8, 3 and 2 (every decode GEMV form's range of t; the FFN's gate + up pair included; ids[:38]) and 3 MTP drafts: the
+    call sequence the decode bit tests compare."""
     state = engine.new_state()
     parts = [engine.prefill(state, ids[:13], all_logits=True).logits]
     parts += [engine.decode(state, ids[i:i + 1]).logits for i in range(13, 20)]
-    parts += [engine.decode(state, ids[i:i + 5]).logits for i in range(20, 35, 5)]
-    parts += [engine.decode(state, ids[i:i + 2]).logits for i in range(35, 39, 2)]
+    pos = 20
+    for t in (5, 8, 3, 2):
+        parts.append(engine.decode(state, ids[pos:pos + t]).logits)
+        pos += t
     parts.append(engine.mtp_draft(state, int(ids[39]), 3).logits.reshape(-1, engine.config.shape.n_vocab))
     return np.concatenate(parts)
 
