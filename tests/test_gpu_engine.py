@@ -635,8 +635,8 @@ def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatc
 def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     """OPENJET_WEIGHT_LAYOUT: the engine's weights in the tile layout (the default: weight_layout.cuh) against the
     GGUF's row layout, bit for bit, on the small model (Q4_K, Q5_K, Q6_K and Q8_0 projections, the MTP head):
-    decode_sequence_logits (prefill rows, T = 1 and T = 5 steps, drafts), a 300-token prefill in one call (the dense
-    path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
+    decode_sequence_logits (prefill rows, T = 1, 5, 8, 3 and 2 steps, drafts), a 300-token prefill in one call (the
+    dense path where it runs, with gate and up in one GEMM) and the decode step after it, drafts over a draft vocabulary
     (its rows gathered from the tiled lm_head) and the persistent FFN (alone, and from the tail to the next layer's
     input projections); under each prefill GEMM. A tiled read ran under "tiles" and none under "rows"
     (kernels_test.launch_count)."""
