@@ -1,7 +1,7 @@
 """``openjet-launch``: the one command users run. Subcommands are added as their issues land.
 
-Errors that a user can act on (OpenJetError) print as one line on stderr with exit code 1;
-usage errors exit 2 (argparse's convention).
+Errors that a user can act on (OpenJetError) print as one line on stderr with exit code 1 (4: `serve`'s model
+failed to load, errors.EXIT_LOAD_FAILED); usage errors exit 2 (argparse's convention).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     try:
         report = inspect_file(args.file)
-    except OpenJetError:
-        raise
     except Exception as e:  # a damaged file must never end in a traceback
-        raise OpenJetError(f"{args.file}: could not be read as a GGUF model ({type(e).__name__}: {e})") from None
+        why = str(e) if isinstance(e, OpenJetError) else \
+            f"{args.file}: could not be read as a GGUF model ({type(e).__name__}: {e})"
+        if args.json:  # a script reading the JSON still gets an answer
+            print(json.dumps({"file": args.file, "runnable": False, "error": why}, indent=2))
+        raise OpenJetError(why) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     if not report["runnable"]:
         recipe = report["recipe"]
@@ -34,7 +36,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from .model.synth import synthesize
 
     summary = synthesize(args.preset, args.out, seed=args.seed, workers=args.workers,
-                         show_progress=not args.quiet, codes=args.codes)
+                         show_progress=not args.quiet, codes=args.codes, replace=args.force)
     print(json.dumps(summary))
     return 0
 
@@ -42,8 +44,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _cmd_probe(args: argparse.Namespace) -> int:
     from .engine import probe
 
-    print(json.dumps(probe(), indent=2))
-    return 0
+    report = probe()
+    print(json.dumps(report, indent=2))
+    return 1 if report.get("error") else 0  # scripts can test the status: no usable CUDA is a failure
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -51,15 +54,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from gguf import TokenType
 
+    from .draft_depth import check_draft_count
     from .generate import generate
     from .model.gguf_file import GGUFFile
     from .reference import ReferenceEngine
     from .sampling import Sampler, SamplingParams
+    from .server.cli import demo_model_path
     from .text.chat import ChatTemplate
     from .text.tokenizer import StreamingDetokenizer, Tokenizer
 
+    if args.n_tokens < 1:
+        raise OpenJetError(f"-n {args.n_tokens}: generate at least 1 token")
+    if args.seed is not None and args.seed < 0:
+        raise OpenJetError(f"--seed {args.seed}: choose 0 or more")
+    check_draft_count(args.draft)
+    model = str(demo_model_path()) if args.model == "demo" else args.model  # 'demo' as `serve` takes it
     t0 = time.perf_counter()
-    gguf = GGUFFile(args.model)
+    gguf = GGUFFile(model)
     tok = Tokenizer.from_gguf(gguf)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -70,7 +81,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         prompt = tok.encode(args.prompt)
     if not prompt:
         raise OpenJetError("the prompt is empty")
-    engine = ReferenceEngine.load(args.model)
+    engine = ReferenceEngine.load(model)
     load_s = time.perf_counter() - t0
     types = gguf.metadata["tokenizer.ggml.token_type"]
     n_valid = max(i for i, t in enumerate(types) if t != TokenType.UNUSED) + 1
@@ -114,13 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="write a synthetic Qwen3.8 model (random weights) for tests and benchmarks",
                        description="Write a qwen35 GGUF with random weights in the unsloth Q4_K_M recipe. "
-                                   "Presets: tiny (CPU tests, ~1 MB), small (GPU tests), full (the exact 27B "
+                                   "Presets: tiny (CPU tests, ~6 MB), small (GPU tests), full (the exact 27B "
                                    "shapes, about 17.1 GB; uses all cores).")
     s.add_argument("--preset", required=True, choices=["tiny", "small", "full"])
     s.add_argument("out", metavar="OUT.gguf")
     s.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     s.add_argument("--workers", type=int, default=None, help="processes for quantisation (default: all cores for full)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists (a regular file only)")
     s.add_argument("--codes", choices=["quantised", "random"], default="quantised",
                    help="quantised (default): the random init's floats quantised; random: random k-quant/Q8_0 "
                         "codes with scales giving the same mean and std, for speed benchmarks (~40x less CPU to write)")
@@ -129,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="generate text from a GGUF on the CPU reference engine (debugging)",
                        description="Generate from a GGUF with the numpy reference engine: slow, exact, for "
                                    "test-size models. Greedy unless --temperature is given.")
-    r.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file")
+    r.add_argument("model", metavar="MODEL", help="path of a qwen35 GGUF file, or 'demo' (the bundled demo model)")
     r.add_argument("-p", "--prompt", required=True, help="the prompt text (the user message with --chat)")
     r.add_argument("-n", "--n-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -170,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except OpenJetError as e:
         print(f"openjet-launch {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)
     except KeyboardInterrupt:
         print(f"openjet-launch {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -22,6 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .engine.interface import MAX_GPU_DECODE_TOKENS
+from .errors import OpenJetError
+
+MAX_DRAFT = MAX_GPU_DECODE_TOKENS - 1  # one GPU step verifies the token and its drafts; every engine keeps to it
+
 # Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024 (bench/results/
 # engine-full-h200-3e2051f-gemv-tma-auto.json, the producer-warp GEMV with its leaner unit loops; verify through
 # verify_top, the server's path): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft vocabulary
@@ -29,6 +34,18 @@ from collections.abc import Sequence
 VERIFY_MS = (8.784, 9.267, 9.453, 9.985, 10.285, 10.912, 11.169, 11.649)
 DRAFT_MS, ACCEPT_MS = 0.280, 0.355
 DEFAULT_COST_MS = tuple(v + n * DRAFT_MS + (ACCEPT_MS if n else 0.0) for n, v in enumerate(VERIFY_MS))
+assert len(DEFAULT_COST_MS) == MAX_DRAFT + 1  # a cost for every allowed draft count
+
+
+def check_draft_count(n_draft: int) -> int:
+    """`--draft N` as every command takes it: 0 (no speculation) to MAX_DRAFT; else an OpenJetError."""
+    if n_draft < 0:
+        raise OpenJetError(f"--draft {n_draft}: the number of drafts per step cannot be negative (0 turns "
+                           "speculation off)")
+    if n_draft > MAX_DRAFT:
+        raise OpenJetError(f"--draft {n_draft}: at most {MAX_DRAFT} drafts per step (one step verifies at most "
+                           f"{MAX_GPU_DECODE_TOKENS} tokens); 0 turns speculation off")
+    return n_draft
 
 
 def expected_tokens(rates: Sequence[float]) -> float:

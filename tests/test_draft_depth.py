@@ -92,3 +92,18 @@ def test_limits_and_errors():
         DraftDepth(3, cost_ms=[1.0, 2.0])                            # too few costs
     with pytest.raises(ValueError):
         DraftDepth(3, prior=1.0)
+
+
+def test_every_draft_count_the_commands_allow_has_a_cost_and_more_is_refused():
+    from openjet_launcher.draft_depth import MAX_DRAFT, check_draft_count
+    from openjet_launcher.engine.interface import MAX_GPU_DECODE_TOKENS
+    from openjet_launcher.errors import OpenJetError
+
+    assert MAX_DRAFT == MAX_GPU_DECODE_TOKENS - 1
+    for n in range(1, MAX_DRAFT + 1):
+        depth = DraftDepth(check_draft_count(n))
+        depth.update(n, n)
+        assert 1 <= depth.next() <= n
+    for bad in (-1, MAX_DRAFT + 1):
+        with pytest.raises(OpenJetError, match=f"--draft {bad}"):
+            check_draft_count(bad)

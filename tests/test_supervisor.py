@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from openjet_launcher.launcher.supervisor import (FAILED, LOADING, READY, STOPPED, AlreadyRunning, InstanceLock,
-                                                  Supervisor, TerminalStatus, health_url, pid_alive, port_in_use,
-                                                  serve_command)
+                                                  Supervisor, TerminalStatus, bind_problem, health_url, pid_alive,
+                                                  port_in_use, serve_command)
 
 FAKE = textwrap.dedent('''
     import argparse, http.server, os, signal, sys, threading, time
@@ -34,7 +34,14 @@ FAKE = textwrap.dedent('''
     p.add_argument("--crash-first", type=int, default=0)
     p.add_argument("--counter", default=None)
     p.add_argument("--ignore-term", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--load-fail", action="store_true")
+    p.add_argument("--pid-file", default=None)
+    a, _ = p.parse_known_args()  # also as `serve MODEL --engine ...` (the launcher's SERVE_PREFIX)
+    if a.pid_file:
+        open(a.pid_file, "w").write(str(os.getpid()))
+    if a.load_fail:
+        print("openjet-launch serve: error: the model failed to load: no GPU", flush=True)
+        os._exit(4)
     n = 0
     if a.counter:
         n = int(open(a.counter).read()) if os.path.exists(a.counter) else 0
@@ -65,6 +72,18 @@ FAKE = textwrap.dedent('''
     while True:
         time.sleep(0.1)
 ''')
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """run_default installs its own SIGINT/SIGTERM/SIGHUP handlers: tests that call it leave pytest's alone."""
+    import signal
+
+    names = [n for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    saved = {n: signal.getsignal(getattr(signal, n)) for n in names}
+    yield
+    for n, handler in saved.items():
+        signal.signal(getattr(signal, n), handler)
 
 
 def free_port() -> int:
@@ -164,6 +183,36 @@ def test_a_crash_loop_gives_up_with_the_last_log_lines(fake, tmp_path):
     assert sup.state == FAILED
 
 
+def test_a_model_that_fails_to_load_fails_at_once_with_the_reason_and_no_restart(fake):
+    sup, seen = fake("--load-fail", health_timeout_s=900, max_restarts=3)
+    t0 = time.monotonic()
+    sup.start()
+    try:
+        assert _until(lambda: sup.state == FAILED, 10), sup.state
+    finally:
+        sup.stop()
+    assert time.monotonic() - t0 < 10 and sup.starts == 1
+    assert sup.message.startswith("the model failed to load: no GPU. Log: ")
+
+
+def test_ctrl_c_during_stop_kills_the_child_at_once(fake):
+    """A second Ctrl-C while stop() waits out the grace period ends the child now, never abandons it."""
+    import signal
+
+    sup, _ = fake("--ignore-term", stop_timeout_s=30)
+    sup.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert sup.wait_ready(20)
+        proc = sup.proc
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        sup.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - t0 < 10 and proc.poll() is not None and sup.state == STOPPED
+
+
 def test_a_server_that_never_gets_healthy_fails_after_the_timeout(fake):
     sup, _ = fake("--load-s", "999", health_timeout_s=0.5)
     sup.start()
@@ -226,7 +275,17 @@ def test_port_in_use():
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert port_in_use("127.0.0.1", s.getsockname()[1])
+        assert "already in use" in bind_problem("127.0.0.1", s.getsockname()[1])
     assert not port_in_use("127.0.0.1", free_port())
+    assert bind_problem("127.0.0.1", free_port()) is None
+
+
+def test_a_wrong_host_is_not_reported_as_a_busy_port():
+    port = free_port()
+    assert not port_in_use("203.0.113.7", port)  # TEST-NET-3: an address no machine here has
+    assert bind_problem("203.0.113.7", port).startswith("--host 203.0.113.7: this machine has no such address")
+    assert bind_problem("no-such-host.invalid", port).startswith(
+        "--host no-such-host.invalid: not an address of this machine, nor a name it can resolve")
 
 
 # --- the instance lock ---------------------------------------------------------------------------------
@@ -401,6 +460,77 @@ def test_the_demo_model_on_the_gpu_engine_needs_a_gpu_like_any_model(monkeypatch
     with pytest.raises(OpenJetError) as e:
         plan_launch(_default_args("--model", "demo", "--engine", "cuda"))
     assert "No NVIDIA driver was found." in str(e.value)
+    assert "cannot serve the demo model" in str(e.value) and "Qwen3.8-27B" not in str(e.value).splitlines()[0]
+
+
+def test_the_launcher_checks_ctx_and_draft_as_the_server_does_and_passes_them_on(monkeypatch, tmp_path):
+    """--ctx and --draft are refused up front by the server's own rules (not by three crashed servers), and on
+    the reference engine they reach `serve` (0 included); --gpu says it does not apply there."""
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import plan_launch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for bad in ("-1", "0", "5"):
+        with pytest.raises(OpenJetError, match=f"--ctx {bad} is too small: give at least 16"):
+            plan_launch(_default_args("--model", "demo", "--ctx", bad))
+    with pytest.raises(OpenJetError, match="at most 7 drafts"):
+        plan_launch(_default_args("--model", "demo", "--draft", "8"))
+    plan = plan_launch(_default_args("--model", "demo", "--ctx", "512", "--draft", "3", "--gpu", "5"))
+    cmd = plan.command
+    assert cmd[cmd.index("--ctx") + 1] == "512" and cmd[cmd.index("--draft") + 1] == "3"
+    assert any("--gpu 5 does not apply" in note for note in plan.notes)
+    assert serve_command("m.gguf", ctx=0)[-2:] == ["--ctx", "0"]  # never dropped: `serve` says what is wrong
+
+
+def test_listening_beyond_loopback_without_a_key_warns_on_the_launchers_terminal(monkeypatch, tmp_path):
+    from openjet_launcher.launcher.main import plan_launch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OPENJET_API_KEY", raising=False)
+    plan = plan_launch(_default_args("--model", "demo", "--host", "0.0.0.0"))
+    assert any("listening on 0.0.0.0 without an API key" in note for note in plan.notes)
+    plan = plan_launch(_default_args("--model", "demo", "--host", "0.0.0.0", "--api-key", "k"))
+    assert not any("API key" in note for note in plan.notes)
+    assert not any("API key" in note for note in plan_launch(_default_args("--model", "demo")).notes)
+
+
+def test_the_launchers_port_is_checked_when_parsed():
+    for bad in ("0", "-1", "70000"):
+        with pytest.raises(SystemExit):
+            _default_args("--port", bad)
+    assert _default_args("--port", "65535").port == 65535
+
+
+def test_a_config_or_log_folder_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from openjet_launcher.launcher.main import run_default
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(a_file))
+    assert run_default(_default_args("--model", "demo", "--no-tray", "--port", str(free_port()))) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "point OPENJET_CONFIG_DIR at a folder" in err
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("OPENJET_LOG_DIR", str(a_file))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert run_default(_default_args("--model", "demo", "--no-tray", "--port", str(free_port()))) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "point OPENJET_LOG_DIR at a folder" in err
+    assert not (tmp_path / "config" / "openjet-launch.lock").exists()
+
+
+def test_a_file_that_is_no_model_at_all_gets_no_fallback_suggestion(tmp_path):
+    from openjet_launcher.errors import OpenJetError
+    from openjet_launcher.launcher.main import plan_launch
+
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(_other_architecture_gguf(tmp_path / "whole.gguf").read_bytes()[:40])
+    folder = tmp_path / "folder.gguf"
+    folder.mkdir()
+    for path in (truncated, folder):
+        with pytest.raises(OpenJetError) as e:
+            plan_launch(_default_args("--model", str(path), "--engine", "reference"))
+        assert "llama-server" not in str(e.value), str(e.value)
 
 
 def _other_architecture_gguf(path: Path) -> Path:
@@ -552,3 +682,99 @@ def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine
     assert args.draft == 0
     with pytest.raises(OpenJetError, match="--draft 8"):
         plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda", "--draft", "8"))
+
+
+def _launch_with_fake_server(tmp_path, *fake_args: str) -> tuple[subprocess.Popen, list[str], int, Path]:
+    """`openjet-launch --model demo --no-tray` serving FAKE: the launcher process, its stderr lines (read on a
+    thread), the port and the file where the fake writes its pid."""
+    import signal
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE)
+    pid_file = tmp_path / "server.pid"
+    prefix = [sys.executable, str(script), "--pid-file", str(pid_file), *fake_args]
+    port = free_port()
+    env = {**os.environ, "OPENJET_CONFIG_DIR": str(tmp_path / "config"), "OPENJET_LOG_DIR": str(tmp_path / "logs")}
+    env.pop("DISPLAY", None)
+
+    def signals_as_in_a_terminal():  # a background job's SIG_IGN would be inherited (and then kept on purpose)
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    proc = subprocess.Popen([sys.executable, "-c", RUN_DEFAULT, json.dumps(prefix), "--model", "demo", "--no-tray",
+                             "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=signals_as_in_a_terminal)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    assert _until(lambda: any("ready at" in line for line in lines), 60), lines
+    return proc, lines, port, pid_file
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGHUP")
+def test_closing_the_terminal_stops_the_server_and_releases_the_lock(tmp_path):
+    import signal
+
+    launcher, lines, port, pid_file = _launch_with_fake_server(tmp_path)
+    server_pid = int(pid_file.read_text())
+    try:
+        launcher.send_signal(signal.SIGHUP)
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert _until(lambda: not pid_alive(server_pid), 5), "the server outlived the launcher"
+    assert not (tmp_path / "config" / "openjet-launch.lock").exists()
+    assert any("stopping the server (up to 15 s" in line for line in lines), lines
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_a_second_ctrl_c_kills_a_server_that_does_not_stop(tmp_path):
+    import signal
+
+    launcher, lines, port, pid_file = _launch_with_fake_server(tmp_path, "--ignore-term")
+    server_pid = int(pid_file.read_text())
+    try:
+        launcher.send_signal(signal.SIGINT)
+        assert _until(lambda: any("stopping the server" in line for line in lines), 10), lines
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=30)
+        assert time.monotonic() - t0 < 5  # not the 15 s grace period
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert _until(lambda: not pid_alive(server_pid), 5), "the server outlived the launcher"
+    assert not (tmp_path / "config" / "openjet-launch.lock").exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_sigterm_while_preparing_the_model_releases_the_lock(tmp_path, monkeypatch, capsys):
+    """Before any server exists (a download, say), SIGTERM ends the launcher with a message and no lock left."""
+    import signal
+
+    from openjet_launcher.launcher import main
+
+    def download_interrupted(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        pytest.fail("SIGTERM did not interrupt")
+    monkeypatch.setattr(main, "plan_launch", download_interrupted)
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "config"))
+    assert main.run_default(_default_args("--no-tray", "--port", str(free_port()))) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not (tmp_path / "config" / "openjet-launch.lock").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_whose_launcher_is_gone_ends_at_once(monkeypatch):
+    """die_with_parent, which `serve` calls first (in a child process here, as a server runs it): a server started
+    by a launcher that is no longer its parent exits; one whose launcher is its parent goes on; without the
+    supervisor's variable (a server started by hand) it does nothing."""
+    from openjet_launcher.launcher.supervisor import PARENT_PID_ENV, die_with_parent
+    monkeypatch.delenv(PARENT_PID_ENV, raising=False)
+    die_with_parent()
+    code = "from openjet_launcher.launcher.supervisor import die_with_parent; die_with_parent(); print('went on')"
+    for parent, ok in ((os.getpid(), True), (os.getpid() + 100000, False)):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, PARENT_PID_ENV: str(parent)})
+        assert (r.returncode == 0 and "went on" in r.stdout) if ok else (r.returncode == 1 and "gone" in r.stderr), r

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import platformdirs
 
+from openjet_launcher.errors import OpenJetError
 from openjet_launcher.model.sdist import cache_dir
 
-__all__ = ["models_dir", "log_dir", "config_dir", "cache_dir"]
+__all__ = ["models_dir", "log_dir", "config_dir", "cache_dir", "ensure_dir"]
 
 APP = "openjet"
 
@@ -40,3 +41,16 @@ def log_dir() -> Path:
 def config_dir() -> Path:
     """User settings (API key file, chosen preset)."""
     return _env_path("OPENJET_CONFIG_DIR") or Path(platformdirs.user_config_dir(APP))
+
+
+def ensure_dir(path: Path, setting: str) -> Path:
+    """`path`, created when missing; an OpenJetError naming `setting` when it cannot be a folder (a file is
+    there, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OpenJetError(f"{path}: cannot be used as a folder ({e.strerror or e}); point {setting} at a "
+                           "folder") from None
+    if not path.is_dir():
+        raise OpenJetError(f"{path}: not a folder; point {setting} at a folder")
+    return path

@@ -120,7 +120,7 @@ def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.
     model = ModelSpec.parse(spec)
     if model.local is not None:
         return LocalModel(path=model.local, parts=(model.local,))
-    root = dirs.models_dir(models_dir)
+    root = dirs.ensure_dir(dirs.models_dir(models_dir), "--models-dir (or OPENJET_MODELS_DIR)")
     if _offline():
         return _resolve_offline(model, root, reason="HF_HUB_OFFLINE is set")
     try:

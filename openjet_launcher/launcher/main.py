@@ -22,8 +22,8 @@ from pathlib import Path
 from ..errors import OpenJetError
 from . import dirs
 from .presets import CPU_PATH
-from .supervisor import (FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, health_url, port_in_use,
-                         serve_command)
+from .supervisor import (FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, bind_problem, health_url,
+                         port_number, serve_command)
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 LOCK_NAME = "openjet-launch.lock"
@@ -50,7 +50,7 @@ def add_default_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
                         "the network, use --api-key then)")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    g.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port, 1..65535 (default {DEFAULT_PORT})")
     g.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
                    help="context length per conversation (default: the most that fits the GPU)")
     g.add_argument("--gpu", type=int, default=None, metavar="N",
@@ -89,11 +89,24 @@ def _say(text: str) -> None:
     print(f"openjet-launch: {text}", file=sys.stderr, flush=True)
 
 
-def _no_gpu_message(hw) -> str:
+def _no_gpu_message(hw, model: str) -> str:
     why = [p.message for p in hw.why_not()] or ["no usable NVIDIA GPU was found"]
-    return ("OpenJet cannot serve Qwen3.8-27B on this machine's GPU:\n  - " + "\n  - ".join(why) +
+    return (f"OpenJet cannot serve {model} on this machine's GPU:\n  - " + "\n  - ".join(why) +
             f"\nTo try the API and your clients on the CPU (a tiny demo model, slow but exact):\n  {CPU_PATH}\n"
             "`openjet-launch doctor` shows the full report.")
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why `path` is no GGUF file at all (then llama-server cannot help either), or None."""
+    from ..model.gguf_file import GGUFFile
+
+    if not path.is_file():
+        return f"{path}: not a file"
+    try:
+        GGUFFile(path)
+    except Exception as e:  # the reader's words; OpenJetError already says what it found
+        return str(e) if isinstance(e, OpenJetError) else f"{path}: not a readable GGUF file ({e})"
+    return None
 
 
 def _our_engine_problem(path: Path) -> str | None:
@@ -128,16 +141,24 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     demo = args.model == "demo"
     engine = args.engine or ("reference" if demo else "cuda")
     if args.draft is not None:
-        from ..engine.interface import MAX_GPU_DECODE_TOKENS  # one step verifies the token and its drafts
+        from ..draft_depth import check_draft_count
 
-        if not 0 <= args.draft < MAX_GPU_DECODE_TOKENS:
-            raise OpenJetError(f"--draft {args.draft}: choose 0 (no speculation) to {MAX_GPU_DECODE_TOKENS - 1} "
-                               "drafts per step")
+        check_draft_count(args.draft)
+    if args.ctx is not None:
+        from ..server.cli import check_ctx
+
+        check_ctx(args.ctx)  # the server's rule, before a server is started only to crash on it
     notes: list[str] = []
     env: dict[str, str] = {}
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY")
     if api_key:
         env["OPENJET_API_KEY"] = api_key  # through the environment: never visible in the process list
+    else:
+        from ..server.cli import is_loopback
+
+        if not is_loopback(args.host):  # the server logs this too, but its log is not the user's terminal
+            notes.append(f"warning: listening on {args.host} without an API key: anyone who can reach this "
+                         "machine can use the model (set --api-key or OPENJET_API_KEY)")
 
     gpu = None
     gpu_problem = None
@@ -147,7 +168,8 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         from .hardware import detect
         hw = detect(args.gpu)
         if hw.chosen is None:
-            gpu_problem = _no_gpu_message(hw)
+            gpu_problem = _no_gpu_message(hw, "Qwen3.8-27B" if args.model is None else
+                                          "the demo model" if demo else args.model)
         elif "cuda" not in ENGINES:
             gpu_problem = (f"this OpenJet build's server has no CUDA engine yet ({hw.chosen.label} was found). "
                            f"The CPU path works today: {CPU_PATH}")
@@ -155,15 +177,20 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
             gpu = hw.chosen
         if gpu_problem and not args.fallback:
             raise OpenJetError(gpu_problem)
-    elif not demo:
-        notes.append("the reference engine runs on the CPU in fp32: fine for test-size models, far too slow "
-                     "for Qwen3.8-27B")
+    else:
+        if not demo:
+            notes.append("the reference engine runs on the CPU in fp32: fine for test-size models, far too slow "
+                         "for Qwen3.8-27B")
+        if args.gpu is not None:
+            notes.append(f"--gpu {args.gpu} does not apply: the reference engine runs on the CPU")
 
     path = _resolve_model(args.model)
     problem = None if demo else _our_engine_problem(path)
     if gpu_problem and not problem:
         problem = gpu_problem.splitlines()[0]
     if problem:
+        if unreadable := _unreadable(path):  # not a model file at all: llama-server cannot serve it either
+            raise OpenJetError(unreadable)
         if not args.fallback:
             raise OpenJetError(f"{problem}\nTo serve this file with llama.cpp instead: "
                                f"openjet-launch --model {path} --fallback llama-server")
@@ -189,6 +216,8 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # by uuid: CUDA's order may differ from nvidia-smi's
         device = gpu.label
         notes.append(f"{gpu.label}: KV {s.kv_format}, context {s.n_ctx} tokens, prefill chunk {s.prefill_chunk}")
+    elif args.draft is not None:
+        extra = ["--draft", str(args.draft)]  # the reference engine speculates too (exact, slow)
     command = serve_command(path, engine=engine, host=args.host, port=args.port, ctx=ctx, extra=extra,
                             prefix=SERVE_PREFIX)
     return LaunchPlan(command, "demo" if demo else path.name, device, env, notes)
@@ -196,12 +225,17 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
 
 def run_default(args: argparse.Namespace) -> int:
     """The default action; returns the exit status (0 after a clean stop, 1 on failure, 3 if already running)."""
-    lock = InstanceLock(dirs.config_dir() / LOCK_NAME, args.host, args.port)
+    _stop_on_signals()
     try:
+        lock = InstanceLock(dirs.ensure_dir(dirs.config_dir(), "OPENJET_CONFIG_DIR") / LOCK_NAME, args.host,
+                            args.port)
         lock.acquire()
     except AlreadyRunning as e:
         _say(str(e))
         return EXIT_ALREADY_RUNNING
+    except OpenJetError as e:
+        _say(f"error: {e}")
+        return 1
     try:
         return _serve(args)
     except OpenJetError as e:
@@ -214,19 +248,38 @@ def run_default(args: argparse.Namespace) -> int:
         lock.release()
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt  # unwinds through _serve's `finally`: the server stops, the lock goes
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop the server and release the lock, at any point
+    (a download included); a signal that was ignored when we started (nohup) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _interrupt)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    if port_in_use(args.host, args.port):
-        raise OpenJetError(f"port {args.port} on {args.host} is already in use by another program: "
-                           f"choose another with --port (e.g. --port {args.port + 1})")
+    if problem := bind_problem(args.host, args.port):
+        raise OpenJetError(problem)
     plan = plan_launch(args)
     for note in plan.notes:
         _say(note)
     env = {**os.environ, **plan.env}
-    sup = Supervisor(plan.command, health_url(args.host, args.port), log_dir=dirs.log_dir(), env=env)
+    sup = Supervisor(plan.command, health_url(args.host, args.port),
+                     log_dir=dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env=env)
     from .menu import TrayController, api_base_url
 
     url = api_base_url(args.host, args.port)
-    status = TerminalStatus(plan.model_label, url)
+    if args.host in ("0.0.0.0", "", "::"):  # the URL is this machine's; say where the network reaches it
+        url_shown = f"{url} (listening on every address of this machine, port {args.port})"
+    else:
+        url_shown = url
+    status = TerminalStatus(plan.model_label, url_shown)
     sup.on_state(status)
     controller = TrayController(sup, model=plan.model_label, gpu=plan.device_label, host=args.host, port=args.port,
                                 log_dir=sup.log_dir, chat_url=args.chat_url)
@@ -243,25 +296,25 @@ def _serve(args: argparse.Namespace) -> int:
         return _run_terminal(sup)
     finally:
         status.close()
-        sup.stop()
+        _stop_server(sup)
 
 
-def _on_sigterm(*_):
-    raise KeyboardInterrupt
+def _stop_server(sup: Supervisor) -> None:
+    _stop_on_signals()  # the tray's handlers only ask it to quit
+    if sup.proc is not None and sup.proc.poll() is None:
+        _say(f"stopping the server (up to {sup.stop_timeout_s:g} s; Ctrl-C again ends it at once) ...")
+    sup.stop()  # a signal while it waits kills the child (Supervisor.stop)
 
 
 def _run_terminal(sup: Supervisor) -> int:
-    """Wait for Ctrl-C (or SIGTERM); a server that failed for good ends the launcher with status 1."""
+    """Wait for Ctrl-C (or SIGTERM, SIGHUP); a server that failed for good ends the launcher with status 1."""
     failed = threading.Event()
     sup.on_state(lambda s, m: failed.set() if s == FAILED else None)
-    if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
-        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         while not failed.wait(0.5):
             pass
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        _say("stopping the server")
         return 0
     return 1
 
@@ -277,9 +330,10 @@ def _run_tray(controller) -> int:
     if threading.current_thread() is threading.main_thread():
         def quit_(*_):
             controller.quit_requested.set()
-        signal.signal(signal.SIGINT, quit_)
-        if sys.platform != "win32":
-            signal.signal(signal.SIGTERM, quit_)
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, quit_)
     tray.run()
-    _say("quit: stopping the server")
+    _say("quit")
     return 0

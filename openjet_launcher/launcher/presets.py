@@ -327,6 +327,8 @@ def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     cards = CARDS
+    if args.vram is not None and not 0 < args.vram < 1 << 20:  # also refuses nan and inf
+        raise OpenJetError(f"--vram {args.vram}: give the card's memory in GiB, e.g. --vram 24")
     if args.vram is not None:
         cards = (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),) if args.only else \
             CARDS + (Card("this card", int(args.vram * 1024), args.sms, args.cc, False),)

@@ -7,7 +7,8 @@ Life of a `Supervisor` (one monitor thread; every state change goes to the `on_s
                             +---- child exits ------+--> backoff, loading again (at most `max_restarts`
                             |                              quick crashes in a row) --> failed
                             +---- health timeout --------> failed (a model that loads too slowly is not
-                                                                   retried: the next try would be as slow)
+                            |                                      retried: the next try would be as slow)
+                            +---- exit EXIT_LOAD_FAILED -> failed (the model cannot load: no retry either)
     any --stop()--> stopping --> stopped  (SIGTERM / CTRL_BREAK, then kill after `stop_timeout_s`)
 
 A child that stayed ready for `stable_after_s` and then crashed starts a fresh restart budget: only a
@@ -17,7 +18,9 @@ crash loop gives up. The child's stdout and stderr go, line by line, to `server.
 
 from __future__ import annotations
 
+import argparse
 import collections
+import errno
 import json
 import logging
 import logging.handlers
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import OpenJetError
+from ..errors import EXIT_LOAD_FAILED, OpenJetError
 
 STOPPED, LOADING, READY, STOPPING, FAILED = "stopped", "loading", "ready", "stopping", "failed"
 STATES = (STOPPED, LOADING, READY, STOPPING, FAILED)
@@ -60,7 +63,7 @@ def serve_command(model: str | os.PathLike, *, engine: str = "reference", host: 
     """
     cmd = list(prefix) if prefix else [sys.executable, "-m", "openjet_launcher", "serve"]
     cmd += [os.fspath(model), "--engine", engine, "--host", host, "--port", str(port)]
-    if ctx:
+    if ctx is not None:
         cmd += ["--ctx", str(ctx)]
     return cmd + list(extra)
 
@@ -74,17 +77,71 @@ def health_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/health"
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on (host, port): the server would fail to bind."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def port_number(text: str) -> int:
+    """argparse type of --port: 1..65535 (0 would mean "any free port", which no client could find)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1..65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number: choose 1..65535")
+    return port
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """What binding (host, port) raises now, as the server would bind it; None when it works."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
     with socket.socket(family, socket.SOCK_STREAM) as s:
         if sys.platform != "win32":
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return True
-    return False
+        except OSError as e:
+            return e
+    return None
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """None when the server could listen on (host, port), else why not, in words a user can act on."""
+    e = _bind_error(host, port)
+    where = "127.0.0.1: this machine only; 0.0.0.0: every network"
+    if e is None:
+        return None
+    if isinstance(e, socket.gaierror):
+        return f"--host {host}: not an address of this machine, nor a name it can resolve ({where})"
+    if e.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use by another program: choose another with --port "
+                f"(e.g. --port {port % 65535 + 1})")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host}: this machine has no such address ({where})"
+    if e.errno == errno.EACCES:
+        return f"port {port}: permission denied (ports below 1024 need administrator rights)"
+    return f"cannot listen on {host} port {port}: {e.strerror or e}"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on (host, port): the server would fail to bind."""
+    e = _bind_error(host, port)
+    return e is not None and e.errno == errno.EADDRINUSE
+
+
+PARENT_PID_ENV = "OPENJET_PARENT_PID"  # set for a server the supervisor starts: die_with_parent's parent
+
+
+def die_with_parent() -> None:
+    """In a server the supervisor started (PARENT_PID_ENV set), on Linux: ask for SIGTERM when the launcher's
+    thread that started it ends (PR_SET_PDEATHSIG; the monitor thread ends its child before it exits, so this
+    fires only when the launcher dies without stopping it: SIGKILL, a crash), and end at once if the launcher is
+    already gone. Asked by the child itself: a preexec_fn would run Python between fork and exec, which can
+    deadlock with the launcher's other threads."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        raise SystemExit("the launcher that started this server is gone")
 
 
 def _log_handler(log_dir: Path, log_files: int, max_bytes: int) -> logging.Handler:
@@ -168,6 +225,7 @@ class Supervisor:
             self.restarts = 0
             self.state, self.message = LOADING, "starting the server"
             self._announced = threading.Event()  # the monitor's states come after this LOADING
+            self._finished = threading.Event()   # set by the monitor thread once its child is gone
             self._thread = threading.Thread(target=self._monitor, args=(self._announced,), name="openjet-supervisor",
                                             daemon=True)
             self._thread.start()
@@ -187,8 +245,23 @@ class Supervisor:
                 self._stop.set()
         if thread is not None:
             self._set(STOPPING, "stopping the server")
-            thread.join()  # the monitor thread ends the child on its way out
+            # The monitor thread ends the child on its way out. Waited on in slices, so that a signal another
+            # thread received is seen here too, and on an event: an interrupted Thread.join() can mark a running
+            # thread as ended.
+            while True:
+                try:
+                    if self._finished.wait(0.2):
+                        break
+                except KeyboardInterrupt:  # Ctrl-C again: no more grace, but never leave the child running
+                    self.kill()
+            thread.join()
         self._set(STOPPED)
+
+    def kill(self) -> None:
+        """End the child now (SIGKILL); a stop() in progress then returns at once."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Block until ready (True) or failed/stopped/timeout (False)."""
@@ -216,6 +289,7 @@ class Supervisor:
             kwargs["start_new_session"] = True  # Ctrl-C in the terminal reaches the launcher, which stops the child
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[PARENT_PID_ENV] = str(os.getpid())  # (die_with_parent: the server ends if the launcher dies)
         self.starts += 1
         self._log.info("[supervisor] start #%d: %s", self.starts, " ".join(self.command))
         proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -263,6 +337,7 @@ class Supervisor:
             self._run_children()
         finally:
             self._terminate(self.proc, self._stop_timeout_now)
+            self._finished.set()
 
     def _run_children(self) -> None:
         while not self._stop.is_set():
@@ -290,6 +365,10 @@ class Supervisor:
                 if self._stop.is_set():
                     return
             code = proc.wait()
+            if code == EXIT_LOAD_FAILED:  # `serve` could not load the model: another start would fail the same way
+                said = [line.split("error: ", 1)[1] for line in self.tail() if "error: " in line]
+                self._set(FAILED, f"{said[-1] if said else 'the model failed to load'}. Log: {self.log_path}")
+                return
             if ready_at is not None and time.monotonic() - ready_at >= self.stable_after_s:
                 self.restarts = 0  # a crash after a long healthy run is not a crash loop
             if self.restarts >= self.max_restarts:

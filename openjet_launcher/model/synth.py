@@ -193,17 +193,36 @@ def vocab_for(preset: str, shape: ModelShape) -> VocabAssets:
     return full_vocab() if preset == "full" else small_vocab(shape.n_vocab)
 
 
+def check_target(path: Path, replace: bool) -> None:
+    """An OpenJetError unless ``path`` may become the new file: its folder exists, and it is absent or (with
+    ``replace``) a regular file. Never anything else: the finished file is renamed over it."""
+    if not path.parent.is_dir():
+        raise OpenJetError(f"{path}: the folder {path.parent} does not exist")
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise OpenJetError(f"{path} exists and is not a regular file: choose another name")
+    if not replace:
+        raise OpenJetError(f"{path} already exists: choose another name, or --force to replace it")
+
+
 def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers: int | None = None,
-               show_progress: bool = True, codes: str = "quantised") -> dict:
+               show_progress: bool = True, codes: str = "quantised", replace: bool = True) -> dict:
     """Write the preset's synthetic model to ``path``; returns a summary (bytes, seconds, tensors).
 
     ``codes``: "quantised" (the init's floats quantised) or "random" (random codes, same mean and std:
-    for speed benchmarks, ~40x less CPU per byte; see synth_codes.py).
+    for speed benchmarks, ~40x less CPU per byte; see synth_codes.py). ``replace``: an existing regular file
+    at ``path`` may be replaced (anything else never is).
     """
     if preset not in PRESETS:
         raise OpenJetError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
     if codes not in ("quantised", "random"):
         raise OpenJetError(f"unknown codes {codes!r}: choose quantised or random")
+    if seed < 0:
+        raise OpenJetError(f"seed {seed}: choose 0 or more")
+    if workers is not None and workers < 1:
+        raise OpenJetError(f"workers {workers}: choose 1 or more")
+    check_target(Path(path), replace)
     shape = PRESETS[preset]
     t0 = time.perf_counter()
     vocab = vocab_for(preset, shape)

@@ -38,11 +38,13 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/me
 
 
 def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
-               settings: ServerSettings | None = None) -> FastAPI:
+               settings: ServerSettings | None = None, on_load_failed=None) -> FastAPI:
+    """`on_load_failed(message)` is called on the worker thread when the loader raises (`serve` exits then)."""
     settings = settings or ServerSettings()
     metrics = Metrics()
     worker = EngineWorker(engine, tokenizer, n_valid=n_valid_tokens(tokenizer), n_ctx=settings.n_ctx,
-                          n_draft=settings.n_draft, max_queue=settings.max_queue, metrics=metrics)
+                          n_draft=settings.n_draft, max_queue=settings.max_queue, metrics=metrics,
+                          on_load_failed=on_load_failed)
     core = ServerCore(worker, tokenizer, template, settings, metrics)
 
     @contextlib.asynccontextmanager

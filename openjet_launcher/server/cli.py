@@ -15,16 +15,26 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from ..errors import ModelFileError, OpenJetError
+from ..errors import ModelFileError, ModelLoadError, OpenJetError
 from .errors import escape_for_log
 from .settings import ServerSettings
 
 log = logging.getLogger("openjet.server")
 
 ENGINES = ("reference", "cuda")    # cuda: engine v1 (native/include/openjet_engine.h)
+MIN_CTX = 16                       # tokens: the warm-up prompt, a chat template's frame and a few tokens of answer
+
+
+def check_ctx(n_ctx: int) -> int:
+    """`--ctx N` as the server and the launcher take it; else an OpenJetError."""
+    if n_ctx < MIN_CTX:
+        raise OpenJetError(f"--ctx {n_ctx} is too small: give at least {MIN_CTX} tokens")
+    return n_ctx
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    from ..launcher.supervisor import port_number
+
     p = subparsers.add_parser(
         "serve", help="serve a model over HTTP (OpenAI chat completions, completions, Responses; Anthropic messages)",
         description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, /v1/responses, "
@@ -37,7 +47,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "use), or 'demo'")
     p.add_argument("--engine", choices=ENGINES, default="reference", help="which engine runs the model: reference (numpy, CPU, exact; test-size models) or cuda (the GPU engine v1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--port", type=port_number, default=8080, help="port, 1..65535 (default 8080)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="context size in tokens, prompt and output together (default: the model's, at most 32768)")
     p.add_argument("--api-key", default=None, metavar="KEY",
@@ -197,7 +207,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .app import create_app
     from .limits import uvicorn_options
 
+    from ..draft_depth import check_draft_count
+    from ..launcher.supervisor import bind_problem, die_with_parent
+
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
+    check_draft_count(args.draft)
+    if args.ctx is not None:
+        check_ctx(args.ctx)
+    if problem := bind_problem(args.host, args.port):  # before the model loads, which can take minutes
+        raise OpenJetError(problem)
     path = model_path(args.model)
     if not path.is_file():
         raise OpenJetError(f"{path}: no such file")
@@ -210,13 +229,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("%s: /v1/chat/completions is off", escape_for_log(e))
         template = None
     n_ctx_train = config.shape.n_ctx_train
-    n_ctx = args.ctx or min(n_ctx_train, 32768)
-    if n_ctx < 16:
-        raise OpenJetError(f"--ctx {n_ctx} is too small")
+    n_ctx = check_ctx(args.ctx if args.ctx is not None else min(n_ctx_train, 32768))
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
-    if args.draft < 0:
-        raise OpenJetError(f"--draft {args.draft}: the number of drafts per step cannot be negative")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise OpenJetError(f"--max-tokens {args.max_tokens}: a request must be allowed at least 1 token")
     from ..engine.cuda import PREFILL_ROWS, PREFILL_ROWS_MAX
@@ -237,14 +252,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.max_tokens_ceiling = args.max_tokens
     if args.engine == "cuda":
         from ..engine.cuda import CudaEngine
-        from ..engine.interface import MAX_GPU_DECODE_TOKENS
         from ..launcher.memory import STATE_COPIES, V1_CHECKPOINTS
         from ..sampling import GPU_MAX_TOP_K
 
-        if args.draft >= MAX_GPU_DECODE_TOKENS:
-            raise OpenJetError(f"--draft {args.draft}: the CUDA engine verifies at most "
-                               f"{MAX_GPU_DECODE_TOKENS - 1} drafts per step (one step holds "
-                               f"{MAX_GPU_DECODE_TOKENS} tokens)")
         settings.max_top_k = GPU_MAX_TOP_K       # the API contract of the GPU path (design.md §6)
         # Without drafts the MTP head is left on the host: less memory, and no per-step cache fill. With
         # them, the host runs each cycle (speculative.py); the device keeps the state a rejection returns to.
@@ -270,8 +280,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log.warning("--prefill-chunk %d: the reference engine's prefill is not chunked that way; ignored",
                         args.prefill_chunk)
         load = lambda: ReferenceEngine.load(path)  # noqa: E731
-    app = create_app(load, tokenizer, template, settings)
+    server: uvicorn.Server | None = None
+
+    def load_failed(_: str) -> None:
+        server.should_exit = True  # a failed load never gets better: exit, and say why below
+
+    app = create_app(load, tokenizer, template, settings, on_load_failed=load_failed)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                           **uvicorn_options(settings)))
     log.info("serving %s on http://%s:%d/v1 (n_ctx %d, engine %s)", escape_for_log(path.name), args.host,
              args.port, n_ctx, args.engine)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", **uvicorn_options(settings))
+    server.run()
+    if error := app.state.core.worker.load_error:
+        raise ModelLoadError(f"the model failed to load: {error}")
     return 0

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..draft_depth import DraftDepth
 from ..engine.interface import Engine, SequenceState
+from ..errors import OpenJetError
 from ..sampling import Sampler, SamplingParams
 from ..speculative import can_speculate, plain_step, speculative_cycle
 from ..text.tokenizer import StreamingDetokenizer, Tokenizer
@@ -226,8 +227,10 @@ class EngineWorker:
     """Owns the engine (or its loader) on one thread; see the module's design note."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], tokenizer: Tokenizer, *, n_valid: int,
-                 n_ctx: int, n_draft: int = 0, max_queue: int = 64, metrics: Metrics | None = None):
+                 n_ctx: int, n_draft: int = 0, max_queue: int = 64, metrics: Metrics | None = None,
+                 on_load_failed: Callable[[str], None] | None = None):
         self._engine_or_loader = engine
+        self.on_load_failed = on_load_failed  # `serve` ends the process: a failed load never gets better
         self.engine: Engine | None = None
         self.tokenizer = tokenizer
         self.n_valid = n_valid
@@ -274,8 +277,10 @@ class EngineWorker:
             self._warm_up()
             self.slots = [Slot(self.engine)]
         except Exception as e:  # reported by /health and every request
-            self.load_error = f"{type(e).__name__}: {e}"
+            self.load_error = str(e) if isinstance(e, OpenJetError) else f"{type(e).__name__}: {e}"
             log.error("model load failed: %s", escape_for_log(self.load_error))
+            if self.on_load_failed:
+                self.on_load_failed(self.load_error)
             return
         self.ready.set()
         while (job := self._jobs.get()) is not None:

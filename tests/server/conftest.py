@@ -142,7 +142,7 @@ def serve_engine_args(engine_under_test) -> list[str]:
 
 def serve_app(model: str, *options: str):
     """The app `openjet-launch serve MODEL OPTIONS...` would serve, built by server/cli.py and not started
-    (uvicorn.run is stubbed). The model loads when a LiveServer starts it."""
+    (uvicorn.Server.run is stubbed). The model loads when a LiveServer starts it."""
     from openjet_launcher.server import cli
 
     parser = argparse.ArgumentParser()
@@ -150,7 +150,7 @@ def serve_app(model: str, *options: str):
     args = parser.parse_args(["serve", model, *options])
     ran = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(uvicorn, "run", lambda app, **kw: ran.update(app=app))
+        mp.setattr(uvicorn.Server, "run", lambda server, sockets=None: ran.update(app=server.config.app))
         mp.delenv("OPENJET_API_KEY", raising=False)
         assert args.func(args) == 0
     return ran["app"]

@@ -121,43 +121,63 @@ def test_a_missing_local_path_is_an_error_that_says_so(tmp_path):
         cli.model_path(str(tmp_path / "nope.gguf"))
 
 
-def test_serve_engine_cuda_refuses_more_drafts_than_a_step_holds_and_reports_a_failed_load_on_health(tiny_path):
-    """A GPU verify step holds 8 tokens: --draft 8 (or a negative count) is refused up front. Where no GPU (or
-    no built engine) is present, /health says why the model failed to load instead of the server dying."""
+@pytest.mark.parametrize("engine", ["reference", "cuda"])
+def test_serve_refuses_more_drafts_than_a_step_holds_before_loading_on_every_engine(tiny_path, engine):
+    """A verify step holds 8 tokens (engine/interface.py): --draft 8 (or a negative count) is refused up front,
+    naming the maximum, on the reference engine too (it used to start and then fail every request)."""
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
     for n, msg in (("8", "at most 7 drafts"), ("-1", "cannot be negative")):
-        args = parser.parse_args(["serve", str(tiny_path), "--engine", "cuda", "--draft", n])
+        args = parser.parse_args(["serve", str(tiny_path), "--engine", engine, "--draft", n])
         with pytest.raises(cli.OpenJetError, match=msg):
             cli.cmd_serve(args)
-    from openjet_launcher.engine import probe
-    try:
-        has_gpu = bool(probe()["devices"])
-    except cli.OpenJetError:
-        has_gpu = False
-    if has_gpu:
-        pytest.skip("a GPU is present: the cuda engine loads here (covered by the gpu tests)")
-    port = free_port()
-    code = ("import argparse,sys; from openjet_launcher.server.cli import add_serve_parser;"
-            "p=argparse.ArgumentParser(); add_serve_parser(p.add_subparsers(dest='c'));"
-            "a=p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny_path), "--engine", "cuda",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        body = None
-        for _ in range(200):
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                body = r.json()
-                if "failed to load" in r.text:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        assert r.status_code == 503 and "failed to load" in body["error"]["message"], body
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def test_a_model_that_fails_to_load_ends_serve_with_the_load_exit_code_and_one_error_line(tiny_path, monkeypatch,
+                                                                                        capsys):
+    """/health says 503 while the model loads; a load that fails ends `serve` at once with EXIT_LOAD_FAILED and
+    the reason as one line on stderr (no traceback), so the launcher reports it instead of waiting 15 minutes."""
+    from openjet_launcher import cli as main_cli
+    from openjet_launcher.errors import EXIT_LOAD_FAILED, OpenJetError
+    from openjet_launcher.reference import ReferenceEngine
+
+    def fail(path):
+        raise OpenJetError("No usable NVIDIA GPU (no driver)")
+    monkeypatch.setattr(ReferenceEngine, "load", staticmethod(fail))
+    t0 = time.monotonic()
+    code = main_cli.main(["serve", str(tiny_path), "--port", str(free_port()), "--ctx", "512"])
+    assert code == EXIT_LOAD_FAILED and time.monotonic() - t0 < 60
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "openjet-launch serve: error: the model failed to load: No usable NVIDIA GPU " \
+                                   "(no driver)"
+
+
+def test_serve_checks_the_port_and_the_host_before_loading_the_model(tmp_path, monkeypatch):
+    import socket
+
+    from openjet_launcher.launcher.supervisor import port_number
+
+    monkeypatch.setattr(cli, "model_path", lambda spec: pytest.fail("the model was looked at first"))
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = parser.parse_args(["serve", "demo", "--port", str(busy.getsockname()[1])])
+        with pytest.raises(cli.OpenJetError, match="already in use"):
+            cli.cmd_serve(args)
+    args = parser.parse_args(["serve", "demo", "--host", "203.0.113.7", "--port", str(free_port())])
+    with pytest.raises(cli.OpenJetError, match="--host 203.0.113.7: this machine has no such address"):
+        cli.cmd_serve(args)
+    for bad in ("0", "-1", "70000", "http"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            port_number(bad)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "demo", "--port", "70000"])
+    for bad in ("0", "5", "-1"):
+        with pytest.raises(cli.OpenJetError, match=f"--ctx {bad} is too small: give at least 16"):
+            cli.cmd_serve(parser.parse_args(["serve", "demo", "--ctx", bad]))
 
 
 def test_the_draft_vocabulary_is_used_only_where_the_list_maps_onto_the_model(text_layer, caplog):

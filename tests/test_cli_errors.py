@@ -1,0 +1,126 @@
+"""User mistakes on the command line end in one line on stderr and a non-zero exit, never a traceback; a
+destination that exists is never replaced without --force, and a device or folder never at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from openjet_launcher import cli
+
+
+def _fails_with_one_line(capsys, argv: list[str], says: str) -> str:
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code != 0, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert says in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from openjet_launcher.model.synth import synthesize
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    synthesize("tiny", path, show_progress=False)
+    return path
+
+
+# --- run ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-n", "0"], "-n 0: generate at least 1 token"),
+    (["-n", "-1"], "-n -1: generate at least 1 token"),
+    (["--seed", "-1"], "--seed -1: choose 0 or more"),
+    (["--draft", "-1"], "--draft -1: the number of drafts per step cannot be negative"),
+    (["--draft", "8"], "--draft 8: at most 7 drafts per step"),
+])
+def test_run_refuses_bad_numbers_in_one_line(capsys, tiny, argv, says):
+    _fails_with_one_line(capsys, ["run", str(tiny), "-p", "hi", *argv], says)
+
+
+def test_run_takes_demo_like_serve(capsys):
+    assert cli.main(["run", "demo", "-p", "hi", "-n", "1"]) == 0
+    assert "1 generated" in capsys.readouterr().err
+
+
+# --- synth -------------------------------------------------------------------------------------------------
+
+
+def test_synth_never_replaces_what_exists_without_force_nor_anything_but_a_file(capsys, tmp_path):
+    existing = tmp_path / "exists.gguf"
+    existing.write_bytes(b"keep me")
+    _fails_with_one_line(capsys, ["synth", "--preset", "tiny", "--quiet", str(existing)], "--force")
+    assert existing.read_bytes() == b"keep me"
+    folder = tmp_path / "folder.gguf"
+    folder.mkdir()
+    _fails_with_one_line(capsys, ["synth", "--preset", "tiny", "--quiet", "--force", str(folder)],
+                         "is not a regular file")
+    fifo = tmp_path / "fifo.gguf"  # stands for a device file (/dev/full): not a regular file
+    os.mkfifo(fifo)
+    _fails_with_one_line(capsys, ["synth", "--preset", "tiny", "--quiet", "--force", str(fifo)],
+                         "is not a regular file")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    _fails_with_one_line(capsys, ["synth", "--preset", "tiny", "--quiet", str(tmp_path / "no" / "x.gguf")],
+                         "does not exist")
+    assert cli.main(["synth", "--preset", "tiny", "--quiet", "--force", str(existing)]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == existing.stat().st_size > 1_000_000
+
+
+@pytest.mark.parametrize("argv, says", [(["--seed", "-5"], "seed -5: choose 0 or more"),
+                                        (["--workers", "-1"], "workers -1: choose 1 or more"),
+                                        (["--workers", "0"], "workers 0: choose 1 or more")])
+def test_synth_refuses_bad_numbers_in_one_line(capsys, tmp_path, argv, says):
+    _fails_with_one_line(capsys, ["synth", "--preset", "tiny", "--quiet", str(tmp_path / "x.gguf"), *argv], says)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_synth_help_gives_the_tiny_presets_real_size(tiny):
+    sub = next(a for a in cli.build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    described = sub.choices["synth"].description
+    size_mb = round(tiny.stat().st_size / 1e6)
+    assert f"tiny (CPU tests, ~{size_mb} MB)" in described
+
+
+# --- inspect, probe ----------------------------------------------------------------------------------------
+
+
+def test_inspect_json_answers_for_a_file_it_cannot_describe(capsys, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(b"GGUF\x03\x00")
+    assert cli.main(["inspect", "--json", str(cut)]) == 1
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["runnable"] is False and report["error"] and "Traceback" not in out.err
+
+
+def test_probe_exits_nonzero_when_its_report_is_an_error(capsys, monkeypatch):
+    import openjet_launcher.engine as engine
+
+    monkeypatch.setattr(engine, "probe", lambda: {"error": {"name": "cudaErrorNoDevice", "message": "none"}})
+    assert cli.main(["probe"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["name"] == "cudaErrorNoDevice"
+    monkeypatch.setattr(engine, "probe", lambda: {"error": None, "devices": []})
+    assert cli.main(["probe"]) == 0
+
+
+# --- folders and numbers of the launcher's subcommands -----------------------------------------------------
+
+
+def test_a_models_folder_that_is_a_file_is_a_one_line_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    _fails_with_one_line(capsys, ["download", "someone/repo/x.gguf", "--models-dir", str(a_file)],
+                         "point --models-dir (or OPENJET_MODELS_DIR) at a folder")
+
+
+@pytest.mark.parametrize("vram", ["inf", "nan", "0", "-3"])
+def test_presets_refuses_a_vram_that_is_no_size(capsys, vram):
+    _fails_with_one_line(capsys, ["presets", "--vram", vram], f"--vram {float(vram)}")
