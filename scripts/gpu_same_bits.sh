@@ -25,8 +25,8 @@ say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
 device_wheels
 [ -f .base/CMakeLists.txt ] || { echo ".base/ is missing: see the header of $0"; exit 2; }
 export PYTHONUNBUFFERED=1
-python3 -m openjet_launcher synth --preset tiny --quiet /tmp/tiny.gguf > /dev/null 2> "$OUT/synth.err" &
-python3 -m openjet_launcher synth --preset small --quiet /tmp/small.gguf > /dev/null 2>> "$OUT/synth.err" &
+python3 -m openjet_launcher synth --preset tiny --quiet --force /tmp/tiny.gguf > /dev/null 2> "$OUT/synth.err" &
+python3 -m openjet_launcher synth --preset small --quiet --force /tmp/small.gguf > /dev/null 2>> "$OUT/synth.err" &
 python3 native/bench/step_kernels.py --model /tmp/full4.gguf --warmup 0 --steps 1 > /dev/null 2>> "$OUT/synth.err" &
 SYNTH=$!
 build_engine /tmp/b "$OUT/build.log" & B1=$!

@@ -33,7 +33,7 @@ def sample():
         peak[0] = max(peak[0], mem_used_gib() - base)
 threading.Thread(target=sample, daemon=True).start()
 t0 = time.time()
-r = subprocess.run([sys.executable, "-m", "openjet_launcher", "synth", "--preset", "full", model],
+r = subprocess.run([sys.executable, "-m", "openjet_launcher", "synth", "--preset", "full", "--force", model],
                    capture_output=True, text=True)
 wall = time.time() - t0
 done.set()
