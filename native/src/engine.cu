@@ -1975,7 +1975,10 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
             return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "set_draft_rows: cudaMalloc of %.1f MiB for %d draft rows "
                         "failed", bytes / 1048576.0, cap);
         }
-        if (keep) CHECK(cudaMemcpy(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice));
+        if (keep) {  // the kept rows and their ids (the device draft picks map positions to ids through them)
+            CHECK(cudaMemcpy(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice));
+            CHECK(cudaMemcpy(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice));
+        }
         if (e->draft_rows) cudaFree(e->draft_rows);
         if (e->draft_ids) cudaFree(e->draft_ids);
         e->draft_rows = rows, e->draft_ids = dids, e->draft_cap = cap;
