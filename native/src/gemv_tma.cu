@@ -14,14 +14,8 @@
 // partials in order and stores (tile_sum_store_by): gemv_mma_kernel's sequence of operations for every output.
 // kLastSum (forms 3 and 4, an experiment): no barrier at the tile's end; the last of the four warps to store its
 // partial sums them (in the same order) and stores, and the others go on to their next tile's units.
-// kBRows > 0 (forms 5 and 6, experiments, t <= kBRows): each consumer warp copies its next unit's activations (the
-// pack's 256 halves and 16 sums a row) into shared memory with cp.async while it computes the current unit, and
-// UnitMma reads them there (its kSmemB path: the same values, so the same bits). Nsight's top stall in the consumers
-// was long_scoreboard, each unit's activation loads from L1 / L2 at the unit's top: a block of the n = 5,120 calls
-// has about one tile, so every one of its units missed L1.
 #include "gemv_tma.cuh"
 
-#include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
@@ -34,38 +28,23 @@ namespace {
 constexpr int kConsumerWarps = kGemvWarps;
 constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
 
-// Forms 5 and 6's activation buffers (kBRows rows: 2, or 8 for form 6's larger t; 0 none): per consumer warp two (the
-// unit computed, the next one arriving), each kBRows rows of a unit's 256 halves (rows kBPitch halves apart: 48 bytes
-// of padding put row r + 1 twelve banks on, so that the Q6_K / Q8_0 units' 8-byte reads of two rows meet no conflict)
-// and then the rows' 16 sums.
-constexpr int kBPitch = kUnitElems + 24;
-template <int kBRows> struct BBuf {
-    static constexpr int kSums = kBRows * kBPitch;           // where a buffer's sums start (halves)
-    static constexpr int kHalves = kSums + kBRows * 16;      // a buffer
-    static constexpr int kBytes = kConsumerWarps * 2 * kHalves * 2;  // a block's
-    static_assert(kUnitElems == 32 * 8 && kBRows <= 16, "a lane copies 8 halves of a row; 2 lanes a row's sums");
-};
-
-template <int QT, int kRing, int kBRows = 0> struct TmaShape {
+template <int QT, int kRing> struct TmaShape {
     static constexpr int kPitch = tile_pitch(unit_bytes_of<QT>());
     static_assert(kPitch % 4 == 0, "rows of a slot 4-byte aligned (the Q6_K unit's aligned form)");
     static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row tile: contiguous, one bulk copy
     static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
-    static constexpr int kRingBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
-    static constexpr int kSmemBytes = kRingBytes + (kBRows ? BBuf<kBRows>::kBytes : 0);  // (B buffers after the ring)
+    static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kBRows>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = TmaShape<QT, kRing, kBRows>;
-    constexpr bool kPrefetchB = kBRows > 0;
-    using B = BBuf<kBRows ? kBRows : 2>;  // (an instance forms 5 and 6 make anyway)
+    using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
     __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
@@ -127,62 +106,23 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
     // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
     if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
-    // kPrefetchB: this warp's two activation buffers; copy_b(u, which) brings unit u's rows into buffer `which`
-    // (one cp.async group; empty when u < 0, so that the groups stay counted one a unit): lane i copies 16 bytes of
-    // each row's 256 halves, lanes 0 .. 2t - 1 the rows' 16 sums (two copies a row).
-    __half* const bbuf = reinterpret_cast<__half*>(ring + Sh::kRingBytes) + warp * 2 * B::kHalves;
-    const uint32_t h_dst = static_cast<uint32_t>(__cvta_generic_to_shared(bbuf + 8 * lane));  // buffer 0, row 0
-    const uint32_t s_dst = static_cast<uint32_t>(__cvta_generic_to_shared(bbuf + B::kSums + 8 * lane));  // lane < 2t
-    const __half* const h_src = x.h + 8 * lane;                    // row 0's; row r's r k halves on
-    const __half* const s_src = x.sum + (lane >> 1) * kb * 2LL + 8 * (lane & 1);
-    const auto copy_b = [&](int u, int which) {
-        if constexpr (kPrefetchB) {
-            if (u >= 0) {
-                const uint32_t off = which * B::kHalves * 2;
-#pragma unroll
-                for (int row = 0; row < kBRows; ++row)  // (t >= 1 is the call's: a uniform branch)
-                    if (row == 0 || row < t)
-                        cp_async16(h_dst + off + row * kBPitch * 2,
-                                   h_src + row * static_cast<long long>(k) + u * kUnitElems);
-                if (lane < 2 * t) cp_async16(s_dst + off, s_src + u * 16);  // (lane l: row l / 2's half l % 2)
-            }
-            cp_async_commit();
-        }
-    };
-    int bsel = 0;  // kPrefetchB: the buffer holding the current unit's activations
-    if (kPrefetchB && blockIdx.x < tiles && u0 < u1) copy_b(u0, 0);
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
         float acc[1][4] = {};
         for (int u = u0; u < u1; ++u) {
-            if constexpr (kPrefetchB)  // the next unit: this tile's, or the next tile's first (the same activations)
-                copy_b(u + 1 < u1 ? u + 1 : tile + static_cast<int>(gridDim.x) < tiles ? u0 : -1, bsel ^ 1);
             mbar_wait_warp(full0 + 8 * slot, phase);
             const uint8_t* stage = ring_w + slot * Sh::kChunk;
             const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (g + 8) * Sh::kPitch};
             UnitX ux[1];
-            if constexpr (kPrefetchB) {
-                cp_async_wait<1>();  // every group but the one just issued: this unit's activations
-                __syncwarp();        // (each lane waited for its own copies)
-                const __half* b = bbuf + bsel * B::kHalves;
-                ux[0].col = b + col * kBPitch;
-                ux[0].sum = b + B::kSums + col * 16;
-                if constexpr (QT == kQ6_K)
-                    unit_mma_q6_k<true, 1, true, 2>(r, ux, tq, acc);
-                else
-                    UnitMma<QT, 1, true>::run(r, ux, tq, acc);
-                bsel ^= 1;
-            } else {
-                ux[0].col = xh + u * kUnitElems;
-                ux[0].sum = xs + u * 16;
-                if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-                    unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
-                else
-                    UnitMma<QT, 1, false>::run(r, ux, tq, acc);
-            }
-            __syncwarp();  // (and kPrefetchB: every lane's reads of the buffer before the next unit's copy into it)
+            ux[0].col = xh + u * kUnitElems;
+            ux[0].sum = xs + u * 16;
+            if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
+                unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
+            else
+                UnitMma<QT, 1, false>::run(r, ux, tq, acc);
+            __syncwarp();
             if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
             if (++slot == kRing) slot = 0, phase ^= 1;
         }
@@ -228,15 +168,15 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kBRows> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
         Fit f;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kBRows>, kTmaThreads,
-                TmaShape<QT, kRing, kBRows>::kSmemBytes) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>,
+                                                          kTmaThreads,
+                                                          TmaShape<QT, kRing>::kSmemBytes) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
             return Fit{};
@@ -246,12 +186,12 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kBRows> int resi
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kBRows = 0>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    using Sh = TmaShape<QT, kRing, kBRows>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kBRows>;
+    using Sh = TmaShape<QT, kRing>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kBRows>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
@@ -291,29 +231,15 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // slower and removed (NOTES_gemv.md): an L2 evict-normal policy (T=1 9.223 against 9.104), a ring of 8 at 2 blocks
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
-// Forms 3 and 4 (an experiment, NOT yet run on a GPU): 1 and 2 with the last-arriver tile sum (kLastSum). Form 5
-// (likewise): form 1 with each warp's next unit of activations prefetched into shared memory (kBRows), for calls of
-// t <= 2 whose pack is 16-byte aligned (cp.async); other calls take the default's form for their t. Q8_0's ring is 3
-// units there: 4 and the activation buffers (9.5 KB a block) would leave 2 blocks a SM on sm_90. Form 6: form 5, and
-// for 2 < t <= 8 the same prefetch of 8 rows (38 KB of buffers a block) with rings cut to keep 3 blocks a SM on sm_90
-// (Q4_K / Q5_K 3 units, Q6_K 2; Q8_0's would not fit: the default's form), against the verify step's extra activation
-// loads (issue 7's T = 5 / T = 1 ratio).
+// Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
+// (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    const int fallback = a.t == 1 ? 1 : 2;  // the default's form for t
-    int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : fallback;
-    const auto aligned16 = [](const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (form >= 5 && !(aligned16(a.x.h) && aligned16(a.x.sum))) form = fallback;
-    if (form == 6 && a.t <= 2) form = 5;
-    if ((form == 5 && a.t > 2) || (form == 6 && QT == kQ8_0)) form = fallback;
+    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
         case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
-        case 5: return launch_ring<QT, QT == kQ8_0 ? 3 : 4, 3, false, 2>(a, b, stream);
-        case 6:  // (never Q8_0: above; not instantiated for it)
-            if constexpr (QT != kQ8_0) return launch_ring<QT, QT == kQ6_K ? 2 : 3, 3, false, 8>(a, b, stream);
-            [[fallthrough]];
         default: return launch_ring<QT, 4, 3, false>(a, b, stream);
     }
 }
