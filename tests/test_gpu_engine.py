@@ -521,7 +521,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
-                          ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4"))])
+                          ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
+                          ("OPENJET_NORM_FOLD", "norm_fold", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -529,12 +530,12 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
     input projections, is what it takes); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
-    those with the last-arriver tile sum). The
-    counted path
+    those with the last-arriver tile sum); OPENJET_NORM_FOLD (norm_fold.cuh: a one-row step's add-norms made by the
+    producer-warp GEMV pair that reads their pack, the residual moving between two rows). The counted path
     (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch == "OPENJET_GEMV_TMA" and not kt.gemv_tma_available():
+    if switch in ("OPENJET_GEMV_TMA", "OPENJET_NORM_FOLD") and not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}

@@ -37,6 +37,7 @@ enum class Counted {
     kDenseGemmSwigluHalf = 19,  // the FFN's gate and up writing fp16 silu(g) u under a bound's scale (its own numerics)
     kGdnPackBounded = 20,       // a prefill's GDN gated norm packed under a bound's row scales (its own numerics)
     kGemvTma = 21,              // a decode GEMV on the producer-warp kernel (gemv_tma.cu; the same bits)
+    kNormFold = 22,             // a decode GEMV making the add-norm before it (norm_fold.cuh; the same bits)
     kCount
 };
 
