@@ -186,10 +186,13 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kFold> int resi
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
+        constexpr int kSmem = TmaShape<QT, kRing>::template kSmemBytes<kFold>;
+        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
         Fit f;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &f.per_sm, gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>, kTmaThreads,
-                TmaShape<QT, kRing>::template kSmemBytes<kFold>) != cudaSuccess ||
+        // (opted in first: without it a block of over 48 KB counts as not fitting, which gemv_tma_fold_takes, asking
+        // before any launch, saw at 1f8cd2c)
+        if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, kTmaThreads, kSmem) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
             return Fit{};

@@ -270,7 +270,10 @@ class MemoryModel:
         fixed = [T * s.n_vocab * 4, attn_work, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 4,
                  8 * T * -(-s.n_vocab // V1_TOPK_CHUNK) * V1_TOPK_MAX, s.n_vocab * 4, s.n_vocab * 4]
         # With the MTP head: its carried rows, verify's GDN shadow state, its ring of inputs and hidden rows
-        # (without it the parts stay, empty: each still takes its 16 spare bytes' alignment).
+        # (without it the parts stay, empty: each still takes its 16 spare bytes' alignment). These are
+        # OPENJET_GDN_REPLAY=accept's parts; the fused replay, the default since 2026-12-05, has no shadow and two
+        # rings (~135 MB less at 27B), so the plan errs on the safe side until the reports of tests/test_presets.py
+        # are taken again.
         fixed += [b if mtp else 0 for b in (s.n_embd * 4, s.n_embd * 4, ssm, self.gdn_layers * T * s.ssm_conv_dim * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4,
                                             self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
