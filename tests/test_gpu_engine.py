@@ -558,6 +558,46 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_the_norm_fold_keeps_every_bit_at_the_27b_width(monkeypatch):
+    """OPENJET_NORM_FOLD at the 27B's width (k = 5,120: all 40 of the fold's values a thread, 160 32-blocks; the small
+    model's 1,024 leave most of them empty), on the model OPENJET_FULL_MODEL names (the bench's `full` synthetic model:
+    scripts/gpu_bench_engine.sh writes it): a 6-token prefill and 6 one-row decode steps, every logit and hidden row
+    against OPENJET_NORM_FOLD=0 bit for bit, and the fold counted (at least the FFN's a layer and step: Q4_K gate and
+    up; the input norms where the layer's first projections take it)."""
+    import os
+    from openjet_launcher.engine import kernels_test as kt
+    path = os.environ.get("OPENJET_FULL_MODEL")
+    if not path or not Path(path).is_file():
+        pytest.skip("OPENJET_FULL_MODEL names no model (the full preset: 17 GB, written by the device scripts)")
+    if not kt.gemv_tma_available():
+        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
+    ids = np.random.default_rng(31).integers(0, 200000, 12)
+    out, ran = {}, {}
+    for fold in ("0", "1"):
+        monkeypatch.setenv("OPENJET_NORM_FOLD", fold)
+        engine = CudaEngine.load(path, n_ctx=64, mtp=False)
+        try:
+            state = engine.new_state()
+            before = kt.launch_count("norm_fold")
+            rows = [engine.prefill(state, ids[:6]).logits[-1:]]
+            hidden = []
+            for i in range(6, 12):
+                step = engine.decode(state, ids[i:i + 1])
+                rows.append(step.logits)
+                hidden.append(step.hidden)
+            out[fold] = (np.concatenate(rows), np.concatenate(hidden))
+            ran[fold] = kt.launch_count("norm_fold") - before
+            n_layer = engine.config.shape.n_layer
+        finally:
+            engine.close()
+    differ = int((out["0"][0] != out["1"][0]).sum())
+    report(test="norm_fold_27b_width", launches=ran, logits_differing=differ, model=path)
+    assert ran["0"] == 0 and 6 * n_layer <= ran["1"] <= 6 * 2 * n_layer, ran
+    assert np.isfinite(out["0"][0]).all()
+    np.testing.assert_array_equal(out["1"][0], out["0"][0])
+    np.testing.assert_array_equal(out["1"][1], out["0"][1])
+
+
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=4) sized for 1, 46 or

@@ -903,8 +903,9 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
 
 // A call's arguments with the add-norm trunk() left to it (openjet_engine::fold), which it takes: the engine's next
 // GEMV call after the arming is the one that reads its pack first.
+// A call of another pack or width (none follows an arming today) leaves it armed, and trunk() then fails.
 GemvArgs take_fold(openjet_engine& e, GemvArgs a) {
-    if (e.fold_armed) a.fold = &e.fold, e.fold_armed = false;
+    if (e.fold_armed && a.x.h == e.x.h && a.k == e.cfg.n_embd) a.fold = &e.fold, e.fold_armed = false;
     return a;
 }
 
@@ -1281,6 +1282,8 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
 int add_norm(openjet_engine& e, float*& h, const float* delta, const float* w, float* a_out, int t, const DevTensor& wa,
              const DevTensor& wb) {
     const auto& c = e.cfg;
+    if (e.fold_armed)  // never: the add-norm before was not made (its GEMV did not run)
+        return fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
     if (e.norm_fold && t == 1 && !e.prefilling && e.prefill_rows >= 2 && !e.ffn_persistent &&
         !e.bench_skip_norm_packs) {
         const GemvArgs a = gemv_args(e, wa, t, e.a, e.big1), b = gemv_args(e, wb, t, e.a, e.big2);
@@ -1303,8 +1306,11 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
-    float* h = e.h;          // the residual's rows (add_norm may move them to e.h's next row and back)
-    e.fold_armed = false;    // (a step that failed midway may have left one)
+    float* h = e.h;  // the residual's rows (add_norm may move them to e.h's next row and back)
+    struct Disarm {  // whatever way the trunk ends, no add-norm stays left to a later GEMV (an MTP step's, say)
+        openjet_engine& e;
+        ~Disarm() { e.fold_armed = false; }
+    } disarm{e};
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
