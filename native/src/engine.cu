@@ -205,11 +205,11 @@ struct openjet_engine {
     // packs), so a benchmark shows what those pack boundaries of the 27B's step cost (64 / 128 / 192: what folding
     // the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
-    // OPENJET_NORM_FOLD at create (unset or "1"; "0" off): a one-row decode step's add-norms are made by the GEMV pair
-    // that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm); trunk() arms
-    // `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates between rows 0
-    // and 1 of h (a fold writes h + delta to the other row while every block reads the first).
-    bool norm_fold = true;
+    // OPENJET_NORM_FOLD at create ("1"; unset or "0": off until its GPU run): a one-row decode step's add-norms are made
+    // by the GEMV pair that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm);
+    // trunk() arms `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates
+    // between rows 0 and 1 of h (a fold writes h + delta to the other row while every block reads the first).
+    bool norm_fold = false;
     NormFold fold{};
     bool fold_armed = false;
     int ring_w = 0;
@@ -702,7 +702,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 3);
-    if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "0") != 0;
+    if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "1") == 0;
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));

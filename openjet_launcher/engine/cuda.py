@@ -118,7 +118,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GEMV_INT": ("0", "1", "2"),                    # engine.cu, gemv_int (an experiment; read at load)
     "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4"),  # engine.cu, gemv_tma_switch (read at load)
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (fused: default; at load)
-    "OPENJET_NORM_FOLD": ("0", "1"),                        # engine.cu, norm_fold (1: default; read at load)
+    "OPENJET_NORM_FOLD": ("0", "1"),                        # engine.cu, norm_fold (an experiment: 1; read at load)
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3"),  # engine.cu (a measurement: WRONG outputs; read at load)
 }
