@@ -112,6 +112,15 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 PARTS_SINCE_REPORTS = 4 * 256
 
 
+def draft_parts(mm) -> int:
+    """The device drafts' and one-call cycle's arena parts (2026-12-04, twenty-sixth session: engine.cu draft_hidden,
+    draft_pick, draft_value, draft_u, draft_q_ids, draft_q_probs, draft_q_len, cycle_out, cycle_n), added after the
+    reports below; empty without the MTP head."""
+    T, E, k = 8, mm.shape.n_embd, 32
+    parts = (T * E * 4, T * 4, T * 4, T * 8, T * k * 4, T * k * 8, T * 4, T * 4, 4)
+    return sum(v1_align(b if mm.shape.n_nextn else 0) for b in parts)
+
+
 def bounded_parts(mm, chunk: int) -> int:
     """The arena parts of the FFN's bounded form (engine.cu ffn_norms, ffn_row_scale)."""
     return v1_align(8 * (mm.shape.n_layer + 1)) + v1_align(8 * chunk)
@@ -127,11 +136,12 @@ def ffn_scratch(mm) -> int:
 def test_the_engine_v1_arena_is_what_the_engine_reported_on_the_h200(shape, n_ctx, kv, weights, kv_bytes, state,
                                                                      ckpt, scratch):
     mm = memory_model(shape)
-    a = mm.engine_v1_arena(n_ctx=n_ctx, chunk=512, sm_count=132, n_checkpoints=4)  # CudaEngine.load's default
+    # CudaEngine.load's default then (the fused GDN replay came later: test_the_arena_follows_the_gdn_replay_mode)
+    a = mm.engine_v1_arena(n_ctx=n_ctx, chunk=512, sm_count=132, n_checkpoints=4, replay_fused=False)
     gdn = v1_align(mm.gdn_chunk_scratch_bytes(512)) - v1_align(0)
     assert mm.weights_v1_bytes == weights
     assert n_ctx * mm.kv_bytes_per_token(kv) == kv_bytes
-    since = PARTS_SINCE_REPORTS + ffn_scratch(mm) + gdn + bounded_parts(mm, 512)
+    since = PARTS_SINCE_REPORTS + ffn_scratch(mm) + gdn + bounded_parts(mm, 512) + draft_parts(mm)
     assert (a.state_bytes, a.checkpoint_bytes, a.scratch_bytes) == (state, ckpt, scratch + since)
 
 
@@ -143,11 +153,23 @@ def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engin
     2,048 rows 147,980,288 of them the GDN's (the -attn128 run of 8387270, without it, beside -attn128-gdn2); the FFN's
     bounded form's parts added since (bounded_parts: at 4,096 rows the engine reported 1,935,780,352 bytes at 76e77e0,
     engine-full-h200-76e77e0-ffn-bounded.json)."""
-    a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True)
-    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk)
+    a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True,
+                           replay_fused=False)
+    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk) + draft_parts(MM)
     if chunk == 4096:
-        assert a.scratch_bytes == 1935780352
+        assert a.scratch_bytes == 1935780352 + draft_parts(MM)
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
+
+
+@pytest.mark.parametrize("replay_fused, scratch", [(False, 885112576), (True, 749993728)])
+def test_the_arena_follows_the_gdn_replay_mode(replay_fused, scratch):
+    """bench/results/engine-full-h200-499afb1-{gemv-tma-1,gdn-replay-fused}.json: the full 27B on the H200 (132 SMs), n_ctx
+    32,768, q8_0 KV, 4 checkpoints, 2,048 prefill rows, a build without the dense prefill GEMM: the engine reported
+    these scratch bytes with OPENJET_GDN_REPLAY=accept (its verify shadow state, one input ring) and fused (the default
+    since 2026-12-05: no shadow, two rings), every part of both, the device drafts' included, as the plan sizes them."""
+    a = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=132, n_checkpoints=4, dense_prefill=False,
+                           replay_fused=replay_fused)
+    assert a.scratch_bytes == scratch
 
 
 def test_an_h100_plan_holds_the_dense_prefill_gemms_scratch():

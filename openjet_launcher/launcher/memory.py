@@ -255,11 +255,13 @@ class MemoryModel:
         return 4 * rows * per_row if self.gdn_layers else 0
 
     def engine_v1_arena(self, *, n_ctx: int, chunk: int, sm_count: int = V1_SM_COUNT,
-                        n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False) -> EngineV1Arena:
+                        n_checkpoints: int = V1_CHECKPOINTS, dense_prefill: bool = False,
+                        replay_fused: bool = True) -> EngineV1Arena:
         """The CUDA engine v1's state, checkpoints and scratch for this context, prefill chunk (prefill_rows)
         and SM count, part by part as engine.cu create_impl allocates them; ``dense_prefill``: with the dense
         prefill GEMM's scratch (an H100 / H200 on a release build). The chunked GDN's scratch is always there
-        (the default prefill form; OPENJET_GDN_CHUNKED=0 or 1 at load drops it)."""
+        (the default prefill form; OPENJET_GDN_CHUNKED=0 or 1 at load drops it). ``replay_fused``: the GDN replay
+        of OPENJET_GDN_REPLAY's default (no verify shadow state, two input rings); False: OPENJET_GDN_REPLAY=accept."""
         s, T = self.shape, V1_MAX_T
         mtp = s.n_nextn > 0
         ssm = self.gdn_state_bytes
@@ -269,14 +271,16 @@ class MemoryModel:
         attn_work = 4 * (T * s.n_head * V1_ATTN_HEAD_DIM * (1 + chunks) + 2 * chunks * T * s.n_head)
         fixed = [T * s.n_vocab * 4, attn_work, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 4,
                  8 * T * -(-s.n_vocab // V1_TOPK_CHUNK) * V1_TOPK_MAX, s.n_vocab * 4, s.n_vocab * 4]
-        # With the MTP head: its carried rows, verify's GDN shadow state, its ring of inputs and hidden rows
-        # (without it the parts stay, empty: each still takes its 16 spare bytes' alignment). These are
-        # OPENJET_GDN_REPLAY=accept's parts; the fused replay, the default since 2026-12-05, has no shadow and two
-        # rings (~135 MB less at 27B), so the plan errs on the safe side until the reports of tests/test_presets.py
-        # are taken again.
-        fixed += [b if mtp else 0 for b in (s.n_embd * 4, s.n_embd * 4, ssm, self.gdn_layers * T * s.ssm_conv_dim * 4,
-                                            self.gdn_layers * T * s.ssm_n_v_heads * 4,
-                                            self.gdn_layers * T * s.ssm_n_v_heads * 4, T * s.n_embd * 4)]
+        # With the MTP head: its carried rows, verify's GDN shadow state (accept mode only), its rings of inputs
+        # (two with the fused replay) and hidden rows, then the device drafts' and cycle's outputs (draft_hidden,
+        # draft_pick, draft_value, draft_u, draft_q_ids, draft_q_probs, draft_q_len, cycle_out, cycle_n); without the
+        # head the parts stay, empty: each still takes its 16 spare bytes' alignment.
+        rings = 2 if replay_fused else 1
+        fixed += [b if mtp else 0 for b in (
+            s.n_embd * 4, s.n_embd * 4, 0 if replay_fused else ssm, rings * self.gdn_layers * T * s.ssm_conv_dim * 4,
+            rings * self.gdn_layers * T * s.ssm_n_v_heads * 4, rings * self.gdn_layers * T * s.ssm_n_v_heads * 4,
+            T * s.n_embd * 4, T * s.n_embd * 4, T * 4, T * 4, T * 8, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 8, T * 4,
+            T * 4, 4)]
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
         # persistent FFN's counters and flags (ffn_persistent_scratch_ints) and its profile, the dense prefill GEMM's
         # scratch, the FFN's bounded form's norms (two floats a layer and the MTP head's) and row scales (two floats a
