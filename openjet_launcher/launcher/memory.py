@@ -42,7 +42,8 @@ DECODE_ROWS = 8         # 1 + n_draft rows per agent a decode step may verify (n
 V1_ALIGN = 256
 V1_MAX_T = 8              # OPENJET_ENGINE_MAX_T: rows of a decode or verify step
 # Checkpoints `serve --engine cuda` loads the engine with when drafting (the launcher's default; server/cli.py):
-# STATE_COPIES less the live state and the engine's own verify shadow, which its scratch holds.
+# STATE_COPIES less the live state and one kept for the verify step (OPENJET_GDN_REPLAY=accept's shadow state in the
+# scratch; the fused default holds the verify rows in rings instead, so this leaves a copy's room spare).
 V1_CHECKPOINTS = STATE_COPIES - 2
 V1_ATTN_SPREAD = 2        # attention chunk blocks per SM its workspace is sized for (kDefaultAttnSpread)
 V1_ATTN_MIN_CHUNK = 64    # kAttnMinChunk (attn_decode.cuh)
