@@ -202,8 +202,8 @@ struct openjet_engine {
     bool replay_fused = false;
     // OPENJET_BENCH_SKIP_NORM_PACKS at create (a measurement, never for use: the outputs are WRONG): a decode step's
     // add-norm packs are not launched (1: the FFN's input norms, 2: every layer's two, 3: and the mixers' output
-    // packs), so a benchmark shows what those pack boundaries of the 27B's step cost (64 / 128 / 192: what folding
-    // the packs into the GEMVs could save).
+    // packs, 4: and the FFN's swiglu packs), so a benchmark shows what those pack boundaries of the 27B's step cost
+    // (64 / 128 / 192 / 256: what folding the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
     // OPENJET_NORM_FOLD at create ("1"; unset or "0": off until its GPU run): a one-row decode step's add-norms are made
     // by the GEMV pair that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm);
@@ -701,7 +701,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
-    e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 3);
+    e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "1") == 0;
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
@@ -945,6 +945,12 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t) {
+    if (!e.prefilling && e.bench_skip_norm_packs >= 4) {  // a measurement, wrong outputs: gate and up, no swiglu pack
+        const cudaError_t err = launch_gemv_pair(take_fold(e, gemv_args(e, L.ffn_gate, t, nullptr, e.big1)),
+                                                 gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.stream);
+        if (err != cudaSuccess) return cuda_fail(err, "ffn gate/up");
+        return project_out(e, L.ffn_down, t);
+    }
     const bool direct = e.prefilling && prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
     const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.row_scale, e.row_scale + e.x.rows, direct};
     bool wrote_half = false;
