@@ -205,8 +205,8 @@ struct openjet_engine {
     // packs, 4: and the FFN's swiglu packs), so a benchmark shows what those pack boundaries of the 27B's step cost
     // (64 / 128 / 192 / 256: what folding the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
-    // OPENJET_NORM_FOLD at create ("1"; unset or "0": off until its GPU run): a one-row decode step's add-norms are made
-    // by the GEMV pair that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm);
+    // OPENJET_NORM_FOLD at create ("1"; unset or "0": off until its GPU run): a one-row decode step's add-norms are
+    // made by the GEMV pair that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm);
     // trunk() arms `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates
     // between rows 0 and 1 of h (a fold writes h + delta to the other row while every block reads the first).
     bool norm_fold = false;

@@ -23,8 +23,9 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 bool gemv_tma_fold_takes(const GemvArgs& a, const GemvArgs* b);
 
 // a's GEMV (and b's after it in the same launch) on a grid of resident blocks, each a producer warp and four consumer
-// warps; the caller has checked gemv_tma_takes (and gemv_tma_fold_takes where a.fold is set: that form then). cudaErrorNotSupported, nothing launched: no block of the form fits
-// an SM (the caller takes the cp.async kernel).
+// warps; the caller has checked gemv_tma_takes (and gemv_tma_fold_takes where a.fold is set: form 1 then, whatever
+// a.tma says). cudaErrorNotSupported, nothing launched: no block of the form fits an SM (the caller takes the cp.async
+// kernel).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
 }  // namespace openjet
