@@ -27,10 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from openjet_launcher.draft_depth import DEFAULT_COST_MS, DraftDepth  # noqa: E402
+from openjet_launcher.draft_depth import DEFAULT_COST_MS, MAX_DRAFT, DraftDepth  # noqa: E402
 from openjet_launcher.reference.engine import ReferenceEngine  # noqa: E402
-
-MAX_DRAFT = 7
 
 
 def run_lengths(engine: ReferenceEngine, prompt: list[int], n_tokens: int) -> list[int]:

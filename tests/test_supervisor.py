@@ -23,7 +23,7 @@ import pytest
 
 from openjet_launcher.launcher.supervisor import (FAILED, LOADING, READY, STOPPED, AlreadyRunning, InstanceLock,
                                                   Supervisor, TerminalStatus, bind_problem, health_url, pid_alive,
-                                                  port_in_use, serve_command)
+                                                  serve_command)
 
 FAKE = textwrap.dedent('''
     import argparse, http.server, os, signal, sys, threading, time
@@ -270,19 +270,18 @@ def test_serve_command_and_health_url():
     assert health_url("::1", 80) == "http://[::1]:80/health"
 
 
-def test_port_in_use():
+def test_a_busy_port_is_reported_as_one():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        assert port_in_use("127.0.0.1", s.getsockname()[1])
-        assert "already in use" in bind_problem("127.0.0.1", s.getsockname()[1])
-    assert not port_in_use("127.0.0.1", free_port())
+        assert bind_problem("127.0.0.1", s.getsockname()[1]).startswith(
+            f"port {s.getsockname()[1]} on 127.0.0.1 is already in use by another program")
     assert bind_problem("127.0.0.1", free_port()) is None
 
 
 def test_a_wrong_host_is_not_reported_as_a_busy_port():
     port = free_port()
-    assert not port_in_use("203.0.113.7", port)  # TEST-NET-3: an address no machine here has
+    # TEST-NET-3: an address no machine here has
     assert bind_problem("203.0.113.7", port).startswith("--host 203.0.113.7: this machine has no such address")
     assert bind_problem("no-such-host.invalid", port).startswith(
         "--host no-such-host.invalid: not an address of this machine, nor a name it can resolve")
@@ -402,7 +401,7 @@ def test_real_server_on_tiny_start_health_crash_restart_stop(tiny_model, tmp_pat
     finally:
         sup.stop()
     assert sup.state == STOPPED and sup.proc.poll() is not None
-    assert not port_in_use("127.0.0.1", port)
+    assert bind_problem("127.0.0.1", port) is None  # the port is free again
     log = sup.log_path.read_text()
     assert "start #2" in log and "Uvicorn running" in log
 
@@ -638,7 +637,7 @@ def test_openjet_launch_no_tray_demo_serves_refuses_a_second_and_stops_on_ctrl_c
             first.kill()
     assert first.returncode == 0, err
     assert "no tray icon: no graphical display" in err and f"ready at http://127.0.0.1:{port}/v1" in err
-    assert not _health_ok(port) and not port_in_use("127.0.0.1", port)
+    assert not _health_ok(port) and bind_problem("127.0.0.1", port) is None
     assert not (tmp_path / "config" / "openjet-launch.lock").exists()
     assert (tmp_path / "logs" / "server.log").is_file()
 

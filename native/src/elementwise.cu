@@ -291,13 +291,6 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
     return launch_kernel(add_norm_pack_kernel<false>, t, kPackThreads, 0, stream, h, delta, w, k, eps, a_out, p);
 }
 
-cudaError_t launch_norm_fold_apart(const NormFold& f, int t, int k, const ActPack& x, cudaStream_t stream) {
-    if (!f.h || !f.h_out || t < 1) return cudaErrorInvalidValue;
-    if (const cudaError_t e = cudaMemcpyAsync(f.h_out, f.h, sizeof(float) * t * k, cudaMemcpyDeviceToDevice, stream))
-        return e;
-    return launch_add_norm_pack(f.h_out, f.delta, f.w, t, k, f.eps, f.a_out, x, stream);
-}
-
 cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
                                long long ld) {
     if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;

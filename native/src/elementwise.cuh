@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "act_pack.cuh"
-#include "gemv.cuh"  // NormFold
 #include "rmsnorm.cuh"
 
 namespace openjet {
@@ -74,10 +73,6 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 // h [t, k] += delta (nullptr: no add); a = rms(h) * w -> a_out [t, k] (nullptr: not written) and the pack.
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream);
-
-// A NormFold's add-norm by itself (what a GEMV that does not make it runs first): h_out = h, then launch_add_norm_pack
-// on h_out. The same h_out, a_out and x as the GEMV that makes it (the same arithmetic).
-cudaError_t launch_norm_fold_apart(const NormFold& f, int t, int k, const ActPack& x, cudaStream_t stream);
 
 // launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
 // one-block kernel, where OPENJET_PACK_CLUSTER allows (unset or 2: the mixers' output packs too) and the GPU and k do;

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "elementwise.cuh"  // launch_norm_fold_apart
 #include "gemv.cuh"
 #include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
@@ -245,20 +244,9 @@ bool gemv_folds_norm(const GemvArgs& a, const GemvArgs* b) {
     return gemv_tma_fold_takes(a, b && pair_shares_launch(a, *b) ? b : nullptr);  // else a is launched alone first
 }
 
-// The add-norm of a call that does not make it itself (GemvArgs::fold), then the call without it.
-static cudaError_t fold_apart(const GemvArgs& a, GemvArgs* plain, cudaStream_t stream) {
-    *plain = a;
-    plain->fold = nullptr;
-    return launch_norm_fold_apart(*a.fold, a.t, a.k, a.x, stream);
-}
-
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
-    if (b.fold) return cudaErrorInvalidValue;  // only the first call of a pair makes x
-    if (a.fold && !gemv_folds_norm(a, &b)) {
-        GemvArgs plain;
-        const cudaError_t e = fold_apart(a, &plain, stream);
-        return e != cudaSuccess ? e : launch_gemv_pair(plain, b, stream);
-    }
+    // only the first call of a pair makes x, and only where its path can (the caller asked gemv_folds_norm)
+    if (b.fold || (a.fold && !gemv_folds_norm(a, &b))) return cudaErrorInvalidValue;
     const bool same_x = same_pack(a, b);
     const bool shared = pair_shares_launch(a, b);
     if (a.qtype == kF32 && b.qtype == kF32 && a.xf == b.xf && a.n == b.n && a.k == b.k && a.t == b.t) {
@@ -292,11 +280,7 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
     const cudaError_t e = check_gemv(a);
     if (e != cudaSuccess) return e;
-    if (a.fold && !gemv_folds_norm(a, nullptr)) {
-        GemvArgs plain;
-        const cudaError_t f = fold_apart(a, &plain, stream);
-        return f != cudaSuccess ? f : launch_gemv(plain, stream);
-    }
+    if (a.fold && !gemv_folds_norm(a, nullptr)) return cudaErrorInvalidValue;  // (the caller asks it first)
     if (a.qtype == kF32) return launch_gemv_f32(a, nullptr, stream);
     if (takes_imma(a)) return launch_imma(a, true, stream);
     switch (a.qtype) {

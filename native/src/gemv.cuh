@@ -21,7 +21,7 @@ constexpr int kGemvUnit = 256;       // k of a k-quant GEMV is a multiple of thi
 // An add-norm left to the GEMV that reads its pack (GemvArgs::fold; the engine's OPENJET_NORM_FOLD): one token row
 // h_out = h + delta (delta null: h), a = rmsnorm(h_out) * w, x = the pack of a (launch_add_norm_pack's arithmetic and
 // bits). The producer-warp GEMV makes it itself, every block its own copy of the pack in shared memory, block 0 writing
-// h_out, a_out (where set) and x; any other path runs the add-norm first (launch_norm_fold_apart). h_out must not
+// h_out, a_out (where set) and x; a call whose path cannot (gemv_folds_norm says which can) is refused. h_out must not
 // overlap h or delta: the blocks read those while block 0 writes.
 struct NormFold {
     const float* h;
@@ -83,8 +83,8 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
 
 // Whether launch_gemv_pair(a, b) (b null: launch_gemv(a)) makes a's add-norm itself (GemvArgs::fold set or not: the
-// call's path alone decides): the engine leaves an add-norm to the call only where it does, the launchers run it
-// apart elsewhere. A decode call of one row on the producer-warp GEMV of a Q4_K / Q5_K / Q6_K matrix, k <= 5,120.
+// call's path alone decides): the engine leaves an add-norm to the call only where it does, and the launchers refuse
+// a fold anywhere else. A decode call of one row on the producer-warp GEMV of a Q4_K / Q5_K / Q6_K matrix, k <= 5,120.
 bool gemv_folds_norm(const GemvArgs& a, const GemvArgs* b);
 
 // Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. By default (auto) half tiles

@@ -22,8 +22,8 @@ from pathlib import Path
 from ..errors import OpenJetError
 from . import dirs
 from .presets import CPU_PATH
-from .supervisor import (FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, bind_problem, health_url,
-                         port_number, serve_command)
+from .supervisor import (EVERY_ADDRESS, FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, bind_problem,
+                         health_url, port_number, serve_command)
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 LOCK_NAME = "openjet-launch.lock"
@@ -252,15 +252,20 @@ def _interrupt(*_):
     raise KeyboardInterrupt  # unwinds through _serve's `finally`: the server stops, the lock goes
 
 
-def _stop_on_signals() -> None:
-    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop the server and release the lock, at any point
-    (a download included); a signal that was ignored when we started (nohup) stays ignored."""
+def _on_stop_signals(handler) -> None:
+    """handler for Ctrl-C, SIGTERM and a closed terminal (SIGHUP), where this platform has them, on the main thread
+    only; a signal that was ignored when we started (nohup) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
         if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _interrupt)
+            signal.signal(sig, handler)
+
+
+def _stop_on_signals() -> None:
+    """Those signals stop the server and release the lock, at any point (a download included)."""
+    _on_stop_signals(_interrupt)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -275,7 +280,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .menu import TrayController, api_base_url
 
     url = api_base_url(args.host, args.port)
-    if args.host in ("0.0.0.0", "", "::"):  # the URL is this machine's; say where the network reaches it
+    if args.host in EVERY_ADDRESS:  # the URL is this machine's; say where the network reaches it
         url_shown = f"{url} (listening on every address of this machine, port {args.port})"
     else:
         url_shown = url
@@ -327,13 +332,7 @@ def _run_tray(controller) -> int:
     except Exception as e:  # a backend that imports but cannot start: the terminal still works
         _say(f"no tray icon ({type(e).__name__}: {e}); running in the terminal")
         return _run_terminal(controller.supervisor)
-    if threading.current_thread() is threading.main_thread():
-        def quit_(*_):
-            controller.quit_requested.set()
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-            sig = getattr(signal, name, None)
-            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, quit_)
+    _on_stop_signals(lambda *_: controller.quit_requested.set())
     tray.run()
     _say("quit")
     return 0

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .supervisor import FAILED, LOADING, READY, STOPPED, STOPPING
+from .supervisor import FAILED, LOADING, READY, STOPPED, STOPPING, local_netloc
 
 DEFAULT_CHAT_URL = "http://localhost:3000"  # Open WebUI's default port; `--chat-url` / $OPENJET_CHAT_URL
 
@@ -51,11 +51,7 @@ SEPARATOR = MenuEntry("-", None, enabled=False)
 
 def api_base_url(host: str, port: int) -> str:
     """The OpenAI base URL a client on this machine uses (a server on every address is reached on loopback)."""
-    if host in ("0.0.0.0", "", "::"):
-        host = "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}/v1"
+    return f"http://{local_netloc(host, port)}/v1"
 
 
 @dataclass

@@ -68,13 +68,22 @@ def serve_command(model: str | os.PathLike, *, engine: str = "reference", host: 
     return cmd + list(extra)
 
 
-def health_url(host: str, port: int) -> str:
-    """Where the launcher asks; a server listening on every address is asked on loopback."""
-    if host in ("0.0.0.0", "", "::"):
+EVERY_ADDRESS = ("0.0.0.0", "", "::")  # --host values that listen on every address of the machine
+
+
+def local_netloc(host: str, port: int) -> str:
+    """host:port as a client on this machine writes it in a URL: a server listening on every address is reached on
+    loopback, an IPv6 address goes in brackets."""
+    if host in EVERY_ADDRESS:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{port}/health"
+    return f"{host}:{port}"
+
+
+def health_url(host: str, port: int) -> str:
+    """Where the launcher asks."""
+    return f"http://{local_netloc(host, port)}/health"
 
 
 def port_number(text: str) -> int:
@@ -117,12 +126,6 @@ def bind_problem(host: str, port: int) -> str | None:
     if e.errno == errno.EACCES:
         return f"port {port}: permission denied (ports below 1024 need administrator rights)"
     return f"cannot listen on {host} port {port}: {e.strerror or e}"
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on (host, port): the server would fail to bind."""
-    e = _bind_error(host, port)
-    return e is not None and e.errno == errno.EADDRINUSE
 
 
 PARENT_PID_ENV = "OPENJET_PARENT_PID"  # set for a server the supervisor starts: die_with_parent's parent

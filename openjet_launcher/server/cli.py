@@ -214,7 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     check_draft_count(args.draft)
     if args.ctx is not None:
-        check_ctx(args.ctx)
+        check_ctx(args.ctx)  # before the bind check and the load
     if problem := bind_problem(args.host, args.port):  # before the model loads, which can take minutes
         raise OpenJetError(problem)
     path = model_path(args.model)
@@ -229,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("%s: /v1/chat/completions is off", escape_for_log(e))
         template = None
     n_ctx_train = config.shape.n_ctx_train
-    n_ctx = check_ctx(args.ctx if args.ctx is not None else min(n_ctx_train, 32768))
+    n_ctx = args.ctx if args.ctx is not None else check_ctx(min(n_ctx_train, 32768))
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
     if args.max_tokens is not None and args.max_tokens < 1:
