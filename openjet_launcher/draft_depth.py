@@ -27,13 +27,14 @@ from .errors import OpenJetError
 
 MAX_DRAFT = MAX_GPU_DECODE_TOKENS - 1  # one GPU step verifies the token and its drafts; every engine keeps to it
 
-# Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024 (bench/results/
-# engine-full-h200-3e2051f-gemv-tma-auto.json, the producer-warp GEMV with its leaner unit loops; verify through
-# verify_top, the server's path): verify T = n + 1 rows, plus n draft steps over the 32,768-row draft vocabulary
-# (0.280 ms) and the accept (0.355 ms) when n > 0. Only the ratios matter (8 rows cost 1.33x one; 5 rows 1.17x).
-VERIFY_MS = (8.784, 9.267, 9.453, 9.985, 10.285, 10.912, 11.169, 11.649)
-DRAFT_MS, ACCEPT_MS = 0.280, 0.355
-DEFAULT_COST_MS = tuple(v + n * DRAFT_MS + (ACCEPT_MS if n else 0.0) for n, v in enumerate(VERIFY_MS))
+# Cycle cost in ms for n = 0..7 drafts on the 27B model, H200, context 1,024, with the defaults since 2026-12-05 (the
+# fused GDN replay, drafts chained on the device): whole greedy cycles in one call (openjet_engine_cycle_greedy: the
+# n draft steps over the 32,768-row draft vocabulary, the verify of n + 1 rows through the device top-k, the verdict
+# and the accept; bench/results/engine-full-h200-499afb1-gdn-replay-fused.json, cycle_greedy_ms). A sampled cycle
+# (verify_top, the device's sampled draft chain, accept) costs the same to within 1% in ratio (9.599 ms at one draft
+# against 8.860 at none; 11.343 at four). Only the ratios matter: 4 drafts cost 1.29x none, 7 drafts 1.56x (3e2051f's
+# cycles, drafted and accepted by separate calls: 1.34x and 1.59x).
+DEFAULT_COST_MS = (8.513, 9.224, 9.666, 10.428, 10.964, 11.865, 12.327, 13.238)
 assert len(DEFAULT_COST_MS) == MAX_DRAFT + 1  # a cost for every allowed draft count
 
 
@@ -60,7 +61,7 @@ def expected_tokens(rates: Sequence[float]) -> float:
 
 class DraftDepth:
     """Chooses each cycle's draft count in 1..max_draft (never 0: a cycle without drafts would teach nothing,
-    and one draft pays for itself from an acceptance of ~0.09 on the default costs)."""
+    and one draft pays for itself from an acceptance of ~0.08 on the default costs)."""
 
     PRIOR_WEIGHT = 2.0  # observations a depth's estimate leans on the depth above it (depth 1: on the prior)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -282,6 +283,15 @@ def test_context_overflow_is_an_error_not_a_crash(models):
 # ------------------------------------------------------------------------ the trained demo model (issue 10)
 
 DEMO = Path(__file__).resolve().parents[1] / "openjet_launcher" / "assets" / "openjet-demo.gguf"
+
+
+def full_model() -> str:
+    """The `full` synthetic model (the 27B's shapes, 17 GB) that OPENJET_FULL_MODEL names, or the test skips:
+    scripts/gpu_bench_engine.sh writes one on the GPU machine (BENCH_CMD / WHILE_SYNTH see it as $MODEL)."""
+    path = os.environ.get("OPENJET_FULL_MODEL")
+    if not path or not Path(path).is_file():
+        pytest.skip("OPENJET_FULL_MODEL names no model (the full preset: 17 GB, written by the device scripts)")
+    return path
 
 
 def stdlib_text_ids(tokenizer, n: int) -> np.ndarray:
@@ -564,11 +574,8 @@ def test_the_norm_fold_keeps_every_bit_at_the_27b_width(monkeypatch):
     scripts/gpu_bench_engine.sh writes it): a 6-token prefill and 6 one-row decode steps, every logit and hidden row
     against OPENJET_NORM_FOLD=0 bit for bit, and the fold counted (at least the FFN's a layer and step: Q4_K gate and
     up; the input norms where the layer's first projections take it)."""
-    import os
     from openjet_launcher.engine import kernels_test as kt
-    path = os.environ.get("OPENJET_FULL_MODEL")
-    if not path or not Path(path).is_file():
-        pytest.skip("OPENJET_FULL_MODEL names no model (the full preset: 17 GB, written by the device scripts)")
+    path = full_model()
     if not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(31).integers(0, 200000, 12)
@@ -1466,17 +1473,18 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
 
 @pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
                                          ("demo", "int"), ("demo", "int-q4k"), ("small", "fp16+chain"),
-                                         ("demo", "fp16+chain")])
+                                         ("demo", "fp16+chain"), ("full", "fp16+chain")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
     the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k"), and ("+chain") with the drafts chained on
-    the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused)."""
+    the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused): the defaults since 2026-12-05,
+    also on the `full` model (the 27B's shapes: OPENJET_FULL_MODEL, else skipped; ~1 minute on the H200)."""
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 
-    path = DEMO if which == "demo" else models[which]
+    path = DEMO if which == "demo" else full_model() if which == "full" else models[which]
     chain = gemv.endswith("+chain")
     gemv = gemv.removesuffix("+chain")
     monkeypatch.setenv("OPENJET_GDN_REPLAY", "fused" if chain else "accept")
