@@ -838,6 +838,36 @@ def test_a_resumed_conversation_gives_the_bits_of_a_fresh_prefill(models, kv_typ
     assert after_resumed == after_fresh
 
 
+def test_a_prefill_chunk_below_a_steps_rows_keeps_the_steps_bits(models):
+    """prefill_rows below a step's 8 rows (serve --prefill-chunk 1..7): the engine's row buffers still hold a step's 8
+    rows (engine.cu scratch_rows), so steps of 8 rows (a teacher-forced prefill, a decode, a verify and its accept, a
+    greedy cycle of 7 drafts, truncate's replay of decoded tokens) give the bits an engine with 512-row buffers gives
+    for the same calls. Before the fix the 2-row engine's buffers overlapped from a step's third row on."""
+    ids = np.random.default_rng(43).integers(0, 4096, 64)
+    out = {}
+    for rows in (2, 512):
+        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2, prefill_rows=rows)
+        engine.native_verify = True
+        engine.native_draft = True
+        try:
+            state = engine.new_state()
+            parts = [engine.prefill(state, ids[:20], all_logits=True).logits]  # decode steps of 8, 8 and 4 rows
+            engine.checkpoint(state)
+            parts.append(engine.decode(state, ids[20:28]).logits)
+            parts.append(engine.verify(state, ids[28:36]).logits)
+            engine.accept(state, 3)
+            kept, nxt = engine.greedy_cycle(state, int(ids[31]), 7, n_valid=engine.config.shape.n_vocab)
+            engine.truncate(state, 26)  # the checkpoint at 20, then 6 decoded tokens replayed as a step
+            parts.append(engine.decode(state, ids[26:27]).logits)
+            out[rows] = (np.concatenate(parts), kept, nxt)
+        finally:
+            engine.close()
+    report(test="prefill_rows_below_a_step", rows_differing=int((out[2][0] != out[512][0]).any(-1).sum()))
+    assert np.isfinite(out[512][0]).all()
+    np.testing.assert_array_equal(out[2][0], out[512][0])
+    assert out[2][1:] == out[512][1:]
+
+
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows(models, kv_type):
     """Issue 7's rollback without a trunk replay: verify([token, 4 drafts]) gives decode's logits, and accept(n)

@@ -172,6 +172,14 @@ def test_the_arena_follows_the_gdn_replay_mode(replay_fused, scratch):
     assert a.scratch_bytes == scratch
 
 
+def test_a_chunk_below_a_steps_rows_plans_a_steps_row_buffers():
+    """The engine's row buffers hold max(prefill_rows, 8) rows (engine.cu scratch_rows: a step of 8 rows must fit
+    whatever the prefill chunk), so the plan for chunks of 1..8 rows is the same arena, and 9 rows take more."""
+    plans = {chunk: MM.engine_v1_arena(n_ctx=4096, chunk=chunk, sm_count=132).scratch_bytes for chunk in (1, 2, 7, 8, 9)}
+    assert plans[1] == plans[2] == plans[7] == plans[8] < plans[9], plans
+    assert MM.engine_v1_arena(n_ctx=4096, chunk=8, sm_count=132).row_bytes == MM.engine_v1_rows_bytes(8)
+
+
 def test_an_h100_plan_holds_the_dense_prefill_gemms_scratch():
     """On compute capability 9.0 (the release wheels' sm_90a) prefill dequantises each projection into fp16 scratch
     the size of the largest (the FFN's gate and up, 2 x 17,408 x 5,120 halves at 27B, as engine.cu sizes it): the

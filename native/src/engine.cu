@@ -131,7 +131,8 @@ struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
     int sm_count = 0;
-    int prefill_rows = 0;  // the scratch's rows: config.prefill_rows, or OPENJET_ENGINE_PREFILL_ROWS for 0
+    int prefill_rows = 0;  // a prefill call's chunk limit: config.prefill_rows, or OPENJET_ENGINE_PREFILL_ROWS for 0
+    int scratch_rows = 0;  // the row buffers' rows: prefill_rows, at least a step's OPENJET_ENGINE_MAX_T
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
@@ -680,7 +681,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         off = align_up(off + t.device_bytes() + 16);  // +16: the GEMV may read to the next 16-byte boundary
     });
     e.weights_bytes = off;
-    const int T = OPENJET_ENGINE_MAX_T, R = e.prefill_rows;
+    // Row buffers hold a prefill chunk or a step's T rows, whichever is more (prefill_rows may be 1..7: a step of 8
+    // rows must still fit, e.g. a verify of 7 drafts or truncate's replay of decoded tokens).
+    const int T = OPENJET_ENGINE_MAX_T, R = e.scratch_rows = std::max(e.prefill_rows, T);
     e.ssm_layer_floats = static_cast<size_t>(c.ssm_n_v_heads) * kGdnHeadDim * kGdnHeadDim;
     e.conv_layer_floats = static_cast<size_t>(kGdnConvTaps - 1) * e.conv_dim();
     e.kv_layer_half = static_cast<size_t>(c.n_head_kv) * c.n_ctx * e.kv_row_bytes();
@@ -1290,7 +1293,7 @@ int add_norm(openjet_engine& e, float*& h, const float* delta, const float* w, f
     const auto& c = e.cfg;
     if (e.fold_armed)  // never: the add-norm before was not made (its GEMV did not run)
         return fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
-    if (e.norm_fold && t == 1 && !e.prefilling && e.prefill_rows >= 2 && !e.ffn_persistent &&
+    if (e.norm_fold && t == 1 && !e.prefilling && e.scratch_rows >= 2 && !e.ffn_persistent &&
         !e.bench_skip_norm_packs) {
         const GemvArgs a = gemv_args(e, wa, t, e.a, e.big1), b = gemv_args(e, wb, t, e.a, e.big2);
         if (gemv_folds_norm(a, &b)) {
@@ -1789,14 +1792,14 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
     if (token < 0 || token >= c.n_vocab)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: token id %d is outside the vocabulary [0, %d)", token,
                     c.n_vocab);
-    const int row = e->n_past - 1 + k;  // the draft's cache row, past the committed ones
+    const long long row = e->n_past - 1LL + k;  // the draft's cache row, past the committed ones
     if (k < 0 || row >= c.n_ctx)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: draft step %d at %d tokens exceeds the context of %d", k,
                     e->n_past, c.n_ctx);
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     mark(*e, "mtp.draft");
-    TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, row, true));
+    TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, static_cast<int>(row), true));
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
     if (hidden) CHECK(cudaMemcpyAsync(hidden, e->mtp_hp, sizeof(float) * c.n_embd, cudaMemcpyDeviceToHost, e->stream));
@@ -2031,9 +2034,12 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
             return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "set_draft_rows: cudaMalloc of %.1f MiB for %d draft rows "
                         "failed", bytes / 1048576.0, cap);
         }
-        if (keep) {  // the kept rows and their ids (the device draft picks map positions to ids through them)
-            CHECK(cudaMemcpy(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice));
-            CHECK(cudaMemcpy(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice));
+        if (keep) {  // the kept rows and their ids (the device draft picks map positions to ids through them), on the
+                     // engine's stream (non-blocking: the legacy stream's copies would not be ordered with it)
+            CHECK(cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice,
+                                  e->stream));
+            CHECK(cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream));
+            CHECK(cudaStreamSynchronize(e->stream));  // before the old buffers are freed
         }
         if (e->draft_rows) cudaFree(e->draft_rows);
         if (e->draft_ids) cudaFree(e->draft_ids);

@@ -267,7 +267,8 @@ class MemoryModel:
         mtp = s.n_nextn > 0
         ssm = self.gdn_state_bytes
         conv = self.conv_state_bytes
-        rows = self.engine_v1_rows_bytes(chunk)
+        scratch_rows = max(chunk, T)  # the row buffers hold a chunk or a step's T rows, whichever is more
+        rows = self.engine_v1_rows_bytes(scratch_rows)
         chunks = v1_attn_chunks(n_ctx, s.n_head_kv, sm_count)
         attn_work = 4 * (T * s.n_head * V1_ATTN_HEAD_DIM * (1 + chunks) + 2 * chunks * T * s.n_head)
         fixed = [T * s.n_vocab * 4, attn_work, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 4,
@@ -288,7 +289,7 @@ class MemoryModel:
         # prefill row), the two-phase chunked GDN's, the integer decode GEMV's pack (only under OPENJET_GEMV_INT=1, an
         # experiment: empty in every plan).
         fixed += [self.ffn_persistent_scratch_bytes, V1_FFN_PROFILE_SLOTS * 8, self.dense_prefill_bytes if dense_prefill else 0,
-                  4 * 2 * (s.n_layer + 1), 4 * 2 * chunk, self.gdn_chunk_scratch_bytes(chunk), 0]
+                  4 * 2 * (s.n_layer + 1), 4 * 2 * scratch_rows, self.gdn_chunk_scratch_bytes(scratch_rows), 0]
         slot = v1_align(ssm, 0) + v1_align(conv, 0) + (v1_align(s.n_embd * 4, 0) if mtp else 0)
         return EngineV1Arena(state_bytes=v1_align(ssm, 0) + 2 * v1_align(conv, 0),
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
