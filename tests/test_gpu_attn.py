@@ -220,6 +220,36 @@ def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypat
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("stages", ["auto", "2", "3", "4"])
+def test_the_planned_tile_pipeline_keeps_every_bit(fmt, stages, monkeypatch):
+    """OPENJET_ATTN_PIPE=1 (attn_decode.cuh's planned form: the tiles' copies unrolled, Q8_0 rows unpadded in 16-byte
+    pieces, a ring of OPENJET_ATTN_STAGES tiles) against the two-stage loop form: at contexts whose chunks hold many
+    tiles (the H200's split gives 32,768 keys 512-key chunks: 16 tiles, the ring wrapping; 8,190 a last tile of 6 keys)
+    and steps of 1, 5 and 8 rows (blocks of 8, 32 and 48 rows), every output bit and the appended cache rows equal,
+    and the planned launches counted where the asked depth fits a block (auto and 2 always do)."""
+    from openjet_launcher.engine import kernels_test as kt
+    n_head, n_kv = SIZES["27b"]
+    inputs = step_inputs(np.random.default_rng(13), 8, n_head, n_kv)
+    ran = {}
+    for n_past in (8190, 32768):
+        for t in (1, 5, 8):
+            cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
+            monkeypatch.delenv("OPENJET_ATTN_PIPE", raising=False)
+            monkeypatch.delenv("OPENJET_ATTN_STAGES", raising=False)
+            loop = run(fmt, n_head, n_kv, n_past, cut)
+            monkeypatch.setenv("OPENJET_ATTN_PIPE", "1")
+            monkeypatch.setenv("OPENJET_ATTN_STAGES", stages)
+            before = kt.launch_count("attn_planned")
+            planned = run(fmt, n_head, n_kv, n_past, cut)
+            ran[(n_past, t)] = kt.launch_count("attn_planned") - before
+            for a, b in zip(loop, planned):
+                np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} t={t} stages={stages}")
+    report(test="planned_tile_pipeline", fmt=fmt, stages=stages, planned_launches={str(k): v for k, v in ran.items()})
+    if stages in ("auto", "2"):
+        assert all(n > 0 for n in ran.values()), ran
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past", [0, 100, 4096])
 def test_store_kv_appends_the_rows_a_step_appends(fmt, n_past):
     """launch_attn_store_kv (the MTP head's cache fill: no q, no attention) leaves the prefix alone, appends v as

@@ -532,7 +532,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
-                          ("OPENJET_NORM_FOLD", "norm_fold", ("1",))])
+                          ("OPENJET_NORM_FOLD", "norm_fold", ("1",)),
+                          ("OPENJET_ATTN_PIPE", "attn_planned", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -541,8 +542,10 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     input projections, is what it takes); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
     those with the last-arriver tile sum); OPENJET_NORM_FOLD (norm_fold.cuh: a one-row step's add-norms made by the
-    producer-warp GEMV pair that reads their pack, the residual moving between two rows). The counted path
-    (kernels_test.launch_count) ran under each value and never under =0."""
+    producer-warp GEMV pair that reads their pack, the residual moving between two rows); OPENJET_ATTN_PIPE
+    (attn_decode.cuh: the attention chunk blocks' planned tile pipeline, the trunk's and the MTP head's; its deep rings
+    and partial tiles at long contexts: test_gpu_attn.py). The counted path (kernels_test.launch_count) ran under each
+    value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
     if switch in ("OPENJET_GEMV_TMA", "OPENJET_NORM_FOLD") and not kt.gemv_tma_available():

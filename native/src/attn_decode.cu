@@ -1,7 +1,9 @@
 // launch_attn_decode: the three standalone kernels of attn_decode.cuh (prep, chunks, combine).
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "attn_decode.cuh"
 #include "device_attr.cuh"
@@ -28,12 +30,13 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prep_rows_kernel(const Attn
 // Blocks of up to 48 rows (decode and verify steps) are cut to 128 registers so that two fit an SM: a step
 // launches ~2 chunk blocks per SM (the spread), in one wave. (Uncut, 48 rows took 145 registers: one block per
 // SM, two waves at T = 6..8; sm_90 ptxas: now 126-128, no spills; 64 rows keep 148-165 for prefill.)
-template <class Fmt, int MAXR, bool kHiOnly>
+template <class Fmt, int MAXR, bool kHiOnly, bool kPlanned = false>
 __global__ void __launch_bounds__(kAttnThreads, MAXR <= 48 ? 2 : 1)
 attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
     extern __shared__ __align__(16) char smem[];
     pdl_start();  // pdl.cuh
-    attn_chunk<Fmt, MAXR, kHiOnly>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem);
+    attn_chunk<Fmt, MAXR, kHiOnly, kPlanned>(a, chunk_keys, blockIdx.x, blockIdx.y, blockIdx.z * MAXR, smem,
+                                             a.stages);
 }
 
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
@@ -58,6 +61,45 @@ int device_sm_count() {
     return device_attribute(cudaDevAttrMultiProcessorCount, &sms) == cudaSuccess ? sms : 0;
 }
 
+// The planned form's stages for blocks of MAXR rows (AttnDecodeArgs::stages: 2..kAttnMaxStages where a block may have
+// their shared memory, else 0; 0 asked: the most whose shared memory keeps as many chunk blocks on an SM as two stages
+// do, by the occupancy API: on the H200 4 stages for up to 16 rows, 3 for 32, 2 for 48; on the 100 KB SMs of
+// sm_86/89/120 one block an SM at any depth, 4 for up to 16 rows). The kernel is opted in once for its deepest ring
+// that fits (a launch may use less); 0: the two-stage form runs instead.
+template <class Fmt, int MAXR>
+int planned_stages(int asked) {
+    static constexpr auto kernel = attn_chunk_kernel<Fmt, MAXR, false, true>;
+    const auto smem = [](int s) { return attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride, s); };
+    static const int deepest = [&] {
+        int optin = 0;
+        if (device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) != cudaSuccess) return 0;
+        for (int s = kAttnMaxStages; s >= 2; --s) {
+            if (smem(s) > static_cast<size_t>(optin)) continue;
+            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem(s))) == cudaSuccess)
+                return s;
+            cudaGetLastError();  // not sticky
+            return 0;
+        }
+        return 0;
+    }();
+    static const int keeping = [&] {  // the auto choice
+        const auto blocks = [&](int s) {
+            int n = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, smem(s)) != cudaSuccess) {
+                cudaGetLastError();
+                n = 0;
+            }
+            return n;
+        };
+        const int base = deepest ? blocks(2) : 0;
+        for (int s = deepest; s >= 2 && base > 0; --s)
+            if (blocks(s) >= base) return s;
+        return 0;
+    }();
+    return asked == 0 ? keeping : asked <= deepest ? asked : 0;
+}
+
 template <class Fmt, int MAXR, bool kHiOnly>
 cudaError_t launch_chunks_numerics(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
     constexpr size_t smem = attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride);
@@ -73,10 +115,37 @@ cudaError_t launch_chunks_numerics(const AttnDecodeArgs& a, int chunk_keys, int 
                          kAttnThreads, smem, stream, a, chunk_keys);
 }
 
+// The planned form (a.pipe 1: attn_chunk's kPlanned; Q8_0 rows as KvQ8_0Wide) for blocks of MAXR <= 48 rows: false
+// where it cannot run (no depth fits, or a cache not 16-byte aligned), and the two-stage form runs (the same bits).
+template <class Fmt, int MAXR>
+bool launch_chunks_planned(const AttnDecodeArgs& a_in, int chunk_keys, int n_chunks, cudaStream_t stream,
+                           cudaError_t* err) {
+    using Wide = std::conditional_t<Fmt::kType == kKvQ8_0, KvQ8_0Wide, Fmt>;
+    if constexpr (MAXR > 48) {
+        return false;
+    } else {
+        if (a_in.pipe != 1 || a_in.hi_only || a_in.stages < 0 || a_in.stages == 1 || a_in.stages > kAttnMaxStages ||
+            (reinterpret_cast<uintptr_t>(a_in.k_cache) | reinterpret_cast<uintptr_t>(a_in.v_cache)) % 16)
+            return false;
+        const int stages = planned_stages<Wide, MAXR>(a_in.stages);
+        if (!stages) return false;
+        AttnDecodeArgs a = a_in;
+        a.stages = stages;
+        count_launch(Counted::kAttnPlanned);
+        const int rows = a.n_head / a.n_kv * a.t;
+        *err = launch_kernel(attn_chunk_kernel<Wide, MAXR, false, true>,
+                             dim3(n_chunks, a.n_kv, (rows + MAXR - 1) / MAXR), kAttnThreads,
+                             attn_chunk_smem_bytes(MAXR, Wide::kSmemStride, stages), stream, a, chunk_keys);
+        return true;
+    }
+}
+
 // The chunk blocks of MAXR rows, with decode's numerics or (a.hi_only, prefill calls only: their rows are > 8
-// or flagged, never a decode step's) single fp16 operands.
+// or flagged, never a decode step's) single fp16 operands; a.pipe 1: the planned form where it runs.
 template <class Fmt, int MAXR>
 cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+    cudaError_t err = cudaSuccess;
+    if (launch_chunks_planned<Fmt, MAXR>(a, chunk_keys, n_chunks, stream, &err)) return err;
     if (a.hi_only) return launch_chunks_numerics<Fmt, MAXR, true>(a, chunk_keys, n_chunks, stream);
     return launch_chunks_numerics<Fmt, MAXR, false>(a, chunk_keys, n_chunks, stream);
 }
@@ -111,6 +180,13 @@ cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int*
     if (n_chunks) *n_chunks = attn_n_chunks(n_past, t, ck);
     if (sm_count) *sm_count = sms;
     return cudaSuccess;
+}
+
+void attn_pipe_switch(int* pipe, int* stages) {
+    const char* p = std::getenv("OPENJET_ATTN_PIPE");
+    const char* s = std::getenv("OPENJET_ATTN_STAGES");
+    *pipe = p && std::strcmp(p, "1") == 0 ? 1 : 0;
+    *stages = s && s[0] >= '2' && s[0] <= '0' + kAttnMaxStages && !s[1] ? s[0] - '0' : 0;
 }
 
 // OPENJET_ATTN_PREP_ROWS (read at each call): unset or 1, a call of more than a decode step's rows preps a row a

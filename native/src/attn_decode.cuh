@@ -82,8 +82,13 @@ struct KvF16 {
 // Q8_0 cache as ggml: 8 blocks of {fp16 d, int8 q[32]} (34 B) per row, 272 B. Blocks sit at 2-byte alignment,
 // so tiles are copied in 4-byte pieces into rows of 276 B (69 words: odd, so 32 keys hit 32 banks).
 // Quantisation as ggml's quantize_row_q8_0: d = amax/127, q = roundf(x * (1/d)), d stored as fp16.
-struct KvQ8_0 {
-    static constexpr int kType = kKvQ8_0, kRowBytes = 272, kSmemStride = 276, kCopyBytes = 4;
+// kStride: the row's bytes in shared memory. KvQ8_0 (276: rows padded, copied in 4-byte pieces) is the format every
+// kernel takes by default; KvQ8_0Wide (272: rows as the cache has them, whole 16-byte copies, a quarter of the copy
+// instructions) the chunk kernel's planned form (AttnDecodeArgs::pipe). The fragments read the same bytes either way.
+template <int kStride>
+struct KvQ8_0Rows {
+    static constexpr int kType = kKvQ8_0, kRowBytes = 272, kSmemStride = kStride;
+    static constexpr int kCopyBytes = kStride % 16 == 0 ? 16 : 4;
     // Every lane of the warp must call it (warp w writes block w of the row).
     static __device__ __forceinline__ void store(char* row, int d, float y) {
         float amax = fabsf(y);
@@ -137,6 +142,9 @@ struct KvQ8_0 {
     }
 };
 
+using KvQ8_0 = KvQ8_0Rows<276>;
+using KvQ8_0Wide = KvQ8_0Rows<272>;
+
 struct AttnDecodeArgs {
     int kv_type;             // kKvF16 or kKvQ8_0
     int n_head, n_kv;        // q heads, kv heads (n_head % n_kv == 0)
@@ -157,6 +165,11 @@ struct AttnDecodeArgs {
     int sm_count;            // multiprocessors; <= 0: read from the current device
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
+    int pipe = 0;            // the chunk blocks' tile pipeline (OPENJET_ATTN_PIPE; decode and verify steps): 0 two
+                             // stages, each tile's copies issued by a loop over its pieces; 1 the planned form
+                             // (attn_issue_tile_planned, Q8_0 in 16-byte pieces) with `stages` stages (0: the most
+                             // that keep the SM's chunk blocks). The same bits: the same tiles, in the same order
+    int stages = 0;          // 2..kAttnMaxStages, or 0 (pipe 1 only)
     bool hi_only = false;    // q and the probabilities as one fp16 each, one mma where decode takes two (a prefill's
                              // numerics of its own unless OPENJET_PREFILL_ATTN=pairs: the engine sets it)
     int prefill_rows = 0;    // launch_attn_prefill's query rows per block: 64, 128, or 0 (128 where shared memory
@@ -188,14 +201,15 @@ __host__ __device__ inline size_t attn_decode_work_floats(int n_head, int t, int
     return static_cast<size_t>(t) * n_head * kAttnHeadDim * (1 + n_chunks) + 2ull * n_chunks * t * n_head;
 }
 
-// Shared memory of a chunk block of max_rows rows: two stages of K and V tiles, q as fp16 hi and lo, the
+// Shared memory of a chunk block of max_rows rows: `stages` (2) stages of K and V tiles, q as fp16 hi and lo, the
 // score partials of the 4 dim quarters (the probabilities overwrite quarter 0's), the rescales. Score and
 // probability rows are padded to whole 16-row mma tiles; q rows are 16 B apart and shifted by 4 banks.
 constexpr int kAttnQStride = kAttnHeadDim + 8;  // halves per q row
 constexpr int kAttnSStride = kAttnTile + 4;     // floats per score row: the score mma's stores hit 32 banks
 __host__ __device__ constexpr int attn_rows_padded(int max_rows) { return (max_rows + 15) / 16 * 16; }
-__host__ __device__ constexpr size_t attn_chunk_smem_bytes(int max_rows, int smem_stride) {
-    return 4ull * kAttnTile * smem_stride + 2ull * 2 * max_rows * kAttnQStride +
+constexpr int kAttnMaxStages = 4;  // the planned form's deepest ring
+__host__ __device__ constexpr size_t attn_chunk_smem_bytes(int max_rows, int smem_stride, int stages = 2) {
+    return 2ull * stages * kAttnTile * smem_stride + 2ull * 2 * max_rows * kAttnQStride +
            4ull * attn_rows_padded(max_rows) * (4 * kAttnSStride + 1);
 }
 
@@ -315,22 +329,66 @@ __device__ __forceinline__ void attn_issue_tile(const AttnDecodeArgs& a, int kv,
     cp_async_commit();
 }
 
+// attn_issue_tile's copies with the loop unrolled over a thread's pieces (a compile-time count: Q8_0Wide 4-5 of 16
+// bytes, F16 8). A tile's K rows (and its V rows) are contiguous in the cache, so piece idx of a half is at 16 idx
+// there, and in shared memory too where rows are not padded (Q8_0Wide): no division, and a key past `valid` is
+// zero-filled by the copy itself (no branch). The loop form spent ~32 instructions a 4-byte piece, ~550 a Q8_0 tile
+// per thread, about half of the chunk kernel's instructions (sm_90a SASS, 2026-12-05). The same bytes to the same
+// places.
+template <class Fmt>
+__device__ __forceinline__ void attn_issue_tile_planned(const AttnDecodeArgs& a, int kv, int key0, int valid,
+                                                        char* stage) {
+    constexpr int kPieces = Fmt::kRowBytes / 16, kHalf = kAttnTile * kPieces, kTotal = 2 * kHalf;
+    constexpr int kCopies = (kTotal + kAttnThreads - 1) / kAttnThreads;
+    static_assert(Fmt::kCopyBytes == 16 && Fmt::kRowBytes % 16 == 0 && Fmt::kSmemStride % 16 == 0,
+                  "whole 16-byte pieces on both sides");
+    const size_t base = (static_cast<size_t>(kv) * a.capacity + key0) * Fmt::kRowBytes;
+    const char* const k_tile = a.k_cache + base;
+    const char* const v_tile = a.v_cache + base;
+    const int lim = valid * kPieces;  // a half's pieces of keys < valid
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+        const int idx = threadIdx.x + i * kAttnThreads;
+        if (i >= kTotal / kAttnThreads && idx >= kTotal) break;  // (only a last, partial round checks)
+        const bool is_v = idx >= kHalf;
+        const int h = is_v ? idx - kHalf : idx;  // piece of the half: key h / kPieces
+        char* dst = stage + 16 * idx;
+        if constexpr (Fmt::kSmemStride != Fmt::kRowBytes) dst += (Fmt::kSmemStride - Fmt::kRowBytes) * (idx / kPieces);
+        cp_async16_or_zero(dst, (is_v ? v_tile : k_tile) + 16 * (h < lim ? h : 0), h < lim);
+    }
+    cp_async_commit();
+}
+
+// cp.async.wait_group n for a run-time n in 0..kMax (an immediate in the instruction).
+template <int kMax> __device__ __forceinline__ void cp_async_wait_upto(int n) {
+    if constexpr (kMax == 0) {
+        cp_async_wait<0>();
+    } else {
+        if (n >= kMax) cp_async_wait<kMax>();
+        else cp_async_wait_upto<kMax - 1>(n);
+    }
+}
+
 // Chunk c of kv head kv: per row r = t * group + g (q head kv * group + g) writes (max, sum) in the exp2
 // domain and the unnormalised o[256], for rows row0 .. row0 + MAXR - 1 of the group's t * group (a block takes
 // them all where shared memory allows; each row's arithmetic is its own, so the split changes no bit: an mma's
 // output element depends only on its own row of A and column of B).
 // smem: attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride) bytes, 16-aligned. kHiOnly (AttnDecodeArgs::hi_only): q
 // and the probabilities rounded once to fp16, the lo halves' mma left out (half the tensor-core work).
-template <class Fmt, int MAXR, bool kHiOnly = false>
+// kPlanned (AttnDecodeArgs::pipe 1): a ring of `stages` (2..kAttnMaxStages) tiles, stages - 1 in flight while one is
+// worked on, filled by attn_issue_tile_planned; smem then attn_chunk_smem_bytes(MAXR, Fmt::kSmemStride, stages). The
+// tiles, their order and every operation on them are the two-stage form's: the same bits.
+template <class Fmt, int MAXR, bool kHiOnly = false, bool kPlanned = false>
 __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_keys, int c, int kv, int row0,
-                                           char* smem) {
+                                           char* smem, int stages = 2) {
     static_assert(MAXR % 8 == 0 && MAXR <= 64, "score n-tiles: 8 rows each, one per warp at most");
     constexpr int kRowsPerWarp = MAXR / 8, kNTiles = MAXR / 8;  // softmax rows per warp; score row tiles
     constexpr int kRowsPad = attn_rows_padded(MAXR), kMTiles = kRowsPad / 16;
     constexpr int kStage = 2 * kAttnTile * Fmt::kSmemStride;
     constexpr int kQuarter = kRowsPad * kAttnSStride;  // floats of one dim quarter's score partials
-    char* stages = smem;                                                           // [2][K, V][32][stride]
-    __half* qhi_s = reinterpret_cast<__half*>(stages + 2 * kStage);                // [MAXR][kAttnQStride]
+    const int n_stages = kPlanned ? stages : 2;
+    char* ring = smem;                                                             // [n_stages][K, V][32][stride]
+    __half* qhi_s = reinterpret_cast<__half*>(ring + n_stages * kStage);           // [MAXR][kAttnQStride]
     __half* qlo_s = qhi_s + MAXR * kAttnQStride;
     float* part_s = reinterpret_cast<float*>(qlo_s + MAXR * kAttnQStride);         // [4][kRowsPad][kAttnSStride]
     float* p_s = part_s;                                    // probabilities: over quarter 0, element by element
@@ -341,7 +399,14 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     const int c0 = c * chunk_keys, c1 = min(c0 + chunk_keys, a.n_past + a.t);
     const int n_tiles = (c1 - c0 + kAttnTile - 1) / kAttnTile;
 
-    attn_issue_tile<Fmt>(a, kv, c0, min(kAttnTile, c1 - c0), stages);
+    if constexpr (kPlanned) {  // tiles 0 .. n_stages - 2 in flight
+        for (int s = 0; s < n_stages - 1 && s < n_tiles; ++s) {
+            const int k0 = c0 + s * kAttnTile;
+            attn_issue_tile_planned<Fmt>(a, kv, k0, min(kAttnTile, c1 - k0), ring + s * kStage);
+        }
+    } else {
+        attn_issue_tile<Fmt>(a, kv, c0, min(kAttnTile, c1 - c0), ring);
+    }
     for (int idx = tid; idx < MAXR * kAttnHeadDim / 4; idx += kAttnThreads) {  // 4 dims per thread and load
         const int r = idx / (kAttnHeadDim / 4), d = 4 * (idx - r * (kAttnHeadDim / 4));
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -371,17 +436,32 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     const float score_scale = rsqrtf(static_cast<float>(kAttnHeadDim)) * kLog2e;  // 1/16 * log2(e)
     constexpr bool kScaled = Fmt::kType == kKvQ8_0;  // codes times a per-32-dim block scale
 
+    int read_stage = 0;  // kPlanned: tile it's stage, it mod n_stages
     for (int it = 0; it < n_tiles; ++it) {
         const int key0 = c0 + it * kAttnTile;
-        if (it + 1 < n_tiles) {
-            const int next0 = key0 + kAttnTile;
-            attn_issue_tile<Fmt>(a, kv, next0, min(kAttnTile, c1 - next0), stages + ((it + 1) & 1) * kStage);
-            cp_async_wait<1>();
+        const char* k_s;
+        if constexpr (kPlanned) {
+            // tile it + n_stages - 1 into the stage tile it - 1 left (every thread passed the barrier that ended it)
+            const int ahead = it + n_stages - 1;
+            if (ahead < n_tiles) {
+                const int k0 = c0 + ahead * kAttnTile;
+                const int write_stage = read_stage == 0 ? n_stages - 1 : read_stage - 1;
+                attn_issue_tile_planned<Fmt>(a, kv, k0, min(kAttnTile, c1 - k0), ring + write_stage * kStage);
+            }
+            cp_async_wait_upto<kAttnMaxStages - 1>(min(n_stages - 1, n_tiles - 1 - it));  // tile it's group landed
+            k_s = ring + read_stage * kStage;
+            read_stage = read_stage + 1 == n_stages ? 0 : read_stage + 1;
         } else {
-            cp_async_wait<0>();
+            if (it + 1 < n_tiles) {
+                const int next0 = key0 + kAttnTile;
+                attn_issue_tile<Fmt>(a, kv, next0, min(kAttnTile, c1 - next0), ring + ((it + 1) & 1) * kStage);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            k_s = ring + (it & 1) * kStage;
         }
         __syncthreads();
-        const char* k_s = stages + (it & 1) * kStage;
         const char* v_s = k_s + kAttnTile * Fmt::kSmemStride;
 
         // Scores: warp w takes keys 16 (w & 1) .. + 15 over dims 64 (w >> 1) .. + 63 for every row: A = the keys,
@@ -598,5 +678,10 @@ cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream);
 
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
+
+// OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES as the engine reads them at create (AttnDecodeArgs::pipe, stages): "1" the
+// chunk blocks' planned tile pipeline with OPENJET_ATTN_STAGES stages ("2".."4"; unset or "auto": 0, the most that
+// keep the SM's chunk blocks); unset or "0": the two-stage loop form. (CudaEngine.load refuses other values.)
+void attn_pipe_switch(int* pipe, int* stages);
 
 }  // namespace openjet

@@ -211,6 +211,9 @@ struct openjet_engine {
     // trunk() arms `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates
     // between rows 0 and 1 of h (a fold writes h + delta to the other row while every block reads the first).
     bool norm_fold = false;
+    // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
+    // attention launch (the chunk blocks' planned tile pipeline: an experiment, off until timed).
+    int attn_pipe = 0, attn_stages = 0;
     NormFold fold{};
     bool fold_armed = false;
     int ring_w = 0;
@@ -706,6 +709,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "1") == 0;
+    attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
         e.attn_spread_cap = std::min(kMaxAttnSpread, std::max(1, std::atoi(sp)));
@@ -1106,6 +1110,7 @@ AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offs
     a.k_norm = static_cast<const float*>(L.k_norm.d);
     a.k_cache = e.kv + 2 * e.kv_layer_half * L.idx;
     a.v_cache = a.k_cache + e.kv_layer_half;
+    a.pipe = e.attn_pipe, a.stages = e.attn_stages;
     return a;
 }
 

@@ -38,6 +38,7 @@ enum class Counted {
     kGdnPackBounded = 20,       // a prefill's GDN gated norm packed under a bound's row scales (its own numerics)
     kGemvTma = 21,              // a decode GEMV on the producer-warp kernel (gemv_tma.cu; the same bits)
     kNormFold = 22,             // a decode GEMV making the add-norm before it (norm_fold.cuh; the same bits)
+    kAttnPlanned = 23,          // attention chunk blocks in the planned tile pipeline (OPENJET_ATTN_PIPE; the same bits)
     kCount
 };
 

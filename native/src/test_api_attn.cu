@@ -109,6 +109,7 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
     a.qproj = dq.as<float>(), a.k = dk.as<float>(), a.v = dv.as<float>(), a.q_norm = dqn.as<float>(), a.k_norm = dkn.as<float>();
     a.k_cache = dkc.as<char>(), a.v_cache = dvc.as<char>(), a.o = dout.as<float>(), a.work = dwork.as<float>();
     a.sm_count = sms, a.prefill_rows = prefill_rows;
+    attn_pipe_switch(&a.pipe, &a.stages);  // as the engine: OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES
     if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
     DevBuf f16;
     if (prefill) CHECK(give_f16_rows(a, f16));
@@ -225,6 +226,7 @@ int bench_attn(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int 
     const float* in = din.as<float>();
     a.qproj = in, a.k = in + n_q, a.v = in + n_q + n_k, a.q_norm = in + n_q + 2 * n_k, a.k_norm = a.q_norm + kAttnHeadDim;
     a.o = dout.as<float>(), a.work = dwork.as<float>(), a.sm_count = sms, a.prefill_rows = prefill_rows;
+    attn_pipe_switch(&a.pipe, &a.stages);
     if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
     DevBuf f16;
     if (prefill) CHECK(give_f16_rows(a, f16));
