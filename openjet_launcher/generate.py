@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .draft_depth import DraftDepth
 from .engine.interface import Engine, SequenceState
 from .sampling import Sampler
-from .speculative import can_speculate, plain_step, speculative_cycle
+from .speculative import can_speculate, draft_limit, plain_step, speculative_cycle
 
 
 @dataclass
@@ -64,17 +64,20 @@ def generate(engine: Engine, state: SequenceState, prompt: list[int], sampler: S
             break
         if len(gen.tokens) >= max_tokens:
             break
-        if not speculate:
+        n_ctx = getattr(engine, "n_ctx", None)  # (an engine without a context bound: none)
+        room = None if n_ctx is None else n_ctx - state.n_tokens - 1
+        limit = draft_limit(sampler, max_tokens - len(gen.tokens), room) if speculate else 0
+        if limit is not None and limit < 1:  # no speculation, or no room left for a draft
             token = plain_step(engine, state, sampler, token)
             gen.steps += 1
             continue
-        cycle = speculative_cycle(engine, state, sampler, token, depth.next(max_tokens - len(gen.tokens)))
+        cycle = speculative_cycle(engine, state, sampler, token, depth.next(limit))
         depth.update(cycle.drafted, len(cycle.accepted))
         gen.steps += 1
         gen.drafted += cycle.drafted
-        gen.accepted += len(cycle.accepted)
         for d in cycle.accepted:
             sampler.note(d)
+            gen.accepted += 1  # the drafts kept and emitted (those past max_tokens or a stop id are not)
             gen.tokens.append(d)
             if on_token:
                 on_token(d)

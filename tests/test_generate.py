@@ -89,6 +89,32 @@ def test_sampling_with_a_seed_repeats(engine):
     assert a.tokens == b.tokens and a.tokens != c.tokens
 
 
+@pytest.mark.parametrize("n_draft", [0, 4])
+def test_a_seeded_answer_cut_by_max_tokens_is_the_longer_answers_start(engine, n_draft):
+    """Sampled with a seed, speculation on or off: the answer of max_tokens = N is the first N tokens of the answer
+    of a larger max_tokens (the draft count of a sampled request is not clamped by the tokens still wanted: its drafts
+    draw from the seeded generator, so a clamp near the end would shift the acceptance draws)."""
+    for seed in range(4):
+        params = SamplingParams(temperature=0.7, top_k=3, seed=seed)
+        whole = generate(engine, engine.new_state(), PROMPT, Sampler(params, 4000), 24, (), n_draft=n_draft)
+        for n in (3, 5, 9, 13):
+            cut = generate(engine, engine.new_state(), PROMPT, Sampler(params, 4000), n, (), n_draft=n_draft)
+            assert cut.tokens == whole.tokens[:n], (seed, n)
+
+
+def test_accepted_drafts_count_only_the_tokens_emitted(engine):
+    """A cycle that keeps drafts past max_tokens or a stop id: the drafts reported accepted are the kept drafts the
+    answer holds, no more (timings' draft_n_accepted, /metrics)."""
+    want = plain(engine, 30)
+    spec = OracleDrafter(engine, want.tokens)
+    for i in range(1, 12):  # a stop id at each position: some end a cycle inside its kept drafts
+        stop = want.tokens[i]
+        got = generate(spec, engine.new_state(), PROMPT, Sampler(GREEDY, 4000), 30, [stop], n_draft=4)
+        assert got.tokens == want.tokens[:want.tokens.index(stop) + 1]
+        # the first token, then per cycle its kept drafts and (but for a last cycle cut short) its own token
+        assert got.accepted <= len(got.tokens) - got.steps, (i, got.accepted, got.steps, len(got.tokens))
+
+
 def test_run_cli_generates_and_reports(engine, tmp_path):
     import subprocess
     import sys

@@ -63,9 +63,10 @@ int device_sm_count() {
 
 // The planned form's stages for blocks of MAXR rows (AttnDecodeArgs::stages: 2..kAttnMaxStages where a block may have
 // their shared memory, else 0; 0 asked: the most whose shared memory keeps as many chunk blocks on an SM as two stages
-// do, by the occupancy API: on the H200 4 stages for up to 16 rows, 3 for 32, 2 for 48; on the 100 KB SMs of
-// sm_86/89/120 one block an SM at any depth, 4 for up to 16 rows). The kernel is opted in once for its deepest ring
-// that fits (a launch may use less); 0: the two-stage form runs instead.
+// do, by the occupancy API: on the H200 with a Q8_0 cache 4 stages for up to 16 rows, 3 for 32, 2 for 48; F16 2, 2,
+// 4, 4 (one block an SM at 32 and 48 rows either way); on the 100 KB SMs of sm_86/89/120 one block an SM at any
+// depth). The kernel is opted in once for its deepest ring that fits (a launch may use less); 0: the two-stage form
+// runs instead.
 template <class Fmt, int MAXR>
 int planned_stages(int asked) {
     static constexpr auto kernel = attn_chunk_kernel<Fmt, MAXR, false, true>;

@@ -165,7 +165,7 @@ struct AttnDecodeArgs {
     int sm_count;            // multiprocessors; <= 0: read from the current device
     int rope_offset;         // RoPE position = cache row + rope_offset (0 for the trunk; the MTP head's cache
                              // row r holds the token at position r + 1)
-    int pipe = 0;            // the chunk blocks' tile pipeline (OPENJET_ATTN_PIPE; decode and verify steps): 0 two
+    int pipe = 0;            // the chunk blocks' tile pipeline (OPENJET_ATTN_PIPE; blocks of <= 48 rows): 0 two
                              // stages, each tile's copies issued by a loop over its pieces; 1 the planned form
                              // (attn_issue_tile_planned, Q8_0 in 16-byte pieces) with `stages` stages (0: the most
                              // that keep the SM's chunk blocks). The same bits: the same tiles, in the same order

@@ -39,7 +39,8 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/me
 
 def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
                settings: ServerSettings | None = None, on_load_failed=None) -> FastAPI:
-    """`on_load_failed(message)` is called on the worker thread when the loader raises (`serve` exits then)."""
+    """`on_load_failed(message)` is called on the worker thread when the loader raises, or when the engine breaks while
+    serving (a reset after a failed request fails too): `serve` exits then."""
     settings = settings or ServerSettings()
     metrics = Metrics()
     worker = EngineWorker(engine, tokenizer, n_valid=n_valid_tokens(tokenizer), n_ctx=settings.n_ctx,
@@ -112,6 +113,8 @@ def _routes(core: ServerCore) -> APIRouter:
     async def health():
         if core.worker.load_error:
             return error_response(503, f"the model failed to load: {core.worker.load_error}")
+        if core.worker.engine_error:
+            return error_response(503, f"the engine failed and cannot serve: {core.worker.engine_error}")
         if not core.worker.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}

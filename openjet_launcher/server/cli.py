@@ -293,4 +293,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.run()
     if error := app.state.core.worker.load_error:
         raise ModelLoadError(f"the model failed to load: {error}")
+    if error := app.state.core.worker.engine_error:
+        raise OpenJetError(f"the engine failed while serving and was stopped: {error}")
     return 0

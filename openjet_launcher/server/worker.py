@@ -41,7 +41,7 @@ from ..draft_depth import DraftDepth
 from ..engine.interface import Engine, SequenceState
 from ..errors import OpenJetError
 from ..sampling import Sampler, SamplingParams
-from ..speculative import can_speculate, plain_step, speculative_cycle
+from ..speculative import can_speculate, draft_limit, plain_step, speculative_cycle
 from ..text.tokenizer import StreamingDetokenizer, Tokenizer
 from .errors import APIError, escape_for_log
 from .metrics import Metrics
@@ -230,7 +230,8 @@ class EngineWorker:
                  n_ctx: int, n_draft: int = 0, max_queue: int = 64, metrics: Metrics | None = None,
                  on_load_failed: Callable[[str], None] | None = None):
         self._engine_or_loader = engine
-        self.on_load_failed = on_load_failed  # `serve` ends the process: a failed load never gets better
+        self.on_load_failed = on_load_failed  # `serve` ends the process: a failed load (or a broken engine) never
+                                              # gets better
         self.engine: Engine | None = None
         self.tokenizer = tokenizer
         self.n_valid = n_valid
@@ -241,6 +242,7 @@ class EngineWorker:
         self.slots: list[Slot] = []
         self.ready = threading.Event()
         self.load_error: str | None = None
+        self.engine_error: str | None = None  # the engine broke while serving (a failed reset): it serves no more
         self.busy = 0
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="openjet-engine", daemon=True)
@@ -261,6 +263,8 @@ class EngineWorker:
     def submit(self, job: Job) -> None:
         if self.load_error:
             raise APIError(503, f"the model failed to load: {self.load_error}")
+        if self.engine_error:
+            raise APIError(503, f"the engine failed and cannot serve: {self.engine_error}; restart the server")
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading")
         if self._jobs.qsize() >= self.max_queue:
@@ -284,17 +288,33 @@ class EngineWorker:
             return
         self.ready.set()
         while (job := self._jobs.get()) is not None:
+            if self.engine_error:  # (queued before the engine broke)
+                job.channel.put(Failed(f"the engine failed and cannot serve: {self.engine_error}"), force=True)
+                continue
             slot = self.slots[0]
             self.busy = 1
             try:
                 self._serve(slot, job)
             except Exception as e:
-                slot.reset()                       # never leave a half-updated cache to the next request
                 self.metrics.add(requests_failed_total=1)
                 log.exception("generation failed")
                 job.channel.put(Failed(f"generation failed: {type(e).__name__}: {e}"), force=True)
+                self._reset_after_failure(slot)
             finally:
                 self.busy = 0
+
+    def _reset_after_failure(self, slot: Slot) -> None:
+        """Never leave a half-updated cache to the next request; where even the reset fails (a CUDA error sticks to
+        its context), the engine serves no more: later and queued requests get a 503 / an error event, /health says
+        so, and `serve` exits (on_load_failed) so that whoever runs it can start it again."""
+        try:
+            slot.reset()
+        except Exception as e:
+            self.engine_error = f"{type(e).__name__}: {e}"
+            log.error("the engine cannot be reset after a failed request, so it serves no more: %s",
+                      escape_for_log(self.engine_error))
+            if self.on_load_failed:
+                self.on_load_failed(self.engine_error)
 
     def _warm_up(self) -> None:
         """One short prefill and decode on a scratch state: first-call setup happens before /health is 200."""
@@ -377,13 +397,16 @@ class EngineWorker:
                 token = plain_step(engine, state, sampler, token)
                 result.decode_seconds += time.perf_counter() - t0
                 continue
-            cycle = speculative_cycle(engine, state, sampler, token, depth.next(budget - emitted))
+            # (room: the positions after this cycle's first token; budget <= n_ctx - prompt keeps it >= 1)
+            room = self.n_ctx - state.n_tokens - 1
+            cycle = speculative_cycle(engine, state, sampler, token,
+                                      depth.next(draft_limit(sampler, budget - emitted, room)))
             depth.update(cycle.drafted, len(cycle.accepted))
             result.drafted += cycle.drafted
-            result.accepted += len(cycle.accepted)
             result.decode_seconds += time.perf_counter() - t0
             for d in cycle.accepted:
                 sampler.note(d)
+                result.accepted += 1  # counted as emitted: not those a stop, a cancel or the budget leaves behind
                 yield d
                 emitted += 1
             token = cycle.next_token

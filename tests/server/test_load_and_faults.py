@@ -312,3 +312,42 @@ def test_every_limit_is_on_by_default_and_documented_in_serve_help():
     options = uvicorn_options(d)
     assert options["http"].max_connections == d.max_connections
     assert options["http"].request_timeout_s == d.request_timeout_s
+
+
+class BreakingEngine(ScriptedEngine):
+    """A scripted engine that breaks as a CUDA engine does after a sticky device error: once `broken`, a prefill and
+    even a fresh state (the worker's reset after a failed request) raise."""
+
+    broken = False
+
+    def new_state(self):
+        if self.broken:
+            raise RuntimeError("openjet_engine_reset: an illegal memory access was encountered")
+        return super().new_state()
+
+    def prefill(self, state, tokens, **kw):
+        if self.broken:
+            raise RuntimeError("openjet_engine_prefill: an illegal memory access was encountered")
+        return super().prefill(state, tokens, **kw)
+
+
+def test_an_engine_that_cannot_be_reset_fails_each_request_instead_of_hanging(text_layer):
+    """A request fails and the reset after it fails too: that request still gets its error, and the server then
+    refuses every request with a 503 naming the engine's failure (/health too) and asks `serve` to exit
+    (on_load_failed), where the worker thread used to die and leave every request waiting forever."""
+    tokenizer, template = text_layer
+    engine = BreakingEngine(tokenizer.n_vocab, tokenizer.encode("a b c"))
+    exits = []
+    app = create_app(engine, tokenizer, template, ServerSettings(model_id="m", n_ctx=300), on_load_failed=exits.append)
+    with LiveServer(app) as s:
+        engine.broken = True
+        first = httpx.post(s.base + "/v1/chat/completions", json=OK, timeout=10)
+        assert first.status_code == 500 and "illegal memory access" in first.json()["error"]["message"], first.text
+        assert wait_for(lambda: s.core.worker.engine_error is not None, 5)
+        assert exits and "openjet_engine_reset" in exits[0]
+        engine.broken = False  # a later request must not reach the engine
+        later = httpx.post(s.base + "/v1/chat/completions", json=OK, timeout=10)
+        assert later.status_code == 503 and "restart the server" in later.json()["error"]["message"], later.text
+        health = httpx.get(s.base + "/health", timeout=10)
+        assert health.status_code == 503 and "engine failed" in health.json()["error"]["message"]
+        assert s.core.worker._thread.is_alive()
