@@ -56,6 +56,10 @@ class FakeLib:
             return self._fail(f"{name}: a verify step awaits openjet_engine_accept")
         return 0
 
+    def openjet_engine_n_past(self, h, out):
+        out._obj.value = self.n_past
+        return 0
+
     def openjet_engine_prefill(self, h, ids, n, chunk, logits, hidden):
         self.calls.append(("prefill", n, chunk))
         if not 1 <= chunk <= self.prefill_rows:
@@ -557,3 +561,89 @@ def test_the_persistent_grid_limit_must_be_a_number_of_sms(bad, monkeypatch, tmp
     with pytest.raises(Exception) as err:
         CudaEngine.load(tmp_path / "missing.gguf")
     assert "OPENJET_PERSISTENT_SMS" not in str(err.value)
+
+
+def fake_engine(n_ctx: int = 4096, n_checkpoints: int = 2, prefill_rows: int = 512) -> CudaEngine:
+    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
+    return CudaEngine(types.SimpleNamespace(shape=shape, name="fake"), FakeLib(), 1, n_ctx, "f16", n_checkpoints,
+                      prefill_rows=prefill_rows)
+
+
+def test_truncate_refuses_a_count_that_is_not_an_integer_before_changing_anything(engine):
+    """A float target used to pass the range check, restore the device to a checkpoint and only then fail at a slice:
+    the device at the checkpoint, the record still at the old length. Now refused first."""
+    lib = engine._lib
+    state = engine.new_state()
+    engine.prefill(state, list(range(1, 41)))
+    engine.decode(state, [5, 6])
+    for bad in (35.0, "35", None):
+        with pytest.raises(OpenJetError, match="must be an integer"):
+            engine.truncate(state, bad)
+        assert state.n_tokens == 42 and lib.n_past == 42
+    with pytest.raises(OpenJetError, match="chunk_size must be a positive integer"):
+        engine.prefill(state, [7], chunk_size=True)
+
+
+def test_truncate_replays_prefilled_tokens_in_the_calls_prefill_made(monkeypatch):
+    """With the chunked GDN a prefill's calls are a multiple of its 32-row chunk (prefill_rows 100: 96), and so are a
+    truncate's replay of prefilled tokens (it used prefill_rows itself: calls starting at 100, inside a chunk, whose
+    rows then had other bits than the first run's)."""
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    e = fake_engine(prefill_rows=100)
+    try:
+        lib = e._lib
+        state = e.new_state()
+        e.prefill(state, [1] * 200)
+        assert lib.calls == [("prefill_checkpoint", 200, 96, 192)]
+        del lib.calls[:]
+        e.truncate(state, 150)  # before the checkpoint at 192: from the start
+        assert lib.calls == [("prefill_checkpoint", 150, 96, 128)] and lib.n_past == 150
+    finally:
+        e._handle = ctypes.c_void_p()
+
+
+def test_the_servers_prompt_checkpoint_is_the_chunked_gdns(monkeypatch):
+    """worker.Slot.load_prompt on the chunked GDN (CudaEngine.prefill_checkpoint_stride = 32): a prompt in one call
+    that leaves its checkpoint at the last chunk start (100 tokens: at 96), with no checkpoint of the slot's own at 99
+    (the last token's prefill would rewind to 96 and drop it, prefilling 96..98 twice); a prompt ending on a chunk
+    boundary (128) split there so that 96 is kept. A regenerated answer (the same prompt again) rewinds to 96 and
+    prefills the rest in one call."""
+    from openjet_launcher.server.worker import Slot
+    monkeypatch.delenv("OPENJET_GDN_CHUNKED", raising=False)
+    monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
+    for checkpoints in (1, 2):  # the served MTP setting keeps one
+        e = fake_engine(n_checkpoints=checkpoints)
+        try:
+            lib, slot = e._lib, Slot(e)
+            assert e.prefill_checkpoint_stride == 32
+            prompt = [i % 250 + 1 for i in range(100)]
+            slot.load_prompt(prompt)
+            assert lib.calls == [("prefill_checkpoint", 100, e.prefill_rows, 96)]
+            assert slot.state.checkpoint_positions == (96,) and lib.n_past == 100
+            del lib.calls[:]
+            _, reused = slot.load_prompt(prompt)  # a regenerated answer
+            assert reused == 96 and lib.calls == [("prefill", 4, e.prefill_rows)]
+            long = [i % 250 + 1 for i in range(128)]
+            slot.reset()
+            del lib.calls[:]
+            slot.load_prompt(long)
+            assert lib.calls == [("prefill", 96, e.prefill_rows), ("prefill", 32, e.prefill_rows)]
+            assert slot.state.checkpoint_positions == (96,) and lib.n_past == 128
+        finally:
+            e._handle = ctypes.c_void_p()
+
+
+def test_a_prefill_that_fails_part_way_keeps_the_record_of_what_the_engine_committed(engine):
+    """openjet_engine_prefill commits chunk by chunk; where a later chunk fails, the state's record holds the tokens
+    the engine committed (openjet_engine_n_past), so the next call continues from where the device is."""
+    class FailingHalfWay(FakeLib):
+        def openjet_engine_prefill(self, h, ids, n, chunk, logits, hidden):
+            self.n_past += n // 2
+            return self._fail("prefill: the second chunk failed")
+    engine._lib = FailingHalfWay()
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    with pytest.raises(OpenJetError, match="the second chunk failed"):
+        engine.prefill(state, [3, 4, 5, 6, 7, 8], chunk_size=3)
+    assert state.tokens == (1, 2, 3, 4, 5) and engine._lib.n_past == 5

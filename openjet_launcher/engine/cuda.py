@@ -41,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import json
+import operator
 import os
 import time
 import warnings
@@ -295,6 +296,11 @@ class CudaEngine(Engine):
         # The library reads OPENJET_PREFILL_GEMM at each prefill call: so does this.
         return prefill_gemm() not in PREFILL_OWN_NUMERICS
 
+    @property
+    def prefill_checkpoint_stride(self) -> int:
+        # _prefill's in-call checkpoint at a chunk start (it needs a checkpoint slot to keep it in)
+        return gdn_chunk_rows() if self.n_checkpoints else 0
+
     # ------------------------------------------------------------------------------------------ loading
 
     @classmethod
@@ -486,8 +492,8 @@ class CudaEngine(Engine):
         t0 = time.perf_counter()
         if not all_logits and len(ids):
             self._check_room(state, len(ids))  # before a rewind or a first part: refused, the sequence is as it was
+            chunk = self._call_rows(chunk)
             if gdn := gdn_chunk_rows():  # chunked GDN: calls start on its chunk boundaries (gdn_chunk_rows)
-                chunk = min(self.prefill_rows, max(gdn, chunk - chunk % gdn))
                 ids = self._rewind_to_gdn_chunk(state, ids, gdn)
             out = self._prefill(state, ids, chunk)
             self._stats.prefill_tokens += len(ids)
@@ -743,6 +749,10 @@ class CudaEngine(Engine):
 
     def truncate(self, state: CudaState, n_tokens: int) -> None:
         self._check_state(state)
+        try:  # an int, before anything changes (a float would fail half way, the device and the record apart)
+            n_tokens = operator.index(n_tokens)
+        except TypeError:
+            raise OpenJetError(f"truncate: the token count must be an integer, not {n_tokens!r}") from None
         if not 0 <= n_tokens <= state.n_tokens:
             raise OpenJetError(f"cannot truncate a sequence of {state.n_tokens} tokens to {n_tokens}")
         if n_tokens == state.n_tokens:
@@ -764,8 +774,8 @@ class CudaEngine(Engine):
         for prefilled, run in itertools.groupby(how):  # each run as it was first run: the bits it left then
             part = replay[i:i + len(list(run))]
             i += len(part)
-            if prefilled:
-                self._prefill(state, part, self.prefill_rows)
+            if prefilled:  # in the calls prefill made (a row's bits depend on where its GDN chunk began)
+                self._prefill(state, part, self._call_rows(self.prefill_rows))
             else:
                 for k in range(0, len(part), MAX_GPU_DECODE_TOKENS):
                     self._step(state, part[k:k + MAX_GPU_DECODE_TOKENS], logits=False)
@@ -824,6 +834,12 @@ class CudaEngine(Engine):
         self._stats.decode_steps += 1
         self._stats.decode_seconds += time.perf_counter() - t0
 
+    def _call_rows(self, chunk: int) -> int:
+        """The rows of a prefill's calls for a requested chunk (<= prefill_rows): with the chunked GDN a multiple of
+        its chunk (the calls then start on chunk boundaries), as prefill and truncate's replay both need."""
+        gdn = gdn_chunk_rows()
+        return min(self.prefill_rows, max(gdn, chunk - chunk % gdn)) if gdn else chunk
+
     def _rewind_to_gdn_chunk(self, state: CudaState, ids: np.ndarray, gdn: int) -> np.ndarray:
         """A prefill that would start inside a chunk of the chunked GDN, after tokens a prefill read from its start f:
         back to f (the checkpoint _prefill left there), the tokens since f put in front of ids, so that the chunk is
@@ -846,7 +862,9 @@ class CudaEngine(Engine):
         gdn, n0 = gdn_chunk_rows(), state.n_tokens
         f = (n0 + n) // gdn * gdn if gdn else 0
         at = f - n0 if gdn and self.n_checkpoints and n0 % gdn == 0 and f < n0 + n else -1
-        if at == 0:
+        if at == 0 and n0 in state.slots:  # (a rewind just restored it: the slot holds this very state)
+            self._touch(state.slots[n0])
+        elif at == 0:
             self.checkpoint(state)
         ids32 = np.ascontiguousarray(ids, dtype=np.int32)
         lg, hd = self._logits[:1], self._hidden[:1]
@@ -855,10 +873,16 @@ class CudaEngine(Engine):
             slot = self._slot_for(state, f)
             rc = self._lib.openjet_engine_prefill_checkpoint(self._handle, ptr, n, chunk, slot, at, _f32p(lg),
                                                              _f32p(hd))
-            self._check(rc, "prefill")
-            self._took_checkpoint(state, f, slot)
         else:
-            self._check(self._lib.openjet_engine_prefill(self._handle, ptr, n, chunk, _f32p(lg), _f32p(hd)), "prefill")
+            rc = self._lib.openjet_engine_prefill(self._handle, ptr, n, chunk, _f32p(lg), _f32p(hd))
+        if rc != 0:  # the engine commits chunk by chunk: the record keeps the chunks it committed before failing
+            error = OpenJetError(f"prefill: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
+            done = ctypes.c_int(-1)
+            if self._lib.openjet_engine_n_past(self._handle, ctypes.byref(done)) == 0 and n0 < done.value <= n0 + n:
+                state.add(ids[:done.value - n0], prefilled=True)
+            raise error
+        if at > 0:
+            self._took_checkpoint(state, f, slot)
         state.add(ids, prefilled=True)
         return StepOutput(logits=lg.copy(), hidden=hd.copy())
 

@@ -59,7 +59,7 @@ def argmax(logits: np.ndarray) -> int:
 
 def check_chunk_size(chunk_size: object) -> int:
     """prefill's chunk_size: a positive integer (OpenJetError otherwise)."""
-    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise OpenJetError(f"chunk_size must be a positive integer, not {chunk_size!r}")
     return int(chunk_size)
 
@@ -362,6 +362,14 @@ class Engine(abc.ABC):
         conversation that goes on after decoded tokens equals a fresh prefill only if those tokens are prefilled
         again: the server's conversation reuse then keeps no more than the previous prompt (worker.Slot)."""
         return True
+
+    @property
+    def prefill_checkpoint_stride(self) -> int:
+        """g > 0 where a prefill's calls must start on multiples of g to keep a fresh prefill's bits, and a prefill
+        leaves its own checkpoint at the last multiple of g it passes (the CUDA engine's chunked GDN: CudaEngine.prefill
+        rewinds a call that would start inside a chunk to the chunk's start, which drops any later checkpoint); 0: any
+        position will do (worker.Slot then checkpoints before the last prompt token itself)."""
+        return 0
 
     @abc.abstractmethod
     def memory(self) -> dict[str, int]:

@@ -208,14 +208,27 @@ class Slot:
                 self.reset()
                 state = self.state
         matched(common)
-        # Checkpoint before the last prompt token: the next request may repeat this prompt (a regenerated
-        # answer) or diverge anywhere after it (a re-rendered history), and both rewind to here.
+        # A checkpoint before the last prompt token: the next request may repeat this prompt (a regenerated
+        # answer) or diverge anywhere after it (a re-rendered history), and both rewind to there.
         rest = list(prompt[common:])
-        if len(rest) > 1:
-            self.engine.prefill(state, rest[:-1])
-            rest = rest[-1:]
-        if state.n_tokens not in state.checkpoint_positions:
-            self.engine.checkpoint(state)
+        g = self.engine.prefill_checkpoint_stride
+        if g:
+            # Calls start on multiples of g and the prefill checkpoints the last one it passes: the prompt in one
+            # call (a checkpoint of ours before its last token would be dropped by the rewind to that chunk's start,
+            # and those tokens prefilled twice), split only where it ends on a multiple of g (the call would then
+            # leave none before the end).
+            f = (len(prompt) - 1) // g * g
+            if len(prompt) % g == 0 and f > common:
+                self.engine.prefill(state, rest[:f - common])
+                rest = rest[f - common:]
+                if state.n_tokens not in state.checkpoint_positions:
+                    self.engine.checkpoint(state)
+        else:
+            if len(rest) > 1:
+                self.engine.prefill(state, rest[:-1])
+                rest = rest[-1:]
+            if state.n_tokens not in state.checkpoint_positions:
+                self.engine.checkpoint(state)
         logits = self.engine.prefill(state, rest).logits[-1]
         self.prompt_end = len(prompt)
         return logits, common
