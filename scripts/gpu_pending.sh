@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device), one
+# device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
+# tests on the idle GPU while the model is written, then its benchmarks on the model):
+#
+#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600,
+#       command="OPENJET_COMMIT=<the hash, written out> PLAN=fold bash scripts/gpu_pending.sh")
+#
+# PLAN=fold  OPENJET_NORM_FOLD (norm_fold.cuh): its bit tests (small model, and the 27B's width on the full model),
+#            the scratch rows test (prefill_rows below a step's 8 rows), then the T=1 / T=5 step with the fold on
+#            and off, and with OPENJET_BENCH_SKIP_NORM_PACKS=4 (the swiglu packs' bound). ~8 minutes.
+# PLAN=attn  OPENJET_ATTN_PIPE (attn_decode.cuh's planned tile pipeline): its bit tests (kernel and engine), one
+#            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
+#            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
+#            model. ~9 minutes.
+# Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
+# misc.tgz (the build's); copy the JSON worth keeping to bench/results.
+# Internal: `bash scripts/gpu_pending.sh fold-bench|attn-bench` is the plan's BENCH_CMD (MODEL and OUT set).
+set -o pipefail
+cd "$(dirname "$0")/.."
+
+# One timing of bench_decode on $MODEL under the environment $1 (e.g. "OPENJET_NORM_FOLD=1"; "," joins two),
+# the rest of the arguments its own; $OUT/<name>.json, and a line a T in the output.
+timing() {
+  local env=$1 name=$2; shift 2
+  # shellcheck disable=SC2086  # env is a list of assignments
+  env ${env//,/ } timeout 100 python3 native/bench/bench_decode.py --preset full --model "$MODEL" --kv q8_0 \
+    --prefill none --prefill-profile 0 --steps 10 --profile-steps 2 --budget-s 75 --out "$OUT/$name.json" "$@" \
+    > /dev/null 2> "$OUT/$name.log"
+  echo "== $env (rc $?)"
+  python3 - "$OUT/$name.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    sys.exit(f"no result: {e}")
+for r in d["runs"].values():
+    for x in r["decode"]:
+        top = (x.get("top_k") or {}).get("median_ms")
+        prof = {k: v for k, v in (x.get("profile_ms_per_step") or {}).items() if k in ("norm", "ffn", "attn.core")}
+        print(f"  ctx {x['context']} T {x['t']}: {x['median_ms']} ms (top-k path {top}) {prof}")
+PY
+}
+
+pack_logs() {  # the device returns at most 8 files: every log and test report in one archive, the JSON apart
+  (cd "$OUT" && ls ./*.log ./*.jsonl 2>/dev/null | tar -czf logs.tgz --remove-files -T -)
+}
+
+gpu_tests() {  # pytest -m gpu with the report and log in $OUT/<name>.*
+  local name=$1 limit=$2; shift 2
+  OPENJET_GPU_REPORT=$OUT/$name.jsonl timeout "$limit" python3 -m pytest -q -m gpu "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name (rc $?): $(tail -1 "$OUT/$name.log")"
+}
+
+case "${1:-${PLAN:-}}" in
+  fold)
+    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below'"
+    export BENCH_CMD="bash scripts/gpu_pending.sh fold-bench"
+    exec bash scripts/gpu_bench_engine.sh ;;
+  fold-bench)
+    OPENJET_FULL_MODEL=$MODEL gpu_tests fold-27b-width 120 tests/test_gpu_engine.py -k norm_fold_keeps_every_bit_at_the_27b
+    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
+      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
+    done
+    pack_logs ;;
+  attn)
+    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_attn.py tests/test_gpu_engine.py -k 'planned_tile_pipeline or decode_experiments and ATTN_PIPE'"
+    export BENCH_CMD="bash scripts/gpu_pending.sh attn-bench"
+    exec bash scripts/gpu_bench_engine.sh ;;
+  attn-bench)
+    for pipe in 0 1; do  # one attention layer of the 27B (24 q heads, 4 kv heads, q8_0) at 32K, alone
+      OPENJET_ATTN_PIPE=$pipe python3 - <<'PY' 2>&1 | tail -4
+import os, statistics
+from openjet_launcher.engine import kernels_test_attn as ka
+for t in (1, 5, 8):
+    us = statistics.median(ka.bench_attn_decode(ka.KV_TYPES["Q8_0"], 24, 4, 32768, t, 4, 20, 5))
+    kv_mb = ka.kv_bytes_read(ka.KV_TYPES["Q8_0"], 4, 32768 + t) / 1e6
+    print(f"OPENJET_ATTN_PIPE={os.environ['OPENJET_ATTN_PIPE']} 32K T={t}: {us:.1f} us, {kv_mb / us:.2f} TB/s")
+PY
+    done
+    for v in OPENJET_ATTN_PIPE=0 OPENJET_ATTN_PIPE=1 OPENJET_ATTN_PIPE=1,OPENJET_ATTN_STAGES=2; do
+      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-32k" --ctx 32768 --t 1,5
+    done
+    OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
+      -k "greedy_ids_are_identical_for_every_draft_count and full"
+    pack_logs ;;
+  *)
+    echo "PLAN=fold or PLAN=attn (see the top of $0)" >&2
+    exit 2 ;;
+esac
