@@ -225,8 +225,11 @@ def test_native_verify_keeps_the_sequence_until_accept(engine):
     engine.decode(state, [1, 2])
     out = engine.verify(state, [3, 4, 5])
     assert out.logits.shape == (3, N_VOCAB) and state.n_tokens == 2 and state.verify_rows == 3
-    with pytest.raises(OpenJetError, match="awaits openjet_engine_accept"):
-        engine.decode(state, [9])
+    for call in (lambda: engine.decode(state, [9]), lambda: engine.prefill(state, [9]), lambda: engine.checkpoint(state),
+                 lambda: engine.truncate(state, 1)):  # refused before anything changes (no rewind, no reset)
+        with pytest.raises(OpenJetError, match=r"a verify step of 3 rows awaits accept\(state, n\), n = 1..3"):
+            call()
+    assert lib.n_past == 2 and state.tokens == (1, 2) and state.checkpoint_positions == ()
     with pytest.raises(OpenJetError, match="is not 1..3"):
         engine.accept(state, 4)
     engine.accept(state, 2)

@@ -897,7 +897,7 @@ def test_verify_then_accept_leaves_the_bits_of_decoding_the_accepted_rows(models
             got = engine.verify(state, step)
             np.testing.assert_array_equal(got.logits, plain)
             assert state.n_tokens == 50
-            with pytest.raises(OpenJetError, match="awaits openjet_engine_accept"):
+            with pytest.raises(OpenJetError, match="awaits accept"):
                 engine.decode(state, [1])
             with pytest.raises(OpenJetError, match="is not 1..5"):
                 engine.accept(state, 6)

@@ -489,6 +489,7 @@ class CudaEngine(Engine):
         of up to 8 tokens, for every row's logits (teacher forcing)."""
         chunk = self.prefill_rows if chunk_size is None else min(check_chunk_size(chunk_size), self.prefill_rows)
         ids = self._token_ids(state, tokens)
+        self._check_idle(state, "prefill")
         t0 = time.perf_counter()
         if not all_logits and len(ids):
             self._check_room(state, len(ids))  # before a rewind or a first part: refused, the sequence is as it was
@@ -720,6 +721,7 @@ class CudaEngine(Engine):
 
     def checkpoint(self, state: CudaState) -> None:
         self._check_state(state)
+        self._check_idle(state, "checkpoint")
         if self.n_checkpoints == 0:
             raise OpenJetError("this engine was loaded with n_checkpoints=0: checkpoints are disabled")
         n = state.n_tokens
@@ -749,6 +751,7 @@ class CudaEngine(Engine):
 
     def truncate(self, state: CudaState, n_tokens: int) -> None:
         self._check_state(state)
+        self._check_idle(state, "truncate")
         try:  # an int, before anything changes (a float would fail half way, the device and the record apart)
             n_tokens = operator.index(n_tokens)
         except TypeError:
@@ -818,6 +821,7 @@ class CudaEngine(Engine):
     def _step_ids(self, state: CudaState, tokens: TokenIds, what: str) -> np.ndarray:
         """The ids of one step (decode, verify, decode_top) as int32, checked: vocabulary, rows, context."""
         ids = self._token_ids(state, tokens)
+        self._check_idle(state, what)
         if len(ids) > MAX_GPU_DECODE_TOKENS:
             raise OpenJetError(f"{what} takes at most {MAX_GPU_DECODE_TOKENS} tokens per step on the GPU, "
                                f"got {len(ids)}: use prefill for longer runs")
@@ -896,6 +900,13 @@ class CudaEngine(Engine):
         if state.generation != self._generation:
             raise OpenJetError("this state was retired: the CUDA engine v1 holds one sequence, and a later "
                                "new_state() reset it")
+
+    def _check_idle(self, state: CudaState, what: str) -> None:
+        """Refused, before anything changes, while a verify step awaits accept (the library refuses too, but a rewind
+        or an eviction on the way there would already have happened, and its message names the library's calls)."""
+        if state.verify_rows:
+            raise OpenJetError(f"{what}: a verify step of {state.verify_rows} rows awaits accept(state, n), n = 1.."
+                               f"{state.verify_rows}: accept it first")
 
     def _token_ids(self, state: CudaState, tokens: TokenIds) -> np.ndarray:
         self._check_state(state)
