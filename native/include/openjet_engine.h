@@ -89,7 +89,9 @@ OPENJET_API int openjet_engine_n_past(const openjet_engine* engine, int* n_past)
 /* One decode step over t tokens at positions n_past .. n_past + t - 1 (1 <= t <= 8, ids in [0, n_vocab),
  * n_past + t <= n_ctx). logits [t, n_vocab] and hidden [t, n_embd] (post-output_norm) are host buffers;
  * either may be NULL (logits NULL: the lm_head is skipped, as a replay needs). On failure the sequence is
- * unchanged when the failure is a bad argument, and undefined after a CUDA failure (reset it). */
+ * unchanged when the failure is a bad argument, and undefined after a CUDA failure: every operation but
+ * openjet_engine_reset and openjet_engine_restore is then refused until one of them has run (this holds for every
+ * operation that changes the sequence). */
 OPENJET_API int openjet_engine_decode(openjet_engine* engine, const int32_t* ids, int t, float* logits,
                                       float* hidden);
 

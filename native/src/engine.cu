@@ -63,8 +63,16 @@ using namespace openjet;
 
 constexpr auto& fail = fail_in<Api::kEngine>;
 
+// This thread's count of the engine's failures part way through an operation: failed CUDA calls, and the trunk's
+// internal checks (GpuFailureWatch reads it).
+unsigned long long& gpu_failures() {
+    static thread_local unsigned long long n = 0;
+    return n;
+}
+
 int cuda_fail(cudaError_t e, const char* what) {
     cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+    ++gpu_failures();
     return cuda_fail_in<Api::kEngine>(e, what, nullptr);
 }
 
@@ -184,6 +192,9 @@ struct openjet_engine {
     // accepted rows need: `pending` rows await openjet_engine_accept, which replays them from the ring onto
     // the committed state (the same kernel on the same inputs: decode's bits) instead of a trunk replay.
     int pending = 0;
+    // An operation failed on the GPU part way (GpuFailureWatch): the sequence is undefined (openjet_engine.h) until a
+    // reset or a restore, and every other operation is refused instead of running on a half-updated state.
+    bool broken = false;
     bool verifying = false;
     bool prefilling = false;  // inside openjet_engine_prefill: its GEMVs say so (GemvArgs::prefill)
     // The last output projection (project_out) was added to h in its GEMM's epilogue: mix holds nothing to add.
@@ -1297,7 +1308,7 @@ int add_norm(openjet_engine& e, float*& h, const float* delta, const float* w, f
              const DevTensor& wb) {
     const auto& c = e.cfg;
     if (e.fold_armed)  // never: the add-norm before was not made (its GEMV did not run)
-        return fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
+        return ++gpu_failures(), fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
     if (e.norm_fold && t == 1 && !e.prefilling && e.scratch_rows >= 2 && !e.ffn_persistent &&
         !e.bench_skip_norm_packs) {
         const GemvArgs a = gemv_args(e, wa, t, e.a, e.big1), b = gemv_args(e, wb, t, e.a, e.big2);
@@ -1355,7 +1366,8 @@ int trunk(openjet_engine& e, int t) {
         mark(e, "ffn");
         TRY(ffn(e, L, t));
         if (e.fold_armed)  // never: add_norm arms a fold only for the pair that the mixer or FFN calls first
-            return fail(OPENJET_ERR_INTERNAL, "layer %d: an add-norm left to a GEMV that did not run", il);
+            return ++gpu_failures(), fail(OPENJET_ERR_INTERNAL, "layer %d: an add-norm left to a GEMV that did not run",
+                                          il);
     }
     if (!normed) {
         mark(e, "norm");
@@ -1578,14 +1590,37 @@ int check_engine(const openjet_engine* e) {
     return OPENJET_OK;
 }
 
-// An engine that may start a new operation: none but accept (or reset) while a verify step is pending.
-int check_idle(const openjet_engine* e, const char* what) {
+// An engine whose sequence is defined: none after a GPU failure until a reset or a restore (openjet_engine::broken).
+int check_defined(const openjet_engine* e, const char* what) {
+    if (e->broken)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: an earlier call failed on the GPU part way and left the sequence "
+                    "undefined; reset it (openjet_engine_reset) or restore a checkpoint first (the earlier error said "
+                    "why)", what);
+    return OPENJET_OK;
+}
+
+// An engine that may start a new operation: none but accept (or reset) while a verify step is pending; none but
+// reset and restore (allow_broken) after a GPU failure.
+int check_idle(const openjet_engine* e, const char* what, bool allow_broken = false) {
     TRY(check_engine(e));
+    if (!allow_broken) TRY(check_defined(e, what));
     if (e->pending)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: a verify step of %d rows awaits openjet_engine_accept", what,
                     e->pending);
     return OPENJET_OK;
 }
+
+// Marks the engine's sequence undefined (openjet_engine::broken) when a CUDA call fails while the operation it spans
+// runs: the operation may have updated part of the state (some layers, the replay, n_past), which nothing can tell
+// apart from a whole one afterwards.
+struct GpuFailureWatch {
+    openjet_engine* e;
+    unsigned long long before = gpu_failures();
+    explicit GpuFailureWatch(openjet_engine* engine) : e(engine) {}
+    ~GpuFailureWatch() {
+        if (e && gpu_failures() != before) e->broken = true;
+    }
+};
 
 // n token ids (ids non-NULL) that fit the vocabulary and, after n_past, the context.
 int check_ids(const openjet_engine* e, const int32_t* ids, int n, const char* what) {
@@ -1672,6 +1707,7 @@ extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     e->conv_cur = 0;
     e->pending = 0;
     e->replay_rows = 0;
+    e->broken = false;
     return OPENJET_OK;
 }
 
@@ -1684,18 +1720,21 @@ extern "C" OPENJET_API int openjet_engine_n_past(const openjet_engine* e, int* n
 
 extern "C" OPENJET_API int openjet_engine_decode(openjet_engine* e, const int32_t* ids, int t, float* logits,
                                                  float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_step(e, ids, t, "decode"));
     return decode_impl(*e, ids, t, logits, hidden);
 }
 
 extern "C" OPENJET_API int openjet_engine_verify(openjet_engine* e, const int32_t* ids, int t, float* logits,
                                                  float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_verify(e, ids, t, "verify"));
     return verify_impl(*e, ids, t, logits, hidden);
 }
 
 extern "C" OPENJET_API int openjet_engine_verify_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
                                                      float* top_values, int32_t* top_ids, float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_verify(e, ids, t, "verify_top"));
     TRY(check_top(e, k, n_valid, top_values, top_ids, "verify_top"));
     const TopRequest top{k, n_valid, nullptr, nullptr, 0, top_values, top_ids};
@@ -1704,6 +1743,8 @@ extern "C" OPENJET_API int openjet_engine_verify_top(openjet_engine* e, const in
 
 extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {
     TRY(check_engine(e));
+    TRY(check_defined(e, "accept"));
+    const GpuFailureWatch watch(e);
     if (!e->pending) return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: no verify step is pending");
     if (n < 1 || n > e->pending)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: n = %d is not 1..%d (the verify step's rows)", n, e->pending);
@@ -1713,6 +1754,7 @@ extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {
 extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
                                                      const int32_t* pen_ids, const float* pen_deltas, int n_pen,
                                                      float* top_values, int32_t* top_ids, float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_step(e, ids, t, "decode_top"));
     TRY(check_top(e, k, n_valid, top_values, top_ids, "decode_top"));
     if (n_pen < 0 || n_pen > n_valid || (n_pen && (!pen_ids || !pen_deltas)))
@@ -1725,6 +1767,7 @@ extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const in
 
 extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32_t* ids, int n, int chunk,
                                                   float* logits, float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_idle(e, "prefill"));
     if (!ids || n < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill: ids is NULL or n = %d < 1", n);
     if (chunk < 1 || chunk > e->prefill_rows)
@@ -1736,6 +1779,7 @@ extern "C" OPENJET_API int openjet_engine_prefill(openjet_engine* e, const int32
 
 extern "C" OPENJET_API int openjet_engine_prefill_checkpoint(openjet_engine* e, const int32_t* ids, int n, int chunk,
                                                              int slot, int at, float* logits, float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_idle(e, "prefill_checkpoint"));
     if (!ids || n < 2) return fail(OPENJET_ERR_INVALID_ARGUMENT, "prefill_checkpoint: ids is NULL or n = %d < 2", n);
     if (chunk < 1 || chunk > e->prefill_rows)
@@ -1756,6 +1800,7 @@ extern "C" OPENJET_API int openjet_engine_prefill_checkpoint(openjet_engine* e, 
 }
 
 extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot) {
+    const GpuFailureWatch watch(e);
     TRY(check_idle(e, "checkpoint"));
     if (slot < 0 || slot >= e->cfg.n_checkpoints)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "checkpoint slot %d: the engine has %d slots", slot, e->cfg.n_checkpoints);
@@ -1764,7 +1809,7 @@ extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot
 }
 
 extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
-    TRY(check_idle(e, "restore"));
+    TRY(check_idle(e, "restore", true));  // (a restore, as a reset, makes a broken sequence defined again)
     if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
     CHECK(cudaSetDevice(e->cfg.device));
@@ -1778,6 +1823,7 @@ extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = e->ckpt_n_past[slot];
     e->replay_rows = 0;  // a pending replay belonged to the state the slot replaces
+    e->broken = false;
     return OPENJET_OK;
 }
 
@@ -1790,6 +1836,7 @@ extern "C" OPENJET_API int openjet_engine_has_mtp(const openjet_engine* e, int* 
 
 extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t token, int k, float* logits,
                                                    float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(check_idle(e, "mtp_step"));
     const auto& c = e->cfg;
     if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_step: the model has no MTP head");
@@ -1864,6 +1911,7 @@ int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
                                                            int32_t* drafts, float* values, float* hidden) {
+    const GpuFailureWatch watch(e);
     TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_greedy"));
     const auto& c = e->cfg;
     TRY(greedy_draft_chain(*e, n, n_valid, hidden != nullptr));
@@ -1879,6 +1927,7 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, in
 
 extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_t token, int n_draft, int n_valid,
                                                       int32_t* out, int* n_out) {
+    const GpuFailureWatch watch(e);
     TRY(check_engine(e));  // (check_verify below: idle, the MTP head, the token)
     const auto& c = e->cfg;
     const int t = 1 + n_draft;
@@ -1921,6 +1970,7 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
                                                             int k, double temperature, double top_p, double min_p,
                                                             const double* u, int32_t* drafts, int32_t* q_ids,
                                                             double* q_probs, int* q_len) {
+    const GpuFailureWatch watch(e);
     TRY(check_engine(e));
     if (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
         !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !q_ids || !q_probs || !q_len)
@@ -2016,6 +2066,7 @@ extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json,
 }
 
 extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, const int32_t* ids, int n, int keep) {
+    const GpuFailureWatch watch(e);
     TRY(check_idle(e, "set_draft_rows"));
     const int n_vocab = e->cfg.n_vocab;
     if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_draft_rows: the engine has no MTP head");
