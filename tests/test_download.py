@@ -275,7 +275,7 @@ def test_checksum_mismatch_is_refused_and_never_takes_the_final_name(hub):
     assert hub.sha256(REPO, name) in str(err.value)
     assert hashlib.sha256(served).hexdigest() in str(err.value)
     folder = download.dirs.models_dir() / REPO
-    assert sorted(p.name for p in folder.iterdir()) == []  # no final file, no .part, no record
+    assert sorted(p.name for p in folder.iterdir()) == [".locks"]  # no final file, no .part, no record
 
 
 def test_offline_uses_the_verified_file_without_network(hub, monkeypatch):
@@ -416,3 +416,118 @@ def test_cli_download_prints_the_path(hub, capsys):
     args = parser.parse_args(["download", f"{REPO}/tiny-Q4_K_M.gguf"])
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip().endswith("tiny-Q4_K_M.gguf")
+
+
+def test_two_downloads_of_one_file_into_one_folder_never_hand_over_mixed_bytes(hub, monkeypatch):
+    """`openjet-launch download` in one terminal and a launch in another (or two users of one OPENJET_MODELS_DIR):
+    each used to append to the same FILE.part and check the hash of its own stream, so one was handed a file of
+    mixed bytes as verified and the other crashed on its rename. Now the second waits on the file's lock, then finds
+    the file done (threads here, each with its own lock and file handles, as two processes have)."""
+    import time
+    import traceback
+
+    from openjet_launcher.launcher import download
+    name = "tiny-Q4_K_M.gguf"
+    data = blob(4 << 20, 99)
+    hub.repos[REPO] = {name: data}
+    monkeypatch.setattr(download, "_CHUNK", 64 << 10)
+    real_open = download._open
+
+    class Slow:  # 64 KiB every 5 ms: the second download starts while the first is under way
+        def __init__(self, r):
+            self.r, self.status, self.headers = r, r.status, r.headers
+
+        def read(self, n):
+            time.sleep(0.005)
+            return self.r.read(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.r.close()
+
+    monkeypatch.setattr(download, "_open", lambda req: Slow(real_open(req)))
+    results, errors = {}, {}
+
+    def run(tag):
+        try:
+            results[tag] = ensure_model(f"{REPO}/{name}", show_progress=False).path
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors[tag] = "".join(traceback.format_exception_only(type(e), e)).strip()
+
+    a = threading.Thread(target=run, args=("A",))
+    a.start()
+    part = download.dirs.models_dir() / REPO / (name + ".part")
+    deadline = time.monotonic() + 20
+    while not (part.exists() and part.stat().st_size > (1 << 20)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b = threading.Thread(target=run, args=("B",))
+    b.start()
+    a.join(60)
+    b.join(60)
+    assert not errors and set(results) == {"A", "B"}, errors
+    for tag, path in results.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest(), tag
+
+
+def test_the_part_is_on_disk_before_it_takes_the_final_name(hub, monkeypatch):
+    """A verified file's record is trusted later without re-hashing 17 GB: so the .part's bytes are fsynced before
+    the rename that says they are complete (after a power cut the name could otherwise hold zeros of the right size)."""
+    import os
+
+    from openjet_launcher.launcher import download
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(100_000, 3)}
+    synced, order = set(), []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        synced.add(os.fstat(fd).st_ino)
+        return real_fsync(fd)
+
+    def replace(src, dst, *a, **k):
+        if str(src).endswith(".part"):
+            order.append(os.stat(src).st_ino in synced)
+        return real_replace(src, dst, *a, **k)
+
+    monkeypatch.setattr(download.os, "fsync", fsync)
+    monkeypatch.setattr(download.os, "replace", replace)
+    ensure_model(f"{REPO}/{name}", show_progress=False)
+    assert order == [True]
+
+
+@pytest.fixture
+def read_only_models(tmp_path, monkeypatch):
+    """A models folder on a file system remounted read-only (needs mount rights: skipped without them)."""
+    import subprocess
+    mnt = tmp_path / "share"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    monkeypatch.setenv("OPENJET_MODELS_DIR", str(mnt))
+    yield mnt
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_read_only_models_folder_is_a_clear_error_and_a_verified_file_there_is_used(hub, read_only_models, capsys):
+    """Downloading into a read-only folder: one line naming the file and what to do (it was an OSError traceback);
+    a file there that verifies (an admin's `cp -r` changed its mtime, so it is hashed again) is used, its record not
+    rewritten (it crashed on that write)."""
+    import json
+    import subprocess
+
+    from openjet_launcher import cli
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 2)}
+    path = ensure_model(f"{REPO}/{name}", show_progress=False).path
+    rec = path.with_name(name + ".openjet.json")
+    r = json.loads(rec.read_text())
+    r["mtime_ns"] += 1
+    rec.write_text(json.dumps(r))
+    hub.repos["org/other"] = {name: blob(50_000, 4)}
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only_models)], check=True)
+    assert ensure_model(f"{REPO}/{name}", show_progress=False).path == path
+    assert cli.main(["download", f"org/other/{name}"]) == 1
+    err = capsys.readouterr().err
+    assert str(read_only_models) in err and "--models-dir" in err and "Traceback" not in err

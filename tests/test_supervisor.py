@@ -777,3 +777,30 @@ def test_a_server_whose_launcher_is_gone_ends_at_once(monkeypatch):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            env={**os.environ, PARENT_PID_ENV: str(parent)})
         assert (r.returncode == 0 and "went on" in r.stdout) if ok else (r.returncode == 1 and "gone" in r.stderr), r
+
+
+def test_a_server_that_fails_during_the_tray_check_ends_the_launcher(tmp_path, monkeypatch):
+    """The server can fail for good between sup.start() and the terminal's FAILED watcher (the tray check imports
+    Pillow and pystray and connects to the display meanwhile): the launcher must still end with status 1 instead of
+    waiting forever (here the server command is not executable, so it fails at once, and the check takes a second)."""
+    from openjet_launcher.launcher import main, tray
+    from openjet_launcher.launcher.main import LaunchPlan
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("OPENJET_LOG_DIR", str(tmp_path / "log"))
+    bad = tmp_path / "llama-server"
+    bad.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(main, "plan_launch", lambda a: LaunchPlan([str(bad)], "m", "cpu"))
+
+    def slow_reason():
+        time.sleep(1.0)
+        return "no tray backend works here"
+
+    monkeypatch.setattr(tray, "tray_unavailable_reason", slow_reason)
+    p = argparse.ArgumentParser()
+    main.add_default_options(p)
+    args = p.parse_args(["--port", str(free_port())])
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("code", main.run_default(args)), daemon=True)
+    t.start()
+    t.join(15)
+    assert out.get("code") == 1, "the server failed, but the launcher was still waiting after 15 s"

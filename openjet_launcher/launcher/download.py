@@ -16,6 +16,7 @@ are fetched part by part, each verified on its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import http.client
@@ -24,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -301,10 +303,25 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
+def _fsync_folder(folder: Path) -> None:
+    """A rename in `folder` made durable (POSIX; Windows has no folder handles to flush)."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(data, indent=2) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())  # on disk before the rename: a power cut leaves the old record or the new, whole
     os.replace(tmp, path)
+    _fsync_folder(path.parent)
 
 
 def _write_record(dest: Path, repo: str, commit: str | None, f: RemoteFile) -> None:
@@ -337,7 +354,11 @@ def _is_current(dest: Path, f: RemoteFile) -> bool:
     if _sha256_file(dest).hexdigest() != f.sha256:
         return False
     if rec.get("sha256") == f.sha256:
-        _write_json(_sidecar(dest), {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        try:
+            _write_json(_sidecar(dest), {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        except OSError as e:  # a read-only models folder: the bytes are right, the next run checks them again
+            log.warning("%s is verified, but its record could not be updated (%s): it will be checked again next "
+                        "time", dest, e.strerror or e)
     return True
 
 
@@ -473,23 +494,67 @@ def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], p
 
     if progress is not None:
         progress(done, total)
+    started = {dest: _part_bytes(dest, f) for f, dest in todo}  # what `done` counted of each
     try:
         for f, dest in todo:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            url = hf_hub_url(repo, f.name, revision=commit, endpoint=endpoint)  # pinned: parts of one commit
-            part = _PartFile(dest, f)
-            _fetch(url, headers, part, advance)
-            digest = part.hasher.hexdigest()
-            if digest != f.sha256:
-                part.discard()
-                raise DownloadError(f"{repo}/{f.name}: downloaded bytes do not match the Hub's checksum "
-                                    f"(expected sha256 {f.sha256}, got {digest}). The partial file was "
-                                    f"deleted; run again to download it afresh")
-            os.replace(part.path, dest)
-            part.record.unlink(missing_ok=True)
-            _write_record(dest, repo, commit, f)
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with _file_lock(dest):
+                    if _is_current(dest, f):  # another process finished it while this one waited
+                        advance(f.size - started[dest])
+                        continue
+                    url = hf_hub_url(repo, f.name, revision=commit, endpoint=endpoint)  # pinned: parts of one commit
+                    _download_one(url, headers, repo, commit, f, dest, advance)
+            except OSError as e:  # the models folder: read-only, full, or not ours (network errors are not OSErrors
+                # here: _fetch turns them into retries or a DownloadError)
+                raise DownloadError(f"cannot write {e.filename or dest}: {e.strerror or e}. Free some space or fix "
+                                    f"the folder's permissions, or choose another folder with --models-dir or "
+                                    f"OPENJET_MODELS_DIR") from None
     finally:
         bar.close()
+
+
+@contextlib.contextmanager
+def _file_lock(dest: Path):
+    """.locks/FILE.lock held while FILE is fetched, checked and renamed: two processes sharing a models folder (a download in
+    one terminal, a launch in another) would otherwise both append to one FILE.part, each checking the hash of its own
+    stream, and hand over a file of mixed bytes as verified. The second waits, then finds the file done."""
+    from filelock import FileLock, Timeout
+
+    locks = dest.parent / ".locks"  # (as huggingface_hub's cache keeps them: beside the files, out of sight)
+    locks.mkdir(exist_ok=True)
+    lock = FileLock(str(locks / (dest.name + ".lock")))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("another process is downloading %s into %s; waiting for it to finish", dest.name, dest.parent)
+        print(f"another process is downloading {dest.name} into {dest.parent}; waiting for it to finish",
+              file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _download_one(url: str, headers: dict[str, str], repo: str, commit: str, f: RemoteFile, dest: Path,
+                  advance: Callable[[int], None]) -> None:
+    """FILE.part brought to its full size, checked against the Hub's sha256 (of the stream, and the size on disk),
+    made durable, renamed to FILE and recorded."""
+    part = _PartFile(dest, f)
+    _fetch(url, headers, part, advance)
+    digest, on_disk = part.hasher.hexdigest(), part.path.stat().st_size
+    if digest != f.sha256 or on_disk != f.size:
+        part.discard()
+        raise DownloadError(f"{repo}/{f.name}: downloaded bytes do not match the Hub's checksum (expected sha256 "
+                            f"{f.sha256} over {f.size} bytes, got {digest} over {on_disk}). The partial file was "
+                            f"deleted; run again to download it afresh")
+    with open(part.path, "rb+") as fh:
+        os.fsync(fh.fileno())  # the bytes on disk before the name says they are complete
+    os.replace(part.path, dest)
+    _fsync_folder(dest.parent)
+    part.record.unlink(missing_ok=True)
+    _write_record(dest, repo, commit, f)
 
 
 def _fetch(url: str, headers: dict[str, str], part: _PartFile, advance: Callable[[int], None]) -> None:

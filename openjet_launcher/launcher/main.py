@@ -315,6 +315,8 @@ def _run_terminal(sup: Supervisor) -> int:
     """Wait for Ctrl-C (or SIGTERM, SIGHUP); a server that failed for good ends the launcher with status 1."""
     failed = threading.Event()
     sup.on_state(lambda s, m: failed.set() if s == FAILED else None)
+    if sup.state == FAILED:  # it failed before the callback was there (started before the tray check)
+        failed.set()
     try:
         while not failed.wait(0.5):
             pass
