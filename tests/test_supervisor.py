@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -804,3 +805,35 @@ def test_a_server_that_fails_during_the_tray_check_ends_the_launcher(tmp_path, m
     t.start()
     t.join(15)
     assert out.get("code") == 1, "the server failed, but the launcher was still waiting after 15 s"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_that_is_not_ours_does_not_outlive_a_killed_launcher(tmp_path):
+    """`serve` asks to end with the launcher itself (die_with_parent); a server that cannot (llama-server, here a
+    stand-in HTTP server) runs through orphan_guard, so a launcher killed without its cleanup (SIGKILL) leaves no
+    server holding the port."""
+    fake = ("import http.server,sys; http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), type('H', "
+            "(http.server.BaseHTTPRequestHandler,), {'do_GET': lambda s: (s.send_response(200), s.end_headers()), "
+            "'log_message': lambda *a: None})).serve_forever()")
+    launcher = textwrap.dedent('''
+        import sys, time
+        from openjet_launcher.launcher.supervisor import Supervisor, health_url
+        port = int(sys.argv[1])
+        sup = Supervisor([sys.executable, "-c", sys.argv[2], str(port)], health_url("127.0.0.1", port),
+                         log_dir=sys.argv[3])
+        sup.start()
+        assert sup.wait_ready(30)
+        print(sup.proc.pid, flush=True)
+        time.sleep(600)
+    ''')
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", launcher, str(port), fake, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[1])
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    try:
+        assert _until(lambda: not pid_alive(child), 10), f"the server (pid {child}) outlived its launcher"
+    finally:
+        if pid_alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -25,6 +25,7 @@ import json
 import logging
 import logging.handlers
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -145,6 +146,14 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != int(parent):
         raise SystemExit("the launcher that started this server is gone")
+
+
+def _ending_with_us(command: list[str]) -> list[str]:
+    """On Linux, `command` run through orphan_guard, which asks the kernel to end it when the launcher dies (as `serve`
+    asks itself: die_with_parent) and then becomes it; elsewhere, or where the program is not found (Popen then says
+    so at once), as it is."""
+    exe = shutil.which(command[0]) if command and sys.platform.startswith("linux") else None
+    return [sys.executable, "-m", "openjet_launcher.launcher.orphan_guard", exe, *command[1:]] if exe else command
 
 
 def _log_handler(log_dir: Path, log_files: int, max_bytes: int) -> logging.Handler:
@@ -295,8 +304,9 @@ class Supervisor:
         env[PARENT_PID_ENV] = str(os.getpid())  # (die_with_parent: the server ends if the launcher dies)
         self.starts += 1
         self._log.info("[supervisor] start #%d: %s", self.starts, " ".join(self.command))
-        proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, text=True, encoding="utf-8", errors="replace", bufsize=1, **kwargs)
+        proc = subprocess.Popen(_ending_with_us(self.command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, text=True, encoding="utf-8", errors="replace",
+                                bufsize=1, **kwargs)
         threading.Thread(target=self._pump, args=(proc,), name="openjet-server-log", daemon=True).start()
         return proc
 
