@@ -330,11 +330,17 @@ def _write_record(dest: Path, repo: str, commit: str | None, f: RemoteFile) -> N
                                  "size": f.size, "mtime_ns": st.st_mtime_ns})
 
 
-def _sha256_file(path: Path, hasher=None):
+def _sha256_file(path: Path, hasher=None, what: str | None = None):
+    """The sha256 of `path`'s bytes (into `hasher`); `what`: a progress bar in a terminal so named (a 17 GB model
+    takes a minute or more to read back)."""
+    from tqdm.auto import tqdm
+
     hasher = hasher or hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, tqdm(total=os.fstat(fh.fileno()).st_size, unit="B", unit_scale=True,
+                                      unit_divisor=1024, desc=what, disable=None if what else True) as bar:
         while chunk := fh.read(_CHUNK):
             hasher.update(chunk)
+            bar.update(len(chunk))
     return hasher
 
 
@@ -351,7 +357,7 @@ def _is_current(dest: Path, f: RemoteFile) -> bool:
     if rec.get("sha256") == f.sha256 and rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
         return True
     log.info("checking %s (%s) against sha256 %s", dest, _size(st.st_size), f.sha256)
-    if _sha256_file(dest).hexdigest() != f.sha256:
+    if _sha256_file(dest, what=f"checking {dest.name}").hexdigest() != f.sha256:
         return False
     if rec.get("sha256") == f.sha256:
         try:
@@ -460,7 +466,7 @@ class _PartFile:
         self.hasher = hashlib.sha256()
         if self.have:
             log.info("resuming %s at %s of %s", dest.name, _size(self.have), _size(f.size))
-            _sha256_file(self.path, self.hasher)
+            _sha256_file(self.path, self.hasher, what=f"reading back {self.path.name}")
 
     def restart(self) -> int:
         """Drop everything fetched so far (the server ignored Range); returns the bytes dropped."""
