@@ -64,8 +64,9 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
 
     n_block = values.pop("n_block")
     n_nextn = values["n_nextn"]
-    if not 0 <= n_nextn < n_block:
+    if n_nextn not in (0, 1) or n_nextn >= n_block:
         raise ModelFileError(f"{gguf.path.name}: {ARCH}.nextn_predict_layers: expected 0 or 1, found {n_nextn}")
+    _check_block_count(gguf, n_block, n_nextn)    # before any loop over the layers (a huge count would hang)
     d_inner = values.pop("ssm_d_inner")
     value_length = values.pop("value_length")
     values["n_layer"] = n_block - n_nextn
@@ -156,7 +157,8 @@ def _check_family(gguf: GGUFFile, shape: ModelShape) -> None:
 def _check_optional(gguf: GGUFFile, shape: ModelShape, warnings: list[str]) -> None:
     md = gguf.metadata
     scale = md.get(f"{ARCH}.attention.scale")
-    if scale is not None and not _same(float(scale), 1.0 / math.sqrt(shape.head_dim)):
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                              or not _same(float(scale), 1.0 / math.sqrt(shape.head_dim))):
         raise ModelFileError(
             f"{gguf.path.name}: {ARCH}.attention.scale: expected {1.0 / math.sqrt(shape.head_dim)}, found {scale}")
     recurrent = md.get(f"{ARCH}.attention.recurrent_layers")
@@ -169,6 +171,19 @@ def _check_optional(gguf: GGUFFile, shape: ModelShape, warnings: list[str]) -> N
                 f"{shape.full_attn_interval}th layer (3, 7, ...), found {recurrent!r}")
     if "general.alignment" not in md:
         warnings.append("optional key general.alignment is missing; using 32")
+
+
+def _check_block_count(gguf: GGUFFile, n_block: int, n_nextn: int) -> None:
+    """The trunk's layers blk.0 to blk.{n_layer - 1} must be stored, several tensors each (the MTP block may be
+    absent: a warning below)."""
+    n_layer = n_block - n_nextn
+    last = f"blk.{n_layer - 1}."
+    if n_layer > len(gguf.tensors) or not any(n.startswith(last) for n in gguf.tensors):
+        stored = {n.split(".")[1] for n in gguf.tensors if n.startswith("blk.")}
+        raise ModelFileError(
+            f"{gguf.path.name}: {ARCH}.block_count: found {n_block} ({n_layer} trunk layers + {n_nextn} MTP), "
+            f"but the file stores no tensor {last}* ({len(stored)} blk.N layers in all): "
+            f"the file is damaged or was written wrongly")
 
 
 def _n_vocab(gguf: GGUFFile) -> int:

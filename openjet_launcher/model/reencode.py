@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from ..errors import ModelFileError
 from . import quants
 from .gguf_file import GGUFFile
 
@@ -27,7 +28,12 @@ def reencode(gguf: GGUFFile, conversions: list[tuple[str, str, str]],
         info = gguf.tensors[name]
         values = quants.dequantize(gguf.raw(name), Q[old]).reshape(info.rows, info.ne[0])
         target = Q[new]
-        return name, (target, np.ascontiguousarray(quants.quantize(values, target)))
+        try:
+            encoded = quants.quantize(values, target)
+        except ValueError as e:                   # NaN, infinity or out-of-range weights in the file
+            raise ModelFileError(f"{gguf.path.name}: tensor {name}: cannot convert {old} to {new} ({e}); "
+                                 f"the file's weights are damaged: fetch it again") from None
+        return name, (target, np.ascontiguousarray(encoded))
 
     with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
         return dict(pool.map(one, conversions))
