@@ -70,9 +70,10 @@ class ServerCore:
         if n_prompt == 0:
             raise APIError(400, "the prompt is empty")
         if n_prompt >= n_ctx:
-            raise APIError(400, f"the prompt is {n_prompt} tokens, but the context holds {n_ctx} tokens "
-                                f"(prompt and output together); shorten the conversation or serve with a larger "
-                                f"--ctx", code="context_length_exceeded", param=prompt_param)
+            # (worded as Anthropic's own: clients recognise an overflow by "prompt is too long", OpenAI's by the code)
+            raise APIError(400, f"prompt is too long: {n_prompt} tokens > {n_ctx - 1} maximum (the context holds "
+                                f"{n_ctx} tokens, prompt and output together); shorten the conversation or serve with "
+                                f"a larger --ctx", code="context_length_exceeded", param=prompt_param)
         room = n_ctx - n_prompt
         ceiling = self.settings.max_tokens_ceiling
         return min(requested or ceiling, ceiling, room)

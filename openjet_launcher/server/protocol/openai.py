@@ -296,6 +296,15 @@ class SamplingFields(RequestModel):
     n: int | None = Field(None, ge=1, le=1)   # one choice per request
     logprobs: bool | int | None = None        # chat's flag, completions' count: neither is supported
     top_logprobs: int | None = None
+    # Fields that would change the output and are not implemented: refused rather than ignored (an empty map is no bias)
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias:
+            raise ValueError("logit_bias is not supported")
+        return bias
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
@@ -332,6 +341,17 @@ class ChatCompletionRequest(FunctionToolChoice, SamplingFields):
     reasoning_effort: ReasoningEffort | None = None     # chat_template_kwargs.reasoning_effort wins
     response_format: ResponseFormat | None = None
     continue_final_message: bool = False     # vLLM's: the last (assistant) message is the answer's start
+    # The deprecated function-calling fields: refused (a client of them expects `function_call` back), not dropped
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _deprecated_functions(cls, v: object) -> object:
+        if v is not None:
+            raise ValueError("the deprecated functions / function_call fields are not supported: send the "
+                             "functions as tools ({\"type\": \"function\", \"function\": ...}) and tool_choice")
+        return v
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> "ChatCompletionRequest":
@@ -346,6 +366,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool | None = None
     suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=1)  # the best of several samples: one is all there is, as for n
 
     @field_validator("prompt")
     @classmethod

@@ -227,7 +227,8 @@ class ResponsesRequest(FunctionToolChoice, RequestModel):
                 turn = turn or new_turn()
                 turn.setdefault("tool_calls", []).append(
                     {"id": item.call_id, "type": "function",
-                     "function": {"name": item.name, "arguments": json.loads(item.arguments or "{}")}})
+                     "function": {"name": item.name,
+                                  "arguments": json.loads(item.arguments) if item.arguments.strip() else {}}})
             elif isinstance(item, FunctionCallOutputItem):
                 turn = None
                 messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})

@@ -1,0 +1,52 @@
+"""Request fields that change the output are honoured or refused, never dropped, and errors a client must recognise
+are worded so that it does (found in a review against the official SDKs; each test failed before its fix)."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+RTOOLS = [{"type": "function", "name": "get_weather", "description": "Weather", "parameters": PARAMS}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_a_function_call_item_with_blank_arguments_is_no_500(scripted, say):
+    """/v1/responses took blank arguments as {} in validation, then decoded them again for the template (a 500)."""
+    say("Done.</think>\n\nSunny.")
+    body = {"input": [{"role": "user", "content": "Weather?"},
+                      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": " "},
+                      {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+            "tools": RTOOLS}
+    r = httpx.post(scripted.base + "/v1/responses", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": 3, "best_of": 4}, "best_of"),
+    ("/v1/chat/completions", {"messages": ASK, "logit_bias": {"1234": -100}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"7": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"messages": ASK, "functions": [{"name": "get_weather", "parameters": PARAMS}]},
+     "functions"),
+    ("/v1/chat/completions", {"messages": ASK, "function_call": "auto"}, "function_call"),
+])
+def test_fields_that_would_change_the_output_are_refused_not_ignored(scripted, say, path, body, field):
+    say("hello")
+    r = httpx.post(scripted.base + path, json=body, timeout=30)
+    assert r.status_code == 400 and field in r.text, r.text
+
+
+def test_an_empty_logit_bias_is_no_bias(scripted, say):
+    say("hello")
+    r = httpx.post(scripted.base + "/v1/chat/completions", json={"messages": ASK, "logit_bias": {}}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_a_context_overflow_on_the_messages_api_is_worded_as_anthropics(scripted, say):
+    """Anthropic's clients recognise an overflow by its wording ("prompt is too long: N tokens > M maximum"); the
+    OpenAI surfaces keep the context_length_exceeded code (test_load_and_faults)."""
+    client = anthropic.Anthropic(base_url=scripted.base, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "word " * 5000}])
+    assert "prompt is too long" in str(e.value) and "maximum" in str(e.value), str(e.value)
