@@ -43,6 +43,8 @@ class ChatTurn:
     job: Job
     parser: OutputParser
     prompt_tokens: int
+    one_call: bool = False  # the request asked for at most one tool call (parallel_tool_calls false): later ones go
+    calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,15 +95,17 @@ async def start_turn(core: ServerCore, messages: Sequence[Mapping[str, Any]], *,
                      tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any],
                      params: SamplingParams, max_tokens: int | None, stops: list[str],
                      make_call_id: Callable[[int], str] = random_call_id, continue_final: bool = False,
-                     forced: ForcedCall | None = None, prompt_param: str = "messages") -> ChatTurn:
+                     forced: ForcedCall | None = None, prompt_param: str = "messages", one_call: bool = False
+                     ) -> ChatTurn:
     """Render, check the context, queue the job. `tools` None turns tool-call parsing off; `prompt_param` is the
-    request field a too-long prompt is reported on."""
+    request field a too-long prompt is reported on; `one_call`: at most one tool call is answered (the request
+    asked no parallel calls: the model's later ones are left out, with a warning in the log)."""
     prompt = await render_prompt(core, messages, tools, template_kwargs, continue_final=continue_final,
                                  forced=forced)
     job = core.submit(prompt.ids, params, core.token_budget(len(prompt.ids), max_tokens, prompt_param), stops)
     parser = OutputParser(thinking=prompt.thinking, tools=tools, make_call_id=make_call_id,
                           prefix=prompt.output_prefix, continues=prompt.continues)
-    return ChatTurn(job, parser, len(prompt.ids))
+    return ChatTurn(job, parser, len(prompt.ids), one_call)
 
 
 async def turn_events(core: ServerCore, turn: ChatTurn, request: Request | None = None, *, with_start: bool = False
@@ -122,7 +126,11 @@ async def turn_events(core: ServerCore, turn: ChatTurn, request: Request | None 
             for e in parsed:
                 if isinstance(e, ParseWarning):
                     log.warning("model output: %s", escape_for_log(e.message))
+                elif isinstance(e, ToolCallEvent) and turn.one_call and turn.calls:
+                    log.warning("model output: a further tool call (%s) left out: the request asked for at most one",
+                                escape_for_log(e.call.name))
                 else:
+                    turn.calls += isinstance(e, ToolCallEvent)
                     yield e
             if isinstance(event, Finished):
                 yield event

@@ -34,7 +34,7 @@ async def create_chat_completion(core: ServerCore, request: Request):
                             template_kwargs=template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
                             params=core.sampling_params(req), max_tokens=req.max_completion_tokens or req.max_tokens,
                             stops=core.stop_strings(req.stop), continue_final=req.continue_final_message,
-                            forced=req.forced_call())
+                            forced=req.forced_call(), one_call=req.parallel_tool_calls is False)
     ids = (new_id("chatcmpl"), int(time.time()), req.model or s.model_id)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -76,7 +76,8 @@ async def create_message(core: ServerCore, request: Request):
     turn = await start_turn(core, req.for_template(), tools=req.tools_for_template(),
                             template_kwargs=req.template_kwargs(), params=params, max_tokens=req.max_tokens,
                             stops=core.stop_strings(req.stop_sequences), make_call_id=lambda i: _id("toolu_"),
-                            continue_final=req.continues_answer(), forced=req.forced_call())
+                            continue_final=req.continues_answer(), forced=req.forced_call(),
+                            one_call=bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use))
     message = {"id": _id("msg_"), "model": req.model}
     if req.stream:
         return StreamingResponse(_stream(core, turn, message), media_type="text/event-stream", headers=SSE_HEADERS)

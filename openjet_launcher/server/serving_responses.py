@@ -53,7 +53,7 @@ async def create_response(core: ServerCore, request: Request):
     tools = req.tools_for_template()
     turn = await start_turn(core, req.for_template(), tools=tools, template_kwargs=req.template_kwargs(),
                             params=params, max_tokens=req.max_output_tokens, stops=[], forced=req.forced_call(),
-                            prompt_param="input")
+                            prompt_param="input", one_call=req.parallel_tool_calls is False)
     shell = ResponseObject(
         id=_id("resp_"), created_at=int(time.time()), status="in_progress", model=req.model or s.model_id,
         instructions=req.instructions, max_output_tokens=req.max_output_tokens,

@@ -50,3 +50,33 @@ def test_a_context_overflow_on_the_messages_api_is_worded_as_anthropics(scripted
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "word " * 5000}])
     assert "prompt is too long" in str(e.value) and "maximum" in str(e.value), str(e.value)
+
+
+def _call(city: str) -> str:
+    return f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
+
+
+TWO_CALLS = "ok</think>\n\n" + _call("Paris") + "\n" + _call("Rome")
+
+
+def test_no_parallel_tool_calls_gives_at_most_one_call_on_every_surface(scripted, say):
+    """parallel_tool_calls false (chat, Responses) and disable_parallel_tool_use (messages) were read only to be echoed
+    back: an agent that asked for one call got two. Now the model's first call is the answer's only one."""
+    import openai
+    oc = openai.OpenAI(base_url=scripted.base + "/v1", api_key="x", max_retries=0)
+    ac = anthropic.Anthropic(base_url=scripted.base, api_key="x", max_retries=0)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMS}}]
+    ask = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+    for parallel, want in ((None, 2), (False, 1)):
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        say(TWO_CALLS)
+        r = oc.chat.completions.create(model="m", messages=ask, tools=tools, **extra)
+        assert len(r.choices[0].message.tool_calls) == want and r.choices[0].finish_reason == "tool_calls"
+        say(TWO_CALLS)
+        rr = oc.responses.create(model="m", input="Weather in Paris and Rome?", tools=RTOOLS, **extra)
+        assert sum(o.type == "function_call" for o in rr.output) == want
+        say(TWO_CALLS)
+        choice = {} if parallel is None else {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+        m = ac.messages.create(model="m", max_tokens=200, messages=ask, tools=[
+            {"name": "get_weather", "description": "Weather", "input_schema": PARAMS}], **choice)
+        assert sum(b.type == "tool_use" for b in m.content) == want and m.stop_reason == "tool_use"

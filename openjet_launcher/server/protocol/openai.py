@@ -337,6 +337,7 @@ class ChatCompletionRequest(FunctionToolChoice, SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one tool call in the answer
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: ReasoningEffort | None = None     # chat_template_kwargs.reasoning_effort wins
     response_format: ResponseFormat | None = None
