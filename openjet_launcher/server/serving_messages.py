@@ -3,7 +3,9 @@ as chat completions (chat_turn.py); errors come out in Anthropic's shape (errors
 these paths).
 
 Content blocks follow the parsed output in order: a new block whenever the kind changes (thinking, text,
-tool_use). One `_Blocks` builder makes both the complete answer and the stream, so they always agree.
+tool_use). Thinking blocks only where the request enabled thinking, as Anthropic's API returns them: without a
+`thinking` field the model still thinks (its template's default) but the answer holds its text and calls alone, so a
+client that reads `content[0].text` finds the text there. One `_Blocks` builder makes both the complete answer and the stream, so they always agree.
 Stream: message_start, ping, then per block content_block_start / _delta (thinking_delta, text_delta,
 input_json_delta) / _stop, then message_delta (stop_reason, usage) and message_stop.
 """
@@ -79,10 +81,12 @@ async def create_message(core: ServerCore, request: Request):
                             continue_final=req.continues_answer(), forced=req.forced_call(),
                             one_call=bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use))
     message = {"id": _id("msg_"), "model": req.model}
+    show_thinking = req.thinking is not None and req.thinking.type != "disabled"
     if req.stream:
-        return StreamingResponse(_stream(core, turn, message), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(_stream(core, turn, message, show_thinking), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
 
-    blocks = _Blocks()
+    blocks = _Blocks(show_thinking)
     result = await complete_turn(core, turn, request, blocks.add)
     blocks.finish()
     body = MessageResponse(**message, content=blocks.content, stop_reason=_stop_reason(result, blocks.n_tool_uses),
@@ -93,7 +97,8 @@ async def create_message(core: ServerCore, request: Request):
 class _Blocks:
     """Parser events -> content blocks, and the stream events that build them (name, payload)."""
 
-    def __init__(self) -> None:
+    def __init__(self, show_thinking: bool = True) -> None:
+        self.show_thinking = show_thinking     # False: reasoning left out (the request did not enable thinking)
         self.content: list[TextBlock | ThinkingBlock | ToolUseBlock] = []
         self.n_tool_uses = 0
         self._open: str | None = None          # "thinking" or "text" while such a block takes deltas
@@ -112,6 +117,8 @@ class _Blocks:
                                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
                 ("content_block_stop", {"type": "content_block_stop", "index": index})]
         kind = "thinking" if isinstance(event, ReasoningDelta) else "text"
+        if kind == "thinking" and not self.show_thinking:
+            return []
         out = []
         if self._open != kind:
             out = self._close()
@@ -149,11 +156,11 @@ def _event(name: str, payload: dict) -> str:
     return f"event: {name}\n" + sse(payload)
 
 
-async def _stream(core: ServerCore, turn: ChatTurn, message: dict):
+async def _stream(core: ServerCore, turn: ChatTurn, message: dict, show_thinking: bool):
     # message_start's usage splits the prompt into prefilled and reused tokens as the final usage does; the split is
     # known once the worker has matched the prompt against its cache (Started), before the prefill. So message_start
     # waits for the queue, never for the prefill; the response's headers go out at once.
-    blocks = _Blocks()
+    blocks = _Blocks(show_thinking)
     async for event in turn_events(core, turn, with_start=True):
         if isinstance(event, Started):
             start = MessageResponse(**message, content=[], stop_reason=None, usage=_start_usage(turn, event))

@@ -25,6 +25,8 @@ TOOL_OUTPUT = ("The user wants the weather.</think>\n\nLet me check."
                "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
 
+THINK = {"type": "enabled", "budget_tokens": 1024}  # thinking blocks in the answer
+
 
 def sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
     """Raw SSE: (event name, data) pairs; the name always equals the data's `type`."""
@@ -63,7 +65,7 @@ def test_message_has_the_anthropic_shape_and_usage(client):
     m = client.messages.create(model="tiny", max_tokens=6, messages=HELLO, extra_body={"temperature": 0})
     assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant" and m.model == "tiny"
     assert m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None
-    assert m.content and all(b.type in ("thinking", "text") for b in m.content)
+    assert all(b.type == "text" for b in m.content)  # (no thinking block: the request did not enable thinking)
     assert 1 <= m.usage.output_tokens <= 6
     counted = client.messages.count_tokens(model="tiny", messages=HELLO).input_tokens
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == counted
@@ -132,6 +134,19 @@ def test_thinking_becomes_a_thinking_block_before_the_text(sclient, say):
     assert m.content[1].text == "The answer is 4." and m.stop_reason == "end_turn"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_without_a_thinking_field_the_answer_holds_no_thinking_block(scripted, sclient, say, stream):
+    """Anthropic's API returns thinking blocks only where the request enabled thinking: without the field the model
+    still thinks (its default) but the answer is its text (and calls), so `content[0].text` is the text."""
+    say("Let me think.</think>\n\nHello!")
+    if stream:
+        with sclient.messages.stream(model="m", max_tokens=100, messages=HELLO) as s:
+            m = s.get_final_message()
+    else:
+        m = sclient.messages.create(model="m", max_tokens=100, messages=HELLO)
+    assert [(b.type, b.text) for b in m.content] == [("text", "Hello!")]
+
+
 def test_thinking_disabled_gives_text_only(sclient, say):
     say("Plain answer.")
     m = sclient.messages.create(model="m", max_tokens=100, messages=HELLO, thinking={"type": "disabled"})
@@ -140,7 +155,7 @@ def test_thinking_disabled_gives_text_only(sclient, say):
 
 def test_tool_call_becomes_a_tool_use_block_with_typed_input(sclient, say):
     say(TOOL_OUTPUT)
-    m = sclient.messages.create(model="m", max_tokens=200, messages=HELLO, tools=TOOLS)
+    m = sclient.messages.create(model="m", max_tokens=200, messages=HELLO, tools=TOOLS, thinking=THINK)
     assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
     use = m.content[2]
     assert use.id.startswith("toolu_") and use.name == "get_weather" and use.input == {"city": "Paris", "days": 3}
@@ -149,13 +164,14 @@ def test_tool_call_becomes_a_tool_use_block_with_typed_input(sclient, say):
 
 def test_streamed_tool_use_arrives_as_input_json_delta(scripted, sclient, say):
     say(TOOL_OUTPUT)
-    with sclient.messages.stream(model="m", max_tokens=200, messages=HELLO, tools=TOOLS) as stream:
+    with sclient.messages.stream(model="m", max_tokens=200, messages=HELLO, tools=TOOLS, thinking=THINK) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
     assert final.content[2].input == {"city": "Paris", "days": 3} and final.stop_reason == "tool_use"
 
     r = httpx.post(scripted.base + "/v1/messages", timeout=30,
-                   json={"model": "m", "max_tokens": 200, "messages": HELLO, "tools": TOOLS, "stream": True})
+                   json={"model": "m", "max_tokens": 200, "messages": HELLO, "tools": TOOLS, "stream": True,
+                         "thinking": THINK})
     events = sse_events(r)
     assert_event_grammar([n for n, _ in events])
     starts = [d["content_block"] for n, d in events if n == "content_block_start"]
@@ -170,7 +186,7 @@ def test_streamed_tool_use_arrives_as_input_json_delta(scripted, sclient, say):
 def test_tool_choice_none_leaves_the_xml_as_text(sclient, say):
     say(TOOL_OUTPUT)
     m = sclient.messages.create(model="m", max_tokens=200, messages=HELLO, tools=TOOLS, tool_choice={"type": "none"})
-    assert [b.type for b in m.content] == ["thinking", "text"] and "<tool_call>" in m.content[1].text
+    assert [b.type for b in m.content] == ["text"] and "<tool_call>" in m.content[0].text
 
 
 @pytest.mark.parametrize("stream", [False, True])
