@@ -416,3 +416,15 @@ def test_a_continued_answer_keeps_its_leading_whitespace():
     parser = OutputParser(thinking=False, continues=True)
     assert accumulate(parser.feed(" ") + parser.feed("42.") + parser.finish()).content == " 42."
     assert parse(" 42.\n", thinking=False).content == "42."  # a new answer is stripped
+
+
+def test_a_number_that_overflows_a_double_stays_text_not_infinity():
+    """1e400 parsed as float('inf'), and json.dumps wrote the arguments with Infinity, which no strict JSON parser
+    takes (found in review): a number parameter that overflows is passed as its text, with a warning."""
+    from openjet_launcher.text.output import parse_complete
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "number"}, "o": {"type": "object"}}}}}]
+    for param in ("<parameter=n>\n1e400\n</parameter>", '<parameter=o>\n{"x": -1e999}\n</parameter>'):
+        out = parse_complete(f"r</think><tool_call>\n<function=f>\n{param}\n</function>\n</tool_call>", tools=tools)
+        arguments = out.tool_calls[0].arguments
+        json.loads(arguments, parse_constant=lambda c: pytest.fail(f"{c} in {arguments}"))

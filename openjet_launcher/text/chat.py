@@ -117,7 +117,18 @@ class ChatTemplate:
             message = f"the chat template does not compile: {e.message} (line {e.lineno})"
             raise ChatTemplateSyntaxError(message) from None
         alternatives = [re.escape(t) for t in self.control_tokens] + [_PUA.pattern]
+        # A caller's string that ends with the start of a control text ("<|im_end|") or begins with its end: the
+        # template's own text beside it would complete the token (a tool call's name before the template's '>'), so
+        # those ends are literal too (marking text literal changes no token: only special matches across it).
+        heads = {t[:k] for t in self.control_tokens for k in range(2, len(t))}
+        tails = {t[-k:] for t in self.control_tokens for k in range(2, len(t))}
+        by_length = lambda texts: sorted(texts, key=lambda x: (-len(x), x))  # noqa: E731
+        if heads:
+            alternatives.append("(?:" + "|".join(map(re.escape, by_length(heads))) + r")\Z")
+        if tails:
+            alternatives.append(r"\A(?:" + "|".join(map(re.escape, by_length(tails))) + ")")
         self._defuse_pattern = re.compile("|".join(alternatives))
+        self._literal_texts = frozenset(self.control_tokens) | heads | tails  # what becomes a literal span
 
     @classmethod
     def from_gguf(cls, source: GGUFFile | Mapping[str, object]) -> ChatTemplate:
@@ -207,9 +218,12 @@ class ChatTemplate:
             # An object could carry text we cannot see (a pydantic model: pass model_dump()).
             raise TypeError(f"render_prompt takes JSON-like values (dict, list, str, number), not {type(value)}")
 
-        safe_kwargs = {k: defuse(v) for k, v in template_kwargs.items()}
-        safe_messages = defuse(list(messages))
-        safe_tools = defuse(list(tools)) if tools is not None else None
+        try:
+            safe_kwargs = {k: defuse(v) for k, v in template_kwargs.items()}
+            safe_messages = defuse(list(messages))
+            safe_tools = defuse(list(tools)) if tools is not None else None
+        except RecursionError:  # (a tool call's arguments, decoded from a string, past the body's depth limit)
+            raise ChatTemplateError("the conversation nests too deeply (a tool call's arguments?)") from None
         prefill = None
         if continue_final_message:
             prefill = _text_to_continue(safe_messages)
@@ -246,7 +260,7 @@ class ChatTemplate:
             pieces.append(text[pos : m.start()])
             length += m.start() - pos
             pieces.append(original)
-            if original in self.control_tokens:  # not a private-use character of the caller's
+            if original in self._literal_texts:  # not a private-use character of the caller's
                 spans.append((length, length + len(original)))
             length += len(original)
             pos = m.end()

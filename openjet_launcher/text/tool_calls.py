@@ -27,6 +27,7 @@ boolean and null types, since Qwen's own template renders non-container values w
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -273,6 +274,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # json.loads would accept NaN/Infinity; json.dumps would then emit non-JSON
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused where it overflows (1e400 would reach json.dumps as Infinity, not JSON)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a double")
+    return value
+
+
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 _NOT_PARSED = object()
 
@@ -285,7 +294,7 @@ def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[An
     if not types or types == {"string"}:
         return text, None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError:
         value = _PYTHON_LITERALS.get(text.strip(), _NOT_PARSED)
         if value is not _NOT_PARSED and not _admits(types, value):
