@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .errors import OpenJetError
@@ -35,8 +36,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_synth(args: argparse.Namespace) -> int:
     from .model.synth import synthesize
 
-    summary = synthesize(args.preset, args.out, seed=args.seed, workers=args.workers,
-                         show_progress=not args.quiet, codes=args.codes, replace=args.force)
+    try:
+        summary = synthesize(args.preset, args.out, seed=args.seed, workers=args.workers,
+                             show_progress=not args.quiet, codes=args.codes, replace=args.force)
+    except OSError as e:  # a folder it may not write to, a disk that fills
+        raise OpenJetError(f"cannot write {e.filename or args.out}: {e.strerror or e}") from None
     print(json.dumps(summary))
     return 0
 
@@ -153,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
     r.add_argument("--seed", type=int, default=None, help="sampling seed")
     r.add_argument("--draft", type=int, default=0, metavar="N",
-                   help="greedy only: MTP speculative decoding with at most N drafts per step (same output)")
+                   help="MTP speculative decoding with at most N drafts per step (greedy: the same output; "
+                        "sampled: the same distribution)")
     r.set_defaults(func=_cmd_run)
 
     from .launcher.doctor import add_doctor_parser
@@ -172,12 +177,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _options_before_the_command(argv: list[str]) -> list[str]:
+    """The default action's options given before a subcommand (`openjet-launch --api-key K serve ...`): the
+    subcommand's parser has options of the same names, whose defaults argparse would put over them, silently (a
+    server without the key asked for)."""
+    from .launcher.main import add_default_options
+
+    top = argparse.ArgumentParser(add_help=False)
+    add_default_options(top)
+    top.add_argument("rest", nargs=argparse.REMAINDER)
+    given, _ = top.parse_known_args(argv)
+    return [a.option_strings[-1] for a in top._actions
+            if a.dest != "rest" and getattr(given, a.dest, None) != a.default]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         from .launcher.main import run_default
         return run_default(args)       # the default action: download, detect, serve, tray
+    if early := _options_before_the_command(argv):
+        parser.error(f"{', '.join(early)} before `{args.command}` would be ignored: put it after the command "
+                     f"(openjet-launch {args.command} ... {early[0]} ...)")
     try:
         return args.func(args)
     except OpenJetError as e:
@@ -186,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"openjet-launch {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): no traceback, and none when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

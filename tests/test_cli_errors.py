@@ -124,3 +124,48 @@ def test_a_models_folder_that_is_a_file_is_a_one_line_error(capsys, tmp_path, mo
 @pytest.mark.parametrize("vram", ["inf", "nan", "0", "-3"])
 def test_presets_refuses_a_vram_that_is_no_size(capsys, vram):
     _fails_with_one_line(capsys, ["presets", "--vram", vram], f"--vram {float(vram)}")
+
+
+def test_an_option_of_the_default_action_before_a_command_is_refused_not_dropped(capsys):
+    """`openjet-launch --api-key K serve ...`: serve's own --api-key default used to replace the one given, so the
+    server ran without the key asked for (found in review). Options before a command are refused, naming them."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--api-key", "s3cret", "--port", "9000", "serve", "demo"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--api-key" in err and "--port" in err and "after the command" in err
+
+
+def test_a_reader_that_leaves_a_pipe_ends_the_command_quietly(tmp_path):
+    """`openjet-launch presets --json | head -1`: a BrokenPipeError traceback before (found in review)."""
+    import subprocess
+    import sys
+    cmd = f"{sys.executable} -m openjet_launcher presets --json | head -c 10"
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["presets", "--vram", "24", "--cc", "abc", "--only"], "not a compute capability"),
+    (["doctor", "--probe-timeout", "nan"], "number of seconds"),
+    (["doctor", "--probe-timeout", "0"], "number of seconds"),
+    (["serve", "demo", "--max-connections", "0"], "at least 1"),
+    (["serve", "demo", "--max-body", "-1"], "at least 1"),
+    (["serve", "demo", "--stall-timeout", "0"], "above 0"),
+])
+def test_bad_option_values_are_usage_errors_not_tracebacks_or_a_server_that_refuses_all(capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_synth_into_a_folder_it_cannot_write_is_a_one_line_error(capsys, tmp_path, monkeypatch):
+    from openjet_launcher.model import synth
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "x.gguf.part"))
+
+    monkeypatch.setattr(synth, "write_gguf", refuse)
+    assert cli.main(["synth", "--preset", "tiny", "--quiet", str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err

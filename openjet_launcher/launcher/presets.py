@@ -97,6 +97,16 @@ def parse_compute_capability(cc: str | float | int | tuple[int, int]) -> tuple[i
     return int(major), int(minor or 0)
 
 
+def _cc_argument(text: str) -> str:
+    """--cc as argparse checks it: MAJOR.MINOR ("8.6", "12.0"), else a usage error naming the value."""
+    import argparse
+    import re
+
+    if not re.fullmatch(r"\d{1,2}(\.\d)?", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a compute capability such as 8.6 or 12.0")
+    return text.strip()
+
+
 def gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -353,7 +363,8 @@ def add_presets_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--vram", type=float, default=None, metavar="MIB_DIV_1024",
                    help="add a card with this much memory in GiB (with --sms and --cc)")
     p.add_argument("--sms", type=int, default=82, help="SM count of the --vram card (default 82)")
-    p.add_argument("--cc", default="8.6", help="compute capability of the --vram card (default 8.6)")
+    p.add_argument("--cc", default="8.6", type=_cc_argument,
+                   help="compute capability of the --vram card (default 8.6)")
     p.add_argument("--only", action="store_true", help="with --vram: print that card alone")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--planned", action="store_true",

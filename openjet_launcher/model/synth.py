@@ -206,6 +206,13 @@ def check_target(path: Path, replace: bool) -> None:
         raise OpenJetError(f"{path} already exists: choose another name, or --force to replace it")
 
 
+def _ignore_sigint() -> None:
+    """In a worker: Ctrl-C is the parent's to handle (it stops the pool); each worker printed a traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers: int | None = None,
                show_progress: bool = True, codes: str = "quantised", replace: bool = True) -> dict:
     """Write the preset's synthetic model to ``path``; returns a summary (bytes, seconds, tensors).
@@ -238,7 +245,7 @@ def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers
     if show_progress:
         from tqdm import tqdm
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"synth {preset}")
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint) if workers > 1 else None
     try:
         def produce(i: int) -> np.ndarray:
             plan = plans[i]

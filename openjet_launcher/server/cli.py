@@ -32,6 +32,31 @@ def check_ctx(n_ctx: int) -> int:
     return n_ctx
 
 
+def _at_least_one(text: str) -> int:
+    """A serve limit (connections, bytes, queue): an integer >= 1 (0 or less made a server that refuses everything
+    while /health says it is up)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """A serve timeout: a finite number of seconds above 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds above 0")
+    return value
+
+
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     from ..launcher.supervisor import port_number
 
@@ -70,23 +95,23 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     limits.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help=f"per-request ceiling on generated tokens; a larger max_tokens is clamped "
                              f"(default {D.max_tokens_ceiling})")
-    limits.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+    limits.add_argument("--stall-timeout", type=_positive_seconds, default=60.0, metavar="S",
                         help="a stream reader that reads nothing for S seconds counts as gone and its generation "
                              "stops (default 60)")
-    limits.add_argument("--max-connections", type=int, default=D.max_connections, metavar="N",
+    limits.add_argument("--max-connections", type=_at_least_one, default=D.max_connections, metavar="N",
                         help=f"simultaneous connections; a request on one more is answered 503 "
                              f"(default {D.max_connections})")
-    limits.add_argument("--request-timeout", type=float, default=D.request_timeout_s, metavar="S",
+    limits.add_argument("--request-timeout", type=_positive_seconds, default=D.request_timeout_s, metavar="S",
                         help=f"a request's headers and body must arrive within S seconds, else 408 and the "
                              f"connection is closed (default {D.request_timeout_s:g})")
-    limits.add_argument("--keep-alive", type=float, default=D.keep_alive_s, metavar="S",
+    limits.add_argument("--keep-alive", type=_positive_seconds, default=D.keep_alive_s, metavar="S",
                         help=f"an idle keep-alive connection is closed after S seconds (default {D.keep_alive_s:g})")
-    limits.add_argument("--max-body", type=int, default=D.max_body_bytes, metavar="BYTES",
+    limits.add_argument("--max-body", type=_at_least_one, default=D.max_body_bytes, metavar="BYTES",
                         help=f"largest request body; larger is a 413 (default {D.max_body_bytes})")
-    limits.add_argument("--max-inflight", type=int, default=D.max_inflight_bytes, metavar="BYTES",
+    limits.add_argument("--max-inflight", type=_at_least_one, default=D.max_inflight_bytes, metavar="BYTES",
                         help=f"request body bytes held at once over all connections; past it a 503 "
                              f"(default {D.max_inflight_bytes})")
-    limits.add_argument("--max-queue", type=int, default=D.max_queue, metavar="N",
+    limits.add_argument("--max-queue", type=_at_least_one, default=D.max_queue, metavar="N",
                         help=f"requests waiting for the engine; more is a 503 (default {D.max_queue})")
     p.set_defaults(func=cmd_serve)
     return p
@@ -215,6 +240,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_draft_count(args.draft)
     if args.ctx is not None:
         check_ctx(args.ctx)  # before the bind check and the load
+    from ..engine.cuda import PREFILL_ROWS, PREFILL_ROWS_MAX
+
+    if args.max_tokens is not None and args.max_tokens < 1:  # (before a download of the model, too)
+        raise OpenJetError(f"--max-tokens {args.max_tokens}: a request must be allowed at least 1 token")
+    if args.prefill_chunk is not None and not 1 <= args.prefill_chunk <= PREFILL_ROWS_MAX:
+        raise OpenJetError(f"--prefill-chunk {args.prefill_chunk}: expected 1..{PREFILL_ROWS_MAX} tokens")
     if problem := bind_problem(args.host, args.port):  # before the model loads, which can take minutes
         raise OpenJetError(problem)
     path = model_path(args.model)
@@ -232,12 +263,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     n_ctx = args.ctx if args.ctx is not None else check_ctx(min(n_ctx_train, 32768))
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise OpenJetError(f"--max-tokens {args.max_tokens}: a request must be allowed at least 1 token")
-    from ..engine.cuda import PREFILL_ROWS, PREFILL_ROWS_MAX
-
-    if args.prefill_chunk is not None and not 1 <= args.prefill_chunk <= PREFILL_ROWS_MAX:
-        raise OpenJetError(f"--prefill-chunk {args.prefill_chunk}: expected 1..{PREFILL_ROWS_MAX} tokens")
     api_key = args.api_key or os.environ.get("OPENJET_API_KEY") or None
     if not is_loopback(args.host) and not api_key:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
