@@ -130,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="write a synthetic Qwen3.8 model (random weights) for tests and benchmarks",
                        description="Write a qwen35 GGUF with random weights in the unsloth Q4_K_M recipe. "
                                    "Presets: tiny (CPU tests, ~6 MB), small (GPU tests), full (the exact 27B "
-                                   "shapes, about 17.1 GB; uses all cores).")
+                                   "shapes, about 17.1 GB; uses up to 16 cores).")
     s.add_argument("--preset", required=True, choices=["tiny", "small", "full"])
     s.add_argument("out", metavar="OUT.gguf")
     s.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    s.add_argument("--workers", type=int, default=None, help="processes for quantisation (default: all cores for full)")
+    s.add_argument("--workers", type=int, default=None, help="processes for quantisation (default: for full, all cores up to 16)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists (a regular file only)")
     s.add_argument("--codes", choices=["quantised", "random"], default="quantised",

@@ -118,7 +118,7 @@ def test_a_models_folder_that_is_a_file_is_a_one_line_error(capsys, tmp_path, mo
     a_file = tmp_path / "file"
     a_file.write_text("x")
     _fails_with_one_line(capsys, ["download", "someone/repo/x.gguf", "--models-dir", str(a_file)],
-                         "point --models-dir (or OPENJET_MODELS_DIR) at a folder")
+                         "point OPENJET_MODELS_DIR (or `openjet-launch download --models-dir`) at a folder")
 
 
 @pytest.mark.parametrize("vram", ["inf", "nan", "0", "-3"])

@@ -530,4 +530,4 @@ def test_a_read_only_models_folder_is_a_clear_error_and_a_verified_file_there_is
     assert ensure_model(f"{REPO}/{name}", show_progress=False).path == path
     assert cli.main(["download", f"org/other/{name}"]) == 1
     err = capsys.readouterr().err
-    assert str(read_only_models) in err and "--models-dir" in err and "Traceback" not in err
+    assert str(read_only_models) in err and "OPENJET_MODELS_DIR" in err and "Traceback" not in err

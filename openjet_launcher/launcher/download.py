@@ -39,6 +39,8 @@ from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher import dirs
 
 log = logging.getLogger(__name__)
+# Where the models folder is chosen: the environment, for every command; `download` also takes --models-dir.
+_FOLDER_SETTING = "OPENJET_MODELS_DIR (or `openjet-launch download --models-dir`)"
 
 DEFAULT_REPO = "unsloth/Qwen3.8-27B-GGUF"
 DEFAULT_FILE = "Qwen3.8-27B-Q4_K_M.gguf"
@@ -122,7 +124,7 @@ def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.
     model = ModelSpec.parse(spec)
     if model.local is not None:
         return LocalModel(path=model.local, parts=(model.local,))
-    root = dirs.ensure_dir(dirs.models_dir(models_dir), "--models-dir (or OPENJET_MODELS_DIR)")
+    root = dirs.ensure_dir(dirs.models_dir(models_dir), _FOLDER_SETTING)
     if _offline():
         return _resolve_offline(model, root, reason="HF_HUB_OFFLINE is set")
     try:
@@ -429,7 +431,7 @@ def _check_free_space(folder: Path, todo: list[tuple[RemoteFile, Path]]) -> None
         raise DownloadError(f"not enough disk space in {folder}: the download needs {_size(need)} "
                             f"({_size(still)} still to fetch + {_size(DISK_MARGIN_BYTES)} margin) but only "
                             f"{_size(free)} are free. Free some space, or choose another folder with "
-                            f"--models-dir or OPENJET_MODELS_DIR")
+                            f"{_FOLDER_SETTING}")
 
 
 # ---- bytes (our HTTP) -------------------------------------------------------------------------------
@@ -514,8 +516,8 @@ def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], p
             except OSError as e:  # the models folder: read-only, full, or not ours (network errors are not OSErrors
                 # here: _fetch turns them into retries or a DownloadError)
                 raise DownloadError(f"cannot write {e.filename or dest}: {e.strerror or e}. Free some space or fix "
-                                    f"the folder's permissions, or choose another folder with --models-dir or "
-                                    f"OPENJET_MODELS_DIR") from None
+                                    f"the folder's permissions, or choose another folder with {_FOLDER_SETTING}"
+                                    ) from None
     finally:
         bar.close()
 

@@ -161,12 +161,12 @@ def verify_demo_model(path: Path) -> Path:
 def synthetic_demo_path() -> Path:
     """The tiny synthetic model (random weights) in the cache folder (`$OPENJET_CACHE`, launcher/dirs.py),
     written on first use: the demo when the package has no trained one."""
-    from ..launcher.dirs import cache_dir
+    from ..launcher.dirs import cache_dir, ensure_dir
 
     path = cache_dir() / "models" / "openjet-synthetic-tiny.gguf"
     if not path.exists():
         from ..model.synth import synthesize
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(path.parent, "OPENJET_CACHE")  # (a file there, no permission: one line naming the setting)
         tmp = path.with_suffix(".gguf.tmp")
         synthesize("tiny", tmp, show_progress=False)
         tmp.replace(path)
