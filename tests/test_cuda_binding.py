@@ -184,11 +184,15 @@ class FakeLib:
         return None
 
 
+def fake_engine(n_ctx: int = 4096, n_checkpoints: int = 2, prefill_rows: int = 512) -> CudaEngine:
+    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
+    return CudaEngine(types.SimpleNamespace(shape=shape, name="fake"), FakeLib(), 1, n_ctx, "f16", n_checkpoints,
+                      prefill_rows=prefill_rows)
+
+
 @pytest.fixture
 def engine():
-    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
-    config = types.SimpleNamespace(shape=shape, name="fake")
-    e = CudaEngine(config, FakeLib(), 1, 64, "f16", 2)
+    e = fake_engine(n_ctx=64)
     yield e
     e._handle = ctypes.c_void_p()
 
@@ -565,11 +569,6 @@ def test_the_persistent_grid_limit_must_be_a_number_of_sms(bad, monkeypatch, tmp
         CudaEngine.load(tmp_path / "missing.gguf")
     assert "OPENJET_PERSISTENT_SMS" not in str(err.value)
 
-
-def fake_engine(n_ctx: int = 4096, n_checkpoints: int = 2, prefill_rows: int = 512) -> CudaEngine:
-    shape = types.SimpleNamespace(n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=2)
-    return CudaEngine(types.SimpleNamespace(shape=shape, name="fake"), FakeLib(), 1, n_ctx, "f16", n_checkpoints,
-                      prefill_rows=prefill_rows)
 
 
 def test_truncate_refuses_a_count_that_is_not_an_integer_before_changing_anything(engine):

@@ -1309,7 +1309,7 @@ int add_norm(openjet_engine& e, float*& h, const float* delta, const float* w, f
     const auto& c = e.cfg;
     if (e.fold_armed)  // never: the add-norm before was not made (its GEMV did not run)
         return ++gpu_failures(), fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
-    if (e.norm_fold && t == 1 && !e.prefilling && e.scratch_rows >= 2 && !e.ffn_persistent &&
+    if (e.norm_fold && t == 1 && !e.prefilling && !e.ffn_persistent &&  // (h holds >= 8 rows: the fold's two)
         !e.bench_skip_norm_packs) {
         const GemvArgs a = gemv_args(e, wa, t, e.a, e.big1), b = gemv_args(e, wb, t, e.a, e.big2);
         if (gemv_folds_norm(a, &b)) {

@@ -380,7 +380,11 @@ class CudaEngine(Engine):
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise OpenJetError(f"{what}: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
+            raise self._error(what)
+
+    def _error(self, what: str) -> OpenJetError:
+        """The library's last error, as the failed call `what` reports it."""
+        return OpenJetError(f"{what}: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
 
     # ---------------------------------------------------------------------------------------- interface
 
@@ -880,7 +884,7 @@ class CudaEngine(Engine):
         else:
             rc = self._lib.openjet_engine_prefill(self._handle, ptr, n, chunk, _f32p(lg), _f32p(hd))
         if rc != 0:  # the engine commits chunk by chunk: the record keeps the chunks it committed before failing
-            error = OpenJetError(f"prefill: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
+            error = self._error("prefill")  # (before the n_past query below)
             done = ctypes.c_int(-1)
             if self._lib.openjet_engine_n_past(self._handle, ctypes.byref(done)) == 0 and n0 < done.value <= n0 + n:
                 state.add(ids[:done.value - n0], prefilled=True)

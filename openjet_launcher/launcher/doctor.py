@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import OpenJetError
 from .hardware import PROBE_TIMEOUT_S, HardwareReport, detect
+from ..server.cli import positive_seconds
 from .presets import CPU_PATH, choose_settings, gib
 
 PACKAGES = ("openjet-launcher", "numpy", "gguf", "tokenizers", "jinja2", "nvidia-ml-py", "huggingface_hub",
@@ -161,19 +162,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report["verdict"]["ready"] else 1
 
 
-def _positive_seconds(text: str) -> float:
-    """A finite number of seconds above 0 (argparse's type: anything else is a usage error naming it)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= 86400):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in (0, 86400]")
-    return value
-
-
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "doctor", help="check this machine: driver, GPU, engine, the settings OpenJet would pick",
@@ -187,7 +175,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("--ctx", type=int, default=None, help="check a requested context per agent (tokens)")
     p.add_argument("--agents", type=int, default=1, help="check a number of agents (default 1)")
     p.add_argument("--kv", choices=["fp16", "q8_0", "q4_0"], default=None, help="check a KV cache format")
-    p.add_argument("--probe-timeout", type=_positive_seconds, default=PROBE_TIMEOUT_S, metavar="S",
+    p.add_argument("--probe-timeout", type=positive_seconds, default=PROBE_TIMEOUT_S, metavar="S",
                    help=f"seconds the engine's GPU probe may take (default {PROBE_TIMEOUT_S:g})")
     p.set_defaults(func=_cmd_doctor)
     return p

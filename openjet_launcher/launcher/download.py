@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -536,8 +535,6 @@ def _file_lock(dest: Path):
         lock.acquire(timeout=0)
     except Timeout:
         log.warning("another process is downloading %s into %s; waiting for it to finish", dest.name, dest.parent)
-        print(f"another process is downloading {dest.name} into {dest.parent}; waiting for it to finish",
-              file=sys.stderr)
         lock.acquire()
     try:
         yield

@@ -44,16 +44,16 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _positive_seconds(text: str) -> float:
-    """A serve timeout: a finite number of seconds above 0."""
+def positive_seconds(text: str) -> float:
+    """A timeout option (argparse's type): a finite number of seconds above 0, at most a day."""
     import math
 
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds above 0")
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds above 0 (at most 86400)")
     return value
 
 
@@ -95,16 +95,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     limits.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help=f"per-request ceiling on generated tokens; a larger max_tokens is clamped "
                              f"(default {D.max_tokens_ceiling})")
-    limits.add_argument("--stall-timeout", type=_positive_seconds, default=60.0, metavar="S",
+    limits.add_argument("--stall-timeout", type=positive_seconds, default=60.0, metavar="S",
                         help="a stream reader that reads nothing for S seconds counts as gone and its generation "
                              "stops (default 60)")
     limits.add_argument("--max-connections", type=_at_least_one, default=D.max_connections, metavar="N",
                         help=f"simultaneous connections; a request on one more is answered 503 "
                              f"(default {D.max_connections})")
-    limits.add_argument("--request-timeout", type=_positive_seconds, default=D.request_timeout_s, metavar="S",
+    limits.add_argument("--request-timeout", type=positive_seconds, default=D.request_timeout_s, metavar="S",
                         help=f"a request's headers and body must arrive within S seconds, else 408 and the "
                              f"connection is closed (default {D.request_timeout_s:g})")
-    limits.add_argument("--keep-alive", type=_positive_seconds, default=D.keep_alive_s, metavar="S",
+    limits.add_argument("--keep-alive", type=positive_seconds, default=D.keep_alive_s, metavar="S",
                         help=f"an idle keep-alive connection is closed after S seconds (default {D.keep_alive_s:g})")
     limits.add_argument("--max-body", type=_at_least_one, default=D.max_body_bytes, metavar="BYTES",
                         help=f"largest request body; larger is a 413 (default {D.max_body_bytes})")
