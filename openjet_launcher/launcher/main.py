@@ -1,9 +1,10 @@
 """`openjet-launch` with no command: from nothing to a served model with a tray icon.
 
-    lock (one launcher per user) -> port free? -> engine: the GPU checked and settings chosen, or the CPU
-    path explained -> model file (download, or the bundled demo) -> can our engine run it? (else
-    `--fallback llama-server`) -> Supervisor starts the server -> tray icon, or the terminal's status line
-    -> Quit / Ctrl-C stops the server and releases the lock.
+    lock (one launcher per user) -> port free? -> tray icon where there is a display (amber: preparing) ->
+    engine: the GPU checked and settings chosen, or the CPU path explained -> model file (download, its
+    percent in the tray; or the bundled demo) -> can our engine run it? (else `--fallback llama-server`) ->
+    Supervisor starts the server -> the icon (or the terminal's status line) follows it -> Quit / Ctrl-C
+    stops the server (or cancels the download: it resumes next time) and releases the lock.
 
 cli.py wires `add_default_options(parser)` into the top-level parser and calls `run_default(args)` when no
 subcommand is given.
@@ -125,19 +126,21 @@ def _our_engine_problem(path: Path) -> str | None:
     return recipe.get("problem") or f"{recipe.get('kind')} recipe: OpenJet has no engine for it yet"
 
 
-def _resolve_model(spec: str | None) -> Path:
-    """'demo', a path, or a Hugging Face spec (the default model when none is given), as `serve` resolves it."""
+def _resolve_model(spec: str | None, progress=None) -> Path:
+    """'demo', a path, or a Hugging Face spec (the default model when none is given), as `serve` resolves it;
+    progress(done_bytes, total_bytes) as a download goes (the tray's status)."""
     if spec is None:
         from .download import ensure_model
 
-        return ensure_model(None).path
+        return ensure_model(None, progress=progress).path
     from ..server.cli import model_path
 
-    return model_path(spec)
+    return model_path(spec, progress=progress)
 
 
-def plan_launch(args: argparse.Namespace) -> LaunchPlan:
-    """Decide engine, model file, settings and command; raises OpenJetError with what to do."""
+def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
+    """Decide engine, model file, settings and command; raises OpenJetError with what to do. progress: as
+    download.ensure_model takes it."""
     demo = args.model == "demo"
     engine = args.engine or ("reference" if demo else "cuda")
     if args.draft is not None:
@@ -184,7 +187,7 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         if args.gpu is not None:
             notes.append(f"--gpu {args.gpu} does not apply: the reference engine runs on the CPU")
 
-    path = _resolve_model(args.model)
+    path = _resolve_model(args.model, progress)
     problem = None if demo else _our_engine_problem(path)
     if gpu_problem and not problem:
         problem = gpu_problem.splitlines()[0]
@@ -271,40 +274,97 @@ def _stop_on_signals() -> None:
 def _serve(args: argparse.Namespace) -> int:
     if problem := bind_problem(args.host, args.port):
         raise OpenJetError(problem)
-    plan = plan_launch(args)
-    for note in plan.notes:
-        _say(note)
-    env = {**os.environ, **plan.env}
-    sup = Supervisor(plan.command, health_url(args.host, args.port),
-                     log_dir=dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env=env)
-    from .menu import TrayController, api_base_url
+    if not args.no_tray:
+        from .tray import tray_unavailable_reason
 
-    url = api_base_url(args.host, args.port)
-    if args.host in EVERY_ADDRESS:  # the URL is this machine's; say where the network reaches it
-        url_shown = f"{url} (listening on every address of this machine, port {args.port})"
-    else:
-        url_shown = url
-    status = TerminalStatus(plan.model_label, url_shown)
-    sup.on_state(status)
-    controller = TrayController(sup, model=plan.model_label, gpu=plan.device_label, host=args.host, port=args.port,
-                                log_dir=sup.log_dir, chat_url=args.chat_url)
-    _say(f"server log: {sup.log_path}")
+        reason = tray_unavailable_reason()
+        if reason is None:
+            return _serve_in_tray(args)
+        _say(f"no tray icon: {reason}; running in the terminal (--no-tray hides this line)")
+    sup, status = _supervisor(args, plan_launch(args))
     sup.start()
     try:
-        if not args.no_tray:
-            from .tray import tray_unavailable_reason
-
-            reason = tray_unavailable_reason()
-            if reason is None:
-                return _run_tray(controller)
-            _say(f"no tray icon: {reason}; running in the terminal (--no-tray hides this line)")
         return _run_terminal(sup)
     finally:
         status.close()
         _stop_server(sup)
 
 
-def _stop_server(sup: Supervisor) -> None:
+def _url_shown(args: argparse.Namespace) -> str:
+    from .menu import api_base_url
+
+    url = api_base_url(args.host, args.port)
+    if args.host in EVERY_ADDRESS:  # the URL is this machine's; say where the network reaches it
+        return f"{url} (listening on every address of this machine, port {args.port})"
+    return url
+
+
+def _supervisor(args: argparse.Namespace, plan: LaunchPlan) -> tuple[Supervisor, TerminalStatus]:
+    """The server's Supervisor for `plan` (not started), with the terminal's status line on it."""
+    for note in plan.notes:
+        _say(note)
+    sup = Supervisor(plan.command, health_url(args.host, args.port),
+                     log_dir=dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env={**os.environ, **plan.env})
+    status = TerminalStatus(plan.model_label, _url_shown(args))
+    sup.on_state(status)
+    _say(f"server log: {sup.log_path}")
+    return sup, status
+
+
+def _labels_before_plan(args: argparse.Namespace) -> tuple[str, str]:
+    """The tray's model and device words until plan_launch has decided them."""
+    from .download import DEFAULT_FILE
+
+    model = "demo" if args.model == "demo" else (Path(args.model).name if args.model else DEFAULT_FILE)
+    cpu = (args.engine or ("reference" if args.model == "demo" else "cuda")) != "cuda"
+    return model, "CPU (reference engine)" if cpu else "GPU not chosen yet"
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr is not None and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+def _serve_in_tray(args: argparse.Namespace) -> int:
+    """The tray icon first, then the plan (a download shows its percent there), then the server.
+
+    A preparation that fails is printed; on a terminal the launcher then ends with status 1 as without a tray, and
+    from the desktop (no terminal) the icon stays red with the reason until Quit (its Start tries again)."""
+    from .menu import TrayController
+    from .preparation import LaunchSession
+
+    statuses: list[TerminalStatus] = []
+
+    def make_supervisor(plan: LaunchPlan) -> Supervisor:
+        sup, status = _supervisor(args, plan)
+        statuses.append(status)
+        controller.model, controller.gpu = plan.model_label, plan.device_label
+        return sup
+
+    log_dir = dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR")
+    session = LaunchSession(lambda progress: plan_launch(args, progress), make_supervisor, log_dir=log_dir)
+    model, device = _labels_before_plan(args)
+    controller = TrayController(session, model=model, gpu=device, host=args.host, port=args.port, log_dir=log_dir,
+                                chat_url=args.chat_url)
+    on_terminal = _stderr_is_terminal()
+
+    def preparation_failed(state: str, message: str) -> None:
+        if state == FAILED and session.supervisor is None:
+            _say(f"error: {message}")
+            if on_terminal:
+                controller.quit_requested.set()
+    session.on_state(preparation_failed)
+    session.start()
+    try:
+        code = _run_tray(controller)
+    finally:
+        for status in statuses:
+            status.close()
+        _stop_server(session)
+    return 1 if session.supervisor is None and session.state == FAILED else code
+
+
+def _stop_server(sup) -> None:
+    """Stop a Supervisor, or a LaunchSession (its download cancelled, or its server stopped)."""
     _stop_on_signals()  # the tray's handlers only ask it to quit
     if sup.proc is not None and sup.proc.poll() is None:
         _say(f"stopping the server (up to {sup.stop_timeout_s:g} s; Ctrl-C again ends it at once) ...")

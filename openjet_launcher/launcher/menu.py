@@ -121,19 +121,33 @@ class TrayController:
     def api_url(self) -> str:
         return api_base_url(self.host, self.port)
 
+    def _doing(self) -> str:
+        """The state in words; while loading, what it is doing (a download's percent, a restart) when it says."""
+        message = self.supervisor.message if self.state == LOADING else ""
+        if message and message != "starting the server":
+            return message
+        return STATE_WORDS.get(self.state, self.state)
+
+    @property
+    def preparing(self) -> bool:
+        """Before the server exists (preparation.LaunchSession's GPU check and download)."""
+        return bool(getattr(self.supervisor, "preparing", False))
+
     def status_line(self) -> str:
-        return f"{self.model} · {self.gpu} · port {self.port} · {STATE_WORDS.get(self.state, self.state)}"
+        return f"{self.model} · {self.gpu} · port {self.port} · {self._doing()}"
 
     def title(self) -> str:
         """The icon's tooltip."""
-        return f"OpenJet: {STATE_WORDS.get(self.state, self.state)} ({self.api_url})"
+        return f"OpenJet: {self._doing()} ({self.api_url})"
 
     def icon_colour(self) -> tuple[int, int, int]:
         return STATE_COLOURS.get(self.state, STATE_COLOURS[STOPPED])
 
     def entries(self) -> list[MenuEntry]:
         running = self.state in (LOADING, READY)
-        toggle = (MenuEntry("Stop server", STOP, enabled=self.state != STOPPING, default=not self.menu_supported)
+        downloading = self.preparing and self.supervisor.message.startswith("downloading")
+        toggle = (MenuEntry("Cancel download" if downloading else "Stop server", STOP,
+                            enabled=self.state != STOPPING, default=not self.menu_supported)
                   if running else
                   MenuEntry("Start server", START, enabled=self.state != STOPPING, default=not self.menu_supported))
         return [
@@ -152,7 +166,8 @@ class TrayController:
         if self.state != FAILED:
             return None
         first = (self.supervisor.message or "the server stopped").splitlines()[0]
-        return f"OpenJet server failed: {first} Logs: {self.log_dir}"
+        title = getattr(self.supervisor, "failure_title", "OpenJet server failed")  # LaunchSession: before a server
+        return f"{title}: {first} Logs: {self.log_dir}"
 
     # --- what the entries do -------------------------------------------------------------------------
 

@@ -185,9 +185,10 @@ def demo_model_path() -> Path:
     return synthetic_demo_path()
 
 
-def model_path(spec: str) -> Path:
+def model_path(spec: str, progress=None) -> Path:
     """MODEL as `serve` takes it: 'demo', a path, else a Hugging Face REPO/FILE.gguf or REPO, downloaded into the
-    models folder and verified when missing (launcher/download.py; its errors say what to give instead)."""
+    models folder and verified when missing (launcher/download.py; its errors say what to give instead);
+    progress: as ensure_model takes it."""
     if spec == "demo":
         return demo_model_path()
     path = Path(spec).expanduser()
@@ -195,7 +196,7 @@ def model_path(spec: str) -> Path:
         return path
     from ..launcher.download import ensure_model
 
-    return ensure_model(spec).path
+    return ensure_model(spec, progress=progress).path
 
 
 def is_loopback(host: str) -> bool:
