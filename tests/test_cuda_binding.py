@@ -29,6 +29,7 @@ class FakeLib:
 
     def __init__(self):
         self.n_past, self.pending, self.rows, self.slots = 0, 0, [], {}
+        self.draft_cap = self.draft_allocations = 0
         self.calls: list[tuple] = []
         self.error = b""
         self.mtp = 1
@@ -121,6 +122,9 @@ class FakeLib:
     def openjet_engine_set_draft_rows(self, h, ids, n, keep):
         if not 0 <= keep <= len(self.rows) or n < keep:
             return self._fail("set_draft_rows: keep")
+        if n > self.draft_cap:  # engine.cu's buffer grows (a new allocation beside the old) and never shrinks
+            self.draft_cap = n
+            self.draft_allocations += 1
         self.rows = self.rows[:keep] + [int(ids[i]) for i in range(keep, n)]
         self.calls.append(("set_draft_rows", n, keep))
         return 0
@@ -220,6 +224,46 @@ def test_the_draft_rows_follow_the_list_and_the_sequence(engine):
     state = engine.new_state()
     engine.decode(state, [1])
     assert np.isfinite(engine.mtp_draft(state, 3, 1).logits).all()   # the full head again
+
+
+def test_the_draft_rows_room_is_reserved_with_the_list_and_never_grown(engine, monkeypatch):
+    """set_draft_vocabulary reserves the list's rows and SEQUENCE_ROWS more in one allocation (what
+    launcher/memory.py plans for); a sequence's new tokens fill that room and, once it is full, the most recent ones
+    take it: the library's buffer is never grown while serving (a growth holds the old and the new buffer at once)."""
+    from openjet_launcher.engine import cuda
+
+    monkeypatch.setattr(cuda, "SEQUENCE_ROWS", 3)
+    lib = engine._lib
+    engine.set_draft_vocabulary(np.array([5, 3, 90]))
+    assert (lib.draft_cap, lib.draft_allocations, lib.rows) == (6, 1, [3, 5, 90])
+    state = engine.new_state()
+    engine.decode(state, [3, 150])
+    engine.mtp_draft(state, 151, 1)
+    assert lib.rows == [3, 5, 90, 150, 151]
+    engine.decode(state, [151, 160, 161, 162])
+    engine.mtp_draft(state, 163, 1)                               # 160..163 new, one row left: the latest
+    assert lib.rows == [3, 5, 90, 150, 151, 163] and lib.draft_allocations == 1
+    engine.mtp_draft(state, 170, 1)                               # full: nothing added, nothing grown
+    assert lib.rows == [3, 5, 90, 150, 151, 163] and (lib.draft_cap, lib.draft_allocations) == (6, 1)
+    engine.new_state()
+    assert lib.rows == [3, 5, 90]
+
+
+def test_the_plan_holds_the_draft_rows_the_binding_reserves():
+    """launcher/memory.py's draft_rows term is engine.cu's draft_bytes at the capacity set_draft_vocabulary reserves
+    for the shipped list (which is at most DEFAULT_SIZE ids), for the 27B's lm_head rows (Q6_K: 4,200 bytes)."""
+    from openjet_launcher.launcher.memory import memory_model
+    from openjet_launcher.model import draft_vocab
+    from openjet_launcher.model.shape import QWEN38_27B
+
+    assert len(draft_vocab.load(draft_vocab.SHIPPED).tokens) <= draft_vocab.DEFAULT_SIZE
+    mm = memory_model(QWEN38_27B)
+    assert mm.output_row_bytes == QWEN38_27B.n_embd // 256 * 210
+    cap = draft_vocab.DEFAULT_SIZE + draft_vocab.SEQUENCE_ROWS
+    assert mm.draft_rows_bytes == cap * (mm.output_row_bytes + 4) + 16
+    plan = mm.plan(n_ctx=4096, kv_format="q8_0", chunk=512, n_agents=1, embd_on_host=False, total_vram=24 << 30,
+                   v1_arena=True)
+    assert plan.draft_rows == mm.draft_rows_bytes and plan.total >= plan.decode_workspace + plan.draft_rows
 
 
 def test_native_verify_keeps_the_sequence_until_accept(engine):

@@ -51,6 +51,7 @@ import numpy as np
 
 from ..errors import ModelFileError, OpenJetError
 from ..model.config import ModelConfig, read_config
+from ..model.draft_vocab import SEQUENCE_ROWS
 from ..model.gguf_file import GGUFFile
 from ..model.recipe import PLAIN_Q4_K_M, UNSLOTH_Q4_K_M, classify
 from ..sampling import GPU_MAX_TOP_K
@@ -283,6 +284,7 @@ class CudaEngine(Engine):
         self._draft_rows: list[int] = []
         self._draft_row_ids = np.empty(0, np.int64)     # the same, as the array each draft step's ranking takes
         self._draft_index: dict[int, int] = {}
+        self._draft_cap = 0                              # rows reserved on the device (list + SEQUENCE_ROWS)
         self._draft_synced = (0, 0)
         self._state: CudaState | None = None
         self._slot_clock: list[int] = [0] * n_checkpoints     # last use, for eviction
@@ -558,6 +560,16 @@ class CudaEngine(Engine):
         if base.size == 0 or base[0] < 0 or base[-1] >= self.config.shape.n_vocab:
             raise OpenJetError(f"draft vocabulary: ids must be a non-empty set inside [0, {self.config.shape.n_vocab})")
         self._draft_base = base.astype(np.int32)
+        # The list's rows and room for the sequence's own tokens, reserved now: the library's buffer keeps the
+        # capacity it once had (openjet_engine_set_draft_rows only grows it), so the rows a sequence adds never
+        # reallocate (a second copy of ~150 MB while serving, which launcher/memory.py's plan does not hold).
+        self._draft_cap = min(base.size + SEQUENCE_ROWS, self.config.shape.n_vocab)
+        room = np.full(self._draft_cap, base[0], np.int32)
+        self._check(self._lib.openjet_engine_set_draft_rows(self._handle, room.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_int32)), room.size, 0), "draft vocabulary")
+        self._draft_rows = []
+        self._draft_index = {}
+        self._draft_row_ids = np.empty(0, np.int64)
         self._draft_rows_to_device(0, self._draft_base.tolist())
 
     def _draft_rows_to_device(self, n_keep: int, new: list[int]) -> None:
@@ -583,6 +595,9 @@ class CudaEngine(Engine):
         gen, done = self._draft_synced
         start = done if gen == state.generation and done <= state.n_tokens else 0
         new = [t for t in dict.fromkeys([*state.token_ids[start:], token]) if t not in self._draft_index]
+        room = self._draft_cap - len(self._draft_rows)
+        if len(new) > room:  # the room is full: the most recent tokens (drafts then miss the others, never the output)
+            new = new[len(new) - room:] if room > 0 else []
         if new:
             self._draft_rows_to_device(len(self._draft_rows), new)
         self._draft_synced = (state.generation, state.n_tokens)

@@ -135,7 +135,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"Settings     KV {s['kv_format']}, context {s['n_ctx']} tokens, prefill chunk "
                      f"{s['prefill_chunk']}, embedding table {embd}, {agents}")
         lines.append(f"  memory     weights {gib(m['weights'])} + KV {gib(m['kv_cache'])} + state "
-                     f"{gib(m['agent_state'])} + scratch {gib(m['prefill_scratch'] + m['decode_workspace'])} + "
+                     f"{gib(m['agent_state'])} + scratch {gib(m['prefill_scratch'] + m['decode_workspace'] + m['draft_rows'])} + "
                      f"CUDA context {gib(m['cuda_context'])} + margin {gib(m['safety_margin'])} = {gib(m['total'])}")
         lines += [f"  why        {x}" for x in s["reasons"]]
     elif r["settings_error"]:

@@ -11,6 +11,8 @@ never typed in, so a synthetic shape gets its own model. The terms (bytes):
   state (fp32, the last kernel-1 inputs of every conv channel), times ``STATE_COPIES``;
 * prefill scratch, linear in the prefill chunk (``prefill_scratch_bytes`` has the formula);
 * decode workspace (logits and activations of the 1 + n_draft rows of every agent);
+* the MTP head's draft rows (CUDA engine v1): the lm_head rows of the draft vocabulary's list and the room
+  reserved for the sequence's own tokens (model/draft_vocab.py), gathered into a buffer of their own;
 * the CUDA context and a safety margin, which are not ours to allocate but are not free either.
 """
 
@@ -135,13 +137,14 @@ class MemoryPlan:
     agent_state: int
     prefill_scratch: int
     decode_workspace: int
+    draft_rows: int         # the MTP head's draft vocabulary rows (v1 plans of a model with the head; else 0)
     cuda_context: int
     safety_margin: int
 
     @property
     def total(self) -> int:
         return (self.weights + self.kv_cache + self.agent_state + self.prefill_scratch
-                + self.decode_workspace + self.cuda_context + self.safety_margin)
+                + self.decode_workspace + self.draft_rows + self.cuda_context + self.safety_margin)
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -153,6 +156,7 @@ class MemoryModel:
     weights_bytes: int          # every tensor of the recipe, MTP block included
     token_embd_bytes: int       # the share of token_embd.weight
     weights_v1_bytes: int       # the same in the CUDA engine v1's weight arena (v1_weight_bytes, v1_align'ed)
+    output_row_bytes: int       # one row of output.weight (the lm_head) as the GGUF stores it
 
     # --- per token -----------------------------------------------------------------------------------
     @property
@@ -295,6 +299,18 @@ class MemoryModel:
                              checkpoint_bytes=n_checkpoints * slot, row_bytes=rows,
                              fixed_bytes=sum(v1_align(b) for b in fixed))
 
+    @property
+    def draft_rows_bytes(self) -> int:
+        """The CUDA engine's draft-row buffer (engine.cu draft_bytes) at the capacity the binding reserves with the
+        shipped list (engine/cuda.py set_draft_vocabulary): the list's rows and the sequence's room, each an lm_head
+        row in the GGUF's layout and its int32 id, + 16 bytes; none without an MTP head."""
+        from ..model.draft_vocab import DEFAULT_SIZE, SEQUENCE_ROWS
+
+        if self.shape.n_nextn == 0:
+            return 0
+        rows = min(DEFAULT_SIZE + SEQUENCE_ROWS, self.shape.n_vocab)
+        return rows * (self.output_row_bytes + 4) + 16
+
     def decode_workspace_bytes(self, n_agents: int) -> int:
         """Logits and activations of DECODE_ROWS rows per agent (fp32): vocab + FFN + conv + q/gate widths."""
         s = self.shape
@@ -325,6 +341,7 @@ class MemoryModel:
             agent_state=n_agents * state,
             prefill_scratch=scratch,
             decode_workspace=workspace,
+            draft_rows=self.draft_rows_bytes if v1_arena else 0,
             cuda_context=CUDA_CONTEXT_BYTES,
             safety_margin=safety_margin_bytes(total_vram),
         )
@@ -353,4 +370,5 @@ def memory_model(shape: ModelShape = QWEN38_27B) -> MemoryModel:
         weights_bytes=sum(p.n_bytes for p in plans),
         token_embd_bytes=sum(p.n_bytes for p in plans if p.spec.role == "token_embd"),
         weights_v1_bytes=sum(v1_align(v1_weight_bytes(p)) for p in plans),
+        output_row_bytes=next(p.n_bytes // p.rows for p in plans if p.spec.role == "output"),
     )

@@ -318,7 +318,7 @@ def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
         lines.append(left + f"{s['kv_format']:<5} {s['n_ctx']:>7} {s['prefill_chunk']:>5} "
                             f"{'host' if s['embd_on_host'] else 'gpu':<4} {agents:<6} "
                             f"{gib(s['memory']['kv_cache']):>9} "
-                            f"{gib(s['memory']['prefill_scratch'] + s['memory']['decode_workspace']):>9} "
+                            f"{gib(s['memory']['prefill_scratch'] + s['memory']['decode_workspace'] + s['memory']['draft_rows']):>9} "
                             f"{gib(s['memory']['total']):>9}")
     lines.append("")
     lines.append(f"for {engine.name}: KV {' or '.join(engine.kv_formats)}, embedding table "
@@ -329,7 +329,7 @@ def format_table(rows: list[dict], engine: EngineLimits = CUDA_V1) -> str:
     lines.append(f"embd: where the token-embedding table lives; agents: how many may share the GPU (context "
                  f"shown for 1; fewer than {AGENTS_MIN_SMS} SMs: 1).")
     lines.append("scratch: the prefill chunk's activations and the decode step's workspace (logits, attention "
-                 "partials, top-k, verification's shadow state); total: everything the plan holds, CUDA context and "
+                 "partials, top-k, verification's shadow state, the MTP head's draft rows); total: everything the plan holds, CUDA context and "
                  "safety margin included.")
     lines += [f"[{i}] {text}" for i, text in enumerate(refusals, 1)]
     return "\n".join(lines)
