@@ -64,7 +64,14 @@ class FakeNvml:
         return h["cc"]
 
     def nvmlDeviceGetMemoryInfo(self, h):
+        if h.get("memory_unsupported"):              # e.g. unified-memory parts (GB10)
+            raise self.NVMLError(3)                  # NVML_ERROR_NOT_SUPPORTED
         return SimpleNamespace(total=h["total"], free=h["free"], used=h["total"] - h["free"])
+
+    def nvmlDeviceGetMigMode(self, h):
+        if "mig" not in h:
+            raise self.NVMLError(3)                  # consumer GPUs: MIG not supported
+        return (h["mig"], h["mig"])
 
 
 def nvml_gpu(n, name="NVIDIA GeForce RTX 4090", cc=(8, 9), total=24 * GiB, free=23 * GiB):
@@ -215,6 +222,44 @@ def test_too_little_memory_and_memory_held_by_others_are_told_apart(machine):
     assert r.chosen is None and len(r.why_not()) == 2
 
 
+def test_a_context_asked_for_below_the_minimum_is_checked_as_asked(machine):
+    """A 24 GB card with 18 GiB free cannot hold the smallest default setup (32,768 tokens), but 8,192 tokens,
+    asked for, fit: that GPU is usable for them (the launcher passes --ctx here)."""
+    busy = nvml_gpu(0, total=24 * GiB, free=18 * GiB)
+    machine(FakeNvml([busy]), probe_report([probe_device(0, busy)]))
+    assert codes(hardware.detect().gpus[0].problems) == ["memory_in_use"]
+    r = hardware.detect(ctx=8192)
+    assert r.gpus[0].problems == [] and r.chosen is r.gpus[0]
+
+
+def test_one_gpus_unsupported_query_leaves_the_others_described_by_nvml(machine):
+    """A query one GPU does not support (memory on a unified-memory part) used to fail NVML for every GPU (and the
+    driver version with it): now that GPU's field comes from the probe and the rest stays NVML's."""
+    good = nvml_gpu(0, "NVIDIA GeForce RTX 3090", cc=(8, 6))
+    odd = {**nvml_gpu(1, "NVIDIA GB10", cc=(12, 1), total=120 * GiB, free=100 * GiB), "memory_unsupported": True}
+    machine(FakeNvml([good, odd]), probe_report([probe_device(0, good, 82), probe_device(1, odd, 48)]))
+    r = hardware.detect()
+    assert r.driver_version == "580.65.06" and not any(p.code == "nvml_error" for p in r.problems)
+    assert [g.index for g in r.gpus] == [0, 1] and r.gpus[0].free_memory_bytes == 23 * GiB
+    assert r.gpus[1].total_memory_bytes == 120 * GiB                  # the probe's figure
+    assert r.gpus[1].free_memory_bytes == 100 * GiB - 300 * 2**20
+
+
+def test_a_gpu_in_mig_mode_and_its_instances_are_refused_with_how_to_turn_it_off(machine):
+    """NVML lists the GPU, CUDA its MIG instance (another uuid): neither may be chosen (the plan would take the whole
+    card's memory and SMs, and CUDA_VISIBLE_DEVICES would name the instance by a GPU- uuid)."""
+    parent = {**nvml_gpu(0, "NVIDIA H100 80GB HBM3", cc=(9, 0), total=80 * GiB, free=79 * GiB), "mig": 1}
+    instance = {**parent, "uuid": "MIG-11111111-2222-3333-4444-555555555555", "total": 20 * GiB, "free": 19 * GiB}
+    machine(FakeNvml([parent]), probe_report([probe_device(0, instance, 32)]))
+    r = hardware.detect()
+    assert r.chosen is None and [codes(g.problems)[0] for g in r.gpus] == ["mig", "mig"]
+    assert "nvidia-smi -i 0 -mig 0" in r.gpus[0].problems[0].message
+    assert r.gpus[1].problems[0].message.startswith("a MIG instance: ")
+    plain = {**nvml_gpu(0, "NVIDIA H100 80GB HBM3", cc=(9, 0), total=80 * GiB, free=79 * GiB), "mig": 0}
+    machine(FakeNvml([plain]), probe_report([probe_device(0, plain, 132)]))
+    assert hardware.detect().chosen is not None                         # MIG supported but off: a whole GPU
+
+
 def test_a_probe_that_hangs_is_reported_with_its_timeout(machine, monkeypatch):
     # The real probe_in_child, with the child process replaced by one that times out.
     machine(FakeNvml([nvml_gpu(0)]), None)
@@ -297,6 +342,23 @@ def test_doctor_on_a_ready_machine_prints_the_settings_and_exits_0(machine, caps
     text = doctor.format_report(report)
     assert "<- chosen" in text and "Ready" in text and "KV fp16" in text
     json.dumps(report)
+
+
+def test_doctor_tells_a_usable_gpu_from_settings_that_do_not_fit_and_checks_ctx_as_serve_does(machine):
+    """A usable RTX 4090 asked for 262,144 tokens: the GPU is fine, the request is not (it used to say 'no usable
+    NVIDIA GPU' and point to the CPU path); `--ctx 8` is refused as `serve` refuses it (it used to say Ready); one
+    agent is explained by the engine's own reason, not 'fewer than 80 SMs' on a 128-SM card."""
+    gpu = nvml_gpu(0)
+    machine(FakeNvml([gpu]), probe_report([probe_device(0, gpu, 128)]))
+    r = doctor.doctor_report(ctx=262144, kv="q8_0")
+    text = doctor.format_report(r)
+    assert not r["verdict"]["ready"] and r["verdict"]["path"] == "gpu"
+    assert "GPU 0 (NVIDIA GeForce RTX 4090) is usable, but not with the settings asked for" in text
+    assert "no usable NVIDIA GPU" not in text and "CPU path" not in text
+    with pytest.raises(OpenJetError, match="--ctx 8 is too small"):
+        doctor.doctor_report(ctx=8)
+    text = doctor.format_report(doctor.doctor_report())
+    assert "1 agent (the CUDA engine v1 holds one sequence)" in text and "fewer than 80" not in text
 
 
 @pytest.mark.parametrize("dense", [True, False])

@@ -440,3 +440,28 @@ def test_the_v1_plan_with_drafts_covers_serving_without_them():
     with_head = plan.weights + plan.kv_cache + plan.agent_state + plan.prefill_scratch + plan.decode_workspace
     assert V1_CHECKPOINTS == STATE_COPIES - 2 and no_head.kv_layers == MM.kv_layers - 1
     assert without < with_head
+
+
+def test_a_context_asked_for_below_the_minimum_is_planned_as_asked():
+    """MIN_CTX is the least the policy picks by itself, not a floor on what a user names: 8,192 tokens on a 24 GB
+    card with 18 GiB free fit (17.7 GiB), where the 32,768-token minimum does not."""
+    with pytest.raises(OpenJetError, match="only 18.0 GiB"):
+        presets.choose_settings(24 * GiB, 18 * GiB, 82, "8.6", engine=CUDA_V1)
+    s = presets.choose_settings(24 * GiB, 18 * GiB, 82, "8.6", engine=CUDA_V1, requested_ctx=8192)
+    assert s.n_ctx == 8192 and s.memory.total <= 18 * GiB
+
+
+def test_the_plan_is_for_the_files_shape():
+    """A model trained on fewer tokens than MIN_CTX is planned at its own context (not refused, not given more than
+    it was trained on), and a 27B file without the MTP head gets the context the head's weights, KV layer and draft
+    rows would have taken."""
+    import dataclasses
+
+    small = PRESETS["small"]
+    assert small.n_ctx_train <= MIN_CTX
+    s = presets.choose_settings(16 * GiB, 15 * GiB, 76, "8.9", engine=CUDA_V1, model=small)
+    assert s.n_ctx == small.n_ctx_train and s.kv_format == "fp16"
+    with_head = presets.choose_settings(24 * GiB, 23 * GiB, 82, "8.6", engine=CUDA_V1)
+    without = presets.choose_settings(24 * GiB, 23 * GiB, 82, "8.6", engine=CUDA_V1,
+                                      model=dataclasses.replace(QWEN38_27B, n_nextn=0))
+    assert without.n_ctx > with_head.n_ctx and without.memory.draft_rows == 0 < with_head.memory.draft_rows

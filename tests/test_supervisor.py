@@ -590,6 +590,29 @@ def test_the_fallback_starts_llama_server_with_equivalent_settings(tmp_path, mon
     assert has_mtp_head(tiny_model) and not has_mtp_head(model)
 
 
+def test_the_fallback_runs_on_the_gpu_chosen(tmp_path, monkeypatch):
+    """--gpu N (or the GPU the launcher picks) holds for llama-server too: without CUDA_VISIBLE_DEVICES llama.cpp
+    spreads the layers over every visible GPU."""
+    from openjet_launcher.launcher import hardware
+    from openjet_launcher.launcher.main import plan_launch
+    from openjet_launcher.server import cli
+
+    gib = 1 << 30
+    gpus = [hardware.GpuInfo(i, i, "NVIDIA GeForce RTX 3090", f"GPU-{i}", "8.6", 24 * gib, 23 * gib, 82, True, 86)
+            for i in range(2)]
+    monkeypatch.setattr(hardware, "detect", lambda gpu=None, *a, **k: hardware.HardwareReport(
+        "580.1", "13.0", "13.0", {"built": True}, gpus, gpus[gpu or 0], []))
+    monkeypatch.setattr(cli, "ENGINES", ("reference", "cuda"))
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    model = _other_architecture_gguf(tmp_path / "llama.gguf")
+    plan = plan_launch(_default_args("--model", str(model), "--engine", "cuda", "--gpu", "1", "--fallback",
+                                     "llama-server"))
+    assert plan.command[0] == str(exe) and plan.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+
+
 RUN_DEFAULT = textwrap.dedent('''
     import argparse, json, sys
     from openjet_launcher.launcher import main
@@ -653,12 +676,15 @@ def _health_ok(port: int) -> bool:
 
 def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine_can_allocate(monkeypatch,
                                                                                               tiny_model):
-    """The settings the launcher picks reach `serve`: the context and the KV format (q8_0 on a 24 GB card),
-    chosen within what the CUDA engine v1 does (presets.CUDA_V1): no q4_0, the embedding table on the GPU."""
+    """The settings the launcher picks reach `serve`: the context and the KV format, chosen for the file's own shape
+    (the tiny model: fp16 at its trained context; the 27B: q8_0 on a 24 GB card) within what the CUDA engine v1 does
+    (presets.CUDA_V1): no q4_0, the embedding table on the GPU."""
     from openjet_launcher.launcher import hardware
     from openjet_launcher.errors import OpenJetError
     from openjet_launcher.launcher.main import DEFAULT_DRAFTS, plan_launch
     from openjet_launcher.launcher.presets import CUDA_V1, choose_settings
+    from openjet_launcher.model.config import read_config
+    from openjet_launcher.model.gguf_file import GGUFFile
     from openjet_launcher.server import cli
 
     gib = 1 << 30
@@ -668,13 +694,17 @@ def test_on_a_24_gb_gpu_the_launcher_asks_the_server_for_the_settings_the_engine
     monkeypatch.setattr(cli, "ENGINES", ("reference", "cuda"))
     plan = plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda"))
     cmd = plan.command
-    expected = choose_settings(24 * gib, 23 * gib, 82, "8.6", engine=CUDA_V1)
-    assert cmd[cmd.index("--kv") + 1] == "q8_0" == expected.kv_format
+    # planned for the file's own shape: the tiny model fits in fp16 at its whole trained context
+    tiny = read_config(GGUFFile(tiny_model)).shape
+    expected = choose_settings(24 * gib, 23 * gib, 82, "8.6", engine=CUDA_V1, model=tiny)
+    assert cmd[cmd.index("--kv") + 1] == "f16" and expected.kv_format == "fp16"
+    assert expected.n_ctx == tiny.n_ctx_train < choose_settings(24 * gib, 23 * gib, 82, "8.6").n_ctx
+    assert choose_settings(24 * gib, 23 * gib, 82, "8.6", engine=CUDA_V1).kv_format == "q8_0"  # the 27B's
     assert int(cmd[cmd.index("--ctx") + 1]) == expected.n_ctx and not expected.embd_on_host
     parser = argparse.ArgumentParser()
     cli.add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(cmd[cmd.index("serve"):])          # `serve` takes what the launcher passes
-    assert args.kv == "q8_0" and args.ctx == expected.n_ctx
+    assert args.kv == "f16" and args.ctx == expected.n_ctx
     assert args.prefill_chunk == expected.prefill_chunk                # the chunk its scratch was planned for
     assert args.draft == DEFAULT_DRAFTS                          # MTP speculation on by default
     args = parser.parse_args(plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda",

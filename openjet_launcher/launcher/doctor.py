@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import OpenJetError
 from .hardware import PROBE_TIMEOUT_S, HardwareReport, detect
-from ..server.cli import positive_seconds
+from ..server.cli import check_ctx, positive_seconds
 from .presets import CPU_PATH, choose_settings, gib
 
 PACKAGES = ("openjet-launcher", "numpy", "gguf", "tokenizers", "jinja2", "nvidia-ml-py", "huggingface_hub",
@@ -44,7 +44,9 @@ def doctor_report(gpu: int | None = None, ctx: int | None = None, agents: int = 
     """Everything ``doctor`` prints, as data (``doctor --json``)."""
     from .. import __version__
 
-    hw = hardware if hardware is not None else detect(gpu, probe_timeout_s)
+    if ctx is not None:
+        check_ctx(ctx)  # the server's rule: doctor must not call ready what serve refuses
+    hw = hardware if hardware is not None else detect(gpu, probe_timeout_s, ctx=ctx)
     settings, settings_error = None, None
     g = hw.chosen
     if g is not None:
@@ -57,6 +59,10 @@ def doctor_report(gpu: int | None = None, ctx: int | None = None, agents: int = 
     if ready:
         verdict = {"ready": True, "path": "gpu",
                    "message": f"{g.label} can serve Qwen3.8-27B: run `openjet-launch`."}
+    elif g is not None:  # the GPU is fine; what was asked of it is not
+        verdict = {"ready": False, "path": "gpu", "why": [settings_error],
+                   "message": f"{g.label} is usable, but not with the settings asked for (--ctx, --kv, --agents): "
+                              f"{settings_error}"}
     else:
         why = [p.message for p in hw.why_not()] + ([settings_error] if settings_error else [])
         verdict = {"ready": False, "path": "cpu", "why": why or ["no usable NVIDIA GPU"],
@@ -129,13 +135,14 @@ def format_report(r: dict[str, Any]) -> str:
     s = r["settings"]
     if s:
         m = s["memory"]
-        agents = f"{s['n_agents']} agent" + ("s" if s["n_agents"] > 1 else "") + \
-                 ("" if s["agents_allowed"] else " (fewer than 80 SMs: one)")
+        why_one = next((x.split(": ", 1)[1] for x in s["reasons"] if x.startswith("1 agent: ")), "")
+        agents = f"{s['n_agents']} agent" + ("s" if s["n_agents"] > 1 else "") + (f" ({why_one})" if why_one else "")
         embd = "in host memory" if s["embd_on_host"] else "on the GPU"
         lines.append(f"Settings     KV {s['kv_format']}, context {s['n_ctx']} tokens, prefill chunk "
                      f"{s['prefill_chunk']}, embedding table {embd}, {agents}")
         lines.append(f"  memory     weights {gib(m['weights'])} + KV {gib(m['kv_cache'])} + state "
-                     f"{gib(m['agent_state'])} + scratch {gib(m['prefill_scratch'] + m['decode_workspace'] + m['draft_rows'])} + "
+                     f"{gib(m['agent_state'])} + scratch "
+                     f"{gib(m['prefill_scratch'] + m['decode_workspace'] + m['draft_rows'])} + "
                      f"CUDA context {gib(m['cuda_context'])} + margin {gib(m['safety_margin'])} = {gib(m['total'])}")
         lines += [f"  why        {x}" for x in s["reasons"]]
     elif r["settings_error"]:
@@ -146,6 +153,8 @@ def format_report(r: dict[str, Any]) -> str:
     v = r["verdict"]
     if v["ready"]:
         lines.append(f"Ready        {v['message']}")
+    elif v["path"] == "gpu":
+        lines.append(_wrap(f"Not ready    {v['message']}", ""))
     else:
         lines.append("Not ready    no usable NVIDIA GPU, because:")
         lines += [_wrap(w, "  - ") for w in v["why"]]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import OpenJetError
 from ..model.shape import QWEN38_27B, ModelShape
-from .presets import CPU_PATH, gib, smallest_plan
+from .presets import CPU_PATH, gib, model_words, smallest_plan
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -50,6 +50,7 @@ class GpuInfo:
     kernel_ok: bool | None = None   # the probe's test kernel ran (None: no probe)
     kernel_arch: int | None = None  # the compiled architecture that ran (86, 90, ...)
     problems: list[Problem] = field(default_factory=list)
+    mig: bool = False               # NVML: MIG mode on (CUDA then lists its instances, not the GPU)
 
     @property
     def usable(self) -> bool:
@@ -169,14 +170,7 @@ def read_nvml() -> NvmlInfo | Problem:
             cuda = _cuda_version_text(nvml.nvmlSystemGetCudaDriverVersion())
         except nvml.NVMLError:
             cuda = None
-        gpus = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            gpus.append(GpuInfo(index=i, cuda_index=None, name=_text(nvml.nvmlDeviceGetName(h)),
-                                uuid=_text(nvml.nvmlDeviceGetUUID(h)), compute_capability=f"{major}.{minor}",
-                                total_memory_bytes=int(mem.total), free_memory_bytes=int(mem.free)))
+        gpus = [g for i in range(nvml.nvmlDeviceGetCount()) if (g := _nvml_gpu(nvml, i)) is not None]
         return NvmlInfo(driver, cuda, gpus)
     except nvml.NVMLError as e:
         return nvml_problem(nvml, e)
@@ -185,6 +179,40 @@ def read_nvml() -> NvmlInfo | Problem:
             nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+MIG_ON = 1  # NVML_DEVICE_MIG_ENABLE
+
+
+def _nvml_gpu(nvml: Any, i: int) -> GpuInfo | None:
+    """GPU i as NVML describes it; a query this GPU does not support (memory on unified-memory parts, say) leaves its
+    field to the probe instead of failing every GPU's. None when NVML cannot open it at all (the probe may list it)."""
+    def ask(query, *args):
+        try:
+            return query(*args)
+        except (nvml.NVMLError, AttributeError):  # AttributeError: a pynvml without this query
+            return None
+    h = ask(nvml.nvmlDeviceGetHandleByIndex, i)
+    uuid = ask(nvml.nvmlDeviceGetUUID, h) if h is not None else None
+    if uuid is None:
+        return None
+    cc = ask(nvml.nvmlDeviceGetCudaComputeCapability, h)
+    mem = ask(nvml.nvmlDeviceGetMemoryInfo, h)
+    name = ask(nvml.nvmlDeviceGetName, h)
+    mig = ask(nvml.nvmlDeviceGetMigMode, h) if hasattr(nvml, "nvmlDeviceGetMigMode") else None  # (current, pending)
+    g = GpuInfo(index=i, cuda_index=None, name=_text(name) if name is not None else "unknown", uuid=_text(uuid),
+                compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
+                total_memory_bytes=int(mem.total) if mem is not None else None,
+                free_memory_bytes=int(mem.free) if mem is not None else None)
+    if mig is not None and mig[0] == MIG_ON:
+        g.mig = True
+        g.problems.append(Problem("mig", MIG_TEXT.format(i=i)))
+    return g
+
+
+MIG_TEXT = ("MIG mode is on: this GPU is split into instances, and OpenJet runs on a whole GPU (its memory plan and "
+            "kernels take the whole card's memory and SMs). Turn MIG off (`sudo nvidia-smi -i {i} -mig 0`, then "
+            "reset the GPU or reboot), or choose another GPU with --gpu.")
 
 
 # --- the engine's probe --------------------------------------------------------------------------------
@@ -273,8 +301,12 @@ def _apply_probe_device(g: GpuInfo, d: dict[str, Any], probe: dict[str, Any], nv
     if kernel is not None:
         g.kernel_ok = bool(kernel.get("ok"))
         g.kernel_arch = kernel.get("arch")
-    if g.free_memory_bytes is None:
+    if g.free_memory_bytes is None:  # NVML could not say (no NVML, or a query this GPU does not support)
         g.free_memory_bytes = d.get("free_memory_bytes")
+    if g.total_memory_bytes is None:
+        g.total_memory_bytes = d.get("total_memory_bytes")
+    if g.compute_capability is None:
+        g.compute_capability = d.get("compute_capability")
     err = d.get("error") or (kernel or {}).get("error")
     if err:
         g.problems.append(cuda_problem(err, probe, g, nvml_driver))
@@ -282,12 +314,12 @@ def _apply_probe_device(g: GpuInfo, d: dict[str, Any], probe: dict[str, Any], nv
         g.problems.append(Problem("cuda_error", "The probe could not open this GPU."))
 
 
-def _memory_problem(g: GpuInfo, model: ModelShape) -> Problem | None:
+def _memory_problem(g: GpuInfo, model: ModelShape, ctx: int | None = None) -> Problem | None:
     if g.total_memory_bytes is None:
         return None
-    need = smallest_plan(g.total_memory_bytes, model).total
+    need = smallest_plan(g.total_memory_bytes, model, requested_ctx=ctx).total
     if g.total_memory_bytes < need:
-        return Problem("too_little_memory", f"{gib(g.total_memory_bytes)} of memory; Qwen3.8-27B needs at least "
+        return Problem("too_little_memory", f"{gib(g.total_memory_bytes)} of memory; {model_words(model)} needs at least "
                                             f"{gib(need)} (GPUs with 24 GB or more). CPU path: {CPU_PATH}")
     if g.free_memory_bytes is not None and g.free_memory_bytes < need:
         return Problem("memory_in_use", f"only {gib(g.free_memory_bytes)} of {gib(g.total_memory_bytes)} is free; "
@@ -297,8 +329,9 @@ def _memory_problem(g: GpuInfo, model: ModelShape) -> Problem | None:
 
 
 def detect(gpu: int | None = None, probe_timeout_s: float = PROBE_TIMEOUT_S,
-           model: ModelShape = QWEN38_27B) -> HardwareReport:
-    """NVML and the engine probe joined by uuid; ``gpu``: nvidia-smi's index of the GPU to use."""
+           model: ModelShape = QWEN38_27B, ctx: int | None = None) -> HardwareReport:
+    """NVML and the engine probe joined by uuid; ``gpu``: nvidia-smi's index of the GPU to use; ``model`` and
+    ``ctx`` (the context asked for, if any): what a GPU's memory is checked against."""
     problems: list[Problem] = []
     nvml = read_nvml()
     if isinstance(nvml, Problem):
@@ -333,23 +366,27 @@ def detect(gpu: int | None = None, probe_timeout_s: float = PROBE_TIMEOUT_S,
             if not any(q.code == p.code for q in problems):   # NVML may have said "no driver" already
                 problems.append(p)
         by_uuid = {g.uuid: g for g in gpus}
+        mig = next((g for g in gpus if g.mig), None)
         for d in probe.get("devices", []):
             g = by_uuid.get(d.get("uuid"))
             if g is None:
                 g = _from_probe_device(d)
                 gpus.append(g)
+                if mig is not None:  # a device CUDA lists and NVML does not, beside a GPU in MIG mode: an instance
+                    g.mig = True
+                    g.problems.append(Problem("mig", "a MIG instance: " + MIG_TEXT.format(i=mig.index)))
             _apply_probe_device(g, d, probe, nvml_driver)
         if not top:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             for g in gpus:
-                if g.cuda_index is None:
+                if g.cuda_index is None and not g.mig:
                     env = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
                     g.problems.append(Problem("not_visible", f"not visible to CUDA in this process{env}."))
     if nvml is not None and not nvml.gpus and not any(p.code == "no_gpu" for p in problems):
         problems.append(Problem("no_gpu", f"The NVIDIA driver {nvml.driver_version} sees no GPU. Without one: "
                                           f"{CPU_PATH}"))
     for g in gpus:
-        mp = _memory_problem(g, model)
+        mp = _memory_problem(g, model, ctx)
         if mp:
             g.problems.append(mp)
 

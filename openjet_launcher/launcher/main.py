@@ -13,6 +13,7 @@ subcommand is given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OpenJetError
+from ..model.shape import QWEN38_27B, ModelShape
 from . import dirs
 from .presets import CPU_PATH
 from .supervisor import (EVERY_ADDRESS, FAILED, AlreadyRunning, InstanceLock, Supervisor, TerminalStatus, bind_problem,
@@ -126,6 +128,31 @@ def _our_engine_problem(path: Path) -> str | None:
     return recipe.get("problem") or f"{recipe.get('kind')} recipe: OpenJet has no engine for it yet"
 
 
+def _local_model(spec: str | None) -> Path | None:
+    """The model's file when it is already here without a download (the demo, a path), else None."""
+    if spec == "demo":
+        from ..server.cli import demo_model_path
+
+        return demo_model_path()
+    path = Path(spec).expanduser() if spec else None
+    return path if path is not None and path.is_file() else None
+
+
+def _file_shape(path: Path | None) -> ModelShape | None:
+    """The shape a GGUF declares (n_nextn 0 where it has no MTP head) for the memory plan, or None when it cannot
+    be read (what is wrong with such a file is said by the checks that need it)."""
+    if path is None:
+        return None
+    from ..model.config import read_config
+    from ..model.gguf_file import GGUFFile
+
+    try:
+        config = read_config(GGUFFile(path))
+    except Exception:
+        return None
+    return config.shape if config.has_mtp else dataclasses.replace(config.shape, n_nextn=0)
+
+
 def _resolve_model(spec: str | None, progress=None) -> Path:
     """'demo', a path, or a Hugging Face spec (the default model when none is given), as `serve` resolves it;
     progress(done_bytes, total_bytes) as a download goes (the tray's status)."""
@@ -169,7 +196,7 @@ def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
         from ..server.cli import ENGINES
 
         from .hardware import detect
-        hw = detect(args.gpu)
+        hw = detect(args.gpu, model=_file_shape(_local_model(args.model)) or QWEN38_27B, ctx=args.ctx)
         if hw.chosen is None:
             gpu_problem = _no_gpu_message(hw, "Qwen3.8-27B" if args.model is None else
                                           "the demo model" if demo else args.model)
@@ -203,6 +230,8 @@ def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
         command = fallback_command(args.fallback, path, host=args.host, port=args.port, ctx=args.ctx)
         env.pop("OPENJET_API_KEY", None)
         env.update(api_key_env(api_key))
+        if gpu is not None:  # the GPU chosen (--gpu), as for our engine: llama.cpp would spread over every visible one
+            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
         return LaunchPlan(command, path.name, "llama-server", env, notes)
 
     ctx = args.ctx
@@ -212,7 +241,8 @@ def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
         from .presets import choose_settings
 
         s = choose_settings(gpu.total_memory_bytes, gpu.free_memory_bytes, gpu.sm_count, gpu.compute_capability,
-                            requested_ctx=args.ctx)   # within what the CUDA engine v1 does (presets.CUDA_V1)
+                            requested_ctx=args.ctx,   # within what the CUDA engine v1 does (presets.CUDA_V1)
+                            model=_file_shape(path) or QWEN38_27B)
         ctx = s.n_ctx
         n_draft = DEFAULT_DRAFTS if args.draft is None else args.draft
         extra = ["--kv", SERVE_KV[s.kv_format], "--draft", str(n_draft), "--prefill-chunk", str(s.prefill_chunk)]

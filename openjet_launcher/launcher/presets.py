@@ -132,12 +132,25 @@ def _fits_text(fits: dict[str, int], n_agents: int) -> str:
     return (", ".join(parts) + per) if parts else "nothing"
 
 
-def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B, engine: EngineLimits = CUDA_V1) -> MemoryPlan:
-    """The least memory the engine runs in: its most compact KV format for MIN_CTX tokens, 1 agent, the
+def least_ctx(model: ModelShape = QWEN38_27B, requested_ctx: int | None = None) -> int:
+    """The smallest context worth serving: MIN_CTX, or less where the model was trained on less or the user asked
+    for less (a context the user names is theirs to choose)."""
+    return min(MIN_CTX, model.n_ctx_train, requested_ctx or MIN_CTX)
+
+
+def model_words(model: ModelShape) -> str:
+    """How messages name the model the plan is for."""
+    same = (model.n_layer, model.n_embd, model.n_vocab) == (QWEN38_27B.n_layer, QWEN38_27B.n_embd, QWEN38_27B.n_vocab)
+    return "Qwen3.8-27B" if same else "this model"
+
+
+def smallest_plan(total_vram: int, model: ModelShape = QWEN38_27B, engine: EngineLimits = CUDA_V1,
+                  requested_ctx: int | None = None) -> MemoryPlan:
+    """The least memory the engine runs in: its most compact KV format for least_ctx tokens, 1 agent, the
     smallest chunk, the embedding table in host memory if it can read it there. A card below this is refused."""
-    return memory_model(model).plan(n_ctx=MIN_CTX, kv_format=engine.kv_formats[-1], chunk=CHUNKS[-1], n_agents=1,
-                                    embd_on_host=engine.embd_on_host, total_vram=total_vram,
-                                    v1_arena=engine.v1_arena)
+    return memory_model(model).plan(n_ctx=least_ctx(model, requested_ctx), kv_format=engine.kv_formats[-1],
+                                    chunk=CHUNKS[-1], n_agents=1, embd_on_host=engine.embd_on_host,
+                                    total_vram=total_vram, v1_arena=engine.v1_arena)
 
 
 def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
@@ -175,12 +188,13 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     if requested_ctx is not None and not 1 <= requested_ctx <= model.n_ctx_train:
         raise OpenJetError(f"context {requested_ctx}: the model takes 1 to {model.n_ctx_train} tokens")
 
-    smallest = smallest_plan(total_vram, model, engine)
+    floor = least_ctx(model, requested_ctx)
+    smallest = smallest_plan(total_vram, model, engine, requested_ctx)
     if smallest.total > total_vram:
         where = "embedding table in host memory" if engine.embd_on_host else "embedding table included"
         raise OpenJetError(
-            f"this GPU has {gib(total_vram)}, too little for Qwen3.8-27B: the weights alone take "
-            f"{gib(smallest.weights)} ({where}), and the smallest setup ({MIN_CTX} tokens of "
+            f"this GPU has {gib(total_vram)}, too little for {model_words(model)}: the weights alone take "
+            f"{gib(smallest.weights)} ({where}), and the smallest setup ({floor} tokens of "
             f"{engine.kv_formats[-1]} KV, 512-token prefill chunks, CUDA context, safety margin) needs "
             f"{gib(smallest.total)}. Cards with 24 GB or more run it. Without one: {CPU_PATH}")
     if smallest.total > free:
@@ -198,14 +212,14 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     if requested_ctx is not None:
         targets = [requested_ctx]
     else:
-        targets, t = [], max(MIN_CTX, DEFAULT_TARGET_CTX // agents)
-        while t >= MIN_CTX:
+        targets, t = [], min(max(MIN_CTX, DEFAULT_TARGET_CTX // agents), model.n_ctx_train)
+        while t >= floor:
             targets.append(t)
             t //= 2
     choice = next(((t, c, f) for t in targets for c in CHUNKS for f in formats if room(f, c, True) >= t), None)
     if choice is None:
         fits = what_fits(mm, free, total_vram, agents, engine, sm_count, dense)
-        asked = (f"{requested_ctx} tokens" if requested_ctx else f"{MIN_CTX} tokens (the minimum)")
+        asked = (f"{requested_ctx} tokens" if requested_ctx else f"{floor} tokens (the minimum)")
         asked += f" of {requested_kv} KV" if requested_kv else ""
         asked += f" for each of {agents} agents" if agents > 1 else ""
         raise OpenJetError(f"{asked} do not fit in this GPU's {gib(free)} of free memory. What fits: "
