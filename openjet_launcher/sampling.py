@@ -14,6 +14,7 @@ Padding rows of the vocabulary (ids without a real token) are never produced.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,7 @@ class SamplingParams:
 
     def validate(self, max_top_k: int | None = None) -> "SamplingParams":
         def finite(name: str, v: float) -> None:
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            if not isinstance(v, numbers.Real) or isinstance(v, (bool, np.bool_)) or not math.isfinite(v):
                 raise SamplingError(f"{name} must be a finite number, got {v!r}")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
             finite(name, getattr(self, name))
@@ -57,14 +58,23 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise SamplingError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, (bool, np.bool_)) or self.top_k < 0:
             raise SamplingError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
         if max_top_k is not None and (self.top_k == 0 or self.top_k > max_top_k) and not self.greedy:
             raise SamplingError(f"top_k must be between 1 and {max_top_k} on the GPU engine "
                                 f"(it samples from the top {max_top_k} logits), got {self.top_k}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise SamplingError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, (bool, np.bool_))
+                                      or self.seed < 0):
+            raise SamplingError(f"seed must be a non-negative integer, got {self.seed!r}")
         return self
+
+
+def _refuse_nan(z: np.ndarray) -> None:
+    """A NaN logit is an engine or model failure: ranked, it is neither above nor below anything (numpy's argmax
+    takes it, a partition drops it, the device's top-k ranks it first), so no token choice would be right."""
+    if np.isnan(z).any():
+        raise OpenJetError(f"the model produced a NaN logit (at token id {int(np.flatnonzero(np.isnan(z))[0])}): the "
+                           "model file or the engine computed an invalid value, so no token can be chosen")
 
 
 class Sampler:
@@ -81,6 +91,7 @@ class Sampler:
         p = self.params
         out = np.zeros(self.n_valid, dtype=np.float64)
         z = self._penalised(logits)
+        _refuse_nan(z)
         if p.greedy:
             out[int(np.argmax(z))] = 1.0
             return out
@@ -129,6 +140,7 @@ class Sampler:
         """sample() from one row of Engine.decode_top (k = top_request(), penalty_deltas() applied): the token
         sample() picks from the whole row, with the same draw (the CDF runs over the survivors in id order,
         as it does over the whole vocabulary)."""
+        _refuse_nan(np.asarray(values)[: self.params.top_k or len(values)])
         if self.params.greedy:
             token = int(ids[0])
         else:

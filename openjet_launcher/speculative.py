@@ -52,12 +52,13 @@ def can_speculate(engine: Engine, sampler: Sampler, n_draft: int) -> bool:
 
 def draft_limit(sampler: Sampler, tokens_left: int, room: int | None) -> int | None:
     """The most drafts the next cycle may propose (DraftDepth.next's limit). A greedy request's output does not depend
-    on how many drafts it proposes, so it stops drafting past the ``tokens_left`` it still wants; a sampled request's
+    on how many drafts it proposes, so it drafts no more than the ``tokens_left`` it still wants need (a cycle emits its
+    kept drafts and one token of its own: tokens_left - 1; one token left is a plain step); a sampled request's
     drafts consume its random numbers, so that clamp would make a seeded answer depend on max_tokens (the answer of
     max_tokens = N would not be the first N tokens of a longer one's): only the context's ``room`` (positions left
     after the cycle's first token; None: unbounded) limits it, and drafts past the tokens wanted are dropped."""
     if sampler.params.greedy:
-        return tokens_left if room is None else min(tokens_left, room)
+        return tokens_left - 1 if room is None else min(tokens_left - 1, room)
     return room
 
 

@@ -215,8 +215,8 @@ def test_the_draft_rows_follow_the_list_and_the_sequence(engine):
     engine.truncate(state, 1)                                    # back to [3]: then new tokens at old positions
     engine.decode(state, [160, 161])
     engine.mtp_draft(state, 3, 1)
-    assert lib.rows[-2:] == [160, 161]
-    assert [c for c in lib.calls if c[0] == "set_draft_rows"][-1] == ("set_draft_rows", 8, 6)   # kept rows kept
+    assert lib.rows == [3, 5, 90, 160, 161]                     # the rewound tokens' rows went: the sequence's own
+    assert [c for c in lib.calls if c[0] == "set_draft_rows"][-1] == ("set_draft_rows", 5, 3)
     engine.new_state()                                            # a new sequence: the list's rows only
     assert lib.rows == [3, 5, 90]
     engine.set_draft_vocabulary(None)
@@ -228,8 +228,9 @@ def test_the_draft_rows_follow_the_list_and_the_sequence(engine):
 
 def test_the_draft_rows_room_is_reserved_with_the_list_and_never_grown(engine, monkeypatch):
     """set_draft_vocabulary reserves the list's rows and SEQUENCE_ROWS more in one allocation (what
-    launcher/memory.py plans for); a sequence's new tokens fill that room and, once it is full, the most recent ones
-    take it: the library's buffer is never grown while serving (a growth holds the old and the new buffer at once)."""
+    launcher/memory.py plans for); a sequence's new tokens fill that room in order of first appearance and later ones
+    wait for room: the library's buffer is never grown while serving (a growth holds the old and the new buffer at
+    once)."""
     from openjet_launcher.engine import cuda
 
     monkeypatch.setattr(cuda, "SEQUENCE_ROWS", 3)
@@ -241,12 +242,41 @@ def test_the_draft_rows_room_is_reserved_with_the_list_and_never_grown(engine, m
     engine.mtp_draft(state, 151, 1)
     assert lib.rows == [3, 5, 90, 150, 151]
     engine.decode(state, [151, 160, 161, 162])
-    engine.mtp_draft(state, 163, 1)                               # 160..163 new, one row left: the latest
-    assert lib.rows == [3, 5, 90, 150, 151, 163] and lib.draft_allocations == 1
+    engine.mtp_draft(state, 163, 1)                               # 160..163 new, one row left: the first
+    assert lib.rows == [3, 5, 90, 150, 151, 160] and lib.draft_allocations == 1
     engine.mtp_draft(state, 170, 1)                               # full: nothing added, nothing grown
-    assert lib.rows == [3, 5, 90, 150, 151, 163] and (lib.draft_cap, lib.draft_allocations) == (6, 1)
+    assert lib.rows == [3, 5, 90, 150, 151, 160] and (lib.draft_cap, lib.draft_allocations) == (6, 1)
+    engine.truncate(state, 2)                                     # [3, 150]: room again, for what follows now
+    engine.decode(state, [170])
+    engine.mtp_draft(state, 171, 1)
+    assert lib.rows == [3, 5, 90, 150, 170, 171] and lib.draft_allocations == 1
     engine.new_state()
     assert lib.rows == [3, 5, 90]
+
+
+def test_the_draft_rows_depend_on_the_sequence_alone(engine):
+    """Rows are the list's, then the sequence's other tokens and the token drafted after, at first appearance: the
+    same sequence gives the same rows whatever an earlier request on the rewound sequence left (the server rewinds
+    its slot with truncate), so a seeded sampled request drafts over the same q both times."""
+    lib = engine._lib
+    engine.set_draft_vocabulary(np.array([5, 3, 90]))
+    fresh = engine.new_state()
+    engine.decode(fresh, [3, 150, 151])
+    engine.mtp_draft(fresh, 152, 1)
+    wanted = list(lib.rows)
+    assert wanted == [3, 5, 90, 150, 151, 152]
+    state = engine.new_state()
+    engine.decode(state, [3, 150, 200, 201, 202])                 # an earlier request's answer ...
+    engine.mtp_draft(state, 203, 2)
+    engine.truncate(state, 2)                                     # ... rewound to the shared prompt [3, 150]
+    engine.decode(state, [151])
+    engine.mtp_draft(state, 152, 1)
+    assert lib.rows == wanted
+    n_calls = len(lib.calls)
+    engine.decode(state, [152])                                   # the drafted-after token, now in the sequence:
+    engine.mtp_draft(state, 153, 1)                               # only the new row is sent
+    assert lib.rows == wanted + [153] and [c for c in lib.calls[n_calls:] if c[0] == "set_draft_rows"] == [
+        ("set_draft_rows", 7, 6)]
 
 
 def test_the_plan_holds_the_draft_rows_the_binding_reserves():
@@ -372,7 +402,8 @@ def test_greedy_drafts_go_to_the_device_chain_with_the_host_rankings_answer(engi
     engine.native_draft = True
     engine._lib.calls.clear()
     engine.mtp_draft_top(state, 201, 2, k=1)
-    assert engine._lib.calls[-1] == ("mtp_draft_greedy", 201, 2, N_VOCAB, (5, 76, 78, 90, 3, 150, 200, 201))
+    # the rows are the sequence's: 200, drafted after last time but not in the sequence, went
+    assert engine._lib.calls[-1] == ("mtp_draft_greedy", 201, 2, N_VOCAB, (5, 76, 78, 90, 3, 150, 201))
     engine._lib.calls.clear()
     engine.mtp_draft_top(state, 201, 2, k=4)
     engine.mtp_draft_top(state, 201, 2, k=1, choose=lambda values, ids: int(ids[0]))

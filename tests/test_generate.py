@@ -115,6 +115,27 @@ def test_accepted_drafts_count_only_the_tokens_emitted(engine):
         assert got.accepted <= len(got.tokens) - got.steps, (i, got.accepted, got.steps, len(got.tokens))
 
 
+def test_a_greedy_request_drafts_no_more_than_its_remaining_tokens_need(engine):
+    """A cycle emits its kept drafts and one token of its own, so with L tokens still wanted L - 1 drafts suffice and
+    one token left is a plain step: every draft proposed can be emitted (the drafts past that were pure cost)."""
+    want = plain(engine, 12)
+    continuation = want.tokens
+    for max_tokens in (2, 3, 5):
+        drafted = []
+        oracle = OracleDrafter(engine, continuation)
+        real_draft = oracle.mtp_draft
+
+        def spy(state, token, n_draft=1, choose=None, _real=real_draft, _seen=drafted, _max=max_tokens):
+            emitted = state.n_tokens - len(PROMPT) + 1                # tokens out so far, the cycle's own included
+            _seen.append((n_draft, _max - emitted))
+            return _real(state, token, n_draft, choose)
+        oracle.mtp_draft = spy
+        got = generate(oracle, engine.new_state(), PROMPT, Sampler(GREEDY, 4000), max_tokens, (), n_draft=7)
+        assert got.tokens == continuation[:max_tokens]
+        assert drafted and all(n <= left - 1 for n, left in drafted) or max_tokens == 2, (max_tokens, drafted)
+        assert max_tokens > 2 or drafted == []                        # one token left after the first: a plain step
+
+
 def test_run_cli_generates_and_reports(engine, tmp_path):
     import subprocess
     import sys

@@ -1618,6 +1618,31 @@ def test_a_draft_vocabulary_gives_the_full_heads_logits_on_its_rows(models):
         engine.close()
 
 
+def test_a_seeded_sampled_answer_does_not_depend_on_an_earlier_request(models):
+    """With a draft vocabulary the head's rows hold the sequence's tokens; rows left by an earlier request on the same
+    (rewound) sequence changed the drafts' q and so, with the same uniforms, the tokens of a seeded sampled answer.
+    The rows are now a function of the sequence alone: the answer on a rewound state equals a fresh state's."""
+    from openjet_launcher.generate import generate
+    from openjet_launcher.sampling import Sampler, SamplingParams
+
+    engine = CudaEngine.load(models["tiny"], n_ctx=512, n_checkpoints=2)
+    n_vocab = engine.config.shape.n_vocab
+    rng = np.random.default_rng(44)
+    earlier, prompt = ([int(x) for x in rng.integers(0, n_vocab, n)] for n in (40, 24))
+    params = SamplingParams(temperature=0.9, top_k=20, seed=5)
+    try:
+        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
+        fresh = generate(engine, engine.new_state(), prompt, Sampler(params, n_vocab), 96, (), n_draft=4)
+        state = engine.new_state()
+        generate(engine, state, earlier, Sampler(SamplingParams(temperature=1.0, seed=1), n_vocab), 96, (), n_draft=4)
+        engine.truncate(state, 0)                                 # as the server rewinds its slot
+        again = generate(engine, state, prompt, Sampler(params, n_vocab), 96, (), n_draft=4)
+        assert again.tokens == fresh.tokens and fresh.drafted > 0
+        report(test="seeded_answer_after_earlier_request", tokens=len(fresh.tokens), drafted=fresh.drafted)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("which", ["tiny", "demo"])
 def test_greedy_drafts_chained_on_the_device_are_the_host_rankings(models, which):
     """openjet_engine_mtp_draft_greedy (each draft step's argmax fed to the next step on the device) gives the drafts,

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from openjet_launcher.errors import OpenJetError
 from openjet_launcher.sampling import GPU_MAX_TOP_K, Sampler, SamplingError, SamplingParams
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, 9.0], np.float32)   # id 5 is a padding row
@@ -69,10 +70,35 @@ def test_samples_follow_the_distribution_and_repeat_with_the_seed():
     ({"top_k": -1}, "top_k"),
     ({"presence_penalty": 3.0}, "presence_penalty"),
     ({"seed": "x"}, "seed"),
+    ({"seed": -1}, "seed must be a non-negative integer"),     # (numpy's generator refused it later, unnamed)
+    ({"top_k": np.bool_(True)}, "top_k"),
 ])
 def test_invalid_parameters_are_named(kwargs, needle):
     with pytest.raises(SamplingError, match=needle):
         SamplingParams(**kwargs).validate()
+
+
+def test_numpy_numbers_are_numbers():
+    """A caller's numpy scalars are taken as the numbers they are (they were refused as 'not finite')."""
+    p = SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(5), seed=np.uint32(7))
+    assert p.validate() is p
+    Sampler(p, N_VALID).sample(LOGITS)
+
+
+def test_a_nan_logit_is_a_clear_error_on_every_path():
+    """A NaN logit (a broken model or engine) has no rank: the host's argmax took it, its top-k partition dropped it
+    (fewer than k ids, and with k NaNs an IndexError), the device's top-k ranks it first. Every path now refuses it
+    with the reason."""
+    bad = LOGITS.copy()
+    bad[[3, 4]] = np.nan
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=2),
+                   SamplingParams(temperature=0.7, top_p=0.9)):
+        with pytest.raises(OpenJetError, match="NaN logit .*token id 3"):
+            Sampler(params, N_VALID).sample(bad)
+    values, ids = np.array([np.nan, 2.0, 1.0], np.float32), np.array([3, 4, 5])
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=3)):
+        with pytest.raises(OpenJetError, match="NaN logit"):
+            Sampler(params, N_VALID).sample_top(values, ids)
 
 
 def test_gpu_top_k_limit_is_stated():

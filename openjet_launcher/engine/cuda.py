@@ -38,6 +38,7 @@ What v1 is (and is not):
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import itertools
 import json
@@ -285,6 +286,7 @@ class CudaEngine(Engine):
         self._draft_row_ids = np.empty(0, np.int64)     # the same, as the array each draft step's ranking takes
         self._draft_index: dict[int, int] = {}
         self._draft_cap = 0                              # rows reserved on the device (list + SEQUENCE_ROWS)
+        self._draft_row_pos: list[int] = []              # the sequence position of each row after the list's
         self._draft_synced = (0, 0)
         self._state: CudaState | None = None
         self._slot_clock: list[int] = [0] * n_checkpoints     # last use, for eviction
@@ -396,6 +398,7 @@ class CudaEngine(Engine):
         self._pending = []
         if self._draft_base is not None and len(self._draft_rows) > len(self._draft_base):
             self._draft_rows_to_device(len(self._draft_base), [])  # the last sequence's tokens go
+        self._draft_row_pos = []
         self._state = CudaState(self, self._generation)
         self._slot_clock = [0] * self.n_checkpoints
         return self._state
@@ -570,6 +573,7 @@ class CudaEngine(Engine):
         self._draft_rows = []
         self._draft_index = {}
         self._draft_row_ids = np.empty(0, np.int64)
+        self._draft_row_pos = []
         self._draft_rows_to_device(0, self._draft_base.tolist())
 
     def _draft_rows_to_device(self, n_keep: int, new: list[int]) -> None:
@@ -591,15 +595,31 @@ class CudaEngine(Engine):
         self._draft_synced = (0, 0)
 
     def _sync_draft_rows(self, state: CudaState, token: int) -> None:
-        """Add the sequence's tokens (and the token being drafted after) that the draft rows lack."""
+        """The draft rows become the list's, then the sequence's other tokens and the token drafted after, each at
+        its first appearance, the first SEQUENCE_ROWS of them: a function of the sequence alone. (Rows left by an
+        earlier request on a rewound sequence changed the drafts' q, so a seeded sampled answer differed between
+        two identical requests.) Positions below the last sync's are unchanged, so only later rows are redone."""
         gen, done = self._draft_synced
-        start = done if gen == state.generation and done <= state.n_tokens else 0
-        new = [t for t in dict.fromkeys([*state.token_ids[start:], token]) if t not in self._draft_index]
-        room = self._draft_cap - len(self._draft_rows)
-        if len(new) > room:  # the room is full: the most recent tokens (drafts then miss the others, never the output)
-            new = new[len(new) - room:] if room > 0 else []
-        if new:
-            self._draft_rows_to_device(len(self._draft_rows), new)
+        if gen != state.generation or done > state.n_tokens:
+            done = 0
+        n_base = len(self._draft_base)
+        keep = n_base + bisect.bisect_left(self._draft_row_pos, done)   # rows first seen before `done` stand
+        new: list[int] = []
+        pos: list[int] = []
+        room = self._draft_cap - keep
+        for p, t in enumerate(itertools.chain(state.token_ids[done:], [token]), start=done):
+            if len(new) == room:
+                break
+            at = self._draft_index.get(t)
+            if (at is None or at >= keep) and t not in new:
+                new.append(t)
+                pos.append(p)
+        same = 0  # rows already there as wanted (the usual case: the sequence grew by what was drafted after)
+        while keep + same < len(self._draft_rows) and same < len(new) and self._draft_rows[keep + same] == new[same]:
+            same += 1
+        if keep + same < len(self._draft_rows) or same < len(new):
+            self._draft_rows_to_device(keep + same, new[same:])
+        self._draft_row_pos[keep - n_base:] = pos
         self._draft_synced = (state.generation, state.n_tokens)
 
     def mtp_draft(self, state: CudaState, token: int, n_draft: int = 1, choose: Choose = argmax) -> DraftOutput:

@@ -56,7 +56,8 @@ VERSION = 2
 DEFAULT_SIZE = 32_768
 # Rows an engine keeps beside the list for the current sequence's own tokens (a token the context holds is a likely
 # next one): a fixed room, reserved with the list, so that serving never grows the buffer (launcher/memory.py counts
-# list + room); a sequence with more new tokens than this drafts over the most recent ones.
+# list + room); a sequence with more new tokens than this drafts over the first ones (the rows then depend on the
+# sequence alone, so a seeded request drafts the same q whatever came before it).
 SEQUENCE_ROWS = 8_192
 # A list maps onto a vocabulary when at least this share of its tokens are found there; below, the
 # vocabulary is of another family and the list would draft over the wrong tokens' neighbourhood.
