@@ -314,6 +314,26 @@ def test_native_verify_keeps_the_sequence_until_accept(engine):
     assert state.tokens == (1, 2, 3, 4) and state.verify_rows == 0 and lib.n_past == 4
 
 
+def test_an_accept_that_fails_on_the_gpu_leaves_no_verify_pending(engine, monkeypatch):
+    """The library drops its pending verify when accept fails part way (and marks the sequence undefined): the
+    binding must drop its own too, or truncate, which recovers by restore or reset, refused as 'awaits accept'."""
+    lib = engine._lib
+    engine.native_verify = True
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    engine.verify(state, [3, 4, 5])
+
+    def fails_part_way(h, n):
+        lib.pending = 0
+        return lib._fail("accept: cudaErrorLaunchFailure")
+    monkeypatch.setattr(lib, "openjet_engine_accept", fails_part_way)
+    with pytest.raises(OpenJetError, match="cudaErrorLaunchFailure"):
+        engine.accept(state, 2)
+    assert state.verify_rows == 0 and engine._pending == [] and state.tokens == (1, 2)
+    engine.truncate(state, 1)                                     # recovers: reset and replay
+    assert state.tokens == (1,) and lib.n_past == 1
+
+
 @pytest.mark.parametrize("why", ["switched off", "no MTP head"])
 def test_the_interfaces_verify_checkpoints_decodes_and_truncates(engine, why):
     """Without the device's verify (switched off, or no MTP head: no shadow state on the device) the

@@ -312,13 +312,21 @@ struct openjet_engine {
 
 namespace {
 
+constexpr int kMaxCtx = 262144;    // Qwen3.8's trained context: the issue's limit, and the attention workspace's sizing
+constexpr int kMaxVocab = 262144;  // topk.cu: pass 2 sorts 64 chunks' 32 keys of 4,096 logits
+
 int check_config(const openjet_engine_config& c) {
     auto bad = [](const char* what, int v, const char* want) {
         return fail(OPENJET_ENGINE_ERR_MODEL, "config: %s = %d, expected %s", what, v, want);
     };
-    if (c.n_embd < 256 || c.n_embd % 256) return bad("n_embd", c.n_embd, "a positive multiple of 256");
-    if (c.n_ff < 256 || c.n_ff % 256) return bad("n_ff", c.n_ff, "a positive multiple of 256");
-    if (c.n_layer < 1) return bad("n_layer", c.n_layer, ">= 1");
+    // Upper bounds first: sizes below are int products of these (and n_layer sizes a host vector before any tensor
+    // is looked at), so a hostile or corrupt config must not overflow them.
+    if (c.n_embd < 256 || c.n_embd % 256 || c.n_embd > 65536)
+        return bad("n_embd", c.n_embd, "a positive multiple of 256, at most 65536");
+    if (c.n_ff < 256 || c.n_ff % 256 || c.n_ff > 262144) return bad("n_ff", c.n_ff, "a multiple of 256, 256..262144");
+    if (c.n_layer < 1 || c.n_layer > 1024) return bad("n_layer", c.n_layer, "1..1024");
+    if (c.n_head > 1024 || c.ssm_n_v_heads > 1024) return bad("n_head / ssm_n_v_heads", std::max(c.n_head,
+                                                                 c.ssm_n_v_heads), "at most 1024");
     if (c.head_dim != kAttnHeadDim) return bad("head_dim", c.head_dim, "256");
     if (c.n_head_kv < 1 || c.n_head < c.n_head_kv || c.n_head % c.n_head_kv)
         return bad("n_head", c.n_head, "a positive multiple of n_head_kv");
@@ -330,8 +338,8 @@ int check_config(const openjet_engine_config& c) {
         return bad("ssm_n_v_heads", c.ssm_n_v_heads, "a positive multiple of ssm_n_k_heads");
     if (c.ssm_conv_kernel != kGdnConvTaps) return bad("ssm_conv_kernel", c.ssm_conv_kernel, "4");
     if (c.full_attn_interval < 1) return bad("full_attn_interval", c.full_attn_interval, ">= 1");
-    if (c.n_vocab < 1) return bad("n_vocab", c.n_vocab, ">= 1");
-    if (c.n_ctx < 1) return bad("n_ctx", c.n_ctx, ">= 1");
+    if (c.n_vocab < 1 || c.n_vocab > kMaxVocab) return bad("n_vocab", c.n_vocab, "1..262144 (the device top-k's reach)");
+    if (c.n_ctx < 1 || c.n_ctx > kMaxCtx) return bad("n_ctx", c.n_ctx, "1..262144 (the model's context)");
     if (c.kv_type != kKvF16 && c.kv_type != kKvQ8_0) return bad("kv_type", c.kv_type, "1 (F16) or 8 (Q8_0)");
     if (c.n_checkpoints < 0 || c.n_checkpoints > 64) return bad("n_checkpoints", c.n_checkpoints, "0..64");
     if (c.prefill_rows < 0 || c.prefill_rows > OPENJET_ENGINE_PREFILL_ROWS_MAX)
@@ -806,14 +814,25 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t need = e.weights_bytes + e.kv_bytes + e.gdn_bytes + e.ckpt_bytes + e.scratch_bytes;
     size_t free_b = 0, total_b = 0;
     CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (need > free_b)
+    if (need > free_b) {
+        // What fits instead: the context each KV format leaves room for beside the rest (whose attention workspace
+        // shrinks a little with the context: the figures are a floor), and what the checkpoints hold.
+        const size_t rest = need - e.kv_bytes;
+        auto ctx_fits = [&](size_t row_bytes) -> long long {
+            const size_t per_token = 2 * static_cast<size_t>(c.n_head_kv) * row_bytes * e.n_attn;
+            return free_b > rest && per_token ? static_cast<long long>(std::min<size_t>((free_b - rest) / per_token,
+                                                                                       kMaxCtx)) : 0;
+        };
         return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY,
                     "the engine needs %.1f MiB on device %d (weights %.1f, KV cache %.1f at n_ctx %d, recurrent "
-                    "state %.1f, checkpoints %.1f, scratch %.1f) but %.1f MiB are free of %.1f MiB: lower n_ctx, "
-                    "use the Q8_0 KV cache, or fewer checkpoints",
+                    "state %.1f, checkpoints %.1f, scratch %.1f) but %.1f MiB are free of %.1f MiB. What fits: "
+                    "n_ctx up to %lld with the F16 KV cache, up to %lld with Q8_0 (with %d checkpoints, which take "
+                    "%.1f MiB)",
                     need / 1048576.0, c.device, e.weights_bytes / 1048576.0, e.kv_bytes / 1048576.0, c.n_ctx,
                     e.gdn_bytes / 1048576.0, e.ckpt_bytes / 1048576.0, e.scratch_bytes / 1048576.0,
-                    free_b / 1048576.0, total_b / 1048576.0);
+                    free_b / 1048576.0, total_b / 1048576.0, ctx_fits(512), ctx_fits(272), c.n_checkpoints,
+                    e.ckpt_bytes / 1048576.0);
+    }
 
     CHECK(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
     TRY(device_alloc(&e.weights, e.weights_bytes, "weights"));
@@ -855,8 +874,12 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
                 std::min<size_t>(std::max(dense_b, gdn_b) / attn_prefill_f16_bytes(c.n_head_kv, 1), 1 << 30));
     }
     e.x.rows = R;
-    CHECK(cudaMemset(e.state, 0, e.kv_bytes + e.gdn_bytes));
-    CHECK(cudaMemset(e.scratch, 0, e.scratch_bytes));
+    // The plain uploads ran on the legacy stream, whose DMA may still be in flight when cudaMemcpy returns (pageable
+    // memory), and e.stream is non-blocking (not ordered with it): wait for them, then clear and prepare on e.stream,
+    // so that the zeroing cannot land after the FFN profile's marker or keep_prefill_f16_weights's row norms.
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemsetAsync(e.state, 0, e.kv_bytes + e.gdn_bytes, e.stream));
+    CHECK(cudaMemsetAsync(e.scratch, 0, e.scratch_bytes, e.stream));
     CHECK(ffn_profile_reset(e.ffn_profile, e.stream));
     TRY(keep_prefill_f16_weights(e));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
@@ -1159,11 +1182,13 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         const char* v = std::getenv("OPENJET_ATTN_PREFILL_ROWS");
         a.prefill_rows = v ? std::atoi(v) : 0;
         if (v && a.prefill_rows != 64 && a.prefill_rows != 128)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or 128", v);
+            return ++gpu_failures(), fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or "
+                                          "128 (earlier layers of this call already ran)", v);
         a.prefill_keys = attn_prefill_keys_switch();  // keys per tile: unset, the kernel's choice (numerics)
         if (a.prefill_keys < 0)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
-                        std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
+            return ++gpu_failures(), fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or "
+                                          "64 (earlier layers of this call already ran)",
+                                          std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
         // OPENJET_ATTN_PREFILL_F16 (unset or 1, the default): a Q8_0 cache's keys as fp16 rows once per call (the
         // same bits), in the scratch chosen at create (the Q8_0 kernel where the call's rows exceed its capacity)
         if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0)
@@ -1469,7 +1494,8 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
         const int t = std::min(chunk, n - i0);
         CHECK(cudaMemcpyAsync(e.ids, ids + i0, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
         const int rel = snap_at - i0;  // the snapshot's row in this chunk
-        if (snap_slot >= 0 && rel > 0 && rel < t) e.snap_slot = snap_slot, e.snap_row = rel;
+        if (snap_slot >= 0 && rel > 0 && rel < t)  // the slot holds nothing while the layers overwrite it
+            e.snap_slot = snap_slot, e.snap_row = rel, e.ckpt_n_past[snap_slot] = -1;
         TRY(trunk(e, t));
         if (e.snap_slot >= 0) {  // the GDN layers wrote their states; the carried hidden row is row rel - 1
             if (e.has_mtp)
@@ -1573,6 +1599,7 @@ float* ckpt_mtp_row(const openjet_engine& e, int slot) {  // the slot's copy of 
 // The sequence's GDN and conv states and the carried hidden row into a slot, as of e.n_past.
 int save_checkpoint(openjet_engine& e, int slot) {
     TRY(replay_now(e));  // the state as of n_past
+    e.ckpt_n_past[slot] = -1;  // empty until every copy is done: a failure part way leaves no mixed slot to restore
     char* dst = ckpt_slot(e, slot);
     CHECK(cudaMemcpyAsync(dst, e.ssm, sizeof(float) * e.ssm_layer_floats * e.n_gdn, cudaMemcpyDeviceToDevice, e.stream));
     CHECK(cudaMemcpyAsync(dst + ckpt_ssm_bytes(e), e.conv[e.conv_cur], ckpt_conv_bytes(e), cudaMemcpyDeviceToDevice,
@@ -1700,6 +1727,7 @@ extern "C" OPENJET_API void openjet_engine_destroy(openjet_engine* engine) {
 
 extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     TRY(check_engine(e));
+    const GpuFailureWatch watch(e);  // a reset failing part way leaves the sequence undefined, as any operation
     CHECK(cudaSetDevice(e->cfg.device));
     CHECK(cudaMemsetAsync(e->state + 0, 0, e->gdn_bytes, e->stream));  // GDN states and both conv buffers
     CHECK(cudaStreamSynchronize(e->stream));
@@ -1810,6 +1838,7 @@ extern "C" OPENJET_API int openjet_engine_checkpoint(openjet_engine* e, int slot
 
 extern "C" OPENJET_API int openjet_engine_restore(openjet_engine* e, int slot) {
     TRY(check_idle(e, "restore", true));  // (a restore, as a reset, makes a broken sequence defined again)
+    const GpuFailureWatch watch(e);        // ... once it is done: one failing part way leaves it undefined
     if (slot < 0 || slot >= e->cfg.n_checkpoints || e->ckpt_n_past[slot] < 0)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "restore: slot %d holds no checkpoint", slot);
     CHECK(cudaSetDevice(e->cfg.device));
@@ -2092,10 +2121,16 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
         }
         if (keep) {  // the kept rows and their ids (the device draft picks map positions to ids through them), on the
                      // engine's stream (non-blocking: the legacy stream's copies would not be ordered with it)
-            CHECK(cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(keep) * rb, cudaMemcpyDeviceToDevice,
-                                  e->stream));
-            CHECK(cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream));
-            CHECK(cudaStreamSynchronize(e->stream));  // before the old buffers are freed
+            cudaError_t err = cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(keep) * rb,
+                                              cudaMemcpyDeviceToDevice, e->stream);
+            if (err == cudaSuccess)
+                err = cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream);
+            if (err == cudaSuccess) err = cudaStreamSynchronize(e->stream);  // before the old buffers are freed
+            if (err != cudaSuccess) {  // the new buffers are not the engine's yet: freed here (the old ones stay)
+                cudaFree(rows);
+                cudaFree(dids);
+                return cuda_fail(err, "set_draft_rows (copying the kept rows)");
+            }
         }
         if (e->draft_rows) cudaFree(e->draft_rows);
         if (e->draft_ids) cudaFree(e->draft_ids);

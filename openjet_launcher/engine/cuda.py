@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import functools
 import itertools
 import json
 import operator
@@ -59,7 +60,7 @@ from ..sampling import GPU_MAX_TOP_K
 from .interface import (MAX_GPU_DECODE_TOKENS, Choose, ChooseTop, DraftOutput, DraftTopOutput, Engine, EngineStats,
                         SampledDrafts, SequenceState, StepOutput, TokenIds, TopOutput, argmax, check_chunk_size,
                         check_draft_request, check_token_ids, first_id, rank_row, rank_subset)
-from .device_probe import probe, require_runnable_device
+from .device_probe import probe_in_child, require_runnable_device
 from .native import load_library
 
 KV_TYPES = {"f16": 1, "q8_0": 8}
@@ -268,6 +269,13 @@ class CudaState(SequenceState):
                                   "cannot be copied yet")
 
 
+@functools.lru_cache(maxsize=1)
+def _device_report() -> dict:
+    """The device probe's report, from a child process and once per process: probed here, CUDA would keep a context
+    (hundreds of MiB) on every visible GPU for this process's life, not only on the engine's."""
+    return probe_in_child()
+
+
 class CudaEngine(Engine):
     def __init__(self, config: ModelConfig, lib: ctypes.CDLL, handle: int, n_ctx: int, kv_type: str,
                  n_checkpoints: int, prefill_rows: int = PREFILL_ROWS):
@@ -340,7 +348,7 @@ class CudaEngine(Engine):
             replaced = reencode(gguf, verdict.conversions)
 
         lib = _declare(load_library())
-        require_runnable_device(probe(), device)   # a clear message instead of a failed first kernel launch
+        require_runnable_device(_device_report(), device)   # a clear message instead of a failed first kernel launch
         cfg = EngineConfig(
             n_embd=s.n_embd, n_ff=s.n_ff, n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
             head_dim=s.head_dim, n_rot=s.n_rot, ssm_n_k_heads=s.ssm_n_k_heads, ssm_n_v_heads=s.ssm_n_v_heads,
@@ -459,10 +467,15 @@ class CudaEngine(Engine):
         if not (self.native_verify and self.has_mtp):
             return super().accept(state, n)
         self._check_state(state)
-        self._check(self._lib.openjet_engine_accept(self._handle, int(n)), "accept")
-        state.add(self._pending[:n], prefilled=False)
-        state.verify_rows = 0
-        self._pending = []
+        n = operator.index(n)
+        if not 1 <= n <= len(self._pending):  # refused before anything changes: the verify stays pending
+            raise OpenJetError(f"accept: n = {n} is not 1..{len(self._pending)} (the pending verify step's rows)")
+        try:
+            self._check(self._lib.openjet_engine_accept(self._handle, n), "accept")
+        finally:  # done, or failed part way on the GPU: either way the library holds no pending verify any more (a
+            # failure leaves the sequence undefined: truncate or new_state, which restore or reset, recover it)
+            pending, self._pending, state.verify_rows = self._pending, [], 0
+        state.add(pending[:n], prefilled=False)
 
     # The device's top-k (openjet_engine_decode_top); False: the interface's decode + ranking on the host.
     native_top = True
