@@ -14,7 +14,7 @@ import time
 
 import pytest
 from test_download import REPO, hub  # noqa: F401  (the fake Hub fixture)
-from test_supervisor import FAKE, _signal_handlers_restored, free_port  # noqa: F401  (an autouse fixture)
+from test_supervisor import FAKE, _signal_handlers_restored, _until, free_port  # noqa: F401  (an autouse fixture)
 
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher import main, tray
@@ -42,15 +42,6 @@ class FakeSupervisor:
 
     def stop(self):
         self.state = STOPPED
-
-
-def _until(pred, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _session(prepare, tmp_path) -> tuple[LaunchSession, list[tuple[str, str]]]:
