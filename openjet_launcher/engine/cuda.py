@@ -619,12 +619,14 @@ class CudaEngine(Engine):
         keep = n_base + bisect.bisect_left(self._draft_row_pos, done)   # rows first seen before `done` stand
         new: list[int] = []
         pos: list[int] = []
+        taken: set[int] = set()  # (new's members: a 100K-token prompt made a list search of it cost seconds)
         room = self._draft_cap - keep
         for p, t in enumerate(itertools.chain(state.token_ids[done:], [token]), start=done):
             if len(new) == room:
                 break
             at = self._draft_index.get(t)
-            if (at is None or at >= keep) and t not in new:
+            if (at is None or at >= keep) and t not in taken:
+                taken.add(t)
                 new.append(t)
                 pos.append(p)
         same = 0  # rows already there as wanted (the usual case: the sequence grew by what was drafted after)

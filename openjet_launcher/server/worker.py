@@ -406,14 +406,13 @@ class EngineWorker:
             if emitted >= budget:
                 return
             t0 = time.perf_counter()
-            if not speculate:
+            # (room: the positions after this cycle's first token; budget <= n_ctx - prompt keeps it >= 1)
+            limit = draft_limit(sampler, budget - emitted, self.n_ctx - state.n_tokens - 1) if speculate else 0
+            if limit is not None and limit < 1:  # no speculation, or a greedy request's last token: a plain step
                 token = plain_step(engine, state, sampler, token)
                 result.decode_seconds += time.perf_counter() - t0
                 continue
-            # (room: the positions after this cycle's first token; budget <= n_ctx - prompt keeps it >= 1)
-            room = self.n_ctx - state.n_tokens - 1
-            cycle = speculative_cycle(engine, state, sampler, token,
-                                      depth.next(draft_limit(sampler, budget - emitted, room)))
+            cycle = speculative_cycle(engine, state, sampler, token, depth.next(limit))
             depth.update(cycle.drafted, len(cycle.accepted))
             result.drafted += cycle.drafted
             result.decode_seconds += time.perf_counter() - t0

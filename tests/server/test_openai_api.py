@@ -93,6 +93,15 @@ def test_speculative_greedy_matches_plain_and_reports_drafts(tiny_server, client
     assert r.choices[0].text == plain.choices[0].text
 
 
+def test_a_greedy_request_drafts_only_what_its_remaining_tokens_can_use(tiny_server, client):
+    """A cycle emits its kept drafts and one token of its own: with one token left after the first, a plain step
+    (a 1-draft cycle there could only cost); the text is the same either way."""
+    r = client.completions.create(model="tiny", prompt="The sea", max_tokens=2, temperature=0)
+    longer = client.completions.create(model="tiny", prompt="The sea", max_tokens=12, temperature=0)
+    assert r.model_extra["timings"]["draft_n"] == 0 and r.usage.completion_tokens == 2
+    assert longer.choices[0].text.startswith(r.choices[0].text)
+
+
 def test_conversation_reuse_prefills_only_the_new_tokens_and_equals_a_fresh_run(tiny_server, client):
     first = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0)
     reply = first.choices[0].message
