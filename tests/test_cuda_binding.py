@@ -314,6 +314,22 @@ def test_native_verify_keeps_the_sequence_until_accept(engine):
     assert state.tokens == (1, 2, 3, 4) and state.verify_rows == 0 and lib.n_past == 4
 
 
+def test_a_checkpoint_that_fails_leaves_no_record_of_its_slot(engine, monkeypatch):
+    """The library empties a slot before writing it: after a failed checkpoint at a position the state already had,
+    the record must not still name that slot (a truncate would restore an empty slot, 'holds no checkpoint')."""
+    lib = engine._lib
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    engine.checkpoint(state)
+    assert state.checkpoint_positions == (2,)
+    monkeypatch.setattr(lib, "openjet_engine_checkpoint", lambda h, slot: lib._fail("checkpoint: cudaErrorLaunchFailure"))
+    with pytest.raises(OpenJetError, match="cudaErrorLaunchFailure"):
+        engine.checkpoint(state)
+    assert state.checkpoint_positions == ()
+    engine.truncate(state, 1)                                     # replays from the start instead
+    assert state.tokens == (1,)
+
+
 def test_an_accept_that_fails_on_the_gpu_leaves_no_verify_pending(engine, monkeypatch):
     """The library drops its pending verify when accept fails part way (and marks the sequence undefined): the
     binding must drop its own too, or truncate, which recovers by restore or reset, refused as 'awaits accept'."""

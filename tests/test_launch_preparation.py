@@ -262,3 +262,93 @@ def test_quit_during_the_download_cancels_it_and_keeps_the_part(hub, fake_deskto
     part = dest.with_name(NAME + ".part")
     assert not dest.exists() and part.exists() and part.stat().st_size < len(hub.repos[REPO][NAME])
     assert part.read_bytes() == hub.repos[REPO][NAME][:part.stat().st_size]
+
+
+def test_a_cancel_that_outlasts_its_wait_stays_stopping_and_a_later_failure_is_not_shown(tmp_path):
+    """A preparation blocked where it cannot see the cancel (a network read, re-hashing a file) outlives stop()'s
+    wait: the session stays STOPPING (its Start disabled, not silently ignored) until the thread ends, and what the
+    thread then raises is not a failure the user is told of: they cancelled."""
+    release = threading.Event()
+
+    def prepare(progress):
+        progress(0, 10)
+        release.wait(10)                      # blocked: the cancel is not seen here
+        raise OpenJetError("connection reset")
+    session, seen = _session(prepare, tmp_path)
+    session.cancel_wait_s = 0.1
+    session.start()
+    assert _until(lambda: session.message.startswith("downloading"))
+    session.stop()
+    assert session.state == "stopping" and session.preparing
+    controller = TrayController(session, model="m", gpu="g", host="127.0.0.1", port=8080, log_dir=tmp_path)
+    assert not controller.entries()[2].enabled           # Start waits for the thread
+    release.set()
+    assert _until(lambda: not session.preparing)
+    assert session.state == STOPPED and FAILED not in [s for s, _ in seen]
+    session.start()                                      # and a new start prepares again
+    assert _until(lambda: session.state == FAILED)       # (this prepare fails at once: not cancelled now)
+
+
+def test_a_server_log_it_cannot_open_fails_the_session_instead_of_leaving_it_amber(tmp_path):
+    """make_supervisor opens the server log; a root-owned one (an earlier sudo run) raises PermissionError, which used
+    to end the preparation thread silently with the icon amber and a terminal launcher waiting for ever."""
+    def make_supervisor(plan):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "server.log"))
+    session = LaunchSession(lambda progress: "plan", make_supervisor, log_dir=tmp_path)
+    session.start()
+    assert _until(lambda: session.state == FAILED)
+    assert "PermissionError" in session.message and "server.log" in session.message
+
+
+def test_a_download_without_a_stderr_works(hub, monkeypatch):  # noqa: F811
+    """A desktop launch on Windows (pythonw) has sys.stderr None: tqdm's bar would write to it and fail the download."""
+    hub.repos[REPO] = {NAME: b"x" * 300_000}
+    monkeypatch.setattr(sys, "stderr", None)
+    model = ensure_model(f"{REPO}/{NAME}", progress=lambda done, total: None)   # show_progress left at its default
+    assert model.path.read_bytes() == hub.repos[REPO][NAME]
+
+
+class StubIcon:
+    """pystray's Icon as its platform backends (win32, gtk, appindicator, darwin) behave: stop() does nothing until
+    the loop runs, and the loop runs until stop()."""
+    HAS_MENU = True
+
+    def __init__(self, name, icon, title, menu=None):
+        self.icon, self.title, self.visible = icon, title, False
+        self._running, self._stopped = False, threading.Event()
+
+    def update_menu(self):
+        pass
+
+    def stop(self):
+        if self._running:
+            self._stopped.set()
+
+    def run(self, setup=None):
+        time.sleep(0.3)                       # the backend's window and loop set-up
+        self._running = True
+        threading.Thread(target=setup, args=(self,), daemon=True).start()
+        self._stopped.wait()
+
+
+def test_a_preparation_that_fails_before_the_tray_loop_runs_still_ends_the_launcher(monkeypatch, tmp_path, capsys):
+    """`--ctx 8` fails the plan at once, before the icon's loop runs; on a terminal that quits the tray, whose stop()
+    the backend ignores until its loop is up: the quit now waits for the loop (it hung for good on Windows / macOS /
+    GTK, where nothing else ends the loop)."""
+    import types
+
+    pytest.importorskip("PIL")
+    stub = types.SimpleNamespace(Icon=StubIcon, MenuItem=lambda *a, **k: None,
+                                 Menu=type("Menu", (), {"__init__": lambda self, f: None, "SEPARATOR": None}))
+    monkeypatch.setitem(sys.modules, "pystray", stub)
+    monkeypatch.setattr(tray, "tray_unavailable_reason", lambda: None)
+    monkeypatch.setattr(main, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("OPENJET_LOG_DIR", str(tmp_path / "logs"))
+    out = []
+    t = threading.Thread(target=lambda: out.append(main.run_default(_args("--ctx", "8", "--port", str(free_port())))),
+                         daemon=True)
+    t.start()
+    t.join(20)
+    assert out == [1], "the launcher was still running 20 s after its preparation failed"
+    assert "--ctx 8 is too small" in capsys.readouterr().err

@@ -465,3 +465,17 @@ def test_the_plan_is_for_the_files_shape():
     without = presets.choose_settings(24 * GiB, 23 * GiB, 82, "8.6", engine=CUDA_V1,
                                       model=dataclasses.replace(QWEN38_27B, n_nextn=0))
     assert without.n_ctx > with_head.n_ctx and without.memory.draft_rows == 0 < with_head.memory.draft_rows
+
+
+def test_a_short_trained_model_keeps_its_context_and_a_long_declared_one_is_capped():
+    """Grown contexts round down to CTX_STEP: a model trained on fewer tokens than that kept 0 (which serve refuses);
+    a file declaring more than the engine takes (262,144) was planned past what the engine's create accepts."""
+    import dataclasses
+
+    short = dataclasses.replace(PRESETS["tiny"], n_ctx_train=2048)
+    assert presets.choose_settings(24 * GiB, 23 * GiB, 82, "8.6", engine=CUDA_V1, model=short).n_ctx == 2048
+    long = dataclasses.replace(QWEN38_27B, n_ctx_train=1 << 20)
+    s = presets.choose_settings(141 * GiB, 140 * GiB, 132, "9.0", engine=CUDA_V1, model=long)
+    assert s.n_ctx == presets.MAX_CTX == 262144
+    with pytest.raises(OpenJetError, match="the model takes 1 to 262144 tokens"):
+        presets.choose_settings(141 * GiB, 140 * GiB, 132, "9.0", engine=CUDA_V1, model=long, requested_ctx=300000)

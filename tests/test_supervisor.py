@@ -590,6 +590,30 @@ def test_the_fallback_starts_llama_server_with_equivalent_settings(tmp_path, mon
     assert has_mtp_head(tiny_model) and not has_mtp_head(model)
 
 
+def test_the_gpu_check_and_the_settings_are_for_the_files_own_shape(monkeypatch, tiny_model):
+    """A file already here (a path, the demo) is checked by its own shape before the GPU is chosen (a small model
+    on a 16 GB card is not refused as if it were the 27B), with the context asked for; a file without an MTP head
+    is planned without one."""
+    from openjet_launcher.launcher import hardware, main
+    from openjet_launcher.model.config import read_config
+    from openjet_launcher.model.gguf_file import GGUFFile
+    from openjet_launcher.model.shape import QWEN38_27B
+
+    seen = {}
+
+    def detect(gpu=None, *a, **kw):
+        seen.update(kw)
+        return hardware.HardwareReport("580.1", "13.0", "13.0", {"built": True}, [], None,
+                                       [hardware.Problem("no_gpu", "none")])
+    monkeypatch.setattr(hardware, "detect", detect)
+    with pytest.raises(Exception):
+        main.plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda", "--ctx", "1024"))
+    tiny = read_config(GGUFFile(tiny_model)).shape
+    assert seen["model"] == tiny != QWEN38_27B and seen["ctx"] == 1024
+    assert main._file_shape(tiny_model) == tiny and tiny.n_nextn > 0      # the tiny model has its head
+    assert main._file_shape(None) is None and main._local_model(None) is None
+
+
 def test_the_fallback_runs_on_the_gpu_chosen(tmp_path, monkeypatch):
     """--gpu N (or the GPU the launcher picks) holds for llama-server too: without CUDA_VISIBLE_DEVICES llama.cpp
     spreads the layers over every visible GPU."""

@@ -1776,7 +1776,9 @@ extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {
     if (!e->pending) return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: no verify step is pending");
     if (n < 1 || n > e->pending)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: n = %d is not 1..%d (the verify step's rows)", n, e->pending);
-    return accept_impl(*e, n);
+    const int status = accept_impl(*e, n);
+    e->pending = 0;  // a failure part way (before accept_impl cleared it) must not leave the engine awaiting an accept:
+    return status;   // the sequence is undefined then (the watch), and only a reset or restore, which it blocked, helps
 }
 
 extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,

@@ -791,15 +791,15 @@ class CudaEngine(Engine):
         self._touch(slot)
 
     def _slot_for(self, state: CudaState, n: int) -> int:
-        """The device slot a checkpoint at position n takes: its own, a free one, or the least recently used one
-        (evicted from state.slots)."""
+        """The device slot a checkpoint at position n takes: its own, a free one, or the least recently used one.
+        It leaves state.slots until _took_checkpoint: the library empties a slot before writing it, so after a failed
+        write the record must not name it."""
         if n in state.slots:
-            return state.slots[n]
-        used = set(state.slots.values())
-        free = [s for s in range(self.n_checkpoints) if s not in used]
-        if free:
-            return free[0]
-        slot = min(used, key=lambda s: self._slot_clock[s])
+            slot = state.slots[n]
+        else:
+            used = set(state.slots.values())
+            free = [s for s in range(self.n_checkpoints) if s not in used]
+            slot = free[0] if free else min(used, key=lambda s: self._slot_clock[s])
         state.slots = {p: s for p, s in state.slots.items() if s != slot}
         return slot
 

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -331,6 +332,12 @@ def _write_record(dest: Path, repo: str, commit: str | None, f: RemoteFile) -> N
                                  "size": f.size, "mtime_ns": st.st_mtime_ns})
 
 
+def _bar_off(wanted: bool) -> bool | None:
+    """tqdm's `disable`: None (a bar where stderr is a terminal) when one is wanted and there is a stderr at all; a
+    desktop launch on Windows (pythonw) has none, and tqdm would write to None."""
+    return None if wanted and sys.stderr is not None else True
+
+
 def _sha256_file(path: Path, hasher=None, what: str | None = None):
     """The sha256 of `path`'s bytes (into `hasher`); `what`: a progress bar in a terminal so named (a 17 GB model
     takes a minute or more to read back)."""
@@ -338,7 +345,7 @@ def _sha256_file(path: Path, hasher=None, what: str | None = None):
 
     hasher = hasher or hashlib.sha256()
     with open(path, "rb") as fh, tqdm(total=os.fstat(fh.fileno()).st_size, unit="B", unit_scale=True,
-                                      unit_divisor=1024, desc=what, disable=None if what else True) as bar:
+                                      unit_divisor=1024, desc=what, disable=_bar_off(bool(what))) as bar:
         while chunk := fh.read(_CHUNK):
             hasher.update(chunk)
             bar.update(len(chunk))
@@ -490,7 +497,7 @@ def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], p
     done = sum(_part_bytes(dest, f) for f, dest in todo)
     bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1024,
                desc=todo[0][1].name if len(todo) == 1 else f"{repo} ({len(todo)} files)",
-               disable=None if show_progress else True)
+               disable=_bar_off(show_progress))
 
     def advance(n: int) -> None:
         nonlocal done

@@ -117,7 +117,9 @@ class LaunchSession:
             self._tell(LOADING, PREPARING)
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the server, or cancel the preparation (waiting up to cancel_wait_s for its thread)."""
+        """Stop the server, or cancel the preparation: waits up to cancel_wait_s for its thread, which says STOPPED
+        when it ends (a read blocked on the network or a file being re-hashed sees the cancel only when it returns;
+        until then the state stays STOPPING, whose Start is disabled)."""
         with self._lock:
             sup, thread = self.supervisor, self._thread
             self._cancel.set()  # seen by a preparation that ends after this (it then starts no server)
@@ -127,7 +129,7 @@ class LaunchSession:
         if thread is not None and thread.is_alive():
             self._set(STOPPING, "cancelling the download")
             thread.join(self.cancel_wait_s)
-        if self._state != FAILED:
+        elif self._state not in (FAILED, STOPPED):
             self._set(STOPPED)
 
     def kill(self) -> None:
@@ -148,25 +150,32 @@ class LaunchSession:
     def _run(self) -> None:
         try:
             plan = self._prepare(self._progress)
-        except PreparationCancelled:
-            return  # stop() says STOPPED
-        except OpenJetError as e:
-            self._set(FAILED, str(e))
-            return
-        except Exception as e:  # a bug: shown in the tray, not a thread dying silently with the icon amber
-            self._set(FAILED, f"{type(e).__name__}: {e}")
+        except Exception as e:  # OpenJetError: what to do; anything else is a bug, shown, not an amber icon forever
+            self._end(FAILED, _words(e))
             return
         with self._lock:  # stop() either comes before (cancel seen here) or after (it stops the supervisor)
             if self._cancel.is_set():
-                return
-            try:
-                sup = self._make_supervisor(plan)
-            except OpenJetError as e:
-                self._state, self._message = FAILED, str(e)
                 sup = None
             else:
-                self.plan, self.supervisor = plan, sup
-                sup.on_state(self._tell)
-                sup.start()
+                try:
+                    sup = self._make_supervisor(plan)  # (opens the server log: a root-owned one raises OSError)
+                except Exception as e:
+                    self._state, self._message = FAILED, _words(e)
+                    sup = None
+                else:
+                    self.plan, self.supervisor = plan, sup
+                    sup.on_state(self._tell)
+                    sup.start()
         if sup is None:
-            self._tell(FAILED, self._message)
+            self._end(FAILED, self._message)
+
+    def _end(self, state: str, message: str) -> None:
+        """The preparation's last word: STOPPED when it was cancelled (whatever it then raised), else `state`."""
+        if self._cancel.is_set():
+            self._set(STOPPED)
+        else:
+            self._set(state, message)
+
+
+def _words(e: Exception) -> str:
+    return str(e) if isinstance(e, OpenJetError) else f"{type(e).__name__}: {e}"

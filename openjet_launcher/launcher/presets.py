@@ -111,8 +111,17 @@ def gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+MAX_CTX = 262144  # the CUDA engine's limit (engine.cu check_config), whatever context a file declares
+
+
 def _cap(mm: MemoryModel, n: int) -> int:
-    return min(n, mm.shape.n_ctx_train)
+    return min(n, mm.shape.n_ctx_train, MAX_CTX)
+
+
+def _rounded(mm: MemoryModel, n: int) -> int:
+    """A grown context rounded down to CTX_STEP; a model trained on less than that keeps its own (not 0)."""
+    n = _cap(mm, n)
+    return n // CTX_STEP * CTX_STEP if n >= CTX_STEP else n
 
 
 def what_fits(mm: MemoryModel, free_vram: int, total_vram: int, n_agents: int,
@@ -185,8 +194,8 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
         raise OpenJetError(f"{agents} agents need a GPU with at least {AGENTS_MIN_SMS} SMs, this one has "
                            f"{sm_count}: agents share one weight read per step only where the extra rows "
                            "find idle SMs. This GPU serves 1 agent.")
-    if requested_ctx is not None and not 1 <= requested_ctx <= model.n_ctx_train:
-        raise OpenJetError(f"context {requested_ctx}: the model takes 1 to {model.n_ctx_train} tokens")
+    if requested_ctx is not None and not 1 <= requested_ctx <= min(model.n_ctx_train, MAX_CTX):
+        raise OpenJetError(f"context {requested_ctx}: the model takes 1 to {min(model.n_ctx_train, MAX_CTX)} tokens")
 
     floor = least_ctx(model, requested_ctx)
     smallest = smallest_plan(total_vram, model, engine, requested_ctx)
@@ -212,7 +221,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
     if requested_ctx is not None:
         targets = [requested_ctx]
     else:
-        targets, t = [], min(max(MIN_CTX, DEFAULT_TARGET_CTX // agents), model.n_ctx_train)
+        targets, t = [], min(max(MIN_CTX, DEFAULT_TARGET_CTX // agents), model.n_ctx_train, MAX_CTX)
         while t >= floor:
             targets.append(t)
             t //= 2
@@ -226,7 +235,7 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
                            f"{_fits_text(fits, agents)}.")
 
     target, chunk, fmt = choice
-    big_chunk = dense and chunk == CHUNKS[0] and _cap(mm, room(fmt, DENSE_CHUNK, False)) == model.n_ctx_train
+    big_chunk = dense and chunk == CHUNKS[0] and _cap(mm, room(fmt, DENSE_CHUNK, False)) == _cap(mm, MAX_CTX)
     if big_chunk:
         chunk = DENSE_CHUNK
     reasons = []
@@ -235,8 +244,8 @@ def choose_settings(total_vram: int, free_vram: int | None, sm_count: int,
         on_host = engine.embd_on_host and room(fmt, chunk, False) < n_ctx
         reasons.append(f"context {n_ctx}: requested")
     else:
-        grown = _cap(mm, room(fmt, chunk, True)) // CTX_STEP * CTX_STEP
-        grown_on_gpu = _cap(mm, room(fmt, chunk, False)) // CTX_STEP * CTX_STEP
+        grown = _rounded(mm, room(fmt, chunk, True))
+        grown_on_gpu = _rounded(mm, room(fmt, chunk, False))
         on_host = engine.embd_on_host and grown_on_gpu < grown
         n_ctx = grown
         reasons.append(f"context {n_ctx}: target {target}, grown to what fits (model maximum "

@@ -73,6 +73,7 @@ class Tray:
         self._alive = False
         self._x_lock = threading.Lock()     # one thread at a time talks to pystray (paint vs stop)
         self._loop_ended = threading.Event()
+        self._loop_ready = threading.Event()  # setup ran: pystray's stop() is ignored before its loop runs
 
     def _item(self, e: MenuEntry):
         if e.action is None:
@@ -138,6 +139,7 @@ class Tray:
             self._alive = True
             threading.Thread(target=self._painter, name="openjet-tray-painter", daemon=True).start()
             self.refresh()
+            self._loop_ready.set()
             if on_ready is not None:
                 on_ready(self)
         # Quit from elsewhere (Ctrl-C handler, tests) also ends the loop.
@@ -154,6 +156,9 @@ class Tray:
 
     def _wait_quit(self) -> None:
         self.controller.quit_requested.wait()
+        # A Quit before the loop runs (a launch whose preparation failed at once) must wait for it: pystray ignores
+        # stop() until then, and the icon would stay with nothing left to end it (its Quit only sets this event).
+        self._loop_ready.wait(LOOP_THREAD_WAIT_S)
         with self._x_lock:                  # never while a redraw is in flight: that could lose the stop
             self._alive = False
             try:
