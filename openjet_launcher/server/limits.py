@@ -13,6 +13,10 @@ Design note (the numbers live in ServerSettings; `serve --help` lists them).
   headers, slow bodies, and bodies the app never reads (after an early 401/413). It lives in the protocol
   because ASGI middleware never sees a request whose headers are incomplete.
 * Idle keep-alive connections: uvicorn's `timeout_keep_alive`.
+* A client that stops reading what it is sent: `LimitsProtocol` again. When the socket's write buffer stays full
+  for twice stall_timeout_s (asyncio's pause_writing without resume_writing; the stream's own stall cancel comes
+  first, worker.Channel) the connection is aborted: uvicorn's send()
+  otherwise waits for it for ever, holding the connection, its body bytes in flight, and a graceful shutdown.
 * Bytes in flight: `LimitsMiddleware` (ASGI) counts the body bytes of every request from its arrival to its
   end (a declared Content-Length up front, chunked bodies as they come); past max_inflight_bytes the request
   is a 503 with `Connection: close`, so its unread body is not drained.
@@ -37,7 +41,10 @@ CLOSE = (b"connection", b"close")      # an over-limit answer closes its connect
 def uvicorn_options(settings: ServerSettings) -> dict:
     """Keyword arguments for uvicorn.Config / uvicorn.run that apply the connection-level limits."""
     protocol = type("LimitsProtocol", (LimitsProtocol,), {"request_timeout_s": settings.request_timeout_s,
-                                                          "max_connections": settings.max_connections})
+                                                          "max_connections": settings.max_connections,
+                                                          # after the stream's own stall cancel (worker.Channel:
+                                                          # that frees the engine and counts the stall), a backstop
+                                                          "write_stall_s": 2 * settings.stall_timeout_s})
     return {"http": protocol, "timeout_keep_alive": settings.keep_alive_s}
 
 
@@ -46,10 +53,32 @@ def uvicorn_options(settings: ServerSettings) -> dict:
 class LimitsProtocol(H11Protocol):
     request_timeout_s: float = 60.0
     max_connections: int = 128
+    write_stall_s: float = 60.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._arrival: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.write_stall_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_stall_timer()
+
+    def _stop_stall_timer(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _write_stalled(self) -> None:
+        """The client took nothing for write_stall_s: abort (close() would wait to flush the very bytes it does not
+        read); connection_lost then marks the cycle disconnected, wakes its send() and its sends drop."""
+        self._stalled = None
+        self.transport.abort()
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)     # self.connections now holds this one too
@@ -71,6 +100,7 @@ class LimitsProtocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._stop_timer()
+        self._stop_stall_timer()
         super().connection_lost(exc)
 
     def _arriving(self) -> bool:

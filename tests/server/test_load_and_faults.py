@@ -190,6 +190,38 @@ def test_a_stream_reader_that_stops_reading_stops_the_generation_within_the_time
     assert chat_ok(server)
 
 
+def test_a_reader_that_stops_reading_is_disconnected_and_its_bytes_in_flight_freed(server):
+    """After the stall the engine is freed (above), but uvicorn's send() waited for the full socket for ever: the
+    connection, its body's bytes in flight (17 kB of the 30 kB allowed here: every other body was then refused 503)
+    and a graceful shutdown were held until the client left. The write side now aborts the connection."""
+    core, engine = server.core, server.engine
+    engine.script = core.tokenizer.encode("word " * 50)
+    settings, worker = core.settings, core.worker
+    old_ctx = settings.n_ctx
+    settings.n_ctx = worker.n_ctx = 100_000
+    body = json.dumps({**OK, "max_tokens": 90_000, "stream": True,
+                       "messages": [{"role": "user", "content": "y " * 8_500}]}).encode()
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")        # then it reads nothing more
+        other = {**OK, "messages": [{"role": "user", "content": "z " * 8_000}]}
+        assert wait_for(lambda: httpx.post(server.base + "/v1/chat/completions", json=other,
+                                           timeout=30).status_code == 200, timeout=30)
+        sock.settimeout(10)
+        t0 = time.monotonic()
+        read_all(sock)                                           # what was buffered, then the server's close
+        assert time.monotonic() - t0 < 9, "the stalled connection was still open"
+        sock.close()
+    finally:
+        settings.n_ctx = worker.n_ctx = old_ctx
+        engine.script = core.tokenizer.encode("a b c d e f g h")
+    assert chat_ok(server)
+
+
 # --------------------------------------------------------------------------------------- body size
 
 def test_an_oversized_body_is_a_413_whether_declared_or_chunked(server):
