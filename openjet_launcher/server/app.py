@@ -6,6 +6,7 @@ loader, run on the worker thread so the port answers (/health 503) while the mod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -140,19 +141,31 @@ def _routes(core: ServerCore) -> APIRouter:
     async def completions(request: Request):
         return await create_completion(core, request)
 
+    # The tokenizer runs in a thread, as for the generation routes: a megabyte of text takes it seconds, which on
+    # the event loop froze every stream and /health (and made healthy readers look stalled).
+    def piece(i: int) -> str | list[int]:
+        """A token's text, or its bytes where they are not UTF-8 on their own (half a character), as llama.cpp's
+        server gives them, instead of a replacement character."""
+        raw = core.tokenizer.token_bytes(i)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(raw)
+
     @r.post("/tokenize")
     async def tokenize(request: Request):
         req = await parse_request(request, TokenizeRequest, s.max_body_bytes, s.max_json_depth)
-        ids = core.tokenizer.encode(req.content, allow_special=req.parse_special)
-        if not req.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [{"id": i, "piece": core.tokenizer.decode([i])} for i in ids]}
+
+        def run() -> dict:
+            ids = core.tokenizer.encode(req.content, allow_special=req.parse_special)
+            return {"tokens": [{"id": i, "piece": piece(i)} for i in ids] if req.with_pieces else ids}
+        return await asyncio.to_thread(run)
 
     @r.post("/detokenize")
     async def detokenize(request: Request):
         req = await parse_request(request, DetokenizeRequest, s.max_body_bytes, s.max_json_depth)
         try:
-            return {"content": core.tokenizer.decode(req.tokens)}
+            return {"content": await asyncio.to_thread(core.tokenizer.decode, req.tokens)}
         except TokenizerError as e:
             raise APIError(400, str(e), param="tokens") from None
 

@@ -83,6 +83,32 @@ def test_tokenize_detokenize_round_trip(tiny_server):
     assert text == "Hello world<|im_end|>"
 
 
+def test_tokenize_gives_a_half_characters_bytes_and_runs_off_the_event_loop(tiny_server, monkeypatch):
+    """A token holding half of a UTF-8 character comes back as its bytes (llama.cpp's form), not U+FFFD, and the
+    pieces join to the text; the tokenizer runs in a thread (on the event loop a megabyte of text froze every stream
+    and /health for seconds)."""
+    import asyncio
+
+    tokenizer = tiny_server.core.tokenizer
+    real_encode, on_loop = tokenizer.encode, []
+
+    def encode(*a, **kw):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real_encode(*a, **kw)
+    monkeypatch.setattr(tokenizer, "encode", encode)
+    pieces = httpx.post(tiny_server.base + "/tokenize",
+                        json={"content": "\U0001F600x", "with_pieces": True}).json()["tokens"]
+    assert on_loop == [False]
+    joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces)
+    assert joined.decode() == "\U0001F600x"
+    assert all("\ufffd" not in p["piece"] for p in pieces if isinstance(p["piece"], str))
+    assert [p["piece"] for p in pieces] == [[0xF0, 0x9F], [0x98, 0x80], "x"]   # the tiny model splits the emoji
+
+
 def test_speculative_greedy_matches_plain_and_reports_drafts(tiny_server, client):
     # tiny_server runs with n_draft=2: greedy requests speculate; penalties switch it off (same tokens)
     r = client.completions.create(model="tiny", prompt="The sea", max_tokens=12, temperature=0)
