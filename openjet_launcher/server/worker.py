@@ -271,7 +271,10 @@ class EngineWorker:
 
     @property
     def queue_depth(self) -> int:
-        return self._jobs.qsize()
+        """Jobs waiting for the engine whose clients are still there: one that left stays in the queue until the
+        worker reaches it (and drops it unserved), but waits for nothing and must not fill the queue's limit."""
+        with self._jobs.mutex:
+            return sum(1 for job in self._jobs.queue if job is not None and not job.cancelled.is_set())
 
     def submit(self, job: Job) -> None:
         if self.load_error:
@@ -280,7 +283,7 @@ class EngineWorker:
             raise APIError(503, f"the engine failed and cannot serve: {self.engine_error}; restart the server")
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading")
-        if self._jobs.qsize() >= self.max_queue:
+        if self.queue_depth >= self.max_queue:
             raise APIError(503, f"{self.max_queue} requests are already waiting for the engine; retry later",
                            code="queue_full")
         self._jobs.put(job)
@@ -378,7 +381,7 @@ class EngineWorker:
             if result.completion_tokens >= budget:
                 break
         if finish != "cancelled" and not stops.stopped:
-            tail = stops.push(detok.flush())
+            tail = stops.push(detok.flush(cut=finish == "length"))   # (half a character at the limit: dropped)
             tail += stops.flush()
             if tail:
                 job.channel.put(TextDelta(tail), force=True)
@@ -386,7 +389,13 @@ class EngineWorker:
         result.finish_reason = finish
         result.stop_string = stops.matched
         self._account(job, result)
-        job.channel.put(Finished(result), force=True)
+        if finish == "cancelled" and "stall" in job.cancel_reason:
+            # The reader may still be there (a slow one): an error event, not the end of a normal answer, which
+            # would hand it a silently cut text.
+            job.channel.put(Failed(f"the stream was cut after {result.completion_tokens} tokens: its reader took "
+                                   f"nothing for {job.channel.stall_timeout_s:g} s", 408), force=True)
+        else:
+            job.channel.put(Finished(result), force=True)
 
     def _tokens(self, state: SequenceState, sampler: Sampler, token: int, budget: int,
                 result: GenerationResult) -> Iterator[int]:

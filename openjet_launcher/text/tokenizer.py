@@ -368,8 +368,9 @@ class StreamingDetokenizer:
     def push(self, token_id: int) -> str:
         return self._utf8.decode(self._tokenizer.token_bytes(token_id, self._skip_special), final=False)
 
-    def flush(self) -> str:
-        """The held-back rest; the detokenizer is then ready for a new stream."""
-        rest = self._utf8.decode(b"", final=True)
+    def flush(self, cut: bool = False) -> str:
+        """The held-back rest; the detokenizer is then ready for a new stream. `cut`: the stream was cut short (a
+        token limit), so an incomplete sequence is dropped, not a U+FFFD: the next tokens would have completed it."""
+        rest = "" if cut else self._utf8.decode(b"", final=True)
         self._utf8.reset()
         return rest

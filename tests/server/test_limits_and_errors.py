@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 
 import httpx
 import pytest
@@ -171,7 +172,13 @@ def test_a_stream_reader_that_stops_reading_is_dropped_after_the_stall_timeout(s
     try:
         sock = _raw_stream_request(server, with_(max_tokens=30_000, stream=True), rcvbuf=2048)
         assert wait_for(lambda: metrics.requests_stalled_total == before + 1, timeout=60)
+        # A reader that comes back finds the cut said, not a stream that merely ends as if the answer were whole.
+        sock.settimeout(10)
+        got = b""
+        while b"[DONE]" not in got and (chunk := sock.recv(65536)):
+            got += chunk
         sock.close()
+        assert b"the stream was cut after" in got and b'"finish_reason": "length"' not in got
     finally:
         settings.n_ctx = server.core.worker.n_ctx = old_ceiling
     assert chat(server, OK).status_code == 200
@@ -185,6 +192,33 @@ def test_queued_requests_past_the_limit_get_503(server):
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
     finally:
         worker.max_queue = old
+
+
+def test_clients_that_left_the_queue_do_not_fill_it(server):
+    """A queued request whose client disconnected stays in the queue until the worker reaches it, but waits for
+    nothing: it used to count against max_queue (a 503 'queue_full' with nobody waiting) and in queue_depth."""
+    worker, engine = server.core.worker, server.engine
+    old = worker.max_queue, engine.step_delay, engine.script
+    worker.max_queue, engine.step_delay = 2, 0.05
+    engine.script = server.core.tokenizer.encode("word " * 50)
+    try:
+        busy = _raw_stream_request(server, with_(max_tokens=400, stream=True))      # holds the engine ~20 s
+        assert wait_for(lambda: worker.busy == 1)
+        left = [_raw_stream_request(server, with_(stream=True)) for _ in range(2)]
+        assert wait_for(lambda: worker._jobs.qsize() == 2)
+        for sock in left:
+            sock.close()
+        assert wait_for(lambda: worker.queue_depth == 0, 10)                     # seen as gone, still in the queue
+        assert worker._jobs.qsize() == 2
+        answer = []
+        waiting = threading.Thread(target=lambda: answer.append(chat(server, OK)), daemon=True)
+        waiting.start()                                                           # queued (was: a 503 at once)
+        assert wait_for(lambda: answer or worker.queue_depth == 1, 10) and not answer
+        busy.close()                                                              # the engine frees: it is served
+        waiting.join(30)
+        assert answer and answer[0].status_code == 200, answer and answer[0].text
+    finally:
+        worker.max_queue, engine.step_delay, engine.script = old
 
 
 def rejected_total(server) -> int:

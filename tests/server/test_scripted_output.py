@@ -240,3 +240,16 @@ def test_continue_final_message_continues_the_assistants_text(scripted, client, 
     assert prompt_text(scripted).endswith("<|im_start|>user\nWeather in Paris?<|im_end|>\n" + TURN_START
                                           + "The answer is")
     assert r.choices[0].message.content == " 42." and r.choices[0].finish_reason == "stop"
+
+
+def test_a_character_cut_by_max_tokens_is_dropped_not_a_replacement_character(scripted, say):
+    """The tiny model's byte tokens split an emoji in two: max_tokens = 1 ends after its first half, which the next
+    token would have completed; the answer leaves it out (it was U+FFFD), streamed or not, and 2 tokens give it."""
+    say("\U0001F600\U0001F600")
+    body = {"model": "scripted", "prompt": "x", "max_tokens": 1}
+    r = httpx.post(scripted.base + "/v1/completions", json=body, timeout=30).json()
+    assert r["choices"][0]["text"] == "" and r["choices"][0]["finish_reason"] == "length"
+    streamed = httpx.post(scripted.base + "/v1/completions", json={**body, "stream": True}, timeout=30).text
+    assert "\\ufffd" not in streamed and "\ufffd" not in streamed
+    r = httpx.post(scripted.base + "/v1/completions", json={**body, "max_tokens": 2}, timeout=30).json()
+    assert r["choices"][0]["text"] == "\U0001F600"
