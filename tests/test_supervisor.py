@@ -196,6 +196,39 @@ def test_a_model_that_fails_to_load_fails_at_once_with_the_reason_and_no_restart
     assert sup.message.startswith("the model failed to load: no GPU. Log: ")
 
 
+def test_the_reason_printed_last_is_in_the_message_after_much_output(tmp_path):
+    """The failure message quotes the child's last lines; they are read by a pump thread, which an exiting child
+    outran (with 2,000 lines before the error, 17 runs in 30 gave the generic 'the model failed to load')."""
+    script = tmp_path / "loud.py"
+    script.write_text("import os, sys\nfor i in range(5000): print('loading part', i)\n"
+                      "print('openjet-launch serve: error: the GGUF is broken', flush=True)\nos._exit(4)\n")
+    for _ in range(3):
+        sup = Supervisor([sys.executable, str(script)], health_url("127.0.0.1", free_port()),
+                         log_dir=tmp_path / "logs", poll_s=0.01)
+        sup.start()
+        try:
+            assert _until(lambda: sup.state == FAILED, 20), sup.state
+        finally:
+            sup.stop()
+        assert sup.message.startswith("the GGUF is broken. Log: "), sup.message
+
+
+def test_the_health_check_never_goes_through_a_proxy(fake, monkeypatch):
+    """A proxy in the environment (corporate networks) cannot reach our loopback server: the check through it never
+    succeeded, so a working server was reported FAILED after the health timeout and killed."""
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")       # nothing listens there
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)         # urlopen's opener reads the proxies when first built
+    sup, seen = fake(health_timeout_s=8)
+    sup.start()
+    try:
+        assert sup.wait_ready(20), sup.message
+    finally:
+        sup.stop()
+
+
 def test_ctrl_c_during_stop_kills_the_child_at_once(fake):
     """A second Ctrl-C while stop() waits out the grace period ends the child now, never abandons it."""
     import signal
@@ -327,15 +360,68 @@ def test_a_stale_lock_is_taken_over(tmp_path):
         assert lock.read()["port"] == 9001
 
 
+def test_a_record_naming_a_live_unrelated_pid_does_not_block_a_launch(tmp_path):
+    """After a reboot (or a SIGKILL) the record stays, and its pid may now be another program's: the lock is the
+    OS's (dropped when its holder died), so the record is overwritten instead of refusing every launch."""
+    lock_path = tmp_path / "openjet-launch.lock"
+    lock_path.write_text(json.dumps({"pid": os.getppid(), "hostname": socket.gethostname(), "host": "127.0.0.1",
+                                     "port": 8080, "url": "http://127.0.0.1:8080/v1"}))
+    assert pid_alive(os.getppid())
+    with InstanceLock(lock_path, "127.0.0.1", 9002) as lock:
+        assert lock.read()["pid"] == os.getpid() and lock.read()["port"] == 9002
+
+
+def test_two_launchers_racing_for_a_stale_record_cannot_both_hold_it(tmp_path):
+    """Each racer read the stale record, one replaced it, the other then removed the winner's and took it too."""
+    lock_path = tmp_path / "openjet-launch.lock"
+    lock_path.write_text(json.dumps({"pid": 999999, "hostname": socket.gethostname()}))
+    racer = textwrap.dedent(f'''
+        import sys
+        from pathlib import Path
+        from openjet_launcher.launcher.supervisor import AlreadyRunning, InstanceLock
+        lock = InstanceLock(Path({str(lock_path)!r}), "127.0.0.1", 8000)
+        try:
+            lock.acquire(); print("held", flush=True)
+        except AlreadyRunning:
+            print("refused", flush=True)
+        sys.stdin.read()''')
+    procs = [subprocess.Popen([sys.executable, "-c", racer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    try:
+        answers = sorted(p.stdout.readline().strip() for p in procs)
+    finally:
+        for p in procs:
+            p.communicate("", timeout=30)
+    assert answers == ["held"] + ["refused"] * 5
+
+
+def test_a_config_folder_it_cannot_write_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from openjet_launcher.launcher.main import run_default
+
+    folder = tmp_path / "config"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.access(folder, os.W_OK):  # (root ignores permissions)
+        pytest.skip("this user can write anywhere")
+    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(folder))
+    assert run_default(_default_args("--model", "demo", "--no-tray", "--port", str(free_port()))) == 1
+    err = capsys.readouterr().err
+    assert "cannot write the launcher's lock" in err and "OPENJET_CONFIG_DIR" in err and "Traceback" not in err
+
+
 def test_run_default_refuses_a_second_instance_and_exits_nonzero(tmp_path, monkeypatch, capsys):
     from openjet_launcher.launcher.main import add_default_options, run_default
 
     monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f'''
+        import sys
+        from pathlib import Path
+        from openjet_launcher.launcher.supervisor import InstanceLock
+        lock = InstanceLock(Path({str(tmp_path / "openjet-launch.lock")!r}), "127.0.0.1", 8080)
+        lock.acquire()
+        print("held", flush=True); sys.stdin.read()''')], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        (tmp_path / "openjet-launch.lock").write_text(json.dumps(
-            {"pid": holder.pid, "hostname": socket.gethostname(), "host": "127.0.0.1", "port": 8080,
-             "url": "http://127.0.0.1:8080/v1"}))
+        assert holder.stdout.readline().strip() == b"held"
         parser = argparse.ArgumentParser()
         add_default_options(parser)
         code = run_default(parser.parse_args(["--no-tray", "--model", "demo", "--engine", "reference"]))

@@ -269,6 +269,10 @@ def run_default(args: argparse.Namespace) -> int:
     except OpenJetError as e:
         _say(f"error: {e}")
         return 1
+    except OSError as e:  # a config folder we may not write in (ensure_dir checks it exists, not that)
+        _say(f"error: cannot write the launcher's lock {e.filename or lock.path}: {e.strerror or e}. Set "
+             "OPENJET_CONFIG_DIR to a folder you can write")
+        return 1
     try:
         return _serve(args)
     except OpenJetError as e:

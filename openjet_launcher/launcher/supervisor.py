@@ -164,6 +164,9 @@ def _log_handler(log_dir: Path, log_files: int, max_bytes: int) -> logging.Handl
     return h
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class Supervisor:
     """Runs `command` as a child, watches `health_url`, restarts it after crashes, stops it on request."""
 
@@ -307,8 +310,16 @@ class Supervisor:
         proc = subprocess.Popen(_ending_with_us(self.command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, text=True, encoding="utf-8", errors="replace",
                                 bufsize=1, **kwargs)
-        threading.Thread(target=self._pump, args=(proc,), name="openjet-server-log", daemon=True).start()
+        self._pumper = threading.Thread(target=self._pump, args=(proc,), name="openjet-server-log", daemon=True)
+        self._pumper.start()
         return proc
+
+    def _drained(self) -> None:
+        """Wait (a little) for the pump to read what an ended child printed last: the failure message quotes it (a
+        traceback or `error: ...` printed just before exiting was otherwise often not in the tail yet)."""
+        pumper = getattr(self, "_pumper", None)
+        if pumper is not None:
+            pumper.join(timeout=2.0)
 
     def _pump(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -320,8 +331,8 @@ class Supervisor:
                 print(line, file=self.echo, flush=True)
 
     def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.health_url, timeout=2) as r:
+        try:  # never through a proxy (http_proxy, the system's): a proxy cannot reach our loopback server
+            with _DIRECT.open(self.health_url, timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -365,6 +376,7 @@ class Supervisor:
                 return
             if outcome == "timeout":
                 self._terminate(proc, self.stop_timeout_s)
+                self._drained()
                 self._set(FAILED, self._failure(f"the server did not answer /health within "
                                                 f"{self.health_timeout_s:g} s"))
                 return
@@ -378,6 +390,7 @@ class Supervisor:
                 if self._stop.is_set():
                     return
             code = proc.wait()
+            self._drained()
             if code == EXIT_LOAD_FAILED:  # `serve` could not load the model: another start would fail the same way
                 said = [line.split("error: ", 1)[1] for line in self.tail() if "error: " in line]
                 self._set(FAILED, f"{said[-1] if said else 'the model failed to load'}. Log: {self.log_path}")
@@ -497,8 +510,11 @@ def pid_alive(pid: int) -> bool:
 
 @dataclass
 class InstanceLock:
-    """A lock file holding {pid, hostname, host, port, url, started}. Created with O_EXCL; a file whose
-    pid is gone (same machine) or that cannot be read is stale and replaced."""
+    """One launcher per user (per config folder): an OS lock (filelock: fcntl / msvcrt) on PATH.held, taken for the
+    process's life and dropped by the kernel when the process ends, however it ends; PATH holds the record {pid,
+    hostname, host, port, url, started} that a second launcher reports. A record left by a launcher that died is
+    overwritten: no pid is trusted (a pid is reused after a reboot, so a record naming a live pid used to refuse
+    every later launch), and two launchers racing for a stale record cannot both win."""
 
     path: Path
     host: str
@@ -511,47 +527,47 @@ class InstanceLock:
 
     def read(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
+            info = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-
-    def _stale(self, info: dict | None) -> bool:
-        if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
-            return True
-        if info.get("hostname") != socket.gethostname():
-            return False  # a shared config folder: we cannot see that machine's processes
-        return not pid_alive(info["pid"])
+        return info if isinstance(info, dict) else None
 
     def acquire(self) -> None:
+        from filelock import FileLock, Timeout
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
+        os_lock = FileLock(str(self.path) + ".held")
+        try:
+            os_lock.acquire(timeout=0)
+        except Timeout:
+            info = self.read()
+            for _ in range(10):  # the holder may be writing its record right now
+                if info is not None:
+                    break
+                time.sleep(0.1)
                 info = self.read()
-                if info is None and time.time() - _mtime(self.path) < 2:
-                    time.sleep(0.2)  # another launcher is writing it right now
-                    info = self.read()
-                if self._stale(info):
-                    _unlink(self.path)
-                    continue
-                raise AlreadyRunning(
-                    f"openjet-launch is already running (pid {info['pid']}"
-                    + ("" if info.get("hostname") == socket.gethostname() else f" on {info.get('hostname')}")
-                    + f") and serves at {info.get('url') or info.get('host')}. Use that one, quit it from its "
-                    f"tray icon or with Ctrl-C in its terminal, or remove {self.path} if it is not running.",
-                    info) from None
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.record(), f)
-            self.held = True
-            return
-        raise OpenJetError(f"{self.path}: could not take the instance lock (it keeps changing)")
+            info = info or {}
+            where = "" if info.get("hostname") in (None, socket.gethostname()) else f" on {info['hostname']}"
+            raise AlreadyRunning(
+                f"openjet-launch is already running (pid {info.get('pid', '?')}{where}) and serves at "
+                f"{info.get('url') or info.get('host') or 'its port'}. Use that one, or quit it from its tray icon or "
+                f"with Ctrl-C in its terminal.", info) from None
+        try:
+            tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.record()), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except BaseException:
+            os_lock.release()
+            raise
+        self._os_lock = os_lock
+        self.held = True
 
     def release(self) -> None:
         if self.held:
             info = self.read()
             if info and info.get("pid") == os.getpid():
                 _unlink(self.path)
+            self._os_lock.release()
             self.held = False
 
     def __enter__(self) -> InstanceLock:
@@ -560,13 +576,6 @@ class InstanceLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _unlink(path: Path) -> None:
