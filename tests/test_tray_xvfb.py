@@ -262,3 +262,27 @@ def _check_icon_colours(ready_png: Path, stopped_png: Path, x: int, y: int) -> N
 
     assert close(near(ready_png), STATE_COLOURS["ready"]), near(ready_png)
     assert close(near(stopped_png), STATE_COLOURS["stopped"]), near(stopped_png)
+
+
+def test_a_display_without_a_tray_manager_is_a_reason_to_run_in_the_terminal(xvfb):
+    """pystray's plain X11 backend docks into an XEmbed system tray: with no manager (stock GNOME) the icon never
+    showed and each redraw logged a docking error, with no word to the user; that is now a tray_unavailable_reason,
+    so the launcher runs in the terminal and says why. With a manager, no reason."""
+    import importlib.util
+
+    for name in ("pystray", "PIL", "Xlib"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} not installed (pip install 'openjet-launcher[tray]')")
+    env = {**os.environ, "DISPLAY": xvfb, "PYSTRAY_BACKEND": "xorg"}
+    env.pop("WAYLAND_DISPLAY", None)
+    ask = [sys.executable, "-c", "from openjet_launcher.launcher.tray import tray_unavailable_reason as r; print(r())"]
+    alone = subprocess.run(ask, env=env, capture_output=True, text=True, timeout=60)
+    assert "no X11 system tray" in alone.stdout, alone
+    manager = subprocess.Popen([sys.executable, "-c", MANAGER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        Lines(manager).wait_for("MANAGER", 30)
+        with_manager = subprocess.run(ask, env=env, capture_output=True, text=True, timeout=60)
+        assert with_manager.stdout.strip() == "None", with_manager
+    finally:
+        manager.kill()
+        manager.wait(10)

@@ -15,7 +15,7 @@ import time
 
 from .menu import MenuEntry, TrayController
 
-INSTALL_HINT = "pip install 'openjet-launcher[tray]'"
+INSTALL_HINT = "pip install pystray Pillow: openjet-launcher depends on them"
 ICON_PX = 64
 
 
@@ -35,7 +35,31 @@ def tray_unavailable_reason() -> str | None:
         return f"no tray backend works here ({e})"
     except Exception as e:  # Xlib raises its own errors for a display it cannot open
         return f"the tray cannot reach the display ({type(e).__name__}: {e})"
+    if getattr(pystray.Icon, "__module__", "") == "pystray._xorg" and not _x11_tray_manager():
+        # pystray's plain X11 backend docks into an XEmbed system tray; without a manager the icon never shows
+        # and every redraw logs a docking error (stock GNOME has none)
+        return ("this desktop has no X11 system tray (on GNOME: the AppIndicator extension; or install PyGObject "
+                "for pystray's AppIndicator backend)")
     return None
+
+
+def _x11_tray_manager() -> bool:
+    """Whether an X11 system-tray manager owns _NET_SYSTEM_TRAY_S<screen> (True when that cannot be asked: the
+    backend then says what it says)."""
+    try:
+        import Xlib.X
+        import Xlib.display
+
+        display = Xlib.display.Display()
+    except Exception:
+        return True
+    try:
+        atom = display.intern_atom(f"_NET_SYSTEM_TRAY_S{display.get_default_screen()}")
+        return display.get_selection_owner(atom) != Xlib.X.NONE
+    except Exception:
+        return True
+    finally:
+        display.close()
 
 
 def icon_image(rgb: tuple[int, int, int], size: int = ICON_PX):
