@@ -11,6 +11,10 @@ device_wheels() {
   fi
   export PYTHONPATH=/tmp/site:$PWD
   if [ -d .cache/openjet ]; then export OPENJET_CACHE=$PWD/.cache/openjet; fi
+  if ! python3 -c 'import gguf, platformdirs' 2>/dev/null; then  # stop before the build, not minutes later
+    echo "error: gguf / platformdirs are missing: run scripts/fetch_device_wheels.sh here and carry .whl" >&2
+    return 1
+  fi
 }
 
 # Compute capability of GPU 0 as cmake spells it ("90").

@@ -9,6 +9,7 @@
 # httpx, httpcore, certifi, pytest, hypothesis (not schemathesis: tests/server/test_fuzz.py skips there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rm -rf .whl .whl-sdk  # afresh: an older version beside a newer one made the device's pip install fail
 get() {
   local dest=$1; shift
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

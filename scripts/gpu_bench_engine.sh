@@ -52,7 +52,7 @@ export PYTHONUNBUFFERED=1
 say() { echo "[gpu_bench_engine +$(( $(date +%s) - START ))s] $*"; }
 
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,clocks.max.sm \
   --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 say "cpus $(nproc), free disk in $(dirname "$MODEL"): $(df -h --output=avail "$(dirname "$MODEL")" | tail -1)"
@@ -62,6 +62,9 @@ SYNTH_PID=
 if [ -s "$MODEL" ]; then
   say "reusing $MODEL ($(stat -c %s "$MODEL") bytes)"
 else
+  if ! ls .cache/openjet/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf > /dev/null 2>&1; then
+    say "no vocabulary for the full model: carry .cache/openjet/llama_cpp_python-0.3.36 (see the top of $0)"; exit 2
+  fi
   say "writing the full synthetic model to $MODEL"
   PIN_SYNTH=() PIN_TESTS=()
   NCPU=$(nproc) TCPU=${WHILE_SYNTH_CPUS:-4}
@@ -81,9 +84,9 @@ fi
 say "library built for sm_$(gpu_arch)"
 
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so
-if [ -n "$SYNTH_PID" ] && [ -n "${WHILE_SYNTH:-}" ]; then
+if [ -n "${WHILE_SYNTH:-}" ]; then  # (also when the model was reused, on a warm machine: then before the bench)
   say "while the model is written: $WHILE_SYNTH"
-  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout "${WHILE_SYNTH_S:-200}" \
+  OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/while-synth.jsonl" timeout -k 10 "${WHILE_SYNTH_S:-200}" \
     "${PIN_TESTS[@]}" bash -c "$WHILE_SYNTH" \
     > "$OUT/while-synth.log" 2>&1
   say "done (rc $?): $(tail -1 "$OUT/while-synth.log")"

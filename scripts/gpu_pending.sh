@@ -3,8 +3,14 @@
 # device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
 # tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
-#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600,
-#       command="OPENJET_COMMIT=<the hash, written out> PLAN=fold bash scripts/gpu_pending.sh")
+#   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, kind="nvidia-h200" where status
+#       lists it (the 499afb1 figures are the H200's), command="OPENJET_COMMIT=<the hash, written out> PLAN=fold bash
+#       scripts/gpu_pending.sh")
+#
+# Before the first call, here: `bash scripts/fetch_device_wheels.sh` (.whl) and the vocabulary (gpu_bench_engine.sh's
+# header: OPENJET_CACHE=$PWD/.cache/openjet python -c "...full_vocab()"); both are git-ignored, a fresh checkout
+# lacks them, and a missing carry path is not sent (the call then stops at once, saying so). Send PLAN=attn within
+# ~30 s of PLAN=fold returning to reuse the warm machine (its model is reused; the plan's tests still run).
 #
 # PLAN=fold  OPENJET_NORM_FOLD (norm_fold.cuh): its bit tests (small model, and the 27B's width on the full model),
 #            the scratch rows test (prefill_rows below a step's 8 rows), then the T=1 / T=5 step with the fold on
@@ -24,7 +30,7 @@ cd "$(dirname "$0")/.."
 timing() {
   local env=$1 name=$2; shift 2
   # shellcheck disable=SC2086  # env is a list of assignments
-  env ${env//,/ } timeout 100 python3 native/bench/bench_decode.py --preset full --model "$MODEL" --kv q8_0 \
+  env ${env//,/ } timeout -k 10 100 python3 native/bench/bench_decode.py --preset full --model "$MODEL" --kv q8_0 \
     --prefill none --prefill-profile 0 --steps 10 --profile-steps 2 --budget-s 75 --out "$OUT/$name.json" "$@" \
     > /dev/null 2> "$OUT/$name.log"
   echo "== $env (rc $?)"
@@ -34,6 +40,8 @@ try:
     d = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     sys.exit(f"no result: {e}")
+if d.get("skipped"):
+    print(f"  skipped: {d['skipped']}")
 for r in d["runs"].values():
     for x in r["decode"]:
         top = (x.get("top_k") or {}).get("median_ms")
@@ -48,28 +56,29 @@ pack_logs() {  # the device returns at most 8 files: every log and test report i
 
 gpu_tests() {  # pytest -m gpu with the report and log in $OUT/<name>.*
   local name=$1 limit=$2; shift 2
-  OPENJET_GPU_REPORT=$OUT/$name.jsonl timeout "$limit" python3 -m pytest -q -m gpu "$@" > "$OUT/$name.log" 2>&1
+  OPENJET_GPU_REPORT=$OUT/$name.jsonl timeout -k 10 "$limit" python3 -m pytest -q -m gpu "$@" > "$OUT/$name.log" 2>&1
   echo "== $name (rc $?): $(tail -1 "$OUT/$name.log")"
 }
 
 case "${1:-${PLAN:-}}" in
   fold)
-    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below'"
+    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer'"
     export BENCH_CMD="bash scripts/gpu_pending.sh fold-bench"
     exec bash scripts/gpu_bench_engine.sh ;;
   fold-bench)
+    trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
     OPENJET_FULL_MODEL=$MODEL gpu_tests fold-27b-width 120 tests/test_gpu_engine.py -k norm_fold_keeps_every_bit_at_the_27b
     for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
-    done
-    pack_logs ;;
+    done ;;
   attn)
     export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_attn.py tests/test_gpu_engine.py -k 'planned_tile_pipeline or decode_experiments and ATTN_PIPE'"
     export BENCH_CMD="bash scripts/gpu_pending.sh attn-bench"
     exec bash scripts/gpu_bench_engine.sh ;;
   attn-bench)
+    trap pack_logs EXIT
     for pipe in 0 1; do  # one attention layer of the 27B (24 q heads, 4 kv heads, q8_0) at 32K, alone
-      OPENJET_ATTN_PIPE=$pipe python3 - <<'PY' 2>&1 | tail -4
+      OPENJET_ATTN_PIPE=$pipe timeout -k 10 60 python3 - <<'PY' 2>&1 | tail -4
 import os, statistics
 from openjet_launcher.engine import kernels_test_attn as ka
 for t in (1, 5, 8):
@@ -79,11 +88,12 @@ for t in (1, 5, 8):
 PY
     done
     for v in OPENJET_ATTN_PIPE=0 OPENJET_ATTN_PIPE=1 OPENJET_ATTN_PIPE=1,OPENJET_ATTN_STAGES=2; do
-      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-32k" --ctx 32768 --t 1,5
+      # (--assume-step-ms: the 32K fill's estimate before any step is timed; 15 ms made it ~99 s, past the budget,
+      # so the fill and every 32K row were skipped; the fill took 3.9 s at 3e2051f)
+      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-32k" --ctx 32768 --t 1,5 --assume-step-ms 3
     done
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
-      -k "greedy_ids_are_identical_for_every_draft_count and full"
-    pack_logs ;;
+      -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
   *)
     echo "PLAN=fold or PLAN=attn (see the top of $0)" >&2
     exit 2 ;;

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build the engine for this GPU, run GPU tests (and the GEMV benchmark if asked), results in $OUT.
-#   run(carry=[".whl"], command="bash scripts/gpu_tests.sh")
+#   run(carry=[".whl", ".cache/cutlass-min"], command="bash scripts/gpu_tests.sh")
+# (.cache/cutlass-min: CUTLASS's trimmed headers, so that the Hopper build has the dense prefill GEMM it ships with and
+# its tests run instead of skipping: `python scripts/fetch_cutlass.py`, a 90a build, then `python scripts/fetch_cutlass.py
+# --trim-to .cache/cutlass-min --build <that build>`, 16 MB; see device_common.sh build_engine.)
 # The suite outgrew one call's 600 s (2026-12-05: 405 engine tests, past 300 s at 3e2051f), so its parts are chosen:
 #   GPU_TESTS_GEMV=0   no GEMV tests (tests/test_gpu_gemv.py, ~150 s)
 #   GPU_TESTS_ENGINE=0 no engine / top-k / GDN / attention tests
