@@ -56,14 +56,14 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from gguf import TokenType
-
     from .draft_depth import check_draft_count
     from .generate import generate
     from .model.gguf_file import GGUFFile
     from .reference import ReferenceEngine
     from .sampling import Sampler, SamplingParams
+    from .reference.weights import check_weight_budget
     from .server.cli import demo_model_path
+    from .server.core import n_valid_tokens
     from .text.chat import ChatTemplate
     from .text.tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -75,6 +75,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     model = str(demo_model_path()) if args.model == "demo" else args.model  # 'demo' as `serve` takes it
     t0 = time.perf_counter()
     gguf = GGUFFile(model)
+    check_weight_budget(gguf)  # before the tokenizer and the weights: a 27B file is refused in seconds, not 36
     tok = Tokenizer.from_gguf(gguf)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -87,14 +88,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise OpenJetError("the prompt is empty")
     engine = ReferenceEngine.load(model)
     load_s = time.perf_counter() - t0
-    types = gguf.metadata["tokenizer.ggml.token_type"]
-    n_valid = max(i for i, t in enumerate(types) if t != TokenType.UNUSED) + 1
+    if args.draft and not engine.config.has_mtp:
+        print(f"openjet-launch run: --draft {args.draft}: this model has no MTP head, so it generates without "
+              "drafts", file=sys.stderr)
+    n_valid = n_valid_tokens(tok)  # (the file's token_type key may be absent: the tokenizer knows the types)
     greedy = args.temperature is None or args.temperature == 0
     params = SamplingParams(temperature=0.0 if greedy else args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     detok = StreamingDetokenizer(tok)
 
     def show(token: int) -> None:
+        if token in tok.eog_ids:  # the stop token ends the text; it is not part of it
+            return
         sys.stdout.write(detok.push(token))
         sys.stdout.flush()
 
@@ -199,8 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher.main import run_default
         return run_default(args)       # the default action: download, detect, serve, tray
     if early := _options_before_the_command(argv):
-        parser.error(f"{', '.join(early)} before `{args.command}` would be ignored: put it after the command "
-                     f"(openjet-launch {args.command} ... {early[0]} ...)")
+        command = parser._subparsers._group_actions[0].choices[args.command]
+        theirs = {o for a in command._actions for o in a.option_strings}
+        if early[0] in theirs:
+            parser.error(f"{', '.join(early)} before `{args.command}` would be ignored: put it after the command "
+                         f"(openjet-launch {args.command} ... {early[0]} ...)")
+        parser.error(f"{early[0]} does not apply to `{args.command}` (it is an option of the launch itself: "
+                     f"openjet-launch {early[0]} ... without a command)")
     try:
         return args.func(args)
     except OpenJetError as e:

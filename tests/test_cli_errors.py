@@ -169,3 +169,52 @@ def test_synth_into_a_folder_it_cannot_write_is_a_one_line_error(capsys, tmp_pat
     assert cli.main(["synth", "--preset", "tiny", "--quiet", str(tmp_path / "x.gguf")]) == 1
     err = capsys.readouterr().err
     assert "cannot write" in err and "Permission denied" in err and "Traceback" not in err
+
+
+def test_an_option_the_command_does_not_have_is_not_advised_after_it(capsys):
+    """`openjet-launch --port 9000 inspect FILE`: the advice was to put --port after `inspect`, which has no --port."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--port", "9000", "inspect", "x.gguf"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--port does not apply to `inspect`" in err and "after the command" not in err
+
+
+def test_run_on_a_file_without_token_types_and_without_an_mtp_head(tmp_path, capsys):
+    """A file without tokenizer.ggml.token_type (inspect calls it runnable) crashed `run` with a KeyError; --draft on
+    a model without an MTP head generated without drafts and said nothing; the stop token was printed as text."""
+    from test_model_file import TINY, write_variant
+
+    from openjet_launcher.model.inventory import expected_tensors
+
+    def no_types(w):
+        del w.kv_data[0]["tokenizer.ggml.token_type"]
+    mtp = {s.name for s in expected_tensors(TINY) if s.block == TINY.n_layer}
+    model = write_variant(tmp_path / "plain.gguf", customize=no_types, drop=mtp)
+    code = cli.main(["run", str(model), "-p", "hello", "-n", "3", "--draft", "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "no MTP head, so it generates without drafts" in captured.err and "Traceback" not in captured.err
+    assert "<|im_end|>" not in captured.out
+
+
+def test_a_folder_or_an_unreadable_file_is_said_as_such(tmp_path):
+    """A folder was 'no such file'; a file without read permission was a PermissionError traceback in `run` and
+    'damaged' in `inspect`; a GGUF of another version was 'damaged or truncated'."""
+    import os
+
+    from openjet_launcher.errors import ModelFileError
+    from openjet_launcher.model.gguf_file import GGUFFile
+
+    with pytest.raises(ModelFileError, match="is a folder, not a .gguf file"):
+        GGUFFile(tmp_path)
+    v4 = tmp_path / "v4.gguf"
+    v4.write_bytes(b"GGUF" + (4).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(ModelFileError, match="GGUF version 4 is not supported"):
+        GGUFFile(v4)
+    locked = tmp_path / "locked.gguf"
+    locked.write_bytes(b"GGUF" + bytes(20))
+    locked.chmod(0)
+    if os.access(locked, os.R_OK):
+        pytest.skip("this user reads anything (root)")
+    with pytest.raises(ModelFileError, match="cannot read it: Permission denied"):
+        GGUFFile(locked)

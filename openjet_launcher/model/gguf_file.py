@@ -47,15 +47,20 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ModelFileError(f"{self.path}: is a folder, not a .gguf file")
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
-        self.file_size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-        if magic != GGUF_MAGIC:
-            raise ModelFileError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            _check_header(self.path, buf)
+        try:
+            self.file_size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+            if magic != GGUF_MAGIC:
+                raise ModelFileError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+            with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                _check_header(self.path, buf)
+        except OSError as e:  # not the file's fault: say so (it read as "damaged" before, or as a traceback)
+            raise ModelFileError(f"{self.path}: cannot read it: {e.strerror or e}") from None
         try:
             self._reader = GGUFReader(self.path, "r")
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, RecursionError) as e:
@@ -121,6 +126,8 @@ def _check_header(path: Path, buf: mmap.mmap) -> None:
         raise ModelFileError(
             f"{path}: big-endian GGUF files are not supported; convert it with `gguf-convert-endian FILE little` "
             f"(gguf-py) or download the little-endian file")
+    if version not in (2, 3):
+        raise ModelFileError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
     n_tensors, n_kv = c.u64("the tensor count"), c.u64("the key count")
     alignment = 32
     for _ in range(n_kv):                         # each key takes at least 13 bytes: bounded by the file

@@ -83,14 +83,20 @@ def float32_bytes(gguf: GGUFFile) -> int:
     return 4 * sum(math.prod(info.ne) for info in gguf.tensors.values())
 
 
-def load_weights(gguf: GGUFFile, config: ModelConfig,
-                 max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> ModelWeights:
+def check_weight_budget(gguf: GGUFFile, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> None:
+    """OpenJetError when the file's weights as float32 pass max_bytes (before anything is read or built)."""
     need = float32_bytes(gguf)
     if need > max_bytes:
         raise OpenJetError(
             f"{gguf.path.name}: the numpy reference engine keeps every weight as float32 and would need "
-            f"{need / 2**30:.1f} GiB (limit {max_bytes / 2**30:.1f} GiB). It is meant for test-size models; "
-            f"run this file with the GPU engine, or raise max_weight_bytes if the RAM is there.")
+            f"{need / 2**30:.1f} GiB (limit {max_bytes / 2**30:.1f} GiB). It is meant for test-size models: "
+            f"run this file with the GPU engine (a program with the RAM may pass ReferenceEngine.load a larger "
+            f"max_weight_bytes).")
+
+
+def load_weights(gguf: GGUFFile, config: ModelConfig,
+                 max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> ModelWeights:
+    check_weight_budget(gguf, max_bytes)
     s = config.shape
     t = _Tensors(gguf)
     layers = tuple(
