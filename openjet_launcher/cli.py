@@ -40,7 +40,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         summary = synthesize(args.preset, args.out, seed=args.seed, workers=args.workers,
                              show_progress=not args.quiet, codes=args.codes, replace=args.force)
     except OSError as e:  # a folder it may not write to, a disk that fills
-        raise OpenJetError(f"cannot write {e.filename or args.out}: {e.strerror or e}") from None
+        why = e.strerror or str(e)
+        if e.errno is None and "requested and" in why:  # numpy's tofile on a short write: the disk filled up
+            why = f"the disk is full ({why})"
+        raise OpenJetError(f"cannot write {e.filename or args.out}: {why}") from None
     print(json.dumps(summary))
     return 0
 

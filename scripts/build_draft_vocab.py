@@ -270,11 +270,18 @@ def llama_cpp_vocab_tokens(name: str) -> list[str]:
         "tokenizer.ggml.tokens"]
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: give at least 1")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=dv.SHIPPED)
     ap.add_argument("--report", type=Path, default=ROOT / "bench" / "results" / "draft-vocab-qwen35.json")
-    ap.add_argument("--size", type=int, default=dv.DEFAULT_SIZE)
+    ap.add_argument("--size", type=_positive, default=dv.DEFAULT_SIZE)
     ap.add_argument("--stdlib-mb", type=float, default=16.0, help="cap on standard-library code")
     ap.add_argument("--docstrings-mb", type=float, default=8.0, help="cap on standard-library docstrings")
     ap.add_argument("--doc-mb", type=float, default=12.0, help="cap on /usr/share/doc text")
@@ -314,23 +321,28 @@ def main(argv: list[str] | None = None) -> int:
               f"{report_sources[key]['tokens']} tokens ({t2 - t1:.1f} s read, {t3 - t2:.1f} s encode)", flush=True)
 
     t4 = time.perf_counter()
-    built = dv.from_counts(tok, counts, args.size)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    dv.write(args.out, built)
-    back = dv.read(args.out)
-    assert back == built, "the list does not read back"
-    own = dv.map_onto(back, tok, min_share=1.0)  # every string at its one id of the build vocabulary
+    try:
+        built = dv.from_counts(tok, counts, args.size)
+    except dv.DraftVocabError as e:
+        raise SystemExit(f"build_draft_vocab: {e}") from None
+    own = dv.map_onto(built, tok, min_share=1.0)  # every string at its one id of the build vocabulary
     assert own.ids is not None and own.found == len(built.tokens) == len(own.ids), own.describe()
+    ids = own.ids
+    real_bpe = int(np.sum(ids < 151_643))
+    fillers = int(np.sum((ids >= 151_643) & (ids < vocab.FULL_FIRST_ADDED_ID)))
+    if fillers:  # checked before anything is written: --out is the shipped list by default
+        raise SystemExit(f"build_draft_vocab: {fillers} filler tokens in the list: they never encode; "
+                         f"{args.out} left as it was")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    dv.write(tmp, built)
+    back = dv.read(tmp)
+    assert back == built, "the list does not read back"
+    os.replace(tmp, args.out)
     t_select = time.perf_counter() - t4
     t_build = time.perf_counter() - t0
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(built.tokens)} tokens) in {t_build:.1f} s",
           flush=True)
-
-    ids = own.ids
-    real_bpe = int(np.sum(ids < 151_643))
-    fillers = int(np.sum((ids >= 151_643) & (ids < vocab.FULL_FIRST_ADDED_ID)))
-    if fillers:
-        raise SystemExit(f"build_draft_vocab: {fillers} filler tokens in the list: they never encode")
     cov = {key: coverage(tok, ids, held) for key, held in held_by_source.items() if held}
     t_total = time.perf_counter() - t0
     for key, c in cov.items():

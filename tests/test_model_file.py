@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 
-from openjet_launcher.errors import ModelFileError
+from openjet_launcher.errors import ModelFileError, OpenJetError
 from openjet_launcher.model import quants
 from openjet_launcher.model.config import read_config
 from openjet_launcher.model.gguf_file import GGUFFile
@@ -280,3 +280,35 @@ def test_inspect_unsupported_tensor_type(tmp_path):
 
 def test_inspect_missing_file():
     _assert_one_line_error(run_cli("inspect", "/nonexistent/model.gguf"), "no such file")
+
+
+def test_synth_never_writes_through_a_planted_part_file_and_never_takes_a_name_that_appeared(tmp_path):
+    """The part file had a fixed name (OUT.part) opened with "wb": a symlink planted there sent the model into the
+    link's target (which was then renamed to OUT), and two runs to one OUT shared one .part and mixed their
+    tensors. The part file is now created exclusively and uniquely; without --force a file that appears at OUT while
+    the model is written is kept, and the run fails saying so."""
+    from openjet_launcher.model import synth as synth_module
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data")
+    (tmp_path / "x.gguf.part").symlink_to(victim)
+    synthesize("tiny", tmp_path / "x.gguf", show_progress=False)
+    assert victim.read_text() == "precious data"
+    assert (tmp_path / "x.gguf").is_file() and not (tmp_path / "x.gguf").is_symlink()
+    assert GGUFFile(tmp_path / "x.gguf").tensors
+    assert oct((tmp_path / "x.gguf").stat().st_mode & 0o777) != oct(0o600)        # not the temp file's 0600
+
+    late = tmp_path / "late.gguf"
+    real_finish = synth_module.finish_part
+
+    def someone_writes_first(part, path, replace=True):
+        path.write_text("someone else's")
+        return real_finish(part, path, replace)
+    synth_module.finish_part = someone_writes_first
+    try:
+        with pytest.raises(OpenJetError, match="appeared while the model was written"):
+            synthesize("tiny", late, show_progress=False, replace=False)
+    finally:
+        synth_module.finish_part = real_finish
+    assert late.read_text() == "someone else's"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part") and p.name != "x.gguf.part"]

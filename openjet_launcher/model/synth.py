@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -157,19 +158,51 @@ def start_gguf(part: Path, shape: ModelShape, vocab: VocabAssets, tensors: list[
     return w
 
 
+def new_part(path: Path) -> Path:
+    """The file a model is written to before it takes its name: created here, exclusively, beside ``path``
+    (O_EXCL: never an existing file, nor a link planted at a known name, which the writer would have followed),
+    and one per run (two runs to one name no longer shared one PATH.part and mixed their tensors)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def finish_part(part: Path, path: Path, replace: bool = True) -> None:
+    """``part``, complete and with the usual permissions (mkstemp makes it private), takes the name ``path``: over an
+    existing file only with ``replace``; else a file that appeared at ``path`` meanwhile is an error, not lost."""
+    mask = os.umask(0)
+    os.umask(mask)
+    part.chmod(0o666 & ~mask)
+    if replace:
+        part.replace(path)
+        return
+    try:
+        os.link(part, path)  # fails where the name was taken after check_target
+    except FileExistsError:
+        raise OpenJetError(f"{path} appeared while the model was written: choose another name, or --force") from None
+    except OSError:  # a filesystem without hard links: the check is as good as check_target's
+        if os.path.lexists(path):
+            raise OpenJetError(f"{path} appeared while the model was written: choose another name, or --force") \
+                from None
+        part.replace(path)
+        return
+    part.unlink()
+
+
 def write_gguf(path: str | os.PathLike[str], shape: ModelShape, vocab: VocabAssets,
                tensors: list[tuple[TensorSpec, Q]], produce: Callable[[int], np.ndarray],
                name: str, progress: Callable[[int], None] | None = None,
-               customize: Callable[[GGUFWriter], None] | None = None) -> None:
+               customize: Callable[[GGUFWriter], None] | None = None, replace: bool = True) -> None:
     """Write a qwen35 file. ``produce(i)`` returns tensor i's encoded bytes, uint8 (rows, row_bytes).
 
     ``customize(writer)`` runs after the standard metadata (tests use it to write wrong files).
 
-    The file appears under its final name only when complete: it is written to ``path.part`` and
-    renamed at the end, so an interrupted run never leaves a file that looks whole.
+    The file appears under its final name only when complete: it is written to a new part file beside it
+    (new_part) and renamed at the end (finish_part; ``replace``: over an existing file), so an interrupted run
+    never leaves a file that looks whole.
     """
     path = Path(path)
-    part = path.with_name(path.name + ".part")
+    part = new_part(path)
     w = start_gguf(part, shape, vocab, tensors, name, customize)
     try:
         for i, (spec, qtype) in enumerate(tensors):
@@ -182,7 +215,7 @@ def write_gguf(path: str | os.PathLike[str], shape: ModelShape, vocab: VocabAsse
             if progress:
                 progress(data.nbytes)
         w.close()
-        part.replace(path)
+        finish_part(part, path, replace)
     except BaseException:
         w.close()
         part.unlink(missing_ok=True)
@@ -236,9 +269,9 @@ def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers
     plans = plan_tensors(shape, seed)
     total = sum(p.n_bytes for p in plans)
     free = _free_bytes(Path(path).resolve().parent)
-    if free is not None and free < total * 1.01:
-        raise OpenJetError(f"not enough disk space for {path}: needs {total / 1e9:.2f} GB, "
-                           f"{free / 1e9:.2f} GB free")
+    need = int(total * 1.01) + _header_bytes(vocab)   # the header holds the vocabulary: ~150 KB tiny, ~6 MB full
+    if free is not None and free < need:
+        raise OpenJetError(f"not enough disk space for {path}: needs {_mb(need)}, {_mb(free)} free")
     workers = workers or (min(os.cpu_count() or 1, 16) if total > (1 << 30) else 1)
 
     bar = None
@@ -256,10 +289,11 @@ def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers
         if codes == "random":
             from .synth_codes import write_random   # not at the top: it imports this module
             write_random(path, shape, vocab, plans, name=f"OpenJet synthetic Qwen3.8 ({preset})", pool=pool,
-                         progress=bar.update if bar else None)
+                         progress=bar.update if bar else None, replace=replace)
         else:
             write_gguf(path, shape, vocab, [(p.spec, p.qtype) for p in plans], produce,
-                       name=f"OpenJet synthetic Qwen3.8 ({preset})", progress=bar.update if bar else None)
+                       name=f"OpenJet synthetic Qwen3.8 ({preset})", progress=bar.update if bar else None,
+                       replace=replace)
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
@@ -268,6 +302,16 @@ def synthesize(preset: str, path: str | os.PathLike[str], seed: int = 0, workers
     return {"preset": preset, "path": str(path), "bytes": Path(path).stat().st_size,
             "tensors": len(plans), "seconds": round(time.perf_counter() - t0, 1), "workers": workers,
             "codes": codes}
+
+
+def _header_bytes(vocab: VocabAssets) -> int:
+    """A bound on the header's size: the tokens and merges as GGUF strings, the chat template, 1 MB for the rest."""
+    strings = [*vocab.tokens, *vocab.merges]
+    return sum(len(t.encode()) + 8 for t in strings) + 4 * len(vocab.tokens) + len(vocab.chat_template) + (1 << 20)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _free_bytes(folder: Path) -> int | None:

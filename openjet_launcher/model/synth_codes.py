@@ -41,7 +41,7 @@ from gguf import GGUFWriter
 from . import quants
 from .inventory import TensorSpec
 from .shape import ModelShape
-from .synth import _GAIN, TensorPlan, _chunks, _encode_chunk, start_gguf
+from .synth import _GAIN, TensorPlan, _chunks, _encode_chunk, finish_part, new_part, start_gguf
 from .vocab import VocabAssets
 
 # Roles whose init_rows is not N(0, std^2): they keep the quantised init in every mode.
@@ -147,7 +147,8 @@ def _write_chunk(args: tuple[str, int, tuple[TensorSpec, Q, int, int, int]]) -> 
 
 
 def write_random(path: str | os.PathLike[str], shape: ModelShape, vocab: VocabAssets, plans: list[TensorPlan],
-                 name: str, pool: Executor | None = None, progress: Callable[[int], None] | None = None) -> None:
+                 name: str, pool: Executor | None = None, progress: Callable[[int], None] | None = None,
+                 replace: bool = True) -> None:
     """``synth.write_gguf`` for random codes, with the tensor data written by the workers.
 
     Generating random codes is so cheap (~1 GB per CPU-second) that shipping every chunk back to one process
@@ -155,10 +156,10 @@ def write_random(path: str | os.PathLike[str], shape: ModelShape, vocab: VocabAs
     and each chunk is written at its offset by the process that made it (GGUF: data from the header's
     end padded to the alignment, each tensor padded to it; padding is zeros, as ``write_gguf``
     writes it). The result is byte for byte what ``write_gguf`` writes with ``encode_chunk``'s bytes.
-    Written to ``path.part`` and renamed when complete.
+    Written to a new part file and renamed when complete (synth.new_part, synth.finish_part).
     """
     path = Path(path)
-    part = path.with_name(path.name + ".part")
+    part = new_part(path)
     w = start_gguf(part, shape, vocab, [(p.spec, p.qtype) for p in plans], name)
     try:
         align = w.data_alignment
@@ -173,7 +174,7 @@ def write_random(path: str | os.PathLike[str], shape: ModelShape, vocab: VocabAs
         for n in pool.map(_write_chunk, tasks) if pool else map(_write_chunk, tasks):
             if progress:
                 progress(n)
-        part.replace(path)
+        finish_part(part, path, replace)
     except BaseException:
         w.close()
         part.unlink(missing_ok=True)
