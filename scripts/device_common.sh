@@ -39,7 +39,7 @@ build_engine() {
 
 # The ncu scripts' start: the wheels, then ncu_engine.
 ncu_setup() {
-  device_wheels
+  device_wheels || exit 2
   ncu_engine
 }
 

@@ -9,15 +9,18 @@
 # httpx, httpcore, certifi, pytest, hypothesis (not schemathesis: tests/server/test_fuzz.py skips there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .whl .whl-sdk  # afresh: an older version beside a newer one made the device's pip install fail
+# Afresh (an older version beside a newer one made the device's pip install fail), into new folders swapped in
+# only when every download worked: a failed run leaves the previous wheels.
+rm -rf .whl.new .whl-sdk.new
 get() {
   local dest=$1; shift
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d "$dest" "$@"
 }
-get .whl gguf platformdirs nvidia-ml-py fastapi starlette uvicorn pydantic pydantic-core annotated-types \
+get .whl.new gguf platformdirs nvidia-ml-py fastapi starlette uvicorn pydantic pydantic-core annotated-types \
   typing-inspection annotated-doc opentelemetry-api anyio idna sniffio h11 click typing-extensions
-get .whl-sdk openai==3.57.0 anthropic==2.14.0 httpx2==2.16.2 httpcore2==2.16.2 truststore jiter docstring-parser
-# wheels of the SDK list left in .whl/ by an earlier version of this script
-for w in .whl-sdk/*.whl; do rm -f ".whl/$(basename "$w")"; done
+get .whl-sdk.new openai==3.57.0 anthropic==2.14.0 httpx2==2.16.2 httpcore2==2.16.2 truststore jiter docstring-parser
+rm -rf .whl .whl-sdk
+mv .whl.new .whl
+mv .whl-sdk.new .whl-sdk
 ls .whl .whl-sdk

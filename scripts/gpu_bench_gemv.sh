@@ -6,7 +6,7 @@
 # BENCH_ARGS (e.g. --decode-only) go to native/bench/bench_gemv.py.
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 for v in "${@:-4-3}"; do  # the builds side by side (16 cores), then the benchmarks one at a time
   if [ "$v" = base ]; then
     (cd .base && build_engine /tmp/b-base "$OUT/build-base.log") &

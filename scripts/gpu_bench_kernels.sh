@@ -10,7 +10,7 @@
 #   run(carry=[".whl", ".whl-sdk"], command="bash scripts/gpu_bench_kernels.sh", timeout_s=420)
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
 echo "== bench_gdn.py"

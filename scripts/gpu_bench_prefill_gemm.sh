@@ -11,7 +11,7 @@
 # (without .cache/cutlass here, CMake finds .cache/cutlass-min by itself)
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 OPENJET_DEVICE_ARCH=90a-real build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 grep -E "CUTLASS" "$OUT/build.log" | head -2
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT="$OUT/gpu-tests.jsonl"

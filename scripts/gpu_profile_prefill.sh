@@ -21,7 +21,7 @@
 # the load; their figures are in docs/ENGINE.md's prefill section.
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 ROWS=${ROWS:-4096}
 export OPENJET_PDL=${OPENJET_PDL:-0}  # see above: PDL launches under ncu (the bits do not depend on it)
 MODEL=${MODEL:-/tmp/full-random.gguf}

@@ -22,7 +22,7 @@ set -o pipefail
 START=$(date +%s)
 say() { echo "[same_bits +$(( $(date +%s) - START ))s] $*"; }
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 [ -f .base/CMakeLists.txt ] || { echo ".base/ is missing: see the header of $0"; exit 2; }
 export PYTHONUNBUFFERED=1
 python3 -m openjet_launcher synth --preset tiny --quiet --force /tmp/tiny.gguf > /dev/null 2> "$OUT/synth.err" &

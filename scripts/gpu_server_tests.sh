@@ -11,7 +11,7 @@ if ! ls .whl/*.whl .whl-sdk/*.whl >/dev/null 2>&1; then
   echo "no .whl/*.whl or .whl-sdk/*.whl: run scripts/fetch_device_wheels.sh on the developer machine and carry both"
   exit 2
 fi
-device_wheels
+device_wheels || exit 2
 export PYTHONUNBUFFERED=1
 # Everything tests/server needs but schemathesis (test_fuzz.py skips without it): fail here, not as skips.
 python3 -c "import httpx, openai, anthropic, fastapi, uvicorn, gguf, platformdirs, pytest

@@ -13,7 +13,7 @@ FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
 PARTS=/tmp/session-parts; rm -rf "$PARTS"; mkdir -p "$PARTS"
 export OUT=$PARTS
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 {
   echo "== build"
   if ! timeout 60 bash -c ". scripts/device_common.sh; build_engine /tmp/b '$PARTS/build.log' -DOPENJET_PTXAS_VERBOSE=ON"; then

@@ -12,7 +12,7 @@
 #    kernels as in the step (default all: flushed, so the small kernels' times are upper bounds).
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 build_engine /tmp/b "$OUT/build.log" || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -15,7 +15,7 @@
 # .whl/ holds the wheels the bare GPU image lacks: scripts/fetch_device_wheels.sh downloads them.
 set -o pipefail
 . scripts/device_common.sh
-device_wheels
+device_wheels || exit 2
 build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT=$OUT/gpu.jsonl
 GEMV=${GPU_TESTS_GEMV:-1} BENCH=${GPU_TESTS_BENCH:-0} ENGINE=${GPU_TESTS_ENGINE:-1}

@@ -312,3 +312,13 @@ def test_synth_never_writes_through_a_planted_part_file_and_never_takes_a_name_t
         synth_module.finish_part = real_finish
     assert late.read_text() == "someone else's"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part") and p.name != "x.gguf.part"]
+
+
+def test_a_write_that_fails_before_its_data_leaves_no_part_file(tmp_path):
+    """The part file exists from the start (created exclusively): a failure while the header is made (here a
+    customize that raises; in life a vocabulary that does not fit, Ctrl-C) must remove it, as one during the data."""
+    def broken(w):
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        write_variant(tmp_path / "a.gguf", customize=broken)
+    assert list(tmp_path.iterdir()) == []

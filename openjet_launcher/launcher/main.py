@@ -270,8 +270,13 @@ def run_default(args: argparse.Namespace) -> int:
         _say(f"error: {e}")
         return 1
     except OSError as e:  # a config folder we may not write in (ensure_dir checks it exists, not that)
-        _say(f"error: cannot write the launcher's lock {e.filename or lock.path}: {e.strerror or e}. Set "
-             "OPENJET_CONFIG_DIR to a folder you can write")
+        where = Path(e.filename or lock.path)
+        if isinstance(e, PermissionError) and where.exists() and os.access(where.parent, os.W_OK):
+            _say(f"error: the launcher's lock {where} belongs to another user (an earlier `sudo openjet-launch`?): "
+                 "remove it, or set OPENJET_CONFIG_DIR to another folder")
+        else:
+            _say(f"error: cannot write the launcher's lock {where}: {e.strerror or e}. Set OPENJET_CONFIG_DIR to a "
+                 "folder you can write")
         return 1
     try:
         return _serve(args)

@@ -137,32 +137,43 @@ def start_gguf(part: Path, shape: ModelShape, vocab: VocabAssets, tensors: list[
                customize: Callable[[GGUFWriter], None] | None = None) -> GGUFWriter:
     """A qwen35 file's writer at ``part`` with its header, metadata and tensor infos written: the tensor data
     comes next (on an error the caller closes it and removes ``part``)."""
-    if len(vocab.tokens) != shape.n_vocab:
-        raise OpenJetError(f"vocabulary has {len(vocab.tokens)} tokens, the shape needs {shape.n_vocab}")
-    w = GGUFWriter(part, ARCH)
-    add_metadata(w, shape, vocab, name)
-    if customize:
-        customize(w)
-    for spec, qtype in tensors:
-        rows = math.prod(spec.ne[1:]) if len(spec.ne) > 1 else 1
-        nbytes = rows * quants.row_bytes(spec.ne[0], qtype)
-        w.add_tensor_info(spec.name, tuple(reversed(spec.ne)), np.dtype(np.float32), nbytes, raw_dtype=qtype)
+    w = None
     try:
+        if len(vocab.tokens) != shape.n_vocab:
+            raise OpenJetError(f"vocabulary has {len(vocab.tokens)} tokens, the shape needs {shape.n_vocab}")
+        w = GGUFWriter(part, ARCH)
+        add_metadata(w, shape, vocab, name)
+        if customize:
+            customize(w)
+        for spec, qtype in tensors:
+            rows = math.prod(spec.ne[1:]) if len(spec.ne) > 1 else 1
+            nbytes = rows * quants.row_bytes(spec.ne[0], qtype)
+            w.add_tensor_info(spec.name, tuple(reversed(spec.ne)), np.dtype(np.float32), nbytes, raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-    except BaseException:
-        w.close()
+    except BaseException:  # (the part file exists already: new_part made it)
+        if w is not None:
+            w.close()
         part.unlink(missing_ok=True)
         raise
     return w
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # (read once, at import: setting it for an instant must not race another thread's files)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
 
 
 def new_part(path: Path) -> Path:
     """The file a model is written to before it takes its name: created here, exclusively, beside ``path``
     (O_EXCL: never an existing file, nor a link planted at a known name, which the writer would have followed),
     and one per run (two runs to one name no longer shared one PATH.part and mixed their tensors)."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".part", dir=path.parent)  # (visible if left)
     os.close(fd)
     return Path(name)
 
@@ -170,9 +181,7 @@ def new_part(path: Path) -> Path:
 def finish_part(part: Path, path: Path, replace: bool = True) -> None:
     """``part``, complete and with the usual permissions (mkstemp makes it private), takes the name ``path``: over an
     existing file only with ``replace``; else a file that appeared at ``path`` meanwhile is an error, not lost."""
-    mask = os.umask(0)
-    os.umask(mask)
-    part.chmod(0o666 & ~mask)
+    part.chmod(0o666 & ~_UMASK)
     if replace:
         part.replace(path)
         return

@@ -14,9 +14,9 @@ Design note (the numbers live in ServerSettings; `serve --help` lists them).
   because ASGI middleware never sees a request whose headers are incomplete.
 * Idle keep-alive connections: uvicorn's `timeout_keep_alive`.
 * A client that stops reading what it is sent: `LimitsProtocol` again. When the socket's write buffer stays full
-  for twice stall_timeout_s (asyncio's pause_writing without resume_writing; the stream's own stall cancel comes
-  first, worker.Channel) the connection is aborted: uvicorn's send()
-  otherwise waits for it for ever, holding the connection, its body bytes in flight, and a graceful shutdown.
+  (asyncio's pause_writing) and none of it is taken for twice stall_timeout_s (the stream's own stall cancel comes
+  first, worker.Channel), the connection is aborted: uvicorn's send() otherwise waits for it for ever, holding the
+  connection, its body bytes in flight, and a graceful shutdown. A slow reader that keeps taking bytes is not cut.
 * Bytes in flight: `LimitsMiddleware` (ASGI) counts the body bytes of every request from its arrival to its
   end (a declared Content-Length up front, chunked bodies as they come); past max_inflight_bytes the request
   is a 503 with `Connection: close`, so its unread body is not drained.
@@ -59,10 +59,12 @@ class LimitsProtocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._arrival: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None
+        self._stall_left = 0  # bytes waiting in the write buffer at the stall timer's last look
 
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._stalled is None:
+            self._stall_left = self.transport.get_write_buffer_size()
             self._stalled = self.loop.call_later(self.write_stall_s, self._write_stalled)
 
     def resume_writing(self) -> None:
@@ -75,8 +77,14 @@ class LimitsProtocol(H11Protocol):
             self._stalled = None
 
     def _write_stalled(self) -> None:
-        """The client took nothing for write_stall_s: abort (close() would wait to flush the very bytes it does not
-        read); connection_lost then marks the cycle disconnected, wakes its send() and its sends drop."""
+        """write_stall_s with the buffer full: if the client took some of it meanwhile (a slow reader of a large
+        body), wait again; if it took nothing, abort (close() would wait to flush the very bytes it does not read);
+        connection_lost then marks the cycle disconnected, wakes its send() and its sends drop."""
+        left = self.transport.get_write_buffer_size()
+        if left < self._stall_left:
+            self._stall_left = left
+            self._stalled = self.loop.call_later(self.write_stall_s, self._write_stalled)
+            return
         self._stalled = None
         self.transport.abort()
 

@@ -276,6 +276,18 @@ class EngineWorker:
         with self._jobs.mutex:
             return sum(1 for job in self._jobs.queue if job is not None and not job.cancelled.is_set())
 
+    def _drop_cancelled(self) -> None:
+        """Jobs whose clients left while queued go now, not when the worker reaches them: else a client that sends
+        and disconnects again and again grows the queue past max_queue (each job holding its prompt)."""
+        with self._jobs.mutex:
+            live = [job for job in self._jobs.queue if job is None or not job.cancelled.is_set()]
+            dropped = len(self._jobs.queue) - len(live)
+            if dropped:
+                self._jobs.queue.clear()
+                self._jobs.queue.extend(live)
+        if dropped:
+            self.metrics.add(requests_cancelled_total=dropped)
+
     def submit(self, job: Job) -> None:
         if self.load_error:
             raise APIError(503, f"the model failed to load: {self.load_error}")
@@ -283,6 +295,7 @@ class EngineWorker:
             raise APIError(503, f"the engine failed and cannot serve: {self.engine_error}; restart the server")
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading")
+        self._drop_cancelled()
         if self.queue_depth >= self.max_queue:
             raise APIError(503, f"{self.max_queue} requests are already waiting for the engine; retry later",
                            code="queue_full")

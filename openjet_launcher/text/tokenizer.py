@@ -186,8 +186,8 @@ class Tokenizer:
         self._all_special = special
         self.control_tokens: tuple[str, ...] = tuple(t for i, t in special if types[i] != TokenType.USER_DEFINED)
         self._bpe = _bpe(self._tokens, types, merges, pre)
-        self._pieces: list[bytes] | None = None  # token_bytes table, built on first decode
-        self._plain_pieces: list[bytes] | None = None  # with CONTROL tokens as b""
+        # token_bytes tables, built on first decode: every token's bytes, and with CONTROL tokens as b""
+        self._tables: tuple[list[bytes], list[bytes]] | None = None
 
     # ------------------------------------------------------------------------------------------ loading
 
@@ -290,12 +290,12 @@ class Tokenizer:
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     def _table(self, skip_special: bool) -> list[bytes]:
-        if self._pieces is None:
-            self._pieces = [_piece_bytes(t, k) for t, k in zip(self._tokens, self._types)]
-            self._plain_pieces = [
-                b"" if k in (TokenType.CONTROL, TokenType.UNKNOWN) else p for p, k in zip(self._pieces, self._types)
-            ]
-        return self._plain_pieces if skip_special else self._pieces  # type: ignore[return-value]
+        tables = self._tables
+        if tables is None:  # built once, published in one assignment: another thread sees both tables or none
+            pieces = [_piece_bytes(t, k) for t, k in zip(self._tokens, self._types)]
+            plain = [b"" if k in (TokenType.CONTROL, TokenType.UNKNOWN) else p for p, k in zip(pieces, self._types)]
+            tables = self._tables = (pieces, plain)
+        return tables[1] if skip_special else tables[0]
 
 
 def _piece_bytes(token: str, token_type: int) -> bytes:

@@ -214,6 +214,7 @@ def test_clients_that_left_the_queue_do_not_fill_it(server):
         waiting = threading.Thread(target=lambda: answer.append(chat(server, OK)), daemon=True)
         waiting.start()                                                           # queued (was: a 503 at once)
         assert wait_for(lambda: answer or worker.queue_depth == 1, 10) and not answer
+        assert worker._jobs.qsize() == 1                                          # the two that left were dropped
         busy.close()                                                              # the engine frees: it is served
         waiting.join(30)
         assert answer and answer[0].status_code == 200, answer and answer[0].text

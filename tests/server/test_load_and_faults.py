@@ -222,6 +222,29 @@ def test_a_reader_that_stops_reading_is_disconnected_and_its_bytes_in_flight_fre
     assert chat_ok(server)
 
 
+def test_the_write_stall_abort_waits_while_the_client_still_takes_bytes():
+    """The abort is for a client that takes nothing: one that drains a large body slowly (below the low-water mark
+    only after several stall periods) has its timer re-armed as long as the buffer shrinks (it was cut mid-body:
+    24 MB read steadily at 2 MB/s was cut at 11 MB)."""
+    from types import SimpleNamespace
+
+    from openjet_launcher.server.limits import LimitsProtocol
+
+    timers, aborted = [], []
+    sizes = iter([900_000, 500_000, 500_000])         # the buffer at each look: shrinking, then stuck
+    fake = SimpleNamespace(write_stall_s=2.0, _stall_left=1_000_000, _stalled=None,
+                           transport=SimpleNamespace(get_write_buffer_size=lambda: next(sizes),
+                                                     abort=lambda: aborted.append(True)),
+                           loop=SimpleNamespace(call_later=lambda delay, fn: timers.append(delay) or "timer"))
+    fake._write_stalled = lambda: LimitsProtocol._write_stalled(fake)
+    LimitsProtocol._write_stalled(fake)               # 1,000,000 -> 900,000: progress, wait again
+    assert timers == [2.0] and not aborted and fake._stall_left == 900_000
+    LimitsProtocol._write_stalled(fake)               # -> 500,000: progress
+    assert timers == [2.0, 2.0] and not aborted
+    LimitsProtocol._write_stalled(fake)               # 500,000 again: nothing taken for a whole period
+    assert aborted == [True] and fake._stalled is None
+
+
 # --------------------------------------------------------------------------------------- body size
 
 def test_an_oversized_body_is_a_413_whether_declared_or_chunked(server):
