@@ -272,7 +272,7 @@ class EngineWorker:
     @property
     def queue_depth(self) -> int:
         """Jobs waiting for the engine whose clients are still there: one that left stays in the queue until the
-        worker reaches it (and drops it unserved), but waits for nothing and must not fill the queue's limit."""
+        next submit drops it or the worker reaches it, but waits for nothing and must not fill the queue's limit."""
         with self._jobs.mutex:
             return sum(1 for job in self._jobs.queue if job is not None and not job.cancelled.is_set())
 
