@@ -555,7 +555,14 @@ class InstanceLock:
         try:
             tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.record()), encoding="utf-8")
-            os.replace(tmp, self.path)
+            for attempt in range(20):
+                try:
+                    os.replace(tmp, self.path)
+                    break
+                except PermissionError:  # Windows: a refused launcher is reading the old record right now
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.05)
         except BaseException:
             os_lock.release()
             raise
