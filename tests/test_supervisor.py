@@ -302,6 +302,47 @@ def test_serve_command_and_health_url():
     assert cmd[4:] == ["/m/x.gguf", "--engine", "reference", "--host", "0.0.0.0", "--port", "9000", "--ctx", "4096"]
     assert health_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/health"
     assert health_url("::1", 80) == "http://[::1]:80/health"
+    # every IPv6 address is checked on IPv6's loopback (on Windows "::" is IPv6-only: 127.0.0.1 never answered)
+    assert health_url("::", 9000) == "http://[::1]:9000/health"
+
+
+def test_a_server_on_every_ipv6_address_only_is_seen_ready(tmp_path):
+    """A child listening on "::" with IPV6_V6ONLY (Windows' default) is reached on ::1 (127.0.0.1 was refused, so the
+    launcher waited out the health timeout and reported a working server FAILED)."""
+    import socket as s
+
+    if not s.has_ipv6:
+        pytest.skip("no IPv6 here")
+    probe = s.socket(s.AF_INET6)
+    try:
+        probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    finally:
+        probe.close()
+    script = tmp_path / "v6only.py"
+    script.write_text(textwrap.dedent('''
+        import http.server, socket, sys
+        class V6(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+            def server_bind(self):
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                super().server_bind()
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+            def log_message(self, *a):
+                pass
+        V6(("::", int(sys.argv[1])), H).serve_forever()
+    '''))
+    port = free_port()
+    sup = Supervisor([sys.executable, str(script), str(port)], health_url("::", port), log_dir=tmp_path / "logs",
+                     health_timeout_s=15, poll_s=0.05)
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.message
+    finally:
+        sup.stop()
 
 
 def test_a_busy_port_is_reported_as_one():

@@ -75,8 +75,8 @@ EVERY_ADDRESS = ("0.0.0.0", "", "::")  # --host values that listen on every addr
 def local_netloc(host: str, port: int) -> str:
     """host:port as a client on this machine writes it in a URL: a server listening on every address is reached on
     loopback, an IPv6 address goes in brackets."""
-    if host in EVERY_ADDRESS:
-        host = "127.0.0.1"
+    if host in EVERY_ADDRESS:  # IPv6's every address on IPv6's loopback: where "::" is IPv6-only (Windows' default),
+        host = "::1" if host == "::" else "127.0.0.1"  # 127.0.0.1 never reaches it
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"
