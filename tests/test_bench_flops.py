@@ -16,7 +16,9 @@ from openjet_launcher.model.synth import plan_tensors
 BENCH = Path(__file__).resolve().parents[1] / "native" / "bench" / "bench_decode.py"
 PROJECTIONS = {"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta",
                "ssm_out", "ffn_gate", "ffn_up", "ffn_down"}
-MTP_ROW = {"nextn.eh_proj", "attn_q", "attn_k", "attn_v", "attn_output"}   # what filling a cache row runs
+# What filling the MTP head's cache row of a prompt token runs (engine.cu mtp_rows without `full` -> attn_store_kv):
+# eh_proj, then the head's k and v projections; no q, no attention over its cache, no output projection.
+MTP_ROW = {"nextn.eh_proj", "attn_k", "attn_v"}
 
 
 def bench():
@@ -46,8 +48,7 @@ def flops_from_tensors(shape, n: int) -> int:
         elif il == shape.n_layer and kind in MTP_ROW:
             mtp_row += ne[0] * ne[1]
     pairs = n * (n + 1) // 2
-    return (2 * per_token * n + attn_layers * 4 * q_dim * pairs + 2 * lm_head
-            + 2 * mtp_row * (n - 1) + 4 * q_dim * (n - 1) * n // 2)
+    return 2 * per_token * n + attn_layers * 4 * q_dim * pairs + 2 * lm_head + 2 * mtp_row * (n - 1)
 
 
 @pytest.mark.parametrize("shape", [PRESETS["tiny"], PRESETS["small"], QWEN38_27B], ids=["tiny", "small", "27b"])

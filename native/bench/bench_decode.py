@@ -75,7 +75,11 @@ SPEC_EST_S = 40.0                    # their time, at most (fill, ~1,000 timed c
 ACCEPT = {"decode_t1_roofline_share_min": 0.70, "t4_over_t1_max": 1.35, "prefill_4096_tok_s_min": 3000.0}
 # The later issues' figures on the same runs: issue 7's (the speculative cycle: a verify step of 1 + 4 drafts against
 # one of 1 row, the plain step's roofline share) and issue 8's (prefill speed at 4,096 and 32,768 tokens).
-ACCEPT_ISSUE7 = {"verify_t5_over_t1_max": 1.15, "no_draft_roofline_share_min": 0.85}
+# Issue 7 asks of cycles: "a cycle with 4 drafts (T = 5) costs at most 1.15x the no-draft cycle", "the cycle with no
+# drafts reaches at least 85% of the roofline": judged on whole greedy cycles (openjet_engine_cycle_greedy), not on
+# verify steps alone (which leave the drafts out) nor on a plain decode step (another code path); until 2026-12-05
+# the verify ratio was judged (1.161 at 499afb1, where the cycles' ratio was 1.288).
+ACCEPT_ISSUE7 = {"cycle_t5_over_t1_max": 1.15, "no_draft_roofline_share_min": 0.85}
 ACCEPT_ISSUE8 = {"prefill_4096_tok_s_min": 10000.0, "prefill_32768_tok_s_min": 6000.0}
 
 
@@ -175,9 +179,10 @@ def tensor_bytes_of(preset: str, model: str | None) -> tuple[ModelShape, dict[st
 
 
 # The MTP head's tensors a decode step reads: with an MTP head every step also writes the head's KV cache rows
-# of its (token, previous hidden) pairs (engine.cu mtp_fill: eh_proj, then the head's attention, no FFN).
-MTP_STEP_TENSORS = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "attn_norm", "attn_q", "attn_k", "attn_v",
-                    "attn_q_norm", "attn_k_norm", "attn_output")
+# of its (token, previous hidden) pairs (engine.cu mtp_rows without `full` -> attn_store_kv: eh_proj, the norms, then
+# the head's k and v only: no q, no attention over its cache, no output projection, no FFN). Counting q, the output
+# projection and a read of the head's whole cache (before 2026-12-05) flattered the shares by 0.3-1.0%.
+MTP_STEP_TENSORS = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "attn_norm", "attn_k", "attn_v", "attn_k_norm")
 
 
 def has_mtp(s: ModelShape, tb: dict[str, int]) -> bool:
@@ -203,8 +208,8 @@ def persistent_profile_us(p: dict) -> dict:
 def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> dict[str, int]:
     """Bytes a decode step of t tokens after ctx tokens must read: the trunk's weights and the lm_head once,
     the KV rows its attention layers read (ctx + t each), the recurrent states read and written; with an MTP
-    head also its eh_proj and attention weights and its KV rows (none when the step is the sequence's first
-    token alone: the first token has no MTP pair)."""
+    head also its eh_proj, norms and k / v weights and the k / v rows it writes (none when the step is the
+    sequence's first token alone: the first token has no MTP pair)."""
     embd = tb["token_embd.weight"]
     mtp_all = sum(b for n, b in tb.items() if n.startswith(f"blk.{s.n_layer}."))
     weights = sum(tb.values()) - embd - mtp_all
@@ -212,7 +217,7 @@ def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> 
     row = 2 * s.n_head_kv * (ctx + t) * KV_ROW_BYTES[kv]             # K and V of one layer
     mtp_rows = (t - (1 if ctx == 0 else 0)) if has_mtp(s, tb) else 0
     mtp_w = sum(tb.get(f"blk.{s.n_layer}.{n}.weight", 0) for n in MTP_STEP_TENSORS) if mtp_rows > 0 else 0
-    kv_b = n_attn * row + (row if mtp_rows > 0 else 0)
+    kv_b = n_attn * row + 2 * s.n_head_kv * mtp_rows * KV_ROW_BYTES[kv]   # the head's rows: written, not read
     n_gdn = s.n_layer - n_attn
     state = n_gdn * s.ssm_n_v_heads * s.ssm_head_dim ** 2 * 4 * 2
     return {"weights": weights, "mtp_weights": mtp_w, "kv": kv_b, "state": state,
@@ -222,8 +227,8 @@ def step_bytes(s: ModelShape, tb: dict[str, int], kv: str, ctx: int, t: int) -> 
 def prefill_flops(s: ModelShape, n: int, mtp: bool) -> int:
     """Multiply-adds x 2 of prefilling n tokens from position 0 (issue 8's TFLOP/s): every trunk projection
     (embedding lookups excluded) per token, causal attention QK^T and PV (4 * n_head * head_dim per query-key
-    pair, n (n + 1) / 2 pairs per layer), with an MTP head its cache rows (eh_proj and the head's attention,
-    engine.cu mtp_fill), and the lm_head for the last token. The Gated DeltaNet recurrence (~4 * 128^2 per
+    pair, n (n + 1) / 2 pairs per layer), with an MTP head its cache rows (eh_proj and the head's k and v
+    projections, engine.cu mtp_rows without `full`), and the lm_head for the last token. The Gated DeltaNet recurrence (~4 * 128^2 per
     head and token) is left out: 0.3% of a token's projections."""
     E, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     d_inner = s.ssm_n_v_heads * s.ssm_head_dim
@@ -235,8 +240,8 @@ def prefill_flops(s: ModelShape, n: int, mtp: bool) -> int:
     per_token = n_attn * attn_proj + (s.n_layer - n_attn) * gdn_proj + s.n_layer * ffn
     attn_pairs = n * (n + 1) // 2
     total = 2 * per_token * n + n_attn * 4 * q_dim * attn_pairs + 2 * s.n_vocab * E
-    if mtp:  # rows for tokens 1..n-1: eh_proj [E, 2E] and the head's attention
-        total += 2 * (2 * E * E + attn_proj) * (n - 1) + 4 * q_dim * (n - 1) * n // 2
+    if mtp:  # rows for tokens 1..n-1: eh_proj [E, 2E] and the head's k and v (its cache rows: no attention)
+        total += 2 * (2 * E * E + 2 * E * kv_dim) * (n - 1)
     return total
 
 
@@ -791,6 +796,9 @@ class Bench:
 
         cycle_ms = attempt("cycle_greedy", greedy_cycles)
         rec["cycle_greedy_ms"] = cycle_ms
+        if cycle_ms and cycle_ms.get(0):  # issue 7's no-draft cycle against the bytes of its one-row step
+            roof = step_bytes(s, self.tb, run["kv_type"], SPEC_CTX, 1)["total"] / (self.bw * 1e9)
+            rec["cycle_greedy_0_roofline_share"] = round(roof / (cycle_ms[0] / 1e3), 4)
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         check(lib.openjet_engine_restore(h, 0), "restore")
         plain = verify_ms[1] + accept_ms
@@ -808,7 +816,11 @@ class Bench:
                     tokens = (1 - alpha ** (n + 1)) / (1 - alpha)
                     table.setdefault(draft_key, {}).setdefault(str(n), {})[str(alpha)] = round(tokens / cycle * 1e3, 1)
         rec["tok_s_by_drafts_and_acceptance"] = table
+        # plain decoding: the no-draft cycle where it ran (the server's greedy path without drafts), else a one-row
+        # verify and its accept (the slower path: the speed-ups against it were ~4% flattered)
+        plain = cycle_ms[0] if cycle_ms and cycle_ms.get(0) else plain
         rec["tok_s_plain"] = round(1e3 / plain, 1)
+        rec["tok_s_plain_from"] = "cycle_greedy_ms[0]" if cycle_ms and cycle_ms.get(0) else "verify_ms[1] + accept_ms"
         best = max(((v, k, n, al) for k, d in table.items() for n, r in d.items() for al, v in r.items()
                     if al == "0.7"), default=None)
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
@@ -877,14 +889,18 @@ def issue7_and_8(run: dict, t1: dict | None, prefill_rows: int | None) -> dict:
                         "tensor_core_share": pre[n].get("tensor_core_share"),
                         "ok": at_least(pre[n]["tok_s"], ACCEPT_ISSUE8[f"prefill_{n}_tok_s_min"])}
                for n in (4096, 32768) if n in pre}
-    ratio_ok = None if ratio is None else ratio <= ACCEPT_ISSUE7["verify_t5_over_t1_max"]
-    cyc = (run.get("speculation") or {}).get("cycle_greedy_ms") or {}
+    spec = run.get("speculation") or {}
+    cyc = spec.get("cycle_greedy_ms") or {}
     c0, c4 = cyc.get(0, cyc.get("0")), cyc.get(4, cyc.get("4"))
-    return {"issue7": {"verify_t5_over_t1": ratio, "verify_t5_over_t1_ok": ratio_ok,
-                       # for reference: whole greedy cycles (drafts and accept included), 4 drafts against none
-                       "cycle_greedy_4_over_0": round(c4 / c0, 3) if c0 and c4 else None,
-                       "no_draft_roofline_share": share,
-                       "no_draft_roofline_ok": at_least(share, ACCEPT_ISSUE7["no_draft_roofline_share_min"])},
+    cycle_ratio = round(c4 / c0, 3) if c0 and c4 else None
+    cycle_share = spec.get("cycle_greedy_0_roofline_share")
+    return {"issue7": {"cycle_t5_over_t1": cycle_ratio,
+                       "cycle_t5_over_t1_ok": None if cycle_ratio is None
+                       else cycle_ratio <= ACCEPT_ISSUE7["cycle_t5_over_t1_max"],
+                       "no_draft_cycle_roofline_share": cycle_share,
+                       "no_draft_roofline_ok": at_least(cycle_share, ACCEPT_ISSUE7["no_draft_roofline_share_min"]),
+                       # diagnostics, not judged: the verify steps alone, and the plain T = 1 decode step's share
+                       "verify_t5_over_t1": ratio, "decode_t1_roofline_share": share},
             "issue8": {"prefill_rows": prefill_rows, "scratch_bytes": (run.get("memory") or {}).get("scratch_bytes"),
                        "prefill": prefill,
                        # for reference, not judged: the first prefill after the load (the timed ones follow it)
