@@ -141,7 +141,8 @@ for kv, r in d["runs"].items():
         print(f"  speculation at {g('context')}: draft {g('draft_ms_full')} ms full / {g('draft_ms_subset')} ms "
               f"{g('draft_rows')} rows, chained {g('draft_chain_ms_subset')}; verify {g('verify_ms')}, k = 1 "
               f"{g('verify_ms_k1')}; accept {g('accept_ms')} ms; greedy cycles {g('cycle_greedy_ms')}; plain "
-              f"{g('tok_s_plain')} tok/s; best at acceptance 0.7: {g('best_at_acceptance_0.7')}; errors {g('errors')}")
+              f"{g('tok_s_plain')} tok/s; no-draft cycle {g('cycle_greedy_0_roofline_share')} of its roofline; "
+              f"best at acceptance 0.7: {g('best_at_acceptance_0.7')}; errors {g('errors')}")
     for x in r["decode"]:
         if x.get("topk_profile_ms_by_k"):
             print(f"  ctx {x['context']} T {x['t']}: device top-k ms a step by k {x['topk_profile_ms_by_k']}")
