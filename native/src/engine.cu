@@ -197,6 +197,7 @@ struct openjet_engine {
     bool broken = false;
     bool verifying = false;
     bool prefilling = false;  // inside openjet_engine_prefill: its GEMVs say so (GemvArgs::prefill)
+    int attn_prefill_rows = 0, attn_prefill_keys = 0;  // the call's OPENJET_ATTN_PREFILL_ROWS / _KEYS (prefill_impl)
     // The last output projection (project_out) was added to h in its GEMM's epilogue: mix holds nothing to add.
     bool mix_added = false;
     // openjet_engine_prefill_checkpoint inside a chunk: every GDN layer's form-2 step also writes its state before
@@ -1179,16 +1180,8 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     const PrefillAttn form = e.prefilling ? prefill_attn(a.kv_type) : PrefillAttn::kPairs;
     a.hi_only = form == PrefillAttn::kChunks;
     if (form == PrefillAttn::kFlash) {  // query rows per flash block: unset, the kernel's choice; the same bits
-        const char* v = std::getenv("OPENJET_ATTN_PREFILL_ROWS");
-        a.prefill_rows = v ? std::atoi(v) : 0;
-        if (v && a.prefill_rows != 64 && a.prefill_rows != 128)
-            return ++gpu_failures(), fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or "
-                                          "128 (earlier layers of this call already ran)", v);
-        a.prefill_keys = attn_prefill_keys_switch();  // keys per tile: unset, the kernel's choice (numerics)
-        if (a.prefill_keys < 0)
-            return ++gpu_failures(), fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or "
-                                          "64 (earlier layers of this call already ran)",
-                                          std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
+        a.prefill_rows = e.attn_prefill_rows;  // (read and checked by prefill_impl before any layer ran)
+        a.prefill_keys = e.attn_prefill_keys;  // keys per tile: 0, the kernel's choice (numerics)
         // OPENJET_ATTN_PREFILL_F16 (unset or 1, the default): a Q8_0 cache's keys as fp16 rows once per call (the
         // same bits), in the scratch chosen at create (the Q8_0 kernel where the call's rows exceed its capacity)
         if (attn_prefill_f16_switch() && a.kv_type == kKvQ8_0)
@@ -1483,6 +1476,16 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
 int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float* logits, float* hidden,
                  int snap_slot = -1, int snap_at = 0) {
     const auto& c = e.cfg;
+    // The flash prefill's switches, read at each prefill call (as the test API reads them) and checked before
+    // anything runs: a bad value found at a layer would leave the earlier layers' state updated.
+    const char* rows = std::getenv("OPENJET_ATTN_PREFILL_ROWS");
+    e.attn_prefill_rows = rows ? std::atoi(rows) : 0;
+    if (rows && e.attn_prefill_rows != 64 && e.attn_prefill_rows != 128)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_ROWS=%s: must be 64 or 128", rows);
+    e.attn_prefill_keys = attn_prefill_keys_switch();
+    if (e.attn_prefill_keys < 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_ATTN_PREFILL_KEYS=%s: must be 32 or 64",
+                    std::getenv("OPENJET_ATTN_PREFILL_KEYS"));
     CHECK(cudaSetDevice(c.device));
     TRY(replay_now(e));  // a prefill's GDN forms take no replay rows
     struct Prefilling {  // e.prefilling for this call's GEMVs and no snapshot request left, however it returns
@@ -1569,6 +1572,7 @@ int replay_now(openjet_engine& e) {
 // next step's launches), the MTP head's carried hidden row set to row n - 1.
 int accept_impl(openjet_engine& e, int n) {
     const auto& c = e.cfg;
+    e.pending = 0;  // first: a failure below must not leave the engine awaiting an accept the host will not send
     CHECK(cudaSetDevice(c.device));
     mark(e, "accept");
     e.replay_rows = n;
@@ -1576,7 +1580,6 @@ int accept_impl(openjet_engine& e, int n) {
     CHECK(cudaMemcpyAsync(e.mtp_last, e.verify_hidden + static_cast<size_t>(n - 1) * c.n_embd,
                           sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     e.n_past += n;
-    e.pending = 0;
     if (!e.replay_fused) TRY(replay_now(e));
     else if (!e.prof.on) return OPENJET_OK;  // nothing to wait for: the host goes on
     CHECK(cudaStreamSynchronize(e.stream));
@@ -1776,9 +1779,7 @@ extern "C" OPENJET_API int openjet_engine_accept(openjet_engine* e, int n) {
     if (!e->pending) return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: no verify step is pending");
     if (n < 1 || n > e->pending)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "accept: n = %d is not 1..%d (the verify step's rows)", n, e->pending);
-    const int status = accept_impl(*e, n);
-    e->pending = 0;  // a failure part way (before accept_impl cleared it) must not leave the engine awaiting an accept:
-    return status;   // the sequence is undefined then (the watch), and only a reset or restore, which it blocked, helps
+    return accept_impl(*e, n);
 }
 
 extern "C" OPENJET_API int openjet_engine_decode_top(openjet_engine* e, const int32_t* ids, int t, int k, int n_valid,
@@ -1992,9 +1993,7 @@ extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     e->pending = t;
-    const int status = accept_impl(*e, *n_out);
-    e->pending = 0;  // (a failed accept must not leave the engine waiting for an accept the host will not send)
-    return status;
+    return accept_impl(*e, *n_out);
 }
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,
