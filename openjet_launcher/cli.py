@@ -36,7 +36,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_synth(args: argparse.Namespace) -> int:
     from .model.synth import synthesize
 
-    _interrupt_on_termination()  # a closed terminal or a kill: the part file is removed as on Ctrl-C
+    from .launcher.main import _interrupt, _on_stop_signals
+
+    _on_stop_signals(_interrupt)  # a closed terminal or a kill: the part file is removed as on Ctrl-C
 
     try:
         summary = synthesize(args.preset, args.out, seed=args.seed, workers=args.workers,
@@ -48,19 +50,6 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         raise OpenJetError(f"cannot write {e.filename or args.out}: {why}") from None
     print(json.dumps(summary))
     return 0
-
-
-def _interrupt_on_termination() -> None:
-    """SIGTERM and SIGHUP as Ctrl-C (a KeyboardInterrupt, whose cleanup removes partial files); a signal ignored at
-    start (nohup) stays ignored."""
-    import signal
-
-    def interrupt(*_):
-        raise KeyboardInterrupt
-    for name in ("SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, interrupt)
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:

@@ -69,12 +69,13 @@ class SamplingParams:
         return self
 
 
-def _refuse_nan(z: np.ndarray) -> None:
+def _refuse_nan(z: np.ndarray, first_id: int = 0) -> None:
     """A NaN logit is an engine or model failure: ranked, it is neither above nor below anything (numpy's argmax
-    takes it, a partition drops it, the device's top-k ranks it first), so no token choice would be right."""
+    takes it, a partition drops it, the device's top-k ranks it first), so no token choice would be right.
+    z: logits from token id first_id on."""
     if np.isnan(z).any():
-        raise OpenJetError(f"the model produced a NaN logit (at token id {int(np.flatnonzero(np.isnan(z))[0])}): the "
-                           "model file or the engine computed an invalid value, so no token can be chosen")
+        raise OpenJetError(f"the model produced a NaN logit (at token id {first_id + int(np.flatnonzero(np.isnan(z))[0])})"
+                           ": the model file or the engine computed an invalid value, so no token can be chosen")
 
 
 class Sampler:
@@ -91,10 +92,13 @@ class Sampler:
         p = self.params
         out = np.zeros(self.n_valid, dtype=np.float64)
         z = self._penalised(logits)
-        _refuse_nan(z)
         if p.greedy:
-            out[int(np.argmax(z))] = 1.0
+            i = int(np.argmax(z))  # (numpy's argmax takes the first NaN: checking it is checking them all)
+            _refuse_nan(z[i:i + 1], i)
+            out[i] = 1.0
             return out
+        if np.isnan(z.max()):  # (max propagates a NaN: no temporary of the vocabulary's size)
+            _refuse_nan(z)
         order = top_k_order(z, p.top_k)                   # survivors of top-k, best first, ties by id
         order, probs = self._survivors(z[order], order)
         out[order] = probs
@@ -140,7 +144,7 @@ class Sampler:
         """sample() from one row of Engine.decode_top (k = top_request(), penalty_deltas() applied): the token
         sample() picks from the whole row, with the same draw (the CDF runs over the survivors in id order,
         as it does over the whole vocabulary)."""
-        _refuse_nan(np.asarray(values)[: self.params.top_k or len(values)])
+        _refuse_nan(np.asarray(values)[:1])  # the device ranks a NaN first
         if self.params.greedy:
             token = int(ids[0])
         else:

@@ -288,12 +288,22 @@ def test_the_plan_holds_the_draft_rows_the_binding_reserves():
 
     assert len(draft_vocab.load(draft_vocab.SHIPPED).tokens) <= draft_vocab.DEFAULT_SIZE
     mm = memory_model(QWEN38_27B)
-    assert mm.output_row_bytes == QWEN38_27B.n_embd // 256 * 210
-    cap = draft_vocab.DEFAULT_SIZE + draft_vocab.SEQUENCE_ROWS
-    assert mm.draft_rows_bytes == cap * (mm.output_row_bytes + 4) + 16
+    # by hand: (32,768 listed + 8,192 sequence rows) x (a Q6_K row of 5,120: 20 blocks of 210 bytes, + a 4-byte id)
+    assert mm.draft_rows_bytes == (32768 + 8192) * (20 * 210 + 4) + 16 == 172_195_856
     plan = mm.plan(n_ctx=4096, kv_format="q8_0", chunk=512, n_agents=1, embd_on_host=False, total_vram=24 << 30,
                    v1_arena=True)
     assert plan.draft_rows == mm.draft_rows_bytes and plan.total >= plan.decode_workspace + plan.draft_rows
+
+
+def test_the_binding_reserves_no_more_rows_than_the_plan_holds(engine, monkeypatch):
+    """What set_draft_vocabulary reserves with a full-size list is what the plan counts rows for (list + room)."""
+    from openjet_launcher.model import draft_vocab
+
+    monkeypatch.setattr(draft_vocab, "DEFAULT_SIZE", 200)
+    from openjet_launcher.engine import cuda
+    monkeypatch.setattr(cuda, "SEQUENCE_ROWS", 50)
+    engine.set_draft_vocabulary(np.arange(200))
+    assert engine._lib.draft_cap == min(200 + 50, N_VOCAB) and engine._lib.draft_allocations == 1
 
 
 def test_native_verify_keeps_the_sequence_until_accept(engine):

@@ -7,14 +7,13 @@ the states and words a tray would show, read from the same TrayController the re
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
 
 import pytest
 from test_download import REPO, hub  # noqa: F401  (the fake Hub fixture)
-from test_supervisor import FAKE, _signal_handlers_restored, _until, free_port  # noqa: F401  (an autouse fixture)
+from test_supervisor import FAKE, _default_args, _signal_handlers_restored, _until, free_port  # noqa: F401  (an autouse fixture)
 
 from openjet_launcher.errors import OpenJetError
 from openjet_launcher.launcher import main, tray
@@ -197,15 +196,9 @@ def fake_desktop(monkeypatch, tmp_path):
     return FakeTray
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    main.add_default_options(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_a_first_launch_shows_the_icon_and_the_downloads_percent_before_the_server(hub, fake_desktop):  # noqa: F811
     hub.repos[REPO] = {NAME: demo_model_path().read_bytes()}  # a real GGUF the reference engine's checks accept
-    code = main.run_default(_args("--model", f"{REPO}/{NAME}", "--engine", "reference", "--port", str(free_port())))
+    code = main.run_default(_default_args("--model", f"{REPO}/{NAME}", "--engine", "reference", "--port", str(free_port())))
     assert code == 0
     [t] = fake_desktop.made
     states = [s for s, _, _ in t.shown]
@@ -226,7 +219,7 @@ def test_a_preparation_failure_from_the_desktop_stays_red_until_quit(fake_deskto
     monkeypatch.setattr(main, "plan_launch", no_gpu)
     notices = []
     fake_desktop.until = staticmethod(lambda c: c.state == FAILED and not notices.append(c.notification()))
-    assert main.run_default(_args("--port", str(free_port()))) == 1
+    assert main.run_default(_default_args("--port", str(free_port()))) == 1
     assert notices and notices[0].startswith("OpenJet could not start: no NVIDIA GPU found Logs: ")
     assert "error: no NVIDIA GPU found" in capsys.readouterr().err
 
@@ -238,7 +231,7 @@ def test_a_preparation_failure_on_a_terminal_ends_the_launcher(fake_desktop, mon
     monkeypatch.setattr(main, "_stderr_is_terminal", lambda: True)
     fake_desktop.until = staticmethod(lambda c: False)  # nobody clicks Quit
     t0 = time.monotonic()
-    assert main.run_default(_args("--port", str(free_port()))) == 1
+    assert main.run_default(_default_args("--port", str(free_port()))) == 1
     assert time.monotonic() - t0 < 30
     assert "error: no NVIDIA GPU found" in capsys.readouterr().err
 
@@ -256,7 +249,7 @@ def test_quit_during_the_download_cancels_it_and_keeps_the_part(hub, fake_deskto
     # Quit as soon as the download is under way (past its first percent)
     fake_desktop.until = staticmethod(lambda c: c.supervisor.message.startswith("downloading the model: ") and
                                       not c.supervisor.message.startswith("downloading the model: 0%"))
-    code = main.run_default(_args("--model", f"{REPO}/{NAME}", "--engine", "reference", "--port", str(free_port())))
+    code = main.run_default(_default_args("--model", f"{REPO}/{NAME}", "--engine", "reference", "--port", str(free_port())))
     assert code == 0
     dest = main.dirs.models_dir() / REPO / NAME
     part = dest.with_name(NAME + ".part")
@@ -346,7 +339,7 @@ def test_a_preparation_that_fails_before_the_tray_loop_runs_still_ends_the_launc
     monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("OPENJET_LOG_DIR", str(tmp_path / "logs"))
     out = []
-    t = threading.Thread(target=lambda: out.append(main.run_default(_args("--ctx", "8", "--port", str(free_port())))),
+    t = threading.Thread(target=lambda: out.append(main.run_default(_default_args("--ctx", "8", "--port", str(free_port())))),
                          daemon=True)
     t.start()
     t.join(20)

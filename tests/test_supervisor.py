@@ -23,8 +23,22 @@ from pathlib import Path
 import pytest
 
 from openjet_launcher.launcher.supervisor import (FAILED, LOADING, READY, STOPPED, AlreadyRunning, InstanceLock,
-                                                  Supervisor, TerminalStatus, bind_problem, health_url, pid_alive,
+                                                  Supervisor, TerminalStatus, bind_problem, health_url,
                                                   serve_command)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process pid exists (the tests' check that a server died with its launcher)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
 
 FAKE = textwrap.dedent('''
     import argparse, http.server, os, signal, sys, threading, time
@@ -721,10 +735,9 @@ def test_the_gpu_check_and_the_settings_are_for_the_files_own_shape(monkeypatch,
     """A file already here (a path, the demo) is checked by its own shape before the GPU is chosen (a small model
     on a 16 GB card is not refused as if it were the 27B), with the context asked for; a file without an MTP head
     is planned without one."""
+    from openjet_launcher.errors import OpenJetError
     from openjet_launcher.launcher import hardware, main
-    from openjet_launcher.model.config import read_config
-    from openjet_launcher.model.gguf_file import GGUFFile
-    from openjet_launcher.model.shape import QWEN38_27B
+    from openjet_launcher.model.shape import PRESETS, QWEN38_27B
 
     seen = {}
 
@@ -733,9 +746,9 @@ def test_the_gpu_check_and_the_settings_are_for_the_files_own_shape(monkeypatch,
         return hardware.HardwareReport("580.1", "13.0", "13.0", {"built": True}, [], None,
                                        [hardware.Problem("no_gpu", "none")])
     monkeypatch.setattr(hardware, "detect", detect)
-    with pytest.raises(Exception):
+    with pytest.raises(OpenJetError):
         main.plan_launch(_default_args("--model", str(tiny_model), "--engine", "cuda", "--ctx", "1024"))
-    tiny = read_config(GGUFFile(tiny_model)).shape
+    tiny = PRESETS["tiny"]                                                # the shape the file was written from
     assert seen["model"] == tiny != QWEN38_27B and seen["ctx"] == 1024
     assert main._file_shape(tiny_model) == tiny and tiny.n_nextn > 0      # the tiny model has its head
     assert main._file_shape(None) is None and main._local_model(None) is None
@@ -961,31 +974,19 @@ def test_a_server_whose_launcher_is_gone_ends_at_once(monkeypatch):
         assert (r.returncode == 0 and "went on" in r.stdout) if ok else (r.returncode == 1 and "gone" in r.stderr), r
 
 
-def test_a_server_that_fails_during_the_tray_check_ends_the_launcher(tmp_path, monkeypatch):
-    """The server can fail for good between sup.start() and the terminal's FAILED watcher (the tray check imports
-    Pillow and pystray and connects to the display meanwhile): the launcher must still end with status 1 instead of
-    waiting forever (here the server command is not executable, so it fails at once, and the check takes a second)."""
-    from openjet_launcher.launcher import main, tray
-    from openjet_launcher.launcher.main import LaunchPlan
-    monkeypatch.setenv("OPENJET_CONFIG_DIR", str(tmp_path / "cfg"))
-    monkeypatch.setenv("OPENJET_LOG_DIR", str(tmp_path / "log"))
-    bad = tmp_path / "llama-server"
-    bad.write_text("#!/bin/sh\n")
-    monkeypatch.setattr(main, "plan_launch", lambda a: LaunchPlan([str(bad)], "m", "cpu"))
+def test_a_server_that_failed_before_the_terminal_watches_it_ends_the_launcher():
+    """The server can fail for good between sup.start() and _run_terminal's FAILED watcher (its failure callback
+    then came before the watcher was there): the launcher must still end with status 1 instead of waiting forever."""
+    from types import SimpleNamespace
 
-    def slow_reason():
-        time.sleep(1.0)
-        return "no tray backend works here"
+    from openjet_launcher.launcher import main
 
-    monkeypatch.setattr(tray, "tray_unavailable_reason", slow_reason)
-    p = argparse.ArgumentParser()
-    main.add_default_options(p)
-    args = p.parse_args(["--port", str(free_port())])
+    failed_already = SimpleNamespace(state=FAILED, on_state=lambda fn: None)   # no callback will ever come
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("code", main.run_default(args)), daemon=True)
+    t = threading.Thread(target=lambda: out.setdefault("code", main._run_terminal(failed_already)), daemon=True)
     t.start()
     t.join(15)
-    assert out.get("code") == 1, "the server failed, but the launcher was still waiting after 15 s"
+    assert out.get("code") == 1, "the server had failed, but the launcher was still waiting after 15 s"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -338,12 +338,13 @@ def _url_shown(args: argparse.Namespace) -> str:
     return url
 
 
-def _supervisor(args: argparse.Namespace, plan: LaunchPlan) -> tuple[Supervisor, TerminalStatus]:
+def _supervisor(args: argparse.Namespace, plan: LaunchPlan, log_dir: Path | None = None
+                ) -> tuple[Supervisor, TerminalStatus]:
     """The server's Supervisor for `plan` (not started), with the terminal's status line on it."""
     for note in plan.notes:
         _say(note)
     sup = Supervisor(plan.command, health_url(args.host, args.port),
-                     log_dir=dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env={**os.environ, **plan.env})
+                     log_dir=log_dir or dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env={**os.environ, **plan.env})
     status = TerminalStatus(plan.model_label, _url_shown(args))
     sup.on_state(status)
     _say(f"server log: {sup.log_path}")
@@ -374,7 +375,7 @@ def _serve_in_tray(args: argparse.Namespace) -> int:
     statuses: list[TerminalStatus] = []
 
     def make_supervisor(plan: LaunchPlan) -> Supervisor:
-        sup, status = _supervisor(args, plan)
+        sup, status = _supervisor(args, plan, log_dir)
         statuses.append(status)
         controller.model, controller.gpu = plan.model_label, plan.device_label
         return sup
@@ -414,7 +415,7 @@ def _run_terminal(sup: Supervisor) -> int:
     """Wait for Ctrl-C (or SIGTERM, SIGHUP); a server that failed for good ends the launcher with status 1."""
     failed = threading.Event()
     sup.on_state(lambda s, m: failed.set() if s == FAILED else None)
-    if sup.state == FAILED:  # it failed before the callback was there (started before the tray check)
+    if sup.state == FAILED:  # it failed before the callback was there (sup.start() comes first)
         failed.set()
     try:
         while not failed.wait(0.5):

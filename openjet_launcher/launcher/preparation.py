@@ -45,11 +45,9 @@ class LaunchSession:
     cancel_wait_s = 2.0
 
     def __init__(self, prepare: Callable[[Callable[[int, int], None]], object],
-                 make_supervisor: Callable[[object], object], *, log_dir: str | Path, stop_timeout_s: float = 15.0):
+                 make_supervisor: Callable[[object], object], *, log_dir: str | Path):
         self._prepare, self._make_supervisor = prepare, make_supervisor
         self.log_dir = Path(log_dir)
-        self.stop_timeout_s = stop_timeout_s
-        self.plan = None
         self.supervisor = None
         self._state, self._message = STOPPED, ""
         self._callbacks: list[StateFn] = []
@@ -69,6 +67,11 @@ class LaunchSession:
     def message(self) -> str:
         sup = self.supervisor
         return sup.message if sup is not None else self._message
+
+    @property
+    def stop_timeout_s(self) -> float:  # (launcher.main._stop_server's words: only once there is a server)
+        sup = self.supervisor
+        return sup.stop_timeout_s if sup is not None else 0.0
 
     @property
     def proc(self):
@@ -132,11 +135,6 @@ class LaunchSession:
         elif self._state not in (FAILED, STOPPED):
             self._set(STOPPED)
 
-    def kill(self) -> None:
-        sup = self.supervisor
-        if sup is not None:
-            sup.kill()
-
     # --- the preparation's thread -------------------------------------------------------------------------
 
     def _progress(self, done: int, total: int) -> None:
@@ -153,6 +151,7 @@ class LaunchSession:
         except Exception as e:  # OpenJetError: what to do; anything else is a bug, shown, not an amber icon forever
             self._end(FAILED, _words(e))
             return
+        failure = ""
         with self._lock:  # stop() either comes before (cancel seen here) or after (it stops the supervisor)
             if self._cancel.is_set():
                 sup = None
@@ -160,14 +159,14 @@ class LaunchSession:
                 try:
                     sup = self._make_supervisor(plan)  # (opens the server log: a root-owned one raises OSError)
                 except Exception as e:
-                    self._state, self._message = FAILED, _words(e)
+                    failure = _words(e)
                     sup = None
                 else:
-                    self.plan, self.supervisor = plan, sup
+                    self.supervisor = sup
                     sup.on_state(self._tell)
                     sup.start()
         if sup is None:
-            self._end(FAILED, self._message)
+            self._end(FAILED, failure)
 
     def _end(self, state: str, message: str) -> None:
         """The preparation's last word: STOPPED when it was cancelled (whatever it then raised), else `state`."""

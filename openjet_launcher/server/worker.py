@@ -151,6 +151,9 @@ class Channel:
         return event
 
 
+STALLED = "stream reader stalled"  # Job.cancel_reason when the reader took nothing for stall_timeout_s
+
+
 @dataclass
 class Job:
     prompt: list[int]
@@ -276,9 +279,10 @@ class EngineWorker:
         with self._jobs.mutex:
             return sum(1 for job in self._jobs.queue if job is not None and not job.cancelled.is_set())
 
-    def _drop_cancelled(self) -> None:
+    def _drop_cancelled(self) -> int:
         """Jobs whose clients left while queued go now, not when the worker reaches them: else a client that sends
-        and disconnects again and again grows the queue past max_queue (each job holding its prompt)."""
+        and disconnects again and again grows the queue past max_queue (each job holding its prompt). Returns the
+        jobs left waiting."""
         with self._jobs.mutex:
             live = [job for job in self._jobs.queue if job is None or not job.cancelled.is_set()]
             dropped = len(self._jobs.queue) - len(live)
@@ -287,6 +291,7 @@ class EngineWorker:
                 self._jobs.queue.extend(live)
         if dropped:
             self.metrics.add(requests_cancelled_total=dropped)
+        return sum(job is not None for job in live)
 
     def submit(self, job: Job) -> None:
         if self.load_error:
@@ -295,8 +300,7 @@ class EngineWorker:
             raise APIError(503, f"the engine failed and cannot serve: {self.engine_error}; restart the server")
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading")
-        self._drop_cancelled()
-        if self.queue_depth >= self.max_queue:
+        if self._drop_cancelled() >= self.max_queue:
             raise APIError(503, f"{self.max_queue} requests are already waiting for the engine; retry later",
                            code="queue_full")
         self._jobs.put(job)
@@ -385,7 +389,7 @@ class EngineWorker:
                 break
             text = stops.push(detok.push(token))
             if text and not job.channel.put(TextDelta(text), job.cancelled):
-                job.cancel(job.cancel_reason or "stream reader stalled")
+                job.cancel(job.cancel_reason or STALLED)
                 finish = "cancelled"
                 break
             if stops.stopped:
@@ -402,7 +406,7 @@ class EngineWorker:
         result.finish_reason = finish
         result.stop_string = stops.matched
         self._account(job, result)
-        if finish == "cancelled" and "stall" in job.cancel_reason:
+        if finish == "cancelled" and job.cancel_reason == STALLED:
             # The reader may still be there (a slow one): an error event, not the end of a normal answer, which
             # would hand it a silently cut text.
             job.channel.put(Failed(f"the stream was cut after {result.completion_tokens} tokens: its reader took "
@@ -456,6 +460,6 @@ class EngineWorker:
                          last_predicted_tokens_per_second=t["predicted_per_second"])
         if r.finish_reason == "cancelled":
             self.metrics.add(requests_cancelled_total=1)
-            if "stall" in job.cancel_reason:
+            if job.cancel_reason == STALLED:
                 self.metrics.add(requests_stalled_total=1)
             log.info("request cancelled after %d tokens: %s", r.completion_tokens, escape_for_log(job.cancel_reason))

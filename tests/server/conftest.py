@@ -22,6 +22,7 @@ mode on the GPU machine. What the switch changes:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import threading
@@ -188,3 +189,15 @@ def say(scripted):
             ids.append(scripted.tokenizer.token_to_id("<|im_end|>"))
         scripted.engine.script = ids
     return set_output
+
+
+def raw_stream_request(server, body: dict, rcvbuf: int | None = None) -> socket.socket:
+    """A chat-completions request on a raw socket (rcvbuf: a small receive buffer, for a reader that stalls)."""
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", server.port))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock

@@ -13,7 +13,7 @@ import pytest
 from openjet_launcher.server import ServerSettings, create_app
 from openjet_launcher.server.stops import StopStringMatcher
 
-from .conftest import LiveServer, wait_for
+from .conftest import LiveServer, raw_stream_request, wait_for
 from .scripted import ScriptedEngine
 
 OK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -136,23 +136,12 @@ def test_engine_failure_is_a_500_and_resets_the_state(server):
     assert chat(server, OK).status_code == 200
 
 
-def _raw_stream_request(server, body: dict, rcvbuf: int | None = None) -> socket.socket:
-    sock = socket.socket()
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.connect(("127.0.0.1", server.port))
-    data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return sock
-
-
 def test_a_client_that_disconnects_mid_stream_frees_the_engine(server):
     metrics = server.core.metrics
     before = metrics.requests_cancelled_total
     server.engine.step_delay = 0.02
     try:
-        sock = _raw_stream_request(server, with_(max_tokens=250, stream=True))
+        sock = raw_stream_request(server, with_(max_tokens=250, stream=True))
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.close()
         assert wait_for(lambda: metrics.requests_cancelled_total == before + 1)
@@ -170,7 +159,7 @@ def test_a_stream_reader_that_stops_reading_is_dropped_after_the_stall_timeout(s
     old_ceiling, settings.n_ctx = settings.n_ctx, 100_000
     server.core.worker.n_ctx = 100_000
     try:
-        sock = _raw_stream_request(server, with_(max_tokens=30_000, stream=True), rcvbuf=2048)
+        sock = raw_stream_request(server, with_(max_tokens=30_000, stream=True), rcvbuf=2048)
         assert wait_for(lambda: metrics.requests_stalled_total == before + 1, timeout=60)
         # A reader that comes back finds the cut said, not a stream that merely ends as if the answer were whole.
         sock.settimeout(10)
@@ -202,9 +191,9 @@ def test_clients_that_left_the_queue_do_not_fill_it(server):
     worker.max_queue, engine.step_delay = 2, 0.05
     engine.script = server.core.tokenizer.encode("word " * 50)
     try:
-        busy = _raw_stream_request(server, with_(max_tokens=400, stream=True))      # holds the engine ~20 s
+        busy = raw_stream_request(server, with_(max_tokens=400, stream=True))      # holds the engine ~20 s
         assert wait_for(lambda: worker.busy == 1)
-        left = [_raw_stream_request(server, with_(stream=True)) for _ in range(2)]
+        left = [raw_stream_request(server, with_(stream=True)) for _ in range(2)]
         assert wait_for(lambda: worker._jobs.qsize() == 2)
         for sock in left:
             sock.close()

@@ -17,7 +17,7 @@ import uvicorn
 from openjet_launcher.server import ServerSettings, create_app
 from openjet_launcher.server.limits import uvicorn_options
 
-from .conftest import LiveServer, wait_for
+from .conftest import LiveServer, raw_stream_request, wait_for
 from .scripted import ScriptedEngine
 from .test_malformed_corpus import served_routes
 
@@ -199,14 +199,9 @@ def test_a_reader_that_stops_reading_is_disconnected_and_its_bytes_in_flight_fre
     settings, worker = core.settings, core.worker
     old_ctx = settings.n_ctx
     settings.n_ctx = worker.n_ctx = 100_000
-    body = json.dumps({**OK, "max_tokens": 90_000, "stream": True,
-                       "messages": [{"role": "user", "content": "y " * 8_500}]}).encode()
+    body = {**OK, "max_tokens": 90_000, "stream": True, "messages": [{"role": "user", "content": "y " * 8_500}]}
     try:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-        sock.connect(("127.0.0.1", server.port))
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = raw_stream_request(server, body, rcvbuf=2048)
         assert sock.recv(64).startswith(b"HTTP/1.1 200")        # then it reads nothing more
         other = {**OK, "messages": [{"role": "user", "content": "z " * 8_000}]}
         assert wait_for(lambda: httpx.post(server.base + "/v1/chat/completions", json=other,
