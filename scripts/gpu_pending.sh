@@ -14,7 +14,8 @@
 #
 # PLAN=fold  OPENJET_NORM_FOLD (norm_fold.cuh): its bit tests (small model, and the 27B's width on the full model),
 #            the scratch rows test (prefill_rows below a step's 8 rows), then the T=1 / T=5 step with the fold on
-#            and off, and with OPENJET_BENCH_SKIP_NORM_PACKS=4 (the swiglu packs' bound). ~8 minutes.
+#            and off, with OPENJET_BENCH_SKIP_NORM_PACKS=4 (the swiglu packs' bound), and with OPENJET_BENCH_GRAPH=1
+#            (the trunk replayed as a CUDA graph: what the stream launches cost; its bit test runs first). ~9 minutes.
 # PLAN=attn  OPENJET_ATTN_PIPE (attn_decode.cuh's planned tile pipeline): its bit tests (kernel and engine), one
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
@@ -46,7 +47,8 @@ for r in d["runs"].values():
     for x in r["decode"]:
         top = (x.get("top_k") or {}).get("median_ms")
         prof = {k: v for k, v in (x.get("profile_ms_per_step") or {}).items() if k in ("norm", "ffn", "attn.core")}
-        print(f"  ctx {x['context']} T {x['t']}: {x['median_ms']} ms (top-k path {top}) {prof}")
+        print(f"  ctx {x['context']} T {x['t']}: {x['median_ms']} ms (top-k path {top}, enqueue "
+              f"{x.get('enqueue_ms')} ms) {prof}")
 PY
 }
 
@@ -62,13 +64,13 @@ gpu_tests() {  # pytest -m gpu with the report and log in $OUT/<name>.*
 
 case "${1:-${PLAN:-}}" in
   fold)
-    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer'"
+    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'"
     export BENCH_CMD="bash scripts/gpu_pending.sh fold-bench"
     exec bash scripts/gpu_bench_engine.sh ;;
   fold-bench)
     trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
     OPENJET_FULL_MODEL=$MODEL gpu_tests fold-27b-width 120 tests/test_gpu_engine.py -k norm_fold_keeps_every_bit_at_the_27b
-    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
+    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_SKIP_NORM_PACKS=4 OPENJET_BENCH_GRAPH=1; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
     done ;;
   attn)

@@ -571,6 +571,26 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
+    """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's state keys are
+    the same): a sequence (a capture each step) and three first steps of new sequences (one capture, two replays with
+    other ids) give the stream launches' logits bit for bit."""
+    ids = np.random.default_rng(37).integers(0, 4096, 40)
+    out = {}
+    for graph in ("0", "1"):
+        monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
+        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+        try:
+            firsts = [engine.decode(engine.new_state(), ids[i:i + 1]).logits for i in range(3)]
+            out[graph] = (decode_sequence_logits(engine, ids), np.concatenate(firsts))
+        finally:
+            engine.close()
+    assert np.isfinite(out["0"][0]).all() and np.isfinite(out["0"][1]).all()
+    assert not np.array_equal(out["0"][1][0], out["0"][1][1])  # the replays' ids reached the device
+    np.testing.assert_array_equal(out["1"][0], out["0"][0])
+    np.testing.assert_array_equal(out["1"][1], out["0"][1])
+
+
 def test_the_norm_fold_keeps_every_bit_at_the_27b_width(monkeypatch):
     """OPENJET_NORM_FOLD at the 27B's width (k = 5,120: all 40 of the fold's values a thread, 160 32-blocks; the small
     model's 1,024 leave most of them empty), on the model OPENJET_FULL_MODEL names (the bench's `full` synthetic model:

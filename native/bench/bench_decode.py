@@ -468,6 +468,8 @@ class Bench:
                     out = []
                     for i in range(a.warmup + a.steps):
                         back()
+                        if i == a.warmup:
+                            engine.profile(reset=True)  # the enqueue times of the timed steps alone
                         t0 = time.perf_counter()
                         rc = step(ids[i])
                         dt = time.perf_counter() - t0
@@ -478,6 +480,7 @@ class Bench:
 
                 times = timed_steps(lambda row: lib.openjet_engine_decode(
                     h, row.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), hidden.ctypes.data_as(f32)), "decode")
+                enq = engine.profile(reset=True).get("enqueue") or {}  # the host's time to enqueue a timed step's work
                 # The server's path: openjet_engine_decode_top, the top TOP_K logits of each row back instead of
                 # the vocabulary (t x 1 MB of pageable copies fewer).
                 try:  # (a failure on this path costs its own figures only)
@@ -525,6 +528,8 @@ class Bench:
                        "kv_bytes_read": nb["kv"], "mtp_weight_bytes": nb["mtp_weights"],
                        "roofline_ms": round(roof * 1e3, 3),
                        "roofline_share": round(roof / med, 4), "n": len(times)}
+                if enq.get("calls"):
+                    rec["enqueue_ms"] = round(enq["ms"] / enq["calls"], 3)
                 top_med = statistics.median(top_times) if top_times else None
                 if top_med:
                     rec["top_k"] = {"k": TOP_K, "median_ms": round(top_med * 1e3, 3),

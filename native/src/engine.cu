@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -223,6 +224,22 @@ struct openjet_engine {
     // trunk() arms `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates
     // between rows 0 and 1 of h (a fold writes h + delta to the other row while every block reads the first).
     bool norm_fold = false;
+    // OPENJET_BENCH_GRAPH=1 at create (a measurement, not for use): a decode step's trunk is captured as a CUDA graph
+    // and replayed while the state its launches depend on (TrunkKey) stays the same, re-captured when it changes:
+    // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph). The benchmark restores the
+    // context before every step, so its steps replay one graph.
+    bool bench_graph = false;
+    struct TrunkKey {
+        int t, n_past, conv_cur, ring_w, replay_rows;
+        bool verifying;
+        bool operator==(const TrunkKey& o) const {
+            return t == o.t && n_past == o.n_past && conv_cur == o.conv_cur && ring_w == o.ring_w &&
+                   replay_rows == o.replay_rows && verifying == o.verifying;
+        }
+    };
+    TrunkKey graph_key{};
+    std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their work (ms) and their count
+    cudaGraphExec_t graph = nullptr;
     // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
     // attention launch (the chunk blocks' planned tile pipeline: an experiment, off until timed).
     int attn_pipe = 0, attn_stages = 0;
@@ -285,6 +302,7 @@ struct openjet_engine {
 
     ~openjet_engine() {
         for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
+        if (graph) cudaGraphExecDestroy(graph);
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
@@ -729,6 +747,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;
     attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
@@ -1443,13 +1462,41 @@ int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const T
     return OPENJET_OK;
 }
 
+// OPENJET_BENCH_GRAPH=1: the trunk's launches from a graph captured at the same key (every host value trunk() reads
+// that changes between steps), captured first where the key is new.
+int trunk_graph(openjet_engine& e, int t) {
+    const openjet_engine::TrunkKey key{t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.verifying};
+    if (!e.graph || !(key == e.graph_key)) {  // captured without a profile's marks
+        if (e.graph) CHECK(cudaGraphExecDestroy(e.graph));
+        e.graph = nullptr;
+        const bool prof = e.prof.on;
+        e.prof.on = false;
+        CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
+        const int status = trunk(e, t);
+        e.prof.on = prof;
+        cudaGraph_t g = nullptr;
+        const cudaError_t end = cudaStreamEndCapture(e.stream, &g);
+        if (status != OPENJET_OK) {
+            if (g) cudaGraphDestroy(g);
+            return status;
+        }
+        CHECK(end);
+        const cudaError_t made = cudaGraphInstantiate(&e.graph, g, 0);
+        cudaGraphDestroy(g);
+        CHECK(made);
+        e.graph_key = key;
+    }
+    CHECK(cudaGraphLaunch(e.graph, e.stream));
+    return OPENJET_OK;
+}
+
 // The trunk of a decode or verify step over t <= 8 host ids, or (ids NULL) the ids already in e.ids (the device's
 // own cycle) (verifying: the GDN states go to the shadow and the GDN inputs to the ring, the committed state stays).
 int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
     CHECK(cudaSetDevice(e.cfg.device));
     if (ids) CHECK(cudaMemcpyAsync(e.ids, ids, sizeof(int32_t) * t, cudaMemcpyHostToDevice, e.stream));
     e.verifying = verifying;
-    const int status = trunk(e, t);
+    const int status = e.bench_graph ? trunk_graph(e, t) : trunk(e, t);
     e.verifying = false;
     // A pending replay ran in the step's GDN launches (gdn_mixer). A verify step wrote the conv window after the
     // replayed rows to the other buffer, which now holds the committed one (a decode step flips in commit_rows).
@@ -1460,9 +1507,13 @@ int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
 
 int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
                 const TopRequest* top = nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
     TRY(step_trunk(e, ids, t, false));
     TRY(step_outputs(e, t, logits, hidden, top));
     TRY(commit_rows(e, t));
+    // The host's share: how long the launches took to enqueue. Above the step's GPU time, the GPU waits on the host.
+    e.enqueue.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    e.enqueue.second += 1;
     CHECK(cudaStreamSynchronize(e.stream));
     collect_profile(e);
     return OPENJET_OK;
@@ -2071,6 +2122,11 @@ extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json,
         first = false;
     }
     out += "}";
+    // Counted with the profile on or off (decode_impl): the benchmark's timed steps run without its marks.
+    char enq[96];
+    std::snprintf(enq, sizeof(enq), ", \"enqueue\": {\"ms\": %.4f, \"calls\": %ld}", e->enqueue.first,
+                  e->enqueue.second);
+    out += enq;
     // The persistent FFN's own profile (ffn_persistent.cuh FfnProfile), where it ran while profiling.
     unsigned long long ffn[kFfnProfileSlots] = {};
     CHECK(cudaStreamSynchronize(e->stream));
@@ -2089,6 +2145,7 @@ extern "C" OPENJET_API int openjet_engine_profile(openjet_engine* e, char* json,
     if (reset) {
         e->prof.phases.clear();
         e->prof.calls = 0;
+        e->enqueue = {0.0, 0};
         CHECK(ffn_profile_reset(e->ffn_profile, e->stream));
         CHECK(cudaStreamSynchronize(e->stream));
     }
