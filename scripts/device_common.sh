@@ -26,15 +26,39 @@ gpu_arch() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 
 # it; CMake takes CUTLASS's headers for its dense prefill GEMM from .cache/cutlass-min: carry that folder, made here
 # by `python scripts/fetch_cutlass.py --trim-to .cache/cutlass-min --build <a 90a build>` (16 MB; the full 27 MB
 # with the tree passes the 64 MiB carry limit); OPENJET_DEVICE_ARCH=90-real builds without it).
+# A library built on the developer machine (scripts/prebuild_device.sh: .prebuilt/, ~10 MB, carried instead of
+# .cache/cutlass-min) stands in for the build when its stamp matches: the same engine sources, architecture and
+# options; it saves the build's minute or two of each call. Anything else (no stamp, another tree, a library that
+# does not load here) builds as before.
 build_engine() {
   local dir=$1 log=$2; shift 2
   local arch=${OPENJET_DEVICE_ARCH:-$(gpu_arch)-real}
   [ "$arch" = 90-real ] && [ -z "${OPENJET_DEVICE_ARCH:-}" ] && arch=90a-real  # Hopper as released: the dense GEMM
+  if [ -f .prebuilt/stamp ] && [ "$(cat .prebuilt/stamp)" = "$(engine_stamp "$arch" "$@")" ]; then
+    mkdir -p "$dir/native" && cp .prebuilt/libopenjet.so "$dir/native/" &&
+      cp .prebuilt/build.log "$log" 2>/dev/null
+    if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$dir/native/libopenjet.so" 2>> "$log"; then
+      echo "engine: the prebuilt library (.prebuilt, stamp $(cat .prebuilt/stamp)) for $arch" | tee -a "$log"
+      return 0
+    fi
+    echo "engine: the prebuilt library does not load here; building" | tee -a "$log"
+  fi
   if ! { time { cmake -S . -B "$dir" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" "$@" &&
                 cmake --build "$dir"; }; } > "$log" 2>&1; then
     tail -50 "$log"
     return 1
   fi
+}
+
+# engine_stamp ARCH [cmake options...]: one hash over the engine's sources (native/src, native/include, the CMake
+# files, the linker map) with the architecture and the options that change the library (OPENJET_PTXAS_VERBOSE only
+# changes the log): what .prebuilt/stamp must equal for its library to stand in for a build of this tree.
+engine_stamp() {
+  local arch=$1 opts=() o; shift
+  for o in "$@"; do [ "$o" = -DOPENJET_PTXAS_VERBOSE=ON ] || opts+=("$o"); done
+  { echo "$arch ${opts[*]}"
+    find native/src native/include native/CMakeLists.txt native/exports.map CMakeLists.txt -type f \
+      -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16
 }
 
 # The ncu scripts' start: the wheels, then ncu_engine.

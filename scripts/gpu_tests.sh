@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build the engine for this GPU, run GPU tests (and the GEMV benchmark if asked), results in $OUT.
 #   run(carry=[".whl", ".cache/cutlass-min"], command="bash scripts/gpu_tests.sh")
+# or, with the library built here by scripts/prebuild_device.sh (no build on the device; its ptxas report comes back
+# as build.log all the same), run(carry=[".whl", ".prebuilt"], ...).
 # (.cache/cutlass-min: CUTLASS's trimmed headers, so that the Hopper build has the dense prefill GEMM it ships with and
 # its tests run instead of skipping: `python scripts/fetch_cutlass.py`, a 90a build, then `python scripts/fetch_cutlass.py
 # --trim-to .cache/cutlass-min --build <that build>`, 16 MB; see device_common.sh build_engine.)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Here, before a device session: the engine for the device's architecture built on this machine into .prebuilt/
+# (the library, its build log with ptxas's register and spill report, and the stamp of the sources it came from).
+# A device call that carries .prebuilt then skips its build (device_common.sh build_engine) and need not carry
+# .cache/cutlass-min: the library holds the dense prefill GEMM. Build again after changing the engine's sources; a
+# stale stamp only makes the device build as before.
+#   bash scripts/prebuild_device.sh [ARCH]      (90a-real: the H100 / H200 as the release wheels build them)
+set -eo pipefail
+cd "$(dirname "$0")/.."
+. scripts/device_common.sh
+arch=${1:-90a-real}
+build=${PREBUILD_DIR:-/tmp/openjet-prebuild-$arch}
+stamp=$(engine_stamp "$arch")
+echo "building the engine for $arch in $build (stamp $stamp)"
+cmake -S . -B "$build" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" -DOPENJET_PTXAS_VERBOSE=ON > "$build.log" 2>&1 &&
+  cmake --build "$build" >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
+if [ "$arch" = 90a-real ] && ! grep -q "CUTLASS from" "$build.log"; then
+  echo "error: no CUTLASS headers for the dense prefill GEMM (run: python3 scripts/fetch_cutlass.py); the device's own"
+  echo "build with .cache/cutlass-min would have it, so this library would not stand in for that build"
+  exit 1
+fi
+if [ "$(engine_stamp "$arch")" != "$stamp" ]; then
+  echo "error: the engine's sources changed during the build; run it again"; exit 1
+fi
+rm -rf .prebuilt.new && mkdir .prebuilt.new
+cp "$build/native/libopenjet.so" .prebuilt.new/
+cp "$build.log" .prebuilt.new/build.log
+echo "$stamp" > .prebuilt.new/stamp
+rm -rf .prebuilt && mv .prebuilt.new .prebuilt
+echo "ok: .prebuilt ($(du -sh .prebuilt | cut -f1)); carry it with the device call"
