@@ -10,7 +10,8 @@
 #   GPU_TESTS_GEMV=0   no GEMV tests (tests/test_gpu_gemv.py, ~150 s)
 #   GPU_TESTS_ENGINE=0 no engine / top-k / GDN / attention tests
 #   GPU_TESTS_BENCH=1  the GEMV benchmark too (~170 s; off by default)
-# The engine tests get what the other parts leave of ~490 s (the build and the wheels take the rest of the call):
+# The engine tests get what the other parts leave of the call's first ~575 s after the build and the wheels (~490 s
+# with a build, ~560 with .prebuilt):
 # the whole suite is two calls, GPU_TESTS_GEMV=0 first, then the GEMV tests (or gpu_bench_engine.sh with them as
 # its WHILE_SYNTH). Each part's whole log comes back ($OUT/pytest-*.full.log: every failure's traceback, the slowest
 # tests), its last lines are printed.
@@ -21,7 +22,7 @@ device_wheels || exit 2
 build_engine /tmp/b "$OUT/build.log" -DOPENJET_PTXAS_VERBOSE=ON || exit 1
 export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1 OPENJET_GPU_REPORT=$OUT/gpu.jsonl
 GEMV=${GPU_TESTS_GEMV:-1} BENCH=${GPU_TESTS_BENCH:-0} ENGINE=${GPU_TESTS_ENGINE:-1}
-ENGINE_S=$((490 - (GEMV != 0) * 150 - (BENCH != 0) * 170))
+ENGINE_S=$((575 - SECONDS - (GEMV != 0) * 150 - (BENCH != 0) * 170))
 # A part's tests under a time limit: the whole log to $OUT/pytest-NAME.full.log, its tail to the output.
 part() {
   local name=$1 limit=$2; shift 2
