@@ -531,3 +531,181 @@ def test_a_read_only_models_folder_is_a_clear_error_and_a_verified_file_there_is
     assert cli.main(["download", f"org/other/{name}"]) == 1
     err = capsys.readouterr().err
     assert str(read_only_models) in err and "OPENJET_MODELS_DIR" in err and "Traceback" not in err
+
+
+def test_a_verified_file_copied_in_by_hand_is_used_where_its_record_cannot_be_written(hub, monkeypatch, capsys):
+    """A correct GGUF placed in the models folder without its record, in a folder that refuses the record: the file is
+    used and the download command succeeds (the OSError escaped as a traceback)."""
+    import errno
+
+    from openjet_launcher import cli
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 2)}
+    dest = download.dirs.models_dir() / REPO / name
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(hub.repos[REPO][name])
+
+    def refuse(path, data):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+    monkeypatch.setattr(download, "_write_json", refuse)
+    assert cli.main(["download", f"{REPO}/{name}"]) == 0
+    assert capsys.readouterr().out.strip() == str(dest)
+    assert hub.sent == {}  # hashed, not fetched
+
+
+@pytest.mark.parametrize("record", ["null", "[]", '"x"'])
+def test_a_record_that_is_not_an_object_is_checked_again(hub, record):
+    """A damaged record (valid JSON, not an object) means "not verified": the file is hashed again, not a crash."""
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 3)}
+    path = get().path
+    path.with_name(name + ".openjet.json").write_text(record)
+    assert get().path == path
+    assert json.loads(path.with_name(name + ".openjet.json").read_text())["sha256"] == hub.sha256(REPO, name)
+    assert hub.sent == {name: 50_000}
+
+
+def test_a_busy_hub_falls_back_to_the_verified_copy(hub, monkeypatch, tmp_path):
+    """HTTP 503 from the Hub's API: the copy verified earlier is used (it failed the launch until HF_HUB_OFFLINE=1);
+    with no copy, one error that says to try later or go offline."""
+    from http.server import BaseHTTPRequestHandler
+
+    hub.repos[REPO] = {"tiny-Q4_K_M.gguf": blob(50_000, 5)}
+    path = get().path
+
+    class Busy(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        assert get().path == path
+        with pytest.raises(DownloadError, match="HTTP 503; try again later, or set HF_HUB_OFFLINE=1"):
+            get(models_dir=tmp_path / "elsewhere")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_update_on_the_hub_that_does_not_fit_keeps_the_verified_copy(hub, monkeypatch):
+    """The Hub's file changed (a re-upload) and the disk cannot hold a second copy: the verified one is used, with a
+    warning, instead of failing the launch; with no copy the disk error stands (test_too_little_disk_...)."""
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 6)}
+    old = get().path
+    hub.repos[REPO] = {name: blob(60_000, 7)}
+    monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
+    assert get().path == old and old.read_bytes() == blob(50_000, 6)
+
+
+def test_a_200_answer_to_a_range_request_that_is_not_the_file_keeps_the_part(hub, monkeypatch):
+    """A resume answered 200 with a body other than the whole file (a proxy's error page): the .part is kept, not
+    emptied; a 200 with the whole file restarts as before (test_server_that_ignores_range_restarts_cleanly)."""
+    import io
+
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(100_000, 8)}
+    hub.drop_at[name] = 60_000
+    monkeypatch.setattr(download, "_ATTEMPTS", 1)
+    with pytest.raises(DownloadError):
+        get()
+    part = download.dirs.models_dir() / REPO / (name + ".part")
+    assert part.stat().st_size == 60_000
+
+    class Page(io.BytesIO):
+        status, headers = 200, {"Content-Length": "12"}
+
+    monkeypatch.setattr(download, "_open", lambda req: Page(b"<html></html>"))
+    with pytest.raises(DownloadError, match="HTTP 200 and 12 Content-Length"):
+        get()
+    assert part.read_bytes() == hub.repos[REPO][name][:60_000]
+
+
+def test_http_416_is_one_clear_error_that_keeps_the_part(hub, monkeypatch):
+    """A server holding fewer bytes than the Hub lists answers 416 to the resume: one error at once naming it (it was
+    retried as a dropped connection and ended in "run again", which could never work), the .part kept."""
+    import io
+    import urllib.error
+
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(100_000, 9)}
+    hub.drop_at[name] = 50_000
+    monkeypatch.setattr(download, "_ATTEMPTS", 1)
+    with pytest.raises(DownloadError):
+        get()
+    calls = []
+
+    def short(req):
+        calls.append(req.get_header("Range"))
+        raise urllib.error.HTTPError(req.full_url, 416, "Range Not Satisfiable", {}, io.BytesIO(b""))
+    monkeypatch.setattr(download, "_open", short)
+    monkeypatch.setattr(download, "_ATTEMPTS", 5)
+    with pytest.raises(DownloadError, match="HTTP 416.*HF_ENDPOINT.*kept"):
+        get()
+    assert calls == ["bytes=50000-"]
+    assert (download.dirs.models_dir() / REPO / (name + ".part")).stat().st_size == 50_000
+
+
+def test_connections_that_bring_bytes_do_not_use_up_the_attempts(hub, monkeypatch):
+    """A flaky link that drops every connection after some progress still finishes: the attempts count failures in
+    a row (all five were spent on the first five drops before)."""
+    name = "tiny-Q4_K_M.gguf"
+    data = blob(200_000, 10)
+    hub.repos[REPO] = {name: data}
+    real = download._fetch_once
+    drops = iter(range(20_000, 200_000, 20_000))  # nine drops, each after 20 KB more
+
+    def flaky(url, headers, part, advance):
+        stop = next(drops, None)
+        if stop is not None:
+            hub.drop_at[name] = stop
+        real(url, headers, part, advance)
+    monkeypatch.setattr(download, "_fetch_once", flaky)
+    assert get().path.read_bytes() == data
+    assert len(hub.ranges) == 10
+
+
+def test_progress_counts_what_another_process_left_in_the_part(hub, monkeypatch):
+    """A second download that waited on the first (which stopped part way) resumes the .part the first left and
+    reports its progress from there, ending at the total (it counted from the size it saw before the wait: 37%)."""
+    from filelock import FileLock
+
+    name = "tiny-Q4_K_M.gguf"
+    data = blob(400_000, 11)
+    hub.repos[REPO] = {name: data}
+    monkeypatch.setattr(download, "_LOCK_POLL_S", 0.05)
+    folder = download.dirs.models_dir() / REPO
+    (folder / ".locks").mkdir(parents=True)
+    other = FileLock(str(folder / ".locks" / (name + ".lock")))
+    other.acquire()  # another process holds the file: the download below waits
+    seen = []
+    result = {}
+    waiter = threading.Thread(target=lambda: result.update(path=get(progress=lambda d, t: seen.append((d, t)))))
+    waiter.start()
+    try:
+        assert _until(lambda: seen)
+        part = folder / (name + ".part")  # meanwhile "the other process" writes 300 KB and stops
+        part.write_bytes(data[:300_000])
+        download._write_json(folder / (name + ".part.json"), {"sha256": hub.sha256(REPO, name), "size": len(data)})
+        assert _until(lambda: seen[-1][0] == 300_000)  # its growth is shown while waiting
+    finally:
+        other.release()
+    waiter.join(30)
+    assert result["path"].path.read_bytes() == data
+    assert seen[-1] == (len(data), len(data)) and hub.ranges == [(name, 300_000)]
+
+
+def _until(cond, timeout=10.0) -> bool:
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False

@@ -345,3 +345,25 @@ def test_a_preparation_that_fails_before_the_tray_loop_runs_still_ends_the_launc
     t.join(20)
     assert out == [1], "the launcher was still running 20 s after its preparation failed"
     assert "--ctx 8 is too small" in capsys.readouterr().err
+
+
+def test_stop_while_another_process_holds_the_download_ends_the_wait(hub, tmp_path, monkeypatch):  # noqa: F811
+    """A desktop launch waiting for a terminal's download of the same file: Stop ends the wait within about a second
+    (the session stayed "cancelling the download", Start disabled, until the other download ended)."""
+    from filelock import FileLock
+
+    from openjet_launcher.launcher import download
+    monkeypatch.setattr(download, "_LOCK_POLL_S", 0.05)
+    hub.repos[REPO] = {NAME: b"x" * 50_000}
+    folder = download.dirs.models_dir() / REPO
+    (folder / ".locks").mkdir(parents=True)
+    other = FileLock(str(folder / ".locks" / (NAME + ".lock")))
+    other.acquire()
+    try:
+        session, seen = _session(lambda p: ensure_model(f"{REPO}/{NAME}", progress=p, show_progress=False), tmp_path)
+        session.start()
+        assert _until(lambda: any("downloading the model" in m for _, m in seen))
+        session.stop()
+        assert session.state == STOPPED and not session.preparing
+    finally:
+        other.release()

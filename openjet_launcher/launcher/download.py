@@ -8,7 +8,9 @@ Invariants:
 * only a .part whose size and sha256 equal the Hub's is renamed to FILE: a partial or corrupt download
   never takes the final name; a mismatching .part is deleted;
 * `FILE.openjet.json` records repo, commit, sha256, size and mtime: while size and mtime are unchanged
-  a later run trusts the file without re-hashing 17 GB; otherwise it re-hashes.
+  a later run trusts the file without re-hashing 17 GB; otherwise it re-hashes;
+* where the Hub cannot give the file now (unreachable, busy: HTTP 429 / 5xx, or an update that does not fit on the
+  disk beside the old copy), the copy already here is used, with a warning.
 Files go to `<models dir>/<owner>/<name>/<file path in the repo>`. Split GGUFs (`X-00001-of-0000M.gguf`)
 are fetched part by part, each verified on its own.
 """
@@ -26,6 +28,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -50,6 +53,7 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60  # per socket operation, not for the whole download
 _ATTEMPTS = 5  # connections per file within one run before giving up (the .part stays for the next run)
 _RETRY_SLEEP_S = 1.0  # first back-off between attempts, doubling up to 10x
+_LOCK_POLL_S = 1.0  # while another process holds a file: how often its progress is shown and a cancel is seen
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -129,24 +133,37 @@ def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.
         return _resolve_offline(model, root, reason="HF_HUB_OFFLINE is set")
     try:
         commit, remote = _remote_files(model, revision)
-    except _NetworkError as e:
-        try:
-            local = _resolve_offline(model, root, reason="")
-        except DownloadError:
-            raise DownloadError(str(e)) from None
-        log.warning("%s; using the copy verified earlier: %s", e, local.path)
-        return local
+    except _NetworkError as e:  # no connection, or the Hub busy (429, 5xx)
+        return _copy_here(model, root, e)
     folder = root / model.repo
     targets = [(f, folder / f.name) for f in remote]
     todo = [(f, dest) for f, dest in targets if not _is_current(dest, f)]
     if todo:
-        _check_free_space(folder, todo)
+        try:
+            _check_free_space(folder, todo)
+        except DownloadError as e:  # e.g. the Hub's file was updated and two copies do not fit
+            return _copy_here(model, root, e)
         _download_all(model.repo, commit, todo, progress, show_progress)
     for f, dest in targets:
         if _read_json(_sidecar(dest)).get("sha256") != f.sha256:  # verified by re-hashing, never recorded
-            _write_record(dest, model.repo, commit, f)
+            try:
+                _write_record(dest, model.repo, commit, f)
+            except OSError as e:  # a read-only models folder: the bytes are right, the next run checks them again
+                log.warning("%s is verified, but its record could not be written (%s): it will be checked again "
+                            "next time", dest, e.strerror or e)
     paths = tuple(dest for _, dest in targets)
     return LocalModel(path=paths[0], parts=paths, repo=model.repo, commit=commit)
+
+
+def _copy_here(model: ModelSpec, root: Path, why: DownloadError) -> LocalModel:
+    """The copy of the model already in the models folder (as offline), where the Hub cannot give a newer one
+    now (`why`, raised when there is none)."""
+    try:
+        local = _resolve_offline(model, root, reason="")
+    except DownloadError:
+        raise DownloadError(str(why)) from None
+    log.warning("%s; using the copy verified earlier: %s", why, local.path)
+    return local
 
 
 def free_bytes(path: Path) -> int:
@@ -161,7 +178,7 @@ def free_bytes(path: Path) -> int:
 
 
 class _NetworkError(DownloadError):
-    """The Hub could not be reached (no connection, DNS, proxy, timeout)."""
+    """The Hub could not be reached (no connection, DNS, proxy, timeout) or is busy (HTTP 429, 5xx)."""
 
 
 def _endpoint() -> str:
@@ -261,6 +278,9 @@ def _metadata_error(e: Exception, repo: str, revision: str, endpoint: str) -> Do
     if isinstance(e, hf.RepositoryNotFoundError) or status in (401, 403, 404):
         return DownloadError(f"{where}: repository not found or not accessible (HTTP {status}). Check the repo "
                              f"name; for a private or gated repo set HF_TOKEN to a token with access")
+    if isinstance(e, hf.HfHubHTTPError) and (status == 429 or (status or 0) >= 500):  # busy: a copy here will do
+        return _NetworkError(f"{where}: Hugging Face answered HTTP {status}; try again later, or set "
+                             f"HF_HUB_OFFLINE=1 to use a model already downloaded ({_first_line(e)})")
     if isinstance(e, hf.HfHubHTTPError):
         return DownloadError(f"{where}: Hugging Face answered HTTP {status}; try again later ({_first_line(e)})")
     if isinstance(e, hf.OfflineModeIsEnabled) or _is_transport_error(e):
@@ -299,10 +319,12 @@ def _part_record(dest: Path) -> Path:
 
 
 def _read_json(path: Path) -> dict:
+    """The JSON object in `path`; {} where there is none (missing, unreadable, damaged, or not an object)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -317,12 +339,18 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=2) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())  # on disk before the rename: a power cut leaves the old record or the new, whole
-    os.replace(tmp, path)
+    # a temporary name of its own: two launches recording one file at once each rename a whole record
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename: a power cut leaves the old record or the new, whole
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_folder(path.parent)
 
 
@@ -509,14 +537,23 @@ def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], p
     if progress is not None:
         progress(done, total)
     started = {dest: _part_bytes(dest, f) for f, dest in todo}  # what `done` counted of each
+
+    def counted(f: RemoteFile, dest: Path, now: int) -> None:
+        """`done` moved to `now` bytes of this file (another process may have grown or dropped its .part)."""
+        advance(now - started[dest])
+        started[dest] = now
+
     try:
         for f, dest in todo:
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                with _file_lock(dest):
+                # While another process holds the file, its .part's growth is shown, and a cancel (the progress
+                # callback raising) ends the wait.
+                with _file_lock(dest, waiting=lambda f=f, dest=dest: counted(f, dest, _part_bytes(dest, f))):
                     if _is_current(dest, f):  # another process finished it while this one waited
-                        advance(f.size - started[dest])
+                        counted(f, dest, f.size)
                         continue
+                    counted(f, dest, _part_bytes(dest, f))  # where this process resumes
                     url = hf_hub_url(repo, f.name, revision=commit, endpoint=endpoint)  # pinned: parts of one commit
                     _download_one(url, headers, repo, commit, f, dest, advance)
             except OSError as e:  # the models folder: read-only, full, or not ours (network errors are not OSErrors
@@ -529,10 +566,11 @@ def _download_all(repo: str, commit: str, todo: list[tuple[RemoteFile, Path]], p
 
 
 @contextlib.contextmanager
-def _file_lock(dest: Path):
+def _file_lock(dest: Path, waiting: Callable[[], None] = lambda: None):
     """.locks/FILE.lock held while FILE is fetched, checked and renamed: two processes sharing a models folder (a download in
     one terminal, a launch in another) would otherwise both append to one FILE.part, each checking the hash of its own
-    stream, and hand over a file of mixed bytes as verified. The second waits, then finds the file done."""
+    stream, and hand over a file of mixed bytes as verified. The second waits, then finds the file done; `waiting` is
+    called about once a second meanwhile (an exception from it ends the wait)."""
     from filelock import FileLock, Timeout
 
     locks = dest.parent / ".locks"  # (as huggingface_hub's cache keeps them: beside the files, out of sight)
@@ -542,7 +580,13 @@ def _file_lock(dest: Path):
         lock.acquire(timeout=0)
     except Timeout:
         log.warning("another process is downloading %s into %s; waiting for it to finish", dest.name, dest.parent)
-        lock.acquire()
+        while True:
+            waiting()
+            try:
+                lock.acquire(timeout=_LOCK_POLL_S)
+                break
+            except Timeout:
+                pass
     try:
         yield
     finally:
@@ -570,20 +614,22 @@ def _download_one(url: str, headers: dict[str, str], repo: str, commit: str, f: 
 
 
 def _fetch(url: str, headers: dict[str, str], part: _PartFile, advance: Callable[[int], None]) -> None:
-    """Bring `part` to its full size, resuming with Range; retries dropped connections a few times."""
+    """Bring `part` to its full size, resuming with Range; retries a dropped connection a few times in a row (a
+    connection that brought bytes starts the count again)."""
     size = part.file.size
-    for attempt in range(1, _ATTEMPTS + 1):
-        if part.have >= size:
-            return
+    failures = 0
+    while part.have < size:
+        before = part.have
         try:
             _fetch_once(url, headers, part, advance)
             return
         except _Interrupted as e:
-            if attempt == _ATTEMPTS:
+            failures = 1 if part.have > before else failures + 1
+            if failures == _ATTEMPTS:
                 raise DownloadError(f"download of {urlsplit(url).path} stopped at {_size(part.have)} of "
                                     f"{_size(size)}: {e}. Run the same command again to resume") from None
             log.warning("download interrupted at %s (%s); resuming", _size(part.have), e)
-            time.sleep(min(2 ** (attempt - 1), 10) * _RETRY_SLEEP_S)
+            time.sleep(min(2 ** (failures - 1), 10) * _RETRY_SLEEP_S)
 
 
 def _fetch_once(url: str, headers: dict[str, str], part: _PartFile, advance: Callable[[int], None]) -> None:
@@ -601,6 +647,11 @@ def _fetch_once(url: str, headers: dict[str, str], part: _PartFile, advance: Cal
         raise _Interrupted(f"{type(e).__name__}: {e}") from None
     with resp:
         if part.have and resp.status == 200:
+            # Only a body that is the whole file replaces the bytes kept (not, say, a proxy's error page).
+            length = resp.headers.get("Content-Length")
+            if length is None or not length.isdigit() or int(length) != size:
+                raise _Interrupted(f"the server answered a range request with HTTP 200 and {length or 'no'} "
+                                   f"Content-Length, not the file's {size} bytes")
             log.warning("server ignored Range; downloading %s from the start", part.path.name)
             advance(-part.restart())
         elif part.have and resp.status == 206:
@@ -636,8 +687,10 @@ def _http_error(e: urllib.error.HTTPError, url: str) -> Exception:
                              f"access to this repo (and accept its terms on the Hub if it is gated)")
     if e.code == 404:
         return DownloadError(f"{url}: HTTP 404, not found. Check the repo and file name")
-    if e.code == 416:
-        return _Interrupted("HTTP 416 (range not satisfiable)")
+    if e.code == 416:  # the server has fewer bytes than the Hub lists: retrying cannot help
+        return DownloadError(f"{url}: HTTP 416, the server holds fewer bytes than Hugging Face lists for this "
+                             f"file (a mirror out of step? check HF_ENDPOINT); the partial download is kept: run "
+                             f"again later to resume it")
     if e.code == 429 or e.code >= 500:
         return _Interrupted(f"HTTP {e.code}")
     return DownloadError(f"{url}: HTTP {e.code} {e.reason}")
