@@ -770,3 +770,68 @@ def test_a_prefill_that_fails_part_way_keeps_the_record_of_what_the_engine_commi
     with pytest.raises(OpenJetError, match="the second chunk failed"):
         engine.prefill(state, [3, 4, 5, 6, 7, 8], chunk_size=3)
     assert state.tokens == (1, 2, 3, 4, 5) and engine._lib.n_past == 5
+
+
+class BrokenAfterFailure(FakeLib):
+    """A GPU failure the library reports after committing the step (engine.cu decode_impl: n_past += t before the final
+    sync): the sequence is then undefined, and every call but reset / restore is refused until one runs."""
+
+    broken = False
+    fail_decode = False
+
+    def openjet_engine_decode(self, h, ids, t, logits, hidden):
+        if self.broken:
+            return self._fail("decode: the sequence is undefined after a failed call: reset or restore first")
+        rc = super().openjet_engine_decode(h, ids, t, logits, hidden)
+        if rc == 0 and self.fail_decode:
+            self.fail_decode, self.broken = False, True
+            return self._fail("decode: cudaErrorIllegalAddress")
+        return rc
+
+    def openjet_engine_prefill(self, h, ids, n, chunk, logits, hidden):
+        if self.broken:
+            self.calls.append(("prefill refused", n))
+            return self._fail("prefill: the sequence is undefined after a failed call: reset or restore first")
+        return super().openjet_engine_prefill(h, ids, n, chunk, logits, hidden)
+
+    def openjet_engine_reset(self, h):
+        self.broken = False
+        return super().openjet_engine_reset(h)
+
+    def openjet_engine_restore(self, h, slot):
+        self.broken = False
+        return super().openjet_engine_restore(h, slot)
+
+
+def test_a_refused_prefill_after_a_failure_records_no_tokens(engine):
+    """A decode that failed after the library counted its rows leaves the device ahead of the record; a prefill then is
+    refused before anything runs, and records nothing (it took the device's position for its own progress and recorded
+    ids the engine never processed, which a later truncate would have replayed)."""
+    engine._lib = lib = BrokenAfterFailure()
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    lib.fail_decode = True
+    with pytest.raises(OpenJetError, match="cudaErrorIllegalAddress"):
+        engine.decode(state, [3, 4])
+    assert lib.n_past == 4 and state.tokens == (1, 2)
+    with pytest.raises(OpenJetError, match="undefined"):
+        engine.prefill(state, [7, 8, 9])
+    assert state.tokens == (1, 2)
+
+
+def test_truncate_to_the_current_length_recovers_after_a_failure(engine):
+    """ENGINE.md: after a failure, truncate (restore or reset, then replay) recovers the sequence, also to its own
+    length (it returned at once, so every later call stayed refused)."""
+    engine._lib = lib = BrokenAfterFailure()
+    state = engine.new_state()
+    engine.decode(state, [1, 2])
+    lib.fail_decode = True
+    with pytest.raises(OpenJetError, match="cudaErrorIllegalAddress"):
+        engine.decode(state, [3, 4])
+    engine.truncate(state, state.n_tokens)
+    assert not lib.broken and lib.n_past == 2 and state.tokens == (1, 2)
+    engine.decode(state, [5])
+    assert state.tokens == (1, 2, 5) and lib.n_past == 3
+    calls = len(lib.calls)
+    engine.truncate(state, state.n_tokens)  # nothing failed since: nothing to do
+    assert len(lib.calls) == calls

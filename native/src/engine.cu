@@ -1782,13 +1782,15 @@ extern "C" OPENJET_API void openjet_engine_destroy(openjet_engine* engine) {
 extern "C" OPENJET_API int openjet_engine_reset(openjet_engine* e) {
     TRY(check_engine(e));
     const GpuFailureWatch watch(e);  // a reset failing part way leaves the sequence undefined, as any operation
+    // No verify awaits an accept and no replay is due, even if what follows fails: a failed reset then leaves an
+    // engine that restore or another reset recovers (pending, restore was refused, and accept too while broken).
+    e->pending = 0;
+    e->replay_rows = 0;
     CHECK(cudaSetDevice(e->cfg.device));
     CHECK(cudaMemsetAsync(e->state + 0, 0, e->gdn_bytes, e->stream));  // GDN states and both conv buffers
     CHECK(cudaStreamSynchronize(e->stream));
     e->n_past = 0;
     e->conv_cur = 0;
-    e->pending = 0;
-    e->replay_rows = 0;
     e->broken = false;
     return OPENJET_OK;
 }

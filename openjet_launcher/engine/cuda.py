@@ -288,6 +288,9 @@ class CudaEngine(Engine):
         self._stats = EngineStats()
         self._generation = 0
         self._pending: list[int] = []            # ids of a verify step awaiting accept
+        # A call failed since the last reset or restore: the device's sequence may be undefined (a GPU failure part
+        # way), so truncate restores even to the current length (it returned at once, leaving the engine refusing).
+        self._suspect = False
         # The MTP head's draft vocabulary (set_draft_vocabulary): the device's rows in order, and which
         # state's tokens they already cover (generation, count).
         self._draft_base: np.ndarray | None = None
@@ -397,12 +400,14 @@ class CudaEngine(Engine):
 
     def _error(self, what: str) -> OpenJetError:
         """The library's last error, as the failed call `what` reports it."""
+        self._suspect = True
         return OpenJetError(f"{what}: {self._lib.openjet_engine_last_error().decode(errors='replace')}")
 
     # ---------------------------------------------------------------------------------------- interface
 
     def new_state(self) -> CudaState:
         self._check(self._lib.openjet_engine_reset(self._handle), "reset")
+        self._suspect = False
         self._generation += 1
         self._pending = []
         if self._draft_base is not None and len(self._draft_rows) > len(self._draft_base):
@@ -813,7 +818,7 @@ class CudaEngine(Engine):
             raise OpenJetError(f"truncate: the token count must be an integer, not {n_tokens!r}") from None
         if not 0 <= n_tokens <= state.n_tokens:
             raise OpenJetError(f"cannot truncate a sequence of {state.n_tokens} tokens to {n_tokens}")
-        if n_tokens == state.n_tokens:
+        if n_tokens == state.n_tokens and not self._suspect:
             return
         state.slots = {p: s for p, s in state.slots.items() if p <= n_tokens}
         gen, done = self._draft_synced
@@ -824,6 +829,7 @@ class CudaEngine(Engine):
             self._touch(state.slots[base])
         else:
             self._check(self._lib.openjet_engine_reset(self._handle), "reset")
+        self._suspect = False
         replay = np.array(state.token_ids[base:n_tokens], dtype=np.int64)
         how = bytes(state.prefilled[base:n_tokens])
         state.cut(base)
@@ -928,6 +934,8 @@ class CudaEngine(Engine):
         ids32 = np.ascontiguousarray(ids, dtype=np.int32)
         lg, hd = self._logits[:1], self._hidden[:1]
         ptr = ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        start = ctypes.c_int(-1)  # where the device is (a failure before may have left it past the record)
+        self._lib.openjet_engine_n_past(self._handle, ctypes.byref(start))
         if at > 0:
             slot = self._slot_for(state, f)
             rc = self._lib.openjet_engine_prefill_checkpoint(self._handle, ptr, n, chunk, slot, at, _f32p(lg),
@@ -937,7 +945,8 @@ class CudaEngine(Engine):
         if rc != 0:  # the engine commits chunk by chunk: the record keeps the chunks it committed before failing
             error = self._error("prefill")  # (before the n_past query below)
             done = ctypes.c_int(-1)
-            if self._lib.openjet_engine_n_past(self._handle, ctypes.byref(done)) == 0 and n0 < done.value <= n0 + n:
+            if (start.value == n0 and self._lib.openjet_engine_n_past(self._handle, ctypes.byref(done)) == 0
+                    and n0 < done.value <= n0 + n):
                 state.add(ids[:done.value - n0], prefilled=True)
             raise error
         if at > 0:
