@@ -241,6 +241,33 @@ def test_a_malformed_call_inside_the_think_block_stays_reasoning():
     assert "kept as reasoning" in out.warnings[0]
 
 
+def test_an_unclosed_call_in_the_think_block_ends_at_the_think_close():
+    """A call drafted in the reasoning and never closed stops at `</think>`: it stays reasoning and the answer after
+    it is content (the call's value ran on to the next `</parameter>`, past `</think>`: the answer was lost, or a later
+    real call's text became its argument)."""
+    draft = "I could call <tool_call>\n<function=get_weather>\n<parameter=city>\nParis, but no."
+    out = parse(draft + "</think>\n\nIt is sunny.")
+    assert (out.reasoning, out.content, out.tool_calls) == (draft, "It is sunny.", [])
+    assert "</think> inside the call" in out.warnings[0]
+    out = parse(draft + "</think>\n\n" + xml_call("get_weather", city="Paris"))
+    assert out.reasoning == draft and [args(c) for c in out.tool_calls] == [{"city": "Paris"}]
+
+
+def test_a_value_nested_too_deep_for_json_is_passed_as_text_with_a_warning():
+    """An array parameter nested 1,200 deep (json.loads raises RecursionError): the raw text with a warning, not a
+    crash of the request."""
+    deep = "[" * 1200 + "]" * 1200
+    out = parse("</think>" + xml_call("configure", tags=deep))
+    assert [args(c) for c in out.tool_calls] == [{"tags": deep}]
+    assert "not valid JSON" in out.warnings[0]
+
+
+def test_a_value_of_another_json_type_than_the_schema_says_is_passed_with_a_warning():
+    out = parse("</think>" + xml_call("get_weather", city="Rome", days='"5"'))
+    assert args(out.tool_calls[0]) == {"city": "Rome", "days": "5"}
+    assert "is JSON of type string where the schema says integer" in out.warnings[0]
+
+
 def test_a_tool_call_tag_mentioned_in_the_reasoning_is_text():
     out = parse("I should use <tool_call> tags.\n</think>\n\nDone.")
     assert (out.reasoning, out.content, out.tool_calls) == ("I should use <tool_call> tags.", "Done.", [])
@@ -323,6 +350,8 @@ CORPUS = [
     (True, "I will look it up.\n" + xml_call("get_weather", city="Oslo") + "\n\nAfter."),
     (True, "I should use <tool_call> tags.\n<tool_call>\nlater\n</think>\n\nDone."),
     (True, "Plan.\n" + MALFORMED["garbage inside"] + "\nmore\n</think>\n\nDone."),
+    (True, "Draft <tool_call>\n<function=get_weather>\n<parameter=city>\nParis ...</think>\n\n"
+     + xml_call("get_weather", city="Paris")),
     (True, "x\n</think>\n\n" + MALFORMED["missing </function>"] + "\n" + xml_call("get_weather", city="Bern")),
     (False, "before " + xml_call("search", q="1") + " mid " + xml_call("get_weather", city="A", days="x") + " after"),
 ] + [(True, "Thinking.\n</think>\n\nHere.\n" + raw) for raw in MALFORMED.values()]

@@ -12,7 +12,8 @@ Three modes, one buffer of text not yet decided:
   back until the next delta says it cannot. In the reasoning, `<tool_call>` ends the reasoning only
   when `<function=` follows and the call proves valid (Qwen3.5-family models sometimes call a tool
   without closing the think block; vLLM's Qwen3 reasoning parser makes the same exception); otherwise
-  it is reasoning text.
+  it is reasoning text. A call begun in the reasoning ends at `</think>` at the latest (unfinished there, it
+  is reasoning text, and `</think>` still ends the reasoning).
 * tool call: from `<tool_call>` on, nothing is emitted until tool_calls.ToolCallScanner has the whole
   call. Then it goes out as one ToolCallEvent with its complete arguments; a call that turns out
   malformed (garbage inside, `</function>` missing, output ending inside it) goes out raw as content
@@ -215,11 +216,17 @@ class OutputParser:
     def _end_tool_call(self, events: list[Event], at_end: bool) -> bool:
         """Scan the call in the buffer; False while it is incomplete and the output goes on."""
         assert self._scanner is not None and self._tools is not None
-        verdict = self._scanner.advance(self._buf)
-        if verdict is None:
+        buf = self._buf
+        think_close = buf.find(THINK_CLOSE) if self._call_from == _REASONING else -1
+        if think_close != -1:  # a call begun in the reasoning ends with it: never an argument running past `</think>`
+            buf = buf[:think_close]
+        verdict = self._scanner.advance(buf)
+        if verdict is None and think_close != -1:
+            verdict = Malformed(think_close, "</think> inside the call")
+        elif verdict is None:
             if not at_end:
                 return False
-            verdict = self._scanner.at_end(self._buf)
+            verdict = self._scanner.at_end(buf)
         self._scanner = None
         if isinstance(verdict, Malformed):
             self._keep_as_text(events, verdict.at, f"malformed tool call, kept as {self._call_from}: {verdict.reason}")

@@ -295,7 +295,7 @@ def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[An
         return text, None
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested ~1,000 deep
         value = _PYTHON_LITERALS.get(text.strip(), _NOT_PARSED)
         if value is not _NOT_PARSED and not _admits(types, value):
             value = _NOT_PARSED
@@ -303,6 +303,9 @@ def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[An
         return (value, None) if value is not _NOT_PARSED and _admits(types - {"string"}, value) else (text, None)
     if value is _NOT_PARSED:
         return text, f"is not valid JSON for type {'/'.join(sorted(types))}; passed as a string"
+    if not _admits(types, value):
+        wanted = "/".join(sorted(types))
+        return value, f"is JSON of type {_json_type(value)} where the schema says {wanted}; passed as written"
     return value, None
 
 
