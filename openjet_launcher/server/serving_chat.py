@@ -30,7 +30,7 @@ def _finish_reason(finish: str, n_calls: int) -> str:
 async def create_chat_completion(core: ServerCore, request: Request):
     s = core.settings
     req = await parse_request(request, ChatCompletionRequest, s.max_body_bytes, s.max_json_depth)
-    turn = await start_turn(core, [m.for_template() for m in req.messages], tools=req.tools_for_template(),
+    turn = await start_turn(core, req.messages_for_template(), tools=req.tools_for_template(),
                             template_kwargs=template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
                             params=core.sampling_params(req), max_tokens=req.max_completion_tokens or req.max_tokens,
                             stops=core.stop_strings(req.stop), continue_final=req.continue_final_message,

@@ -80,3 +80,44 @@ def test_no_parallel_tool_calls_gives_at_most_one_call_on_every_surface(scripted
         m = ac.messages.create(model="m", max_tokens=200, messages=ask, tools=[
             {"name": "get_weather", "description": "Weather", "input_schema": PARAMS}], **choice)
         assert sum(b.type == "tool_use" for b in m.content) == want and m.stop_reason == "tool_use"
+
+
+DEEP_ARGUMENTS = '{"a": ' + "[" * 1000 + "]" * 1000 + "}"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": "f", "arguments": DEEP_ARGUMENTS}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "r"}]}),
+    ("/v1/responses", {"max_output_tokens": 1, "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": DEEP_ARGUMENTS},
+        {"type": "function_call_output", "call_id": "c", "output": "r"}]}),
+], ids=["chat", "responses"])
+def test_tool_call_arguments_nested_too_deep_are_a_400(scripted, say, path, body):
+    """Arguments are a JSON string, so the body's depth check cannot see inside them: 1,000 levels made json.loads
+    raise RecursionError, a 500 (design.md: deep nesting is a 400)."""
+    say("ok")
+    r = httpx.post(scripted.base + path, json=body, timeout=30)
+    assert r.status_code == 400 and "nested too deeply" in r.text, r.text
+
+
+def test_a_developer_message_is_the_system_turn_for_a_template_without_that_role(text_layer):
+    """Qwen's own template raises on a `developer` role; chat completions render leading system and developer
+    messages as one system turn, as /v1/responses does (recent OpenAI clients send `developer`)."""
+    from openjet_launcher.model.sdist import SdistError, sdist_member
+    from openjet_launcher.server.protocol.openai import ChatCompletionRequest
+    from openjet_launcher.text.chat import ChatTemplate
+    tokenizer, _ = text_layer
+    try:
+        real = ChatTemplate(sdist_member("models/templates/Qwen3.5-4B.jinja").decode("utf-8"),
+                            control_tokens=tokenizer.control_tokens)
+    except SdistError as e:
+        pytest.skip(f"llama-cpp-python sdist unavailable: {e}")
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "system", "content": "Be kind."}, {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "hi"}]})
+    assert real.render(req.messages_for_template()) == real.render(
+        [{"role": "system", "content": "Be kind.\n\nBe brief."}, {"role": "user", "content": "hi"}])

@@ -52,6 +52,8 @@ class ToolCallIn(RequestModel):
             value = f.decoded_arguments()
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
+        except RecursionError:  # the body's depth check cannot see inside a string
+            raise ValueError("arguments are nested too deeply") from None
         if not isinstance(value, dict):
             raise ValueError("arguments must be a JSON object encoded as a string")
         return f
@@ -345,6 +347,18 @@ class ChatCompletionRequest(FunctionToolChoice, SamplingFields):
     # The deprecated function-calling fields: refused (a client of them expects `function_call` back), not dropped
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
+
+    def messages_for_template(self) -> list[dict[str, Any]]:
+        """The messages as the template reads them, the leading system and developer messages as one system turn
+        (Qwen's own template knows no `developer` role; the Responses API's instructions are folded the same way)."""
+        messages = [m.for_template() for m in self.messages]
+        lead = 0
+        while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
+            lead += 1
+        if lead > 1 or (lead and messages[0]["role"] == "developer"):
+            text = "\n\n".join(m["content"] for m in messages[:lead] if m["content"])
+            messages[:lead] = [{"role": "system", "content": text}]
+        return messages
 
     @field_validator("functions", "function_call")
     @classmethod

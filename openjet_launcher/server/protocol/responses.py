@@ -76,6 +76,8 @@ class FunctionCallItem(RequestModel):
             value = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
+        except RecursionError:  # the body's depth check cannot see inside a string
+            raise ValueError("arguments are nested too deeply") from None
         if not isinstance(value, dict):
             raise ValueError("arguments must be a JSON object encoded as a string")
         return arguments
