@@ -180,7 +180,7 @@ def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
         check_ctx(args.ctx)  # the server's rule, before a server is started only to crash on it
     notes: list[str] = []
     env: dict[str, str] = {}
-    api_key = args.api_key or os.environ.get("OPENJET_API_KEY")
+    api_key = (args.api_key or os.environ.get("OPENJET_API_KEY") or "").strip() or None  # (a secret file's newline)
     if api_key:
         env["OPENJET_API_KEY"] = api_key  # through the environment: never visible in the process list
     else:

@@ -14,7 +14,7 @@ class APIKeyMiddleware:
 
     def __init__(self, app, api_key: str, on_refused: Callable[[str], object] = lambda path: None):
         self.app = app
-        self._key = api_key.encode()
+        self._key = api_key.strip().encode()  # header values arrive stripped: a key's stray newline matched none
         self.on_refused = on_refused           # hears the path of each request refused here (for the metrics)
 
     async def __call__(self, scope, receive, send):

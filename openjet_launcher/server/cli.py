@@ -85,7 +85,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft", type=int, default=0, metavar="N",
                    help="MTP speculative decoding with at most N drafts per step (each step drafts as many as "
                         "the request's acceptance so far makes pay), for requests without penalties; the tokens "
-                        "keep their distribution (greedy: the same tokens). Default 0; at most 7 on the CUDA engine")
+                        "keep their distribution (greedy: the same tokens). Default 0, at most 7")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help=f"the CUDA engine's prompt tokens per prefill chunk, 1..{PREFILL_ROWS_MAX} (default "
                         f"{PREFILL_ROWS}; each chunk reads the weights once and takes ~260 KB of GPU memory per "
@@ -264,7 +264,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     n_ctx = args.ctx if args.ctx is not None else check_ctx(min(n_ctx_train, 32768))
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
-    api_key = args.api_key or os.environ.get("OPENJET_API_KEY") or None
+    # Stripped: header values arrive without surrounding whitespace, so a key read with its file's newline matched none
+    api_key = (args.api_key or os.environ.get("OPENJET_API_KEY") or "").strip() or None
     if not is_loopback(args.host) and not api_key:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
                     "(set --api-key or OPENJET_API_KEY)", escape_for_log(args.host))

@@ -321,8 +321,10 @@ class EngineWorker:
             return
         self.ready.set()
         while (job := self._jobs.get()) is not None:
-            if self.engine_error:  # (queued before the engine broke)
-                job.channel.put(Failed(f"the engine failed and cannot serve: {self.engine_error}"), force=True)
+            if self.engine_error:  # queued before the engine broke: refused as a later request is (503, rejected)
+                self.metrics.add(requests_rejected_total=1)
+                job.channel.put(Failed(f"the engine failed and cannot serve: {self.engine_error}; restart the server",
+                                       status=503), force=True)
                 continue
             slot = self.slots[0]
             self.busy = 1

@@ -295,3 +295,45 @@ def test_stop_matcher_holds_back_possible_starts_only():
 def test_log_escaping_neutralises_control_characters():
     from openjet_launcher.server.errors import escape_for_log
     assert escape_for_log("a\x1b[31mred\nnext\u202e") == "a\\x1b[31mred\\x0anext\\u202e"
+
+
+def test_a_key_with_a_trailing_newline_still_admits_its_clients(text_layer):
+    """A key read from a secret file keeps its newline; header values arrive stripped, so it matched no client (every
+    request 401, no warning). The key is compared without its surrounding whitespace."""
+    tokenizer, template = text_layer
+    settings = ServerSettings(model_id="m", n_ctx=512, api_key="k3y\n")
+    with LiveServer(create_app(ScriptedEngine(tokenizer.n_vocab), tokenizer, template, settings)) as s:
+        assert httpx.get(s.base + "/v1/models", headers={"x-api-key": "k3y"}).status_code == 200
+        assert httpx.get(s.base + "/v1/models", headers={"Authorization": "Bearer k3y"}).status_code == 200
+        assert httpx.get(s.base + "/v1/models", headers={"x-api-key": "k3"}).status_code == 401
+
+
+def test_requests_queued_when_the_engine_breaks_are_refused_and_counted(text_layer):
+    """The engine breaks (a failed generation whose reset fails too) with two requests queued behind it: they get the
+    503 a later request gets and count as rejected (they were 500s in no counter)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokenizer, template = text_layer
+    engine = ScriptedEngine(tokenizer.n_vocab)
+    with LiveServer(create_app(engine, tokenizer, template, ServerSettings(model_id="m", n_ctx=512))) as s:
+        started = threading.Event()
+
+        def boom(state, tokens, **kw):
+            started.set()
+            time.sleep(1.0)
+            raise RuntimeError("boom")
+
+        def sticky():
+            raise RuntimeError("sticky")
+        engine.prefill, engine.new_state = boom, sticky
+        metrics = s.core.metrics
+        before = (metrics.requests_failed_total, metrics.requests_rejected_total)
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(httpx.post, s.base + "/v1/chat/completions", json=OK, timeout=30)
+            assert started.wait(10)
+            queued = [pool.submit(httpx.post, s.base + "/v1/chat/completions", json=OK, timeout=30) for _ in range(2)]
+            assert wait_for(lambda: s.core.worker._jobs.qsize() == 2)
+            codes = [first.result().status_code] + [f.result().status_code for f in queued]
+        assert codes == [500, 503, 503]
+        assert (metrics.requests_failed_total, metrics.requests_rejected_total) == (before[0] + 1, before[1] + 2)
