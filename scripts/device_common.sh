@@ -34,30 +34,40 @@ build_engine() {
   local dir=$1 log=$2; shift 2
   local arch=${OPENJET_DEVICE_ARCH:-$(gpu_arch)-real}
   [ "$arch" = 90-real ] && [ -z "${OPENJET_DEVICE_ARCH:-}" ] && arch=90a-real  # Hopper as released: the dense GEMM
-  if [ -f .prebuilt/stamp ] && [ "$(cat .prebuilt/stamp)" = "$(engine_stamp "$arch" "$@")" ]; then
+  local stamp
+  stamp=$(engine_stamp "$arch" "$@")
+  if [ -f .prebuilt/stamp ] && [ "$(cat .prebuilt/stamp)" = "$stamp" ]; then
+    rm -rf "$dir"  # no build state of an earlier call beside it (ninja would take the copy as up to date)
     mkdir -p "$dir/native" && cp .prebuilt/libopenjet.so "$dir/native/" &&
       cp .prebuilt/build.log "$log" 2>/dev/null
     if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$dir/native/libopenjet.so" 2>> "$log"; then
-      echo "engine: the prebuilt library (.prebuilt, stamp $(cat .prebuilt/stamp)) for $arch" | tee -a "$log"
+      echo "engine: the prebuilt library (.prebuilt, stamp $stamp) for $arch" | tee -a "$log"
       return 0
     fi
     echo "engine: the prebuilt library does not load here; building" | tee -a "$log"
+    rm -rf "$dir"
+  elif [ -f .prebuilt/stamp ]; then
+    echo "engine: .prebuilt is stale (stamp $(cat .prebuilt/stamp), this tree $stamp): building"
   fi
   if ! { time { cmake -S . -B "$dir" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" "$@" &&
                 cmake --build "$dir"; }; } > "$log" 2>&1; then
     tail -50 "$log"
     return 1
   fi
+  if [ "$arch" = 90a-real ] && ! grep -q "CUTLASS from" "$log"; then
+    echo "warning: built without CUTLASS's headers (carry .cache/cutlass-min, or a fresh .prebuilt): no dense prefill" \
+      "GEMM, so its tests skip and prefills take the fast kernel"
+  fi
 }
 
 # engine_stamp ARCH [cmake options...]: one hash over the engine's sources (native/src, native/include, the CMake
-# files, the linker map) with the architecture and the options that change the library (OPENJET_PTXAS_VERBOSE only
+# files, the linker map, pyproject.toml: the version compiled in) with the architecture and the options that change the library (OPENJET_PTXAS_VERBOSE only
 # changes the log): what .prebuilt/stamp must equal for its library to stand in for a build of this tree.
 engine_stamp() {
   local arch=$1 opts=() o; shift
   for o in "$@"; do [ "$o" = -DOPENJET_PTXAS_VERBOSE=ON ] || opts+=("$o"); done
   { echo "$arch ${opts[*]}"
-    find native/src native/include native/CMakeLists.txt native/exports.map CMakeLists.txt -type f \
+    find native/src native/include native/CMakeLists.txt native/exports.map CMakeLists.txt pyproject.toml -type f \
       -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16
 }
 

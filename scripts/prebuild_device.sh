@@ -2,8 +2,9 @@
 # Here, before a device session: the engine for the device's architecture built on this machine into .prebuilt/
 # (the library, its build log with ptxas's register and spill report, and the stamp of the sources it came from).
 # A device call that carries .prebuilt then skips its build (device_common.sh build_engine) and need not carry
-# .cache/cutlass-min: the library holds the dense prefill GEMM. Build again after changing the engine's sources; a
-# stale stamp only makes the device build as before.
+# .cache/cutlass-min: the library holds the dense prefill GEMM. Build again after changing the engine's sources: with
+# a stale stamp the device builds, and without CUTLASS's headers (not carried then) it warns that its library lacks
+# the dense prefill GEMM.
 #   bash scripts/prebuild_device.sh [ARCH]      (90a-real: the H100 / H200 as the release wheels build them)
 set -eo pipefail
 cd "$(dirname "$0")/.."

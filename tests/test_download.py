@@ -604,6 +604,31 @@ def test_an_update_on_the_hub_that_does_not_fit_keeps_the_verified_copy(hub, mon
     assert get().path == old and old.read_bytes() == blob(50_000, 6)
 
 
+def test_an_update_that_does_not_fit_never_falls_back_to_a_file_that_failed_its_check(hub, monkeypatch):
+    """Only a verified older version stands in when the update does not fit: a hand copy cut short (no record, its hash
+    wrong) keeps the disk error (it was used, "verified earlier", and failed later as a broken GGUF)."""
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 6)}
+    dest = download.dirs.models_dir() / REPO / name
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(hub.repos[REPO][name][:20_000])
+    monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
+    with pytest.raises(DownloadError, match="not enough disk space"):
+        get()
+
+
+def test_records_are_readable_by_the_folders_other_users(hub):
+    """A record written through a temporary file keeps the usual 0644 (mkstemp's 0600 would make every other user of a
+    shared models folder re-hash the model and rewrite the record each launch)."""
+    import os
+    import stat
+    name = "tiny-Q4_K_M.gguf"
+    hub.repos[REPO] = {name: blob(50_000, 2)}
+    path = get().path
+    if os.name == "posix":
+        assert stat.S_IMODE(path.with_name(name + ".openjet.json").stat().st_mode) == 0o644
+
+
 def test_a_200_answer_to_a_range_request_that_is_not_the_file_keeps_the_part(hub, monkeypatch):
     """A resume answered 200 with a body other than the whole file (a proxy's error page): the .part is kept, not
     emptied; a 200 with the whole file restarts as before (test_server_that_ignores_range_restarts_cleanly)."""

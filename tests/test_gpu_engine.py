@@ -575,16 +575,21 @@ def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's state keys are
     the same): a sequence (a capture each step) and three first steps of new sequences (one capture, two replays with
     other ids) give the stream launches' logits bit for bit."""
+    from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(37).integers(0, 4096, 40)
-    out = {}
+    out, ran = {}, {}
     for graph in ("0", "1"):
         monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
+            before = [kt.launch_count(c) for c in ("trunk_graph_capture", "trunk_graph_replay")]
             firsts = [engine.decode(engine.new_state(), ids[i:i + 1]).logits for i in range(3)]
+            after = [kt.launch_count(c) for c in ("trunk_graph_capture", "trunk_graph_replay")]
+            ran[graph] = (after[0] - before[0], after[1] - before[1])
             out[graph] = (decode_sequence_logits(engine, ids), np.concatenate(firsts))
         finally:
             engine.close()
+    assert ran == {"0": (0, 0), "1": (1, 2)}  # the three first steps: one capture, two replays
     assert np.isfinite(out["0"][0]).all() and np.isfinite(out["0"][1]).all()
     assert not np.array_equal(out["0"][1][0], out["0"][1][1])  # the replays' ids reached the device
     np.testing.assert_array_equal(out["1"][0], out["0"][0])

@@ -352,6 +352,13 @@ CORPUS = [
     (True, "Plan.\n" + MALFORMED["garbage inside"] + "\nmore\n</think>\n\nDone."),
     (True, "Draft <tool_call>\n<function=get_weather>\n<parameter=city>\nParis ...</think>\n\n"
      + xml_call("get_weather", city="Paris")),
+    # calls begun in the reasoning and cut by `</think>` at every stage of the scan (a split inside `</think>` must
+    # reach the complete parse's verdict and warning)
+    (True, "Draft <tool_call>\n<function=get_weather>\n</think>\n\nSunny."),
+    (True, "Draft <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</think>\n\nSunny."),
+    (True, "Draft <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function></think>x"),
+    (True, "Draft <tool_call>\n<function=get_weather>\n<parameter=ci</think>\n\nSunny."),
+    (True, "Draft <tool_call>\n<func</think>\n\nSunny."),
     (True, "x\n</think>\n\n" + MALFORMED["missing </function>"] + "\n" + xml_call("get_weather", city="Bern")),
     (False, "before " + xml_call("search", q="1") + " mid " + xml_call("get_weather", city="A", days="x") + " after"),
 ] + [(True, "Thinking.\n</think>\n\nHere.\n" + raw) for raw in MALFORMED.values()]

@@ -50,6 +50,7 @@
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
 #include "kquant.cuh"
+#include "launch_count.h"
 #include "prefill_gemm.cuh"
 #include "row_bound.cuh"
 #include "sample_top.cuh"
@@ -229,12 +230,12 @@ struct openjet_engine {
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph). The benchmark restores the
     // context before every step, so its steps replay one graph.
     bool bench_graph = false;
-    struct TrunkKey {
-        int t, n_past, conv_cur, ring_w, replay_rows;
+    struct TrunkKey {  // (process-wide test knobs, such as kernels_test's GEMV tile choice, are not in it)
+        int t, n_past, conv_cur, ring_w, replay_rows, attn_spread;
         bool verifying;
         bool operator==(const TrunkKey& o) const {
             return t == o.t && n_past == o.n_past && conv_cur == o.conv_cur && ring_w == o.ring_w &&
-                   replay_rows == o.replay_rows && verifying == o.verifying;
+                   replay_rows == o.replay_rows && attn_spread == o.attn_spread && verifying == o.verifying;
         }
     };
     TrunkKey graph_key{};
@@ -1465,7 +1466,7 @@ int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const T
 // OPENJET_BENCH_GRAPH=1: the trunk's launches from a graph captured at the same key (every host value trunk() reads
 // that changes between steps), captured first where the key is new.
 int trunk_graph(openjet_engine& e, int t) {
-    const openjet_engine::TrunkKey key{t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.verifying};
+    const openjet_engine::TrunkKey key{t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.attn_spread, e.verifying};
     if (!e.graph || !(key == e.graph_key)) {  // captured without a profile's marks
         if (e.graph) CHECK(cudaGraphExecDestroy(e.graph));
         e.graph = nullptr;
@@ -1485,6 +1486,9 @@ int trunk_graph(openjet_engine& e, int t) {
         cudaGraphDestroy(g);
         CHECK(made);
         e.graph_key = key;
+        count_launch(Counted::kTrunkGraphCapture);
+    } else {
+        count_launch(Counted::kTrunkGraphReplay);
     }
     CHECK(cudaGraphLaunch(e.graph, e.stream));
     return OPENJET_OK;
@@ -1509,11 +1513,12 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
                 const TopRequest* top = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     TRY(step_trunk(e, ids, t, false));
-    TRY(step_outputs(e, t, logits, hidden, top));
-    TRY(commit_rows(e, t));
-    // The host's share: how long the launches took to enqueue. Above the step's GPU time, the GPU waits on the host.
+    // The host's share: how long the trunk's ~700 launches took to enqueue (before step_outputs, whose copies to
+    // pageable memory wait for the GPU). Near the step's GPU time, the GPU waits on the host.
     e.enqueue.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     e.enqueue.second += 1;
+    TRY(step_outputs(e, t, logits, hidden, top));
+    TRY(commit_rows(e, t));
     CHECK(cudaStreamSynchronize(e.stream));
     collect_profile(e);
     return OPENJET_OK;

@@ -141,7 +141,9 @@ def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.
     if todo:
         try:
             _check_free_space(folder, todo)
-        except DownloadError as e:  # e.g. the Hub's file was updated and two copies do not fit
+        except DownloadError as e:  # the Hub's file was updated and two copies do not fit: the older version will do
+            if not all(_read_json(_sidecar(dest)).get("sha256") and dest.is_file() for _, dest in targets):
+                raise  # (not a file that failed its check, or one never verified)
             return _copy_here(model, root, e)
         _download_all(model.repo, commit, todo, progress, show_progress)
     for f, dest in targets:
@@ -342,6 +344,8 @@ def _write_json(path: Path, data: dict) -> None:
     # a temporary name of its own: two launches recording one file at once each rename a whole record
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
+        with contextlib.suppress(OSError, AttributeError):  # mkstemp's 0600 would hide it from a folder's other users
+            os.fchmod(fd, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(data, indent=2) + "\n")
             fh.flush()

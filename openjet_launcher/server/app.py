@@ -70,6 +70,8 @@ def create_app(engine, tokenizer: Tokenizer, template: ChatTemplate | None,
     install_error_handlers(app, count_error)
     app.add_middleware(LimitsMiddleware, max_inflight_bytes=settings.max_inflight_bytes,
                        max_body_bytes=settings.max_body_bytes, on_refused=count_rejection)
+    if settings.api_key is not None and not settings.api_key.strip():  # an empty x-api-key header would match it
+        raise ValueError("the API key is empty (only whitespace)")
     if settings.api_key:                   # added last: outermost, so a request without the key costs nothing
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key, on_refused=count_rejection)
     app.include_router(_routes(core))

@@ -322,7 +322,8 @@ class EngineWorker:
         self.ready.set()
         while (job := self._jobs.get()) is not None:
             if self.engine_error:  # queued before the engine broke: refused as a later request is (503, rejected)
-                self.metrics.add(requests_rejected_total=1)
+                gone = job.cancelled.is_set()  # (a client that left is counted as _serve counts it)
+                self.metrics.add(**{"requests_cancelled_total" if gone else "requests_rejected_total": 1})
                 job.channel.put(Failed(f"the engine failed and cannot serve: {self.engine_error}; restart the server",
                                        status=503), force=True)
                 continue

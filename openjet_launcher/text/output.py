@@ -220,6 +220,8 @@ class OutputParser:
         think_close = buf.find(THINK_CLOSE) if self._call_from == _REASONING else -1
         if think_close != -1:  # a call begun in the reasoning ends with it: never an argument running past `</think>`
             buf = buf[:think_close]
+        elif self._call_from == _REASONING and not at_end:  # a `</think>` still arriving: scan up to it (any split
+            buf = buf[: len(buf) - _partial_tag(buf, THINK_CLOSE)]  # then reaches the complete parse's verdict)
         verdict = self._scanner.advance(buf)
         if verdict is None and think_close != -1:
             verdict = Malformed(think_close, "</think> inside the call")
@@ -280,6 +282,14 @@ class OutputParser:
             events[-1] = cls(events[-1].text + text)  # one delta per kind and feed
         else:
             events.append(cls(text))
+
+
+def _partial_tag(buf: str, tag: str) -> int:
+    """The length of the longest end of `buf` that is a proper start of `tag` (0: none)."""
+    for n in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if tag.startswith(buf[-n:]):
+            return n
+    return 0
 
 
 def parse_complete(

@@ -308,6 +308,14 @@ def test_a_key_with_a_trailing_newline_still_admits_its_clients(text_layer):
         assert httpx.get(s.base + "/v1/models", headers={"x-api-key": "k3"}).status_code == 401
 
 
+def test_a_key_of_only_whitespace_is_refused(text_layer):
+    """Stripped, it would be empty, and an empty x-api-key header would match it."""
+    tokenizer, template = text_layer
+    with pytest.raises(ValueError, match="empty"):
+        create_app(ScriptedEngine(tokenizer.n_vocab), tokenizer, template,
+                   ServerSettings(model_id="m", n_ctx=512, api_key=" \n"))
+
+
 def test_requests_queued_when_the_engine_breaks_are_refused_and_counted(text_layer):
     """The engine breaks (a failed generation whose reset fails too) with two requests queued behind it: they get the
     503 a later request gets and count as rejected (they were 500s in no counter)."""
