@@ -803,16 +803,22 @@ class BrokenAfterFailure(FakeLib):
         return super().openjet_engine_restore(h, slot)
 
 
-def test_a_refused_prefill_after_a_failure_records_no_tokens(engine):
-    """A decode that failed after the library counted its rows leaves the device ahead of the record; a prefill then is
-    refused before anything runs, and records nothing (it took the device's position for its own progress and recorded
-    ids the engine never processed, which a later truncate would have replayed)."""
+def _broken_by_a_decode(engine) -> tuple[BrokenAfterFailure, object]:
+    """[1, 2] decoded, then a decode of [3, 4] that failed after the library counted its rows."""
     engine._lib = lib = BrokenAfterFailure()
     state = engine.new_state()
     engine.decode(state, [1, 2])
     lib.fail_decode = True
     with pytest.raises(OpenJetError, match="cudaErrorIllegalAddress"):
         engine.decode(state, [3, 4])
+    return lib, state
+
+
+def test_a_refused_prefill_after_a_failure_records_no_tokens(engine):
+    """A decode that failed after the library counted its rows leaves the device ahead of the record; a prefill then is
+    refused before anything runs, and records nothing (it took the device's position for its own progress and recorded
+    ids the engine never processed, which a later truncate would have replayed)."""
+    lib, state = _broken_by_a_decode(engine)
     assert lib.n_past == 4 and state.tokens == (1, 2)
     with pytest.raises(OpenJetError, match="undefined"):
         engine.prefill(state, [7, 8, 9])
@@ -822,12 +828,7 @@ def test_a_refused_prefill_after_a_failure_records_no_tokens(engine):
 def test_truncate_to_the_current_length_recovers_after_a_failure(engine):
     """ENGINE.md: after a failure, truncate (restore or reset, then replay) recovers the sequence, also to its own
     length (it returned at once, so every later call stayed refused)."""
-    engine._lib = lib = BrokenAfterFailure()
-    state = engine.new_state()
-    engine.decode(state, [1, 2])
-    lib.fail_decode = True
-    with pytest.raises(OpenJetError, match="cudaErrorIllegalAddress"):
-        engine.decode(state, [3, 4])
+    lib, state = _broken_by_a_decode(engine)
     engine.truncate(state, state.n_tokens)
     assert not lib.broken and lib.n_past == 2 and state.tokens == (1, 2)
     engine.decode(state, [5])

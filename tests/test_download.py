@@ -177,6 +177,15 @@ def get(spec=f"{REPO}/tiny-Q4_K_M.gguf", **kw):
     return ensure_model(spec, show_progress=False, **kw)
 
 
+def interrupted(hub, monkeypatch, name: str, data: bytes, cut: int, match: str | None = None) -> None:
+    """A run of `get` whose one connection drops after `cut` bytes of `data` (hub's file `name`): its .part stays."""
+    hub.repos[REPO] = {name: data}
+    hub.drop_at[name] = cut
+    monkeypatch.setattr(download, "_ATTEMPTS", 1)
+    with pytest.raises(DownloadError, match=match):
+        get()
+
+
 def test_fresh_download_equals_served_bytes_and_records_verification(hub, tmp_path):
     hub.repos[REPO] = {"tiny-Q4_K_M.gguf": blob(300_000, 1), "README.md": b"hi"}
     calls = []
@@ -229,11 +238,7 @@ def test_interrupted_download_resumes_within_the_run_without_refetching(hub):
 def test_interrupted_download_resumes_in_a_later_run(hub, monkeypatch):
     size, cut = 400_000, 200_000
     name = "tiny-Q4_K_M.gguf"
-    hub.repos[REPO] = {name: blob(size, 8)}
-    hub.drop_at[name] = cut
-    monkeypatch.setattr(download, "_ATTEMPTS", 1)
-    with pytest.raises(DownloadError, match="Run the same command again to resume"):
-        get()
+    interrupted(hub, monkeypatch, name, blob(size, 8), cut, match="Run the same command again to resume")
     dest = download.dirs.models_dir() / REPO / name
     assert not dest.exists()
     assert dest.with_name(name + ".part").read_bytes() == hub.repos[REPO][name][:cut]
@@ -335,11 +340,7 @@ def test_too_little_disk_is_refused_before_any_byte(hub, monkeypatch):
 
 def test_disk_check_counts_only_what_the_part_lacks(hub, monkeypatch):
     name = "tiny-Q4_K_M.gguf"
-    hub.repos[REPO] = {name: blob(300_000, 14)}
-    hub.drop_at[name] = 250_000
-    monkeypatch.setattr(download, "_ATTEMPTS", 1)
-    with pytest.raises(DownloadError):
-        get()
+    interrupted(hub, monkeypatch, name, blob(300_000, 14), 250_000)
     monkeypatch.setattr(download, "free_bytes", lambda path: download.DISK_MARGIN_BYTES + 50_000)
     assert get().path.read_bytes() == hub.repos[REPO][name]
 
@@ -635,11 +636,7 @@ def test_a_200_answer_to_a_range_request_that_is_not_the_file_keeps_the_part(hub
     import io
 
     name = "tiny-Q4_K_M.gguf"
-    hub.repos[REPO] = {name: blob(100_000, 8)}
-    hub.drop_at[name] = 60_000
-    monkeypatch.setattr(download, "_ATTEMPTS", 1)
-    with pytest.raises(DownloadError):
-        get()
+    interrupted(hub, monkeypatch, name, blob(100_000, 8), 60_000)
     part = download.dirs.models_dir() / REPO / (name + ".part")
     assert part.stat().st_size == 60_000
 
@@ -659,11 +656,7 @@ def test_http_416_is_one_clear_error_that_keeps_the_part(hub, monkeypatch):
     import urllib.error
 
     name = "tiny-Q4_K_M.gguf"
-    hub.repos[REPO] = {name: blob(100_000, 9)}
-    hub.drop_at[name] = 50_000
-    monkeypatch.setattr(download, "_ATTEMPTS", 1)
-    with pytest.raises(DownloadError):
-        get()
+    interrupted(hub, monkeypatch, name, blob(100_000, 9), 50_000)
     calls = []
 
     def short(req):
@@ -714,6 +707,7 @@ def test_progress_counts_what_another_process_left_in_the_part(hub, monkeypatch)
     waiter = threading.Thread(target=lambda: result.update(path=get(progress=lambda d, t: seen.append((d, t)))))
     waiter.start()
     try:
+        from test_supervisor import _until
         assert _until(lambda: seen)
         part = folder / (name + ".part")  # meanwhile "the other process" writes 300 KB and stops
         part.write_bytes(data[:300_000])
@@ -725,12 +719,3 @@ def test_progress_counts_what_another_process_left_in_the_part(hub, monkeypatch)
     assert result["path"].path.read_bytes() == data
     assert seen[-1] == (len(data), len(data)) and hub.ranges == [(name, 300_000)]
 
-
-def _until(cond, timeout=10.0) -> bool:
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
