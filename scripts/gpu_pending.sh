@@ -71,7 +71,7 @@ case "${1:-${PLAN:-}}" in
   fold-bench)
     trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
     OPENJET_FULL_MODEL=$MODEL gpu_tests fold-27b-width 120 tests/test_gpu_engine.py -k norm_fold_keeps_every_bit_at_the_27b
-    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_SKIP_NORM_PACKS=4 OPENJET_BENCH_GRAPH=1; do
+    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
     done ;;
   attn)
