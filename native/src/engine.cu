@@ -239,7 +239,7 @@ struct openjet_engine {
         }
     };
     TrunkKey graph_key{};
-    std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their work (ms) and their count
+    std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their trunks (ms) and their count
     cudaGraphExec_t graph = nullptr;
     // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
     // attention launch (the chunk blocks' planned tile pipeline: an experiment, off until timed).
