@@ -583,7 +583,7 @@ def test_the_demo_model_is_served_on_the_reference_engine(tmp_path, monkeypatch)
     from openjet_launcher.server.cli import demo_model_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv("OPENJET_API_KEY", "sekret")
+    monkeypatch.setenv("OPENJET_API_KEY", "sekret\n")  # as read from a secret file: its newline is no part of the key
     plan = plan_launch(_default_args("--model", "demo", "--port", "9001"))
     assert plan.command[plan.command.index("--engine") + 1] == "reference"
     # the bundled trained model (or, in a checkout without it, the synthetic one generated into the cache)

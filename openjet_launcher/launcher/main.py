@@ -178,17 +178,16 @@ def plan_launch(args: argparse.Namespace, progress=None) -> LaunchPlan:
         from ..server.cli import check_ctx
 
         check_ctx(args.ctx)  # the server's rule, before a server is started only to crash on it
+    from ..server.cli import api_key_setting, is_loopback
+
     notes: list[str] = []
     env: dict[str, str] = {}
-    api_key = (args.api_key or os.environ.get("OPENJET_API_KEY") or "").strip() or None  # (a secret file's newline)
+    api_key = api_key_setting(args.api_key)
     if api_key:
         env["OPENJET_API_KEY"] = api_key  # through the environment: never visible in the process list
-    else:
-        from ..server.cli import is_loopback
-
-        if not is_loopback(args.host):  # the server logs this too, but its log is not the user's terminal
-            notes.append(f"warning: listening on {args.host} without an API key: anyone who can reach this "
-                         "machine can use the model (set --api-key or OPENJET_API_KEY)")
+    elif not is_loopback(args.host):  # the server logs this too, but its log is not the user's terminal
+        notes.append(f"warning: listening on {args.host} without an API key: anyone who can reach this "
+                     "machine can use the model (set --api-key or OPENJET_API_KEY)")
 
     gpu = None
     gpu_problem = None
@@ -344,7 +343,8 @@ def _supervisor(args: argparse.Namespace, plan: LaunchPlan, log_dir: Path | None
     for note in plan.notes:
         _say(note)
     sup = Supervisor(plan.command, health_url(args.host, args.port),
-                     log_dir=log_dir or dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"), env={**os.environ, **plan.env})
+                     log_dir=log_dir or dirs.ensure_dir(dirs.log_dir(), "OPENJET_LOG_DIR"),
+                     env={**os.environ, **plan.env})
     status = TerminalStatus(plan.model_label, _url_shown(args))
     sup.on_state(status)
     _say(f"server log: {sup.log_path}")

@@ -222,6 +222,12 @@ def draft_vocabulary(tokenizer):
     return mapping.ids
 
 
+def api_key_setting(value: str | None) -> str | None:
+    """--api-key's value, else OPENJET_API_KEY, stripped (header values arrive stripped: a key read with its secret
+    file's newline matched no client); None where neither gives a key."""
+    return (value or os.environ.get("OPENJET_API_KEY") or "").strip() or None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -264,8 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     n_ctx = args.ctx if args.ctx is not None else check_ctx(min(n_ctx_train, 32768))
     if n_ctx > n_ctx_train:
         log.warning("--ctx %d is beyond the model's training context of %d tokens", n_ctx, n_ctx_train)
-    # Stripped: header values arrive without surrounding whitespace, so a key read with its file's newline matched none
-    api_key = (args.api_key or os.environ.get("OPENJET_API_KEY") or "").strip() or None
+    api_key = api_key_setting(args.api_key)
     if not is_loopback(args.host) and not api_key:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model "
                     "(set --api-key or OPENJET_API_KEY)", escape_for_log(args.host))

@@ -31,13 +31,26 @@ def text_of_content(content: str | list | None) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments string decoded: a JSON object (blank, only whitespace, means none: {}); ValueError
+    saying what is wrong otherwise (the chat and Responses validators' words)."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
+    except RecursionError:  # the body's depth check cannot see inside a string
+        raise ValueError("arguments are nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ValueError("arguments must be a JSON object encoded as a string")
+    return value
+
+
 class ToolCallFunction(RequestModel):
     name: str
     arguments: str = "{}"
 
-    def decoded_arguments(self) -> Any:
-        """The arguments string decoded; blank (only whitespace) means no arguments, {}."""
-        return json.loads(self.arguments) if self.arguments.strip() else {}
+    def decoded_arguments(self) -> dict[str, Any]:
+        return arguments_object(self.arguments)
 
 
 class ToolCallIn(RequestModel):
@@ -48,14 +61,7 @@ class ToolCallIn(RequestModel):
     @field_validator("function")
     @classmethod
     def _arguments_are_an_object(cls, f: ToolCallFunction) -> ToolCallFunction:
-        try:
-            value = f.decoded_arguments()
-        except json.JSONDecodeError as e:
-            raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
-        except RecursionError:  # the body's depth check cannot see inside a string
-            raise ValueError("arguments are nested too deeply") from None
-        if not isinstance(value, dict):
-            raise ValueError("arguments must be a JSON object encoded as a string")
+        f.decoded_arguments()
         return f
 
 

@@ -13,14 +13,13 @@ cache; `function_call_output` -> a `tool` message.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from .base import RequestModel, ResponseModel
 from .openai import (ChatTemplateKwargs, FunctionDef, FunctionToolChoice, ReasoningEffort, ResponseFormat,
-                     check_forced_call, template_kwargs)
+                     arguments_object, check_forced_call, template_kwargs)
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
@@ -72,14 +71,7 @@ class FunctionCallItem(RequestModel):
     @field_validator("arguments")
     @classmethod
     def _object(cls, arguments: str) -> str:
-        try:
-            value = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
-        except RecursionError:  # the body's depth check cannot see inside a string
-            raise ValueError("arguments are nested too deeply") from None
-        if not isinstance(value, dict):
-            raise ValueError("arguments must be a JSON object encoded as a string")
+        arguments_object(arguments)
         return arguments
 
 
@@ -230,7 +222,7 @@ class ResponsesRequest(FunctionToolChoice, RequestModel):
                 turn.setdefault("tool_calls", []).append(
                     {"id": item.call_id, "type": "function",
                      "function": {"name": item.name,
-                                  "arguments": json.loads(item.arguments) if item.arguments.strip() else {}}})
+                                  "arguments": arguments_object(item.arguments)}})
             elif isinstance(item, FunctionCallOutputItem):
                 turn = None
                 messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
