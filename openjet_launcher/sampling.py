@@ -74,8 +74,9 @@ def _refuse_nan(z: np.ndarray, first_id: int = 0) -> None:
     takes it, a partition drops it, the device's top-k ranks it first), so no token choice would be right.
     z: logits from token id first_id on."""
     if np.isnan(z).any():
-        raise OpenJetError(f"the model produced a NaN logit (at token id {first_id + int(np.flatnonzero(np.isnan(z))[0])})"
-                           ": the model file or the engine computed an invalid value, so no token can be chosen")
+        at = first_id + int(np.flatnonzero(np.isnan(z))[0])
+        raise OpenJetError(f"the model produced a NaN logit (at token id {at}): the model file or the engine computed "
+                           "an invalid value, so no token can be chosen")
 
 
 class Sampler:

@@ -61,8 +61,9 @@ build_engine() {
 }
 
 # engine_stamp ARCH [cmake options...]: one hash over the engine's sources (native/src, native/include, the CMake
-# files, the linker map, pyproject.toml: the version compiled in) with the architecture and the options that change the library (OPENJET_PTXAS_VERBOSE only
-# changes the log): what .prebuilt/stamp must equal for its library to stand in for a build of this tree.
+# files, the linker map, pyproject.toml: the version compiled in) with the architecture and the options that change
+# the library (OPENJET_PTXAS_VERBOSE only changes the log): what .prebuilt/stamp must equal for its library to stand
+# in for a build of this tree.
 engine_stamp() {
   local arch=$1 opts=() o; shift
   for o in "$@"; do [ "$o" = -DOPENJET_PTXAS_VERBOSE=ON ] || opts+=("$o"); done

@@ -8,7 +8,8 @@
 #       scripts/gpu_pending.sh")
 #
 # Carry ".prebuilt" too where `bash scripts/prebuild_device.sh` made it for this tree (the build skipped: ~1-2 minutes
-# of each call; device_common.sh build_engine). Before the first call, here: `bash scripts/fetch_device_wheels.sh` (.whl) and the vocabulary (gpu_bench_engine.sh's
+# of each call; device_common.sh build_engine). Before the first call, here: `bash scripts/fetch_device_wheels.sh`
+# (.whl) and the vocabulary (gpu_bench_engine.sh's
 # header: OPENJET_CACHE=$PWD/.cache/openjet python -c "...full_vocab()"); both are git-ignored, a fresh checkout
 # lacks them, and a missing carry path is not sent (the call then stops at once, saying so). Send PLAN=attn within
 # ~30 s of PLAN=fold returning to reuse the warm machine (its model is reused; the plan's tests still run).

@@ -228,8 +228,8 @@ def prefill_flops(s: ModelShape, n: int, mtp: bool) -> int:
     """Multiply-adds x 2 of prefilling n tokens from position 0 (issue 8's TFLOP/s): every trunk projection
     (embedding lookups excluded) per token, causal attention QK^T and PV (4 * n_head * head_dim per query-key
     pair, n (n + 1) / 2 pairs per layer), with an MTP head its cache rows (eh_proj and the head's k and v
-    projections, engine.cu mtp_rows without `full`), and the lm_head for the last token. The Gated DeltaNet recurrence (~4 * 128^2 per
-    head and token) is left out: 0.3% of a token's projections."""
+    projections, engine.cu mtp_rows without `full`), and the lm_head for the last token. The Gated DeltaNet
+    recurrence (~4 * 128^2 per head and token) is left out: 0.3% of a token's projections."""
     E, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     d_inner = s.ssm_n_v_heads * s.ssm_head_dim
     conv_dim = 2 * s.ssm_n_k_heads * s.ssm_head_dim + d_inner
@@ -801,7 +801,8 @@ class Bench:
 
         cycle_ms = attempt("cycle_greedy", greedy_cycles)
         rec["cycle_greedy_ms"] = cycle_ms
-        if cycle_ms and cycle_ms.get(0):  # issue 7's no-draft cycle against the bytes of its one-row step
+        no_draft_cycle = bool(cycle_ms and cycle_ms.get(0))
+        if no_draft_cycle:  # issue 7's no-draft cycle against the bytes of its one-row step
             roof = step_bytes(s, self.tb, run["kv_type"], SPEC_CTX, 1)["total"] / (self.bw * 1e9)
             rec["cycle_greedy_0_roofline_share"] = round(roof / (cycle_ms[0] / 1e3), 4)
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
@@ -823,9 +824,9 @@ class Bench:
         rec["tok_s_by_drafts_and_acceptance"] = table
         # plain decoding: the no-draft cycle where it ran (the server's greedy path without drafts), else a one-row
         # verify and its accept (the slower path: the speed-ups against it were ~4% flattered)
-        plain = cycle_ms[0] if cycle_ms and cycle_ms.get(0) else plain
+        plain = cycle_ms[0] if no_draft_cycle else plain
         rec["tok_s_plain"] = round(1e3 / plain, 1)
-        rec["tok_s_plain_from"] = "cycle_greedy_ms[0]" if cycle_ms and cycle_ms.get(0) else "verify_ms[1] + accept_ms"
+        rec["tok_s_plain_from"] = "cycle_greedy_ms[0]" if no_draft_cycle else "verify_ms[1] + accept_ms"
         best = max(((v, k, n, al) for k, d in table.items() for n, r in d.items() for al, v in r.items()
                     if al == "0.7"), default=None)
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}

@@ -39,7 +39,7 @@ enum class Counted {
     kGemvTma = 21,              // a decode GEMV on the producer-warp kernel (gemv_tma.cu; the same bits)
     kNormFold = 22,             // a decode GEMV making the add-norm before it (norm_fold.cuh; the same bits)
     kAttnPlanned = 23,          // attention chunk blocks in the planned tile pipeline (OPENJET_ATTN_PIPE; the same bits)
-    kTrunkGraphCapture = 24,    // a decode trunk captured as a CUDA graph (OPENJET_BENCH_GRAPH; launched once a capture)
+    kTrunkGraphCapture = 24,    // a decode trunk captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
     kTrunkGraphReplay = 25,     // a captured trunk graph launched again (the same launches, the same bits)
     kCount
 };
