@@ -322,6 +322,8 @@ def test_native_verify_keeps_the_sequence_until_accept(engine):
         engine.accept(state, 4)
     engine.accept(state, 2)
     assert state.tokens == (1, 2, 3, 4) and state.verify_rows == 0 and lib.n_past == 4
+    with pytest.raises(OpenJetError, match="no verify step is pending"):  # the reference engine's words
+        engine.accept(state, 1)
 
 
 def test_a_checkpoint_that_fails_leaves_no_record_of_its_slot(engine, monkeypatch):

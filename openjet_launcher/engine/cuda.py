@@ -474,6 +474,8 @@ class CudaEngine(Engine):
             return super().accept(state, n)
         self._check_state(state)
         n = operator.index(n)
+        if not self._pending:  # the interface's words (a second accept, or none verified)
+            raise OpenJetError("accept: no verify step is pending")
         if not 1 <= n <= len(self._pending):  # refused before anything changes: the verify stays pending
             raise OpenJetError(f"accept: n = {n} is not 1..{len(self._pending)} (the pending verify step's rows)")
         try:

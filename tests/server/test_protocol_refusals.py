@@ -3,6 +3,8 @@ are worded so that it does (found in a review against the official SDKs; each te
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -98,10 +100,24 @@ DEEP_ARGUMENTS = '{"a": ' + "[" * 1000 + "]" * 1000 + "}"
 ], ids=["chat", "responses"])
 def test_tool_call_arguments_nested_too_deep_are_a_400(scripted, say, path, body):
     """Arguments are a JSON string, so the body's depth check cannot see inside them: 1,000 levels made json.loads
-    raise RecursionError, a 500 (design.md: deep nesting is a 400)."""
+    raise RecursionError, a 500 (design.md: deep nesting is a 400); on Python 3.12 they parsed and the template's
+    rendering failed instead, with other words."""
     say("ok")
     r = httpx.post(scripted.base + path, json=body, timeout=30)
-    assert r.status_code == 400 and "nested too deeply" in r.text, r.text
+    assert r.status_code == 400 and "arguments are nested too deeply" in r.text, r.text
+
+
+def test_tool_call_arguments_are_bounded_at_the_bodys_depth_whatever_the_python():
+    """The bound is ours (64 levels, the body's default), not where this Python's recursion ends."""
+    from openjet_launcher.server.protocol.openai import ARGUMENTS_MAX_DEPTH, arguments_object
+
+    def nested(levels: int) -> str:  # an object holding levels - 1 lists
+        return '{"a": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+    deepest = nested(ARGUMENTS_MAX_DEPTH)
+    assert arguments_object(deepest) == json.loads(deepest)
+    for levels in (ARGUMENTS_MAX_DEPTH + 1, 200):
+        with pytest.raises(ValueError, match="nested too deeply"):
+            arguments_object(nested(levels))
 
 
 def test_a_developer_message_is_the_system_turn_for_a_template_without_that_role(text_layer):

@@ -31,17 +31,38 @@ def text_of_content(content: str | list | None) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
+# The deepest tool-call arguments taken (the request body's own default bound, settings.max_json_depth): the body's
+# check cannot see inside the arguments string, and how deep json.loads and the chat template get before a
+# RecursionError depends on the Python version (3.11 fails at ~1,000 levels, 3.12 parses them).
+ARGUMENTS_MAX_DEPTH = 64
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value holds containers more than `limit` levels deep (iterative: any depth)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return True
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def arguments_object(arguments: str) -> dict[str, Any]:
     """A tool call's arguments string decoded: a JSON object (blank, only whitespace, means none: {}); ValueError
     saying what is wrong otherwise (the chat and Responses validators' words)."""
+    too_deep = f"arguments are nested too deeply (more than {ARGUMENTS_MAX_DEPTH} levels)"
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"arguments must be a JSON object encoded as a string ({e.msg})") from None
-    except RecursionError:  # the body's depth check cannot see inside a string
-        raise ValueError("arguments are nested too deeply") from None
+    except RecursionError:
+        raise ValueError(too_deep) from None
     if not isinstance(value, dict):
         raise ValueError("arguments must be a JSON object encoded as a string")
+    if _nested_deeper_than(value, ARGUMENTS_MAX_DEPTH):
+        raise ValueError(too_deep)
     return value
 
 
