@@ -222,7 +222,7 @@ def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypat
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("stages", ["auto", "2", "3", "4"])
 def test_the_planned_tile_pipeline_keeps_every_bit(fmt, stages, monkeypatch):
-    """OPENJET_ATTN_PIPE=1 (attn_decode.cuh's planned form: the tiles' copies unrolled, Q8_0 rows unpadded in 16-byte
+    """OPENJET_ATTN_PIPE=1 (the default: attn_decode.cuh's planned form, the tiles' copies unrolled, Q8_0 rows unpadded in 16-byte
     pieces, a ring of OPENJET_ATTN_STAGES tiles) against the two-stage loop form: at contexts whose chunks hold many
     tiles (the H200's split gives 32,768 keys 512-key chunks: 16 tiles, the ring wrapping; 8,190 a last tile of 6 keys)
     and steps of 1, 5 and 8 rows (blocks of 8, 32 and 48 rows), every output bit and the appended cache rows equal,
@@ -234,7 +234,7 @@ def test_the_planned_tile_pipeline_keeps_every_bit(fmt, stages, monkeypatch):
     for n_past in (8190, 32768):
         for t in (1, 5, 8):
             cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
-            monkeypatch.delenv("OPENJET_ATTN_PIPE", raising=False)
+            monkeypatch.setenv("OPENJET_ATTN_PIPE", "0")  # (unset: the planned form, the default)
             monkeypatch.delenv("OPENJET_ATTN_STAGES", raising=False)
             loop = run(fmt, n_head, n_kv, n_past, cut)
             monkeypatch.setenv("OPENJET_ATTN_PIPE", "1")

@@ -679,9 +679,9 @@ cudaError_t launch_attn_prep(const AttnDecodeArgs& a, cudaStream_t stream);
 // Chunk size and count the launch uses on the current device.
 cudaError_t attn_decode_split(int n_past, int n_kv, int t, int* chunk_keys, int* n_chunks, int* sm_count);
 
-// OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES as the engine reads them at create (AttnDecodeArgs::pipe, stages): "1" the
-// chunk blocks' planned tile pipeline with OPENJET_ATTN_STAGES stages ("2".."4"; unset or "auto": 0, the most that
-// keep the SM's chunk blocks); unset or "0": the two-stage loop form. (CudaEngine.load refuses other values.)
+// OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES as the engine reads them at create (AttnDecodeArgs::pipe, stages): unset or
+// "1" the chunk blocks' planned tile pipeline with OPENJET_ATTN_STAGES stages ("2".."4"; unset or "auto": 0, the most
+// that keep the SM's chunk blocks); "0": the two-stage loop form. (CudaEngine.load refuses other values.)
 void attn_pipe_switch(int* pipe, int* stages);
 
 }  // namespace openjet

@@ -242,7 +242,7 @@ struct openjet_engine {
     std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their trunks (ms) and their count
     cudaGraphExec_t graph = nullptr;
     // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
-    // attention launch (the chunk blocks' planned tile pipeline: an experiment, off until timed).
+    // attention launch (the chunk blocks' planned tile pipeline: on unless OPENJET_ATTN_PIPE=0).
     int attn_pipe = 0, attn_stages = 0;
     NormFold fold{};
     bool fold_armed = false;
