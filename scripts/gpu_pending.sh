@@ -22,6 +22,9 @@
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
+# PLAN=cycle OPENJET_BENCH_GRAPH=1's whole greedy cycles (openjet_engine_cycle_greedy as one CUDA graph): their bit
+#            test with the trunk graph's and the one-call cycle's, then bench_decode with its speculation section
+#            (cycle_greedy_ms for 0..7 drafts) with the graph off and on. ~5 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh fold-bench|attn-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -51,6 +54,10 @@ for r in d["runs"].values():
         prof = {k: v for k, v in (x.get("profile_ms_per_step") or {}).items() if k in ("norm", "ffn", "attn.core")}
         print(f"  ctx {x['context']} T {x['t']}: {x['median_ms']} ms (top-k path {top}, enqueue "
               f"{x.get('enqueue_ms')} ms) {prof}")
+    spec = r.get("speculation") or {}
+    for key in ("cycle_greedy_ms", "verify_ms", "draft_chain_ms_subset"):
+        if spec.get(key):
+            print(f"  {key}: {spec[key]}")
 PY
 }
 
@@ -98,7 +105,16 @@ PY
     done
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
+  cycle)
+    export WHILE_SYNTH_S=100 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call'"
+    export BENCH_CMD="bash scripts/gpu_pending.sh cycle-bench"
+    exec bash scripts/gpu_bench_engine.sh ;;
+  cycle-bench)
+    trap pack_logs EXIT
+    for v in OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1; do  # with the speculation section (issue 7's cycles)
+      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-cycle" --ctx 0 --t 1,5 --budget-s 95 --profile-steps 0
+    done ;;
   *)
-    echo "PLAN=fold or PLAN=attn (see the top of $0)" >&2
+    echo "PLAN=fold, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -1741,6 +1741,47 @@ def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(models, replay
     assert kept > 0
 
 
+def test_the_cycle_graph_replays_every_bit(monkeypatch):
+    """OPENJET_BENCH_GRAPH=1 (a measurement: a whole greedy cycle, openjet_engine_cycle_greedy, captured as a CUDA graph
+    and replayed while its keys are the same) gives the stream launches' kept drafts, next tokens, sequence and next
+    logits: 12 cycles of 0..7 drafts on the demo model (each a capture: the position moves), then the same two
+    cycles four times from a checkpoint (replays once a key comes back)."""
+    from openjet_launcher.engine import kernels_test as kt
+    counters = ("cycle_graph_capture", "cycle_graph_replay")
+    runs, ran = {}, {}
+    for graph in ("0", "1"):
+        monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
+        engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
+        engine.native_verify = engine.native_draft = True
+        n_vocab = engine.config.shape.n_vocab
+        prompt = [int(x) for x in np.random.default_rng(59).integers(0, n_vocab, 40)]
+        try:
+            engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
+            before = [kt.launch_count(c) for c in counters]
+            state = engine.new_state()
+            first = token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
+            engine.checkpoint(state)
+            cycles = []
+            for i in range(12):
+                kept, token = engine.greedy_cycle(state, token, i % 8, n_valid=n_vocab - 7)
+                cycles.append((kept, token))
+            for _ in range(4):
+                engine.truncate(state, len(prompt))
+                token = first
+                for n_draft in (3, 2):
+                    kept, token = engine.greedy_cycle(state, token, n_draft, n_valid=n_vocab - 7)
+                    cycles.append((kept, token))
+            ran[graph] = [kt.launch_count(c) - b for c, b in zip(counters, before)]
+            runs[graph] = (cycles, list(state.token_ids), engine.decode(state, [token]).logits[-1])
+        finally:
+            engine.close()
+    kept = sum(len(k) for k, _ in runs["0"][0])
+    report(test="cycle_graph", captures_replays=ran, cycles=len(runs["0"][0]), kept=kept)
+    assert ran["0"] == [0, 0] and sum(ran["1"]) == len(runs["1"][0]) and ran["1"][1] >= 2, ran
+    assert runs["1"][0] == runs["0"][0] and runs["1"][1] == runs["0"][1] and kept > 0
+    np.testing.assert_array_equal(runs["1"][2], runs["0"][2])
+
+
 def test_the_profile_splits_a_step_into_phases_and_changes_no_bit(models):
     """set_profile(True): one decode step reports device time per phase (every phase of a GDN and an attention
     layer, the FFN, the lm_head); the logits are the same bits as without it; off, nothing is recorded."""

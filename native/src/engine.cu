@@ -238,6 +238,26 @@ struct openjet_engine {
                    replay_rows == o.replay_rows && attn_spread == o.attn_spread && verifying == o.verifying;
         }
     };
+    // With OPENJET_BENCH_GRAPH=1 a whole greedy cycle (openjet_engine_cycle_greedy: drafts, verify, verdict, MTP
+    // fill) is a graph too, keyed also by what the drafts read (the draft rows can move when they grow). A few are
+    // kept: the benchmark alternates two keys (a cycle after a restore, then one after that cycle's accept).
+    struct CycleKey {
+        TrunkKey trunk;
+        int n_draft, n_valid, draft_n;
+        const void* draft_rows;
+        const void* draft_ids;
+        bool operator==(const CycleKey& o) const {
+            return trunk == o.trunk && n_draft == o.n_draft && n_valid == o.n_valid && draft_n == o.draft_n &&
+                   draft_rows == o.draft_rows && draft_ids == o.draft_ids;
+        }
+    };
+    static constexpr int kCycleGraphs = 4;
+    struct CycleGraph {
+        CycleKey key{};
+        cudaGraphExec_t exec = nullptr;
+        long used = 0;  // when it last ran (cycle_clock): the least recent one makes room
+    } cycle_graphs[kCycleGraphs];
+    long cycle_clock = 0;
     TrunkKey graph_key{};
     std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their trunks (ms) and their count
     cudaGraphExec_t graph = nullptr;
@@ -259,7 +279,7 @@ struct openjet_engine {
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
     int32_t* cycle_out = nullptr;  // openjet_engine_cycle_greedy's verdict: [T] kept drafts and the next token, [1] count
-    int* cycle_n = nullptr;
+    int* cycle_n = nullptr;        // [2]: that count, and the cycle's own token (its launches' only input from the host)
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
     // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
     char* draft_rows = nullptr;
@@ -304,6 +324,8 @@ struct openjet_engine {
     ~openjet_engine() {
         for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
         if (graph) cudaGraphExecDestroy(graph);
+        for (const CycleGraph& g : cycle_graphs)
+            if (g.exec) cudaGraphExecDestroy(g.exec);
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
@@ -815,7 +837,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_q_probs, e.has_mtp ? sizeof(double) * T * kTopKMax : 0},
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
-        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) : 0},
+        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the cycle's token (cycle_greedy_launches)
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -1463,28 +1485,39 @@ int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const T
     return OPENJET_OK;
 }
 
+// OPENJET_BENCH_GRAPH=1: `launches` (which enqueue on e.stream) captured into *exec (replacing what it held), without
+// a profile's marks. Host bookkeeping inside `launches` runs once, now: a replay must redo it (trunk_done).
+template <class Launches> int capture_graph(openjet_engine& e, cudaGraphExec_t* exec, const Launches& launches) {
+    if (*exec) CHECK(cudaGraphExecDestroy(*exec));
+    *exec = nullptr;
+    const bool prof = e.prof.on, graph = e.bench_graph;
+    e.prof.on = e.bench_graph = false;  // (a trunk inside a captured cycle: no capture of its own)
+    CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
+    const int status = launches();
+    e.prof.on = prof, e.bench_graph = graph;
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(e.stream, &g);
+    if (status != OPENJET_OK) {
+        if (g) cudaGraphDestroy(g);
+        return status;
+    }
+    CHECK(end);
+    const cudaError_t made = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    CHECK(made);
+    return OPENJET_OK;
+}
+
+openjet_engine::TrunkKey trunk_key(const openjet_engine& e, int t, bool verifying) {
+    return {t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.attn_spread, verifying};
+}
+
 // OPENJET_BENCH_GRAPH=1: the trunk's launches from a graph captured at the same key (every host value trunk() reads
 // that changes between steps), captured first where the key is new.
 int trunk_graph(openjet_engine& e, int t) {
-    const openjet_engine::TrunkKey key{t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.attn_spread, e.verifying};
-    if (!e.graph || !(key == e.graph_key)) {  // captured without a profile's marks
-        if (e.graph) CHECK(cudaGraphExecDestroy(e.graph));
-        e.graph = nullptr;
-        const bool prof = e.prof.on;
-        e.prof.on = false;
-        CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
-        const int status = trunk(e, t);
-        e.prof.on = prof;
-        cudaGraph_t g = nullptr;
-        const cudaError_t end = cudaStreamEndCapture(e.stream, &g);
-        if (status != OPENJET_OK) {
-            if (g) cudaGraphDestroy(g);
-            return status;
-        }
-        CHECK(end);
-        const cudaError_t made = cudaGraphInstantiate(&e.graph, g, 0);
-        cudaGraphDestroy(g);
-        CHECK(made);
+    const openjet_engine::TrunkKey key = trunk_key(e, t, e.verifying);
+    if (!e.graph || !(key == e.graph_key)) {
+        TRY(capture_graph(e, &e.graph, [&] { return trunk(e, t); }));
         e.graph_key = key;
         count_launch(Counted::kTrunkGraphCapture);
     } else {
@@ -1492,6 +1525,14 @@ int trunk_graph(openjet_engine& e, int t) {
     }
     CHECK(cudaGraphLaunch(e.graph, e.stream));
     return OPENJET_OK;
+}
+
+// What a trunk step changes on the host (step_trunk; a replayed cycle graph redoes it). A pending replay ran in the
+// step's GDN launches (gdn_mixer). A verify step wrote the conv window after the replayed rows to the other buffer,
+// which now holds the committed one (a decode step flips in commit_rows).
+void trunk_done(openjet_engine& e, bool verifying) {
+    if (verifying && e.replay_rows && e.n_gdn) e.conv_cur ^= 1;
+    e.replay_rows = 0;
 }
 
 // The trunk of a decode or verify step over t <= 8 host ids, or (ids NULL) the ids already in e.ids (the device's
@@ -1502,10 +1543,7 @@ int step_trunk(openjet_engine& e, const int32_t* ids, int t, bool verifying) {
     e.verifying = verifying;
     const int status = e.bench_graph ? trunk_graph(e, t) : trunk(e, t);
     e.verifying = false;
-    // A pending replay ran in the step's GDN launches (gdn_mixer). A verify step wrote the conv window after the
-    // replayed rows to the other buffer, which now holds the committed one (a decode step flips in commit_rows).
-    if (verifying && e.replay_rows && e.n_gdn) e.conv_cur ^= 1;
-    e.replay_rows = 0;
+    trunk_done(e, verifying);
     return status;
 }
 
@@ -1953,7 +1991,8 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
 namespace {
 // What a chain of n draft steps on the device after `token` needs (mtp_draft_greedy, mtp_draft_sampled); then the
 // token goes to e->ids[0], the first step's input.
-int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
+// A draft chain's arguments checked (start_draft_chain; cycle_greedy, whose token reaches the device apart).
+int check_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
     TRY(check_idle(e, what));
     const auto& c = e->cfg;
     if (!e->has_mtp) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the model has no MTP head", what);
@@ -1967,7 +2006,12 @@ int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
     if (e->n_past - 1 + n > c.n_ctx)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d draft steps at %d tokens exceed the context of %d", what, n,
                     e->n_past, c.n_ctx);
-    CHECK(cudaSetDevice(c.device));
+    return OPENJET_OK;
+}
+
+int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
+    TRY(check_draft_chain(e, token, n, n_valid, drafts, what));
+    CHECK(cudaSetDevice(e->cfg.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     return OPENJET_OK;
 }
@@ -1996,6 +2040,58 @@ int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
                                   sizeof(float) * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
         return OPENJET_OK;
     });
+}
+
+// A greedy cycle's launches after its token (in e.cycle_n[1]): n_draft greedy drafts, the verify trunk over the token
+// and the drafts, the lm_head, each row's top 1, the verdict (e.cycle_out, e.cycle_n[0]) and the MTP fill; with the
+// trunk's host bookkeeping (trunk_done), the only host state they change.
+int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
+    const auto& c = e.cfg;
+    const int t = 1 + n_draft;
+    const int32_t* token = e.cycle_n + 1;
+    if (n_draft) {
+        CHECK(cudaMemcpyAsync(e.ids, token, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
+        TRY(greedy_draft_chain(e, n_draft, n_valid, false));
+    }
+    // The verify rows: the token, then the drafts (the chain left its own running token in ids[0]).
+    CHECK(cudaMemcpyAsync(e.ids, token, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
+    if (n_draft)
+        CHECK(cudaMemcpyAsync(e.ids + 1, e.draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice, e.stream));
+    TRY(step_trunk(e, nullptr, t, true));
+    mark(e, "lm_head");
+    TRY(gemv(e, e.output, t, nullptr, e.logits));
+    mark(e, "topk");
+    CHECK(launch_topk(e.logits, t, c.n_vocab, n_valid, 1, nullptr, nullptr, 0, e.top_values, e.top_ids, e.top_work,
+                      e.stream));
+    CHECK(launch_accept_greedy(e.draft_pick, e.top_ids, n_draft, e.cycle_out, e.cycle_n, e.stream));
+    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    return mtp_fill(e, e.ids, e.a, t, e.n_past);  // as verify_impl
+}
+
+// OPENJET_BENCH_GRAPH=1: cycle_greedy_launches from a graph kept for the same key (captured first where none is),
+// then the trunk's host bookkeeping the capture did once.
+int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
+    const openjet_engine::CycleKey key{trunk_key(e, 1 + n_draft, true), n_draft, n_valid, e.draft_n, e.draft_rows,
+                                       e.draft_ids};
+    openjet_engine::CycleGraph* g = nullptr;
+    for (auto& x : e.cycle_graphs)
+        if (x.exec && x.key == key) g = &x;
+    if (!g) {  // an empty slot, else the least recently used one
+        const auto rank = [](const openjet_engine::CycleGraph& x) { return x.exec ? x.used : -1L; };
+        g = &e.cycle_graphs[0];
+        for (auto& x : e.cycle_graphs)
+            if (rank(x) < rank(*g)) g = &x;
+        g->key = {};  // (no key while it holds nothing)
+        TRY(capture_graph(e, &g->exec, [&] { return cycle_greedy_launches(e, n_draft, n_valid); }));
+        g->key = key;
+        count_launch(Counted::kCycleGraphCapture);
+    } else {
+        trunk_done(e, true);
+        count_launch(Counted::kCycleGraphReplay);
+    }
+    g->used = ++e.cycle_clock;
+    CHECK(cudaGraphLaunch(g->exec, e.stream));
+    return OPENJET_OK;
 }
 }  // namespace
 
@@ -2028,24 +2124,10 @@ extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_
     if (static_cast<long long>(e->n_past) + t > c.n_ctx)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_greedy: %d + %d tokens exceed the context of %d tokens",
                     e->n_past, t, c.n_ctx);
-    if (n_draft) {
-        TRY(start_draft_chain(e, token, n_draft, n_valid, out, "cycle_greedy"));
-        TRY(greedy_draft_chain(*e, n_draft, n_valid, false));
-    }
-    // The verify rows on the device: the token, then the drafts (the chain left its own running token in ids[0]).
-    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
-    if (n_draft)
-        CHECK(cudaMemcpyAsync(e->ids + 1, e->draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice,
-                              e->stream));
-    TRY(step_trunk(*e, nullptr, t, true));
-    mark(*e, "lm_head");
-    TRY(gemv(*e, e->output, t, nullptr, e->logits));
-    mark(*e, "topk");
-    CHECK(launch_topk(e->logits, t, c.n_vocab, n_valid, 1, nullptr, nullptr, 0, e->top_values, e->top_ids,
-                      e->top_work, e->stream));
-    CHECK(launch_accept_greedy(e->draft_pick, e->top_ids, n_draft, e->cycle_out, e->cycle_n, e->stream));
-    CHECK(cudaMemcpyAsync(e->verify_hidden, e->a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e->stream));
-    TRY(mtp_fill(*e, e->ids, e->a, t, e->n_past));  // as verify_impl
+    if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, "cycle_greedy"));
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    TRY(e->bench_graph ? cycle_greedy_graph(*e, n_draft, n_valid) : cycle_greedy_launches(*e, n_draft, n_valid));
     CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaStreamSynchronize(e->stream));

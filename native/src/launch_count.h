@@ -41,6 +41,8 @@ enum class Counted {
     kAttnPlanned = 23,          // attention chunk blocks in the planned tile pipeline (OPENJET_ATTN_PIPE; the same bits)
     kTrunkGraphCapture = 24,    // a decode trunk captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
     kTrunkGraphReplay = 25,     // a captured trunk graph launched again (the same launches, the same bits)
+    kCycleGraphCapture = 26,    // a greedy cycle captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
+    kCycleGraphReplay = 27,     // a captured cycle graph launched again (the same launches, the same bits)
     kCount
 };
 

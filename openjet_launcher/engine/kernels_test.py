@@ -343,7 +343,8 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
-           "norm_fold": 22, "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25}
+           "norm_fold": 22, "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
+           "cycle_graph_capture": 26, "cycle_graph_replay": 27}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -397,7 +398,8 @@ def launch_count(path: str) -> int:
     packed under its bound's row scales, OPENJET_GDN_PACK_BOUND; "gemv_tma": a decode GEMV on the producer-warp kernel,
     OPENJET_GEMV_TMA; "norm_fold": a decode GEMV making the add-norm before it, OPENJET_NORM_FOLD; "attn_planned": attention
     chunk blocks in the planned tile pipeline, OPENJET_ATTN_PIPE; "trunk_graph_capture" / "trunk_graph_replay": a decode
-    trunk captured as a CUDA graph / launched again, OPENJET_BENCH_GRAPH): how a test sees that the path ran."""
+    trunk captured as a CUDA graph / launched again, OPENJET_BENCH_GRAPH; "cycle_graph_capture" / "cycle_graph_replay":
+    the same for a whole greedy cycle, openjet_engine_cycle_greedy): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
