@@ -23,8 +23,8 @@
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
 # PLAN=cycle OPENJET_BENCH_GRAPH=1's whole greedy cycles (openjet_engine_cycle_greedy as one CUDA graph): their bit
-#            test with the trunk graph's and the one-call cycle's, then bench_decode with its speculation section
-#            (cycle_greedy_ms for 0..7 drafts) with the graph off and on. ~5 minutes.
+#            test with the trunk graph's and the one-call cycle's, then native/bench/bench_cycle.py (cycles of 0..7
+#            drafts with the graph off and on). ~3 minutes with the machine's start.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh fold-bench|attn-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -111,9 +111,9 @@ PY
     exec bash scripts/gpu_bench_engine.sh ;;
   cycle-bench)
     trap pack_logs EXIT
-    for v in OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1; do  # with the speculation section (issue 7's cycles)
-      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-cycle" --ctx 0 --t 1,5 --budget-s 95 --profile-steps 0
-    done ;;
+    timeout -k 10 150 python3 native/bench/bench_cycle.py "$MODEL" --out "$OUT/cycle.json" > /dev/null \
+      2> "$OUT/cycle.log"
+    echo "== bench_cycle (rc $?)"; tail -2 "$OUT/cycle.log" ;;
   *)
     echo "PLAN=fold, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
     exit 2 ;;

@@ -1,0 +1,77 @@
+"""Whole greedy speculative cycles (openjet_engine_cycle_greedy: drafts, verify, verdict, accept in one call) of 0..7
+drafts, timed with their launches streamed and with OPENJET_BENCH_GRAPH=1 (each cycle replayed as one CUDA graph):
+issue 7's cycle ratio (4 drafts against none) both ways, and what the launches cost.
+
+    python3 native/bench/bench_cycle.py MODEL.gguf [--ctx 1024] [--steps 15] [--out cycle.json]
+
+Each timed cycle follows an untimed one from the same checkpoint, as bench_decode's cycle_greedy_ms (so a fused
+replay of the kept rows is inside it). The draft vocabulary is the first 32,768 ids (bench_decode takes its shipped
+list; on random codes the acceptance is ~0 either way). JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
+
+
+def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> dict[int, float]:
+    os.environ["OPENJET_BENCH_GRAPH"] = graph  # read at load
+    engine = CudaEngine.load(path, n_ctx=ctx + 64, kv_type="q8_0", n_checkpoints=2)
+    try:
+        engine.native_verify = engine.native_draft = True
+        n_vocab = engine.config.shape.n_vocab
+        prompt = [int(x) for x in np.random.default_rng(7).integers(0, n_vocab, ctx)]
+        engine.set_draft_vocabulary(np.arange(min(32768, n_vocab)))
+        state = engine.new_state()
+        token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
+        engine.checkpoint(state)
+        out = {}
+        for n in range(8):
+            times = []
+            for i in range(warmup + steps):
+                engine.truncate(state, ctx)
+                _, nxt = engine.greedy_cycle(state, token, n, n_valid=n_vocab)
+                t0 = time.perf_counter()
+                engine.greedy_cycle(state, nxt, n, n_valid=n_vocab)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            out[n] = round(statistics.median(times) * 1e3, 3)
+        return out
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--ctx", type=int, default=1024, help="context before the cycles (default 1024, bench_decode's)")
+    ap.add_argument("--steps", type=int, default=15, help="timed cycles per draft count (default 15)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", help="write the JSON here too")
+    a = ap.parse_args()
+    if a.ctx < 1 or a.steps < 1 or a.warmup < 0:
+        ap.error("--ctx and --steps must be at least 1, --warmup at least 0")
+    result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps}
+    for graph in ("0", "1"):
+        ms = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup)
+        result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": round(ms[4] / ms[0], 3)}
+        print(f"OPENJET_BENCH_GRAPH={graph}: {ms} (4 / 0: {ms[4] / ms[0]:.3f})", file=sys.stderr)
+    text = json.dumps(result, indent=1)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
