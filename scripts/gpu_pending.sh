@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device), one
+# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device; PLAN=graph
+# and PLAN=attn ran on an H100 on 2026-12-05, NOTES_gemv.md: PLAN=cycle is next, then both again on an H200), one
 # device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
 # tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, kind="nvidia-h200" where status
-#       lists it (the 499afb1 figures are the H200's), command="OPENJET_COMMIT=<the hash, written out> PLAN=fold bash
+#       lists it (the 499afb1 figures are the H200's), command="OPENJET_COMMIT=<the hash, written out> PLAN=cycle bash
 #       scripts/gpu_pending.sh")
 #
 # Carry ".prebuilt" too where `bash scripts/prebuild_device.sh` made it for this tree (the build skipped: ~1-2 minutes
 # of each call; device_common.sh build_engine). Before the first call, here: `bash scripts/fetch_device_wheels.sh`
 # (.whl) and the vocabulary (gpu_bench_engine.sh's
 # header: OPENJET_CACHE=$PWD/.cache/openjet python -c "...full_vocab()"); both are git-ignored, a fresh checkout
-# lacks them, and a missing carry path is not sent (the call then stops at once, saying so). Send PLAN=attn within
-# ~30 s of PLAN=fold returning to reuse the warm machine (its model is reused; the plan's tests still run).
+# lacks them, and a missing carry path is not sent (the call then stops at once, saying so). Send the next plan within
+# ~30 s of one returning to reuse the warm machine (its model is reused; the plan's tests still run).
 #
-# PLAN=fold  OPENJET_NORM_FOLD (norm_fold.cuh): its bit tests (small model, and the 27B's width on the full model),
-#            the scratch rows test (prefill_rows below a step's 8 rows), then the T=1 / T=5 step with the fold on
-#            and off, with OPENJET_BENCH_SKIP_NORM_PACKS=4 (the swiglu packs' bound), and with OPENJET_BENCH_GRAPH=1
-#            (the trunk replayed as a CUDA graph: what the stream launches cost; its bit test runs first). ~9 minutes.
+# PLAN=graph the scratch rows test (prefill_rows below a step's 8 rows), then the T=1 / T=5 step as it is (the
+#            baseline, OPENJET_BENCH_GRAPH=0), with OPENJET_BENCH_GRAPH=1 (the trunk replayed as a CUDA graph: what the
+#            stream launches cost; its bit test runs first) and with OPENJET_BENCH_SKIP_NORM_PACKS=4 (the swiglu packs'
+#            bound).
 # PLAN=attn  OPENJET_ATTN_PIPE (attn_decode.cuh's planned tile pipeline): its bit tests (kernel and engine), one
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
@@ -27,11 +28,11 @@
 #            drafts with the graph off and on). ~3 minutes with the machine's start.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
-# Internal: `bash scripts/gpu_pending.sh fold-bench|attn-bench` is the plan's BENCH_CMD (MODEL and OUT set).
+# Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
 set -o pipefail
 cd "$(dirname "$0")/.."
 
-# One timing of bench_decode on $MODEL under the environment $1 (e.g. "OPENJET_NORM_FOLD=1"; "," joins two),
+# One timing of bench_decode on $MODEL under the environment $1 (e.g. "OPENJET_BENCH_GRAPH=1"; "," joins two),
 # the rest of the arguments its own; $OUT/<name>.json, and a line a T in the output.
 timing() {
   local env=$1 name=$2; shift 2
@@ -72,14 +73,13 @@ gpu_tests() {  # pytest -m gpu with the report and log in $OUT/<name>.*
 }
 
 case "${1:-${PLAN:-}}" in
-  fold)
-    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 'decode_experiments and NORM_FOLD or t_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'"
-    export BENCH_CMD="bash scripts/gpu_pending.sh fold-bench"
+  graph)
+    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'"
+    export BENCH_CMD="bash scripts/gpu_pending.sh graph-bench"
     exec bash scripts/gpu_bench_engine.sh ;;
-  fold-bench)
+  graph-bench)
     trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
-    OPENJET_FULL_MODEL=$MODEL gpu_tests fold-27b-width 120 tests/test_gpu_engine.py -k norm_fold_keeps_every_bit_at_the_27b
-    for v in OPENJET_NORM_FOLD=1 OPENJET_NORM_FOLD=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
+    for v in OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
     done ;;
   attn)
@@ -115,6 +115,6 @@ PY
       2> "$OUT/cycle.log"
     echo "== bench_cycle (rc $?)"; tail -2 "$OUT/cycle.log" ;;
   *)
-    echo "PLAN=fold, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -220,11 +220,6 @@ struct openjet_engine {
     // packs, 4: and the FFN's swiglu packs), so a benchmark shows what those pack boundaries of the 27B's step cost
     // (64 / 128 / 192 / 256: what folding the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
-    // OPENJET_NORM_FOLD at create ("1"; unset or "0": off until its GPU run): a one-row decode step's add-norms are
-    // made by the GEMV pair that reads their pack (NormFold, norm_fold.cuh) where that pair's launch can (gemv_folds_norm);
-    // trunk() arms `fold` and the next GEMV call of the engine takes it (take_fold). The residual then alternates
-    // between rows 0 and 1 of h (a fold writes h + delta to the other row while every block reads the first).
-    bool norm_fold = false;
     // OPENJET_BENCH_GRAPH=1 at create (a measurement, not for use): a decode step's trunk is captured as a CUDA graph
     // and replayed while the state its launches depend on (TrunkKey) stays the same, re-captured when it changes:
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph). The benchmark restores the
@@ -264,8 +259,6 @@ struct openjet_engine {
     // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
     // attention launch (the chunk blocks' planned tile pipeline: on unless OPENJET_ATTN_PIPE=0).
     int attn_pipe = 0, attn_stages = 0;
-    NormFold fold{};
-    bool fold_armed = false;
     int ring_w = 0;
     int replay_rows = 0;  // accepted rows whose GDN replay is pending (their ring: kept_ring)
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
@@ -769,7 +762,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
-    if (const char* f = std::getenv("OPENJET_NORM_FOLD")) e.norm_fold = std::strcmp(f, "1") == 0;
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;
     attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
@@ -985,16 +977,8 @@ GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const flo
     return a;
 }
 
-// A call's arguments with the add-norm trunk() left to it (openjet_engine::fold), which it takes: the engine's next
-// GEMV call after the arming is the one that reads its pack first.
-// A call of another pack or width (none follows an arming today) leaves it armed, and trunk() then fails.
-GemvArgs take_fold(openjet_engine& e, GemvArgs a) {
-    if (e.fold_armed && a.x.h == e.x.h && a.k == e.cfg.n_embd) a.fold = &e.fold, e.fold_armed = false;
-    return a;
-}
-
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
-    const cudaError_t err = launch_gemv(take_fold(e, gemv_args(e, w, t, xf, y)), e.stream);
+    const cudaError_t err = launch_gemv(gemv_args(e, w, t, xf, y), e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv");
     return OPENJET_OK;
 }
@@ -1002,8 +986,7 @@ int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y
 // Two projections of the same activations (one launch where they share type and k: launch_gemv_pair).
 int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t,
               const float* xf) {
-    const cudaError_t err =
-        launch_gemv_pair(take_fold(e, gemv_args(e, wa, t, xf, ya)), gemv_args(e, wb, t, xf, yb), e.stream);
+    const cudaError_t err = launch_gemv_pair(gemv_args(e, wa, t, xf, ya), gemv_args(e, wb, t, xf, yb), e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "gemv_pair");
     return OPENJET_OK;
 }
@@ -1030,7 +1013,7 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t) {
     if (!e.prefilling && e.bench_skip_norm_packs >= 4) {  // a measurement, wrong outputs: gate and up, no swiglu pack
-        const cudaError_t err = launch_gemv_pair(take_fold(e, gemv_args(e, L.ffn_gate, t, nullptr, e.big1)),
+        const cudaError_t err = launch_gemv_pair(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
                                                  gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "ffn gate/up");
         return project_out(e, L.ffn_down, t);
@@ -1039,7 +1022,7 @@ int ffn(openjet_engine& e, const LayerW& L, int t) {
     const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.row_scale, e.row_scale + e.x.rows, direct};
     bool wrote_half = false;
     const cudaError_t err =
-        launch_ffn_gate_up_pack(take_fold(e, gemv_args(e, L.ffn_gate, t, nullptr, e.big1)),
+        launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
                                 gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.x, e.stream, &half, &wrote_half);
     if (err != cudaSuccess) return cuda_fail(err, "ffn_gate_up_pack");
     const ActPack down_x{half.h, e.x.sum, half.inv, e.x.rows};
@@ -1360,30 +1343,6 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     return one_layout && ffn_persistent_takes(f);
 }
 
-// A decode boundary's add-norm: h += delta, a = rmsnorm(h) * w (-> a_out where set) and its pack e.x. Left to the GEMV
-// pair (wa, wb) that reads the pack first where that pair's launch makes it (OPENJET_NORM_FOLD, gemv_folds_norm: a
-// one-row step on the producer-warp GEMV): armed in openjet_engine::fold, and h moves to the residual's other row,
-// where the fold writes h + delta. Else launched here, as before.
-int add_norm(openjet_engine& e, float*& h, const float* delta, const float* w, float* a_out, int t, const DevTensor& wa,
-             const DevTensor& wb) {
-    const auto& c = e.cfg;
-    if (e.fold_armed)  // never: the add-norm before was not made (its GEMV did not run)
-        return ++gpu_failures(), fail(OPENJET_ERR_INTERNAL, "an add-norm left to a GEMV that did not run");
-    if (e.norm_fold && t == 1 && !e.prefilling && !e.ffn_persistent &&  // (h holds >= 8 rows: the fold's two)
-        !e.bench_skip_norm_packs) {
-        const GemvArgs a = gemv_args(e, wa, t, e.a, e.big1), b = gemv_args(e, wb, t, e.a, e.big2);
-        if (gemv_folds_norm(a, &b)) {
-            float* other = h == e.h ? e.h + c.n_embd : e.h;
-            e.fold = NormFold{h, delta, w, c.rms_eps, other, a_out};
-            e.fold_armed = true;
-            h = other;
-            return OPENJET_OK;
-        }
-    }
-    CHECK(launch_add_norm_pack(h, delta, w, t, c.n_embd, c.rms_eps, a_out, e.x, e.stream));
-    return OPENJET_OK;
-}
-
 // The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
 // in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
 // sub-steps of 8 (GDN's inside one launch), and every row gets the bits it gets in a decode step of 1..8 rows.
@@ -1391,11 +1350,6 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
-    float* h = e.h;  // the residual's rows (add_norm may move them to e.h's next row and back)
-    struct Disarm {  // whatever way the trunk ends, no add-norm stays left to a later GEMV (an MTP step's, say)
-        openjet_engine& e;
-        ~Disarm() { e.fold_armed = false; }
-    } disarm{e};
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
@@ -1403,8 +1357,8 @@ int trunk(openjet_engine& e, int t) {
         const bool skip_norm = !e.prefilling && e.bench_skip_norm_packs;  // a measurement: wrong outputs
         if (!normed && !(skip_norm && e.bench_skip_norm_packs >= 2)) {
             mark(e, "norm");
-            TRY(add_norm(e, h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), e.a, t,
-                         L.attn ? L.wq : L.qkv, L.attn ? L.wk : L.gate));
+            CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), t,
+                                       c.n_embd, c.rms_eps, e.a, e.x, e.stream));
         }
         const bool in_proj = !projected;
         normed = projected = false;
@@ -1421,17 +1375,14 @@ int trunk(openjet_engine& e, int t) {
         }
         mark(e, "norm");
         if (!skip_norm)
-            TRY(add_norm(e, h, mix_delta(e), static_cast<const float*>(L.post_norm.d), nullptr, t, L.ffn_gate,
-                         L.ffn_up));
+            CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
+                                       c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
         TRY(ffn(e, L, t));
-        if (e.fold_armed)  // never: add_norm arms a fold only for the pair that the mixer or FFN calls first
-            return ++gpu_failures(), fail(OPENJET_ERR_INTERNAL, "layer %d: an add-norm left to a GEMV that did not run",
-                                          il);
     }
     if (!normed) {
         mark(e, "norm");
-        CHECK(launch_add_norm_pack(h, mix_delta(e), static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps,
+        CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps,
                                    e.a, e.x, e.stream));
     }
     return OPENJET_OK;

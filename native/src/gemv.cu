@@ -8,7 +8,6 @@
 #include "gemv.cuh"
 #include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
-#include "gemv_tma.cuh"
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -222,33 +221,15 @@ static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream
     return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
 }
 
-static bool same_pack(const GemvArgs& a, const GemvArgs& b) {
-    return a.k == b.k && a.t == b.t && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv;
-}
-
-// Whether launch_gemv_pair gives a k-quant pair one launch of the tensor-core kernels (b's tiles after a's).
-static bool pair_shares_launch(const GemvArgs& a, const GemvArgs& b) {
+cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
     static const bool pairs = [] {
         const char* v = std::getenv("OPENJET_GEMV_PAIRS");
         return !(v && std::strcmp(v, "0") == 0);
     }();
-    return pairs && same_pack(a, b) && a.qtype == b.qtype && a.qtype != kF32 && a.tiled == b.tiled &&
-           a.t <= kActRows && !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
-}
-
-bool gemv_folds_norm(const GemvArgs& a, const GemvArgs* b) {
-    const auto plain = [](const GemvArgs& g) {  // a decode row of a k-quant matrix on the tensor-core kernels
-        return g.qtype != kF32 && !g.prefill && g.t == 1 && !takes_imma(g) && check_gemv(g) == cudaSuccess;
-    };
-    if (!plain(a) || (b && !plain(*b))) return false;
-    return gemv_tma_fold_takes(a, b && pair_shares_launch(a, *b) ? b : nullptr);  // else a is launched alone first
-}
-
-cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
-    // only the first call of a pair makes x, and only where its path can (the caller asked gemv_folds_norm)
-    if (b.fold || (a.fold && !gemv_folds_norm(a, &b))) return cudaErrorInvalidValue;
-    const bool same_x = same_pack(a, b);
-    const bool shared = pair_shares_launch(a, b);
+    const bool same_x = a.k == b.k && a.t == b.t && a.x.h == b.x.h && a.x.sum == b.x.sum && a.x.inv == b.x.inv;
+    const bool shared = pairs && same_x && a.qtype == b.qtype && a.qtype != kF32 && a.tiled == b.tiled &&
+                        a.t <= kActRows &&
+                        !(a.prefill && fast_prefill_call(a, prefill_gemm_choice()));  // each its own GEMM
     if (a.qtype == kF32 && b.qtype == kF32 && a.xf == b.xf && a.n == b.n && a.k == b.k && a.t == b.t) {
         for (const GemvArgs* g : {&a, &b})  // the same x: launch_gemv_f32 takes both (one launch where it can)
             if (const cudaError_t e = check_gemv(*g)) return e;
@@ -280,7 +261,6 @@ cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t 
 cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
     const cudaError_t e = check_gemv(a);
     if (e != cudaSuccess) return e;
-    if (a.fold && !gemv_folds_norm(a, nullptr)) return cudaErrorInvalidValue;  // (the caller asks it first)
     if (a.qtype == kF32) return launch_gemv_f32(a, nullptr, stream);
     if (takes_imma(a)) return launch_imma(a, true, stream);
     switch (a.qtype) {

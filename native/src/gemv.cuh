@@ -18,20 +18,6 @@ namespace openjet {
 constexpr int kGemvMaxT = kActMaxRows;  // token rows per call (decode: 1 + drafts <= 8; prefill: a chunk)
 constexpr int kGemvUnit = 256;       // k of a k-quant GEMV is a multiple of this (one super-block)
 
-// An add-norm left to the GEMV that reads its pack (GemvArgs::fold; the engine's OPENJET_NORM_FOLD): one token row
-// h_out = h + delta (delta null: h), a = rmsnorm(h_out) * w, x = the pack of a (launch_add_norm_pack's arithmetic and
-// bits). The producer-warp GEMV makes it itself, every block its own copy of the pack in shared memory, block 0 writing
-// h_out, a_out (where set) and x; a call whose path cannot (gemv_folds_norm says which can) is refused. h_out must not
-// overlap h or delta: the blocks read those while block 0 writes.
-struct NormFold {
-    const float* h;
-    const float* delta;
-    const float* w;
-    float eps;
-    float* h_out;
-    float* a_out;
-};
-
 struct GemvArgs {
     int qtype;        // GGML type id (kquant.cuh)
     const void* w;    // n rows of k elements in GGUF blocks, 16-byte aligned, readable 16 bytes past the end
@@ -63,8 +49,6 @@ struct GemvArgs {
     // for at most grid_sms SMs (0: all of them; the engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated).
     int tma = 0;
     int grid_sms = 0;
-    // The add-norm that makes x, not yet run (NormFold), or null. Only the first call of a pair may carry it.
-    const NormFold* fold = nullptr;
 };
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks
@@ -81,11 +65,6 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream);
 // a's last wave leaves idle, and one launch is saved. Otherwise (or OPENJET_GEMV_PAIRS=0 in the environment at the
 // first call) two launch_gemv calls.
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream);
-
-// Whether launch_gemv_pair(a, b) (b null: launch_gemv(a)) makes a's add-norm itself (GemvArgs::fold set or not: the
-// call's path alone decides): the engine leaves an add-norm to the call only where it does, and the launchers refuse
-// a fold anywhere else. A decode call of one row on the producer-warp GEMV of a Q4_K / Q5_K / Q6_K matrix, k <= 5,120.
-bool gemv_folds_norm(const GemvArgs& a, const GemvArgs* b);
 
 // Decode calls in 16-row or 8-row ("half") tiles: the same bits, a different speed. By default (auto) half tiles
 // where they fit one wave of the GPU and help there (gemv_mma.cuh, decode_half_tiles: Q6_K and small grids; the

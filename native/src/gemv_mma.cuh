@@ -965,7 +965,6 @@ cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const Gem
         const cudaError_t e = launch_gemv_tma<QT>(a, b, stream);
         if (e != cudaErrorNotSupported) return e;
     }
-    if (a.fold) return cudaErrorInvalidValue;  // only that kernel makes an add-norm (launch_gemv checked it does)
     if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
     return launch_gemv_mma_ng<QT, 1>(a, stream, b);
 }

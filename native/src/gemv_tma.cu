@@ -20,7 +20,6 @@
 #include "gemv_mma.cuh"
 #include "launch_count.h"
 #include "mbarrier.cuh"
-#include "norm_fold.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -34,20 +33,16 @@ template <int QT, int kRing> struct TmaShape {
     static_assert(kPitch % 4 == 0, "rows of a slot 4-byte aligned (the Q6_K unit's aligned form)");
     static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row tile: contiguous, one bulk copy
     static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
-    static constexpr int kRingBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
-    // kFold: the pack the block makes (norm_fold.cuh) after the ring
-    template <bool kFold> static constexpr int kSmemBytes = kRingBytes + (kFold ? kFoldSmemBytes : 0);
+    static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
-// kFold (t = 1): the add-norm that makes x (GemvArgs::fold) done by the consumer warps after their wait, into shared
-// memory (norm_fold.cuh), and the units read the activations there (UnitMma's kSmemB: the same bits).
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kFold>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles, NormFold fold) {
+                GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
@@ -108,17 +103,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
-    if constexpr (kFold) {  // t = 1: the pack made here, block 0 also writing it (and the rows) out
-        __half* ph = reinterpret_cast<__half*>(ring + Sh::kRingBytes);
-        __half* ps = ph + kFoldMaxK;
-        const float inv = fold_add_norm_pack(fold, k, ph, ps, blockIdx.x == 0, x, 2);
-        if (threadIdx.x == 0) inv_s[0] = inv;  // (read after the first tile's barrier, as below)
-        xh = ph, xs = ps;
-    } else if (warp == 0 && lane < t) {
-        // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
-        // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
-        inv_s[lane] = __ldcg(x.inv + lane);
-    }
+    // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
+    // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
+    if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
@@ -132,9 +119,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             ux[0].col = xh + u * kUnitElems;
             ux[0].sum = xs + u * 16;
             if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-                unit_mma_q6_k<true, 1, kFold, 2>(r, ux, tq, acc);
+                unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
             else
-                UnitMma<QT, 1, kFold>::run(r, ux, tq, acc);
+                UnitMma<QT, 1, false>::run(r, ux, tq, acc);
             __syncwarp();
             if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
             if (++slot == kRing) slot = 0, phase ^= 1;
@@ -181,16 +168,15 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kFold> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
-        constexpr int kSmem = TmaShape<QT, kRing>::template kSmemBytes<kFold>;
-        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
+        constexpr int kSmem = TmaShape<QT, kRing>::kSmemBytes;
+        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
         Fit f;
-        // (opted in first: without it a block of over 48 KB counts as not fitting, which gemv_tma_fold_takes, asking
-        // before any launch, saw at 1f8cd2c)
+        // (opted in first: without it a block of over 48 KB counts as not fitting)
         if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, kTmaThreads, kSmem) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
@@ -202,12 +188,12 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kFold> int resi
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kFold = false>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    constexpr int kSmem = TmaShape<QT, kRing>::template kSmemBytes<kFold>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
-    if (const cudaError_t e = smem_opted_in<kKernel, kSmem>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);
+    using Sh = TmaShape<QT, kRing>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
+    if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
@@ -215,15 +201,9 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    if (kFold) count_launch(Counted::kNormFold);
-    return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, kSmem, stream,
-                         static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
-                         kFold ? *a.fold : NormFold{});
+    return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles);
 }
-
-// The types whose form 1 makes an add-norm (norm_fold.cuh): the trunk's input projections and FFN gate / up in the
-// Q4_K_M recipe (Q8_0's ring leaves no room for the pack at 3 blocks an SM).
-constexpr bool folds_type(int qt) { return qt == kQ4_K || qt == kQ5_K || qt == kQ6_K; }
 
 }  // namespace
 
@@ -238,15 +218,6 @@ bool gemv_tma_available() {
 #else
     return false;
 #endif
-}
-
-bool gemv_tma_fold_takes(const GemvArgs& a, const GemvArgs* b) {
-    if (a.t != 1 || a.k > kFoldMaxK || a.k % kRowThreads || !folds_type(a.qtype) || !gemv_tma_takes(a, b)) return false;
-    switch (a.qtype) {  // a block of form 1 with the pack fits an SM
-        case kQ4_K: return resident_blocks<kQ4_K, 4, 3, false, true>(a.grid_sms) > 0;
-        case kQ5_K: return resident_blocks<kQ5_K, 4, 3, false, true>(a.grid_sms) > 0;
-        default: return resident_blocks<kQ6_K, 4, 3, false, true>(a.grid_sms) > 0;
-    }
 }
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
@@ -266,10 +237,6 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    if (a.fold) {  // form 1 making its pack (the caller has checked gemv_tma_fold_takes)
-        if constexpr (folds_type(QT)) return launch_ring<QT, 4, 3, false, true>(a, b, stream);
-        return cudaErrorInvalidValue;
-    }
     const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);

@@ -18,14 +18,9 @@ bool gemv_tma_available();
 // (whole 16-row groups), t <= 8, b of a's type, k and layout.
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 
-// Whether such a call also makes the add-norm of a.fold (norm_fold.cuh): t = 1, Q4_K / Q5_K / Q6_K, k <= 5,120 (a
-// multiple of 256), and a block of the form with the pack fits an SM. a.fold itself is not looked at.
-bool gemv_tma_fold_takes(const GemvArgs& a, const GemvArgs* b);
-
 // a's GEMV (and b's after it in the same launch) on a grid of resident blocks, each a producer warp and four consumer
-// warps; the caller has checked gemv_tma_takes (and gemv_tma_fold_takes where a.fold is set: form 1 then, whatever
-// a.tma says). cudaErrorNotSupported, nothing launched: no block of the form fits an SM (the caller takes the cp.async
-// kernel).
+// warps; the caller has checked gemv_tma_takes. cudaErrorNotSupported, nothing launched: no block of the form fits
+// an SM (the caller takes the cp.async kernel).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
 }  // namespace openjet

@@ -517,8 +517,7 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
     *wrote_half = false;
     // one GEMM: prefill rows (checked first: a decode step reads no environment here), one type and shape the
     // prefill GEMM takes, its numerics, the switch
-    const bool one = gate.prefill && up.prefill && !gate.fold && gate.qtype == up.qtype &&
-                     prefill_gemm_takes(gate.qtype) &&
+    const bool one = gate.prefill && up.prefill && gate.qtype == up.qtype && prefill_gemm_takes(gate.qtype) &&
                      gate.n == up.n && gate.k == up.k && gate.t == up.t && gate.tiled == up.tiled &&
                      gate.x.h == up.x.h && gate.x.inv == up.x.inv && gate.k % kGemvUnit == 0 && gate.t >= 1 &&
                      gate.t <= gate.x.rows && gate.x.h && gate.x.inv && gate.y && gate.w && up.w &&

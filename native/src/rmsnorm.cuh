@@ -12,11 +12,6 @@ constexpr int kRowThreads = 256;  // one block of this many threads per token ro
 // 0..7), so it depends on x alone, whatever the block size (>= kRowThreads: larger blocks' other threads
 // wait; the pack kernels run 1024 threads for their other passes and keep these bits).
 // x_of(i): element i (row_rms_scale_of: a row spread over a cluster's shared memory, elementwise.cu).
-// The scale of a row whose squares summed to `total` in that order (also norm_fold.cuh's, which forms the sum itself).
-__device__ __forceinline__ float rms_scale_of_total(float total, int k, float eps) {
-    return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
-}
-
 template <class X>
 __device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float eps) {
     __shared__ float part[kRowThreads / 32];
@@ -36,7 +31,7 @@ __device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float ep
 #pragma unroll
     for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
     __syncthreads();  // part may be reused by the caller's next row
-    return rms_scale_of_total(total, k, eps);
+    return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
 }
 
 __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int k, float eps) {

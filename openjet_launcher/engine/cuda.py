@@ -122,7 +122,6 @@ KERNEL_SWITCHES = {
     "OPENJET_GEMV_INT": ("0", "1", "2"),                    # engine.cu, gemv_int (an experiment; read at load)
     "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4"),  # engine.cu, gemv_tma_switch (read at load)
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (fused: default; at load)
-    "OPENJET_NORM_FOLD": ("0", "1"),                        # engine.cu, norm_fold (an experiment: 1; read at load)
     "OPENJET_ATTN_PIPE": ("0", "1"),                        # engine.cu, attn_pipe_switch (1: default; at load)
     "OPENJET_ATTN_STAGES": ("auto", "2", "3", "4"),         # engine.cu, attn_pipe_switch (not with OPENJET_ATTN_PIPE=0)
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)

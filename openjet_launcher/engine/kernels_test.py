@@ -336,14 +336,14 @@ def gemv_tma_available() -> bool:
 # dense GEMM runs.
 DENSE_MIN_ROWS = 256
 
-# launch_count.h's counted paths, in its order.
+# launch_count.h's counted paths, in its order (22 unused: the removed norm fold's).
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
-           "norm_fold": 22, "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
+           "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27}
 
 
@@ -396,10 +396,10 @@ def launch_count(path: str) -> int:
     tensor cores, OPENJET_GDN_LOCAL_TC; "dense_gemm_swiglu_half": the FFN's gate and up on the kept fp16 rows writing
     fp16 silu(g) u under its bound's scale, OPENJET_PREFILL_SWIGLU; "gdn_pack_bounded": a prefill's GDN gated norm
     packed under its bound's row scales, OPENJET_GDN_PACK_BOUND; "gemv_tma": a decode GEMV on the producer-warp kernel,
-    OPENJET_GEMV_TMA; "norm_fold": a decode GEMV making the add-norm before it, OPENJET_NORM_FOLD; "attn_planned": attention
-    chunk blocks in the planned tile pipeline, OPENJET_ATTN_PIPE; "trunk_graph_capture" / "trunk_graph_replay": a decode
-    trunk captured as a CUDA graph / launched again, OPENJET_BENCH_GRAPH; "cycle_graph_capture" / "cycle_graph_replay":
-    the same for a whole greedy cycle, openjet_engine_cycle_greedy): how a test sees that the path ran."""
+    OPENJET_GEMV_TMA; "attn_planned": attention chunk blocks in the planned tile pipeline, OPENJET_ATTN_PIPE;
+    "trunk_graph_capture" / "trunk_graph_replay": a decode trunk captured as a CUDA graph / launched again,
+    OPENJET_BENCH_GRAPH; "cycle_graph_capture" / "cycle_graph_replay": the same for a whole greedy cycle,
+    openjet_engine_cycle_greedy): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
