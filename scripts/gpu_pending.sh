@@ -72,20 +72,23 @@ gpu_tests() {  # pytest -m gpu with the report and log in $OUT/<name>.*
   echo "== $name (rc $?): $(tail -1 "$OUT/$name.log")"
 }
 
+# A plan's call: gpu_bench_engine.sh with the GPU tests $2 (at most $1 s) while the model is written, then the
+# plan's benchmarks ($3: `bash scripts/gpu_pending.sh $3`) instead of bench_decode's default set.
+plan() {
+  export WHILE_SYNTH_S=$1 WHILE_SYNTH="python3 -m pytest -q -m gpu $2" BENCH_CMD="bash scripts/gpu_pending.sh $3"
+  exec bash scripts/gpu_bench_engine.sh
+}
+
 case "${1:-${PLAN:-}}" in
   graph)
-    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'"
-    export BENCH_CMD="bash scripts/gpu_pending.sh graph-bench"
-    exec bash scripts/gpu_bench_engine.sh ;;
+    plan 150 "tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'" graph-bench ;;
   graph-bench)
     trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
     for v in OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
     done ;;
   attn)
-    export WHILE_SYNTH_S=150 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_attn.py tests/test_gpu_engine.py -k 'planned_tile_pipeline or decode_experiments and ATTN_PIPE'"
-    export BENCH_CMD="bash scripts/gpu_pending.sh attn-bench"
-    exec bash scripts/gpu_bench_engine.sh ;;
+    plan 150 "tests/test_gpu_attn.py tests/test_gpu_engine.py -k 'planned_tile_pipeline or decode_experiments and ATTN_PIPE'" attn-bench ;;
   attn-bench)
     trap pack_logs EXIT
     for pipe in 0 1; do  # one attention layer of the 27B (24 q heads, 4 kv heads, q8_0) at 32K, alone
@@ -106,9 +109,7 @@ PY
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
   cycle)
-    export WHILE_SYNTH_S=100 WHILE_SYNTH="python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call'"
-    export BENCH_CMD="bash scripts/gpu_pending.sh cycle-bench"
-    exec bash scripts/gpu_bench_engine.sh ;;
+    plan 100 "tests/test_gpu_engine.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call'" cycle-bench ;;
   cycle-bench)
     trap pack_logs EXIT
     timeout -k 10 150 python3 native/bench/bench_cycle.py "$MODEL" --out "$OUT/cycle.json" > /dev/null \
