@@ -1441,9 +1441,9 @@ int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const T
 template <class Launches> int capture_graph(openjet_engine& e, cudaGraphExec_t* exec, const Launches& launches) {
     if (*exec) CHECK(cudaGraphExecDestroy(*exec));
     *exec = nullptr;
+    CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
     const bool prof = e.prof.on, graph = e.bench_graph;
     e.prof.on = e.bench_graph = false;  // (a trunk inside a captured cycle: no capture of its own)
-    CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
     const int status = launches();
     e.prof.on = prof, e.bench_graph = graph;
     cudaGraph_t g = nullptr;
@@ -1940,9 +1940,8 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
 }
 
 namespace {
-// What a chain of n draft steps on the device after `token` needs (mtp_draft_greedy, mtp_draft_sampled); then the
-// token goes to e->ids[0], the first step's input.
-// A draft chain's arguments checked (start_draft_chain; cycle_greedy, whose token reaches the device apart).
+// What a chain of n draft steps on the device after `token` needs (start_draft_chain; cycle_greedy, whose token
+// reaches the device apart).
 int check_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
     TRY(check_idle(e, what));
     const auto& c = e->cfg;
@@ -1960,6 +1959,8 @@ int check_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
     return OPENJET_OK;
 }
 
+// The chain's arguments checked (mtp_draft_greedy, mtp_draft_sampled), then the token to e->ids[0], the first step's
+// input.
 int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
     TRY(check_draft_chain(e, token, n, n_valid, drafts, what));
     CHECK(cudaSetDevice(e->cfg.device));
