@@ -1705,7 +1705,8 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: a whole greedy cycle, openjet_engine_cycle_greedy, captured as a CUDA graph
     and replayed while its keys are the same) gives the stream launches' kept drafts, next tokens, sequence and next
     logits: 12 cycles of 0..7 drafts on the demo model (each a capture: the position moves), then the same two
-    cycles four times from a checkpoint (replays once a key comes back)."""
+    cycles four times from a checkpoint (replays once a key comes back), then no-draft cycles of four other tokens
+    from there (replays that must read their token on the device)."""
     from openjet_launcher.engine import kernels_test as kt
     counters = ("cycle_graph_capture", "cycle_graph_replay")
     runs, ran = {}, {}
@@ -1731,13 +1732,17 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
                 for n_draft in (3, 2):
                     kept, token = engine.greedy_cycle(state, token, n_draft, n_valid=n_vocab - 7)
                     cycles.append((kept, token))
+            for j in range(4):  # replays with other tokens: a graph reads its token from the device (cycle_n[1])
+                engine.truncate(state, len(prompt))
+                kept, token = engine.greedy_cycle(state, (first + 1 + j) % n_vocab, 0, n_valid=n_vocab - 7)
+                cycles.append((kept, token))
             ran[graph] = [kt.launch_count(c) - b for c, b in zip(counters, before)]
             runs[graph] = (cycles, list(state.token_ids), engine.decode(state, [token]).logits[-1])
         finally:
             engine.close()
     kept = sum(len(k) for k, _ in runs["0"][0])
     report(test="cycle_graph", captures_replays=ran, cycles=len(runs["0"][0]), kept=kept)
-    assert ran["0"] == [0, 0] and sum(ran["1"]) == len(runs["1"][0]) and ran["1"][1] >= 2, ran
+    assert ran["0"] == [0, 0] and sum(ran["1"]) == len(runs["1"][0]) and ran["1"][1] >= 4, ran
     assert runs["1"][0] == runs["0"][0] and runs["1"][1] == runs["0"][1] and kept > 0
     np.testing.assert_array_equal(runs["1"][2], runs["0"][2])
 

@@ -6,7 +6,9 @@ issue 7's cycle ratio (4 drafts against none) both ways, and what the launches c
 
 Each timed cycle follows an untimed one from the same checkpoint, as bench_decode's cycle_greedy_ms (so a fused
 replay of the kept rows is inside it). The draft vocabulary is the first 32,768 ids (bench_decode takes its shipped
-list; on random codes the acceptance is ~0 either way). JSON on stdout.
+list; on random codes the acceptance is ~0 either way); a cycle whose token lies outside it adds that row first (the
+binding's draft rows follow the sequence), in both modes, as when serving. JSON on stdout, with each draft count's
+graph captures and replays (with the graph on, the warmup rounds capture and every timed cycle replays).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from openjet_launcher.engine import kernels_test  # noqa: E402
 from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
 
+COUNTERS = ("cycle_graph_capture", "cycle_graph_replay")
 
-def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> dict[int, float]:
+
+def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> tuple[dict[int, float], dict[int, list]]:
+    """Median ms of the timed cycles per draft count, and the graph captures / replays each count made (with the
+    graph on, every timed cycle must be a replay: the keys repeat after two rounds)."""
     os.environ["OPENJET_BENCH_GRAPH"] = graph  # read at load
     engine = CudaEngine.load(path, n_ctx=ctx + 64, kv_type="q8_0", n_checkpoints=2)
     try:
@@ -36,8 +43,9 @@ def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> dict[
         state = engine.new_state()
         token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
         engine.checkpoint(state)
-        out = {}
+        out, graphs = {}, {}
         for n in range(8):
+            before = [kernels_test.launch_count(c) for c in COUNTERS]
             times = []
             for i in range(warmup + steps):
                 engine.truncate(state, ctx)
@@ -47,7 +55,8 @@ def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> dict[
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
             out[n] = round(statistics.median(times) * 1e3, 3)
-        return out
+            graphs[n] = [kernels_test.launch_count(c) - b for c, b in zip(COUNTERS, before)]
+        return out, graphs
     finally:
         engine.close()
 
@@ -57,15 +66,16 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--ctx", type=int, default=1024, help="context before the cycles (default 1024, bench_decode's)")
     ap.add_argument("--steps", type=int, default=15, help="timed cycles per draft count (default 15)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed rounds per draft count (default 3, at least 2)")
     ap.add_argument("--out", help="write the JSON here too")
     a = ap.parse_args()
-    if a.ctx < 1 or a.steps < 1 or a.warmup < 0:
-        ap.error("--ctx and --steps must be at least 1, --warmup at least 0")
+    if a.ctx < 1 or a.steps < 1 or a.warmup < 2:
+        ap.error("--ctx and --steps must be at least 1, --warmup at least 2 (the rounds that capture the graphs)")
     result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps}
     for graph in ("0", "1"):
-        ms = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup)
-        result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": round(ms[4] / ms[0], 3)}
+        ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup)
+        result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": round(ms[4] / ms[0], 3),
+                                    "graph_captures_replays": graphs}
         print(f"OPENJET_BENCH_GRAPH={graph}: {ms} (4 / 0: {ms[4] / ms[0]:.3f})", file=sys.stderr)
     text = json.dumps(result, indent=1)
     if a.out:

@@ -235,7 +235,8 @@ struct openjet_engine {
     };
     // With OPENJET_BENCH_GRAPH=1 a whole greedy cycle (openjet_engine_cycle_greedy: drafts, verify, verdict, MTP
     // fill) is a graph too, keyed also by what the drafts read (the draft rows can move when they grow). A few are
-    // kept: the benchmark alternates two keys (a cycle after a restore, then one after that cycle's accept).
+    // kept: the benchmark cycles through four keys (a cycle after a restore and one after its accept, at both conv
+    // buffer parities: the second flips conv_cur, which a restore keeps).
     struct CycleKey {
         TrunkKey trunk;
         int n_draft, n_valid, draft_n;
@@ -246,7 +247,7 @@ struct openjet_engine {
                    draft_rows == o.draft_rows && draft_ids == o.draft_ids;
         }
     };
-    static constexpr int kCycleGraphs = 4;
+    static constexpr int kCycleGraphs = 8;
     struct CycleGraph {
         CycleKey key{};
         cudaGraphExec_t exec = nullptr;
@@ -1350,6 +1351,9 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
+    // No delta added by an earlier call's projection (project_out sets it per projection; with
+    // OPENJET_FFN_PERSISTENT=2 a decode step runs none, and a prefill's last value would drop the FFN's output)
+    e.mix_added = false;
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
@@ -2023,8 +2027,9 @@ int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
 // OPENJET_BENCH_GRAPH=1: cycle_greedy_launches from a graph kept for the same key (captured first where none is),
 // then the trunk's host bookkeeping the capture did once.
 int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
-    const openjet_engine::CycleKey key{trunk_key(e, 1 + n_draft, true), n_draft, n_valid, e.draft_n, e.draft_rows,
-                                       e.draft_ids};
+    const bool drafts = n_draft > 0;  // (a cycle of no drafts reads no draft row)
+    const openjet_engine::CycleKey key{trunk_key(e, 1 + n_draft, true), n_draft, n_valid, drafts ? e.draft_n : 0,
+                                       drafts ? e.draft_rows : nullptr, drafts ? e.draft_ids : nullptr};
     openjet_engine::CycleGraph* g = nullptr;
     for (auto& x : e.cycle_graphs)
         if (x.exec && x.key == key) g = &x;
