@@ -569,24 +569,31 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
 
 
 def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
-    """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's state keys are
-    the same): a sequence (a capture each step) and three first steps of new sequences (one capture, two replays with
-    other ids) give the stream launches' logits bit for bit."""
+    """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's keys are the
+    same; the position is read on the device, so a key holds the attention split, not the length): three first steps
+    of new sequences (one capture, two replays with other ids), then a sequence whose T=1 steps replay the two graphs
+    of their conv buffer parity at every later length, give the stream launches' logits bit for bit."""
     from openjet_launcher.engine import kernels_test as kt
     ids = np.random.default_rng(37).integers(0, 4096, 40)
+    counters = ("trunk_graph_capture", "trunk_graph_replay")
     out, ran = {}, {}
     for graph in ("0", "1"):
         monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
         engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
         try:
-            before = [kt.launch_count(c) for c in ("trunk_graph_capture", "trunk_graph_replay")]
+            before = [kt.launch_count(c) for c in counters]
             firsts = [engine.decode(engine.new_state(), ids[i:i + 1]).logits for i in range(3)]
-            after = [kt.launch_count(c) for c in ("trunk_graph_capture", "trunk_graph_replay")]
-            ran[graph] = (after[0] - before[0], after[1] - before[1])
-            out[graph] = (decode_sequence_logits(engine, ids), np.concatenate(firsts))
+            middle = [kt.launch_count(c) for c in counters]
+            sequence = decode_sequence_logits(engine, ids)
+            after = [kt.launch_count(c) for c in counters]
+            ran[graph] = ([m - b for m, b in zip(middle, before)], [a - m for a, m in zip(after, middle)])
+            out[graph] = (sequence, np.concatenate(firsts))
         finally:
             engine.close()
-    assert ran == {"0": (0, 0), "1": (1, 2)}  # the three first steps: one capture, two replays
+    assert ran["0"] == ([0, 0], [0, 0]) and ran["1"][0] == [1, 2], ran  # the first steps: one capture, two replays
+    # The sequence's decode steps (7 of T=1 at lengths 13..19, then T = 5, 8, 3, 2): T=1 at two parities, two
+    # captures then five replays; each longer step a capture of its own.
+    assert ran["1"][1] == [6, 5], ran
     assert np.isfinite(out["0"][0]).all() and np.isfinite(out["0"][1]).all()
     assert not np.array_equal(out["0"][1][0], out["0"][1][1])  # the replays' ids reached the device
     np.testing.assert_array_equal(out["1"][0], out["0"][0])
@@ -1704,9 +1711,9 @@ def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(models, replay
 def test_the_cycle_graph_replays_every_bit(monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: a whole greedy cycle, openjet_engine_cycle_greedy, captured as a CUDA graph
     and replayed while its keys are the same) gives the stream launches' kept drafts, next tokens, sequence and next
-    logits: 12 cycles of 0..7 drafts on the demo model (each a capture: the position moves), then the same two
-    cycles four times from a checkpoint (replays once a key comes back), then no-draft cycles of four other tokens
-    from there (replays that must read their token on the device)."""
+    logits: 12 cycles of 0..7 drafts on the demo model (replays where a key comes back at another length: the
+    attention launches read it on the device), then the same two cycles four times from a checkpoint, then no-draft
+    cycles of four other tokens from there (replays that must read their token on the device)."""
     from openjet_launcher.engine import kernels_test as kt
     counters = ("cycle_graph_capture", "cycle_graph_replay")
     runs, ran = {}, {}

@@ -234,7 +234,10 @@ cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) 
     if (a.sm_count <= 0) a.sm_count = device_sm_count();
     if (a.sm_count <= 0) return cudaErrorNoDevice;
     const int chunk_keys = attn_chunk_keys(a.n_past, a.n_kv, a.sm_count);
-    const int n_chunks = attn_n_chunks(a.n_past, a.t, chunk_keys);
+    // With a.pos (a graph's launch), chunks for the longest length of this chunk size: the rest return at once.
+    const int longest = a.pos ? std::min(attn_chunk_keys_last(chunk_keys, a.n_kv, a.sm_count), a.capacity - a.t)
+                              : a.n_past;
+    const int n_chunks = attn_n_chunks(longest, a.t, chunk_keys);
     if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream);
     if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream);
     return cudaErrorInvalidValue;

@@ -150,6 +150,11 @@ struct AttnDecodeArgs {
     int n_head, n_kv;        // q heads, kv heads (n_head % n_kv == 0)
     int t;                   // query rows this step, 1..kAttnMaxCallT
     int n_past;              // cache length before the step; row t is at position n_past + t
+    // With pos (a launch captured into a CUDA graph, replayed at other positions: engine.cu's graphs), the kernels take
+    // the cache length as *pos + pos_delta, read on the device; n_past is then the length the launch was made for: its
+    // checks and its chunk size, which every length it runs at shares (attn_chunk_keys; the grid holds their chunks).
+    const int* pos = nullptr;
+    int pos_delta = 0;
     int capacity;            // cache rows per kv head (>= n_past + t)
     int n_rot;               // rotated dims (64), even, <= 256
     float eps, rope_base;    // 1e-6, 1e7
@@ -196,6 +201,17 @@ __host__ __device__ inline int attn_n_chunks(int n_past, int t, int chunk_keys) 
     return (n_past + t + chunk_keys - 1) / chunk_keys;
 }
 
+// The longest cache length whose chunk size is chunk_keys (attn_chunk_keys' inverse: want <= chunk_keys).
+__host__ __device__ inline int attn_chunk_keys_last(int chunk_keys, int n_kv, int sm_count) {
+    const int target = sm_count > n_kv ? (sm_count + n_kv - 1) / n_kv : 1;
+    return chunk_keys * target - 1;
+}
+
+// The cache length a launch runs at (AttnDecodeArgs::pos).
+__device__ __forceinline__ int attn_cache_len(const AttnDecodeArgs& a) {
+    return a.pos ? *a.pos + a.pos_delta : a.n_past;
+}
+
 // Workspace: q rows [t, n_head, 256], partial outputs [n_chunks, t, n_head, 256], (max, sum) [n_chunks, t, n_head].
 __host__ __device__ inline size_t attn_decode_work_floats(int n_head, int t, int n_chunks) {
     return static_cast<size_t>(t) * n_head * kAttnHeadDim * (1 + n_chunks) + 2ull * n_chunks * t * n_head;
@@ -227,7 +243,7 @@ __device__ __forceinline__ void attn_prep_row(const AttnDecodeArgs& a, int t, in
     const float scale = row_rms_scale(x, kAttnHeadDim, a.eps);
     y[d] = __fmul_rn(__fmul_rn(x[d], scale), w[d]);
     __syncthreads();
-    const int pos = a.n_past + t;
+    const int pos = attn_cache_len(a) + t;
     const float r = rope_neox_dim(y, d, pos + a.rope_offset, a.n_rot, a.rope_base);
     __syncthreads();  // y may be reused by a persistent caller's next row
     if (is_q) {
@@ -252,7 +268,7 @@ __device__ __forceinline__ void attn_prep_heads_of_row(const AttnDecodeArgs& a, 
     constexpr int kWarps = kAttnThreads / 32, kPer = kAttnHeadDim / 32;
     __shared__ float rot[2][kAttnHeadDim / 2];   // cos, sin of pair i < n_rot / 2
     __shared__ float ys[kWarps][kAttnHeadDim];  // a warp's head after the norm
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pos = a.n_past + t, heads = a.n_head + a.n_kv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pos = attn_cache_len(a) + t, heads = a.n_head + a.n_kv;
     for (int i = threadIdx.x; i < a.n_rot / 2; i += kAttnThreads)
         rope_cos_sin(pos + a.rope_offset, i, a.n_rot, a.rope_base, rot[0][i], rot[1][i]);
     __syncthreads();
@@ -394,9 +410,11 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
     float* p_s = part_s;                                    // probabilities: over quarter 0, element by element
     float* alpha_s = part_s + 4 * kQuarter;                 // [kRowsPad] rescale of o for the tile
 
+    const int n_past = attn_cache_len(a);
+    const int c0 = c * chunk_keys, c1 = min(c0 + chunk_keys, n_past + a.t);
+    if (c0 >= c1) return;  // (a graph's grid holds the chunks of its longest length: none of this one's)
     const int group = a.n_head / a.n_kv, n_rows = min(MAXR, group * a.t - row0);  // local rows r: row0 + r
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int c0 = c * chunk_keys, c1 = min(c0 + chunk_keys, a.n_past + a.t);
     const int n_tiles = (c1 - c0 + kAttnTile - 1) / kAttnTile;
 
     if constexpr (kPlanned) {  // tiles 0 .. n_stages - 2 in flight
@@ -517,7 +535,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
                 const int t = (row0 + r) / group;
                 const float* pr = part_s + r * kAttnSStride + lane;
                 const float dot = ((pr[0] + pr[kQuarter]) + pr[2 * kQuarter]) + pr[3 * kQuarter];
-                const bool valid = pos < c1 && pos <= a.n_past + t;  // causal inside the step
+                const bool valid = pos < c1 && pos <= n_past + t;  // causal inside the step
                 const float s = valid ? dot * score_scale : -INFINITY;
                 float mt = s;
 #pragma unroll
@@ -583,7 +601,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
 
     // Partials: row (t, h) of chunk c.
     float* o_part = a.work + static_cast<size_t>(a.t) * a.n_head * kAttnHeadDim;
-    float2* ml = reinterpret_cast<float2*>(o_part + static_cast<size_t>(attn_n_chunks(a.n_past, a.t, chunk_keys)) *
+    float2* ml = reinterpret_cast<float2*>(o_part + static_cast<size_t>(attn_n_chunks(n_past, a.t, chunk_keys)) *
                                                         a.t * a.n_head * kAttnHeadDim);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -624,8 +642,9 @@ __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int ch
     __shared__ float2 ml_s[kAttnThreads];
     __shared__ float max_s[kAttnThreads / 32];
     const int d = threadIdx.x, lane = d & 31, warp = d >> 5;
-    const int n_chunks = attn_n_chunks(a.n_past, a.t, chunk_keys);
-    const int n_mine = (a.n_past + t + chunk_keys) / chunk_keys;
+    const int n_past = attn_cache_len(a);
+    const int n_chunks = attn_n_chunks(n_past, a.t, chunk_keys);
+    const int n_mine = (n_past + t + chunk_keys) / chunk_keys;
     const float* o_part = a.work + static_cast<size_t>(a.t) * a.n_head * kAttnHeadDim;
     const float2* ml = reinterpret_cast<const float2*>(o_part + static_cast<size_t>(n_chunks) * a.t * a.n_head *
                                                                     kAttnHeadDim);

@@ -137,6 +137,35 @@ const char* type_name(int t) {
 constexpr int kDefaultAttnSpread = 2;
 constexpr int kMaxAttnSpread = 8;
 
+namespace openjet {
+// A few CUDA graphs kept by key (OPENJET_BENCH_GRAPH): found, or a slot to capture into (an empty one, else the least
+// recently used).
+template <class Key, int N> struct GraphCache {
+    struct Slot {
+        Key key{};
+        cudaGraphExec_t exec = nullptr;
+        long used = 0;  // when it last ran (clock)
+    } slots[N];
+    long clock = 0;
+    Slot* find(const Key& key) {
+        for (Slot& s : slots)
+            if (s.exec && s.key == key) return &s;
+        return nullptr;
+    }
+    Slot* room() {
+        const auto rank = [](const Slot& s) { return s.exec ? s.used : -1L; };
+        Slot* pick = &slots[0];
+        for (Slot& s : slots)
+            if (rank(s) < rank(*pick)) pick = &s;
+        return pick;
+    }
+    void clear() {
+        for (Slot& s : slots)
+            if (s.exec) cudaGraphExecDestroy(s.exec), s.exec = nullptr;
+    }
+};
+}  // namespace openjet
+
 struct openjet_engine {
     openjet_engine_config cfg{};
     cudaStream_t stream = nullptr;
@@ -221,22 +250,20 @@ struct openjet_engine {
     // (64 / 128 / 192 / 256: what folding the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
     // OPENJET_BENCH_GRAPH=1 at create (a measurement, not for use): a decode step's trunk is captured as a CUDA graph
-    // and replayed while the state its launches depend on (TrunkKey) stays the same, re-captured when it changes:
-    // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph). The benchmark restores the
-    // context before every step, so its steps replay one graph.
+    // and replayed while the state its launches depend on (TrunkKey) stays the same, a few kept (GraphCache):
+    // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph).
     bool bench_graph = false;
     struct TrunkKey {  // (process-wide test knobs, such as kernels_test's GEMV tile choice, are not in it)
-        int t, n_past, conv_cur, ring_w, replay_rows, attn_spread;
-        bool verifying;
+        int t, split, n_past, conv_cur, ring_w, replay_rows, attn_spread;  // split, n_past: trunk_key
+        bool at_start, verifying;
         bool operator==(const TrunkKey& o) const {
-            return t == o.t && n_past == o.n_past && conv_cur == o.conv_cur && ring_w == o.ring_w &&
-                   replay_rows == o.replay_rows && attn_spread == o.attn_spread && verifying == o.verifying;
+            return t == o.t && split == o.split && n_past == o.n_past && conv_cur == o.conv_cur && ring_w == o.ring_w &&
+                   replay_rows == o.replay_rows && attn_spread == o.attn_spread && at_start == o.at_start &&
+                   verifying == o.verifying;
         }
     };
     // With OPENJET_BENCH_GRAPH=1 a whole greedy cycle (openjet_engine_cycle_greedy: drafts, verify, verdict, MTP
-    // fill) is a graph too, keyed also by what the drafts read (the draft rows can move when they grow). A few are
-    // kept: the benchmark cycles through four keys (a cycle after a restore and one after its accept, at both conv
-    // buffer parities: the second flips conv_cur, which a restore keeps).
+    // fill) is a graph too, keyed also by what the drafts read (the draft rows can move when they grow).
     struct CycleKey {
         TrunkKey trunk;
         int n_draft, n_valid, draft_n;
@@ -247,16 +274,11 @@ struct openjet_engine {
                    draft_rows == o.draft_rows && draft_ids == o.draft_ids;
         }
     };
-    static constexpr int kCycleGraphs = 8;
-    struct CycleGraph {
-        CycleKey key{};
-        cudaGraphExec_t exec = nullptr;
-        long used = 0;  // when it last ran (cycle_clock): the least recent one makes room
-    } cycle_graphs[kCycleGraphs];
-    long cycle_clock = 0;
-    TrunkKey graph_key{};
+    // Eight of each kept (a decode's T=1 steps alternate two conv buffers; bench_cycle.py's rounds use four keys: a
+    // cycle after a restore and one after its accept, at both conv buffer parities, which a restore keeps).
+    GraphCache<TrunkKey, 8> trunk_graphs;
+    GraphCache<CycleKey, 8> cycle_graphs;
     std::pair<double, long> enqueue{0.0, 0};  // decode steps' host time to enqueue their trunks (ms) and their count
-    cudaGraphExec_t graph = nullptr;
     // OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES at create (attn_pipe_switch): AttnDecodeArgs::pipe and stages of every
     // attention launch (the chunk blocks' planned tile pipeline: on unless OPENJET_ATTN_PIPE=0).
     int attn_pipe = 0, attn_stages = 0;
@@ -273,7 +295,12 @@ struct openjet_engine {
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
     int32_t* cycle_out = nullptr;  // openjet_engine_cycle_greedy's verdict: [T] kept drafts and the next token, [1] count
-    int* cycle_n = nullptr;        // [2]: that count, and the cycle's own token (its launches' only input from the host)
+    int* cycle_n = nullptr;  // [2]: that count, and the cycle's own token (its launches' only input from the host)
+    // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
+    // attention launches captured into a graph read (graph_positions: while capturing), so that a graph serves every
+    // length its key covers (TrunkKey: the attention split, not the length).
+    int* pos_dev = nullptr;
+    bool graph_positions = false;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
     // drafting, gathered from output.weight; none = every row. A buffer of its own, grown as rows are added.
     char* draft_rows = nullptr;
@@ -317,9 +344,8 @@ struct openjet_engine {
 
     ~openjet_engine() {
         for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
-        if (graph) cudaGraphExecDestroy(graph);
-        for (const CycleGraph& g : cycle_graphs)
-            if (g.exec) cudaGraphExecDestroy(g.exec);
+        trunk_graphs.clear();
+        cycle_graphs.clear();
         if (draft_rows) cudaFree(draft_rows);
         if (draft_ids) cudaFree(draft_ids);
         if (weights) cudaFree(weights);
@@ -831,6 +857,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
         {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the cycle's token (cycle_greedy_launches)
+        {(void**)&e.pos_dev, sizeof(int)},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -1227,6 +1254,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
                                                      : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
         if (rows < 1) CHECK(cudaErrorInvalidValue);  // never: decode's workspace alone holds 8 rows' q
         a.t = rows, a.n_past = n_past + r0;
+        if (e.graph_positions) a.pos = e.pos_dev, a.pos_delta = a.n_past - e.n_past;
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
@@ -1247,6 +1275,7 @@ int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rop
     TRY(gemv(e, L.wv, t, e.a, e.big3));
     AttnDecodeArgs a = attn_args(e, L, rope_offset);
     a.t = t, a.n_past = n_past, a.k = e.big2, a.v = e.big3;
+    if (e.graph_positions) a.pos = e.pos_dev, a.pos_delta = a.n_past - e.n_past;
     CHECK(launch_attn_store_kv(a, e.stream));
     return OPENJET_OK;
 }
@@ -1448,8 +1477,9 @@ template <class Launches> int capture_graph(openjet_engine& e, cudaGraphExec_t* 
     CHECK(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal));
     const bool prof = e.prof.on, graph = e.bench_graph;
     e.prof.on = e.bench_graph = false;  // (a trunk inside a captured cycle: no capture of its own)
+    e.graph_positions = true;
     const int status = launches();
-    e.prof.on = prof, e.bench_graph = graph;
+    e.prof.on = prof, e.bench_graph = graph, e.graph_positions = false;
     cudaGraph_t g = nullptr;
     const cudaError_t end = cudaStreamEndCapture(e.stream, &g);
     if (status != OPENJET_OK) {
@@ -1463,23 +1493,48 @@ template <class Launches> int capture_graph(openjet_engine& e, cudaGraphExec_t* 
     return OPENJET_OK;
 }
 
+// What a captured trunk or cycle depends on besides the buffers: the length only through the attention launches'
+// split (the chunk size, attn_chunk_keys) at the lengths they run at, n_past - 1 (the MTP fill's first row) to
+// n_past + 7 (a step's last row; the drafts' lie between), and whether the sequence starts there (the MTP fill has no
+// first pair then). Where the split is one size over that window, the key holds it and not the length (n_past -1);
+// where it changes inside the window, the length itself.
 openjet_engine::TrunkKey trunk_key(const openjet_engine& e, int t, bool verifying) {
-    return {t, e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.attn_spread, verifying};
+    const int kv = e.cfg.n_head_kv, sms = e.sm_count * e.attn_spread;
+    const int lo = attn_chunk_keys(std::max(e.n_past - 1, 0), kv, sms);
+    const bool one_split = lo == attn_chunk_keys(e.n_past + kSubRows - 1, kv, sms);
+    return {t, lo, one_split ? -1 : e.n_past, e.conv_cur, e.ring_w, e.replay_rows, e.attn_spread, e.n_past == 0,
+            verifying};
+}
+
+// A captured graph launched at the sequence's current length (its attention launches read it on the device).
+int launch_graph(openjet_engine& e, cudaGraphExec_t exec) {
+    CHECK(cudaMemcpyAsync(e.pos_dev, &e.n_past, sizeof(int), cudaMemcpyHostToDevice, e.stream));
+    CHECK(cudaGraphLaunch(exec, e.stream));
+    return OPENJET_OK;
+}
+
+// `launches` from the cache's graph for `key`, captured first where it holds none (the host bookkeeping inside
+// `launches` then runs once: a replay's caller redoes it).
+template <class Key, int N, class Launches>
+int run_graph(openjet_engine& e, GraphCache<Key, N>& cache, const Key& key, Counted captures, Counted replays,
+              const Launches& launches) {
+    auto* slot = cache.find(key);
+    count_launch(slot ? replays : captures);
+    if (!slot) {
+        slot = cache.room();
+        slot->key = {};  // (no key while it holds nothing)
+        TRY(capture_graph(e, &slot->exec, launches));
+        slot->key = key;
+    }
+    slot->used = ++cache.clock;
+    return launch_graph(e, slot->exec);
 }
 
 // OPENJET_BENCH_GRAPH=1: the trunk's launches from a graph captured at the same key (every host value trunk() reads
 // that changes between steps), captured first where the key is new.
 int trunk_graph(openjet_engine& e, int t) {
-    const openjet_engine::TrunkKey key = trunk_key(e, t, e.verifying);
-    if (!e.graph || !(key == e.graph_key)) {
-        TRY(capture_graph(e, &e.graph, [&] { return trunk(e, t); }));
-        e.graph_key = key;
-        count_launch(Counted::kTrunkGraphCapture);
-    } else {
-        count_launch(Counted::kTrunkGraphReplay);
-    }
-    CHECK(cudaGraphLaunch(e.graph, e.stream));
-    return OPENJET_OK;
+    return run_graph(e, e.trunk_graphs, trunk_key(e, t, e.verifying), Counted::kTrunkGraphCapture,
+                     Counted::kTrunkGraphReplay, [&] { return trunk(e, t); });
 }
 
 // What a trunk step changes on the host (step_trunk; a replayed cycle graph redoes it). A pending replay ran in the
@@ -2024,31 +2079,16 @@ int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
     return mtp_fill(e, e.ids, e.a, t, e.n_past);  // as verify_impl
 }
 
-// OPENJET_BENCH_GRAPH=1: cycle_greedy_launches from a graph kept for the same key (captured first where none is),
-// then the trunk's host bookkeeping the capture did once.
+// OPENJET_BENCH_GRAPH=1: cycle_greedy_launches from a graph kept for the same key (captured first where none is).
 int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
     const bool drafts = n_draft > 0;  // (a cycle of no drafts reads no draft row)
     const openjet_engine::CycleKey key{trunk_key(e, 1 + n_draft, true), n_draft, n_valid, drafts ? e.draft_n : 0,
                                        drafts ? e.draft_rows : nullptr, drafts ? e.draft_ids : nullptr};
-    openjet_engine::CycleGraph* g = nullptr;
-    for (auto& x : e.cycle_graphs)
-        if (x.exec && x.key == key) g = &x;
-    if (!g) {  // an empty slot, else the least recently used one
-        const auto rank = [](const openjet_engine::CycleGraph& x) { return x.exec ? x.used : -1L; };
-        g = &e.cycle_graphs[0];
-        for (auto& x : e.cycle_graphs)
-            if (rank(x) < rank(*g)) g = &x;
-        g->key = {};  // (no key while it holds nothing)
-        TRY(capture_graph(e, &g->exec, [&] { return cycle_greedy_launches(e, n_draft, n_valid); }));
-        g->key = key;
-        count_launch(Counted::kCycleGraphCapture);
-    } else {
-        trunk_done(e, true);
-        count_launch(Counted::kCycleGraphReplay);
-    }
-    g->used = ++e.cycle_clock;
-    CHECK(cudaGraphLaunch(g->exec, e.stream));
-    return OPENJET_OK;
+    // The key is taken before anything runs; a replay redoes the trunk's host bookkeeping first, as the capture did
+    // inside (the launch reads the length, which neither changes).
+    if (e.cycle_graphs.find(key)) trunk_done(e, true);
+    return run_graph(e, e.cycle_graphs, key, Counted::kCycleGraphCapture, Counted::kCycleGraphReplay,
+                     [&] { return cycle_greedy_launches(e, n_draft, n_valid); });
 }
 }  // namespace
 
