@@ -23,9 +23,10 @@
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
-# PLAN=cycle OPENJET_BENCH_GRAPH=1's whole greedy cycles (openjet_engine_cycle_greedy as one CUDA graph): their bit
-#            test with the trunk graph's and the one-call cycle's, then native/bench/bench_cycle.py (cycles of 0..7
-#            drafts with the graph off and on). ~3 minutes with the machine's start.
+# PLAN=cycle OPENJET_BENCH_GRAPH=1's graphs (the trunk, and whole greedy cycles, openjet_engine_cycle_greedy, replayed
+#            at other lengths: the attention launches read the length on the device): their bit tests with the
+#            one-call cycle's and the decode attention's (its kernels read the length through attn_cache_len now),
+#            then native/bench/bench_cycle.py (cycles of 0..7 drafts with the graph off and on). ~4 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -109,7 +110,7 @@ PY
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
   cycle)
-    plan 100 "tests/test_gpu_engine.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call'" cycle-bench ;;
+    plan 150 "tests/test_gpu_engine.py tests/test_gpu_attn.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call or row_is_bit_identical or attn_decode_matches'" cycle-bench ;;
   cycle-bench)
     trap pack_logs EXIT
     timeout -k 10 150 python3 native/bench/bench_cycle.py "$MODEL" --out "$OUT/cycle.json" > /dev/null \
