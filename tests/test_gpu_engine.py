@@ -571,33 +571,42 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
 def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's keys are the
     same; the position is read on the device, so a key holds the attention split, not the length): three first steps
-    of new sequences (one capture, two replays with other ids), then a sequence whose T=1 steps replay the two graphs
-    of their conv buffer parity at every later length, give the stream launches' logits bit for bit."""
+    of new sequences (one capture, two replays with other ids), a sequence whose T=1 steps replay the two graphs of
+    their conv buffer parity at later lengths, and T=1 steps from length 60 to 72, whose attention has one chunk of 64
+    keys where the graphs were captured and two from 64 on (the chunks a replay runs come from the device's length),
+    give the stream launches' logits bit for bit."""
     from openjet_launcher.engine import kernels_test as kt
-    ids = np.random.default_rng(37).integers(0, 4096, 40)
+    ids = np.random.default_rng(37).integers(0, 4096, 72)
     counters = ("trunk_graph_capture", "trunk_graph_replay")
     out, ran = {}, {}
     for graph in ("0", "1"):
         monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
-        engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
+        engine = CudaEngine.load(models["small"], n_ctx=256, n_checkpoints=2)
         try:
-            before = [kt.launch_count(c) for c in counters]
+            counts = [[kt.launch_count(c) for c in counters]]
             firsts = [engine.decode(engine.new_state(), ids[i:i + 1]).logits for i in range(3)]
-            middle = [kt.launch_count(c) for c in counters]
-            sequence = decode_sequence_logits(engine, ids)
-            after = [kt.launch_count(c) for c in counters]
-            ran[graph] = ([m - b for m, b in zip(middle, before)], [a - m for a, m in zip(after, middle)])
-            out[graph] = (sequence, np.concatenate(firsts))
+            counts.append([kt.launch_count(c) for c in counters])
+            sequence = decode_sequence_logits(engine, ids[:40])
+            counts.append([kt.launch_count(c) for c in counters])
+            state = engine.new_state()
+            engine.prefill(state, ids[:60])  # (no graph: a prefill's own launches)
+            crossing = [engine.decode(state, ids[i:i + 1]).logits for i in range(60, 72)]
+            counts.append([kt.launch_count(c) for c in counters])
+            ran[graph] = [[b - a for a, b in zip(x, y)] for x, y in zip(counts, counts[1:])]
+            out[graph] = (sequence, np.concatenate(firsts), np.concatenate(crossing))
         finally:
             engine.close()
-    assert ran["0"] == ([0, 0], [0, 0]) and ran["1"][0] == [1, 2], ran  # the first steps: one capture, two replays
-    # The sequence's 11 decode steps (7 of T=1 at lengths 13..19, then T = 5, 8, 3, 2): T=1 at two conv buffer
-    # parities, two captures then five replays at other lengths; each longer step a capture of its own.
-    assert sum(ran["1"][1]) == 11 and ran["1"][1][1] >= 5, ran
-    assert np.isfinite(out["0"][0]).all() and np.isfinite(out["0"][1]).all()
+    assert ran["0"] == [[0, 0]] * 3 and ran["1"][0] == [1, 2], ran  # the first steps: one capture, two replays
+    # The sequence's 13 trunk steps: its all-logits prefill's T=8 at length 0 and T=5 at 8 (decode steps), T=1 at 13..19
+    # (two conv buffer parities: 2 captures, 5 replays), T=5 at 20 (the parity of the one at 8: a replay), T=8 at 25,
+    # T=3, T=2 (captures): 8 keys with the first steps', none evicted.
+    assert ran["1"][1] == [7, 6], ran
+    assert ran["1"][2][1] >= 10, ran  # the crossing steps: replays after the two parities' captures
+    for x in out["0"]:
+        assert np.isfinite(x).all()
     assert not np.array_equal(out["0"][1][0], out["0"][1][1])  # the replays' ids reached the device
-    np.testing.assert_array_equal(out["1"][0], out["0"][0])
-    np.testing.assert_array_equal(out["1"][1], out["0"][1])
+    for x, y in zip(out["1"], out["0"]):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
@@ -1712,11 +1721,12 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: a whole greedy cycle, openjet_engine_cycle_greedy, captured as a CUDA graph
     and replayed while its keys are the same) gives the stream launches' kept drafts, next tokens, sequence and next
     logits: 12 cycles of 0..7 drafts on the demo model (replays where a key comes back at another length: the
-    attention launches read it on the device), then the same two cycles four times from a checkpoint, then no-draft
-    cycles of four other tokens from there (replays that must read their token on the device)."""
+    attention launches read it on the device), then the same two cycles four times from a checkpoint, no-draft cycles
+    of four other tokens from there (replays that must read their token on the device), and eight no-draft cycles in
+    a row from there (replays at lengths their graphs were not captured at)."""
     from openjet_launcher.engine import kernels_test as kt
     counters = ("cycle_graph_capture", "cycle_graph_replay")
-    runs, ran = {}, {}
+    runs, ran, streak = {}, {}, {}
     for graph in ("0", "1"):
         monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
         engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
@@ -1743,6 +1753,14 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
                 engine.truncate(state, len(prompt))
                 kept, token = engine.greedy_cycle(state, (first + 1 + j) % n_vocab, 0, n_valid=n_vocab - 7)
                 cycles.append((kept, token))
+            # No-draft cycles in a row: from the third on, replays at lengths their graphs were not captured at
+            # (each cycle flips both the ring and the conv buffer: a key comes back every second cycle)
+            engine.truncate(state, len(prompt))
+            token, at = first, kt.launch_count(counters[1])
+            for _ in range(8):
+                kept, token = engine.greedy_cycle(state, token, 0, n_valid=n_vocab - 7)
+                cycles.append((kept, token))
+            streak[graph] = kt.launch_count(counters[1]) - at
             ran[graph] = [kt.launch_count(c) - b for c, b in zip(counters, before)]
             runs[graph] = (cycles, list(state.token_ids), engine.decode(state, [token]).logits[-1])
         finally:
@@ -1750,6 +1768,7 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
     kept = sum(len(k) for k, _ in runs["0"][0])
     report(test="cycle_graph", captures_replays=ran, cycles=len(runs["0"][0]), kept=kept)
     assert ran["0"] == [0, 0] and sum(ran["1"]) == len(runs["1"][0]) and ran["1"][1] >= 4, ran
+    assert streak["1"] >= 5, streak
     assert runs["1"][0] == runs["0"][0] and runs["1"][1] == runs["0"][1] and kept > 0
     np.testing.assert_array_equal(runs["1"][2], runs["0"][2])
 

@@ -108,8 +108,9 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # its profile (14 counters of 8 bytes, thirteenth session), the dense prefill GEMM's scratch (empty without its GPU)
 # and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows), the integer
 # decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1); the FFN's bounded form's norms (2026-12-04,
-# twenty-second session: 2 floats a layer and the MTP head's) and row scales (2 floats a prefill row): bounded_parts.
-PARTS_SINCE_REPORTS = 4 * 256
+# twenty-second session: 2 floats a layer and the MTP head's) and row scales (2 floats a prefill row): bounded_parts;
+# the graphs' device length (2026-12-05, thirty-second session: pos_dev).
+PARTS_SINCE_REPORTS = 5 * 256
 
 
 def draft_parts(mm) -> int:
@@ -155,9 +156,9 @@ def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engin
     engine-full-h200-76e77e0-ffn-bounded.json)."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True,
                            replay_fused=False)
-    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk) + draft_parts(MM)
+    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk) + draft_parts(MM) + 256  # (+ pos_dev, added since)
     if chunk == 4096:
-        assert a.scratch_bytes == 1935780352 + draft_parts(MM)
+        assert a.scratch_bytes == 1935780352 + draft_parts(MM) + 256  # (+ pos_dev, added since)
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
 
 
@@ -169,7 +170,7 @@ def test_the_arena_follows_the_gdn_replay_mode(replay_fused, scratch):
     since 2026-12-05: no shadow, two rings), every part of both, the device drafts' included, as the plan sizes them."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=132, n_checkpoints=4, dense_prefill=False,
                            replay_fused=replay_fused)
-    assert a.scratch_bytes == scratch
+    assert a.scratch_bytes == scratch + 256  # (+ pos_dev, the graphs' device length, added since)
 
 
 def test_a_chunk_below_a_steps_rows_plans_a_steps_row_buffers():

@@ -252,7 +252,8 @@ int attn_prefill_keys_switch() {
 }
 
 cudaError_t launch_attn_prefill(const AttnDecodeArgs& a, cudaStream_t stream) {
-    if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.n_head > 65535 || a.t < 1 || a.t > 65535 ||
+    if (a.pos ||  // (a graph's launch: its length on the device; the prefill kernels take it from n_past)
+        a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.n_head > 65535 || a.t < 1 || a.t > 65535 ||
         a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 || a.n_rot % 2 || a.n_rot > kAttnHeadDim ||
         !a.qproj || !a.k || !a.v || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.o || !a.work ||
         (a.prefill_rows != 0 && a.prefill_rows != 64 && a.prefill_rows != 128) ||
