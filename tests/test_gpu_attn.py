@@ -181,6 +181,38 @@ def test_row_is_bit_identical_for_every_t(fmt, n_past):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+def test_a_launch_made_for_a_shorter_length_reads_the_real_one_on_the_device(fmt, monkeypatch):
+    """AttnDecodeArgs::pos (an attention launch captured into a CUDA graph and replayed at a later length: engine.cu's
+    graphs): a step made for the first length L of n_past's chunk size (its split, checks and grid) that reads the real
+    length n_past on the device (OPENJET_TEST_ATTN_CAPTURED_AT=L) gives every output bit and appended cache row of the
+    step made for n_past, though the chunk count grows between them (70: 1 -> 2 chunks of 64 keys; 4,096 on 132 SMs:
+    17 -> 33 chunks of 128)."""
+    n_head, n_kv = SIZES["27b"]
+    inputs = step_inputs(np.random.default_rng(19), 8, n_head, n_kv)
+    checked = {}
+    for n_past in (70, 1100, 4096, 32768):
+        ck = ka.attn_split(n_past, n_kv, 1)["chunk_keys"]
+        lo, hi = 0, n_past  # the first length of that chunk size (it grows with the length)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ka.attn_split(mid, n_kv, 1)["chunk_keys"] == ck else (mid + 1, hi)
+        for t in (1, 5, 8):
+            cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
+            monkeypatch.delenv("OPENJET_TEST_ATTN_CAPTURED_AT", raising=False)
+            made_for_it = run(fmt, n_head, n_kv, n_past, cut)
+            monkeypatch.setenv("OPENJET_TEST_ATTN_CAPTURED_AT", str(lo))
+            replayed = run(fmt, n_head, n_kv, n_past, cut)
+            for a, b in zip(made_for_it, replayed):
+                np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} made for {lo} t={t}")
+        checked[n_past] = (lo, ka.attn_split(lo, n_kv, 1)["n_chunks"], ka.attn_split(n_past, n_kv, 1)["n_chunks"])
+    monkeypatch.setenv("OPENJET_TEST_ATTN_CAPTURED_AT", str(checked[4096][0] - 1))  # another chunk size: refused
+    with pytest.raises(OpenJetError, match="OPENJET_TEST_ATTN_CAPTURED_AT"):
+        run(fmt, n_head, n_kv, 4096, tuple(x[:1] for x in inputs[:3]) + inputs[3:])
+    report(test="device_length", fmt=fmt, made_for_and_chunks=checked, bit_identical=True)
+    assert all(a < b for _, a, b in checked.values()), checked  # each replay ran more chunks than its launch's length
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("n_past", [100, 4096])
 def test_verify_row_equals_sequential_decode(fmt, n_past):
     """Row t of an 8-row step at n_past == the 1-row step at n_past + t over the same cache (same split)."""

@@ -76,6 +76,23 @@ cudaError_t give_f16_rows(AttnDecodeArgs& a, DevBuf& buf) {
     return cudaSuccess;
 }
 
+// OPENJET_TEST_ATTN_CAPTURED_AT=L (tests only; a decode step): the launch made as a CUDA graph's is, for length L
+// (its split and checks), the real length n_past read on the device (AttnDecodeArgs::pos): L must be 0..n_past with
+// n_past's chunk size. -1 where unset; an error for another value.
+int captured_at_from_env(int n_past, int n_kv, int sms, int* at) {
+    *at = -1;
+    const char* v = std::getenv("OPENJET_TEST_ATTN_CAPTURED_AT");
+    if (!v) return OPENJET_OK;
+    char* end = nullptr;
+    const long l = std::strtol(v, &end, 10);
+    if (end == v || *end || l < 0 || l > n_past ||
+        attn_chunk_keys(static_cast<int>(l), n_kv, sms) != attn_chunk_keys(n_past, n_kv, sms))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_TEST_ATTN_CAPTURED_AT=%s: must be a length 0..%d with the "
+                    "chunk size of %d", v, n_past, n_past);
+    *at = static_cast<int>(l);
+    return OPENJET_OK;
+}
+
 // A step (prefill = false: launch_attn_decode, t = 1..8) or a prefill call (launch_attn_prefill, t = 1..4096) on
 // device copies of the inputs; the outputs copied back.
 int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj, const float* k,
@@ -111,8 +128,16 @@ int attn_call(bool prefill, int kv_type, int n_head, int n_kv, int n_past, int t
     a.sm_count = sms, a.prefill_rows = prefill_rows;
     attn_pipe_switch(&a.pipe, &a.stages);  // as the engine: OPENJET_ATTN_PIPE / OPENJET_ATTN_STAGES
     if (int st = prefill_keys_from_env(&a.prefill_keys)) return st;
-    DevBuf f16;
+    DevBuf f16, pos;
     if (prefill) CHECK(give_f16_rows(a, f16));
+    int captured_at = -1;
+    if (!prefill) {
+        if (int st = captured_at_from_env(n_past, n_kv, sms, &captured_at)) return st;
+        if (captured_at >= 0) {
+            CHECK(pos.upload(&n_past, sizeof(int)));
+            a.n_past = captured_at, a.pos = pos.as<int>(), a.pos_delta = 0;
+        }
+    }
     CHECK(prefill ? launch_attn_prefill(a, 0) : launch_attn_decode(a, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(o, dout.p, sizeof(float) * n_o, cudaMemcpyDeviceToHost));
