@@ -18,7 +18,8 @@ extern "C" {
 
 /* One decode step of t rows at positions n_past .. n_past + t - 1: the caches k_in / v_in hold n_past rows
  * per kv head (NULL allowed when n_past == 0); k_out / v_out (NULL: not returned) receive n_past + t rows,
- * the new ones appended. o = attention * sigmoid(gate). */
+ * the new ones appended. o = attention * sigmoid(gate). OPENJET_TEST_ATTN_CAPTURED_AT=L: the launch is made for
+ * length L (0..n_past, n_past's chunk size) and reads n_past on the device, as a CUDA graph's replayed later. */
 OPENJET_API int openjet_test_attn_decode(int kv_type, int n_head, int n_kv, int n_past, int t, const float* qproj,
                                          const float* k, const float* v, const float* q_norm, const float* k_norm,
                                          float eps, float rope_base, int n_rot, const void* k_in, const void* v_in,
