@@ -120,6 +120,16 @@ def run(fmt, n_head, n_kv, n_past, inputs):
     return ka.attn_decode(ka.KV_TYPES[fmt], qproj, k, v, qn, kn, kc, vc, n_head=n_head, n_kv=n_kv)
 
 
+def assert_switch_keeps_bits(monkeypatch, name, value, fmt, n_head, n_kv, n_past, inputs, what):
+    """run() with the environment variable `name` unset and set to `value`: every output bit and cache row equal."""
+    monkeypatch.delenv(name, raising=False)
+    plain = run(fmt, n_head, n_kv, n_past, inputs)
+    monkeypatch.setenv(name, value)
+    switched = run(fmt, n_head, n_kv, n_past, inputs)
+    for a, b in zip(plain, switched):
+        np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} t={len(inputs[0])} {name}={value} {what}")
+
+
 # ------------------------------------------------------------------------------ tests
 
 
@@ -198,12 +208,8 @@ def test_a_launch_made_for_a_shorter_length_reads_the_real_one_on_the_device(fmt
             lo, hi = (lo, mid) if ka.attn_split(mid, n_kv, 1)["chunk_keys"] == ck else (mid + 1, hi)
         for t in (1, 5, 8):
             cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
-            monkeypatch.delenv("OPENJET_TEST_ATTN_CAPTURED_AT", raising=False)
-            made_for_it = run(fmt, n_head, n_kv, n_past, cut)
-            monkeypatch.setenv("OPENJET_TEST_ATTN_CAPTURED_AT", str(lo))
-            replayed = run(fmt, n_head, n_kv, n_past, cut)
-            for a, b in zip(made_for_it, replayed):
-                np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} made for {lo} t={t}")
+            assert_switch_keeps_bits(monkeypatch, "OPENJET_TEST_ATTN_CAPTURED_AT", str(lo), fmt, n_head, n_kv, n_past,
+                                     cut, "(the replayed launch)")
         checked[n_past] = (lo, ka.attn_split(lo, n_kv, 1)["n_chunks"], ka.attn_split(n_past, n_kv, 1)["n_chunks"])
     monkeypatch.setenv("OPENJET_TEST_ATTN_CAPTURED_AT", str(checked[4096][0] - 1))  # another chunk size: refused
     with pytest.raises(OpenJetError, match="OPENJET_TEST_ATTN_CAPTURED_AT"):
@@ -242,12 +248,8 @@ def test_rows_split_for_small_shared_memory_keep_every_bit(fmt, limit, monkeypat
     for n_past in (100, 4096):
         for t in (1, 3, 8):
             cut = tuple(x[:t] for x in inputs[:3]) + inputs[3:]
-            monkeypatch.delenv("OPENJET_ATTN_SMEM_LIMIT", raising=False)
-            whole = run(fmt, n_head, n_kv, n_past, cut)
-            monkeypatch.setenv("OPENJET_ATTN_SMEM_LIMIT", str(limit))
-            split = run(fmt, n_head, n_kv, n_past, cut)
-            for a, b in zip(whole, split):
-                np.testing.assert_array_equal(a, b, err_msg=f"{fmt} n_past={n_past} t={t} limit={limit}")
+            assert_switch_keeps_bits(monkeypatch, "OPENJET_ATTN_SMEM_LIMIT", str(limit), fmt, n_head, n_kv, n_past, cut,
+                                     "(rows split over blocks)")
     report(test="rows_split", fmt=fmt, limit=limit, bit_identical=True)
 
 
