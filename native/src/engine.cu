@@ -1202,6 +1202,13 @@ AttnDecodeArgs attn_args(const openjet_engine& e, const LayerW& L, int rope_offs
     return a;
 }
 
+// The cache length n_past an attention launch is made for; while a graph is captured, also read on the device at
+// its offset from the sequence's (AttnDecodeArgs::pos), so that a replay runs at the length of its own step.
+void set_length(const openjet_engine& e, AttnDecodeArgs& a, int n_past) {
+    a.n_past = n_past;
+    if (e.graph_positions) a.pos = e.pos_dev, a.pos_delta = n_past - e.n_past;
+}
+
 // How a prefill's attention runs (OPENJET_PREFILL_ATTN, read at each prefill call), where the prefill has numerics
 // of its own (else always kPairs, decode's bits): kFlash (default) attn_prefill.cuh, every row of every prefill
 // call; "chunks": decode's kernel with q and the probabilities as single fp16 (AttnDecodeArgs::hi_only; 2,048-row
@@ -1253,8 +1260,8 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         const int rows = form == PrefillAttn::kFlash ? static_cast<int>(std::min<size_t>(t - r0, flash_rows))
                                                      : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
         if (rows < 1) CHECK(cudaErrorInvalidValue);  // never: decode's workspace alone holds 8 rows' q
-        a.t = rows, a.n_past = n_past + r0;
-        if (e.graph_positions) a.pos = e.pos_dev, a.pos_delta = a.n_past - e.n_past;
+        a.t = rows;
+        set_length(e, a, n_past + r0);
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
@@ -1274,8 +1281,8 @@ int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rop
     TRY(gemv(e, L.wk, t, e.a, e.big2));  // gemv_pair(wq, wk)'s k blocks do what this launch's do: the same bits
     TRY(gemv(e, L.wv, t, e.a, e.big3));
     AttnDecodeArgs a = attn_args(e, L, rope_offset);
-    a.t = t, a.n_past = n_past, a.k = e.big2, a.v = e.big3;
-    if (e.graph_positions) a.pos = e.pos_dev, a.pos_delta = a.n_past - e.n_past;
+    a.t = t, a.k = e.big2, a.v = e.big3;
+    set_length(e, a, n_past);
     CHECK(launch_attn_store_kv(a, e.stream));
     return OPENJET_OK;
 }
@@ -1380,9 +1387,6 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
-    // No delta added by an earlier call's projection (project_out sets it per projection; with
-    // OPENJET_FFN_PERSISTENT=2 a decode step runs none, and a prefill's last value would drop the FFN's output)
-    e.mix_added = false;
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
     for (int il = 0; il < c.n_layer; ++il) {
@@ -1402,6 +1406,7 @@ int trunk(openjet_engine& e, int t) {
         if (persistent) {
             mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm; 4, ...)
             CHECK(launch_ffn_persistent(f, e.stream));
+            e.mix_added = false;  // its output is in e.mix, not yet added (project_out's flag: it ran none with a tail)
             normed = f.next_norm != nullptr;
             projected = f.next_w[0] != nullptr;
             continue;
@@ -1514,13 +1519,15 @@ int launch_graph(openjet_engine& e, cudaGraphExec_t exec) {
 }
 
 // `launches` from the cache's graph for `key`, captured first where it holds none (the host bookkeeping inside
-// `launches` then runs once: a replay's caller redoes it).
-template <class Key, int N, class Launches>
+// `launches` then runs once: on a replay, `replayed` redoes it).
+template <class Key, int N, class Launches, class Replayed>
 int run_graph(openjet_engine& e, GraphCache<Key, N>& cache, const Key& key, Counted captures, Counted replays,
-              const Launches& launches) {
+              const Launches& launches, const Replayed& replayed) {
     auto* slot = cache.find(key);
     count_launch(slot ? replays : captures);
-    if (!slot) {
+    if (slot) {
+        replayed();
+    } else {
         slot = cache.room();
         slot->key = {};  // (no key while it holds nothing)
         TRY(capture_graph(e, &slot->exec, launches));
@@ -1534,7 +1541,7 @@ int run_graph(openjet_engine& e, GraphCache<Key, N>& cache, const Key& key, Coun
 // that changes between steps), captured first where the key is new.
 int trunk_graph(openjet_engine& e, int t) {
     return run_graph(e, e.trunk_graphs, trunk_key(e, t, e.verifying), Counted::kTrunkGraphCapture,
-                     Counted::kTrunkGraphReplay, [&] { return trunk(e, t); });
+                     Counted::kTrunkGraphReplay, [&] { return trunk(e, t); }, [] {});  // (trunk(): no host state)
 }
 
 // What a trunk step changes on the host (step_trunk; a replayed cycle graph redoes it). A pending replay ran in the
@@ -2084,11 +2091,9 @@ int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
     const bool drafts = n_draft > 0;  // (a cycle of no drafts reads no draft row)
     const openjet_engine::CycleKey key{trunk_key(e, 1 + n_draft, true), n_draft, n_valid, drafts ? e.draft_n : 0,
                                        drafts ? e.draft_rows : nullptr, drafts ? e.draft_ids : nullptr};
-    // The key is taken before anything runs; a replay redoes the trunk's host bookkeeping first, as the capture did
-    // inside (the launch reads the length, which neither changes).
-    if (e.cycle_graphs.find(key)) trunk_done(e, true);
+    // (The key is taken before anything runs; a replay redoes the trunk's host bookkeeping, as the capture did inside.)
     return run_graph(e, e.cycle_graphs, key, Counted::kCycleGraphCapture, Counted::kCycleGraphReplay,
-                     [&] { return cycle_greedy_launches(e, n_draft, n_valid); });
+                     [&] { return cycle_greedy_launches(e, n_draft, n_valid); }, [&] { trunk_done(e, true); });
 }
 }  // namespace
 
