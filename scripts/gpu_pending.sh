@@ -56,10 +56,6 @@ for r in d["runs"].values():
         prof = {k: v for k, v in (x.get("profile_ms_per_step") or {}).items() if k in ("norm", "ffn", "attn.core")}
         print(f"  ctx {x['context']} T {x['t']}: {x['median_ms']} ms (top-k path {top}, enqueue "
               f"{x.get('enqueue_ms')} ms) {prof}")
-    spec = r.get("speculation") or {}
-    for key in ("cycle_greedy_ms", "verify_ms", "draft_chain_ms_subset"):
-        if spec.get(key):
-            print(f"  {key}: {spec[key]}")
 PY
 }
 
