@@ -285,6 +285,24 @@ def _finite_float(text: str) -> float:
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 _NOT_PARSED = object()
 
+# The deepest JSON value taken as a tool call's arguments, on the way out (a parameter the model wrote) and in (a
+# client's arguments: server.protocol.openai.arguments_object): the request body's own bound (ServerSettings'
+# max_json_depth), so that what the server hands out it also takes back. Not where json.loads stops: that depends on
+# the Python (3.11 raises RecursionError at ~1,000 levels, 3.12 parses them).
+MAX_JSON_DEPTH = 64
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value holds containers more than `limit` levels deep (iterative: any depth)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return True
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
 
 def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[Any, str | None]:
     """A parameter's raw text -> (typed value, warning or None), by the property's schema."""
@@ -295,7 +313,9 @@ def convert_argument(raw: str, schema: Any, root: Mapping[str, Any]) -> tuple[An
         return text, None
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError):  # RecursionError: nested ~1,000 deep
+        if nested_deeper_than(value, MAX_JSON_DEPTH):
+            raise ValueError("nested too deeply")
+    except (ValueError, RecursionError):  # RecursionError: nested ~1,000 deep on Python 3.11
         value = _PYTHON_LITERALS.get(text.strip(), _NOT_PARSED)
         if value is not _NOT_PARSED and not _admits(types, value):
             value = _NOT_PARSED

@@ -109,7 +109,10 @@ def test_tool_call_arguments_nested_too_deep_are_a_400(scripted, say, path, body
 
 def test_tool_call_arguments_are_bounded_at_the_bodys_depth_whatever_the_python():
     """The bound is ours (64 levels, the body's default), not where this Python's recursion ends."""
-    from openjet_launcher.server.protocol.openai import ARGUMENTS_MAX_DEPTH, arguments_object
+    from openjet_launcher.server.protocol.openai import arguments_object
+    from openjet_launcher.server.settings import ServerSettings
+    from openjet_launcher.text.tool_calls import MAX_JSON_DEPTH as ARGUMENTS_MAX_DEPTH
+    assert ARGUMENTS_MAX_DEPTH == ServerSettings().max_json_depth == 64
 
     def nested(levels: int) -> str:  # an object holding levels - 1 lists
         return '{"a": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ...text.chat import RESERVED_TEMPLATE_KWARGS
+from ...text.tool_calls import MAX_JSON_DEPTH, nested_deeper_than
 from .base import RequestModel, ResponseModel
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -31,28 +32,11 @@ def text_of_content(content: str | list | None) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
-# The deepest tool-call arguments taken (the request body's own default bound, settings.max_json_depth): the body's
-# check cannot see inside the arguments string, and how deep json.loads and the chat template get before a
-# RecursionError depends on the Python version (3.11 fails at ~1,000 levels, 3.12 parses them).
-ARGUMENTS_MAX_DEPTH = 64
-
-
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    """Whether a decoded JSON value holds containers more than `limit` levels deep (iterative: any depth)."""
-    todo = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, (dict, list)):
-            if depth > limit:
-                return True
-            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return False
-
-
 def arguments_object(arguments: str) -> dict[str, Any]:
     """A tool call's arguments string decoded: a JSON object (blank, only whitespace, means none: {}); ValueError
-    saying what is wrong otherwise (the chat and Responses validators' words)."""
-    too_deep = f"arguments are nested too deeply (more than {ARGUMENTS_MAX_DEPTH} levels)"
+    saying what is wrong otherwise (the chat and Responses validators' words). The body's depth check cannot see inside
+    the string: MAX_JSON_DEPTH bounds it, whatever the Python."""
+    too_deep = f"arguments are nested too deeply (more than {MAX_JSON_DEPTH} levels)"
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError as e:
@@ -61,7 +45,7 @@ def arguments_object(arguments: str) -> dict[str, Any]:
         raise ValueError(too_deep) from None
     if not isinstance(value, dict):
         raise ValueError("arguments must be a JSON object encoded as a string")
-    if _nested_deeper_than(value, ARGUMENTS_MAX_DEPTH):
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
         raise ValueError(too_deep)
     return value
 
