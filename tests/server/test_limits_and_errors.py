@@ -319,17 +319,16 @@ def test_a_key_of_only_whitespace_is_refused(text_layer):
 def test_requests_queued_when_the_engine_breaks_are_refused_and_counted(text_layer):
     """The engine breaks (a failed generation whose reset fails too) with two requests queued behind it: they get the
     503 a later request gets and count as rejected (they were 500s in no counter)."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     tokenizer, template = text_layer
     engine = ScriptedEngine(tokenizer.n_vocab)
     with LiveServer(create_app(engine, tokenizer, template, ServerSettings(model_id="m", n_ctx=512))) as s:
-        started = threading.Event()
+        started, release = threading.Event(), threading.Event()
 
-        def boom(state, tokens, **kw):
+        def boom(state, tokens, **kw):  # fails once both requests wait behind it (a fixed sleep raced a slow machine)
             started.set()
-            time.sleep(1.0)
+            release.wait(30)
             raise RuntimeError("boom")
 
         def sticky():
@@ -342,6 +341,7 @@ def test_requests_queued_when_the_engine_breaks_are_refused_and_counted(text_lay
             assert started.wait(10)
             queued = [pool.submit(httpx.post, s.base + "/v1/chat/completions", json=OK, timeout=30) for _ in range(2)]
             assert wait_for(lambda: s.core.worker._jobs.qsize() == 2)
+            release.set()
             codes = [first.result().status_code] + [f.result().status_code for f in queued]
         assert codes == [500, 503, 503]
         assert (metrics.requests_failed_total, metrics.requests_rejected_total) == (before[0] + 1, before[1] + 2)
