@@ -148,11 +148,7 @@ def ensure_model(spec: str | os.PathLike | None = None, *, models_dir: str | os.
         _download_all(model.repo, commit, todo, progress, show_progress)
     for f, dest in targets:
         if _read_json(_sidecar(dest)).get("sha256") != f.sha256:  # verified by re-hashing, never recorded
-            try:
-                _write_record(dest, model.repo, commit, f)
-            except OSError as e:  # a read-only models folder: the bytes are right, the next run checks them again
-                log.warning("%s is verified, but its record could not be written (%s): it will be checked again "
-                            "next time", dest, e.strerror or e)
+            _keep_record(dest, lambda: _write_record(dest, model.repo, commit, f))
     paths = tuple(dest for _, dest in targets)
     return LocalModel(path=paths[0], parts=paths, repo=model.repo, commit=commit)
 
@@ -400,12 +396,18 @@ def _is_current(dest: Path, f: RemoteFile) -> bool:
     if _sha256_file(dest, what=f"checking {dest.name}").hexdigest() != f.sha256:
         return False
     if rec.get("sha256") == f.sha256:
-        try:
-            _write_json(_sidecar(dest), {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        except OSError as e:  # a read-only models folder: the bytes are right, the next run checks them again
-            log.warning("%s is verified, but its record could not be updated (%s): it will be checked again next "
-                        "time", dest, e.strerror or e)
+        _keep_record(dest, lambda: _write_json(_sidecar(dest), {**rec, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
     return True
+
+
+def _keep_record(dest: Path, write: Callable[[], None]) -> None:
+    """write() the verification record of dest, which the caller just verified; a read-only models folder only warns:
+    the bytes are right, and the next run checks them again."""
+    try:
+        write()
+    except OSError as e:
+        log.warning("%s is verified, but its record could not be written (%s): it will be checked again next time",
+                    dest, e.strerror or e)
 
 
 def _resolve_offline(model: ModelSpec, root: Path, reason: str) -> LocalModel:
