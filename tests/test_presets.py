@@ -109,8 +109,9 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # and the two-phase chunked GDN's (fifth session; the default since the sixth: its bytes for 512 rows), the integer
 # decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1); the FFN's bounded form's norms (2026-12-04,
 # twenty-second session: 2 floats a layer and the MTP head's) and row scales (2 floats a prefill row): bounded_parts;
-# the graphs' device length (2026-12-05, thirty-second session: pos_dev).
-PARTS_SINCE_REPORTS = 5 * 256
+# the graphs' device length (2026-12-05, thirty-second session: pos_dev, also added since the 27B runs below).
+POS_DEV = 256  # its 4 bytes and 16 spare, aligned to 256 (engine.cu create_impl)
+PARTS_SINCE_REPORTS = 4 * 256 + POS_DEV
 
 
 def draft_parts(mm) -> int:
@@ -118,7 +119,7 @@ def draft_parts(mm) -> int:
     draft_pick, draft_value, draft_u, draft_q_ids, draft_q_probs, draft_q_len, cycle_out, cycle_n), added after the
     reports below; empty without the MTP head."""
     T, E, k = 8, mm.shape.n_embd, 32
-    parts = (T * E * 4, T * 4, T * 4, T * 8, T * k * 4, T * k * 8, T * 4, T * 4, 4)
+    parts = (T * E * 4, T * 4, T * 4, T * 8, T * k * 4, T * k * 8, T * 4, T * 4, 8)
     return sum(v1_align(b if mm.shape.n_nextn else 0) for b in parts)
 
 
@@ -156,9 +157,9 @@ def test_the_arena_with_the_dense_gemm_and_the_chunked_gdn_is_what_the_27b_engin
     engine-full-h200-76e77e0-ffn-bounded.json)."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=chunk, sm_count=132, n_checkpoints=4, dense_prefill=True,
                            replay_fused=False)
-    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk) + draft_parts(MM) + 256  # (+ pos_dev, added since)
+    assert a.scratch_bytes == scratch + bounded_parts(MM, chunk) + draft_parts(MM) + POS_DEV
     if chunk == 4096:
-        assert a.scratch_bytes == 1935780352 + draft_parts(MM) + 256  # (+ pos_dev, added since)
+        assert a.scratch_bytes == 1935780352 + draft_parts(MM) + POS_DEV
     assert v1_align(MM.gdn_chunk_scratch_bytes(2048)) - v1_align(0) == 147980288
 
 
@@ -170,7 +171,7 @@ def test_the_arena_follows_the_gdn_replay_mode(replay_fused, scratch):
     since 2026-12-05: no shadow, two rings), every part of both, the device drafts' included, as the plan sizes them."""
     a = MM.engine_v1_arena(n_ctx=32768, chunk=2048, sm_count=132, n_checkpoints=4, dense_prefill=False,
                            replay_fused=replay_fused)
-    assert a.scratch_bytes == scratch + 256  # (+ pos_dev, the graphs' device length, added since)
+    assert a.scratch_bytes == scratch + POS_DEV
 
 
 def test_a_chunk_below_a_steps_rows_plans_a_steps_row_buffers():
