@@ -23,13 +23,17 @@
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
+# PLAN=tail  OPENJET_NORM_TAIL (norm_tail.cuh: a one-row step's add-norms made by the last block of the projection
+#            before them): its bit tests (the small model with the GEMV forms', then the 27B's width on the full model),
+#            then the T=1 / T=5 step with it off and on, twice each, alternating (one run's spread beside the change).
+#            ~6 minutes.
 # PLAN=cycle OPENJET_BENCH_GRAPH=1's graphs (the trunk, and whole greedy cycles, openjet_engine_cycle_greedy, replayed
 #            at other lengths: the attention launches read the length on the device): their bit tests with the
 #            one-call cycle's and the decode attention's (its kernels read the length through attn_cache_len now),
 #            then native/bench/bench_cycle.py (cycles of 0..7 drafts with the graph off and on). ~4 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
-# Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
+# Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|tail-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,6 +109,14 @@ PY
     done
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
+  tail)
+    plan 150 "tests/test_gpu_engine.py -k 'decode_experiments and (NORM_TAIL or GEMV_TMA)'" tail-bench ;;
+  tail-bench)
+    trap pack_logs EXIT
+    OPENJET_FULL_MODEL=$MODEL gpu_tests tail-27b 120 tests/test_gpu_engine.py -k norm_tail_keeps_every_bit_at_the_27b
+    for v in OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1; do
+      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-$((++run))" --ctx 0 --t 1,5
+    done ;;
   cycle)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_attn.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call or row_is_bit_identical or attn_decode_matches or reads_the_real_one'" cycle-bench ;;
   cycle-bench)
@@ -113,6 +125,6 @@ PY
       2> "$OUT/cycle.log"
     echo "== bench_cycle (rc $?)"; tail -2 "$OUT/cycle.log" ;;
   *)
-    echo "PLAN=graph, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=tail or PLAN=cycle (see the top of $0)" >&2
     exit 2 ;;
 esac

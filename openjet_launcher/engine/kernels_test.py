@@ -343,7 +343,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
-           "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
+           "norm_tail": 22, "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27}
 
 
