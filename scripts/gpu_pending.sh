@@ -24,7 +24,8 @@
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
 # PLAN=tail  OPENJET_NORM_TAIL (norm_tail.cuh: a one-row step's add-norms made by the last block of the projection
-#            before them): its bit tests (the small model with the GEMV forms', then the 27B's width on the full model),
+#            before them): its bit tests (the kernel against the two launches; the small model with the GEMV forms';
+#            then the 27B's width on the full model),
 #            then the T=1 / T=5 step with it off and on, twice each, alternating (one run's spread beside the change).
 #            ~6 minutes.
 # PLAN=cycle OPENJET_BENCH_GRAPH=1's graphs (the trunk, and whole greedy cycles, openjet_engine_cycle_greedy, replayed
@@ -110,7 +111,7 @@ PY
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
   tail)
-    plan 150 "tests/test_gpu_engine.py -k 'decode_experiments and (NORM_TAIL or GEMV_TMA)'" tail-bench ;;
+    plan 150 "tests/test_gpu_gemv.py tests/test_gpu_engine.py -k 'norm_tail or decode_experiments and (NORM_TAIL or GEMV_TMA)'" tail-bench ;;
   tail-bench)
     trap pack_logs EXIT
     OPENJET_FULL_MODEL=$MODEL gpu_tests tail-27b 120 tests/test_gpu_engine.py -k norm_tail_keeps_every_bit_at_the_27b

@@ -254,6 +254,54 @@ extern "C" OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y, true);
 }
 
+// One-row decode GEMV of tiled W on x's pack, followed by its add-norm (h += y, a = rmsnorm(h) * norm_w, a packed),
+// `reps` times in a row: tail 0 as the engine launches them apart (launch_gemv, launch_add_norm_pack), 1 with the
+// add-norm made by the GEMV's last block (GemvArgs::tail). As in the engine, the add-norm's pack overwrites the GEMV's
+// input pack (one buffer: a later rep reads it, with k == n). Out: h, a, and the pack's row 0 (n halves, n / 16 sums,
+// inv).
+extern "C" OPENJET_API int openjet_test_gemv_norm_tail(int qtype, const void* w, int n, int k, const float* x,
+                                                       const float* h, const float* norm_w, float eps, int tail,
+                                                       int reps, float* h_out, float* a_out, uint16_t* ph,
+                                                       uint16_t* psum, float* pinv) {
+    if (int s = check_weights(qtype, n, k)) return s;
+    if (int s = check_tiled("gemv_norm_tail", qtype, n, k)) return s;
+    if (!w || !x || !h || !norm_w || !h_out || !a_out || !ph || !psum || !pinv || reps < 1 || (reps > 1 && k != n))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail: null pointer, or reps (%d) > 1 with k != n", reps);
+    DevBuf dw, dx, dh, dnw, dy, da, count;
+    DevPack p;
+    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, k), qtype, n, k, true));
+    CHECK(dx.upload(x, sizeof(float) * k));
+    CHECK(dh.upload(h, sizeof(float) * n));
+    CHECK(dnw.upload(norm_w, sizeof(float) * n));
+    CHECK(dy.alloc(sizeof(float) * n));
+    CHECK(da.alloc(sizeof(float) * n));
+    CHECK(count.alloc(sizeof(unsigned)));
+    CHECK(cudaMemset(count.p, 0, sizeof(unsigned)));
+    CHECK(p.alloc(1, k > n ? k : n));
+    CHECK(launch_pack_act(dx.as<float>(), 1, k, nullptr, 0.0f, p.view(), 0));
+    GemvArgs a{qtype, dw.p, n, k, 1, p.view(), nullptr, dy.as<float>()};
+    a.tiled = true;
+    a.tma = -1;  // the engine's default
+    const NormTail nt{dh.as<float>(), dnw.as<float>(), eps, da.as<float>(), p.view(), count.as<unsigned>()};
+    if (tail) {
+        a.tail = &nt;
+        if (!gemv_tail_takes(a))
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail: this call takes no tail here (gemv_tail_takes)");
+    }
+    for (int r = 0; r < reps; ++r) {
+        CHECK(launch_gemv(a, 0));
+        if (!tail) CHECK(launch_add_norm_pack(dh.as<float>(), dy.as<float>(), dnw.as<float>(), 1, n, eps, da.as<float>(),
+                                              p.view(), 0));
+    }
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_out, dh.p, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ph, p.h.p, sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(psum, p.sum.p, sizeof(uint16_t) * (n / kActBlock) * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(pinv, p.inv.p, sizeof(float), cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out) {
     if (int s = check_weights(qtype, n, k)) return s;
     if (int s = check_tiled("tile_layout", qtype, n, k)) return s;

@@ -52,6 +52,7 @@ def _lib() -> ctypes.CDLL:
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_norm_tail": [_I, _P, _I, _I, _P, _P, _P, _F, _I, _I, _P, _P, _P, _P, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
@@ -324,6 +325,25 @@ def dense_gemm_available() -> bool:
     """Whether this library and GPU run the dense prefill GEMM (a 90a build with CUTLASS on compute capability 9.0;
     OPENJET_PREFILL_GEMM=dense then takes it: native/src/dense_gemm.cuh)."""
     return bool(_lib().openjet_test_dense_gemm_available())
+
+
+def gemv_norm_tail(qtype: int, w, x, h, norm_w, eps: float, tail: bool, reps: int = 1) -> dict[str, np.ndarray]:
+    """A one-row decode GEMV of W (moved into the tile layout) on x [k] followed by its add-norm on the residual h [n]
+    (h += W x, a = rmsnorm(h) * norm_w, a packed where x's pack was), reps times (k == n for reps > 1): as two
+    launches (tail False) or made by the GEMV's last block (True; openjet_test_gemv_norm_tail). Returns h, a and the
+    pack's row (h16 as uint16 halves, sum, inv)."""
+    lib = _lib()
+    x = _f32(x, 1)
+    k = x.shape[0]
+    raw, n = _weights(qtype, w, k)
+    h = _f32_shaped(h, (n,), "h")
+    norm_w = _f32_shaped(norm_w, (n,), "norm_w")
+    out = {"h": np.empty(n, np.float32), "a": np.empty(n, np.float32), "h16": np.empty(n, np.uint16),
+           "sum": np.empty(n // 16, np.uint16), "inv": np.empty(1, np.float32)}
+    _check(lib, lib.openjet_test_gemv_norm_tail(qtype, _ptr(raw), n, k, _ptr(x), _ptr(h), _ptr(norm_w), eps, int(tail),
+                                                reps, *(_ptr(out[name]) for name in ("h", "a", "h16", "sum", "inv"))),
+           "gemv_norm_tail")
+    return out
 
 
 def gemv_tma_available() -> bool:
