@@ -26,7 +26,8 @@
 # PLAN=tail  OPENJET_NORM_TAIL (norm_tail.cuh: a one-row step's add-norms made by the last block of the projection
 #            before them): its bit tests (the kernel against the two launches; the small model with the GEMV forms';
 #            then the 27B's width on the full model),
-#            then the T=1 / T=5 step with it off and on, twice each, alternating (one run's spread beside the change).
+#            then the boundary alone (native/bench/bench_norm_tail.py: a 5,120-wide GEMV and its add-norm chained, both
+#            ways), then the T=1 / T=5 step with it off and on, twice each, alternating (one run's spread beside the change).
 #            ~6 minutes.
 # PLAN=cycle OPENJET_BENCH_GRAPH=1's graphs (the trunk, and whole greedy cycles, openjet_engine_cycle_greedy, replayed
 #            at other lengths: the attention launches read the length on the device): their bit tests with the
@@ -115,6 +116,8 @@ PY
   tail-bench)
     trap pack_logs EXIT
     OPENJET_FULL_MODEL=$MODEL gpu_tests tail-27b 120 tests/test_gpu_engine.py -k norm_tail_keeps_every_bit_at_the_27b
+    timeout -k 10 120 python3 native/bench/bench_norm_tail.py --out "$OUT/norm-tail-boundary.json" 2> "$OUT/norm-tail-boundary.log"
+    echo "== bench_norm_tail (rc $?)"; cat "$OUT/norm-tail-boundary.log"
     for v in OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1; do
       timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-$((++run))" --ctx 0 --t 1,5
     done ;;

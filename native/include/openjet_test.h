@@ -70,6 +70,12 @@ OPENJET_API int openjet_test_gemv_norm_tail(int qtype, const void* w, int n, int
                                             const float* norm_w, float eps, int tail, int reps, float* h_out,
                                             float* a_out, uint16_t* ph, uint16_t* psum, float* pinv);
 
+/* Microseconds per one-row decode GEMV of W [n, n] (tiled) chained on the pack its add-norm wrote (OPENJET_NORM_TAIL's
+ * boundary), us_out[runs]: mode 0 the GEMV and the add-norm launch, 1 the add-norm made by the GEMV's last block, 2
+ * that block's count alone (a probe: wrong outputs), 3 the GEMV alone; `copies` copies of W in turn. */
+OPENJET_API int openjet_test_bench_gemv_norm_tail(int qtype, const void* w, int n, int mode, int copies, int reps,
+                                                  int runs, float* us_out);
+
 /* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill
  * projects a GDN layer's beta and alpha: under the prefill's own numerics (OPENJET_PREFILL_GEMM unset, fast or dense)
  * both in one launch of prefill_f32.cu's GEMM, whatever t, unless OPENJET_PREFILL_F32=rows; else decode's kernels

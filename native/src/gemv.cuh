@@ -28,6 +28,7 @@ struct NormTail {
     float* a_out;         // [k] the normed row as floats, or null
     ActPack x;            // the pack written (row 0)
     unsigned* arrivals;   // a device word, 0 between calls: the blocks count themselves in, the last resets it
+    int probe = 0;        // 1 (a timing probe of the test API, WRONG outputs): the last block skips the add-norm
 };
 constexpr int kNormTailMaxK = 5120;  // 128 threads x 40 values (the 27B's n_embd)
 

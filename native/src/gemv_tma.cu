@@ -175,7 +175,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         named_bar_sync(1, kConsumerWarps * 32);
         if (threadIdx.x == 0) last = atomicInc(tail.arrivals, gridDim.x - 1) == gridDim.x - 1;  // (wraps to 0)
         named_bar_sync(1, kConsumerWarps * 32);
-        if (last) {
+        if (last && !tail.probe) {
             __threadfence();  // the other blocks' outputs, counted in before, are read after this
             tail_add_norm_pack(tail, y, n, 2);
         }

@@ -578,6 +578,54 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     return OPENJET_OK;
 }
 
+// Microseconds per one-row decode boundary as the engine chains them under OPENJET_NORM_TAIL (n == k: each GEMV reads
+// the pack the add-norm before it wrote; `copies` copies of W in turn, so that W comes from DRAM): mode 0 the GEMV
+// and launch_add_norm_pack (the default), 1 the GEMV with the add-norm made by its last block (GemvArgs::tail), 2 that
+// with the last block skipping the add-norm (NormTail::probe: the counting alone; wrong outputs), 3 the GEMV alone.
+extern "C" OPENJET_API int openjet_test_bench_gemv_norm_tail(int qtype, const void* w, int n, int mode, int copies,
+                                                             int reps, int runs, float* us_out) {
+    if (int s = check_weights(qtype, n, n)) return s;
+    if (int s = check_tiled("bench_gemv_norm_tail", qtype, n, n)) return s;
+    if (!w || !us_out || mode < 0 || mode > 3 || copies < 1 || reps < 1 || runs < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_norm_tail: null pointer, mode not 0..3 or counts < 1");
+    std::vector<DevBuf> dw(copies);
+    CHECK(upload_copies_in_layout(dw, w, qtype, n, n, true));
+    DevBuf dx, dh, dnw, dy, da, count;
+    DevPack p;
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(n)));
+    CHECK(upload_pseudo_random(dh, static_cast<size_t>(n)));
+    CHECK(upload_pseudo_random(dnw, static_cast<size_t>(n)));
+    CHECK(dy.alloc(sizeof(float) * n));
+    CHECK(da.alloc(sizeof(float) * n));
+    CHECK(count.alloc(sizeof(unsigned)));
+    CHECK(cudaMemset(count.p, 0, sizeof(unsigned)));
+    CHECK(p.alloc(1, n));
+    CHECK(launch_pack_act(dx.as<float>(), 1, n, nullptr, 0.0f, p.view(), 0));
+    NormTail nt{dh.as<float>(), dnw.as<float>(), 1e-6f, da.as<float>(), p.view(), count.as<unsigned>()};
+    nt.probe = mode == 2;
+    GemvArgs a{qtype, nullptr, n, n, 1, p.view(), nullptr, dy.as<float>()};
+    a.tiled = true;
+    a.tma = -1;
+    if (mode == 1 || mode == 2) {
+        a.tail = &nt;
+        a.w = dw[0].p;
+        if (!gemv_tail_takes(a))
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_norm_tail: this call takes no tail here");
+    }
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
+        a.w = dw[i % copies].p;
+        cudaError_t e = launch_gemv(a, stream);
+        if (e == cudaSuccess && mode == 0)
+            e = launch_add_norm_pack(dh.as<float>(), dy.as<float>(), dnw.as<float>(), 1, n, 1e-6f, da.as<float>(),
+                                     p.view(), stream);
+        return e;
+    };
+    if (cudaError_t e = time_graph_replays("bench_gemv_norm_tail", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
+    return OPENJET_OK;
+}
+
 // Microseconds per launch_gemv_pair of two F32 [n, k] matrices over t prefill rows (a GDN layer's beta and alpha, as
 // openjet_test_gemv_f32_pair calls it; OPENJET_PREFILL_F32 picks the kernel), pseudo-random weights and x.
 extern "C" OPENJET_API int openjet_test_bench_gemv_f32_pair(int n, int k, int t, int reps, int runs, float* us_out) {

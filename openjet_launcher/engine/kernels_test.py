@@ -53,6 +53,7 @@ def _lib() -> ctypes.CDLL:
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_norm_tail": [_I, _P, _I, _I, _P, _P, _P, _F, _I, _I, _P, _P, _P, _P, _P],
+        "bench_gemv_norm_tail": [_I, _P, _I, _I, _I, _I, _I, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
@@ -344,6 +345,18 @@ def gemv_norm_tail(qtype: int, w, x, h, norm_w, eps: float, tail: bool, reps: in
                                                 reps, *(_ptr(out[name]) for name in ("h", "a", "h16", "sum", "inv"))),
            "gemv_norm_tail")
     return out
+
+
+def bench_gemv_norm_tail(qtype: int, w, mode: int, copies: int = 4, reps: int = 50, runs: int = 7) -> list[float]:
+    """Microseconds per one-row decode boundary of W [n, n] chained as the engine chains it (openjet_test_bench_gemv_
+    norm_tail): mode 0 the GEMV and the add-norm launch, 1 OPENJET_NORM_TAIL's GEMV, 2 its count alone (a probe), 3 the
+    GEMV alone; one figure per run."""
+    lib = _lib()
+    raw, n = _weights(qtype, w, np.asarray(w).shape[0])  # square: k = n
+    us = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_gemv_norm_tail(qtype, _ptr(raw), n, mode, copies, reps, runs, _ptr(us)),
+           "bench_gemv_norm_tail")
+    return [float(v) for v in us]
 
 
 def gemv_tma_available() -> bool:
