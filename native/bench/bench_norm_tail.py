@@ -2,7 +2,7 @@
 as the engine chains a projection and the add-norm after it, each GEMV reading the pack the add-norm before it wrote:
 mode 0 the GEMV and the add-norm launch (the default), 1 the add-norm made by the GEMV's last block, 2 that block's
 arrival count alone (a probe, wrong outputs), 3 the GEMV alone. Prints JSON: microseconds per boundary (median of the
-runs) by type and mode.
+runs) by type and mode, and where the tail's last block spends its time (clock64 at its phases).
 
     python native/bench/bench_norm_tail.py [--types Q4_K,Q5_K,Q6_K] [--out FILE]
 """
@@ -37,7 +37,8 @@ def main() -> None:
         raw = quantize(rng.standard_normal((args.n, args.n), dtype=np.float32) * np.float32(0.02), kt.QTYPES[name])
         result["us"][name] = {MODES[m]: round(statistics.median(kt.bench_gemv_norm_tail(kt.QTYPES[name], raw, m)), 2)
                               for m in MODES}
-        print(name, result["us"][name], file=sys.stderr)
+        result.setdefault("tail_phases_us", {})[name] = kt.gemv_norm_tail_clocks(kt.QTYPES[name], raw)
+        print(name, result["us"][name], result["tail_phases_us"][name], file=sys.stderr)
     text = json.dumps(result)
     print(text)
     if args.out:

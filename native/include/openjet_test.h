@@ -70,6 +70,11 @@ OPENJET_API int openjet_test_gemv_norm_tail(int qtype, const void* w, int n, int
                                             const float* norm_w, float eps, int tail, int reps, float* h_out,
                                             float* a_out, uint16_t* ph, uint16_t* psum, float* pinv);
 
+/* OPENJET_NORM_TAIL's last block's clock64 at its six phases (norm_tail.cuh) in the last of reps chained boundaries of
+ * W [n, n] (tiled): clocks_out[6], and the SM clock in kHz (sm_khz). */
+OPENJET_API int openjet_test_gemv_norm_tail_clocks(int qtype, const void* w, int n, int reps, long long* clocks_out,
+                                                   int* sm_khz);
+
 /* Microseconds per one-row decode GEMV of W [n, n] (tiled) chained on the pack its add-norm wrote (OPENJET_NORM_TAIL's
  * boundary), us_out[runs]: mode 0 the GEMV and the add-norm launch, 1 the add-norm made by the GEMV's last block, 2
  * that block's count alone (a probe: wrong outputs), 3 the GEMV alone; `copies` copies of W in turn. */

@@ -29,6 +29,7 @@ struct NormTail {
     ActPack x;            // the pack written (row 0)
     unsigned* arrivals;   // a device word, 0 between calls: the blocks count themselves in, the last resets it
     int probe = 0;        // 1 (a timing probe of the test API, WRONG outputs): the last block skips the add-norm
+    long long* clocks = nullptr;  // (test API) where set, the last block's thread 0 writes its phases' clock64 there (6)
 };
 constexpr int kNormTailMaxK = 5120;  // 128 threads x 40 values (the 27B's n_embd)
 

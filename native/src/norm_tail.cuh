@@ -36,6 +36,10 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
     __shared__ float chain_sums[kRowThreads / 32];
     __shared__ float warp_max[kTailThreads / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const auto stamp = [&](int i) {  // (f.clocks: the test API's phase clocks)
+        if (f.clocks && tid == 0) f.clocks[i] = clock64();
+    };
+    stamp(0);
     // v[j]: element tid + 128 j, of 32-block warp + 4 j at lane `lane`
     float v[kTailCached];
 #pragma unroll
@@ -55,7 +59,9 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
         s1 += __shfl_xor_sync(0xffffffffu, s1, m);
     }
     if (lane == 0) chain_sums[warp] = s0, chain_sums[warp + kTailThreads / 32] = s1;
+    stamp(1);
     named_bar_sync(bar, kTailThreads);
+    stamp(2);
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kRowThreads / 32; ++w) total += chain_sums[w];
@@ -76,7 +82,9 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) warp_max[warp] = m;
+    stamp(3);
     named_bar_sync(bar, kTailThreads);
+    stamp(4);
     float amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < kTailThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
@@ -91,6 +99,7 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
         if (b4[0] < nb) pack_blocks4(v4, r.s, b4, nb, r.h, r.sum);  // (warp-uniform)
     }
     if (tid == 0) f.x.inv[0] = r.inv;
+    stamp(5);
 }
 
 #endif

@@ -578,6 +578,44 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     return OPENJET_OK;
 }
 
+// The clock64 of OPENJET_NORM_TAIL's last block at its phases (norm_tail.cuh: entry, loads and chains done, their
+// barrier passed, values stored, the maximum's barrier passed, pack done), for the last of `reps` chained boundaries
+// of W [n, n] (tiled), and the SM clock rate (kHz) to read them by.
+extern "C" OPENJET_API int openjet_test_gemv_norm_tail_clocks(int qtype, const void* w, int n, int reps,
+                                                              long long* clocks_out, int* sm_khz) {
+    if (int s = check_weights(qtype, n, n)) return s;
+    if (int s = check_tiled("gemv_norm_tail_clocks", qtype, n, n)) return s;
+    if (!w || !clocks_out || !sm_khz || reps < 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail_clocks: null pointer or reps < 1");
+    DevBuf dw, dx, dh, dnw, dy, da, count, clocks;
+    DevPack p;
+    CHECK(upload_weights(dw, w, weight_bytes(qtype, n, n), qtype, n, n, true));
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(n)));
+    CHECK(upload_pseudo_random(dh, static_cast<size_t>(n)));
+    CHECK(upload_pseudo_random(dnw, static_cast<size_t>(n)));
+    CHECK(dy.alloc(sizeof(float) * n));
+    CHECK(da.alloc(sizeof(float) * n));
+    CHECK(count.alloc(sizeof(unsigned)));
+    CHECK(cudaMemset(count.p, 0, sizeof(unsigned)));
+    CHECK(clocks.alloc(sizeof(long long) * 6));
+    CHECK(p.alloc(1, n));
+    CHECK(launch_pack_act(dx.as<float>(), 1, n, nullptr, 0.0f, p.view(), 0));
+    NormTail nt{dh.as<float>(), dnw.as<float>(), 1e-6f, da.as<float>(), p.view(), count.as<unsigned>()};
+    GemvArgs a{qtype, dw.p, n, n, 1, p.view(), nullptr, dy.as<float>()};
+    a.tiled = true;
+    a.tma = -1;
+    a.tail = &nt;
+    if (!gemv_tail_takes(a)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail_clocks: no tail here");
+    for (int r = 0; r < reps; ++r) {
+        nt.clocks = r == reps - 1 ? clocks.as<long long>() : nullptr;
+        CHECK(launch_gemv(a, 0));
+    }
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(clocks_out, clocks.p, sizeof(long long) * 6, cudaMemcpyDeviceToHost));
+    CHECK(cudaDeviceGetAttribute(sm_khz, cudaDevAttrClockRate, 0));
+    return OPENJET_OK;
+}
+
 // Microseconds per one-row decode boundary as the engine chains them under OPENJET_NORM_TAIL (n == k: each GEMV reads
 // the pack the add-norm before it wrote; `copies` copies of W in turn, so that W comes from DRAM): mode 0 the GEMV
 // and launch_add_norm_pack (the default), 1 the GEMV with the add-norm made by its last block (GemvArgs::tail), 2 that

@@ -54,6 +54,7 @@ def _lib() -> ctypes.CDLL:
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_norm_tail": [_I, _P, _I, _I, _P, _P, _P, _F, _I, _I, _P, _P, _P, _P, _P],
         "bench_gemv_norm_tail": [_I, _P, _I, _I, _I, _I, _I, _P],
+        "gemv_norm_tail_clocks": [_I, _P, _I, _I, _P, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
@@ -357,6 +358,19 @@ def bench_gemv_norm_tail(qtype: int, w, mode: int, copies: int = 4, reps: int = 
     _check(lib, lib.openjet_test_bench_gemv_norm_tail(qtype, _ptr(raw), n, mode, copies, reps, runs, _ptr(us)),
            "bench_gemv_norm_tail")
     return [float(v) for v in us]
+
+
+def gemv_norm_tail_clocks(qtype: int, w, reps: int = 8) -> dict[str, float]:
+    """Microseconds OPENJET_NORM_TAIL's last block spends in each phase (openjet_test_gemv_norm_tail_clocks; clock64
+    at the SM's nominal clock) in the last of `reps` chained boundaries of W [n, n]."""
+    lib = _lib()
+    raw, n = _weights(qtype, w, np.asarray(w).shape[0])
+    clocks = np.zeros(6, np.int64)
+    khz = ctypes.c_int(0)
+    _check(lib, lib.openjet_test_gemv_norm_tail_clocks(qtype, _ptr(raw), n, reps, _ptr(clocks), ctypes.byref(khz)),
+           "gemv_norm_tail_clocks")
+    names = ("loads_and_chains", "sums_barrier", "values_stored", "max_barrier", "pack")
+    return {name: round(float(clocks[i + 1] - clocks[i]) / khz.value * 1e3, 2) for i, name in enumerate(names)}
 
 
 def gemv_tma_available() -> bool:
