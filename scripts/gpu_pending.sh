@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device; PLAN=graph
-# and PLAN=attn ran on an H100 on 2026-12-05, NOTES_gemv.md: PLAN=cycle is next, then both again on an H200), one
-# device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
+# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device; PLAN=graph,
+# PLAN=attn and PLAN=cycle ran on an H100 on 2026-12-05, PLAN=tail at adc8550: NOTES_gemv.md. Next: PLAN=tail again for
+# the tail's batched loads, then graph and attn on an H200 for the acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
 # tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, kind="nvidia-h200" where status
