@@ -611,6 +611,23 @@ def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
         np.testing.assert_array_equal(x, y)
 
 
+def test_the_norm_tail_leaves_the_integer_gemvs_calls_to_the_add_norm_launch(models, monkeypatch):
+    """OPENJET_NORM_TAIL with OPENJET_GEMV_INT=1 (the integer GEMV takes the Q4_K projections and makes no tail): the
+    output projections it takes keep their add-norm launch, the others take the tail, and the logits are those of
+    OPENJET_GEMV_INT=1 alone bit for bit (a tail dropped without its launch would leave h without the delta)."""
+    from openjet_launcher.engine import kernels_test as kt
+    if not kt.gemv_tma_available():
+        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
+    ids = np.random.default_rng(41).integers(0, 4096, 40)
+    out, ran = {}, {}
+    for tail in ("0", "1"):
+        out[tail], ran[tail] = small_model_sequence(models, monkeypatch, {"OPENJET_GEMV_INT": "1",
+                                                                         "OPENJET_NORM_TAIL": tail}, "norm_tail", ids)
+    report(test="norm_tail_with_gemv_int", launches=ran)
+    assert ran["0"] == 0 and ran["1"] > 0, ran
+    np.testing.assert_array_equal(out["1"], out["0"])
+
+
 def test_the_norm_tail_keeps_every_bit_at_the_27b_width(monkeypatch):
     """OPENJET_NORM_TAIL at the 27B's width (k = 5,120: all 40 of the tail's values a thread, 160 32-blocks; the small
     model's rows leave most of them empty), on the model OPENJET_FULL_MODEL names (the bench's `full` synthetic model:

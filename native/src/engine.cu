@@ -306,7 +306,7 @@ struct openjet_engine {
     int* cycle_n = nullptr;  // [2]: that count, and the cycle's own token (its launches' only input from the host)
     // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
     // attention launches captured into a graph read (graph_positions: while capturing), so that a graph serves every
-    // length its key covers (TrunkKey: the attention split, not the length).
+    // length its key covers (TrunkKey: the attention split, not the length). [1]: tail_arrivals (OPENJET_NORM_TAIL).
     int* pos_dev = nullptr;
     bool graph_positions = false;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while

@@ -240,9 +240,21 @@ bool gemv_tma_available() {
 #endif
 }
 
+// Whether the tail's kernel of a's type fits an SM (resident_blocks of its form; 0 never on the GPUs we know).
+static bool tail_fits(const GemvArgs& a) {
+    switch (a.qtype) {
+        case kQ4_K: return resident_blocks<kQ4_K, 4, 3, false, true>(a.grid_sms) > 0;
+        case kQ5_K: return resident_blocks<kQ5_K, 4, 3, false, true>(a.grid_sms) > 0;
+        case kQ6_K: return resident_blocks<kQ6_K, 4, 3, false, true>(a.grid_sms) > 0;
+        case kQ8_0: return resident_blocks<kQ8_0, 4, 3, false, true>(a.grid_sms) > 0;
+        default: return false;
+    }
+}
+
 bool gemv_tail_takes(const GemvArgs& a) {
-    return a.t == 1 && a.n <= kNormTailMaxK && a.n % kActBlock == 0 && a.tail && a.tail->arrivals &&
-           gemv_tma_takes(a, nullptr);
+    // (a.xi: the integer GEMV takes the call, and it makes no tail; the pack's shape as launch_add_norm_pack wants it)
+    return a.t == 1 && a.n <= kNormTailMaxK && a.tail && a.tail->arrivals && !a.xi &&
+           act_pack_fits(a.tail->x, 1, a.n) && gemv_tma_takes(a, nullptr) && tail_fits(a);
 }
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {

@@ -43,13 +43,12 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
     };
     stamp(0);
     // The norm weights are read last but are cold (the step's weight streams pass through L2 in between): their lines
-    // asked for now, one a warp and j (a warp's 32 elements of row j are one 128-byte line), arrive under the loads and
-    // the chains below.
-    if (lane == 0)
+    // asked for now arrive under the loads and the chains below. A warp's 32 elements of row j are one 128-byte line:
+    // lane j asks for row j's (and lane j - 32 for row j's past 32), two instructions a warp.
 #pragma unroll
-        for (int j = 0; j < kTailCached; ++j)
-            if (tid + kTailThreads * j < k)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(f.w + tid + kTailThreads * j)));
+    for (int j = lane; j < kTailCached; j += 32)
+        if (32 * warp + kTailThreads * j < k)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(f.w + 32 * warp + kTailThreads * j)));
     // v[j]: element tid + 128 j, of 32-block warp + 4 j at lane `lane`. The loads go out kTailBatch at a time before
     // their first use (a warp issues in order: with a load, an add and a branch per element, each element's L2 round
     // trip was waited for in turn: 2.7 us of the H100's 13 us tail at adc8550, the w loop below 7.6 us).

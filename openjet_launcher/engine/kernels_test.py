@@ -383,7 +383,7 @@ def gemv_tma_available() -> bool:
 # dense GEMM runs.
 DENSE_MIN_ROWS = 256
 
-# launch_count.h's counted paths, in its order (22 unused: the removed norm fold's).
+# launch_count.h's counted paths, in its order (22: the norm tail's, once the removed norm fold's).
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
