@@ -192,10 +192,20 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     const float* g = x + static_cast<long long>(row) * k;
     const float* u = kSwiglu ? up + static_cast<long long>(row) * k : nullptr;
     float v[kPackClusterCached], m = 0.0f;
+    float gv[kPackClusterCached], uv[kPackClusterCached];
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {  // every load first, then the values
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        gv[j] = b < b1 ? g[i] : 0.0f;
+        if (kSwiglu) uv[j] = b < b1 ? u[i] : 0.0f;
+    }
+    // (the loads stay above, all in flight at once: without this nvcc sank each pair into its element's branch, and
+    // swiglu1's reciprocal branch then serialized a round trip per element: ~18 a thread, by the SASS; not yet timed)
+    asm volatile("" ::: "memory");
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
-        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
-        v[j] = b < b1 ? (kSwiglu ? swiglu1(g[i], u[i]) : g[i]) : 0.0f;
+        const int b = b0 + warp + kPackClusterWarps * j;
+        v[j] = b < b1 ? (kSwiglu ? swiglu1(gv[j], uv[j]) : gv[j]) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
@@ -220,13 +230,22 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
     const int b0 = part_blocks * rank, b1 = b0 + part_blocks;
     float* hr = h + static_cast<long long>(row) * k;
     const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
-    float x[kPackClusterCached];
+    float x[kPackClusterCached], hv[kPackClusterCached], dv[kPackClusterCached], wv[kPackClusterCached];
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {  // h, delta and w loads first (the stores to h below would
+        // keep the compiler from issuing the next element's loads before them)
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        hv[j] = b < b1 ? hr[i] : 0.0f;
+        dv[j] = dr && b < b1 ? dr[i] : 0.0f;
+        wv[j] = b < b1 ? w[i] : 0.0f;
+    }
+    asm volatile("" ::: "memory");
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
         x[j] = 0.0f;
         if (b < b1) {
-            x[j] = dr ? __fadd_rn(hr[i], dr[i]) : hr[i];
+            x[j] = dr ? __fadd_rn(hv[j], dv[j]) : hv[j];
             if (dr) hr[i] = x[j];
             hs[i - b0 * kActBlock] = x[j];
         }
@@ -239,7 +258,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
-        x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), w[i]) : 0.0f;
+        x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), wv[j]) : 0.0f;
         m = fmaxf(m, fabsf(x[j]));
         if (copy && b < b1) copy[i] = x[j];
     }

@@ -22,10 +22,14 @@ __device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float ep
     __shared__ float part[kRowThreads / 32];
     if (threadIdx.x < kRowThreads) {
         float s = 0.0f;
-#pragma unroll 8  // loads ahead of the (ordered) chain of fmas
-        for (int i = threadIdx.x; i < k; i += kRowThreads) {
-            const float xi = x_of(i);
-            s = __fmaf_rn(xi, xi, s);
+        constexpr int kBatch = 8;  // loads in flight, then their fmas in the chain's order
+        for (int i0 = threadIdx.x; i0 < k; i0 += kBatch * kRowThreads) {
+            float xv[kBatch];
+#pragma unroll
+            for (int q = 0; q < kBatch; ++q) xv[q] = x_of(min(i0 + q * kRowThreads, k - 1));  // (clamped: no branch)
+#pragma unroll
+            for (int q = 0; q < kBatch; ++q)
+                if (i0 + q * kRowThreads < k) s = __fmaf_rn(xv[q], xv[q], s);
         }
 #pragma unroll
         for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
