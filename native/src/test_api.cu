@@ -578,6 +578,33 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
     return OPENJET_OK;
 }
 
+// A chained one-row boundary of W [n, n] under OPENJET_NORM_TAIL's benchmarks: pseudo-random x (packed), residual h and
+// norm weights; the GEMV's args (tiled, the engine's default form) read the pack that the add-norm (nt) writes.
+struct TailChain {
+    DevBuf dx, dh, dnw, dy, da, count;
+    DevPack p;
+    NormTail nt{};
+    cudaError_t init(int n) {
+        cudaError_t e = upload_pseudo_random(dx, static_cast<size_t>(n));
+        for (DevBuf* b : {&dh, &dnw})
+            if (e == cudaSuccess) e = upload_pseudo_random(*b, static_cast<size_t>(n));
+        for (DevBuf* b : {&dy, &da})
+            if (e == cudaSuccess) e = b->alloc(sizeof(float) * n);
+        if (e == cudaSuccess) e = count.alloc(sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(count.p, 0, sizeof(unsigned));
+        if (e == cudaSuccess) e = p.alloc(1, n);
+        if (e == cudaSuccess) e = launch_pack_act(dx.as<float>(), 1, n, nullptr, 0.0f, p.view(), 0);
+        nt = NormTail{dh.as<float>(), dnw.as<float>(), 1e-6f, da.as<float>(), p.view(), count.as<unsigned>()};
+        return e;
+    }
+    GemvArgs args(int qtype, const void* w, int n) {
+        GemvArgs a{qtype, w, n, n, 1, p.view(), nullptr, dy.as<float>()};
+        a.tiled = true;
+        a.tma = -1;
+        return a;
+    }
+};
+
 // The clock64 of OPENJET_NORM_TAIL's last block at its phases (norm_tail.cuh: entry, loads and chains done, their
 // barrier passed, values stored, the maximum's barrier passed, pack done), for the last of `reps` chained boundaries
 // of W [n, n] (tiled), and the SM clock rate (kHz) to read them by.
@@ -587,27 +614,16 @@ extern "C" OPENJET_API int openjet_test_gemv_norm_tail_clocks(int qtype, const v
     if (int s = check_tiled("gemv_norm_tail_clocks", qtype, n, n)) return s;
     if (!w || !clocks_out || !sm_khz || reps < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail_clocks: null pointer or reps < 1");
-    DevBuf dw, dx, dh, dnw, dy, da, count, clocks;
-    DevPack p;
+    DevBuf dw, clocks;
+    TailChain c;
     CHECK(upload_weights(dw, w, weight_bytes(qtype, n, n), qtype, n, n, true));
-    CHECK(upload_pseudo_random(dx, static_cast<size_t>(n)));
-    CHECK(upload_pseudo_random(dh, static_cast<size_t>(n)));
-    CHECK(upload_pseudo_random(dnw, static_cast<size_t>(n)));
-    CHECK(dy.alloc(sizeof(float) * n));
-    CHECK(da.alloc(sizeof(float) * n));
-    CHECK(count.alloc(sizeof(unsigned)));
-    CHECK(cudaMemset(count.p, 0, sizeof(unsigned)));
     CHECK(clocks.alloc(sizeof(long long) * 6));
-    CHECK(p.alloc(1, n));
-    CHECK(launch_pack_act(dx.as<float>(), 1, n, nullptr, 0.0f, p.view(), 0));
-    NormTail nt{dh.as<float>(), dnw.as<float>(), 1e-6f, da.as<float>(), p.view(), count.as<unsigned>()};
-    GemvArgs a{qtype, dw.p, n, n, 1, p.view(), nullptr, dy.as<float>()};
-    a.tiled = true;
-    a.tma = -1;
-    a.tail = &nt;
+    CHECK(c.init(n));
+    GemvArgs a = c.args(qtype, dw.p, n);
+    a.tail = &c.nt;
     if (!gemv_tail_takes(a)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_norm_tail_clocks: no tail here");
     for (int r = 0; r < reps; ++r) {
-        nt.clocks = r == reps - 1 ? clocks.as<long long>() : nullptr;
+        c.nt.clocks = r == reps - 1 ? clocks.as<long long>() : nullptr;
         CHECK(launch_gemv(a, 0));
     }
     CHECK(cudaDeviceSynchronize());
@@ -628,25 +644,12 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_norm_tail(int qtype, const vo
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_norm_tail: null pointer, mode not 0..3 or counts < 1");
     std::vector<DevBuf> dw(copies);
     CHECK(upload_copies_in_layout(dw, w, qtype, n, n, true));
-    DevBuf dx, dh, dnw, dy, da, count;
-    DevPack p;
-    CHECK(upload_pseudo_random(dx, static_cast<size_t>(n)));
-    CHECK(upload_pseudo_random(dh, static_cast<size_t>(n)));
-    CHECK(upload_pseudo_random(dnw, static_cast<size_t>(n)));
-    CHECK(dy.alloc(sizeof(float) * n));
-    CHECK(da.alloc(sizeof(float) * n));
-    CHECK(count.alloc(sizeof(unsigned)));
-    CHECK(cudaMemset(count.p, 0, sizeof(unsigned)));
-    CHECK(p.alloc(1, n));
-    CHECK(launch_pack_act(dx.as<float>(), 1, n, nullptr, 0.0f, p.view(), 0));
-    NormTail nt{dh.as<float>(), dnw.as<float>(), 1e-6f, da.as<float>(), p.view(), count.as<unsigned>()};
-    nt.probe = mode == 2;
-    GemvArgs a{qtype, nullptr, n, n, 1, p.view(), nullptr, dy.as<float>()};
-    a.tiled = true;
-    a.tma = -1;
+    TailChain c;
+    CHECK(c.init(n));
+    c.nt.probe = mode == 2;
+    GemvArgs a = c.args(qtype, dw[0].p, n);
     if (mode == 1 || mode == 2) {
-        a.tail = &nt;
-        a.w = dw[0].p;
+        a.tail = &c.nt;
         if (!gemv_tail_takes(a))
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_norm_tail: this call takes no tail here");
     }
@@ -655,8 +658,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_norm_tail(int qtype, const vo
         a.w = dw[i % copies].p;
         cudaError_t e = launch_gemv(a, stream);
         if (e == cudaSuccess && mode == 0)
-            e = launch_add_norm_pack(dh.as<float>(), dy.as<float>(), dnw.as<float>(), 1, n, 1e-6f, da.as<float>(),
-                                     p.view(), stream);
+            e = launch_add_norm_pack(c.nt.h, a.y, c.nt.w, 1, n, c.nt.eps, c.nt.a_out, c.p.view(), stream);
         return e;
     };
     if (cudaError_t e = time_graph_replays("bench_gemv_norm_tail", copies, reps, runs, us_out, launch, &failed))
