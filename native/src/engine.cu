@@ -253,9 +253,9 @@ struct openjet_engine {
     // and replayed while the state its launches depend on (TrunkKey) stays the same, a few kept (GraphCache):
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph).
     bool bench_graph = false;
-    // OPENJET_NORM_TAIL=1 at create (an experiment, off until timed): a one-row decode step's add-norms after the
-    // mixers' and the FFN's output projections (128 at 27B) are made by the projection's last block (NormTail,
-    // norm_tail.cuh) where it runs on the producer-warp GEMV; trunk() arms `tail` before the mixer or FFN and
+    // OPENJET_NORM_TAIL=1 at create (an experiment, off: slower on the H100 at adc8550): a one-row step's add-norms
+    // after the mixers' and the FFN's output projections (128 at 27B) are made by the projection's last block
+    // (NormTail, norm_tail.cuh) where it runs on the producer-warp GEMV; trunk() arms `tail` before the mixer or FFN and
     // project_out takes it (tail_made: then no add-norm launch). tail_arrivals: the device word its blocks count on.
     bool norm_tail = false;
     NormTail tail{};
