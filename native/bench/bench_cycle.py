@@ -8,7 +8,8 @@ Each timed cycle follows an untimed one from the same checkpoint, as bench_decod
 replay of the kept rows is inside it). The draft vocabulary is the first 32,768 ids (bench_decode takes its shipped
 list; on random codes the acceptance is ~0 either way); a cycle whose token lies outside it adds that row first (the
 binding's draft rows follow the sequence), in both modes, as when serving. JSON on stdout, with each draft count's
-graph captures and replays (with the graph on, the warmup rounds capture and every timed cycle replays).
+graph captures and replays (with the graph on, the warmup rounds capture and every timed cycle replays) and, for the
+streamed launches, each draft count's device time per phase of a cycle (profile_ms_per_cycle).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
 COUNTERS = ("cycle_graph_capture", "cycle_graph_replay")
 
 
-def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> tuple[dict[int, float], dict[int, list]]:
+def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int,
+              profile: dict | None = None) -> tuple[dict[int, float], dict[int, list]]:
     """Median ms of the timed cycles per draft count, and the graph captures / replays each count made (with the
-    graph on, every timed cycle must be a replay: the keys repeat after two rounds)."""
+    graph on, every timed cycle must be a replay: the keys repeat after two rounds). profile (streamed launches only):
+    filled with each draft count's device ms per phase of a cycle (the engine's profile: an event between phases, so a
+    little slower than the timed cycles), from `steps` more cycles after the timed ones."""
     os.environ["OPENJET_BENCH_GRAPH"] = graph  # read at load
     engine = CudaEngine.load(path, n_ctx=ctx + 64, kv_type="q8_0", n_checkpoints=2)
     try:
@@ -56,9 +60,29 @@ def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int) -> tuple
                     times.append(time.perf_counter() - t0)
             out[n] = round(statistics.median(times) * 1e3, 3)
             graphs[n] = [kernels_test.launch_count(c) - b for c, b in zip(COUNTERS, before)]
+            if profile is not None:
+                profile[n] = cycle_phases_ms(engine, state, ctx, token, n, n_vocab, steps)
         return out, graphs
     finally:
         engine.close()
+
+
+def cycle_phases_ms(engine, state, ctx: int, token: int, n: int, n_vocab: int, cycles: int) -> dict[str, float]:
+    """Device ms per phase (embed, norm, gdn.*, attn.*, ffn, lm_head, topk, mtp.*, accept) of a greedy cycle of n
+    drafts, averaged over `cycles` profiled cycles, each after an unprofiled one from the same checkpoint."""
+    totals: dict[str, float] = {}
+    for _ in range(cycles):
+        engine.truncate(state, ctx)
+        _, nxt = engine.greedy_cycle(state, token, n, n_valid=n_vocab)
+        engine.profile(reset=True)
+        engine.set_profile(True)
+        try:
+            engine.greedy_cycle(state, nxt, n, n_valid=n_vocab)
+        finally:
+            engine.set_profile(False)
+        for name, phase in engine.profile(reset=True)["phases"].items():
+            totals[name] = totals.get(name, 0.0) + phase["ms"]
+    return {name: round(ms / cycles, 4) for name, ms in sorted(totals.items())}
 
 
 def main() -> None:
@@ -73,9 +97,12 @@ def main() -> None:
         ap.error("--ctx and --steps must be at least 1, --warmup at least 2 (the rounds that capture the graphs)")
     result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps}
     for graph in ("0", "1"):
-        ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup)
+        phases: dict | None = {} if graph == "0" else None
+        ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup, phases)
         result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": round(ms[4] / ms[0], 3),
                                     "graph_captures_replays": graphs}
+        if phases:
+            result[f"graph_{graph}"]["profile_ms_per_cycle"] = phases  # issue 7's per-phase profile, streamed
         print(f"OPENJET_BENCH_GRAPH={graph}: {ms} (4 / 0: {ms[4] / ms[0]:.3f})", file=sys.stderr)
     text = json.dumps(result, indent=1)
     if a.out:
