@@ -21,4 +21,10 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Asks L2 for the 128-byte line holding p (global memory), without waiting: a later load of it then takes an L2 round
+// trip instead of DRAM's. For a latency-bound loop whose loads a thread cannot all keep in registers at once.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
+}
+
 }  // namespace openjet

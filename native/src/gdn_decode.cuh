@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cp_async.cuh"  // prefetch_l2
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
 
 namespace openjet {
@@ -180,6 +181,12 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     // launcher checks; replayed rows bring theirs from the ring), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
     if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
+        // The dots take their cold weight rows in five round trips of two float4 a thread (the registers bound the
+        // unroll): the block asks L2 for both rows' lines first, one a thread, so that only the first trip waits on
+        // DRAM (a helper's SASS audit, 2026-12-05: ~5 DRAM round trips a launch, 48 a T=1 step; not yet timed).
+        const int lines = (a.proj_k * static_cast<int>(sizeof(float)) + 127) / 128;  // a row's 128-byte lines
+        if (tid < 2 * lines)
+            prefetch_l2((tid < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (tid % lines) * 32);
         constexpr int kGroups = kThreads / 128;
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * a.t; job += kGroups) {

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "act_pack.cuh"
+#include "cp_async.cuh"  // prefetch_l2
 #include "gemv.cuh"      // NormTail
 #include "mbarrier.cuh"  // named_bar_sync
 #include "rmsnorm.cuh"
@@ -48,7 +49,7 @@ __device__ __forceinline__ void tail_add_norm_pack(const NormTail& f, const floa
 #pragma unroll
     for (int j = lane; j < kTailCached; j += 32)
         if (32 * warp + kTailThreads * j < k)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(f.w + 32 * warp + kTailThreads * j)));
+            prefetch_l2(f.w + 32 * warp + kTailThreads * j);
     // v[j]: element tid + 128 j, of 32-block warp + 4 j at lane `lane`. The loads go out kTailBatch at a time before
     // their first use (a warp issues in order: with a load, an add and a branch per element, each element's L2 round
     // trip was waited for in turn: 2.7 us of the H100's 13 us tail at adc8550, the w loop below 7.6 us).
