@@ -23,13 +23,23 @@ __device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float ep
     if (threadIdx.x < kRowThreads) {
         float s = 0.0f;
         constexpr int kBatch = 8;  // loads in flight, then their fmas in the chain's order
-        for (int i0 = threadIdx.x; i0 < k; i0 += kBatch * kRowThreads) {
-            float xv[kBatch];
+        if (k <= kRowThreads) {    // one element a thread (a head's 256 in attention's prep)
+            if (static_cast<int>(threadIdx.x) < k) {
+                const float xi = x_of(threadIdx.x);
+                s = __fmaf_rn(xi, xi, s);
+            }
+        } else {
+            for (int i0 = threadIdx.x; i0 < k; i0 += kBatch * kRowThreads) {
+                float xv[kBatch];
 #pragma unroll
-            for (int q = 0; q < kBatch; ++q) xv[q] = x_of(min(i0 + q * kRowThreads, k - 1));  // (clamped: no branch)
+                for (int q = 0; q < kBatch; ++q) {  // past the row: the thread's own element again (no branch; in a
+                    const int i = i0 + q * kRowThreads;  // cluster's row, no pile-up on the rank holding the last)
+                    xv[q] = x_of(i < k ? i : i0);
+                }
 #pragma unroll
-            for (int q = 0; q < kBatch; ++q)
-                if (i0 + q * kRowThreads < k) s = __fmaf_rn(xv[q], xv[q], s);
+                for (int q = 0; q < kBatch; ++q)
+                    if (i0 + q * kRowThreads < k) s = __fmaf_rn(xv[q], xv[q], s);
+            }
         }
 #pragma unroll
         for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
