@@ -65,6 +65,17 @@ for r in d["runs"].values():
 PY
 }
 
+# timing for each environment after `--`, the arguments before it its own; the JSON named after the environment and
+# $1 ("#" in it: the run's number, for an environment timed more than once).
+each_timing() {
+  local suffix=$1 args=() n=0 v; shift
+  while [ "$1" != -- ]; do args+=("$1"); shift; done; shift
+  for v; do
+    n=$((n + 1))
+    timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')${suffix//#/$n}" "${args[@]}"
+  done
+}
+
 pack_logs() {  # the device returns at most 8 files: every log and test report in one archive, the JSON apart
   (cd "$OUT" && ls ./*.log ./*.jsonl 2>/dev/null | tar -czf logs.tgz --remove-files -T -)
 }
@@ -87,9 +98,7 @@ case "${1:-${PLAN:-}}" in
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'" graph-bench ;;
   graph-bench)
     trap pack_logs EXIT  # also when the outer timeout ends this part: loose logs would crowd out the JSON
-    for v in OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4; do
-      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5
-    done ;;
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_BENCH_GRAPH=0 OPENJET_BENCH_GRAPH=1 OPENJET_BENCH_SKIP_NORM_PACKS=4 ;;
   attn)
     plan 150 "tests/test_gpu_attn.py tests/test_gpu_engine.py -k 'planned_tile_pipeline or decode_experiments and ATTN_PIPE'" attn-bench ;;
   attn-bench)
@@ -104,11 +113,10 @@ for t in (1, 5, 8):
     print(f"OPENJET_ATTN_PIPE={os.environ['OPENJET_ATTN_PIPE']} 32K T={t}: {us:.1f} us, {kv_mb / us:.2f} TB/s")
 PY
     done
-    for v in OPENJET_ATTN_PIPE=0 OPENJET_ATTN_PIPE=1 OPENJET_ATTN_PIPE=1,OPENJET_ATTN_STAGES=2; do
-      # (--assume-step-ms: the 32K fill's estimate before any step is timed; 15 ms made it ~99 s, past the budget,
-      # so the fill and every 32K row were skipped; the fill took 3.9 s at 3e2051f)
-      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-32k" --ctx 32768 --t 1,5 --assume-step-ms 3
-    done
+    # (--assume-step-ms: the 32K fill's estimate before any step is timed; 15 ms made it ~99 s, past the budget,
+    # so the fill and every 32K row were skipped; the fill took 3.9 s at 3e2051f)
+    each_timing -32k --ctx 32768 --t 1,5 --assume-step-ms 3 -- \
+      OPENJET_ATTN_PIPE=0 OPENJET_ATTN_PIPE=1 OPENJET_ATTN_PIPE=1,OPENJET_ATTN_STAGES=2
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
   tail)
@@ -118,9 +126,7 @@ PY
     OPENJET_FULL_MODEL=$MODEL gpu_tests tail-27b 120 tests/test_gpu_engine.py -k norm_tail_keeps_every_bit_at_the_27b
     timeout -k 10 120 python3 native/bench/bench_norm_tail.py --out "$OUT/norm-tail-boundary.json" 2> "$OUT/norm-tail-boundary.log"
     echo "== bench_norm_tail (rc $?)"; cat "$OUT/norm-tail-boundary.log"
-    for v in OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1; do
-      timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')-$((++run))" --ctx 0 --t 1,5
-    done ;;
+    each_timing "-#" --ctx 0 --t 1,5 -- OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 ;;
   cycle)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_attn.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call or row_is_bit_identical or attn_decode_matches or reads_the_real_one'" cycle-bench ;;
   cycle-bench)

@@ -303,7 +303,7 @@ struct openjet_engine {
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
     int32_t* cycle_out = nullptr;  // openjet_engine_cycle_greedy's verdict: [T] kept drafts and the next token, [1] count
-    int* cycle_n = nullptr;  // [2]: that count, and the cycle's own token (its launches' only input from the host)
+    int* cycle_n = nullptr;  // [2]: that count, and the cycle's token again for its verify rows after the drafts
     // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
     // attention launches captured into a graph read (graph_positions: while capturing), so that a graph serves every
     // length its key covers (TrunkKey: the attention split, not the length). [1]: tail_arrivals (OPENJET_NORM_TAIL).
@@ -865,7 +865,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_q_probs, e.has_mtp ? sizeof(double) * T * kTopKMax : 0},
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
-        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the cycle's token (cycle_greedy_launches)
+        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the token after the drafts (cycle_greedy)
         {(void**)&e.pos_dev, sizeof(int) * 2},  // [1]: tail_arrivals
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
@@ -2099,21 +2099,18 @@ int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
     });
 }
 
-// A greedy cycle's launches after its token (in e.cycle_n[1]): n_draft greedy drafts, the verify trunk over the token
-// and the drafts, the lm_head, each row's top 1, the verdict (e.cycle_out, e.cycle_n[0]) and the MTP fill; with the
-// trunk's host bookkeeping (trunk_done), the only host state they change.
+// A greedy cycle's launches after its token (the caller wrote it to e.ids[0], and with drafts to e.cycle_n[1]: no
+// input from the host, so a graph of them replays): n_draft greedy drafts, the verify trunk over the token and the
+// drafts, the lm_head, each row's top 1, the verdict (e.cycle_out, e.cycle_n[0]) and the MTP fill; with the trunk's
+// host bookkeeping (trunk_done), the only host state they change.
 int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
     const auto& c = e.cfg;
     const int t = 1 + n_draft;
-    const int32_t* token = e.cycle_n + 1;
-    if (n_draft) {
-        CHECK(cudaMemcpyAsync(e.ids, token, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
+    if (n_draft) {  // the drafts, then the verify rows: the token again (the chain left its own in ids[0]), the drafts
         TRY(greedy_draft_chain(e, n_draft, n_valid, false));
-    }
-    // The verify rows: the token, then the drafts (the chain left its own running token in ids[0]).
-    CHECK(cudaMemcpyAsync(e.ids, token, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
-    if (n_draft)
+        CHECK(cudaMemcpyAsync(e.ids, e.cycle_n + 1, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
         CHECK(cudaMemcpyAsync(e.ids + 1, e.draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice, e.stream));
+    }
     TRY(step_trunk(e, nullptr, t, true));
     mark(e, "lm_head");
     TRY(gemv(e, e.output, t, nullptr, e.logits));
@@ -2167,7 +2164,8 @@ extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_
                     e->n_past, t, c.n_ctx);
     if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, "cycle_greedy"));
     CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));  // the first input
+    if (n_draft) CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
     TRY(e->bench_graph ? cycle_greedy_graph(*e, n_draft, n_valid) : cycle_greedy_launches(*e, n_draft, n_valid));
     CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..text.tool_calls import MAX_JSON_DEPTH
+
 
 @dataclass
 class ServerSettings:
@@ -21,7 +23,7 @@ class ServerSettings:
     keep_alive_s: float = 5.0             # an idle keep-alive connection is closed after this
     max_inflight_bytes: int = 64 << 20    # request bodies held at once over all connections; more is a 503
     max_body_bytes: int = 8 << 20         # a larger request body is a 413
-    max_json_depth: int = 64              # deeper nesting is a 400
+    max_json_depth: int = MAX_JSON_DEPTH  # deeper nesting is a 400 (tool-call arguments: always this bound)
     max_tokens_ceiling: int = 32768       # per-request cap on max_tokens (a larger ask is clamped)
     max_queue: int = 64                   # requests waiting for the engine; more is a 503
     stall_timeout_s: float = 60.0         # a stream reader that takes nothing for this long is gone
