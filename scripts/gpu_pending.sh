@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device; PLAN=graph,
-# PLAN=attn and PLAN=cycle ran on an H100 on 2026-12-05, PLAN=tail at adc8550: NOTES_gemv.md. Next: PLAN=tail again for
-# the tail's batched loads, then graph and attn on an H200 for the acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full` synthetic model, the plan's GPU
-# tests on the idle GPU while the model is written, then its benchmarks on the model):
+# PLAN=attn and PLAN=cycle ran on an H100 on 2026-12-05: NOTES_gemv.md. Next: graph and attn on an H200 for the
+# acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full`
+# synthetic model, the plan's GPU tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, kind="nvidia-h200" where status
 #       lists it (the 499afb1 figures are the H200's), command="OPENJET_COMMIT=<the hash, written out> PLAN=cycle bash
@@ -23,19 +23,13 @@
 #            attention layer of the 27B alone at 32K (pipe 0 / 1), the 32K step at T=1 / T=5 with pipe 0, 1 and
 #            1 at two stages (the copies' part apart from the ring's), and issue 7's n_draft identity on the full
 #            model. ~9 minutes.
-# PLAN=tail  OPENJET_NORM_TAIL (norm_tail.cuh: a one-row step's add-norms made by the last block of the projection
-#            before them): its bit tests (the kernel against the two launches; the small model with the GEMV forms';
-#            then the 27B's width on the full model),
-#            then the boundary alone (native/bench/bench_norm_tail.py: a 5,120-wide GEMV and its add-norm chained, both
-#            ways), then the T=1 / T=5 step with it off and on, twice each, alternating (one run's spread beside the change).
-#            ~6 minutes.
 # PLAN=cycle OPENJET_BENCH_GRAPH=1's graphs (the trunk, and whole greedy cycles, openjet_engine_cycle_greedy, replayed
 #            at other lengths: the attention launches read the length on the device): their bit tests with the
 #            one-call cycle's and the decode attention's (its kernels read the length through attn_cache_len now),
 #            then native/bench/bench_cycle.py (cycles of 0..7 drafts with the graph off and on). ~4 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
-# Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|tail-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
+# Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -119,14 +113,6 @@ PY
       OPENJET_ATTN_PIPE=0 OPENJET_ATTN_PIPE=1 OPENJET_ATTN_PIPE=1,OPENJET_ATTN_STAGES=2
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full 170 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full" ;;
-  tail)
-    plan 150 "tests/test_gpu_gemv.py tests/test_gpu_engine.py -k 'norm_tail or decode_experiments and (NORM_TAIL or GEMV_TMA)'" tail-bench ;;
-  tail-bench)
-    trap pack_logs EXIT
-    OPENJET_FULL_MODEL=$MODEL gpu_tests tail-27b 120 tests/test_gpu_engine.py -k norm_tail_keeps_every_bit_at_the_27b
-    timeout -k 10 120 python3 native/bench/bench_norm_tail.py --out "$OUT/norm-tail-boundary.json" 2> "$OUT/norm-tail-boundary.log"
-    echo "== bench_norm_tail (rc $?)"; cat "$OUT/norm-tail-boundary.log"
-    each_timing "-#" --ctx 0 --t 1,5 -- OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 OPENJET_NORM_TAIL=0 OPENJET_NORM_TAIL=1 ;;
   cycle)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_attn.py -k 'cycle_graph_replays or trunk_graph_replays or greedy_cycle_in_one_call or t_tokens_in_one_call or row_is_bit_identical or attn_decode_matches or reads_the_real_one'" cycle-bench ;;
   cycle-bench)
@@ -135,6 +121,6 @@ PY
       2> "$OUT/cycle.log"
     echo "== bench_cycle (rc $?)"; tail -2 "$OUT/cycle.log" ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=tail or PLAN=cycle (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
     exit 2 ;;
 esac

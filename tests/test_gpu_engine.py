@@ -532,7 +532,6 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
-                          ("OPENJET_NORM_TAIL", "norm_tail", ("1",)),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
@@ -541,13 +540,12 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
     input projections, is what it takes); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
-    those with the last-arriver tile sum); OPENJET_NORM_TAIL (norm_tail.cuh: a one-row step's add-norms made by the
-    last block of the output projection before them); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks'
-    planned tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
+    those with the last-arriver tile sum); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
+    tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
     test_gpu_attn.py). The counted path (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch in ("OPENJET_GEMV_TMA", "OPENJET_NORM_TAIL") and not kt.gemv_tma_available():
+    if switch == "OPENJET_GEMV_TMA" and not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}
@@ -609,60 +607,6 @@ def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
     assert not np.array_equal(out["0"][1][0], out["0"][1][1])  # the replays' ids reached the device
     for x, y in zip(out["1"], out["0"]):
         np.testing.assert_array_equal(x, y)
-
-
-def test_the_norm_tail_leaves_the_integer_gemvs_calls_to_the_add_norm_launch(models, monkeypatch):
-    """OPENJET_NORM_TAIL with OPENJET_GEMV_INT=1 (the integer GEMV takes the Q4_K projections and makes no tail): the
-    output projections it takes keep their add-norm launch, the others take the tail, and the logits are those of
-    OPENJET_GEMV_INT=1 alone bit for bit (a tail dropped without its launch would leave h without the delta)."""
-    from openjet_launcher.engine import kernels_test as kt
-    if not kt.gemv_tma_available():
-        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
-    ids = np.random.default_rng(41).integers(0, 4096, 40)
-    out, ran = {}, {}
-    for tail in ("0", "1"):
-        out[tail], ran[tail] = small_model_sequence(models, monkeypatch, {"OPENJET_GEMV_INT": "1",
-                                                                         "OPENJET_NORM_TAIL": tail}, "norm_tail", ids)
-    report(test="norm_tail_with_gemv_int", launches=ran)
-    assert ran["0"] == 0 and ran["1"] > 0, ran
-    np.testing.assert_array_equal(out["1"], out["0"])
-
-
-def test_the_norm_tail_keeps_every_bit_at_the_27b_width(monkeypatch):
-    """OPENJET_NORM_TAIL at the 27B's width (k = 5,120: all 40 of the tail's values a thread, 160 32-blocks; the small
-    model's rows leave most of them empty), on the model OPENJET_FULL_MODEL names (the bench's `full` synthetic model:
-    scripts/gpu_bench_engine.sh writes it): a 6-token prefill and 6 one-row decode steps, every logit and hidden row
-    against OPENJET_NORM_TAIL=0 bit for bit, and the tail counted: both add-norms of every layer of every step (the
-    output projections are Q4_K, Q5_K and Q6_K, all on the producer-warp GEMV)."""
-    from openjet_launcher.engine import kernels_test as kt
-    path = full_model()
-    if not kt.gemv_tma_available():
-        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
-    ids = np.random.default_rng(31).integers(0, 200000, 12)
-    out, ran = {}, {}
-    for tail in ("0", "1"):
-        monkeypatch.setenv("OPENJET_NORM_TAIL", tail)
-        engine = CudaEngine.load(path, n_ctx=64, mtp=False)
-        try:
-            state = engine.new_state()
-            before = kt.launch_count("norm_tail")
-            rows = [engine.prefill(state, ids[:6]).logits[-1:]]
-            hidden = []
-            for i in range(6, 12):
-                step = engine.decode(state, ids[i:i + 1])
-                rows.append(step.logits)
-                hidden.append(step.hidden)
-            out[tail] = (np.concatenate(rows), np.concatenate(hidden))
-            ran[tail] = kt.launch_count("norm_tail") - before
-            n_layer = engine.config.shape.n_layer
-        finally:
-            engine.close()
-    differ = int((out["0"][0] != out["1"][0]).sum())
-    report(test="norm_tail_27b_width", launches=ran, logits_differing=differ, model=path)
-    assert ran["0"] == 0 and ran["1"] == 6 * 2 * n_layer, ran
-    assert np.isfinite(out["0"][0]).all()
-    np.testing.assert_array_equal(out["1"][0], out["0"][0])
-    np.testing.assert_array_equal(out["1"][1], out["0"][1])
 
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])

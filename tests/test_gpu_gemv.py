@@ -709,31 +709,3 @@ def test_errors_are_values_with_messages():
         kt.gemv(Q["Q8_0"], q8, np.ones((1, 96), np.float32))
     y = kt.gemv(Q["Q4_K"], raw, np.ones((1, 256), np.float32))  # the library still works after errors
     assert np.isfinite(y).all()
-
-
-@pytest.mark.parametrize("n, k, reps", [(5120, 5120, 3), (5120, 17408, 1), (1024, 3072, 1), (256, 768, 1)])
-@pytest.mark.parametrize("qtype", KQUANTS)
-def test_the_norm_tail_gives_the_add_norm_launchs_bits(qtype, n, k, reps):
-    """OPENJET_NORM_TAIL's kernel (norm_tail.cuh: the add-norm after a one-row decode projection made by that
-    projection's last block) against the two launches it replaces (the GEMV, then launch_add_norm_pack, whose bits
-    the engine tests check against the reference): the residual h, the normed row a and its pack (halves, sums, inv)
-    bit for bit, at the 27B's width (5,120: every value a thread keeps) and the small models', the pack written over
-    the GEMV's own input pack as in the engine, and three calls in a row (the arrival count returns to 0 each call)."""
-    if not kt.gemv_tma_available():
-        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
-    rng = np.random.default_rng(n + k + reps)
-    raw = random_raw(rng, qtype, n, k)
-    x = random_x(rng, 1, k)[0]
-    h = rng.standard_normal(n, dtype=np.float32) * np.float32(4)
-    norm_w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-    before = kt.launch_count("norm_tail")
-    got = kt.gemv_norm_tail(Q[qtype], raw, x, h, norm_w, 1e-6, True, reps)
-    ran = kt.launch_count("norm_tail") - before
-    want = kt.gemv_norm_tail(Q[qtype], raw, x, h, norm_w, 1e-6, False, reps)
-    assert ran == reps, ran
-    assert np.isfinite(want["a"]).all() and not np.array_equal(want["h"], h)
-    differ = {name: int((got[name].view(np.uint32 if got[name].dtype == np.float32 else np.uint16)
-                         != want[name].view(np.uint32 if want[name].dtype == np.float32 else np.uint16)).sum())
-              for name in want}
-    report(test="norm_tail_kernel", qtype=qtype, n=n, k=k, reps=reps, differ=differ)
-    assert not any(differ.values()), differ

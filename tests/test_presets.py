@@ -110,7 +110,7 @@ ENGINE_REPORTS = [  # shape, n_ctx, kv, weights, kv_bytes, state_bytes, checkpoi
 # decode GEMV's pack (fourteenth session; empty unless OPENJET_GEMV_INT=1); the FFN's bounded form's norms (2026-12-04,
 # twenty-second session: 2 floats a layer and the MTP head's) and row scales (2 floats a prefill row): bounded_parts;
 # the graphs' device length (2026-12-05, thirty-second session: pos_dev, also added since the 27B runs below).
-POS_DEV = 256  # its 8 bytes (the length, OPENJET_NORM_TAIL's arrivals) and 16 spare, aligned to 256 (create_impl)
+POS_DEV = 256  # its 4 bytes and 16 spare, aligned to 256 (engine.cu create_impl)
 PARTS_SINCE_REPORTS = 4 * 256 + POS_DEV
 
 

@@ -62,25 +62,6 @@ OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k,
  * (decode and prefill calls alike, as the engine reads its weights): the tile layout's shapes. */
 OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
 
-/* One-row decode GEMV of tiled W (row layout given) on x [k], then its add-norm (h [n] += y, a = rmsnorm(h) * norm_w,
- * a packed into the buffer x's pack was in), reps times (reps > 1: k == n): tail 0 as two launches (launch_gemv,
- * launch_add_norm_pack), 1 made by the GEMV's last block (GemvArgs::tail, OPENJET_NORM_TAIL; OPENJET_ERR_INVALID_ARGUMENT where
- * the call takes none). Out: h_out [n], a_out [n], the pack's row: ph [n] halves, psum [n / 16], pinv [1]. */
-OPENJET_API int openjet_test_gemv_norm_tail(int qtype, const void* w, int n, int k, const float* x, const float* h,
-                                            const float* norm_w, float eps, int tail, int reps, float* h_out,
-                                            float* a_out, uint16_t* ph, uint16_t* psum, float* pinv);
-
-/* OPENJET_NORM_TAIL's last block's clock64 at its six phases (norm_tail.cuh) in the last of reps chained boundaries of
- * W [n, n] (tiled): clocks_out[6], and the SM clock in kHz (sm_khz). */
-OPENJET_API int openjet_test_gemv_norm_tail_clocks(int qtype, const void* w, int n, int reps, long long* clocks_out,
-                                                   int* sm_khz);
-
-/* Microseconds per one-row decode GEMV of W [n, n] (tiled) chained on the pack its add-norm wrote (OPENJET_NORM_TAIL's
- * boundary), us_out[runs]: mode 0 the GEMV and the add-norm launch, 1 the add-norm made by the GEMV's last block, 2
- * that block's count alone (a probe: wrong outputs), 3 the GEMV alone; `copies` copies of W in turn. */
-OPENJET_API int openjet_test_bench_gemv_norm_tail(int qtype, const void* w, int n, int mode, int copies, int reps,
-                                                  int runs, float* us_out);
-
 /* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill
  * projects a GDN layer's beta and alpha: under the prefill's own numerics (OPENJET_PREFILL_GEMM unset, fast or dense)
  * both in one launch of prefill_f32.cu's GEMM, whatever t, unless OPENJET_PREFILL_F32=rows; else decode's kernels

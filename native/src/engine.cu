@@ -253,14 +253,6 @@ struct openjet_engine {
     // and replayed while the state its launches depend on (TrunkKey) stays the same, a few kept (GraphCache):
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph).
     bool bench_graph = false;
-    // OPENJET_NORM_TAIL=1 at create (an experiment, off: slower on the H100 at adc8550): a one-row step's add-norms
-    // after the mixers' and the FFN's output projections (128 at 27B) are made by the projection's last block
-    // (NormTail, norm_tail.cuh) where it runs on the producer-warp GEMV; trunk() arms `tail` before the mixer or FFN and
-    // project_out takes it (tail_made: then no add-norm launch). tail_arrivals: the device word its blocks count on.
-    bool norm_tail = false;
-    NormTail tail{};
-    bool tail_armed = false, tail_taken = false;
-    unsigned* tail_arrivals = nullptr;
     struct TrunkKey {  // (process-wide test knobs, such as kernels_test's GEMV tile choice, are not in it)
         int t, split, n_past, conv_cur, ring_w, replay_rows, attn_spread;  // split, n_past: trunk_key
         bool at_start, verifying;
@@ -306,7 +298,7 @@ struct openjet_engine {
     int* cycle_n = nullptr;  // [2]: that count, and the cycle's token again for its verify rows after the drafts
     // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
     // attention launches captured into a graph read (graph_positions: while capturing), so that a graph serves every
-    // length its key covers (TrunkKey: the attention split, not the length). [1]: tail_arrivals (OPENJET_NORM_TAIL).
+    // length its key covers (TrunkKey: the attention split, not the length).
     int* pos_dev = nullptr;
     bool graph_positions = false;
     // The MTP head's draft vocabulary (openjet_engine_set_draft_rows): rows of the lm_head it computes while
@@ -798,7 +790,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;
-    if (const char* f = std::getenv("OPENJET_NORM_TAIL")) e.norm_tail = std::strcmp(f, "1") == 0;
     attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
@@ -866,7 +857,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
         {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the token after the drafts (cycle_greedy)
-        {(void**)&e.pos_dev, sizeof(int) * 2},  // [1]: tail_arrivals
+        {(void**)&e.pos_dev, sizeof(int)},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
@@ -935,7 +926,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.kv = e.state + e.gdn_bytes;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); ++i) *parts[i].p = e.scratch + scratch_off[i];
     e.big2 = reinterpret_cast<float*>(reinterpret_cast<char*>(e.big1) + big1_bytes);
-    e.tail_arrivals = reinterpret_cast<unsigned*>(e.pos_dev + 1);  // (zeroed with the scratch below)
     if (!dense_halves) e.wdense = nullptr;  // no dense prefill GEMM: its calls see no scratch
     if (!gdn_chunk_floats) e.gdn_chunk_scratch = nullptr;
     {  // the dense GEMM's weights hold ~43 K keys of the 27B; the chunked GDN's ~36 K at 2,048-row chunks, ~9 K at 512
@@ -1039,12 +1029,6 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     a.add_to_y = true;
     e.mix_added = e.prefilling && prefill_gemm_adds(a);  // (a decode step asks nothing: no environment read)
     if (!e.mix_added) a.add_to_y = false, a.y = e.mix;
-    if (e.tail_armed) {  // the add-norm after it, where this call can make it (arm_tail)
-        e.tail_armed = false;
-        a.tail = &e.tail;
-        e.tail_taken = gemv_tail_takes(a);
-        if (!e.tail_taken) a.tail = nullptr;
-    }
     const cudaError_t err = launch_gemv(a, e.stream);
     if (err != cudaSuccess) return cuda_fail(err, "project_out");
     return OPENJET_OK;
@@ -1396,20 +1380,6 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     return one_layout && ffn_persistent_takes(f);
 }
 
-// OPENJET_NORM_TAIL: leaves the add-norm (h += mix, a = rmsnorm(h) * w -> a_out where set, packed in e.x) after the next
-// output projection to that projection where it can make it (project_out); trunk() then asks tail_made.
-void arm_tail(openjet_engine& e, int t, const float* w, float* a_out) {
-    e.tail_taken = false;
-    e.tail_armed = e.norm_tail && t == 1 && !e.prefilling && !e.ffn_persistent && !e.bench_skip_norm_packs;
-    if (e.tail_armed) e.tail = NormTail{e.h, w, e.cfg.rms_eps, a_out, e.x, e.tail_arrivals};
-}
-// Whether the armed add-norm was made (nothing to launch); disarms.
-bool tail_made(openjet_engine& e) {
-    const bool made = e.tail_taken;
-    e.tail_taken = e.tail_armed = false;
-    return made;
-}
-
 // The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
 // in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
 // sub-steps of 8 (GDN's inside one launch), and every row gets the bits it gets in a decode step of 1..8 rows.
@@ -1419,25 +1389,19 @@ int trunk(openjet_engine& e, int t) {
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
-    struct Disarm {  // whatever way the trunk ends, no add-norm stays left to a later projection (an MTP step's)
-        openjet_engine& e;
-        ~Disarm() { e.tail_armed = e.tail_taken = false; }
-    } disarm{e};
     for (int il = 0; il < c.n_layer; ++il) {
         const LayerW& L = e.layers[il];
         const bool skip_norm = !e.prefilling && e.bench_skip_norm_packs;  // a measurement: wrong outputs
         if (!normed && !(skip_norm && e.bench_skip_norm_packs >= 2)) {
             mark(e, "norm");
-            if (!tail_made(e))  // (armed before the FFN of the layer before)
-                CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d),
-                                           t, c.n_embd, c.rms_eps, e.a, e.x, e.stream));
+            CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), t,
+                                       c.n_embd, c.rms_eps, e.a, e.x, e.stream));
         }
         const bool in_proj = !projected;
         normed = projected = false;
         FfnPersistentArgs f;
         const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
-        if (!persistent) arm_tail(e, t, static_cast<const float*>(L.post_norm.d), nullptr);
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         if (persistent) {
             mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm; 4, ...)
@@ -1448,19 +1412,16 @@ int trunk(openjet_engine& e, int t) {
             continue;
         }
         mark(e, "norm");
-        if (!tail_made(e) && !skip_norm)
+        if (!skip_norm)
             CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
                                        c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
-        const LayerW* next = il + 1 < c.n_layer ? &e.layers[il + 1] : nullptr;  // whose input norm follows the FFN
-        arm_tail(e, t, static_cast<const float*>(next ? next->attn_norm.d : e.out_norm.d), e.a);
         TRY(ffn(e, L, t));
     }
     if (!normed) {
         mark(e, "norm");
-        if (!tail_made(e))
-            CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(e.out_norm.d), t, c.n_embd,
-                                       c.rms_eps, e.a, e.x, e.stream));
+        CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(e.out_norm.d), t, c.n_embd, c.rms_eps,
+                                   e.a, e.x, e.stream));
     }
     return OPENJET_OK;
 }

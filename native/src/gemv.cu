@@ -197,7 +197,6 @@ static cudaError_t check_gemv(const GemvArgs& a) {
     if (!a.w || !a.y || a.t < 1 || a.t > kGemvMaxT) return cudaErrorInvalidValue;
     if (a.tiled && !tile_layout_fits(a.qtype, a.n, a.k)) return cudaErrorInvalidValue;  // F32 included
     if (a.add_to_y && !prefill_gemm_adds(a)) return cudaErrorInvalidValue;  // only the dense GEMM adds
-    if (a.tail && !gemv_tail_takes(a)) return cudaErrorInvalidValue;  // never dropped: the caller launches it apart
     if (a.qtype == kF32) return cudaSuccess;
     if (!act_pack_fits(a.x, a.t, a.k) || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x.h) |
                                           reinterpret_cast<uintptr_t>(a.x.sum)) & 15)
@@ -223,7 +222,6 @@ static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream
 }
 
 cudaError_t launch_gemv_pair(const GemvArgs& a, const GemvArgs& b, cudaStream_t stream) {
-    if (a.tail || b.tail) return cudaErrorInvalidValue;  // a tail is one call's (gemv_tail_takes)
     static const bool pairs = [] {
         const char* v = std::getenv("OPENJET_GEMV_PAIRS");
         return !(v && std::strcmp(v, "0") == 0);

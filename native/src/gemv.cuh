@@ -18,21 +18,6 @@ namespace openjet {
 constexpr int kGemvMaxT = kActMaxRows;  // token rows per call (decode: 1 + drafts <= 8; prefill: a chunk)
 constexpr int kGemvUnit = 256;       // k of a k-quant GEMV is a multiple of this (one super-block)
 
-// The add-norm after a one-row decode projection made by that projection's last block (OPENJET_NORM_TAIL, an
-// experiment; norm_tail.cuh): h += y (the call's output, the mixer's or the FFN's delta), a = rmsnorm(h) * w (-> a_out
-// where set) and a's pack into x's row 0, with launch_add_norm_pack's bits, instead of a pack launch after the call.
-struct NormTail {
-    float* h;             // [k] the residual row (k: the call's n)
-    const float* w;       // [k] the norm's weights
-    float eps;
-    float* a_out;         // [k] the normed row as floats, or null
-    ActPack x;            // the pack written (row 0)
-    unsigned* arrivals;   // a device word, 0 between calls: the blocks count themselves in, the last resets it
-    int probe = 0;        // 1 (a timing probe of the test API, WRONG outputs): the last block skips the add-norm
-    long long* clocks = nullptr;  // (test API) where set, the last block's thread 0 writes its phases' clock64 there (6)
-};
-constexpr int kNormTailMaxK = 5120;  // 128 threads x 40 values (the 27B's n_embd)
-
 struct GemvArgs {
     int qtype;        // GGML type id (kquant.cuh)
     const void* w;    // n rows of k elements in GGUF blocks, 16-byte aligned, readable 16 bytes past the end
@@ -64,14 +49,7 @@ struct GemvArgs {
     // for at most grid_sms SMs (0: all of them; the engine's OPENJET_PERSISTENT_SMS, a smaller GPU emulated).
     int tma = 0;
     int grid_sms = 0;
-    // The add-norm made after this call by its last block (NormTail), or null: a one-row decode call alone (no pair)
-    // on the producer-warp GEMV (gemv_tail_takes); launch_gemv refuses a tail it cannot make.
-    const NormTail* tail = nullptr;
 };
-
-// Whether a decode call runs with GemvArgs::tail set (gemv_tma.cu): one row, n <= kNormTailMaxK, n % 32 == 0, on the
-// producer-warp GEMV (gemv_tma_takes). The caller launches the add-norm itself where not.
-bool gemv_tail_takes(const GemvArgs& a);
 
 // The launch shape for (qtype, n, k) and one group of 8 token rows: rows per block, warps per block, blocks
 // (a t-row call launches ceil(t / 8) times as many). Invalid shapes:

@@ -963,9 +963,8 @@ template <int QT>
 cudaError_t launch_gemv_decode(const GemvArgs& a, cudaStream_t stream, const GemvArgs* b = nullptr) {
     if (a.tma && gemv_tma_takes(a, b)) {  // the producer-warp GEMV (gemv_tma.cuh): the same bits
         const cudaError_t e = launch_gemv_tma<QT>(a, b, stream);
-        if (e != cudaErrorNotSupported || a.tail) return e;  // (a tail only that kernel makes: never dropped)
+        if (e != cudaErrorNotSupported) return e;
     }
-    if (a.tail) return cudaErrorInvalidValue;
     if (decode_half_tiles<QT>(a, b)) return launch_gemv_mma_ng<QT, 1, 8>(a, stream, b);
     return launch_gemv_mma_ng<QT, 1>(a, stream, b);
 }

@@ -14,15 +14,12 @@
 // partials in order and stores (tile_sum_store_by): gemv_mma_kernel's sequence of operations for every output.
 // kLastSum (forms 3 and 4, an experiment): no barrier at the tile's end; the last of the four warps to store its
 // partial sums them (in the same order) and stores, and the others go on to their next tile's units.
-// kTail (GemvArgs::tail, OPENJET_NORM_TAIL: an experiment): the last block to finish its tiles makes the add-norm that
-// follows the call (norm_tail.cuh).
 #include "gemv_tma.cuh"
 
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
 #include "mbarrier.cuh"
-#include "norm_tail.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -42,12 +39,11 @@ template <int QT, int kRing> struct TmaShape {
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kTail>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles, NormTail tail) {
+                GemvSecond second, int tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(!(kTail && kLastSum), "the tail follows the tile-end barrier's form");
     using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
@@ -167,31 +163,18 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (warp == 0) sum_store();
         }
     }
-    if constexpr (kTail) {
-        // The block counts itself in once its outputs are visible (warp 0 stored them; every consumer thread fences,
-        // as the fence orders only the calling thread's writes); the last of the grid's blocks makes the add-norm.
-        __shared__ int last;
-        __threadfence();
-        named_bar_sync(1, kConsumerWarps * 32);
-        if (threadIdx.x == 0) last = atomicInc(tail.arrivals, gridDim.x - 1) == gridDim.x - 1;  // (wraps to 0)
-        named_bar_sync(1, kConsumerWarps * 32);
-        if (last && !tail.probe) {
-            __threadfence();  // the other blocks' outputs, counted in before, are read after this
-            tail_add_norm_pack(tail, y, n, 2);
-        }
-    }
 #endif
 }
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kTail> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
     struct Fit {
         int per_sm = 0, sms = 0;
     };
     static const Fit fit = [] {
         constexpr int kSmem = TmaShape<QT, kRing>::kSmemBytes;
-        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kTail>;
+        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
         Fit f;
         // (opted in first: without it a block of over 48 KB counts as not fitting)
         if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
@@ -205,12 +188,12 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kTail> int resi
     return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, bool kTail = false>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     using Sh = TmaShape<QT, kRing>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kTail>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kTail>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
@@ -218,11 +201,8 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    if (kTail) count_launch(Counted::kNormTail);
-    // (every block is resident at once, and none waits on another: the tail's last block only counts arrivals)
     return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
-                         kTail ? *a.tail : NormTail{});
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles);
 }
 
 }  // namespace
@@ -238,23 +218,6 @@ bool gemv_tma_available() {
 #else
     return false;
 #endif
-}
-
-// Whether the tail's kernel of a's type fits an SM (resident_blocks of its form; 0 never on the GPUs we know).
-static bool tail_fits(const GemvArgs& a) {
-    switch (a.qtype) {
-        case kQ4_K: return resident_blocks<kQ4_K, 4, 3, false, true>(a.grid_sms) > 0;
-        case kQ5_K: return resident_blocks<kQ5_K, 4, 3, false, true>(a.grid_sms) > 0;
-        case kQ6_K: return resident_blocks<kQ6_K, 4, 3, false, true>(a.grid_sms) > 0;
-        case kQ8_0: return resident_blocks<kQ8_0, 4, 3, false, true>(a.grid_sms) > 0;
-        default: return false;
-    }
-}
-
-bool gemv_tail_takes(const GemvArgs& a) {
-    // (a.xi: the integer GEMV takes the call, and it makes no tail; the pack's shape as launch_add_norm_pack wants it)
-    return a.t == 1 && a.n <= kNormTailMaxK && a.tail && a.tail->arrivals && !a.xi &&
-           act_pack_fits(a.tail->x, 1, a.n) && gemv_tma_takes(a, nullptr) && tail_fits(a);
 }
 
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
@@ -275,7 +238,6 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    if (a.tail) return b ? cudaErrorInvalidValue : launch_ring<QT, 4, 3, false, true>(a, nullptr, stream);  // form 1
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);

@@ -37,7 +37,8 @@ enum class Counted {
     kDenseGemmSwigluHalf = 19,  // the FFN's gate and up writing fp16 silu(g) u under a bound's scale (its own numerics)
     kGdnPackBounded = 20,       // a prefill's GDN gated norm packed under a bound's row scales (its own numerics)
     kGemvTma = 21,              // a decode GEMV on the producer-warp kernel (gemv_tma.cu; the same bits)
-    kNormTail = 22,             // a decode GEMV that makes the next add-norm in its last block (OPENJET_NORM_TAIL)
+    // 22: unused (OPENJET_NORM_FOLD's counter, then OPENJET_NORM_TAIL's, both removed; the numbers after it kept:
+    // kernels_test.COUNTED)
     kAttnPlanned = 23,          // attention chunk blocks in the planned tile pipeline (OPENJET_ATTN_PIPE; the same bits)
     kTrunkGraphCapture = 24,    // a decode trunk captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
     kTrunkGraphReplay = 25,     // a captured trunk graph launched again (the same launches, the same bits)

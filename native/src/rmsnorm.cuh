@@ -7,11 +7,6 @@ namespace openjet {
 
 constexpr int kRowThreads = 256;  // one block of this many threads per token row
 
-// The scale from the row's sum of squares in row_rms_scale_of's order (norm_tail.cuh makes that sum its own way).
-__device__ __forceinline__ float rms_scale_of_total(float total, int k, float eps) {
-    return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
-}
-
 // rsqrt(mean(x[0..k)^2) + eps) for the calling block's row, returned to every thread. The sum runs in a
 // fixed order (thread-strided over the first kRowThreads threads, then lanes by xor butterfly, then warps
 // 0..7), so it depends on x alone, whatever the block size (>= kRowThreads: larger blocks' other threads
@@ -50,7 +45,7 @@ __device__ __forceinline__ float row_rms_scale_of(const X& x_of, int k, float ep
 #pragma unroll
     for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
     __syncthreads();  // part may be reused by the caller's next row
-    return rms_scale_of_total(total, k, eps);
+    return rsqrtf(__fdiv_rn(total, static_cast<float>(k)) + eps);
 }
 
 __device__ __forceinline__ float row_rms_scale(const float* __restrict__ x, int k, float eps) {

@@ -52,9 +52,6 @@ def _lib() -> ctypes.CDLL:
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
-        "gemv_norm_tail": [_I, _P, _I, _I, _P, _P, _P, _F, _I, _I, _P, _P, _P, _P, _P],
-        "bench_gemv_norm_tail": [_I, _P, _I, _I, _I, _I, _I, _P],
-        "gemv_norm_tail_clocks": [_I, _P, _I, _I, _P, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
@@ -329,50 +326,6 @@ def dense_gemm_available() -> bool:
     return bool(_lib().openjet_test_dense_gemm_available())
 
 
-def gemv_norm_tail(qtype: int, w, x, h, norm_w, eps: float, tail: bool, reps: int = 1) -> dict[str, np.ndarray]:
-    """A one-row decode GEMV of W (moved into the tile layout) on x [k] followed by its add-norm on the residual h [n]
-    (h += W x, a = rmsnorm(h) * norm_w, a packed where x's pack was), reps times (k == n for reps > 1): as two
-    launches (tail False) or made by the GEMV's last block (True; openjet_test_gemv_norm_tail). Returns h, a and the
-    pack's row (h16 as uint16 halves, sum, inv)."""
-    lib = _lib()
-    x = _f32(x, 1)
-    k = x.shape[0]
-    raw, n = _weights(qtype, w, k)
-    h = _f32_shaped(h, (n,), "h")
-    norm_w = _f32_shaped(norm_w, (n,), "norm_w")
-    out = {"h": np.empty(n, np.float32), "a": np.empty(n, np.float32), "h16": np.empty(n, np.uint16),
-           "sum": np.empty(n // 16, np.uint16), "inv": np.empty(1, np.float32)}
-    _check(lib, lib.openjet_test_gemv_norm_tail(qtype, _ptr(raw), n, k, _ptr(x), _ptr(h), _ptr(norm_w), eps, int(tail),
-                                                reps, *(_ptr(out[name]) for name in ("h", "a", "h16", "sum", "inv"))),
-           "gemv_norm_tail")
-    return out
-
-
-def bench_gemv_norm_tail(qtype: int, w, mode: int, copies: int = 4, reps: int = 50, runs: int = 7) -> list[float]:
-    """Microseconds per one-row decode boundary of W [n, n] chained as the engine chains it (openjet_test_bench_gemv_
-    norm_tail): mode 0 the GEMV and the add-norm launch, 1 OPENJET_NORM_TAIL's GEMV, 2 its count alone (a probe), 3 the
-    GEMV alone; one figure per run."""
-    lib = _lib()
-    raw, n = _weights(qtype, w, np.asarray(w).shape[0])  # square: k = n
-    us = np.empty(runs, np.float32)
-    _check(lib, lib.openjet_test_bench_gemv_norm_tail(qtype, _ptr(raw), n, mode, copies, reps, runs, _ptr(us)),
-           "bench_gemv_norm_tail")
-    return [float(v) for v in us]
-
-
-def gemv_norm_tail_clocks(qtype: int, w, reps: int = 8) -> dict[str, float]:
-    """Microseconds OPENJET_NORM_TAIL's last block spends in each phase (openjet_test_gemv_norm_tail_clocks; clock64
-    at the SM's nominal clock) in the last of `reps` chained boundaries of W [n, n]."""
-    lib = _lib()
-    raw, n = _weights(qtype, w, np.asarray(w).shape[0])
-    clocks = np.zeros(6, np.int64)
-    khz = ctypes.c_int(0)
-    _check(lib, lib.openjet_test_gemv_norm_tail_clocks(qtype, _ptr(raw), n, reps, _ptr(clocks), ctypes.byref(khz)),
-           "gemv_norm_tail_clocks")
-    names = ("loads_and_chains", "sums_barrier", "values_stored", "max_barrier", "pack")
-    return {name: round(float(clocks[i + 1] - clocks[i]) / khz.value * 1e3, 2) for i, name in enumerate(names)}
-
-
 def gemv_tma_available() -> bool:
     """Whether this library and GPU run the producer-warp decode GEMV (a 90a build on compute capability 9.0; decode
     calls then take it unless OPENJET_GEMV_TMA=0: native/src/gemv_tma.cu)."""
@@ -383,14 +336,14 @@ def gemv_tma_available() -> bool:
 # dense GEMM runs.
 DENSE_MIN_ROWS = 256
 
-# launch_count.h's counted paths, in its order (22: the norm tail's, once the removed norm fold's).
+# launch_count.h's counted paths, in its order (22 unused: the removed norm fold's, then the norm tail's).
 COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_tensor_cores": 3,
            "attn_prefill_f16_rows": 4, "prefill_gate_up": 5, "ffn_persistent": 6, "tiled_weights": 7,
            "pack_cluster": 8, "gemv_int": 9, "swiglu_split": 10, "dense_gemm_swiglu": 11,
            "attn_prefill_wgmma": 12, "prefill_f16_kept": 13, "gdn_norm_pack": 14,
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
-           "norm_tail": 22, "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
+           "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27}
 
 

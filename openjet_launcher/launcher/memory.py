@@ -287,7 +287,7 @@ class MemoryModel:
             rings * self.gdn_layers * T * s.ssm_n_v_heads * 4, rings * self.gdn_layers * T * s.ssm_n_v_heads * 4,
             T * s.n_embd * 4, T * s.n_embd * 4, T * 4, T * 4, T * 8, T * V1_TOPK_MAX * 4, T * V1_TOPK_MAX * 8, T * 4,
             T * 4, 8)]
-        fixed.append(8)  # OPENJET_BENCH_GRAPH's device length and OPENJET_NORM_TAIL's arrivals (pos_dev), with or without the head
+        fixed.append(4)  # OPENJET_BENCH_GRAPH's device length (pos_dev), with or without the head
         # Parts added after the ENGINE_REPORTS runs of tests/test_presets.py, each in the arena even when empty: the
         # persistent FFN's counters and flags (ffn_persistent_scratch_ints) and its profile, the dense prefill GEMM's
         # scratch, the FFN's bounded form's norms (two floats a layer and the MTP head's) and row scales (two floats a
