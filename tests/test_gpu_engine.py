@@ -408,6 +408,43 @@ def test_mtp_draft_errors(models):
         engine.close()
 
 
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_mtp_input_pack_keeps_every_bit(models, preset, monkeypatch):
+    """OPENJET_MTP_INPUT_PACK (the MTP head's embedding, its two input norms and their pack in one cluster launch,
+    elementwise.cu launch_mtp_input_pack; the default) against =0 (the four launches): the drafts' logits and hidden
+    rows after a prefill (whose 37-row cache fill takes the four launches: more rows than a decode step), after a
+    4-token step (its 4-row fill through the one launch, hidden rows 1.. from the step) and after a truncate. The
+    counted path ran with the default and never with =0."""
+    from openjet_launcher.engine import kernels_test as kt
+    ids = np.random.default_rng(31).integers(0, 4096, 48)
+    out, ran = {}, {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("OPENJET_MTP_INPUT_PACK", value)
+        before = kt.launch_count("mtp_input_pack")
+        engine = CudaEngine.load(models[preset], n_ctx=128, n_checkpoints=2)
+        try:
+            assert engine.has_mtp
+            state, rows = engine.new_state(), []
+            engine.prefill(state, ids[:37])
+            engine.checkpoint(state)
+            for stage in range(3):
+                if stage == 1:
+                    engine.decode(state, ids[37:41])
+                if stage == 2:
+                    engine.truncate(state, 39)
+                d = engine.mtp_draft(state, int(ids[state.n_tokens]), 3)
+                rows += [np.asarray(d.logits), np.asarray(d.hidden)]
+            out[value] = rows
+        finally:
+            engine.close()
+        ran[value] = kt.launch_count("mtp_input_pack") - before
+    report(test="mtp_input_pack", preset=preset, launches=ran)
+    assert ran["0"] == 0 and ran["1"] > 0, ran
+    for a, b in zip(out["0"], out["1"]):
+        assert not np.isnan(a).any() and np.isfinite(a).any()
+        np.testing.assert_array_equal(b, a)
+
+
 def test_the_device_draft_and_cycle_calls_refuse_bad_arguments_with_messages(models):
     """openjet_engine_mtp_draft_greedy / _sampled and openjet_engine_cycle_greedy: every bad argument is a return
     code and a message naming it (nothing launched, the sequence unchanged), and the engine works after them."""

@@ -9,6 +9,7 @@
 
 #include "device_attr.cuh"
 #include "elementwise.cuh"
+#include "embed.cuh"
 #include "launch_count.h"
 #include "openjet.h"
 #include "pdl.cuh"
@@ -267,6 +268,66 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 #endif
 }
 
+// The MTP head's input rows (engine.cu mtp_rows), row `row` of cat = [rms(E[id]) * enorm | rms(hidden) * hnorm]
+// packed as one row of 2 dim: launch_embed's values, launch_rmsnorm's for each half (its scale from row_rms_scale's
+// order over the half, read from the half's blocks' shared memory) and launch_pack_act's pack (the row's max |v| over
+// both halves), so the bits of those four launches, in one. Ranks 0 .. kPackCluster / 2 - 1 take the embedding half,
+// the others the hidden one, each a quarter of its half (dim % 128 == 0: whole 32-blocks). Neither half is stored:
+// the pack is what the head's eh_proj reads. hidden row 0 is hs0, row r > 0 hs1 + (r - 1) dim.
+__global__ void __launch_bounds__(kPackClusterThreads)
+mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, const int32_t* __restrict__ ids,
+                              const float* __restrict__ hs0, const float* __restrict__ hs1,
+                              const float* __restrict__ enorm, const float* __restrict__ hnorm, int dim, float eps,
+                              ActPack p) {
+#ifdef OPENJET_PACK_CLUSTER_ARCH
+    namespace cg = cooperative_groups;
+    constexpr int kHalfRanks = kPackCluster / 2;
+    extern __shared__ float part[];  // this block's quarter of its half, before the norm
+    __shared__ float block_max;
+    pdl_start();  // pdl.cuh
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool hidden = rank >= kHalfRanks;
+    const int half_blocks = dim / kActBlock, part_blocks = half_blocks / kHalfRanks, part_elems = part_blocks * kActBlock;
+    const int hb0 = part_blocks * (rank % kHalfRanks);  // this block's first 32-block within its half
+    const float* hr = hidden ? (row == 0 ? hs0 : hs1 + static_cast<long long>(row - 1) * dim) : nullptr;
+    const float* w = hidden ? hnorm : enorm;
+    const int id = ids[row];
+    const bool valid = id >= 0 && id < vocab;  // (launch_embed's zeros otherwise)
+    const uint8_t* er = table + static_cast<long long>(valid ? id : 0) * (dim / 256) * Block<kQ4_K>::kBytes;
+    float x[kPackClusterCached], wv[kPackClusterCached];
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {  // every load first (a round trip each otherwise)
+        const int b = hb0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        const bool mine = b < hb0 + part_blocks;
+        x[j] = !mine ? 0.0f : hidden ? hr[i] : valid ? q4_k_row_value(er, i) : 0.0f;
+        wv[j] = mine ? w[i] : 0.0f;
+    }
+    asm volatile("" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = hb0 + warp + kPackClusterWarps * j;
+        if (b < hb0 + part_blocks) part[(b - hb0) * kActBlock + lane] = x[j];
+    }
+    cluster.sync();  // every quarter of both halves is in its block's shared memory
+    const int first_rank = hidden ? kHalfRanks : 0;
+    const float scale = row_rms_scale_of(
+        [&](int i) { return *cluster.map_shared_rank(part + i % part_elems, first_rank + i / part_elems); }, dim, eps);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = hb0 + warp + kPackClusterWarps * j;
+        x[j] = b < hb0 + part_blocks ? __fmul_rn(__fmul_rn(x[j], scale), wv[j]) : 0.0f;
+        m = fmaxf(m, fabsf(x[j]));
+    }
+    // In the packed row of 2 dim this block's 32-blocks are b0 + warp + 8 j, as cluster_pack_slice takes them; its
+    // cluster_row_max's barriers also keep `part` alive for the other blocks' reads above.
+    const int b0 = (hidden ? half_blocks : 0) + hb0;
+    cluster_pack_slice(x, b0, b0 + part_blocks, cluster_row_max(m, &block_max), 2 * dim, p, row, rank);
+#endif
+}
+
 // Whether the cluster packs take a row of k for a pack of `level` (1: add-norm and swiglu, 2: the mixers' output
 // packs): OPENJET_PACK_CLUSTER (read once) at least that level (unset: 2; 0: none), sm_90+, and k in equal parts
 // of whole 32-blocks that the registers hold.
@@ -347,6 +408,23 @@ cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPac
     if (!v || reinterpret_cast<uintptr_t>(v) % 16 || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
     return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k),
                          scales);
+}
+
+cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const int32_t* ids, const float* hs0,
+                                  const float* hs1, const float* enorm, const float* hnorm, int t, int dim, float eps,
+                                  const ActPack& p, cudaStream_t stream) {
+    constexpr int kHalfRanks = kPackCluster / 2;
+    if (!table || !ids || !hs0 || (t > 1 && !hs1) || !enorm || !hnorm || vocab < 1 || dim < 256 || dim % 256 ||
+        t < 1 || !act_pack_fits(p, t, 2 * dim))
+        return cudaErrorInvalidValue;
+    const int part_blocks = dim / kActBlock / kHalfRanks;  // (dim % 256 == 0: whole 32-blocks a quarter)
+    if (qtype != kQ4_K || t > OPENJET_ENGINE_MAX_T || !pack_cluster_takes(2 * dim, 2) ||
+        part_blocks > kPackClusterWarps * kPackClusterCached)
+        return cudaErrorNotSupported;
+    count_launch(Counted::kMtpInputPack);
+    return launch_kernel_cluster(mtp_input_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
+                                 sizeof(float) * part_blocks * kActBlock, stream, kPackCluster,
+                                 static_cast<const uint8_t*>(table), vocab, ids, hs0, hs1, enorm, hnorm, dim, eps, p);
 }
 
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {

@@ -74,6 +74,15 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream);
 
+// The MTP head's input pack for t <= OPENJET_ENGINE_MAX_T rows in one launch (a cluster a row): row r of the pack of
+// 2 dim = [rmsnorm(embedding of ids[r]) * enorm | rmsnorm(hidden r) * hnorm], hidden row 0 at hs0, rows 1.. at hs1
+// [t - 1, dim]; the bits of launch_embed, launch_rmsnorm on each half and launch_pack_act (elementwise.cu). Where the
+// table is not Q4_K, t > OPENJET_ENGINE_MAX_T, or the GPU or its build has no clusters or dim does not fit them:
+// cudaErrorNotSupported and nothing launched (the caller launches those four).
+cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const int32_t* ids, const float* hs0,
+                                  const float* hs1, const float* enorm, const float* hnorm, int t, int dim, float eps,
+                                  const ActPack& p, cudaStream_t stream);
+
 // launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
 // one-block kernel, where OPENJET_PACK_CLUSTER allows (unset or 2: the mixers' output packs too) and the GPU and k do;
 // otherwise cudaErrorNotSupported and nothing launched (launch_pack_act then launches its own kernel).

@@ -10,7 +10,6 @@ namespace {
 
 constexpr int kEmbedThreads = 256;
 
-// Element e of a Q4_K row: byte 32*(s/2) + e%32 of the super-block's qs, low nibble for even s = (e%256)/32.
 __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t* __restrict__ table, int vocab,
                                                                    int dim, const int32_t* __restrict__ ids,
                                                                    float* __restrict__ out) {
@@ -22,18 +21,7 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t
         return;
     }
     const uint8_t* row = table + (long long)id * (dim / 256) * Block<kQ4_K>::kBytes;
-    for (int e = threadIdx.x; e < dim; e += kEmbedThreads) {
-        const uint8_t* p = row + (e / 256) * Block<kQ4_K>::kBytes;
-        const int s = (e % 256) / 32;
-        int sc, m;
-        const uint32_t* sw = reinterpret_cast<const uint32_t*>(p + 4);  // blocks are 16-byte aligned
-        k4_scale_min_words(sw[0], sw[1], sw[2], s, sc, m);
-        const int byte = p[16 + 32 * (s / 2) + e % 32];
-        const int q = (s & 1) ? byte >> 4 : byte & 0x0F;
-        const float ds = __fmul_rn(f16_at(p), static_cast<float>(sc));
-        const float dm = __fmul_rn(f16_at(p + 2), static_cast<float>(m));
-        o[e] = __fsub_rn(__fmul_rn(ds, static_cast<float>(q)), dm);
-    }
+    for (int e = threadIdx.x; e < dim; e += kEmbedThreads) o[e] = q4_k_row_value(row, e);
 }
 
 }  // namespace

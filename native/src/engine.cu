@@ -253,6 +253,9 @@ struct openjet_engine {
     // and replayed while the state its launches depend on (TrunkKey) stays the same, a few kept (GraphCache):
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph).
     bool bench_graph = false;
+    // OPENJET_MTP_INPUT_PACK (unset or 1; 0: off) at create: the MTP head's embedding, its two input norms and their
+    // pack in one launch (launch_mtp_input_pack) where it can, the same bits as the four launches (mtp_rows).
+    bool mtp_input_pack = true;
     struct TrunkKey {  // (process-wide test knobs, such as kernels_test's GEMV tile choice, are not in it)
         int t, split, n_past, conv_cur, ring_w, replay_rows, attn_spread;  // split, n_past: trunk_key
         bool at_start, verifying;
@@ -790,6 +793,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_MTP_INPUT_PACK")) e.mtp_input_pack = std::strcmp(f, "0") != 0;
     attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
     const size_t rings = e.replay_fused ? 2 : 1;  // verify steps' GDN input rings
     if (const char* sp = std::getenv("OPENJET_ATTN_SPREAD")) {
@@ -1296,12 +1300,21 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
-    const float* hnorm = static_cast<const float*>(e.mtp_hnorm.d);
-    CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, E, ids, t, u, e.stream));
-    CHECK(launch_rmsnorm(u, static_cast<const float*>(e.mtp_enorm.d), t, E, c.rms_eps, cat, e.stream, 2 * E));
-    CHECK(launch_rmsnorm(hs0, hnorm, 1, E, c.rms_eps, cat + E, e.stream));
-    if (t > 1) CHECK(launch_rmsnorm(hs1, hnorm, t - 1, E, c.rms_eps, cat + 3 * E, e.stream, 2 * E));
-    CHECK(launch_pack_act(cat, t, 2 * E, nullptr, 0.0f, e.x, e.stream));
+    const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
+    // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
+    const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
+                                                                       hs0, hs1, enorm, hnorm, t, E, c.rms_eps, e.x,
+                                                                       e.stream)
+                                               : cudaErrorNotSupported;
+    if (fused != cudaErrorNotSupported) {
+        CHECK(fused);
+    } else {
+        CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, E, ids, t, u, e.stream));
+        CHECK(launch_rmsnorm(u, enorm, t, E, c.rms_eps, cat, e.stream, 2 * E));
+        CHECK(launch_rmsnorm(hs0, hnorm, 1, E, c.rms_eps, cat + E, e.stream));
+        if (t > 1) CHECK(launch_rmsnorm(hs1, hnorm, t - 1, E, c.rms_eps, cat + 3 * E, e.stream, 2 * E));
+        CHECK(launch_pack_act(cat, t, 2 * E, nullptr, 0.0f, e.x, e.stream));
+    }
     TRY(gemv(e, e.mtp_eh_proj, t, nullptr, u));
     const LayerW& L = e.mtp;
     CHECK(launch_add_norm_pack(u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr, e.x,

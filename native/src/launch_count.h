@@ -44,6 +44,7 @@ enum class Counted {
     kTrunkGraphReplay = 25,     // a captured trunk graph launched again (the same launches, the same bits)
     kCycleGraphCapture = 26,    // a greedy cycle captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
     kCycleGraphReplay = 27,     // a captured cycle graph launched again (the same launches, the same bits)
+    kMtpInputPack = 28,         // the MTP head's embedding, input norms and pack in one launch (the same bits)
     kCount
 };
 

@@ -127,6 +127,7 @@ KERNEL_SWITCHES = {
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GRAPH": ("0", "1"),                      # engine.cu, trunk_graph (a measurement; read at load)
+    "OPENJET_MTP_INPUT_PACK": ("0", "1"),                   # engine.cu, mtp_rows (1: default; read at load)
 }
 
 

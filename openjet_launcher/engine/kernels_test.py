@@ -344,7 +344,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "prefill_residual": 15, "attn_prep_rows": 16, "gdn_state_rounded": 17,
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
            "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
-           "cycle_graph_capture": 26, "cycle_graph_replay": 27}
+           "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -399,7 +399,8 @@ def launch_count(path: str) -> int:
     OPENJET_GEMV_TMA; "attn_planned": attention chunk blocks in the planned tile pipeline, OPENJET_ATTN_PIPE;
     "trunk_graph_capture" / "trunk_graph_replay": a decode trunk captured as a CUDA graph / launched again,
     OPENJET_BENCH_GRAPH; "cycle_graph_capture" / "cycle_graph_replay": the same for a whole greedy cycle,
-    openjet_engine_cycle_greedy): how a test sees that the path ran."""
+    openjet_engine_cycle_greedy; "mtp_input_pack": the MTP head's embedding, input norms and pack in one launch,
+    OPENJET_MTP_INPUT_PACK): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
