@@ -412,16 +412,25 @@ def test_mtp_draft_errors(models):
 def test_the_mtp_input_pack_keeps_every_bit(models, preset, monkeypatch):
     """OPENJET_MTP_INPUT_PACK (the MTP head's embedding, its two input norms and their pack in one cluster launch,
     elementwise.cu launch_mtp_input_pack; the default) against =0 (the four launches): the drafts' logits and hidden
-    rows after a prefill (whose 37-row cache fill takes the four launches: more rows than a decode step), after a
-    4-token step (its 4-row fill through the one launch, hidden rows 1.. from the step) and after a truncate. The
-    counted path ran with the default and never with =0."""
-    from openjet_launcher.engine import kernels_test as kt
+    rows after a prefill (whose 36-row cache fill takes the four launches: more rows than a decode step), after a
+    4-token step (its 4-row fill through the one launch, hidden rows 1.. from the step) and after a truncate (its
+    2-row replay's fill). The one launch ran for each draft step and the step's fill, never under =0. The kernel
+    itself at the 27B's width: test_gpu_gemv.py test_mtp_input_pack_gives_the_four_launches_bits."""
+    from openjet_launcher.engine import kernels_test as kt, probe_in_child
+    if probe_in_child()["devices"][0]["sm"] < 90 or os.environ.get("OPENJET_PACK_CLUSTER", "2") != "2":
+        pytest.skip("the one-launch MTP input pack runs on clusters: compute capability 9.0+, OPENJET_PACK_CLUSTER=2")
     ids = np.random.default_rng(31).integers(0, 4096, 48)
     out, ran = {}, {}
     for value in ("0", "1"):
         monkeypatch.setenv("OPENJET_MTP_INPUT_PACK", value)
-        before = kt.launch_count("mtp_input_pack")
         engine = CudaEngine.load(models[preset], n_ctx=128, n_checkpoints=2)
+        counts = []
+
+        def counted(f, *args):
+            before = kt.launch_count("mtp_input_pack")
+            result = f(*args)
+            counts.append(kt.launch_count("mtp_input_pack") - before)
+            return result
         try:
             assert engine.has_mtp
             state, rows = engine.new_state(), []
@@ -429,17 +438,17 @@ def test_the_mtp_input_pack_keeps_every_bit(models, preset, monkeypatch):
             engine.checkpoint(state)
             for stage in range(3):
                 if stage == 1:
-                    engine.decode(state, ids[37:41])
+                    counted(engine.decode, state, ids[37:41])
                 if stage == 2:
                     engine.truncate(state, 39)
-                d = engine.mtp_draft(state, int(ids[state.n_tokens]), 3)
+                d = counted(engine.mtp_draft, state, int(ids[state.n_tokens]), 3)
                 rows += [np.asarray(d.logits), np.asarray(d.hidden)]
-            out[value] = rows
+            out[value], ran[value] = rows, counts
         finally:
             engine.close()
-        ran[value] = kt.launch_count("mtp_input_pack") - before
     report(test="mtp_input_pack", preset=preset, launches=ran)
-    assert ran["0"] == 0 and ran["1"] > 0, ran
+    assert ran["0"] == [0, 0, 0, 0], ran
+    assert ran["1"] == [3, 1, 3, 3], ran  # the drafts, the 4-token step's fill, the drafts, the drafts
     for a, b in zip(out["0"], out["1"]):
         assert not np.isnan(a).any() and np.isfinite(a).any()
         np.testing.assert_array_equal(b, a)

@@ -12,6 +12,7 @@ OPENJET_GPU_REPORT=path appends the measured error figures as JSON lines (for th
 
 from __future__ import annotations
 
+import os
 
 import numpy as np
 import pytest
@@ -692,6 +693,35 @@ def test_embed_full_vocabulary_table_last_rows():
     ids = np.array([vocab - 1, 0, 123456, vocab - 2], np.int32)
     out = kt.embed(Q["Q4_K"], table, dim, ids)
     np.testing.assert_array_equal(out, dequantize(table[ids], Q["Q4_K"]))
+
+
+@pytest.mark.parametrize("dim", [256, 1280, 5120, 12288])
+def test_mtp_input_pack_gives_the_four_launches_bits(dim):
+    """launch_mtp_input_pack (the MTP head's input in one cluster launch) against what the engine launched before it:
+    the embedding (launch_embed), an RMSNorm of each half (launch_rmsnorm) and the pack of the row of 2 dim
+    (launch_pack_act), bit for bit, for 1..8 rows with distinct hidden rows and an id outside the vocabulary (a row of
+    zeros, as launch_embed writes). Widths from the tiny model's to past the 27B's (its 5,120: five 32-blocks a warp)."""
+    from openjet_launcher.engine import probe_in_child
+    if probe_in_child()["devices"][0]["sm"] < 90 or os.environ.get("OPENJET_PACK_CLUSTER", "2") != "2":
+        pytest.skip("the one-launch MTP input pack runs on clusters: compute capability 9.0+, OPENJET_PACK_CLUSTER=2")
+    rng = np.random.default_rng(dim)
+    vocab, eps = 40, 1e-6
+    table = quantize(rng.standard_normal((vocab, dim), dtype=np.float32), Q["Q4_K"])
+    enorm = (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+    hnorm = (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+    for t in (1, 3, 8):
+        ids = rng.integers(0, vocab, t).astype(np.int32)
+        if t > 1:
+            ids[1] = vocab + 5  # outside the vocabulary
+        hs = (rng.standard_normal((t, dim)) * rng.uniform(0.1, 30.0, (t, 1))).astype(np.float32)
+        emb = np.zeros((t, dim), np.float32)
+        inside = (ids >= 0) & (ids < vocab)
+        emb[inside] = kt.embed(Q["Q4_K"], table, dim, ids[inside])
+        cat = np.concatenate([kt.rmsnorm(emb, enorm, eps), kt.rmsnorm(hs, hnorm, eps)], axis=1)
+        want = kt.pack_act(cat)
+        got = kt.mtp_input_pack(table, dim, ids, hs, enorm, hnorm, eps)
+        for g, w, what in zip(got, want, ("xh", "xsum", "xinv")):
+            np.testing.assert_array_equal(g, w, err_msg=f"{what}, dim {dim}, t {t}")
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -96,6 +96,14 @@ OPENJET_API int openjet_test_prefill_gate_up_half(int qtype, const void* w_gate,
 OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                    int n_ids, float* out);
 
+/* The MTP head's input pack in one launch (launch_mtp_input_pack): row r of [rmsnorm(embedding of ids[r]) * enorm |
+   rmsnorm(hs[r]) * hnorm] packed as openjet_test_pack_act packs a row of 2 dim (xh [t, 2 dim], xsum [t, 2 dim / 32 *
+   2], xinv [t]); t 1..8, hs [t, dim], a Q4_K table [vocab, dim]; an id outside [0, vocab) gives a row of zeros. An
+   error where the launch does not take the call (no clusters on this GPU or build, OPENJET_PACK_CLUSTER below 2). */
+OPENJET_API int openjet_test_mtp_input_pack(const void* table, int vocab, int dim, const int32_t* ids, int t,
+                                            const float* hs, const float* enorm, const float* hnorm, float eps,
+                                            uint16_t* xh, uint16_t* xsum, float* xinv);
+
 /* values / ids [rows, k] = the top k (1..32) of each row of x [rows, n] among ids < n_valid, by decreasing
  * value then increasing id, after z[pen_ids[i]] -= pen_deltas[i] (ids unique and < n_valid; n_pen may be 0). */
 OPENJET_API int openjet_test_topk(const float* x, int rows, int n, int n_valid, int k, const int32_t* pen_ids,

@@ -1,6 +1,7 @@
 // launch_add_norm_pack, launch_swiglu_pack (elementwise.cuh): a decode row on a cluster of kPackCluster blocks (sm_90+,
 // the default; OPENJET_PACK_CLUSTER=0: not), else one block of kPackThreads per row; launch_pack_act_cluster: the same
-// for launch_pack_act's decode rows (the default too; OPENJET_PACK_CLUSTER=1 leaves them on one block).
+// for launch_pack_act's decode rows (the default too; OPENJET_PACK_CLUSTER=1 leaves them on one block), and
+// launch_mtp_input_pack: the MTP head's embedding, input norms and pack of a decode row on one cluster (likewise).
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -272,7 +273,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 // packed as one row of 2 dim: launch_embed's values, launch_rmsnorm's for each half (its scale from row_rms_scale's
 // order over the half, read from the half's blocks' shared memory) and launch_pack_act's pack (the row's max |v| over
 // both halves), so the bits of those four launches, in one. Ranks 0 .. kPackCluster / 2 - 1 take the embedding half,
-// the others the hidden one, each a quarter of its half (dim % 128 == 0: whole 32-blocks). Neither half is stored:
+// the others the hidden one, each a quarter of its half (dim % 256 == 0: whole 32-blocks). Neither half is stored:
 // the pack is what the head's eh_proj reads. hidden row 0 is hs0, row r > 0 hs1 + (r - 1) dim.
 __global__ void __launch_bounds__(kPackClusterThreads)
 mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, const int32_t* __restrict__ ids,
@@ -289,26 +290,34 @@ mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, cons
     const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool hidden = rank >= kHalfRanks;
-    const int half_blocks = dim / kActBlock, part_blocks = half_blocks / kHalfRanks, part_elems = part_blocks * kActBlock;
+    const int half_blocks = dim / kActBlock, part_blocks = half_blocks / kHalfRanks;
+    const int part_elems = part_blocks * kActBlock;
     const int hb0 = part_blocks * (rank % kHalfRanks);  // this block's first 32-block within its half
     const float* hr = hidden ? (row == 0 ? hs0 : hs1 + static_cast<long long>(row - 1) * dim) : nullptr;
     const float* w = hidden ? hnorm : enorm;
     const int id = ids[row];
     const bool valid = id >= 0 && id < vocab;  // (launch_embed's zeros otherwise)
     const uint8_t* er = table + static_cast<long long>(valid ? id : 0) * (dim / 256) * Block<kQ4_K>::kBytes;
+    // Every load first, then the values (a round trip each otherwise): the hidden row's floats, or the embedding's
+    // super-block heads and qs bytes, and the norm weights.
     float x[kPackClusterCached], wv[kPackClusterCached];
+    Q4kElem q[kPackClusterCached];
 #pragma unroll
-    for (int j = 0; j < kPackClusterCached; ++j) {  // every load first (a round trip each otherwise)
+    for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = hb0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
         const bool mine = b < hb0 + part_blocks;
-        x[j] = !mine ? 0.0f : hidden ? hr[i] : valid ? q4_k_row_value(er, i) : 0.0f;
+        x[j] = hidden && mine ? hr[i] : 0.0f;
+        q[j] = !hidden && mine && valid ? q4_k_load(er, i) : Q4kElem{};
         wv[j] = mine ? w[i] : 0.0f;
     }
     asm volatile("" ::: "memory");
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
-        const int b = hb0 + warp + kPackClusterWarps * j;
-        if (b < hb0 + part_blocks) part[(b - hb0) * kActBlock + lane] = x[j];
+        const int b = hb0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
+        if (b < hb0 + part_blocks) {
+            if (!hidden && valid) x[j] = q4_k_value(q[j], i);  // (an id outside the vocabulary: zeros, as launch_embed)
+            part[(b - hb0) * kActBlock + lane] = x[j];
+        }
     }
     cluster.sync();  // every quarter of both halves is in its block's shared memory
     const int first_rank = hidden ? kHalfRanks : 0;

@@ -77,8 +77,8 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 // The MTP head's input pack for t <= OPENJET_ENGINE_MAX_T rows in one launch (a cluster a row): row r of the pack of
 // 2 dim = [rmsnorm(embedding of ids[r]) * enorm | rmsnorm(hidden r) * hnorm], hidden row 0 at hs0, rows 1.. at hs1
 // [t - 1, dim]; the bits of launch_embed, launch_rmsnorm on each half and launch_pack_act (elementwise.cu). Where the
-// table is not Q4_K, t > OPENJET_ENGINE_MAX_T, or the GPU or its build has no clusters or dim does not fit them:
-// cudaErrorNotSupported and nothing launched (the caller launches those four).
+// table is not Q4_K, t > OPENJET_ENGINE_MAX_T, OPENJET_PACK_CLUSTER is below 2 (0 or 1), or the GPU or its build has
+// no clusters or 2 dim does not fit them: cudaErrorNotSupported and nothing launched (the caller launches those four).
 cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const int32_t* ids, const float* hs0,
                                   const float* hs1, const float* enorm, const float* hnorm, int t, int dim, float eps,
                                   const ActPack& p, cudaStream_t stream);

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_q4_k_kernel(const uint8_t
         return;
     }
     const uint8_t* row = table + (long long)id * (dim / 256) * Block<kQ4_K>::kBytes;
-    for (int e = threadIdx.x; e < dim; e += kEmbedThreads) o[e] = q4_k_row_value(row, e);
+    for (int e = threadIdx.x; e < dim; e += kEmbedThreads) o[e] = q4_k_value(q4_k_load(row, e), e);
 }
 
 }  // namespace

@@ -11,18 +11,30 @@
 
 namespace openjet {
 
-// Element e of a Q4_K row (row: its first super-block; 16-byte aligned): byte 32*(s/2) + e%32 of the super-block's
-// qs, low nibble for even s = (e%256)/32, with ggml's float steps. launch_embed's and launch_mtp_input_pack's value.
-__device__ __forceinline__ float q4_k_row_value(const uint8_t* __restrict__ row, int e) {
+// What element e of a Q4_K row needs from memory: its super-block's first 16 bytes (d, dmin, the 12 scale bytes) and
+// its qs byte (byte 32*(s/2) + e%32 of the qs, s = (e%256)/32). Loaded apart from q4_k_value so that a kernel can
+// issue every element's loads before the first value (one round trip for all of them).
+struct Q4kElem {
+    uint4 head;
+    int qs;
+};
+
+// row: the row's first super-block, 16-byte aligned (as every block of a table allocated by the engine).
+__device__ __forceinline__ Q4kElem q4_k_load(const uint8_t* __restrict__ row, int e) {
     const uint8_t* p = row + (e / 256) * Block<kQ4_K>::kBytes;
+    return Q4kElem{*reinterpret_cast<const uint4*>(p), p[16 + 32 * ((e % 256) / 32 / 2) + e % 32]};
+}
+
+// Element e's value with ggml's float steps ((d * sc) * q - dmin * m, no fused multiply-add): rows equal ggml's.
+__device__ __forceinline__ float q4_k_value(const Q4kElem& x, int e) {
     const int s = (e % 256) / 32;
     int sc, m;
-    const uint32_t* sw = reinterpret_cast<const uint32_t*>(p + 4);  // blocks are 16-byte aligned
-    k4_scale_min_words(sw[0], sw[1], sw[2], s, sc, m);
-    const int byte = p[16 + 32 * (s / 2) + e % 32];
-    const int q = (s & 1) ? byte >> 4 : byte & 0x0F;
-    const float ds = __fmul_rn(f16_at(p), static_cast<float>(sc));
-    const float dm = __fmul_rn(f16_at(p + 2), static_cast<float>(m));
+    k4_scale_min_words(x.head.y, x.head.z, x.head.w, s, sc, m);
+    const int q = (s & 1) ? x.qs >> 4 : x.qs & 0x0F;
+    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(x.head.x & 0xFFFFu)));
+    const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(x.head.x >> 16)));
+    const float ds = __fmul_rn(d, static_cast<float>(sc));
+    const float dm = __fmul_rn(dmin, static_cast<float>(m));
     return __fsub_rn(__fmul_rn(ds, static_cast<float>(q)), dm);
 }
 

@@ -1295,7 +1295,8 @@ int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rop
 // its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
 // `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
 // Without `full` only the head's k and v rows are made and stored: what filling its cache needs. Scratch: u in
-// e.h (the trunk's residual, free between steps), [embedding | hidden] rows in e.big1 until packed.
+// e.h (the trunk's residual, free between steps); where the input pack is four launches (launch_mtp_input_pack
+// does not take the call), the embedding in e.h and the [embedding | hidden] rows in e.big1 until packed.
 int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full) {
     const auto& c = e.cfg;
     const int E = c.n_embd;

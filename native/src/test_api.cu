@@ -365,6 +365,36 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up_half(int qtype, const vo
     return OPENJET_OK;
 }
 
+extern "C" OPENJET_API int openjet_test_mtp_input_pack(const void* table, int vocab, int dim, const int32_t* ids, int t,
+                                                       const float* hs, const float* enorm, const float* hnorm,
+                                                       float eps, uint16_t* xh, uint16_t* xsum, float* xinv) {
+    if (!table || !ids || !hs || !enorm || !hnorm || !xh || !xsum || !xinv || vocab < 1 || dim < 256 || dim % 256 ||
+        t < 1 || t > kActRows)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_input_pack: null pointer, dim (%d) not a multiple of 256 or t "
+                    "(%d) not in 1..%d", dim, t, kActRows);
+    const int k = 2 * dim;
+    DevBuf dt, di, dh, de, dn;
+    DevPack p;
+    CHECK(dt.upload(table, weight_bytes(kQ4_K, vocab, dim)));
+    CHECK(di.upload(ids, sizeof(int32_t) * t));
+    CHECK(dh.upload(hs, sizeof(float) * t * dim));
+    CHECK(de.upload(enorm, sizeof(float) * dim));
+    CHECK(dn.upload(hnorm, sizeof(float) * dim));
+    CHECK(p.alloc(t, k));
+    const float* h = dh.as<float>();
+    const cudaError_t err = launch_mtp_input_pack(kQ4_K, dt.p, vocab, di.as<int32_t>(), h, h + dim, de.as<float>(),
+                                                  dn.as<float>(), t, dim, eps, p.view(), 0);
+    if (err == cudaErrorNotSupported)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_input_pack: not taken here (a GPU or build below 9.0, or "
+                    "OPENJET_PACK_CLUSTER below 2)");
+    CHECK(err);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids,
                                               int n_ids, float* out) {
     if (qtype != kQ4_K) return fail(OPENJET_ERR_INVALID_ARGUMENT, "embed: qtype %d: only Q4_K (12) is supported", qtype);

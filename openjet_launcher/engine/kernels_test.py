@@ -59,6 +59,7 @@ def _lib() -> ctypes.CDLL:
         "prefill_gate_up": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P],
         "prefill_gate_up_half": [_I, _P, _P, _I, _I, _P, _I, _P, _P, _P, _P],
         "embed": [_I, _P, _I, _I, _P, _I, _P],
+        "mtp_input_pack": [_P, _I, _I, _P, _I, _P, _P, _P, _F, _P, _P, _P],
         "topk": [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P],
         "sample_top": [_P, _I, _P, _I, _I, ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
                        _P, _P, _P],
@@ -252,6 +253,24 @@ def embed(qtype: int, table, dim: int, ids) -> np.ndarray:
     out = np.empty((len(ids), dim), np.float32)
     _check(lib, lib.openjet_test_embed(qtype, _ptr(raw), vocab, dim, _ptr(ids), len(ids), _ptr(out)), "embed")
     return out
+
+
+def mtp_input_pack(table, dim: int, ids, hs, enorm, hnorm, eps: float = 1e-6
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """pack_act's (xh, xsum, xinv) of the rows [rmsnorm(embed(ids)) * enorm | rmsnorm(hs) * hnorm] of 2 dim, made in
+    one launch (openjet_test_mtp_input_pack, the engine's MTP input pack); a Q4_K table, t = len(ids) <= 8, an id
+    outside the vocabulary giving a row of zeros."""
+    lib = _lib()
+    raw, vocab = _weights(12, table, dim)  # Q4_K
+    ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+    hs, enorm, hnorm = _f32(hs, 2), _f32(enorm, 1), _f32(hnorm, 1)
+    t, k = len(ids), 2 * dim
+    if hs.shape != (t, dim) or enorm.shape != (dim,) or hnorm.shape != (dim,):
+        raise ValueError(f"hs {hs.shape}, enorm {enorm.shape}, hnorm {hnorm.shape} do not fit {t} ids of dim {dim}")
+    xh, xsum, xinv = np.empty((t, k), np.uint16), np.empty((t, k // 32 * 2), np.uint16), np.empty(t, np.float32)
+    _check(lib, lib.openjet_test_mtp_input_pack(_ptr(raw), vocab, dim, _ptr(ids), t, _ptr(hs), _ptr(enorm),
+                                                _ptr(hnorm), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "mtp_input_pack")
+    return xh, xsum, xinv
 
 
 def topk(x, k: int, n_valid: int | None = None, penalties: dict[int, float] | None = None
