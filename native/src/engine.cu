@@ -1231,7 +1231,7 @@ PrefillAttn prefill_attn(int kv_type) {
 // merges sub-steps into one launch where that keeps every bit).
 int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_offset, bool out_proj = true,
                bool in_proj = true) {
-    // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft), not the trunk's.
+    // The MTP head's attention counts in the profile as the head's (mtp.fill or mtp.draft.attn), not the trunk's.
     const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
     if (in_proj) {  // (false: done by the persistent FFN before, as gdn_mixer's)
         phase("attn.in_proj");
@@ -1321,10 +1321,13 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     CHECK(launch_add_norm_pack(u, nullptr, static_cast<const float*>(L.attn_norm.d), t, E, c.rms_eps, nullptr, e.x,
                                e.stream));
     if (!full) return attn_store_kv(e, L, t, row0, 1);
+    mark(e, "mtp.draft.attn");  // (a draft step's parts in the profile: the caller marked mtp.draft.in)
     TRY(attn_mixer(e, L, t, row0, 1));
+    mark(e, "mtp.draft.ffn");
     CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
                                e.x, e.stream));
     TRY(ffn(e, L, t));
+    mark(e, "mtp.draft.head");
     CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
                                e.mtp_hp, e.x, e.stream));
     return gemv(e, e.draft_head(), t, nullptr, e.logits);
@@ -2009,7 +2012,7 @@ extern "C" OPENJET_API int openjet_engine_mtp_step(openjet_engine* e, int32_t to
                     e->n_past, c.n_ctx);
     CHECK(cudaSetDevice(c.device));
     CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
-    mark(*e, "mtp.draft");
+    mark(*e, "mtp.draft.in");
     TRY(mtp_rows(*e, e->ids, k == 0 ? e->mtp_last : e->mtp_hp, nullptr, 1, static_cast<int>(row), true));
     const int n_logits = e->draft_n ? e->draft_n : c.n_vocab;
     if (logits) CHECK(cudaMemcpyAsync(logits, e->logits, sizeof(float) * n_logits, cudaMemcpyDeviceToHost, e->stream));
@@ -2053,8 +2056,9 @@ int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
 // the next step's input, as well as to the chain's outputs.
 template <class Pick> int draft_chain(openjet_engine& e, int n, const Pick& pick) {
     for (int k = 0; k < n; ++k) {
-        mark(e, "mtp.draft");
+        mark(e, "mtp.draft.in");
         TRY(mtp_rows(e, e.ids, k == 0 ? e.mtp_last : e.mtp_hp, nullptr, 1, e.n_past - 1 + k, true));
+        mark(e, "mtp.draft.pick");
         TRY(pick(k));
     }
     return OPENJET_OK;
