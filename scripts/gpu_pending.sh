@@ -60,14 +60,11 @@ PY
 }
 
 # timing for each environment after `--`, the arguments before it its own; the JSON named after the environment and
-# $1 ("#" in it: the run's number, for an environment timed more than once).
+# the suffix $1.
 each_timing() {
-  local suffix=$1 args=() n=0 v; shift
+  local suffix=$1 args=() v; shift
   while [ "$1" != -- ]; do args+=("$1"); shift; done; shift
-  for v; do
-    n=$((n + 1))
-    timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')${suffix//#/$n}" "${args[@]}"
-  done
+  for v; do timing "$v" "$(echo "$v" | tr 'A-Z=,' 'a-z--')$suffix" "${args[@]}"; done
 }
 
 pack_logs() {  # the device returns at most 8 files: every log and test report in one archive, the JSON apart

@@ -185,8 +185,9 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // unroll): the block asks L2 for both rows' lines first, one a thread, so that only the first trip waits on
         // DRAM (a helper's SASS audit, 2026-12-05: ~5 DRAM round trips a launch, 48 a T=1 step; not yet timed).
         const int lines = (a.proj_k + 31) >> 5;  // a row's 128-byte lines (32 floats)
+        const bool beta = tid < lines;
         if (tid < 2 * lines)
-            prefetch_l2((tid < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (tid < lines ? tid : tid - lines) * 32);
+            prefetch_l2((beta ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (beta ? tid : tid - lines) * 32);
         constexpr int kGroups = kThreads / 128;
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * a.t; job += kGroups) {

@@ -34,12 +34,17 @@ __device__ __forceinline__ unsigned long long make_key(float v, int id) {
     return (static_cast<unsigned long long>(~orderable(v)) << 32) | static_cast<uint32_t>(id);
 }
 
+// The key of logit v of id: kNone for an id outside [0, n_valid) (the argmax's past-the-row entries pass -1).
+__device__ __forceinline__ unsigned long long valid_key(float v, int id, int n_valid) {
+    return id >= 0 && id < n_valid ? make_key(v, id) : kNone;
+}
+
 // Entry pos's key: its logit and id (row_ids[pos], or pos), kNone past the row or for an id outside [0, n_valid).
 __device__ __forceinline__ unsigned long long entry_key(const float* xr, int pos, int n, int n_valid,
                                                         const int32_t* row_ids) {
     if (pos >= n) return kNone;
     const int id = row_ids ? row_ids[pos] : pos;
-    return id >= 0 && id < n_valid ? make_key(xr[pos], id) : kNone;
+    return valid_key(xr[pos], id, n_valid);
 }
 
 // Sorts s[0, n) ascending (n a power of two), every thread of the block taking part.
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
         }
         asm volatile("" ::: "memory");
 #pragma unroll
-        for (int q = 0; q < kBatch; ++q) v = min(v, id[q] >= 0 && id[q] < n_valid ? make_key(xv[q], id[q]) : kNone);
+        for (int q = 0; q < kBatch; ++q) v = min(v, valid_key(xv[q], id[q], n_valid));
     }
     v = block_least<kArgmaxThreads>(v, warp_least);
     if (threadIdx.x) return;

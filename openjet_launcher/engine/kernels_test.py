@@ -261,7 +261,7 @@ def mtp_input_pack(table, dim: int, ids, hs, enorm, hnorm, eps: float = 1e-6
     one launch (openjet_test_mtp_input_pack, the engine's MTP input pack); a Q4_K table, t = len(ids) <= 8, an id
     outside the vocabulary giving a row of zeros."""
     lib = _lib()
-    raw, vocab = _weights(12, table, dim)  # Q4_K
+    raw, vocab = _weights(QTYPES["Q4_K"], table, dim)
     ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
     hs, enorm, hnorm = _f32(hs, 2), _f32(enorm, 1), _f32(hnorm, 1)
     t, k = len(ids), 2 * dim

@@ -287,8 +287,8 @@ _NOT_PARSED = object()
 
 # The deepest JSON value taken as a tool call's arguments, on the way out (a parameter the model wrote) and in (a
 # client's arguments: server.protocol.openai.arguments_object), and the default of the request body's own bound
-# (ServerSettings.max_json_depth), so that what the server hands out it also takes back. Not where json.loads stops: that depends on
-# the Python (3.11 raises RecursionError at ~1,000 levels, 3.12 parses them).
+# (ServerSettings.max_json_depth), so that what the server hands out it also takes back. Not where json.loads stops:
+# that depends on the Python (3.11 raises RecursionError at ~1,000 levels, 3.12 parses them).
 MAX_JSON_DEPTH = 64
 
 
