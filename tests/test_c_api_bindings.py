@@ -136,3 +136,15 @@ def test_every_ctypes_declaration_matches_its_c_prototype(monkeypatch):
 ])
 def test_the_comparison_itself_tells_kinds_apart(c_type, py_type, ok):
     assert compatible(kind_of_c(c_type), kind_of_ctypes(py_type)) is ok
+
+
+def test_the_counted_paths_are_launch_count_h_s_numbers():
+    """kernels_test.COUNTED (the names tests pass to launch_count) against native/src/launch_count.h's Counted enum,
+    the numbers openjet_test_launch_count takes: each enumerator's snake_case name with its number, and nothing else.
+    A shifted number would make a GPU test count another path's launches (and pass on a silent fallback)."""
+    header = (INCLUDE.parent / "src" / "launch_count.h").read_text()
+    enum = re.search(r"enum class Counted \{(.*?)\};", header, flags=re.S).group(1)
+    numbers = {re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(): int(value)
+               for name, value in re.findall(r"^\s*k(\w+) = (\d+),", enum, flags=re.M)}
+    assert numbers["dense_gemm"] == 0 and len(numbers) >= 29, numbers
+    assert kernels_test.COUNTED == numbers

@@ -577,6 +577,7 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
+                          ("OPENJET_FFN_TMA", "ffn_persistent_tma", ("1", "2")),
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
@@ -584,14 +585,15 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
     arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
-    input projections, is what it takes); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
+    input projections, is what it takes); OPENJET_FFN_TMA (the persistent FFN in its producer-warp form, 1 the FFN,
+    2 and the next norm); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
     those with the last-arriver tile sum); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
     tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
     test_gpu_attn.py). The counted path (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch == "OPENJET_GEMV_TMA" and not kt.gemv_tma_available():
+    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA") and not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}
@@ -656,19 +658,24 @@ def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
 
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
-def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
-    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=4) sized for 1, 46 or
-    82 SMs (issue 7: the small cards' grids, emulated; 1: a few blocks take every tile and pack item in turn) gives
-    the launches' bits, as the whole grid does (test_decode_experiments_keep_every_bit): decode_sequence_logits on
-    the small model against OPENJET_FFN_PERSISTENT=0."""
+@pytest.mark.parametrize("switch, value, counted", [("OPENJET_FFN_PERSISTENT", "4", "ffn_persistent"),
+                                                    ("OPENJET_FFN_TMA", "2", "ffn_persistent_tma")])
+def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, switch, value, counted, monkeypatch):
+    """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=4; the producer-warp
+    form with the next norm: OPENJET_FFN_TMA=2) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated;
+    1: a few blocks take every tile and pack item in turn) gives the launches' bits, as the whole grid does
+    (test_decode_experiments_keep_every_bit): decode_sequence_logits on the small model against the switch at 0."""
+    from openjet_launcher.engine import kernels_test as kt
+    if switch == "OPENJET_FFN_TMA" and not kt.gemv_tma_available():
+        pytest.skip("no producer-warp kernels here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    for persistent in ("0", "4"):
-        env = {"OPENJET_FFN_PERSISTENT": persistent, "OPENJET_PERSISTENT_SMS": sms}
-        out[persistent], ran[persistent] = small_model_sequence(models, monkeypatch, env, "ffn_persistent", ids)
-    assert ran["0"] == 0 and ran["4"] > 0, f"persistent FFN launches: {ran}"
+    for v in ("0", value):
+        env = {switch: v, "OPENJET_PERSISTENT_SMS": sms}
+        out[v], ran[v] = small_model_sequence(models, monkeypatch, env, counted, ids)
+    assert ran["0"] == 0 and ran[value] > 0, f"{counted} launches: {ran}"
     assert np.isfinite(out["0"]).all()
-    np.testing.assert_array_equal(out["4"], out["0"], err_msg=f"OPENJET_PERSISTENT_SMS={sms}")
+    np.testing.assert_array_equal(out[value], out["0"], err_msg=f"{switch}={value}, OPENJET_PERSISTENT_SMS={sms}")
 
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
@@ -693,13 +700,20 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
                                       err_msg=f"OPENJET_GEMV_TMA={tma}, OPENJET_PERSISTENT_SMS={sms}")
 
 
-def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatch):
-    """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=4 with the engine's profile on; engine.profile()'s
-    "persistent_ffn"): one launch per layer and decode step, and the phases end in the order their counters make them
-    wait for each other (the tail's maxima, its pack, the out projection, the add-norm pack, gate / up, the swiglu
-    pack, down, the next norm; the next layer's input projections, which the last layer's launch has not, within the
-    spans), all within the launches' spans; a reset empties it, and with the profile off nothing is timed."""
-    monkeypatch.setenv("OPENJET_FFN_PERSISTENT", "4")
+@pytest.mark.parametrize("switch, value", [("OPENJET_FFN_PERSISTENT", "4"), ("OPENJET_FFN_TMA", "2")])
+def test_the_persistent_ffn_profile_times_its_phases_in_order(models, switch, value, monkeypatch):
+    """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=4, or the producer-warp form with the next norm,
+    OPENJET_FFN_TMA=2, with the engine's profile on; engine.profile()'s "persistent_ffn"): one launch per layer and
+    decode step, and the phases end in the order their counters make them wait for each other (the tail's maxima,
+    its pack, the out projection, the add-norm pack, gate / up, the swiglu pack, down, the next norm; the next layer's
+    input projections, which the last layer's launch has not, within the spans; the producer-warp form has no tail
+    and no projections: those stay 0), all within the launches' spans; a reset empties it, and with the profile off
+    nothing is timed."""
+    from openjet_launcher.engine import kernels_test as kt
+    tma = switch == "OPENJET_FFN_TMA"
+    if tma and not kt.gemv_tma_available():
+        pytest.skip("no producer-warp kernels here: a 90a build on compute capability 9.0")
+    monkeypatch.setenv(switch, value)
     ids = np.random.default_rng(31).integers(0, 4096, 20)
     engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)
     try:
@@ -713,19 +727,24 @@ def test_the_persistent_ffn_profile_times_its_phases_in_order(models, monkeypatc
             engine.decode(state, step)
         p = engine.profile(reset=True)["persistent_ffn"]
         assert p["launches"] == n_layer * len(steps), p
-        order = ["tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns", "norm_packed_at_ns", "gate_up_at_ns",
-                 "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns", "span_ns"]
+        tail = ["tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns"]
+        order = ["norm_packed_at_ns", "gate_up_at_ns", "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns",
+                 "span_ns"]
+        if tma:
+            assert [p[k] for k in tail] == [0, 0, 0] and p["next_proj_at_ns"] == 0, p
+        else:
+            order = tail + order
+            # the input projections: in n_layer - 1 of the n_layer launches a step, each within its launch's span
+            assert 0 < p["next_proj_at_ns"] <= p["span_ns"], p
         times = [p[k] for k in order]
         assert 0 < times[0] and times == sorted(times), p
-        # the input projections: in n_layer - 1 of the n_layer launches a step, each within its launch's span
-        assert 0 < p["next_proj_at_ns"] <= p["span_ns"], p
         assert "persistent_ffn" not in engine.profile(), "a reset leaves the accumulators empty"
         engine.set_profile(False)
         engine.decode(state, ids[15:16])
         assert "persistent_ffn" not in engine.profile(), "timed with the profile off"
     finally:
         engine.close()
-    report(test="persistent_ffn_profile", **{k: p[k] for k in ("launches", "span_ns", "warps")})
+    report(test="persistent_ffn_profile", switch=switch, **{k: p[k] for k in ("launches", "span_ns", "warps")})
 
 
 @pytest.mark.parametrize("gemm", ["default", "fast", "exact", "grouped"])

@@ -178,6 +178,9 @@ struct openjet_engine {
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
     // layer's input projections) and its scratch.
     int ffn_persistent = 0;
+    // OPENJET_FFN_TMA at create (an experiment: the same bits): the persistent FFN in its producer-warp form where it
+    // runs (ffn_tma_takes), whatever OPENJET_FFN_PERSISTENT says: 1 the FFN, 2 and the next norm (no tail).
+    int ffn_tma = 0;
     int* ffn_counters = nullptr;
     unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
     int persistent_sms = 0;  // OPENJET_PERSISTENT_SMS at create: the persistent grid's SMs (0: all; emulation)
@@ -787,6 +790,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
+    e.ffn_tma = env_level("OPENJET_FFN_TMA", 2);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
@@ -1354,10 +1358,12 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
 
 // Layer il's persistent FFN launch for a decode step of t rows (OPENJET_FFN_PERSISTENT): with 2, from the mixer's
 // output on (its pack and out projection inside the launch); with 3, also the next layer's input norm (the output
-// norm after the last layer); with 4, also the next layer's input projections. False where it is off, a prefill, or
-// the layer's weights are not what the kernel takes: the separate launches then.
+// norm after the last layer); with 4, also the next layer's input projections. OPENJET_FFN_TMA instead: the FFN (1)
+// and the next norm (2) in the producer-warp form. False where it is off, a prefill, or the layer's weights are not
+// what the kernel takes: the separate launches then.
 bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentArgs* out) {
-    if (!e.ffn_persistent || e.prefilling) return false;
+    if ((!e.ffn_persistent && !e.ffn_tma) || e.prefilling) return false;
+    const int level = e.ffn_tma ? 1 : e.ffn_persistent;  // the producer-warp form has no tail and no projections
     const auto& c = e.cfg;
     const LayerW& L = e.layers[il];
     FfnPersistentArgs f;
@@ -1367,20 +1373,21 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
     f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
     f.grid_sms = e.persistent_sms;
+    f.tma = e.ffn_tma > 0;
     if (e.prof.on) f.profile = e.ffn_profile;
     bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
-    if (e.ffn_persistent >= 2) {
+    if (level >= 2) {
         const DevTensor& w = L.attn ? L.wo : L.ssm_out;
         f.y_in = e.y, f.k_out = L.attn ? e.q_dim() : e.d_inner(), f.out_w = w.d, f.out_type = w.type;
         one_layout = one_layout && w.tiled == f.tiled;
     }
-    if (e.ffn_persistent >= 3) {
+    if (level >= 3 || e.ffn_tma == 2) {
         const DevTensor& w = il + 1 < c.n_layer ? e.layers[il + 1].attn_norm : e.out_norm;
         f.next_norm = static_cast<const float*>(w.d), f.next_a = e.a;
     }
     // The next layer's input projections, where nothing else of that layer reads the norm's pack: attention, or a
     // GDN step that projects beta and alpha itself (from e.a).
-    if (e.ffn_persistent == 4 && il + 1 < c.n_layer) {
+    if (level == 4 && il + 1 < c.n_layer) {
         const LayerW& N = e.layers[il + 1];
         const DevTensor* w[kFfnNextProjections] = {N.attn ? &N.wq : &N.qkv, N.attn ? &N.wk : &N.gate,
                                                    N.attn ? &N.wv : nullptr};

@@ -39,8 +39,10 @@
 #include "elementwise.cuh"
 #include "ffn_persistent.cuh"
 #include "gemv_mma.cuh"
+#include "gemv_tma.cuh"
 #include "launch_count.h"
 #include "pdl.cuh"
+#include "tma_ring.cuh"
 
 namespace openjet {
 namespace {
@@ -268,6 +270,37 @@ __device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, 
             if (2 * tq + c < a.t) fold_max(s + kSwigluMax + 2 * tq + c, m[c]);
 }
 
+// A launch's end, by every thread of each block once all its warps are past their last wait: the next kernel may
+// launch once every block is here (not before: its blocks could take the SMs this grid's unscheduled blocks need
+// while the scheduled ones spin). The last block out zeroes the scratch (no memset between launches, which would
+// break the PDL chain; the next launch reads it after its pdl_wait, so after this kernel has finished) and closes
+// the profile's launch. grid_warps: the warps that took work (the profile's count).
+__device__ __forceinline__ void launch_done(const FfnPersistentArgs& a, int grid_warps) {
+    __syncthreads();
+    pdl_launch_dependents();
+    int* s = a.counters;
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        if (a.profile) atomicMax(a.profile + kProfEndMax, global_ns());
+        __threadfence();
+        last = atomicAdd(s + kBlocksDone, 1) == static_cast<int>(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int i = threadIdx.x; i < ffn_persistent_scratch_ints(a.n_ff); i += blockDim.x) __stcg(s + i, 0);
+    if (a.profile && threadIdx.x == 0) {  // every block's start and end are in (atomics before their count)
+        __threadfence();
+        unsigned long long* p = a.profile;
+        const unsigned long long start = __ldcg(p + kProfStartMin);
+        // (~0: every block started before the previous launch's reset, possible under PDL: no span this time)
+        if (start != ~0ULL) p[kProfSpanNs] += __ldcg(p + kProfEndMax) - start;
+        p[kProfLaunches] += 1;
+        p[kProfWarps] += static_cast<unsigned long long>(grid_warps);
+        p[kProfStartMin] = ~0ULL;
+        p[kProfEndMax] = 0;
+    }
+}
+
 // A warp's cp.async stages: for the largest of the FFN's tiles and the tail's (Q4_K or Q5_K half tiles).
 template <int QG, int QD> __host__ __device__ constexpr int warp_words() {
     constexpr int ffn = MmaShape<QG>::kWarpWords > MmaShape<QD>::kWarpWords ? MmaShape<QG>::kWarpWords
@@ -444,32 +477,129 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
         }
     }
 
-    // Every warp of the block is past its last wait: the next kernel may launch once every block is here (not
-    // before: its blocks could take the SMs this grid's unscheduled blocks need while the scheduled ones spin).
-    __syncthreads();
-    pdl_launch_dependents();
-    // The last block out zeroes the scratch (no memset between launches, which would break the PDL chain; the
-    // next launch reads it after its pdl_wait, so after this kernel has finished).
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        if (a.profile) atomicMax(a.profile + kProfEndMax, global_ns());
-        __threadfence();
-        last = atomicAdd(s + kBlocksDone, 1) == static_cast<int>(gridDim.x) - 1;
+    launch_done(a, grid_warps);
+}
+// The producer-warp form (FfnPersistentArgs::tma; sm_90a): the FFN (and the next norm where asked) on blocks of
+// four consumer warps fed by one producer thread's bulk copies (tma_ring.cuh, the decode default's way of streaming:
+// gemv_tma.cu). The producer walks the block's gate / up tiles, then its down tiles, and never waits on a counter,
+// only on its rings' empty slots, so a phase's first weights are in shared memory before its input is ready: the
+// weights-before-flags of docs/MEGAKERNEL.md with no pipeline to drain at a boundary. The consumer warps do what the
+// team kernel's warps do between tiles (the add-norm parts, the swiglu pair, the swiglu pack items, the next norm) and
+// each tile as gemv_tma_kernel does it (a k quarter each, warp 0 summing in order: tile_sum_store): the same bits.
+// Every value a consumer reads that this launch wrote is read from L2 or lies in lines no SM read earlier in the
+// launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows..).
+constexpr int kTmaRing = 4;       // units in flight per consumer warp
+constexpr int kTmaMinBlocks = 3;  // blocks per SM the registers are cut for (128 a thread)
+
+template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {
+    return TmaUnit<kQ4_K>::kChunk > TmaUnit<QD>::kChunk ? TmaUnit<kQ4_K>::kChunk : TmaUnit<QD>::kChunk;
+}
+template <int QD> constexpr int tma_smem_bytes() {  // +16: a word read past a row's end
+    return kTmaConsumerWarps * kTmaRing * tma_slot_bytes<QD>() + 16;
+}
+
+template <int QD>
+__global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(const FfnPersistentArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int kSlot = tma_slot_bytes<QD>();
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ __align__(8) uint64_t bar_words[TmaBars<kTmaRing>::kBytes / 8];
+    __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const TmaBars<kTmaRing> bars{static_cast<uint32_t>(__cvta_generic_to_shared(bar_words))};
+    bars.init();
+    mbar_init_fence();
+    __syncthreads();  // the barriers initialised
+    if (a.profile && threadIdx.x == 0) atomicMin(a.profile + kProfStartMin, global_ns());
+    const int t = a.t, g_tiles = a.n_ff / kMmaRows, gu_tiles = 2 * g_tiles, d_tiles = a.n_embd / kMmaRows;
+    const int nu_gu = a.n_embd / kUnitElems, nu_d = a.n_ff / kUnitElems;
+    const int grid_warps = gridDim.x * kTmaConsumerWarps;
+
+    if (warp == kTmaConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
+        if (lane == 0) {
+            const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+            const uint64_t policy = l2_policy_evict_first();  // read once a step: leave L2 to the rest
+            int issued[kTmaConsumerWarps] = {};
+            for (int i = blockIdx.x; i < gu_tiles; i += gridDim.x) {
+                const bool up = i >= g_tiles;
+                const uint8_t* w = static_cast<const uint8_t*>(up ? a.up : a.gate);
+                tma_produce_tile<kQ4_K, kTmaRing, kSlot>(
+                    bars, ring0, w + static_cast<long long>(up ? i - g_tiles : i) * nu_gu * TmaUnit<kQ4_K>::kChunk,
+                    nu_gu, issued, policy);
+            }
+            for (int i = blockIdx.x; i < d_tiles; i += gridDim.x)
+                tma_produce_tile<QD, kTmaRing, kSlot>(
+                    bars, ring0,
+                    static_cast<const uint8_t*>(a.down) + static_cast<long long>(i) * nu_d * TmaUnit<QD>::kChunk, nu_d,
+                    issued, policy);
+        }
+        __syncwarp();
+    } else {
+        int* s = a.counters;
+        const int grid_warp = blockIdx.x * kTmaConsumerWarps + warp, g = lane >> 2, tq = lane & 3;
+        const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
+        const uint32_t full0 = bars.full(warp, 0);
+        const uint8_t* const ring_w = ring + warp * kTmaRing * kSlot;
+        int slot = 0, buf = 0;
+        uint32_t phase = 0;
+        // A tile of the block: this warp's k quarter of its units from the ring, the four partials summed in order
+        // by warp 0, which stores the tile and runs stored().
+        const auto tile = [&](auto qt, int nu, const ActPack& xin, int k, int n, int row0, float* y, auto stored) {
+            constexpr int QT = decltype(qt)::value;
+            float acc[1][4] = {};
+            tma_consume_units<QT, kTmaRing, kSlot>(full0, ring_w, quarter_begin(nu, warp), quarter_begin(nu, warp + 1),
+                                                   xin.h + col * k, xin.sum + col * (k / kActBlock) * 2, lane, g, tq,
+                                                   slot, phase, acc);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
+            named_bar_sync(1, kTmaConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
+            if (warp == 0) {
+                tile_sum_store<1, kMmaRows>(part[buf], lane, row0, 0, n, t, xin.inv, y);
+                stored();
+            }
+            buf ^= 1;
+        };
+        pdl_wait();  // the kernels before have finished: h, mix_in, and this scratch, zeroed by the last launch
+
+        // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them)
+        if (grid_warp < kNormParts * t)
+            add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, nullptr, s + kNorm1, s + kNormPacked,
+                               t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile, kProfAtNormPacked);
+        // 2. gate, then up, once the pack is complete; the warp storing a pair's second tile makes its swiglu values
+        if (static_cast<int>(blockIdx.x) < gu_tiles) warp_wait(s + kNormPacked, kNormParts * t);
+        for (int i = blockIdx.x; i < gu_tiles; i += gridDim.x) {
+            const bool up = i >= g_tiles;
+            const int row0 = (up ? i - g_tiles : i) * kMmaRows;
+            tile(std::integral_constant<int, kQ4_K>{}, nu_gu, a.x, a.n_embd, a.n_ff, row0, up ? a.u_out : a.g_out, [&] {
+                swiglu_pair(a, s, row0);
+                warp_release(s + kGateUpTiles, 1, gu_tiles, a.profile, kProfAtGateUp);
+            });
+        }
+        // 3. the swiglu pack, a 32-block per warp at a time, once every gate and up tile is stored
+        const ActPack xs = a.x.from_row(kActRows, a.n_ff);
+        const int nb = a.n_ff / kActBlock;
+        if (grid_warp < t * nb) {
+            warp_wait(s + kGateUpTiles, gu_tiles);
+            pack_items(a.g_out, t, a.n_ff, s + kSwigluMax, xs, grid_warp, grid_warps, s + kSwigluPacked, a.profile,
+                       kProfAtSwigluPacked);
+        }
+        // 4. down, once every 32-block is packed
+        if (static_cast<int>(blockIdx.x) < d_tiles) warp_wait(s + kSwigluPacked, t * nb);
+        for (int i = blockIdx.x; i < d_tiles; i += gridDim.x)
+            tile(std::integral_constant<int, QD>{}, nu_d, xs, a.n_ff, a.n_embd, i * kMmaRows, a.mix_out,
+                 [&] { warp_release(s + kDownTiles, 1, d_tiles, a.profile, kProfAtDown); });
+        // 5. the next norm where asked (the next layer's input norm, or the output norm): h += mix_out, packed into
+        //    rows 0.. (read by the kernels after this one) and copied as floats to next_a, by warps 0..8t-1 once every
+        //    down tile is stored
+        if (a.next_norm && grid_warp < kNormParts * t) {
+            warp_wait(s + kDownTiles, d_tiles);
+            add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, a.x, a.next_a, s + kNorm2,
+                               s + kNextNormPacked, t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile,
+                               kProfAtNextNorm);
+        }
     }
-    __syncthreads();
-    if (!last) return;
-    for (int i = threadIdx.x; i < ffn_persistent_scratch_ints(a.n_ff); i += blockDim.x) __stcg(s + i, 0);
-    if (a.profile && threadIdx.x == 0) {  // every block's start and end are in (atomics before their count)
-        __threadfence();
-        unsigned long long* p = a.profile;
-        const unsigned long long start = __ldcg(p + kProfStartMin);
-        // (~0: every block started before the previous launch's reset, possible under PDL: no span this time)
-        if (start != ~0ULL) p[kProfSpanNs] += __ldcg(p + kProfEndMax) - start;
-        p[kProfLaunches] += 1;
-        p[kProfWarps] += static_cast<unsigned long long>(grid_warps);
-        p[kProfStartMin] = ~0ULL;
-        p[kProfEndMax] = 0;
-    }
+    launch_done(a, grid_warps);
+#endif
 }
 
 // Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
@@ -526,6 +656,32 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
     return launch_teams<QG, QD, 2>(a, stream);
 }
 
+// The producer-warp form's launch: resident blocks (the occupancy API's, asked once, after the shared-memory opt-in)
+// x the SMs (or grid_sms), at most a block per gate / up tile and at least phase 1's 8t warps.
+template <int QD> cudaError_t launch_tma(const FfnPersistentArgs& a, cudaStream_t stream) {
+    constexpr auto kKernel = ffn_tma_kernel<QD>;
+    constexpr int kSmem = tma_smem_bytes<QD>();
+    static const int per_sm = [] {
+        int n = 0;
+        if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kTmaThreads, kSmem) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return n;
+    }();
+    int sms = 0;
+    if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+    if (per_sm < 1) return cudaErrorNotSupported;
+    const int tiles = 2 * (a.n_ff / kMmaRows);  // the largest phase (n_ff >= n_embd: ffn_persistent_takes)
+    const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
+    const int least = (kNormParts * a.t + kTmaConsumerWarps - 1) / kTmaConsumerWarps;  // phase 1's warps
+    const int blocks = std::max(least, std::min(grid_sms * per_sm, tiles));
+    if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
+    count_launch(Counted::kFfnPersistentTma);
+    return launch_kernel(kKernel, dim3(blocks), dim3(kTmaThreads), kSmem, stream, a);
+}
+
 }  // namespace
 
 const char* ffn_profile_name(int slot) {
@@ -558,11 +714,19 @@ bool ffn_persistent_takes(const FfnPersistentArgs& a) {
            next_ok;
 }
 
+bool ffn_tma_takes(const FfnPersistentArgs& a) {
+    return a.tma && !a.out_w && !a.next_w[0] && a.tiled && ffn_persistent_takes(a) && gemv_tma_available();
+}
+
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream) {
     if (!ffn_persistent_takes(a) || !a.h || !a.mix_in || !a.post_norm || !a.gate || !a.up || !a.down || !a.g_out ||
         !a.u_out || !a.mix_out || !a.counters)
         return cudaErrorInvalidValue;
     count_launch(Counted::kFfnPersistent);
+    if (ffn_tma_takes(a)) {
+        const cudaError_t e = a.down_type == kQ6_K ? launch_tma<kQ6_K>(a, stream) : launch_tma<kQ4_K>(a, stream);
+        if (e != cudaErrorNotSupported) return e;  // (nothing launched: the team kernel, the same bits)
+    }
     return a.down_type == kQ6_K ? launch_types<kQ4_K, kQ6_K>(a, stream) : launch_types<kQ4_K, kQ4_K>(a, stream);
 }
 

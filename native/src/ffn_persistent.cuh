@@ -54,6 +54,9 @@ struct FfnPersistentArgs {
     int next_type[kFfnNextProjections] = {-1, -1, -1};
     float* next_y[kFfnNextProjections] = {};
     unsigned long long* profile = nullptr;  // kFfnProfileSlots accumulators (FfnProfile), or null: nothing timed
+    // The producer-warp form (OPENJET_FFN_TMA; ffn_tma_takes): the launch's tiles streamed by a producer warp's bulk
+    // copies, as the decode GEMV's default streams them (gemv_tma.cu), instead of each team warp's cp.async stages.
+    bool tma = false;
 };
 
 // The kernel's own profile, accumulated over launches where FfnPersistentArgs::profile is set (the engine's profile
@@ -103,6 +106,11 @@ int ffn_tail_pack_row0(const FfnPersistentArgs& a);
 // Q4_K or Q5_K tail), the pack holds its row ranges and the shapes fit; otherwise the caller takes the separate
 // launches.
 bool ffn_persistent_takes(const FfnPersistentArgs& a);
+
+// Whether the launch takes the producer-warp form: asked for (tma), no tail and no next layer's input projections (the
+// FFN, and the next norm where asked), the tile layout, and a 90a build on a 9.0 GPU (gemv_tma_available). Otherwise,
+// or where its blocks do not fit, the team kernel runs: the same bits either way.
+bool ffn_tma_takes(const FfnPersistentArgs& a);
 
 // The launch on `stream` (PDL where pdl_enabled()). `counters` must be zero before the first launch (the engine's
 // scratch is zeroed at create); each launch leaves them zero.

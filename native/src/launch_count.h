@@ -45,6 +45,7 @@ enum class Counted {
     kCycleGraphCapture = 26,    // a greedy cycle captured as a CUDA graph (OPENJET_BENCH_GRAPH), then launched
     kCycleGraphReplay = 27,     // a captured cycle graph launched again (the same launches, the same bits)
     kMtpInputPack = 28,         // the MTP head's embedding, input norms and pack in one launch (the same bits)
+    kFfnPersistentTma = 29,     // a persistent FFN launch in its producer-warp form (OPENJET_FFN_TMA; the same bits)
     kCount
 };
 
