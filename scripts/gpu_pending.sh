@@ -27,6 +27,10 @@
 #            at other lengths: the attention launches read the length on the device): their bit tests with the
 #            one-call cycle's and the decode attention's (its kernels read the length through attn_cache_len now),
 #            then native/bench/bench_cycle.py (cycles of 0..7 drafts with the graph off and on). ~4 minutes.
+# PLAN=ffn   OPENJET_FFN_TMA (the persistent FFN on producer-warp blocks, written 2026-12-05 without a GPU): its bit
+#            tests (=1, =2 against 0; the grids of 1, 46 and 82 SMs; the in-kernel profile in order), then the T=1 / T=5
+#            step with it off, =1 and =2 (the team kernel's level 1 was 12.7 against 9.3 ms: MEGAKERNEL.md); each JSON
+#            carries the launches' phase profile (persistent_ffn_us_per_launch). ~5 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -117,7 +121,12 @@ PY
     timeout -k 10 150 python3 native/bench/bench_cycle.py "$MODEL" --out "$OUT/cycle.json" > /dev/null \
       2> "$OUT/cycle.log"
     echo "== bench_cycle (rc $?)"; tail -2 "$OUT/cycle.log" ;;
+  ffn)
+    plan 170 "tests/test_gpu_engine.py -k 'decode_experiments and FFN or persistent_ffn_keeps or persistent_ffn_profile'" ffn-bench ;;
+  ffn-bench)
+    trap pack_logs EXIT
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=0 OPENJET_FFN_TMA=1 OPENJET_FFN_TMA=2 ;;
   *)
-    echo "PLAN=graph, PLAN=attn or PLAN=cycle (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle or PLAN=ffn (see the top of $0)" >&2
     exit 2 ;;
 esac

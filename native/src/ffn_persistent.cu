@@ -1,8 +1,9 @@
-// launch_ffn_persistent (ffn_persistent.cuh). At 83ed0d8, with one block per row for each pack, the default's bits
-// but slower on the H200 (T=1 13.2 against 10.4 ms a step); the packs are now spread over the grid (2026-12-03,
-// thirteenth session, not yet timed: docs/MEGAKERNEL.md).
+// launch_ffn_persistent (ffn_persistent.cuh), in two forms with the same phases and bits: the team kernel below
+// (measured on the H200: the default's bits, slower at every level, its tiles streaming at ~64% of the standalone
+// GEMV's rate: docs/MEGAKERNEL.md, "Step 2 measured") and the producer-warp form further down (ffn_tma_kernel,
+// OPENJET_FFN_TMA: the FFN and the next norm on the decode default's block shape; not yet run).
 //
-// Block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
+// The team kernel's block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
 // quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
 //   0. with a tail only: every warp, the mixer output's pack, 32-blocks grid-strided, in two steps (each block's
 //      max |y| folded into its row's; once all are, the pack into rows past the swiglu rows: tail_row0)
@@ -534,6 +535,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
                     issued, policy);
         }
         __syncwarp();
+        pdl_wait();  // (pdl.cuh's rule: launch_done's last block writes the scratch with every thread, these too)
     } else {
         int* s = a.counters;
         const int grid_warp = blockIdx.x * kTmaConsumerWarps + warp, g = lane >> 2, tq = lane & 3;
@@ -663,7 +665,12 @@ template <int QD> cudaError_t launch_tma(const FfnPersistentArgs& a, cudaStream_
     constexpr int kSmem = tma_smem_bytes<QD>();
     static const int per_sm = [] {
         int n = 0;
+        // The most shared memory an SM can take, asked for: the occupancy API counts with it, and a grid of spinning
+        // blocks must all be resident (with the driver's own choice, an SM configured for one or two blocks, e.g.
+        // after the GEMV before, could leave blocks unscheduled: the waits would trap after kWaitLimitNs).
         if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
+            cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kTmaThreads, kSmem) != cudaSuccess) {
             cudaGetLastError();
             return 0;
