@@ -30,7 +30,8 @@
 # PLAN=ffn   OPENJET_FFN_TMA (the persistent FFN on producer-warp blocks, written 2026-12-05 without a GPU): its bit
 #            tests (=1, =2 against 0; the grids of 1, 46 and 82 SMs; the in-kernel profile in order), then the T=1 / T=5
 #            step with it off, =1 and =2 (the team kernel's level 1 was 12.7 against 9.3 ms: MEGAKERNEL.md); each JSON
-#            carries the launches' phase profile (persistent_ffn_us_per_launch). ~5 minutes.
+#            carries the launches' phase profile (persistent_ffn_us_per_launch); and the default with
+#            OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~6 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -125,7 +126,7 @@ PY
     plan 170 "tests/test_gpu_engine.py -k 'decode_experiments and FFN or persistent_ffn_keeps or persistent_ffn_profile'" ffn-bench ;;
   ffn-bench)
     trap pack_logs EXIT
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=0 OPENJET_FFN_TMA=1 OPENJET_FFN_TMA=2 ;;
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=0 OPENJET_FFN_TMA=1 OPENJET_FFN_TMA=2 OPENJET_GEMV_CARVEOUT=max ;;
   *)
     echo "PLAN=graph, PLAN=attn, PLAN=cycle or PLAN=ffn (see the top of $0)" >&2
     exit 2 ;;

@@ -16,6 +16,9 @@
 // partial sums them (in the same order) and stores, and the others go on to their next tile's units.
 #include "gemv_tma.cuh"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
@@ -166,6 +169,19 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #endif
 }
 
+// OPENJET_GEMV_CARVEOUT=max (an experiment, read at a form's first call; the same bits: a host-side hint): the forms
+// ask for the largest shared-memory carveout. By default the driver picks an SM's carveout per kernel, keeping room
+// to run beside kernels already launched where it can, so under PDL a form's blocks may start on SMs configured for
+// the kernel before (a Q6_K form at 3 blocks needs ~176 KB of the H100's / H200's 228): fewer resident blocks than the
+// occupancy API counts. Whether that costs the step is what the switch measures.
+bool carveout_max() {
+    static const bool on = [] {
+        const char* v = std::getenv("OPENJET_GEMV_CARVEOUT");
+        return v && std::strcmp(v, "max") == 0;
+    }();
+    return on;
+}
+
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
 template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
@@ -178,6 +194,8 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(
         Fit f;
         // (opted in first: without it a block of over 48 KB counts as not fitting)
         if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
+            (carveout_max() && cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                    cudaSharedmemCarveoutMaxShared) != cudaSuccess) ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, kTmaThreads, kSmem) != cudaSuccess ||
             device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
             cudaGetLastError();
