@@ -22,20 +22,15 @@
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
-#include "mbarrier.cuh"
-#include "weight_layout.cuh"
+#include "tma_ring.cuh"
 
 namespace openjet {
 namespace {
 
-constexpr int kConsumerWarps = kGemvWarps;
-constexpr int kTmaThreads = (kConsumerWarps + 1) * 32;
+constexpr int kConsumerWarps = kTmaConsumerWarps;
 
 template <int QT, int kRing> struct TmaShape {
-    static constexpr int kPitch = tile_pitch(unit_bytes_of<QT>());
-    static_assert(kPitch % 4 == 0, "rows of a slot 4-byte aligned (the Q6_K unit's aligned form)");
-    static constexpr int kChunk = kTileLayoutRows * kPitch;  // one unit of a 16-row tile: contiguous, one bulk copy
-    static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
+    static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
     static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
 };
 
@@ -95,12 +90,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         return;
     }
 
-    // a consumer warp: quarter `warp` of each of the block's tiles. Its ring's slot and phase are counted as it goes
-    // (no division per unit), and it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
+    // a consumer warp: quarter `warp` of each of the block's tiles, unit by unit from its ring (tma_consume_units)
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
     const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
-    const uint32_t full0 = bar(0, warp, 0);  // slot s: full0 + 8 s; its empty barrier kEmpty bytes on
-    constexpr uint32_t kEmpty = sizeof(bars[0]);
+    const uint32_t full0 = bar(0, warp, 0);  // slot s: full0 + 8 s; its empty barrier TmaBars::kEmpty bytes on
+    static_assert(sizeof(bars[0]) == TmaBars<kRing>::kEmpty, "tma_consume_units' barrier layout");
     const uint8_t* const ring_w = ring + warp * kRing * Sh::kChunk;
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
@@ -114,21 +108,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
         float acc[1][4] = {};
-        for (int u = u0; u < u1; ++u) {
-            mbar_wait_warp(full0 + 8 * slot, phase);
-            const uint8_t* stage = ring_w + slot * Sh::kChunk;
-            const uint8_t* r[2] = {stage + g * Sh::kPitch, stage + (g + 8) * Sh::kPitch};
-            UnitX ux[1];
-            ux[0].col = xh + u * kUnitElems;
-            ux[0].sum = xs + u * 16;
-            if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-                unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
-            else
-                UnitMma<QT, 1, false>::run(r, ux, tq, acc);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
-            if (++slot == kRing) slot = 0, phase ^= 1;
-        }
+        tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
         const bool first = tile < second.from;
         const auto sum_store = [&] {
             tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
