@@ -44,20 +44,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing>;
     extern __shared__ __align__(128) uint8_t ring[];
-    __shared__ __align__(8) uint64_t bars[2][kConsumerWarps][kRing];  // [0]: full, [1]: empty
-    __shared__ float part[2][kGemvWarps][1][32][4];                    // double-buffered: one barrier a tile
+    __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
+    __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
     __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
-    const auto bar = [&](int which, int q, int slot) {
-        return static_cast<uint32_t>(__cvta_generic_to_shared(&bars[which][q][slot]));
-    };
-    if (threadIdx.x < kConsumerWarps * kRing) {
-        const int q = threadIdx.x / kRing, slot = threadIdx.x % kRing;
-        mbar_init(bar(0, q, slot), 1);  // the producer's arrival (with the bytes it expects)
-        mbar_init(bar(1, q, slot), 1);  // the consumer warp's lane 0
-    }
+    const TmaBars<kRing> bars{static_cast<uint32_t>(__cvta_generic_to_shared(bar_words))};
+    bars.init();
     if (threadIdx.x < 2) arrived[threadIdx.x] = 0, summed[threadIdx.x] = 0;
     mbar_init_fence();
     __syncthreads();  // the barriers initialised; the only block-wide barrier
@@ -69,23 +63,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if (lane != 0) return;
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
-        const int per_quarter = (nu + kConsumerWarps - 1) / kConsumerWarps;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const uint8_t* unit0 = (tile < second.from ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
-            // round-robin over the warps, so that each warp's ring fills as the warp drains it
-            for (int j = 0; j < per_quarter; ++j) {
-#pragma unroll
-                for (int q = 0; q < kConsumerWarps; ++q) {
-                    const int u = quarter_begin(nu, q) + j;
-                    if (u >= quarter_begin(nu, q + 1)) continue;
-                    const int slot = issued[q] % kRing;
-                    mbar_wait(bar(1, q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
-                    mbar_arrive_expect_tx(bar(0, q, slot), Sh::kChunk);
-                    bulk_copy_g2s(ring0 + (q * kRing + slot) * Sh::kChunk, unit0 + static_cast<long long>(u) * Sh::kChunk,
-                                  Sh::kChunk, bar(0, q, slot), policy);
-                    ++issued[q];
-                }
-            }
+            tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, unit0, nu, issued, policy);
         }
         return;
     }
@@ -93,8 +73,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     // a consumer warp: quarter `warp` of each of the block's tiles, unit by unit from its ring (tma_consume_units)
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
     const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
-    const uint32_t full0 = bar(0, warp, 0);  // slot s: full0 + 8 s; its empty barrier TmaBars::kEmpty bytes on
-    static_assert(sizeof(bars[0]) == TmaBars<kRing>::kEmpty, "tma_consume_units' barrier layout");
+    const uint32_t full0 = bars.full(warp, 0);
     const uint8_t* const ring_w = ring + warp * kRing * Sh::kChunk;
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)

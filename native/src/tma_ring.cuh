@@ -1,7 +1,6 @@
-// A block's weight rings fed by one producer thread's bulk copies (sm_90a): the consumer half of the producer-warp decode
-// GEMV (gemv_tma.cu, which keeps its own producer loop) and a producer half for kernels whose tiles change type, so
-// that a persistent kernel (ffn_persistent.cu's producer-warp form) streams its projections' tiles the same way, with
-// UnitMma's arithmetic in the same order: the same bits.
+// A block's weight rings fed by one producer thread's bulk copies (sm_90a): the two halves of the producer-warp decode
+// GEMV (gemv_tma.cu) as device functions, shared with the persistent FFN's producer-warp form (ffn_persistent.cu),
+// which streams its projections' tiles the same way, with UnitMma's arithmetic in the same order: the same bits.
 //
 // Block: kTmaConsumerWarps consumer warps, then one producer warp (only its lane 0 copies). Consumer warp q owns a ring
 // of kRing slots of kSlot bytes; a slot holds one unit of a 16-row tile in the tile layout (weight_layout.cuh: 16 rows
