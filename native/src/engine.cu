@@ -1295,6 +1295,22 @@ int attn_store_kv(openjet_engine& e, const LayerW& L, int t, int n_past, int rop
     return OPENJET_OK;
 }
 
+// The persistent FFN's arguments for layer L's FFN (the post-attention add-norm of h += e.mix, gate / up, the swiglu
+// pack, down into e.mix) of a decode step of t rows: what the trunk's layers and the MTP head share.
+FfnPersistentArgs ffn_launch_args(const openjet_engine& e, const LayerW& L, int t) {
+    const auto& c = e.cfg;
+    FfnPersistentArgs f;
+    f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
+    f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
+    f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
+    f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
+    f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
+    f.grid_sms = e.persistent_sms;
+    f.tma = e.ffn_tma > 0;
+    if (e.prof.on) f.profile = e.ffn_profile;
+    return f;
+}
+
 // The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
 // its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
 // `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
@@ -1328,12 +1344,24 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     mark(e, "mtp.draft.attn");  // (a draft step's parts in the profile: the caller marked mtp.draft.in)
     TRY(attn_mixer(e, L, t, row0, 1));
     mark(e, "mtp.draft.ffn");
-    CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps, nullptr,
-                               e.x, e.stream));
-    TRY(ffn(e, L, t));
+    // OPENJET_FFN_TMA: the head's FFN as one persistent launch in the producer-warp form, as the trunk's layers (2:
+    // with the head norm, its normed rows into e.mtp_hp); else, or where the launch does not take the layer, its
+    // launches.
+    FfnPersistentArgs f = ffn_launch_args(e, L, t);
+    if (e.ffn_tma == 2) f.next_norm = static_cast<const float*>(e.mtp_head_norm.d), f.next_a = e.mtp_hp;
+    const bool persistent = e.ffn_tma && !e.prefilling && L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled &&
+                            ffn_persistent_takes(f);
+    if (persistent) {
+        CHECK(launch_ffn_persistent(f, e.stream));
+    } else {
+        CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps,
+                                   nullptr, e.x, e.stream));
+        TRY(ffn(e, L, t));
+    }
     mark(e, "mtp.draft.head");
-    CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
-                               e.mtp_hp, e.x, e.stream));
+    if (!persistent || !f.next_norm)
+        CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
+                                   e.mtp_hp, e.x, e.stream));
     return gemv(e, e.draft_head(), t, nullptr, e.logits);
 }
 
@@ -1366,15 +1394,7 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     const int level = e.ffn_tma ? 1 : e.ffn_persistent;  // the producer-warp form has no tail and no projections
     const auto& c = e.cfg;
     const LayerW& L = e.layers[il];
-    FfnPersistentArgs f;
-    f.t = t, f.n_embd = c.n_embd, f.n_ff = c.n_ff, f.eps = c.rms_eps;
-    f.h = e.h, f.mix_in = e.mix, f.post_norm = static_cast<const float*>(L.post_norm.d), f.x = e.x;
-    f.gu_type = L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type : -1, f.down_type = L.ffn_down.type;
-    f.gate = L.ffn_gate.d, f.up = L.ffn_up.d, f.down = L.ffn_down.d, f.tiled = L.ffn_gate.tiled;
-    f.g_out = e.big1, f.u_out = e.big2, f.mix_out = e.mix, f.counters = e.ffn_counters;
-    f.grid_sms = e.persistent_sms;
-    f.tma = e.ffn_tma > 0;
-    if (e.prof.on) f.profile = e.ffn_profile;
+    FfnPersistentArgs f = ffn_launch_args(e, L, t);
     bool one_layout = L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled;
     if (level >= 2) {
         const DevTensor& w = L.attn ? L.wo : L.ssm_out;
