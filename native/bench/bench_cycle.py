@@ -2,7 +2,8 @@
 drafts, timed with their launches streamed and with OPENJET_BENCH_GRAPH=1 (each cycle replayed as one CUDA graph):
 issue 7's cycle ratio (4 drafts against none) both ways, and what the launches cost.
 
-    python3 native/bench/bench_cycle.py MODEL.gguf [--ctx 1024] [--steps 15] [--out cycle.json]
+    python3 native/bench/bench_cycle.py MODEL.gguf [--ctx 1024] [--steps 15] [--drafts 0,4] [--graph 0]
+                                        [--out cycle.json]
 
 Each timed cycle follows an untimed one from the same checkpoint, as bench_decode's cycle_greedy_ms (so a fused
 replay of the kept rows is inside it). The draft vocabulary is the first 32,768 ids (bench_decode takes its shipped
@@ -31,7 +32,7 @@ from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
 COUNTERS = ("cycle_graph_capture", "cycle_graph_replay")
 
 
-def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int,
+def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int, drafts: list[int],
               profile: dict | None = None) -> tuple[dict[int, float], dict[int, list]]:
     """Median ms of the timed cycles per draft count, and the graph captures / replays each count made (with the
     graph on, every timed cycle must be a replay: the keys repeat after two rounds). profile (streamed launches only):
@@ -48,7 +49,7 @@ def cycles_ms(path: str, graph: str, ctx: int, steps: int, warmup: int,
         token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))
         engine.checkpoint(state)
         out, graphs = {}, {}
-        for n in range(8):
+        for n in drafts:
             before = [kernels_test.launch_count(c) for c in COUNTERS]
             times = []
             for i in range(warmup + steps):
@@ -91,19 +92,32 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024, help="context before the cycles (default 1024, bench_decode's)")
     ap.add_argument("--steps", type=int, default=15, help="timed cycles per draft count (default 15)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds per draft count (default 3, at least 2)")
+    ap.add_argument("--drafts", default="0,1,2,3,4,5,6,7",
+                    help="the draft counts to time, comma-separated, each 0..7 (default all; the ratio needs 0 and 4)")
+    ap.add_argument("--graph", choices=("0", "1", "both"), default="both",
+                    help="streamed launches (0), CUDA graphs (1) or both (default)")
     ap.add_argument("--out", help="write the JSON here too")
     a = ap.parse_args()
     if a.ctx < 1 or a.steps < 1 or a.warmup < 2:
         ap.error("--ctx and --steps must be at least 1, --warmup at least 2 (the rounds that capture the graphs)")
-    result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps}
-    for graph in ("0", "1"):
+    try:
+        drafts = sorted({int(x) for x in a.drafts.split(",")})
+    except ValueError:
+        ap.error(f"--drafts {a.drafts!r}: comma-separated whole numbers, e.g. 0,4")
+    if not drafts or not all(0 <= n <= 7 for n in drafts):
+        ap.error(f"--drafts {a.drafts!r}: each count must be 0..7")
+    result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps,
+                    # the library's switches this run set (bench_decode's rule: a variant's JSON says what it measured)
+                    "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENJET_") and k not in
+                                 ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE", "OPENJET_API_KEY")}}
+    for graph in ("0", "1") if a.graph == "both" else (a.graph,):
         phases: dict | None = {} if graph == "0" else None
-        ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup, phases)
-        result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": round(ms[4] / ms[0], 3),
-                                    "graph_captures_replays": graphs}
+        ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup, drafts, phases)
+        ratio = round(ms[4] / ms[0], 3) if 0 in ms and 4 in ms else None
+        result[f"graph_{graph}"] = {"cycle_greedy_ms": ms, "ratio_4_over_0": ratio, "graph_captures_replays": graphs}
         if phases:
             result[f"graph_{graph}"]["profile_ms_per_cycle"] = phases  # issue 7's per-phase profile, streamed
-        print(f"OPENJET_BENCH_GRAPH={graph}: {ms} (4 / 0: {ms[4] / ms[0]:.3f})", file=sys.stderr)
+        print(f"OPENJET_BENCH_GRAPH={graph}: {ms} (4 / 0: {ratio})", file=sys.stderr)
     text = json.dumps(result, indent=1)
     if a.out:
         Path(a.out).write_text(text + "\n")

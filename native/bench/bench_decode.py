@@ -964,7 +964,8 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
         # the library's switches this run set (a variant's JSON says what it measured; docs/ENGINE.md "Switches")
         "switches": {k: v for k, v in sorted(os.environ.items())
-                     if k.startswith("OPENJET_") and k not in ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE")},
+                     if k.startswith("OPENJET_") and k not in ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE",
+                                                               "OPENJET_API_KEY")},
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
                       "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}
