@@ -272,8 +272,8 @@ __device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, 
 }
 
 // A launch's end, by every thread of each block once all its warps are past their last wait: the next kernel may
-// launch once every block is here (not before: its blocks could take the SMs this grid's unscheduled blocks need
-// while the scheduled ones spin). The last block out zeroes the scratch (no memset between launches, which would
+// launch once every block is here (the team kernel's rule; the producer-warp form lets it in at its down phase, once
+// every block is resident). The last block out zeroes the scratch (no memset between launches, which would
 // break the PDL chain; the next launch reads it after its pdl_wait, so after this kernel has finished) and closes
 // the profile's launch. grid_warps: the warps that took work (the profile's count).
 __device__ __forceinline__ void launch_done(const FfnPersistentArgs& a, int grid_warps) {
@@ -585,6 +585,10 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
             pack_items(a.g_out, t, a.n_ff, s + kSwigluMax, xs, grid_warp, grid_warps, s + kSwigluPacked, a.profile,
                        kProfAtSwigluPacked);
         }
+        // The next kernel may launch now, while down streams (its blocks take the room 3 of these leave on an SM and
+        // fill their rings, as a GEMV after the default's down GEMV does): the launch waits for every block of this
+        // grid to get here or end, so all of them are resident by then and none can be kept off an SM by it.
+        pdl_launch_dependents();
         // 4. down, once every 32-block is packed
         if (static_cast<int>(blockIdx.x) < d_tiles) warp_wait(s + kSwigluPacked, t * nb);
         for (int i = blockIdx.x; i < d_tiles; i += gridDim.x)
