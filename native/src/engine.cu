@@ -179,7 +179,8 @@ struct openjet_engine {
     // layer's input projections) and its scratch.
     int ffn_persistent = 0;
     // OPENJET_FFN_TMA at create (an experiment: the same bits): the persistent FFN in its producer-warp form where it
-    // runs (ffn_tma_takes), whatever OPENJET_FFN_PERSISTENT says: 1 the FFN, 2 and the next norm (no tail).
+    // runs (ffn_tma_takes), whatever OPENJET_FFN_PERSISTENT says: 1 the FFN, 2 and the next norm, 3 also the tail
+    // (OPENJET_FFN_PERSISTENT=3's launch); the MTP head's FFN too (from 2 with its head norm).
     int ffn_tma = 0;
     int* ffn_counters = nullptr;
     unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
@@ -790,7 +791,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
-    e.ffn_tma = env_level("OPENJET_FFN_TMA", 2);
+    e.ffn_tma = env_level("OPENJET_FFN_TMA", 3);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
@@ -1344,11 +1345,11 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     mark(e, "mtp.draft.attn");  // (a draft step's parts in the profile: the caller marked mtp.draft.in)
     TRY(attn_mixer(e, L, t, row0, 1));
     mark(e, "mtp.draft.ffn");
-    // OPENJET_FFN_TMA: the head's FFN as one persistent launch in the producer-warp form, as the trunk's layers (2:
-    // with the head norm, its normed rows into e.mtp_hp); else, or where the launch does not take the layer, its
-    // launches.
+    // OPENJET_FFN_TMA: the head's FFN as one persistent launch in the producer-warp form, as the trunk's layers (from
+    // 2 with the head norm, its normed rows into e.mtp_hp; no tail: the mixer projected); else, or where the launch
+    // does not take the layer, its launches.
     FfnPersistentArgs f = ffn_launch_args(e, L, t);
-    if (e.ffn_tma == 2) f.next_norm = static_cast<const float*>(e.mtp_head_norm.d), f.next_a = e.mtp_hp;
+    if (e.ffn_tma >= 2) f.next_norm = static_cast<const float*>(e.mtp_head_norm.d), f.next_a = e.mtp_hp;
     const bool persistent = e.ffn_tma && !e.prefilling && L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled &&
                             ffn_persistent_takes(f);
     if (persistent) {
@@ -1386,12 +1387,12 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
 
 // Layer il's persistent FFN launch for a decode step of t rows (OPENJET_FFN_PERSISTENT): with 2, from the mixer's
 // output on (its pack and out projection inside the launch); with 3, also the next layer's input norm (the output
-// norm after the last layer); with 4, also the next layer's input projections. OPENJET_FFN_TMA instead: the FFN (1)
-// and the next norm (2) in the producer-warp form. False where it is off, a prefill, or the layer's weights are not
-// what the kernel takes: the separate launches then.
+// norm after the last layer); with 4, also the next layer's input projections. OPENJET_FFN_TMA instead: the FFN (1),
+// and the next norm (2), and the tail (3) in the producer-warp form. False where it is off, a prefill, or the layer's
+// weights are not what the kernel takes: the separate launches then.
 bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentArgs* out) {
     if ((!e.ffn_persistent && !e.ffn_tma) || e.prefilling) return false;
-    const int level = e.ffn_tma ? 1 : e.ffn_persistent;  // the producer-warp form has no tail and no projections
+    const int level = e.ffn_tma ? (e.ffn_tma == 3 ? 3 : 1) : e.ffn_persistent;  // the producer-warp form: no projections
     const auto& c = e.cfg;
     const LayerW& L = e.layers[il];
     FfnPersistentArgs f = ffn_launch_args(e, L, t);

@@ -480,20 +480,23 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     launch_done(a, grid_warps);
 }
-// The producer-warp form (FfnPersistentArgs::tma; sm_90a): the FFN (and the next norm where asked) on blocks of
-// four consumer warps fed by one producer thread's bulk copies (tma_ring.cuh, the decode default's way of streaming:
-// gemv_tma.cu). The producer walks the block's gate / up tiles, then its down tiles, and never waits on a counter,
+// The producer-warp form (FfnPersistentArgs::tma; sm_90a): the FFN (with the tail and the next norm where asked) on
+// blocks of four consumer warps fed by one producer thread's bulk copies (tma_ring.cuh, the decode default's way of
+// streaming: gemv_tma.cu). The producer walks the block's out tiles (with a tail), its gate / up tiles, then its down
+// tiles (16-row tiles throughout, as the default's GEMVs), and never waits on a counter,
 // only on its rings' empty slots, so a phase's first weights are in shared memory before its input is ready: the
 // weights-before-flags of docs/MEGAKERNEL.md with no pipeline to drain at a boundary. The consumer warps do what the
-// team kernel's warps do between tiles (the add-norm parts, the swiglu pair, the swiglu pack items, the next norm) and
+// team kernel's warps do between tiles (the tail's pack items, the add-norm parts, the swiglu pair, the swiglu pack
+// items, the next norm) and
 // each tile as gemv_tma_kernel does it (a k quarter each, warp 0 summing in order: tile_sum_store): the same bits.
 // Every value a consumer reads that this launch wrote is read from L2 or lies in lines no SM read earlier in the
-// launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows..).
+// launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows.., the tail's at tail_row0).
 constexpr int kTmaRing = 4;       // units in flight per consumer warp
 constexpr int kTmaMinBlocks = 3;  // blocks per SM the registers are cut for (128 a thread)
 
-template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {
-    return TmaUnit<kQ4_K>::kChunk > TmaUnit<QD>::kChunk ? TmaUnit<kQ4_K>::kChunk : TmaUnit<QD>::kChunk;
+template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {  // the largest unit: Q4_K, Q5_K (tails), QD
+    constexpr int tail = TmaUnit<kQ4_K>::kChunk > TmaUnit<kQ5_K>::kChunk ? TmaUnit<kQ4_K>::kChunk : TmaUnit<kQ5_K>::kChunk;
+    return tail > TmaUnit<QD>::kChunk ? tail : TmaUnit<QD>::kChunk;
 }
 template <int QD> constexpr int tma_smem_bytes() {  // +16: a word read past a row's end
     return kTmaConsumerWarps * kTmaRing * tma_slot_bytes<QD>() + 16;
@@ -515,12 +518,25 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
     const int t = a.t, g_tiles = a.n_ff / kMmaRows, gu_tiles = 2 * g_tiles, d_tiles = a.n_embd / kMmaRows;
     const int nu_gu = a.n_embd / kUnitElems, nu_d = a.n_ff / kUnitElems;
     const int grid_warps = gridDim.x * kTmaConsumerWarps;
+    const bool tail = a.out_w != nullptr, q5 = a.out_type == kQ5_K;  // the out projection's type: Q5_K or Q4_K
+    const int o_tiles = tail ? a.n_embd / kMmaRows : 0, nu_o = a.k_out / kUnitElems;
 
     if (warp == kTmaConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
         if (lane == 0) {
             const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
             const uint64_t policy = l2_policy_evict_first();  // read once a step: leave L2 to the rest
             int issued[kTmaConsumerWarps] = {};
+            const uint8_t* out_w = static_cast<const uint8_t*>(a.out_w);
+            for (int i = blockIdx.x; i < o_tiles; i += gridDim.x) {
+                if (q5)
+                    tma_produce_tile<kQ5_K, kTmaRing, kSlot>(
+                        bars, ring0, out_w + static_cast<long long>(i) * nu_o * TmaUnit<kQ5_K>::kChunk, nu_o, issued,
+                        policy);
+                else
+                    tma_produce_tile<kQ4_K, kTmaRing, kSlot>(
+                        bars, ring0, out_w + static_cast<long long>(i) * nu_o * TmaUnit<kQ4_K>::kChunk, nu_o, issued,
+                        policy);
+            }
             for (int i = blockIdx.x; i < gu_tiles; i += gridDim.x) {
                 const bool up = i >= g_tiles;
                 const uint8_t* w = static_cast<const uint8_t*>(up ? a.up : a.gate);
@@ -561,12 +577,37 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
             }
             buf ^= 1;
         };
-        pdl_wait();  // the kernels before have finished: h, mix_in, and this scratch, zeroed by the last launch
+        pdl_wait();  // the kernels before have finished: y_in, h, mix_in, and this scratch, zeroed by the last launch
 
-        // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them)
-        if (grid_warp < kNormParts * t)
+        // 0. the tail: the mixer output's pack (a 32-block per warp at a time, in two steps over the same blocks: each
+        //    block's max |y| folded into its row's, then, once every block's is, the pack into rows past the swiglu
+        //    rows), then the out projection's tiles into mix_in
+        if (tail) {
+            const ActPack xy = a.x.from_row(tail_row0(a.n_ff, a.k_out), a.k_out);
+            const int nb_y = a.k_out / kActBlock;
+            if (fold_items(a.y_in, t, a.k_out, s + kTailMax, grid_warp, grid_warps, s + kTailMaxDone, a.profile,
+                           kProfAtTailMax)) {
+                warp_wait(s + kTailMaxDone, t * nb_y);
+                pack_items(a.y_in, t, a.k_out, s + kTailMax, xy, grid_warp, grid_warps, s + kTailPacked, a.profile,
+                           kProfAtTailPacked);
+            }
+            if (static_cast<int>(blockIdx.x) < o_tiles) warp_wait(s + kTailPacked, t * nb_y);
+            const auto out_stored = [&] { warp_release(s + kOutTiles, 1, o_tiles, a.profile, kProfAtOutTiles); };
+            for (int i = blockIdx.x; i < o_tiles; i += gridDim.x) {
+                if (q5)
+                    tile(std::integral_constant<int, kQ5_K>{}, nu_o, xy, a.k_out, a.n_embd, i * kMmaRows, a.mix_in,
+                         out_stored);
+                else
+                    tile(std::integral_constant<int, kQ4_K>{}, nu_o, xy, a.k_out, a.n_embd, i * kMmaRows, a.mix_in,
+                         out_stored);
+            }
+        }
+        // 1. the post-attention add-norm pack: warps 0..8t-1 (the launcher's grid has them), once mix_in is complete
+        if (grid_warp < kNormParts * t) {
+            if (tail) warp_wait(s + kOutTiles, o_tiles);
             add_norm_pack_part(a.h, a.mix_in, a.post_norm, a.n_embd, a.eps, a.x, nullptr, s + kNorm1, s + kNormPacked,
                                t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile, kProfAtNormPacked);
+        }
         // 2. gate, then up, once the pack is complete; the warp storing a pair's second tile makes its swiglu values
         if (static_cast<int>(blockIdx.x) < gu_tiles) warp_wait(s + kNormPacked, kNormParts * t);
         for (int i = blockIdx.x; i < gu_tiles; i += gridDim.x) {
@@ -726,7 +767,7 @@ bool ffn_persistent_takes(const FfnPersistentArgs& a) {
 }
 
 bool ffn_tma_takes(const FfnPersistentArgs& a) {
-    return a.tma && !a.out_w && !a.next_w[0] && a.tiled && ffn_persistent_takes(a) && gemv_tma_available();
+    return a.tma && !a.next_w[0] && a.tiled && ffn_persistent_takes(a) && gemv_tma_available();
 }
 
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream) {
