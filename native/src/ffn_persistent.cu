@@ -1,7 +1,7 @@
 // launch_ffn_persistent (ffn_persistent.cuh), in two forms with the same phases and bits: the team kernel below
 // (measured on the H200: the default's bits, slower at every level, its tiles streaming at ~64% of the standalone
 // GEMV's rate: docs/MEGAKERNEL.md, "Step 2 measured") and the producer-warp form further down (ffn_tma_kernel,
-// OPENJET_FFN_TMA: the FFN and the next norm on the decode default's block shape; not yet run).
+// OPENJET_FFN_TMA: the tail, the FFN and the next norm on the decode default's block shape; not yet run).
 //
 // The team kernel's block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
 // quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
@@ -56,7 +56,8 @@ constexpr int kSwigluPacked = 2;              // swiglu 32-blocks packed (t n_ff
 constexpr int kBlocksDone = 3;                // blocks finished: the last one zeroes the scratch for the next launch
 constexpr int kTailMaxDone = 4;               // the tail's 32-blocks whose max |y| is folded in
 constexpr int kTailPacked = 5;                // the tail's 32-blocks packed
-constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kHalfRows)
+constexpr int kOutTiles = 6;                  // out projection tiles stored (mix_in complete at n_embd / kHalfRows;
+                                              // the producer-warp form's at n_embd / 16)
 constexpr int kDownTiles = 7;                 // down tiles stored (mix_out complete at n_embd / 16)
 constexpr int kNextNormPacked = 8;            // the next norm's parts packed (phase 5)
 constexpr int kNextTiles = 9;                 // the next layer's input projection tiles stored (phase 6)
@@ -90,8 +91,9 @@ __host__ __device__ inline int next_row0(const FfnPersistentArgs& a) {
     return static_cast<int>(round_up32(past > rows_end ? past : rows_end));
 }
 
-// The out and the next input projections' tiles are half tiles (8 rows, gemv_tile_warp's same bits): with a third
-// tile type in the kernel, 16-row tiles (Q5_K's takes 128 registers in the decode GEMV alone) spilled here.
+// The team kernel's out and next input projections' tiles are half tiles (8 rows, gemv_tile_warp's same bits): with a
+// third tile type in the kernel, 16-row tiles (Q5_K's takes 128 registers in the decode GEMV alone) spilled there. (The
+// producer-warp form takes 16-row tiles throughout: a ring unit is a 16-row group's.)
 constexpr int kHalfRows = 8;
 static_assert(kPairs == kFfnScratchFixedInts, "ffn_persistent.cuh's count of the fixed part");
 
@@ -628,7 +630,10 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         }
         // The next kernel may launch now, while down streams (its blocks take the room 3 of these leave on an SM and
         // fill their rings, as a GEMV after the default's down GEMV does): the launch waits for every block of this
-        // grid to get here or end, so all of them are resident by then and none can be kept off an SM by it.
+        // grid to get here or end, so all of them are resident by then and none can be kept off an SM by it. (And
+        // every read of the rows at 0.. through L1 is done by then: block 0's warps all have pack items, so it gets
+        // here only after every gate / up tile is stored; what this launch still reads through L1 after it, the
+        // swiglu rows and h, the next two kernels do not write.)
         pdl_launch_dependents();
         // 4. down, once every 32-block is packed
         if (static_cast<int>(blockIdx.x) < d_tiles) warp_wait(s + kSwigluPacked, t * nb);
