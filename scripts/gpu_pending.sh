@@ -28,12 +28,12 @@
 #            one-call cycle's and the decode attention's (its kernels read the length through attn_cache_len now),
 #            then native/bench/bench_cycle.py (cycles of 0..7 drafts with the graph off and on). ~4 minutes.
 # PLAN=ffn   OPENJET_FFN_TMA (the persistent FFN on producer-warp blocks, written 2026-12-05 without a GPU): its bit
-#            tests (-k FFN_TMA: =1, =2, =3 against 0; =3 on grids of 1, 46 and 82 SMs; the in-kernel profile in
-#            order), then the T=1 / T=5 step with it off, =1 (the FFN) and =3 (from the tail to the next norm; the
-#            team kernel's level 1 was 12.7 against 9.3 ms: MEGAKERNEL.md), each JSON with the launches' phase profile
-#            (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =3 (bench_cycle, in
-#            cycles.tgz: the MTP head's FFN takes it too); last, =2 (the FFN and the next norm) and the default with
-#            OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
+#            tests (-k FFN_TMA: =1..4 against 0; =4 on grids of 1, 46 and 82 SMs; the in-kernel profile in order at
+#            =2 and =4), then the T=1 / T=5 step with it off, =1 (the FFN) and =4 (from the tail to the next layer's
+#            input projections; the team kernel's level 1 was 12.7 against 9.3 ms: MEGAKERNEL.md), each JSON with
+#            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
+#            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
+#            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -128,15 +128,15 @@ PY
     plan 170 "tests/test_gpu_engine.py -k FFN_TMA" ffn-bench ;;
   ffn-bench)
     trap pack_logs EXIT
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=0 OPENJET_FFN_TMA=1 OPENJET_FFN_TMA=3
-    for tma in 0 3; do  # the greedy cycle of 0 and 4 drafts, streamed, with its phase profile (the MTP head's FFN too)
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=0 OPENJET_FFN_TMA=1 OPENJET_FFN_TMA=4
+    for tma in 0 4; do  # the greedy cycle of 0 and 4 drafts, streamed, with its phase profile (the MTP head's FFN too)
       OPENJET_FFN_TMA=$tma timeout -k 10 90 python3 native/bench/bench_cycle.py "$MODEL" --drafts 0,4 --graph 0 \
         --steps 10 --warmup 2 --out "$OUT/cycle-ffn-tma-$tma.json" > /dev/null 2> "$OUT/cycle-ffn-tma-$tma.log"
       echo "== bench_cycle OPENJET_FFN_TMA=$tma (rc $?)"; tail -1 "$OUT/cycle-ffn-tma-$tma.log"
     done
     # (the device returns at most 8 files: five timings' JSON, these, logs.tgz and misc.tgz)
     (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -)
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=2 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
   *)
     echo "PLAN=graph, PLAN=attn, PLAN=cycle or PLAN=ffn (see the top of $0)" >&2
     exit 2 ;;

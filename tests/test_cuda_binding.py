@@ -650,7 +650,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_GDN_CHUNKED", "true", "1"),
                                              ("OPENJET_GEMV_HALF", "half", "auto"),
                                              ("OPENJET_FFN_PERSISTENT", "5", "4"),
-                                             ("OPENJET_FFN_TMA", "4", "3"),
+                                             ("OPENJET_FFN_TMA", "5", "4"),
                                              ("OPENJET_GEMV_CARVEOUT", "100", "max"),
                                              ("OPENJET_WEIGHT_LAYOUT", "1", "rows"),
                                              ("OPENJET_PACK_CLUSTER", "on", "2"),

@@ -577,7 +577,7 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
 
 @pytest.mark.parametrize("switch, counted, values",
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
-                          ("OPENJET_FFN_TMA", "ffn_persistent_tma", ("1", "2", "3")),
+                          ("OPENJET_FFN_TMA", "ffn_persistent_tma", ("1", "2", "3", "4")),
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
@@ -586,7 +586,8 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
     input projections, is what it takes); OPENJET_FFN_TMA (the persistent FFN in its producer-warp form, 1 the FFN,
-    2 and the next norm, 3 also the tail; the MTP head's FFN too); OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
+    2 and the next norm, 3 also the tail, 4 also the next layer's input projections; the MTP head's FFN too);
+    OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
     those with the last-arriver tile sum); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
     tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
@@ -659,10 +660,10 @@ def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
 
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 @pytest.mark.parametrize("switch, value, counted", [("OPENJET_FFN_PERSISTENT", "4", "ffn_persistent"),
-                                                    ("OPENJET_FFN_TMA", "3", "ffn_persistent_tma")])
+                                                    ("OPENJET_FFN_TMA", "4", "ffn_persistent_tma")])
 def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, switch, value, counted, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the persistent FFN's grid (every phase: OPENJET_FFN_PERSISTENT=4; the producer-warp
-    form from the tail to the next norm: OPENJET_FFN_TMA=3) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated;
+    form, every phase: OPENJET_FFN_TMA=4) sized for 1, 46 or 82 SMs (issue 7: the small cards' grids, emulated;
     1: a few blocks take every tile and pack item in turn) gives the launches' bits, as the whole grid does
     (test_decode_experiments_keep_every_bit): decode_sequence_logits on the small model against the switch at 0."""
     from openjet_launcher.engine import kernels_test as kt
@@ -701,15 +702,15 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
 
 
 @pytest.mark.parametrize("switch, value", [("OPENJET_FFN_PERSISTENT", "4"), ("OPENJET_FFN_TMA", "2"),
-                                           ("OPENJET_FFN_TMA", "3")])
+                                           ("OPENJET_FFN_TMA", "4")])
 def test_the_persistent_ffn_profile_times_its_phases_in_order(models, switch, value, monkeypatch):
     """The persistent FFN's in-kernel profile (OPENJET_FFN_PERSISTENT=4, or the producer-warp form with the next norm,
-    OPENJET_FFN_TMA=2, and from the tail on, =3, with the engine's profile on; engine.profile()'s "persistent_ffn"):
+    OPENJET_FFN_TMA=2, and with every phase, =4, with the engine's profile on; engine.profile()'s "persistent_ffn"):
     one launch per layer and decode step, and the phases end in the order their counters make them wait for each
     other (the tail's maxima, its pack, the out projection, the add-norm pack, gate / up, the swiglu pack, down, the
-    next norm; the next layer's input projections, which the last layer's launch has not, within the spans; the
-    producer-warp form has no projections, and at =2 no tail: those stay 0), all within the launches' spans; a reset
-    empties it, and with the profile off nothing is timed."""
+    next norm; the next layer's input projections, which the last layer's launch has not, within the spans; at =2 no
+    tail and no projections: those stay 0), all within the launches' spans; a reset empties it, and with the profile
+    off nothing is timed."""
     from openjet_launcher.engine import kernels_test as kt
     tma = switch == "OPENJET_FFN_TMA"
     if tma and not kt.gemv_tma_available():
@@ -731,15 +732,12 @@ def test_the_persistent_ffn_profile_times_its_phases_in_order(models, switch, va
         tail = ["tail_max_at_ns", "tail_packed_at_ns", "out_tiles_at_ns"]
         order = ["norm_packed_at_ns", "gate_up_at_ns", "swiglu_packed_at_ns", "down_at_ns", "next_norm_at_ns",
                  "span_ns"]
-        if tma:
-            assert p["next_proj_at_ns"] == 0, p
-        else:
-            # the input projections: in n_layer - 1 of the n_layer launches a step, each within its launch's span
-            assert 0 < p["next_proj_at_ns"] <= p["span_ns"], p
-        if tma and value == "2":
-            assert [p[k] for k in tail] == [0, 0, 0], p
+        if value == "2":
+            assert [p[k] for k in tail] == [0, 0, 0] and p["next_proj_at_ns"] == 0, p
         else:
             order = tail + order
+            # the input projections: in n_layer - 1 of the n_layer launches a step, each within its launch's span
+            assert 0 < p["next_proj_at_ns"] <= p["span_ns"], p
         times = [p[k] for k in order]
         assert 0 < times[0] and times == sorted(times), p
         assert "persistent_ffn" not in engine.profile(), "a reset leaves the accumulators empty"

@@ -179,8 +179,9 @@ struct openjet_engine {
     // layer's input projections) and its scratch.
     int ffn_persistent = 0;
     // OPENJET_FFN_TMA at create (an experiment: the same bits): the persistent FFN in its producer-warp form where it
-    // runs (ffn_tma_takes), whatever OPENJET_FFN_PERSISTENT says: 1 the FFN, 2 and the next norm, 3 also the tail
-    // (OPENJET_FFN_PERSISTENT=3's launch); the MTP head's FFN too (from 2 with its head norm).
+    // runs (ffn_tma_takes), whatever OPENJET_FFN_PERSISTENT says: 1 the FFN, 2 and the next norm, 3 also the tail, 4
+    // also the next layer's input projections (3 and 4: OPENJET_FFN_PERSISTENT=3's and 4's launches); the MTP head's
+    // FFN too (from 2 with its head norm).
     int ffn_tma = 0;
     int* ffn_counters = nullptr;
     unsigned long long* ffn_profile = nullptr;  // its in-kernel profile (FfnProfile), timed while prof.on
@@ -791,7 +792,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
-    e.ffn_tma = env_level("OPENJET_FFN_TMA", 3);
+    e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
@@ -1388,11 +1389,11 @@ int mtp_fill(openjet_engine& e, const int32_t* ids, const float* hs, int t, int 
 // Layer il's persistent FFN launch for a decode step of t rows (OPENJET_FFN_PERSISTENT): with 2, from the mixer's
 // output on (its pack and out projection inside the launch); with 3, also the next layer's input norm (the output
 // norm after the last layer); with 4, also the next layer's input projections. OPENJET_FFN_TMA instead: the FFN (1),
-// and the next norm (2), and the tail (3) in the producer-warp form. False where it is off, a prefill, or the layer's
-// weights are not what the kernel takes: the separate launches then.
+// and the next norm (2), and the tail (3), and the next layer's input projections (4) in the producer-warp form. False
+// where it is off, a prefill, or the layer's weights are not what the kernel takes: the separate launches then.
 bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentArgs* out) {
     if ((!e.ffn_persistent && !e.ffn_tma) || e.prefilling) return false;
-    const int level = e.ffn_tma ? (e.ffn_tma == 3 ? 3 : 1) : e.ffn_persistent;  // the producer-warp form: no projections
+    const int level = e.ffn_tma ? (e.ffn_tma >= 3 ? e.ffn_tma : 1) : e.ffn_persistent;  // (its 2: level 1 + next norm)
     const auto& c = e.cfg;
     const LayerW& L = e.layers[il];
     FfnPersistentArgs f = ffn_launch_args(e, L, t);

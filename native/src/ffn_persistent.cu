@@ -1,10 +1,11 @@
 // launch_ffn_persistent (ffn_persistent.cuh), in two forms with the same phases and bits: the team kernel below
 // (measured on the H200: the default's bits, slower at every level, its tiles streaming at ~64% of the standalone
 // GEMV's rate: docs/MEGAKERNEL.md, "Step 2 measured") and the producer-warp form further down (ffn_tma_kernel,
-// OPENJET_FFN_TMA: the tail, the FFN and the next norm on the decode default's block shape; not yet run).
+// OPENJET_FFN_TMA: the tail, the FFN, the next norm and the next layer's input projections on the decode default's
+// block shape; not yet run).
 //
-// The team kernel's block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp i over k
-// quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
+// The team kernel's block = kTeams teams of 4 warps; a team does what one decode GEMV block does (a 16-row tile, warp
+// i over k quarter i, its warp 0 adding the quarters in order), synced by a named barrier of its own. Phases:
 //   0. with a tail only: every warp, the mixer output's pack, 32-blocks grid-strided, in two steps (each block's
 //      max |y| folded into its row's; once all are, the pack into rows past the swiglu rows: tail_row0)
 //                                                                                          -> kTailPacked += n
@@ -482,26 +483,57 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     launch_done(a, grid_warps);
 }
-// The producer-warp form (FfnPersistentArgs::tma; sm_90a): the FFN (with the tail and the next norm where asked) on
-// blocks of four consumer warps fed by one producer thread's bulk copies (tma_ring.cuh, the decode default's way of
-// streaming: gemv_tma.cu). The producer walks the block's out tiles (with a tail), its gate / up tiles, then its down
-// tiles (16-row tiles throughout, as the default's GEMVs), and never waits on a counter,
+// The producer-warp form (FfnPersistentArgs::tma; sm_90a): the FFN (with the tail, the next norm and the next layer's
+// input projections where asked) on blocks of four consumer warps fed by one producer thread's bulk copies
+// (tma_ring.cuh, the decode default's way of streaming: gemv_tma.cu). The producer walks the block's out tiles (with a
+// tail), its gate / up tiles, its down tiles, then its next projections' tiles (16-row tiles throughout, as the
+// default's GEMVs), and never waits on a counter,
 // only on its rings' empty slots, so a phase's first weights are in shared memory before its input is ready: the
 // weights-before-flags of docs/MEGAKERNEL.md with no pipeline to drain at a boundary. The consumer warps do what the
 // team kernel's warps do between tiles (the tail's pack items, the add-norm parts, the swiglu pair, the swiglu pack
 // items, the next norm) and
 // each tile as gemv_tma_kernel does it (a k quarter each, warp 0 summing in order: tile_sum_store): the same bits.
 // Every value a consumer reads that this launch wrote is read from L2 or lies in lines no SM read earlier in the
-// launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows.., the tail's at tail_row0).
+// launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows.., the tail's at tail_row0, the
+// next norm's at next_row0 where the next projections read them here).
 constexpr int kTmaRing = 4;       // units in flight per consumer warp
 constexpr int kTmaMinBlocks = 3;  // blocks per SM the registers are cut for (128 a thread)
 
-template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {  // the largest unit: Q4_K, Q5_K (tails), QD
-    constexpr int tail = TmaUnit<kQ4_K>::kChunk > TmaUnit<kQ5_K>::kChunk ? TmaUnit<kQ4_K>::kChunk : TmaUnit<kQ5_K>::kChunk;
-    return tail > TmaUnit<QD>::kChunk ? tail : TmaUnit<QD>::kChunk;
+// A ring slot: the largest unit of the types a launch may stream (Q4_K and Q5_K tails, Q4_K gate / up, Q4_K or Q6_K
+// down and next projections), Q6_K's.
+template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {
+    constexpr int q6 = TmaUnit<kQ6_K>::kChunk;
+    static_assert(q6 >= TmaUnit<kQ5_K>::kChunk && q6 >= TmaUnit<kQ4_K>::kChunk && q6 >= TmaUnit<QD>::kChunk,
+                  "Q6_K's unit the largest");
+    return TmaUnit<kQ6_K>::kChunk;
 }
 template <int QD> constexpr int tma_smem_bytes() {  // +16: a word read past a row's end
     return kTmaConsumerWarps * kTmaRing * tma_slot_bytes<QD>() + 16;
+}
+
+// The next layer's input projections' 16-row tiles, the matrices' in turn (selects, not indexing: a dynamic index into
+// the parameter arrays put them on the stack).
+__host__ __device__ inline int next_tile_count(const FfnPersistentArgs& a) {
+    if (!a.next_w[0]) return 0;
+    return a.next_n[0] / kMmaRows + (a.next_w[1] ? a.next_n[1] / kMmaRows : 0) +
+           (a.next_w[2] ? a.next_n[2] / kMmaRows : 0);
+}
+struct NextTile {
+    const uint8_t* w;  // its matrix
+    int n, row0;       // the matrix's rows, the tile's first
+    float* y;
+    bool q6;           // Q6_K, else Q4_K
+};
+__device__ __forceinline__ NextTile next_tile(const FfnPersistentArgs& a, int i) {
+    const int t0 = a.next_n[0] / kMmaRows, t1 = a.next_w[1] ? a.next_n[1] / kMmaRows : 0;
+    const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
+    NextTile nt;
+    nt.w = static_cast<const uint8_t*>(m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2]);
+    nt.n = m == 0 ? a.next_n[0] : m == 1 ? a.next_n[1] : a.next_n[2];
+    nt.row0 = r * kMmaRows;
+    nt.y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
+    nt.q6 = (m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2]) == kQ6_K;
+    return nt;
 }
 
 template <int QD>
@@ -522,6 +554,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
     const int grid_warps = gridDim.x * kTmaConsumerWarps;
     const bool tail = a.out_w != nullptr, q5 = a.out_type == kQ5_K;  // the out projection's type: Q5_K or Q4_K
     const int o_tiles = tail ? a.n_embd / kMmaRows : 0, nu_o = a.k_out / kUnitElems;
+    const int next_tiles = next_tile_count(a);
 
     if (warp == kTmaConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
         if (lane == 0) {
@@ -551,6 +584,16 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
                     bars, ring0,
                     static_cast<const uint8_t*>(a.down) + static_cast<long long>(i) * nu_d * TmaUnit<QD>::kChunk, nu_d,
                     issued, policy);
+            for (int i = blockIdx.x; i < next_tiles; i += gridDim.x) {
+                const NextTile nt = next_tile(a, i);
+                const long long units0 = static_cast<long long>(nt.row0 / kMmaRows) * nu_gu;  // the tile's first unit
+                if (nt.q6)
+                    tma_produce_tile<kQ6_K, kTmaRing, kSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ6_K>::kChunk, nu_gu,
+                                                             issued, policy);
+                else
+                    tma_produce_tile<kQ4_K, kTmaRing, kSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ4_K>::kChunk, nu_gu,
+                                                             issued, policy);
+            }
         }
         __syncwarp();
         pdl_wait();  // (pdl.cuh's rule: launch_done's last block writes the scratch with every thread, these too)
@@ -633,7 +676,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         // grid to get here or end, so all of them are resident by then and none can be kept off an SM by it. (And
         // every read of the rows at 0.. through L1 is done by then: block 0's warps all have pack items, so it gets
         // here only after every gate / up tile is stored; what this launch still reads through L1 after it, the
-        // swiglu rows and h, the next two kernels do not write.)
+        // swiglu rows, h and the next norm's rows, no later kernel writes before this one has ended.)
         pdl_launch_dependents();
         // 4. down, once every 32-block is packed
         if (static_cast<int>(blockIdx.x) < d_tiles) warp_wait(s + kSwigluPacked, t * nb);
@@ -641,13 +684,24 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
             tile(std::integral_constant<int, QD>{}, nu_d, xs, a.n_ff, a.n_embd, i * kMmaRows, a.mix_out,
                  [&] { warp_release(s + kDownTiles, 1, d_tiles, a.profile, kProfAtDown); });
         // 5. the next norm where asked (the next layer's input norm, or the output norm): h += mix_out, packed into
-        //    rows 0.. (read by the kernels after this one) and copied as floats to next_a, by warps 0..8t-1 once every
-        //    down tile is stored
+        //    rows 0.. (read by the kernels after this one; rows of their own, next_row0, where phase 6 reads them
+        //    here) and copied as floats to next_a, by warps 0..8t-1 once every down tile is stored
+        const ActPack xn = a.x.from_row(next_row0(a), a.n_embd);
         if (a.next_norm && grid_warp < kNormParts * t) {
             warp_wait(s + kDownTiles, d_tiles);
-            add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, a.x, a.next_a, s + kNorm2,
+            add_norm_pack_part(a.h, a.mix_out, a.next_norm, a.n_embd, a.eps, xn, a.next_a, s + kNorm2,
                                s + kNextNormPacked, t, grid_warp / kNormParts, grid_warp % kNormParts, a.profile,
                                kProfAtNextNorm);
+        }
+        // 6. the next layer's input projections where asked, once the next norm is packed
+        if (next_tiles > 0 && static_cast<int>(blockIdx.x) < next_tiles) warp_wait(s + kNextNormPacked, kNormParts * t);
+        for (int i = blockIdx.x; i < next_tiles; i += gridDim.x) {
+            const NextTile nt = next_tile(a, i);
+            const auto stored = [&] { warp_release(s + kNextTiles, 1, next_tiles, a.profile, kProfAtNextProj); };
+            if (nt.q6)
+                tile(std::integral_constant<int, kQ6_K>{}, nu_gu, xn, a.n_embd, nt.n, nt.row0, nt.y, stored);
+            else
+                tile(std::integral_constant<int, kQ4_K>{}, nu_gu, xn, a.n_embd, nt.n, nt.row0, nt.y, stored);
         }
     }
     launch_done(a, grid_warps);
@@ -772,7 +826,9 @@ bool ffn_persistent_takes(const FfnPersistentArgs& a) {
 }
 
 bool ffn_tma_takes(const FfnPersistentArgs& a) {
-    return a.tma && !a.next_w[0] && a.tiled && ffn_persistent_takes(a) && gemv_tma_available();
+    bool whole_tiles = true;  // (16-row tiles: a ring unit is a 16-row group's)
+    for (int m = 0; m < kFfnNextProjections; ++m) whole_tiles = whole_tiles && a.next_n[m] % kMmaRows == 0;
+    return a.tma && whole_tiles && a.tiled && ffn_persistent_takes(a) && gemv_tma_available();
 }
 
 cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t stream) {

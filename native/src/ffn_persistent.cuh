@@ -107,9 +107,9 @@ int ffn_tail_pack_row0(const FfnPersistentArgs& a);
 // launches.
 bool ffn_persistent_takes(const FfnPersistentArgs& a);
 
-// Whether the launch takes the producer-warp form: asked for (tma), no next layer's input projections (the FFN, with
-// the tail and the next norm where asked), the tile layout, and a 90a build on a 9.0 GPU (gemv_tma_available).
-// Otherwise, or where its blocks do not fit, the team kernel runs: the same bits either way.
+// Whether the launch takes the producer-warp form: asked for (tma), whole 16-row tiles in the next layer's input
+// projections, the tile layout, and a 90a build on a 9.0 GPU (gemv_tma_available). Otherwise, or where its blocks do
+// not fit, the team kernel runs: the same bits either way.
 bool ffn_tma_takes(const FfnPersistentArgs& a);
 
 // The launch on `stream` (PDL where pdl_enabled()). `counters` must be zero before the first launch (the engine's

@@ -64,7 +64,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const uint8_t* unit0 = (tile < second.from ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
+            const uint8_t* unit0 =
+                (tile < second.from ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
             tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, unit0, nu, issued, policy);
         }
         return;

@@ -51,8 +51,8 @@ template <int kRing> struct TmaBars {
 // ring0 + (q kRing + s) kSlot), quarter q's units to warp q, round-robin over the warps so that each ring fills as its
 // warp drains it. issued[q]: units warp q's ring has taken so far (their count gives the slot and its phase).
 template <int QT, int kRing, int kSlot>
-__device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uint32_t ring0, const uint8_t* unit0, int nu,
-                                                 int (&issued)[kTmaConsumerWarps], uint64_t policy) {
+__device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uint32_t ring0, const uint8_t* unit0,
+                                                 int nu, int (&issued)[kTmaConsumerWarps], uint64_t policy) {
     constexpr int kChunk = TmaUnit<QT>::kChunk;
     static_assert(kChunk <= kSlot, "a unit fits its slot");
     const int per_quarter = (nu + kTmaConsumerWarps - 1) / kTmaConsumerWarps;
@@ -71,10 +71,11 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
     }
 }
 
-// A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier of
-// its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
-// activation column and pack sums at unit 0 (UnitX); g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no
-// division per unit); it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
+// A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
+// of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
+// activation column and pack sums at unit 0 (UnitX); g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its
+// ring, counted as it goes (no division per unit); it waits on a vote (mbar_wait_warp: the loads after it keep their
+// uniform registers).
 template <int QT, int kRing, int kSlot>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,

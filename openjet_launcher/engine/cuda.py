@@ -117,7 +117,7 @@ KERNEL_SWITCHES = {
     "OPENJET_PREFILL_RESIDUAL": ("0", "1"),                 # engine.cu project_out (1: default)
     "OPENJET_ATTN_PREP_ROWS": ("0", "1"),                   # attn_decode.cu, attn_prep_rows (1: default)
     "OPENJET_FFN_PERSISTENT": ("0", "1", "2", "3", "4"),    # engine.cu, ffn_persistent (decode; read at load)
-    "OPENJET_FFN_TMA": ("0", "1", "2", "3"),                # engine.cu, ffn_tma (an experiment; read at load)
+    "OPENJET_FFN_TMA": ("0", "1", "2", "3", "4"),           # engine.cu, ffn_tma (an experiment; read at load)
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
     "OPENJET_GEMV_INT": ("0", "1", "2"),                    # engine.cu, gemv_int (an experiment; read at load)
