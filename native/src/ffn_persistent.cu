@@ -274,6 +274,31 @@ __device__ __forceinline__ void swiglu_pair(const FfnPersistentArgs& a, int* s, 
             if (2 * tq + c < a.t) fold_max(s + kSwigluMax + 2 * tq + c, m[c]);
 }
 
+// The next layer's input projections' tiles of `rows` rows (the team kernel's half tiles, the producer-warp form's
+// 16-row ones), the matrices' in turn (selects, not indexing: a dynamic index into the parameter arrays put them on
+// the stack).
+__host__ __device__ inline int next_tile_count(const FfnPersistentArgs& a, int rows) {
+    if (!a.next_w[0]) return 0;
+    return a.next_n[0] / rows + (a.next_w[1] ? a.next_n[1] / rows : 0) + (a.next_w[2] ? a.next_n[2] / rows : 0);
+}
+struct NextTile {
+    const uint8_t* w;  // its matrix
+    int n, row0;       // the matrix's rows, the tile's first
+    float* y;
+    bool q6;           // Q6_K, else Q4_K
+};
+__device__ __forceinline__ NextTile next_tile(const FfnPersistentArgs& a, int i, int rows) {
+    const int t0 = a.next_n[0] / rows, t1 = a.next_w[1] ? a.next_n[1] / rows : 0;
+    const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
+    NextTile nt;
+    nt.w = static_cast<const uint8_t*>(m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2]);
+    nt.n = m == 0 ? a.next_n[0] : m == 1 ? a.next_n[1] : a.next_n[2];
+    nt.row0 = r * rows;
+    nt.y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
+    nt.q6 = (m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2]) == kQ6_K;
+    return nt;
+}
+
 // A launch's end, by every thread of each block once all its warps are past their last wait: the next kernel may
 // launch once every block is here (the team kernel's rule; the producer-warp form lets it in at its down phase, once
 // every block is resident). The last block out zeroes the scratch (no memset between launches, which would
@@ -461,24 +486,16 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 
     // 6. the next layer's input projections, where asked: every team, tiles of the (up to three) matrices in turn,
     //    waiting (after their first weight copies) until the next norm is packed
-    if (a.next_w[0]) {
-        // (selects, not indexing: a dynamic index into the parameter arrays put them on the stack)
-        const int t0 = a.next_n[0] / kHalfRows, t1 = a.next_w[1] ? a.next_n[1] / kHalfRows : 0;
-        const int all = t0 + t1 + (a.next_w[2] ? a.next_n[2] / kHalfRows : 0);
-        for (int i = team_id; i < all; i += n_teams) {
-            const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
-            const void* w = m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2];
-            const int n = m == 0 ? a.next_n[0] : m == 1 ? a.next_n[1] : a.next_n[2];
-            float* y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
-            const int type = m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2];
-            const auto next_tile = [&](auto qt) {  // half tiles, as the tail's (registers)
-                tile(qt, std::integral_constant<int, kHalfRows>{}, w, n, a.n_embd, r * kHalfRows, xn, y,
-                     [&] { warp_wait(s + kNextNormPacked, kNormParts * a.t); },
-                     [&] { warp_release(s + kNextTiles, 1, all, a.profile, kProfAtNextProj); });
-            };
-            if (type == kQ6_K) next_tile(std::integral_constant<int, kQ6_K>{});
-            else next_tile(std::integral_constant<int, kQ4_K>{});
-        }
+    const int next_tiles = next_tile_count(a, kHalfRows);
+    for (int i = team_id; i < next_tiles; i += n_teams) {
+        const NextTile nt = next_tile(a, i, kHalfRows);
+        const auto proj_tile = [&](auto qt) {  // half tiles, as the tail's (registers)
+            tile(qt, std::integral_constant<int, kHalfRows>{}, nt.w, nt.n, a.n_embd, nt.row0, xn, nt.y,
+                 [&] { warp_wait(s + kNextNormPacked, kNormParts * a.t); },
+                 [&] { warp_release(s + kNextTiles, 1, next_tiles, a.profile, kProfAtNextProj); });
+        };
+        if (nt.q6) proj_tile(std::integral_constant<int, kQ6_K>{});
+        else proj_tile(std::integral_constant<int, kQ4_K>{});
     }
 
     launch_done(a, grid_warps);
@@ -511,31 +528,6 @@ template <int QD> constexpr int tma_smem_bytes() {  // +16: a word read past a r
     return kTmaConsumerWarps * kTmaRing * tma_slot_bytes<QD>() + 16;
 }
 
-// The next layer's input projections' 16-row tiles, the matrices' in turn (selects, not indexing: a dynamic index into
-// the parameter arrays put them on the stack).
-__host__ __device__ inline int next_tile_count(const FfnPersistentArgs& a) {
-    if (!a.next_w[0]) return 0;
-    return a.next_n[0] / kMmaRows + (a.next_w[1] ? a.next_n[1] / kMmaRows : 0) +
-           (a.next_w[2] ? a.next_n[2] / kMmaRows : 0);
-}
-struct NextTile {
-    const uint8_t* w;  // its matrix
-    int n, row0;       // the matrix's rows, the tile's first
-    float* y;
-    bool q6;           // Q6_K, else Q4_K
-};
-__device__ __forceinline__ NextTile next_tile(const FfnPersistentArgs& a, int i) {
-    const int t0 = a.next_n[0] / kMmaRows, t1 = a.next_w[1] ? a.next_n[1] / kMmaRows : 0;
-    const int m = i < t0 ? 0 : i < t0 + t1 ? 1 : 2, r = i - (m == 0 ? 0 : m == 1 ? t0 : t0 + t1);
-    NextTile nt;
-    nt.w = static_cast<const uint8_t*>(m == 0 ? a.next_w[0] : m == 1 ? a.next_w[1] : a.next_w[2]);
-    nt.n = m == 0 ? a.next_n[0] : m == 1 ? a.next_n[1] : a.next_n[2];
-    nt.row0 = r * kMmaRows;
-    nt.y = m == 0 ? a.next_y[0] : m == 1 ? a.next_y[1] : a.next_y[2];
-    nt.q6 = (m == 0 ? a.next_type[0] : m == 1 ? a.next_type[1] : a.next_type[2]) == kQ6_K;
-    return nt;
-}
-
 template <int QD>
 __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(const FfnPersistentArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -554,7 +546,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
     const int grid_warps = gridDim.x * kTmaConsumerWarps;
     const bool tail = a.out_w != nullptr, q5 = a.out_type == kQ5_K;  // the out projection's type: Q5_K or Q4_K
     const int o_tiles = tail ? a.n_embd / kMmaRows : 0, nu_o = a.k_out / kUnitElems;
-    const int next_tiles = next_tile_count(a);
+    const int next_tiles = next_tile_count(a, kMmaRows);
 
     if (warp == kTmaConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
         if (lane == 0) {
@@ -585,7 +577,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
                     static_cast<const uint8_t*>(a.down) + static_cast<long long>(i) * nu_d * TmaUnit<QD>::kChunk, nu_d,
                     issued, policy);
             for (int i = blockIdx.x; i < next_tiles; i += gridDim.x) {
-                const NextTile nt = next_tile(a, i);
+                const NextTile nt = next_tile(a, i, kMmaRows);
                 const long long units0 = static_cast<long long>(nt.row0 / kMmaRows) * nu_gu;  // the tile's first unit
                 if (nt.q6)
                     tma_produce_tile<kQ6_K, kTmaRing, kSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ6_K>::kChunk, nu_gu,
@@ -696,7 +688,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         // 6. the next layer's input projections where asked, once the next norm is packed
         if (next_tiles > 0 && static_cast<int>(blockIdx.x) < next_tiles) warp_wait(s + kNextNormPacked, kNormParts * t);
         for (int i = blockIdx.x; i < next_tiles; i += gridDim.x) {
-            const NextTile nt = next_tile(a, i);
+            const NextTile nt = next_tile(a, i, kMmaRows);
             const auto stored = [&] { warp_release(s + kNextTiles, 1, next_tiles, a.profile, kProfAtNextProj); };
             if (nt.q6)
                 tile(std::integral_constant<int, kQ6_K>{}, nu_gu, xn, a.n_embd, nt.n, nt.row0, nt.y, stored);
@@ -735,11 +727,8 @@ cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
-    int next_tiles = 0;  // the largest phase's tiles, a team each at most
-    for (int m = 0; m < kFfnNextProjections && a.next_w[0]; ++m)
-        next_tiles += a.next_w[m] ? a.next_n[m] / kHalfRows : 0;
     const int tiles = std::max({2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows,
-                                a.out_w ? a.n_embd / kHalfRows : 0, next_tiles});
+                                a.out_w ? a.n_embd / kHalfRows : 0, next_tile_count(a, kHalfRows)});  // a team each
     const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
     const int least = (kNormParts * a.t + kTeams * kGemvWarps - 1) / (kTeams * kGemvWarps);  // phase 1's warps
     const int blocks = std::max(least, std::min(grid_sms * per_sm, (tiles + kTeams - 1) / kTeams));
