@@ -504,12 +504,11 @@ __global__ void __launch_bounds__(kTeams * kGemvWarps * 32, 1) ffn_persistent_ke
 // input projections where asked) on blocks of four consumer warps fed by one producer thread's bulk copies
 // (tma_ring.cuh, the decode default's way of streaming: gemv_tma.cu). The producer walks the block's out tiles (with a
 // tail), its gate / up tiles, its down tiles, then its next projections' tiles (16-row tiles throughout, as the
-// default's GEMVs), and never waits on a counter,
-// only on its rings' empty slots, so a phase's first weights are in shared memory before its input is ready: the
-// weights-before-flags of docs/MEGAKERNEL.md with no pipeline to drain at a boundary. The consumer warps do what the
-// team kernel's warps do between tiles (the tail's pack items, the add-norm parts, the swiglu pair, the swiglu pack
-// items, the next norm) and
-// each tile as gemv_tma_kernel does it (a k quarter each, warp 0 summing in order: tile_sum_store): the same bits.
+// default's GEMVs), and never waits on a counter, only on its rings' empty slots, so a phase's first weights are in
+// shared memory before its input is ready: the weights-before-flags of docs/MEGAKERNEL.md with no pipeline to drain
+// at a boundary. The consumer warps do what the team kernel's warps do between tiles (the tail's pack items, the
+// add-norm parts, the swiglu pair, the swiglu pack items, the next norm) and each tile as gemv_tma_kernel does it (a k
+// quarter each, warp 0 summing in order: tile_sum_store): the same bits.
 // Every value a consumer reads that this launch wrote is read from L2 or lies in lines no SM read earlier in the
 // launch, as in the team kernel (the norm rows at 0.., the swiglu rows at kActRows.., the tail's at tail_row0, the
 // next norm's at next_row0 where the next projections read them here).
