@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench_decode import run_switches  # noqa: E402  (this folder: the script's own, first on sys.path)
 from openjet_launcher.engine import kernels_test  # noqa: E402
 from openjet_launcher.engine.cuda import CudaEngine  # noqa: E402
 
@@ -107,9 +108,7 @@ def main() -> None:
     if not drafts or not all(0 <= n <= 7 for n in drafts):
         ap.error(f"--drafts {a.drafts!r}: each count must be 0..7")
     result: dict = {"model": a.model, "context": a.ctx, "steps": a.steps,
-                    # the library's switches this run set (bench_decode's rule: a variant's JSON says what it measured)
-                    "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENJET_") and k not in
-                                 ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE", "OPENJET_API_KEY")}}
+                    "switches": run_switches()}
     for graph in ("0", "1") if a.graph == "both" else (a.graph,):
         phases: dict | None = {} if graph == "0" else None
         ms, graphs = cycles_ms(a.model, graph, a.ctx, a.steps, a.warmup, drafts, phases)

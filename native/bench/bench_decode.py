@@ -85,6 +85,13 @@ ACCEPT_ISSUE8 = {"prefill_4096_tok_s_min": 10000.0, "prefill_32768_tok_s_min": 6
 
 # ------------------------------------------------------------------------------------------------- helpers
 
+def run_switches() -> dict[str, str]:
+    """The library's switches this run set (docs/ENGINE.md "Switches"), so that a variant's JSON says what it measured:
+    the OPENJET_ variables but the paths, the commit and the server's API key."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENJET_") and
+            k not in ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE", "OPENJET_API_KEY")}
+
+
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -963,9 +970,7 @@ def skeleton(args, shape: ModelShape, tb: dict[str, int], path: str) -> dict:
         "prefill_gemm": prefill_gemm(),
         "pdl": os.environ.get("OPENJET_PDL") != "0",  # programmatic dependent launch (native/src/pdl.cuh, sm_90+)
         # the library's switches this run set (a variant's JSON says what it measured; docs/ENGINE.md "Switches")
-        "switches": {k: v for k, v in sorted(os.environ.items())
-                     if k.startswith("OPENJET_") and k not in ("OPENJET_LIBRARY", "OPENJET_COMMIT", "OPENJET_CACHE",
-                                                               "OPENJET_API_KEY")},
+        "switches": run_switches(),
         "runs": {kv: {"kv_type": kv, "load_s": None, "n_ctx": None, "n_checkpoints": None, "has_mtp": None,
                       "memory": None, "device_memory": None,
                       "decode": [], "prefill": [], "fill_segments": [], "skipped": [], "notes": [], "error": None}

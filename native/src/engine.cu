@@ -1313,6 +1313,18 @@ FfnPersistentArgs ffn_launch_args(const openjet_engine& e, const LayerW& L, int 
     return f;
 }
 
+// The MTP head's FFN as one persistent launch (OPENJET_FFN_TMA, the producer-warp form, as the trunk's layers; from 2
+// with the head norm, its normed rows into e.mtp_hp; no tail: the head's mixer projected): false where it is off, a
+// prefill, or the layer is not what the launch takes (mtp_rows then launches the FFN's parts).
+bool mtp_persistent_ffn_args(const openjet_engine& e, int t, FfnPersistentArgs* out) {
+    if (!e.ffn_tma || e.prefilling) return false;
+    const LayerW& L = e.mtp;
+    FfnPersistentArgs f = ffn_launch_args(e, L, t);
+    if (e.ffn_tma >= 2) f.next_norm = static_cast<const float*>(e.mtp_head_norm.d), f.next_a = e.mtp_hp;
+    *out = f;
+    return L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled && ffn_persistent_takes(f);
+}
+
 // The MTP head over t pairs (ids [t] on the device; hidden rows: row 0's at hs0, rows 1.. at hs1 [t - 1, E]) at
 // its cache rows row0.. (qwen38.md §3.3): u = eh_proj [rms(E[x], enorm) || rms(h, hnorm)]; u += attn(rms(u)); with
 // `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
@@ -1346,13 +1358,8 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     mark(e, "mtp.draft.attn");  // (a draft step's parts in the profile: the caller marked mtp.draft.in)
     TRY(attn_mixer(e, L, t, row0, 1));
     mark(e, "mtp.draft.ffn");
-    // OPENJET_FFN_TMA: the head's FFN as one persistent launch in the producer-warp form, as the trunk's layers (from
-    // 2 with the head norm, its normed rows into e.mtp_hp; no tail: the mixer projected); else, or where the launch
-    // does not take the layer, its launches.
-    FfnPersistentArgs f = ffn_launch_args(e, L, t);
-    if (e.ffn_tma >= 2) f.next_norm = static_cast<const float*>(e.mtp_head_norm.d), f.next_a = e.mtp_hp;
-    const bool persistent = e.ffn_tma && !e.prefilling && L.ffn_up.tiled == f.tiled && L.ffn_down.tiled == f.tiled &&
-                            ffn_persistent_takes(f);
+    FfnPersistentArgs f;
+    const bool persistent = mtp_persistent_ffn_args(e, t, &f);
     if (persistent) {
         CHECK(launch_ffn_persistent(f, e.stream));
     } else {

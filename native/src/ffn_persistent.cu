@@ -339,7 +339,7 @@ template <int QG, int QD> __host__ __device__ constexpr int warp_words() {
 }
 
 // Dynamic shared memory: the teams' cp.async stages.
-template <int QG, int QD, int kTeams> size_t smem_bytes() {
+template <int QG, int QD, int kTeams> constexpr size_t smem_bytes() {
     return sizeof(uint4) * kTeams * kGemvWarps * warp_words<QG, QD>();
 }
 
@@ -517,20 +517,13 @@ constexpr int kTmaMinBlocks = 3;  // blocks per SM the registers are cut for (12
 
 // A ring slot: the largest unit of the types a launch may stream (Q4_K and Q5_K tails, Q4_K gate / up, Q4_K or Q6_K
 // down and next projections), Q6_K's.
-template <int QD> __host__ __device__ constexpr int tma_slot_bytes() {
-    constexpr int q6 = TmaUnit<kQ6_K>::kChunk;
-    static_assert(q6 >= TmaUnit<kQ5_K>::kChunk && q6 >= TmaUnit<kQ4_K>::kChunk && q6 >= TmaUnit<QD>::kChunk,
-                  "Q6_K's unit the largest");
-    return TmaUnit<kQ6_K>::kChunk;
-}
-template <int QD> constexpr int tma_smem_bytes() {  // +16: a word read past a row's end
-    return kTmaConsumerWarps * kTmaRing * tma_slot_bytes<QD>() + 16;
-}
+constexpr int kTmaSlot = TmaUnit<kQ6_K>::kChunk;
+static_assert(kTmaSlot >= TmaUnit<kQ5_K>::kChunk && kTmaSlot >= TmaUnit<kQ4_K>::kChunk, "Q6_K's unit the largest");
+constexpr int kTmaSmemBytes = kTmaConsumerWarps * kTmaRing * kTmaSlot + 16;  // +16: a word read past a row's end
 
 template <int QD>
 __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(const FfnPersistentArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int kSlot = tma_slot_bytes<QD>();
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kTmaRing>::kBytes / 8];
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
@@ -555,23 +548,23 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
             const uint8_t* out_w = static_cast<const uint8_t*>(a.out_w);
             for (int i = blockIdx.x; i < o_tiles; i += gridDim.x) {
                 if (q5)
-                    tma_produce_tile<kQ5_K, kTmaRing, kSlot>(
+                    tma_produce_tile<kQ5_K, kTmaRing, kTmaSlot>(
                         bars, ring0, out_w + static_cast<long long>(i) * nu_o * TmaUnit<kQ5_K>::kChunk, nu_o, issued,
                         policy);
                 else
-                    tma_produce_tile<kQ4_K, kTmaRing, kSlot>(
+                    tma_produce_tile<kQ4_K, kTmaRing, kTmaSlot>(
                         bars, ring0, out_w + static_cast<long long>(i) * nu_o * TmaUnit<kQ4_K>::kChunk, nu_o, issued,
                         policy);
             }
             for (int i = blockIdx.x; i < gu_tiles; i += gridDim.x) {
                 const bool up = i >= g_tiles;
                 const uint8_t* w = static_cast<const uint8_t*>(up ? a.up : a.gate);
-                tma_produce_tile<kQ4_K, kTmaRing, kSlot>(
+                tma_produce_tile<kQ4_K, kTmaRing, kTmaSlot>(
                     bars, ring0, w + static_cast<long long>(up ? i - g_tiles : i) * nu_gu * TmaUnit<kQ4_K>::kChunk,
                     nu_gu, issued, policy);
             }
             for (int i = blockIdx.x; i < d_tiles; i += gridDim.x)
-                tma_produce_tile<QD, kTmaRing, kSlot>(
+                tma_produce_tile<QD, kTmaRing, kTmaSlot>(
                     bars, ring0,
                     static_cast<const uint8_t*>(a.down) + static_cast<long long>(i) * nu_d * TmaUnit<QD>::kChunk, nu_d,
                     issued, policy);
@@ -579,11 +572,11 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
                 const NextTile nt = next_tile(a, i, kMmaRows);
                 const long long units0 = static_cast<long long>(nt.row0 / kMmaRows) * nu_gu;  // the tile's first unit
                 if (nt.q6)
-                    tma_produce_tile<kQ6_K, kTmaRing, kSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ6_K>::kChunk, nu_gu,
-                                                             issued, policy);
+                    tma_produce_tile<kQ6_K, kTmaRing, kTmaSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ6_K>::kChunk,
+                                                                nu_gu, issued, policy);
                 else
-                    tma_produce_tile<kQ4_K, kTmaRing, kSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ4_K>::kChunk, nu_gu,
-                                                             issued, policy);
+                    tma_produce_tile<kQ4_K, kTmaRing, kTmaSlot>(bars, ring0, nt.w + units0 * TmaUnit<kQ4_K>::kChunk,
+                                                                nu_gu, issued, policy);
             }
         }
         __syncwarp();
@@ -593,7 +586,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         const int grid_warp = blockIdx.x * kTmaConsumerWarps + warp, g = lane >> 2, tq = lane & 3;
         const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
         const uint32_t full0 = bars.full(warp, 0);
-        const uint8_t* const ring_w = ring + warp * kTmaRing * kSlot;
+        const uint8_t* const ring_w = ring + warp * kTmaRing * kTmaSlot;
         int slot = 0, buf = 0;
         uint32_t phase = 0;
         // A tile of the block: this warp's k quarter of its units from the ring, the four partials summed in order
@@ -601,9 +594,10 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         const auto tile = [&](auto qt, int nu, const ActPack& xin, int k, int n, int row0, float* y, auto stored) {
             constexpr int QT = decltype(qt)::value;
             float acc[1][4] = {};
-            tma_consume_units<QT, kTmaRing, kSlot>(full0, ring_w, quarter_begin(nu, warp), quarter_begin(nu, warp + 1),
-                                                   xin.h + col * k, xin.sum + col * (k / kActBlock) * 2, lane, g, tq,
-                                                   slot, phase, acc);
+            tma_consume_units<QT, kTmaRing, kTmaSlot>(full0, ring_w, quarter_begin(nu, warp),
+                                                      quarter_begin(nu, warp + 1), xin.h + col * k,
+                                                      xin.sum + col * (k / kActBlock) * 2, lane, g, tq, slot, phase,
+                                                      acc);
 #pragma unroll
             for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
             named_bar_sync(1, kTmaConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
@@ -685,7 +679,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
                                kProfAtNextNorm);
         }
         // 6. the next layer's input projections where asked, once the next norm is packed
-        if (next_tiles > 0 && static_cast<int>(blockIdx.x) < next_tiles) warp_wait(s + kNextNormPacked, kNormParts * t);
+        if (static_cast<int>(blockIdx.x) < next_tiles) warp_wait(s + kNextNormPacked, kNormParts * t);
         for (int i = blockIdx.x; i < next_tiles; i += gridDim.x) {
             const NextTile nt = next_tile(a, i, kMmaRows);
             const auto stored = [&] { warp_release(s + kNextTiles, 1, next_tiles, a.profile, kProfAtNextProj); };
@@ -699,40 +693,24 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
 #endif
 }
 
-// Blocks of the kernel resident per SM with `smem` bytes of dynamic shared memory, asked once per (kernel, size):
-// the attribute and occupancy calls cost the host microseconds each, and this runs once per layer of a decode step
-// (64 times a step at 27B; the first GPU run, 83ed0d8, asked them on every launch).
-template <int QG, int QD, int kTeams> cudaError_t resident_blocks(size_t smem, int* per_sm) {
-    auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
-    constexpr int threads = kTeams * kGemvWarps * 32;
-    static size_t cached_smem = 0;  // one pair per instantiation, i.e. per kernel
-    static int cached = 0;
-    if (cached_smem != smem) {
-        if (cudaError_t e =
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
-            return e;
-        if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached, kernel, threads, smem)) return e;
-        cached_smem = smem;
-    }
-    *per_sm = cached;
-    return cudaSuccess;
-}
-
 template <int QG, int QD, int kTeams>
 cudaError_t launch_teams(const FfnPersistentArgs& a, cudaStream_t stream) {
-    auto kernel = ffn_persistent_kernel<QG, QD, kTeams>;
-    const size_t smem = smem_bytes<QG, QD, kTeams>();
-    int sms = 0, per_sm = 0;
+    constexpr auto kKernel = ffn_persistent_kernel<QG, QD, kTeams>;
+    constexpr size_t kSmem = smem_bytes<QG, QD, kTeams>();
+    constexpr int kThreads = kTeams * kGemvWarps * 32;
+    // (asked once a kernel: the attribute and occupancy calls cost the host microseconds each, and this runs once per
+    // layer of a decode step; the first GPU run, 83ed0d8, asked them on every launch)
+    const int per_sm = resident_per_sm<kKernel, kThreads, kSmem>();
+    int sms = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-    if (cudaError_t e = resident_blocks<QG, QD, kTeams>(smem, &per_sm)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
     const int tiles = std::max({2 * ((a.n_ff + kMmaRows - 1) / kMmaRows), (a.n_embd + kMmaRows - 1) / kMmaRows,
                                 a.out_w ? a.n_embd / kHalfRows : 0, next_tile_count(a, kHalfRows)});  // a team each
-    const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
     const int least = (kNormParts * a.t + kTeams * kGemvWarps - 1) / (kTeams * kGemvWarps);  // phase 1's warps
-    const int blocks = std::max(least, std::min(grid_sms * per_sm, (tiles + kTeams - 1) / kTeams));
+    const int blocks =
+        std::max(least, std::min(grid_sm_count(sms, a.grid_sms) * per_sm, (tiles + kTeams - 1) / kTeams));
     if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
-    return launch_kernel(kernel, dim3(blocks), dim3(kTeams * kGemvWarps * 32), smem, stream, a);
+    return launch_kernel(kKernel, dim3(blocks), dim3(kThreads), kSmem, stream, a);
 }
 
 // Four teams where shared memory holds them (sm_90: 110-172 KB), else two (the 100 KB SMs of sm_86/89/120). The
@@ -754,28 +732,17 @@ template <int QG, int QD> cudaError_t launch_types(const FfnPersistentArgs& a, c
 // x the SMs (or grid_sms), at most a block per gate / up tile and at least phase 1's 8t warps.
 template <int QD> cudaError_t launch_tma(const FfnPersistentArgs& a, cudaStream_t stream) {
     constexpr auto kKernel = ffn_tma_kernel<QD>;
-    constexpr int kSmem = tma_smem_bytes<QD>();
-    static const int per_sm = [] {
-        int n = 0;
-        // The most shared memory an SM can take, asked for: the occupancy API counts with it, and a grid of spinning
-        // blocks must all be resident (with the driver's own choice, an SM configured for one or two blocks, e.g.
-        // after the GEMV before, could leave blocks unscheduled: the waits would trap after kWaitLimitNs).
-        if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
-            cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kTmaThreads, kSmem) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
-        return n;
-    }();
+    constexpr int kSmem = kTmaSmemBytes;
+    // The most shared memory an SM can take, asked for: the occupancy API counts with it, and a grid of spinning
+    // blocks must all be resident (with the driver's own choice, an SM configured for one or two blocks, e.g. after
+    // the GEMV before, could leave blocks unscheduled: the waits would trap after kWaitLimitNs).
+    const int per_sm = resident_per_sm<kKernel, kTmaThreads, kSmem>(true);
     int sms = 0;
     if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
     if (per_sm < 1) return cudaErrorNotSupported;
     const int tiles = 2 * (a.n_ff / kMmaRows);  // the largest phase (n_ff >= n_embd: ffn_persistent_takes)
-    const int grid_sms = a.grid_sms > 0 ? std::min(sms, a.grid_sms) : sms;  // a smaller GPU emulated
     const int least = (kNormParts * a.t + kTmaConsumerWarps - 1) / kTmaConsumerWarps;  // phase 1's warps
-    const int blocks = std::max(least, std::min(grid_sms * per_sm, tiles));
+    const int blocks = std::max(least, std::min(grid_sm_count(sms, a.grid_sms) * per_sm, tiles));
     if (blocks > sms * per_sm) return cudaErrorNotSupported;  // every block must be resident
     count_launch(Counted::kFfnPersistentTma);
     return launch_kernel(kKernel, dim3(blocks), dim3(kTmaThreads), kSmem, stream, a);

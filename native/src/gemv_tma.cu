@@ -145,25 +145,11 @@ bool carveout_max() {
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
 template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
-    struct Fit {
-        int per_sm = 0, sms = 0;
-    };
-    static const Fit fit = [] {
-        constexpr int kSmem = TmaShape<QT, kRing>::kSmemBytes;
-        constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
-        Fit f;
-        // (opted in first: without it a block of over 48 KB counts as not fitting)
-        if (smem_opted_in<kKernel, kSmem>() != cudaSuccess ||
-            (carveout_max() && cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                    cudaSharedmemCarveoutMaxShared) != cudaSuccess) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, kTmaThreads, kSmem) != cudaSuccess ||
-            device_attribute(cudaDevAttrMultiProcessorCount, &f.sms) != cudaSuccess) {
-            cudaGetLastError();
-            return Fit{};
-        }
-        return f;
-    }();
-    return fit.per_sm * (grid_sms > 0 && grid_sms < fit.sms ? grid_sms : fit.sms);
+    int sms = 0;
+    if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
+    return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>, kTmaThreads,
+                           TmaShape<QT, kRing>::kSmemBytes>(carveout_max()) *
+           grid_sm_count(sms, grid_sms);
 }
 
 template <int QT, int kRing, int kMinBlocks, bool kLastSum>

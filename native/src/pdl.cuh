@@ -80,6 +80,28 @@ template <auto kKernel, size_t kBytes> cudaError_t smem_opted_in() {
     return e;
 }
 
+// Blocks of kKernel (kThreads a block, kBytes of dynamic shared memory) resident per SM, asked once, after the opt-in
+// above (without it a block of over 48 KiB counts as not fitting) and, with max_carveout (the first call's), after
+// asking for the largest shared-memory carveout; 0 where a call failed. Resident grids size themselves by it.
+template <auto kKernel, int kThreads, size_t kBytes> int resident_per_sm(bool max_carveout = false) {
+    static const int n = [max_carveout] {
+        int per_sm = 0;
+        if (smem_opted_in<kKernel, kBytes>() != cudaSuccess ||
+            (max_carveout && cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess) ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, kBytes) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return per_sm;
+    }();
+    return n;
+}
+
+// The SMs a resident grid is sized for: the GPU's `sms`, or grid_sms where that is smaller and positive (a smaller
+// GPU emulated: the engine's OPENJET_PERSISTENT_SMS).
+inline int grid_sm_count(int sms, int grid_sms) { return grid_sms > 0 && grid_sms < sms ? grid_sms : sms; }
+
 // The same in thread-block clusters of cluster_x blocks along x (sm_90+; the kernel may use cluster APIs).
 template <class... Params, class... Args>
 cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
