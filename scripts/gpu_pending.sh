@@ -34,6 +34,10 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
+# PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py) while the model is written, then T=1 / T=5 with programmatic
+#            dependent launch off, OPENJET_FFN_TMA=0 and =1: whether the persistent FFN's loss (=1: 10.62 against
+#            8.99 ms at 9aad5a6 on an H100) is in the kernel or in how it overlaps its neighbours (its in-kernel
+#            profile counts from the first block's start, which PDL moves before the previous kernel's end). ~4 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -137,7 +141,12 @@ PY
     # (the device returns at most 8 files: five timings' JSON, these, logs.tgz and misc.tgz)
     (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -)
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
+  pdl)
+    plan 160 "tests/test_gpu_gemv.py -x" pdl-bench ;;
+  pdl-bench)
+    trap pack_logs EXIT
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle or PLAN=ffn (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn or PLAN=pdl (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -65,7 +66,8 @@ MANAGER_SCRIPT = textwrap.dedent('''
 ''')
 
 TRAY_SCRIPT = textwrap.dedent('''
-    import sys, threading
+    import faulthandler, signal, sys, threading
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack when stuck
     from pathlib import Path
     from openjet_launcher.launcher.menu import Effects, TrayController
     from openjet_launcher.launcher.supervisor import Supervisor, health_url
@@ -102,14 +104,25 @@ TRAY_SCRIPT = textwrap.dedent('''
 
 
 class Lines:
-    """A child's stdout read line by line with a deadline."""
+    """A child's stdout (or another of its streams) read line by line with a deadline."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen, stream=None):
         import queue
         import threading
 
+        stream = proc.stdout if stream is None else stream
         self.proc, self.q, self.seen = proc, queue.Queue(), []
-        threading.Thread(target=lambda: [self.q.put(x.rstrip("\n")) for x in proc.stdout], daemon=True).start()
+        threading.Thread(target=lambda: [self.q.put(x.rstrip("\n")) for x in stream], daemon=True).start()
+
+    def drain(self) -> list[str]:
+        """Every line read so far that no wait_for took."""
+        import queue
+
+        while True:
+            try:
+                self.seen.append(self.q.get_nowait())
+            except queue.Empty:
+                return self.seen
 
     def wait_for(self, prefix: str, timeout_s: float = 60) -> str:
         import queue
@@ -195,8 +208,9 @@ def test_tray_under_xvfb_start_stop_follow_the_server(xvfb, tmp_path):
     mgr = Lines(manager)
     cmd = serve_command(model, engine="reference", port=port, ctx=512, prefix=_serve_prefix())
     tray = subprocess.Popen([sys.executable, "-c", TRAY_SCRIPT, str(port), str(tmp_path / "logs"), *cmd], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = Lines(tray)
+    err = Lines(tray, stream=tray.stderr)
     try:
         mgr.wait_for("MANAGER", 90)
         assert out.wait_for("BACKEND", 60) == "BACKEND pystray._xorg no-menu"
@@ -241,6 +255,12 @@ def test_tray_under_xvfb_start_stop_follow_the_server(xvfb, tmp_path):
                 print(f"screenshot: {png}")
         if ready_png is not None:
             _check_icon_colours(ready_png, stopped_png, int(x), int(y))
+    except AssertionError as e:
+        # A stuck tray says where it is stuck: every thread's stack (faulthandler, SIGUSR1) and what it logged.
+        if tray.poll() is None:
+            tray.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+        raise AssertionError(f"{e}\ntray stderr:\n" + "\n".join(err.drain()[-200:])) from None
     finally:
         for p in (tray, manager):
             if p.poll() is None:
