@@ -306,3 +306,55 @@ def test_a_display_without_a_tray_manager_is_a_reason_to_run_in_the_terminal(xvf
     finally:
         manager.kill()
         manager.wait(10)
+
+
+ONE_CONNECTION_SCRIPT = textwrap.dedent('''
+    import sys, threading
+    import PIL.Image
+    import pystray
+    from openjet_launcher.launcher.tray import X11Side, _await_x11_loop_thread
+
+    icon = pystray.Icon("t", PIL.Image.new("RGB", (16, 16), (0, 160, 0)), "t")
+    if sys.argv[1] == "ours":
+        assert X11Side.attach(icon) is not None
+    foreign = []  # calls on the loop's connection from any thread but the loop's (run() below: the main thread)
+    def watch(name, f):
+        def call(*a, **k):
+            if threading.current_thread() is not threading.main_thread():
+                foreign.append(name)
+            return f(*a, **k)
+        return call
+    for name in ("flush", "send_event", "sync"):
+        setattr(icon._display, name, watch(name, getattr(icon._display, name)))
+    def setup(icon):
+        _await_x11_loop_thread(icon)
+        icon.visible = True             # pystray: _update_icon and _show, run on the loop
+        icon.title = "u"                # _update_title
+        icon.stop()                     # _stop: the loop ends
+    icon.run(setup)
+    print("FOREIGN", sorted(set(foreign)), flush=True)
+''')
+
+
+def test_the_icons_x_connection_is_its_loop_threads_alone(xvfb):
+    """pystray's X11 backend sends other threads' calls over the connection its loop reads, which python-xlib cannot
+    share (a flushing thread can leave the loop waiting for a reply forever: tray.py, X11Side): with X11Side those
+    calls reach the loop over a connection of our own, and the icon still shows, retitles and stops. pystray's own
+    way, as the control, does use the loop's connection from the setup thread."""
+    import importlib.util
+
+    for name in ("pystray", "PIL", "Xlib"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} not installed (pip install 'openjet-launcher[tray]')")
+    env = {**os.environ, "DISPLAY": xvfb, "PYSTRAY_BACKEND": "xorg"}
+    env.pop("WAYLAND_DISPLAY", None)
+    manager = subprocess.Popen([sys.executable, "-c", MANAGER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        Lines(manager).wait_for("MANAGER", 30)
+        runs = {way: subprocess.run([sys.executable, "-c", ONE_CONNECTION_SCRIPT, way], env=env, capture_output=True,
+                                    text=True, timeout=60) for way in ("pystrays", "ours")}
+    finally:
+        manager.kill()
+        manager.wait(10)
+    assert runs["ours"].returncode == 0 and runs["ours"].stdout.strip() == "FOREIGN []", runs["ours"]
+    assert runs["pystrays"].returncode == 0 and "flush" in runs["pystrays"].stdout, runs["pystrays"]

@@ -88,6 +88,7 @@ class Tray:
                                  menu=pystray.Menu(self._items))
         controller.menu_supported = bool(getattr(self.icon, "HAS_MENU", True))
         _listen_for_clicks_on_x11(self.icon)
+        self._x11 = X11Side.attach(self.icon)
         controller.on_change(self.refresh)
         self._notified: str | None = None
         self._watch: threading.Thread | None = None
@@ -169,8 +170,9 @@ class Tray:
         # Quit from elsewhere (Ctrl-C handler, tests) also ends the loop.
         self._watch = threading.Thread(target=self._wait_quit, daemon=True)
         self._watch.start()
-        threading.Thread(target=_nudge_x11_loop, args=(self.icon, self._loop_ended), name="openjet-tray-nudge",
-                         daemon=True).start()
+        if self._x11 is not None:
+            threading.Thread(target=self._x11.nudge_until, args=(self._loop_ended,), name="openjet-tray-nudge",
+                             daemon=True).start()
         try:
             self.icon.run(setup=setup)
         finally:
@@ -196,13 +198,17 @@ class Tray:
         self.controller.quit_requested.set()
 
 
-# pystray's X11 loop runs the other threads' calls (show, update, stop) from ClientMessages they send it, and
-# ends on its window's DestroyNotify. Under load it was seen to stay blocked in Xlib's select() with such an
-# event already read (python-xlib queues it while no thread waits for it): then the tray never appeared, or
-# Quit never returned (1 run in 5 of tests/test_tray_xvfb.py with two busy cores). Two remedies: a no-op
-# ClientMessage to the icon's window every NUDGE_S wakes a stuck select() (the loop then finds what was
-# queued); and STOP_GRACE_S after stop() the connection is shut down, which ends the loop for good (Xlib
-# raises, pystray logs it): the window is already gone then, nothing else is lost.
+# pystray's X11 backend (0.19.5) runs the other threads' calls (show, update, stop) on its loop thread: the caller
+# sends a ClientMessage to the icon's window and waits on a queue for the loop to run the call. pystray sends it over
+# the icon's own X connection, the one its loop reads, and python-xlib (0.33) cannot share a connection that way: a
+# thread that flushes while the loop thread waits for a reply returns early when data arrives that it does not read,
+# without waking that waiter, and the loop waits forever (faulthandler: the loop in get_geometry's reply under
+# pystray's _draw, our setup in pystray's queue; no icon; 1 run in ~30 of tests/test_tray_xvfb.py with three at once
+# on two busy cores, and in clean-clone CI runs). So X11Side sends those messages over a connection of our own: the
+# icon's connection is its loop thread's alone. The same connection nudges the loop every NUDGE_S (a no-op
+# ClientMessage: an earlier remedy for a select() seen stuck with an event already queued, from the same sharing),
+# and STOP_GRACE_S after stop() the loop's connection is shut down, which ends the loop for good (Xlib raises, pystray
+# logs it): the window is already gone then, nothing else is lost.
 STOP_GRACE_S = 3.0
 NUDGE_S = 0.5
 
@@ -227,32 +233,74 @@ def _await_x11_loop_thread(icon, timeout_s: float = LOOP_THREAD_WAIT_S) -> bool:
     return True
 
 
-def _nudge_x11_loop(icon, ended: threading.Event) -> None:
-    """Until the loop ends: a ClientMessage of an atom of our own to the icon's window, over our own connection."""
-    window = getattr(icon, "_window", None)
-    if type(icon).__module__ != "pystray._xorg" or window is None:
-        return
-    try:
-        import Xlib.X
+class X11Side:
+    """A second X connection for every thread but pystray's X11 loop: it carries their calls into the loop (in place
+    of pystray's sends over the loop's own connection) and the loop's nudges."""
+
+    # pystray's calls that run on its loop (Icon._rewrite_implementation) and the atom each is sent as
+    CALLS = ("_show", "_hide", "_update_icon", "_update_title", "_stop")
+
+    @classmethod
+    def attach(cls, icon) -> "X11Side | None":
+        """Route the icon's cross-thread calls through a connection of our own; None (pystray's own way kept) for
+        other backends or an X11 icon that does not look as expected (another pystray version)."""
+        if type(icon).__module__ != "pystray._xorg" or getattr(icon, "_window", None) is None:
+            return None
+        if not all(name in vars(icon) and hasattr(type(icon), name) for name in cls.CALLS) or \
+                not hasattr(icon, "_queue"):
+            return None
+        try:
+            return cls(icon)
+        except Exception:
+            return None
+
+    def __init__(self, icon):
         import Xlib.display
+
+        self.icon = icon
+        self.display = Xlib.display.Display()
+        self.display.set_error_handler(lambda *error: None)   # a message after the window is destroyed: BadWindow
+        self.window = self.display.create_resource_object("window", icon._window.id)
+        self.lock = threading.Lock()                             # one thread at a time on this connection
+        self.nudge_atom = self.display.intern_atom("_OPENJET_NUDGE")
+        for name in self.CALLS:                                  # pystray's atom names: '_PYSTRAY_%s' % name.upper()
+            atom = self.display.intern_atom(f"_PYSTRAY_{name.upper()}")
+            setattr(icon, name, self._call(getattr(type(icon), name).__get__(icon), atom))
+
+    def _call(self, original, atom):
+        icon = self.icon
+
+        def call() -> None:
+            if threading.current_thread().ident == icon._thread.ident:   # the loop itself (pystray's test)
+                original()
+                return
+            self.send(atom)
+            result = icon._queue.get()                            # the loop's handler puts True or exc_info
+            if result is not True:
+                raise result[1].with_traceback(result[2])
+        return call
+
+    def send(self, atom) -> None:
+        """A ClientMessage of `atom` to the icon's window (raises when the window or the server is gone)."""
+        import Xlib.X
         from Xlib.protocol import event
 
-        display = Xlib.display.Display()
-        display.set_error_handler(lambda *error: None)   # a nudge after the window is destroyed: BadWindow
-    except Exception:
-        return
-    try:
-        target = display.create_resource_object("window", window.id)
-        nudge = display.intern_atom("_OPENJET_NUDGE")
-        while not ended.wait(NUDGE_S):
-            try:
-                target.send_event(event.ClientMessage(window=target, client_type=nudge, data=(32, [0, 0, 0, 0, 0])),
-                                  event_mask=Xlib.X.NoEventMask)
-                display.flush()
-            except Exception:
-                return                      # the window or the server is gone
-    finally:
-        display.close()
+        with self.lock:
+            self.window.send_event(event.ClientMessage(window=self.window, client_type=atom,
+                                                       data=(32, [0, 0, 0, 0, 0])), event_mask=Xlib.X.NoEventMask)
+            self.display.flush()
+
+    def nudge_until(self, ended: threading.Event) -> None:
+        """Until the loop ends: a no-op message to the loop every NUDGE_S; then this connection closes."""
+        try:
+            while not ended.wait(NUDGE_S):
+                try:
+                    self.send(self.nudge_atom)
+                except Exception:
+                    return                      # the window or the server is gone
+        finally:
+            with self.lock:
+                self.display.close()
 
 
 def _wake_x11_loop(icon) -> None:
