@@ -679,6 +679,27 @@ def test_the_persistent_ffn_keeps_its_bits_on_smaller_grids(models, sms, switch,
     np.testing.assert_array_equal(out[value], out["0"], err_msg=f"{switch}={value}, OPENJET_PERSISTENT_SMS={sms}")
 
 
+def test_the_boundary_bench_counts_every_launch_and_arrival():
+    """bench_boundary.cu (the cost of a phase boundary, launch against grid barrier: issue 7's question) completes
+    whole: every launch of its hand-over graph ran (a graph that lost a launch counts less), every arriving warp of
+    every block arrived at every round (the device's count against rounds x grid x arrivals), each figure is a
+    positive time, and a grid that cannot be resident is an error, not a hang."""
+    from openjet_launcher.engine import kernels_test as kt
+    from openjet_launcher.engine.device_probe import probe
+
+    sms = probe()["devices"][0]["sm_count"]
+    rounds, runs = 40, 2
+    r = kt.bench_boundary(2, 160, 4, rounds, runs)
+    assert r["launches"] == [2 * rounds] * runs, r
+    assert r["arrivals"] == [rounds * sms * 2 * 4] * runs, r
+    assert all(0 < v < 1e4 for v in r["handover_us"] + r["barrier_us"]), r
+    write_report(test="boundary_bench", sm_count=sms, **r)
+    with pytest.raises(OpenJetError, match="resident"):
+        kt.bench_boundary(1000, 1024, 1, 1, 1)
+    with pytest.raises(OpenJetError, match="arrivals_per_block"):
+        kt.bench_boundary(1, 64, 3, 1, 1)
+
+
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the producer-warp decode GEMV's grid of resident blocks (gemv_tma.cu, the default where

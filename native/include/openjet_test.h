@@ -164,6 +164,14 @@ OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, in
 /* Device-to-device cudaMemcpy of `bytes`, `reps` times per run: gbps_out[i] = (read + written bytes) / s. */
 OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);
 
+/* A phase boundary's cost with no work on either side (bench_boundary.cu), on a grid of blocks_per_sm blocks a SM
+   of `threads` threads: per run, us_out[2 i] = one launch's hand-over to the next under PDL (a CUDA graph of
+   `rounds` launches), us_out[2 i + 1] = one grid-wide barrier round in a resident grid (arrivals_per_block warps of
+   each block arrive, every warp waits). counts_out[2 i] = launches counted (2 rounds: a warm graph and the timed
+   one), counts_out[2 i + 1] = arrivals counted (rounds x grid x arrivals_per_block). */
+OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block, int rounds,
+                                            int runs, float* us_out, int* counts_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,148 @@
+// openjet_test_bench_boundary: what a phase boundary costs on this GPU with no work on either side, the two ways
+// the engine has of passing one (issue 7's question: the persistent FFN's phases stream at the launches' rate, yet
+// each layer loses ~25 us at its edges, NOTES_gemv.md 2026-12-05).
+//   hand-over: one launch to the next under PDL (every decode kernel starts with pdl_wait, lets the next one in),
+//              timed as a CUDA graph of `rounds` launches so that the host's enqueue rate is not what is measured;
+//   barrier:   one grid-wide round inside a resident grid, as ffn_persistent.cu's phases pass one: each arriving warp
+//              fences and adds 1 to a counter, then every warp's lane 0 spins on an acquire load until the round's
+//              arrivals are all in.
+#include <cuda_runtime.h>
+
+#include "api_common.cuh"
+#include "openjet_test.h"
+#include "pdl.cuh"
+
+namespace {
+
+using namespace openjet;
+
+constexpr auto& fail = fail_in<Api::kTest>;
+
+int cuda_fail(cudaError_t e, const char* what) { return cuda_fail_in<Api::kTest>(e, what, "the grid's shape"); }
+
+// A round this long means an arrival never came (a block that was not resident): trap, an error and not a hang.
+constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__global__ void handover_kernel(int* launches) {
+    pdl_start();
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(launches, 1);  // (a count the caller checks)
+}
+
+__global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block) {
+    pdl_start();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int per_round = gridDim.x * arrivals_per_block;
+    for (int r = 1; r <= rounds; ++r) {
+        if (warp < arrivals_per_block) {
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) atomicAdd(counter, 1);
+        }
+        if (lane == 0 && load_acquire(counter) < r * per_round) {
+            const unsigned long long start = global_ns();
+            while (load_acquire(counter) < r * per_round) {
+                __nanosleep(32);
+                if (global_ns() - start > kWaitLimitNs) __trap();
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// The milliseconds `work` takes on `stream` (events around it).
+template <class Work> cudaError_t time_ms(cudaStream_t stream, const Work& work, float* ms) {
+    Event e0, e1;
+    if (cudaError_t e = cudaEventCreate(&e0.e)) return e;
+    if (cudaError_t e = cudaEventCreate(&e1.e)) return e;
+    if (cudaError_t e = cudaEventRecord(e0.e, stream)) return e;
+    if (cudaError_t e = work()) return e;
+    if (cudaError_t e = cudaEventRecord(e1.e, stream)) return e;
+    if (cudaError_t e = cudaEventSynchronize(e1.e)) return e;
+    return cudaEventElapsedTime(ms, e0.e, e1.e);
+}
+
+struct Stream {
+    cudaStream_t s = nullptr;
+    ~Stream() { if (s) cudaStreamDestroy(s); }
+};
+
+struct GraphExec {
+    cudaGraphExec_t g = nullptr;
+    ~GraphExec() { if (g) cudaGraphExecDestroy(g); }
+};
+
+}  // namespace
+
+extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
+                                                       int rounds, int runs, float* us_out, int* counts_out) {
+    if (blocks_per_sm < 1 || threads < 32 || threads > 1024 || threads % 32 || arrivals_per_block < 1 ||
+        arrivals_per_block > threads / 32 || rounds < 1 || runs < 1 || !us_out || !counts_out)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT,
+                    "bench_boundary: blocks_per_sm >= 1, threads a multiple of 32 up to 1024, arrivals_per_block "
+                    "1..threads/32, rounds and runs >= 1, outputs not null");
+    int dev = 0, sms = 0, per_sm = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_kernel, threads, 0));
+    if (blocks_per_sm > per_sm)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_boundary: %d blocks a SM of %d threads, at most %d resident",
+                    blocks_per_sm, threads, per_sm);
+    const int grid = sms * blocks_per_sm;
+    DevBuf counters;
+    CHECK(counters.alloc(2 * sizeof(int)));
+    int* launches = static_cast<int*>(counters.p);
+    int* counter = launches + 1;
+    Stream stream;
+    CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+
+    // The hand-over graph: `rounds` launches of the grid, captured once (PDL's edges kept in the graph).
+    GraphExec exec;
+    CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < rounds; ++i) {
+        const cudaError_t e = launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream.s, launches);
+        if (e != cudaSuccess) {
+            cudaGraph_t g = nullptr;
+            cudaStreamEndCapture(stream.s, &g);
+            if (g) cudaGraphDestroy(g);
+            CHECK(e);
+        }
+    }
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(stream.s, &graph));
+    const cudaError_t made = cudaGraphInstantiate(&exec.g, graph, 0);
+    cudaGraphDestroy(graph);
+    CHECK(made);
+
+    for (int r = 0; r < runs; ++r) {
+        float handover_ms = 0.0f, barrier_ms = 0.0f, empty_ms = 0.0f;
+        CHECK(cudaMemsetAsync(launches, 0, 2 * sizeof(int), stream.s));
+        CHECK(cudaGraphLaunch(exec.g, stream.s));  // warm
+        CHECK(time_ms(stream.s, [&] { return cudaGraphLaunch(exec.g, stream.s); }, &handover_ms));
+        CHECK(cudaMemcpy(&counts_out[2 * r], launches, sizeof(int), cudaMemcpyDeviceToHost));
+        // one barrier launch with `rounds` rounds against one with none: the rounds' time alone
+        CHECK(time_ms(stream.s, [&] {
+            return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 0,
+                                 arrivals_per_block);
+        }, &empty_ms));
+        CHECK(time_ms(stream.s, [&] {
+            return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, rounds,
+                                 arrivals_per_block);
+        }, &barrier_ms));
+        CHECK(cudaMemcpy(&counts_out[2 * r + 1], counter, sizeof(int), cudaMemcpyDeviceToHost));
+        us_out[2 * r] = handover_ms * 1e3f / rounds;
+        us_out[2 * r + 1] = (barrier_ms - empty_ms) * 1e3f / rounds;
+    }
+    return OPENJET_OK;
+}
