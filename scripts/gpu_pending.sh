@@ -34,9 +34,10 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
+# PLAN=boundary  the boundary bench alone (no model, ~1 minute): its test, then boundary-pdl-{1,0}.json as PLAN=pdl's.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py) and the boundary bench's while the model is written; the boundary
 #            bench (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's round, no work on
-#            either side, on several grids: boundary.json); then T=1 / T=5 with programmatic
+#            either side, on several grids: boundary-pdl-{1,0}.json); then T=1 / T=5 with programmatic
 #            dependent launch off, OPENJET_FFN_TMA=0 and =1: whether the persistent FFN's loss (=1: 10.62 against
 #            8.99 ms at 9aad5a6 on an H100) is in the kernel or in how it overlaps its neighbours (its in-kernel
 #            profile counts from the first block's start, which PDL moves before the previous kernel's end). ~4 minutes.
@@ -97,6 +98,27 @@ plan() {
   exec bash scripts/gpu_bench_engine.sh
 }
 
+# A boundary with no work on either side: a launch's hand-over under PDL against a grid barrier's round, on the
+# producer-warp FFN's grid (3 blocks a SM of 160 threads, 4 warps arriving) and others (bench_boundary.cu):
+# $OUT/boundary-pdl-1.json, and -pdl-0 with PDL off.
+boundary_bench() {
+  local pdl
+  for pdl in 1 0; do  # (the hand-over with PDL and without: a plain launch boundary)
+    OPENJET_PDL=$pdl timeout -k 10 60 python3 - > "$OUT/boundary-pdl-$pdl.json" 2> "$OUT/boundary-pdl-$pdl.log" <<'PY'
+import json, os, statistics
+from openjet_launcher.engine import kernels_test as kt
+rows = []
+for per_sm, threads, arrive in ((1, 160, 1), (1, 160, 4), (3, 160, 1), (3, 160, 4), (4, 128, 4), (2, 512, 16)):
+    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5)
+    rows.append({"blocks_per_sm": per_sm, "threads": threads, "arrivals_per_block": arrive,
+                 "handover_us": statistics.median(r["handover_us"]), "barrier_us": statistics.median(r["barrier_us"])})
+print(json.dumps({"bench": "bench_boundary", "pdl": os.environ["OPENJET_PDL"] != "0", "rows": rows}, indent=1))
+PY
+    echo "== bench_boundary OPENJET_PDL=$pdl (rc $?)"
+    python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/boundary-pdl-$pdl.json"
+  done
+}
+
 case "${1:-${PLAN:-}}" in
   graph)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'" graph-bench ;;
@@ -145,23 +167,19 @@ PY
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
   pdl)
     plan 160 "tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival -x" pdl-bench ;;
+  boundary)  # the boundary bench alone (no model): its test, then the bench
+    trap pack_logs EXIT
+    . scripts/device_common.sh
+    device_wheels || exit 2
+    build_engine /tmp/b "$OUT/build.log" || exit 1
+    export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
+    gpu_tests boundary-test 60 tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival
+    boundary_bench ;;
   pdl-bench)
     trap pack_logs EXIT
-    # a boundary with no work on either side: a launch's hand-over under PDL against a grid barrier's round, on the
-    # producer-warp FFN's grid (3 blocks a SM of 160 threads, 4 warps arriving) and others (bench_boundary.cu)
-    timeout -k 10 60 python3 - > "$OUT/boundary.json" 2> "$OUT/boundary.log" <<'PY'
-import json, statistics
-from openjet_launcher.engine import kernels_test as kt
-rows = []
-for per_sm, threads, arrive in ((1, 160, 1), (1, 160, 4), (3, 160, 1), (3, 160, 4), (4, 128, 4), (2, 512, 16)):
-    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5)
-    rows.append({"blocks_per_sm": per_sm, "threads": threads, "arrivals_per_block": arrive,
-                 "handover_us": statistics.median(r["handover_us"]), "barrier_us": statistics.median(r["barrier_us"])})
-print(json.dumps({"bench": "bench_boundary", "rows": rows}, indent=1))
-PY
-    echo "== bench_boundary (rc $?)"; python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/boundary.json"
+    boundary_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn or PLAN=pdl (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
 esac
