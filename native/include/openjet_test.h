@@ -165,12 +165,13 @@ OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, in
 OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);
 
 /* A phase boundary's cost with no work on either side (bench_boundary.cu), on a grid of blocks_per_sm blocks a SM
-   of `threads` threads: per run, us_out[2 i] = one launch's hand-over to the next under PDL (a CUDA graph of
-   `rounds` launches), us_out[2 i + 1] = one grid-wide barrier round in a resident grid (arrivals_per_block warps of
-   each block arrive, every warp waits). counts_out[2 i] = launches counted (2 rounds: a warm graph and the timed
-   one), counts_out[2 i + 1] = arrivals counted (rounds x grid x arrivals_per_block). */
+   of `threads` threads, a figure per run: handover_us[i] = one launch's hand-over to the next under PDL (a CUDA
+   graph of `rounds` launches, replayed), barrier_us[i] = one grid-wide barrier round in a resident grid
+   (arrivals_per_block warps of each block arrive, every warp waits). counts_out [1 + runs]: [0] the hand-over launches
+   counted (1 + (runs + 1) x rounds: a warm-up launch, a warm replay, the timed ones), [1 + i] the arrivals counted
+   in run i (rounds x grid x arrivals_per_block). */
 OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block, int rounds,
-                                            int runs, float* us_out, int* counts_out);
+                                            int runs, float* handover_us, float* barrier_us, int* counts_out);
 
 #ifdef __cplusplus
 }

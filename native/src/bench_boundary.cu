@@ -2,15 +2,18 @@
 // the engine has of passing one (issue 7's question: the persistent FFN's phases stream at the launches' rate, yet
 // each layer loses ~25 us at its edges, NOTES_gemv.md 2026-12-05).
 //   hand-over: one launch to the next under PDL (every decode kernel starts with pdl_wait, lets the next one in),
-//              timed as a CUDA graph of `rounds` launches so that the host's enqueue rate is not what is measured;
+//              timed as a CUDA graph of `rounds` launches (time_graph_replays) so that the host's enqueue rate is not
+//              what is measured;
 //   barrier:   one grid-wide round inside a resident grid, as ffn_persistent.cu's phases pass one: each arriving warp
 //              fences and adds 1 to a counter, then every warp's lane 0 spins on an acquire load until the round's
-//              arrivals are all in.
+//              arrivals are all in (grid_sync.cuh's warp_arrive and warp_wait, the kernel's own).
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <string>
 
 #include "api_common.cuh"
+#include "grid_sync.cuh"
 #include "openjet_test.h"
 #include "pdl.cuh"
 
@@ -22,21 +25,6 @@ constexpr auto& fail = fail_in<Api::kTest>;
 
 int cuda_fail(cudaError_t e, const char* what) { return cuda_fail_in<Api::kTest>(e, what, "the grid's shape"); }
 
-// A round this long means an arrival never came (a block that was not resident): trap, an error and not a hang.
-constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
-
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __global__ void handover_kernel(int* launches) {
     pdl_start();
     if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(launches, 1);  // (a count the caller checks)
@@ -44,22 +32,11 @@ __global__ void handover_kernel(int* launches) {
 
 __global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block) {
     pdl_start();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const int per_round = gridDim.x * arrivals_per_block;
-    for (int r = 1; r <= rounds; ++r) {
-        if (warp < arrivals_per_block) {
-            __threadfence();
-            __syncwarp();
-            if (lane == 0) atomicAdd(counter, 1);
-        }
-        if (lane == 0 && load_acquire(counter) < r * per_round) {
-            const unsigned long long start = global_ns();
-            while (load_acquire(counter) < r * per_round) {
-                __nanosleep(32);
-                if (global_ns() - start > kWaitLimitNs) __trap();
-            }
-        }
-        __syncwarp();
+    for (int r = 1; r <= rounds; ++r) {  // (the persistent FFN's phase boundary: grid_sync.cuh)
+        if (warp < arrivals_per_block) warp_arrive(counter, 1);
+        warp_wait(counter, r * per_round);
     }
 }
 
@@ -72,7 +49,8 @@ __global__ void delay_kernel(unsigned long long ns) {
 
 constexpr unsigned long long kDelayNs = 50'000;
 
-// The milliseconds `work` takes on `stream` (events around it; the delay kernel before the first).
+// The milliseconds `work` takes on `stream` (events around it; the delay kernel before the first). (The hand-over's
+// graph is timed by api_common.cuh's time_graph_replays: its replays keep the stream busy on their own.)
 template <class Work> cudaError_t time_ms(cudaStream_t stream, const Work& work, float* ms) {
     Event e0, e1;
     if (cudaError_t e = cudaEventCreate(&e0.e)) return e;
@@ -91,17 +69,13 @@ struct Stream {
     ~Stream() { if (s) cudaStreamDestroy(s); }
 };
 
-struct GraphExec {
-    cudaGraphExec_t g = nullptr;
-    ~GraphExec() { if (g) cudaGraphExecDestroy(g); }
-};
-
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
-                                                       int rounds, int runs, float* us_out, int* counts_out) {
+                                                       int rounds, int runs, float* handover_us, float* barrier_us,
+                                                       int* counts_out) {
     if (blocks_per_sm < 1 || threads < 32 || threads > 1024 || threads % 32 || arrivals_per_block < 1 ||
-        arrivals_per_block > threads / 32 || rounds < 1 || runs < 1 || !us_out || !counts_out)
+        arrivals_per_block > threads / 32 || rounds < 1 || runs < 1 || !handover_us || !barrier_us || !counts_out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT,
                     "bench_boundary: blocks_per_sm >= 1, threads a multiple of 32 up to 1024, arrivals_per_block "
                     "1..threads/32, rounds and runs >= 1, outputs not null");
@@ -113,46 +87,34 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_boundary: %d blocks a SM of %d threads, at most %d resident",
                     blocks_per_sm, threads, per_sm);
     const int grid = sms * blocks_per_sm;
-    if (static_cast<long long>(rounds) * grid * arrivals_per_block > INT_MAX)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_boundary: rounds x grid x arrivals_per_block past an int");
+    if (static_cast<long long>(rounds) * grid * arrivals_per_block > INT_MAX ||
+        1 + (static_cast<long long>(runs) + 1) * rounds > INT_MAX)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_boundary: rounds x grid x arrivals_per_block or the "
+                                                  "launches counted past an int");
     DevBuf counters;
     CHECK(counters.alloc(2 * sizeof(int)));
     int* launches = static_cast<int*>(counters.p);
     int* counter = launches + 1;
+    CHECK(cudaMemset(launches, 0, sizeof(int)));
+
+    // The hand-over: `rounds` launches of the grid as one CUDA graph (PDL's edges kept in it), replayed.
+    std::string failed;
+    const auto handover = [&](int, cudaStream_t stream) {
+        return launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream, launches);
+    };
+    if (cudaError_t e = time_graph_replays("handover_kernel", 1, rounds, runs, handover_us, handover, &failed))
+        return cuda_fail(e, failed.c_str());
+    CHECK(cudaMemcpy(&counts_out[0], launches, sizeof(int), cudaMemcpyDeviceToHost));
+
+    // The barrier: one launch with `rounds` rounds against one with none, after an untimed first launch.
     Stream stream;
     CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
-
-    // The hand-over graph: `rounds` launches of the grid, captured once (PDL's edges kept in the graph).
-    GraphExec exec;
-    CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < rounds; ++i) {
-        const cudaError_t e = launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream.s, launches);
-        if (e != cudaSuccess) {
-            cudaGraph_t g = nullptr;
-            cudaStreamEndCapture(stream.s, &g);
-            if (g) cudaGraphDestroy(g);
-            cudaGetLastError();  // (the launch's error is returned below, not left for a later check)
-            CHECK(e);
-        }
-    }
-    cudaGraph_t graph = nullptr;
-    CHECK(cudaStreamEndCapture(stream.s, &graph));
-    const cudaError_t made = cudaGraphInstantiate(&exec.g, graph, 0);
-    cudaGraphDestroy(graph);
-    CHECK(made);
-
-    // The barrier kernel's first launch, untimed (a first launch's costs out of run 0's figure).
     CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
     CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block));
     CHECK(cudaStreamSynchronize(stream.s));
-
     for (int r = 0; r < runs; ++r) {
-        float handover_ms = 0.0f, barrier_ms = 0.0f, empty_ms = 0.0f;
-        CHECK(cudaMemsetAsync(launches, 0, 2 * sizeof(int), stream.s));
-        CHECK(cudaGraphLaunch(exec.g, stream.s));  // warm
-        CHECK(time_ms(stream.s, [&] { return cudaGraphLaunch(exec.g, stream.s); }, &handover_ms));
-        CHECK(cudaMemcpy(&counts_out[2 * r], launches, sizeof(int), cudaMemcpyDeviceToHost));
-        // one barrier launch with `rounds` rounds against one with none: the rounds' time alone
+        float barrier_ms = 0.0f, empty_ms = 0.0f;
+        CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 0,
                                  arrivals_per_block);
@@ -161,9 +123,8 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, rounds,
                                  arrivals_per_block);
         }, &barrier_ms));
-        CHECK(cudaMemcpy(&counts_out[2 * r + 1], counter, sizeof(int), cudaMemcpyDeviceToHost));
-        us_out[2 * r] = handover_ms * 1e3f / rounds;
-        us_out[2 * r + 1] = (barrier_ms - empty_ms) * 1e3f / rounds;
+        CHECK(cudaMemcpy(&counts_out[1 + r], counter, sizeof(int), cudaMemcpyDeviceToHost));
+        barrier_us[r] = (barrier_ms - empty_ms) * 1e3f / rounds;
     }
     return OPENJET_OK;
 }

@@ -42,6 +42,7 @@
 #include "ffn_persistent.cuh"
 #include "gemv_mma.cuh"
 #include "gemv_tma.cuh"
+#include "grid_sync.cuh"
 #include "launch_count.h"
 #include "pdl.cuh"
 #include "tma_ring.cuh"
@@ -98,48 +99,17 @@ __host__ __device__ inline int next_row0(const FfnPersistentArgs& a) {
 constexpr int kHalfRows = 8;
 static_assert(kPairs == kFfnScratchFixedInts, "ffn_persistent.cuh's count of the fixed part");
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// A wait this long means a block never came (a grid the GPU could not hold, a bug): the kernel traps, so the step
-// fails with an error instead of hanging the process (a decode FFN takes ~0.1 ms).
-constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
-
-// Lane 0 spins until the counter reaches `target`, then the warp goes on.
-__device__ __forceinline__ void warp_wait(const int* counter, int target) {
-    if ((threadIdx.x & 31) == 0 && load_acquire(counter) < target) {
-        const unsigned long long start = global_ns();
-        while (load_acquire(counter) < target) {
-            __nanosleep(32);
-            if (global_ns() - start > kWaitLimitNs) __trap();
-        }
-    }
-    __syncwarp();
-}
-
-// The warp's stores so far are published with counter += add (lane 0 adds). Where `profile` is set and this release
-// completes its phase (the counter reaches `target`), the time since the launch's first block started is added to
-// profile[at]: when each phase ended, summed over launches (taken at releases only, outside the tiles' pipelines).
+// warp_arrive (grid_sync.cuh). Where `profile` is set and this release completes its phase (the counter reaches
+// `target`), the time since the launch's first block started is added to profile[at]: when each phase ended, summed
+// over launches (taken at releases only, outside the tiles' pipelines).
 __device__ __forceinline__ void warp_release(int* counter, int add, int target = 0,
                                              unsigned long long* profile = nullptr, int at = 0) {
-    __threadfence();
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
-        const int before = atomicAdd(counter, add);
+    warp_arrive(counter, add, [=](int before) {
         if (profile && before + add == target) {
             const unsigned long long start = __ldcg(profile + kProfStartMin);  // ~0: no block's start recorded yet
             if (start != ~0ULL) atomicAdd(profile + at, global_ns() - start);
         }
-    }
+    });
 }
 
 __device__ __forceinline__ float warp_max(float m) {

@@ -1,0 +1,49 @@
+// Grid-wide phase boundaries inside one resident launch: warps publish their stores with a counter (warp_arrive) and
+// wait for a count (warp_wait). The persistent FFN's phases (ffn_persistent.cu) pass them; bench_boundary.cu times one
+// round of them alone.
+#pragma once
+
+namespace openjet {
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// A wait this long means a block never came (a grid the GPU could not hold, a bug): the kernel traps, so the call
+// fails with an error instead of hanging the process (a decode FFN takes ~0.1 ms).
+constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
+
+// Lane 0 spins until the counter reaches `target`, then the warp goes on.
+__device__ __forceinline__ void warp_wait(const int* counter, int target) {
+    if ((threadIdx.x & 31) == 0 && load_acquire(counter) < target) {
+        const unsigned long long start = global_ns();
+        while (load_acquire(counter) < target) {
+            __nanosleep(32);
+            if (global_ns() - start > kWaitLimitNs) __trap();
+        }
+    }
+    __syncwarp();
+}
+
+struct NothingAfter {
+    __device__ void operator()(int) const {}
+};
+
+// The warp's stores so far are published with counter += add (lane 0 adds, then passes `after` the counter's value
+// before its add).
+template <class After = NothingAfter>
+__device__ __forceinline__ void warp_arrive(int* counter, int add, const After& after = {}) {
+    __threadfence();
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) after(atomicAdd(counter, add));
+}
+
+}  // namespace openjet
