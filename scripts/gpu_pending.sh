@@ -40,7 +40,8 @@
 #            either side, on several grids: boundary-pdl-{1,0}.json); then T=1 / T=5 with programmatic
 #            dependent launch off, OPENJET_FFN_TMA=0 and =1: whether the persistent FFN's loss (=1: 10.62 against
 #            8.99 ms at 9aad5a6 on an H100) is in the kernel or in how it overlaps its neighbours (its in-kernel
-#            profile counts from the first block's start, which PDL moves before the previous kernel's end). ~4 minutes.
+#            profile counts from the first block's start, which PDL moves before the previous kernel's end), after the
+#            default (OPENJET_PDL=1) on the same card. ~5 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -178,7 +179,7 @@ PY
   pdl-bench)
     trap pack_logs EXIT
     boundary_bench
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=1 OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;  # (=1: the default, on this card)
   *)
     echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
