@@ -100,7 +100,8 @@ plan() {
 }
 
 # A boundary with no work on either side: a launch's hand-over under PDL against a grid barrier's round, on the
-# producer-warp FFN's grid (3 blocks a SM of 160 threads, 4 warps arriving) and others (bench_boundary.cu):
+# producer-warp FFN's grid (3 blocks a SM of 160 threads, 4 warps arriving) and others, then on that grid with every
+# warp reading the same row after the boundary (10 and 60 KB; bench_boundary.cu):
 # $OUT/boundary-pdl-1.json, and -pdl-0 with PDL off.
 boundary_bench() {
   local pdl
@@ -109,9 +110,11 @@ boundary_bench() {
 import json, os, statistics
 from openjet_launcher.engine import kernels_test as kt
 rows = []
-for per_sm, threads, arrive in ((1, 160, 1), (1, 160, 4), (3, 160, 1), (3, 160, 4), (4, 128, 4), (2, 512, 16)):
-    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5)
-    rows.append({"blocks_per_sm": per_sm, "threads": threads, "arrivals_per_block": arrive,
+shapes = [(1, 160, 1, 0), (1, 160, 4, 0), (3, 160, 1, 0), (3, 160, 4, 0), (4, 128, 4, 0), (2, 512, 16, 0)]
+shapes += [(3, 160, 4, b) for b in (10240, 61440)]  # (then every warp reads a row: T=1's fp16 x; the fold's ~60 KB)
+for per_sm, threads, arrive, read in shapes:
+    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5, read)
+    rows.append({"blocks_per_sm": per_sm, "threads": threads, "arrivals_per_block": arrive, "read_bytes": read,
                  "handover_us": statistics.median(r["handover_us"]), "barrier_us": statistics.median(r["barrier_us"])})
 print(json.dumps({"bench": "bench_boundary", "pdl": os.environ["OPENJET_PDL"] != "0", "rows": rows}, indent=1))
 PY

@@ -7,6 +7,10 @@
 //   barrier:   one grid-wide round inside a resident grid, as ffn_persistent.cu's phases pass one: each arriving warp
 //              fences and adds 1 to a counter, then every warp's lane 0 spins on an acquire load until the round's
 //              arrivals are all in (grid_sync.cuh's warp_arrive and warp_wait, the kernel's own).
+// With read_bytes > 0, every warp of every block then reads the same read_bytes from L2 (ld.global.cg), as each block of
+// a projection reads the activation row the phase before made (10 KB at T = 1, fp16 x 5,120; the removed norm fold read
+// ~60 KB of h, the delta and the norm weights): the same lines asked for by the whole grid at once, after either kind
+// of boundary.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -25,18 +29,38 @@ constexpr auto& fail = fail_in<Api::kTest>;
 
 int cuda_fail(cudaError_t e, const char* what) { return cuda_fail_in<Api::kTest>(e, what, "the grid's shape"); }
 
-__global__ void handover_kernel(int* launches) {
-    pdl_start();
-    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(launches, 1);  // (a count the caller checks)
+constexpr int kReadBatch = 8;  // 16-byte loads a lane has in flight before it uses the first
+
+// The warp reads `bytes` (a multiple of 512) of `src` through L2, kReadBatch loads a lane in flight; a word that keeps
+// the loads (sum_out is written only where the sum is one no buffer of zeros gives).
+__device__ __forceinline__ void warp_read(const uint4* src, int bytes, unsigned* sum_out) {
+    const int lane = threadIdx.x & 31, n = bytes / 16;
+    unsigned sum = 0;
+    for (int i0 = lane; i0 < n; i0 += kReadBatch * 32) {
+        uint4 v[kReadBatch];
+#pragma unroll
+        for (int q = 0; q < kReadBatch; ++q) v[q] = i0 + q * 32 < n ? __ldcg(src + i0 + q * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int q = 0; q < kReadBatch; ++q) sum += v[q].x ^ v[q].y ^ v[q].z ^ v[q].w;
+    }
+    if (sum == 0xdeadbeefu) *sum_out = sum;
 }
 
-__global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block) {
+__global__ void handover_kernel(int* launches, const uint4* src, int read_bytes, unsigned* sink) {
+    pdl_start();
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(launches, 1);  // (a count the caller checks)
+    if (read_bytes) warp_read(src, read_bytes, sink);
+}
+
+__global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block, const uint4* src, int read_bytes,
+                               unsigned* sink) {
     pdl_start();
     const int warp = threadIdx.x >> 5;
     const int per_round = gridDim.x * arrivals_per_block;
     for (int r = 1; r <= rounds; ++r) {  // (the persistent FFN's phase boundary: grid_sync.cuh)
         if (warp < arrivals_per_block) warp_arrive(counter, 1);
         warp_wait(counter, r * per_round);
+        if (read_bytes) warp_read(src, read_bytes, sink);
     }
 }
 
@@ -48,6 +72,7 @@ __global__ void delay_kernel(unsigned long long ns) {
 }
 
 constexpr unsigned long long kDelayNs = 50'000;
+constexpr int kMaxReadBytes = 1 << 20;
 
 // The milliseconds `work` takes on `stream` (events around it; the delay kernel before the first). (The hand-over's
 // graph is timed by api_common.cuh's time_graph_replays: its replays keep the stream busy on their own.)
@@ -72,13 +97,15 @@ struct Stream {
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
-                                                       int rounds, int runs, float* handover_us, float* barrier_us,
-                                                       int* counts_out) {
+                                                       int read_bytes, int rounds, int runs, float* handover_us,
+                                                       float* barrier_us, int* counts_out) {
     if (blocks_per_sm < 1 || threads < 32 || threads > 1024 || threads % 32 || arrivals_per_block < 1 ||
-        arrivals_per_block > threads / 32 || rounds < 1 || runs < 1 || !handover_us || !barrier_us || !counts_out)
+        arrivals_per_block > threads / 32 || read_bytes < 0 || read_bytes > kMaxReadBytes || read_bytes % 512 ||
+        rounds < 1 || runs < 1 || !handover_us || !barrier_us || !counts_out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT,
                     "bench_boundary: blocks_per_sm >= 1, threads a multiple of 32 up to 1024, arrivals_per_block "
-                    "1..threads/32, rounds and runs >= 1, outputs not null");
+                    "1..threads/32, read_bytes a multiple of 512 up to %d, rounds and runs >= 1, outputs not null",
+                    kMaxReadBytes);
     int dev = 0, sms = 0, per_sm = 0;
     CHECK(cudaGetDevice(&dev));
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -91,16 +118,20 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
         1 + (static_cast<long long>(runs) + 1) * rounds > INT_MAX)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_boundary: rounds x grid x arrivals_per_block or the "
                                                   "launches counted past an int");
-    DevBuf counters;
-    CHECK(counters.alloc(2 * sizeof(int)));
+    DevBuf counters, row;
+    CHECK(counters.alloc(4 * sizeof(int)));
     int* launches = static_cast<int*>(counters.p);
     int* counter = launches + 1;
+    unsigned* sink = reinterpret_cast<unsigned*>(launches + 2);
     CHECK(cudaMemset(launches, 0, sizeof(int)));
+    CHECK(row.alloc(read_bytes ? read_bytes : 16));
+    CHECK(cudaMemset(row.p, 0, read_bytes ? read_bytes : 16));
+    const uint4* src = static_cast<const uint4*>(row.p);
 
     // The hand-over: `rounds` launches of the grid as one CUDA graph (PDL's edges kept in it), replayed.
     std::string failed;
     const auto handover = [&](int, cudaStream_t stream) {
-        return launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream, launches);
+        return launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream, launches, src, read_bytes, sink);
     };
     if (cudaError_t e = time_graph_replays("handover_kernel", 1, rounds, runs, handover_us, handover, &failed))
         return cuda_fail(e, failed.c_str());
@@ -110,18 +141,19 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
     Stream stream;
     CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
     CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
-    CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block));
+    CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block, src,
+                        read_bytes, sink));
     CHECK(cudaStreamSynchronize(stream.s));
     for (int r = 0; r < runs; ++r) {
         float barrier_ms = 0.0f, empty_ms = 0.0f;
         CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 0,
-                                 arrivals_per_block);
+                                 arrivals_per_block, src, read_bytes, sink);
         }, &empty_ms));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, rounds,
-                                 arrivals_per_block);
+                                 arrivals_per_block, src, read_bytes, sink);
         }, &barrier_ms));
         CHECK(cudaMemcpy(&counts_out[1 + r], counter, sizeof(int), cudaMemcpyDeviceToHost));
         barrier_us[r] = (barrier_ms - empty_ms) * 1e3f / rounds;
