@@ -167,13 +167,14 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
 /* A phase boundary's cost with no work on either side (bench_boundary.cu), on a grid of blocks_per_sm blocks a SM
    of `threads` threads, a figure per run: handover_us[i] = one launch's hand-over to the next under PDL (a CUDA
    graph of `rounds` launches, replayed), barrier_us[i] = one grid-wide barrier round in a resident grid
-   (arrivals_per_block warps of each block arrive, every warp waits). read_bytes (a multiple of 512, at most 1 MiB;
+   (arrivals_per_block warps of each block arrive, every warp waits; with block_wait, warp 0 waits and releases its
+   block with __syncthreads). read_bytes (a multiple of 512, at most 1 MiB;
    0: none): after each boundary every warp reads the same read_bytes through L2, as a projection's blocks read the
    row the phase before made. counts_out [1 + runs]: [0] the hand-over launches counted (1 + (runs + 1) x rounds: a
    warm-up launch, a warm replay, the timed ones), [1 + i] the arrivals counted in run i (rounds x grid x
    arrivals_per_block). */
-OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block, int read_bytes,
-                                            int rounds, int runs, float* handover_us, float* barrier_us,
+OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block, int block_wait,
+                                            int read_bytes, int rounds, int runs, float* handover_us, float* barrier_us,
                                             int* counts_out);
 
 #ifdef __cplusplus

@@ -6,7 +6,9 @@
 //              what is measured;
 //   barrier:   one grid-wide round inside a resident grid, as ffn_persistent.cu's phases pass one: each arriving warp
 //              fences and adds 1 to a counter, then every warp's lane 0 spins on an acquire load until the round's
-//              arrivals are all in (grid_sync.cuh's warp_arrive and warp_wait, the kernel's own).
+//              arrivals are all in (grid_sync.cuh's warp_arrive and warp_wait, the kernel's own). With block_wait,
+//              only warp 0 of each block spins and releases its block with __syncthreads (one poller a block on the
+//              counter's line instead of every warp: what a barrier with fewer pollers would gain).
 // With read_bytes > 0, every warp of every block then reads the same read_bytes from L2 (ld.global.cg), as each block of
 // a projection reads the activation row the phase before made (10 KB at T = 1, fp16 x 5,120; the removed norm fold read
 // ~60 KB of h, the delta and the norm weights): the same lines asked for by the whole grid at once, after either kind
@@ -52,14 +54,19 @@ __global__ void handover_kernel(int* launches, const uint4* src, int read_bytes,
     if (read_bytes) warp_read(src, read_bytes, sink);
 }
 
-__global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block, const uint4* src, int read_bytes,
-                               unsigned* sink) {
+__global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block, int block_wait, const uint4* src,
+                               int read_bytes, unsigned* sink) {
     pdl_start();
     const int warp = threadIdx.x >> 5;
     const int per_round = gridDim.x * arrivals_per_block;
     for (int r = 1; r <= rounds; ++r) {  // (the persistent FFN's phase boundary: grid_sync.cuh)
         if (warp < arrivals_per_block) warp_arrive(counter, 1);
-        warp_wait(counter, r * per_round);
+        if (!block_wait) {
+            warp_wait(counter, r * per_round);
+        } else {
+            if (warp == 0) warp_wait(counter, r * per_round);  // (its acquire, then the block's barrier: the
+            __syncthreads();                                    // other warps ordered after the arrivals too)
+        }
         if (read_bytes) warp_read(src, read_bytes, sink);
     }
 }
@@ -97,7 +104,7 @@ struct Stream {
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
-                                                       int read_bytes, int rounds, int runs, float* handover_us,
+                                                       int block_wait, int read_bytes, int rounds, int runs, float* handover_us,
                                                        float* barrier_us, int* counts_out) {
     if (blocks_per_sm < 1 || threads < 32 || threads > 1024 || threads % 32 || arrivals_per_block < 1 ||
         arrivals_per_block > threads / 32 || read_bytes < 0 || read_bytes > kMaxReadBytes || read_bytes % 512 ||
@@ -141,19 +148,19 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
     Stream stream;
     CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
     CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
-    CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block, src,
-                        read_bytes, sink));
+    CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block,
+                        block_wait, src, read_bytes, sink));
     CHECK(cudaStreamSynchronize(stream.s));
     for (int r = 0; r < runs; ++r) {
         float barrier_ms = 0.0f, empty_ms = 0.0f;
         CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 0,
-                                 arrivals_per_block, src, read_bytes, sink);
+                                 arrivals_per_block, block_wait, src, read_bytes, sink);
         }, &empty_ms));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, rounds,
-                                 arrivals_per_block, src, read_bytes, sink);
+                                 arrivals_per_block, block_wait, src, read_bytes, sink);
         }, &barrier_ms));
         CHECK(cudaMemcpy(&counts_out[1 + r], counter, sizeof(int), cudaMemcpyDeviceToHost));
         barrier_us[r] = (barrier_ms - empty_ms) * 1e3f / rounds;
