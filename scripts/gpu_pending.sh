@@ -101,7 +101,8 @@ plan() {
 
 # A boundary with no work on either side: a launch's hand-over under PDL against a grid barrier's round, on the
 # producer-warp FFN's grid (3 blocks a SM of 160 threads, 4 warps arriving) and others, then on that grid with every
-# warp reading the same row after the boundary (10 and 60 KB), and with one poller a block (bench_boundary.cu):
+# warp reading the same row after the boundary (10 and 60 KB, from its start or each warp from a piece of its own),
+# and with one poller a block (bench_boundary.cu):
 # $OUT/boundary-pdl-1.json, and -pdl-0 with PDL off.
 boundary_bench() {
   local pdl
@@ -110,14 +111,16 @@ boundary_bench() {
 import json, os, statistics
 from openjet_launcher.engine import kernels_test as kt
 rows = []
-shapes = [(1, 160, 1, 0, 0), (1, 160, 4, 0, 0), (3, 160, 1, 0, 0), (3, 160, 4, 0, 0), (4, 128, 4, 0, 0),
-          (2, 512, 16, 0, 0)]
-shapes += [(3, 160, 4, b, 0) for b in (10240, 61440)]  # (then every warp reads a row: T=1's fp16 x; the fold's ~60 KB)
-shapes += [(3, 160, 4, 0, 1), (3, 160, 1, 0, 1), (3, 160, 4, 10240, 1)]  # (one poller a block)
-for per_sm, threads, arrive, read, block_wait in shapes:
-    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5, read, block_wait)
+# (blocks a SM, threads, arrivals a block, bytes every warp reads after the boundary, one poller a block, rotated reads)
+shapes = [(1, 160, 1, 0, 0, 0), (1, 160, 4, 0, 0, 0), (3, 160, 1, 0, 0, 0), (3, 160, 4, 0, 0, 0),
+          (4, 128, 4, 0, 0, 0), (2, 512, 16, 0, 0, 0)]
+for rot in (0, 1):  # (then every warp reads a row: T=1's fp16 x; the removed fold's ~60 KB)
+    shapes += [(3, 160, 4, b, 0, rot) for b in (10240, 61440)]
+shapes += [(3, 160, 4, 0, 1, 0), (3, 160, 1, 0, 1, 0), (3, 160, 4, 10240, 1, 1)]  # (one poller a block)
+for per_sm, threads, arrive, read, block_wait, rot in shapes:
+    r = kt.bench_boundary(per_sm, threads, arrive, 200, 5, read, block_wait, rot)
     rows.append({"blocks_per_sm": per_sm, "threads": threads, "arrivals_per_block": arrive, "read_bytes": read,
-                 "block_wait": block_wait, "handover_us": statistics.median(r["handover_us"]),
+                 "block_wait": block_wait, "rotated": rot, "handover_us": statistics.median(r["handover_us"]),
                  "barrier_us": statistics.median(r["barrier_us"])})
 print(json.dumps({"bench": "bench_boundary", "pdl": os.environ["OPENJET_PDL"] != "0", "rows": rows}, indent=1))
 PY

@@ -689,12 +689,15 @@ def test_the_boundary_bench_counts_every_launch_and_arrival():
 
     sms = probe()["devices"][0]["sm_count"]
     rounds, runs = 40, 2
-    for read_bytes, block_wait in ((0, False), (10240, False), (0, True)):  # (a row read after each; a poller a block)
-        r = kt.bench_boundary(2, 160, 4, rounds, runs, read_bytes, block_wait)
+    # (then a row read after each boundary, from its start or rotated; one poller a block)
+    for read_bytes, block_wait, rotated in ((0, False, False), (10240, False, False), (10240, False, True),
+                                            (0, True, False)):
+        r = kt.bench_boundary(2, 160, 4, rounds, runs, read_bytes, block_wait, rotated)
         assert r["launches"] == 1 + (runs + 1) * rounds, r
         assert r["arrivals"] == [rounds * sms * 2 * 4] * runs, r
         assert all(0 < v < 1e4 for v in r["handover_us"] + r["barrier_us"]), r
-        write_report(test="boundary_bench", sm_count=sms, read_bytes=read_bytes, block_wait=block_wait, **r)
+        write_report(test="boundary_bench", sm_count=sms, read_bytes=read_bytes, block_wait=block_wait,
+                     rotated=rotated, **r)
     with pytest.raises(OpenJetError, match="resident"):
         kt.bench_boundary(1000, 1024, 1, 1, 1)
     with pytest.raises(OpenJetError, match="arrivals_per_block"):

@@ -170,11 +170,11 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
    (arrivals_per_block warps of each block arrive, every warp waits; with block_wait, warp 0 waits and releases its
    block with __syncthreads). read_bytes (a multiple of 512, at most 1 MiB;
    0: none): after each boundary every warp reads the same read_bytes through L2, as a projection's blocks read the
-   row the phase before made. counts_out [1 + runs]: [0] the hand-over launches counted (1 + (runs + 1) x rounds: a
+   row the phase before made, each from the row's start or with read_rotated from a 512-byte piece of its own. counts_out [1 + runs]: [0] the hand-over launches counted (1 + (runs + 1) x rounds: a
    warm-up launch, a warm replay, the timed ones), [1 + i] the arrivals counted in run i (rounds x grid x
    arrivals_per_block). */
 OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block, int block_wait,
-                                            int read_bytes, int rounds, int runs, float* handover_us, float* barrier_us,
+                                            int read_bytes, int read_rotated, int rounds, int runs, float* handover_us, float* barrier_us,
                                             int* counts_out);
 
 #ifdef __cplusplus

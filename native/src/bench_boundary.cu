@@ -33,29 +33,36 @@ int cuda_fail(cudaError_t e, const char* what) { return cuda_fail_in<Api::kTest>
 
 constexpr int kReadBatch = 8;  // 16-byte loads a lane has in flight before it uses the first
 
-// The warp reads `bytes` (a multiple of 512) of `src` through L2, kReadBatch loads a lane in flight; a word that keeps
-// the loads (sum_out is written only where the sum is one no buffer of zeros gives).
-__device__ __forceinline__ void warp_read(const uint4* src, int bytes, unsigned* sum_out) {
-    const int lane = threadIdx.x & 31, n = bytes / 16;
+// The warp reads `bytes` (a multiple of 512) of `src` through L2, kReadBatch pieces of 512 bytes (a 16-byte load a lane)
+// in flight before it uses the first; from piece 0 in every warp (the whole grid asking for the same lines at once),
+// or with `rotated` from a piece of its own (each warp of the grid starting elsewhere, round the row). A word that keeps
+// the loads: sum_out is written only where the sum is one no buffer of zeros gives.
+__device__ __forceinline__ void warp_read(const uint4* src, int bytes, bool rotated, unsigned* sum_out) {
+    const int lane = threadIdx.x & 31, pieces = bytes / 512;
+    const int first = rotated ? (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) % pieces : 0;
     unsigned sum = 0;
-    for (int i0 = lane; i0 < n; i0 += kReadBatch * 32) {
+    for (int j0 = 0; j0 < pieces; j0 += kReadBatch) {
         uint4 v[kReadBatch];
 #pragma unroll
-        for (int q = 0; q < kReadBatch; ++q) v[q] = i0 + q * 32 < n ? __ldcg(src + i0 + q * 32) : make_uint4(0, 0, 0, 0);
+        for (int q = 0; q < kReadBatch; ++q) {
+            int piece = first + j0 + q;
+            if (piece >= pieces) piece -= pieces;
+            v[q] = j0 + q < pieces ? __ldcg(src + piece * 32 + lane) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int q = 0; q < kReadBatch; ++q) sum += v[q].x ^ v[q].y ^ v[q].z ^ v[q].w;
     }
     if (sum == 0xdeadbeefu) *sum_out = sum;
 }
 
-__global__ void handover_kernel(int* launches, const uint4* src, int read_bytes, unsigned* sink) {
+__global__ void handover_kernel(int* launches, const uint4* src, int read_bytes, int rotated, unsigned* sink) {
     pdl_start();
     if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(launches, 1);  // (a count the caller checks)
-    if (read_bytes) warp_read(src, read_bytes, sink);
+    if (read_bytes) warp_read(src, read_bytes, rotated, sink);
 }
 
 __global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block, int block_wait, const uint4* src,
-                               int read_bytes, unsigned* sink) {
+                               int read_bytes, int rotated, unsigned* sink) {
     pdl_start();
     const int warp = threadIdx.x >> 5;
     const int per_round = gridDim.x * arrivals_per_block;
@@ -67,7 +74,7 @@ __global__ void barrier_kernel(int* counter, int rounds, int arrivals_per_block,
             if (warp == 0) warp_wait(counter, r * per_round);  // (its acquire, then the block's barrier: the
             __syncthreads();                                    // other warps ordered after the arrivals too)
         }
-        if (read_bytes) warp_read(src, read_bytes, sink);
+        if (read_bytes) warp_read(src, read_bytes, rotated, sink);
     }
 }
 
@@ -104,8 +111,9 @@ struct Stream {
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
-                                                       int block_wait, int read_bytes, int rounds, int runs, float* handover_us,
-                                                       float* barrier_us, int* counts_out) {
+                                                       int block_wait, int read_bytes, int read_rotated, int rounds,
+                                                       int runs, float* handover_us, float* barrier_us,
+                                                       int* counts_out) {
     if (blocks_per_sm < 1 || threads < 32 || threads > 1024 || threads % 32 || arrivals_per_block < 1 ||
         arrivals_per_block > threads / 32 || read_bytes < 0 || read_bytes > kMaxReadBytes || read_bytes % 512 ||
         rounds < 1 || runs < 1 || !handover_us || !barrier_us || !counts_out)
@@ -138,7 +146,8 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
     // The hand-over: `rounds` launches of the grid as one CUDA graph (PDL's edges kept in it), replayed.
     std::string failed;
     const auto handover = [&](int, cudaStream_t stream) {
-        return launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream, launches, src, read_bytes, sink);
+        return launch_kernel(handover_kernel, dim3(grid), dim3(threads), 0, stream, launches, src, read_bytes,
+                             read_rotated, sink);
     };
     if (cudaError_t e = time_graph_replays("handover_kernel", 1, rounds, runs, handover_us, handover, &failed))
         return cuda_fail(e, failed.c_str());
@@ -149,18 +158,18 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
     CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
     CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
     CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block,
-                        block_wait, src, read_bytes, sink));
+                        block_wait, src, read_bytes, read_rotated, sink));
     CHECK(cudaStreamSynchronize(stream.s));
     for (int r = 0; r < runs; ++r) {
         float barrier_ms = 0.0f, empty_ms = 0.0f;
         CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 0,
-                                 arrivals_per_block, block_wait, src, read_bytes, sink);
+                                 arrivals_per_block, block_wait, src, read_bytes, read_rotated, sink);
         }, &empty_ms));
         CHECK(time_ms(stream.s, [&] {
             return launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, rounds,
-                                 arrivals_per_block, block_wait, src, read_bytes, sink);
+                                 arrivals_per_block, block_wait, src, read_bytes, read_rotated, sink);
         }, &barrier_ms));
         CHECK(cudaMemcpy(&counts_out[1 + r], counter, sizeof(int), cudaMemcpyDeviceToHost));
         barrier_us[r] = (barrier_ms - empty_ms) * 1e3f / rounds;

@@ -67,7 +67,7 @@ def _lib() -> ctypes.CDLL:
         "bench_gemv": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "bench_gemv_layout": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
-        "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
+        "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
         "gemv_tma_available": [],
@@ -437,19 +437,20 @@ def bench_copy(nbytes: int, reps: int, runs: int) -> list[float]:
 
 
 def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, rounds: int, runs: int,
-                   read_bytes: int = 0, block_wait: bool = False) -> dict:
+                   read_bytes: int = 0, block_wait: bool = False, rotated: bool = False) -> dict:
     """A phase boundary's cost with no work on either side (bench_boundary.cu), one figure per run: `handover_us`, a
     launch's hand-over to the next under PDL; `barrier_us`, a grid-wide barrier round in a resident grid (every warp
     polling the counter, or with `block_wait` warp 0 of each block, which then releases the block); with
-    `read_bytes`, each followed by every warp reading the same bytes through L2 (a projection's activation row); with
+    `read_bytes`, each followed by every warp reading the same bytes through L2 (a projection's activation row), from
+    its start or, `rotated`, each warp from a 512-byte piece of its own; with
     what the device counted: `launches`, the hand-over launches (1 + (runs + 1) x rounds), and `arrivals`, per run
     (rounds x grid x arrivals_per_block)."""
     lib = _lib()
     handover, barrier = np.empty(runs, np.float32), np.empty(runs, np.float32)
     counts = np.empty(1 + runs, np.int32)
     _check(lib, lib.openjet_test_bench_boundary(blocks_per_sm, threads, arrivals_per_block, int(block_wait),
-                                                read_bytes, rounds, runs, _ptr(handover), _ptr(barrier),
-                                                _ptr(counts)), "bench_boundary")
+                                                read_bytes, int(rotated), rounds, runs, _ptr(handover),
+                                                _ptr(barrier), _ptr(counts)), "bench_boundary")
     return {"handover_us": [float(v) for v in handover], "barrier_us": [float(v) for v in barrier],
             "launches": int(counts[0]), "arrivals": [int(v) for v in counts[1:]]}
 
