@@ -34,7 +34,9 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
-# PLAN=boundary  the boundary bench alone (no model, ~1 minute): its test, then boundary-pdl-{1,0}.json as PLAN=pdl's.
+# PLAN=boundary  the boundary benches alone (no model, ~2 minutes): their tests, then boundary-pdl-{1,0}.json and
+#            pack-chain.json (bench_pack_chain: what an add-norm pack between two decode GEMVs costs, against an empty
+#            kernel of one block, of a cluster, of 8 blocks) as PLAN=pdl's.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py) and the boundary bench's while the model is written; the boundary
 #            bench (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's round, no work on
 #            either side, on several grids: boundary-pdl-{1,0}.json); then T=1 / T=5 with programmatic
@@ -129,6 +131,28 @@ PY
   done
 }
 
+# What the work between two decode GEMVs costs (bench_pack_chain: graphs of GEMV -> middle -> GEMV, Q4_K 5120 x 5120,
+# T=1 and T=5; the middle none, the engine's add-norm pack, an empty kernel of one block, of a cluster of 8, of 8
+# blocks): the pack's marginal cost split into its launch (a cluster's or not) and its work. $OUT/pack-chain.json.
+pack_chain_bench() {
+  timeout -k 10 120 python3 - > "$OUT/pack-chain.json" 2> "$OUT/pack-chain.log" <<'PY'
+import json, statistics
+import numpy as np
+from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.model.quants import quantize
+k = 5120
+raw = quantize(np.random.default_rng(5).standard_normal((k, k), dtype=np.float32), kt.QTYPES["Q4_K"])
+rows = []
+for t in (1, 5):
+    for middle in kt.PACK_CHAIN_MODES:
+        us = kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, t, middle, 8, 100, 5)
+        rows.append({"t": t, "middle": middle, "us_per_chain": statistics.median(us)})
+print(json.dumps({"bench": "bench_pack_chain", "qtype": "Q4_K", "k": k, "rows": rows}, indent=1))
+PY
+  echo "== bench_pack_chain (rc $?)"
+  python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/pack-chain.json"
+}
+
 case "${1:-${PLAN:-}}" in
   graph)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'" graph-bench ;;
@@ -176,18 +200,20 @@ PY
     (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -)
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
   pdl)
-    plan 160 "tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival -x" pdl-bench ;;
+    plan 160 "tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival tests/test_gpu_engine.py::test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs" pdl-bench ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh
     device_wheels || exit 2
     build_engine /tmp/b "$OUT/build.log" || exit 1
     export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
-    gpu_tests boundary-test 60 tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival
-    boundary_bench ;;
+    gpu_tests boundary-test 60 tests/test_gpu_engine.py -k "boundary_bench_counts or pack_chain_bench_runs"
+    boundary_bench
+    pack_chain_bench ;;
   pdl-bench)
     trap pack_logs EXIT
     boundary_bench
+    pack_chain_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=1 OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;  # (=1: the default, on this card)
   *)
     echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl or PLAN=boundary (see the top of $0)" >&2

@@ -706,6 +706,36 @@ def test_the_boundary_bench_counts_every_launch_and_arrival():
         kt.bench_boundary(1, 64, 1, 1, 1, 100)
 
 
+def test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs():
+    """bench_pack_chain (what the work between two decode GEMVs costs in a graph of such chains: issue 7's boundaries
+    with their edge work) runs what it names: the add-norm pack's cluster launches and the producer-warp GEMVs, as
+    the launchers count them (no pack where the middle is not the pack), each figure a positive time; an unknown
+    middle or a matrix that is not square is an error."""
+    from openjet_launcher.engine import kernels_test as kt
+    from openjet_launcher.engine.device_probe import probe
+    from openjet_launcher.model.quants import quantize
+
+    clusters = probe()["devices"][0]["sm"] >= 90 and os.environ.get("OPENJET_PACK_CLUSTER") != "0"
+    k, reps, copies = 1024, 20, 4
+    calls = copies + reps  # the launcher runs for the warm-up calls and the captured ones (time_graph_replays)
+    raw = quantize(np.random.default_rng(41).standard_normal((k, k), dtype=np.float32), kt.QTYPES["Q4_K"])
+    for middle in kt.PACK_CHAIN_MODES:
+        if middle == "empty_cluster" and not clusters:
+            continue
+        packs, tma = kt.launch_count("pack_cluster"), kt.launch_count("gemv_tma")
+        us = kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, 1, middle, copies, reps, 2)
+        assert all(0 < v < 1e4 for v in us), (middle, us)
+        made = kt.launch_count("pack_cluster") - packs
+        assert made == (calls if middle == "add_norm_pack" and clusters else 0), (middle, made)
+        if kt.gemv_tma_available():
+            assert kt.launch_count("gemv_tma") - tma == 2 * calls, middle
+        write_report(test="pack_chain_bench", middle=middle, k=k, us=us)
+    with pytest.raises(ValueError, match="middle"):
+        kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, 1, "nothing", copies, reps, 1)
+    with pytest.raises(ValueError, match="square"):
+        kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw[:512], k, 1, "none", copies, reps, 1)
+
+
 @pytest.mark.parametrize("sms", ["1", "46", "82"])
 def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """OPENJET_PERSISTENT_SMS: the producer-warp decode GEMV's grid of resident blocks (gemv_tma.cu, the default where

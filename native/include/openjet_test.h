@@ -164,6 +164,13 @@ OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, in
 /* Device-to-device cudaMemcpy of `bytes`, `reps` times per run: gbps_out[i] = (read + written bytes) / s. */
 OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float* gbps_out);
 
+/* What sits between two decode GEMVs costs, in a CUDA graph of `reps` chains GEMV A -> middle -> GEMV B (both k x k
+   of qtype, host weights w in the row layout, moved into the tile layout, `copies` >= 2 copies rotated through):
+   middle by mode 0 none, 1 the add-norm pack of A's output into B's input, 2 an empty one-block kernel, 3 an empty
+   cluster of 8 blocks, 4 eight empty blocks with no cluster. us_out[r]: microseconds per chain in run r. */
+OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies, int reps,
+                                              int runs, float* us_out);
+
 /* A phase boundary's cost with no work on either side (bench_boundary.cu), on a grid of blocks_per_sm blocks a SM
    of `threads` threads, a figure per run: handover_us[i] = one launch's hand-over to the next under PDL (a CUDA
    graph of `rounds` launches, replayed), barrier_us[i] = one grid-wide barrier round in a resident grid

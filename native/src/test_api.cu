@@ -20,6 +20,7 @@
 #include "launch_count.h"
 #include "prefill_gemm.cuh"
 #include "act_pack.cuh"
+#include "pdl.cuh"
 #include "rmsnorm.cuh"
 
 namespace {
@@ -556,6 +557,70 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void*
         return launch_gemv(a, stream);
     };
     if (cudaError_t e = time_graph_replays("launch_gemv", copies, reps, runs, us_out, launch, &failed))
+        return cuda_fail(e, failed.c_str());
+    return OPENJET_OK;
+}
+
+namespace {
+
+// bench_pack_chain's middles that do nothing: the rule of pdl.cuh and no work (one block, or a cluster's eight).
+__global__ void empty_middle_kernel() { pdl_start(); }
+
+constexpr int kChainModes = 5;
+
+}  // namespace
+
+// What sits between two decode GEMVs costs in a CUDA graph of such chains (a boundary of the step, the work at its
+// edges included, apart from the step's other launches): rep i is GEMV A (k x k, weight copy 2i) -> the middle ->
+// GEMV B (copy 2i + 1, reading the pack the middle makes, else one made before), the middle by mode: 0 none, 1 the
+// add-norm pack of A's output into B's input (the engine's launch_add_norm_pack: a cluster of blocks per row on 9.0+),
+// 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster. Producer-warp
+// GEMVs where they run (the engine's default, tile layout). us_out[r]: microseconds per rep of run r.
+extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies,
+                                                         int reps, int runs, float* us_out) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, k, k)) return s;
+    if (int s = check_tiled("bench_pack_chain", qtype, k, k)) return s;
+    if (!w || !us_out || mode < 0 || mode >= kChainModes || copies < 2 || reps < 1 || runs < 1 ||
+        k % (kActBlock * 8) != 0)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_pack_chain: null pointer, mode not 0..%d, copies < 2, "
+                    "reps / runs < 1, or k not a multiple of %d", kChainModes - 1, kActBlock * 8);
+    std::vector<DevBuf> dw(copies);
+    CHECK(upload_copies_in_layout(dw, w, qtype, k, k, true));
+    DevBuf dx, h, norm_w, ya, yb;
+    DevPack pa, pb;
+    CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));  // A's input, packed once
+    CHECK(upload_pseudo_random(h, static_cast<size_t>(t) * k));   // the residual stream the pack adds A's output to
+    CHECK(upload_pseudo_random(norm_w, k));
+    CHECK(ya.alloc(sizeof(float) * t * k));
+    CHECK(yb.alloc(sizeof(float) * t * k));
+    CHECK(pa.alloc(t, k));
+    CHECK(pb.alloc(t, k));
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, pa.view(), 0));
+    CHECK(launch_pack_act(dx.as<float>(), t, k, nullptr, 0.0f, pb.view(), 0));  // B's input where no pack is made
+    GemvArgs a{qtype, nullptr, k, k, t, pa.view(), dx.as<float>(), ya.as<float>()};
+    a.tiled = true;
+    a.tma = -1;  // the producer-warp GEMV's default form where it runs (else the cp.async kernels)
+    GemvArgs b = a;
+    b.x = pb.view();
+    b.y = yb.as<float>();
+    std::string failed;
+    const auto launch = [&](int i, cudaStream_t stream) {
+        a.w = dw[(2 * i) % copies].p;
+        b.w = dw[(2 * i + 1) % copies].p;
+        if (cudaError_t e = launch_gemv(a, stream)) return e;
+        cudaError_t e = cudaSuccess;
+        switch (mode) {
+            case 1: e = launch_add_norm_pack(h.as<float>(), ya.as<float>(), norm_w.as<float>(), t, k, 1e-6f, nullptr,
+                                             pb.view(), stream); break;
+            case 2: e = launch_kernel(empty_middle_kernel, 1, 256, 0, stream); break;
+            case 3: e = launch_kernel_cluster(empty_middle_kernel, 8, 256, 0, stream, 8); break;
+            case 4: e = launch_kernel(empty_middle_kernel, 8, 256, 0, stream); break;
+            default: break;
+        }
+        return e != cudaSuccess ? e : launch_gemv(b, stream);
+    };
+    if (cudaError_t e = time_graph_replays("bench_pack_chain", copies, reps, runs, us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());
     return OPENJET_OK;
 }

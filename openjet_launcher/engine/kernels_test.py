@@ -68,6 +68,7 @@ def _lib() -> ctypes.CDLL:
         "bench_gemv_layout": [_I, _P, _I, _I, _I, _I, _I, _I, _I, _P],
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
+        "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "set_gemv_half": [_I],
         "dense_gemm_available": [],
         "gemv_tma_available": [],
@@ -453,6 +454,26 @@ def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, ro
                                                 _ptr(barrier), _ptr(counts)), "bench_boundary")
     return {"handover_us": [float(v) for v in handover], "barrier_us": [float(v) for v in barrier],
             "launches": int(counts[0]), "arrivals": [int(v) for v in counts[1:]]}
+
+
+PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4}
+
+
+def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, reps: int, runs: int) -> list[float]:
+    """Microseconds per chain GEMV A -> middle -> GEMV B (both k x k, the tile layout, the engine's decode GEMV) in a
+    CUDA graph of `reps` chains, one figure per run: what the middle (PACK_CHAIN_MODES: none; the engine's add-norm
+    pack of A's output into B's input; an empty kernel of one block, of a cluster of 8 blocks, or of 8 blocks) costs at
+    a boundary of the step (openjet_test_bench_pack_chain)."""
+    if middle not in PACK_CHAIN_MODES:
+        raise ValueError(f"middle must be one of {', '.join(PACK_CHAIN_MODES)}, got {middle!r}")
+    lib = _lib()
+    raw, n = _weights(qtype, w, k)
+    if n != k:
+        raise ValueError(f"bench_pack_chain takes a square matrix, got {n} x {k}")
+    us = np.empty(runs, np.float32)
+    _check(lib, lib.openjet_test_bench_pack_chain(qtype, _ptr(raw), k, t, PACK_CHAIN_MODES[middle], copies, reps,
+                                                  runs, _ptr(us)), "bench_pack_chain")
+    return [float(v) for v in us]
 
 
 # ------------------------------------------------------------------------------ the integer GEMV (experiment)
