@@ -443,9 +443,8 @@ def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, ro
     launch's hand-over to the next under PDL; `barrier_us`, a grid-wide barrier round in a resident grid (every warp
     polling the counter, or with `block_wait` warp 0 of each block, which then releases the block); with
     `read_bytes`, each followed by every warp reading the same bytes through L2 (a projection's activation row), from
-    its start or, `rotated`, each warp from a 512-byte piece of its own; with
-    what the device counted: `launches`, the hand-over launches (1 + (runs + 1) x rounds), and `arrivals`, per run
-    (rounds x grid x arrivals_per_block)."""
+    its start or, `rotated`, each warp from a 512-byte piece of its own; with what the device counted: `launches`,
+    the hand-over launches (1 + (runs + 1) x rounds), and `arrivals`, per run (rounds x grid x arrivals_per_block)."""
     lib = _lib()
     handover, barrier = np.empty(runs, np.float32), np.empty(runs, np.float32)
     counts = np.empty(1 + runs, np.int32)
