@@ -34,16 +34,18 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
-# PLAN=boundary  the boundary benches alone (no model, ~2 minutes): their tests, then boundary-pdl-{1,0}.json and
-#            pack-chain.json (bench_pack_chain: what an add-norm pack between two decode GEMVs costs, against an empty
-#            kernel of one block, of a cluster, of 8 blocks) as PLAN=pdl's.
-# PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py) and the boundary bench's while the model is written; the boundary
-#            bench (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's round, no work on
-#            either side, on several grids: boundary-pdl-{1,0}.json); then T=1 / T=5 with programmatic
-#            dependent launch off, OPENJET_FFN_TMA=0 and =1: whether the persistent FFN's loss (=1: 10.62 against
-#            8.99 ms at 9aad5a6 on an H100) is in the kernel or in how it overlaps its neighbours (its in-kernel
-#            profile counts from the first block's start, which PDL moves before the previous kernel's end), after the
-#            default (OPENJET_PDL=1) on the same card. ~5 minutes.
+# PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
+#            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
+#            2026-12-06, not yet run), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
+#            add-norm pack between two decode GEMVs costs, against an empty kernel of one block, of a cluster, of 8
+#            blocks) as PLAN=pdl's.
+# PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
+#            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
+#            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
+#            pack-chain.json); then T=1 / T=5 with programmatic dependent launch off, OPENJET_FFN_TMA=0 and =1:
+#            whether the persistent FFN's loss (=1: 10.62 against 8.99 ms at 9aad5a6 on an H100) is in the kernel or
+#            in how it overlaps its neighbours (its in-kernel profile counts from the first block's start, which PDL
+#            moves before the previous kernel's end), after the default (OPENJET_PDL=1) on the same card. ~6 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -200,7 +202,7 @@ PY
     (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -)
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
   pdl)
-    plan 160 "tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival tests/test_gpu_engine.py::test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs" pdl-bench ;;
+    plan 200 "tests/test_gpu_pdl.py tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival tests/test_gpu_engine.py::test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs" pdl-bench ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -208,6 +210,7 @@ PY
     build_engine /tmp/b "$OUT/build.log" || exit 1
     export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
     gpu_tests boundary-test 60 tests/test_gpu_engine.py -k "boundary_bench_counts or pack_chain_bench_runs"
+    gpu_tests pdl-test 120 tests/test_gpu_pdl.py  # (the add-norm cluster pack's bits, its weights copied early)
     boundary_bench
     pack_chain_bench ;;
   pdl-bench)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
@@ -224,7 +225,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
     namespace cg = cooperative_groups;
     extern __shared__ float hs[];  // this block's part of the row after the add
     __shared__ float block_max;
-    pdl_start();  // pdl.cuh
+    __shared__ float ws[kPackClusterCached * kPackClusterThreads];  // the thread's norm weights, [j][thread]
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
@@ -232,14 +233,23 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
     const int b0 = part_blocks * rank, b1 = b0 + part_blocks;
     float* hr = h + static_cast<long long>(row) * k;
     const float* dr = delta ? delta + static_cast<long long>(row) * k : nullptr;
-    float x[kPackClusterCached], hv[kPackClusterCached], dv[kPackClusterCached], wv[kPackClusterCached];
+    float x[kPackClusterCached], hv[kPackClusterCached], dv[kPackClusterCached];
+    // The norm weights (immutable: pdl.cuh lets them be read before the wait) are copied in while the kernel before
+    // still runs, so their trip from DRAM (a step's weight stream evicts them from L2) is off the row's critical path.
+    // As cp.async copies: ptxas keeps those before the wait, where it moved plain loads after it (the SASS).
 #pragma unroll
-    for (int j = 0; j < kPackClusterCached; ++j) {  // h, delta and w loads first (the stores to h below would
-        // keep the compiler from issuing the next element's loads before them)
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j;
+        if (b < b1) cp_async4(&ws[j * kPackClusterThreads + threadIdx.x], w + b * kActBlock + lane);
+    }
+    cp_async_commit();
+    pdl_start();  // pdl.cuh
+#pragma unroll
+    for (int j = 0; j < kPackClusterCached; ++j) {  // h and delta loads first (the stores to h below would keep the
+        // compiler from issuing the next element's loads before them)
         const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
         hv[j] = b < b1 ? hr[i] : 0.0f;
         dv[j] = dr && b < b1 ? dr[i] : 0.0f;
-        wv[j] = b < b1 ? w[i] : 0.0f;
     }
     asm volatile("" ::: "memory");
 #pragma unroll
@@ -257,10 +267,11 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         [&](int i) { return *cluster.map_shared_rank(hs + i % part_elems, i / part_elems); }, k, eps);
     float* copy = a_out ? a_out + static_cast<long long>(row) * k : nullptr;
     float m = 0.0f;
+    cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {
         const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
-        x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), wv[j]) : 0.0f;
+        x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), ws[j * kPackClusterThreads + threadIdx.x]) : 0.0f;
         m = fmaxf(m, fabsf(x[j]));
         if (copy && b < b1) copy[i] = x[j];
     }
