@@ -20,9 +20,11 @@ template <int kCols>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     __shared__ GdnSmem sm;
-    pdl_start();  // pdl.cuh
     constexpr int kSplits = kGdnHeadDim / kCols;
-    gdn_step_head<kCols>(a, blockIdx.x / kSplits, sm, blockIdx.x % kSplits * kCols);
+    const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
+    gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
+    pdl_start();  // pdl.cuh
+    gdn_step_head<kCols>(a, h, sm, c0);
 }
 
 constexpr int kNormThreads = 256;

@@ -156,6 +156,25 @@ __device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm
     }
 }
 
+// Asks L2 for what gdn_step_head<kCols> reads at column c0 of head h that no kernel just before it writes: the
+// state's lines there (128 rows of kCols floats) and, whole heads with the fused projections, the head's beta and
+// alpha weight rows; a line a thread. A launch calls it before its PDL wait, so those cold lines (3 MB of state and
+// 1 MB of weights a layer of the 27B; a step's weight stream evicts them from L2) come in while the kernel before
+// still runs. Only a hint: every load stays after the wait (L2 is the point of coherence), so the wait's rule holds.
+template <int kCols>
+__device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h, int c0) {
+    constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32, kStateLines = D * kLinesPerRow;  // 32 floats a line
+    static_assert(kCols % 32 == 0, "whole lines a row");
+    const int tid = threadIdx.x;
+    if (tid < kStateLines) {
+        prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
+    } else if (kCols == D && a.w_beta) {  // (as gdn_step_head's own prefetch of them, which follows the wait)
+        const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
+        if (i < 2 * lines)
+            prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
+    }
+}
+
 // The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols
 // threads (a persistent kernel calls this per head; it contains __syncthreads, so all threads of the block
 // must call it). kCols = 128 (c0 = 0) is the whole head: y written; fewer is the column split: its columns'
