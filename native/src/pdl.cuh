@@ -9,9 +9,9 @@
 // the waits alone. Both are no-ops where the launch did not ask for it and on GPUs before sm_90.
 //
 // Reading weights before the wait pays only as copies or hints: ptxas moves the wait (ACQBULK in the SASS) above plain
-// loads, so `x = w[i]; pdl_wait();` loads after the wait all the same, while cp.async / bulk copies (LDGSTS, UBLKCP)
-// and L2 prefetches (CCTL.E.PF2) keep their place before it (the SASS of the add-norm cluster pack and the GDN step,
-// 2026-12-06).
+// loads, so `x = w[i]; pdl_wait();` loads after the wait all the same, while cp.async copies (LDGSTS) and L2 prefetches
+// (CCTL.E.PF2) keep their place before it (the SASS of the decode GEMV, the add-norm cluster pack and the GDN step,
+// 2026-12-06; the producer-warp GEMV's bulk copies are in a warp that never waits).
 //
 // On by default on sm_90+ (the same bits, scripts/gpu_same_bits.sh; the 27B's decode step at T=1 12.38 ->
 // 11.46 ms on the H200); OPENJET_PDL=0, set before the first launch, turns the launch attribute off.
