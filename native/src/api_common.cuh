@@ -79,6 +79,15 @@ struct Event {
     }
 };
 
+// A non-blocking stream destroyed at scope exit (create() makes it).
+struct Stream {
+    cudaStream_t s = nullptr;
+    ~Stream() {
+        if (s) cudaStreamDestroy(s);
+    }
+    cudaError_t create() { return cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+};
+
 // The sampler's penalty list (topk.cuh): ids in [0, n_valid) and unique, since a device thread updates
 // each one. nullptr when fine, else what is wrong.
 inline const char* penalty_list_problem(const int32_t* ids, int n, int n_valid) {
@@ -118,12 +127,9 @@ cudaError_t time_graph_replays(const char* name, int copies, int reps, int runs,
     for (int i = 0; i < copies; ++i) TRY_CUDA(launch(i, cudaStream_t{}), std::string(name) + " (warm-up)");
     TRY_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize()");
 
-    cudaStream_t stream;
-    TRY_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    struct StreamGuard {
-        cudaStream_t s;
-        ~StreamGuard() { cudaStreamDestroy(s); }
-    } sg{stream};
+    Stream owned;
+    TRY_CUDA(owned.create(), "cudaStreamCreateWithFlags");
+    const cudaStream_t stream = owned.s;
     cudaGraph_t graph = nullptr;
     TRY_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     for (int i = 0; i < reps; ++i) {

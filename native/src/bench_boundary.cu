@@ -103,11 +103,6 @@ template <class Work> cudaError_t time_ms(cudaStream_t stream, const Work& work,
     return cudaEventElapsedTime(ms, e0.e, e1.e);
 }
 
-struct Stream {
-    cudaStream_t s = nullptr;
-    ~Stream() { if (s) cudaStreamDestroy(s); }
-};
-
 }  // namespace
 
 extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int threads, int arrivals_per_block,
@@ -155,7 +150,7 @@ extern "C" OPENJET_API int openjet_test_bench_boundary(int blocks_per_sm, int th
 
     // The barrier: one launch with `rounds` rounds against one with none, after an untimed first launch.
     Stream stream;
-    CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+    CHECK(stream.create());
     CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream.s));
     CHECK(launch_kernel(barrier_kernel, dim3(grid), dim3(threads), 0, stream.s, counter, 1, arrivals_per_block,
                         block_wait, src, read_bytes, read_rotated, sink));
