@@ -158,9 +158,11 @@ __device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm
 
 // Asks L2 for what gdn_step_head<kCols> reads at column c0 of head h that no kernel just before it writes: the
 // state's lines there (128 rows of kCols floats) and, whole heads with the fused projections, the head's beta and
-// alpha weight rows; a line a thread. A launch calls it before its PDL wait, so those cold lines (3 MB of state and
-// 1 MB of weights a layer of the 27B; a step's weight stream evicts them from L2) come in while the kernel before
-// still runs. Only a hint: every load stays after the wait (L2 is the point of coherence), so the wait's rule holds.
+// alpha weight rows (read in five round trips a thread: a helper's SASS audit, 2026-12-05, counted ~5 DRAM round
+// trips a launch without this); a line a thread. A launch calls it before its PDL wait, so those cold lines (3 MB of
+// state and 1 MB of weights a layer of the 27B; a step's weight stream evicts them from L2) come in while the kernel
+// before still runs. Only a hint: every load stays after the wait (L2 is the point of coherence), so the wait's rule
+// holds.
 template <int kCols>
 __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h, int c0) {
     constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32, kStateLines = D * kLinesPerRow;  // 32 floats a line
@@ -168,7 +170,7 @@ __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h,
     const int tid = threadIdx.x;
     if (tid < kStateLines) {
         prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
-    } else if (kCols == D && a.w_beta) {  // (as gdn_step_head's own prefetch of them, which follows the wait)
+    } else if (kCols == D && a.w_beta) {
         const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
         if (i < 2 * lines)
             prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
@@ -201,12 +203,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     // per thread are loaded (64 at most).
     if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
         // The dots take their cold weight rows in five round trips of two float4 a thread (the registers bound the
-        // unroll): the block asks L2 for both rows' lines first, one a thread, so that only the first trip waits on
-        // DRAM (a helper's SASS audit, 2026-12-05: ~5 DRAM round trips a launch, 48 a T=1 step; not yet timed).
-        const int lines = (a.proj_k + 31) >> 5;  // a row's 128-byte lines (32 floats)
-        const bool beta = tid < lines;
-        if (tid < 2 * lines)
-            prefetch_l2((beta ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (beta ? tid : tid - lines) * 32);
+        // unroll); the caller asked L2 for both rows' lines before its PDL wait (gdn_prefetch_inputs), so that not
+        // every trip waits on DRAM.
         constexpr int kGroups = kThreads / 128;
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
