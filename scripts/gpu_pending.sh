@@ -42,10 +42,12 @@
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
 #            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
 #            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
-#            pack-chain.json); then T=1 / T=5 with programmatic dependent launch off, OPENJET_FFN_TMA=0 and =1:
+#            pack-chain.json, both in boundary.tgz); the default T=1 / T=5 (OPENJET_PDL=1); trace.json (trace_step.py:
+#            one T=1 and one T=5 step kernel by kernel on the GPU's clock, as PDL overlaps them, and what each kind of
+#            kernel adds to the step); then T=1 / T=5 with programmatic dependent launch off, OPENJET_FFN_TMA=0 and =1:
 #            whether the persistent FFN's loss (=1: 10.62 against 8.99 ms at 9aad5a6 on an H100) is in the kernel or
 #            in how it overlaps its neighbours (its in-kernel profile counts from the first block's start, which PDL
-#            moves before the previous kernel's end), after the default (OPENJET_PDL=1) on the same card. ~6 minutes.
+#            moves before the previous kernel's end). ~7 minutes.
 # Results in $OUT: the JSON of each timing, logs.tgz (every log and test report: the device returns at most 8 files),
 # misc.tgz (the build's); copy the JSON worth keeping to bench/results.
 # Internal: `bash scripts/gpu_pending.sh graph-bench|attn-bench|cycle-bench` is the plan's BENCH_CMD (MODEL and OUT set).
@@ -155,6 +157,14 @@ PY
   python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/pack-chain.json"
 }
 
+# One T=1 and one T=5 step of $MODEL on the GPU's clock, kernel by kernel as they overlap (native/bench/trace_step.py:
+# CUPTI through torch.profiler): what each kind of kernel adds to the step. $OUT/trace.json.
+trace_bench() {
+  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 --out "$OUT/trace.json" \
+    2> "$OUT/trace.log"
+  echo "== trace_step (rc $?)"; tail -28 "$OUT/trace.log"
+}
+
 case "${1:-${PLAN:-}}" in
   graph)
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_gdn.py -k 't_tokens_in_one_call or producer_warp_gemv_keeps or prefill_chunk_below or seeded_sampled_answer or trunk_graph_replays'" graph-bench ;;
@@ -217,7 +227,10 @@ PY
     trap pack_logs EXIT
     boundary_bench
     pack_chain_bench
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=1 OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;  # (=1: the default, on this card)
+    (cd "$OUT" && tar -czf boundary.tgz --remove-files boundary-pdl-*.json pack-chain.json)  # (8 files at most)
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=1  # (the default, on this card)
+    trace_bench
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
     echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
