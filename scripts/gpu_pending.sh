@@ -34,6 +34,9 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
+# PLAN=steppack OPENJET_GDN_STEP_PACK (the GDN step packs its own output: one launch fewer a GDN layer, written
+#            2026-12-06): its bit test (test_decode_experiments_keep_every_bit), the T=1 / T=5 step off / on twice
+#            (alternating), a trace with it on, and greedy cycles of 0 and 4 drafts off / on. ~5 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, not yet run), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -213,6 +216,20 @@ PY
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_FFN_TMA=3 OPENJET_GEMV_CARVEOUT=max ;;  # (last: the first to go short)
   pdl)
     plan 200 "tests/test_gpu_pdl.py tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival tests/test_gpu_engine.py::test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs" pdl-bench ;;
+  steppack)
+    plan 150 "tests/test_gpu_engine.py -k 'GDN_STEP_PACK or pack_chain_bench_runs or boundary_bench_counts'" \
+      steppack-bench ;;
+  steppack-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
+    OPENJET_GDN_STEP_PACK=1 trace_bench
+    for v in 0 1; do  # the greedy cycle of 0 and 4 drafts, streamed (issue 7's ratio)
+      OPENJET_GDN_STEP_PACK=$v timeout -k 10 90 python3 native/bench/bench_cycle.py "$MODEL" --drafts 0,4 --graph 0 \
+        --steps 10 --warmup 2 --out "$OUT/cycle-step-pack-$v.json" > /dev/null 2> "$OUT/cycle-step-pack-$v.log"
+      echo "== bench_cycle OPENJET_GDN_STEP_PACK=$v (rc $?)"; tail -1 "$OUT/cycle-step-pack-$v.log"
+    done
+    (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -) ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -232,6 +249,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl or PLAN=boundary (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -579,7 +579,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                          [("OPENJET_FFN_PERSISTENT", "ffn_persistent", ("1", "2", "3", "4")),
                           ("OPENJET_FFN_TMA", "ffn_persistent_tma", ("1", "2", "3", "4")),
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
-                          ("OPENJET_ATTN_PIPE", "attn_planned", ("1",))])
+                          ("OPENJET_ATTN_PIPE", "attn_planned", ("1",)),
+                          ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -591,7 +592,8 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
     those with the last-arriver tile sum); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
     tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
-    test_gpu_attn.py). The counted path (kernels_test.launch_count) ran under each value and never under =0."""
+    test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
+    the out projection, its blocks' row maxima meeting through a barrier). The counted path (kernels_test.launch_count) ran under each value and never under =0."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
     if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA") and not kt.gemv_tma_available():
@@ -719,14 +721,18 @@ def test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs():
     k, reps, copies = 1024, 20, 4
     calls = copies + reps  # the launcher runs for the warm-up calls and the captured ones (time_graph_replays)
     raw = quantize(np.random.default_rng(41).standard_normal((k, k), dtype=np.float32), kt.QTYPES["Q4_K"])
-    for middle in kt.PACK_CHAIN_MODES:
+    setup = None  # cluster packs made outside the chains (the two input packs; the same for every middle)
+    for middle in kt.PACK_CHAIN_MODES:  # ("none" first)
         if middle == "empty_cluster" and not clusters:
             continue
         packs, tma = kt.launch_count("pack_cluster"), kt.launch_count("gemv_tma")
         us = kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, 1, middle, copies, reps, 2)
         assert all(0 < v < 1e4 for v in us), (middle, us)
         made = kt.launch_count("pack_cluster") - packs
-        assert made == (calls if middle == "add_norm_pack" and clusters else 0), (middle, made)
+        if setup is None:
+            assert middle == "none" and made in (0, 2), made
+            setup = made
+        assert made - setup == (calls if middle == "add_norm_pack" and clusters else 0), (middle, made, setup)
         if kt.gemv_tma_available():
             assert kt.launch_count("gemv_tma") - tma == 2 * calls, middle
         write_report(test="pack_chain_bench", middle=middle, k=k, us=us)

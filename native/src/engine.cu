@@ -174,6 +174,11 @@ struct openjet_engine {
     int scratch_rows = 0;  // the row buffers' rows: prefill_rows, at least a step's OPENJET_ENGINE_MAX_T
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
+    // OPENJET_GDN_STEP_PACK=1 at create (an experiment: the same bits): a decode or verify step's GDN step packs its
+    // own output for the out projection (GdnStepArgs::pack_out) instead of a pack launch after it; its blocks meet
+    // through gdn_pack_sync (GdnPackSync, in the zeroed scratch).
+    bool gdn_step_pack = false;
+    unsigned* gdn_pack_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
     // layer's input projections) and its scratch.
@@ -791,6 +796,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
+    e.gdn_step_pack = env_level("OPENJET_GDN_STEP_PACK", 1) == 1;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
@@ -870,6 +876,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.pos_dev, sizeof(int)},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
+        {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1169,8 +1176,11 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     }
     // A prefill's gated norm packs y for the out projection in the same pass where it runs apart from the step and
     // OPENJET_GDN_NORM_PACK=1 (launch_gdn_step; the same bits): e.x, the layer's input pack, was read above.
+    // OPENJET_GDN_STEP_PACK: the step packs y itself (launch_gdn_step: a call of at most 8 rows whose blocks the GPU
+    // holds at once; else the pack launch below).
+    if (e.gdn_step_pack && out_proj && !bound && !skip_out_pack(e)) g.pack_sync = e.gdn_pack_sync;
     bool packed = false;
-    CHECK(launch_gdn_step(g, e.stream, e.prefilling && out_proj ? &e.x : nullptr, &packed,
+    CHECK(launch_gdn_step(g, e.stream, (e.prefilling || g.pack_sync) && out_proj ? &e.x : nullptr, &packed,
                           bound ? e.row_scale : nullptr));
     if (!out_proj) return OPENJET_OK;
     mark(e, "gdn.out_proj");

@@ -7,12 +7,69 @@
 
 #include "act_pack.cuh"
 #include "gdn_chunk.cuh"
+#include "device_attr.cuh"
 #include "gdn_decode.cuh"
+#include "grid_sync.cuh"  // load_acquire, global_ns, kWaitLimitNs
 #include "launch_count.h"
 #include "pdl.cuh"
 
 namespace openjet {
 namespace {
+
+// The step's own pack of its y rows (GdnStepArgs::pack_out), after gdn_step_head wrote them: warp r takes its head's
+// 128 values of row r (lane = element of each of the head's four 32-blocks, as pack_block wants), the row's max |y|
+// meets across the launch's blocks (GdnPackSync: an atomic max of the bits, then a sense-reversing barrier, one
+// thread a block arriving and polling), and each warp packs its four 32-blocks under the row's max; head 0 writes the
+// row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's pack_block, so the pack has
+// launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
+__device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
+    auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
+    // (the sense flips only once every block has arrived, so each block reads this phase's before its arrival)
+    const unsigned sense = *static_cast<volatile unsigned*>(&sync->sense);
+    __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
+    float v[4] = {};
+    if (warp < a.t) {
+        const float* yr = a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[i] = yr[lane + 32 * i];
+            m = fmaxf(m, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) atomicMax(&sync->max_bits[sense][warp], __float_as_uint(m));
+    }
+    __syncthreads();  // every row's max of this block is in, before its arrival (the fence below is cumulative)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&sync->count, 1u) == gridDim.x - 1) {  // the last to arrive: ready the next phase, release
+#pragma unroll
+            for (int r = 0; r < kGdnMaxT; ++r) sync->max_bits[sense ^ 1u][r] = 0u;
+            sync->count = 0u;
+            __threadfence();
+            atomicExch(&sync->sense, sense ^ 1u);
+        } else {
+            const int* word = reinterpret_cast<const int*>(&sync->sense);
+            const unsigned long long start = global_ns();
+            while (static_cast<unsigned>(load_acquire(word)) == sense) {
+                __nanosleep(32);
+                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    if (warp < a.t) {
+        const float amax = __uint_as_float(static_cast<unsigned>(load_acquire(
+            reinterpret_cast<const int*>(&sync->max_bits[sense][warp]))));
+        const ActRow r = act_row(a.pack_out, warp, k, amax);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pack_block(v[i], r.s, h * 4 + i, r.h, r.sum);
+        if (h == 0 && lane == 0) a.pack_out.inv[warp] = r.inv;
+    }
+}
 
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
 // would run in two waves on 170 SMs).
@@ -25,6 +82,9 @@ gdn_step_kernel(const GdnStepArgs a) {
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     pdl_start();  // pdl.cuh
     gdn_step_head<kCols>(a, h, sm, c0);
+    if constexpr (kCols == kGdnHeadDim) {
+        if (a.pack_out.h) gdn_pack_own_rows(a, h);
+    }
 }
 
 constexpr int kNormThreads = 256;
@@ -135,6 +195,20 @@ bool gdn_split(const GdnStepArgs& a) {
 
 bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b < a + n; }
 
+// Whether the GPU holds n whole-head blocks at once (the step's own pack waits for all of them), asked once: on a GPU
+// of fewer SMs than the 27B's 48 heads (46 is the smallest our users run) the separate pack launch stays.
+bool gdn_blocks_resident(int n) {
+    static const int slots = [] {
+        int sms = 0, per_sm = 0;
+        if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim>, kGdnThreads, 0) !=
+                cudaSuccess)
+            return 0;
+        return sms * per_sm;
+    }();
+    return n <= slots;
+}
+
 }  // namespace
 
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed,
@@ -171,14 +245,29 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
     if (gdn_chunked(a)) {
         if (cudaError_t e = launch_gdn_chunk(a, stream, &chunked)) return e;
     }
+    const int k = a.n_v * kGdnHeadDim;
     if (!chunked) {
-        if (!gdn_split(a)) return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
+        if (!gdn_split(a)) {
+            // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
+            // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
+            if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && act_pack_fits(*pack, a.t, k) &&
+                gdn_blocks_resident(a.n_v)) {
+                GdnStepArgs own = a;
+                own.pack_out = *pack;
+                count_launch(Counted::kGdnStepPack);
+                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream,
+                                                        own))
+                    return e;
+                if (packed) *packed = true;
+                return cudaSuccess;
+            }
+            return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
+        }
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
         if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,
                                           kGdnRowGroups * kGdnSplitCols, 0, stream, a))
             return e;
     }
-    const int k = a.n_v * kGdnHeadDim;
     if (pack && !(act_pack_fits(*pack, a.t, k) && (pack_scales || (gdn_norm_pack() && a.n_v <= kMaxNormPackHeads))))
         pack = nullptr;  // the caller packs y
     if (const cudaError_t e = launch_gated_norm(a, pack, pack ? pack_scales : nullptr, stream)) return e;
