@@ -36,7 +36,7 @@
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
 # PLAN=steppack OPENJET_GDN_STEP_PACK (the GDN step packs its own output: one launch fewer a GDN layer, written
 #            2026-12-06): its bit test (test_decode_experiments_keep_every_bit), the T=1 / T=5 step off / on twice
-#            (alternating), a trace with it on, and greedy cycles of 0 and 4 drafts off / on. ~5 minutes.
+#            (alternating), then a trace with it on. ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, not yet run), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -223,13 +223,7 @@ PY
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
-    OPENJET_GDN_STEP_PACK=1 trace_bench
-    for v in 0 1; do  # the greedy cycle of 0 and 4 drafts, streamed (issue 7's ratio)
-      OPENJET_GDN_STEP_PACK=$v timeout -k 10 90 python3 native/bench/bench_cycle.py "$MODEL" --drafts 0,4 --graph 0 \
-        --steps 10 --warmup 2 --out "$OUT/cycle-step-pack-$v.json" > /dev/null 2> "$OUT/cycle-step-pack-$v.log"
-      echo "== bench_cycle OPENJET_GDN_STEP_PACK=$v (rc $?)"; tail -1 "$OUT/cycle-step-pack-$v.log"
-    done
-    (cd "$OUT" && ls cycle-*.json 2>/dev/null | tar -czf cycles.tgz --remove-files -T -) ;;
+    OPENJET_GDN_STEP_PACK=1 trace_bench ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh

@@ -17,16 +17,18 @@ namespace openjet {
 namespace {
 
 // The step's own pack of its y rows (GdnStepArgs::pack_out), after gdn_step_head wrote them: warp r takes its head's
-// 128 values of row r (lane = element of each of the head's four 32-blocks, as pack_block wants), the row's max |y|
-// meets across the launch's blocks (GdnPackSync: an atomic max of the bits, then a sense-reversing barrier, one
-// thread a block arriving and polling), and each warp packs its four 32-blocks under the row's max; head 0 writes the
-// row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's pack_block, so the pack has
-// launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
+// 128 values of row r (lane = element of each of the head's four 32-blocks, as pack_block wants); the heads' maxima
+// meet through GdnPackSync (each block publishes its own with a release of its phase word; thread i waits for block
+// i's word and brings its maxima into the block's shared max), and each warp packs its four 32-blocks under the row's
+// max; head 0 writes the row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's pack_block,
+// so the pack has launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
+// (A first form met through an atomic max and a shared arrival counter, 96 atomics on two words: parity with the
+// pack launch on the H100, trace_step at 2307356.)
 __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
+    __shared__ unsigned row_max[kGdnMaxT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
-    // (the sense flips only once every block has arrived, so each block reads this phase's before its arrival)
-    const unsigned sense = *static_cast<volatile unsigned*>(&sync->sense);
+    if (threadIdx.x < kGdnMaxT) row_max[threadIdx.x] = 0u;
     __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
     float v[4] = {};
     if (warp < a.t) {
@@ -39,32 +41,30 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
         }
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) atomicMax(&sync->max_bits[sense][warp], __float_as_uint(m));
+        if (lane == 0) sync->max_of[h][warp] = m;
     }
-    __syncthreads();  // every row's max of this block is in, before its arrival (the fence below is cumulative)
+    // (only this block writes its phase word, and every launch runs every block once: all blocks count alike)
+    const unsigned phase = __ldcg(&sync->phase_of[h]) + 1u;
+    __syncthreads();  // the block's maxima stored, before its release (the fence below is cumulative)
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(&sync->count, 1u) == gridDim.x - 1) {  // the last to arrive: ready the next phase, release
-#pragma unroll
-            for (int r = 0; r < kGdnMaxT; ++r) sync->max_bits[sense ^ 1u][r] = 0u;
-            sync->count = 0u;
-            __threadfence();
-            atomicExch(&sync->sense, sense ^ 1u);
-        } else {
-            const int* word = reinterpret_cast<const int*>(&sync->sense);
+        atomicExch(&sync->phase_of[h], phase);
+    }
+    if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's maxima, once it has published them
+        const int* word = reinterpret_cast<const int*>(&sync->phase_of[threadIdx.x]);
+        if (static_cast<unsigned>(load_acquire(word)) != phase) {
             const unsigned long long start = global_ns();
-            while (static_cast<unsigned>(load_acquire(word)) == sense) {
+            while (static_cast<unsigned>(load_acquire(word)) != phase) {
                 __nanosleep(32);
                 if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
             }
         }
-        __threadfence();
+        for (int r = 0; r < a.t; ++r)
+            atomicMax(&row_max[r], __float_as_uint(__ldcg(&sync->max_of[threadIdx.x][r])));  // (>= 0: bits order)
     }
     __syncthreads();
     if (warp < a.t) {
-        const float amax = __uint_as_float(static_cast<unsigned>(load_acquire(
-            reinterpret_cast<const int*>(&sync->max_bits[sense][warp]))));
-        const ActRow r = act_row(a.pack_out, warp, k, amax);
+        const ActRow r = act_row(a.pack_out, warp, k, __uint_as_float(row_max[warp]));
 #pragma unroll
         for (int i = 0; i < 4; ++i) pack_block(v[i], r.s, h * 4 + i, r.h, r.sum);
         if (h == 0 && lane == 0) a.pack_out.inv[warp] = r.inv;
@@ -250,8 +250,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
         if (!gdn_split(a)) {
             // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
             // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
-            if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && act_pack_fits(*pack, a.t, k) &&
-                gdn_blocks_resident(a.n_v)) {
+            if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
+                act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);

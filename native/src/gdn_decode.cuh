@@ -90,20 +90,21 @@ struct GdnStepArgs {
     int snap_row = 0;
     // The out projection's pack of y made by the step itself (OPENJET_GDN_STEP_PACK: launch_gdn_step fills pack_out
     // for a whole-head call of at most kGdnMaxT rows whose blocks the GPU holds at once), or pack_out.h null: after
-    // its y rows, each block takes its head's max |y| of every row to the others through pack_sync (GdnPackSync,
+    // its y rows, each block gives its head's max |y| of every row to the others through pack_sync (GdnPackSync,
     // zeroed once, never reset by the host) and packs its head's 4 32-blocks of each row under the row's max, as
     // launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
 };
 
-// The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync): a sense-reversing
-// barrier (the blocks arrived in this phase; the phase's sense, flipped by the last to arrive) and two sets of the
-// rows' max |y| bits, one a phase (a max of non-negative floats is the max of their bits), the last block to arrive
-// clearing the next phase's. A launch leaves them ready for the next: they start zeroed and need no host reset.
+// The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
+// b writes its head's max |y| of each row to max_of[b], then its phase (its launches so far, counted in its own word)
+// to phase_of[b]; every block waits for each other block's word to reach its phase, then takes the rows' maxima over
+// max_of. They start zeroed and need no host reset (each launch runs every block once: the phases agree).
+constexpr int kGdnPackMaxBlocks = 64;
 struct GdnPackSync {
-    unsigned count, sense;
-    unsigned max_bits[2][kGdnMaxT];
+    unsigned phase_of[kGdnPackMaxBlocks];
+    float max_of[kGdnPackMaxBlocks][kGdnMaxT];
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
