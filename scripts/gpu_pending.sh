@@ -34,9 +34,12 @@
 #            the launches' phase profile (persistent_ffn_us_per_launch); greedy cycles of 0 and 4 drafts at =0 and =4
 #            (bench_cycle, in cycles.tgz: the MTP head's FFN takes it too); last, =3 (no projections) and the default
 #            with OPENJET_GEMV_CARVEOUT=max (the producer-warp GEMVs asking for the largest carveout). ~7 minutes.
-# PLAN=steppack OPENJET_GDN_STEP_PACK (the GDN step packs its own output: one launch fewer a GDN layer, written
-#            2026-12-06): its bit test (test_decode_experiments_keep_every_bit), the T=1 / T=5 step off / on twice
-#            (alternating), then a trace with it on. ~4 minutes.
+# PLAN=steppack OPENJET_GDN_STEP_PACK (the GDN step packs its own output: one launch fewer a GDN layer) and
+#            OPENJET_ADD_NORM_MAX_EST (the add-norm cluster pack's scale from a bound where it pins the max's binade:
+#            the max's own cluster exchange skipped), both written 2026-12-06: their bit tests
+#            (test_decode_experiments_keep_every_bit, test_the_add_norm_packs_max_estimate_keeps_its_bits), the
+#            T=1 / T=5 step with both off / on twice (alternating), then a trace with both on (each kernel's marginal
+#            says which gained). ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, not yet run), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -217,13 +220,14 @@ PY
   pdl)
     plan 200 "tests/test_gpu_pdl.py tests/test_gpu_gemv.py tests/test_gpu_engine.py::test_the_boundary_bench_counts_every_launch_and_arrival tests/test_gpu_engine.py::test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs" pdl-bench ;;
   steppack)
-    plan 150 "tests/test_gpu_engine.py -k 'GDN_STEP_PACK or pack_chain_bench_runs or boundary_bench_counts'" \
+    plan 150 "tests/test_gpu_engine.py tests/test_gpu_pdl.py -k 'GDN_STEP_PACK or max_estimate or pack_chain_bench_runs'" \
       steppack-bench ;;
   steppack-bench)
     trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 OPENJET_GDN_STEP_PACK=1
-    OPENJET_GDN_STEP_PACK=1 trace_bench ;;
+    on=OPENJET_GDN_STEP_PACK=1,OPENJET_ADD_NORM_MAX_EST=1
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
+    OPENJET_GDN_STEP_PACK=1 OPENJET_ADD_NORM_MAX_EST=1 trace_bench ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh

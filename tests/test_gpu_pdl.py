@@ -94,3 +94,68 @@ def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
         differ = int((plain.view(np.uint32) != got.view(np.uint32)).sum())
         report(test="cluster_packs_same_bits", kv=kv, setting=name, logits=int(plain.size), differ=differ)
         assert differ == 0, f"{differ} of {plain.size} logits differ between the cluster ({name}) and one-block packs"
+
+
+def test_the_add_norm_packs_max_estimate_keeps_its_bits():
+    """OPENJET_ADD_NORM_MAX_EST=1 (elementwise.cu add_norm_pack_cluster_kernel): the pack's scale from est = fl(s P),
+    P = max fl(|h w|), where est pins the binade of the values' max (binade_pinned), else from the max as before. Against
+    =0 (the max itself), every output bit equal: h after the add, the float copy, the pack's values, sums and 1 / s, at
+    the 27B's width and the small model's, on random rows and on rows built so that est and the true max lie on two
+    sides of a power of two (found by emulating the two rounding orders in float32 with the rms scale s the kernel
+    itself gives, read back from its float copy): a guard that trusted est there would pack that row under twice or
+    half the scale."""
+    from openjet_launcher.engine import kernels_test as kt
+    from openjet_launcher.engine import probe_in_child
+
+    if probe_in_child()["devices"][0]["sm"] < 90:
+        pytest.skip("the cluster add-norm pack runs on sm_90+ only")
+    f32 = np.float32
+
+    def both(h, d, w):
+        out = {}
+        for v in ("0", "1"):
+            os.environ["OPENJET_ADD_NORM_MAX_EST"] = v
+            try:
+                out[v] = kt.add_norm_pack(h, d, w)
+            finally:
+                del os.environ["OPENJET_ADD_NORM_MAX_EST"]
+        return out["0"], out["1"]
+
+    def straddling_row(k, j0):
+        """(h, w): ones, but h[j0] = x0 and w[j0] = w0 chosen so that fl(fl(x0 s) w0) and fl(s fl(x0 w0)) lie on two
+        sides of 8, where s is the kernel's rms scale of the row (its float copy at an element of h = w = 1)."""
+        for x0 in np.linspace(1.05, 3.0, 40, dtype=f32):
+            h = np.ones((1, k), f32)
+            h[0, j0] = x0
+            s = kt.add_norm_pack(h, None, np.ones(k, f32))[1][0, (j0 + 1) % k]  # fl(1 s) = s
+            w0 = f32(8.0) / (x0 * s)
+            for _ in range(64):  # from 64 ulps below 8 / (x0 s) to 64 above
+                w0 = np.nextafter(w0, f32(0.0), dtype=f32)
+            for _ in range(129):
+                w0 = np.nextafter(w0, f32(np.inf), dtype=f32)
+                y0 = f32(f32(x0 * s) * w0)
+                est = f32(s * f32(x0 * w0))
+                if (y0 < 8.0) != (est < 8.0):
+                    w = np.ones(k, f32)
+                    w[j0] = w0
+                    return h, w
+        return None
+
+    rng = np.random.default_rng(11)
+    for k in (5120, 1024):
+        for t in (1, 3):
+            h = rng.standard_normal((t, k), dtype=f32) * f32(3.0)
+            d = rng.standard_normal((t, k), dtype=f32)
+            w = (rng.random(k, dtype=f32) + f32(0.5)) * np.where(rng.random(k) < 0.01, f32(20.0), f32(1.0))
+            base, est = both(h, d, w)
+            for name, a, b in zip(("h", "a", "xh", "xsum", "xinv"), base, est):
+                assert np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
+                                      b.view(np.uint32) if b.dtype == np.float32 else b), (k, t, name)
+        found = straddling_row(k, 37)
+        assert found is not None, "no straddling row found: the search needs widening"
+        h, w = found
+        base, est = both(h, None, w)
+        report(test="add_norm_max_est", k=k, xinv=float(base[4][0]), est_xinv=float(est[4][0]))
+        for name, a, b in zip(("h", "a", "xh", "xsum", "xinv"), base, est):
+            assert np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
+                                  b.view(np.uint32) if b.dtype == np.float32 else b), (k, "straddling", name)

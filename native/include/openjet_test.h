@@ -48,6 +48,11 @@ OPENJET_API int openjet_test_ffn_scratch(int n_ff, int* ints, int* profile_slots
 /* y [t, k] = x * rsqrt(mean x^2 + eps) * w. */
 OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y);
 
+/* launch_add_norm_pack on t <= OPENJET_ENGINE_MAX_T decode rows: h + delta (null: none) -> h_out, rmsnorm(h) * w ->
+ * a_out, and its pack (xh, xsum, xinv as openjet_test_pack_act's). */
+OPENJET_API int openjet_test_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,
+                                           float* h_out, float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv);
+
 /* y [t, n] = W x: k-quant W packs x first (no norm), F32 W takes x as is. k: a multiple of 256 for the
  * k-quants, of 4 for F32. */
 OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);

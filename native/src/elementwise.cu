@@ -216,15 +216,34 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
 #endif
 }
 
+#ifdef OPENJET_PACK_CLUSTER_ARCH
+// Whether est, the row's max |value| known up to a relative 4 u (u = 2^-24; add_norm_pack_cluster_kernel's product
+// bound), pins the binade act_pack_shift takes from the exact max: est normal and finite, and more than 2^-20 (relative)
+// inside its binade's ends, so the exact max lies in the same binade and gets the same shift.
+__device__ __forceinline__ bool binade_pinned(float est) {
+    if (!(est >= 0x1p-100f && est <= 0x1p100f)) return false;  // (NaN too)
+    int e = 0;
+    const float f = frexpf(est, &e);  // est = f 2^e, f in [0.5, 1)
+    return f > 0.5f + 0x1p-21f && f < 1.0f - 0x1p-20f;
+}
+#endif
+
 // h += delta (this block's part), a = rms(h) * w, packed; nb % kPackCluster == 0 (equal parts: the owner of
-// element i is i / part_elems).
+// element i is i / part_elems). max_est (OPENJET_ADD_NORM_MAX_EST=1, an experiment: the same bits): the pack's scale
+// from a bound instead of the values' max where the bound pins it. Each value is fl(fl(h s) w) with s the row's
+// rms scale, so max |value| lies within a relative 4 u of est = fl(s P), P = max fl(|h w|), which the blocks exchange
+// with the row itself before the rms; where est pins act_pack_shift's binade (binade_pinned: every block decides
+// alike, from the same s and P), the max's own cluster exchange (a block reduction and two cluster barriers) is
+// skipped, and the blocks only wait at the end for the others' reads of their shared memory.
 __global__ void __launch_bounds__(kPackClusterThreads)
 add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w,
-                             int k, float eps, float* __restrict__ a_out, ActPack p) {
+                             int k, float eps, float* __restrict__ a_out, ActPack p, int max_est) {
 #ifdef OPENJET_PACK_CLUSTER_ARCH
     namespace cg = cooperative_groups;
     extern __shared__ float hs[];  // this block's part of the row after the add
     __shared__ float block_max;
+    __shared__ float warp_hw[kPackClusterWarps];  // max_est: each warp's max |h w|
+    __shared__ float row_hw;                      // max_est: the row's, over the cluster
     __shared__ float ws[kPackClusterCached * kPackClusterThreads];  // the thread's norm weights, [j][thread]
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
@@ -262,9 +281,38 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
             hs[i - b0 * kActBlock] = x[j];
         }
     }
-    cluster.sync();  // every part of the row is in its block's shared memory
+    if (max_est) {
+        cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
+        float hw = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPackClusterCached; ++j)
+            if (b0 + warp + kPackClusterWarps * j < b1)
+                hw = fmaxf(hw, fabsf(__fmul_rn(x[j], ws[j * kPackClusterThreads + threadIdx.x])));
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) hw = fmaxf(hw, __shfl_xor_sync(0xffffffffu, hw, o));
+        if (lane == 0) warp_hw[warp] = hw;
+    }
+    cluster.sync();  // every part of the row (and with max_est each warp's max |h w|) is in its block's shared memory
     const float scale = row_rms_scale_of(
         [&](int i) { return *cluster.map_shared_rank(hs + i % part_elems, i / part_elems); }, k, eps);
+    float est = 0.0f;
+    bool pinned = false;
+    if (max_est) {
+        if (warp == 0) {  // the row's max |h w|: the cluster's 64 warps' maxima
+            float hw = 0.0f;
+            for (int q = lane; q < kPackCluster * kPackClusterWarps; q += 32)
+                hw = fmaxf(hw, *cluster.map_shared_rank(warp_hw + q % kPackClusterWarps, q / kPackClusterWarps));
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) hw = fmaxf(hw, __shfl_xor_sync(0xffffffffu, hw, o));
+            if (lane == 0) row_hw = hw;
+        }
+        __syncthreads();
+        est = __fmul_rn(scale, row_hw);
+        pinned = binade_pinned(est);
+        // This block's reads of the others' shared memory are done: arrive now, wait only before leaving (the max's
+        // barriers, which keep shared memory alive otherwise, are skipped).
+        if (pinned) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    }
     float* copy = a_out ? a_out + static_cast<long long>(row) * k : nullptr;
     float m = 0.0f;
     cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
@@ -274,6 +322,11 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         x[j] = b < b1 ? __fmul_rn(__fmul_rn(x[j], scale), ws[j * kPackClusterThreads + threadIdx.x]) : 0.0f;
         m = fmaxf(m, fabsf(x[j]));
         if (copy && b < b1) copy[i] = x[j];
+    }
+    if (pinned) {  // the shift est's binade gives (act_row takes only the binade): the exact max's
+        cluster_pack_slice(x, b0, b1, est, k, p, row, rank);
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        return;
     }
     // cluster_row_max's barriers also keep hs alive for the other blocks' reads above
     cluster_pack_slice(x, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
@@ -381,9 +434,11 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         }
     if (pack_cluster_takes(k)) {
         count_launch(Counted::kPackCluster);
+        const char* v = std::getenv("OPENJET_ADD_NORM_MAX_EST");  // (read at each call: tests switch it)
+        const int max_est = v && std::strcmp(v, "1") == 0 ? 1 : 0;
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
-                                     a_out, p);
+                                     a_out, p, max_est);
     }
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,

@@ -107,6 +107,35 @@ extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, c
     return OPENJET_OK;
 }
 
+// launch_add_norm_pack on t rows: h [t, k] + delta [t, k] (null: none) -> h_out, a = rms(h) * w -> a_out, and the
+// pack (xh, xsum, xinv as openjet_test_pack_act gives them). The kernel the engine's decode rows take (the cluster
+// pack on 9.0+ where k fits it; OPENJET_ADD_NORM_MAX_EST read at the call).
+extern "C" OPENJET_API int openjet_test_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k,
+                                                      float eps, float* h_out, float* a_out, uint16_t* xh,
+                                                      uint16_t* xsum, float* xinv) {
+    if (!h || !w || !h_out || !a_out || !xh || !xsum || !xinv || t < 1 || t > OPENJET_ENGINE_MAX_T || k < kActUnit ||
+        k % kActUnit)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT,
+                    "add_norm_pack: null pointer, t (%d) not in 1..%d or k (%d) not a multiple of %d", t,
+                    OPENJET_ENGINE_MAX_T, k, kActUnit);
+    DevBuf dh, dd, dw, da;
+    DevPack p;
+    CHECK(dh.upload(h, sizeof(float) * t * k));
+    if (delta) CHECK(dd.upload(delta, sizeof(float) * t * k));
+    CHECK(dw.upload(w, sizeof(float) * k));
+    CHECK(da.alloc(sizeof(float) * t * k));
+    CHECK(p.alloc(t, k));
+    CHECK(launch_add_norm_pack(dh.as<float>(), dd.as<float>(), dw.as<float>(), t, k, eps, da.as<float>(), p.view(),
+                               0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_out, dh.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 extern "C" OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* w, float eps, float* y) {
     if (!x || !w || !y || t < 1 || k < 1) return fail(OPENJET_ERR_INVALID_ARGUMENT, "rmsnorm: null pointer or bad shape");
     DevBuf dx, dw, dy;

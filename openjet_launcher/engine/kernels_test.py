@@ -50,6 +50,7 @@ def _lib() -> ctypes.CDLL:
     return _bind("test API", {
         "pack_act": [_P, _I, _I, _P, _F, _P, _P, _P],
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
+        "add_norm_pack": [_P, _P, _P, _I, _I, _F, _P, _P, _P, _P, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
@@ -130,6 +131,25 @@ def pack_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray,
     xinv = np.empty(t, np.float32)
     _check(lib, lib.openjet_test_pack_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "pack_act")
     return xh, xsum, xinv
+
+
+def add_norm_pack(h, delta, w, eps: float = 1e-6) -> tuple[np.ndarray, ...]:
+    """The engine's add-norm pack of decode rows (launch_add_norm_pack): h [t, k] + delta (None: no add) and a =
+    rmsnorm(h) * w, packed. Returns (h after the add, a, xh, xsum, xinv) as pack_act gives the pack."""
+    lib = _lib()
+    h = _f32(h, 2)
+    t, k = h.shape
+    d = None if delta is None else _f32(delta, 2)
+    w = _f32(w, 1)
+    if (d is not None and d.shape != h.shape) or w.shape != (k,):
+        raise ValueError(f"add_norm_pack: delta must be {h.shape} and w ({k},)")
+    h_out, a_out = np.empty_like(h), np.empty_like(h)
+    xh = np.empty((t, k), np.uint16)
+    xsum = np.empty((t, k // 32 * 2), np.uint16)
+    xinv = np.empty(t, np.float32)
+    _check(lib, lib.openjet_test_add_norm_pack(_ptr(h), _ptr(d), _ptr(w), t, k, eps, _ptr(h_out), _ptr(a_out),
+                                               _ptr(xh), _ptr(xsum), _ptr(xinv)), "add_norm_pack")
+    return h_out, a_out, xh, xsum, xinv
 
 
 def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
