@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "act_pack.cuh"
-#include "gdn_chunk.cuh"
 #include "device_attr.cuh"
+#include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
 #include "grid_sync.cuh"  // load_acquire, global_ns, kWaitLimitNs
 #include "launch_count.h"
