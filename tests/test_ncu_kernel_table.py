@@ -4,12 +4,12 @@ on the H200 (tests/data/ncu_prefill_chunk_sample.csv: its Duration and throughpu
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_module import BENCH, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "native" / "bench" / "ncu_kernel_table.py"
@@ -17,10 +17,7 @@ SAMPLE = ROOT / "tests" / "data" / "ncu_prefill_chunk_sample.csv"
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("ncu_kernel_table", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ncu_kernel_table", BENCH)
 
 
 def test_the_sample_chunks_launches_sum_per_kernel():

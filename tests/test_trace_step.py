@@ -3,20 +3,14 @@ worked out by hand, and its reading of a torch.profiler chrome trace (the kernel
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parents[1] / "native" / "bench" / "trace_step.py"
+from script_module import BENCH, load_script
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("trace_step", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("trace_step", BENCH)
 
 
 def test_marginals_and_idle_add_up_to_the_span():
