@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device checks and timings of code written without a GPU (the sessions of 2026-12-05 that got no device; PLAN=graph,
-# PLAN=attn and PLAN=cycle ran on an H100 on 2026-12-05: NOTES_gemv.md. Next: graph and attn on an H200 for the
+# The device checks and timings of code written without a GPU (PLAN=graph, PLAN=attn and PLAN=cycle ran on an H100 on
+# 2026-12-05, PLAN=pdl on 2026-12-06: NOTES_gemv.md. Next: PLAN=steppack; graph and attn on an H200 for the
 # acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full`
 # synthetic model, the plan's GPU tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
@@ -42,7 +42,7 @@
 #            says which gained). ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
-#            2026-12-06, not yet run), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
+#            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
 #            add-norm pack between two decode GEMVs costs, against an empty kernel of one block, of a cluster, of 8
 #            blocks) as PLAN=pdl's.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
