@@ -72,19 +72,19 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
 }
 
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
-// would run in two waves on 170 SMs).
-template <int kCols>
+// would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
+// a kernel of its own so that the default one's code stays as it was.
+template <int kCols, bool kOwnPack = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
+    static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
     __shared__ GdnSmem sm;
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     pdl_start();  // pdl.cuh
     gdn_step_head<kCols>(a, h, sm, c0);
-    if constexpr (kCols == kGdnHeadDim) {
-        if (a.pack_out.h) gdn_pack_own_rows(a, h);
-    }
+    if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
 }
 
 constexpr int kNormThreads = 256;
@@ -201,8 +201,8 @@ bool gdn_blocks_resident(int n) {
     static const int slots = [] {
         int sms = 0, per_sm = 0;
         if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim>, kGdnThreads, 0) !=
-                cudaSuccess)
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim, true>, kGdnThreads,
+                                                          0) != cudaSuccess)
             return 0;
         return sms * per_sm;
     }();
@@ -255,8 +255,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream,
-                                                        own))
+                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0,
+                                                        stream, own))
                     return e;
                 if (packed) *packed = true;
                 return cudaSuccess;

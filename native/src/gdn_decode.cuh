@@ -89,10 +89,10 @@ struct GdnStepArgs {
     float* snap_conv = nullptr;
     int snap_row = 0;
     // The out projection's pack of y made by the step itself (OPENJET_GDN_STEP_PACK: launch_gdn_step fills pack_out
-    // for a whole-head call of at most kGdnMaxT rows whose blocks the GPU holds at once), or pack_out.h null: after
-    // its y rows, each block gives its head's max |y| of every row to the others through pack_sync (GdnPackSync,
-    // zeroed once, never reset by the host) and packs its head's 4 32-blocks of each row under the row's max, as
-    // launch_pack_act packs y: the same bits, without that launch.
+    // for a whole-head call of at most kGdnMaxT rows whose blocks the GPU holds at once, and launches the kernel form
+    // that reads it; the default form ignores it): after its y rows, each block gives its head's max |y| of every row
+    // to the others through pack_sync (GdnPackSync, zeroed once, never reset by the host) and packs its head's 4
+    // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
 };
