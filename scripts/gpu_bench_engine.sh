@@ -37,7 +37,9 @@
 # random codes the model is written before the build ends, so the command mostly runs alone before the bench),
 # BENCH_CMD="python3 native/bench/bench_prefill_turns.py \$MODEL > \$OUT/turns.json" (run instead of bench_decode),
 # VARIANTS="OPENJET_PDL=0
-# OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json). The device returns
+# OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json), TRACE=1 (first, one
+# T=1 and one T=5 step kernel by kernel on the GPU's clock, native/bench/trace_step.py: $OUT/trace.json, ~40 s of
+# the budget). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log and the benches' logs (their figures are in the
 # JSON and this script's output) come back packed in $OUT/misc.tgz, so that four variants' JSON, the while-synth
 # log and report and misc.tgz fit (on 2026-12-02 four variants' logs crowded out the while-synth results).
@@ -110,6 +112,11 @@ if [ -n "${BENCH_CMD:-}" ]; then  # another benchmark on the model instead (MODE
 fi
 # VARIANTS: environment settings to bench in turn, one bench-engine-<i>.json each ("OPENJET_PDL=0 OPENJET_PDL=1";
 # "A=1,B=2" sets two), the time left shared out evenly; unset: one run, bench-engine.json.
+if [ "${TRACE:-0}" = 1 ]; then  # what each kind of kernel adds to the step, as PDL overlaps them
+  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 --out "$OUT/trace.json" \
+    2> "$OUT/trace.log"
+  say "trace_step (rc $?)"; tail -27 "$OUT/trace.log"
+fi
 read -r -a VARS <<< "${VARIANTS:-}"
 [ ${#VARS[@]} -gt 0 ] || VARS=("")
 summarise() {  # the figures that matter, in the output's tail
@@ -167,5 +174,5 @@ for i in "${!VARS[@]}"; do
   summarise "$OUT/$name.json"
 done
 # (the files that exist: a reused model leaves no synth.*, and tar would fail on them)
-(cd "$OUT" && ls -d build.log nvidia-smi.txt synth.json synth.err wheels.log bench-engine*.log 2>/dev/null |
+(cd "$OUT" && ls -d build.log nvidia-smi.txt synth.json synth.err wheels.log bench-engine*.log trace.log 2>/dev/null |
   tar -czf misc.tgz --remove-files -T -)
