@@ -97,13 +97,14 @@ def test_cluster_packs_keep_every_bit(small_model, tmp_path, kv):
 
 
 def test_the_add_norm_packs_max_estimate_keeps_its_bits():
-    """OPENJET_ADD_NORM_MAX_EST=1 (elementwise.cu add_norm_pack_cluster_kernel): the pack's scale from est = fl(s P),
-    P = max fl(|h w|), where est pins the binade of the values' max (binade_pinned), else from the max as before. Against
-    =0 (the max itself), every output bit equal: h after the add, the float copy, the pack's values, sums and 1 / s, at
-    the 27B's width and the small model's, on random rows and on rows built so that est and the true max lie on two
-    sides of a power of two (found by emulating the two rounding orders in float32 with the rms scale s the kernel
-    itself gives, read back from its float copy): a guard that trusted est there would pack that row under twice or
-    half the scale."""
+    """OPENJET_ADD_NORM_MAX_EST=1 (elementwise.cu add_norm_pack_cluster_kernel; switched here through
+    kernels_test.set_add_norm_max_est, since a launch reads the environment once): the pack's scale from est =
+    fl(s P), P = max fl(|h w|), where est pins the binade of the values' max (binade_pinned), else from the max as
+    before. Against off (the max itself), every output bit equal: h after the add, the float copy, the pack's values,
+    sums and 1 / s, at the 27B's width and the small model's, on random rows and on rows built so that est and the
+    true max lie on two sides of a power of two (found by emulating the two rounding orders in float32 with the rms
+    scale s the kernel itself gives, read back from its float copy): a guard that trusted est there would pack that
+    row under twice or half the scale."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.engine import probe_in_child
 
@@ -113,13 +114,13 @@ def test_the_add_norm_packs_max_estimate_keeps_its_bits():
 
     def both(h, d, w):
         out = {}
-        for v in ("0", "1"):
-            os.environ["OPENJET_ADD_NORM_MAX_EST"] = v
+        for on in (False, True):
+            kt.set_add_norm_max_est(on)
             try:
-                out[v] = kt.add_norm_pack(h, d, w)
+                out[on] = kt.add_norm_pack(h, d, w)
             finally:
-                del os.environ["OPENJET_ADD_NORM_MAX_EST"]
-        return out["0"], out["1"]
+                kt.set_add_norm_max_est(None)
+        return out[False], out[True]
 
     def straddling_row(k, j0):
         """(h, w): ones, but h[j0] = x0 and w[j0] = w0 chosen so that fl(fl(x0 s) w0) and fl(s fl(x0 w0)) lie on two

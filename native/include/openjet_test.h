@@ -130,6 +130,10 @@ OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int* rows_per_b
  * times. */
 OPENJET_API int openjet_test_set_gemv_half(int mode);
 
+/* The add-norm cluster pack's scale from its bound where it pins the max (OPENJET_ADD_NORM_MAX_EST) for the calls that
+ * follow: -1 what the environment says (read at the next call), 0 off, 1 on. Process-wide. */
+OPENJET_API int openjet_test_set_add_norm_max_est(int mode);
+
 /* 1 where this build and device run the dense prefill GEMM (dense_gemm_available: OPENJET_PREFILL_GEMM=dense), else
  * 0. */
 OPENJET_API int openjet_test_dense_gemm_available(void);

@@ -4,6 +4,7 @@
 // launch_mtp_input_pack: the MTP head's embedding, input norms and pack of a decode row on one cluster (likewise).
 #include <cooperative_groups.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -218,8 +219,8 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
 
 #ifdef OPENJET_PACK_CLUSTER_ARCH
 // Whether est, the row's max |value| known up to a relative 4 u (u = 2^-24; add_norm_pack_cluster_kernel's product
-// bound), pins the binade act_pack_shift takes from the exact max: est normal and finite, and more than 2^-20 (relative)
-// inside its binade's ends, so the exact max lies in the same binade and gets the same shift.
+// bound), pins the binade act_pack_shift takes from the exact max: est normal and finite, and more than 2^-20
+// (relative) inside its binade's ends, so the exact max lies in the same binade and gets the same shift.
 __device__ __forceinline__ bool binade_pinned(float est) {
     if (!(est >= 0x1p-100f && est <= 0x1p100f)) return false;  // (NaN too)
     int e = 0;
@@ -424,6 +425,27 @@ bool pack_cluster_takes(int k, int level = 1) {
 
 }  // namespace
 
+namespace {
+
+// OPENJET_ADD_NORM_MAX_EST, read at the first call (a decode step's 129 launches read no environment) unless a test
+// set it: 0 or 1, or kMaxEstFromEnv (read the environment at the next call).
+constexpr int kMaxEstFromEnv = -1;
+std::atomic<int> g_add_norm_max_est{kMaxEstFromEnv};
+
+int add_norm_max_est() {
+    int v = g_add_norm_max_est.load(std::memory_order_relaxed);
+    if (v == kMaxEstFromEnv) {
+        const char* e = std::getenv("OPENJET_ADD_NORM_MAX_EST");
+        g_add_norm_max_est.compare_exchange_strong(v, e && std::strcmp(e, "1") == 0 ? 1 : 0);
+        v = g_add_norm_max_est.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+}  // namespace
+
+void set_add_norm_max_est(int mode) { g_add_norm_max_est.store(mode == 0 || mode == 1 ? mode : kMaxEstFromEnv); }
+
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
@@ -434,11 +456,9 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         }
     if (pack_cluster_takes(k)) {
         count_launch(Counted::kPackCluster);
-        const char* v = std::getenv("OPENJET_ADD_NORM_MAX_EST");  // (read at each call: tests switch it)
-        const int max_est = v && std::strcmp(v, "1") == 0 ? 1 : 0;
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
-                                     a_out, p, max_est);
+                                     a_out, p, add_norm_max_est());
     }
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,

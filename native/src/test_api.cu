@@ -86,6 +86,15 @@ struct DevPack {
         return e;
     }
     ActPack view() { return ActPack{h.as<__half>(), sum.as<__half>(), inv.as<float>(), rows}; }
+    // Rows 0..t-1 of a pack of k-element rows to the host (the GPU's work before synchronised).
+    cudaError_t download(int t, int k, uint16_t* xh, uint16_t* xsum, float* xinv) const {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(xh, h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(xsum, sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(xinv, inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost);
+        return e;
+    }
 };
 
 extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, const float* norm_w, float eps,
@@ -100,10 +109,7 @@ extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, c
     CHECK(p.alloc(t, k));
     if (norm_w) CHECK(dw.upload(norm_w, sizeof(float) * k));
     CHECK(launch_pack_act(dx.as<float>(), t, k, dw.as<float>(), eps, p.view(), 0));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    CHECK(p.download(t, k, xh, xsum, xinv));
     return OPENJET_OK;
 }
 
@@ -127,12 +133,9 @@ extern "C" OPENJET_API int openjet_test_add_norm_pack(const float* h, const floa
     CHECK(p.alloc(t, k));
     CHECK(launch_add_norm_pack(dh.as<float>(), dd.as<float>(), dw.as<float>(), t, k, eps, da.as<float>(), p.view(),
                                0));
-    CHECK(cudaDeviceSynchronize());
+    CHECK(p.download(t, k, xh, xsum, xinv));
     CHECK(cudaMemcpy(h_out, dh.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 
@@ -332,10 +335,7 @@ extern "C" OPENJET_API int openjet_test_prefill_gate_up(int qtype, const void* w
         g.dense = dense.as<__half>(), u.dense = g.dense;
     }
     CHECK(launch_ffn_gate_up_pack(g, u, out.view(), 0));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(xh, out.h.p, sizeof(uint16_t) * t * n, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xsum, out.sum.p, sizeof(uint16_t) * t * (n / kActBlock) * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xinv, out.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    CHECK(out.download(t, n, xh, xsum, xinv));
     return OPENJET_OK;
 }
 
@@ -418,10 +418,7 @@ extern "C" OPENJET_API int openjet_test_mtp_input_pack(const void* table, int vo
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_input_pack: not taken here (a GPU or build below 9.0, or "
                     "OPENJET_PACK_CLUSTER below 2)");
     CHECK(err);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(xh, p.h.p, sizeof(uint16_t) * t * k, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xsum, p.sum.p, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(xinv, p.inv.p, sizeof(float) * t, cudaMemcpyDeviceToHost));
+    CHECK(p.download(t, k, xh, xsum, xinv));
     return OPENJET_OK;
 }
 
@@ -505,6 +502,13 @@ extern "C" OPENJET_API int openjet_test_gemv_shape(int qtype, int n, int k, int*
                                                    int* blocks) {
     if (!rows_per_block || !warps_per_block || !blocks) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_shape: null pointer");
     CHECK(gemv_launch_shape(qtype, n, k, rows_per_block, warps_per_block, blocks));
+    return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_test_set_add_norm_max_est(int mode) {
+    if (mode < -1 || mode > 1)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_add_norm_max_est: mode must be -1, 0 or 1");
+    set_add_norm_max_est(mode);  // -1: the environment's choice
     return OPENJET_OK;
 }
 

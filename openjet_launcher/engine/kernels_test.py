@@ -71,6 +71,7 @@ def _lib() -> ctypes.CDLL:
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "set_gemv_half": [_I],
+        "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
         "gemv_tma_available": [],
         "launch_count": [_I, _P],
@@ -118,6 +119,12 @@ def _weights(qtype: int, w: np.ndarray, k: int) -> tuple[np.ndarray, int]:
     return raw, raw.shape[0]
 
 
+def pack_arrays(t: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host arrays for t rows of a pack of k-element rows, as the test API fills them: xh uint16 [t, k], xsum uint16
+    [t, k / 32 * 2], xinv float32 [t] (pack_act says what they hold)."""
+    return np.empty((t, k), np.uint16), np.empty((t, k // 32 * 2), np.uint16), np.empty(t, np.float32)
+
+
 def pack_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The GEMV's input format for x [t, k] (with norm_w, of rmsnorm(x) * norm_w): (xh uint16 [t, k] fp16 bits,
     quads stored 0, 2, 1, 3; xsum uint16 [t, k/32 * 2] fp16 bits of the 32-block sums / 32 as hi + lo;
@@ -126,9 +133,7 @@ def pack_act(x, norm_w=None, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray,
     x = _f32(x, 2)
     t, k = x.shape
     w = None if norm_w is None else _f32(norm_w, 1)
-    xh = np.empty((t, k), np.uint16)
-    xsum = np.empty((t, k // 32 * 2), np.uint16)
-    xinv = np.empty(t, np.float32)
+    xh, xsum, xinv = pack_arrays(t, k)
     _check(lib, lib.openjet_test_pack_act(_ptr(x), t, k, _ptr(w), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "pack_act")
     return xh, xsum, xinv
 
@@ -144,9 +149,7 @@ def add_norm_pack(h, delta, w, eps: float = 1e-6) -> tuple[np.ndarray, ...]:
     if (d is not None and d.shape != h.shape) or w.shape != (k,):
         raise ValueError(f"add_norm_pack: delta must be {h.shape} and w ({k},)")
     h_out, a_out = np.empty_like(h), np.empty_like(h)
-    xh = np.empty((t, k), np.uint16)
-    xsum = np.empty((t, k // 32 * 2), np.uint16)
-    xinv = np.empty(t, np.float32)
+    xh, xsum, xinv = pack_arrays(t, k)
     _check(lib, lib.openjet_test_add_norm_pack(_ptr(h), _ptr(d), _ptr(w), t, k, eps, _ptr(h_out), _ptr(a_out),
                                                _ptr(xh), _ptr(xsum), _ptr(xinv)), "add_norm_pack")
     return h_out, a_out, xh, xsum, xinv
@@ -245,9 +248,7 @@ def prefill_gate_up(qtype: int, w_gate, w_up, x) -> tuple[np.ndarray, np.ndarray
     call's ffn_down input as the engine makes it (one GEMM for G and U; OPENJET_PREFILL_FFN_FUSED=0: two)."""
     lib = _lib()
     x, t, k, raw_g, raw_u, n = _gate_up_inputs(qtype, w_gate, w_up, x)
-    xh = np.empty((t, n), np.uint16)
-    xsum = np.empty((t, n // 32 * 2), np.uint16)
-    xinv = np.empty(t, np.float32)
+    xh, xsum, xinv = pack_arrays(t, n)
     _check(lib, lib.openjet_test_prefill_gate_up(qtype, _ptr(raw_g), _ptr(raw_u), n, k, _ptr(x), t, _ptr(xh),
                                                  _ptr(xsum), _ptr(xinv)), "prefill_gate_up")
     return xh, xsum, xinv
@@ -289,7 +290,7 @@ def mtp_input_pack(table, dim: int, ids, hs, enorm, hnorm, eps: float = 1e-6
     t, k = len(ids), 2 * dim
     if hs.shape != (t, dim) or enorm.shape != (dim,) or hnorm.shape != (dim,):
         raise ValueError(f"hs {hs.shape}, enorm {enorm.shape}, hnorm {hnorm.shape} do not fit {t} ids of dim {dim}")
-    xh, xsum, xinv = np.empty((t, k), np.uint16), np.empty((t, k // 32 * 2), np.uint16), np.empty(t, np.float32)
+    xh, xsum, xinv = pack_arrays(t, k)
     _check(lib, lib.openjet_test_mtp_input_pack(_ptr(raw), vocab, dim, _ptr(ids), t, _ptr(hs), _ptr(enorm),
                                                 _ptr(hnorm), eps, _ptr(xh), _ptr(xsum), _ptr(xinv)), "mtp_input_pack")
     return xh, xsum, xinv
@@ -359,6 +360,13 @@ def set_gemv_tiles(tiles: str) -> None:
         raise ValueError(f"tiles must be one of {', '.join(GEMV_TILES)}, got {tiles!r}")
     lib = _lib()
     _check(lib, lib.openjet_test_set_gemv_half(GEMV_TILES[tiles]), "set_gemv_half")
+
+
+def set_add_norm_max_est(on: bool | None) -> None:
+    """The add-norm cluster pack's scale from its bound where the bound pins the max (OPENJET_ADD_NORM_MAX_EST) for the
+    calls that follow, in this process: True, False, or None (what the environment says)."""
+    lib = _lib()
+    _check(lib, lib.openjet_test_set_add_norm_max_est(-1 if on is None else int(bool(on))), "set_add_norm_max_est")
 
 
 def dense_gemm_available() -> bool:

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-from .kernels_test import _F, _I, _P, _bind, _check, _f32_shaped, _ptr
+from .kernels_test import _F, _I, _P, _bind, _check, _f32_shaped, _ptr, pack_arrays
 
 HEAD_DIM = 128
 MAX_T = 8
@@ -91,7 +91,7 @@ def gdn_step_bounded_pack(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_sta
         n_k, n_v, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state)
     scales = _f32_shaped(scales, (t,), "scales")
     vd = n_v * HEAD_DIM
-    h, sums, inv = np.empty((t, vd), np.uint16), np.empty((t, vd // 32 * 2), np.uint16), np.empty(t, np.float32)
+    h, sums, inv = pack_arrays(t, vd)
     _check(lib, lib.openjet_test_gdn_step_bounded_pack(
         n_k, n_v, t, eps, *map(_ptr, (qkv, z, b, alpha, conv_w, cs_in, ssm_a, dt_bias, norm_w, state, scales, h,
                                       sums, inv))), "gdn_step_bounded_pack")
