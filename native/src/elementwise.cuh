@@ -71,7 +71,7 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 }
 
 // h [t, k] += delta (nullptr: no add); a = rms(h) * w -> a_out [t, k] (nullptr: not written) and the pack.
-// OPENJET_ADD_NORM_MAX_EST=1 (an experiment: the same bits; elementwise.cu add_norm_pack_cluster_kernel) is read at
+// OPENJET_ADD_NORM_MAX_EST (on unless "0": the same bits; elementwise.cu add_norm_pack_cluster_kernel) is read at
 // the first call; set_add_norm_max_est (tests) sets it: 0 or 1, or -1 to read the environment again at the next call.
 void set_add_norm_max_est(int mode);
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,

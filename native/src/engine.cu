@@ -174,10 +174,11 @@ struct openjet_engine {
     int scratch_rows = 0;  // the row buffers' rows: prefill_rows, at least a step's OPENJET_ENGINE_MAX_T
     int attn_spread = kDefaultAttnSpread, attn_spread_cap = kDefaultAttnSpread;  // 1 <= spread <= cap <= kMaxAttnSpread
     bool gdn_fused = true;  // F32 beta/alpha projected inside the GDN step (OPENJET_GDN_FUSED=0 at create: two GEMVs)
-    // OPENJET_GDN_STEP_PACK=1 at create (an experiment: the same bits): a decode or verify step's GDN step packs its
-    // own output for the out projection (GdnStepArgs::pack_out) instead of a pack launch after it; its blocks meet
-    // through gdn_pack_sync (GdnPackSync, in the zeroed scratch).
-    bool gdn_step_pack = false;
+    // A decode or verify step's GDN step packs its own output for the out projection (GdnStepArgs::pack_out) instead
+    // of a pack launch after it; its blocks meet through gdn_pack_sync (GdnPackSync, in the zeroed scratch). The same
+    // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
+    // the H100 at 17de1b0).
+    bool gdn_step_pack = true;
     unsigned* gdn_pack_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -796,7 +797,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
-    e.gdn_step_pack = env_level("OPENJET_GDN_STEP_PACK", 1) == 1;
+    if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
