@@ -40,6 +40,10 @@
 #            (test_decode_experiments_keep_every_bit, test_the_add_norm_packs_max_estimate_keeps_its_bits), the
 #            T=1 / T=5 step with both off / on twice (alternating), then a trace with both on (each kernel's marginal
 #            says which gained). ~4 minutes.
+# PLAN=fold  the fold (gemv_fold.cuh, written 2026-12-06: an add-norm pack made by the GEMVs on each side of it, a
+#            declared numerics change) alone, no model (~2 minutes): tests/test_gpu_fold.py and the pack-chain bench's
+#            test, then pack-chain.json with the fold among its middles (A's epilogue and B's prologue against the
+#            add-norm pack launch between them).
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -228,6 +232,14 @@ PY
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
     OPENJET_GDN_STEP_PACK=1 OPENJET_ADD_NORM_MAX_EST=1 trace_bench ;;
+  fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
+    trap pack_logs EXIT
+    . scripts/device_common.sh
+    device_wheels || exit 2
+    build_engine /tmp/b "$OUT/build.log" || exit 1
+    export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
+    gpu_tests fold-test 90 tests/test_gpu_fold.py tests/test_gpu_engine.py -k "fold or pack_chain_bench_runs"
+    pack_chain_bench ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -247,6 +259,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack or PLAN=boundary (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack, PLAN=fold or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

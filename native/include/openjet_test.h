@@ -176,7 +176,16 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
 /* What sits between two decode GEMVs costs, in a CUDA graph of `reps` chains GEMV A -> middle -> GEMV B (both k x k
    of qtype, host weights w in the row layout, moved into the tile layout, `copies` >= 2 copies rotated through):
    middle by mode 0 none, 1 the add-norm pack of A's output into B's input, 2 an empty one-block kernel, 3 an empty
-   cluster of 8 blocks, 4 eight empty blocks with no cluster. us_out[r]: microseconds per chain in run r. */
+   cluster of 8 blocks, 4 eight empty blocks with no cluster, 5 the fold (gemv_fold.cuh: no middle; A's tiles end with
+   the residual add and the norm's partials, B reads them; Q4_K on a 90a build on 9.0). us_out[r]: microseconds per
+   chain in run r. */
+/* The fold (gemv_fold.cuh, an experiment) between two decode GEMVs in the tile layout: A [n, ka] over x [t, ka] with
+   the fold's epilogue over the residual h [t, n] and the norm's weights norm_w [n], then B [nb, n] reading it: h_out
+   and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]. */
+OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb, const float* x,
+                                       int t, const float* h, const float* norm_w, float eps, float* h_out, float* u,
+                                       float* part, float* y, float* scales);
+
 OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies, int reps,
                                               int runs, float* us_out);
 

@@ -15,6 +15,7 @@
 // kLastSum (forms 3 and 4, an experiment): no barrier at the tile's end; the last of the four warps to store its
 // partial sums them (in the same order) and stores, and the others go on to their next tile's units.
 #include "gemv_tma.cuh"
+#include "gemv_fold.cuh"
 
 #include <cstdlib>
 #include <cstring>
@@ -29,24 +30,134 @@ namespace {
 
 constexpr int kConsumerWarps = kTmaConsumerWarps;
 
-template <int QT, int kRing> struct TmaShape {
+// The fold's reading side (gemv_fold.cuh) keeps its rows' pack sums in shared memory past the ring: k up to
+// kFoldMaxK (a hidden row: the add-norm's place; the 27B's 5,120, its attention output 6,144).
+constexpr int kFoldMaxK = 6144;
+constexpr int kFoldSumsBytes = kActRows * (kFoldMaxK / kActBlock) * 2 * 2;
+
+template <int QT, int kRing, int kFold = 0> struct TmaShape {
     static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
-    static constexpr int kSmemBytes = kConsumerWarps * kRing * kChunk + 16;  // +16: a word read past a row's end
+    static constexpr int kRingBytes = (kConsumerWarps * kRing * kChunk + 16 + 15) / 16 * 16;  // +16: a word past a row
+    static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldSumsBytes : 0);
 };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The fold's row scales and pack sums (gemv_fold.cuh), by the block's consumer warps: for each token row c < t, c_s[c]
+// and inv_s[c], and its k / 32 pack sums at sums + c k / 16 (act_sum_pos's layout). Q and P in a fixed order: thread i
+// takes the 32-blocks b = i, i + 128, ... in turn (q_2b + q_2b+1 added to its sum), then the warp's xor butterfly
+// (16 .. 1), then the four warps' in order; the same in every block, whatever t.
+__device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t, float* c_s, float* inv_s,
+                                                __half* sums) {
+    constexpr int kThreads = kConsumerWarps * 32;
+    __shared__ float red[kConsumerWarps][kActRows][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock, nt = k / 16;
+    float q[kActRows], m[kActRows];
+#pragma unroll
+    for (int c = 0; c < kActRows; ++c) {
+        q[c] = m[c] = 0.0f;
+        if (c < t) {
+            const float4* p = f.part_in + static_cast<long long>(c) * nt;
+            for (int b = tid; b < nb; b += kThreads) {
+                const float4 p0 = __ldcg(p + 2 * b), p1 = __ldcg(p + 2 * b + 1);
+                q[c] = __fadd_rn(q[c], __fadd_rn(p0.x, p1.x));
+                m[c] = fmaxf(m[c], fmaxf(p0.y, p1.y));
+            }
+        }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) {
+            q[c] += __shfl_xor_sync(0xffffffffu, q[c], o);
+            m[c] = fmaxf(m[c], __shfl_xor_sync(0xffffffffu, m[c], o));
+        }
+        if (lane == 0) red[warp][c][0] = q[c], red[warp][c][1] = m[c];
+    }
+    named_bar_sync(1, kThreads);
+    float cc[kActRows];
+#pragma unroll
+    for (int c = 0; c < kActRows; ++c) {
+        float qs = red[0][c][0], pm = red[0][c][1];
+#pragma unroll
+        for (int w = 1; w < kConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][c][0]), pm = fmaxf(pm, red[w][c][1]);
+        const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + f.eps);
+        const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
+        cc[c] = __fmul_rn(r, ldexpf(1.0f, sh));
+        if (tid == c && c < t) {
+            c_s[c] = cc[c];
+            inv_s[c] = ldexpf(1.0f, -sh);
+            if (f.scales && blockIdx.x == 0) f.scales[c] = make_float2(cc[c], inv_s[c]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < kActRows; ++c) {
+        if (c >= t) break;
+        const float4* p = f.part_in + static_cast<long long>(c) * nt;
+        __half* row = sums + c * nb * 2;
+        for (int b = tid; b < nb; b += kThreads) {
+            const float t32 = __fmul_rn(__fmul_rn(cc[c], __fadd_rn(__ldcg(&p[2 * b].z), __ldcg(&p[2 * b + 1].z))),
+                                        1.0f / 32.0f);
+            const __half hi = __float2half_rn(t32);
+            row[act_sum_pos(b)] = hi;
+            row[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+        }
+    }
+    named_bar_sync(1, kThreads);  // the scales and sums before any warp's first unit
+}
+
+// A tile's outputs with the fold's epilogue (gemv_fold.cuh) in place of tile_sum_store_by's stores, by warp 0: the
+// same sums and y, then hn = y + h -> h_out, u = hn w -> u, and the tile's partials of each token row (the lane's rows
+// g and g + 8 first, then lanes 4, 8 and 16 apart: over g).
+template <class InvOf>
+__device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile, int n,
+                                                int t, const InvOf& inv_of, const GemvFold& f) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {  // token row 2 tq + cc
+        const int col = 2 * tq + cc;
+        float hn[2] = {0.0f, 0.0f}, uu[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8: fragment element 2 hr + cc
+            float v = part[0][0][lane][2 * hr + cc];
+#pragma unroll
+            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][0][lane][2 * hr + cc]);
+            const int row = tile * kMmaRows + g + 8 * hr;
+            if (col < t) {
+                const long long at = static_cast<long long>(col) * n + row;
+                hn[hr] = __fadd_rn(__fmul_rn(v, inv_of(cc, col)), f.h[at]);
+                uu[hr] = __fmul_rn(hn[hr], f.w[row]);
+                f.h_out[at] = hn[hr];
+                f.u[at] = uu[hr];
+            }
+        }
+        float q = __fmaf_rn(hn[0], hn[0], __fmul_rn(hn[1], hn[1]));
+        float m = fmaxf(fabsf(uu[0]), fabsf(uu[1]));
+        float s = __fadd_rn(uu[0], uu[1]);
+#pragma unroll
+        for (int o = 4; o <= 16; o <<= 1) {
+            q += __shfl_xor_sync(0xffffffffu, q, o);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        }
+        if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = make_float4(q, m, s, 0.0f);
+    }
+}
 
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
-template <int QT, int kRing, int kMinBlocks, bool kLastSum>
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// kFold (gemv_fold.cuh): bit 0, x is the fold's u and partials (fold.u_in, fold.part_in) instead of a pack; bit 1,
+// the outputs go through the fold's epilogue (fold.h .. fold.part) instead of y.
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles) {
+                GemvSecond second, int tiles, GemvFold fold) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = TmaShape<QT, kRing>;
+    using Sh = TmaShape<QT, kRing, kFold>;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
+    __shared__ float c_s[kActRows];  // kFold & 1: the rows' fold scales
     __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
@@ -82,17 +193,31 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xs = x.sum + col * kb * 2;
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
     // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
-    if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
+    __half* const fold_sums = reinterpret_cast<__half*>(ring + Sh::kRingBytes);
+    if constexpr (kFold & 1) fold_row_scales(fold, k, t, c_s, inv_s, fold_sums);
+    else if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
         float acc[1][4] = {};
-        tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
+        if constexpr (kFold & 1) {
+            const float* xf = fold.u_in + col * k;
+            const __half* xsf = fold_sums + col * kb * 2;
+            const float cf = c_s[col];
+            tma_consume_units<QT, kRing, Sh::kChunk>(
+                full0, ring_w, u0, u1, [=](int u) { return UnitXF{xf + u * kUnitElems, xsf + u * 16, cf}; }, lane, g,
+                tq, slot, phase, acc);
+        } else {
+            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, PackUnits{xh, xs}, lane, g, tq, slot,
+                                                     phase, acc);
+        }
         const bool first = tile < second.from;
         const auto sum_store = [&] {
-            tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
-                                           [&](int, int c) { return inv_s[c]; }, first ? y : second.y);
+            const auto inv_of = [&](int, int c) { return inv_s[c]; };
+            if constexpr (kFold & 2) fold_tile_store(part[buf], lane, own(tile), first ? n : second.n, t, inv_of, fold);
+            else tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
+                                                inv_of, first ? y : second.y);
         };
         if constexpr (kLastSum) {
             // part[buf] is free once its previous use's sum is done (only a warp two tiles ahead waits here).
@@ -144,20 +269,20 @@ bool carveout_max() {
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum> int resident_blocks(int grid_sms) {
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
     int sms = 0;
     if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
-    return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>, kTmaThreads,
-                           TmaShape<QT, kRing>::kSmemBytes>(carveout_max()) *
+    return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>, kTmaThreads,
+                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max()) *
            grid_sm_count(sms, grid_sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, bool kLastSum>
-cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    using Sh = TmaShape<QT, kRing>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum>;
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
+cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
+    using Sh = TmaShape<QT, kRing, kFold>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     GemvSecond second;
@@ -166,7 +291,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
     return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles);
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles, fold);
 }
 
 }  // namespace
@@ -211,8 +336,28 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+
 template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
+
+bool gemv_fold_takes(const GemvArgs& a) {
+    return a.qtype == kQ4_K && a.tiled && !a.prefill && a.t >= 1 && a.t <= kActRows && a.n % kMmaRows == 0 &&
+           a.k % kUnitElems == 0 && a.k <= kFoldMaxK && gemv_tma_available();
+}
+
+// The default's forms (launch_gemv_tma): 1 for one token row, 2 for more. Q4_K only (UnitXF: unit_mma_k4).
+cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvFold& f, bool in, bool out, cudaStream_t stream) {
+    if (!gemv_fold_takes(a)) return cudaErrorNotSupported;
+    if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (out && (!f.h || !f.h_out || !f.w || !f.u || !f.part)) ||
+        in == out)  // (a GEMV between two folds: not built)
+        return cudaErrorInvalidValue;
+    const bool one = a.t == 1;
+    if (in)
+        return one ? launch_ring<kQ4_K, 4, 3, false, 1>(a, nullptr, stream, f)
+                   : launch_ring<kQ4_K, 4, 4, false, 1>(a, nullptr, stream, f);
+    return one ? launch_ring<kQ4_K, 4, 3, false, 2>(a, nullptr, stream, f)
+               : launch_ring<kQ4_K, 4, 4, false, 2>(a, nullptr, stream, f);
+}
 
 }  // namespace openjet

@@ -11,6 +11,7 @@
 #include "topk.cuh"
 #include "gemv.cuh"
 #include "gemv_tma.cuh"
+#include "gemv_fold.cuh"
 #include "weight_layout.cuh"
 #include "gemv_imma.cuh"
 #include "kquant.cuh"
@@ -599,7 +600,7 @@ namespace {
 // bench_pack_chain's middles that do nothing: the rule of pdl.cuh and no work (one block, or a cluster's eight).
 __global__ void empty_middle_kernel() { pdl_start(); }
 
-constexpr int kChainModes = 5;
+constexpr int kChainModes = 6;
 
 }  // namespace
 
@@ -607,7 +608,8 @@ constexpr int kChainModes = 5;
 // edges included, apart from the step's other launches): rep i is GEMV A (k x k, weight copy 2i) -> the middle ->
 // GEMV B (copy 2i + 1, reading the pack the middle makes, else one made before), the middle by mode: 0 none, 1 the
 // add-norm pack of A's output into B's input (the engine's launch_add_norm_pack: a cluster of blocks per row on 9.0+),
-// 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster. Producer-warp
+// 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster, 5 none: the
+// fold (gemv_fold.cuh; Q4_K on 9.0), A's tiles end with the add and the norm's partials and B reads them. Producer-warp
 // GEMVs where they run (the engine's default, tile layout). us_out[r]: microseconds per rep of run r.
 extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies,
                                                          int reps, int runs, float* us_out) {
@@ -620,7 +622,7 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
                     "reps / runs < 1, or k not a multiple of %d", kChainModes - 1, kActBlock * 8);
     std::vector<DevBuf> dw(copies);
     CHECK(upload_copies_in_layout(dw, w, qtype, k, k, true));
-    DevBuf dx, h, norm_w, ya, yb;
+    DevBuf dx, h, norm_w, ya, yb, hf, uf, pf;
     DevPack pa, pb;
     CHECK(upload_pseudo_random(dx, static_cast<size_t>(t) * k));  // A's input, packed once
     CHECK(upload_pseudo_random(h, static_cast<size_t>(t) * k));   // the residual stream the pack adds A's output to
@@ -637,10 +639,23 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
     GemvArgs b = a;
     b.x = pb.view();
     b.y = yb.as<float>();
+    GemvFold fold;
+    if (mode == 5) {
+        if (!gemv_fold_takes(a)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_pack_chain: the fold does not run here");
+        CHECK(hf.alloc(sizeof(float) * t * k));
+        CHECK(uf.alloc(sizeof(float) * t * k));
+        CHECK(pf.alloc(sizeof(float4) * t * (k / 16)));
+        fold = GemvFold{h.as<float>(), hf.as<float>(), norm_w.as<float>(), uf.as<float>(), pf.as<float4>(),
+                        uf.as<float>(), pf.as<float4>(), 1e-6f, nullptr};
+    }
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.w = dw[(2 * i) % copies].p;
         b.w = dw[(2 * i + 1) % copies].p;
+        if (mode == 5) {
+            if (cudaError_t e = launch_gemv_fold(a, fold, false, true, stream)) return e;
+            return launch_gemv_fold(b, fold, true, false, stream);
+        }
         if (cudaError_t e = launch_gemv(a, stream)) return e;
         cudaError_t e = cudaSuccess;
         switch (mode) {
@@ -655,6 +670,55 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
     };
     if (cudaError_t e = time_graph_replays("bench_pack_chain", copies, reps, runs, us_out, launch, &failed))
         return cuda_fail(e, failed.c_str());
+    return OPENJET_OK;
+}
+
+// The fold (gemv_fold.cuh) between two decode GEMVs, both in the tile layout: A [n, ka] over x [t, ka] (packed as
+// launch_pack_act packs it) with the fold's epilogue over h [t, n] and norm_w [n], then B [nb, n] reading what A left:
+// h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2].
+extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb,
+                                                  const float* x, int t, const float* h, const float* norm_w, float eps,
+                                                  float* h_out, float* u, float* part, float* y, float* scales) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, ka)) return s;
+    if (int s = check_weights(qtype, nb, n)) return s;
+    if (int s = check_tiled("gemv_fold", qtype, n, ka)) return s;
+    if (int s = check_tiled("gemv_fold", qtype, nb, n)) return s;
+    if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: null pointer");
+    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales;
+    DevPack pa;
+    CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
+    CHECK(upload_weights(dwb, wb, weight_bytes(qtype, nb, n), qtype, nb, n, true));
+    CHECK(dx.upload(x, sizeof(float) * t * ka));
+    CHECK(dh.upload(h, sizeof(float) * t * n));
+    CHECK(dnw.upload(norm_w, sizeof(float) * n));
+    CHECK(dh_out.alloc(sizeof(float) * t * n));
+    CHECK(du.alloc(sizeof(float) * t * n));
+    CHECK(dpart.alloc(sizeof(float4) * t * (n / 16)));
+    CHECK(dy.alloc(sizeof(float) * t * nb));
+    CHECK(dscales.alloc(sizeof(float2) * t));
+    CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * nb));  // NaN poison: every output must be written
+    CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));
+    CHECK(pa.alloc(t, ka));
+    CHECK(launch_pack_act(dx.as<float>(), t, ka, nullptr, 0.0f, pa.view(), 0));
+    GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
+    a.tiled = true;
+    GemvArgs b{qtype, dwb.p, nb, n, t, ActPack{}, nullptr, dy.as<float>()};
+    b.tiled = true;
+    if (!gemv_fold_takes(a) || !gemv_fold_takes(b))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
+                    "t <= %d, k <= 6144)", kActRows);
+    const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
+                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>()};
+    CHECK(launch_gemv_fold(a, fold, false, true, 0));
+    CHECK(launch_gemv_fold(b, fold, true, false, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_out, dh_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(u, du.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * nb, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(scales, dscales.p, sizeof(float2) * t, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
 }
 

@@ -70,6 +70,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
+        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P],
         "set_gemv_half": [_I],
         "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
@@ -485,14 +486,14 @@ def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, ro
             "launches": int(counts[0]), "arrivals": [int(v) for v in counts[1:]]}
 
 
-PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4}
+PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4, "fold": 5}
 
 
 def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, reps: int, runs: int) -> list[float]:
     """Microseconds per chain GEMV A -> middle -> GEMV B (both k x k, the tile layout, the engine's decode GEMV) in a
     CUDA graph of `reps` chains, one figure per run: what the middle (PACK_CHAIN_MODES: none; the engine's add-norm
-    pack of A's output into B's input; an empty kernel of one block, of a cluster of 8 blocks, or of 8 blocks) costs at
-    a boundary of the step (openjet_test_bench_pack_chain)."""
+    pack of A's output into B's input; an empty kernel of one block, of a cluster of 8 blocks, or of 8 blocks; the fold,
+    no middle: gemv_fold.cuh) costs at a boundary of the step (openjet_test_bench_pack_chain)."""
     if middle not in PACK_CHAIN_MODES:
         raise ValueError(f"middle must be one of {', '.join(PACK_CHAIN_MODES)}, got {middle!r}")
     lib = _lib()
@@ -503,6 +504,30 @@ def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, re
     _check(lib, lib.openjet_test_bench_pack_chain(qtype, _ptr(raw), k, t, PACK_CHAIN_MODES[middle], copies, reps,
                                                   runs, _ptr(us)), "bench_pack_chain")
     return [float(v) for v in us]
+
+
+def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """The fold (gemv_fold.cuh, an experiment; Q4_K, a 90a build on 9.0) between two decode GEMVs: A (wa [n, ka]) over
+    x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials (q, m, s, 0); B
+    (wb [nb, n]) reads u and the partials instead of a pack. Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
+    (B's output) and scales [t, 2] (B's rows' c and inv)."""
+    lib = _lib()
+    x, h = _f32(x, 2), _f32(h, 2)
+    t, ka = x.shape
+    raw_a, n = _weights(qtype, wa, ka)
+    raw_b, nb = _weights(qtype, wb, n)
+    if h.shape != (t, n):
+        raise ValueError(f"h must be [{t}, {n}], got {list(h.shape)}")
+    norm_w = _f32(norm_w, 1)
+    if norm_w.shape != (n,):
+        raise ValueError(f"norm_w must be [{n}], got {list(norm_w.shape)}")
+    out = {"h_out": np.empty((t, n), np.float32), "u": np.empty((t, n), np.float32),
+           "part": np.empty((t, n // 16, 4), np.float32), "y": np.empty((t, nb), np.float32),
+           "scales": np.empty((t, 2), np.float32)}
+    _check(lib, lib.openjet_test_gemv_fold(qtype, _ptr(raw_a), n, ka, _ptr(raw_b), nb, _ptr(x), t, _ptr(h),
+                                           _ptr(norm_w), eps, *(_ptr(out[k]) for k in ("h_out", "u", "part", "y",
+                                                                                      "scales"))), "gemv_fold")
+    return out
 
 
 # ------------------------------------------------------------------------------ the integer GEMV (experiment)

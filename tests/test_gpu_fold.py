@@ -1,0 +1,105 @@
+"""The fold (native/src/gemv_fold.cuh, an experiment): the add-norm pack between two decode GEMVs made by the two GEMVs
+themselves, on its declared numerics.
+
+Oracles: launch_gemv's own output for A (gemv tiled: the fold keeps its arithmetic up to y), numpy for the residual
+add, the norm weights' product, the tiles' partials and the scale rule, and the pack path: B must equal, bit for bit,
+gemv_packed (the engine's GEMV on a given pack) over the pack built here in numpy from the fold's u and partials under
+the rule's scale. Then against float64 math: B's output is W_B rmsnorm(h + W_A x) w to the fp16 pack's accuracy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_report import report
+
+from openjet_launcher.engine import kernels_test as kt
+from openjet_launcher.model.quants import dequantize, quantize
+
+pytestmark = pytest.mark.gpu
+
+Q4_K = kt.QTYPES["Q4_K"]
+KA, N, NB = 1024, 5120, 768  # A [N, KA] -> the fold over N (the 27B's hidden size) -> B [NB, N]
+
+
+def fold_pack_numpy(u: np.ndarray, part: np.ndarray, c: np.ndarray, inv: np.ndarray):
+    """The pack B reads in the fold (gemv_fold.cuh): values fp16(fl(u c)), 32-block sums fl(c fl(s_2b + s_2b+1)) as
+    the pack's hi / lo halves of S / 32, inverse scale inv; (xh, xsum, xinv) as kernels_test.pack_act returns them."""
+    t, k = u.shape
+    c = c.astype(np.float32)[:, None]
+    h = (u * c).astype(np.float32).astype(np.float16)
+    xh = h.view(np.uint16).reshape(t, k // 4, 4)[..., [0, 2, 1, 3]].reshape(t, k)
+    s = part[..., 2]
+    t32 = ((c * (s[:, 0::2] + s[:, 1::2]).astype(np.float32)).astype(np.float32) / np.float32(32)).astype(np.float32)
+    hi = t32.astype(np.float16)
+    lo = (t32 - hi.astype(np.float32)).astype(np.float16)
+    b = np.arange(k // 32)
+    pos = (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1)  # act_sum_pos
+    xsum = np.zeros((t, k // 32 * 2), np.uint16)
+    xsum[:, pos], xsum[:, pos + 2] = hi.view(np.uint16), lo.view(np.uint16)
+    return xh, xsum, inv.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    if not kt.gemv_tma_available():
+        pytest.skip("the fold runs on the producer-warp GEMV: a 90a build on compute capability 9.0")
+    rng = np.random.default_rng(61)
+    wa = quantize(rng.standard_normal((N, KA), dtype=np.float32), Q4_K)
+    wb = quantize(rng.standard_normal((NB, N), dtype=np.float32), Q4_K)
+    return wa, wb
+
+
+@pytest.mark.parametrize("t", [1, 5, 8])
+def test_the_fold_equals_the_pack_path_on_its_declared_numerics(weights, t):
+    wa, wb = weights
+    n = N
+    rng = np.random.default_rng(100 + t)
+    x = rng.standard_normal((t, KA), dtype=np.float32)
+    h = (rng.standard_normal((t, n)) * rng.uniform(0.5, 30.0, (t, 1))).astype(np.float32)  # rows of unlike scales
+    h[:, rng.integers(0, n, 3)] *= 40.0  # a few large channels, as a residual stream has
+    norm_w = rng.uniform(0.2, 2.0, n).astype(np.float32)
+    eps = 1e-6
+    out = kt.gemv_fold(Q4_K, wa, wb, x, h, norm_w, eps)
+
+    # A's side: launch_gemv's y, then the add, the product and the partials
+    ya = kt.gemv(Q4_K, wa, x, tiled=True)
+    hn = (h + ya).astype(np.float32)
+    np.testing.assert_array_equal(out["h_out"], hn)
+    u = (hn * norm_w).astype(np.float32)
+    np.testing.assert_array_equal(out["u"], u)
+    part = out["part"]
+    np.testing.assert_array_equal(part[..., 1], np.abs(u).reshape(t, n // 16, 16).max(-1))
+    np.testing.assert_allclose(part[..., 0], (hn.astype(np.float64) ** 2).reshape(t, n // 16, 16).sum(-1), rtol=2e-6)
+    s64 = u.astype(np.float64).reshape(t, n // 16, 16)
+    np.testing.assert_allclose(part[..., 2], s64.sum(-1), rtol=0, atol=4e-7 * np.abs(s64).sum(-1).max())
+
+    # B's scales: r within rsqrtf's error of the row's rms scale, the shift the rule's, no value at 2^15
+    c, inv = out["scales"][:, 0], out["scales"][:, 1]
+    r = (c * inv).astype(np.float32)  # inv is a power of two: exact
+    r_ref = 1.0 / np.sqrt((hn.astype(np.float64) ** 2).mean(1) + eps)
+    np.testing.assert_allclose(r, r_ref, rtol=2e-6)
+    p_max = np.abs(u).max(1)
+    bound = ((r * p_max).astype(np.float32) * np.float32(1 + 2.0 ** -10)).astype(np.float32)
+    shift = 15 - np.frexp(bound)[1]
+    np.testing.assert_array_equal(inv, np.ldexp(np.float32(1), -shift).astype(np.float32))
+    vmax = np.abs((u * c[:, None]).astype(np.float32)).max(1)
+    assert (vmax < 2.0 ** 15).all() and (vmax >= 2.0 ** 13).all(), vmax
+
+    # B's output: the pack path's GEMV on the pack built here, bit for bit
+    xh, xsum, xinv = fold_pack_numpy(u, part, c, inv)
+    np.testing.assert_array_equal(out["y"], kt.gemv_packed(Q4_K, wb, xh, xsum, xinv))
+
+    # ... a row's bits the same alone as among t rows
+    if t > 1:
+        one = kt.gemv_fold(Q4_K, wa, wb, x[t - 1:], h[t - 1:], norm_w, eps)
+        np.testing.assert_array_equal(one["y"][0], out["y"][t - 1])
+
+    # ... and the math it stands for, to the fp16 pack's accuracy
+    a = hn.astype(np.float64) * r_ref[:, None] * norm_w
+    ref = a @ dequantize(wb, Q4_K).astype(np.float64).T
+    scale = np.abs(a) @ np.abs(dequantize(wb, Q4_K).astype(np.float64)).T
+    err = float(np.abs(out["y"] - ref).max() / np.abs(scale).max())
+    report(test="gemv_fold", t=t, err_vs_f64=err)
+    assert err < 2e-4, err
+
