@@ -44,23 +44,37 @@ template <int QT, int kRing, int kFold = 0> struct TmaShape {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The fold's row scales and pack sums (gemv_fold.cuh), by the block's consumer warps: for each token row c < t, c_s[c]
 // and inv_s[c], and its k / 32 pack sums at sums + c k / 16 (act_sum_pos's layout). Q and P in a fixed order: thread i
-// takes the 32-blocks b = i, i + 128, ... in turn (q_2b + q_2b+1 added to its sum), then the warp's xor butterfly
-// (16 .. 1), then the four warps' in order; the same in every block, whatever t.
-__device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t, float* c_s, float* inv_s,
-                                                __half* sums) {
+// takes the 32-blocks b = i, i + 128 in turn (q_2b + q_2b+1 added to its sum), then the warp's xor butterfly
+// (16 .. 1), then the four warps' in order; the same in every block, whatever t. One pass over the partials (each
+// thread keeps its blocks' s pairs), and first each warp asks L1 for the u of its quarter of k (u0 .. u1 units): the
+// unit loop's first loads then wait for no L2 round trip of their own.
+__device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t, int u0, int u1, float* c_s,
+                                                float* inv_s, __half* sums) {
     constexpr int kThreads = kConsumerWarps * 32;
+    constexpr int kPer = (kFoldMaxK / kActBlock + kThreads - 1) / kThreads;  // 32-blocks a thread, at most
     __shared__ float red[kConsumerWarps][kActRows][2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock, nt = k / 16;
-    float q[kActRows], m[kActRows];
+    {
+        const int lines = (u1 - u0) * kUnitElems * 4 / 128;  // of this warp's quarter, a row
+        for (int i = lane; i < t * lines; i += 32) {
+            const float* at = f.u_in + static_cast<long long>(i / lines) * k + u0 * kUnitElems + (i % lines) * 32;
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(at));
+        }
+    }
+    float q[kActRows], m[kActRows], sv[kActRows][kPer];
 #pragma unroll
     for (int c = 0; c < kActRows; ++c) {
         q[c] = m[c] = 0.0f;
-        if (c < t) {
-            const float4* p = f.part_in + static_cast<long long>(c) * nt;
-            for (int b = tid; b < nb; b += kThreads) {
-                const float4 p0 = __ldcg(p + 2 * b), p1 = __ldcg(p + 2 * b + 1);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int b = tid + j * kThreads;
+            sv[c][j] = 0.0f;
+            if (c < t && b < nb) {
+                const float4* p = f.part_in + static_cast<long long>(c) * nt + 2 * b;
+                const float4 p0 = __ldcg(p), p1 = __ldcg(p + 1);
                 q[c] = __fadd_rn(q[c], __fadd_rn(p0.x, p1.x));
                 m[c] = fmaxf(m[c], fmaxf(p0.y, p1.y));
+                sv[c][j] = __fadd_rn(p0.z, p1.z);
             }
         }
 #pragma unroll
@@ -71,7 +85,6 @@ __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t,
         if (lane == 0) red[warp][c][0] = q[c], red[warp][c][1] = m[c];
     }
     named_bar_sync(1, kThreads);
-    float cc[kActRows];
 #pragma unroll
     for (int c = 0; c < kActRows; ++c) {
         float qs = red[0][c][0], pm = red[0][c][1];
@@ -79,35 +92,53 @@ __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t,
         for (int w = 1; w < kConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][c][0]), pm = fmaxf(pm, red[w][c][1]);
         const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + f.eps);
         const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
-        cc[c] = __fmul_rn(r, ldexpf(1.0f, sh));
+        const float cc = __fmul_rn(r, ldexpf(1.0f, sh));
         if (tid == c && c < t) {
-            c_s[c] = cc[c];
+            c_s[c] = cc;
             inv_s[c] = ldexpf(1.0f, -sh);
-            if (f.scales && blockIdx.x == 0) f.scales[c] = make_float2(cc[c], inv_s[c]);
+            if (f.scales && blockIdx.x == 0) f.scales[c] = make_float2(cc, inv_s[c]);
         }
-    }
-#pragma unroll
-    for (int c = 0; c < kActRows; ++c) {
-        if (c >= t) break;
-        const float4* p = f.part_in + static_cast<long long>(c) * nt;
         __half* row = sums + c * nb * 2;
-        for (int b = tid; b < nb; b += kThreads) {
-            const float t32 = __fmul_rn(__fmul_rn(cc[c], __fadd_rn(__ldcg(&p[2 * b].z), __ldcg(&p[2 * b + 1].z))),
-                                        1.0f / 32.0f);
-            const __half hi = __float2half_rn(t32);
-            row[act_sum_pos(b)] = hi;
-            row[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int b = tid + j * kThreads;
+            if (c < t && b < nb) {
+                const float t32 = __fmul_rn(__fmul_rn(cc, sv[c][j]), 1.0f / 32.0f);
+                const __half hi = __float2half_rn(t32);
+                row[act_sum_pos(b)] = hi;
+                row[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            }
         }
     }
     named_bar_sync(1, kThreads);  // the scales and sums before any warp's first unit
 }
 
+// The fold's epilogue inputs of a tile, loaded by warp 0 before the tile's units (they are the kernel before's, read
+// after the PDL wait, and the norm's weights), so that its stores wait for no load: the lane's residual values h of
+// token rows 2 tq + cc (cc = 0, 1) at rows g and g + 8 (hr = 0, 1), and the norm's weights of those rows.
+struct FoldTileIn {
+    float h[2][2], w[2];
+    __device__ __forceinline__ void load(const GemvFold& f, int lane, int tile, int n, int t) {
+        const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int row = tile * kMmaRows + g + 8 * hr;
+            w[hr] = __ldg(f.w + row);
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 2 * tq + cc;
+                h[cc][hr] = col < t ? f.h[static_cast<long long>(col) * n + row] : 0.0f;
+            }
+        }
+    }
+};
+
 // A tile's outputs with the fold's epilogue (gemv_fold.cuh) in place of tile_sum_store_by's stores, by warp 0: the
-// same sums and y, then hn = y + h -> h_out, u = hn w -> u, and the tile's partials of each token row (the lane's rows
-// g and g + 8 first, then lanes 4, 8 and 16 apart: over g).
+// same sums and y, then hn = y + h -> h_out, u = hn w -> u (h and w: in, loaded before the tile's units), and the
+// tile's partials of each token row (the lane's rows g and g + 8 first, then lanes 4, 8 and 16 apart: over g).
 template <class InvOf>
 __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile, int n,
-                                                int t, const InvOf& inv_of, const GemvFold& f) {
+                                                int t, const InvOf& inv_of, const FoldTileIn& in, const GemvFold& f) {
     const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {  // token row 2 tq + cc
@@ -121,8 +152,8 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
             const int row = tile * kMmaRows + g + 8 * hr;
             if (col < t) {
                 const long long at = static_cast<long long>(col) * n + row;
-                hn[hr] = __fadd_rn(__fmul_rn(v, inv_of(cc, col)), f.h[at]);
-                uu[hr] = __fmul_rn(hn[hr], f.w[row]);
+                hn[hr] = __fadd_rn(__fmul_rn(v, inv_of(cc, col)), in.h[cc][hr]);
+                uu[hr] = __fmul_rn(hn[hr], in.w[hr]);
                 f.h_out[at] = hn[hr];
                 f.u[at] = uu[hr];
             }
@@ -139,10 +170,6 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
         if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = make_float4(q, m, s, 0.0f);
     }
 }
-
-// kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
-// cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
-// spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // kFold (gemv_fold.cuh): bit 0, x is the fold's u and partials (fold.u_in, fold.part_in) instead of a pack; bit 1,
@@ -194,13 +221,16 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
     // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
     __half* const fold_sums = reinterpret_cast<__half*>(ring + Sh::kRingBytes);
-    if constexpr (kFold & 1) fold_row_scales(fold, k, t, c_s, inv_s, fold_sums);
+    if constexpr (kFold & 1) fold_row_scales(fold, k, t, u0, u1, c_s, inv_s, fold_sums);
     else if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
         float acc[1][4] = {};
+        FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
+        if constexpr (kFold & 2)
+            if (warp == 0) fold_in.load(fold, lane, own(tile), tile < second.from ? n : second.n, t);
         if constexpr (kFold & 1) {
             const float* xf = fold.u_in + col * k;
             const __half* xsf = fold_sums + col * kb * 2;
@@ -215,7 +245,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         const bool first = tile < second.from;
         const auto sum_store = [&] {
             const auto inv_of = [&](int, int c) { return inv_s[c]; };
-            if constexpr (kFold & 2) fold_tile_store(part[buf], lane, own(tile), first ? n : second.n, t, inv_of, fold);
+            if constexpr (kFold & 2)
+                fold_tile_store(part[buf], lane, own(tile), first ? n : second.n, t, inv_of, fold_in, fold);
             else tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
                                                 inv_of, first ? y : second.y);
         };
