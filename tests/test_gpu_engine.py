@@ -723,7 +723,7 @@ def test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs():
     raw = quantize(np.random.default_rng(41).standard_normal((k, k), dtype=np.float32), kt.QTYPES["Q4_K"])
     setup = None  # cluster packs made outside the chains (the two input packs; the same for every middle)
     for middle in kt.PACK_CHAIN_MODES:  # ("none" first)
-        if (middle == "empty_cluster" and not clusters) or (middle == "fold" and not kt.gemv_tma_available()):
+        if (middle == "empty_cluster" and not clusters) or (middle.startswith("fold") and not kt.gemv_tma_available()):
             continue  # (the fold: gemv_fold.cuh, producer-warp GEMVs only)
         packs, tma = kt.launch_count("pack_cluster"), kt.launch_count("gemv_tma")
         us = kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, 1, middle, copies, reps, 2)
@@ -734,7 +734,8 @@ def test_the_pack_chain_bench_runs_each_middle_between_two_decode_gemvs():
             setup = made
         assert made - setup == (calls if middle == "add_norm_pack" and clusters else 0), (middle, made, setup)
         if kt.gemv_tma_available():
-            assert kt.launch_count("gemv_tma") - tma == 2 * calls, middle
+            setup_gemv = middle == "fold_in_only"  # (its setup's fold-out GEMV, once)
+            assert kt.launch_count("gemv_tma") - tma == 2 * calls + setup_gemv, middle
         write_report(test="pack_chain_bench", middle=middle, k=k, us=us)
     with pytest.raises(ValueError, match="middle"):
         kt.bench_pack_chain(kt.QTYPES["Q4_K"], raw, k, 1, "nothing", copies, reps, 1)

@@ -177,7 +177,8 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
    of qtype, host weights w in the row layout, moved into the tile layout, `copies` >= 2 copies rotated through):
    middle by mode 0 none, 1 the add-norm pack of A's output into B's input, 2 an empty one-block kernel, 3 an empty
    cluster of 8 blocks, 4 eight empty blocks with no cluster, 5 the fold (gemv_fold.cuh: no middle; A's tiles end with
-   the residual add and the norm's partials, B reads them; Q4_K on a 90a build on 9.0). us_out[r]: microseconds per
+   the residual add and the norm's partials, B reads them; Q4_K on a 90a build on 9.0), 6 and 7 its halves alone
+   (timings only: A's epilogue with B on its pack, A plain with B reading the fold's buffers). us_out[r]: microseconds per
    chain in run r. */
 /* The fold (gemv_fold.cuh, an experiment) between two decode GEMVs in the tile layout: A [n, ka] over x [t, ka] with
    the fold's epilogue over the residual h [t, n] and the norm's weights norm_w [n], then B [nb, n] reading it: h_out

@@ -600,7 +600,7 @@ namespace {
 // bench_pack_chain's middles that do nothing: the rule of pdl.cuh and no work (one block, or a cluster's eight).
 __global__ void empty_middle_kernel() { pdl_start(); }
 
-constexpr int kChainModes = 6;
+constexpr int kChainModes = 8;
 
 }  // namespace
 
@@ -609,7 +609,9 @@ constexpr int kChainModes = 6;
 // GEMV B (copy 2i + 1, reading the pack the middle makes, else one made before), the middle by mode: 0 none, 1 the
 // add-norm pack of A's output into B's input (the engine's launch_add_norm_pack: a cluster of blocks per row on 9.0+),
 // 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster, 5 none: the
-// fold (gemv_fold.cuh; Q4_K on 9.0), A's tiles end with the add and the norm's partials and B reads them. Producer-warp
+// fold (gemv_fold.cuh; Q4_K on 9.0), A's tiles end with the add and the norm's partials and B reads them; its halves
+// alone (timings only, B's input not A's output): 6 A's epilogue, B on its pack; 7 A plain, B reading the fold's
+// buffers (as a setup's first fold left them). Producer-warp
 // GEMVs where they run (the engine's default, tile layout). us_out[r]: microseconds per rep of run r.
 extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies,
                                                          int reps, int runs, float* us_out) {
@@ -640,21 +642,26 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
     b.x = pb.view();
     b.y = yb.as<float>();
     GemvFold fold;
-    if (mode == 5) {
+    if (mode >= 5) {
         if (!gemv_fold_takes(a)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_pack_chain: the fold does not run here");
         CHECK(hf.alloc(sizeof(float) * t * k));
         CHECK(uf.alloc(sizeof(float) * t * k));
         CHECK(pf.alloc(sizeof(float4) * t * (k / 16)));
         fold = GemvFold{h.as<float>(), hf.as<float>(), norm_w.as<float>(), uf.as<float>(), pf.as<float4>(),
                         uf.as<float>(), pf.as<float4>(), 1e-6f, nullptr};
+        if (mode == 7) {  // B's buffers, once
+            CHECK(launch_gemv_fold(a, fold, false, true, 0));
+            CHECK(cudaDeviceSynchronize());
+        }
     }
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
         a.w = dw[(2 * i) % copies].p;
         b.w = dw[(2 * i + 1) % copies].p;
-        if (mode == 5) {
-            if (cudaError_t e = launch_gemv_fold(a, fold, false, true, stream)) return e;
-            return launch_gemv_fold(b, fold, true, false, stream);
+        if (mode >= 5) {
+            const cudaError_t e = mode == 7 ? launch_gemv(a, stream) : launch_gemv_fold(a, fold, false, true, stream);
+            if (e != cudaSuccess) return e;
+            return mode == 6 ? launch_gemv(b, stream) : launch_gemv_fold(b, fold, true, false, stream);
         }
         if (cudaError_t e = launch_gemv(a, stream)) return e;
         cudaError_t e = cudaSuccess;

@@ -486,14 +486,15 @@ def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, ro
             "launches": int(counts[0]), "arrivals": [int(v) for v in counts[1:]]}
 
 
-PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4, "fold": 5}
+PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4, "fold": 5,
+                    "fold_out_only": 6, "fold_in_only": 7}
 
 
 def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, reps: int, runs: int) -> list[float]:
     """Microseconds per chain GEMV A -> middle -> GEMV B (both k x k, the tile layout, the engine's decode GEMV) in a
     CUDA graph of `reps` chains, one figure per run: what the middle (PACK_CHAIN_MODES: none; the engine's add-norm
     pack of A's output into B's input; an empty kernel of one block, of a cluster of 8 blocks, or of 8 blocks; the fold,
-    no middle: gemv_fold.cuh) costs at a boundary of the step (openjet_test_bench_pack_chain)."""
+    no middle: gemv_fold.cuh, and for timing its halves alone, A's epilogue or B's reading) costs at a boundary of the step (openjet_test_bench_pack_chain)."""
     if middle not in PACK_CHAIN_MODES:
         raise ValueError(f"middle must be one of {', '.join(PACK_CHAIN_MODES)}, got {middle!r}")
     lib = _lib()
