@@ -650,6 +650,7 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
         fold = GemvFold{h.as<float>(), hf.as<float>(), norm_w.as<float>(), uf.as<float>(), pf.as<float4>(),
                         uf.as<float>(), pf.as<float4>(), 1e-6f, nullptr};
         if (mode == 7) {  // B's buffers, once
+            a.w = dw[0].p;
             CHECK(launch_gemv_fold(a, fold, false, true, 0));
             CHECK(cudaDeviceSynchronize());
         }
