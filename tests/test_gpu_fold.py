@@ -90,7 +90,9 @@ def test_the_fold_equals_the_pack_path_on_its_declared_numerics(weights, t):
     xh, xsum, xinv = fold_pack_numpy(u, part, c, inv)
     np.testing.assert_array_equal(out["y"], kt.gemv_packed(Q4_K, wb, xh, xsum, xinv))
 
-    # ... a row's bits the same alone as among t rows
+    # ... a row's bits the same alone as among t rows, and with B's row staged in shared memory
+    if t == 1:
+        np.testing.assert_array_equal(kt.gemv_fold(Q4_K, wa, wb, x, h, norm_w, eps, stage=True)["y"], out["y"])
     if t > 1:
         one = kt.gemv_fold(Q4_K, wa, wb, x[t - 1:], h[t - 1:], norm_w, eps)
         np.testing.assert_array_equal(one["y"][0], out["y"][t - 1])

@@ -39,6 +39,9 @@ struct GemvFold {
     const float4* part_in = nullptr;
     float eps = 0.0f;
     float2* scales = nullptr;
+    // B at t = 1 (an experiment's form): the row's fp16 values made once a block into shared memory before the units,
+    // which then read them there as a pack; the same bits.
+    bool stage = false;
 };
 
 // Whether the fold runs here (a 90a build on 9.0) for a decode call of this type, k and t.

@@ -35,10 +35,12 @@ constexpr int kConsumerWarps = kTmaConsumerWarps;
 constexpr int kFoldMaxK = 6144;
 constexpr int kFoldSumsBytes = kActRows * (kFoldMaxK / kActBlock) * 2 * 2;
 
+// kFold & 4 (the staged form, one token row): the row's fp16 values too.
 template <int QT, int kRing, int kFold = 0> struct TmaShape {
     static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
     static constexpr int kRingBytes = (kConsumerWarps * kRing * kChunk + 16 + 15) / 16 * 16;  // +16: a word past a row
-    static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldSumsBytes : 0);
+    static constexpr int kSmemBytes =
+        kRingBytes + (kFold & 1 ? kFoldSumsBytes : 0) + (kFold & 4 ? kFoldMaxK * 2 : 0);
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -48,13 +50,24 @@ template <int QT, int kRing, int kFold = 0> struct TmaShape {
 // (16 .. 1), then the four warps' in order; the same in every block, whatever t. One pass over the partials (each
 // thread keeps its blocks' s pairs), and first each warp asks L1 for the u of its quarter of k (u0 .. u1 units): the
 // unit loop's first loads then wait for no L2 round trip of their own.
+// kStage (t = 1): the row's u loaded whole with the partials (kQuads float4 a thread) and its fp16 values written to
+// staged in the pack's order, so that the units read shared memory (UnitX) instead of L2.
+template <bool kStage = false>
 __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t, int u0, int u1, float* c_s,
-                                                float* inv_s, __half* sums) {
+                                                float* inv_s, __half* sums, __half* staged = nullptr) {
     constexpr int kThreads = kConsumerWarps * 32;
     constexpr int kPer = (kFoldMaxK / kActBlock + kThreads - 1) / kThreads;  // 32-blocks a thread, at most
+    constexpr int kQuads = kStage ? kFoldMaxK / 4 / kThreads : 1;
     __shared__ float red[kConsumerWarps][kActRows][2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock, nt = k / 16;
-    {
+    float4 uq[kQuads];
+    if constexpr (kStage) {
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j) {
+            const int i = tid + j * kThreads;
+            if (4 * i < k) uq[j] = __ldcg(reinterpret_cast<const float4*>(f.u_in) + i);
+        }
+    } else {
         const int lines = (u1 - u0) * kUnitElems * 4 / 128;  // of this warp's quarter, a row
         for (int i = lane; i < t * lines; i += 32) {
             const float* at = f.u_in + static_cast<long long>(i / lines) * k + u0 * kUnitElems + (i % lines) * 32;
@@ -85,6 +98,7 @@ __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t,
         if (lane == 0) red[warp][c][0] = q[c], red[warp][c][1] = m[c];
     }
     named_bar_sync(1, kThreads);
+    float c0 = 0.0f;  // row 0's c (kStage)
 #pragma unroll
     for (int c = 0; c < kActRows; ++c) {
         float qs = red[0][c][0], pm = red[0][c][1];
@@ -93,6 +107,7 @@ __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t,
         const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + f.eps);
         const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
         const float cc = __fmul_rn(r, ldexpf(1.0f, sh));
+        if (c == 0) c0 = cc;
         if (tid == c && c < t) {
             c_s[c] = cc;
             inv_s[c] = ldexpf(1.0f, -sh);
@@ -107,6 +122,18 @@ __device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t,
                 const __half hi = __float2half_rn(t32);
                 row[act_sum_pos(b)] = hi;
                 row[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            }
+        }
+    }
+    if constexpr (kStage) {  // row 0's values under its scale, each quad stored 0, 2, 1, 3 (act_pack.cuh)
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j) {
+            const int i = tid + j * kThreads;
+            if (4 * i < k) {
+                const __half2 a = __floats2half2_rn(__fmul_rn(uq[j].x, c0), __fmul_rn(uq[j].z, c0));
+                const __half2 b = __floats2half2_rn(__fmul_rn(uq[j].y, c0), __fmul_rn(uq[j].w, c0));
+                *reinterpret_cast<uint2*>(staged + 4 * i) =
+                    make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
             }
         }
     }
@@ -221,7 +248,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
     // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
     __half* const fold_sums = reinterpret_cast<__half*>(ring + Sh::kRingBytes);
-    if constexpr (kFold & 1) fold_row_scales(fold, k, t, u0, u1, c_s, inv_s, fold_sums);
+    __half* const fold_staged = reinterpret_cast<__half*>(ring + Sh::kRingBytes + kFoldSumsBytes);  // kFold & 4
+    if constexpr (kFold & 4) fold_row_scales<true>(fold, k, t, u0, u1, c_s, inv_s, fold_sums, fold_staged);
+    else if constexpr (kFold & 1) fold_row_scales(fold, k, t, u0, u1, c_s, inv_s, fold_sums);
     else if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     int slot = 0;
     uint32_t phase = 0;
@@ -231,7 +260,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), tile < second.from ? n : second.n, t);
-        if constexpr (kFold & 1) {
+        if constexpr (kFold & 4) {  // (one token row)
+            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, PackUnits{fold_staged, fold_sums},
+                                                           lane, g, tq, slot, phase, acc);
+        } else if constexpr (kFold & 1) {
             const float* xf = fold.u_in + col * k;
             const __half* xsf = fold_sums + col * kb * 2;
             const float cf = c_s[col];
@@ -384,6 +416,7 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvFold& f, bool in, bool
         in == out)  // (a GEMV between two folds: not built)
         return cudaErrorInvalidValue;
     const bool one = a.t == 1;
+    if (in && one && f.stage) return launch_ring<kQ4_K, 4, 3, false, 5>(a, nullptr, stream, f);
     if (in)
         return one ? launch_ring<kQ4_K, 4, 3, false, 1>(a, nullptr, stream, f)
                    : launch_ring<kQ4_K, 4, 4, false, 1>(a, nullptr, stream, f);

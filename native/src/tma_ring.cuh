@@ -80,10 +80,11 @@ struct PackUnits {
 
 // A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
 // of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. x_at(u): the lane's
-// activations of unit u (UnitX: its column and pack sums; UnitXF: the fold's floats, Q4_K / Q5_K only); g = lane / 4,
+// activations of unit u (UnitX: its column and pack sums, in shared memory where kSmemX; UnitXF: the fold's floats,
+// Q4_K / Q5_K only); g = lane / 4,
 // tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit); it waits on a
 // vote (mbar_wait_warp: the loads after it keep their uniform registers).
-template <int QT, int kRing, int kSlot, class XAt>
+template <int QT, int kRing, int kSlot, bool kSmemX = false, class XAt>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const XAt& x_at, int lane, int g, int tq, int& slot,
                                                   uint32_t& phase, float (&acc)[1][4]) {
@@ -96,9 +97,9 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         const auto ux0 = x_at(u);
         const decltype(ux0) ux[1] = {ux0};
         if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-            unit_mma_q6_k<true, 1, false, 2>(r, ux, tq, acc);
+            unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
         else
-            UnitMma<QT, 1, false>::run(r, ux, tq, acc);
+            UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;
