@@ -40,10 +40,12 @@
 #            (test_decode_experiments_keep_every_bit, test_the_add_norm_packs_max_estimate_keeps_its_bits), the
 #            T=1 / T=5 step with both off / on twice (alternating), then a trace with both on (each kernel's marginal
 #            says which gained). ~4 minutes.
-# PLAN=fold  the fold (gemv_fold.cuh, written 2026-12-06: an add-norm pack made by the GEMVs on each side of it, a
-#            declared numerics change) alone, no model (~2 minutes): tests/test_gpu_fold.py and the pack-chain bench's
-#            test, then pack-chain.json with the fold among its middles (A's epilogue and B's prologue against the
-#            add-norm pack launch between them).
+# PLAN=fold  the fold (gemv_fold.cuh: an add-norm pack made by the GEMVs on each side of it, a declared numerics change)
+#            alone, no model (~1.5 minutes): tests/test_gpu_fold.py (Q4_K, Q5_K, Q6_K at t = 1, 5, 8) and the pack-chain
+#            bench's test, then pack-chain.json with the fold among its middles (fold: A's epilogue and B's own pack at
+#            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). The T=1 form measured on the H100
+#            on 2026-12-06 (1f37765: 18.37 us a chain against the add-norm pack's 21.26); the T>1 pack launch and the
+#            Q5_K / Q6_K forms written after that, NOT yet run.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an

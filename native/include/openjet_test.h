@@ -178,16 +178,14 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
    middle by mode 0 none, 1 the add-norm pack of A's output into B's input, 2 an empty one-block kernel, 3 an empty
    cluster of 8 blocks, 4 eight empty blocks with no cluster, 5 the fold (gemv_fold.cuh: no middle; A's tiles end with
    the residual add and the norm's partials, B reads them; Q4_K on a 90a build on 9.0), 6 and 7 its halves alone
-   (timings only: A's epilogue with B on its pack, A plain with B reading the fold's buffers), 8 the fold with B's row
-   staged in shared memory (t = 1). us_out[r]: microseconds per
+   (timings only: A's epilogue with B on its pack, A plain with B reading the fold's buffers). us_out[r]: microseconds per
    chain in run r. */
 /* The fold (gemv_fold.cuh, an experiment) between two decode GEMVs in the tile layout: A [n, ka] over x [t, ka] with
    the fold's epilogue over the residual h [t, n] and the norm's weights norm_w [n], then B [nb, n] reading it: h_out
-   and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; stage: B's
-   row made into shared memory first (t = 1; the same bits). */
+   and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]. */
 OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb, const float* x,
-                                       int t, const float* h, const float* norm_w, float eps, int stage, float* h_out,
-                                       float* u, float* part, float* y, float* scales);
+                                       int t, const float* h, const float* norm_w, float eps, float* h_out, float* u,
+                                       float* part, float* y, float* scales);
 
 OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies, int reps,
                                               int runs, float* us_out);

@@ -160,30 +160,6 @@ struct UnitX {
     const __half* sum;
 };
 
-// The fold's B column (gemv_fold.cuh, decode GEMVs of one token group): floats u, element i's B value fp16_rn(u[i] c),
-// made as they are loaded instead of read from a pack; sum: the column's pack sums as UnitX's, in shared memory.
-struct UnitXF {
-    const float* col;
-    const __half* sum;
-    float c;
-};
-
-// Sixteen consecutive B halves of a column from its floats f[0..15] (element order) under scale c, in the pack's
-// storage order (each quad 0, 2, 1, 3: act_pack.cuh), as two 16-byte words.
-__device__ __forceinline__ void b16_of_floats(const float* f, float c, uint4 (&bv)[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float4 p = __ldg(reinterpret_cast<const float4*>(f + 8 * h));
-        const float4 q = __ldg(reinterpret_cast<const float4*>(f + 8 * h + 4));
-        const __half2 w0 = __floats2half2_rn(__fmul_rn(p.x, c), __fmul_rn(p.z, c));
-        const __half2 w1 = __floats2half2_rn(__fmul_rn(p.y, c), __fmul_rn(p.w, c));
-        const __half2 w2 = __floats2half2_rn(__fmul_rn(q.x, c), __fmul_rn(q.z, c));
-        const __half2 w3 = __floats2half2_rn(__fmul_rn(q.y, c), __fmul_rn(q.w, c));
-        bv[h] = make_uint4(*reinterpret_cast<const uint32_t*>(&w0), *reinterpret_cast<const uint32_t*>(&w1),
-                           *reinterpret_cast<const uint32_t*>(&w2), *reinterpret_cast<const uint32_t*>(&w3));
-    }
-}
-
 // fp16x2 (v, v) of byte `idx` of w (a value < 1024), exactly: the byte is placed in both halves' mantissas.
 __device__ __forceinline__ uint32_t h2_of_byte(uint32_t w, int idx) {
     return hsub2_u(__byte_perm(w, 0u, 0x4040u | idx | (idx << 8)) | kMagic, kMagic);
@@ -255,11 +231,9 @@ __device__ __forceinline__ void k4_a_regs(uint32_t w, uint32_t hb, uint32_t sc2,
     a_hi = hfma2_u(hi, sc2, nsc2);
 }
 
-template <int QT, int NG, bool kSmemB, int kHalves, class X = UnitX>
-__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (&x)[NG], int tq,
+template <int QT, int NG, bool kSmemB, int kHalves>
+__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                             float (&acc)[NG][4]) {
-    constexpr bool kFloatX = std::is_same<X, UnitXF>::value;  // the fold's floats (NG = 1; sums in shared memory)
-    static_assert(!kFloatX || NG == 1, "the fold's B columns: one token group");
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
     const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[kHalves - 1])};  // a half tile uses hdr[0] only
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
@@ -271,7 +245,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
-            load_b<kSmemB || kFloatX>(x[j].sum, 4 * tq, b);
+            load_b<kSmemB>(x[j].sum, 4 * tq, b);
             mma_16816(mins[j], a, b);
         }
     }
@@ -283,7 +257,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (
     float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
     // The lane's elements 64 (tq / 2) + 16 (tq % 2) + ... of each column: with the lane's offset added to the pointer
     // first, the loads below take their constants as immediates (not a 64-bit index and its descriptor per load).
-    decltype(x[0].col) xb[NG];
+    const __half* xb[NG];
 #pragma unroll
     for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1);
 #pragma unroll
@@ -305,9 +279,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (
             // is used: 32 more live registers per group spilled on sm_120).
             const int e0 = 128 * hv + 32 * nb;  // from the lane's base xb
             uint4 bv[2];
-            if constexpr (kFloatX) {
-                b16_of_floats(xb[0] + e0, x[0].c, bv);
-            } else if constexpr (NG == 1) {
+            if constexpr (NG == 1) {
                 bv[0] = ld_b2<kSmemB>(xb[0] + e0);
                 bv[1] = ld_b2<kSmemB>(xb[0] + e0 + 8);
             }
@@ -327,7 +299,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (
                         const uint4& v = bv[wd >> 1];
                         b[0] = (wd & 1) ? v.z : v.x;
                         b[1] = (wd & 1) ? v.w : v.y;
-                    } else if constexpr (!kFloatX) {
+                    } else {
                         load_b<kSmemB>(xb[j], e0 + 4 * wd, b);
                     }
                     mma_16816(u[j][wd], a, b);
@@ -346,17 +318,15 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const X (
 }
 
 template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ4_K, NG, kSmemB, kHalves> {
-    template <class X>
-    __device__ __forceinline__ static void run(const uint8_t* const r[2], const X (&x)[NG], int tq,
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ4_K, NG, kSmemB, kHalves, X>(r, x, tq, acc);
+        unit_mma_k4<kQ4_K, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
 template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ5_K, NG, kSmemB, kHalves> {
-    template <class X>
-    __device__ __forceinline__ static void run(const uint8_t* const r[2], const X (&x)[NG], int tq,
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<kQ5_K, NG, kSmemB, kHalves, X>(r, x, tq, acc);
+        unit_mma_k4<kQ5_K, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
 

@@ -30,116 +30,107 @@ namespace {
 
 constexpr int kConsumerWarps = kTmaConsumerWarps;
 
-// The fold's reading side (gemv_fold.cuh) keeps its rows' pack sums in shared memory past the ring: k up to
-// kFoldMaxK (a hidden row: the add-norm's place; the 27B's 5,120, its attention output 6,144).
+// The fold's reading side (gemv_fold.cuh) makes its row's pack in shared memory past the ring: k up to kFoldMaxK (a
+// hidden row: the add-norm's place; the 27B's 5,120, its attention output 6,144), fp16 values and 32-block sums.
 constexpr int kFoldMaxK = 6144;
-constexpr int kFoldSumsBytes = kActRows * (kFoldMaxK / kActBlock) * 2 * 2;
+constexpr int kFoldRowBytes = kFoldMaxK * 2 + (kFoldMaxK / kActBlock) * 2 * 2;
 
-// kFold & 4 (the staged form, one token row): the row's fp16 values too.
 template <int QT, int kRing, int kFold = 0> struct TmaShape {
     static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
     static constexpr int kRingBytes = (kConsumerWarps * kRing * kChunk + 16 + 15) / 16 * 16;  // +16: a word past a row
-    static constexpr int kSmemBytes =
-        kRingBytes + (kFold & 1 ? kFoldSumsBytes : 0) + (kFold & 4 ? kFoldMaxK * 2 : 0);
+    static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldRowBytes : 0);
 };
 
+constexpr int kFoldThreads = kConsumerWarps * 32;  // the threads that make a row's pack (their order is the rule's)
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The fold's row scales and pack sums (gemv_fold.cuh), by the block's consumer warps: for each token row c < t, c_s[c]
-// and inv_s[c], and its k / 32 pack sums at sums + c k / 16 (act_sum_pos's layout). Q and P in a fixed order: thread i
-// takes the 32-blocks b = i, i + 128 in turn (q_2b + q_2b+1 added to its sum), then the warp's xor butterfly
-// (16 .. 1), then the four warps' in order; the same in every block, whatever t. One pass over the partials (each
-// thread keeps its blocks' s pairs), and first each warp asks L1 for the u of its quarter of k (u0 .. u1 units): the
-// unit loop's first loads then wait for no L2 round trip of their own.
-// kStage (t = 1): the row's u loaded whole with the partials (kQuads float4 a thread) and its fp16 values written to
-// staged in the pack's order, so that the units read shared memory (UnitX) instead of L2.
-template <bool kStage = false>
-__device__ __forceinline__ void fold_row_scales(const GemvFold& f, int k, int t, int u0, int u1, float* c_s,
-                                                float* inv_s, __half* sums, __half* staged = nullptr) {
-    constexpr int kThreads = kConsumerWarps * 32;
-    constexpr int kPer = (kFoldMaxK / kActBlock + kThreads - 1) / kThreads;  // 32-blocks a thread, at most
-    constexpr int kQuads = kStage ? kFoldMaxK / 4 / kThreads : 1;
-    __shared__ float red[kConsumerWarps][kActRows][2];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock, nt = k / 16;
+
+// The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
+// partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
+// sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
+// thread, all in flight together). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
+// added to its sum), then the warp's xor butterfly (16 .. 1), then the four warps' in order. h and sum may be shared
+// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way.
+__device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
+                                              float eps, __half* h, __half* sum, float2* c_inv) {
+    constexpr int kPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
+    constexpr int kQuads = kFoldMaxK / 4 / kFoldThreads;
+    __shared__ float red[kConsumerWarps][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock;
     float4 uq[kQuads];
-    if constexpr (kStage) {
 #pragma unroll
-        for (int j = 0; j < kQuads; ++j) {
-            const int i = tid + j * kThreads;
-            if (4 * i < k) uq[j] = __ldcg(reinterpret_cast<const float4*>(f.u_in) + i);
-        }
-    } else {
-        const int lines = (u1 - u0) * kUnitElems * 4 / 128;  // of this warp's quarter, a row
-        for (int i = lane; i < t * lines; i += 32) {
-            const float* at = f.u_in + static_cast<long long>(i / lines) * k + u0 * kUnitElems + (i % lines) * 32;
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(at));
+    for (int j = 0; j < kQuads; ++j) {
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) uq[j] = __ldcg(reinterpret_cast<const float4*>(u) + i);
+    }
+    float q = 0.0f, m = 0.0f, sv[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int b = tid + j * kFoldThreads;
+        sv[j] = 0.0f;
+        if (b < nb) {
+            const float4 p0 = __ldcg(part + 2 * b), p1 = __ldcg(part + 2 * b + 1);
+            q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
+            m = fmaxf(m, fmaxf(p0.y, p1.y));
+            sv[j] = __fadd_rn(p0.z, p1.z);
         }
     }
-    float q[kActRows], m[kActRows], sv[kActRows][kPer];
 #pragma unroll
-    for (int c = 0; c < kActRows; ++c) {
-        q[c] = m[c] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int b = tid + j * kThreads;
-            sv[c][j] = 0.0f;
-            if (c < t && b < nb) {
-                const float4* p = f.part_in + static_cast<long long>(c) * nt + 2 * b;
-                const float4 p0 = __ldcg(p), p1 = __ldcg(p + 1);
-                q[c] = __fadd_rn(q[c], __fadd_rn(p0.x, p1.x));
-                m[c] = fmaxf(m[c], fmaxf(p0.y, p1.y));
-                sv[c][j] = __fadd_rn(p0.z, p1.z);
-            }
-        }
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) {
-            q[c] += __shfl_xor_sync(0xffffffffu, q[c], o);
-            m[c] = fmaxf(m[c], __shfl_xor_sync(0xffffffffu, m[c], o));
-        }
-        if (lane == 0) red[warp][c][0] = q[c], red[warp][c][1] = m[c];
+    for (int o = 16; o >= 1; o >>= 1) {
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     }
-    named_bar_sync(1, kThreads);
-    float c0 = 0.0f;  // row 0's c (kStage)
+    if (lane == 0) red[warp][0] = q, red[warp][1] = m;
+    named_bar_sync(1, kFoldThreads);
+    float qs = red[0][0], pm = red[0][1];
 #pragma unroll
-    for (int c = 0; c < kActRows; ++c) {
-        float qs = red[0][c][0], pm = red[0][c][1];
+    for (int w = 1; w < kConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][0]), pm = fmaxf(pm, red[w][1]);
+    const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + eps);
+    const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
+    const float c = __fmul_rn(r, ldexpf(1.0f, sh));
+    if (tid == 0) *c_inv = make_float2(c, ldexpf(1.0f, -sh));
 #pragma unroll
-        for (int w = 1; w < kConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][c][0]), pm = fmaxf(pm, red[w][c][1]);
-        const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + f.eps);
-        const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
-        const float cc = __fmul_rn(r, ldexpf(1.0f, sh));
-        if (c == 0) c0 = cc;
-        if (tid == c && c < t) {
-            c_s[c] = cc;
-            inv_s[c] = ldexpf(1.0f, -sh);
-            if (f.scales && blockIdx.x == 0) f.scales[c] = make_float2(cc, inv_s[c]);
-        }
-        __half* row = sums + c * nb * 2;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int b = tid + j * kThreads;
-            if (c < t && b < nb) {
-                const float t32 = __fmul_rn(__fmul_rn(cc, sv[c][j]), 1.0f / 32.0f);
-                const __half hi = __float2half_rn(t32);
-                row[act_sum_pos(b)] = hi;
-                row[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-            }
+    for (int j = 0; j < kPer; ++j) {
+        const int b = tid + j * kFoldThreads;
+        if (b < nb) {
+            const float t32 = __fmul_rn(__fmul_rn(c, sv[j]), 1.0f / 32.0f);  // (/ 32 exact)
+            const __half hi = __float2half_rn(t32);
+            sum[act_sum_pos(b)] = hi;
+            sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
         }
     }
-    if constexpr (kStage) {  // row 0's values under its scale, each quad stored 0, 2, 1, 3 (act_pack.cuh)
 #pragma unroll
-        for (int j = 0; j < kQuads; ++j) {
-            const int i = tid + j * kThreads;
-            if (4 * i < k) {
-                const __half2 a = __floats2half2_rn(__fmul_rn(uq[j].x, c0), __fmul_rn(uq[j].z, c0));
-                const __half2 b = __floats2half2_rn(__fmul_rn(uq[j].y, c0), __fmul_rn(uq[j].w, c0));
-                *reinterpret_cast<uint2*>(staged + 4 * i) =
-                    make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-            }
+    for (int j = 0; j < kQuads; ++j) {
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) {
+            const __half2 lo = __floats2half2_rn(__fmul_rn(uq[j].x, c), __fmul_rn(uq[j].z, c));
+            const __half2 hi = __floats2half2_rn(__fmul_rn(uq[j].y, c), __fmul_rn(uq[j].w, c));
+            *reinterpret_cast<uint2*>(h + 4 * i) =
+                make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         }
     }
-    named_bar_sync(1, kThreads);  // the scales and sums before any warp's first unit
+    named_bar_sync(1, kFoldThreads);  // the row's pack before any thread reads it
 }
 
+// launch_fold_pack's kernel: block c packs token row c (fold_pack_row).
+__global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
+    pdl_launch_dependents();
+    pdl_wait();  // u and its partials are the kernel before's
+    const int c = blockIdx.x, nt = k / 16;
+    __shared__ float2 c_inv;
+    fold_pack_row(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k, f.eps,
+                  p.h + static_cast<long long>(c) * k, p.sum + static_cast<long long>(c) * (k / kActBlock) * 2,
+                  &c_inv);
+    if (threadIdx.x == 0) {
+        p.inv[c] = c_inv.y;
+        if (f.scales) f.scales[c] = c_inv;
+    }
+}
+#else
+__global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The fold's epilogue inputs of a tile, loaded by warp 0 before the tile's units (they are the kernel before's, read
 // after the PDL wait, and the norm's weights), so that its stores wait for no load: the lane's residual values h of
 // token rows 2 tq + cc (cc = 0, 1) at rows g and g + 8 (hr = 0, 1), and the norm's weights of those rows.
@@ -199,8 +190,9 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// kFold (gemv_fold.cuh): bit 0, x is the fold's u and partials (fold.u_in, fold.part_in) instead of a pack; bit 1,
-// the outputs go through the fold's epilogue (fold.h .. fold.part) instead of y.
+// kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
+// pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
+// (fold.h .. fold.part) instead of y.
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -211,7 +203,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
-    __shared__ float c_s[kActRows];  // kFold & 1: the rows' fold scales
+    __shared__ float2 fold_c_inv;  // kFold & 1: the row's (c, inv)
     __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
@@ -247,11 +239,17 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xs = x.sum + col * kb * 2;
     // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
     // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
-    __half* const fold_sums = reinterpret_cast<__half*>(ring + Sh::kRingBytes);
-    __half* const fold_staged = reinterpret_cast<__half*>(ring + Sh::kRingBytes + kFoldSumsBytes);  // kFold & 4
-    if constexpr (kFold & 4) fold_row_scales<true>(fold, k, t, u0, u1, c_s, inv_s, fold_sums, fold_staged);
-    else if constexpr (kFold & 1) fold_row_scales(fold, k, t, u0, u1, c_s, inv_s, fold_sums);
-    else if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
+    __half* const fold_h = reinterpret_cast<__half*>(ring + Sh::kRingBytes);  // kFold & 1: the row's pack
+    __half* const fold_sum = fold_h + kFoldMaxK;
+    if constexpr (kFold & 1) {
+        fold_pack_row(fold.u_in, fold.part_in, k, fold.eps, fold_h, fold_sum, &fold_c_inv);
+        if (threadIdx.x == 0) {
+            inv_s[0] = fold_c_inv.y;
+            if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
+        }
+    } else if (warp == 0 && lane < t) {
+        inv_s[lane] = __ldcg(x.inv + lane);
+    }
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
@@ -260,16 +258,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), tile < second.from ? n : second.n, t);
-        if constexpr (kFold & 4) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, PackUnits{fold_staged, fold_sums},
-                                                           lane, g, tq, slot, phase, acc);
-        } else if constexpr (kFold & 1) {
-            const float* xf = fold.u_in + col * k;
-            const __half* xsf = fold_sums + col * kb * 2;
-            const float cf = c_s[col];
-            tma_consume_units<QT, kRing, Sh::kChunk>(
-                full0, ring_w, u0, u1, [=](int u) { return UnitXF{xf + u * kUnitElems, xsf + u * 16, cf}; }, lane, g,
-                tq, slot, phase, acc);
+        if constexpr (kFold & 1) {  // (one token row)
+            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, PackUnits{fold_h, fold_sum}, lane, g,
+                                                           tq, slot, phase, acc);
         } else {
             tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, PackUnits{xh, xs}, lane, g, tq, slot,
                                                      phase, acc);
@@ -405,23 +396,49 @@ template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cu
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 
 bool gemv_fold_takes(const GemvArgs& a) {
-    return a.qtype == kQ4_K && a.tiled && !a.prefill && a.t >= 1 && a.t <= kActRows && a.n % kMmaRows == 0 &&
-           a.k % kUnitElems == 0 && a.k <= kFoldMaxK && gemv_tma_available();
+    return (a.qtype == kQ4_K || a.qtype == kQ5_K || a.qtype == kQ6_K) && gemv_tma_takes(a, nullptr) &&
+           a.k <= kFoldMaxK;
 }
 
-// The default's forms (launch_gemv_tma): 1 for one token row, 2 for more. Q4_K only (UnitXF: unit_mma_k4).
-cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvFold& f, bool in, bool out, cudaStream_t stream) {
-    if (!gemv_fold_takes(a)) return cudaErrorNotSupported;
-    if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (out && (!f.h || !f.h_out || !f.w || !f.u || !f.part)) ||
-        in == out)  // (a GEMV between two folds: not built)
+cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, cudaStream_t stream) {
+    if (t < 1 || t > p.rows || k % kUnitElems || k > kFoldMaxK || !f.u_in || !f.part_in || !(f.eps >= 0.0f) ||
+        !gemv_tma_available())
         return cudaErrorInvalidValue;
-    const bool one = a.t == 1;
-    if (in && one && f.stage) return launch_ring<kQ4_K, 4, 3, false, 5>(a, nullptr, stream, f);
-    if (in)
-        return one ? launch_ring<kQ4_K, 4, 3, false, 1>(a, nullptr, stream, f)
-                   : launch_ring<kQ4_K, 4, 4, false, 1>(a, nullptr, stream, f);
-    return one ? launch_ring<kQ4_K, 4, 3, false, 2>(a, nullptr, stream, f)
-               : launch_ring<kQ4_K, 4, 4, false, 2>(a, nullptr, stream, f);
+    return launch_kernel(fold_pack_kernel, t, kFoldThreads, 0, stream, f, k, p);
+}
+
+namespace {
+
+// The fold's forms of launch_gemv_tma's 1 (one token row) and 2: the same rings and blocks a SM.
+template <int QT> cudaError_t launch_fold_forms(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in,
+                                                cudaStream_t stream) {
+    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
+    return a.t == 1 ? launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f)
+                    : launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
+}
+
+}  // namespace
+
+cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
+                             cudaStream_t stream) {
+    if (!gemv_fold_takes(a) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
+    if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
+        (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out)  // (a GEMV between two folds: none)
+        return cudaErrorInvalidValue;
+    if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
+        if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
+        switch (a.qtype) {
+            case kQ4_K: return launch_gemv_tma<kQ4_K>(a, b, stream);
+            case kQ5_K: return launch_gemv_tma<kQ5_K>(a, b, stream);
+            default: return launch_gemv_tma<kQ6_K>(a, b, stream);
+        }
+    }
+    switch (a.qtype) {
+        case kQ4_K: return launch_fold_forms<kQ4_K>(a, b, f, in, stream);
+        case kQ5_K: return launch_fold_forms<kQ5_K>(a, b, f, in, stream);
+        default: return launch_fold_forms<kQ6_K>(a, b, f, in, stream);
+    }
 }
 
 }  // namespace openjet

@@ -600,7 +600,7 @@ namespace {
 // bench_pack_chain's middles that do nothing: the rule of pdl.cuh and no work (one block, or a cluster's eight).
 __global__ void empty_middle_kernel() { pdl_start(); }
 
-constexpr int kChainModes = 9;
+constexpr int kChainModes = 8;
 
 }  // namespace
 
@@ -611,7 +611,7 @@ constexpr int kChainModes = 9;
 // 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster, 5 none: the
 // fold (gemv_fold.cuh; Q4_K on 9.0), A's tiles end with the add and the norm's partials and B reads them; its halves
 // alone (timings only, B's input not A's output): 6 A's epilogue, B on its pack; 7 A plain, B reading the fold's
-// buffers (as a setup's first fold left them); 8 the fold with B's row staged in shared memory (t = 1). Producer-warp
+// buffers (as a setup's first fold left them). Producer-warp
 // GEMVs where they run (the engine's default, tile layout). us_out[r]: microseconds per rep of run r.
 extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies,
                                                          int reps, int runs, float* us_out) {
@@ -648,10 +648,10 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
         CHECK(uf.alloc(sizeof(float) * t * k));
         CHECK(pf.alloc(sizeof(float4) * t * (k / 16)));
         fold = GemvFold{h.as<float>(), hf.as<float>(), norm_w.as<float>(), uf.as<float>(), pf.as<float4>(),
-                        uf.as<float>(), pf.as<float4>(), 1e-6f, nullptr, mode == 8};
+                        uf.as<float>(), pf.as<float4>(), 1e-6f, nullptr};
         if (mode == 7) {  // B's buffers, once
             a.w = dw[0].p;
-            CHECK(launch_gemv_fold(a, fold, false, true, 0));
+            CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
             CHECK(cudaDeviceSynchronize());
         }
     }
@@ -660,9 +660,10 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
         a.w = dw[(2 * i) % copies].p;
         b.w = dw[(2 * i + 1) % copies].p;
         if (mode >= 5) {
-            const cudaError_t e = mode == 7 ? launch_gemv(a, stream) : launch_gemv_fold(a, fold, false, true, stream);
+            const cudaError_t e =
+                mode == 7 ? launch_gemv(a, stream) : launch_gemv_fold(a, nullptr, fold, false, true, stream);
             if (e != cudaSuccess) return e;
-            return mode == 6 ? launch_gemv(b, stream) : launch_gemv_fold(b, fold, true, false, stream);
+            return mode == 6 ? launch_gemv(b, stream) : launch_gemv_fold(b, nullptr, fold, true, false, stream);
         }
         if (cudaError_t e = launch_gemv(a, stream)) return e;
         cudaError_t e = cudaSuccess;
@@ -683,12 +684,10 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
 
 // The fold (gemv_fold.cuh) between two decode GEMVs, both in the tile layout: A [n, ka] over x [t, ka] (packed as
 // launch_pack_act packs it) with the fold's epilogue over h [t, n] and norm_w [n], then B [nb, n] reading what A left:
-// h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2]. stage: B's staged
-// form (GemvFold::stage; t = 1).
+// h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2].
 extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb,
                                                   const float* x, int t, const float* h, const float* norm_w, float eps,
-                                                  int stage, float* h_out, float* u, float* part, float* y,
-                                                  float* scales) {
+                                                  float* h_out, float* u, float* part, float* y, float* scales) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, ka)) return s;
     if (int s = check_weights(qtype, nb, n)) return s;
@@ -697,7 +696,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: null pointer");
     DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales;
-    DevPack pa;
+    DevPack pa, pb;  // A's input; B's where t > 1 (launch_fold_pack)
     CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
     CHECK(upload_weights(dwb, wb, weight_bytes(qtype, nb, n), qtype, nb, n, true));
     CHECK(dx.upload(x, sizeof(float) * t * ka));
@@ -711,18 +710,19 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * nb));  // NaN poison: every output must be written
     CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));
     CHECK(pa.alloc(t, ka));
+    CHECK(pb.alloc(t, n));
     CHECK(launch_pack_act(dx.as<float>(), t, ka, nullptr, 0.0f, pa.view(), 0));
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
-    GemvArgs b{qtype, dwb.p, nb, n, t, ActPack{}, nullptr, dy.as<float>()};
+    GemvArgs b{qtype, dwb.p, nb, n, t, pb.view(), nullptr, dy.as<float>()};
     b.tiled = true;
     if (!gemv_fold_takes(a) || !gemv_fold_takes(b))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
-                    "t <= %d, k <= 6144)", kActRows);
+                    "Q5_K or Q6_K, t <= %d, k <= 6144)", kActRows);
     const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
-                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), stage != 0};
-    CHECK(launch_gemv_fold(a, fold, false, true, 0));
-    CHECK(launch_gemv_fold(b, fold, true, false, 0));
+                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>()};
+    CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
+    CHECK(launch_gemv_fold(b, nullptr, fold, true, false, 0));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(h_out, dh_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(u, du.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));

@@ -70,7 +70,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
-        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _I, _P, _P, _P, _P, _P],
+        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P],
         "set_gemv_half": [_I],
         "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
@@ -487,7 +487,7 @@ def bench_boundary(blocks_per_sm: int, threads: int, arrivals_per_block: int, ro
 
 
 PACK_CHAIN_MODES = {"none": 0, "add_norm_pack": 1, "empty": 2, "empty_cluster": 3, "empty_8_blocks": 4, "fold": 5,
-                    "fold_out_only": 6, "fold_in_only": 7, "fold_staged": 8}
+                    "fold_out_only": 6, "fold_in_only": 7}
 
 
 def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, reps: int, runs: int) -> list[float]:
@@ -507,12 +507,12 @@ def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, re
     return [float(v) for v in us]
 
 
-def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6, stage: bool = False) -> dict[str, np.ndarray]:
-    """The fold (gemv_fold.cuh, an experiment; Q4_K, a 90a build on 9.0) between two decode GEMVs: A (wa [n, ka]) over
-    x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials (q, m, s, 0); B
-    (wb [nb, n]) reads u and the partials instead of a pack. Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
-    (B's output) and scales [t, 2] (B's rows' c and inv). stage (t = 1): B makes the row's fp16 values into shared
-    memory first (the same bits)."""
+def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """The fold (gemv_fold.cuh, an experiment; Q4_K, Q5_K or Q6_K, a 90a build on 9.0) between two decode GEMVs: A
+    (wa [n, ka]) over x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials
+    (q, m, s, 0); B (wb [nb, n]) reads a pack made from u and the partials alone (at t = 1 in each block's shared
+    memory, else by launch_fold_pack). Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
+    (B's output) and scales [t, 2] (B's rows' c and inv)."""
     lib = _lib()
     x, h = _f32(x, 2), _f32(h, 2)
     t, ka = x.shape
@@ -527,7 +527,7 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6, stage: bool =
            "part": np.empty((t, n // 16, 4), np.float32), "y": np.empty((t, nb), np.float32),
            "scales": np.empty((t, 2), np.float32)}
     _check(lib, lib.openjet_test_gemv_fold(qtype, _ptr(raw_a), n, ka, _ptr(raw_b), nb, _ptr(x), t, _ptr(h),
-                                           _ptr(norm_w), eps, int(stage), *(_ptr(out[k]) for k in ("h_out", "u", "part", "y",
+                                           _ptr(norm_w), eps, *(_ptr(out[k]) for k in ("h_out", "u", "part", "y",
                                                                                       "scales"))), "gemv_fold")
     return out
 
