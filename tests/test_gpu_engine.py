@@ -100,25 +100,34 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
             "ref_logit_std": float(r.std())}
 
 
+def gemv_counter(gemv: str) -> str:
+    """The launch counter that says a use_gemv choice ran."""
+    return "gemv_fold" if gemv == "fold" else "gemv_int"
+
+
 def use_gemv(gemv: str, monkeypatch) -> int:
     """Set the decode GEMV for engines loaded next: "fp16" (the default), "int" (OPENJET_GEMV_INT=2: Q4_K and Q6_K
-    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change) or "int-q4k" (=1: Q4_K calls only);
-    returns the integer GEMV's launch count so far."""
+    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change), "int-q4k" (=1: Q4_K calls only) or "fold"
+    (OPENJET_FOLD=1: the FFN-input add-norm made by the GEMVs around it, gemv_fold.cuh, a declared numerics change);
+    returns its launch counter so far."""
     from openjet_launcher.engine import kernels_test as kt
 
-    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1"}[gemv])
-    return kt.launch_count("gemv_int")
+    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1", "fold": "0"}[gemv])
+    monkeypatch.setenv("OPENJET_FOLD", "1" if gemv == "fold" else "0")
+    return kt.launch_count(gemv_counter(gemv))
 
 
 def assert_gemv_ran(gemv: str, before: int) -> None:
-    """The integer GEMV ran under "int" and "int-q4k" and never under "fp16" (launch_count: no silent fallback)."""
+    """The integer GEMV ran under "int" and "int-q4k", the fold under "fold", neither under "fp16" (launch_count: no
+    silent fallback)."""
     from openjet_launcher.engine import kernels_test as kt
 
-    ran = kt.launch_count("gemv_int") - before
-    assert (ran > 0) == (gemv != "fp16"), f"{gemv}: {ran} integer GEMV launches"
+    ran = kt.launch_count(gemv_counter(gemv)) - before
+    assert (ran > 0) == (gemv != "fp16"), f"{gemv}: {ran} {gemv_counter(gemv)} launches"
 
 
-@pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int"), ("q8_0", "int-q4k")])
+@pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int"), ("q8_0", "int-q4k"),
+                                            ("q8_0", "fold")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type, gemv, monkeypatch):
     ref, ids, ref_logits, ref_hidden = reference_run(models[preset], preset)
@@ -1638,14 +1647,16 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
 
 @pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
                                          ("demo", "int"), ("demo", "int-q4k"), ("small", "fp16+chain"),
-                                         ("demo", "fp16+chain"), ("full", "fp16+chain")])
+                                         ("demo", "fp16+chain"), ("full", "fp16+chain"), ("small", "fold+chain"),
+                                         ("full", "fold+chain")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
     the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k"), and ("+chain") with the drafts chained on
     the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused): the defaults since 2026-12-05,
-    also on the `full` model (the 27B's shapes: OPENJET_FULL_MODEL, else skipped; ~1 minute on the H200)."""
+    also on the `full` model (the 27B's shapes: OPENJET_FULL_MODEL, else skipped; ~1 minute on the H200), and with
+    the fold (OPENJET_FOLD=1: its T=1 blocks' pack and its pack launch for more rows must agree bit for bit)."""
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 

@@ -45,6 +45,7 @@
 #include "embed.cuh"
 #include "ffn_persistent.cuh"
 #include "gemv.cuh"
+#include "gemv_fold.cuh"
 #include "gemv_imma.cuh"
 #include "gemv_tma.cuh"
 #include "gdn_chunk.cuh"
@@ -179,6 +180,13 @@ struct openjet_engine {
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
+    // OPENJET_FOLD=1 at create (an experiment; a declared numerics change, gemv_fold.cuh): a decode or verify step's
+    // FFN-input add-norm made by the mixer's out projection (its tiles add the delta to h and write u = h w and the
+    // norm's partials) and the FFN's gate / up (their pack from those), without the add-norm launch. fold_norm: set by
+    // the trunk for the layer's out projection (project_out takes it); folded: that projection ran the fold.
+    bool fold = false;
+    const float* fold_norm = nullptr;
+    bool folded = false;
     unsigned* gdn_pack_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -798,6 +806,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
+    e.fold = env_level("OPENJET_FOLD", 1) == 1;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
@@ -1037,6 +1046,27 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
     return OPENJET_OK;
 }
 
+// The fold's buffers (OPENJET_FOLD): A adds its delta to h in place and leaves u = h w in e.a and the norm's partials
+// in e.mix (neither is read between the out projection and the gate / up: e.a's norm is the layer's input's, which the
+// mixer has read; e.mix holds no delta, the fold having added it); norm_w: the next norm's weights.
+GemvFold fold_args(const openjet_engine& e, const float* norm_w) {
+    GemvFold f;
+    f.h = e.h, f.h_out = e.h, f.w = norm_w, f.u = e.a, f.part = reinterpret_cast<float4*>(e.mix);
+    f.u_in = e.a, f.part_in = reinterpret_cast<const float4*>(e.mix), f.eps = e.cfg.rms_eps;
+    return f;
+}
+
+// Whether layer L's FFN-input add-norm is the fold (OPENJET_FOLD) in a step of t rows: a decode or verify step, the
+// integer GEMV off, the out projection and the gate / up pair on the producer-warp GEMV in types the fold takes, the
+// norm's weights F32. (The persistent FFN and the benchmark's skipped packs take none: the caller checks.)
+bool fold_ffn_input(const openjet_engine& e, const LayerW& L, int t) {
+    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || L.post_norm.type != kF32) return false;
+    const GemvArgs out = gemv_args(e, L.attn ? L.wo : L.ssm_out, t, nullptr, e.h);
+    const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1), up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+    return out.n == e.cfg.n_embd && gemv_fold_takes(out, false) && gemv_fold_takes(gate, true) &&
+           gemv_tma_takes(gate, &up);
+}
+
 // A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the
 // trunk's, or the MTP head's u, which is h too): into e.mix, or, where the call's dense GEMM can add it
 // (OPENJET_PREFILL_RESIDUAL, the default; prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the
@@ -1044,6 +1074,13 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
 int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x = nullptr) {
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     if (x) a.x = *x;
+    if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
+        const cudaError_t err = launch_gemv_fold(a, nullptr, fold_args(e, e.fold_norm), false, true, e.stream);
+        e.fold_norm = nullptr;
+        if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
+        e.folded = true, e.mix_added = false;
+        return OPENJET_OK;
+    }
     a.add_to_y = true;
     e.mix_added = e.prefilling && prefill_gemm_adds(a);  // (a decode step asks nothing: no environment read)
     if (!e.mix_added) a.add_to_y = false, a.y = e.mix;
@@ -1053,11 +1090,20 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
 }
 const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr : e.mix; }
 
-// Layer L's FFN after its norm's pack e.x: ffn_down's input silu(gate x) * (up x) packed into e.x
+// Layer L's FFN after its norm's pack e.x (folded: after the fold's out projection, its gate / up reading the fold:
+// fold_args): ffn_down's input silu(gate x) * (up x) packed into e.x
 // (launch_ffn_gate_up_pack: a prefill's in one GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
-int ffn(openjet_engine& e, const LayerW& L, int t) {
+int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
+    if (folded) {
+        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
+        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+        if (const cudaError_t err = launch_gemv_fold(gate, &up, fold_args(e, nullptr), true, false, e.stream))
+            return cuda_fail(err, "ffn gate/up (fold)");
+        CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
+        return project_out(e, L.ffn_down, t);
+    }
     if (!e.prefilling && e.bench_skip_norm_packs >= 4) {  // a measurement, wrong outputs: gate and up, no swiglu pack
         const cudaError_t err = launch_gemv_pair(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
                                                  gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.stream);
@@ -1346,6 +1392,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
+    e.fold_norm = nullptr;  // (the head folds nothing: OPENJET_FOLD is the trunk's)
     const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
     // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
     const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
@@ -1450,6 +1497,7 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
+    e.fold_norm = nullptr, e.folded = false;  // (a step that failed part way may have left them)
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
@@ -1466,7 +1514,18 @@ int trunk(openjet_engine& e, int t) {
         FfnPersistentArgs f;
         const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
+        // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
+        e.fold_norm = !persistent && !skip_norm && fold_ffn_input(e, L, t) ? static_cast<const float*>(L.post_norm.d)
+                                                                           : nullptr;
+        e.folded = false;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
+        e.fold_norm = nullptr;  // (a mixer that ran no projection leaves it: the add-norm below then runs)
+        if (e.folded) {
+            e.folded = false;
+            mark(e, "ffn");
+            TRY(ffn(e, L, t, true));
+            continue;
+        }
         if (persistent) {
             mark(e, "ffn");  // the norm inside (and with a tail, the out projection; with 3, the next norm; 4, ...)
             CHECK(launch_ffn_persistent(f, e.stream));

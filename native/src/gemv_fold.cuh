@@ -42,8 +42,9 @@ struct GemvFold {
     float2* scales = nullptr;
 };
 
-// Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K), layout and k.
-bool gemv_fold_takes(const GemvArgs& a);
+// Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K) and layout, as A
+// (out: the fold's epilogue) or B (in: its k, the fold's row, up to 6,144).
+bool gemv_fold_takes(const GemvArgs& a, bool in);
 
 // A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:
 // fold.u_in .. eps, and b, a second matrix of the same input, where given), one of the two. B at t > 1 takes a.x as its

@@ -395,9 +395,9 @@ template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cu
 template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 
-bool gemv_fold_takes(const GemvArgs& a) {
+bool gemv_fold_takes(const GemvArgs& a, bool in) {
     return (a.qtype == kQ4_K || a.qtype == kQ5_K || a.qtype == kQ6_K) && gemv_tma_takes(a, nullptr) &&
-           a.k <= kFoldMaxK;
+           (!in || a.k <= kFoldMaxK);
 }
 
 cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, cudaStream_t stream) {
@@ -422,10 +422,11 @@ template <int QT> cudaError_t launch_fold_forms(const GemvArgs& a, const GemvArg
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {
-    if (!gemv_fold_takes(a) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
+    if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
     if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
         (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
+    count_launch(Counted::kGemvFold);
     if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
         switch (a.qtype) {

@@ -47,6 +47,7 @@ enum class Counted {
     kMtpInputPack = 28,         // the MTP head's embedding, input norms and pack in one launch (the same bits)
     kFfnPersistentTma = 29,     // a persistent FFN launch in its producer-warp form (OPENJET_FFN_TMA; the same bits)
     kGdnStepPack = 30,          // a GDN step that packs its own output for the out projection (OPENJET_GDN_STEP_PACK)
+    kGemvFold = 31,             // a GEMV of the fold (gemv_fold.cuh: A's epilogue or B's own pack; OPENJET_FOLD)
     kCount
 };
 

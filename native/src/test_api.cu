@@ -643,7 +643,8 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
     b.y = yb.as<float>();
     GemvFold fold;
     if (mode >= 5) {
-        if (!gemv_fold_takes(a)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_pack_chain: the fold does not run here");
+        if (!gemv_fold_takes(a, true))
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_pack_chain: the fold does not run here");
         CHECK(hf.alloc(sizeof(float) * t * k));
         CHECK(uf.alloc(sizeof(float) * t * k));
         CHECK(pf.alloc(sizeof(float4) * t * (k / 16)));
@@ -716,7 +717,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     a.tiled = true;
     GemvArgs b{qtype, dwb.p, nb, n, t, pb.view(), nullptr, dy.as<float>()};
     b.tiled = true;
-    if (!gemv_fold_takes(a) || !gemv_fold_takes(b))
+    if (!gemv_fold_takes(a, false) || !gemv_fold_takes(b, true))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
                     "Q5_K or Q6_K, t <= %d, k <= 6144)", kActRows);
     const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),

@@ -395,7 +395,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
            "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28, "ffn_persistent_tma": 29,
-           "gdn_step_pack": 30}
+           "gdn_step_pack": 30, "gemv_fold": 31}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -453,7 +453,8 @@ def launch_count(path: str) -> int:
     openjet_engine_cycle_greedy; "mtp_input_pack": the MTP head's embedding, input norms and pack in one launch,
     OPENJET_MTP_INPUT_PACK; "ffn_persistent_tma": a persistent FFN launch in its producer-warp form,
     OPENJET_FFN_TMA; "gdn_step_pack": a GDN step that packs its own output for the out projection,
-    OPENJET_GDN_STEP_PACK): how a test sees that the path ran."""
+    OPENJET_GDN_STEP_PACK; "gemv_fold": a GEMV of the fold, A's epilogue or B reading it, OPENJET_FOLD): how a test
+    sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
