@@ -46,6 +46,12 @@
 #            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). The T=1 form measured on the H100
 #            on 2026-12-06 (1f37765: 18.37 us a chain against the add-norm pack's 21.26); the T>1 pack launch and the
 #            Q5_K / Q6_K forms written after that, NOT yet run.
+# PLAN=foldstep OPENJET_FOLD=1 in the engine (the FFN-input add-norm made by the GEMVs around it; written 2026-12-06
+#            without a GPU): while the model is written, tests/test_gpu_fold.py and the engine's fold cases (the
+#            teacher-forced reference test, the n_draft identity on the small model) with the pack-chain bench's test;
+#            then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (the add-norm
+#            packs' marginal should fall by 64 launches; the out projections' and gate / up's rise), and the n_draft
+#            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -234,6 +240,15 @@ PY
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STEP_PACK=0 $on
     OPENJET_GDN_STEP_PACK=1 OPENJET_ADD_NORM_MAX_EST=1 trace_bench ;;
+  foldstep)
+    plan 200 "tests/test_gpu_fold.py tests/test_gpu_engine.py -k 'fold or pack_chain_bench_runs'" foldstep-bench ;;
+  foldstep-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD=0 OPENJET_FOLD=1
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD=0 OPENJET_FOLD=1
+    OPENJET_FOLD=1 trace_bench
+    OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
+      -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -261,6 +276,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack, PLAN=fold or PLAN=boundary (see the top of $0)" >&2
+    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack, PLAN=fold, PLAN=foldstep or PLAN=boundary (see the top of $0)" >&2
     exit 2 ;;
 esac
