@@ -565,9 +565,9 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
             constexpr int QT = decltype(qt)::value;
             float acc[1][4] = {};
             tma_consume_units<QT, kTmaRing, kTmaSlot>(full0, ring_w, quarter_begin(nu, warp),
-                                                      quarter_begin(nu, warp + 1),
-                                                      PackUnits{xin.h + col * k, xin.sum + col * (k / kActBlock) * 2},
-                                                      lane, g, tq, slot, phase, acc);
+                                                      quarter_begin(nu, warp + 1), xin.h + col * k,
+                                                      xin.sum + col * (k / kActBlock) * 2, lane, g, tq, slot, phase,
+                                                      acc);
 #pragma unroll
             for (int c = 0; c < 4; ++c) part[buf][warp][0][lane][c] = acc[0][c];
             named_bar_sync(1, kTmaConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)

@@ -190,6 +190,9 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
+// cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
+// spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y.
@@ -259,11 +262,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), tile < second.from ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, PackUnits{fold_h, fold_sum}, lane, g,
-                                                           tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
+                                                           phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, PackUnits{xh, xs}, lane, g, tq, slot,
-                                                     phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
         }
         const bool first = tile < second.from;
         const auto sum_store = [&] {
@@ -390,7 +392,6 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
-
 template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);

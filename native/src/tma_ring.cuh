@@ -71,31 +71,24 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
     }
 }
 
-// x_at for a pack: the lane's column xh and pack sums xs at unit 0.
-struct PackUnits {
-    const __half* xh;
-    const __half* xs;
-    __device__ __forceinline__ UnitX operator()(int u) const { return UnitX{xh + u * kUnitElems, xs + u * 16}; }
-};
-
 // A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
-// of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. x_at(u): the lane's
-// activations of unit u (UnitX: its column and pack sums, in shared memory where kSmemX; UnitXF: the fold's floats,
-// Q4_K / Q5_K only); g = lane / 4,
-// tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit); it waits on a
-// vote (mbar_wait_warp: the loads after it keep their uniform registers).
-template <int QT, int kRing, int kSlot, bool kSmemX = false, class XAt>
+// of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
+// activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
+// g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
+// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
+template <int QT, int kRing, int kSlot, bool kSmemX = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
-                                                  const XAt& x_at, int lane, int g, int tq, int& slot,
-                                                  uint32_t& phase, float (&acc)[1][4]) {
+                                                  const __half* xh, const __half* xs, int lane, int g, int tq,
+                                                  int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
     for (int u = u0; u < u1; ++u) {
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
         const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
-        const auto ux0 = x_at(u);
-        const decltype(ux0) ux[1] = {ux0};
+        UnitX ux[1];
+        ux[0].col = xh + u * kUnitElems;
+        ux[0].sum = xs + u * 16;
         if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
             unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
         else
