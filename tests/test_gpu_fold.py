@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpu_report import report
+from test_gpu_gemv import pack_layout_numpy
 
 from openjet_launcher.engine import kernels_test as kt
 from openjet_launcher.model.quants import dequantize, quantize
@@ -24,18 +25,11 @@ KA, N, NB = 1024, 5120, 768  # A [N, KA] -> the fold over N (the 27B's hidden si
 def fold_pack_numpy(u: np.ndarray, part: np.ndarray, c: np.ndarray, inv: np.ndarray):
     """The pack B reads in the fold (gemv_fold.cuh): values fp16(fl(u c)), 32-block sums fl(c fl(s_2b + s_2b+1)) as
     the pack's hi / lo halves of S / 32, inverse scale inv; (xh, xsum, xinv) as kernels_test.pack_act returns them."""
-    t, k = u.shape
     c = c.astype(np.float32)[:, None]
     h = (u * c).astype(np.float32).astype(np.float16)
-    xh = h.view(np.uint16).reshape(t, k // 4, 4)[..., [0, 2, 1, 3]].reshape(t, k)
     s = part[..., 2]
     t32 = ((c * (s[:, 0::2] + s[:, 1::2]).astype(np.float32)).astype(np.float32) / np.float32(32)).astype(np.float32)
-    hi = t32.astype(np.float16)
-    lo = (t32 - hi.astype(np.float32)).astype(np.float16)
-    b = np.arange(k // 32)
-    pos = (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1)  # act_sum_pos
-    xsum = np.zeros((t, k // 32 * 2), np.uint16)
-    xsum[:, pos], xsum[:, pos + 2] = hi.view(np.uint16), lo.view(np.uint16)
+    xh, xsum = pack_layout_numpy(h, t32)
     return xh, xsum, inv.astype(np.float32)
 
 

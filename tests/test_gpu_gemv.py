@@ -51,15 +51,22 @@ def pack_scaled_numpy(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.
     s = h.astype(np.float32).reshape(t, k // 32, 32)
     for m in (16, 8, 4, 2, 1):  # the kernel's xor butterfly; lane 0 writes
         s = s + s[..., np.arange(32) ^ m]
+    xh, xsum = pack_layout_numpy(h, s[..., 0] / np.float32(32))
+    return xh, xsum, (np.float32(1) / scale).astype(np.float32)
+
+
+def pack_layout_numpy(h: np.ndarray, s32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A pack's stored arrays from its fp16 values h [t, k] and its 32-block sums / 32, s32 [t, k / 32] (float32):
+    (xh uint16 [t, k], each quad stored 0, 2, 1, 3; xsum uint16 [t, k / 32 * 2], hi and lo halves at act_sum_pos)."""
+    t, k = h.shape
     xh = h.view(np.uint16).reshape(t, k // 4, 4)[..., [0, 2, 1, 3]].reshape(t, k)
-    s32 = s[..., 0] / np.float32(32)
     hi = s32.astype(np.float16)
     lo = (s32 - hi.astype(np.float32)).astype(np.float16)
     b = np.arange(k // 32)
     pos = (b >> 3) * 16 + ((b & 7) >> 1) * 4 + (b & 1)  # act_sum_pos
     xsum = np.zeros((t, k // 32 * 2), np.uint16)
     xsum[:, pos], xsum[:, pos + 2] = hi.view(np.uint16), lo.view(np.uint16)
-    return xh, xsum, (np.float32(1) / scale).astype(np.float32)
+    return xh, xsum
 
 
 def unpack_act(xh: np.ndarray, xinv: np.ndarray) -> np.ndarray:
