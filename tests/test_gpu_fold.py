@@ -92,6 +92,11 @@ def test_the_fold_equals_the_pack_path_on_its_declared_numerics(weights, qtype, 
     xh, xsum, xinv = fold_pack_numpy(u, part, c, inv)
     np.testing.assert_array_equal(out["y"], kt.gemv_packed(qtype, wb, xh, xsum, xinv))
 
+    # ... and what B leaves for the kernels after it: that pack, and the normed rows fl(u r)
+    for name, want in (("xh", xh), ("xsum", xsum), ("xinv", xinv)):
+        np.testing.assert_array_equal(out[name], want, err_msg=name)
+    np.testing.assert_array_equal(out["a"], (u * r[:, None]).astype(np.float32))
+
     # ... a row's bits the same alone (B's blocks make its pack) as among t rows (launch_fold_pack makes it)
     if t > 1:
         one = kt.gemv_fold(qtype, wa, wb, x[t - 1:], h[t - 1:], norm_w, eps)

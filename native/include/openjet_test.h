@@ -182,10 +182,12 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
    chain in run r. */
 /* The fold (gemv_fold.cuh, an experiment) between two decode GEMVs in the tile layout: A [n, ka] over x [t, ka] with
    the fold's epilogue over the residual h [t, n] and the norm's weights norm_w [n], then B [nb, n] reading it: h_out
-   and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]. */
+   and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; what B
+   leaves for the kernels after it: the normed rows a_out [t, n] and B's pack (xh, xsum, xinv as openjet_test_pack_act). */
 OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb, const float* x,
                                        int t, const float* h, const float* norm_w, float eps, float* h_out, float* u,
-                                       float* part, float* y, float* scales);
+                                       float* part, float* y, float* scales, float* a_out, uint16_t* xh,
+                                       uint16_t* xsum, float* xinv);
 
 OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies, int reps,
                                               int runs, float* us_out);

@@ -181,12 +181,16 @@ struct openjet_engine {
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
     // OPENJET_FOLD=1 at create (an experiment; a declared numerics change, gemv_fold.cuh): a decode or verify step's
-    // FFN-input add-norm made by the mixer's out projection (its tiles add the delta to h and write u = h w and the
-    // norm's partials) and the FFN's gate / up (their pack from those), without the add-norm launch. fold_norm: set by
-    // the trunk for the layer's out projection (project_out takes it); folded: that projection ran the fold.
+    // add-norms inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
+    // tiles add the delta to h and write u = h w and the norm's partials) and the FFN's gate / up (their pack from
+    // those), the next layer's input one by the down projection and that layer's first input projections (which also
+    // leave the pack in x and the normed rows in a for the kernels after them). fold_norm, fold_u: set by the trunk for
+    // the next output projection (project_out takes them); folded: that projection ran the fold; fold_input: the next
+    // mixer's first input projections read it (in_proj_pair).
     bool fold = false;
     const float* fold_norm = nullptr;
-    bool folded = false;
+    float* fold_u = nullptr;
+    bool folded = false, fold_input = false;
     unsigned* gdn_pack_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -1046,14 +1050,46 @@ int gemv_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor
     return OPENJET_OK;
 }
 
-// The fold's buffers (OPENJET_FOLD): A adds its delta to h in place and leaves u = h w in e.a and the norm's partials
-// in e.mix (neither is read between the out projection and the gate / up: e.a's norm is the layer's input's, which the
-// mixer has read; e.mix holds no delta, the fold having added it); norm_w: the next norm's weights.
-GemvFold fold_args(const openjet_engine& e, const float* norm_w) {
+// The fold's buffers (OPENJET_FOLD): A adds its delta to h in place and leaves u = h w in u and the norm's partials in
+// e.mix, which holds no delta (the fold added it) and is next written by the output projection after B. u: e.a for the
+// FFN-input norm (the layer's input norm there, which the mixer has read), e.y for the next layer's input norm (the
+// mixer's output, written after its input projections: B writes that norm's rows into e.a itself). norm_w: the norm's
+// weights.
+GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
     GemvFold f;
-    f.h = e.h, f.h_out = e.h, f.w = norm_w, f.u = e.a, f.part = reinterpret_cast<float4*>(e.mix);
-    f.u_in = e.a, f.part_in = reinterpret_cast<const float4*>(e.mix), f.eps = e.cfg.rms_eps;
+    f.h = e.h, f.h_out = e.h, f.w = norm_w, f.u = u, f.part = reinterpret_cast<float4*>(e.mix);
+    f.u_in = u, f.part_in = reinterpret_cast<const float4*>(e.mix), f.eps = e.cfg.rms_eps;
     return f;
+}
+
+// Whether the next layer's input add-norm is the fold (OPENJET_FOLD) after layer il's FFN in a step of t rows: as
+// fold_ffn_input, with il's down projection as A and the next layer's first two input projections as B (wq / wk, or
+// qkv / gate). Not after the last layer: the output norm and the MTP head's stay add-norms.
+bool fold_layer_input(const openjet_engine& e, int il, int t) {
+    const auto& c = e.cfg;
+    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || il + 1 >= c.n_layer ||
+        std::max(e.d_inner(), e.q_dim()) < c.n_embd)  // (u in e.y)
+        return false;
+    const LayerW &L = e.layers[il], &N = e.layers[il + 1];
+    if (N.attn_norm.type != kF32) return false;
+    const GemvArgs down = gemv_args(e, L.ffn_down, t, nullptr, e.h);
+    const GemvArgs a = gemv_args(e, N.attn ? N.wq : N.qkv, t, nullptr, e.big1);
+    const GemvArgs b = gemv_args(e, N.attn ? N.wk : N.gate, t, nullptr, e.big2);
+    return down.n == c.n_embd && gemv_fold_takes(down, false) && gemv_fold_takes(a, true) && gemv_tma_takes(a, &b);
+}
+
+// A mixer's first two input projections (of the layer's input norm): a gemv_pair on its pack e.x, or, where the layer
+// before's down projection made that norm's fold (fold_input), the pair reading the fold, which also leaves the pack
+// in e.x and the normed rows in e.a for the projections and the GDN step after it.
+int in_proj_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t) {
+    if (!e.fold_input) return gemv_pair(e, wa, ya, wb, yb, t, e.a);
+    e.fold_input = false;
+    const GemvArgs a = gemv_args(e, wa, t, nullptr, ya), b = gemv_args(e, wb, t, nullptr, yb);
+    GemvFold f = fold_args(e, nullptr, e.y);
+    f.a_out = e.a, f.pack_out = e.x;
+    if (const cudaError_t err = launch_gemv_fold(a, &b, f, true, false, e.stream))
+        return cuda_fail(err, "input projections (fold)");
+    return OPENJET_OK;
 }
 
 // Whether layer L's FFN-input add-norm is the fold (OPENJET_FOLD) in a step of t rows: a decode or verify step, the
@@ -1075,7 +1111,7 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     if (x) a.x = *x;
     if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
-        const cudaError_t err = launch_gemv_fold(a, nullptr, fold_args(e, e.fold_norm), false, true, e.stream);
+        const cudaError_t err = launch_gemv_fold(a, nullptr, fold_args(e, e.fold_norm, e.fold_u), false, true, e.stream);
         e.fold_norm = nullptr;
         if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
         e.folded = true, e.mix_added = false;
@@ -1099,7 +1135,7 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
     if (folded) {
         const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
         const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-        if (const cudaError_t err = launch_gemv_fold(gate, &up, fold_args(e, nullptr), true, false, e.stream))
+        if (const cudaError_t err = launch_gemv_fold(gate, &up, fold_args(e, nullptr, e.a), true, false, e.stream))
             return cuda_fail(err, "ffn gate/up (fold)");
         CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
@@ -1192,7 +1228,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
         mark(e, "gdn.in_proj");
         if (bound)
             CHECK(launch_gdn_out_scale(e.x, c.n_embd, t, L.z_norm_max, L.norm_w_max, e.row_scale, e.stream));
-        TRY(gemv_pair(e, L.qkv, qkv, L.gate, e.big2, t, e.a));
+        TRY(in_proj_pair(e, L.qkv, qkv, L.gate, e.big2, t));
     }
     if (!fused) TRY(gemv_pair(e, L.beta, b, L.alpha, alpha, t, e.a));
     mark(e, "gdn.step");
@@ -1298,7 +1334,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
     if (in_proj) {  // (false: done by the persistent FFN before, as gdn_mixer's)
         phase("attn.in_proj");
-        TRY(gemv_pair(e, L.wq, e.big1, L.wk, e.big2, t, e.a));
+        TRY(in_proj_pair(e, L.wq, e.big1, L.wk, e.big2, t));
         TRY(gemv(e, L.wv, t, e.a, e.big3));
     }
     phase("attn.core");
@@ -1392,7 +1428,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
-    e.fold_norm = nullptr;  // (the head folds nothing: OPENJET_FOLD is the trunk's)
+    e.fold_norm = nullptr, e.fold_input = false;  // (the head folds nothing: OPENJET_FOLD is the trunk's)
     const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
     // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
     const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
@@ -1491,13 +1527,27 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     return one_layout && ffn_persistent_takes(f);
 }
 
+// Layer il's FFN (folded: its input norm the fold, fold_ffn_input); where the next layer's input norm can be the fold
+// (OPENJET_FOLD, fold_layer_input, and no benchmark skips), its down projection makes it: *normed then says the
+// add-norm is done, and the next mixer's first input projections read the fold (fold_input).
+int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
+    const LayerW& L = e.layers[il];
+    const bool fold_next = !e.bench_skip_norm_packs && fold_layer_input(e, il, t);
+    e.fold_norm = fold_next ? static_cast<const float*>(e.layers[il + 1].attn_norm.d) : nullptr, e.fold_u = e.y;
+    e.folded = false;
+    TRY(ffn(e, L, t, folded));
+    e.fold_norm = nullptr;
+    if (e.folded) e.folded = false, e.fold_input = true, *normed = true;
+    return OPENJET_OK;
+}
+
 // The trunk over t token rows (ids already in e.ids) at positions n_past..: hidden rows (post-output_norm)
 // in e.a, packed in e.x for the lm_head. Weights are read once for all t rows; attention and GDN run in
 // sub-steps of 8 (GDN's inside one launch), and every row gets the bits it gets in a decode step of 1..8 rows.
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
-    e.fold_norm = nullptr, e.folded = false;  // (a step that failed part way may have left them)
+    e.fold_norm = nullptr, e.folded = e.fold_input = false;  // (a step that failed part way may have left them)
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
@@ -1515,15 +1565,16 @@ int trunk(openjet_engine& e, int t) {
         const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
         // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
-        e.fold_norm = !persistent && !skip_norm && fold_ffn_input(e, L, t) ? static_cast<const float*>(L.post_norm.d)
-                                                                           : nullptr;
+        const bool fold_here = !persistent && !skip_norm && fold_ffn_input(e, L, t);
+        e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.a;
         e.folded = false;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         e.fold_norm = nullptr;  // (a mixer that ran no projection leaves it: the add-norm below then runs)
+        e.fold_input = false;   // (a mixer whose projections were done before left it: none was folded then)
         if (e.folded) {
             e.folded = false;
             mark(e, "ffn");
-            TRY(ffn(e, L, t, true));
+            TRY(ffn_then_fold(e, il, t, true, &normed));
             continue;
         }
         if (persistent) {
@@ -1539,7 +1590,7 @@ int trunk(openjet_engine& e, int t) {
             CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
                                        c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");
-        TRY(ffn(e, L, t));
+        TRY(ffn_then_fold(e, il, t, false, &normed));
     }
     if (!normed) {
         mark(e, "norm");

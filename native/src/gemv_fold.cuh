@@ -6,7 +6,8 @@
 //   hn_i = fl(y_i + h_i)              the residual stream after the add (y_i = fl(sum_i * inv_c), launch_gemv's bits)
 //   u_i  = fl(hn_i * w_i)             w: the next norm's weights
 //   part[c][j] = {q_j, m_j, s_j, 0}   q_j = sum of hn_i^2, s_j = sum of u_i (lane order), m_j = max |u_i|
-// and B's input, row by row, is a pack made from u and the partials alone (gemv_tma.cu fold_pack_row):
+// and B's input, row by row, is a pack made from u and the partials alone (gemv_tma.cu fold_pack_row), with the normed
+// row a_i = fl(u_i r) where a float copy is asked for (GemvFold::a_out):
 //   Q = sum_j q_j                     (a fixed order: the same in every block, at every t)
 //   r = rsqrtf(Q / k + eps)           as row_rms_scale
 //   P = max_j m_j
@@ -40,6 +41,11 @@ struct GemvFold {
     const float4* part_in = nullptr;
     float eps = 0.0f;
     float2* scales = nullptr;
+    // B's rows for the kernels after it (optional): a_out [t, k] the normed rows a = fl(u r) (in place of the add-norm's
+    // float copy: the GDN step's fused beta / alpha read it), pack_out the pack B read (must be B's a.x: at t > 1 the
+    // pack launch makes it there anyway; at t = 1 block 0 writes it).
+    float* a_out = nullptr;
+    ActPack pack_out{nullptr, nullptr, nullptr, 0};
 };
 
 // Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K) and layout, as A

@@ -50,9 +50,17 @@ constexpr int kFoldThreads = kConsumerWarps * 32;  // the threads that make a ro
 // sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
 // thread, all in flight together). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
 // added to its sum), then the warp's xor butterfly (16 .. 1), then the four warps' in order. h and sum may be shared
-// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way.
+// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
+// the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy->a, and the same fp16 values
+// and sums in copy->h, copy->sum (each null: not written).
+struct FoldRowCopy {
+    float* a = nullptr;
+    __half* h = nullptr;
+    __half* sum = nullptr;
+};
 __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
-                                              float eps, __half* h, __half* sum, float2* c_inv) {
+                                              float eps, __half* h, __half* sum, float2* c_inv,
+                                              FoldRowCopy copy = {}) {
     constexpr int kPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
     constexpr int kQuads = kFoldMaxK / 4 / kFoldThreads;
     __shared__ float red[kConsumerWarps][2];
@@ -95,8 +103,10 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
         if (b < nb) {
             const float t32 = __fmul_rn(__fmul_rn(c, sv[j]), 1.0f / 32.0f);  // (/ 32 exact)
             const __half hi = __float2half_rn(t32);
+            const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
             sum[act_sum_pos(b)] = hi;
-            sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            sum[act_sum_pos(b) + 2] = lo;
+            if (copy.sum) copy.sum[act_sum_pos(b)] = hi, copy.sum[act_sum_pos(b) + 2] = lo;
         }
     }
 #pragma unroll
@@ -105,8 +115,13 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
         if (4 * i < k) {
             const __half2 lo = __floats2half2_rn(__fmul_rn(uq[j].x, c), __fmul_rn(uq[j].z, c));
             const __half2 hi = __floats2half2_rn(__fmul_rn(uq[j].y, c), __fmul_rn(uq[j].w, c));
-            *reinterpret_cast<uint2*>(h + 4 * i) =
-                make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            const uint2 v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            *reinterpret_cast<uint2*>(h + 4 * i) = v;
+            if (copy.h) *reinterpret_cast<uint2*>(copy.h + 4 * i) = v;
+            if (copy.a)
+                reinterpret_cast<float4*>(copy.a)[i] =
+                    make_float4(__fmul_rn(uq[j].x, r), __fmul_rn(uq[j].y, r), __fmul_rn(uq[j].z, r),
+                                __fmul_rn(uq[j].w, r));
         }
     }
     named_bar_sync(1, kFoldThreads);  // the row's pack before any thread reads it
@@ -118,9 +133,10 @@ __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int
     pdl_wait();  // u and its partials are the kernel before's
     const int c = blockIdx.x, nt = k / 16;
     __shared__ float2 c_inv;
+    const FoldRowCopy copy{f.a_out ? f.a_out + static_cast<long long>(c) * k : nullptr, nullptr, nullptr};
     fold_pack_row(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k, f.eps,
                   p.h + static_cast<long long>(c) * k, p.sum + static_cast<long long>(c) * (k / kActBlock) * 2,
-                  &c_inv);
+                  &c_inv, copy);
     if (threadIdx.x == 0) {
         p.inv[c] = c_inv.y;
         if (f.scales) f.scales[c] = c_inv;
@@ -245,9 +261,13 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     __half* const fold_h = reinterpret_cast<__half*>(ring + Sh::kRingBytes);  // kFold & 1: the row's pack
     __half* const fold_sum = fold_h + kFoldMaxK;
     if constexpr (kFold & 1) {
-        fold_pack_row(fold.u_in, fold.part_in, k, fold.eps, fold_h, fold_sum, &fold_c_inv);
+        // block 0 also leaves the row for the kernels after (GemvFold::a_out, pack_out)
+        const FoldRowCopy copy{fold.a_out, fold.pack_out.h, fold.pack_out.sum};
+        fold_pack_row(fold.u_in, fold.part_in, k, fold.eps, fold_h, fold_sum, &fold_c_inv,
+                      blockIdx.x == 0 ? copy : FoldRowCopy{});
         if (threadIdx.x == 0) {
             inv_s[0] = fold_c_inv.y;
+            if (blockIdx.x == 0 && fold.pack_out.inv) fold.pack_out.inv[0] = fold_c_inv.y;
             if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
         }
     } else if (warp == 0 && lane < t) {
@@ -428,6 +448,7 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
         (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
     count_launch(Counted::kGemvFold);
+    if (in && f.pack_out.h && f.pack_out.h != a.x.h) return cudaErrorInvalidValue;  // (B's pack is where t > 1 puts it)
     if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
         switch (a.qtype) {

@@ -686,18 +686,21 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
 
 // The fold (gemv_fold.cuh) between two decode GEMVs, both in the tile layout: A [n, ka] over x [t, ka] (packed as
 // launch_pack_act packs it) with the fold's epilogue over h [t, n] and norm_w [n], then B [nb, n] reading what A left:
-// h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2].
+// h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; what B leaves for
+// the kernels after it (GemvFold::a_out, pack_out): the normed rows a_out [t, n] and its pack (xh, xsum, xinv as
+// openjet_test_pack_act gives them).
 extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb,
                                                   const float* x, int t, const float* h, const float* norm_w, float eps,
-                                                  float* h_out, float* u, float* part, float* y, float* scales) {
+                                                  float* h_out, float* u, float* part, float* y, float* scales,
+                                                  float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, ka)) return s;
     if (int s = check_weights(qtype, nb, n)) return s;
     if (int s = check_tiled("gemv_fold", qtype, n, ka)) return s;
     if (int s = check_tiled("gemv_fold", qtype, nb, n)) return s;
-    if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales)
+    if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales || !a_out || !xh || !xsum || !xinv)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: null pointer");
-    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales;
+    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales, da;
     DevPack pa, pb;  // A's input; B's where t > 1 (launch_fold_pack)
     CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
     CHECK(upload_weights(dwb, wb, weight_bytes(qtype, nb, n), qtype, nb, n, true));
@@ -709,6 +712,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(dpart.alloc(sizeof(float4) * t * (n / 16)));
     CHECK(dy.alloc(sizeof(float) * t * nb));
     CHECK(dscales.alloc(sizeof(float2) * t));
+    CHECK(da.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * nb));  // NaN poison: every output must be written
     CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));
     CHECK(pa.alloc(t, ka));
@@ -722,7 +726,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
                     "Q5_K or Q6_K, t <= %d, k <= 6144)", kActRows);
     const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
-                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>()};
+                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), da.as<float>(), pb.view()};
     CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
     CHECK(launch_gemv_fold(b, nullptr, fold, true, false, 0));
     CHECK(cudaDeviceSynchronize());
@@ -731,6 +735,8 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * nb, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(scales, dscales.p, sizeof(float2) * t, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(pb.download(t, n, xh, xsum, xinv));
     return OPENJET_OK;
 }
 

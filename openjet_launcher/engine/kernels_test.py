@@ -70,7 +70,7 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
-        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P],
+        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _P, _P],
         "set_gemv_half": [_I],
         "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
@@ -513,7 +513,8 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, 
     (wa [n, ka]) over x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials
     (q, m, s, 0); B (wb [nb, n]) reads a pack made from u and the partials alone (at t = 1 in each block's shared
     memory, else by launch_fold_pack). Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
-    (B's output) and scales [t, 2] (B's rows' c and inv)."""
+    (B's output) and scales [t, 2] (B's rows' c and inv); what B leaves for the kernels after it: a [t, n] (the normed
+    rows fl(u r)) and its pack (xh, xsum, xinv: pack_arrays)."""
     lib = _lib()
     x, h = _f32(x, 2), _f32(h, 2)
     t, ka = x.shape
@@ -526,10 +527,12 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, 
         raise ValueError(f"norm_w must be [{n}], got {list(norm_w.shape)}")
     out = {"h_out": np.empty((t, n), np.float32), "u": np.empty((t, n), np.float32),
            "part": np.empty((t, n // 16, 4), np.float32), "y": np.empty((t, nb), np.float32),
-           "scales": np.empty((t, 2), np.float32)}
+           "scales": np.empty((t, 2), np.float32), "a": np.empty((t, n), np.float32)}
+    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, n)
     _check(lib, lib.openjet_test_gemv_fold(qtype, _ptr(raw_a), n, ka, _ptr(raw_b), nb, _ptr(x), t, _ptr(h),
-                                           _ptr(norm_w), eps, *(_ptr(out[k]) for k in ("h_out", "u", "part", "y",
-                                                                                      "scales"))), "gemv_fold")
+                                           _ptr(norm_w), eps,
+                                           *(_ptr(out[k]) for k in ("h_out", "u", "part", "y", "scales", "a", "xh",
+                                                                    "xsum", "xinv"))), "gemv_fold")
     return out
 
 
