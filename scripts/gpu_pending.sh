@@ -46,11 +46,11 @@
 #            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). The T=1 form measured on the H100
 #            on 2026-12-06 (1f37765: 18.37 us a chain against the add-norm pack's 21.26); the T>1 pack launch and the
 #            Q5_K / Q6_K forms written after that, NOT yet run.
-# PLAN=foldstep OPENJET_FOLD=1 in the engine (the FFN-input add-norm made by the GEMVs around it; written 2026-12-06
-#            without a GPU): while the model is written, tests/test_gpu_fold.py and the engine's fold cases (the
-#            teacher-forced reference test, the n_draft identity on the small model) with the pack-chain bench's test;
-#            then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (the add-norm
-#            packs' marginal should fall by 64 launches; the out projections' and gate / up's rise), and the n_draft
+# PLAN=foldstep OPENJET_FOLD=1 in the engine (the add-norms inside the trunk made by the GEMVs around them; written
+#            2026-12-06 without a GPU): while the model is written, tests/test_gpu_fold.py and the engine's fold cases
+#            (the teacher-forced reference test, the n_draft identity on the small model) with the pack-chain bench's
+#            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
+#            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
 #            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
