@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "gemv.cuh"
+#include "gemv_fold.cuh"
 
 namespace openjet {
 
@@ -22,5 +23,10 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 // warps; the caller has checked gemv_tma_takes. cudaErrorNotSupported, nothing launched: no block of the form fits
 // an SM (the caller takes the cp.async kernel).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
+
+// The fold's forms (gemv_fold.cuh; Q4_K, Q5_K, Q6_K): in, B at one token row making its own pack (with b, a second
+// matrix of the same input); else A with the fold's tile epilogue. launch_gemv_fold checks the call first.
+template <int QT>
+cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream);
 
 }  // namespace openjet

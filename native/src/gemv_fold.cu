@@ -1,0 +1,70 @@
+// The fold (gemv_fold.cuh): which calls take it, its pack launch for more than one token row, and its dispatch over the
+// producer-warp GEMV's fold forms (gemv_tma.cu launch_gemv_tma_fold).
+#include "gemv_fold.cuh"
+
+#include "gemv_fold_device.cuh"
+#include "gemv_tma.cuh"
+#include "launch_count.h"
+#include "pdl.cuh"
+
+namespace openjet {
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// launch_fold_pack's kernel: block c packs token row c (fold_pack_row).
+__global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
+    pdl_launch_dependents();
+    pdl_wait();  // u and its partials are the kernel before's
+    const int c = blockIdx.x, nt = k / 16;
+    __shared__ float2 c_inv;
+    const FoldRowCopy copy{f.a_out ? f.a_out + static_cast<long long>(c) * k : nullptr, nullptr, nullptr};
+    fold_pack_row(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k, f.eps,
+                  p.h + static_cast<long long>(c) * k, p.sum + static_cast<long long>(c) * (k / kActBlock) * 2,
+                  &c_inv, copy);
+    if (threadIdx.x == 0) {
+        p.inv[c] = c_inv.y;
+        if (f.scales) f.scales[c] = c_inv;
+    }
+}
+#else
+__global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace
+
+bool gemv_fold_takes(const GemvArgs& a, bool in) {
+    return (a.qtype == kQ4_K || a.qtype == kQ5_K || a.qtype == kQ6_K) && gemv_tma_takes(a, nullptr) &&
+           (!in || a.k <= kFoldMaxK);
+}
+
+cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, cudaStream_t stream) {
+    if (t < 1 || t > p.rows || k % kUnitElems || k > kFoldMaxK || !f.u_in || !f.part_in || !(f.eps >= 0.0f) ||
+        !gemv_tma_available())
+        return cudaErrorInvalidValue;
+    return launch_kernel(fold_pack_kernel, t, kFoldThreads, 0, stream, f, k, p);
+}
+
+cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
+                             cudaStream_t stream) {
+    if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
+    if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
+        (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out ||  // (a GEMV between two folds: none)
+        (in && f.pack_out.h && f.pack_out.h != a.x.h))  // (B's pack goes where the pack launch puts it at t > 1)
+        return cudaErrorInvalidValue;
+    count_launch(Counted::kGemvFold);
+    if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
+        if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
+        switch (a.qtype) {
+            case kQ4_K: return launch_gemv_tma<kQ4_K>(a, b, stream);
+            case kQ5_K: return launch_gemv_tma<kQ5_K>(a, b, stream);
+            default: return launch_gemv_tma<kQ6_K>(a, b, stream);
+        }
+    }
+    switch (a.qtype) {
+        case kQ4_K: return launch_gemv_tma_fold<kQ4_K>(a, b, f, in, stream);
+        case kQ5_K: return launch_gemv_tma_fold<kQ5_K>(a, b, f, in, stream);
+        default: return launch_gemv_tma_fold<kQ6_K>(a, b, f, in, stream);
+    }
+}
+
+}  // namespace openjet

@@ -1,0 +1,167 @@
+// The fold's device code (gemv_fold.cuh: an add-norm pack made by the GEMVs around it), shared by the producer-warp
+// GEMV (gemv_tma.cu: A's tile epilogue, B's own pack at t = 1) and the fold's pack launch (gemv_fold.cu, t > 1): one
+// copy of the arithmetic, so a row's bits are the same whichever makes its pack.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "act_pack.cuh"
+#include "gemv_fold.cuh"
+#include "gemv_mma.cuh"
+#include "mbarrier.cuh"
+#include "tma_ring.cuh"
+
+namespace openjet {
+
+// The fold's reading side (gemv_fold.cuh) makes its row's pack in shared memory past the ring: k up to kFoldMaxK (a
+// hidden row: the add-norm's place; the 27B's 5,120, its attention output 6,144), fp16 values and 32-block sums.
+constexpr int kFoldMaxK = 6144;
+constexpr int kFoldRowBytes = kFoldMaxK * 2 + (kFoldMaxK / kActBlock) * 2 * 2;
+constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a row's pack (their order is the rule's)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
+// partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
+// sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
+// thread, all in flight together). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
+// added to its sum), then the warp's xor butterfly (16 .. 1), then the four warps' in order. h and sum may be shared
+// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
+// the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy.a, and the same fp16 values
+// and sums in copy.h, copy.sum (each null: not written).
+struct FoldRowCopy {
+    float* a = nullptr;
+    __half* h = nullptr;
+    __half* sum = nullptr;
+};
+__device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
+                                              float eps, __half* h, __half* sum, float2* c_inv,
+                                              FoldRowCopy copy = {}) {
+    constexpr int kPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
+    constexpr int kQuads = kFoldMaxK / 4 / kFoldThreads;
+    __shared__ float red[kTmaConsumerWarps][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock;
+    float4 uq[kQuads];
+#pragma unroll
+    for (int j = 0; j < kQuads; ++j) {
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) uq[j] = __ldcg(reinterpret_cast<const float4*>(u) + i);
+    }
+    float q = 0.0f, m = 0.0f, sv[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int b = tid + j * kFoldThreads;
+        sv[j] = 0.0f;
+        if (b < nb) {
+            const float4 p0 = __ldcg(part + 2 * b), p1 = __ldcg(part + 2 * b + 1);
+            q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
+            m = fmaxf(m, fmaxf(p0.y, p1.y));
+            sv[j] = __fadd_rn(p0.z, p1.z);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    if (lane == 0) red[warp][0] = q, red[warp][1] = m;
+    named_bar_sync(1, kFoldThreads);
+    float qs = red[0][0], pm = red[0][1];
+#pragma unroll
+    for (int w = 1; w < kTmaConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][0]), pm = fmaxf(pm, red[w][1]);
+    const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + eps);
+    const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
+    const float c = __fmul_rn(r, ldexpf(1.0f, sh));
+    if (tid == 0) *c_inv = make_float2(c, ldexpf(1.0f, -sh));
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int b = tid + j * kFoldThreads;
+        if (b < nb) {
+            const float t32 = __fmul_rn(__fmul_rn(c, sv[j]), 1.0f / 32.0f);  // (/ 32 exact)
+            const __half hi = __float2half_rn(t32);
+            const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            sum[act_sum_pos(b)] = hi;
+            sum[act_sum_pos(b) + 2] = lo;
+            if (copy.sum) copy.sum[act_sum_pos(b)] = hi, copy.sum[act_sum_pos(b) + 2] = lo;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kQuads; ++j) {
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) {
+            const __half2 lo = __floats2half2_rn(__fmul_rn(uq[j].x, c), __fmul_rn(uq[j].z, c));
+            const __half2 hi = __floats2half2_rn(__fmul_rn(uq[j].y, c), __fmul_rn(uq[j].w, c));
+            const uint2 v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            *reinterpret_cast<uint2*>(h + 4 * i) = v;
+            if (copy.h) *reinterpret_cast<uint2*>(copy.h + 4 * i) = v;
+            if (copy.a)
+                reinterpret_cast<float4*>(copy.a)[i] =
+                    make_float4(__fmul_rn(uq[j].x, r), __fmul_rn(uq[j].y, r), __fmul_rn(uq[j].z, r),
+                                __fmul_rn(uq[j].w, r));
+        }
+    }
+    named_bar_sync(1, kFoldThreads);  // the row's pack before any thread reads it
+}
+
+
+// The fold's epilogue inputs of a tile, loaded by warp 0 before the tile's units (they are the kernel before's, read
+// after the PDL wait, and the norm's weights), so that its stores wait for no load: the lane's residual values h of
+// token rows 2 tq + cc (cc = 0, 1) at rows g and g + 8 (hr = 0, 1), and the norm's weights of those rows.
+struct FoldTileIn {
+    float h[2][2], w[2];
+    __device__ __forceinline__ void load(const GemvFold& f, int lane, int tile, int n, int t) {
+        const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int row = tile * kMmaRows + g + 8 * hr;
+            w[hr] = __ldg(f.w + row);
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 2 * tq + cc;
+                h[cc][hr] = col < t ? f.h[static_cast<long long>(col) * n + row] : 0.0f;
+            }
+        }
+    }
+};
+
+// A tile's outputs with the fold's epilogue (gemv_fold.cuh) in place of tile_sum_store_by's stores, by warp 0: the
+// same sums and y, then hn = y + h -> h_out, u = hn w -> u (h and w: in, loaded before the tile's units), and the
+// tile's partials of each token row (the lane's rows g and g + 8 first, then lanes 4, 8 and 16 apart: over g).
+template <class InvOf>
+__device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile, int n,
+                                                int t, const InvOf& inv_of, const FoldTileIn& in, const GemvFold& f) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {  // token row 2 tq + cc
+        const int col = 2 * tq + cc;
+        float hn[2] = {0.0f, 0.0f}, uu[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8: fragment element 2 hr + cc
+            float v = part[0][0][lane][2 * hr + cc];
+#pragma unroll
+            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][0][lane][2 * hr + cc]);
+            const int row = tile * kMmaRows + g + 8 * hr;
+            if (col < t) {
+                const long long at = static_cast<long long>(col) * n + row;
+                hn[hr] = __fadd_rn(__fmul_rn(v, inv_of(cc, col)), in.h[cc][hr]);
+                uu[hr] = __fmul_rn(hn[hr], in.w[hr]);
+                f.h_out[at] = hn[hr];
+                f.u[at] = uu[hr];
+            }
+        }
+        float q = __fmaf_rn(hn[0], hn[0], __fmul_rn(hn[1], hn[1]));
+        float m = fmaxf(fabsf(uu[0]), fabsf(uu[1]));
+        float s = __fadd_rn(uu[0], uu[1]);
+#pragma unroll
+        for (int o = 4; o <= 16; o <<= 1) {
+            q += __shfl_xor_sync(0xffffffffu, q, o);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        }
+        if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = make_float4(q, m, s, 0.0f);
+    }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace openjet
