@@ -1,13 +1,14 @@
-// The fold (an experiment, sm_90a producer-warp GEMVs of Q4_K, Q5_K and Q6_K): an add-norm pack between two decode
-// GEMVs made by the two GEMVs themselves, without its launch at t = 1 and without a grid-wide meeting. A declared
-// numerics change against launch_add_norm_pack (NOTES_gemv.md, thirty-ninth session; docs/MEGAKERNEL.md).
+// The fold (an experiment, sm_90a producer-warp GEMVs of Q4_K, Q5_K and Q6_K; the engine's OPENJET_FOLD): an add-norm
+// pack between two decode GEMVs made by the two GEMVs themselves, without its launch at t = 1 and without a grid-wide
+// meeting. A declared numerics change against launch_add_norm_pack (NOTES_gemv.md, thirty-ninth session;
+// docs/MEGAKERNEL.md).
 //
 // GEMV A (its outputs y, n = k of B, a residual's delta) ends each 16-row tile j of token row c with
 //   hn_i = fl(y_i + h_i)              the residual stream after the add (y_i = fl(sum_i * inv_c), launch_gemv's bits)
 //   u_i  = fl(hn_i * w_i)             w: the next norm's weights
 //   part[c][j] = {q_j, m_j, s_j, 0}   q_j = sum of hn_i^2, s_j = sum of u_i (lane order), m_j = max |u_i|
-// and B's input, row by row, is a pack made from u and the partials alone (gemv_fold_device.cuh fold_pack_row), with the normed
-// row a_i = fl(u_i r) where a float copy is asked for (GemvFold::a_out):
+// and B's input, row by row, is a pack made from u and the partials alone (gemv_fold_device.cuh fold_pack_row), with
+// the normed row a_i = fl(u_i r) where a float copy is asked for (GemvFold::a_out):
 //   Q = sum_j q_j                     (a fixed order: the same in every block, at every t)
 //   r = rsqrtf(Q / k + eps)           as row_rms_scale
 //   P = max_j m_j
