@@ -25,7 +25,9 @@ constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a
 // The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
 // partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
 // sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
-// thread, all in flight together). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
+// thread, all in flight together) through the read-only path, as the GEMVs read their packs: the blocks an SM holds
+// read the same row, so L1 can serve all but the first (measured with L2-only loads at 1f37765: 18.37 us a chain;
+// this form NOT yet timed). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
 // added to its sum), then the warp's xor butterfly (16 .. 1), then the four warps' in order. h and sum may be shared
 // memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
 // the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy.a, and the same fp16 values
@@ -46,7 +48,7 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
 #pragma unroll
     for (int j = 0; j < kQuads; ++j) {
         const int i = tid + j * kFoldThreads;
-        if (4 * i < k) uq[j] = __ldcg(reinterpret_cast<const float4*>(u) + i);
+        if (4 * i < k) uq[j] = __ldg(reinterpret_cast<const float4*>(u) + i);
     }
     float q = 0.0f, m = 0.0f, sv[kPer];
 #pragma unroll
@@ -54,7 +56,7 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
         const int b = tid + j * kFoldThreads;
         sv[j] = 0.0f;
         if (b < nb) {
-            const float4 p0 = __ldcg(part + 2 * b), p1 = __ldcg(part + 2 * b + 1);
+            const float4 p0 = __ldg(part + 2 * b), p1 = __ldg(part + 2 * b + 1);
             q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
             m = fmaxf(m, fmaxf(p0.y, p1.y));
             sv[j] = __fadd_rn(p0.z, p1.z);
