@@ -112,6 +112,9 @@ def test_the_add_norm_packs_max_estimate_keeps_its_bits():
         pytest.skip("the cluster add-norm pack runs on sm_90+ only")
     f32 = np.float32
 
+    def bits(a: np.ndarray) -> bytes:  # (floats compared as bits: -0 against 0 and NaNs too)
+        return a.tobytes()
+
     def both(h, d, w):
         out = {}
         for on in (False, True):
@@ -150,13 +153,11 @@ def test_the_add_norm_packs_max_estimate_keeps_its_bits():
             w = (rng.random(k, dtype=f32) + f32(0.5)) * np.where(rng.random(k) < 0.01, f32(20.0), f32(1.0))
             base, est = both(h, d, w)
             for name, a, b in zip(("h", "a", "xh", "xsum", "xinv"), base, est):
-                assert np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
-                                      b.view(np.uint32) if b.dtype == np.float32 else b), (k, t, name)
+                assert bits(a) == bits(b), (k, t, name)
         found = straddling_row(k, 37)
         assert found is not None, "no straddling row found: the search needs widening"
         h, w = found
         base, est = both(h, None, w)
         report(test="add_norm_max_est", k=k, xinv=float(base[4][0]), est_xinv=float(est[4][0]))
         for name, a, b in zip(("h", "a", "xh", "xsum", "xinv"), base, est):
-            assert np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
-                                  b.view(np.uint32) if b.dtype == np.float32 else b), (k, "straddling", name)
+            assert bits(a) == bits(b), (k, "straddling", name)

@@ -4,7 +4,6 @@
 // launch_mtp_input_pack: the MTP head's embedding, input norms and pack of a decode row on one cluster (likewise).
 #include <cooperative_groups.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +11,7 @@
 #include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "elementwise.cuh"
+#include "env_setting.h"
 #include "embed.cuh"
 #include "launch_count.h"
 #include "openjet.h"
@@ -423,29 +423,17 @@ bool pack_cluster_takes(int k, int level = 1) {
            device_attribute(cudaDevAttrComputeCapabilityMajor, &major) == cudaSuccess && major >= 9;
 }
 
-}  // namespace
-
-namespace {
-
 // OPENJET_ADD_NORM_MAX_EST (on unless "0"; T=1 8.99 -> 8.80 ms with the GDN step's own pack on the H100 at
-// 17de1b0), read at the first call (a decode step's 129 launches read no environment) unless a test
-// set it: 0 or 1, or kMaxEstFromEnv (read the environment at the next call).
-constexpr int kMaxEstFromEnv = -1;
-std::atomic<int> g_add_norm_max_est{kMaxEstFromEnv};
-
-int add_norm_max_est() {
-    int v = g_add_norm_max_est.load(std::memory_order_relaxed);
-    if (v == kMaxEstFromEnv) {
-        const char* e = std::getenv("OPENJET_ADD_NORM_MAX_EST");
-        g_add_norm_max_est.compare_exchange_strong(v, e && std::strcmp(e, "0") == 0 ? 0 : 1);
-        v = g_add_norm_max_est.load(std::memory_order_relaxed);
-    }
-    return v;
+// 17de1b0), read at the first call (a decode step's 129 launches read no environment) unless a test set it.
+int max_est_from_env() {
+    const char* e = std::getenv("OPENJET_ADD_NORM_MAX_EST");
+    return e && std::strcmp(e, "0") == 0 ? 0 : 1;
 }
+EnvSetting g_add_norm_max_est{max_est_from_env};
 
 }  // namespace
 
-void set_add_norm_max_est(int mode) { g_add_norm_max_est.store(mode == 0 || mode == 1 ? mode : kMaxEstFromEnv); }
+void set_add_norm_max_est(int mode) { g_add_norm_max_est.set(mode, 1); }
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
@@ -459,7 +447,7 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         count_launch(Counted::kPackCluster);
         return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
-                                     a_out, p, add_norm_max_est());
+                                     a_out, p, g_add_norm_max_est.get());
     }
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,

@@ -185,12 +185,12 @@ struct openjet_engine {
     // tiles add the delta to h and write u = h w and the norm's partials) and the FFN's gate / up (their pack from
     // those), the next layer's input one by the down projection and that layer's first input projections (which also
     // leave the pack in x and the normed rows in a for the kernels after them). fold_norm, fold_u: set by the trunk for
-    // the next output projection (project_out takes them); folded: that projection ran the fold; fold_input: the next
-    // mixer's first input projections read it (in_proj_pair).
+    // the next output projection (project_out takes them, and clears fold_norm: the trunk sees the fold ran);
+    // fold_input: the next mixer's first input projections read it (in_proj_pair).
     bool fold = false;
     const float* fold_norm = nullptr;
     float* fold_u = nullptr;
-    bool folded = false, fold_input = false;
+    bool fold_input = false;
     unsigned* gdn_pack_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -1062,20 +1062,31 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
     return f;
 }
 
-// Whether the next layer's input add-norm is the fold (OPENJET_FOLD) after layer il's FFN in a step of t rows: as
-// fold_ffn_input, with il's down projection as A and the next layer's first two input projections as B (wq / wk, or
-// qkv / gate). Not after the last layer: the output norm and the MTP head's stay add-norms.
+// Whether an add-norm of t rows (its weights norm) is the fold (OPENJET_FOLD): a decode or verify step, the integer GEMV
+// off, the norm's weights F32, and the output projection out before it (n_embd rows: A, the fold's epilogue) and the
+// pair b0 / b1 after it (B, reading the fold) on the producer-warp GEMV in types the fold takes. (The persistent FFN and
+// the benchmark's skipped packs take none: the callers check.)
+bool fold_fits(const openjet_engine& e, int t, const DevTensor& norm, const DevTensor& out, const DevTensor& b0,
+               const DevTensor& b1) {
+    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || norm.type != kF32) return false;
+    const GemvArgs a = gemv_args(e, out, t, nullptr, e.h);
+    const GemvArgs in0 = gemv_args(e, b0, t, nullptr, e.big1), in1 = gemv_args(e, b1, t, nullptr, e.big2);
+    return a.n == e.cfg.n_embd && gemv_fold_takes(a, false) && gemv_fold_takes(in0, true) && gemv_tma_takes(in0, &in1);
+}
+
+// Layer L's FFN-input add-norm as the fold: the mixer's out projection, then gate / up.
+bool fold_ffn_input(const openjet_engine& e, const LayerW& L, int t) {
+    return fold_fits(e, t, L.post_norm, L.attn ? L.wo : L.ssm_out, L.ffn_gate, L.ffn_up);
+}
+
+// The next layer's input add-norm after layer il's FFN as the fold: il's down projection, then that layer's first two
+// input projections (wq / wk, or qkv / gate); u in e.y (fold_args). Not after the last layer: the output norm and the
+// MTP head's stay add-norms.
 bool fold_layer_input(const openjet_engine& e, int il, int t) {
     const auto& c = e.cfg;
-    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || il + 1 >= c.n_layer ||
-        std::max(e.d_inner(), e.q_dim()) < c.n_embd)  // (u in e.y)
-        return false;
+    if (il + 1 >= c.n_layer || std::max(e.d_inner(), e.q_dim()) < c.n_embd) return false;
     const LayerW &L = e.layers[il], &N = e.layers[il + 1];
-    if (N.attn_norm.type != kF32) return false;
-    const GemvArgs down = gemv_args(e, L.ffn_down, t, nullptr, e.h);
-    const GemvArgs a = gemv_args(e, N.attn ? N.wq : N.qkv, t, nullptr, e.big1);
-    const GemvArgs b = gemv_args(e, N.attn ? N.wk : N.gate, t, nullptr, e.big2);
-    return down.n == c.n_embd && gemv_fold_takes(down, false) && gemv_fold_takes(a, true) && gemv_tma_takes(a, &b);
+    return fold_fits(e, t, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
 }
 
 // A mixer's first two input projections (of the layer's input norm): a gemv_pair on its pack e.x, or, where the layer
@@ -1092,17 +1103,6 @@ int in_proj_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTen
     return OPENJET_OK;
 }
 
-// Whether layer L's FFN-input add-norm is the fold (OPENJET_FOLD) in a step of t rows: a decode or verify step, the
-// integer GEMV off, the out projection and the gate / up pair on the producer-warp GEMV in types the fold takes, the
-// norm's weights F32. (The persistent FFN and the benchmark's skipped packs take none: the caller checks.)
-bool fold_ffn_input(const openjet_engine& e, const LayerW& L, int t) {
-    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || L.post_norm.type != kF32) return false;
-    const GemvArgs out = gemv_args(e, L.attn ? L.wo : L.ssm_out, t, nullptr, e.h);
-    const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1), up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-    return out.n == e.cfg.n_embd && gemv_fold_takes(out, false) && gemv_fold_takes(gate, true) &&
-           gemv_tma_takes(gate, &up);
-}
-
 // A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the
 // trunk's, or the MTP head's u, which is h too): into e.mix, or, where the call's dense GEMM can add it
 // (OPENJET_PREFILL_RESIDUAL, the default; prefill_gemm_adds), into h in the GEMM's epilogue: the same bits, the
@@ -1112,9 +1112,8 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     if (x) a.x = *x;
     if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
         const cudaError_t err = launch_gemv_fold(a, nullptr, fold_args(e, e.fold_norm, e.fold_u), false, true, e.stream);
-        e.fold_norm = nullptr;
         if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
-        e.folded = true, e.mix_added = false;
+        e.fold_norm = nullptr, e.mix_added = false;  // (the caller sees the fold ran)
         return OPENJET_OK;
     }
     a.add_to_y = true;
@@ -1534,10 +1533,9 @@ int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
     const LayerW& L = e.layers[il];
     const bool fold_next = !e.bench_skip_norm_packs && fold_layer_input(e, il, t);
     e.fold_norm = fold_next ? static_cast<const float*>(e.layers[il + 1].attn_norm.d) : nullptr, e.fold_u = e.y;
-    e.folded = false;
     TRY(ffn(e, L, t, folded));
+    if (fold_next && !e.fold_norm) e.fold_input = true, *normed = true;  // (the down projection took it)
     e.fold_norm = nullptr;
-    if (e.folded) e.folded = false, e.fold_input = true, *normed = true;
     return OPENJET_OK;
 }
 
@@ -1547,7 +1545,7 @@ int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
-    e.fold_norm = nullptr, e.folded = e.fold_input = false;  // (a step that failed part way may have left them)
+    e.fold_norm = nullptr, e.fold_input = false;  // (a step that failed part way may have left them)
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
@@ -1567,12 +1565,11 @@ int trunk(openjet_engine& e, int t) {
         // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
         const bool fold_here = !persistent && !skip_norm && fold_ffn_input(e, L, t);
         e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.a;
-        e.folded = false;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
+        const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
         e.fold_norm = nullptr;  // (a mixer that ran no projection leaves it: the add-norm below then runs)
         e.fold_input = false;   // (a mixer whose projections were done before left it: none was folded then)
-        if (e.folded) {
-            e.folded = false;
+        if (folded) {
             mark(e, "ffn");
             TRY(ffn_then_fold(e, il, t, true, &normed));
             continue;

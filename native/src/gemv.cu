@@ -1,10 +1,10 @@
 // launch_gemv: the dispatcher of the decode GEMV family (the k-quant tensor-core kernels are in
 // gemv_mma_<type>.cu) and the F32 small projection (ssm_alpha / ssm_beta, [48, 5120]).
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "env_setting.h"
 #include "gemv.cuh"
 #include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
@@ -139,28 +139,19 @@ cudaError_t launch_gemv_f32(const GemvArgs& a, const GemvArgs* b, cudaStream_t s
 }
 
 // OPENJET_GEMV_HALF, read at the first decode call (a decode launch reads no environment after that) and set by
-// tests and benchmarks: a GemvHalfTiles value, or kFromEnv (read the environment again at the next call).
-constexpr int kFromEnv = -1;
-std::atomic<int> g_half_tiles{kFromEnv};
-
+// tests and benchmarks (set_gemv_half_tiles).
 int half_tiles_from_env() {
     const char* e = std::getenv("OPENJET_GEMV_HALF");
     return static_cast<int>(e && std::strcmp(e, "1") == 0   ? GemvHalfTiles::kAlways
                             : e && std::strcmp(e, "0") == 0 ? GemvHalfTiles::kNever
                                                             : GemvHalfTiles::kAuto);
 }
+EnvSetting g_half_tiles{half_tiles_from_env};
 
 }  // namespace
 
-GemvHalfTiles gemv_half_tiles() {
-    int v = g_half_tiles.load(std::memory_order_relaxed);
-    if (v == kFromEnv) {
-        g_half_tiles.compare_exchange_strong(v, half_tiles_from_env());
-        v = g_half_tiles.load(std::memory_order_relaxed);
-    }
-    return static_cast<GemvHalfTiles>(v);
-}
-void set_gemv_half_tiles(int mode) { g_half_tiles.store(mode >= 0 && mode <= 2 ? mode : kFromEnv); }
+GemvHalfTiles gemv_half_tiles() { return static_cast<GemvHalfTiles>(g_half_tiles.get()); }
+void set_gemv_half_tiles(int mode) { g_half_tiles.set(mode, 2); }
 
 bool prefill_gemm_dense() { return prefill_gemm_choice() == PrefillGemm::kDense; }
 

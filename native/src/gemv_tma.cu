@@ -18,6 +18,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "device_attr.cuh"
 #include "gemv_fold_device.cuh"
@@ -37,6 +38,15 @@ template <int QT, int kRing, int kFold = 0> struct TmaShape {
     static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldRowBytes : 0);
 };
 
+// The kernel's fold argument: the fold's pointers for its forms, nothing for the default's (kFold = 0), whose launches
+// (some 250 a decode step) then carry no more parameter bytes than they did before the fold.
+struct NoFold {};
+template <int kFold> using FoldParam = std::conditional_t<kFold == 0, NoFold, GemvFold>;
+template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
+    if constexpr (kFold == 0) return {};
+    else return f;
+}
+
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
@@ -46,14 +56,13 @@ template <int QT, int kRing, int kFold = 0> struct TmaShape {
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles, GemvFold fold) {
+                GemvSecond second, int tiles, FoldParam<kFold> fold) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold>;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
-    __shared__ float2 fold_c_inv;  // kFold & 1: the row's (c, inv)
     __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
@@ -87,11 +96,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
     const __half* xs = x.sum + col * kb * 2;
-    // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
-    // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
     __half* const fold_h = reinterpret_cast<__half*>(ring + Sh::kRingBytes);  // kFold & 1: the row's pack
     __half* const fold_sum = fold_h + kFoldMaxK;
     if constexpr (kFold & 1) {
+        __shared__ float2 fold_c_inv;  // the row's (c, inv)
         // block 0 also leaves the row for the kernels after (GemvFold::a_out, pack_out)
         const FoldRowCopy copy{fold.a_out, fold.pack_out.h, fold.pack_out.sum};
         fold_pack_row(fold.u_in, fold.part_in, k, fold.eps, fold_h, fold_sum, &fold_c_inv,
@@ -102,6 +110,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
         }
     } else if (warp == 0 && lane < t) {
+        // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
+        // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
     int slot = 0;
@@ -198,7 +208,8 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
     return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles, fold);
+                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
+                         fold_param<kFold>(fold));
 }
 
 }  // namespace
