@@ -116,7 +116,7 @@ extern "C" OPENJET_API int openjet_test_pack_act(const float* x, int t, int k, c
 
 // launch_add_norm_pack on t rows: h [t, k] + delta [t, k] (null: none) -> h_out, a = rms(h) * w -> a_out, and the
 // pack (xh, xsum, xinv as openjet_test_pack_act gives them). The kernel the engine's decode rows take (the cluster
-// pack on 9.0+ where k fits it; OPENJET_ADD_NORM_MAX_EST read at the call).
+// pack on 9.0+ where k fits it; OPENJET_ADD_NORM_MAX_EST as the first call read it or set_add_norm_max_est set it).
 extern "C" OPENJET_API int openjet_test_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k,
                                                       float eps, float* h_out, float* a_out, uint16_t* xh,
                                                       uint16_t* xsum, float* xinv) {
