@@ -720,8 +720,10 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(launch_pack_act(dx.as<float>(), t, ka, nullptr, 0.0f, pa.view(), 0));
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
+    a.tma = -1;  // the producer-warp GEMV's default forms: the fold's home
     GemvArgs b{qtype, dwb.p, nb, n, t, pb.view(), nullptr, dy.as<float>()};
     b.tiled = true;
+    b.tma = -1;
     if (!gemv_fold_takes(a, false) || !gemv_fold_takes(b, true))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
                     "Q5_K or Q6_K, t <= %d, k <= 6144)", kActRows);
