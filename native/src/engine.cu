@@ -180,14 +180,15 @@ struct openjet_engine {
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
-    // OPENJET_FOLD=1 at create (an experiment; a declared numerics change, gemv_fold.cuh): a decode or verify step's
-    // add-norms inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
+    // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
+    // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
+    // inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
     // tiles add the delta to h and write u = h w and the norm's partials) and the FFN's gate / up (their pack from
     // those), the next layer's input one by the down projection and that layer's first input projections (which also
     // leave the pack in x and the normed rows in a for the kernels after them). fold_norm, fold_u: set by the trunk for
     // the next output projection (project_out takes them, and clears fold_norm: the trunk sees the fold ran);
     // fold_input: the next mixer's first input projections read it (in_proj_pair).
-    bool fold = false;
+    bool fold = true;
     const float* fold_norm = nullptr;
     float* fold_u = nullptr;
     bool fold_input = false;
@@ -810,7 +811,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
-    e.fold = env_level("OPENJET_FOLD", 1) == 1;
+    if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
@@ -1064,14 +1065,15 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
 
 // Whether an add-norm of t rows (its weights norm) is the fold (OPENJET_FOLD): a decode or verify step, the integer GEMV
 // off, the norm's weights F32, and the output projection out before it (n_embd rows: A, the fold's epilogue) and the
-// pair b0 / b1 after it (B, reading the fold) on the producer-warp GEMV in types the fold takes. (The persistent FFN and
-// the benchmark's skipped packs take none: the callers check.)
+// pair b0 / b1 after it (B, reading the fold; b1 on the pack b0 leaves where the two cannot share a launch: fold_in)
+// on the producer-warp GEMV in types the fold takes. (The persistent FFN and the benchmark's skipped packs take none:
+// the callers check.)
 bool fold_fits(const openjet_engine& e, int t, const DevTensor& norm, const DevTensor& out, const DevTensor& b0,
                const DevTensor& b1) {
     if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || norm.type != kF32) return false;
     const GemvArgs a = gemv_args(e, out, t, nullptr, e.h);
     const GemvArgs in0 = gemv_args(e, b0, t, nullptr, e.big1), in1 = gemv_args(e, b1, t, nullptr, e.big2);
-    return a.n == e.cfg.n_embd && gemv_fold_takes(a, false) && gemv_fold_takes(in0, true) && gemv_tma_takes(in0, &in1);
+    return a.n == e.cfg.n_embd && gemv_fold_takes(a, false) && gemv_fold_takes(in0, true) && gemv_tma_takes(in1, nullptr);
 }
 
 // Layer L's FFN-input add-norm as the fold: the mixer's out projection, then gate / up.
@@ -1089,6 +1091,15 @@ bool fold_layer_input(const openjet_engine& e, int il, int t) {
     return fold_fits(e, t, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
 }
 
+// B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
+// a Q4_K_M's Q6_K qkv beside its Q4_K gate) a reads the fold and leaves its pack in e.x, which b then reads.
+cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, GemvFold f) {
+    if (gemv_tma_takes(a, &b)) return launch_gemv_fold(a, &b, f, true, false, e.stream);
+    f.pack_out = e.x;
+    const cudaError_t err = launch_gemv_fold(a, nullptr, f, true, false, e.stream);
+    return err != cudaSuccess ? err : launch_gemv(b, e.stream);
+}
+
 // A mixer's first two input projections (of the layer's input norm): a gemv_pair on its pack e.x, or, where the layer
 // before's down projection made that norm's fold (fold_input), the pair reading the fold, which also leaves the pack
 // in e.x and the normed rows in e.a for the projections and the GDN step after it.
@@ -1098,8 +1109,7 @@ int in_proj_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTen
     const GemvArgs a = gemv_args(e, wa, t, nullptr, ya), b = gemv_args(e, wb, t, nullptr, yb);
     GemvFold f = fold_args(e, nullptr, e.y);
     f.a_out = e.a, f.pack_out = e.x;
-    if (const cudaError_t err = launch_gemv_fold(a, &b, f, true, false, e.stream))
-        return cuda_fail(err, "input projections (fold)");
+    if (const cudaError_t err = fold_in(e, a, b, f)) return cuda_fail(err, "input projections (fold)");
     return OPENJET_OK;
 }
 
@@ -1134,7 +1144,7 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
     if (folded) {
         const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
         const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-        if (const cudaError_t err = launch_gemv_fold(gate, &up, fold_args(e, nullptr, e.a), true, false, e.stream))
+        if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, e.a)))
             return cuda_fail(err, "ffn gate/up (fold)");
         CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
