@@ -50,17 +50,23 @@ def weights():
     return of
 
 
+def fold_inputs(t: int, seed: int = 100):
+    """A's input x [t, KA], the residual stream h [t, N] (rows of unlike scales, a few large channels, as a residual
+    stream has) and the norm's weights."""
+    rng = np.random.default_rng(seed + t)
+    x = rng.standard_normal((t, KA), dtype=np.float32)
+    h = (rng.standard_normal((t, N)) * rng.uniform(0.5, 30.0, (t, 1))).astype(np.float32)
+    h[:, rng.integers(0, N, 3)] *= 40.0
+    return x, h, rng.uniform(0.2, 2.0, N).astype(np.float32)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("t", [1, 5, 8])
 def test_the_fold_equals_the_pack_path_on_its_declared_numerics(weights, qtype, t):
     qtype = kt.QTYPES[qtype]
     wa, wb = weights(qtype)
     n = N
-    rng = np.random.default_rng(100 + t)
-    x = rng.standard_normal((t, KA), dtype=np.float32)
-    h = (rng.standard_normal((t, n)) * rng.uniform(0.5, 30.0, (t, 1))).astype(np.float32)  # rows of unlike scales
-    h[:, rng.integers(0, n, 3)] *= 40.0  # a few large channels, as a residual stream has
-    norm_w = rng.uniform(0.2, 2.0, n).astype(np.float32)
+    x, h, norm_w = fold_inputs(t)
     eps = 1e-6
     out = kt.gemv_fold(qtype, wa, wb, x, h, norm_w, eps)
 
@@ -110,3 +116,30 @@ def test_the_fold_equals_the_pack_path_on_its_declared_numerics(weights, qtype, 
     report(test="gemv_fold", qtype=int(qtype), t=t, err_vs_f64=err)
     assert err < 2e-4, err
 
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_a_prefills_fold_add_norm_gives_the_bits_the_gemvs_fold_leaves(weights, t):
+    """launch_fold_add_norm_pack (a prefill's add-norm where a decode step's is the fold, so that prefill leaves the
+    bits decode does) against the fold itself: given A's y as the delta, or the sum already in h, the same h_out, u,
+    partials, normed rows and pack as A's epilogue and B leave, bit for bit; and many rows in one call give each row's
+    bits alone."""
+    qtype = kt.QTYPES["Q4_K"]
+    wa, wb = weights(qtype)
+    x, h, norm_w = fold_inputs(t)
+    eps = 1e-6
+    want = kt.gemv_fold(qtype, wa, wb, x, h, norm_w, eps)
+    ya = kt.gemv(qtype, wa, x, tiled=True)  # (A's y: the fold's h_out is h + this, test above)
+    for delta, h_in in ((ya, h), (None, want["h_out"])):
+        got = kt.fold_add_norm_pack(h_in, delta, norm_w, eps)
+        for name in ("h_out", "u", "part", "a", "xh", "xsum", "xinv"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name}, delta {delta is not None}")
+
+    rows = 40  # (a prefill chunk's rows: one block a row)
+    _, h_many, _ = fold_inputs(rows, seed=7)
+    d_many = np.random.default_rng(8).standard_normal((rows, N), dtype=np.float32)
+    many = kt.fold_add_norm_pack(h_many, d_many, norm_w, eps)
+    for r in (0, 17, rows - 1):
+        one = kt.fold_add_norm_pack(h_many[r:r + 1], d_many[r:r + 1], norm_w, eps)
+        for name in ("h_out", "u", "part", "a", "xh", "xsum", "xinv"):
+            np.testing.assert_array_equal(many[name][r], one[name][0], err_msg=f"{name}, row {r}")

@@ -188,6 +188,12 @@ OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka,
                                        int t, const float* h, const float* norm_w, float eps, float* h_out, float* u,
                                        float* part, float* y, float* scales, float* a_out, uint16_t* xh,
                                        uint16_t* xsum, float* xinv);
+/* A prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack, a 90a build on 9.0) over t rows of k: h plus
+   delta (null: h is already the sum) into h_out, then u, part, the normed rows a_out and the pack (xh, xsum, xinv) as
+   openjet_test_gemv_fold gives them. */
+OPENJET_API int openjet_test_fold_add_norm_pack(const float* h, const float* delta, const float* norm_w, int t, int k,
+                                                float eps, float* h_out, float* u, float* part, float* a_out,
+                                                uint16_t* xh, uint16_t* xsum, float* xinv);
 
 OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies, int reps,
                                               int runs, float* us_out);

@@ -814,6 +814,8 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
+    // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
+    if (e.ffn_persistent || e.ffn_tma) e.fold = false;
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
@@ -1063,32 +1065,37 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
     return f;
 }
 
-// Whether an add-norm of t rows (its weights norm) is the fold (OPENJET_FOLD): a decode or verify step, the integer GEMV
-// off, the norm's weights F32, and the output projection out before it (n_embd rows: A, the fold's epilogue) and the
-// pair b0 / b1 after it (B, reading the fold; b1 on the pack b0 leaves where the two cannot share a launch: fold_in)
-// on the producer-warp GEMV in types the fold takes. (The persistent FFN and the benchmark's skipped packs take none:
-// the callers check.)
-bool fold_fits(const openjet_engine& e, int t, const DevTensor& norm, const DevTensor& out, const DevTensor& b0,
+// Whether an add-norm (its weights norm) is the fold in a decode or verify step (OPENJET_FOLD): the integer GEMV off,
+// the norm's weights F32, and the output projection out before it (n_embd rows: A, the fold's epilogue) and the pair
+// b0 / b1 after it (B, reading the fold; b1 on the pack b0 leaves where the two cannot share a launch: fold_in) on the
+// producer-warp GEMV in types the fold takes. The same answer in a prefill, whose add-norm then takes the fold's
+// numerics (launch_fold_add_norm_pack) so that it leaves a decode step's bits. (The persistent FFN turns the fold off
+// at create; the benchmark's skipped packs take none: the callers check.)
+bool fold_fits(const openjet_engine& e, const DevTensor& norm, const DevTensor& out, const DevTensor& b0,
                const DevTensor& b1) {
-    if (!e.fold || e.prefilling || t > kActRows || e.gemv_int || norm.type != kF32) return false;
-    const GemvArgs a = gemv_args(e, out, t, nullptr, e.h);
-    const GemvArgs in0 = gemv_args(e, b0, t, nullptr, e.big1), in1 = gemv_args(e, b1, t, nullptr, e.big2);
+    if (!e.fold || e.gemv_int || norm.type != kF32) return false;
+    const auto decode_args = [&e](const DevTensor& w) {  // a one-row decode call's (gemv_args outside a prefill)
+        GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), 1, e.x, nullptr, nullptr};
+        a.tiled = w.tiled, a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
+        return a;
+    };
+    const GemvArgs a = decode_args(out), in0 = decode_args(b0), in1 = decode_args(b1);
     return a.n == e.cfg.n_embd && gemv_fold_takes(a, false) && gemv_fold_takes(in0, true) && gemv_tma_takes(in1, nullptr);
 }
 
 // Layer L's FFN-input add-norm as the fold: the mixer's out projection, then gate / up.
-bool fold_ffn_input(const openjet_engine& e, const LayerW& L, int t) {
-    return fold_fits(e, t, L.post_norm, L.attn ? L.wo : L.ssm_out, L.ffn_gate, L.ffn_up);
+bool fold_ffn_input(const openjet_engine& e, const LayerW& L) {
+    return fold_fits(e, L.post_norm, L.attn ? L.wo : L.ssm_out, L.ffn_gate, L.ffn_up);
 }
 
 // The next layer's input add-norm after layer il's FFN as the fold: il's down projection, then that layer's first two
 // input projections (wq / wk, or qkv / gate); u in e.y (fold_args). Not after the last layer: the output norm and the
 // MTP head's stay add-norms.
-bool fold_layer_input(const openjet_engine& e, int il, int t) {
+bool fold_layer_input(const openjet_engine& e, int il) {
     const auto& c = e.cfg;
     if (il + 1 >= c.n_layer || std::max(e.d_inner(), e.q_dim()) < c.n_embd) return false;
     const LayerW &L = e.layers[il], &N = e.layers[il + 1];
-    return fold_fits(e, t, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
+    return fold_fits(e, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
 }
 
 // B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
@@ -1541,11 +1548,24 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
 // add-norm is done, and the next mixer's first input projections read the fold (fold_input).
 int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
     const LayerW& L = e.layers[il];
-    const bool fold_next = !e.bench_skip_norm_packs && fold_layer_input(e, il, t);
+    const bool fold_next = !e.prefilling && !e.bench_skip_norm_packs && fold_layer_input(e, il);
     e.fold_norm = fold_next ? static_cast<const float*>(e.layers[il + 1].attn_norm.d) : nullptr, e.fold_u = e.y;
     TRY(ffn(e, L, t, folded));
     if (fold_next && !e.fold_norm) e.fold_input = true, *normed = true;  // (the down projection took it)
     e.fold_norm = nullptr;
+    return OPENJET_OK;
+}
+
+// A prefill's add-norm where a decode step's is the fold (fold_ffn_input, fold_layer_input): the fold's numerics
+// without its GEMVs (launch_fold_add_norm_pack; u and the partials in big1, free between a layer's mixer and FFN), the
+// pack in e.x and the normed rows in a where given, as B leaves them.
+int prefill_fold_norm(openjet_engine& e, const DevTensor& norm, int t, float* a) {
+    const int E = e.cfg.n_embd;
+    float* u = e.big1;
+    auto* part = reinterpret_cast<float4*>(e.big1 + static_cast<long long>(t) * E);
+    const cudaError_t err = launch_fold_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(norm.d), t, E,
+                                                      e.cfg.rms_eps, e.h, u, part, a, e.x, e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "add-norm (the fold's numerics)");
     return OPENJET_OK;
 }
 
@@ -1564,8 +1584,11 @@ int trunk(openjet_engine& e, int t) {
         const bool skip_norm = !e.prefilling && e.bench_skip_norm_packs;  // a measurement: wrong outputs
         if (!normed && !(skip_norm && e.bench_skip_norm_packs >= 2)) {
             mark(e, "norm");
-            CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d), t,
-                                       c.n_embd, c.rms_eps, e.a, e.x, e.stream));
+            if (e.prefilling && il && fold_layer_input(e, il - 1))
+                TRY(prefill_fold_norm(e, L.attn_norm, t, e.a));
+            else
+                CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d),
+                                           t, c.n_embd, c.rms_eps, e.a, e.x, e.stream));
         }
         const bool in_proj = !projected;
         normed = projected = false;
@@ -1573,7 +1596,7 @@ int trunk(openjet_engine& e, int t) {
         const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
         // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
-        const bool fold_here = !persistent && !skip_norm && fold_ffn_input(e, L, t);
+        const bool fold_here = !e.prefilling && !persistent && !skip_norm && fold_ffn_input(e, L);
         e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.a;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
@@ -1593,7 +1616,9 @@ int trunk(openjet_engine& e, int t) {
             continue;
         }
         mark(e, "norm");
-        if (!skip_norm)
+        if (e.prefilling && fold_ffn_input(e, L))
+            TRY(prefill_fold_norm(e, L.post_norm, t, nullptr));
+        else if (!skip_norm)
             CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,
                                        c.rms_eps, nullptr, e.x, e.stream));
         mark(e, "ffn");

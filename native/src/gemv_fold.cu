@@ -26,8 +26,39 @@ __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int
         if (f.scales) f.scales[c] = c_inv;
     }
 }
+
+// launch_fold_add_norm_pack's first kernel: block c makes token row c's h_out, u and partials with A's epilogue
+// arithmetic (hn = fl(delta + h), u = fl(hn w), fold_tile_partials), warp w taking the row's tiles w, w + 4, ...
+__global__ void __launch_bounds__(kFoldThreads) fold_rows_kernel(const float* h, const float* __restrict__ delta,
+                                                                 const float* __restrict__ w, int k, float* h_out,
+                                                                 float* __restrict__ u, float4* __restrict__ part) {
+    pdl_launch_dependents();
+    pdl_wait();  // h and the delta are the kernels' before
+    const int lane = threadIdx.x & 31, g = lane >> 2, nt = k / kMmaRows;
+    const long long row = static_cast<long long>(blockIdx.x) * k;
+    for (int tile = threadIdx.x >> 5; tile < nt; tile += kFoldThreads / 32) {
+        float hn[2], uu[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int i = tile * kMmaRows + g + 8 * hr;
+            hn[hr] = delta ? __fadd_rn(delta[row + i], h[row + i]) : h[row + i];
+            uu[hr] = __fmul_rn(hn[hr], __ldg(w + i));
+        }
+        const float4 p = fold_tile_partials(hn, uu);  // (every lane's reads before any write: h_out may be h)
+        if ((lane & 3) == 0) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int i = tile * kMmaRows + g + 8 * hr;
+                if (delta) h_out[row + i] = hn[hr];
+                u[row + i] = uu[hr];
+            }
+        }
+        if (lane == 0) part[static_cast<long long>(blockIdx.x) * nt + tile] = p;
+    }
+}
 #else
 __global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
+__global__ void fold_rows_kernel(const float*, const float*, const float*, int, float*, float*, float4*) {}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 }  // namespace
@@ -42,6 +73,20 @@ cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, 
         !gemv_tma_available())
         return cudaErrorInvalidValue;
     return launch_kernel(fold_pack_kernel, t, kFoldThreads, 0, stream, f, k, p);
+}
+
+cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,
+                                      float* h_out, float* u, float4* part, float* a_out, const ActPack& p,
+                                      cudaStream_t stream) {
+    if (!h || !w || !u || !part || (delta && !h_out) || t < 1 || t > p.rows || k % kUnitElems || k > kFoldMaxK)
+        return cudaErrorInvalidValue;
+    count_launch(Counted::kFoldAddNorm);
+    if (const cudaError_t e = launch_kernel(fold_rows_kernel, t, kFoldThreads, 0, stream, h, delta, w, k, h_out, u,
+                                           part))
+        return e;
+    GemvFold f;
+    f.u_in = u, f.part_in = part, f.eps = eps, f.a_out = a_out;
+    return launch_fold_pack(f, t, k, p, stream);
 }
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,

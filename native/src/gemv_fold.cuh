@@ -62,4 +62,13 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
 // The pack p of t rows of k from the fold's u and partials (fold.u_in, fold.part_in, fold.eps; B's input at t > 1).
 cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& p, cudaStream_t stream);
 
+// The fold's add-norm pack without its GEMVs, for any number of rows (a prefill's add-norms where a decode step's are
+// the fold, so that prefill leaves the bits decode does): A's epilogue arithmetic over t rows of k, given the delta
+// (delta [t, k]: hn = fl(delta + h) into h_out, which may be h; null: h already holds the sum, h_out unused), u and
+// part as in GemvFold (buffers of t k and t k / 16 float4), then launch_fold_pack into p, with the normed rows in a_out
+// where given. The same bits, row for row, as A then B.
+cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,
+                                      float* h_out, float* u, float4* part, float* a_out, const ActPack& p,
+                                      cudaStream_t stream);
+
 }  // namespace openjet

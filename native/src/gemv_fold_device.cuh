@@ -127,9 +127,26 @@ struct FoldTileIn {
     }
 };
 
+// A 16-row tile's partials of one token row {q, m, s, 0} (gemv_fold.cuh) from a warp whose lane 4 g + tq holds the
+// row's values at rows g and g + 8 of the tile (hn: after the add, uu = hn w): the lane's pair first, then the xor
+// butterfly over g (lanes 4, 8, 16 apart), so lanes g = 0 hold the tile's. One tree for A's epilogue and the prefill's
+// fold rows (fold_rows_kernel), whatever tq holds.
+__device__ __forceinline__ float4 fold_tile_partials(const float (&hn)[2], const float (&uu)[2]) {
+    float q = __fmaf_rn(hn[0], hn[0], __fmul_rn(hn[1], hn[1]));
+    float m = fmaxf(fabsf(uu[0]), fabsf(uu[1]));
+    float s = __fadd_rn(uu[0], uu[1]);
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1) {
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    return make_float4(q, m, s, 0.0f);
+}
+
 // A tile's outputs with the fold's epilogue (gemv_fold.cuh) in place of tile_sum_store_by's stores, by warp 0: the
 // same sums and y, then hn = y + h -> h_out, u = hn w -> u (h and w: in, loaded before the tile's units), and the
-// tile's partials of each token row (the lane's rows g and g + 8 first, then lanes 4, 8 and 16 apart: over g).
+// tile's partials of each token row (fold_tile_partials).
 template <class InvOf>
 __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile, int n,
                                                 int t, const InvOf& inv_of, const FoldTileIn& in, const GemvFold& f) {
@@ -152,16 +169,8 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
                 f.u[at] = uu[hr];
             }
         }
-        float q = __fmaf_rn(hn[0], hn[0], __fmul_rn(hn[1], hn[1]));
-        float m = fmaxf(fabsf(uu[0]), fabsf(uu[1]));
-        float s = __fadd_rn(uu[0], uu[1]);
-#pragma unroll
-        for (int o = 4; o <= 16; o <<= 1) {
-            q += __shfl_xor_sync(0xffffffffu, q, o);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        }
-        if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = make_float4(q, m, s, 0.0f);
+        const float4 p = fold_tile_partials(hn, uu);
+        if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = p;
     }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -742,6 +742,37 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     return OPENJET_OK;
 }
 
+// A prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack) over t rows of k (up to 2,048 rows): h plus
+// delta (null: h is the sum) into h_out, with u, part, the normed rows a_out and the pack (xh, xsum, xinv) as
+// openjet_test_gemv_fold gives them.
+extern "C" OPENJET_API int openjet_test_fold_add_norm_pack(const float* h, const float* delta, const float* norm_w,
+                                                           int t, int k, float eps, float* h_out, float* u, float* part,
+                                                           float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv) {
+    if (!h || !norm_w || !h_out || !u || !part || !a_out || !xh || !xsum || !xinv || t < 1 || t > kActMaxRows ||
+        k < kGemvUnit || k % kGemvUnit || k > 6144)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "fold_add_norm_pack: null pointer, t (%d) not in 1..%d or k (%d) "
+                    "not a multiple of %d up to 6144", t, kActMaxRows, k, kGemvUnit);
+    if (!gemv_tma_available())
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "fold_add_norm_pack: the fold runs on a 90a build on 9.0 only");
+    DevBuf dh, dd, dw, du, dpart, da;
+    DevPack p;
+    CHECK(dh.upload(h, sizeof(float) * t * k));
+    if (delta) CHECK(dd.upload(delta, sizeof(float) * t * k));
+    CHECK(dw.upload(norm_w, sizeof(float) * k));
+    CHECK(du.alloc(sizeof(float) * t * k));
+    CHECK(dpart.alloc(sizeof(float4) * t * (k / 16)));
+    CHECK(da.alloc(sizeof(float) * t * k));
+    CHECK(p.alloc(t, k));
+    CHECK(launch_fold_add_norm_pack(dh.as<float>(), delta ? dd.as<float>() : nullptr, dw.as<float>(), t, k, eps,
+                                    dh.as<float>(), du.as<float>(), dpart.as<float4>(), da.as<float>(), p.view(), 0));
+    CHECK(p.download(t, k, xh, xsum, xinv));  // (synchronises)
+    CHECK(cudaMemcpy(h_out, dh.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(u, du.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (k / 16), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
+    return OPENJET_OK;
+}
+
 // Microseconds per launch_gemv_pair of two F32 [n, k] matrices over t prefill rows (a GDN layer's beta and alpha, as
 // openjet_test_gemv_f32_pair calls it; OPENJET_PREFILL_F32 picks the kernel), pseudo-random weights and x.
 extern "C" OPENJET_API int openjet_test_bench_gemv_f32_pair(int n, int k, int t, int reps, int runs, float* us_out) {

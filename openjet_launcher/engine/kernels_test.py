@@ -71,6 +71,7 @@ def _lib() -> ctypes.CDLL:
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
         "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _P, _P],
+        "fold_add_norm_pack": [_P, _P, _P, _I, _I, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P],
         "set_gemv_half": [_I],
         "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
@@ -395,7 +396,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "gdn_local_tensor_cores": 18, "dense_gemm_swiglu_half": 19, "gdn_pack_bounded": 20, "gemv_tma": 21,
            "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28, "ffn_persistent_tma": 29,
-           "gdn_step_pack": 30, "gemv_fold": 31}
+           "gdn_step_pack": 30, "gemv_fold": 31, "fold_add_norm": 32}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -453,7 +454,8 @@ def launch_count(path: str) -> int:
     openjet_engine_cycle_greedy; "mtp_input_pack": the MTP head's embedding, input norms and pack in one launch,
     OPENJET_MTP_INPUT_PACK; "ffn_persistent_tma": a persistent FFN launch in its producer-warp form,
     OPENJET_FFN_TMA; "gdn_step_pack": a GDN step that packs its own output for the out projection,
-    OPENJET_GDN_STEP_PACK; "gemv_fold": a GEMV of the fold, A's epilogue or B reading it, OPENJET_FOLD): how a test
+    OPENJET_GDN_STEP_PACK; "gemv_fold": a GEMV of the fold, A's epilogue or B reading it, OPENJET_FOLD;
+    "fold_add_norm": a prefill's add-norm on the fold's numerics, where a decode step's is the fold): how a test
     sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
@@ -533,6 +535,30 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, 
                                            _ptr(norm_w), eps,
                                            *(_ptr(out[k]) for k in ("h_out", "u", "part", "y", "scales", "a", "xh",
                                                                     "xsum", "xinv"))), "gemv_fold")
+    return out
+
+
+def fold_add_norm_pack(h, delta, norm_w, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """A prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack, a 90a build on 9.0): h [t, k] plus
+    delta [t, k] (None: h is already the sum), then what gemv_fold's A and B make of that sum: h_out, u, part, the
+    normed rows a and the pack (xh, xsum, xinv), under the same names."""
+    lib = _lib()
+    h = _f32(h, 2)
+    t, k = h.shape
+    if delta is not None:
+        delta = _f32(delta, 2)
+        if delta.shape != (t, k):
+            raise ValueError(f"delta must be [{t}, {k}], got {list(delta.shape)}")
+    norm_w = _f32(norm_w, 1)
+    if norm_w.shape != (k,):
+        raise ValueError(f"norm_w must be [{k}], got {list(norm_w.shape)}")
+    out = {"h_out": np.empty((t, k), np.float32), "u": np.empty((t, k), np.float32),
+           "part": np.empty((t, k // 16, 4), np.float32), "a": np.empty((t, k), np.float32)}
+    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, k)
+    _check(lib, lib.openjet_test_fold_add_norm_pack(_ptr(h), None if delta is None else _ptr(delta), _ptr(norm_w), t,
+                                                    k, eps, *(_ptr(out[n]) for n in ("h_out", "u", "part", "a", "xh",
+                                                                                     "xsum", "xinv"))),
+           "fold_add_norm_pack")
     return out
 
 
