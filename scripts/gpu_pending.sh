@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device checks and timings of code written without a GPU (PLAN=graph, PLAN=attn and PLAN=cycle ran on an H100 on
-# 2026-12-05, PLAN=pdl on 2026-12-06: NOTES_gemv.md. Next: PLAN=steppack; graph and attn on an H200 for the
-# acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full`
+# 2026-12-05, PLAN=pdl, steppack, fold and foldstep on 2026-12-06: NOTES_gemv.md. Next: graph and attn on an H200 for
+# the acceptance figures), one device call per plan, each through scripts/gpu_bench_engine.sh (the build, the `full`
 # synthetic model, the plan's GPU tests on the idle GPU while the model is written, then its benchmarks on the model):
 #
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=600, kind="nvidia-h200" where status
@@ -43,11 +43,10 @@
 # PLAN=fold  the fold (gemv_fold.cuh: an add-norm pack made by the GEMVs on each side of it, a declared numerics change)
 #            alone, no model (~1.5 minutes): tests/test_gpu_fold.py (Q4_K, Q5_K, Q6_K at t = 1, 5, 8) and the pack-chain
 #            bench's test, then pack-chain.json with the fold among its middles (fold: A's epilogue and B's own pack at
-#            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). The T=1 form measured on the H100
-#            on 2026-12-06 (1f37765: 18.37 us a chain against the add-norm pack's 21.26); the T>1 pack launch and the
-#            Q5_K / Q6_K forms written after that, NOT yet run.
-# PLAN=foldstep OPENJET_FOLD=1 in the engine (the add-norms inside the trunk made by the GEMVs around them; written
-#            2026-12-06 without a GPU): while the model is written, tests/test_gpu_fold.py and the engine's fold cases
+#            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). Ran on the H100 at 18cd7c9: T=1
+#            15.12 us a chain (none 15.48, the add-norm pack 21.15).
+# PLAN=foldstep OPENJET_FOLD=0 / 1 in the engine (the add-norms inside the trunk made by the GEMVs around them; the
+#            default since ea1971a, which it timed on the H100): while the model is written, tests/test_gpu_fold.py and the engine's fold cases
 #            (the teacher-forced reference test, the n_draft identity on the small model) with the pack-chain bench's
 #            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
 #            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
