@@ -51,6 +51,11 @@
 #            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
 #            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
 #            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
+# PLAN=swiglu OPENJET_SWIGLU_SELF=1 (written 2026-12-06 without a GPU: gate / up pack their own swiglu, their blocks
+#            meeting once a launch, so the swiglu pack launch goes; the same bits): while the model is written, its bit
+#            tests (against the pack launch, on the whole GPU and on 1 / 46 SMs' grids: the meeting with fewer blocks);
+#            then the T=1 / T=5 step with it off / on twice (alternating) and a trace with it on (the 64 swiglu packs
+#            of a T=1 step, ~10 us each at ea1971a, should be gone, gate / up a little slower). ~5 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -248,6 +253,13 @@ PY
     OPENJET_FOLD=1 trace_bench
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
+  swiglu)
+    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglu_self'" swiglu-bench ;;
+  swiglu-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1
+    OPENJET_SWIGLU_SELF=1 trace_bench ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -275,6 +287,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, PLAN=attn, PLAN=cycle, PLAN=ffn, PLAN=pdl, PLAN=steppack, PLAN=fold, PLAN=foldstep or PLAN=boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, swiglu or boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -193,6 +193,11 @@ struct openjet_engine {
     float* fold_u = nullptr;
     bool fold_input = false;
     unsigned* gdn_pack_sync = nullptr;
+    // OPENJET_SWIGLU_SELF=1 at create (an experiment; the same bits): a decode or verify step's gate / up pack their own
+    // swiglu for the down projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks,
+    // then the pack), instead of the swiglu pack launch; swiglu_sync: their meeting place, in the zeroed scratch.
+    bool swiglu_self = false;
+    SwigluSync* swiglu_sync = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
     // layer's input projections) and its scratch.
@@ -812,6 +817,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
+    e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1) == 1;
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
@@ -894,6 +900,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
+        {(void**)&e.swiglu_sync, e.swiglu_self ? sizeof(SwigluSync) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1148,6 +1155,17 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
+    if (!e.prefilling && e.swiglu_self) {  // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x
+        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
+        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+        if (gemv_swiglu_takes(gate, up) && !gate.xi) {
+            GemvFold f = folded ? fold_args(e, nullptr, e.a) : GemvFold{};
+            f.swiglu_pack = e.x, f.swiglu_sync = e.swiglu_sync;
+            if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
+                return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
+            return project_out(e, L.ffn_down, t);
+        }
+    }
     if (folded) {
         const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
         const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);

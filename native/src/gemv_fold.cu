@@ -89,6 +89,27 @@ cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const 
     return launch_fold_pack(f, t, k, p, stream);
 }
 
+bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
+    return a.qtype == kQ4_K && b.n == a.n && gemv_tma_takes(a, &b);
+}
+
+cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
+                               cudaStream_t stream) {
+    if (!gemv_swiglu_takes(a, b)) return cudaErrorNotSupported;
+    const ActPack& p = f.swiglu_pack;
+    if (!f.swiglu_sync || !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
+        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))))
+        return cudaErrorInvalidValue;
+    if (fold_in && a.k > kFoldMaxK) return cudaErrorNotSupported;
+    count_launch(Counted::kSwigluSelf);
+    if (fold_in) {
+        count_launch(Counted::kGemvFold);
+        if (a.t > 1)  // the rows' pack by the fold's pack launch first (launch_gemv_fold's rule), then the pairs on it
+            if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
+    }
+    return launch_gemv_tma_swiglu(a, b, f, fold_in && a.t == 1, stream);
+}
+
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {
     if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;

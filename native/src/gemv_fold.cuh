@@ -28,6 +28,8 @@
 
 namespace openjet {
 
+struct SwigluSync;  // (below: launch_gemv_swiglu's meeting place)
+
 struct GemvFold {
     // A's side (the GEMV whose outputs are the delta): h [t, n] the residual stream before the add, h_out after it (may
     // be h), w [n] the next norm's weights, u [t, n] and part [t, n / 16] as above. y is not written.
@@ -47,6 +49,20 @@ struct GemvFold {
     // pack launch makes it there anyway; at t = 1 block 0 writes it).
     float* a_out = nullptr;
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
+    // The swiglu's own pack (launch_gemv_swiglu): gate / up's launch writes v = swiglu1(g, u) into gate's y and packs
+    // it into swiglu_pack itself, its blocks meeting through swiglu_sync for the rows' maxima.
+    ActPack swiglu_pack{nullptr, nullptr, nullptr, 0};
+    SwigluSync* swiglu_sync = nullptr;
+};
+
+// Where the blocks of a launch_gemv_swiglu meet (zeroed once, then left as each launch leaves it): arrivals, the
+// release word (a launch's blocks read it before arriving and wait for it to change; the last to arrive resets the
+// arrivals and bumps it), each block's maxima of its tiles' |v| by token row.
+constexpr int kSwigluMaxBlocks = 1024;
+struct SwigluSync {
+    int arrive;
+    int release;
+    float max_of[kSwigluMaxBlocks][kActRows];
 };
 
 // Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K) and layout, as A
@@ -61,6 +77,17 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
 
 // The pack p of t rows of k from the fold's u and partials (fold.u_in, fold.part_in, fold.eps; B's input at t > 1).
 cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& p, cudaStream_t stream);
+
+// The swiglu's own pack (an experiment, the engine's OPENJET_SWIGLU_SELF; the same bits as launch_swiglu_pack): gate
+// (a) and up (b) in one launch of the producer-warp GEMV whose blocks take their tiles in pairs (gate tile j, then up
+// tile j), so that the second's epilogue makes v = swiglu1(g, u) of the pair's rows into a.y, keeping the block's
+// max |v| of each token row. After its last tile a block publishes its maxima and arrives at fold.swiglu_sync; once
+// every block has, each packs its share of the rows' 32-blocks (pack_block, under act_row's scale of the exact max)
+// into fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: t = 1,
+// its blocks' own pack; more rows: launch_fold_pack first) or a.x. Q4_K only, where gemv_tma_takes(a, b).
+bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b);
+cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& fold, bool fold_in,
+                               cudaStream_t stream);
 
 // The fold's add-norm pack without its GEMVs, for any number of rows (a prefill's add-norms where a decode step's are
 // the fold, so that prefill leaves the bits decode does): A's epilogue arithmetic over t rows of k, given the delta

@@ -7,7 +7,9 @@
 #include <cuda_runtime.h>
 
 #include "act_pack.cuh"
+#include "elementwise.cuh"
 #include "gemv_fold.cuh"
+#include "grid_sync.cuh"
 #include "gemv_mma.cuh"
 #include "mbarrier.cuh"
 #include "tma_ring.cuh"
@@ -171,6 +173,98 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
         }
         const float4 p = fold_tile_partials(hn, uu);
         if (g == 0 && col < t) f.part[static_cast<long long>(col) * (n / kMmaRows) + tile] = p;
+    }
+}
+
+// ------------------------------------------------------------------------------ the swiglu's own pack
+// launch_gemv_swiglu (gemv_fold.cuh): warp 0's state across a block's tile pairs: the gate tile's y values of the
+// lane's fragment (rows g, g + 8 of token rows 2 tq, 2 tq + 1, tile_sum_store_by's order) until the up tile's epilogue,
+// and the block's max |v| of the lane's two token rows.
+struct SwigluTiles {
+    float g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m[2] = {0.0f, 0.0f};
+};
+
+// A tile pair's epilogue, by warp 0 (first: the gate tile, whose y it keeps; else the up tile): the sums and
+// y = fl(sum inv) as tile_sum_store_by makes them, then at the up tile v = swiglu1(g, u) into y [t, n] (gate's) and
+// max |v| into st.m. The bits of the gate / up GEMVs' y and launch_swiglu_pack's values.
+template <class InvOf>
+__device__ __forceinline__ void swiglu_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile, int n,
+                                                  int t, const InvOf& inv_of, bool first, SwigluTiles& st,
+                                                  float* __restrict__ y) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float v = part[0][0][lane][c];
+#pragma unroll
+        for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][0][lane][c]);
+        const int row = tile * kMmaRows + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
+        if (col >= t) continue;
+        const float yv = __fmul_rn(v, inv_of(c & 1, col));
+        if (first) {
+            st.g[c] = yv;
+        } else {
+            const float sv = swiglu1(st.g[c], yv);
+            y[static_cast<long long>(col) * n + row] = sv;
+            st.m[c & 1] = fmaxf(st.m[c & 1], fabsf(sv));
+        }
+    }
+}
+
+// After a block's last tile pair, by its kFoldThreads consumer threads (named barrier 1): its maxima published, the
+// meeting (the last block to arrive resets the arrivals and releases the rest; gen: the release word as the launch
+// found it), then the rows' maxima over every block (exact in any order) and the block's share of the pack: 32-blocks
+// blockIdx.x, + gridDim.x, ... of each token row, a warp each (v read back from L2: other blocks wrote it), under
+// act_row's scale, as pack_cluster_kernel<true> packs them. gen: thread 0's (read after the kernel's pdl_wait).
+__device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int gen, const float* v, int n, int t,
+                                                     SwigluSync* sync, const ActPack& p) {
+    __shared__ float row_max[kActRows];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    // warp 0's lanes g = 0 hold token rows 2 tq, 2 tq + 1: the butterfly over g first (each lane's own tiles)
+    float m[2] = {st.m[0], st.m[1]};
+    if (warp == 0) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+            for (int o = 4; o <= 16; o <<= 1) m[cc] = fmaxf(m[cc], __shfl_xor_sync(0xffffffffu, m[cc], o));
+        if (g == 0)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc)
+                if (2 * tq + cc < t) __stcg(&sync->max_of[blockIdx.x][2 * tq + cc], m[cc]);
+    }
+    named_bar_sync(1, kFoldThreads);  // the block's v and maxima stored (warp 0's), before thread 0's release
+    if (tid == 0) {
+        __threadfence();  // (cumulative: warp 0's stores, seen through the barrier)
+        const bool last = atomicAdd(&sync->arrive, 1) == static_cast<int>(gridDim.x) - 1;
+        __threadfence();
+        if (last) {  // every block has arrived: reset for the next launch, then release this one's
+            atomicExch(&sync->arrive, 0);
+            __threadfence();
+            atomicExch(&sync->release, gen + 1);
+        } else if (load_acquire(&sync->release) == gen) {
+            const unsigned long long start = global_ns();
+            while (load_acquire(&sync->release) == gen) {
+                __nanosleep(32);
+                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
+            }
+        }
+    }
+    named_bar_sync(1, kFoldThreads);  // every block's v and maxima are in
+    for (int c = warp; c < t; c += kTmaConsumerWarps) {  // warp c % 4: row c's max over the blocks
+        float r = 0.0f;
+        for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) r = fmaxf(r, __ldcg(&sync->max_of[b][c]));
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+        if (lane == 0) row_max[c] = r;
+    }
+    named_bar_sync(1, kFoldThreads);
+    const int nb = n / kActBlock;
+    for (int c = 0; c < t; ++c) {
+        const ActRow r = act_row(p, c, n, row_max[c]);
+        for (int b = blockIdx.x + static_cast<int>(gridDim.x) * warp; b < nb;
+             b += static_cast<int>(gridDim.x) * kTmaConsumerWarps)
+            pack_block(__ldcg(v + static_cast<long long>(c) * n + b * kActBlock + lane), r.s, b, r.h, r.sum);
+        if (blockIdx.x == 0 && tid == 0) p.inv[c] = r.inv;
     }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

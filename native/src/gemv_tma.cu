@@ -52,20 +52,30 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
-// (fold.h .. fold.part) instead of y.
+// (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles, FoldParam<kFold> fold) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold>;
+    constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
+    static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
     __shared__ float inv_s[kActRows];
     __shared__ int arrived[2], summed[2];  // kLastSum: per buffer, partials stored and sums done (counted up)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const auto own = [&](int tile) { return tile < second.from ? tile : tile - second.from; };  // tile in its matrix
+    // a block's tiles: blockIdx.x, + gridDim.x, ...; in pairs (kPairs) 2 p, 2 p + 1 for p = blockIdx.x, + gridDim.x...
+    const auto in_first = [&](int tile) { return kPairs ? (tile & 1) == 0 : tile < second.from; };
+    const auto own = [&](int tile) { return kPairs ? tile >> 1 : tile < second.from ? tile : tile - second.from; };
+    const int tile0 = kPairs ? 2 * static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+    const auto next = [&](int tile) {
+        return kPairs ? (tile & 1 ? tile - 1 + 2 * static_cast<int>(gridDim.x) : tile + 1)
+                      : tile + static_cast<int>(gridDim.x);
+    };
     const TmaBars<kRing> bars{static_cast<uint32_t>(__cvta_generic_to_shared(bar_words))};
     bars.init();
     if (threadIdx.x < 2) arrived[threadIdx.x] = 0, summed[threadIdx.x] = 0;
@@ -79,9 +89,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if (lane != 0) return;
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        for (int tile = tile0; tile < tiles; tile = next(tile)) {
             const uint8_t* unit0 =
-                (tile < second.from ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
+                (in_first(tile) ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
             tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, unit0, nu, issued, policy);
         }
         return;
@@ -114,24 +124,30 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
+    int swiglu_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
+    if constexpr (kPairs)
+        if (threadIdx.x == 0) swiglu_gen = load_acquire(&fold.swiglu_sync->release);
+    SwigluTiles swiglu;  // kPairs: warp 0's gate values across a pair, its maxima
     int slot = 0;
     uint32_t phase = 0;
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, round += buf, buf ^= 1) {
+    for (int tile = tile0; tile < tiles; tile = next(tile), round += buf, buf ^= 1) {
         float acc[1][4] = {};
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
-            if (warp == 0) fold_in.load(fold, lane, own(tile), tile < second.from ? n : second.n, t);
+            if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
             tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
                                                            phase, acc);
         } else {
             tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
         }
-        const bool first = tile < second.from;
+        const bool first = in_first(tile);
         const auto sum_store = [&] {
             const auto inv_of = [&](int, int c) { return inv_s[c]; };
-            if constexpr (kFold & 2)
+            if constexpr (kPairs)
+                swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, first, swiglu, y);
+            else if constexpr (kFold & 2)
                 fold_tile_store(part[buf], lane, own(tile), first ? n : second.n, t, inv_of, fold_in, fold);
             else tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, first ? n : second.n, t,
                                                 inv_of, first ? y : second.y);
@@ -168,6 +184,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (warp == 0) sum_store();
         }
     }
+    if constexpr (kPairs) swiglu_meet_and_pack(swiglu, swiglu_gen, y, n, t, fold.swiglu_sync, fold.swiglu_pack);
 #endif
 }
 
@@ -202,13 +219,16 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
+    const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)
+    if ((kFold & 4) && (!b || b->n != a.n || slots > kSwigluMaxBlocks || blocks_of > kSwigluMaxBlocks))
+        return cudaErrorInvalidValue;
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    return launch_kernel(kKernel, static_cast<unsigned>(tiles < slots ? tiles : slots), kTmaThreads, Sh::kSmemBytes,
-                         stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
+    return launch_kernel(kKernel, static_cast<unsigned>(blocks_of < slots ? blocks_of : slots), kTmaThreads,
+                         Sh::kSmemBytes, stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
                          fold_param<kFold>(fold));
 }
 
@@ -268,6 +288,15 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
 }
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
+
+// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu), Q4_K: form 1's ring and blocks a SM for one token row (with
+// the fold's own pack where fold_in), form 2's for more (x a pack: the fold's pack launch made it where fold_in).
+cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
+                                   cudaStream_t stream) {
+    if (a.t > 1) return launch_ring<kQ4_K, 4, 4, false, 4>(a, &b, stream, f);
+    return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
+                   : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
+}
 template cudaError_t launch_gemv_tma_fold<kQ5_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 

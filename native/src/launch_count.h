@@ -49,6 +49,7 @@ enum class Counted {
     kGdnStepPack = 30,          // a GDN step that packs its own output for the out projection (OPENJET_GDN_STEP_PACK)
     kGemvFold = 31,             // a GEMV of the fold (gemv_fold.cuh: A's epilogue or B's own pack; OPENJET_FOLD)
     kFoldAddNorm = 32,          // a prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack; its bits)
+    kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kCount
 };
 
