@@ -179,6 +179,13 @@ PY
   python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/pack-chain.json"
 }
 
+# The T=1 / T=5 step with the switch $1 off, on, off, on (alternating: the JSON suffixed -a, -b), then a trace with it on.
+alternate_twice() {
+  each_timing -a --ctx 0 --t 1,5 -- "$1=0" "$1=1"
+  each_timing -b --ctx 0 --t 1,5 -- "$1=0" "$1=1"
+  (export "$1=1"; trace_bench)
+}
+
 # One T=1 and one T=5 step of $MODEL on the GPU's clock, kernel by kernel as they overlap (native/bench/trace_step.py:
 # CUPTI through torch.profiler): what each kind of kernel adds to the step. $OUT/trace.json.
 trace_bench() {
@@ -248,18 +255,14 @@ PY
     plan 200 "tests/test_gpu_fold.py tests/test_gpu_engine.py -k 'fold or pack_chain_bench_runs'" foldstep-bench ;;
   foldstep-bench)
     trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD=0 OPENJET_FOLD=1
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD=0 OPENJET_FOLD=1
-    OPENJET_FOLD=1 trace_bench
+    alternate_twice OPENJET_FOLD
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
   swiglu)
     plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglu_self'" swiglu-bench ;;
   swiglu-bench)
     trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1
-    OPENJET_SWIGLU_SELF=1 trace_bench ;;
+    alternate_twice OPENJET_SWIGLU_SELF ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh

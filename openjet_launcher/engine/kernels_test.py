@@ -512,6 +512,18 @@ def bench_pack_chain(qtype: int, w, k: int, t: int, middle: str, copies: int, re
     return [float(v) for v in us]
 
 
+def _fold_rows(t: int, n: int, norm_w) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The norm's weights checked as [n] float32, and host arrays for what a fold leaves of t rows of n: h_out, u,
+    part [t, n / 16, 4], the normed rows a and the pack (xh, xsum, xinv: pack_arrays)."""
+    norm_w = _f32(norm_w, 1)
+    if norm_w.shape != (n,):
+        raise ValueError(f"norm_w must be [{n}], got {list(norm_w.shape)}")
+    out = {"h_out": np.empty((t, n), np.float32), "u": np.empty((t, n), np.float32),
+           "part": np.empty((t, n // 16, 4), np.float32), "a": np.empty((t, n), np.float32)}
+    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, n)
+    return norm_w, out
+
+
 def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, np.ndarray]:
     """The fold (gemv_fold.cuh, an experiment; Q4_K, Q5_K or Q6_K, a 90a build on 9.0) between two decode GEMVs: A
     (wa [n, ka]) over x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials
@@ -526,13 +538,8 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, 
     raw_b, nb = _weights(qtype, wb, n)
     if h.shape != (t, n):
         raise ValueError(f"h must be [{t}, {n}], got {list(h.shape)}")
-    norm_w = _f32(norm_w, 1)
-    if norm_w.shape != (n,):
-        raise ValueError(f"norm_w must be [{n}], got {list(norm_w.shape)}")
-    out = {"h_out": np.empty((t, n), np.float32), "u": np.empty((t, n), np.float32),
-           "part": np.empty((t, n // 16, 4), np.float32), "y": np.empty((t, nb), np.float32),
-           "scales": np.empty((t, 2), np.float32), "a": np.empty((t, n), np.float32)}
-    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, n)
+    norm_w, out = _fold_rows(t, n, norm_w)
+    out["y"], out["scales"] = np.empty((t, nb), np.float32), np.empty((t, 2), np.float32)
     _check(lib, lib.openjet_test_gemv_fold(qtype, _ptr(raw_a), n, ka, _ptr(raw_b), nb, _ptr(x), t, _ptr(h),
                                            _ptr(norm_w), eps,
                                            *(_ptr(out[k]) for k in ("h_out", "u", "part", "y", "scales", "a", "xh",
@@ -551,12 +558,7 @@ def fold_add_norm_pack(h, delta, norm_w, eps: float = 1e-6) -> dict[str, np.ndar
         delta = _f32(delta, 2)
         if delta.shape != (t, k):
             raise ValueError(f"delta must be [{t}, {k}], got {list(delta.shape)}")
-    norm_w = _f32(norm_w, 1)
-    if norm_w.shape != (k,):
-        raise ValueError(f"norm_w must be [{k}], got {list(norm_w.shape)}")
-    out = {"h_out": np.empty((t, k), np.float32), "u": np.empty((t, k), np.float32),
-           "part": np.empty((t, k // 16, 4), np.float32), "a": np.empty((t, k), np.float32)}
-    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, k)
+    norm_w, out = _fold_rows(t, k, norm_w)
     _check(lib, lib.openjet_test_fold_add_norm_pack(_ptr(h), None if delta is None else _ptr(delta), _ptr(norm_w), t,
                                                     k, eps, *(_ptr(out[n]) for n in ("h_out", "u", "part", "a", "xh",
                                                                                      "xsum", "xinv"))),
