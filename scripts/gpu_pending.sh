@@ -46,16 +46,18 @@
 #            T=1, launch_fold_pack at T=5; fold_out_only / fold_in_only: its halves). Ran on the H100 at 18cd7c9: T=1
 #            15.12 us a chain (none 15.48, the add-norm pack 21.15).
 # PLAN=foldstep OPENJET_FOLD=0 / 1 in the engine (the add-norms inside the trunk made by the GEMVs around them; the
-#            default since ea1971a, which it timed on the H100): while the model is written, tests/test_gpu_fold.py and the engine's fold cases
+#            default since ea1971a, which it timed on the H100): while the model is written, tests/test_gpu_fold.py
+#            and the engine's fold cases
 #            (the teacher-forced reference test, the n_draft identity on the small model) with the pack-chain bench's
 #            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
 #            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
 #            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
-# PLAN=swiglu OPENJET_SWIGLU_SELF=1 (written 2026-12-06 without a GPU: gate / up pack their own swiglu, their blocks
-#            meeting once a launch, so the swiglu pack launch goes; the same bits): while the model is written, its bit
-#            tests (against the pack launch, on the whole GPU and on 1 / 46 SMs' grids: the meeting with fewer blocks);
-#            then the T=1 / T=5 step with it off / on twice (alternating) and a trace with it on (the 64 swiglu packs
-#            of a T=1 step, ~10 us each at ea1971a, should be gone, gate / up a little slower). ~5 minutes.
+# PLAN=meet  the two forms whose blocks meet once a launch (written 2026-12-06 without a GPU; the same bits):
+#            OPENJET_SWIGLU_SELF=1 (gate / up pack their own swiglu: the swiglu pack launch goes, 64 a T=1 step, ~10 us
+#            each at ea1971a) and OPENJET_FOLD_MEET=1 (at T>1 the fold's A makes B's pack: the fold's pack launch goes,
+#            127 a T=5 step, ~4 us each). While the model is written, their bit tests (against the pack launches, on
+#            the whole GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step with neither, each and both, twice
+#            (alternating), and a trace with both on. ~7 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -179,7 +181,7 @@ PY
   python3 -c "import json, sys; [print(' ', r) for r in json.load(open(sys.argv[1]))['rows']]" "$OUT/pack-chain.json"
 }
 
-# The T=1 / T=5 step with the switch $1 off, on, off, on (alternating: the JSON suffixed -a, -b), then a trace with it on.
+# The T=1 / T=5 step with the switch $1 off, on, off, on (alternating: the JSON suffixed -a, -b), then a trace (it on).
 alternate_twice() {
   each_timing -a --ctx 0 --t 1,5 -- "$1=0" "$1=1"
   each_timing -b --ctx 0 --t 1,5 -- "$1=0" "$1=1"
@@ -258,11 +260,14 @@ PY
     alternate_twice OPENJET_FOLD
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
-  swiglu)
-    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglu_self'" swiglu-bench ;;
-  swiglu-bench)
+  meet)
+    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or FOLD_MEET or meeting_forms'" meet-bench ;;
+  meet-bench)
     trap pack_logs EXIT
-    alternate_twice OPENJET_SWIGLU_SELF ;;
+    both=OPENJET_SWIGLU_SELF=1,OPENJET_FOLD_MEET=1
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1 $both
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1 $both
+    (export OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1; trace_bench) ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -290,6 +295,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, swiglu or boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet or boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -28,7 +28,7 @@
 
 namespace openjet {
 
-struct SwigluSync;  // (below: launch_gemv_swiglu's meeting place)
+struct GridMeet;  // (below: where a launch's blocks meet)
 
 struct GemvFold {
     // A's side (the GEMV whose outputs are the delta): h [t, n] the residual stream before the add, h_out after it (may
@@ -46,23 +46,25 @@ struct GemvFold {
     float2* scales = nullptr;
     // B's rows for the kernels after it (optional): a_out [t, k] the normed rows a = fl(u r) (in place of the add-norm's
     // float copy: the GDN step's fused beta / alpha read it), pack_out the pack B read (must be B's a.x: at t > 1 the
-    // pack launch makes it there anyway; at t = 1 block 0 writes it).
+    // pack launch makes it there anyway; at t = 1 block 0 writes it). With meet at t > 1 (OPENJET_FOLD_MEET), A makes
+    // both after its blocks' meeting (pack_out required) and B reads pack_out as a plain pack.
     float* a_out = nullptr;
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     // The swiglu's own pack (launch_gemv_swiglu): gate / up's launch writes v = swiglu1(g, u) into gate's y and packs
-    // it into swiglu_pack itself, its blocks meeting through swiglu_sync for the rows' maxima.
+    // it into swiglu_pack itself, its blocks meeting through meet for the rows' maxima.
     ActPack swiglu_pack{nullptr, nullptr, nullptr, 0};
-    SwigluSync* swiglu_sync = nullptr;
+    GridMeet* meet = nullptr;
 };
 
-// Where the blocks of a launch_gemv_swiglu meet (zeroed once, then left as each launch leaves it): arrivals, the
-// release word (a launch's blocks read it before arriving and wait for it to change; the last to arrive resets the
-// arrivals and bumps it), each block's maxima of its tiles' |v| by token row.
-constexpr int kSwigluMaxBlocks = 1024;
-struct SwigluSync {
+// Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu; A's own pack at t > 1): zeroed once,
+// then left as each launch leaves it. arrive: arrivals; release: a launch's blocks read it before arriving and wait for
+// it to change, the last to arrive resets arrive and bumps it; max_of: each block's maxima by token row (the swiglu's).
+// Launches that share one must run in stream order (each reads release after its PDL wait).
+constexpr int kMeetMaxBlocks = 1024;
+struct GridMeet {
     int arrive;
     int release;
-    float max_of[kSwigluMaxBlocks][kActRows];
+    float max_of[kMeetMaxBlocks][kActRows];
 };
 
 // Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K) and layout, as A
@@ -71,7 +73,10 @@ bool gemv_fold_takes(const GemvArgs& a, bool in);
 
 // A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:
 // fold.u_in .. eps, and b, a second matrix of the same input, where given), one of the two. B at t > 1 takes a.x as its
-// pack: launch_fold_pack fills it first. cudaErrorNotSupported: the fold does not run here.
+// pack: launch_fold_pack fills it first. A at t > 1 with fold.meet and fold.pack_out (an experiment, the engine's
+// OPENJET_FOLD_MEET; the same bits): its blocks meet after their tiles, then each makes its share of the rows' pack
+// (and a_out) as launch_fold_pack would, so that B reads pack_out as a plain pack, no pack launch between them.
+// cudaErrorNotSupported: the fold does not run here.
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& fold, bool in, bool out,
                              cudaStream_t stream);
 
@@ -81,10 +86,10 @@ cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& 
 // The swiglu's own pack (an experiment, the engine's OPENJET_SWIGLU_SELF; the same bits as launch_swiglu_pack): gate
 // (a) and up (b) in one launch of the producer-warp GEMV whose blocks take their tiles in pairs (gate tile j, then up
 // tile j), so that the second's epilogue makes v = swiglu1(g, u) of the pair's rows into a.y, keeping the block's
-// max |v| of each token row. After its last tile a block publishes its maxima and arrives at fold.swiglu_sync; once
-// every block has, each packs its share of the rows' 32-blocks (pack_block, under act_row's scale of the exact max)
-// into fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: t = 1,
-// its blocks' own pack; more rows: launch_fold_pack first) or a.x. Q4_K only, where gemv_tma_takes(a, b).
+// max |v| of each token row. After its last tile a block publishes its maxima and meets the others (fold.meet); then
+// each packs its share of the rows' 32-blocks (pack_block, under act_row's scale of the exact max) into
+// fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: t = 1, its
+// blocks' own pack; more rows: launch_fold_pack first) or a.x. Q4_K only, where gemv_tma_takes(a, b).
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b);
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& fold, bool fold_in,
                                cudaStream_t stream);

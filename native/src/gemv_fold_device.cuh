@@ -24,6 +24,50 @@ constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+// The fold's row scale (gemv_fold.cuh) from a row's partials part [k / 16], by kFoldThreads threads (named barrier
+// 1), in the fixed order every maker of the row's pack shares: thread i takes the 32-blocks b = i, i + 128 (q_2b +
+// q_2b+1 added to its sum, the max of m_2b, m_2b+1), then the warp's xor butterfly (16 .. 1), then the four warps' in
+// order; r = rsqrtf(Q / k + eps), the shift from the bound fl(fl(r P) (1 + 2^-10)), c = r 2^shift. sv[j]: the thread's
+// s_2b + s_2b+1 of its 32-blocks (the pack's sums). kWritten: the partials were written by this kernel's blocks
+// (A's own pack), so they are read from L2 (__ldcg) instead of through the read-only path.
+constexpr int kFoldPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
+struct FoldScale {
+    float r, c, inv;
+};
+template <bool kWritten = false>
+__device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ part, int k, float eps,
+                                                    float (&sv)[kFoldPer]) {
+    __shared__ float red[kTmaConsumerWarps][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock;
+    float q = 0.0f, m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFoldPer; ++j) {
+        const int b = tid + j * kFoldThreads;
+        sv[j] = 0.0f;
+        if (b < nb) {
+            const float4 p0 = kWritten ? __ldcg(part + 2 * b) : __ldg(part + 2 * b);
+            const float4 p1 = kWritten ? __ldcg(part + 2 * b + 1) : __ldg(part + 2 * b + 1);
+            q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
+            m = fmaxf(m, fmaxf(p0.y, p1.y));
+            sv[j] = __fadd_rn(p0.z, p1.z);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    if (lane == 0) red[warp][0] = q, red[warp][1] = m;
+    named_bar_sync(1, kFoldThreads);
+    float qs = red[0][0], pm = red[0][1];
+#pragma unroll
+    for (int w = 1; w < kTmaConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][0]), pm = fmaxf(pm, red[w][1]);
+    named_bar_sync(1, kFoldThreads);  // every thread has read red (a next row may write it)
+    const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + eps);
+    const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
+    return {r, __fmul_rn(r, ldexpf(1.0f, sh)), ldexpf(1.0f, -sh)};
+}
+
 // The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
 // partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
 // sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
@@ -42,44 +86,20 @@ struct FoldRowCopy {
 __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
                                               float eps, __half* h, __half* sum, float2* c_inv,
                                               FoldRowCopy copy = {}) {
-    constexpr int kPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
     constexpr int kQuads = kFoldMaxK / 4 / kFoldThreads;
-    __shared__ float red[kTmaConsumerWarps][2];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock;
+    const int tid = threadIdx.x, nb = k / kActBlock;
     float4 uq[kQuads];
 #pragma unroll
     for (int j = 0; j < kQuads; ++j) {
         const int i = tid + j * kFoldThreads;
         if (4 * i < k) uq[j] = __ldg(reinterpret_cast<const float4*>(u) + i);
     }
-    float q = 0.0f, m = 0.0f, sv[kPer];
+    float sv[kFoldPer];
+    const FoldScale fs = fold_row_scale(part, k, eps, sv);
+    const float r = fs.r, c = fs.c;
+    if (tid == 0) *c_inv = make_float2(c, fs.inv);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int b = tid + j * kFoldThreads;
-        sv[j] = 0.0f;
-        if (b < nb) {
-            const float4 p0 = __ldg(part + 2 * b), p1 = __ldg(part + 2 * b + 1);
-            q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
-            m = fmaxf(m, fmaxf(p0.y, p1.y));
-            sv[j] = __fadd_rn(p0.z, p1.z);
-        }
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) {
-        q += __shfl_xor_sync(0xffffffffu, q, o);
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    if (lane == 0) red[warp][0] = q, red[warp][1] = m;
-    named_bar_sync(1, kFoldThreads);
-    float qs = red[0][0], pm = red[0][1];
-#pragma unroll
-    for (int w = 1; w < kTmaConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][0]), pm = fmaxf(pm, red[w][1]);
-    const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + eps);
-    const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
-    const float c = __fmul_rn(r, ldexpf(1.0f, sh));
-    if (tid == 0) *c_inv = make_float2(c, ldexpf(1.0f, -sh));
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
+    for (int j = 0; j < kFoldPer; ++j) {
         const int b = tid + j * kFoldThreads;
         if (b < nb) {
             const float t32 = __fmul_rn(__fmul_rn(c, sv[j]), 1.0f / 32.0f);  // (/ 32 exact)
@@ -211,16 +231,40 @@ __device__ __forceinline__ void swiglu_tile_store(const float (&part)[kGemvWarps
     }
 }
 
-// After a block's last tile pair, by its kFoldThreads consumer threads (named barrier 1): its maxima published, the
-// meeting (the last block to arrive resets the arrivals and releases the rest; gen: the release word as the launch
-// found it), then the rows' maxima over every block (exact in any order) and the block's share of the pack: 32-blocks
-// blockIdx.x, + gridDim.x, ... of each token row, a warp each (v read back from L2: other blocks wrote it), under
-// act_row's scale, as pack_cluster_kernel<true> packs them. gen: thread 0's (read after the kernel's pdl_wait).
+// The meeting of a launch's blocks after their tiles (GridMeet), by each block's kFoldThreads consumer threads (named
+// barrier 1): the block's stores so far published, then thread 0 arrives; the last block to arrive resets the arrivals
+// and bumps the release word, the others wait for it to change from gen (the word as thread 0 read it after the
+// kernel's PDL wait). Every block of the launch must be resident at once: the producer-warp grids are.
+__device__ __forceinline__ void grid_meet(GridMeet* meet, int gen) {
+    named_bar_sync(1, kFoldThreads);  // the block's stores, before thread 0's release
+    if (threadIdx.x == 0) {
+        __threadfence();  // (cumulative: the block's stores, seen through the barrier)
+        const bool last = atomicAdd(&meet->arrive, 1) == static_cast<int>(gridDim.x) - 1;
+        __threadfence();
+        if (last) {  // every block has arrived: reset for the next launch, then release this one's
+            atomicExch(&meet->arrive, 0);
+            __threadfence();
+            atomicExch(&meet->release, gen + 1);
+        } else if (load_acquire(&meet->release) == gen) {
+            const unsigned long long start = global_ns();
+            while (load_acquire(&meet->release) == gen) {
+                __nanosleep(32);
+                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
+            }
+        }
+    }
+    named_bar_sync(1, kFoldThreads);  // every block's stores are in
+}
+
+// After a block's last tile pair, by its kFoldThreads consumer threads: its maxima published (warp 0's lanes g = 0
+// hold token rows 2 tq, 2 tq + 1, each lane's own tiles first: the butterfly over g), the meeting, then the rows'
+// maxima over every block (exact in any order) and the block's share of the pack: 32-blocks blockIdx.x, + gridDim.x,
+// ... of each token row, a warp each (v read back from L2: other blocks wrote it), under act_row's scale, as
+// pack_cluster_kernel<true> packs them.
 __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int gen, const float* v, int n, int t,
-                                                     SwigluSync* sync, const ActPack& p) {
+                                                     GridMeet* meet, const ActPack& p) {
     __shared__ float row_max[kActRows];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-    // warp 0's lanes g = 0 hold token rows 2 tq, 2 tq + 1: the butterfly over g first (each lane's own tiles)
     float m[2] = {st.m[0], st.m[1]};
     if (warp == 0) {
 #pragma unroll
@@ -230,29 +274,12 @@ __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int 
         if (g == 0)
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc)
-                if (2 * tq + cc < t) __stcg(&sync->max_of[blockIdx.x][2 * tq + cc], m[cc]);
+                if (2 * tq + cc < t) __stcg(&meet->max_of[blockIdx.x][2 * tq + cc], m[cc]);
     }
-    named_bar_sync(1, kFoldThreads);  // the block's v and maxima stored (warp 0's), before thread 0's release
-    if (tid == 0) {
-        __threadfence();  // (cumulative: warp 0's stores, seen through the barrier)
-        const bool last = atomicAdd(&sync->arrive, 1) == static_cast<int>(gridDim.x) - 1;
-        __threadfence();
-        if (last) {  // every block has arrived: reset for the next launch, then release this one's
-            atomicExch(&sync->arrive, 0);
-            __threadfence();
-            atomicExch(&sync->release, gen + 1);
-        } else if (load_acquire(&sync->release) == gen) {
-            const unsigned long long start = global_ns();
-            while (load_acquire(&sync->release) == gen) {
-                __nanosleep(32);
-                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
-            }
-        }
-    }
-    named_bar_sync(1, kFoldThreads);  // every block's v and maxima are in
+    grid_meet(meet, gen);
     for (int c = warp; c < t; c += kTmaConsumerWarps) {  // warp c % 4: row c's max over the blocks
         float r = 0.0f;
-        for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) r = fmaxf(r, __ldcg(&sync->max_of[b][c]));
+        for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) r = fmaxf(r, __ldcg(&meet->max_of[b][c]));
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
         if (lane == 0) row_max[c] = r;
@@ -265,6 +292,43 @@ __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int 
              b += static_cast<int>(gridDim.x) * kTmaConsumerWarps)
             pack_block(__ldcg(v + static_cast<long long>(c) * n + b * kActBlock + lane), r.s, b, r.h, r.sum);
         if (blockIdx.x == 0 && tid == 0) p.inv[c] = r.inv;
+    }
+}
+
+// A's own pack at t > 1 (launch_gemv_fold with fold.meet; OPENJET_FOLD_MEET), after its last tile, by its kFoldThreads
+// consumer threads: the meeting (every block's u and partials are in), then for each token row its scale
+// (fold_row_scale, as every maker of the pack takes it) and the block's share of the pack: 32-blocks blockIdx.x,
+// + gridDim.x, ..., a warp each, lane = element: fp16(fl(u c)) at the pack's positions, the sum from the partials
+// (lane 0), the normed rows fl(u r) where a_out is given; block 0 writes the rows' inv (and scales). launch_fold_pack's
+// bits, so a row's are the same at every t.
+__device__ __forceinline__ void fold_meet_and_pack(const GemvFold& f, int gen, int n, int t) {
+    grid_meet(f.meet, gen);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = n / kActBlock, nt = n / kMmaRows;
+    for (int c = 0; c < t; ++c) {
+        const float* u = f.u + static_cast<long long>(c) * n;
+        const float4* part = f.part + static_cast<long long>(c) * nt;
+        float sv[kFoldPer];
+        const FoldScale fs = fold_row_scale<true>(part, n, f.eps, sv);
+        __half* h = f.pack_out.h + static_cast<long long>(c) * n;
+        __half* sum = f.pack_out.sum + static_cast<long long>(c) * nb * 2;
+        for (int b = blockIdx.x + static_cast<int>(gridDim.x) * warp; b < nb;
+             b += static_cast<int>(gridDim.x) * kTmaConsumerWarps) {
+            const int i = b * kActBlock + lane;
+            const float x = __ldcg(u + i);
+            h[act_quad_pos(i)] = __float2half_rn(__fmul_rn(x, fs.c));
+            if (f.a_out) f.a_out[static_cast<long long>(c) * n + i] = __fmul_rn(x, fs.r);
+            if (lane == 0) {
+                const float4 p0 = __ldcg(part + 2 * b), p1 = __ldcg(part + 2 * b + 1);
+                const float t32 = __fmul_rn(__fmul_rn(fs.c, __fadd_rn(p0.z, p1.z)), 1.0f / 32.0f);  // (/ 32 exact)
+                const __half hi = __float2half_rn(t32);
+                sum[act_sum_pos(b)] = hi;
+                sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            }
+        }
+        if (blockIdx.x == 0 && tid == 0) {
+            f.pack_out.inv[c] = fs.inv;
+            if (f.scales) f.scales[c] = make_float2(fs.c, fs.inv);
+        }
     }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
