@@ -207,12 +207,14 @@ bool carveout_max() {
 }
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
-// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits.
+// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits. The forms whose blocks meet (kFold bits 2,
+// 3: every block must be resident at once) ask for the largest carveout, as the persistent FFN's producer-warp form
+// does: an SM left configured for the kernel before would hold fewer of them than the occupancy counts.
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
     int sms = 0;
     if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
     return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>, kTmaThreads,
-                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max()) *
+                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max() || (kFold & 12) != 0) *
            grid_sm_count(sms, grid_sms);
 }
 
