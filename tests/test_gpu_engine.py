@@ -912,7 +912,9 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
     """Under OPENJET_PREFILL_GEMM=exact, prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and
     128, the last chunk partial) and decode steps of up to 8 tokens (all_logits) leave the same state bit for
     bit: the last logits and hidden row, the next decode step's logits, and the MTP head's drafts (its cache
-    filled by the prefill). Its per-shape choice of kernel and each kernel forced."""
+    filled by the prefill). Its per-shape choice of kernel and each kernel forced. With the fold (OPENJET_FOLD, the
+    default where the producer-warp GEMV runs) the prefill's add-norms take its numerics (launch_fold_add_norm_pack)."""
+    from openjet_launcher.engine import kernels_test as kt
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
     ids = np.random.default_rng(23).integers(0, 4096, 301)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
@@ -931,10 +933,13 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
             return [*first, nxt, draft.logits]
 
         steps = run(None)
+        folds = kt.launch_count("fold_add_norm")
         for chunk in (8, 40, 128):
             got = run(chunk)
             for name, a, b in zip(("logits", "hidden", "next logits", "draft logits"), got, steps):
                 np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
+        # where decode steps take the fold (OPENJET_FOLD, the producer-warp GEMV's), the prefill took its numerics
+        assert (kt.launch_count("fold_add_norm") > folds) == kt.gemv_tma_available()
         report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, gemm=gemm, chunks=[8, 40, 128], equal=True)
     finally:
         engine.close()
