@@ -1044,14 +1044,18 @@ void collect_profile(openjet_engine& e) {
     p.calls += 1;
 }
 
-GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
+// (gemv_args_as: as a prefill's call or a decode step's, whichever the engine is in now)
+GemvArgs gemv_args_as(const openjet_engine& e, bool prefill, const DevTensor& w, int t, const float* xf, float* y) {
     GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), t, e.x, xf, y,
-               e.prefilling, e.prefilling && &w != &e.output ? e.wdense : nullptr};
+               prefill, prefill && &w != &e.output ? e.wdense : nullptr};
     a.tiled = w.tiled;
     if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
-    if (!e.prefilling && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
-    if (!e.prefilling) a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
+    if (!prefill && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
+    if (!prefill) a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
     return a;
+}
+GemvArgs gemv_args(const openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
+    return gemv_args_as(e, e.prefilling, w, t, xf, y);
 }
 
 int gemv(openjet_engine& e, const DevTensor& w, int t, const float* xf, float* y) {
@@ -1089,11 +1093,7 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
 bool fold_fits(const openjet_engine& e, const DevTensor& norm, const DevTensor& out, const DevTensor& b0,
                const DevTensor& b1) {
     if (!e.fold || e.gemv_int || norm.type != kF32) return false;
-    const auto decode_args = [&e](const DevTensor& w) {  // a one-row decode call's (gemv_args outside a prefill)
-        GemvArgs a{w.type, w.d, static_cast<int>(w.ne1), static_cast<int>(w.ne0), 1, e.x, nullptr, nullptr};
-        a.tiled = w.tiled, a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
-        return a;
-    };
+    const auto decode_args = [&e](const DevTensor& w) { return gemv_args_as(e, false, w, 1, nullptr, nullptr); };
     const GemvArgs a = decode_args(out), in0 = decode_args(b0), in1 = decode_args(b1);
     return a.n == e.cfg.n_embd && gemv_fold_takes(a, false) && gemv_fold_takes(in0, true) &&
            gemv_tma_takes(in1, nullptr);
@@ -1172,39 +1172,33 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
 int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
-    if (!e.prefilling && e.swiglu_self) {  // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x
-        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
-        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-        if (gemv_swiglu_takes(gate, up) && !gate.xi) {
-            const bool reads_fold = folded && !e.fold_packed;  // (else A made the pack: OPENJET_FOLD_MEET)
-            GemvFold f = reads_fold ? fold_args(e, nullptr, e.a) : GemvFold{};
-            f.swiglu_pack = e.x, f.meet = e.grid_meet;
-            e.fold_packed = false;
-            if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, reads_fold, e.stream))
-                return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
-            return project_out(e, L.ffn_down, t);
-        }
+    const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
+    const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+    if (!e.prefilling && e.swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
+        // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x
+        const bool reads_fold = folded && !e.fold_packed;  // (else A made the pack: OPENJET_FOLD_MEET)
+        GemvFold f = reads_fold ? fold_args(e, nullptr, e.a) : GemvFold{};
+        f.swiglu_pack = e.x, f.meet = e.grid_meet;
+        e.fold_packed = false;
+        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, reads_fold, e.stream))
+            return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
+        return project_out(e, L.ffn_down, t);
     }
     if (folded) {
-        const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
-        const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
         if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, e.a)))
             return cuda_fail(err, "ffn gate/up (fold)");
         CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
     }
     if (!e.prefilling && e.bench_skip_norm_packs >= 4) {  // a measurement, wrong outputs: gate and up, no swiglu pack
-        const cudaError_t err = launch_gemv_pair(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
-                                                 gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.stream);
+        const cudaError_t err = launch_gemv_pair(gate, up, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "ffn gate/up");
         return project_out(e, L.ffn_down, t);
     }
     const bool direct = e.prefilling && prefill_dense_runs(gemv_args(e, L.ffn_down, t, nullptr, e.h));
     const FfnHalfOut half{reinterpret_cast<__half*>(e.big1), e.row_scale, e.row_scale + e.x.rows, direct};
     bool wrote_half = false;
-    const cudaError_t err =
-        launch_ffn_gate_up_pack(gemv_args(e, L.ffn_gate, t, nullptr, e.big1),
-                                gemv_args(e, L.ffn_up, t, nullptr, e.big2), e.x, e.stream, &half, &wrote_half);
+    const cudaError_t err = launch_ffn_gate_up_pack(gate, up, e.x, e.stream, &half, &wrote_half);
     if (err != cudaSuccess) return cuda_fail(err, "ffn_gate_up_pack");
     const ActPack down_x{half.h, e.x.sum, half.inv, e.x.rows};
     return project_out(e, L.ffn_down, t, wrote_half ? &down_x : nullptr);

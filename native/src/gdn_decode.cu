@@ -9,7 +9,7 @@
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
-#include "grid_sync.cuh"  // load_acquire, global_ns, kWaitLimitNs
+#include "grid_sync.cuh"  // spin_until
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -52,13 +52,8 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
     }
     if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's maxima, once it has published them
         const int* word = reinterpret_cast<const int*>(&sync->phase_of[threadIdx.x]);
-        if (static_cast<unsigned>(load_acquire(word)) != phase) {
-            const unsigned long long start = global_ns();
-            while (static_cast<unsigned>(load_acquire(word)) != phase) {
-                __nanosleep(32);
-                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
-            }
-        }
+        // (a block that never came: fail, not hang)
+        spin_until(word, [phase](int v) { return static_cast<unsigned>(v) == phase; });
         for (int r = 0; r < a.t; ++r)
             atomicMax(&row_max[r], __float_as_uint(__ldcg(&sync->max_of[threadIdx.x][r])));  // (>= 0: bits order)
     }

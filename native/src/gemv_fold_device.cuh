@@ -29,7 +29,8 @@ constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a
 // q_2b+1 added to its sum, the max of m_2b, m_2b+1), then the warp's xor butterfly (16 .. 1), then the four warps' in
 // order; r = rsqrtf(Q / k + eps), the shift from the bound fl(fl(r P) (1 + 2^-10)), c = r 2^shift. sv[j]: the thread's
 // s_2b + s_2b+1 of its 32-blocks (the pack's sums). kWritten: the partials were written by this kernel's blocks
-// (A's own pack), so they are read from L2 (__ldcg) instead of through the read-only path.
+// (A's own pack), so they are read from L2 (__ldcg) instead of through the read-only path. A caller taking rows one
+// after another passes a barrier between them (the next row's reduction rewrites red).
 constexpr int kFoldPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
 struct FoldScale {
     float r, c, inv;
@@ -62,7 +63,6 @@ __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ p
     float qs = red[0][0], pm = red[0][1];
 #pragma unroll
     for (int w = 1; w < kTmaConsumerWarps; ++w) qs = __fadd_rn(qs, red[w][0]), pm = fmaxf(pm, red[w][1]);
-    named_bar_sync(1, kFoldThreads);  // every thread has read red (a next row may write it)
     const float r = rsqrtf(__fdiv_rn(qs, static_cast<float>(k)) + eps);
     const int sh = act_pack_shift(__fmul_rn(__fmul_rn(r, pm), 1.0f + 0x1p-10f));
     return {r, __fmul_rn(r, ldexpf(1.0f, sh)), ldexpf(1.0f, -sh)};
@@ -72,12 +72,22 @@ __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ p
 // partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
 // sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
 // thread, all in flight together) through the read-only path, as the GEMVs read their packs: the blocks an SM holds
-// read the same row, so L1 can serve all but the first (measured with L2-only loads at 1f37765: 18.37 us a chain;
-// this form NOT yet timed). Q and P in a fixed order: thread i takes the 32-blocks b = i, i + 128 (q_2b + q_2b+1
-// added to its sum), then the warp's xor butterfly (16 .. 1), then the four warps' in order. h and sum may be shared
+// read the same row, so L1 can serve all but the first (H100, bench_pack_chain at T=1: 15.12 us a chain, against
+// 18.37 with L2-only loads at 1f37765 and 15.48 with no middle). The scale by fold_row_scale. h and sum may be shared
 // memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
 // the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy.a, and the same fp16 values
 // and sums in copy.h, copy.sum (each null: not written).
+// A 32-block's sum in the pack (act_sum_pos's hi / lo halves of S / 32) from s2 = s_2b + s_2b+1 of its partials,
+// under the row's c: t32 = fl(fl(c s2) / 32), the division exact. Into sum and, where given, copy.
+__device__ __forceinline__ void fold_block_sum(float c, float s2, int b, __half* sum, __half* copy = nullptr) {
+    const float t32 = __fmul_rn(__fmul_rn(c, s2), 1.0f / 32.0f);
+    const __half hi = __float2half_rn(t32);
+    const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+    sum[act_sum_pos(b)] = hi;
+    sum[act_sum_pos(b) + 2] = lo;
+    if (copy) copy[act_sum_pos(b)] = hi, copy[act_sum_pos(b) + 2] = lo;
+}
+
 struct FoldRowCopy {
     float* a = nullptr;
     __half* h = nullptr;
@@ -101,14 +111,7 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
 #pragma unroll
     for (int j = 0; j < kFoldPer; ++j) {
         const int b = tid + j * kFoldThreads;
-        if (b < nb) {
-            const float t32 = __fmul_rn(__fmul_rn(c, sv[j]), 1.0f / 32.0f);  // (/ 32 exact)
-            const __half hi = __float2half_rn(t32);
-            const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-            sum[act_sum_pos(b)] = hi;
-            sum[act_sum_pos(b) + 2] = lo;
-            if (copy.sum) copy.sum[act_sum_pos(b)] = hi, copy.sum[act_sum_pos(b) + 2] = lo;
-        }
+        if (b < nb) fold_block_sum(c, sv[j], b, sum, copy.sum);
     }
 #pragma unroll
     for (int j = 0; j < kQuads; ++j) {
@@ -244,13 +247,9 @@ __device__ __forceinline__ void grid_meet(GridMeet* meet, int gen) {
         if (last) {  // every block has arrived: reset for the next launch, then release this one's
             atomicExch(&meet->arrive, 0);
             __threadfence();
-            atomicExch(&meet->release, gen + 1);
-        } else if (load_acquire(&meet->release) == gen) {
-            const unsigned long long start = global_ns();
-            while (load_acquire(&meet->release) == gen) {
-                __nanosleep(32);
-                if (global_ns() - start > kWaitLimitNs) __trap();  // a block that never came: fail, not hang
-            }
+            atomicExch(&meet->release, static_cast<int>(static_cast<unsigned>(gen) + 1u));  // (wraps: compared by !=)
+        } else {  // (a block that never came: fail, not hang)
+            spin_until(&meet->release, [gen](int v) { return v != gen; });
         }
     }
     named_bar_sync(1, kFoldThreads);  // every block's stores are in
@@ -317,18 +316,13 @@ __device__ __forceinline__ void fold_meet_and_pack(const GemvFold& f, int gen, i
             const float x = __ldcg(u + i);
             h[act_quad_pos(i)] = __float2half_rn(__fmul_rn(x, fs.c));
             if (f.a_out) f.a_out[static_cast<long long>(c) * n + i] = __fmul_rn(x, fs.r);
-            if (lane == 0) {
-                const float4 p0 = __ldcg(part + 2 * b), p1 = __ldcg(part + 2 * b + 1);
-                const float t32 = __fmul_rn(__fmul_rn(fs.c, __fadd_rn(p0.z, p1.z)), 1.0f / 32.0f);  // (/ 32 exact)
-                const __half hi = __float2half_rn(t32);
-                sum[act_sum_pos(b)] = hi;
-                sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-            }
+            if (lane == 0) fold_block_sum(fs.c, __fadd_rn(__ldcg(part + 2 * b).z, __ldcg(part + 2 * b + 1).z), b, sum);
         }
         if (blockIdx.x == 0 && tid == 0) {
             f.pack_out.inv[c] = fs.inv;
             if (f.scales) f.scales[c] = make_float2(fs.c, fs.inv);
         }
+        named_bar_sync(1, kFoldThreads);  // (fold_row_scale's red, before the next row's)
     }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -21,15 +21,20 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // fails with an error instead of hanging the process (a decode FFN takes ~0.1 ms).
 constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
 
+// This thread spins until done(the word, read with acquire) holds; past kWaitLimitNs it traps.
+template <class Done>
+__device__ __forceinline__ void spin_until(const int* word, const Done& done) {
+    if (done(load_acquire(word))) return;
+    const unsigned long long start = global_ns();
+    while (!done(load_acquire(word))) {
+        __nanosleep(32);
+        if (global_ns() - start > kWaitLimitNs) __trap();
+    }
+}
+
 // Lane 0 spins until the counter reaches `target`, then the warp goes on.
 __device__ __forceinline__ void warp_wait(const int* counter, int target) {
-    if ((threadIdx.x & 31) == 0 && load_acquire(counter) < target) {
-        const unsigned long long start = global_ns();
-        while (load_acquire(counter) < target) {
-            __nanosleep(32);
-            if (global_ns() - start > kWaitLimitNs) __trap();
-        }
-    }
+    if ((threadIdx.x & 31) == 0) spin_until(counter, [target](int v) { return v >= target; });
     __syncwarp();
 }
 

@@ -610,9 +610,8 @@ constexpr int kChainModes = 8;
 // add-norm pack of A's output into B's input (the engine's launch_add_norm_pack: a cluster of blocks per row on 9.0+),
 // 2 a kernel of one block with no work, 3 eight such blocks as one cluster, 4 eight blocks, no cluster, 5 none: the
 // fold (gemv_fold.cuh, on 9.0), A's tiles end with the add and the norm's partials and B makes its pack of them (T=1
-// in its blocks, more rows in a pack launch); its halves
-// alone (timings only, B's input not A's output): 6 A's epilogue, B on its pack; 7 A plain, B reading the fold's
-// buffers (as a setup's first fold left them). Producer-warp
+// in its blocks, more rows in a pack launch); its halves alone (timings only, B's input not A's output): 6 A's
+// epilogue, B on its pack; 7 A plain, B reading the fold's buffers (as a setup's first fold left them). Producer-warp
 // GEMVs where they run (the engine's default, tile layout). us_out[r]: microseconds per rep of run r.
 extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* w, int k, int t, int mode, int copies,
                                                          int reps, int runs, float* us_out) {
