@@ -52,12 +52,11 @@
 #            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
 #            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
 #            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
-# PLAN=meet  the two forms whose blocks meet once a launch (written 2026-12-06 without a GPU; the same bits):
-#            OPENJET_SWIGLU_SELF=1 (gate / up pack their own swiglu: the swiglu pack launch goes, 64 a T=1 step, ~10 us
-#            each at ea1971a) and OPENJET_FOLD_MEET=1 (at T>1 the fold's A makes B's pack: the fold's pack launch goes,
-#            127 a T=5 step, ~4 us each). While the model is written, their bit tests (against the pack launches, on
-#            the whole GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step with neither, each and both, twice
-#            (alternating), and a trace with both on. ~7 minutes.
+# PLAN=meet  the swiglu's own pack (OPENJET_SWIGLU_SELF: gate / up pack their own swiglu after their blocks meet, the
+#            swiglu pack launch gone; ran at 43c0f8f on an H100 with OPENJET_FOLD_MEET, since removed: NOTES_gemv.md,
+#            forty-first session): while the model is written, its bit tests (against the pack launch, on the whole
+#            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only) and =2 (every
+#            t), twice (alternating), and a trace at the default. ~6 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -261,13 +260,12 @@ PY
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
   meet)
-    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or FOLD_MEET or meeting_forms'" meet-bench ;;
+    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglus_own_pack'" meet-bench ;;
   meet-bench)
     trap pack_logs EXIT
-    both=OPENJET_SWIGLU_SELF=1,OPENJET_FOLD_MEET=1
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1 $both
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1 $both
-    (export OPENJET_SWIGLU_SELF=1 OPENJET_FOLD_MEET=1; trace_bench) ;;
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2
+    trace_bench ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh

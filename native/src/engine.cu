@@ -193,17 +193,12 @@ struct openjet_engine {
     float* fold_u = nullptr;
     bool fold_input = false;
     unsigned* gdn_pack_sync = nullptr;
-    // OPENJET_SWIGLU_SELF=1 at create (an experiment; the same bits): a decode or verify step's gate / up pack their
-    // own swiglu for the down projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their
-    // blocks, then the pack), instead of the swiglu pack launch. OPENJET_FOLD_MEET=1 at create (an experiment; the
-    // same bits): a step of more than one row has the fold's A make B's pack after its blocks meet
-    // (fold_meet_and_pack) instead of the fold's pack launch before B; fold_a: the normed rows it also writes (the
-    // layer input's: e.a), fold_packed: it did (the next fold_in reads e.x as a plain pack). grid_meet: their meeting
-    // place, in the zeroed scratch.
-    bool swiglu_self = false;
-    bool fold_meet = false;
-    float* fold_a = nullptr;
-    bool fold_packed = false;
+    // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
+    // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
+    // instead of the swiglu pack launch. 1 (the default): in steps of one row, where it gains (7.97 against 8.27 ms
+    // a T=1 step on an H100, NOTES_gemv.md, forty-first session); 2: at every t (T=5 loses: 11.3 against 10.4 ms);
+    // 0: never. grid_meet: the blocks' meeting place, in the zeroed scratch.
+    int swiglu_self = 1;
     GridMeet* grid_meet = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -824,8 +819,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
-    e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1) == 1;
-    e.fold_meet = env_level("OPENJET_FOLD_MEET", 1) == 1;
+    if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 2);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
@@ -908,7 +902,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
-        {(void**)&e.grid_meet, e.swiglu_self || e.fold_meet ? sizeof(GridMeet) : 0},
+        {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1117,10 +1111,6 @@ bool fold_layer_input(const openjet_engine& e, int il) {
 // B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
 // a Q4_K_M's Q6_K qkv beside its Q4_K gate) a reads the fold and leaves its pack in e.x, which b then reads.
 cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, GemvFold f) {
-    if (e.fold_packed) {  // A made the pack in e.x (OPENJET_FOLD_MEET): B reads it as a plain pack
-        e.fold_packed = false;
-        return launch_gemv_pair(a, b, e.stream);
-    }
     if (gemv_tma_takes(a, &b)) return launch_gemv_fold(a, &b, f, true, false, e.stream);
     f.pack_out = e.x;
     const cudaError_t err = launch_gemv_fold(a, nullptr, f, true, false, e.stream);
@@ -1149,11 +1139,8 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     if (x) a.x = *x;
     if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
         GemvFold f = fold_args(e, e.fold_norm, e.fold_u);
-        const bool own_pack = e.fold_meet && t > 1;  // (OPENJET_FOLD_MEET: B's pack made here, after a meeting)
-        if (own_pack) f.meet = e.grid_meet, f.pack_out = e.x, f.a_out = e.fold_a;
         const cudaError_t err = launch_gemv_fold(a, nullptr, f, false, true, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
-        e.fold_packed = own_pack;
         e.fold_norm = nullptr, e.mix_added = false;  // (the caller sees the fold ran)
         return OPENJET_OK;
     }
@@ -1174,13 +1161,12 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
     const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-    if (!e.prefilling && e.swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
+    const bool swiglu_self = e.swiglu_self == 2 || (e.swiglu_self == 1 && t == 1);
+    if (!e.prefilling && swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
         // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x
-        const bool reads_fold = folded && !e.fold_packed;  // (else A made the pack: OPENJET_FOLD_MEET)
-        GemvFold f = reads_fold ? fold_args(e, nullptr, e.a) : GemvFold{};
+        GemvFold f = folded ? fold_args(e, nullptr, e.a) : GemvFold{};
         f.swiglu_pack = e.x, f.meet = e.grid_meet;
-        e.fold_packed = false;
-        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, reads_fold, e.stream))
+        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
         return project_out(e, L.ffn_down, t);
     }
@@ -1581,7 +1567,6 @@ int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
     const LayerW& L = e.layers[il];
     const bool fold_next = !e.prefilling && !e.bench_skip_norm_packs && fold_layer_input(e, il);
     e.fold_norm = fold_next ? static_cast<const float*>(e.layers[il + 1].attn_norm.d) : nullptr, e.fold_u = e.y;
-    e.fold_a = e.a;  // (the next layer's input norm: its rows for the projections and the GDN step after B)
     TRY(ffn(e, L, t, folded));
     if (fold_next && !e.fold_norm) e.fold_input = true, *normed = true;  // (the down projection took it)
     e.fold_norm = nullptr;
@@ -1607,7 +1592,7 @@ int prefill_fold_norm(openjet_engine& e, const DevTensor& norm, int t, float* a)
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
-    e.fold_norm = nullptr, e.fold_input = false, e.fold_packed = false;  // (a step that failed part way left them?)
+    e.fold_norm = nullptr, e.fold_input = false;  // (a step that failed part way left them?)
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too
@@ -1630,7 +1615,6 @@ int trunk(openjet_engine& e, int t) {
         // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
         const bool fold_here = !e.prefilling && !persistent && !skip_norm && fold_ffn_input(e, L);
         e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.a;
-        e.fold_a = nullptr;  // (B writes no normed rows for the FFN)
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
         e.fold_norm = nullptr;  // (a mixer that ran no projection leaves it: the add-norm below then runs)

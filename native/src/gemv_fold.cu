@@ -115,11 +115,9 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
     if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
     if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
         (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out ||  // (a GEMV between two folds: none)
-        (in && f.pack_out.h && f.pack_out.h != a.x.h) ||  // (B's pack goes where the pack launch puts it at t > 1)
-        (out && f.meet && a.t > 1 && (!f.pack_out.h || !f.pack_out.sum || !f.pack_out.inv || a.t > f.pack_out.rows)))
+        (in && f.pack_out.h && f.pack_out.h != a.x.h))  // (B's pack goes where the pack launch puts it at t > 1)
         return cudaErrorInvalidValue;
     count_launch(Counted::kGemvFold);
-    if (out && f.meet && a.t > 1) count_launch(Counted::kFoldMeet);
     if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
         switch (a.qtype) {

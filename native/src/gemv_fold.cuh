@@ -46,8 +46,7 @@ struct GemvFold {
     float2* scales = nullptr;
     // B's rows for the kernels after it (optional): a_out [t, k] the normed rows a = fl(u r) (in place of the add-norm's
     // float copy: the GDN step's fused beta / alpha read it), pack_out the pack B read (must be B's a.x: at t > 1 the
-    // pack launch makes it there anyway; at t = 1 block 0 writes it). With meet at t > 1 (OPENJET_FOLD_MEET), A makes
-    // both after its blocks' meeting (pack_out required) and B reads pack_out as a plain pack.
+    // pack launch makes it there anyway; at t = 1 block 0 writes it).
     float* a_out = nullptr;
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     // The swiglu's own pack (launch_gemv_swiglu): gate / up's launch writes v = swiglu1(g, u) into gate's y and packs
@@ -56,7 +55,7 @@ struct GemvFold {
     GridMeet* meet = nullptr;
 };
 
-// Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu; A's own pack at t > 1): zeroed once,
+// Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
 // then left as each launch leaves it. arrive: arrivals; release: a launch's blocks read it before arriving and wait for
 // it to change, the last to arrive resets arrive and bumps it; max_of: each block's maxima by token row (the swiglu's).
 // Launches that share one must run in stream order (each reads release after its PDL wait).
@@ -73,9 +72,7 @@ bool gemv_fold_takes(const GemvArgs& a, bool in);
 
 // A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:
 // fold.u_in .. eps, and b, a second matrix of the same input, where given), one of the two. B at t > 1 takes a.x as its
-// pack: launch_fold_pack fills it first. A at t > 1 with fold.meet and fold.pack_out (an experiment, the engine's
-// OPENJET_FOLD_MEET; the same bits): its blocks meet after their tiles, then each makes its share of the rows' pack
-// (and a_out) as launch_fold_pack would, so that B reads pack_out as a plain pack, no pack launch between them.
+// pack: launch_fold_pack fills it first.
 // cudaErrorNotSupported: the fold does not run here.
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& fold, bool in, bool out,
                              cudaStream_t stream);

@@ -28,14 +28,12 @@ constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a
 // 1), in the fixed order every maker of the row's pack shares: thread i takes the 32-blocks b = i, i + 128 (q_2b +
 // q_2b+1 added to its sum, the max of m_2b, m_2b+1), then the warp's xor butterfly (16 .. 1), then the four warps' in
 // order; r = rsqrtf(Q / k + eps), the shift from the bound fl(fl(r P) (1 + 2^-10)), c = r 2^shift. sv[j]: the thread's
-// s_2b + s_2b+1 of its 32-blocks (the pack's sums). kWritten: the partials were written by this kernel's blocks
-// (A's own pack), so they are read from L2 (__ldcg) instead of through the read-only path. A caller taking rows one
-// after another passes a barrier between them (the next row's reduction rewrites red).
+// s_2b + s_2b+1 of its 32-blocks (the pack's sums). A caller taking rows one after another passes a barrier
+// between them (the next row's reduction rewrites red).
 constexpr int kFoldPer = (kFoldMaxK / kActBlock + kFoldThreads - 1) / kFoldThreads;  // 32-blocks a thread, at most
 struct FoldScale {
     float r, c, inv;
 };
-template <bool kWritten = false>
 __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ part, int k, float eps,
                                                     float (&sv)[kFoldPer]) {
     __shared__ float red[kTmaConsumerWarps][2];
@@ -46,8 +44,7 @@ __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ p
         const int b = tid + j * kFoldThreads;
         sv[j] = 0.0f;
         if (b < nb) {
-            const float4 p0 = kWritten ? __ldcg(part + 2 * b) : __ldg(part + 2 * b);
-            const float4 p1 = kWritten ? __ldcg(part + 2 * b + 1) : __ldg(part + 2 * b + 1);
+            const float4 p0 = __ldg(part + 2 * b), p1 = __ldg(part + 2 * b + 1);
             q = __fadd_rn(q, __fadd_rn(p0.x, p1.x));
             m = fmaxf(m, fmaxf(p0.y, p1.y));
             sv[j] = __fadd_rn(p0.z, p1.z);
@@ -294,37 +291,6 @@ __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int 
     }
 }
 
-// A's own pack at t > 1 (launch_gemv_fold with fold.meet; OPENJET_FOLD_MEET), after its last tile, by its kFoldThreads
-// consumer threads: the meeting (every block's u and partials are in), then for each token row its scale
-// (fold_row_scale, as every maker of the pack takes it) and the block's share of the pack: 32-blocks blockIdx.x,
-// + gridDim.x, ..., a warp each, lane = element: fp16(fl(u c)) at the pack's positions, the sum from the partials
-// (lane 0), the normed rows fl(u r) where a_out is given; block 0 writes the rows' inv (and scales). launch_fold_pack's
-// bits, so a row's are the same at every t.
-__device__ __forceinline__ void fold_meet_and_pack(const GemvFold& f, int gen, int n, int t) {
-    grid_meet(f.meet, gen);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = n / kActBlock, nt = n / kMmaRows;
-    for (int c = 0; c < t; ++c) {
-        const float* u = f.u + static_cast<long long>(c) * n;
-        const float4* part = f.part + static_cast<long long>(c) * nt;
-        float sv[kFoldPer];
-        const FoldScale fs = fold_row_scale<true>(part, n, f.eps, sv);
-        __half* h = f.pack_out.h + static_cast<long long>(c) * n;
-        __half* sum = f.pack_out.sum + static_cast<long long>(c) * nb * 2;
-        for (int b = blockIdx.x + static_cast<int>(gridDim.x) * warp; b < nb;
-             b += static_cast<int>(gridDim.x) * kTmaConsumerWarps) {
-            const int i = b * kActBlock + lane;
-            const float x = __ldcg(u + i);
-            h[act_quad_pos(i)] = __float2half_rn(__fmul_rn(x, fs.c));
-            if (f.a_out) f.a_out[static_cast<long long>(c) * n + i] = __fmul_rn(x, fs.r);
-            if (lane == 0) fold_block_sum(fs.c, __fadd_rn(__ldcg(part + 2 * b).z, __ldcg(part + 2 * b + 1).z), b, sum);
-        }
-        if (blockIdx.x == 0 && tid == 0) {
-            f.pack_out.inv[c] = fs.inv;
-            if (f.scales) f.scales[c] = make_float2(fs.c, fs.inv);
-        }
-        named_bar_sync(1, kFoldThreads);  // (fold_row_scale's red, before the next row's)
-    }
-}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 }  // namespace openjet

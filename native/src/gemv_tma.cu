@@ -54,8 +54,7 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (with bit 1, t > 1),
-// A's own pack: the blocks' meeting after their tiles, then the fold's pack into fold.pack_out (fold_meet_and_pack).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -64,8 +63,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     using Sh = TmaShape<QT, kRing, kFold>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
-    static_assert(!(kFold & 8) || (kFold & 2), "A's own pack: the fold's epilogue first");
-    constexpr bool kMeet = kPairs || (kFold & 8);  // the blocks meet after their tiles (GridMeet)
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
@@ -128,8 +125,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
-    int meet_gen = 0;  // kMeet: the meeting's release word as this launch found it (thread 0's)
-    if constexpr (kMeet)
+    int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
+    if constexpr (kPairs)
         if (threadIdx.x == 0) meet_gen = load_acquire(&fold.meet->release);
     SwigluTiles swiglu;  // kPairs: warp 0's gate values across a pair, its maxima
     int slot = 0;
@@ -189,7 +186,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         }
     }
     if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
-    if constexpr ((kFold & 8) != 0) fold_meet_and_pack(fold, meet_gen, n, t);
 #endif
 }
 
@@ -207,14 +203,14 @@ bool carveout_max() {
 }
 
 // Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
-// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits. The forms whose blocks meet (kFold bits 2,
-// 3: every block must be resident at once) ask for the largest carveout, as the persistent FFN's producer-warp form
+// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits. The forms whose blocks meet (kFold bit 2:
+// every block must be resident at once) ask for the largest carveout, as the persistent FFN's producer-warp form
 // does: an SM left configured for the kernel before would hold fewer of them than the occupancy counts.
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
     int sms = 0;
     if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
     return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>, kTmaThreads,
-                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max() || (kFold & 12) != 0) *
+                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max() || (kFold & 4) != 0) *
            grid_sm_count(sms, grid_sms);
 }
 
@@ -228,7 +224,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)
     if ((kFold & 4) && (!b || b->n != a.n)) return cudaErrorInvalidValue;
-    if ((kFold & 12) && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
+    if ((kFold & 4) && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -291,8 +287,7 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
     if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
-    return f.meet ? launch_ring<QT, kRing2, kBlocks2, false, 10>(a, nullptr, stream, f)  // (A's own pack)
-                  : launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
+    return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
 }
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
