@@ -57,6 +57,12 @@
 #            forty-first session): while the model is written, its bit tests (against the pack launch, on the whole
 #            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only) and =2 (every
 #            t), twice (alternating), and a trace at the default. ~6 minutes.
+# PLAN=gdnprobe  where a T=1 GDN step's ~13 us go (the step's largest piece that is not a GEMV: 48 a step, ~630 us
+#            of a 7.9 ms T=1 step on the H100 at 793a941): no tests; the T=1 trace at the default, with
+#            OPENJET_GDN_FUSED=0 (beta / alpha by their own F32 launches: the step without its projections) and with
+#            OPENJET_GDN_STEP_PACK=0 (without its own pack's meeting), each in trace-<name>.json; then Nsight Compute
+#            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
+#            ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -259,6 +265,36 @@ PY
     alternate_twice OPENJET_FOLD
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
+  gdnprobe)
+    plan 30 "tests/test_gpu_engine.py -k no_such_test" gdnprobe-bench ;;
+  gdnprobe-bench)
+    trap pack_logs EXIT
+    for v in default OPENJET_GDN_FUSED=0 OPENJET_GDN_STEP_PACK=0; do
+      name=${v//=/-}
+      (case $v in *=*) export "$v" ;; esac
+       timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1 --steps 5 --out "$OUT/trace-$name.json" \
+         2> "$OUT/trace-$name.log"
+       echo "== trace_step $v (rc $?)"; grep -E "untraced|gdn|x gemv_tma_kernel<13|f32" "$OUT/trace-$name.log" | head -8)
+    done
+    timeout -k 10 200 ncu --clock-control none --kernel-name regex:gdn_step_kernel --launch-skip 96 --launch-count 3 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      --section Occupancy --section MemoryWorkloadAnalysis python3 - "$MODEL" > "$OUT/ncu-gdn.txt" 2>&1 <<'PY'
+import ctypes, sys
+import numpy as np
+from openjet_launcher.engine.cuda import CudaEngine
+eng = CudaEngine.load(sys.argv[1], n_ctx=4096, kv_type="q8_0")
+lib, h = eng._lib, eng._handle
+n_vocab = eng.config.shape.n_vocab
+logits = np.empty((8, n_vocab), np.float32)
+rng = np.random.default_rng(0)
+for _ in range(4):  # T=1 decode steps from an empty sequence: 48 GDN launches each at 27B
+    ids = rng.integers(0, n_vocab, 1).astype(np.int32)
+    if lib.openjet_engine_decode(h, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), 1,
+                                 logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None):
+        raise SystemExit(lib.openjet_engine_last_error().decode(errors="replace"))
+print("steps ok")
+PY
+    echo "== ncu (rc $?)"; grep -E "gdn_step_kernel|Duration|Throughput|Issue Slots|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers|Stall|steps ok|ERR|rror" "$OUT/ncu-gdn.txt" | head -60 ;;
   meet)
     plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglus_own_pack'" meet-bench ;;
   meet-bench)
@@ -293,6 +329,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet or boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet, gdnprobe or boundary (see the top of $0)" >&2
     exit 2 ;;
 esac
