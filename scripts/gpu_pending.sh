@@ -63,9 +63,6 @@
 #            OPENJET_GDN_STEP_PACK=0 (without its own pack's meeting), each in trace-<name>.json; then Nsight Compute
 #            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
 #            ~4 minutes.
-# PLAN=stage OPENJET_GDN_STAGE (the GDN step's fused beta / alpha projections on inputs staged in shared memory: 2,
-#            the weight rows copied before the PDL wait and the x rows after it; the same bits): its bit test (=1, =2
-#            against =0), then the T=1 / T=5 step at =0 and =2, twice (alternating). ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -268,12 +265,6 @@ PY
     alternate_twice OPENJET_FOLD
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
-  stage)
-    plan 120 "tests/test_gpu_engine.py -k GDN_STAGE" stage-bench ;;
-  stage-bench)
-    trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_STAGE=0 OPENJET_GDN_STAGE=2
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_STAGE=0 OPENJET_GDN_STAGE=2 ;;
   gdnprobe)
     plan 30 "tests/test_gpu_engine.py -k no_such_test" gdnprobe-bench ;;
   gdnprobe-bench)
@@ -338,6 +329,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet, gdnprobe, stage or boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet, gdnprobe or boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -74,15 +74,11 @@ __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 
 gdn_step_kernel(const GdnStepArgs a) {
     static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
     __shared__ GdnSmem sm;
-    extern __shared__ __align__(16) float stage[];  // GdnStepArgs::stage's rows (whole heads), or none
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
-    const bool staged = kCols == kGdnHeadDim && a.stage;
-    if (staged) gdn_stage_weights(a, h, stage);  // (immutable weights: copies before the wait)
-    gdn_prefetch_inputs<kCols>(a, h, c0);        // (hints only, so before the wait: the loads stay after it)
+    gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     pdl_start();  // pdl.cuh
-    if (staged && a.stage > 1) gdn_stage_rows(a, stage + 2 * a.proj_k);
-    gdn_step_head<kCols>(a, h, sm, c0, staged ? stage : nullptr);
+    gdn_step_head<kCols>(a, h, sm, c0);
     if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
 }
 
@@ -208,38 +204,6 @@ bool gdn_blocks_resident(int n) {
     return n <= slots;
 }
 
-// The dynamic shared memory a whole-head step kernel may take for GdnStepArgs::stage: the device's per-block opt-in
-// less the kernel's static shared memory, opted in once; 0 where a query fails (no staging then).
-template <bool kOwnPack> size_t gdn_stage_limit() {
-    static const size_t limit = [] {
-        constexpr auto kKernel = gdn_step_kernel<kGdnHeadDim, kOwnPack>;
-        cudaFuncAttributes fa{};
-        int optin = 0;
-        if (cudaFuncGetAttributes(&fa, kKernel) != cudaSuccess ||
-            device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin) != cudaSuccess ||
-            optin <= static_cast<int>(fa.sharedSizeBytes))
-            return size_t{0};
-        const int bytes = optin - static_cast<int>(fa.sharedSizeBytes);
-        return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess
-                   ? static_cast<size_t>(bytes) : size_t{0};
-    }();
-    return limit;
-}
-
-// A whole-head step's launch with a.stage_proj's staging where it fits (GdnStepArgs::stage; the rest as asked).
-template <bool kOwnPack> cudaError_t launch_whole_heads(GdnStepArgs a, cudaStream_t stream) {
-    size_t smem = 0;
-    a.stage = 0;
-    if (a.stage_proj && a.w_beta) {
-        const size_t w = 2 * sizeof(float) * a.proj_k, x = sizeof(float) * a.t * a.proj_k;
-        const size_t limit = gdn_stage_limit<kOwnPack>();
-        if (a.stage_proj > 1 && w + x <= limit) a.stage = 2, smem = w + x;
-        else if (w <= limit) a.stage = 1, smem = w;
-        if (a.stage) count_launch(Counted::kGdnStaged);
-    }
-    return launch_kernel(gdn_step_kernel<kGdnHeadDim, kOwnPack>, a.n_v, kGdnThreads, smem, stream, a);
-}
-
 }  // namespace
 
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed,
@@ -286,11 +250,13 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_whole_heads<true>(own, stream)) return e;
+                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0,
+                                                        stream, own))
+                    return e;
                 if (packed) *packed = true;
                 return cudaSuccess;
             }
-            return launch_whole_heads<false>(a, stream);
+            return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
         }
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
         if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,

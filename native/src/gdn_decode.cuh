@@ -95,14 +95,6 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
-    // The fused projections' inputs staged in the block's shared memory (OPENJET_GDN_STAGE, an experiment: the same
-    // bits). stage_proj: the caller asks for it (1: the head's beta and alpha weight rows, copied before the PDL wait,
-    // since no kernel writes them; 2: also the call's x_in rows, after it); stage: what launch_gdn_step gives the
-    // kernel, the most of that which fits its shared memory (0: none, the dots read global memory as before). The
-    // dots then take their operands from shared memory in the order they always take them, instead of five round
-    // trips to L2 a thread.
-    int stage_proj = 0;
-    int stage = 0;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
@@ -190,35 +182,16 @@ __device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm
 // holds.
 template <int kCols>
 __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h, int c0) {
-    // (a.stage: the weight rows come in by the copies of gdn_stage_weights instead)
     constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32, kStateLines = D * kLinesPerRow;  // 32 floats a line
     static_assert(kCols % 32 == 0, "whole lines a row");
     const int tid = threadIdx.x;
     if (tid < kStateLines) {
         prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
-    } else if (kCols == D && a.w_beta && !a.stage) {
+    } else if (kCols == D && a.w_beta) {
         const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
         if (i < 2 * lines)
             prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
     }
-}
-
-// GdnStepArgs::stage: the head's beta then alpha weight rows (2 proj_k floats) into stage by the block's threads, 16
-// bytes a copy (proj_k % 4 == 0, rows 16-byte aligned: the launcher checks), one commit group. The weights are
-// immutable, so a launch issues this before its PDL wait (pdl.cuh: copies keep their place there).
-__device__ __forceinline__ void gdn_stage_weights(const GdnStepArgs& a, int h, float* stage) {
-    const int n4 = a.proj_k / 4;
-    for (int i = threadIdx.x; i < 2 * n4; i += blockDim.x) {
-        const float* row = (i < n4 ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k;
-        cp_async16(stage + 4 * i, row + 4 * (i < n4 ? i : i - n4));
-    }
-    cp_async_commit();
-}
-// stage = 2: the call's t x_in rows (t proj_k floats) into rows, after the PDL wait (the kernel before wrote them).
-__device__ __forceinline__ void gdn_stage_rows(const GdnStepArgs& a, float* rows) {
-    const int n4 = a.t * a.proj_k / 4;
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) cp_async16(rows + 4 * i, a.x_in + 4 * i);
-    cp_async_commit();
 }
 
 // The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols
@@ -227,10 +200,8 @@ __device__ __forceinline__ void gdn_stage_rows(const GdnStepArgs& a, float* rows
 // o written to y, gdn_gated_norm_row to follow. The call's a.t rows go in sub-steps of kGdnMaxT: the state
 // stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
 // loaded while the delta rule of this one runs.
-// stage: the staged projection inputs (GdnStepArgs::stage, whose copies the caller issued), or null.
 template <int kCols = kGdnHeadDim>
-__device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0,
-                                              const float* stage = nullptr) {
+__device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
     constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
@@ -252,22 +223,11 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // unroll); the caller asked L2 for both rows' lines before its PDL wait (gdn_prefetch_inputs), so that not
         // every trip waits on DRAM.
         constexpr int kGroups = kThreads / 128;
-        if (stage) {  // (every thread's copies, then everyone's visible)
-            cp_async_wait<0>();
-            __syncthreads();
-        }
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
-            const size_t row = (size_t)(job >> 1) * a.proj_k;
+            const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
             float acc[1];
-            if (!stage)
-                f32_dot_lanes<1, 2>(((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k, a.x_in + row, a.proj_k,
-                                    tid % 128, acc);
-            else if (a.stage == 1)
-                f32_dot_lanes<1, 2>(stage + (job & 1) * a.proj_k, a.x_in + row, a.proj_k, tid % 128, acc);
-            else
-                f32_dot_lanes<1, 4, false>(stage + (job & 1) * a.proj_k, stage + 2 * a.proj_k + row, a.proj_k,
-                                           tid % 128, acc);
+            f32_dot_lanes<1, 2>(w, a.x_in + (size_t)(job >> 1) * a.proj_k, a.proj_k, tid % 128, acc);
             const float v = f32_warp_sum(acc[0]);
             if (lane == 0) sm.proj[job][warp % 4] = v;
         }

@@ -118,9 +118,8 @@ __device__ __forceinline__ float f32_fma4(const float4& a, const float4& b, floa
 // The F32 projection's order (gemv.cu; the GDN step's fused beta/alpha too): thread i of 128 fma-chains float4
 // i, i + 128, ... of the row with each of the T token rows (x, y, z, w in turn); the 128 parts are then summed
 // lanes first (f32_warp_sum), then the four warps as ((w0 + w1) + w2) + w3. k % 4 == 0, rows 16-byte aligned.
-// kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is). kLdgX: x
-// through the read-only path (global memory); false: plain loads (the GDN step's rows staged in shared memory).
-template <int T, int kUnroll = 0, bool kLdgX = true>
+// kUnroll: how far the loop over j is unrolled (0: 4; the order of the sums is the same whatever it is).
+template <int T, int kUnroll = 0>
 __device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, const float* __restrict__ x, int k,
                                               int i, float (&acc)[T]) {
     const float4* wr = reinterpret_cast<const float4*>(w_row);
@@ -131,8 +130,7 @@ __device__ __forceinline__ void f32_dot_lanes(const float* __restrict__ w_row, c
         const float4 a = wr[j];
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-            const float4* xr = reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j;
-            const float4 b = kLdgX ? __ldg(xr) : *xr;
+            const float4 b = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * k) + j);
             acc[t] = f32_fma4(a, b, acc[t]);
         }
     }
