@@ -58,7 +58,7 @@
 #            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only) and =2 (every
 #            t), twice (alternating), and a trace at the default. ~6 minutes.
 # PLAN=gdnprobe  where a T=1 GDN step's ~13 us go (the step's largest piece that is not a GEMV: 48 a step, ~630 us
-#            of a 7.9 ms T=1 step on the H100 at 793a941): no tests; the T=1 trace at the default, with
+#            of a 7.9 ms T=1 step on the H100 at 793a941; ran at eed174c: NOTES_gemv.md, forty-first session): no tests; the T=1 trace at the default, with
 #            OPENJET_GDN_FUSED=0 (beta / alpha by their own F32 launches: the step without its projections) and with
 #            OPENJET_GDN_STEP_PACK=0 (without its own pack's meeting), each in trace-<name>.json; then Nsight Compute
 #            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
