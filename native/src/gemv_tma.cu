@@ -292,11 +292,12 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 
-// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu), Q4_K: form 1's ring and blocks a SM for one token row (with
-// the fold's own pack where fold_in), form 2's for more (x a pack: the fold's pack launch made it where fold_in).
+// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu), Q4_K: form 1's ring and 3 blocks a SM at every t
+// (fold_in: t = 1 and the fold's own pack; at more rows x is a pack, which the fold's pack launch made where the fold
+// reads). Not form 2's 4 blocks for more rows: capped at 96 registers the pairs' epilogue spilled 64 bytes, and T=5
+// lost 0.85 ms a step (NOTES_gemv.md, forty-first session).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
-    if (a.t > 1) return launch_ring<kQ4_K, 4, 4, false, 4>(a, &b, stream, f);
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
