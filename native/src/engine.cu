@@ -196,8 +196,9 @@ struct openjet_engine {
     // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
     // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
     // instead of the swiglu pack launch. 1 (the default): in steps of one row, where it gains (7.97 against 8.27 ms
-    // a T=1 step on an H100, NOTES_gemv.md, forty-first session); 2: at every t (T=5 loses: 11.3 against 10.4 ms);
-    // 0: never. grid_meet: the blocks' meeting place, in the zeroed scratch.
+    // a T=1 step on an H100, NOTES_gemv.md, forty-first session); 2: at every t (its first T>1 form lost at T=5,
+    // 11.3 against 10.4 ms; the form now taken is not yet timed); 0: never. grid_meet: the blocks' meeting place, in
+    // the zeroed scratch.
     int swiglu_self = 1;
     GridMeet* grid_meet = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
