@@ -55,9 +55,10 @@
 # PLAN=meet  the swiglu's own pack (OPENJET_SWIGLU_SELF: gate / up pack their own swiglu after their blocks meet, the
 #            swiglu pack launch gone; ran at 43c0f8f on an H100 with OPENJET_FOLD_MEET, since removed: NOTES_gemv.md,
 #            forty-first session): while the model is written, its bit tests (against the pack launch, on the whole
-#            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only) and =2 (every
+#            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only), =2 (every
 #            t; at T>1 on the 3-block form since the forty-first session, not yet timed: the 4-block form spilled and
-#            lost 0.85 ms at T=5), twice (alternating), and a trace at the default. ~6 minutes.
+#            lost 0.85 ms at T=5) and =3 (every t; at T>1 no meeting: the pairs publish their maxima and a light pack
+#            launch packs v; not yet timed), twice (alternating), and a trace at the default. ~8 minutes.
 # PLAN=gdnprobe  where a T=1 GDN step's ~13 us go (the step's largest piece that is not a GEMV: 48 a step, ~630 us
 #            of a 7.9 ms T=1 step on the H100 at 793a941; ran at eed174c: NOTES_gemv.md, forty-first session): no tests; the T=1 trace at the default, with
 #            OPENJET_GDN_FUSED=0 (beta / alpha by their own F32 launches: the step without its projections) and with
@@ -300,9 +301,11 @@ PY
     plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglus_own_pack'" meet-bench ;;
   meet-bench)
     trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2
-    trace_bench ;;
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2 \
+      OPENJET_SWIGLU_SELF=3
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2 \
+      OPENJET_SWIGLU_SELF=3
+    (export OPENJET_SWIGLU_SELF=3; trace_bench) ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh

@@ -252,26 +252,31 @@ __device__ __forceinline__ void grid_meet(GridMeet* meet, int gen) {
     named_bar_sync(1, kFoldThreads);  // every block's stores are in
 }
 
-// After a block's last tile pair, by its kFoldThreads consumer threads: its maxima published (warp 0's lanes g = 0
-// hold token rows 2 tq, 2 tq + 1, each lane's own tiles first: the butterfly over g), the meeting, then the rows'
-// maxima over every block (exact in any order) and the block's share of the pack: 32-blocks blockIdx.x, + gridDim.x,
-// ... of each token row, a warp each (v read back from L2: other blocks wrote it), under act_row's scale, as
-// pack_cluster_kernel<true> packs them.
+// After a block's last tile pair, by warp 0: the block's max |v| of each token row into meet->max_of[blockIdx.x] (its
+// lanes g = 0 hold token rows 2 tq, 2 tq + 1, each lane's own tiles first: the butterfly over g).
+__device__ __forceinline__ void swiglu_publish_maxima(const SwigluTiles& st, int t, GridMeet* meet) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    if (threadIdx.x >> 5) return;
+    float m[2] = {st.m[0], st.m[1]};
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+        for (int o = 4; o <= 16; o <<= 1) m[cc] = fmaxf(m[cc], __shfl_xor_sync(0xffffffffu, m[cc], o));
+    if (g == 0)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+            if (2 * tq + cc < t) __stcg(&meet->max_of[blockIdx.x][2 * tq + cc], m[cc]);
+}
+
+// After a block's last tile pair, by its kFoldThreads consumer threads: its maxima published, the meeting, then the
+// rows' maxima over every block (exact in any order) and the block's share of the pack: 32-blocks blockIdx.x,
+// + gridDim.x, ... of each token row, a warp each (v read back from L2: other blocks wrote it), under act_row's scale,
+// as pack_cluster_kernel<true> packs them.
 __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int gen, const float* v, int n, int t,
                                                      GridMeet* meet, const ActPack& p) {
     __shared__ float row_max[kActRows];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-    float m[2] = {st.m[0], st.m[1]};
-    if (warp == 0) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc)
-#pragma unroll
-            for (int o = 4; o <= 16; o <<= 1) m[cc] = fmaxf(m[cc], __shfl_xor_sync(0xffffffffu, m[cc], o));
-        if (g == 0)
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc)
-                if (2 * tq + cc < t) __stcg(&meet->max_of[blockIdx.x][2 * tq + cc], m[cc]);
-    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    swiglu_publish_maxima(st, t, meet);
     grid_meet(meet, gen);
     for (int c = warp; c < t; c += kTmaConsumerWarps) {  // warp c % 4: row c's max over the blocks
         float r = 0.0f;
