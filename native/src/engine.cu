@@ -113,6 +113,10 @@ struct LayerW {
     float z_norm_max = -1.0f, norm_w_max = -1.0f;
     // attention
     DevTensor wq, wk, wv, q_norm, k_norm, wo;
+    // OPENJET_FOLD's plan for the layer, fixed at create (plan_folds): its FFN-input add-norm is the fold (the mixer's
+    // out projection, then gate / up), and so is the next layer's input add-norm (this layer's down projection, then
+    // that layer's first input projections). Decode and prefill read the same plan, so they take the same numerics.
+    bool fold_ffn_in = false, fold_next_in = false;
 };
 
 const char* type_name(int t) {
@@ -777,6 +781,8 @@ float* ckpt_mtp_row(const openjet_engine& e, int slot);
 int save_checkpoint(openjet_engine& e, int slot);
 int replay_now(openjet_engine& e);
 
+void plan_folds(openjet_engine& e);
+
 int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_tensors) {
     const auto& c = e.cfg;
     TRY(check_config(c));
@@ -995,6 +1001,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.prof.on = prof && *prof && std::strcmp(prof, "0") != 0;
     e.n_past = 0;
     e.conv_cur = 0;
+    plan_folds(e);
     CHECK(cudaDeviceSynchronize());
     return OPENJET_OK;
 }
@@ -1095,19 +1102,21 @@ bool fold_fits(const openjet_engine& e, const DevTensor& norm, const DevTensor& 
            gemv_tma_takes(in1, nullptr);
 }
 
-// Layer L's FFN-input add-norm as the fold: the mixer's out projection, then gate / up.
-bool fold_ffn_input(const openjet_engine& e, const LayerW& L) {
-    return fold_fits(e, L.post_norm, L.attn ? L.wo : L.ssm_out, L.ffn_gate, L.ffn_up);
-}
-
-// The next layer's input add-norm after layer il's FFN as the fold: il's down projection, then that layer's first two
-// input projections (wq / wk, or qkv / gate); u in e.y (fold_args). Not after the last layer: the output norm and the
-// MTP head's stay add-norms.
-bool fold_layer_input(const openjet_engine& e, int il) {
+// Each trunk layer's LayerW::fold_ffn_in (its FFN-input add-norm: the mixer's out projection, then gate / up) and
+// fold_next_in (the next layer's input add-norm: this layer's down projection, then that layer's first two input
+// projections, wq / wk or qkv / gate; u in e.y, fold_args; not after the last layer: the output norm and the MTP
+// head's stay add-norms). Everything fold_fits asks is fixed at create, so a step asks nothing.
+void plan_folds(openjet_engine& e) {
     const auto& c = e.cfg;
-    if (il + 1 >= c.n_layer || std::max(e.d_inner(), e.q_dim()) < c.n_embd) return false;
-    const LayerW &L = e.layers[il], &N = e.layers[il + 1];
-    return fold_fits(e, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
+    const bool next_fits = std::max(e.d_inner(), e.q_dim()) >= c.n_embd;  // (e.y holds u)
+    for (int il = 0; il < c.n_layer; ++il) {
+        LayerW& L = e.layers[il];
+        L.fold_ffn_in = fold_fits(e, L.post_norm, L.attn ? L.wo : L.ssm_out, L.ffn_gate, L.ffn_up);
+        if (il + 1 < c.n_layer && next_fits) {
+            const LayerW& N = e.layers[il + 1];
+            L.fold_next_in = fold_fits(e, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
+        }
+    }
 }
 
 // B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
@@ -1563,12 +1572,12 @@ bool persistent_ffn_args(const openjet_engine& e, int il, int t, FfnPersistentAr
     return one_layout && ffn_persistent_takes(f);
 }
 
-// Layer il's FFN (folded: its input norm the fold, fold_ffn_input); where the next layer's input norm can be the fold
-// (OPENJET_FOLD, fold_layer_input, and no benchmark skips), its down projection makes it: *normed then says the
-// add-norm is done, and the next mixer's first input projections read the fold (fold_input).
+// Layer il's FFN (folded: its input norm the fold, LayerW::fold_ffn_in); where the next layer's input norm can be the
+// fold (OPENJET_FOLD, LayerW::fold_next_in, and no benchmark skips), its down projection makes it: *normed then says
+// the add-norm is done, and the next mixer's first input projections read the fold (fold_input).
 int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
     const LayerW& L = e.layers[il];
-    const bool fold_next = !e.prefilling && !e.bench_skip_norm_packs && fold_layer_input(e, il);
+    const bool fold_next = !e.prefilling && !e.bench_skip_norm_packs && L.fold_next_in;
     e.fold_norm = fold_next ? static_cast<const float*>(e.layers[il + 1].attn_norm.d) : nullptr, e.fold_u = e.y;
     TRY(ffn(e, L, t, folded));
     if (fold_next && !e.fold_norm) e.fold_input = true, *normed = true;  // (the down projection took it)
@@ -1576,7 +1585,7 @@ int ffn_then_fold(openjet_engine& e, int il, int t, bool folded, bool* normed) {
     return OPENJET_OK;
 }
 
-// A prefill's add-norm where a decode step's is the fold (fold_ffn_input, fold_layer_input): the fold's numerics
+// A prefill's add-norm where a decode step's is the fold (LayerW::fold_ffn_in, fold_next_in): the fold's numerics
 // without its GEMVs (launch_fold_add_norm_pack; u and the partials in big1, free between a layer's mixer and FFN), the
 // pack in e.x and the normed rows in a where given, as B leaves them.
 int prefill_fold_norm(openjet_engine& e, const DevTensor& norm, int t, float* a) {
@@ -1604,7 +1613,7 @@ int trunk(openjet_engine& e, int t) {
         const bool skip_norm = !e.prefilling && e.bench_skip_norm_packs;  // a measurement: wrong outputs
         if (!normed && !(skip_norm && e.bench_skip_norm_packs >= 2)) {
             mark(e, "norm");
-            if (e.prefilling && il && fold_layer_input(e, il - 1))
+            if (e.prefilling && il && e.layers[il - 1].fold_next_in)
                 TRY(prefill_fold_norm(e, L.attn_norm, t, e.a));
             else
                 CHECK(launch_add_norm_pack(e.h, il ? mix_delta(e) : nullptr, static_cast<const float*>(L.attn_norm.d),
@@ -1616,7 +1625,7 @@ int trunk(openjet_engine& e, int t) {
         const bool persistent = persistent_ffn_args(e, il, t, &f);
         const bool tail = persistent && f.out_w;
         // OPENJET_FOLD: the mixer's out projection makes the FFN-input norm's fold (project_out takes fold_norm)
-        const bool fold_here = !e.prefilling && !persistent && !skip_norm && fold_ffn_input(e, L);
+        const bool fold_here = !e.prefilling && !persistent && !skip_norm && L.fold_ffn_in;
         e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.a;
         TRY(L.attn ? attn_mixer(e, L, t, e.n_past, 0, !tail, in_proj) : gdn_mixer(e, L, t, !tail, in_proj));
         const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
@@ -1636,7 +1645,7 @@ int trunk(openjet_engine& e, int t) {
             continue;
         }
         mark(e, "norm");
-        if (e.prefilling && fold_ffn_input(e, L))
+        if (e.prefilling && L.fold_ffn_in)
             TRY(prefill_fold_norm(e, L.post_norm, t, nullptr));
         else if (!skip_norm)
             CHECK(launch_add_norm_pack(e.h, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, c.n_embd,

@@ -17,7 +17,7 @@ constexpr int kSwigluPackPer = 4;  // swiglu_maxima_pack_kernel: 32-blocks a war
 __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
     pdl_launch_dependents();
     pdl_wait();  // u and its partials are the kernel before's
-    const int c = blockIdx.x, nt = k / 16;
+    const int c = blockIdx.x, nt = k / kMmaRows;
     __shared__ float2 c_inv;
     const FoldRowCopy copy{f.a_out ? f.a_out + static_cast<long long>(c) * k : nullptr, nullptr, nullptr};
     fold_pack_row(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k, f.eps,

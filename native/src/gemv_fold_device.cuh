@@ -179,9 +179,7 @@ __device__ __forceinline__ void fold_tile_store(const float (&part)[kGemvWarps][
         float hn[2] = {0.0f, 0.0f}, uu[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8: fragment element 2 hr + cc
-            float v = part[0][0][lane][2 * hr + cc];
-#pragma unroll
-            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][0][lane][2 * hr + cc]);
+            const float v = tile_quarters_sum(part, 0, lane, 2 * hr + cc);
             const int row = tile * kMmaRows + g + 8 * hr;
             if (col < t) {
                 const long long at = static_cast<long long>(col) * n + row;
@@ -215,9 +213,7 @@ __device__ __forceinline__ void swiglu_tile_store(const float (&part)[kGemvWarps
     const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        float v = part[0][0][lane][c];
-#pragma unroll
-        for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][0][lane][c]);
+        const float v = tile_quarters_sum(part, 0, lane, c);
         const int row = tile * kMmaRows + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
         if (col >= t) continue;
         const float yv = __fmul_rn(v, inv_of(c & 1, col));

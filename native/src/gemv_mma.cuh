@@ -599,8 +599,18 @@ __device__ __forceinline__ void gemv_tile_warp(const uint8_t* __restrict__ w, lo
     cp_async_wait<0>();
 }
 
+// A tile's sum at the lane's C fragment element c of group j: the warps' k quarters added in order, 0 + 1 + 2 + 3 (the
+// order a decode output's bits rest on; every epilogue of the tile takes it from here).
+template <int NG>
+__device__ __forceinline__ float tile_quarters_sum(const float (&part)[kGemvWarps][NG][32][4], int j, int lane, int c) {
+    float v = part[0][j][lane][c];
+#pragma unroll
+    for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
+    return v;
+}
+
 // A tile's output from its warps' C fragments part[warp] (warp i: k quarter i), by one warp: the quarters added in
-// order, y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a persistent kernel
+// order (tile_quarters_sum), y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a persistent kernel
 // (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones this SM read
 // before in the same 128-byte line, which a plain load could find stale in this SM's L1. tile_sum_store_by: the same
 // with inv[col] from inv_of(c & 1, col) (gemv_tma.cu reads the call's scales once).
@@ -612,9 +622,7 @@ __device__ __forceinline__ void tile_sum_store_by(const float (&part)[kGemvWarps
     for (int j = 0; j < NG; ++j) {
 #pragma unroll
         for (int c = 0; c < 2 * (kRows / 8); ++c) {
-            float v = part[0][j][lane][c];
-#pragma unroll
-            for (int i = 1; i < kGemvWarps; ++i) v = __fadd_rn(v, part[i][j][lane][c]);
+            const float v = tile_quarters_sum(part, j, lane, c);
             const int row = row0 + g + 8 * (c >> 1), col = (grp0 + j) * kActRows + 2 * tq + (c & 1);
             if (row < n && col < t) y[static_cast<long long>(col) * n + row] = __fmul_rn(v, inv_of(c & 1, col));
         }

@@ -299,6 +299,8 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
 }
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
+template cudaError_t launch_gemv_tma_fold<kQ5_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
+template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 
 // The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu), Q4_K: form 1's ring and 3 blocks a SM at every t
 // (fold_in: t = 1 and the fold's own pack; at more rows x is a pack, which the fold's pack launch made where the fold
@@ -306,11 +308,9 @@ template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs
 // registers the pairs' epilogue spilled 64 bytes, and T=5 lost 0.85 ms a step (NOTES_gemv.md, forty-first session).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in, bool meet,
                                    cudaStream_t stream) {
-    if (!meet) return fold_in ? cudaErrorInvalidValue : launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f);
+    if (!meet) return launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f);  // (launch_gemv_swiglu: no fold_in)
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
-template cudaError_t launch_gemv_tma_fold<kQ5_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
-template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 
 }  // namespace openjet
