@@ -52,13 +52,6 @@
 #            test; then the T=1 / T=5 step with the fold off / on twice (alternating), a trace with it on (127 of the
 #            129 add-norm packs should be gone, the GEMVs around them a little slower), and the n_draft
 #            identity on the full model. ~7 minutes. (Run PLAN=fold first where its kernels changed: ~1.5 minutes.)
-# PLAN=meet  the swiglu's own pack (OPENJET_SWIGLU_SELF: gate / up pack their own swiglu after their blocks meet, the
-#            swiglu pack launch gone; ran at 43c0f8f on an H100 with OPENJET_FOLD_MEET, since removed: NOTES_gemv.md,
-#            forty-first session): while the model is written, its bit tests (against the pack launch, on the whole
-#            GPU and on 1 / 46 SMs' grids); then the T=1 / T=5 step at =0, =1 (the default: T=1 only), =2 (every
-#            t; at T>1 on the 3-block form since the forty-first session, not yet timed: the 4-block form spilled and
-#            lost 0.85 ms at T=5) and =3 (every t; at T>1 no meeting: the pairs publish their maxima and a light pack
-#            launch packs v; not yet timed), twice (alternating), and a trace at the default. ~8 minutes.
 # PLAN=gdnprobe  where a T=1 GDN step's ~13 us go (the step's largest piece that is not a GEMV: 48 a step, ~630 us
 #            of a 7.9 ms T=1 step on the H100 at 793a941; ran at eed174c: NOTES_gemv.md, forty-first session): no tests; the T=1 trace at the default, with
 #            OPENJET_GDN_FUSED=0 (beta / alpha by their own F32 launches: the step without its projections) and with
@@ -297,15 +290,6 @@ for _ in range(4):  # T=1 decode steps from an empty sequence: 48 GDN launches e
 print("steps ok")
 PY
     echo "== ncu (rc $?)"; grep -E "gdn_step_kernel|Duration|Throughput|Issue Slots|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers|Stall|steps ok|ERR|rror" "$OUT/ncu-gdn.txt" | head -60 ;;
-  meet)
-    plan 200 "tests/test_gpu_engine.py -k 'SWIGLU_SELF or swiglus_own_pack'" meet-bench ;;
-  meet-bench)
-    trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2 \
-      OPENJET_SWIGLU_SELF=3
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_SELF=0 OPENJET_SWIGLU_SELF=1 OPENJET_SWIGLU_SELF=2 \
-      OPENJET_SWIGLU_SELF=3
-    (export OPENJET_SWIGLU_SELF=3; trace_bench) ;;
   fold)  # the fold (gemv_fold.cuh) alone, no model: its tests, then bench_pack_chain with it among the middles
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -333,6 +317,6 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, meet, gdnprobe or boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, gdnprobe or boundary (see the top of $0)" >&2
     exit 2 ;;
 esac

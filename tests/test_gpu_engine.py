@@ -590,8 +590,7 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",)),
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
-                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1", "2")),
-                          ("OPENJET_SWIGLU_SELF", "swiglu_maxima_pack", ("3",))])
+                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -606,9 +605,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_SWIGLU_SELF (gemv_fold.cuh
     launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet once, then each
-    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row, 2 in every
-    step; 3 every step, at more than one row without the meeting: the pairs publish their maxima, a light launch
-    packs). The counted path (kernels_test.launch_count) ran under each value and never under =0.
+    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row). The counted path (kernels_test.launch_count) ran under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt
@@ -793,24 +790,22 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
 
 
 @pytest.mark.parametrize("sms", ["1", "46"])
-@pytest.mark.parametrize("level", ["2", "3"])
-def test_the_swiglus_own_pack_keeps_its_bits_on_smaller_grids(models, sms, level, monkeypatch):
-    """The swiglu's own pack, whose blocks meet once a launch (GridMeet; OPENJET_SWIGLU_SELF=2: at every t) or, at
-    more than one row, publish their maxima for a light pack launch (=3), on a grid sized for 1 or 46 SMs (issue 7's
-    small cards, emulated: each block takes many tiles, fewer blocks meet or publish), gives the bits of the swiglu
-    pack launch on the whole GPU: decode_sequence_logits on the small model (T = 1 and more rows, the MTP head's FFN
-    too)."""
+def test_the_swiglus_own_pack_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
+    """The swiglu's own pack (OPENJET_SWIGLU_SELF=1, steps of one row), whose blocks meet once a launch (GridMeet),
+    on a grid sized for 1 or 46 SMs (issue 7's small cards, emulated: each block takes many tiles, fewer blocks meet),
+    gives the bits of the swiglu pack launch on the whole GPU: decode_sequence_logits on the small model (its T = 1
+    steps, the MTP head's FFN too)."""
     from openjet_launcher.engine import kernels_test as kt
     if not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     ref, ran_ref = small_model_sequence(models, monkeypatch, {"OPENJET_SWIGLU_SELF": "0", "OPENJET_PERSISTENT_SMS": None},
                                         "swiglu_self", ids)
-    got, ran = small_model_sequence(models, monkeypatch, {"OPENJET_SWIGLU_SELF": level, "OPENJET_PERSISTENT_SMS": sms},
-                                    "swiglu_self" if level == "2" else "swiglu_maxima_pack", ids)
+    got, ran = small_model_sequence(models, monkeypatch, {"OPENJET_SWIGLU_SELF": "1", "OPENJET_PERSISTENT_SMS": sms},
+                                    "swiglu_self", ids)
     assert ran_ref == 0 and ran > 0, (ran_ref, ran)
     assert np.isfinite(ref).all()
-    np.testing.assert_array_equal(got, ref, err_msg=f"OPENJET_SWIGLU_SELF={level}, OPENJET_PERSISTENT_SMS={sms}")
+    np.testing.assert_array_equal(got, ref, err_msg=f"OPENJET_SWIGLU_SELF=1, OPENJET_PERSISTENT_SMS={sms}")
 
 
 @pytest.mark.parametrize("switch, value", [("OPENJET_FFN_PERSISTENT", "4"), ("OPENJET_FFN_TMA", "2"),

@@ -200,10 +200,9 @@ struct openjet_engine {
     // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
     // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
     // instead of the swiglu pack launch. 1 (the default): in steps of one row, where it gains (7.97 against 8.27 ms
-    // a T=1 step on an H100, NOTES_gemv.md, forty-first session); 2: at every t (its first T>1 form lost at T=5,
-    // 11.3 against 10.4 ms; the form now taken is not yet timed); 3 (an experiment, not yet timed): at every t, the
-    // blocks meeting at t = 1 only, at more rows the pairs publish their maxima and a light pack launch packs v
-    // (launch_gemv_swiglu's meet = false); 0: never. grid_meet: the blocks' meeting place, in the zeroed scratch.
+    // a T=1 step on an H100, NOTES_gemv.md, forty-first session); 0: never. At more rows it lost on the H100 and the
+    // H200, with and without the meeting (forty-second session), so steps of more rows keep the pack launch.
+    // grid_meet: the blocks' meeting place, in the zeroed scratch.
     int swiglu_self = 1;
     GridMeet* grid_meet = nullptr;
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
@@ -827,7 +826,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
-    if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 3);
+    if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
@@ -1172,13 +1171,11 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
     const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
-    const bool swiglu_self = e.swiglu_self >= 2 || (e.swiglu_self == 1 && t == 1);
-    if (!e.prefilling && swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
-        // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x
+    if (!e.prefilling && e.swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
+        // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x (one token row: gemv_swiglu_takes)
         GemvFold f = folded ? fold_args(e, nullptr, e.a) : GemvFold{};
         f.swiglu_pack = e.x, f.meet = e.grid_meet;
-        const bool meet = t == 1 || e.swiglu_self != 3;
-        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream, meet))
+        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
         return project_out(e, L.ffn_down, t);
     }

@@ -10,8 +10,6 @@
 namespace openjet {
 namespace {
 
-constexpr int kSwigluPackPer = 4;  // swiglu_maxima_pack_kernel: 32-blocks a warp packs, at most
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // launch_fold_pack's kernel: block c packs token row c (fold_pack_row).
 __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
@@ -27,44 +25,6 @@ __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int
         p.inv[c] = c_inv.y;
         if (f.scales) f.scales[c] = c_inv;
     }
-}
-
-// launch_gemv_swiglu's pack where its blocks do not meet (meet = false): row blockIdx.y of the swiglu v [t, n] (the
-// pairs' y) under the row's max over the pairs' blocks' maxima (meet->max_of, meet->blocks of them: exact in any
-// order), as swiglu_meet_and_pack packs it: act_row's scale, pack_block a 32-block a warp, lane = element. Each block
-// reduces the row's maxima itself (a few hundred floats) while its v loads are in flight, then its warps pack 32-blocks
-// blockIdx.x * 4 + warp, + 4 gridDim.x, ... (kSwigluPackPer a warp at most); block 0 writes the row's 1 / s.
-__global__ void __launch_bounds__(kFoldThreads) swiglu_maxima_pack_kernel(const float* v, int n, const GridMeet* meet,
-                                                                          ActPack p) {
-    pdl_launch_dependents();
-    pdl_wait();  // v and the maxima are the kernel before's
-    __shared__ float row_max;
-    const int c = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = n / kActBlock;
-    const int first = static_cast<int>(blockIdx.x) * kTmaConsumerWarps + warp;
-    const int stride = static_cast<int>(gridDim.x) * kTmaConsumerWarps;
-    const float* row = v + static_cast<long long>(c) * n;
-    float x[kSwigluPackPer];
-#pragma unroll
-    for (int j = 0; j < kSwigluPackPer; ++j) {
-        const int b = first + j * stride;
-        x[j] = b < nb ? __ldcg(row + b * kActBlock + lane) : 0.0f;
-    }
-    if (warp == 0) {
-        const int blocks = __ldcg(&meet->blocks);
-        float r = 0.0f;
-        for (int b = lane; b < blocks; b += 32) r = fmaxf(r, __ldcg(&meet->max_of[b][c]));
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
-        if (lane == 0) row_max = r;
-    }
-    __syncthreads();
-    const ActRow r = act_row(p, c, n, row_max);
-#pragma unroll
-    for (int j = 0; j < kSwigluPackPer; ++j) {
-        const int b = first + j * stride;
-        if (b < nb) pack_block(x[j], r.s, b, r.h, r.sum);
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) p.inv[c] = r.inv;
 }
 
 // launch_fold_add_norm_pack's first kernel: block c makes token row c's h_out, u and partials with A's epilogue
@@ -98,7 +58,6 @@ __global__ void __launch_bounds__(kFoldThreads) fold_rows_kernel(const float* h,
 }
 #else
 __global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
-__global__ void swiglu_maxima_pack_kernel(const float*, int, const GridMeet*, ActPack) {}
 __global__ void fold_rows_kernel(const float*, const float*, const float*, int, float*, float*, float4*) {}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -131,30 +90,20 @@ cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const 
 }
 
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
-    return a.qtype == kQ4_K && b.n == a.n && gemv_tma_takes(a, &b);
+    return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
 }
 
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
-                               cudaStream_t stream, bool meet) {
+                               cudaStream_t stream) {
     if (!gemv_swiglu_takes(a, b)) return cudaErrorNotSupported;
     const ActPack& p = f.swiglu_pack;
     if (!f.meet || !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
-        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (!meet && fold_in && a.t == 1))
+        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))))
         return cudaErrorInvalidValue;
     if (fold_in && a.k > kFoldMaxK) return cudaErrorNotSupported;
     count_launch(Counted::kSwigluSelf);
-    if (fold_in) {
-        count_launch(Counted::kGemvFold);
-        if (a.t > 1)  // the rows' pack by the fold's pack launch first (launch_gemv_fold's rule), then the pairs on it
-            if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
-    }
-    if (meet) return launch_gemv_tma_swiglu(a, b, f, fold_in && a.t == 1, true, stream);
-    if (const cudaError_t e = launch_gemv_tma_swiglu(a, b, f, false, false, stream)) return e;
-    count_launch(Counted::kSwigluMaximaPack);
-    const int per_block = kTmaConsumerWarps * kSwigluPackPer;  // 32-blocks a block packs
-    const dim3 grid((a.n / kActBlock + per_block - 1) / per_block, a.t);
-    return launch_kernel(swiglu_maxima_pack_kernel, grid, kFoldThreads, 0, stream, a.y, a.n,
-                         static_cast<const GridMeet*>(f.meet), p);
+    if (fold_in) count_launch(Counted::kGemvFold);
+    return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
 }
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,

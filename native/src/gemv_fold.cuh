@@ -58,14 +58,12 @@ struct GemvFold {
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
 // then left as each launch leaves it. arrive: arrivals; release: a launch's blocks read it before arriving and wait for
 // it to change, the last to arrive resets arrive and bumps it; max_of: each block's maxima by token row (the swiglu's).
-// blocks: a launch whose blocks publish their maxima without meeting (launch_gemv_swiglu's meet = false) writes its
-// block count there for the pack launch after it. Launches that share one must run in stream order (each reads
+// Launches that share one must run in stream order (each reads
 // release after its PDL wait).
 constexpr int kMeetMaxBlocks = 1024;
 struct GridMeet {
     int arrive;
     int release;
-    int blocks;
     float max_of[kMeetMaxBlocks][kActRows];
 };
 
@@ -88,14 +86,12 @@ cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& 
 // tile j), so that the second's epilogue makes v = swiglu1(g, u) of the pair's rows into a.y, keeping the block's
 // max |v| of each token row. After its last tile a block publishes its maxima and meets the others (fold.meet); then
 // each packs its share of the rows' 32-blocks (pack_block, under act_row's scale of the exact max) into
-// fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: t = 1, its
-// blocks' own pack; more rows: launch_fold_pack first) or a.x. Q4_K only, where gemv_tma_takes(a, b).
-// meet = false (an experiment, the engine's OPENJET_SWIGLU_SELF=3 at t > 1; not with fold_in at t = 1): the blocks
-// publish their maxima and end without meeting; a light pack launch then reduces the maxima and packs v (no g / u read
-// again, no swiglu recomputed): the same bits.
+// fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: its blocks'
+// own pack) or a.x. Q4_K at one token row only (at more rows it lost to the pack launch on the H100 and the H200, with
+// and without the meeting: NOTES_gemv.md, forty-first and forty-second sessions), where gemv_tma_takes(a, b).
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b);
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& fold, bool fold_in,
-                               cudaStream_t stream, bool meet = true);
+                               cudaStream_t stream);
 
 // The fold's add-norm pack without its GEMVs, for any number of rows (a prefill's add-norms where a decode step's are
 // the fold, so that prefill leaves the bits decode does): A's epilogue arithmetic over t rows of k, given the delta

@@ -54,8 +54,7 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (with bit 2), no
-// meeting: each block publishes its maxima (block 0 the block count) and ends, the pack left to a launch.
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -64,8 +63,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     using Sh = TmaShape<QT, kRing, kFold>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
-    static_assert(!(kFold & 8) || kPairs, "the maxima published without a meeting: the pairs' only");
-    constexpr bool kMeet = kPairs && !(kFold & 8);  // the blocks meet after their last pair (GridMeet)
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
@@ -128,8 +125,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
-    int meet_gen = 0;  // kMeet: the meeting's release word as this launch found it (thread 0's)
-    if constexpr (kMeet)
+    int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
+    if constexpr (kPairs)
         if (threadIdx.x == 0) meet_gen = load_acquire(&fold.meet->release);
     SwigluTiles swiglu;  // kPairs: warp 0's gate values across a pair, its maxima
     int slot = 0;
@@ -188,12 +185,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (warp == 0) sum_store();
         }
     }
-    if constexpr (kMeet) {
-        swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
-    } else if constexpr (kPairs) {
-        swiglu_publish_maxima(swiglu, t, fold.meet);
-        if (blockIdx.x == 0 && threadIdx.x == 0) fold.meet->blocks = static_cast<int>(gridDim.x);
-    }
+    if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
 #endif
 }
 
@@ -302,13 +294,10 @@ template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs
 template cudaError_t launch_gemv_tma_fold<kQ5_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 
-// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu), Q4_K: form 1's ring and 3 blocks a SM at every t
-// (fold_in: t = 1 and the fold's own pack; at more rows x is a pack, which the fold's pack launch made where the fold
-// reads; !meet: the maxima published, no meeting, x a pack). Not form 2's 4 blocks for more rows: capped at 96
-// registers the pairs' epilogue spilled 64 bytes, and T=5 lost 0.85 ms a step (NOTES_gemv.md, forty-first session).
-cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in, bool meet,
+// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu: one token row), Q4_K: form 1's ring and 3 blocks a SM
+// (fold_in: the fold's own pack; else x is a pack).
+cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
-    if (!meet) return launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f);  // (launch_gemv_swiglu: no fold_in)
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }

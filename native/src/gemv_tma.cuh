@@ -28,8 +28,8 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
 // matrix of the same input); else A with the fold's tile epilogue. launch_gemv_fold checks the call first.
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream);
-// The swiglu's own pack's forms (gemv_fold.cuh launch_gemv_swiglu; Q4_K), with the blocks' meeting or without.
-cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in, bool meet,
+// The swiglu's own pack's forms (gemv_fold.cuh launch_gemv_swiglu; Q4_K).
+cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream);
 
 }  // namespace openjet
