@@ -117,7 +117,7 @@ if [ "${TRACE:-0}" = 1 ]; then  # what each kind of kernel adds to the step, as 
     2> "$OUT/trace.log"
   say "trace_step (rc $?)"; tail -27 "$OUT/trace.log"
 fi
-read -r -a VARS <<< "${VARIANTS:-}"
+read -r -d '' -a VARS <<< "${VARIANTS:-}" || true  # (-d '': spaces and newlines both separate them)
 [ ${#VARS[@]} -gt 0 ] || VARS=("")
 summarise() {  # the figures that matter, in the output's tail
 python3 - "$1" <<'PY'
