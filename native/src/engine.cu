@@ -184,7 +184,6 @@ struct openjet_engine {
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
-    bool gdn_half = false;  // OPENJET_GDN_HALF at create (GdnStepArgs::half; an experiment, the same bits)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
     // inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
@@ -826,7 +825,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
-    e.gdn_half = env_level("OPENJET_GDN_HALF", 1) == 1;
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
@@ -1221,7 +1219,6 @@ GdnStepArgs gdn_layer_args(const openjet_engine& e, const LayerW& L) {
     g.dt_bias = static_cast<const float*>(L.dt_bias.d);
     g.norm_w = static_cast<const float*>(L.ssm_norm.d);
     g.state = e.ssm + e.ssm_layer_floats * L.idx;
-    g.half = e.gdn_half;
     return g;
 }
 

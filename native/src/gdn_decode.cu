@@ -82,22 +82,6 @@ gdn_step_kernel(const GdnStepArgs a) {
     if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
 }
 
-// OPENJET_GDN_HALF (an experiment; the same bits): whole heads on kGdnHalfThreads threads of two row groups each
-// (gdn_step_head's kPer = 2). The 1,024-thread block at 64 registers takes a SM's whole register file, so while the
-// step runs on 48 SMs no block of the next GEMV (which PDL starts early to fill its rings) fits there; this one is
-// capped at kGdnHalfRegs so that one such block (160 threads x 128 registers) fits beside it.
-constexpr int kGdnHalfThreads = kGdnThreads / 2;
-constexpr int kGdnHalfRegs = 88;  // 512 x 88 + 160 x 128 = 65,536: a SM's register file
-template <bool kOwnPack>
-__global__ void __maxnreg__(kGdnHalfRegs) gdn_step_half_kernel(const GdnStepArgs a) {
-    __shared__ GdnSmem sm;
-    const int h = blockIdx.x;
-    gdn_prefetch_inputs<kGdnHeadDim>(a, h, 0);
-    pdl_start();
-    gdn_step_head<kGdnHeadDim, 2>(a, h, sm);
-    if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
-}
-
 constexpr int kNormThreads = 256;
 
 // The column split's second launch: y = gated RMSNorm of the o rows the step wrote to y, in place; one warp per
@@ -206,20 +190,18 @@ bool gdn_split(const GdnStepArgs& a) {
 
 bool overlap(const float* a, const float* b, size_t n) { return a < b + n && b < a + n; }
 
-// Whether the GPU holds n whole-head blocks (of the half form: half) at once (the step's own pack waits for all of
-// them), asked once a form: on a GPU of fewer SMs than the 27B's 48 heads (46 is the smallest our users run) the
-// separate pack launch stays.
-template <class Kernel> int resident_slots(Kernel kernel, int threads) {
-    int sms = 0, per_sm = 0;
-    if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess)
-        return 0;
-    return sms * per_sm;
-}
-bool gdn_blocks_resident(int n, bool half) {
-    static const int slots = resident_slots(gdn_step_kernel<kGdnHeadDim, true>, kGdnThreads);
-    static const int half_slots = resident_slots(gdn_step_half_kernel<true>, kGdnHalfThreads);
-    return n <= (half ? half_slots : slots);
+// Whether the GPU holds n whole-head blocks at once (the step's own pack waits for all of them), asked once: on a GPU
+// of fewer SMs than the 27B's 48 heads (46 is the smallest our users run) the separate pack launch stays.
+bool gdn_blocks_resident(int n) {
+    static const int slots = [] {
+        int sms = 0, per_sm = 0;
+        if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim, true>, kGdnThreads,
+                                                          0) != cudaSuccess)
+            return 0;
+        return sms * per_sm;
+    }();
+    return n <= slots;
 }
 
 }  // namespace
@@ -263,20 +245,17 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
         if (!gdn_split(a)) {
             // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
             // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
-            if (a.half) count_launch(Counted::kGdnHalf);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
-                act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v, a.half)) {
+                act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                const cudaError_t e =
-                    a.half ? launch_kernel(gdn_step_half_kernel<true>, a.n_v, kGdnHalfThreads, 0, stream, own)
-                           : launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0, stream, own);
-                if (e) return e;
+                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0,
+                                                        stream, own))
+                    return e;
                 if (packed) *packed = true;
                 return cudaSuccess;
             }
-            if (a.half) return launch_kernel(gdn_step_half_kernel<false>, a.n_v, kGdnHalfThreads, 0, stream, a);
             return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
         }
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;

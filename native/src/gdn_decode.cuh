@@ -95,9 +95,6 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
-    // Whole heads on 512 threads of two row groups each instead of 1,024 (OPENJET_GDN_HALF, an experiment: the same
-    // bits; gdn_decode.cu gdn_step_half_kernel), where launch_gdn_step takes whole heads.
-    bool half = false;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
@@ -187,34 +184,27 @@ template <int kCols>
 __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h, int c0) {
     constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32, kStateLines = D * kLinesPerRow;  // 32 floats a line
     static_assert(kCols % 32 == 0, "whole lines a row");
-    const int lines = kCols == D && a.w_beta ? (a.proj_k + 31) >> 5 : 0;  // each weight row's
-    // (a loop: a block of fewer threads than the lines, gdn_step_head's kPer = 2, takes several a thread)
-    for (int tid = threadIdx.x; tid < kStateLines + 2 * lines; tid += blockDim.x) {
-        if (tid < kStateLines) {
-            prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 +
-                        (tid % kLinesPerRow) * 32);
-        } else {
-            const int i = tid - kStateLines;
+    const int tid = threadIdx.x;
+    if (tid < kStateLines) {
+        prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
+    } else if (kCols == D && a.w_beta) {
+        const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
+        if (i < 2 * lines)
             prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
-        }
     }
 }
 
-// The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols / kPer
+// The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols
 // threads (a persistent kernel calls this per head; it contains __syncthreads, so all threads of the block
-// must call it). kPer = 2 (whole heads, an experiment: OPENJET_GDN_HALF): a thread keeps two row groups' rows of its
-// column (rg and rg + 4), each with its own partial dots, so the same partials meet in the same order (the same bits)
-// with half the threads, and a block leaves room on its SM for another kernel's block. kCols = 128 (c0 = 0) is the whole head: y written; fewer is the column split: its columns'
+// must call it). kCols = 128 (c0 = 0) is the whole head: y written; fewer is the column split: its columns'
 // o written to y, gdn_gated_norm_row to follow. The call's a.t rows go in sub-steps of kGdnMaxT: the state
 // stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
 // loaded while the delta rule of this one runs.
-template <int kCols = kGdnHeadDim, int kPer = 1>
+template <int kCols = kGdnHeadDim>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
-    static_assert(kPer == 1 || (kPer == 2 && kWhole), "two row groups a thread: whole heads only");
-    constexpr int kThreads = kGdnRowGroups * kCols / kPer, kWarps = kThreads / 32;
-    constexpr int kGroupStride = kGdnRowGroups / kPer;  // a thread's row groups: rg, rg + kGroupStride, ...
+    constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
     constexpr int W = 2 * D + kCols;  // conv channels of the block: q, k (all rows), v (its columns)
     static_assert(D % kCols == 0 && kCols % 32 == 0, "whole warps of columns");
     const int tid = threadIdx.x, j = c0 + tid % kCols, rg = tid / kCols, lane = tid & 31, warp = tid >> 5;
@@ -245,14 +235,10 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
 
     // Issue every global load first (state, inputs, weights): they are all in flight at once, and
     // nothing later waits on a global load (a load after a store through a maybe-aliasing pointer would).
-    // S[h][rg*R + i][j] at [st + i*D]; the thread's row group p (rg + p kGroupStride) kGroupStride R D further
-    const size_t st = (size_t)h * D * D + (size_t)(rg * R) * D + j;
-    constexpr size_t kGroupFloats = (size_t)kGroupStride * R * D;
-    float s[kPer][R];
+    const size_t st = (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at [st + i*D]
+    float s[R];
 #pragma unroll
-    for (int p = 0; p < kPer; ++p)
-#pragma unroll
-        for (int i = 0; i < R; ++i) s[p][i] = a.state[st + p * kGroupFloats + i * D];
+    for (int i = 0; i < R; ++i) s[i] = a.state[st + i * D];
     const auto channel = [&](int part, int cl) {  // conv channel of q / k (key head kh) or v (head h)
         return part == 0 ? kh * D + cl : part == 1 ? key_dim + kh * D + cl : 2 * key_dim + h * D + cl;
     };
@@ -277,9 +263,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         }
     };
     constexpr int kLoads = (kGdnMaxT * W + kThreads - 1) / kThreads;  // raw qkv values per thread
-    constexpr int kZ = (kGdnMaxT * D + kThreads - 1) / kThreads;      // z values per thread (whole heads)
-    static_assert(kZ * kThreads == kGdnMaxT * D, "z values: whole per thread");
-    float xr[kLoads], zr[kZ] = {};
+    static_assert(!kWhole || kGdnMaxT * D <= kThreads, "one z value per thread");
+    float xr[kLoads], zr = 0.0f;
     const auto qkv_row = [&](int row) {  // the call's row: replayed from the ring, or its own
         return row < a.replay ? a.replay_qkv + (size_t)row * conv_dim : a.qkv + (size_t)(row - a.replay) * conv_dim;
     };
@@ -293,11 +278,8 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             else
                 xr[u] = e < n * W ? qkv_row(t0 + t)[channel(part_of(ch), column_of(ch))] : 0.0f;
         }
-#pragma unroll
-        for (int u = 0; u < kZ; ++u) {  // z only for the call's own rows (a replayed row has no output)
-            const int e = tid + u * kThreads, own = t0 + e / D - a.replay;
-            if (kWhole && e < n * D) zr[u] = own >= 0 ? a.z[(size_t)own * value_dim + h * D + j] : 0.0f;
-        }
+        const int own = t0 + tid / D - a.replay;  // z only for the call's own rows (a replayed row has no output)
+        if (kWhole && tid < n * D) zr = own >= 0 ? a.z[(size_t)own * value_dim + h * D + j] : 0.0f;
     };
     load_rows(0);
     // Conv thread of channel ch: what it puts in shared memory only it reads back.
@@ -307,8 +289,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
 #pragma unroll
         for (int i = 0; i < 3; ++i) sm.conv_x[i][ch] = a.conv_state_in[i * conv_dim + c];
     });
-    constexpr int kNormTid = kThreads >= 5 * D ? 4 * D : 3 * D;  // threads without a conv channel
-    if (kWhole && tid >= kNormTid && tid < kNormTid + D) sm.norm_w[j] = a.norm_w[j];
+    if (kWhole && tid >= 4 * D && tid < 5 * D) sm.norm_w[j] = a.norm_w[j];
 
 #pragma unroll 1
     for (int t0 = 0; t0 < total; t0 += kGdnMaxT) {
@@ -322,11 +303,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (kWhole) sm.x[(e / D) % 3][t][e % D] = xr[u];
             else sm.x[part_of(ch)][t][column_of(ch)] = xr[u];
         }
-#pragma unroll
-        for (int u = 0; u < kZ; ++u) {
-            const int e = tid + u * kThreads;
-            if (kWhole && e < n_tok * D) sm.z[e / D][j] = zr[u];
-        }
+        if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
@@ -406,22 +383,18 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // from token t-2).
         for (int t = 0; t < n_tok; ++t) {
             const float decay = sm.decay[t];
-            const int buf = t & 1;
+            const float* kt = &sm.x[1][t][rg * R];
+            const float* qt = &sm.x[0][t][rg * R];
+            float pk = 0.0f, pq = 0.0f;
 #pragma unroll
-            for (int p = 0; p < kPer; ++p) {  // each row group's partials, as a thread of that group alone makes them
-                const int g = rg + p * kGroupStride;
-                const float* kt = &sm.x[1][t][g * R];
-                const float* qt = &sm.x[0][t][g * R];
-                float pk = 0.0f, pq = 0.0f;
-#pragma unroll
-                for (int i = 0; i < R; ++i) {
-                    s[p][i] = __fmul_rn(s[p][i], decay);  // S' = e^g S
-                    pk = __fmaf_rn(s[p][i], kt[i], pk);
-                    pq = __fmaf_rn(s[p][i], qt[i], pq);
-                }
-                sm.red[buf][0][g][j] = pk;
-                sm.red[buf][1][g][j] = pq;
+            for (int i = 0; i < R; ++i) {
+                s[i] = __fmul_rn(s[i], decay);  // S' = e^g S
+                pk = __fmaf_rn(s[i], kt[i], pk);
+                pq = __fmaf_rn(s[i], qt[i], pq);
             }
+            const int buf = t & 1;
+            sm.red[buf][0][rg][j] = pk;
+            sm.red[buf][1][rg][j] = pq;
             __syncthreads();
             float ks = 0.0f, qs = 0.0f;  // S'ᵀk, S'ᵀq of column j: row groups summed 0..7, the same in every thread
 #pragma unroll
@@ -431,11 +404,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             }
             const float delta = __fmul_rn(sm.beta[t], __fsub_rn(sm.x[2][t][j], ks));  // δ = β (v − S'ᵀk)
 #pragma unroll
-            for (int p = 0; p < kPer; ++p) {
-                const float* kt = &sm.x[1][t][(rg + p * kGroupStride) * R];
-#pragma unroll
-                for (int i = 0; i < R; ++i) s[p][i] = __fmaf_rn(kt[i], delta, s[p][i]);  // S = S' + k δᵀ
-            }
+            for (int i = 0; i < R; ++i) s[i] = __fmaf_rn(kt[i], delta, s[i]);    // S = S' + k δᵀ
             const float o = __fmaf_rn(delta, sm.kq[t], qs);                       // o = S'ᵀq + δ (k·q)
             const int own = t0 + t - a.replay;
             if (rg == 0) {
@@ -445,9 +414,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (t0 + t + 1 == commit) {  // the commit row (a decode step: the last): the state goes out
                 float* so = (a.state_out ? a.state_out : a.state) + st;
 #pragma unroll
-                for (int p = 0; p < kPer; ++p)
-#pragma unroll
-                    for (int i = 0; i < R; ++i) so[p * kGroupFloats + i * D] = s[p][i];
+                for (int i = 0; i < R; ++i) so[i * D] = s[i];
             }
         }
         __syncthreads();
