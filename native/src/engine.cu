@@ -182,10 +182,8 @@ struct openjet_engine {
     // A decode or verify step's GDN step packs its own output for the out projection (GdnStepArgs::pack_out) instead
     // of a pack launch after it; its blocks meet through gdn_pack_sync (GdnPackSync, in the zeroed scratch). The same
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
-    // the H100 at 17de1b0). 2 (an experiment): where the layer's bound is known (LayerW::z_norm_max: W_z's fp16 rows
-    // kept) and the projections fused, the step packs under the bound's row scales without its blocks' meeting
-    // (GdnStepArgs::pack_z_max; the same bits unless v s falls below fp16's normal range).
-    int gdn_step_pack = 1;
+    // the H100 at 17de1b0).
+    bool gdn_step_pack = true;
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
     // inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
@@ -826,7 +824,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t big2 = std::max({(size_t)e.d_inner(), (size_t)e.kv_dim(), (size_t)c.n_ff});
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
-    if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = env_level("OPENJET_GDN_STEP_PACK", 2);
+    if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
@@ -1305,11 +1303,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     // OPENJET_GDN_NORM_PACK=1 (launch_gdn_step; the same bits): e.x, the layer's input pack, was read above.
     // OPENJET_GDN_STEP_PACK: the step packs y itself (launch_gdn_step: a call of at most 8 rows whose blocks the GPU
     // holds at once; else the pack launch below).
-    if (e.gdn_step_pack && out_proj && !bound && !skip_out_pack(e)) {
-        g.pack_sync = e.gdn_pack_sync;
-        if (e.gdn_step_pack == 2 && fused && L.z_norm_max >= 0.0f)
-            g.pack_z_max = L.z_norm_max, g.pack_w_max = L.norm_w_max;
-    }
+    if (e.gdn_step_pack && out_proj && !bound && !skip_out_pack(e)) g.pack_sync = e.gdn_pack_sync;
     bool packed = false;
     CHECK(launch_gdn_step(g, e.stream, (e.prefilling || g.pack_sync) && out_proj ? &e.x : nullptr, &packed,
                           bound ? e.row_scale : nullptr));

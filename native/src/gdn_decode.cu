@@ -12,7 +12,6 @@
 #include "grid_sync.cuh"  // spin_until
 #include "launch_count.h"
 #include "pdl.cuh"
-#include "row_bound.cuh"  // gdn_out_shift
 
 namespace openjet {
 namespace {
@@ -67,68 +66,20 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
     }
 }
 
-// The own pack without the meeting (GdnStepArgs::pack_z_max), first half: the sum of squares of each own row's x_in
-// (proj_k floats, a float4 a thread in turn: thread i takes float4 i, i + blockDim, ...; lane order, then the
-// butterfly), a warp's share in part[row][warp]. The split depends on the block's shape alone, never on t.
-constexpr int kGdnWarps = kGdnThreads / 32;
-__device__ __forceinline__ void gdn_row_norm_parts(const GdnStepArgs& a, float (&part)[kGdnMaxT][kGdnWarps]) {
-    const int n4 = a.proj_k / 4, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int r = 0; r < a.t; ++r) {
-        const float4* x = reinterpret_cast<const float4*>(a.x_in + static_cast<size_t>(r) * a.proj_k);
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < n4; i += kGdnThreads) {
-            const float4 v = x[i];
-            s = __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmaf_rn(v.x, v.x, s))));
-        }
-        s = gdn_warp_sum(s);
-        if (lane == 0) part[r][warp] = s;
-    }
-}
-
-// Second half, after the block's y rows (step 4 of its last sub-step): row r's scale from its norm (the warps' parts
-// summed in warp order) by gdn_out_shift, then warp r packs its head's 128 values of row r as gdn_pack_own_rows does,
-// under that scale instead of the rows' maxima: no meeting of the blocks.
-__device__ __forceinline__ void gdn_pack_own_rows_bounded(const GdnStepArgs& a, int h,
-                                                          const float (&part)[kGdnMaxT][kGdnWarps]) {
-    __shared__ float row_s[kGdnMaxT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
-    if (threadIdx.x < a.t) {
-        float sum = 0.0f;
-        for (int w = 0; w < kGdnWarps; ++w) sum = __fadd_rn(sum, part[threadIdx.x][w]);
-        row_s[threadIdx.x] = ldexpf(1.0f, gdn_out_shift(__fsqrt_rn(sum), a.pack_z_max, a.pack_w_max));
-    }
-    __syncthreads();  // the block's y rows are written (step 4), the rows' scales made
-    if (warp < a.t) {
-        const float* yr = a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
-        const ActRow r = act_row_scaled(a.pack_out, warp, k, row_s[warp]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pack_block(yr[lane + 32 * i], r.s, h * 4 + i, r.h, r.sum);
-        if (h == 0 && lane == 0) a.pack_out.inv[warp] = r.inv;
-    }
-}
-
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
-// would run in two waves on 170 SMs). kPack (whole heads only): 1, the step packs its own output (gdn_pack_own_rows),
-// a kernel of its own so that the default one's code stays as it was; 2, without the meeting
-// (gdn_pack_own_rows_bounded).
-template <int kCols, int kPack = 0>
+// would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
+// a kernel of its own so that the default one's code stays as it was.
+template <int kCols, bool kOwnPack = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
-    static_assert(!kPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
+    static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
     __shared__ GdnSmem sm;
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     pdl_start();  // pdl.cuh
-    if constexpr (kPack == 2) {
-        __shared__ float norm_part[kGdnMaxT][kGdnWarps];  // (read after gdn_step_head's barriers)
-        gdn_row_norm_parts(a, norm_part);
-        gdn_step_head<kCols>(a, h, sm, c0);
-        gdn_pack_own_rows_bounded(a, h, norm_part);
-    } else {
-        gdn_step_head<kCols>(a, h, sm, c0);
-        if constexpr (kPack == 1) gdn_pack_own_rows(a, h);
-    }
+    gdn_step_head<kCols>(a, h, sm, c0);
+    if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
 }
 
 constexpr int kNormThreads = 256;
@@ -245,7 +196,7 @@ bool gdn_blocks_resident(int n) {
     static const int slots = [] {
         int sms = 0, per_sm = 0;
         if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim, 1>, kGdnThreads,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_step_kernel<kGdnHeadDim, true>, kGdnThreads,
                                                           0) != cudaSuccess)
             return 0;
         return sms * per_sm;
@@ -292,19 +243,6 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
     const int k = a.n_v * kGdnHeadDim;
     if (!chunked) {
         if (!gdn_split(a)) {
-            // The step's own pack without the meeting (GdnStepArgs::pack_z_max) where the caller gave the pack (not a
-            // prefill's bounded one), the rows fit one sub-step's warps and x_in their norms: any number of SMs.
-            if (pack && a.pack_z_max >= 0.0f && a.x_in && !pack_scales && a.t <= kGdnMaxT &&
-                act_pack_fits(*pack, a.t, k)) {
-                GdnStepArgs own = a;
-                own.pack_out = *pack;
-                count_launch(Counted::kGdnStepPackBound);
-                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, 2>, a.n_v, kGdnThreads, 0,
-                                                        stream, own))
-                    return e;
-                if (packed) *packed = true;
-                return cudaSuccess;
-            }
             // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
             // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
@@ -312,7 +250,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, 1>, a.n_v, kGdnThreads, 0,
+                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0,
                                                         stream, own))
                     return e;
                 if (packed) *packed = true;

@@ -95,13 +95,6 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
-    // The own pack without the meeting (OPENJET_GDN_STEP_PACK=2, an experiment; pack_z_max >= 0, with the fused
-    // projections' x_in): each row's scale from the bound launch_gdn_out_scale uses (row_bound.cuh), |y| <=
-    // max(||x|| z_max, 0.2785) sqrt(128) w_max, with ||x|| the norm of the row's x_in, which every block computes for
-    // itself. The packed values are the meeting's times a power of two, undone by the row factor, except where v s
-    // falls below fp16's normal range (row_bound.cuh). pack_z_max: W_z's largest row norm; pack_w_max: max |norm_w|.
-    float pack_z_max = -1.0f;
-    float pack_w_max = 0.0f;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block

@@ -27,6 +27,16 @@ __device__ __forceinline__ float pack_row_norm(const ActPack& x, int row, int k,
     return sqrtf(sum) * x.inv[row];
 }
 
+// The scale for a bound: one sixteenth more covers the fp32 sums (each within ~k 2^-24 of exact);
+// s = 2^act_pack_shift puts bound s in [2^14, 2^15). Not finite: x itself overflowed (2^-100, as the pack's clamp).
+__device__ __forceinline__ int bound_shift(float bound) {
+    bound *= 1.0625f;
+    return bound <= 3.0e38f ? act_pack_shift(bound) : -100;
+}
+
+// silu(g) lies in [-0.2785, max(g, 0)]: its minimum -0.27846 at g = -1.2785.
+constexpr float kSiluFloor = 0.2785f;
+
 // A warp a row.
 __global__ void __launch_bounds__(256) ffn_row_scale_kernel(ActPack x, int k, int t, const float* __restrict__ norms,
                                                             float* __restrict__ s, float* __restrict__ inv) {
@@ -47,7 +57,7 @@ __global__ void __launch_bounds__(256) gdn_out_scale_kernel(ActPack x, int k, in
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= t) return;
     const float nx = pack_row_norm(x, row, k, lane);
-    if (lane == 0) s[row] = ldexpf(1.0f, gdn_out_shift(nx, z_max, w_max));
+    if (lane == 0) s[row] = ldexpf(1.0f, bound_shift(fmaxf(nx * z_max, kSiluFloor) * (11.3137085f * w_max)));
 }
 
 // A block a row, the largest by atomicMax on the non-negative floats' bits.

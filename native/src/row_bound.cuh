@@ -14,22 +14,6 @@
 
 namespace openjet {
 
-// The scale for a bound: one sixteenth more covers the fp32 sums (each within ~k 2^-24 of exact);
-// s = 2^act_pack_shift puts bound s in [2^14, 2^15). Not finite: x itself overflowed (2^-100, as the pack's clamp).
-__device__ __forceinline__ int bound_shift(float bound) {
-    bound *= 1.0625f;
-    return bound <= 3.0e38f ? act_pack_shift(bound) : -100;
-}
-
-// silu(g) lies in [-0.2785, max(g, 0)]: its minimum -0.27846 at g = -1.2785.
-constexpr float kSiluFloor = 0.2785f;
-
-// The GDN output's bound's scale shift for an input row of norm nx (launch_gdn_out_scale's, and the decode step's
-// own bounded pack's): |y| <= max(nx z_max, 0.2785) sqrt(128) w_max.
-__device__ __forceinline__ int gdn_out_shift(float nx, float z_max, float w_max) {
-    return bound_shift(fmaxf(nx * z_max, kSiluFloor) * (11.3137085f * w_max));
-}
-
 // The FFN's (prefill_gemm.cuh, launch_ffn_gate_up_pack's bounded form): |silu(g) u| <= max(||x|| G, 0.2785) ||x|| U for
 // g, u the gate and up outputs of the pack x's rows (G, U = norms[0], norms[1]: the largest row norms of gate and up);
 // s [t] and inv [t] = 1 / s. k % 8 == 0.
