@@ -605,7 +605,8 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_SWIGLU_SELF (gemv_fold.cuh
     launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet once, then each
-    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row). The counted path (kernels_test.launch_count) ran under each value and never under =0.
+    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row). The counted
+    path (kernels_test.launch_count) ran under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt

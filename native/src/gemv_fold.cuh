@@ -58,8 +58,7 @@ struct GemvFold {
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
 // then left as each launch leaves it. arrive: arrivals; release: a launch's blocks read it before arriving and wait for
 // it to change, the last to arrive resets arrive and bumps it; max_of: each block's maxima by token row (the swiglu's).
-// Launches that share one must run in stream order (each reads
-// release after its PDL wait).
+// Launches that share one must run in stream order (each reads release after its PDL wait).
 constexpr int kMeetMaxBlocks = 1024;
 struct GridMeet {
     int arrive;
