@@ -1148,7 +1148,7 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     if (x) a.x = *x;
     if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
-        GemvFold f = fold_args(e, e.fold_norm, e.fold_u);
+        const GemvFold f = fold_args(e, e.fold_norm, e.fold_u);
         const cudaError_t err = launch_gemv_fold(a, nullptr, f, false, true, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
         e.fold_norm = nullptr, e.mix_added = false;  // (the caller sees the fold ran)
@@ -1601,7 +1601,7 @@ int prefill_fold_norm(openjet_engine& e, const DevTensor& norm, int t, float* a)
 int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
-    e.fold_norm = nullptr, e.fold_input = false;  // (a step that failed part way left them?)
+    e.fold_norm = nullptr, e.fold_input = false;  // (a step that failed part way may have left them)
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too

@@ -60,6 +60,10 @@ struct GemvFold {
 // it to change, the last to arrive resets arrive and bumps it; max_of: each block's maxima by token row (the swiglu's).
 // Launches that share one must run in stream order (each reads release after its PDL wait).
 constexpr int kMeetMaxBlocks = 1024;
+
+// The longest row the fold's B makes its pack of (in shared memory past its rings): a hidden row, the add-norm's place
+// (the 27B's 5,120; its attention output 6,144).
+constexpr int kFoldMaxK = 6144;
 struct GridMeet {
     int arrive;
     int release;
@@ -67,7 +71,7 @@ struct GridMeet {
 };
 
 // Whether the fold runs here (a 90a build on 9.0) for a decode call of a's type (Q4_K, Q5_K, Q6_K) and layout, as A
-// (out: the fold's epilogue) or B (in: its k, the fold's row, up to 6,144).
+// (out: the fold's epilogue) or B (in: its k, the fold's row, up to kFoldMaxK).
 bool gemv_fold_takes(const GemvArgs& a, bool in);
 
 // A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:

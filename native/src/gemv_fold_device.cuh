@@ -9,16 +9,15 @@
 #include "act_pack.cuh"
 #include "elementwise.cuh"
 #include "gemv_fold.cuh"
-#include "grid_sync.cuh"
 #include "gemv_mma.cuh"
+#include "grid_sync.cuh"
 #include "mbarrier.cuh"
 #include "tma_ring.cuh"
 
 namespace openjet {
 
-// The fold's reading side (gemv_fold.cuh) makes its row's pack in shared memory past the ring: k up to kFoldMaxK (a
-// hidden row: the add-norm's place; the 27B's 5,120, its attention output 6,144), fp16 values and 32-block sums.
-constexpr int kFoldMaxK = 6144;
+// The fold's reading side (gemv_fold.cuh) makes its row's pack in shared memory past the ring: k up to kFoldMaxK, fp16
+// values and 32-block sums.
 constexpr int kFoldRowBytes = kFoldMaxK * 2 + (kFoldMaxK / kActBlock) * 2 * 2;
 constexpr int kFoldThreads = kTmaConsumerWarps * 32;  // the threads that make a row's pack (their order is the rule's)
 
@@ -65,15 +64,6 @@ __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ p
     return {r, __fmul_rn(r, ldexpf(1.0f, sh)), ldexpf(1.0f, -sh)};
 }
 
-// The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
-// partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
-// sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
-// thread, all in flight together) through the read-only path, as the GEMVs read their packs: the blocks an SM holds
-// read the same row, so L1 can serve all but the first (H100, bench_pack_chain at T=1: 15.12 us a chain, against
-// 18.37 with L2-only loads at 1f37765 and 15.48 with no middle). The scale by fold_row_scale. h and sum may be shared
-// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
-// the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy.a, and the same fp16 values
-// and sums in copy.h, copy.sum (each null: not written).
 // A 32-block's sum in the pack (act_sum_pos's hi / lo halves of S / 32) from s2 = s_2b + s_2b+1 of its partials,
 // under the row's c: t32 = fl(fl(c s2) / 32), the division exact. Into sum and, where given, copy.
 __device__ __forceinline__ void fold_block_sum(float c, float s2, int b, __half* sum, __half* copy = nullptr) {
@@ -85,6 +75,15 @@ __device__ __forceinline__ void fold_block_sum(float c, float s2, int b, __half*
     if (copy) copy[act_sum_pos(b)] = hi, copy[act_sum_pos(b) + 2] = lo;
 }
 
+// The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
+// partials part [k / 16], the row's fp16 values into h (the pack's order: each quad 0, 2, 1, 3), its k / 32 sums into
+// sum (act_sum_pos's layout) and (c, inv) into c_inv. The row's u is loaded whole with the partials (kQuads float4 a
+// thread, all in flight together) through the read-only path, as the GEMVs read their packs: the blocks an SM holds
+// read the same row, so L1 can serve all but the first (H100, bench_pack_chain at T=1: 15.12 us a chain, against
+// 18.37 with L2-only loads at 1f37765 and 15.48 with no middle). The scale by fold_row_scale. h and sum may be shared
+// memory (B's staged row) or a pack in global memory (launch_fold_pack): the same bits either way. copy (optional):
+// the row again for the kernels after B (GemvFold::a_out, pack_out): a = fl(u r) in copy.a, and the same fp16 values
+// and sums in copy.h, copy.sum (each null: not written).
 struct FoldRowCopy {
     float* a = nullptr;
     __half* h = nullptr;
@@ -248,31 +247,27 @@ __device__ __forceinline__ void grid_meet(GridMeet* meet, int gen) {
     named_bar_sync(1, kFoldThreads);  // every block's stores are in
 }
 
-// After a block's last tile pair, by warp 0: the block's max |v| of each token row into meet->max_of[blockIdx.x] (its
-// lanes g = 0 hold token rows 2 tq, 2 tq + 1, each lane's own tiles first: the butterfly over g).
-__device__ __forceinline__ void swiglu_publish_maxima(const SwigluTiles& st, int t, GridMeet* meet) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    if (threadIdx.x >> 5) return;
-    float m[2] = {st.m[0], st.m[1]};
-#pragma unroll
-    for (int cc = 0; cc < 2; ++cc)
-#pragma unroll
-        for (int o = 4; o <= 16; o <<= 1) m[cc] = fmaxf(m[cc], __shfl_xor_sync(0xffffffffu, m[cc], o));
-    if (g == 0)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc)
-            if (2 * tq + cc < t) __stcg(&meet->max_of[blockIdx.x][2 * tq + cc], m[cc]);
-}
-
-// After a block's last tile pair, by its kFoldThreads consumer threads: its maxima published, the meeting, then the
-// rows' maxima over every block (exact in any order) and the block's share of the pack: 32-blocks blockIdx.x,
-// + gridDim.x, ... of each token row, a warp each (v read back from L2: other blocks wrote it), under act_row's scale,
-// as pack_cluster_kernel<true> packs them.
+// After a block's last tile pair, by its kFoldThreads consumer threads: warp 0 publishes the block's max |v| of each
+// token row in meet->max_of[blockIdx.x] (its lanes g = 0 hold token rows 2 tq, 2 tq + 1, each lane's own tiles first:
+// the butterfly over g), the meeting, then the rows' maxima over every block (exact in any order) and the block's
+// share of the pack: 32-blocks blockIdx.x, + gridDim.x, ... of each token row, a warp each (v read back from L2: other
+// blocks wrote it), under act_row's scale, as pack_cluster_kernel<true> packs them.
 __device__ __forceinline__ void swiglu_meet_and_pack(const SwigluTiles& st, int gen, const float* v, int n, int t,
                                                      GridMeet* meet, const ActPack& p) {
     __shared__ float row_max[kActRows];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    swiglu_publish_maxima(st, t, meet);
+    if (warp == 0) {
+        const int g = lane >> 2, tq = lane & 3;
+        float m[2] = {st.m[0], st.m[1]};
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+            for (int o = 4; o <= 16; o <<= 1) m[cc] = fmaxf(m[cc], __shfl_xor_sync(0xffffffffu, m[cc], o));
+        if (g == 0)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc)
+                if (2 * tq + cc < t) __stcg(&meet->max_of[blockIdx.x][2 * tq + cc], m[cc]);
+    }
     grid_meet(meet, gen);
     for (int c = warp; c < t; c += kTmaConsumerWarps) {  // warp c % 4: row c's max over the blocks
         float r = 0.0f;

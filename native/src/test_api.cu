@@ -725,7 +725,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     b.tma = -1;
     if (!gemv_fold_takes(a, false) || !gemv_fold_takes(b, true))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
-                    "Q5_K or Q6_K, t <= %d, k <= 6144)", kActRows);
+                    "Q5_K or Q6_K, t <= %d, k <= %d)", kActRows, kFoldMaxK);
     const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
                         du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), da.as<float>(), pb.view()};
     CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
@@ -748,9 +748,9 @@ extern "C" OPENJET_API int openjet_test_fold_add_norm_pack(const float* h, const
                                                            int t, int k, float eps, float* h_out, float* u, float* part,
                                                            float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv) {
     if (!h || !norm_w || !h_out || !u || !part || !a_out || !xh || !xsum || !xinv || t < 1 || t > kActMaxRows ||
-        k < kGemvUnit || k % kGemvUnit || k > 6144)
+        k < kGemvUnit || k % kGemvUnit || k > kFoldMaxK)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "fold_add_norm_pack: null pointer, t (%d) not in 1..%d or k (%d) "
-                    "not a multiple of %d up to 6144", t, kActMaxRows, k, kGemvUnit);
+                    "not a multiple of %d up to %d", t, kActMaxRows, k, kGemvUnit, kFoldMaxK);
     if (!gemv_tma_available())
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "fold_add_norm_pack: the fold runs on a 90a build on 9.0 only");
     DevBuf dh, dd, dw, du, dpart, da;
