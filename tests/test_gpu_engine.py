@@ -590,8 +590,7 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",)),
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
-                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
-                          ("OPENJET_GEMV_PREFETCH_X", "gemv_prefetch_x", ("1",))])
+                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -606,15 +605,13 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_SWIGLU_SELF (gemv_fold.cuh
     launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet once, then each
-    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row);
-    OPENJET_GEMV_PREFETCH_X (tma_ring.cuh tma_consume_units: each unit of a producer-warp GEMV whose x is in global
-    memory asks L1 for the next unit's activation lines first). The counted
+    packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row). The counted
     path (kernels_test.launch_count) ran under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF", "OPENJET_GEMV_PREFETCH_X") and \
+    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF") and \
             not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()

@@ -42,9 +42,9 @@ template <int QT, int kRing, int kFold = 0> struct TmaShape {
 // The kernel's fold argument: the fold's pointers for its forms, nothing for the default's (kFold = 0), whose launches
 // (some 250 a decode step) then carry no more parameter bytes than they did before the fold.
 struct NoFold {};
-template <int kFold> using FoldParam = std::conditional_t<(kFold & 7) == 0, NoFold, GemvFold>;
+template <int kFold> using FoldParam = std::conditional_t<kFold == 0, NoFold, GemvFold>;
 template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
-    if constexpr ((kFold & 7) == 0) return {};
+    if constexpr (kFold == 0) return {};
     else return f;
 }
 
@@ -54,9 +54,7 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (an experiment,
-// OPENJET_GEMV_PREFETCH_X), where x is a pack in global memory, each unit asks L1 for the next one's activations first
-// (tma_consume_units' kPrefetchX: the same bits).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -143,8 +141,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
                                                            phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kChunk, false, (kFold & 8) != 0>(full0, ring_w, u0, u1, xh, xs, lane, g,
-                                                                              tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {
@@ -209,16 +206,6 @@ bool carveout_max() {
 // (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits. The forms whose blocks meet (kFold bit 2:
 // every block must be resident at once) ask for the largest carveout, as the persistent FFN's producer-warp form
 // does: an SM left configured for the kernel before would hold fewer of them than the occupancy counts.
-// OPENJET_GEMV_PREFETCH_X=1 (an experiment, read at the first call; the same bits): the forms whose x is a pack in
-// global memory take kFold bit 3, the next unit's activations asked of L1 before each unit.
-bool prefetch_x() {
-    static const bool on = [] {
-        const char* v = std::getenv("OPENJET_GEMV_PREFETCH_X");
-        return v && std::strcmp(v, "1") == 0;
-    }();
-    return on;
-}
-
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
     int sms = 0;
     if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
@@ -243,7 +230,6 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    if constexpr ((kFold & 8) != 0) count_launch(Counted::kGemvPrefetchX);
     return launch_kernel(kKernel, static_cast<unsigned>(std::min(blocks_of, slots)), kTmaThreads, Sh::kSmemBytes,
                          stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
                          fold_param<kFold>(fold));
@@ -282,9 +268,6 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    if (prefetch_x() && form <= 2)
-        return form == 2 ? launch_ring<QT, kRing2, kBlocks2, false, 8>(a, b, stream)
-                         : launch_ring<QT, 4, 3, false, 8>(a, b, stream);
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
@@ -303,10 +286,6 @@ template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
-    if (prefetch_x()) {
-        if (a.t == 1) return launch_ring<QT, 4, 3, false, 10>(a, nullptr, stream, f);
-        return launch_ring<QT, kRing2, kBlocks2, false, 10>(a, nullptr, stream, f);
-    }
     if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
     return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
 }
@@ -319,9 +298,8 @@ template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs
 // (fold_in: the fold's own pack; else x is a pack).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
-    if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f);
-    return prefetch_x() ? launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f)
-                        : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
+    return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
+                   : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
 
 }  // namespace openjet

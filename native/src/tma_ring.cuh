@@ -11,7 +11,6 @@
 
 #include <cstdint>
 
-#include "cp_async.cuh"  // prefetch_l1
 #include "gemv_mma.cuh"
 #include "mbarrier.cuh"
 #include "weight_layout.cuh"
@@ -77,26 +76,13 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
-// kPrefetchX (global activations only): each unit first asks L1 for the next unit's activation lines (the lane's
-// column: line tq of its 256 halves; tq = 0 also its sums' line), so that the next unit's B loads, issued at its top
-// and waited on by its first mma, hit L1 instead of making an L2 round trip each (Nsight Compute: the stall at that
-// mma is the largest of the calls that read x from global memory). Loads and values unchanged: the same bits.
-template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kPrefetchX = false>
+template <int QT, int kRing, int kSlot, bool kSmemX = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    static_assert(!(kSmemX && kPrefetchX), "activations in shared memory need no prefetch");
-    const auto prefetch_x = [&](int u) {
-        prefetch_l1(xh + u * kUnitElems + 64 * tq);  // 64 halves: a 128-byte line
-        if (tq == 0) prefetch_l1(xs + u * 16);
-    };
-    if constexpr (kPrefetchX)
-        if (u0 < u1) prefetch_x(u0);
     for (int u = u0; u < u1; ++u) {
-        if constexpr (kPrefetchX)
-            if (u + 1 < u1) prefetch_x(u + 1);
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
         const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
