@@ -626,8 +626,8 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     # against the default's forms (=0 would take the cp.async kernels, which make no fold).
     x_ring = counted == "gemv_x_ring"
     base = "auto" if x_ring else "0"
-    fold = {"OPENJET_FOLD": "0"} if switch in ("OPENJET_FFN_PERSISTENT", "OPENJET_FFN_TMA", "OPENJET_GEMV_TMA") \
-        and not x_ring else {}
+    fold = {"OPENJET_FOLD": "1" if x_ring else "0"} \
+        if switch in ("OPENJET_FFN_PERSISTENT", "OPENJET_FFN_TMA", "OPENJET_GEMV_TMA") else {}
     for value in (base, *values):
         out[value], ran[value] = small_model_sequence(models, monkeypatch, {switch: value, **fold}, counted, ids)
     assert ran[base] == 0 and all(ran[v] > 0 for v in values), f"{counted} launches: {ran}"

@@ -93,7 +93,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const int nu = k / kUnitElems;
     const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
 
-    if (warp == kConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
+    // The producer: weights (immutable: no pdl_wait needed), and in form 5 (kXRing) the activations after its pdl_wait.
+    if (warp == kConsumerWarps) {
         if (lane != 0) return;
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
@@ -225,6 +226,13 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int r
            grid_sm_count(sms, grid_sms);
 }
 
+// Form 5's activations in the ring slots (kFold bit 3): one token row of a single matrix, a pack whose rows allow
+// 16-byte bulk copies, and not Q8_0 (its slots of 4,896 bytes would leave room for 2 blocks an SM, not 3).
+template <int QT> bool x_ring_takes(const GemvArgs& a, const GemvArgs* b) {
+    const auto bits = reinterpret_cast<uintptr_t>(a.x.h) | reinterpret_cast<uintptr_t>(a.x.sum);
+    return QT != kQ8_0 && a.t == 1 && !b && !(bits & 15);
+}
+
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
     using Sh = TmaShape<QT, kRing, kFold>;
@@ -239,10 +247,8 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
-    if constexpr ((kFold & 8) != 0) {  // one token row of a pack whose rows allow 16-byte bulk copies
-        const auto bits = reinterpret_cast<uintptr_t>(a.x.h) | reinterpret_cast<uintptr_t>(a.x.sum);
-        if (a.t != 1 || (bits & 15) || b) return cudaErrorInvalidValue;
-    }
+    if constexpr ((kFold & 8) != 0)
+        if (!x_ring_takes<QT>(a, b)) return cudaErrorInvalidValue;  // (the launchers check first)
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
     if constexpr ((kFold & 8) != 0) count_launch(Counted::kGemvXRing);
@@ -280,13 +286,15 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 // Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
-// (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
+// (kLastSum). (An earlier form 5 and 6, the activations copied into shared memory by the consumers, lost and went:
+// NOTES_gemv.md, 2026-12-05.) Form 5 (an experiment, 2026-12-06): the default's forms, and at one row the activations
+// copied into the ring slots by the producer (x_ring_takes).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    if (form == 5) {  // the default's forms, at one row with x in the slots (a pair of matrices: without)
-        if (a.t == 1 && !b) return launch_ring<QT, 4, 3, false, 8>(a, b, stream);
-        return a.t == 1 ? launch_ring<QT, 4, 3, false>(a, b, stream) : launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
+    int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
+    if (form == 5) {
+        if (x_ring_takes<QT>(a, b)) return launch_ring<QT, 4, 3, false, 8>(a, b, stream);
+        form = a.t == 1 ? 1 : 2;
     }
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
@@ -307,7 +315,7 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
     if (a.t == 1) {
-        if (a.tma == 5) return launch_ring<QT, 4, 3, false, 10>(a, nullptr, stream, f);  // (x in the slots)
+        if (a.tma == 5 && x_ring_takes<QT>(a, nullptr)) return launch_ring<QT, 4, 3, false, 10>(a, nullptr, stream, f);
         return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
     }
     return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
