@@ -293,7 +293,8 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     if (form == 5) {
-        if (x_ring_takes<QT>(a, b)) return launch_ring<QT, 4, 3, false, 8>(a, b, stream);
+        if constexpr (QT != kQ8_0)  // (x_ring_takes refuses Q8_0: no such kernel built)
+            if (x_ring_takes<QT>(a, b)) return launch_ring<QT, 4, 3, false, 8>(a, b, stream);
         form = a.t == 1 ? 1 : 2;
     }
     switch (form) {
