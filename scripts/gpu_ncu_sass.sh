@@ -7,15 +7,16 @@
 #       command="REGEX=gemv_tma_kernel SKIP=0 COUNT=4 bash scripts/gpu_ncu_sass.sh")
 # REGEX: the kernels' name pattern; SKIP / COUNT: which of its launches in the step (a GDN layer's are in_proj pair,
 # ssm_out, gate + up, down); T: token rows of the step; ENV: environment for the step (e.g. OPENJET_GEMV_TMA=0);
-# CACHE: Nsight Compute's --cache-control, `all` (the default: caches flushed before each launch, so every read of the
-# activations misses L2) or `none` (they stay warm from the launch before, as in the step).
+# NCU_CACHE (as in gpu_step_kernels.sh): Nsight Compute's --cache-control, `all` (the default: caches flushed before
+# each launch, so every read of the activations misses L2) or `none` (they stay warm from the launch before, as in the
+# step).
 set -o pipefail
 . scripts/device_common.sh
 ncu_setup
 REGEX=${REGEX:-gemv_tma_kernel} SKIP=${SKIP:-0} COUNT=${COUNT:-4} T=${T:-1}
 python3 native/bench/step_kernels.py --t "$T" --warmup 1 --steps 1 > "$OUT/step.json" 2> "$OUT/step.err" ||
   { tail -5 "$OUT/step.err"; exit 1; }  # writes the model once, outside the profiler
-env ${ENV:-} timeout 300 "$NCU" --clock-control none --cache-control "${CACHE:-all}" --profile-from-start off --kernel-name regex:"$REGEX" \
+env ${ENV:-} timeout 300 "$NCU" --clock-control none --cache-control "${NCU_CACHE:-all}" --profile-from-start off --kernel-name regex:"$REGEX" \
   --launch-skip "$SKIP" --launch-count "$COUNT" --section SourceCounters --section WarpStateStats \
   --section SpeedOfLight -o /tmp/sass -f python3 native/bench/step_kernels.py --t "$T" --warmup 1 --steps 1 \
   > "$OUT/ncu-sass.log" 2>&1 || { tail -20 "$OUT/ncu-sass.log"; exit 1; }

@@ -227,7 +227,8 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int r
 }
 
 // Form 5's activations in the ring slots (kFold bit 3): one token row of a single matrix, a pack whose rows allow
-// 16-byte bulk copies, and not Q8_0 (its slots of 4,896 bytes would leave room for 2 blocks an SM, not 3).
+// 16-byte bulk copies, and not Q8_0 (its slots of 4,896 bytes would leave room for 2 blocks an SM, not 3). The two
+// launchers that take kFold bit 3 ask it before launch_ring.
 template <int QT> bool x_ring_takes(const GemvArgs& a, const GemvArgs* b) {
     const auto bits = reinterpret_cast<uintptr_t>(a.x.h) | reinterpret_cast<uintptr_t>(a.x.sum);
     return QT != kQ8_0 && a.t == 1 && !b && !(bits & 15);
@@ -247,8 +248,6 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
-    if constexpr ((kFold & 8) != 0)
-        if (!x_ring_takes<QT>(a, b)) return cudaErrorInvalidValue;  // (the launchers check first)
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
     if constexpr ((kFold & 8) != 0) count_launch(Counted::kGemvXRing);
