@@ -6,7 +6,7 @@
 # writes the 17 GB `full` model (~150 s): a first look at a switch; the step's figures for the record still come
 # from gpu_bench_engine.sh.
 #   run(carry=[".whl", ".prebuilt", ".cache/openjet/llama_cpp_python-0.3.36"], timeout_s=300,
-#       command="VARIANTS='OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=5' BEFORE='python3 -m pytest -q -m gpu
+#       command="VARIANTS='OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=1' BEFORE='python3 -m pytest -q -m gpu
 #       tests/test_gpu_engine.py -k \"decode_experiments_keep_every_bit and GEMV_TMA\"' bash scripts/gpu_ab_step.sh")
 # VARIANTS: a variant's environment assignments joined by commas, variants apart by spaces or newlines ('-': none);
 # T: token rows, one or a list (step_kernels' --t; default 1,5); LAYERS (8: six Gated DeltaNet layers and two attention

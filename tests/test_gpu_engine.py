@@ -590,11 +590,9 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GEMV_TMA", "gemv_tma", ("auto", "1", "2", "3", "4")),
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",)),
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
-                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
-                          ("OPENJET_GEMV_TMA", "gemv_x_ring", ("5",))])
+                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
-    """Switches read at load that must not change a bit, each of `values` against =0 (OPENJET_GEMV_TMA=5: against
-    auto) over decode_sequence_logits:
+    """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
     arithmetic, 2 from the mixer's output on, 3 also the next norm, 4 also the next layer's input projections; the
     small model's Q4_K_M recipe, Q4_K gate / up, Q4_K or Q6_K down, Q5_K ssm_out, Q4_K attn_output, Q4_K or Q6_K
@@ -602,8 +600,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     2 and the next norm, 3 also the tail, 4 also the next layer's input projections; the MTP head's FFN too);
     OPENJET_GEMV_TMA (gemv_tma.cu: decode GEMVs on resident blocks whose
     producer warp brings the weights in with bulk copies; auto, the default where it runs, 1 and 2 its forms, 3 and 4
-    those with the last-arriver tile sum; 5 the default's forms with, at one row, the activations copied into the
-    rings by the producer: checked with the fold on, whose A side takes it too); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
+    those with the last-arriver tile sum); OPENJET_ATTN_PIPE (attn_decode.cuh: the attention chunk blocks' planned
     tile pipeline, the trunk's and the MTP head's; its deep rings and partial tiles at long contexts:
     test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_SWIGLU_SELF (gemv_fold.cuh
@@ -622,24 +619,19 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert types <= {"Q4_K", "Q6_K"}, types
     ids = np.random.default_rng(29).integers(0, 4096, 40)
     out, ran = {}, {}
-    # The activations in the rings (=5) change nothing but where the fold's A side reads x: checked with the fold on,
-    # against the default's forms (=0 would take the cp.async kernels, which make no fold).
-    x_ring = counted == "gemv_x_ring"
-    base = "auto" if x_ring else "0"
-    fold = {"OPENJET_FOLD": "1" if x_ring else "0"} \
-        if switch in ("OPENJET_FFN_PERSISTENT", "OPENJET_FFN_TMA", "OPENJET_GEMV_TMA") else {}
-    for value in (base, *values):
+    fold = {"OPENJET_FOLD": "0"} if switch in ("OPENJET_FFN_PERSISTENT", "OPENJET_FFN_TMA", "OPENJET_GEMV_TMA") else {}
+    for value in ("0", *values):
         out[value], ran[value] = small_model_sequence(models, monkeypatch, {switch: value, **fold}, counted, ids)
-    assert ran[base] == 0 and all(ran[v] > 0 for v in values), f"{counted} launches: {ran}"
-    assert np.isfinite(out[base]).all()
+    assert ran["0"] == 0 and all(ran[v] > 0 for v in values), f"{counted} launches: {ran}"
+    assert np.isfinite(out["0"]).all()
     # Every value's verdict at once (one device run tells which levels differ, and where first).
     differ = {}
     for value in values:
-        bad = np.flatnonzero(out[value].ravel() != out[base].ravel())
+        bad = np.flatnonzero(out[value].ravel() != out["0"].ravel())
         if bad.size:
-            row = int(bad[0]) // out[base].shape[-1]
-            differ[value] = (f"{bad.size} values differ, the first in row {row} of {out[base].shape[0]}, max |diff| "
-                             f"{float(np.nanmax(np.abs(out[value] - out[base]))):.3g}")
+            row = int(bad[0]) // out["0"].shape[-1]
+            differ[value] = (f"{bad.size} values differ, the first in row {row} of {out['0'].shape[0]}, max |diff| "
+                             f"{float(np.nanmax(np.abs(out[value] - out['0']))):.3g}")
     report(test="decode_experiments", switch=switch, launches=ran, differ=differ)
     assert not differ, f"{switch}: {differ}"
 

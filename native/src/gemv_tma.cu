@@ -32,22 +32,19 @@ namespace {
 
 constexpr int kConsumerWarps = kTmaConsumerWarps;
 
-// kFold & 1: past the ring, the fold's row pack (gemv_fold_device.cuh); kFold & 8: each slot also holds its unit's
-// activations (TmaXCopy).
+// kFold & 1: past the ring, the fold's row pack (gemv_fold_device.cuh).
 template <int QT, int kRing, int kFold = 0> struct TmaShape {
-    static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a unit of a 16-row tile, one bulk copy
-    static constexpr int kSlot = kChunk + (kFold & 8 ? kTmaXBytes : 0);  // a ring slot
-    static_assert(kSlot % 16 == 0, "bulk copies land on 16-byte boundaries");
-    static constexpr int kRingBytes = (kConsumerWarps * kRing * kSlot + 16 + 15) / 16 * 16;  // +16: a word past a row
+    static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
+    static constexpr int kRingBytes = (kConsumerWarps * kRing * kChunk + 16 + 15) / 16 * 16;  // +16: a word past a row
     static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldRowBytes : 0);
 };
 
 // The kernel's fold argument: the fold's pointers for its forms, nothing for the default's (kFold = 0), whose launches
 // (some 250 a decode step) then carry no more parameter bytes than they did before the fold.
 struct NoFold {};
-template <int kFold> using FoldParam = std::conditional_t<(kFold & 7) == 0, NoFold, GemvFold>;
+template <int kFold> using FoldParam = std::conditional_t<kFold == 0, NoFold, GemvFold>;
 template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
-    if constexpr ((kFold & 7) == 0) return {};
+    if constexpr (kFold == 0) return {};
     else return f;
 }
 
@@ -57,9 +54,7 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (OPENJET_GEMV_TMA=5, an
-// experiment; one token row, x a pack in global memory), the producer copies each unit's activations into its slot
-// beside the weights (TmaXCopy), and the units read them there (the same values: the same bits).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
@@ -67,8 +62,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
-    constexpr bool kXRing = (kFold & 8) != 0;
-    static_assert(!kXRing || !(kFold & 1), "the fold's own row is already in shared memory");
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
@@ -93,19 +86,15 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const int nu = k / kUnitElems;
     const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
 
-    // The producer: weights (immutable: no pdl_wait needed), and in form 5 (kXRing) the activations after its pdl_wait.
-    if (warp == kConsumerWarps) {
+    if (warp == kConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
         if (lane != 0) return;
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
-        TmaXCopy<kXRing, kRing> xc;  // (kXRing: every block reads x: keep it in L2)
-        if constexpr (kXRing) xc.x_h = x.h, xc.x_sum = x.sum, xc.policy = l2_policy_evict_last();
         for (int tile = tile0; tile < tiles; tile = next(tile)) {
             const uint8_t* unit0 =
                 (in_first(tile) ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
-            tma_produce_tile<QT, kRing, Sh::kSlot, kXRing>(bars, ring0, unit0, nu, issued, policy, xc);
+            tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, unit0, nu, issued, policy);
         }
-        if (!xc.waited()) xc.ready();  // (a block whose units all fit the rings' first fill)
         return;
     }
 
@@ -113,7 +102,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const int g = lane >> 2, tq = lane & 3, kb = k / kActBlock;
     const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
     const uint32_t full0 = bars.full(warp, 0);
-    const uint8_t* const ring_w = ring + warp * kRing * Sh::kSlot;
+    const uint8_t* const ring_w = ring + warp * kRing * Sh::kChunk;
     pdl_wait();  // the activations and outputs are another kernel's (pdl.cuh)
     const long long col = min(g, t - 1);  // lanes past t read row t - 1 (UnitX)
     const __half* xh = x.h + col * k;
@@ -149,11 +138,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kSlot, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
+            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
                                                            phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kSlot, false, kXRing>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot,
-                                                                  phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {
@@ -226,14 +214,6 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int r
            grid_sm_count(sms, grid_sms);
 }
 
-// Form 5's activations in the ring slots (kFold bit 3): one token row of a single matrix, a pack whose rows allow
-// 16-byte bulk copies, and not Q8_0 (its slots of 4,896 bytes would leave room for 2 blocks an SM, not 3). The two
-// launchers that take kFold bit 3 ask it before launch_ring.
-template <int QT> bool x_ring_takes(const GemvArgs& a, const GemvArgs* b) {
-    const auto bits = reinterpret_cast<uintptr_t>(a.x.h) | reinterpret_cast<uintptr_t>(a.x.sum);
-    return QT != kQ8_0 && a.t == 1 && !b && !(bits & 15);
-}
-
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
     using Sh = TmaShape<QT, kRing, kFold>;
@@ -250,7 +230,6 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
     count_launch(Counted::kGemvTma);
     count_launch(Counted::kTiledWeights);
-    if constexpr ((kFold & 8) != 0) count_launch(Counted::kGemvXRing);
     return launch_kernel(kKernel, static_cast<unsigned>(std::min(blocks_of, slots)), kTmaThreads, Sh::kSmemBytes,
                          stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, second, tiles,
                          fold_param<kFold>(fold));
@@ -285,17 +264,10 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 // Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
-// (kLastSum). (An earlier form 5 and 6, the activations copied into shared memory by the consumers, lost and went:
-// NOTES_gemv.md, 2026-12-05.) Form 5 (an experiment, 2026-12-06): the default's forms, and at one row the activations
-// copied into the ring slots by the producer (x_ring_takes).
+// (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
-    int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    if (form == 5) {
-        if constexpr (QT != kQ8_0)  // (x_ring_takes refuses Q8_0: no such kernel built)
-            if (x_ring_takes<QT>(a, b)) return launch_ring<QT, 4, 3, false, 8>(a, b, stream);
-        form = a.t == 1 ? 1 : 2;
-    }
+    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
@@ -314,10 +286,7 @@ template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
     if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
-    if (a.t == 1) {
-        if (a.tma == 5 && x_ring_takes<QT>(a, nullptr)) return launch_ring<QT, 4, 3, false, 10>(a, nullptr, stream, f);
-        return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
-    }
+    if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
     return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
 }
 

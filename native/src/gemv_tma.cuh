@@ -10,7 +10,7 @@
 namespace openjet {
 
 // GemvArgs::tma's forms: 1 .. kGemvTmaForms (the engine's OPENJET_GEMV_TMA; -1 the default's choice, 0 off).
-constexpr int kGemvTmaForms = 5;
+constexpr int kGemvTmaForms = 4;
 
 // Whether this library and GPU run it: a 90a build on compute capability 9.0.
 bool gemv_tma_available();

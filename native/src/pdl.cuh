@@ -11,8 +11,7 @@
 // Reading weights before the wait pays only as copies or hints: ptxas moves the wait (ACQBULK in the SASS) above plain
 // loads, so `x = w[i]; pdl_wait();` loads after the wait all the same, while cp.async copies (LDGSTS) and L2 prefetches
 // (CCTL.E.PF2) keep their place before it (the SASS of the decode GEMV, the add-norm cluster pack and the GDN step,
-// 2026-12-06; the producer-warp GEMV's bulk copies of weights are in a warp that waits, if at all, only before it copies
-// activations: OPENJET_GEMV_TMA=5).
+// 2026-12-06; the producer-warp GEMV's bulk copies are in a warp that never waits).
 //
 // On by default on sm_90+ (the same bits, scripts/gpu_same_bits.sh; the 27B's decode step at T=1 12.38 ->
 // 11.46 ms on the H200); OPENJET_PDL=0, set before the first launch, turns the launch attribute off.

@@ -13,7 +13,6 @@
 
 #include "gemv_mma.cuh"
 #include "mbarrier.cuh"
-#include "pdl.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -28,11 +27,6 @@ template <int QT> struct TmaUnit {
     static constexpr int kChunk = kTileLayoutRows * kPitch;
     static_assert(kChunk % 16 == 0, "bulk copies move 16-byte multiples");
 };
-
-// A slot's activations where the producer brings them too (TmaXCopy): one token row's 256 halves of the unit, then
-// its 16 halves of 32-block sums (the pack's order: act_pack.cuh), after the unit's weights.
-constexpr int kTmaXHalves = kUnitElems, kTmaXSumHalves = 16;
-constexpr int kTmaXBytes = 2 * (kTmaXHalves + kTmaXSumHalves);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -53,55 +47,14 @@ template <int kRing> struct TmaBars {
     }
 };
 
-// What the producer copies into each slot besides the weights (kX): nothing, or the unit's activations of one token
-// row (x_h, x_sum: the row's pack at unit 0). Those are another kernel's output, so the producer copies them only after
-// its PDL wait; the weights of the rings' first fill (fresh slots) go before it, and their activations once the wait
-// is over (`pending`: the fresh slots' (slot, unit), up to kTmaConsumerWarps x kRing of them).
-template <bool kX, int kRing> struct TmaXCopy {
-    __device__ __forceinline__ void pend(uint32_t, uint32_t, int) {}
-    __device__ __forceinline__ void ready() {}
-    __device__ __forceinline__ void copy(uint32_t, uint32_t, int) {}
-    __device__ __forceinline__ bool waited() const { return true; }
-};
-template <int kRing> struct TmaXCopy<true, kRing> {
-    const __half* x_h;
-    const __half* x_sum;
-    uint64_t policy;
-    int n_pending = 0;
-    bool after_wait = false;
-    uint32_t pending_dst[kTmaConsumerWarps * kRing], pending_bar[kTmaConsumerWarps * kRing];
-    int pending_unit[kTmaConsumerWarps * kRing];
-    // dst: where the slot's activations go; bar: its full barrier; u: the unit (its k range) within the row.
-    __device__ __forceinline__ void copy(uint32_t dst, uint32_t bar, int u) {
-        bulk_copy_g2s(dst, x_h + static_cast<long long>(u) * kTmaXHalves, 2 * kTmaXHalves, bar, policy);
-        bulk_copy_g2s(dst + 2 * kTmaXHalves, x_sum + static_cast<long long>(u) * kTmaXSumHalves, 2 * kTmaXSumHalves,
-                      bar, policy);
-    }
-    __device__ __forceinline__ void pend(uint32_t dst, uint32_t bar, int u) {
-        pending_dst[n_pending] = dst, pending_bar[n_pending] = bar, pending_unit[n_pending] = u;
-        ++n_pending;
-    }
-    // The PDL wait, then the fresh slots' activations.
-    __device__ __forceinline__ void ready() {
-        pdl_wait();
-        for (int i = 0; i < n_pending; ++i) copy(pending_dst[i], pending_bar[i], pending_unit[i]);
-        after_wait = true;
-    }
-    __device__ __forceinline__ bool waited() const { return after_wait; }
-};
-
 // The producer's part of one tile: its nu units of type QT, contiguous from unit0, into the rings (slot q kRing + s at
 // ring0 + (q kRing + s) kSlot), quarter q's units to warp q, round-robin over the warps so that each ring fills as its
-// warp drains it. issued[q]: units warp q's ring has taken so far (their count gives the slot and its phase). kX: each
-// slot also takes the unit's activations (TmaXCopy; the caller calls xc.ready() after its last tile if it has not
-// waited yet, so that every pending copy goes out).
-template <int QT, int kRing, int kSlot, bool kX = false>
+// warp drains it. issued[q]: units warp q's ring has taken so far (their count gives the slot and its phase).
+template <int QT, int kRing, int kSlot>
 __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uint32_t ring0, const uint8_t* unit0,
-                                                 int nu, int (&issued)[kTmaConsumerWarps], uint64_t policy,
-                                                 TmaXCopy<kX, kRing>& xc) {
+                                                 int nu, int (&issued)[kTmaConsumerWarps], uint64_t policy) {
     constexpr int kChunk = TmaUnit<QT>::kChunk;
-    constexpr int kBytes = kChunk + (kX ? kTmaXBytes : 0);
-    static_assert(kBytes <= kSlot, "a unit fits its slot");
+    static_assert(kChunk <= kSlot, "a unit fits its slot");
     const int per_quarter = (nu + kTmaConsumerWarps - 1) / kTmaConsumerWarps;
     for (int j = 0; j < per_quarter; ++j) {
 #pragma unroll
@@ -109,25 +62,13 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
             const int u = quarter_begin(nu, q) + j;
             if (u >= quarter_begin(nu, q + 1)) continue;
             const int slot = issued[q] % kRing;
-            // A slot to be used again is freed by a consumer that needs the activations of its fresh fill first.
-            if (kX && issued[q] >= kRing && !xc.waited()) xc.ready();
             mbar_wait(bars.empty(q, slot), ((issued[q] / kRing) & 1) ^ 1);  // a fresh slot passes at once
-            mbar_arrive_expect_tx(bars.full(q, slot), kBytes);
-            const uint32_t dst = ring0 + (q * kRing + slot) * kSlot;
-            bulk_copy_g2s(dst, unit0 + static_cast<long long>(u) * kChunk, kChunk, bars.full(q, slot), policy);
-            if constexpr (kX) {
-                if (xc.waited()) xc.copy(dst + kChunk, bars.full(q, slot), u);
-                else xc.pend(dst + kChunk, bars.full(q, slot), u);
-            }
+            mbar_arrive_expect_tx(bars.full(q, slot), kChunk);
+            bulk_copy_g2s(ring0 + (q * kRing + slot) * kSlot, unit0 + static_cast<long long>(u) * kChunk, kChunk,
+                          bars.full(q, slot), policy);
             ++issued[q];
         }
     }
-}
-template <int QT, int kRing, int kSlot>
-__device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uint32_t ring0, const uint8_t* unit0,
-                                                 int nu, int (&issued)[kTmaConsumerWarps], uint64_t policy) {
-    TmaXCopy<false, kRing> weights_only;
-    tma_produce_tile<QT, kRing, kSlot, false>(bars, ring0, unit0, nu, issued, policy, weights_only);
 }
 
 // A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
@@ -135,31 +76,23 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
-// kXInSlot: the unit's activations are in its slot after the weights (the producer's TmaXCopy; one token row): xh and
-// xs are unused and the unit reads them from shared memory.
-template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kXInSlot = false>
+template <int QT, int kRing, int kSlot, bool kSmemX = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    constexpr bool kShared = kSmemX || kXInSlot;
     for (int u = u0; u < u1; ++u) {
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
         const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
         UnitX ux[1];
-        if constexpr (kXInSlot) {
-            ux[0].col = reinterpret_cast<const __half*>(stage + TmaUnit<QT>::kChunk);
-            ux[0].sum = ux[0].col + kTmaXHalves;
-        } else {
-            ux[0].col = xh + u * kUnitElems;
-            ux[0].sum = xs + u * 16;
-        }
+        ux[0].col = xh + u * kUnitElems;
+        ux[0].sum = xs + u * 16;
         if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-            unit_mma_q6_k<true, 1, kShared, 2>(r, ux, tq, acc);
+            unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
         else
-            UnitMma<QT, 1, kShared>::run(r, ux, tq, acc);
+            UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;
