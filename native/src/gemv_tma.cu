@@ -55,7 +55,8 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
 // in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
+// kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles, FoldParam<kFold> fold) {
@@ -138,10 +139,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kChunk, true>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g, tq, slot,
-                                                           phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g,
+                                                                    tq, slot, phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kChunk>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot,
+                                                                     phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {
@@ -214,12 +216,25 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int r
            grid_sm_count(sms, grid_sms);
 }
 
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0>
+// OPENJET_BENCH_GEMV_NO_MATH=1 (read once; a measurement, never for use: the outputs are WRONG): every producer-warp
+// GEMV streams its weights through the rings as always and its consumers hand each unit back without computing it,
+// on the grid the computing form has. The step's time then bounds what any cut of the units' arithmetic could give.
+bool bench_gemv_no_math() {
+    static const bool on = [] {
+        const char* v = std::getenv("OPENJET_BENCH_GEMV_NO_MATH");
+        return v && std::strcmp(v, "1") == 0;
+    }();
+    return on;
+}
+
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
+    if constexpr (!kNoMath)
+        if (bench_gemv_no_math()) return launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, true>(a, b, stream, fold);
     using Sh = TmaShape<QT, kRing, kFold>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold, kNoMath>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);
+    const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);  // (the computing form's)
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)

@@ -75,8 +75,9 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
-// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers).
-template <int QT, int kRing, int kSlot, bool kSmemX = false>
+// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kNoMath (a measurement with
+// WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
+template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
@@ -89,10 +90,12 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         UnitX ux[1];
         ux[0].col = xh + u * kUnitElems;
         ux[0].sum = xs + u * 16;
-        if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
+        if constexpr (kNoMath) {
+        } else if constexpr (QT == kQ6_K) {  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
             unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
-        else
+        } else {
             UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
+        }
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;

@@ -132,6 +132,7 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_STAGES": ("auto", "2", "3", "4"),         # engine.cu, attn_pipe_switch (not with OPENJET_ATTN_PIPE=0)
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
+    "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
     "OPENJET_BENCH_GRAPH": ("0", "1"),                      # engine.cu, trunk_graph (a measurement; read at load)
     "OPENJET_MTP_INPUT_PACK": ("0", "1"),                   # engine.cu, mtp_rows (1: default; read at load)
 }
@@ -151,6 +152,10 @@ def check_kernel_switches() -> None:
     if os.environ.get("OPENJET_BENCH_SKIP_NORM_PACKS", "0") != "0":
         warnings.warn("OPENJET_BENCH_SKIP_NORM_PACKS is set: decode steps skip some of their packs and give WRONG "
                       "outputs (a benchmark's measurement of what the packs cost; unset it to use the engine)",
+                      RuntimeWarning, stacklevel=2)
+    if os.environ.get("OPENJET_BENCH_GEMV_NO_MATH", "0") != "0":
+        warnings.warn("OPENJET_BENCH_GEMV_NO_MATH is set: decode GEMVs stream their weights without computing and give "
+                      "WRONG outputs (a benchmark's bound on the GEMVs' arithmetic; unset it to use the engine)",
                       RuntimeWarning, stacklevel=2)
 
 
