@@ -9,7 +9,8 @@
 # ssm_out, gate + up, down); T: token rows of the step; ENV: environment for the step (e.g. OPENJET_GEMV_TMA=0);
 # NCU_CACHE (as in gpu_step_kernels.sh): Nsight Compute's --cache-control, `all` (the default: caches flushed before
 # each launch, so every read of the activations misses L2) or `none` (they stay warm from the launch before, as in the
-# step).
+# step); SECTIONS: more of Nsight Compute's sections (e.g. MemoryWorkloadAnalysis: the caches' hit rates and
+# throughputs, printed with each launch's line).
 set -o pipefail
 . scripts/device_common.sh
 ncu_setup
@@ -18,7 +19,7 @@ python3 native/bench/step_kernels.py --t "$T" --warmup 1 --steps 1 > "$OUT/step.
   { tail -5 "$OUT/step.err"; exit 1; }  # writes the model once, outside the profiler
 env ${ENV:-} timeout 300 "$NCU" --clock-control none --cache-control "${NCU_CACHE:-all}" --profile-from-start off --kernel-name regex:"$REGEX" \
   --launch-skip "$SKIP" --launch-count "$COUNT" --section SourceCounters --section WarpStateStats \
-  --section SpeedOfLight -o /tmp/sass -f python3 native/bench/step_kernels.py --t "$T" --warmup 1 --steps 1 \
+  --section SpeedOfLight ${SECTIONS:+$(printf -- '--section %s ' $SECTIONS)} -o /tmp/sass -f python3 native/bench/step_kernels.py --t "$T" --warmup 1 --steps 1 \
   > "$OUT/ncu-sass.log" 2>&1 || { tail -20 "$OUT/ncu-sass.log"; exit 1; }
 "$NCU" --import /tmp/sass.ncu-rep --page source --print-source sass --csv > /tmp/ncu-sass.csv 2> "$OUT/ncu-import.err"
 "$NCU" --import /tmp/sass.ncu-rep --page details --csv > /tmp/ncu-details.csv 2>> "$OUT/ncu-import.err"

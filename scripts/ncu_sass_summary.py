@@ -83,8 +83,10 @@ def summarise(label: str, header: list[str], body: list[list[str]], out) -> None
 
 
 def details(path: str, out) -> None:
-    """Each launch's duration and DRAM throughput from the details page."""
-    want = ("Duration", "DRAM Throughput", "Memory Throughput", "Registers Per Thread", "Grid Size")
+    """Each launch's duration and DRAM throughput from the details page (and its caches' hit rates and L2 traffic
+    where the profile took MemoryWorkloadAnalysis: gpu_ncu_sass.sh's SECTIONS)."""
+    want = ("Duration", "DRAM Throughput", "Memory Throughput", "Registers Per Thread", "Grid Size", "L1/TEX Hit Rate",
+            "L2 Hit Rate", "L1/TEX Cache Throughput", "L2 Cache Throughput", "Mem Busy")
     rows = list(csv.reader(open(path, newline="")))
     if not rows:
         return
