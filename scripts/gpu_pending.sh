@@ -58,6 +58,11 @@
 #            OPENJET_GDN_STEP_PACK=0 (without its own pack's meeting), each in trace-<name>.json; then Nsight Compute
 #            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
 #            ~4 minutes.
+# PLAN=bound what the GEMVs' arithmetic costs the step (OPENJET_BENCH_GEMV_NO_MATH=1: the producer-warp GEMVs stream
+#            their weights and compute nothing; WRONG outputs): the T=1 / T=5 step with it off / on twice
+#            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
+#            it says how much of issue 6's gap any cut of the arithmetic could close (NOTES_gemv.md, forty-fourth
+#            session). No tests. ~4 minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -260,6 +265,11 @@ PY
     alternate_twice OPENJET_FOLD
     OPENJET_FULL_MODEL=$MODEL gpu_tests n-draft-full-fold 150 tests/test_gpu_engine.py \
       -k "greedy_ids_are_identical_for_every_draft_count and full-fold" ;;
+  bound)
+    plan 30 "tests/test_gpu_engine.py -k no_such_test" bound-bench ;;
+  bound-bench)
+    trap pack_logs EXIT
+    alternate_twice OPENJET_BENCH_GEMV_NO_MATH ;;
   gdnprobe)
     plan 30 "tests/test_gpu_engine.py -k no_such_test" gdnprobe-bench ;;
   gdnprobe-bench)
