@@ -611,9 +611,9 @@ __device__ __forceinline__ float tile_quarters_sum(const float (&part)[kGemvWarp
 
 // A tile's output from its warps' C fragments part[warp] (warp i: k quarter i), by one warp: the quarters added in
 // order (tile_quarters_sum), y[col, row] = sum * inv[col] for rows < n and columns < t. inv is read from L2 (ld.cg): a
-// persistent kernel (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones this SM read
-// before in the same 128-byte line, which a plain load could find stale in this SM's L1. tile_sum_store_by: the same
-// with inv[col] from inv_of(c & 1, col) (gemv_tma.cu reads the call's scales once).
+// persistent kernel (ffn_persistent.cu) reads inv entries that other SMs wrote earlier in the same launch, beside ones
+// this SM read before in the same 128-byte line, which a plain load could find stale in this SM's L1.
+// tile_sum_store_by: the same with inv[col] from inv_of(c & 1, col) (gemv_tma.cu reads the call's scales once).
 template <int NG, int kRows, class InvOf>
 __device__ __forceinline__ void tile_sum_store_by(const float (&part)[kGemvWarps][NG][32][4], int lane, int row0,
                                                   int grp0, int n, int t, const InvOf& inv_of, float* __restrict__ y) {
