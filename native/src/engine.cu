@@ -184,6 +184,10 @@ struct openjet_engine {
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
+    // OPENJET_GDN_STAGED=1 or 2 at create (an experiment, 0 by default): the GDN step's staged form
+    // (GdnStepArgs::staged: its weights' DRAM round trips before its PDL wait, at 2 its own pack's lighter meeting;
+    // the same bits).
+    int gdn_staged = 0;
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
     // inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
@@ -825,6 +829,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
+    e.gdn_staged = env_level("OPENJET_GDN_STAGED", 2);
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
@@ -1284,6 +1289,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     else if (e.verifying) g.state_out = e.ssm_shadow + e.ssm_layer_floats * L.idx;
     g.t = t;
     g.qkv = qkv, g.z = e.big2, g.b = b, g.alpha = alpha;
+    g.staged = e.gdn_staged;
     if (fused) {
         g.w_beta = static_cast<const float*>(L.beta.d), g.w_alpha = static_cast<const float*>(L.alpha.d);
         g.proj_k = c.n_embd, g.x_in = e.a;

@@ -24,15 +24,22 @@ namespace {
 // so the pack has launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
 // (A first form met through an atomic max and a shared arrival counter, 96 atomics on two words: parity with the
 // pack launch on the H100, trace_step at 2307356.)
-__device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
+// kStage (GdnStepArgs::staged) >= 1: y from sm.o where the call's rows (replayed ones first) were one sub-step
+// (gdn_step_head<128, true> left them there), else from global memory as the default form; 2: the maxima meet through
+// GdnPackSync::row_word.
+template <int kStage>
+__device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
     __shared__ unsigned row_max[kGdnMaxT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
+    // (only this block writes its phase word, and every launch runs every block once: all blocks count alike)
+    const unsigned phase = __ldcg(&sync->phase_of[h]) + 1u;
     if (threadIdx.x < kGdnMaxT) row_max[threadIdx.x] = 0u;
     __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
     float v[4] = {};
     if (warp < a.t) {
-        const float* yr = a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
+        const float* yr = kStage && a.replay + a.t <= kGdnMaxT ? sm.o[a.replay + warp]
+                                                                : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
         float m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -41,21 +48,38 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
         }
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) sync->max_of[h][warp] = m;
+        if (lane == 0) {
+            if constexpr (kStage >= 2)
+                store_relaxed(&sync->row_word[h][warp], (unsigned long long)phase << 32 | __float_as_uint(m));
+            else
+                sync->max_of[h][warp] = m;
+        }
     }
-    // (only this block writes its phase word, and every launch runs every block once: all blocks count alike)
-    const unsigned phase = __ldcg(&sync->phase_of[h]) + 1u;
-    __syncthreads();  // the block's maxima stored, before its release (the fence below is cumulative)
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicExch(&sync->phase_of[h], phase);
-    }
-    if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's maxima, once it has published them
-        const int* word = reinterpret_cast<const int*>(&sync->phase_of[threadIdx.x]);
-        // (a block that never came: fail, not hang)
-        spin_until(word, [phase](int v) { return static_cast<unsigned>(v) == phase; });
-        for (int r = 0; r < a.t; ++r)
-            atomicMax(&row_max[r], __float_as_uint(__ldcg(&sync->max_of[threadIdx.x][r])));  // (>= 0: bits order)
+    if constexpr (kStage >= 2) {
+        if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
+        if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's row maxima, once they are this
+            for (int r = 0; r < a.t; ++r) {                     // launch's (a block that never came: fail, not hang)
+                unsigned long long got = 0;
+                spin_until(&sync->row_word[threadIdx.x][r], [phase, &got](unsigned long long w) {
+                    got = w;
+                    return static_cast<unsigned>(w >> 32) == phase;
+                });
+                atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
+            }
+        }
+    } else {
+        __syncthreads();  // the block's maxima stored, before its release (the fence below is cumulative)
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicExch(&sync->phase_of[h], phase);
+        }
+        if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's maxima, once it has published them
+            const int* word = reinterpret_cast<const int*>(&sync->phase_of[threadIdx.x]);
+            // (a block that never came: fail, not hang)
+            spin_until(word, [phase](int v) { return static_cast<unsigned>(v) == phase; });
+            for (int r = 0; r < a.t; ++r)
+                atomicMax(&row_max[r], __float_as_uint(__ldcg(&sync->max_of[threadIdx.x][r])));  // (>= 0: bits order)
+        }
     }
     __syncthreads();
     if (warp < a.t) {
@@ -68,8 +92,8 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h) {
 
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
 // would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
-// a kernel of its own so that the default one's code stays as it was.
-template <int kCols, bool kOwnPack = false>
+// a kernel of its own so that the default one's code stays as it was. kStage (whole heads only): GdnStepArgs::staged.
+template <int kCols, bool kOwnPack = false, int kStage = 0>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
@@ -77,9 +101,10 @@ gdn_step_kernel(const GdnStepArgs a) {
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
+    if constexpr (kStage > 0) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
     pdl_start();  // pdl.cuh
-    gdn_step_head<kCols>(a, h, sm, c0);
-    if constexpr (kOwnPack) gdn_pack_own_rows(a, h);
+    gdn_step_head<kCols, (kStage > 0)>(a, h, sm, c0);
+    if constexpr (kOwnPack) gdn_pack_own_rows<kStage>(a, h, sm);
 }
 
 constexpr int kNormThreads = 256;
@@ -245,18 +270,25 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
         if (!gdn_split(a)) {
             // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
             // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
+            // The staged form (GdnStepArgs::staged) where its 16-byte copies of conv_w and norm_w are aligned.
+            const int staged = (reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15
+                                   ? 0 : a.staged;
+            if (staged) count_launch(Counted::kGdnStaged);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_kernel(gdn_step_kernel<kGdnHeadDim, true>, a.n_v, kGdnThreads, 0,
-                                                        stream, own))
+                if (const cudaError_t e = launch_kernel(staged == 2   ? gdn_step_kernel<kGdnHeadDim, true, 2>
+                                                        : staged == 1 ? gdn_step_kernel<kGdnHeadDim, true, 1>
+                                                                      : gdn_step_kernel<kGdnHeadDim, true>,
+                                                        a.n_v, kGdnThreads, 0, stream, own))
                     return e;
                 if (packed) *packed = true;
                 return cudaSuccess;
             }
-            return launch_kernel(gdn_step_kernel<kGdnHeadDim>, a.n_v, kGdnThreads, 0, stream, a);
+            return launch_kernel(staged ? gdn_step_kernel<kGdnHeadDim, false, 1> : gdn_step_kernel<kGdnHeadDim>,
+                                 a.n_v, kGdnThreads, 0, stream, a);
         }
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;
         if (cudaError_t e = launch_kernel(gdn_step_kernel<kGdnSplitCols>, a.n_v * kSplits,

@@ -95,16 +95,26 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
+    // OPENJET_GDN_STAGED (an experiment, 0 by default): at 1 a whole-head call copies what it reads that no kernel
+    // writes (its conv taps, the norm weight, its ssm_a and dt_bias) into shared memory before its PDL wait, asks L2
+    // for its conv state's lines there too, and its own pack takes y from shared memory (gdn_stage_params); at 2 its
+    // own pack's blocks also meet through one self-checking word a row (GdnPackSync::row_word: no fence, no second
+    // round trip for the maxima). The same values, so the same bits. launch_gdn_step takes it where conv_w and norm_w
+    // are 16-byte aligned.
+    int staged = 0;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
 // b writes its head's max |y| of each row to max_of[b], then its phase (its launches so far, counted in its own word)
 // to phase_of[b]; every block waits for each other block's word to reach its phase, then takes the rows' maxima over
-// max_of. They start zeroed and need no host reset (each launch runs every block once: the phases agree).
+// max_of. They start zeroed and need no host reset (each launch runs every block once: the phases agree). The staged
+// form's level 2 instead writes each row's max with the phase in one 64-bit word, row_word[b][row] = phase << 32 |
+// bits of the max, which a reader takes once its phase is the launch's: no fence before it, no load after it.
 constexpr int kGdnPackMaxBlocks = 64;
 struct GdnPackSync {
     unsigned phase_of[kGdnPackMaxBlocks];
     float max_of[kGdnPackMaxBlocks][kGdnMaxT];
+    unsigned long long row_word[kGdnPackMaxBlocks][kGdnMaxT];
 };
 
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
@@ -131,6 +141,7 @@ struct GdnSmem {
     float red[2][2][kGdnRowGroups][kGdnHeadDim];  // [token parity][k·S', q·S'][row group][column]
     float beta[kGdnMaxT], decay[kGdnMaxT], kq[kGdnMaxT];
     float proj[2 * kGdnMaxT][4];  // fused projections: [2 t + (alpha)][warp of the 128-thread group]
+    float gate_par[2];            // the staged form's ssm_a[h], dt_bias[h]
 };
 
 __device__ __forceinline__ float gdn_sigmoid(float x) { return __frcp_rn(__fadd_rn(1.0f, expf(-x))); }
@@ -173,6 +184,13 @@ __device__ __forceinline__ void gdn_gated_norm_row(const float* o, const W& norm
     }
 }
 
+// The conv channel (index into a qkv row, conv_w's rows, the conv state's rows) of column cl of part 0 (q) or 1 (k)
+// of key head kh, or of part 2 (v) of value head h.
+__device__ __forceinline__ int gdn_conv_channel(int key_dim, int kh, int h, int part, int cl) {
+    return part == 0 ? kh * kGdnHeadDim + cl
+                     : part == 1 ? key_dim + kh * kGdnHeadDim + cl : 2 * key_dim + h * kGdnHeadDim + cl;
+}
+
 // Asks L2 for what gdn_step_head<kCols> reads at column c0 of head h that no kernel just before it writes: the
 // state's lines there (128 rows of kCols floats) and, whole heads with the fused projections, the head's beta and
 // alpha weight rows (read in five round trips a thread: a helper's SASS audit, 2026-12-05, counted ~5 DRAM round
@@ -194,16 +212,42 @@ __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h,
     }
 }
 
+// The staged form (GdnStepArgs::staged) before its PDL wait, by a whole head's block: cp.async copies of the head's
+// conv taps, the norm weight and its ssm_a, dt_bias into shared memory (weights: no kernel writes them, so they may be
+// read before the wait; plain loads would not stay there, pdl.cuh), and L2 hints for its conv state's 36 lines (the
+// last step wrote them long ago; a step's weight stream evicts them). Without it each of these is a DRAM round trip
+// in the step's chain after the wait: the taps and the conv state with the state's loads, ssm_a and dt_bias after
+// the first barriers (the gates). gdn_step_head<128, true> waits for the copies before its first barrier.
+__device__ __forceinline__ void gdn_stage_params(const GdnStepArgs& a, int h, GdnSmem& sm) {
+    constexpr int D = kGdnHeadDim;
+    const int tid = threadIdx.x, key_dim = a.n_k * D, conv_dim = 2 * key_dim + a.n_v * D, kh = h % a.n_k;
+    if (tid < 3 * D) {
+        cp_async16(&sm.conv_w[tid], a.conv_w + (size_t)gdn_conv_channel(key_dim, kh, h, tid / D, tid % D) * 4);
+    } else if (tid < 3 * D + D / 4) {
+        cp_async16(&sm.norm_w[4 * (tid - 3 * D)], a.norm_w + 4 * (tid - 3 * D));
+    } else if (tid < 3 * D + D / 4 + 2) {
+        const int i = tid - 3 * D - D / 4;
+        cp_async4(&sm.gate_par[i], (i ? a.dt_bias : a.ssm_a) + h);
+    } else if (tid >= 4 * D && tid < 4 * D + 36) {  // 3 rows x 3 parts x 4 lines of 32 floats
+        const int i = tid - 4 * D, row = i / 12, part = i % 12 / 4, line = i % 4;
+        prefetch_l2(a.conv_state_in + (size_t)row * conv_dim + gdn_conv_channel(key_dim, kh, h, part, 32 * line));
+    }
+    cp_async_commit();
+}
+
 // The whole step for value head h, columns [c0, c0 + kCols), run by one block of exactly kGdnRowGroups * kCols
 // threads (a persistent kernel calls this per head; it contains __syncthreads, so all threads of the block
 // must call it). kCols = 128 (c0 = 0) is the whole head: y written; fewer is the column split: its columns'
 // o written to y, gdn_gated_norm_row to follow. The call's a.t rows go in sub-steps of kGdnMaxT: the state
 // stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
-// loaded while the delta rule of this one runs.
-template <int kCols = kGdnHeadDim>
+// loaded while the delta rule of this one runs. kStaged: the block ran gdn_stage_params before its wait, so the taps,
+// the norm weight and the gates' parameters are in shared memory, and step 4 also leaves y in sm.o (in place of o:
+// the own pack's input where the call's rows fit one sub-step).
+template <int kCols = kGdnHeadDim, bool kStaged = false>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
+    static_assert(!kStaged || kWhole, "the staged form takes whole heads");
     constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
     constexpr int W = 2 * D + kCols;  // conv channels of the block: q, k (all rows), v (its columns)
     static_assert(D % kCols == 0 && kCols % 32 == 0, "whole warps of columns");
@@ -239,9 +283,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     float s[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) s[i] = a.state[st + i * D];
-    const auto channel = [&](int part, int cl) {  // conv channel of q / k (key head kh) or v (head h)
-        return part == 0 ? kh * D + cl : part == 1 ? key_dim + kh * D + cl : 2 * key_dim + h * D + cl;
-    };
+    const auto channel = [&](int part, int cl) { return gdn_conv_channel(key_dim, kh, h, part, cl); };
     // The block's channel ch (0 .. W - 1): its part (q, k, v) and column there (v: the block's columns).
     const auto part_of = [](int ch) { return kWhole ? ch / D : ch < D ? 0 : ch < 2 * D ? 1 : 2; };
     const auto column_of = [&](int ch) { return kWhole ? ch % D : ch < 2 * D ? ch % D : c0 + ch - 2 * D; };
@@ -285,11 +327,14 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     // Conv thread of channel ch: what it puts in shared memory only it reads back.
     for_channels([&](int ch) {
         const int c = channel(part_of(ch), column_of(ch));
-        sm.conv_w[ch] = make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
+        if constexpr (!kStaged)
+            sm.conv_w[ch] =
+                make_float4(a.conv_w[c * 4 + 0], a.conv_w[c * 4 + 1], a.conv_w[c * 4 + 2], a.conv_w[c * 4 + 3]);
 #pragma unroll
         for (int i = 0; i < 3; ++i) sm.conv_x[i][ch] = a.conv_state_in[i * conv_dim + c];
     });
-    if (kWhole && tid >= 4 * D && tid < 5 * D) sm.norm_w[j] = a.norm_w[j];
+    if (!kStaged && kWhole && tid >= 4 * D && tid < 5 * D) sm.norm_w[j] = a.norm_w[j];
+    if constexpr (kStaged) cp_async_wait<0>();  // gdn_stage_params' copies, seen by all after the first barrier
 
 #pragma unroll 1
     for (int t0 = 0; t0 < total; t0 += kGdnMaxT) {
@@ -327,7 +372,9 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                 al = a.alpha[own * a.n_v + h];
             }
             sm.beta[t] = gdn_sigmoid(bl);
-            const float g = __fmul_rn(a.ssm_a[h], gdn_softplus(__fadd_rn(al, a.dt_bias[h])));
+            const float ssm_a = kStaged ? sm.gate_par[0] : a.ssm_a[h];
+            const float dt_bias = kStaged ? sm.gate_par[1] : a.dt_bias[h];
+            const float g = __fmul_rn(ssm_a, gdn_softplus(__fadd_rn(al, dt_bias)));
             sm.decay[t] = expf(g);
         }
         for_channels([&](int ch) {
@@ -422,8 +469,13 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token (the column split: a launch of its own).
         if (kWhole && warp < n_tok && t0 + warp >= a.replay) {
             const float* zt = sm.z[warp];
+            float* yt = a.y + (size_t)(t0 + warp - a.replay) * value_dim + (size_t)h * D;
             gdn_gated_norm_row(sm.o[warp], [&](int c) { return sm.norm_w[c]; }, [&](int c) { return zt[c]; }, a.eps,
-                               lane, a.y + (size_t)(t0 + warp - a.replay) * value_dim + (size_t)h * D);
+                               lane, kStaged ? sm.o[warp] : yt);
+            if constexpr (kStaged) {  // y in sm.o too, where the own pack reads it (each lane its own elements)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) yt[lane + 32 * i] = sm.o[warp][lane + 32 * i];
+            }
         }
     }
 }

@@ -11,6 +11,16 @@ __device__ __forceinline__ int load_acquire(const int* p) {
     return v;
 }
 
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_relaxed(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -22,8 +32,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
 constexpr unsigned long long kWaitLimitNs = 10'000'000'000ULL;
 
 // This thread spins until done(the word, read with acquire) holds; past kWaitLimitNs it traps.
-template <class Done>
-__device__ __forceinline__ void spin_until(const int* word, const Done& done) {
+template <class Word, class Done>
+__device__ __forceinline__ void spin_until(const Word* word, const Done& done) {
     if (done(load_acquire(word))) return;
     const unsigned long long start = global_ns();
     while (!done(load_acquire(word))) {
