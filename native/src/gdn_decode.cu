@@ -24,9 +24,9 @@ namespace {
 // so the pack has launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
 // (A first form met through an atomic max and a shared arrival counter, 96 atomics on two words: parity with the
 // pack launch on the H100, trace_step at 2307356.)
-// kStage (GdnStepArgs::staged) >= 1: y from sm.o where the call's rows (replayed ones first) were one sub-step
-// (gdn_step_head<128, true> left them there), else from global memory as the default form; 2: the maxima meet through
-// GdnPackSync::row_word.
+// kStage (GdnStepArgs::staged) >= 1: y from sm.o where the call replays no rows (gdn_step_head<128, true> left its rows
+// there, one sub-step: the own pack takes at most kGdnMaxT), else from global memory as the default form; 2: the
+// maxima meet through GdnPackSync::row_word.
 template <int kStage>
 __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
@@ -38,8 +38,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
     __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
     float v[4] = {};
     if (warp < a.t) {
-        const float* yr = kStage && a.replay + a.t <= kGdnMaxT ? sm.o[a.replay + warp]
-                                                                : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
+        const float* yr = kStage && !a.replay ? sm.o[warp] : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
         float m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

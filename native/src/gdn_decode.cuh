@@ -95,12 +95,12 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
-    // OPENJET_GDN_STAGED (an experiment, 0 by default): at 1 a whole-head call copies what it reads that no kernel
-    // writes (its conv taps, the norm weight, its ssm_a and dt_bias) into shared memory before its PDL wait, asks L2
-    // for its conv state's lines there too, and its own pack takes y from shared memory (gdn_stage_params); at 2 its
-    // own pack's blocks also meet through one self-checking word a row (GdnPackSync::row_word: no fence, no second
-    // round trip for the maxima). The same values, so the same bits. launch_gdn_step takes it where conv_w and norm_w
-    // are 16-byte aligned.
+    // The staged form (OPENJET_GDN_STAGED; the engine's default is 2): at 1 a whole-head call copies what it reads that
+    // no kernel writes (its conv taps, the norm weight, its ssm_a and dt_bias) into shared memory before its PDL wait,
+    // asks L2 for its conv state's lines there too, and its own pack takes y from shared memory where it replays no
+    // rows (gdn_stage_params); at 2 its own pack's blocks also meet through one self-checking word a row
+    // (GdnPackSync::row_word: no fence, no second round trip for the maxima). The same values, so the same bits.
+    // launch_gdn_step takes it where conv_w and norm_w are 16-byte aligned; 0: the form before it.
     int staged = 0;
 };
 
@@ -242,7 +242,7 @@ __device__ __forceinline__ void gdn_stage_params(const GdnStepArgs& a, int h, Gd
 // stays in registers and the conv window in shared memory between them, and the next sub-step's inputs are
 // loaded while the delta rule of this one runs. kStaged: the block ran gdn_stage_params before its wait, so the taps,
 // the norm weight and the gates' parameters are in shared memory, and step 4 also leaves y in sm.o (in place of o:
-// the own pack's input where the call's rows fit one sub-step).
+// the own pack's input where the call replays no rows).
 template <int kCols = kGdnHeadDim, bool kStaged = false>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
