@@ -58,6 +58,10 @@
 #            OPENJET_GDN_STEP_PACK=0 (without its own pack's meeting), each in trace-<name>.json; then Nsight Compute
 #            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
 #            ~4 minutes.
+# PLAN=gdnclock  the GDN step's phases on the GPU's clocks inside the step (OPENJET_BENCH_GDN_PROBE: written on
+#            2026-12-06 without a GPU): its test and the staged form's bit test, then native/bench/gdn_probe.py at T=1
+#            and T=5 (gdn-probe.json: each phase's us, median and largest over the 48 blocks; when the blocks came and
+#            passed their PDL wait), then the T=1 / T=5 trace. ~4 minutes.
 # PLAN=bound what the GEMVs' arithmetic costs the step (OPENJET_BENCH_GEMV_NO_MATH=1: the producer-warp GEMVs stream
 #            their weights and compute nothing; WRONG outputs): the T=1 / T=5 step with it off / on twice
 #            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
@@ -270,6 +274,15 @@ PY
   bound-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_BENCH_GEMV_NO_MATH ;;
+  gdnclock)
+    plan 60 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_STAGED)'" \
+      gdnclock-bench ;;
+  gdnclock-bench)
+    trap pack_logs EXIT
+    timeout -k 10 150 python3 native/bench/gdn_probe.py "$MODEL" --t 1,5 --steps 20 --out "$OUT/gdn-probe.json" \
+      2> "$OUT/gdn-probe.log"
+    echo "== gdn_probe (rc $?)"; tail -4 "$OUT/gdn-probe.log"
+    trace_bench ;;
   gdnprobe)
     plan 30 "tests/test_gpu_engine.py -k no_such_test" gdnprobe-bench ;;
   gdnprobe-bench)
@@ -327,6 +340,7 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, gdnprobe or boundary (see the top of $0)" >&2
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, gdnclock, gdnprobe or boundary" \
+      "(see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -639,6 +639,35 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_the_gdn_probe_records_every_phase_in_order_and_keeps_the_bits(models, monkeypatch):
+    """OPENJET_BENCH_GDN_PROBE=1 (a measurement: the default GDN step's blocks write clock64 at the ends of its phases,
+    openjet_test_gdn_probe) leaves decode_sequence_logits as the switch off does, bit for bit; and the T=1 step after
+    it leaves a new record in which every block of its last GDN launch wrote all twelve points in order (clocks
+    non-decreasing from entry to end, the global timer's end after its entry, after the record before), one block an
+    SM."""
+    from openjet_launcher.engine import kernels_test_gdn as ktg
+    ids = np.random.default_rng(31).integers(0, 4096, 40)
+    out = {}
+    for probe in ("0", "1"):
+        out[probe], _ = small_model_sequence(models, monkeypatch, {"OPENJET_BENCH_GDN_PROBE": probe}, "gdn_staged", ids)
+    np.testing.assert_array_equal(out["1"], out["0"])
+    engine = CudaEngine.load(models["small"], n_ctx=128, n_checkpoints=2)  # (the switch still set: 1)
+    try:
+        n_v = engine.config.shape.ssm_n_v_heads
+        state = engine.new_state()
+        engine.prefill(state, ids[:5])
+        before = ktg.gdn_probe(n_v)
+        engine.decode(state, ids[5:6])
+        rec = ktg.gdn_probe(n_v)
+    finally:
+        engine.close()
+    report(test="gdn_probe", clock_spans=(rec["clock"][:, -1] - rec["clock"][:, 0]).tolist())
+    assert (rec["ns"][:, 0] > before["ns"][:, 1].max()).all(), (before["ns"], rec["ns"])
+    assert (rec["ns"][:, 1] > rec["ns"][:, 0]).all()
+    assert (np.diff(rec["clock"], axis=1) >= 0).all() and (rec["clock"][:, -1] > rec["clock"][:, 0]).all()
+    assert len(set(rec["sm"].tolist())) == n_v
+
+
 def test_the_trunk_graph_replays_every_bit(models, monkeypatch):
     """OPENJET_BENCH_GRAPH=1 (a measurement: decode trunks as a CUDA graph, replayed while the step's keys are the
     same; the position is read on the device, so a key holds the attention split, not the length): three first steps

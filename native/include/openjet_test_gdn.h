@@ -50,6 +50,13 @@ OPENJET_API int openjet_test_gdn_step_bounded_pack(int n_k, int n_v, int t, floa
  * graph, each of `runs` replays timed with events: us_out[i] = microseconds per call. */
 OPENJET_API int openjet_test_bench_gdn(int n_k, int n_v, int t, int copies, int reps, int runs, float* us_out);
 
+/* What the last GDN step launched under OPENJET_BENCH_GDN_PROBE=1 recorded (gdn_decode.cuh GdnProbe; the engine's
+ * default form, whole heads with their own pack): for each of its first `blocks` blocks (at most 64) clock[b * points
+ * + p], the SM's clock64() at the end of phase p (points must be 12: GdnProbePoint's order, entry first), ns[2 b] and
+ * ns[2 b + 1] the global timer (ns) at its entry and end, sm[b] its SM. Zeros where no probed launch ran. */
+OPENJET_API int openjet_test_gdn_probe(int blocks, int points, long long* clock, unsigned long long* ns,
+                                       unsigned* sm);
+
 #ifdef __cplusplus
 }
 #endif

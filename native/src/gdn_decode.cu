@@ -27,7 +27,7 @@ namespace {
 // kStage (GdnStepArgs::staged) >= 1: y from sm.o where the call replays no rows (gdn_step_head<128, true> left its rows
 // there, one sub-step: the own pack takes at most kGdnMaxT), else from global memory as the default form; 2: the
 // maxima meet through GdnPackSync::row_word.
-template <int kStage>
+template <int kStage, bool kProbe = false>
 __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
     __shared__ unsigned row_max[kGdnMaxT];
@@ -54,6 +54,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
                 sync->max_of[h][warp] = m;
         }
     }
+    gdn_mark<kProbe>(a.probe, kProbePublished);
     if constexpr (kStage >= 2) {
         if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
         if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's row maxima, once they are this
@@ -81,6 +82,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
         }
     }
     __syncthreads();
+    gdn_mark<kProbe>(a.probe, kProbeMet);
     if (warp < a.t) {
         const ActRow r = act_row(a.pack_out, warp, k, __uint_as_float(row_max[warp]));
 #pragma unroll
@@ -92,18 +94,44 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
 // would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
 // a kernel of its own so that the default one's code stays as it was. kStage (whole heads only): GdnStepArgs::staged.
-template <int kCols, bool kOwnPack = false, int kStage = 0>
+// kProbe (the own pack's staged form only): GdnStepArgs::probe.
+template <int kCols, bool kOwnPack = false, int kStage = 0, bool kProbe = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
+    static_assert(!kProbe || (kOwnPack && kStage == 2), "the probe takes the default form");
     __shared__ GdnSmem sm;
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
+    if constexpr (kProbe) {
+        if (threadIdx.x == 0) {
+            a.probe->ns[blockIdx.x][0] = global_ns();
+            unsigned smid;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+            a.probe->sm[blockIdx.x] = smid;
+        }
+    }
+    gdn_mark<kProbe>(a.probe, kProbeEntry);
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     if constexpr (kStage > 0) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
     pdl_start();  // pdl.cuh
-    gdn_step_head<kCols, (kStage > 0)>(a, h, sm, c0);
-    if constexpr (kOwnPack) gdn_pack_own_rows<kStage>(a, h, sm);
+    gdn_mark<kProbe>(a.probe, kProbeWaited);
+    gdn_step_head<kCols, (kStage > 0), kProbe>(a, h, sm, c0);
+    if constexpr (kOwnPack) gdn_pack_own_rows<kStage, kProbe>(a, h, sm);
+    if constexpr (kProbe) {
+        gdn_mark<kProbe>(a.probe, kProbeEnd);
+        if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
+    }
+}
+
+// OPENJET_BENCH_GDN_PROBE's record (GdnProbe), one for the process: the last probed launch's.
+__device__ GdnProbe g_gdn_probe;
+
+// The own pack's whole-head kernel at a staged level (GdnStepArgs::staged), probed where asked (level 2 only).
+using GdnKernel = void (*)(GdnStepArgs);
+GdnKernel own_pack_kernel(int staged, bool probe) {
+    if (staged == 2) return probe ? gdn_step_kernel<kGdnHeadDim, true, 2, true> : gdn_step_kernel<kGdnHeadDim, true, 2>;
+    return staged == 1 ? gdn_step_kernel<kGdnHeadDim, true, 1> : gdn_step_kernel<kGdnHeadDim, true>;
 }
 
 constexpr int kNormThreads = 256;
@@ -230,6 +258,13 @@ bool gdn_blocks_resident(int n) {
 
 }  // namespace
 
+GdnProbe* gdn_probe_buffer() {
+    void* p = nullptr;
+    return cudaGetSymbolAddress(&p, g_gdn_probe) == cudaSuccess ? static_cast<GdnProbe*>(p) : nullptr;
+}
+
+cudaError_t gdn_probe_read(GdnProbe* out) { return cudaMemcpyFromSymbol(out, g_gdn_probe, sizeof(GdnProbe)); }
+
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed,
                             const float* pack_scales) {
     if (packed) *packed = false;
@@ -278,10 +313,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_kernel(staged == 2   ? gdn_step_kernel<kGdnHeadDim, true, 2>
-                                                        : staged == 1 ? gdn_step_kernel<kGdnHeadDim, true, 1>
-                                                                      : gdn_step_kernel<kGdnHeadDim, true>,
-                                                        a.n_v, kGdnThreads, 0, stream, own))
+                if (const cudaError_t e = launch_kernel(own_pack_kernel(staged, a.probe != nullptr), a.n_v,
+                                                        kGdnThreads, 0, stream, own))
                     return e;
                 if (packed) *packed = true;
                 return cudaSuccess;

@@ -43,6 +43,8 @@ constexpr int kGdnRowsPerThread = 16;                                        // 
 constexpr int kGdnThreads = kGdnHeadDim * (kGdnHeadDim / kGdnRowsPerThread);  // 1024: one per (row group, column)
 constexpr int kGdnSplitCols = 32;                                            // columns per block, column split
 
+struct GdnProbe;  // below: what OPENJET_BENCH_GDN_PROBE records
+
 struct GdnStepArgs {
     int n_k, n_v, t;                  // key heads, value heads (n_v % n_k == 0), tokens 1..kGdnMaxRows
     float eps;                        // L2 norm and gated RMSNorm eps (1e-6)
@@ -102,7 +104,11 @@ struct GdnStepArgs {
     // (GdnPackSync::row_word: no fence, no second round trip for the maxima). The same values, so the same bits.
     // launch_gdn_step takes it where conv_w and norm_w are 16-byte aligned; 0: the form before it.
     int staged = 0;
+    // OPENJET_BENCH_GDN_PROBE (a measurement; outputs unchanged): where set (gdn_probe_buffer()), a launch of the
+    // default form (whole heads, own pack, staged 2) records its phases' clocks in it (GdnProbe).
+    GdnProbe* probe = nullptr;
 };
+
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
 // b writes its head's max |y| of each row to max_of[b], then its phase (its launches so far, counted in its own word)
@@ -117,6 +123,37 @@ struct GdnPackSync {
     unsigned long long row_word[kGdnPackMaxBlocks][kGdnMaxT];
 };
 
+// What a probed GDN step (GdnStepArgs::probe) leaves, the last launch's: thread 0 of block b writes clock64() at each
+// of kGdnProbePoints points (the phase ends below, in order; a call of several sub-steps leaves its last one's),
+// the global timer at its entry and end (ns) and its SM.
+enum GdnProbePoint {
+    kProbeEntry,        // the kernel's first instruction
+    kProbeWaited,       // past its PDL wait (the kernel before done)
+    kProbeProjected,    // the fused beta / alpha projections (thread 0's group: beta of row 0)
+    kProbeLoaded,       // the sub-step's first barrier: every load in, the rows stored in shared memory
+    kProbeConv,         // the conv and the gates
+    kProbeNormed,       // the q / k L2 norms
+    kProbeKq,           // k·q
+    kProbeDelta,        // the delta rule, every row
+    kProbeGatedNorm,    // y of row 0 (warp 0's gated RMSNorm)
+    kProbePublished,    // the own pack: the block's row maxima published
+    kProbeMet,          // every block's maxima in
+    kProbeEnd,          // the pack written
+    kGdnProbePoints
+};
+struct GdnProbe {
+    long long clock[kGdnPackMaxBlocks][kGdnProbePoints];
+    unsigned long long ns[kGdnPackMaxBlocks][2];
+    unsigned sm[kGdnPackMaxBlocks];
+};
+
+template <bool kProbe>
+__device__ __forceinline__ void gdn_mark(GdnProbe* p, int point) {
+    if constexpr (kProbe) {
+        if (threadIdx.x == 0) p->clock[blockIdx.x][point] = clock64();
+    }
+}
+
 // One GDN step for all value heads: grid n_v blocks of kGdnThreads, or (a call of more than kGdnMaxT rows
 // without the fused projections, unless OPENJET_GDN_SPLIT=0) the column split or the chunked form and its gated
 // RMSNorm launch. pack (optional): where that separate gated RMSNorm runs, it also packs y for the out projection
@@ -127,6 +164,11 @@ struct GdnPackSync {
 // warp a head, without a row's maximum (numerics of its own where v s is subnormal); pack->inv[row] = 1 / s.
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack = nullptr,
                             bool* packed = nullptr, const float* pack_scales = nullptr);
+
+// OPENJET_BENCH_GDN_PROBE: the device address of the record a probed launch writes (GdnStepArgs::probe; null where
+// CUDA fails to give it), and a copy of its last contents.
+GdnProbe* gdn_probe_buffer();
+cudaError_t gdn_probe_read(GdnProbe* out);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 
@@ -243,11 +285,12 @@ __device__ __forceinline__ void gdn_stage_params(const GdnStepArgs& a, int h, Gd
 // loaded while the delta rule of this one runs. kStaged: the block ran gdn_stage_params before its wait, so the taps,
 // the norm weight and the gates' parameters are in shared memory, and step 4 also leaves y in sm.o (in place of o:
 // the own pack's input where the call replays no rows).
-template <int kCols = kGdnHeadDim, bool kStaged = false>
+template <int kCols = kGdnHeadDim, bool kStaged = false, bool kProbe = false>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
     static_assert(!kStaged || kWhole, "the staged form takes whole heads");
+    static_assert(!kProbe || kStaged, "the probe takes the staged form");
     constexpr int kThreads = kGdnRowGroups * kCols, kWarps = kThreads / 32;
     constexpr int W = 2 * D + kCols;  // conv channels of the block: q, k (all rows), v (its columns)
     static_assert(D % kCols == 0 && kCols % 32 == 0, "whole warps of columns");
@@ -276,6 +319,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (lane == 0) sm.proj[job][warp % 4] = v;
         }
     }  // sm.proj is read after the next barrier
+    gdn_mark<kProbe>(a.probe, kProbeProjected);
 
     // Issue every global load first (state, inputs, weights): they are all in flight at once, and
     // nothing later waits on a global load (a load after a store through a maybe-aliasing pointer would).
@@ -350,6 +394,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         }
         if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
+        gdn_mark<kProbe>(a.probe, kProbeLoaded);
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).
@@ -402,6 +447,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             sm.conv_x[0][ch] = x0, sm.conv_x[1][ch] = x1, sm.conv_x[2][ch] = x2;
         });
         __syncthreads();
+        gdn_mark<kProbe>(a.probe, kProbeConv);
 
         // 2. q ← x·rsqrt(Σx² + eps)/√128, k ← x·rsqrt(Σx² + eps): one warp per (token, q|k) row.
         for_warp_jobs(2 * n_tok, [&](int rw) {
@@ -415,6 +461,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             }
         });
         __syncthreads();
+        gdn_mark<kProbe>(a.probe, kProbeNormed);
         for_warp_jobs(n_tok, [&](int tw) {  // k·q per token, for o = S'ᵀq + δ (k·q)
             float p = 0.0f;
 #pragma unroll
@@ -423,6 +470,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             if (lane == 0) sm.kq[tw] = p;
         });
         __syncthreads();
+        gdn_mark<kProbe>(a.probe, kProbeKq);
         if (t0 + kGdnMaxT < total) load_rows(t0 + kGdnMaxT);  // in flight during the delta rule
 
         // 3. Delta rule, token by token, state in registers. One barrier per token (red is double-buffered:
@@ -465,6 +513,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
             }
         }
         __syncthreads();
+        gdn_mark<kProbe>(a.probe, kProbeDelta);
 
         // 4. y = o·rsqrt(mean o² + eps)·w·silu(z), one warp per token (the column split: a launch of its own).
         if (kWhole && warp < n_tok && t0 + warp >= a.replay) {
@@ -477,6 +526,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
                 for (int i = 0; i < 4; ++i) yt[lane + 32 * i] = sm.o[warp][lane + 32 * i];
             }
         }
+        gdn_mark<kProbe>(a.probe, kProbeGatedNorm);
     }
 }
 

@@ -229,3 +229,18 @@ extern "C" OPENJET_API int openjet_test_bench_gdn(int n_k, int n_v, int t, int c
         if (!std::isfinite(x)) return fail(OPENJET_ERR_INTERNAL, "bench_gdn: the state became non-finite");
     return OPENJET_OK;
 }
+
+extern "C" OPENJET_API int openjet_test_gdn_probe(int blocks, int points, long long* clock, unsigned long long* ns,
+                                                  unsigned* sm) {
+    if (blocks < 1 || blocks > kGdnPackMaxBlocks || points != kGdnProbePoints || !clock || !ns || !sm)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gdn_probe: blocks = %d (1..%d), points = %d (must be %d), or a null "
+                    "output", blocks, kGdnPackMaxBlocks, points, static_cast<int>(kGdnProbePoints));
+    GdnProbe p;
+    if (const cudaError_t e = gdn_probe_read(&p)) return cuda_fail(e, "gdn_probe");
+    for (int b = 0; b < blocks; ++b) {
+        for (int i = 0; i < points; ++i) clock[b * points + i] = p.clock[b][i];
+        ns[2 * b] = p.ns[b][0], ns[2 * b + 1] = p.ns[b][1];
+        sm[b] = p.sm[b];
+    }
+    return OPENJET_OK;
+}

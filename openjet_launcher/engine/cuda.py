@@ -135,6 +135,7 @@ KERNEL_SWITCHES = {
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
     "OPENJET_BENCH_GRAPH": ("0", "1"),                      # engine.cu, trunk_graph (a measurement; read at load)
+    "OPENJET_BENCH_GDN_PROBE": ("0", "1"),                  # engine.cu, gdn_probe (a measurement; read at load)
     "OPENJET_MTP_INPUT_PACK": ("0", "1"),                   # engine.cu, mtp_rows (1: default; read at load)
 }
 

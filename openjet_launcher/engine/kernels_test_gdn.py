@@ -22,7 +22,8 @@ def _lib() -> ctypes.CDLL:
     return _bind("GDN test API", {"gdn_step": [_I, _I, _I, _F] + [_P] * 12,
                                   "gdn_step_replay": [_I] * 5 + [_F] + [_P] * 12,
                                   "gdn_step_bounded_pack": [_I, _I, _I, _F] + [_P] * 14,
-                                  "bench_gdn": [_I, _I, _I, _I, _I, _I, _P]})
+                                  "bench_gdn": [_I, _I, _I, _I, _I, _I, _P],
+                                  "gdn_probe": [_I, _I, _P, _P, _P]})
 
 
 def _step_inputs(n_k: int, n_v: int, qkv, z, b, alpha, conv_w, conv_state, ssm_a, dt_bias, norm_w, state):
@@ -104,3 +105,21 @@ def bench_gdn(n_k: int, n_v: int, t: int, copies: int, reps: int, runs: int) -> 
     us = np.empty(runs, np.float32)
     _check(lib, lib.openjet_test_bench_gdn(n_k, n_v, t, copies, reps, runs, _ptr(us)), "bench_gdn")
     return [float(v) for v in us]
+
+
+# GdnProbePoint's names, in order (gdn_decode.cuh): the phase that ends at each point.
+GDN_PROBE_POINTS = ("entry", "waited", "projected", "loaded", "conv", "normed", "kq", "delta", "gated_norm",
+                    "published", "met", "end")
+
+
+def gdn_probe(blocks: int) -> dict:
+    """What the last GDN step launched under OPENJET_BENCH_GDN_PROBE=1 recorded (openjet_test_gdn_probe) for its first
+    `blocks` blocks: clock [blocks, 12] (each point's clock64, GDN_PROBE_POINTS' order), ns [blocks, 2] (the global
+    timer at entry and end), sm [blocks]."""
+    lib = _lib()
+    clock = np.zeros((blocks, len(GDN_PROBE_POINTS)), np.int64)
+    ns = np.zeros((blocks, 2), np.uint64)
+    sm = np.zeros(blocks, np.uint32)
+    _check(lib, lib.openjet_test_gdn_probe(blocks, len(GDN_PROBE_POINTS), _ptr(clock), _ptr(ns), _ptr(sm)),
+           "gdn_probe")
+    return {"clock": clock, "ns": ns, "sm": sm}
