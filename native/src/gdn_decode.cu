@@ -130,7 +130,8 @@ __device__ GdnProbe g_gdn_probe;
 // The own pack's whole-head kernel at a staged level (GdnStepArgs::staged), probed where asked (level 2 only).
 using GdnKernel = void (*)(GdnStepArgs);
 GdnKernel own_pack_kernel(int staged, bool probe) {
-    if (staged == 2) return probe ? gdn_step_kernel<kGdnHeadDim, true, 2, true> : gdn_step_kernel<kGdnHeadDim, true, 2>;
+    if (staged == 2)
+        return probe ? gdn_step_kernel<kGdnHeadDim, true, 2, true> : gdn_step_kernel<kGdnHeadDim, true, 2>;
     return staged == 1 ? gdn_step_kernel<kGdnHeadDim, true, 1> : gdn_step_kernel<kGdnHeadDim, true>;
 }
 
