@@ -184,11 +184,11 @@ struct openjet_engine {
     // bits; OPENJET_GDN_STEP_PACK=0 at create: the pack launch (T=1 8.99 -> 8.80 ms with OPENJET_ADD_NORM_MAX_EST on
     // the H100 at 17de1b0).
     bool gdn_step_pack = true;
-    // OPENJET_GDN_STAGED at create: the GDN step's staged form (GdnStepArgs::staged; the same bits): 2, the default
-    // since 2026-12-06, its weights' DRAM round trips before its PDL wait and its own pack's lighter meeting (H100,
-    // twice against 0: the gdn.step phase 0.677 -> 0.639 ms a T=1 step, the no-draft cycle 8.095 -> 8.030 ms); 1
-    // without the meeting (no gain: 0.691); 0 neither.
-    int gdn_staged = 2;
+    // OPENJET_GDN_STAGED=0 at create: off (on by default since 2026-12-06): the GDN step's staged form
+    // (GdnStepArgs::staged: its weights' DRAM round trips before its PDL wait; the same bits). Timed with the own pack's
+    // lighter meeting (GdnPackSync, now every form's) on the H100, twice against neither: the gdn.step phase 0.677 ->
+    // 0.639 ms a T=1 step, the no-draft cycle 8.095 -> 8.030 ms; the staging alone gained nothing (0.691).
+    bool gdn_staged = true;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -831,7 +831,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     const size_t ybuf = std::max((size_t)e.d_inner(), (size_t)e.q_dim());
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
-    if (std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = env_level("OPENJET_GDN_STAGED", 2);
+    if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);

@@ -18,16 +18,16 @@ namespace {
 
 // The step's own pack of its y rows (GdnStepArgs::pack_out), after gdn_step_head wrote them: warp r takes its head's
 // 128 values of row r (lane = element of each of the head's four 32-blocks, as pack_block wants); the heads' maxima
-// meet through GdnPackSync (each block publishes its own with a release of its phase word; thread i waits for block
-// i's word and brings its maxima into the block's shared max), and each warp packs its four 32-blocks under the row's
-// max; head 0 writes the row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's pack_block,
-// so the pack has launch_pack_act's bits. Every block of the launch must be resident at once (launch_gdn_step checks).
-// (A first form met through an atomic max and a shared arrival counter, 96 atomics on two words: parity with the
-// pack launch on the H100, trace_step at 2307356.)
-// kStage (GdnStepArgs::staged) >= 1: y from sm.o where the call replays no rows (gdn_step_head<128, true> left its rows
-// there, one sub-step: the own pack takes at most kGdnMaxT), else from global memory as the default form; 2: the
-// maxima meet through GdnPackSync::row_word.
-template <int kStage, bool kProbe = false>
+// meet through GdnPackSync (each block writes its max of each row with its phase in one word; thread i waits for
+// block i's words and brings their maxima into the block's shared max), and each warp packs its four 32-blocks under
+// the row's max; head 0 writes the row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's
+// pack_block, so the pack has launch_pack_act's bits. Every block of the launch must be resident at once
+// (launch_gdn_step checks). (Earlier forms: an atomic max and a shared arrival counter, 96 atomics on two words, at
+// parity with the pack launch on the H100, trace_step at 2307356; the maxima stored, then a fenced release of the
+// phase word and a load of the maxima after the spin, ~0.8 us a layer slower, NOTES_gemv.md forty-fifth session.)
+// kStaged (GdnStepArgs::staged): y from sm.o where the call replays no rows (gdn_step_head<128, true> left its rows
+// there, one sub-step: the own pack takes at most kGdnMaxT), else from global memory.
+template <bool kStaged, bool kProbe = false>
 __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
     __shared__ unsigned row_max[kGdnMaxT];
@@ -38,7 +38,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
     __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
     float v[4] = {};
     if (warp < a.t) {
-        const float* yr = kStage && !a.replay ? sm.o[warp] : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
+        const float* yr = kStaged && !a.replay ? sm.o[warp] : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
         float m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -47,38 +47,18 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
         }
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) {
-            if constexpr (kStage >= 2)
-                store_relaxed(&sync->row_word[h][warp], (unsigned long long)phase << 32 | __float_as_uint(m));
-            else
-                sync->max_of[h][warp] = m;
-        }
+        if (lane == 0) store_relaxed(&sync->row_word[h][warp], (unsigned long long)phase << 32 | __float_as_uint(m));
     }
     gdn_mark<kProbe>(a.probe, kProbePublished);
-    if constexpr (kStage >= 2) {
-        if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
-        if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's row maxima, once they are this
-            for (int r = 0; r < a.t; ++r) {                     // launch's (a block that never came: fail, not hang)
-                unsigned long long got = 0;
-                spin_until(&sync->row_word[threadIdx.x][r], [phase, &got](unsigned long long w) {
-                    got = w;
-                    return static_cast<unsigned>(w >> 32) == phase;
-                });
-                atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
-            }
-        }
-    } else {
-        __syncthreads();  // the block's maxima stored, before its release (the fence below is cumulative)
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicExch(&sync->phase_of[h], phase);
-        }
-        if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's maxima, once it has published them
-            const int* word = reinterpret_cast<const int*>(&sync->phase_of[threadIdx.x]);
-            // (a block that never came: fail, not hang)
-            spin_until(word, [phase](int v) { return static_cast<unsigned>(v) == phase; });
-            for (int r = 0; r < a.t; ++r)
-                atomicMax(&row_max[r], __float_as_uint(__ldcg(&sync->max_of[threadIdx.x][r])));  // (>= 0: bits order)
+    if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
+    if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's row maxima, once they are this
+        for (int r = 0; r < a.t; ++r) {                     // launch's (a block that never came: fail, not hang)
+            unsigned long long got = 0;
+            spin_until(&sync->row_word[threadIdx.x][r], [phase, &got](unsigned long long w) {
+                got = w;
+                return static_cast<unsigned>(w >> 32) == phase;
+            });
+            atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
         }
     }
     __syncthreads();
@@ -93,13 +73,13 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
 
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
 // would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
-// a kernel of its own so that the default one's code stays as it was. kStage (whole heads only): GdnStepArgs::staged.
+// a kernel of its own so that the default one's code stays as it was. kStaged (whole heads only): GdnStepArgs::staged.
 // kProbe (the own pack's staged form only): GdnStepArgs::probe.
-template <int kCols, bool kOwnPack = false, int kStage = 0, bool kProbe = false>
+template <int kCols, bool kOwnPack = false, bool kStaged = false, bool kProbe = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
-    static_assert(!kProbe || (kOwnPack && kStage == 2), "the probe takes the default form");
+    static_assert(!kProbe || (kOwnPack && kStaged), "the probe takes the default form");
     __shared__ GdnSmem sm;
     constexpr int kSplits = kGdnHeadDim / kCols;
     const int h = blockIdx.x / kSplits, c0 = blockIdx.x % kSplits * kCols;
@@ -113,11 +93,11 @@ gdn_step_kernel(const GdnStepArgs a) {
     }
     gdn_mark<kProbe>(a.probe, kProbeEntry);
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
-    if constexpr (kStage > 0) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
+    if constexpr (kStaged) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
     pdl_start();  // pdl.cuh
     gdn_mark<kProbe>(a.probe, kProbeWaited);
-    gdn_step_head<kCols, (kStage > 0), kProbe>(a, h, sm, c0);
-    if constexpr (kOwnPack) gdn_pack_own_rows<kStage, kProbe>(a, h, sm);
+    gdn_step_head<kCols, kStaged, kProbe>(a, h, sm, c0);
+    if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm);
     if constexpr (kProbe) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
         if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
@@ -127,12 +107,11 @@ gdn_step_kernel(const GdnStepArgs a) {
 // OPENJET_BENCH_GDN_PROBE's record (GdnProbe), one for the process: the last probed launch's.
 __device__ GdnProbe g_gdn_probe;
 
-// The own pack's whole-head kernel at a staged level (GdnStepArgs::staged), probed where asked (level 2 only).
+// The own pack's whole-head kernel, staged or not (GdnStepArgs::staged), probed where asked (staged only).
 using GdnKernel = void (*)(GdnStepArgs);
-GdnKernel own_pack_kernel(int staged, bool probe) {
-    if (staged == 2)
-        return probe ? gdn_step_kernel<kGdnHeadDim, true, 2, true> : gdn_step_kernel<kGdnHeadDim, true, 2>;
-    return staged == 1 ? gdn_step_kernel<kGdnHeadDim, true, 1> : gdn_step_kernel<kGdnHeadDim, true>;
+GdnKernel own_pack_kernel(bool staged, bool probe) {
+    if (!staged) return gdn_step_kernel<kGdnHeadDim, true>;
+    return probe ? gdn_step_kernel<kGdnHeadDim, true, true, true> : gdn_step_kernel<kGdnHeadDim, true, true>;
 }
 
 constexpr int kNormThreads = 256;
@@ -306,8 +285,8 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             // The step's own pack (GdnStepArgs::pack_out) where the caller gave the barrier's words and the pack
             // (not a bounded one), the rows fit one sub-step's warps and the GPU holds every block at once.
             // The staged form (GdnStepArgs::staged) where its 16-byte copies of conv_w and norm_w are aligned.
-            const int staged = (reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15
-                                   ? 0 : a.staged;
+            const bool staged =
+                a.staged && !((reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15);
             if (staged) count_launch(Counted::kGdnStaged);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
@@ -320,7 +299,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 if (packed) *packed = true;
                 return cudaSuccess;
             }
-            return launch_kernel(staged ? gdn_step_kernel<kGdnHeadDim, false, 1> : gdn_step_kernel<kGdnHeadDim>,
+            return launch_kernel(staged ? gdn_step_kernel<kGdnHeadDim, false, true> : gdn_step_kernel<kGdnHeadDim>,
                                  a.n_v, kGdnThreads, 0, stream, a);
         }
         constexpr int kSplits = kGdnHeadDim / kGdnSplitCols;

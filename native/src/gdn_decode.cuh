@@ -97,28 +97,25 @@ struct GdnStepArgs {
     // 32-blocks of each row under the row's max, as launch_pack_act packs y: the same bits, without that launch.
     ActPack pack_out{nullptr, nullptr, nullptr, 0};
     unsigned* pack_sync = nullptr;
-    // The staged form (OPENJET_GDN_STAGED; the engine's default is 2): at 1 a whole-head call copies what it reads that
-    // no kernel writes (its conv taps, the norm weight, its ssm_a and dt_bias) into shared memory before its PDL wait,
+    // The staged form (OPENJET_GDN_STAGED, on in the engine by default): a whole-head call copies what it reads that no
+    // kernel writes (its conv taps, the norm weight, its ssm_a and dt_bias) into shared memory before its PDL wait,
     // asks L2 for its conv state's lines there too, and its own pack takes y from shared memory where it replays no
-    // rows (gdn_stage_params); at 2 its own pack's blocks also meet through one self-checking word a row
-    // (GdnPackSync::row_word: no fence, no second round trip for the maxima). The same values, so the same bits.
-    // launch_gdn_step takes it where conv_w and norm_w are 16-byte aligned; 0: the form before it.
-    int staged = 0;
+    // rows (gdn_stage_params). The same values, so the same bits. launch_gdn_step takes it where conv_w and norm_w are
+    // 16-byte aligned.
+    bool staged = false;
     // OPENJET_BENCH_GDN_PROBE (a measurement; outputs unchanged): where set (gdn_probe_buffer()), a launch of the
-    // default form (whole heads, own pack, staged 2) records its phases' clocks in it (GdnProbe).
+    // default form (whole heads, own pack, staged) records its phases' clocks in it (GdnProbe).
     GdnProbe* probe = nullptr;
 };
 
-// The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics: block
-// b writes its head's max |y| of each row to max_of[b], then its phase (its launches so far, counted in its own word)
-// to phase_of[b]; every block waits for each other block's word to reach its phase, then takes the rows' maxima over
-// max_of. They start zeroed and need no host reset (each launch runs every block once: the phases agree). The staged
-// form's level 2 instead writes each row's max with the phase in one 64-bit word, row_word[b][row] = phase << 32 |
-// bits of the max, which a reader takes once its phase is the launch's: no fence before it, no load after it.
+// The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics, no
+// fence: block b writes its head's max |y| of each row with its phase (its launches so far, counted in phase_of[b],
+// which only it reads) in one 64-bit word, row_word[b][row] = phase << 32 | the max's bits; every block takes each
+// other block's word once its phase is the launch's. They start zeroed and need no host reset (each launch runs every
+// block once: the phases agree).
 constexpr int kGdnPackMaxBlocks = 64;
 struct GdnPackSync {
     unsigned phase_of[kGdnPackMaxBlocks];
-    float max_of[kGdnPackMaxBlocks][kGdnMaxT];
     unsigned long long row_word[kGdnPackMaxBlocks][kGdnMaxT];
 };
 

@@ -90,11 +90,11 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         UnitX ux[1];
         ux[0].col = xh + u * kUnitElems;
         ux[0].sum = xs + u * 16;
-        if constexpr (kNoMath) {
-        } else if constexpr (QT == kQ6_K) {  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-            unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
-        } else {
-            UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
+        if constexpr (!kNoMath) {  // (the measurement hands the unit back uncomputed)
+            if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
+                unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
+            else
+                UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
