@@ -59,7 +59,8 @@
 #            on three T=1 GDN steps of the default (speed of light, warp states, scheduler, memory; ncu-gdn.txt).
 #            ~4 minutes.
 # PLAN=gdnclock  the GDN step's phases on the GPU's clocks inside the step (OPENJET_BENCH_GDN_PROBE: written on
-#            2026-12-06 without a GPU): its test and the staged form's bit test, then native/bench/gdn_probe.py at T=1
+#            2026-12-06 without a GPU): its test, the staged form's and the own pack's bit tests (GDN_STAGED,
+#            GDN_STEP_PACK) and the fused replay's, then native/bench/gdn_probe.py at T=1
 #            and T=5 (gdn-probe.json: each phase's us, median and largest over the 48 blocks; when the blocks came and
 #            passed their PDL wait), then the T=1 / T=5 trace. ~4 minutes.
 # PLAN=bound what the GEMVs' arithmetic costs the step (OPENJET_BENCH_GEMV_NO_MATH=1: the producer-warp GEMVs stream
@@ -275,7 +276,7 @@ PY
     trap pack_logs EXIT
     alternate_twice OPENJET_BENCH_GEMV_NO_MATH ;;
   gdnclock)
-    plan 60 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_STAGED)'" \
+    plan 150 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_S) or fused_gdn_replay'" \
       gdnclock-bench ;;
   gdnclock-bench)
     trap pack_logs EXIT
