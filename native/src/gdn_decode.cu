@@ -16,10 +16,25 @@
 namespace openjet {
 namespace {
 
+// What the own pack keeps in shared memory: the rows' maxima as they meet, and the launch's phase, which
+// gdn_pack_own_begin loads at the kernel's start so that its L2 round trip is not in the chain at the end.
+struct GdnPackShared {
+    unsigned row_max[kGdnMaxT];
+    unsigned phase;
+};
+
+// Before the step (after the PDL wait): thread 0 reads this block's phase (its launches so far; only this block
+// writes it, and every launch runs every block once, so all blocks count alike), the row maxima start at 0. Both are
+// first read after the step's barriers.
+__device__ __forceinline__ void gdn_pack_own_begin(const GdnStepArgs& a, int h, GdnPackShared& ps) {
+    if (threadIdx.x == 0) ps.phase = __ldcg(&reinterpret_cast<const GdnPackSync*>(a.pack_sync)->phase_of[h]) + 1u;
+    if (threadIdx.x < kGdnMaxT) ps.row_max[threadIdx.x] = 0u;
+}
+
 // The step's own pack of its y rows (GdnStepArgs::pack_out), after gdn_step_head wrote them: warp r takes its head's
 // 128 values of row r (lane = element of each of the head's four 32-blocks, as pack_block wants); the heads' maxima
-// meet through GdnPackSync (each block writes its max of each row with its phase in one word; thread i waits for
-// block i's words and brings their maxima into the block's shared max), and each warp packs its four 32-blocks under
+// meet through GdnPackSync (each block writes its max of each row with its phase in one word; a thread a word waits
+// for it and brings its max into the block's shared max), and each warp packs its four 32-blocks under
 // the row's max; head 0 writes the row's 1 / s. The max is exact in any order and the rest is pack_cluster_kernel's
 // pack_block, so the pack has launch_pack_act's bits. Every block of the launch must be resident at once
 // (launch_gdn_step checks). (Earlier forms: an atomic max and a shared arrival counter, 96 atomics on two words, at
@@ -28,14 +43,12 @@ namespace {
 // kStaged (GdnStepArgs::staged): y from sm.o where the call replays no rows (gdn_step_head<128, true> left its rows
 // there, one sub-step: the own pack takes at most kGdnMaxT), else from global memory.
 template <bool kStaged, bool kProbe = false>
-__device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm) {
+__device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, const GdnSmem& sm, GdnPackShared& ps) {
     auto* sync = reinterpret_cast<GdnPackSync*>(a.pack_sync);
-    __shared__ unsigned row_max[kGdnMaxT];
+    unsigned* const row_max = ps.row_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = a.n_v * kGdnHeadDim;
-    // (only this block writes its phase word, and every launch runs every block once: all blocks count alike)
-    const unsigned phase = __ldcg(&sync->phase_of[h]) + 1u;
-    if (threadIdx.x < kGdnMaxT) row_max[threadIdx.x] = 0u;
     __syncthreads();  // the block's y rows are written (step 4 of its last sub-step)
+    const unsigned phase = ps.phase;
     float v[4] = {};
     if (warp < a.t) {
         const float* yr = kStaged && !a.replay ? sm.o[warp] : a.y + (size_t)warp * k + (size_t)h * kGdnHeadDim;
@@ -51,15 +64,18 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
     }
     gdn_mark<kProbe>(a.probe, kProbePublished);
     if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
-    if (threadIdx.x < static_cast<unsigned>(gridDim.x)) {  // thread i: block i's row maxima, once they are this
-        for (int r = 0; r < a.t; ++r) {                     // launch's (a block that never came: fail, not hang)
-            unsigned long long got = 0;
-            spin_until(&sync->row_word[threadIdx.x][r], [phase, &got](unsigned long long w) {
-                got = w;
-                return static_cast<unsigned>(w >> 32) == phase;
-            });
-            atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
-        }
+    // Thread i: block i % blocks's word of row i / blocks, once it is this launch's (a block that never came: fail,
+    // not hang); one thread a word, so the rows' round trips run side by side (blocks * t <= 64 * 8 threads).
+    static_assert(kGdnPackMaxBlocks * kGdnMaxT <= kGdnThreads, "a thread for every word");
+    const int blocks = static_cast<int>(gridDim.x);
+    if (static_cast<int>(threadIdx.x) < blocks * a.t) {
+        const int b = static_cast<int>(threadIdx.x) % blocks, r = static_cast<int>(threadIdx.x) / blocks;
+        unsigned long long got = 0;
+        spin_until(&sync->row_word[b][r], [phase, &got](unsigned long long w) {
+            got = w;
+            return static_cast<unsigned>(w >> 32) == phase;
+        });
+        atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
     }
     __syncthreads();
     gdn_mark<kProbe>(a.probe, kProbeMet);
@@ -96,8 +112,10 @@ gdn_step_kernel(const GdnStepArgs a) {
     if constexpr (kStaged) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
     pdl_start();  // pdl.cuh
     gdn_mark<kProbe>(a.probe, kProbeWaited);
+    __shared__ GdnPackShared ps;  // (the own pack's; other forms leave it unused)
+    if constexpr (kOwnPack) gdn_pack_own_begin(a, h, ps);
     gdn_step_head<kCols, kStaged, kProbe>(a, h, sm, c0);
-    if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm);
+    if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm, ps);
     if constexpr (kProbe) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
         if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
