@@ -116,6 +116,9 @@ gdn_step_kernel(const GdnStepArgs a) {
     if constexpr (kOwnPack) gdn_pack_own_begin(a, h, ps);
     gdn_step_head<kCols, kStaged, kProbe>(a, h, sm, c0);
     if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm, ps);
+    if constexpr (kCols == kGdnHeadDim) {
+        if (a.next_state) gdn_prefetch_next(a, h);
+    }
     if constexpr (kProbe) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
         if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
@@ -306,6 +309,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             const bool staged =
                 a.staged && !((reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15);
             if (staged) count_launch(Counted::kGdnStaged);
+            if (a.next_state) count_launch(Counted::kGdnNext);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;

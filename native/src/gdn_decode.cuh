@@ -106,6 +106,10 @@ struct GdnStepArgs {
     // OPENJET_BENCH_GDN_PROBE (a measurement; outputs unchanged): where set (gdn_probe_buffer()), a launch of the
     // default form (whole heads, own pack, staged) records its phases' clocks in it (GdnProbe).
     GdnProbe* probe = nullptr;
+    // OPENJET_GDN_NEXT (hints only, outputs unchanged): the next GDN layer's state ([n_v, 128, 128]) and conv state
+    // ([3, conv_dim]), whose lines a whole-head launch asks L2 for as its blocks end (gdn_prefetch_next), or null.
+    const float* next_state = nullptr;
+    const float* next_conv_state = nullptr;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics, no
@@ -248,6 +252,25 @@ __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h,
         const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
         if (i < 2 * lines)
             prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
+    }
+}
+
+// OPENJET_GDN_NEXT, by a whole head's block at its end: asks L2 for the next GDN layer's lines of head h, its state
+// (128 rows of 4 lines) and a share of its conv state (3 x conv_dim floats over the n_v blocks). The next layer's
+// step reads them about a layer later (~0.1 ms). Its own hints before its PDL wait (gdn_prefetch_inputs,
+// gdn_stage_params) come ~1 us before its loads: the probe (OPENJET_BENCH_GDN_PROBE, H100, 552be8b) put the T=1
+// step's first barrier ~5.7 us past the wait, lines from DRAM while the weight stream holds it. Only a hint: the next
+// step's loads stay where they are, and that step's launch comes after this one's end.
+__device__ __forceinline__ void gdn_prefetch_next(const GdnStepArgs& a, int h) {
+    constexpr int D = kGdnHeadDim, kStateLines = D * D / 32;  // 32 floats a line
+    static_assert(kStateLines <= kGdnThreads, "a line a thread");
+    const int tid = threadIdx.x;
+    if (tid < kStateLines) {
+        prefetch_l2(a.next_state + (size_t)h * D * D + (size_t)tid * 32);
+    } else if (a.next_conv_state) {  // (3 conv_dim / 32 lines over n_v blocks: at most 36 a block, as conv_dim <= 3 n_v D)
+        const int lines = 3 * (2 * a.n_k + a.n_v) * D / 32, per = (lines + a.n_v - 1) / a.n_v;
+        const int line = h * per + tid - kStateLines;
+        if (tid - kStateLines < per && line < lines) prefetch_l2(a.next_conv_state + (size_t)line * 32);
     }
 }
 
