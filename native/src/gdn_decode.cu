@@ -116,12 +116,12 @@ gdn_step_kernel(const GdnStepArgs a) {
     if constexpr (kOwnPack) gdn_pack_own_begin(a, h, ps);
     gdn_step_head<kCols, kStaged, kProbe>(a, h, sm, c0);
     if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm, ps);
-    if constexpr (kCols == kGdnHeadDim) {
-        if (a.next_state) gdn_prefetch_next(a, h);
-    }
     if constexpr (kProbe) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
         if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
+    }
+    if constexpr (kCols == kGdnHeadDim) {
+        if (a.next_state) gdn_prefetch_next(a, h);  // (after the probe's end: hints for the next layer, not this step)
     }
 }
 
