@@ -172,7 +172,7 @@ cudaError_t gdn_probe_read(GdnProbe* out);
 
 constexpr int kGdnRowGroups = kGdnHeadDim / kGdnRowsPerThread;  // partial dots per column
 
-// Shared memory of one head's step (47.4 KiB, static: the own pack's kernels reach 48,528 bytes of the 49,152 a
+// Shared memory of one head's step (47.4 KiB, static: the own pack's kernels reach 48,544 bytes of the 49,152 a
 // static allocation may take).
 struct GdnSmem {
     float x[3][kGdnMaxT][kGdnHeadDim];  // q, k, v: raw qkv, then silu(conv), then q and k L2-normalised
@@ -234,8 +234,21 @@ __device__ __forceinline__ int gdn_conv_channel(int key_dim, int kh, int h, int 
                      : part == 1 ? key_dim + kh * kGdnHeadDim + cl : 2 * key_dim + h * kGdnHeadDim + cl;
 }
 
+// Head h's state lines in `state` ([n_v, 128, 128]) at columns [c0, c0 + kCols), 128 rows of kCols floats, asked of
+// L2 a line a thread: threads 0 .. gdn_state_lines<kCols> - 1 take one.
+template <int kCols> constexpr int gdn_state_lines = kGdnHeadDim * (kCols / 32);  // 32 floats a line
+template <int kCols>
+__device__ __forceinline__ void gdn_prefetch_state(const float* state, int h, int c0) {
+    constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32;
+    static_assert(kCols % 32 == 0, "whole lines a row");
+    static_assert(gdn_state_lines<kCols> <= kGdnThreads, "a line a thread");
+    const int tid = threadIdx.x;
+    if (tid < gdn_state_lines<kCols>)
+        prefetch_l2(state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
+}
+
 // Asks L2 for what gdn_step_head<kCols> reads at column c0 of head h that no kernel just before it writes: the
-// state's lines there (128 rows of kCols floats) and, whole heads with the fused projections, the head's beta and
+// state's lines there (gdn_prefetch_state) and, whole heads with the fused projections, the head's beta and
 // alpha weight rows (read in five round trips a thread: a helper's SASS audit, 2026-12-05, counted ~5 DRAM round
 // trips a launch without this); a line a thread. A launch calls it before its PDL wait, so those cold lines (3 MB of
 // state and 1 MB of weights a layer of the 27B; a step's weight stream evicts them from L2) come in while the kernel
@@ -243,34 +256,27 @@ __device__ __forceinline__ int gdn_conv_channel(int key_dim, int kh, int h, int 
 // holds.
 template <int kCols>
 __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h, int c0) {
-    constexpr int D = kGdnHeadDim, kLinesPerRow = kCols / 32, kStateLines = D * kLinesPerRow;  // 32 floats a line
-    static_assert(kCols % 32 == 0, "whole lines a row");
-    const int tid = threadIdx.x;
-    if (tid < kStateLines) {
-        prefetch_l2(a.state + (size_t)h * D * D + (size_t)(tid / kLinesPerRow) * D + c0 + (tid % kLinesPerRow) * 32);
-    } else if (kCols == D && a.w_beta) {
-        const int lines = (a.proj_k + 31) >> 5, i = tid - kStateLines;
-        if (i < 2 * lines)
+    gdn_prefetch_state<kCols>(a.state, h, c0);
+    if (kCols == kGdnHeadDim && a.w_beta) {
+        const int lines = (a.proj_k + 31) >> 5, i = static_cast<int>(threadIdx.x) - gdn_state_lines<kCols>;
+        if (i >= 0 && i < 2 * lines)
             prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
     }
 }
 
 // OPENJET_GDN_NEXT, by a whole head's block at its end: asks L2 for the next GDN layer's lines of head h, its state
-// (128 rows of 4 lines) and a share of its conv state (3 x conv_dim floats over the n_v blocks). The next layer's
+// (gdn_prefetch_state) and a share of its conv state (3 x conv_dim floats over the n_v blocks). The next layer's
 // step reads them about a layer later (~0.1 ms). Its own hints before its PDL wait (gdn_prefetch_inputs,
 // gdn_stage_params) come ~1 us before its loads: the probe (OPENJET_BENCH_GDN_PROBE, H100, 552be8b) put the T=1
 // step's first barrier ~5.7 us past the wait, lines from DRAM while the weight stream holds it. Only a hint: the next
 // step's loads stay where they are, and that step's launch comes after this one's end.
 __device__ __forceinline__ void gdn_prefetch_next(const GdnStepArgs& a, int h) {
-    constexpr int D = kGdnHeadDim, kStateLines = D * D / 32;  // 32 floats a line
-    static_assert(kStateLines <= kGdnThreads, "a line a thread");
-    const int tid = threadIdx.x;
-    if (tid < kStateLines) {
-        prefetch_l2(a.next_state + (size_t)h * D * D + (size_t)tid * 32);
-    } else if (a.next_conv_state) {  // (3 conv_dim / 32 lines over n_v blocks: at most 36 a block, as conv_dim <= 3 n_v D)
-        const int lines = 3 * (2 * a.n_k + a.n_v) * D / 32, per = (lines + a.n_v - 1) / a.n_v;
-        const int line = h * per + tid - kStateLines;
-        if (tid - kStateLines < per && line < lines) prefetch_l2(a.next_conv_state + (size_t)line * 32);
+    constexpr int kStateLines = gdn_state_lines<kGdnHeadDim>;
+    gdn_prefetch_state<kGdnHeadDim>(a.next_state, h, 0);
+    if (a.next_conv_state) {  // (3 conv_dim / 32 lines over n_v blocks: at most 36 a block, as conv_dim <= 3 n_v D)
+        const int lines = 3 * (2 * a.n_k + a.n_v) * kGdnHeadDim / 32, per = (lines + a.n_v - 1) / a.n_v;
+        const int i = static_cast<int>(threadIdx.x) - kStateLines, line = h * per + i;
+        if (i >= 0 && i < per && line < lines) prefetch_l2(a.next_conv_state + (size_t)line * 32);
     }
 }
 
