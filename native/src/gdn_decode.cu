@@ -310,6 +310,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 a.staged && !((reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15);
             if (staged) count_launch(Counted::kGdnStaged);
             if (a.next_state) count_launch(Counted::kGdnNext);
+            if (a.l1_hints && a.w_beta) count_launch(Counted::kGdnL1);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;
