@@ -311,6 +311,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             if (staged) count_launch(Counted::kGdnStaged);
             if (a.next_state) count_launch(Counted::kGdnNext);
             if (a.l1_hints && a.w_beta) count_launch(Counted::kGdnL1);
+            if (a.proj_pairs && a.w_beta && 2 * a.t > kGdnThreads / 128) count_launch(Counted::kGdnPairs);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;

@@ -115,6 +115,10 @@ struct GdnStepArgs {
     // and its threads' state lines (gdn_prefetch_l1), so that the dots' five round trips a thread after the first, and
     // the state's loads after the dots, find their lines in L1.
     bool l1_hints = false;
+    // OPENJET_GDN_PAIRS (outputs unchanged): where the fused projections' 2 t jobs outnumber the block's 8 groups of
+    // 128 threads (t > 4), each group takes one matrix's row for two tokens, their dots sharing the weight loads (each
+    // token's chain of sums as alone: f32_dot_lanes), so they run in one round instead of two.
+    bool proj_pairs = false;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics, no
@@ -265,7 +269,8 @@ __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h,
     if (kCols == kGdnHeadDim && a.w_beta) {
         const int lines = (a.proj_k + 31) >> 5, i = static_cast<int>(threadIdx.x) - gdn_state_lines<kCols>;
         if (i >= 0 && i < 2 * lines) {
-            const float* p = (i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32;
+            const float* p =
+                (i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32;
             if (a.l1_hints) prefetch_l1(p);  // (weights: no kernel writes them, so L1 may hold them before the wait)
             else prefetch_l2(p);
         }
@@ -361,13 +366,26 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         // unroll); the caller asked L2 for both rows' lines before its PDL wait (gdn_prefetch_inputs), so that not
         // every trip waits on DRAM.
         constexpr int kGroups = kThreads / 128;
+        const int per = a.proj_pairs && 2 * a.t > kGroups ? 2 : 1;  // a job's rows of x_in (GdnStepArgs::proj_pairs)
 #pragma unroll 1
-        for (int job = tid / 128; job < 2 * a.t; job += kGroups) {
+        for (int job = tid / 128; job < 2 * ((a.t + per - 1) / per); job += kGroups) {
             const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;
-            float acc[1];
-            f32_dot_lanes<1, 2>(w, a.x_in + (size_t)(job >> 1) * a.proj_k, a.proj_k, tid % 128, acc);
-            const float v = f32_warp_sum(acc[0]);
-            if (lane == 0) sm.proj[job][warp % 4] = v;
+            const int row = (job >> 1) * per;  // sm.proj[2 row + (job & 1)]: that row's beta or alpha partials
+            const float* x = a.x_in + (size_t)row * a.proj_k;
+            if (row + 1 < a.t && per == 2) {
+                float acc[2];
+                f32_dot_lanes<2, 2>(w, x, a.proj_k, tid % 128, acc);
+                const float v0 = f32_warp_sum(acc[0]), v1 = f32_warp_sum(acc[1]);
+                if (lane == 0) {
+                    sm.proj[2 * row + (job & 1)][warp % 4] = v0;
+                    sm.proj[2 * row + 2 + (job & 1)][warp % 4] = v1;
+                }
+            } else {
+                float acc[1];
+                f32_dot_lanes<1, 2>(w, x, a.proj_k, tid % 128, acc);
+                const float v = f32_warp_sum(acc[0]);
+                if (lane == 0) sm.proj[2 * row + (job & 1)][warp % 4] = v;
+            }
         }
     }  // sm.proj is read after the next barrier
     gdn_mark<kProbe>(a.probe, kProbeProjected);

@@ -116,6 +116,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_STAGED": ("0", "1"),                       # engine.cu, gdn_staged (1: default; at load)
     "OPENJET_GDN_NEXT": ("0", "1"),                         # engine.cu, gdn_next (an experiment: 1; at load)
     "OPENJET_GDN_L1": ("0", "1"),                           # engine.cu, gdn_l1 (an experiment: 1; at load)
+    "OPENJET_GDN_PAIRS": ("0", "1"),                        # engine.cu, gdn_pairs (an experiment: 1; at load)
     "OPENJET_ADD_NORM_MAX_EST": ("0", "1"),                 # elementwise.cu, launch_add_norm_pack (1: default)
     "OPENJET_SWIGLU_SELF": ("0", "1"),                      # engine.cu, ffn (1, at t = 1: default; at load)
     "OPENJET_FOLD": ("0", "1"),                             # engine.cu, fold_fits (on by default; "0" off; at load)
