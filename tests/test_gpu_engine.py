@@ -591,9 +591,6 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_ATTN_PIPE", "attn_planned", ("1",)),
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
                           ("OPENJET_GDN_STAGED", "gdn_staged", ("1",)),
-                          ("OPENJET_GDN_NEXT", "gdn_next", ("1",)),
-                          ("OPENJET_GDN_L1", "gdn_l1", ("1",)),
-                          ("OPENJET_GDN_PAIRS", "gdn_pairs", ("1",)),
                           ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
@@ -609,10 +606,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     test_gpu_attn.py); OPENJET_GDN_STEP_PACK (gdn_decode.cu gdn_pack_own_rows: the GDN step packs its own output for
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_GDN_STAGED (gdn_decode.cuh
     gdn_stage_params: the GDN step's weights copied into shared memory before its PDL wait, its own pack's y from
-    there; 1, the default); OPENJET_GDN_NEXT (gdn_decode.cuh gdn_prefetch_next: the GDN step's blocks ask L2 for the
-    next layer's state as they end; hints only); OPENJET_GDN_L1 (gdn_decode.cuh gdn_prefetch_l1: the GDN step asks L1
-    for its projections' inputs and its state's lines; hints only); OPENJET_GDN_PAIRS (gdn_decode.cuh gdn_step_head:
-    above 4 rows the fused projections take two rows a group); OPENJET_SWIGLU_SELF (gemv_fold.cuh
+    there; 1, the default); OPENJET_SWIGLU_SELF (gemv_fold.cuh
     launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet once, then each
     packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one row). The counted
     path (kernels_test.launch_count) ran under each value and never under =0.

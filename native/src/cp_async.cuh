@@ -26,10 +26,5 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
 }
-// The same into this SM's L1 (and L2 on the way): a later load of the line takes an L1 hit once it has come. L1 is not
-// coherent with other SMs' writes, so only for lines no kernel writes while this one may still read them.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
-}
 
 }  // namespace openjet

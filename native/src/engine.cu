@@ -190,15 +190,6 @@ struct openjet_engine {
     // 0.639 ms a T=1 step, the no-draft cycle 8.095 -> 8.030 ms; the staging alone gained nothing (0.691).
     bool gdn_staged = true;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
-    // OPENJET_GDN_NEXT=1 at create (an experiment, hints only: the same bits): a decode or verify step's GDN launch asks
-    // L2 for the next GDN layer's state and conv state as it ends (GdnStepArgs::next_state).
-    bool gdn_next = false;
-    // OPENJET_GDN_L1=1 at create (an experiment, hints only: the same bits): the GDN step asks L1 for its projections'
-    // inputs and its state's lines (GdnStepArgs::l1_hints).
-    bool gdn_l1 = false;
-    // OPENJET_GDN_PAIRS=1 at create (an experiment, the same bits): above 4 rows the GDN step's fused projections take
-    // two rows a group of threads, in one round (GdnStepArgs::proj_pairs).
-    bool gdn_pairs = false;
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
     // inside the trunk made by the GEMVs around them: the FFN-input one by the mixer's out projection (its
@@ -841,9 +832,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
-    if (const char* f = std::getenv("OPENJET_GDN_NEXT")) e.gdn_next = std::strcmp(f, "1") == 0;
-    if (const char* f = std::getenv("OPENJET_GDN_L1")) e.gdn_l1 = std::strcmp(f, "1") == 0;
-    if (const char* f = std::getenv("OPENJET_GDN_PAIRS")) e.gdn_pairs = std::strcmp(f, "1") == 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
@@ -1306,12 +1294,6 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     g.qkv = qkv, g.z = e.big2, g.b = b, g.alpha = alpha;
     g.staged = e.gdn_staged;
     g.probe = e.gdn_probe;
-    g.l1_hints = e.gdn_l1;
-    g.proj_pairs = e.gdn_pairs;
-    if (e.gdn_next && !e.prefilling && L.idx + 1 < e.n_gdn) {  // (the conv buffer flips between steps, not layers)
-        g.next_state = e.ssm + e.ssm_layer_floats * (L.idx + 1);
-        g.next_conv_state = e.conv[e.conv_cur] + e.conv_layer_floats * (L.idx + 1);
-    }
     if (fused) {
         g.w_beta = static_cast<const float*>(L.beta.d), g.w_alpha = static_cast<const float*>(L.alpha.d);
         g.proj_k = c.n_embd, g.x_in = e.a;

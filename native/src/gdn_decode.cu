@@ -120,9 +120,6 @@ gdn_step_kernel(const GdnStepArgs a) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
         if (threadIdx.x == 0) a.probe->ns[blockIdx.x][1] = global_ns();
     }
-    if constexpr (kCols == kGdnHeadDim) {
-        if (a.next_state) gdn_prefetch_next(a, h);  // (after the probe's end: hints for the next layer, not this step)
-    }
 }
 
 // OPENJET_BENCH_GDN_PROBE's record (GdnProbe), one for the process: the last probed launch's.
@@ -309,9 +306,6 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
             const bool staged =
                 a.staged && !((reinterpret_cast<uintptr_t>(a.conv_w) | reinterpret_cast<uintptr_t>(a.norm_w)) & 15);
             if (staged) count_launch(Counted::kGdnStaged);
-            if (a.next_state) count_launch(Counted::kGdnNext);
-            if (a.l1_hints && a.w_beta) count_launch(Counted::kGdnL1);
-            if (a.proj_pairs && a.w_beta && 2 * a.t > kGdnThreads / 128) count_launch(Counted::kGdnPairs);
             if (pack && a.pack_sync && !pack_scales && a.t <= kGdnMaxT && a.n_v <= kGdnPackMaxBlocks &&
                 act_pack_fits(*pack, a.t, k) && gdn_blocks_resident(a.n_v)) {
                 GdnStepArgs own = a;

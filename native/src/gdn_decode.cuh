@@ -106,19 +106,6 @@ struct GdnStepArgs {
     // OPENJET_BENCH_GDN_PROBE (a measurement; outputs unchanged): where set (gdn_probe_buffer()), a launch of the
     // default form (whole heads, own pack, staged) records its phases' clocks in it (GdnProbe).
     GdnProbe* probe = nullptr;
-    // OPENJET_GDN_NEXT (hints only, outputs unchanged): the next GDN layer's state ([n_v, 128, 128]) and conv state
-    // ([3, conv_dim]), whose lines a whole-head launch asks L2 for as its blocks end (gdn_prefetch_next), or null.
-    const float* next_state = nullptr;
-    const float* next_conv_state = nullptr;
-    // OPENJET_GDN_L1 (hints only, outputs unchanged): a whole-head call with the fused projections asks this SM's L1
-    // for the projections' weight rows before its PDL wait (in place of L2), and right after the wait for its x_in rows
-    // and its threads' state lines (gdn_prefetch_l1), so that the dots' five round trips a thread after the first, and
-    // the state's loads after the dots, find their lines in L1.
-    bool l1_hints = false;
-    // OPENJET_GDN_PAIRS (outputs unchanged): where the fused projections' 2 t jobs outnumber the block's 8 groups of
-    // 128 threads (t > 4), each group takes one matrix's row for two tokens, their dots sharing the weight loads (each
-    // token's chain of sums as alone: f32_dot_lanes), so they run in one round instead of two.
-    bool proj_pairs = false;
 };
 
 // The words through which a launch's blocks meet for the step's own pack (GdnStepArgs::pack_sync), no atomics, no
@@ -268,42 +255,8 @@ __device__ __forceinline__ void gdn_prefetch_inputs(const GdnStepArgs& a, int h,
     gdn_prefetch_state<kCols>(a.state, h, c0);
     if (kCols == kGdnHeadDim && a.w_beta) {
         const int lines = (a.proj_k + 31) >> 5, i = static_cast<int>(threadIdx.x) - gdn_state_lines<kCols>;
-        if (i >= 0 && i < 2 * lines) {
-            const float* p =
-                (i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32;
-            if (a.l1_hints) prefetch_l1(p);  // (weights: no kernel writes them, so L1 may hold them before the wait)
-            else prefetch_l2(p);
-        }
-    }
-}
-
-// OPENJET_GDN_L1 (GdnStepArgs::l1_hints), by a whole head's block right after its PDL wait (the kernel before wrote
-// x_in): asks L1 for the fused projections' x_in rows (a line a thread, t * proj_k / 32 lines) and, for each warp, the
-// 16 lines of the state rows its threads load after the dots (lanes 0..15), so that those loads are L1 hits.
-template <int kCols>
-__device__ __forceinline__ void gdn_prefetch_l1(const GdnStepArgs& a, int h) {
-    constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread, kThreads = kGdnRowGroups * kCols;
-    static_assert(kCols == D && R <= 32, "whole heads; a row's line a lane");
-    const int tid = threadIdx.x, lane = tid & 31, rg = tid / kCols, j0 = tid % kCols - lane;
-    const int lines = a.t * ((a.proj_k + 31) >> 5);  // (x_in's rows are contiguous: [t, proj_k])
-#pragma unroll 1
-    for (int i = tid; i < lines; i += kThreads) prefetch_l1(a.x_in + (size_t)i * 32);
-    if (lane < R) prefetch_l1(a.state + (size_t)h * D * D + (size_t)(rg * R + lane) * D + j0);
-}
-
-// OPENJET_GDN_NEXT, by a whole head's block at its end: asks L2 for the next GDN layer's lines of head h, its state
-// (gdn_prefetch_state) and a share of its conv state (3 x conv_dim floats over the n_v blocks). The next layer's
-// step reads them about a layer later (~0.1 ms). Its own hints before its PDL wait (gdn_prefetch_inputs,
-// gdn_stage_params) come ~1 us before its loads: the probe (OPENJET_BENCH_GDN_PROBE, H100, 552be8b) put the T=1
-// step's first barrier ~5.7 us past the wait, lines from DRAM while the weight stream holds it. Only a hint: the next
-// step's loads stay where they are, and that step's launch comes after this one's end.
-__device__ __forceinline__ void gdn_prefetch_next(const GdnStepArgs& a, int h) {
-    constexpr int kStateLines = gdn_state_lines<kGdnHeadDim>;
-    gdn_prefetch_state<kGdnHeadDim>(a.next_state, h, 0);
-    if (a.next_conv_state) {  // (3 conv_dim / 32 lines over n_v blocks: at most 36 a block, as conv_dim <= 3 n_v D)
-        const int lines = 3 * (2 * a.n_k + a.n_v) * kGdnHeadDim / 32, per = (lines + a.n_v - 1) / a.n_v;
-        const int i = static_cast<int>(threadIdx.x) - kStateLines, line = h * per + i;
-        if (i >= 0 && i < per && line < lines) prefetch_l2(a.next_conv_state + (size_t)line * 32);
+        if (i >= 0 && i < 2 * lines)
+            prefetch_l2((i < lines ? a.w_beta : a.w_alpha) + (size_t)h * a.proj_k + (i < lines ? i : i - lines) * 32);
     }
 }
 
@@ -358,15 +311,15 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     // The fused beta (even jobs) and alpha (odd) projections of each of the call's own rows (at most kGdnMaxT: the
     // launcher checks; replayed rows bring theirs from the ring), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
-    if constexpr (kWhole) {
-        if (a.w_beta && a.l1_hints) gdn_prefetch_l1<kCols>(a, h);
-    }
     if (kWhole && a.w_beta) {  // (the launcher takes the column split without the fused projections)
         // The dots take their cold weight rows in five round trips of two float4 a thread (the registers bound the
         // unroll); the caller asked L2 for both rows' lines before its PDL wait (gdn_prefetch_inputs), so that not
         // every trip waits on DRAM.
+        // Where the 2 t jobs outnumber the 8 groups (t > 4), a group takes one matrix's row for two tokens, their dots
+        // sharing the weight loads (each token's chain of sums as alone), so they run in one round instead of two:
+        // the probe's projections at T=5 6.29 -> 4.58 us, verify T=5 ~0.05 ms faster (H200, NOTES_gemv.md).
         constexpr int kGroups = kThreads / 128;
-        const int per = a.proj_pairs && 2 * a.t > kGroups ? 2 : 1;  // a job's rows of x_in (GdnStepArgs::proj_pairs)
+        const int per = 2 * a.t > kGroups ? 2 : 1;  // a job's rows of x_in
 #pragma unroll 1
         for (int job = tid / 128; job < 2 * ((a.t + per - 1) / per); job += kGroups) {
             const float* w = ((job & 1) ? a.w_alpha : a.w_beta) + (size_t)h * a.proj_k;

@@ -51,9 +51,6 @@ enum class Counted {
     kFoldAddNorm = 32,          // a prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack; its bits)
     kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
-    kGdnNext = 35,              // a GDN step asking L2 for the next layer's state (GdnStepArgs::next_state; OPENJET_GDN_NEXT)
-    kGdnL1 = 36,                // a GDN step asking L1 for its inputs (GdnStepArgs::l1_hints; OPENJET_GDN_L1)
-    kGdnPairs = 37,             // a GDN step's projections, two rows a group (GdnStepArgs::proj_pairs; OPENJET_GDN_PAIRS)
     kCount
 };
 
