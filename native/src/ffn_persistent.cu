@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kTmaThreads, kTmaMinBlocks) ffn_tma_kernel(con
         const auto tile = [&](auto qt, int nu, const ActPack& xin, int k, int n, int row0, float* y, auto stored) {
             constexpr int QT = decltype(qt)::value;
             float acc[1][4] = {};
-            tma_consume_units<QT, kTmaRing, kTmaSlot, false, false, false>(full0, ring_w, quarter_begin(nu, warp),
+            tma_consume_units<QT, kTmaRing, kTmaSlot>(full0, ring_w, quarter_begin(nu, warp),
                                                       quarter_begin(nu, warp + 1), xin.h + col * k,
                                                       xin.sum + col * (k / kActBlock) * 2, lane, g, tq, slot, phase,
                                                       acc);

@@ -160,30 +160,6 @@ struct UnitX {
     const __half* sum;
 };
 
-// The B operands of a unit's first two mma from global memory (a Q4_K / Q5_K unit's min term's sums pair and its
-// first B pairs; a Q6_K unit's first two B pairs), loaded a unit ahead by the producer-warp GEMV's consumers
-// (tma_consume_units): a unit's loads come after the wait for its weights, so its first mma waited on them in each
-// unit's chain (Nsight: the largest stall of the calls whose x is in global memory, NOTES_gemv.md, forty-third
-// session); the unit's later loads go out with its first and have its first mma to land. The same values the unit
-// would load: the same bits. (6 registers: the whole first pairs as well spilled the T>1 forms at 96.)
-struct UnitB0 {
-    uint4 v;
-    uint2 s;
-};
-template <int QT> __device__ __forceinline__ UnitB0 unit_b0(const UnitX& x, int tq) {
-    UnitB0 b;
-    if constexpr (QT == kQ6_K) {  // elements 32 qd + 4 tq of the column, qd = 0, 1 (unit_mma_q6_k's hh = lh = 0)
-        const __half* xb = x.col + 4 * tq;
-        const uint2 p0 = ld_b<false>(xb), p1 = ld_b<false>(xb + 32);
-        b.v = make_uint4(p0.x, p0.y, p1.x, p1.y);
-        b.s = make_uint2(0u, 0u);
-    } else {  // unit_mma_k4's min term's sums and the B pairs of its hv = nb = 0, wd = 0, 1
-        b.v = ld_b2<false>(x.col + 64 * (tq >> 1) + 16 * (tq & 1));
-        b.s = ld_b<false>(x.sum + 4 * tq);
-    }
-    return b;
-}
-
 // fp16x2 (v, v) of byte `idx` of w (a value < 1024), exactly: the byte is placed in both halves' mantissas.
 __device__ __forceinline__ uint32_t h2_of_byte(uint32_t w, int idx) {
     return hsub2_u(__byte_perm(w, 0u, 0x4040u | idx | (idx << 8)) | kMagic, kMagic);
@@ -255,11 +231,9 @@ __device__ __forceinline__ void k4_a_regs(uint32_t w, uint32_t hb, uint32_t sc2,
     a_hi = hfma2_u(hi, sc2, nsc2);
 }
 
-// kPre (NG = 1, B from global memory): pre holds the unit's first B operands (unit_b0), not loaded here.
-template <int QT, int NG, bool kSmemB, int kHalves, bool kPre = false>
+template <int QT, int NG, bool kSmemB, int kHalves>
 __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
-                                            float (&acc)[NG][4], const UnitB0& pre = UnitB0{}) {
-    static_assert(!kPre || (NG == 1 && !kSmemB), "a unit's B ahead: one group, from global memory");
+                                            float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
     const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[kHalves - 1])};  // a half tile uses hdr[0] only
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
@@ -270,8 +244,8 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
         for (int i = 0; i < kHalves; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
-            uint32_t b[2] = {pre.s.x, pre.s.y};
-            if constexpr (!kPre) load_b<kSmemB>(x[j].sum, 4 * tq, b);
+            uint32_t b[2];
+            load_b<kSmemB>(x[j].sum, 4 * tq, b);
             mma_16816(mins[j], a, b);
         }
     }
@@ -306,7 +280,7 @@ __device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const Uni
             const int e0 = 128 * hv + 32 * nb;  // from the lane's base xb
             uint4 bv[2];
             if constexpr (NG == 1) {
-                bv[0] = kPre && e0 == 0 ? pre.v : ld_b2<kSmemB>(xb[0] + e0);
+                bv[0] = ld_b2<kSmemB>(xb[0] + e0);
                 bv[1] = ld_b2<kSmemB>(xb[0] + e0 + 8);
             }
 #pragma unroll
@@ -387,11 +361,9 @@ template <bool kAligned4> struct RowWordsLean {
 // (nibble qd / 2), high 2 bits in qh[32 hh + l] (bits 2 qd), scale sc[8 hh + 2 qd + lh]. Units start 2-byte
 // aligned; kAligned4 when every row's unit in the warp is 4-byte aligned (every other unit when a row has
 // an even number of units).
-// kPre: as unit_mma_k4's (the B pairs of hh = lh = qd = 0 and qd = 1 in pre).
-template <bool kAligned4, int NG, bool kSmemB, int kHalves, bool kPre = false>
+template <bool kAligned4, int NG, bool kSmemB, int kHalves>
 __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
-                                              float (&acc)[NG][4], const UnitB0& pre = UnitB0{}) {
-    static_assert(!kPre || (NG == 1 && !kSmemB), "a unit's B ahead: one group, from global memory");
+                                              float (&acc)[NG][4]) {
     constexpr uint32_t k1056 = 0x64206420u;  // fp16x2 (1024 + 32)
     float d[kHalves];
     uint32_t scw[kHalves][4];  // the 16 int8 scales
@@ -443,12 +415,7 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 #pragma unroll
                 for (int j = 0; j < NG; ++j) {
                     uint32_t b[2];
-                    if (kPre && hh == 0 && lh == 0 && qd < 2) {
-                        b[0] = qd ? pre.v.z : pre.v.x;
-                        b[1] = qd ? pre.v.w : pre.v.y;
-                    } else {
-                        load_b<kSmemB>(xb[j], 128 * hh + 32 * qd + 16 * lh, b);
-                    }
+                    load_b<kSmemB>(xb[j], 128 * hh + 32 * qd + 16 * lh, b);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816(s, a, b);
 #pragma unroll

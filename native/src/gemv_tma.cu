@@ -142,10 +142,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g,
                                                                     tq, slot, phase, acc);
         } else {
-            // (the B operands a unit ahead where the registers allow: at 96, Q4_K and Q5_K spilled 28-36 bytes)
-            constexpr bool kAhead = kMinBlocks <= 3 || QT == kQ6_K;
-            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath, kAhead>(full0, ring_w, u0, u1, xh, xs, lane, g,
-                                                                             tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot,
+                                                                     phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {

@@ -77,34 +77,24 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kNoMath (a measurement with
 // WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
-template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false, bool kAhead = true>
+template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    // kAhead, x in global memory: each unit's first B operands are loaded before the wait for its weights, the next
-    // unit's while this one computes (unit_b0), so that its first mma does not wait on them.
-    constexpr bool kPre = kAhead && !kSmemX && !kNoMath && QT != kQ8_0;
-    const auto unit_x = [&](int u) { return UnitX{xh + u * kUnitElems, xs + u * 16}; };
-    UnitB0 next{};
-    if constexpr (kPre)
-        if (u0 < u1) next = unit_b0<QT>(unit_x(u0), tq);
     for (int u = u0; u < u1; ++u) {
-        const UnitB0 pre = next;
-        if constexpr (kPre)
-            if (u + 1 < u1) next = unit_b0<QT>(unit_x(u + 1), tq);
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
         const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
-        const UnitX ux[1] = {unit_x(u)};
+        UnitX ux[1];
+        ux[0].col = xh + u * kUnitElems;
+        ux[0].sum = xs + u * 16;
         if constexpr (!kNoMath) {  // (the measurement hands the unit back uncomputed)
             if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
-                unit_mma_q6_k<true, 1, kSmemX, 2, kPre>(r, ux, tq, acc, pre);
-            else if constexpr (QT == kQ8_0)
-                UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
+                unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
             else
-                unit_mma_k4<QT, 1, kSmemX, 2, kPre>(r, ux, tq, acc, pre);
+                UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
