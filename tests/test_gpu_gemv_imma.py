@@ -105,6 +105,24 @@ def test_integer_gemv_reads_the_tile_layout_with_the_row_layouts_bits(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
+def test_the_producer_warp_form_gives_the_integer_gemvs_bits(qtype):
+    """The integer GEMV on the producer-warp GEMV's shape (launch_gemv_tma_imma: one thread's bulk copies feed the
+    consumer warps' rings, a grid of the blocks the GPU holds) gives the cp.async form's bits at every T, over more
+    tiles than the GPU holds blocks; it reads the tile layout only, and says so for the row layout."""
+    if not kt.gemv_tma_available():
+        pytest.skip("the producer-warp GEMV needs a 90a build on a 9.0 GPU")
+    rng = np.random.default_rng(7)
+    n, k = 8992, 2304  # 562 tiles; 9 units a row: quarters of 2 and 3 units
+    raw = quantize(rng.standard_normal((n, k), dtype=np.float32), Q[qtype])
+    x = random_x(rng, 8, k)
+    for t in (1, 2, 4, 5, 8):
+        np.testing.assert_array_equal(kt.gemv_imma(Q[qtype], raw, x[:t], persistent=2, tiled=True),
+                                      kt.gemv_imma(Q[qtype], raw, x[:t], tiled=True), err_msg=f"T={t}")
+    with pytest.raises(OpenJetError, match="reads the tile layout"):
+        kt.gemv_imma(Q[qtype], raw, x[:1], persistent=2)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
 def test_the_engines_integer_gemv_reads_the_fp16_pack(qtype):
     """OPENJET_GEMV_INT's path (launch_gemv with the integer pack's scratch: gemv.cu launch_imma, which the test API
     requires to have run): x packed as the fp16 GEMV's pack (act_pack.cuh), the integer pack made from its fp16

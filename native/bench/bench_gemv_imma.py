@@ -4,6 +4,7 @@ GB/s of weight bytes against the copy bandwidth of the same run, and the decode-
 
     OPENJET_PDL=0 OPENJET_LIBRARY=/tmp/b/native/libopenjet.so python3 native/bench/bench_gemv_imma.py > imma.json
     ... bench_gemv_imma.py --tiled  # and every variant again with the weights in the tile layout (weight_layout.cuh)
+    ... bench_gemv_imma.py --tiled --tma  # and the integer GEMV's producer-warp form ("imma-tma-tiled", sm_90a)
 
 (OPENJET_PDL=0: the integer kernel launches without programmatic dependent launch; under PDL the fp16 GEMV's
 back-to-back copies of one small-grid call overlap, which the engine's step never does: NOTES_gemv.md.)
@@ -32,6 +33,8 @@ STAGES = (3, 4)
 PERSISTENT_STAGES = (3, 4, 6)  # "p": a grid of the blocks the GPU holds, each streaming tiles
 # "-tiled": the same call on the weights in the tile layout (every decode shape of these types has n % 16 == 0)
 LAYOUTS = (("", False),) + ((("-tiled", True),) if "--tiled" in sys.argv[1:] else ())
+# "imma-tma-tiled": the producer-warp form (launch_gemv_tma_imma), with --tiled --tma
+TMA = "--tiled" in sys.argv[1:] and "--tma" in sys.argv[1:]
 
 
 def timed(fn, copies: int) -> float:
@@ -61,6 +64,9 @@ def main() -> None:
                 for st in PERSISTENT_STAGES:
                     r["us"][f"imma{st}p{lay}-t{t}"] = timed(
                         lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, st, True, tiled), copies)
+                if TMA and tiled:
+                    r["us"][f"imma-tma{lay}-t{t}"] = timed(
+                        lambda c, reps, runs: kt.bench_gemv_imma(qt, w, k, t, c, reps, runs, 0, 2, True), copies)
         r["pct_copy"] = {key: 100.0 * nbytes / (us * 1e-6) / 1e9 / copy_gbs for key, us in r["us"].items()}
         rows.append(r)
         print(f"{qtype} {k:>6}->{n:<6} x{count:<3} " + " ".join(

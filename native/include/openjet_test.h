@@ -157,8 +157,9 @@ OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, 
 
 /* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q6_K W,
  * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6); persistent:
- * a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits); tiled: W moved into the
- * tile layout on the device first (n % 16 == 0; the same bits). */
+ * 1, a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits); 2, the producer-warp
+ * form (launch_gemv_tma_imma: sm_90a, tiled only, stages unused; the same bits); tiled: W moved into the tile layout
+ * on the device first (n % 16 == 0; the same bits). */
 OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t, int stages,
                                        int persistent, int tiled, float* y);
 /* The same as the engine runs it under OPENJET_GEMV_INT: x packed as the fp16 GEMV's pack (openjet_test_pack_act),

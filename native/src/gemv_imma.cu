@@ -18,8 +18,10 @@
 #include "cp_async.cuh"
 #include "device_attr.cuh"
 #include "gemv_mma.cuh"
+#include "gemv_tma.cuh"
 #include "kquant.cuh"
 #include "pdl.cuh"
+#include "tma_ring.cuh"
 #include "weight_layout.cuh"
 
 namespace openjet {
@@ -367,6 +369,114 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
     cp_async_wait<0>();
 }
 
+// ------------------------------------------------------------------------------------------ the producer-warp form
+
+// The integer GEMV on the producer-warp GEMV's shape (gemv_tma.cu, sm_90a, the tile layout): four consumer warps, one
+// a k quarter of every tile as above, each unit from its ring of kRing slots that one producer thread fills with bulk
+// copies (tma_ring.cuh) instead of its own cp.async; a block takes tiles blockIdx.x, + gridDim.x, ... (a grid of the
+// blocks the GPU holds). The same units, the same per-warp order and the same sum of the four partials as
+// gemv_imma_kernel: the same bits. What it is for: the integer arithmetic on the engine's decode GEMV pipeline, to
+// time against the fp16 one (gemv_tma) before the engine's packs learn to make its digits (NOTES_gemv.md, forty-seventh
+// session).
+template <int QT> __host__ __device__ constexpr int tma_imma_ring() { return QT == kQ6_K ? 3 : 4; }  // (as gemv_tma)
+
+template <int QT, int NS>
+__global__ void __launch_bounds__(kTmaThreads, 3)
+gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, int t, float* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int kRing = tma_imma_ring<QT>(), kChunk = TmaUnit<QT>::kChunk, kPitch = TmaUnit<QT>::kPitch;
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
+    __shared__ float part[2][kTmaConsumerWarps][32][2 * NS];  // double-buffered: one barrier a tile
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tiles = n / kMmaRows, nu = k / kGemvUnit;
+    const TmaBars<kRing> bars{static_cast<uint32_t>(__cvta_generic_to_shared(bar_words))};
+    bars.init();
+    mbar_init_fence();
+    __syncthreads();  // the barriers initialised; the only block-wide barrier
+    pdl_launch_dependents();
+
+    if (warp == kTmaConsumerWarps) {  // the producer: weights only (immutable: no pdl_wait needed)
+        if (lane != 0) return;
+        const uint64_t policy = l2_policy_evict_first();
+        const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+        int issued[kTmaConsumerWarps] = {};
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+            tma_produce_tile<QT, kRing, kChunk>(bars, ring0, w + static_cast<long long>(tile) * nu * kChunk, nu, issued,
+                                                policy);
+        return;
+    }
+
+    // a consumer warp: quarter `warp` of each of the block's tiles
+    constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
+    const int g = lane >> 2, tq = lane & 3;
+    const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
+    const uint32_t full0 = bars.full(warp, 0);
+    const uint8_t* const ring_w = ring + warp * kRing * kChunk;
+    pdl_wait();  // the pack and y belong to the stream (pdl.cuh)
+    int col_tok[NS];
+    ImmaX<NS> x;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        col_tok[s] = min(4 * s + (g >> 1), t - 1);
+        x.tok[s] = min(4 * s + tq, t - 1);
+    }
+    int slot = 0, buf = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
+        float acc[NS][2] = {};
+#pragma unroll
+        for (int s = 0; s < NS; ++s) x.col[s] = p.dig + (2LL * col_tok[s] + (g & 1)) * k + u0 * kGemvUnit;
+        for (int u = u0; u < u1; ++u) {
+            mbar_wait_warp(full0 + 8 * slot, phase);
+            const uint8_t* stage = ring_w + slot * kChunk;
+            const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
+            if constexpr (QT == kQ6_K) unit_imma_q6_k<true, NS>(r, x, p, u, k, tq, acc);  // (every row 4-byte aligned)
+            else UnitImma<QT, NS>::run(r, x, p, u, k, tq, acc);
+#pragma unroll
+            for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
+            if (++slot == kRing) slot = 0, phase ^= 1;
+        }
+        // the tile's quarters are done: their partials to shared memory, warp 0 adds the four in order
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) part[buf][warp][lane][2 * s + i] = acc[s][i];
+        named_bar_sync(1, kTmaConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
+        if (warp == 0) {
+            const int row0 = tile * kMmaRows;
+#pragma unroll
+            for (int c = 0; c < 2 * NS; ++c) {
+                float v = part[buf][0][lane][c];
+#pragma unroll
+                for (int i = 1; i < kTmaConsumerWarps; ++i) v = __fadd_rn(v, part[buf][i][lane][c]);
+                const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
+                if (tok < t) y[static_cast<long long>(tok) * n + row] = v;
+            }
+        }
+    }
+#endif
+}
+
+template <int QT, int NS>
+cudaError_t launch_tma_ns(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream) {
+    constexpr int kSmem = kTmaConsumerWarps * tma_imma_ring<QT>() * TmaUnit<QT>::kChunk;
+    constexpr auto kKernel = gemv_tma_imma_kernel<QT, NS>;
+    const int per_sm = resident_per_sm<kKernel, kTmaThreads, kSmem>();
+    int sms = 0;
+    if (cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+    if (per_sm <= 0) return cudaErrorNotSupported;
+    const int grid = std::min(n / kMmaRows, per_sm * sms);
+    return launch_kernel(kKernel, grid, kTmaThreads, kSmem, stream, w, n, k, p, t, y);
+}
+
+template <int QT>
+cudaError_t launch_tma_type(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream) {
+    return t <= 4 ? launch_tma_ns<QT, 1>(w, n, k, p, t, y, stream) : launch_tma_ns<QT, 2>(w, n, k, p, t, y, stream);
+}
+
 template <int QT, int NS, int kStages>
 cudaError_t launch_stages(const uint8_t* w, int n, int k, const ActPackI& p, int t, float* y, cudaStream_t stream,
                           bool persistent, bool tiled) {
@@ -433,6 +543,20 @@ ActPackI act_pack_imma_view(void* base, int rows, int k) {
 }
 
 bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
+
+cudaError_t launch_gemv_tma_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
+                                 cudaStream_t stream) {
+    if (!w || !y || n < kMmaRows || n % kMmaRows || k < kGemvUnit || k % kGemvUnit || t < 1 || t > kImmaMaxT ||
+        t > x.rows || reinterpret_cast<uintptr_t>(w) % 16)
+        return cudaErrorInvalidValue;
+    if (!gemv_tma_available()) return cudaErrorNotSupported;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    switch (qtype) {
+        case kQ4_K: return launch_tma_type<kQ4_K>(wb, n, k, x, t, y, stream);
+        case kQ6_K: return launch_tma_type<kQ6_K>(wb, n, k, x, t, y, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
 
 cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
                              cudaStream_t stream, int stages, bool persistent, bool tiled) {

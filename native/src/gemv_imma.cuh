@@ -71,4 +71,10 @@ bool gemv_imma_supports(int qtype);
 cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
                              cudaStream_t stream, int stages = 0, bool persistent = false, bool tiled = false);
 
+// The same on the producer-warp GEMV's shape (gemv_tma.cuh: sm_90a, a 90a build; W in the tile layout, n % 16 == 0):
+// each block's weights streamed by one producer thread's bulk copies, a grid of the blocks the GPU holds. The same
+// bits as launch_gemv_imma. cudaErrorNotSupported where the producer-warp GEMV does not run.
+cudaError_t launch_gemv_tma_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
+                                 cudaStream_t stream);
+
 }  // namespace openjet

@@ -854,11 +854,29 @@ namespace {
 // (launch_pack_act_imma, then launch_gemv_imma at `stages` and `persistent`) or, from_pack, through the engine's own
 // dispatch: the fp16 pack, then launch_gemv with GemvArgs::xi set (gemv.cu launch_imma makes the integer pack and
 // picks the grid; stages and persistent unused), refused if the integer GEMV did not run there.
-int run_imma(const char* what, int qtype, const void* w, int n, int k, const float* x, int t, int stages,
-             bool persistent, bool tiled, bool from_pack, float* y) {
-    if (int s = check_imma(qtype, n, k, t, stages)) return s;
+// persistent 2: the producer-warp form (launch_gemv_tma_imma; tiled only, stages unused).
+int check_imma_form(const char* what, int qtype, int n, int k, int persistent, int tiled) {
+    if (persistent < 0 || persistent > 2)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: persistent = %d: 0, 1 or 2 (the producer-warp form)", what,
+                    persistent);
+    if (persistent == 2 && !tiled)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: the producer-warp form reads the tile layout (tiled = 1)", what);
     if (tiled)
         if (int s = check_tiled(what, qtype, n, k)) return s;
+    return OPENJET_OK;
+}
+
+// The integer GEMV of one form: 0 a block a tile, 1 persistent (cp.async, `stages` deep), 2 the producer-warp form.
+cudaError_t launch_imma_form(int qtype, const void* w, int n, int k, const ActPackI& p, int t, float* y,
+                             cudaStream_t stream, int stages, int persistent, bool tiled) {
+    if (persistent == 2) return launch_gemv_tma_imma(qtype, w, n, k, p, t, y, stream);
+    return launch_gemv_imma(qtype, w, n, k, p, t, y, stream, stages, persistent != 0, tiled);
+}
+
+int run_imma(const char* what, int qtype, const void* w, int n, int k, const float* x, int t, int stages,
+             int persistent, bool tiled, bool from_pack, float* y) {
+    if (int s = check_imma(qtype, n, k, t, stages)) return s;
+    if (int s = check_imma_form(what, qtype, n, k, persistent, tiled)) return s;
     if (!w || !x || !y) return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
     DevBuf dw, dx, dy;
     DevPackI p;
@@ -880,7 +898,7 @@ int run_imma(const char* what, int qtype, const void* w, int n, int k, const flo
     } else {
         CHECK(p.alloc(t, k));
         CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
-        CHECK(launch_gemv_imma(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent, tiled));
+        CHECK(launch_imma_form(qtype, dw.p, n, k, p.p, t, dy.as<float>(), 0, stages, persistent, tiled));
     }
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
@@ -891,20 +909,19 @@ int run_imma(const char* what, int qtype, const void* w, int n, int k, const flo
 
 extern "C" OPENJET_API int openjet_test_gemv_imma(int qtype, const void* w, int n, int k, const float* x, int t,
                                                   int stages, int persistent, int tiled, float* y) {
-    return run_imma("gemv_imma", qtype, w, n, k, x, t, stages, persistent != 0, tiled != 0, false, y);
+    return run_imma("gemv_imma", qtype, w, n, k, x, t, stages, persistent, tiled != 0, false, y);
 }
 
 extern "C" OPENJET_API int openjet_test_gemv_imma_from_pack(int qtype, const void* w, int n, int k, const float* x, int t,
                                                             int tiled, float* y) {
-    return run_imma("gemv_imma_from_pack", qtype, w, n, k, x, t, 0, false, tiled != 0, true, y);
+    return run_imma("gemv_imma_from_pack", qtype, w, n, k, x, t, 0, 0, tiled != 0, true, y);
 }
 
 extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w, int n, int k, int t, int stages,
                                                         int persistent, int tiled, int copies, int reps, int runs,
                                                         float* us_out) {
     if (int s = check_imma(qtype, n, k, t, stages)) return s;
-    if (tiled)
-        if (int s = check_tiled("bench_gemv_imma", qtype, n, k)) return s;
+    if (int s = check_imma_form("bench_gemv_imma", qtype, n, k, persistent, tiled)) return s;
     if (!w || !us_out || copies < 1 || reps < 1 || runs < 1)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "bench_gemv_imma: null pointer or copies/reps/runs < 1");
     std::vector<DevBuf> dw(copies);
@@ -917,7 +934,7 @@ extern "C" OPENJET_API int openjet_test_bench_gemv_imma(int qtype, const void* w
     CHECK(launch_pack_act_imma(dx.as<float>(), t, k, p.p, 0));
     std::string failed;
     const auto launch = [&](int i, cudaStream_t stream) {
-        return launch_gemv_imma(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages, persistent != 0,
+        return launch_imma_form(qtype, dw[i % copies].p, n, k, p.p, t, dy.as<float>(), stream, stages, persistent,
                                 tiled != 0);
     };
     if (cudaError_t e = time_graph_replays("launch_gemv_imma", copies, reps, runs, us_out, launch, &failed))

@@ -579,10 +579,11 @@ def _lib_imma() -> ctypes.CDLL:
     })
 
 
-def gemv_imma(qtype: int, w, x, stages: int = 0, persistent: bool = False, tiled: bool = False) -> np.ndarray:
+def gemv_imma(qtype: int, w, x, stages: int = 0, persistent: int = 0, tiled: bool = False) -> np.ndarray:
     """y [t, n] = W x on the integer tensor cores (native/src/gemv_imma.cuh: x as int16 per 256-block in two int8
-    digits), t = 1..8; stages: its cp.async depth (0: default); persistent: a grid of the blocks the GPU holds;
-    tiled: W moved into the tile layout on the device first (weight_layout.cuh; n % 16 == 0)."""
+    digits), t = 1..8; stages: its cp.async depth (0: default); persistent: 1 (or True) a grid of the blocks the GPU
+    holds, 2 the producer-warp form (launch_gemv_tma_imma; tiled only, stages unused); tiled: W moved into the tile
+    layout on the device first (weight_layout.cuh; n % 16 == 0)."""
     lib = _lib_imma()
     x = _f32(x, 2)
     t, k = x.shape
@@ -607,9 +608,9 @@ def gemv_imma_from_pack(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
 
 
 def bench_gemv_imma(qtype: int, w, k: int, t: int, copies: int, reps: int, runs: int, stages: int = 0,
-                    persistent: bool = False, tiled: bool = False) -> list[float]:
-    """Microseconds per integer GEMV call, one figure per run (as bench_gemv; tiled: the weights in the tile
-    layout)."""
+                    persistent: int = 0, tiled: bool = False) -> list[float]:
+    """Microseconds per integer GEMV call, one figure per run (as bench_gemv; persistent as gemv_imma's; tiled: the
+    weights in the tile layout)."""
     lib = _lib_imma()
     raw, n = _weights(qtype, w, k)
     us = np.empty(runs, np.float32)
