@@ -79,7 +79,8 @@ else
 fi
 
 # 2. the library for this GPU's architecture, meanwhile
-if ! build_engine /tmp/b "$OUT/build.log"; then
+read -r -a ENGINE_OPTS_A <<< "${ENGINE_OPTS:-}"  # CMake options of the library (a measurement's build)
+if ! build_engine /tmp/b "$OUT/build.log" "${ENGINE_OPTS_A[@]}"; then
   [ -n "$SYNTH_PID" ] && kill "$SYNTH_PID"
   say "build failed"; exit 1
 fi

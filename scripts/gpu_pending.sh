@@ -68,6 +68,12 @@
 #            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
 #            it says how much of issue 6's gap any cut of the arithmetic could close (NOTES_gemv.md, forty-fourth
 #            session). No tests. ~4 minutes.
+# PLAN=intbound  what the integer GEMV's arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K and Q6_K
+#            producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
+#            outputs; a library built with -DOPENJET_BENCH_GEMV_INT=ON: prebuild it here with
+#            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`), as PLAN=bound: the T=1 / T=5
+#            step with it off / on twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~4
+#            minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -275,6 +281,12 @@ PY
   bound-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_BENCH_GEMV_NO_MATH ;;
+  intbound)
+    export ENGINE_OPTS=-DOPENJET_BENCH_GEMV_INT=ON
+    plan 60 "tests/test_gpu_gemv_imma.py -k producer_warp" intbound-bench ;;
+  intbound-bench)
+    trap pack_logs EXIT
+    alternate_twice OPENJET_BENCH_GEMV_INT ;;
   gdnclock)
     plan 150 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_S) or fused_gdn_replay'" \
       gdnclock-bench ;;

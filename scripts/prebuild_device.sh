@@ -6,21 +6,24 @@
 # a stale stamp the device builds, and without CUTLASS's headers (not carried then) it warns that its library lacks
 # the dense prefill GEMM.
 #   bash scripts/prebuild_device.sh [ARCH]      (90a-real: the H100 / H200 as the release wheels build them)
+#   PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh   (CMake options: the device's build_engine
+#   must be given the same ones, e.g. gpu_bench_engine.sh's ENGINE_OPTS; built in a folder of their own)
 set -eo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh
 arch=${1:-90a-real}
-build=${PREBUILD_DIR:-/tmp/openjet-prebuild-$arch}
-stamp=$(engine_stamp "$arch")
+read -r -a opts <<< "${PREBUILD_OPTS:-}"
+build=${PREBUILD_DIR:-/tmp/openjet-prebuild-$arch${PREBUILD_OPTS:+-opts}}
+stamp=$(engine_stamp "$arch" "${opts[@]}")
 echo "building the engine for $arch in $build (stamp $stamp)"
-cmake -S . -B "$build" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" -DOPENJET_PTXAS_VERBOSE=ON > "$build.log" 2>&1 &&
+cmake -S . -B "$build" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" -DOPENJET_PTXAS_VERBOSE=ON "${opts[@]}" > "$build.log" 2>&1 &&
   cmake --build "$build" >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
 if [ "$arch" = 90a-real ] && ! grep -q "CUTLASS from" "$build.log"; then
   echo "error: no CUTLASS headers for the dense prefill GEMM (run: python3 scripts/fetch_cutlass.py); the device's own"
   echo "build with .cache/cutlass-min would have it, so this library would not stand in for that build"
   exit 1
 fi
-if [ "$(engine_stamp "$arch")" != "$stamp" ]; then
+if [ "$(engine_stamp "$arch" "${opts[@]}")" != "$stamp" ]; then
   echo "error: the engine's sources changed during the build; run it again"; exit 1
 fi
 rm -rf .prebuilt.new && mkdir .prebuilt.new

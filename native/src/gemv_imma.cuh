@@ -59,7 +59,16 @@ cudaError_t launch_pack_act_imma_from_half(const ActPack& x, int t, int k, const
 // The pack of `rows` rows of k laid out from base (act_pack_imma_bytes(rows, k) bytes, 16-byte aligned): the digits,
 // the 16-block then the 32-block sums, inv; every part starts 16-byte aligned (each part's size but inv's is a
 // multiple of 16 bytes for k a multiple of 256).
-ActPackI act_pack_imma_view(void* base, int rows, int k);
+__host__ __device__ inline ActPackI act_pack_imma_view(void* base, int rows, int k) {
+    auto* b = static_cast<int8_t*>(base);
+    ActPackI p;
+    p.dig = b;
+    p.s16 = p.dig + 2LL * rows * k;
+    p.s32 = p.s16 + 3LL * rows * (k / 16);
+    p.inv = reinterpret_cast<float*>(p.s32 + 3LL * rows * (k / 32));
+    p.rows = rows;
+    return p;
+}
 
 // Whether the integer GEMV reads this GGML type (Q4_K and Q6_K so far).
 bool gemv_imma_supports(int qtype);
