@@ -82,6 +82,22 @@ __global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restr
 
 // ------------------------------------------------------------------------------------------ the kernel
 
+// Warp 0's sum of a tile's k-quarter partials (part[warp][lane][2 s + i]: rows g + 8 i, token 4 s + tq), in order,
+// into y from row row0: every form's sum, so every form's bits.
+template <int NS>
+__device__ __forceinline__ void imma_tile_store(const float (&part)[kImmaWarps][32][2 * NS], int lane, int row0, int n,
+                                                int t, float* __restrict__ y) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int c = 0; c < 2 * NS; ++c) {
+        float v = part[0][lane][c];
+#pragma unroll
+        for (int i = 1; i < kImmaWarps; ++i) v = __fadd_rn(v, part[i][lane][c]);
+        const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
+        if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
+    }
+}
+
 // Blocks per SM the registers are cut for: Q4_K at t <= 4 fits 4 (<= 128 registers); its t <= 8 form spilled there.
 template <int QT, int NS> constexpr int imma_min_blocks() { return QT == kQ6_K || NS == 2 ? 3 : 4; }
 
@@ -157,17 +173,7 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
 #pragma unroll
             for (int i = 0; i < 2; ++i) part[parity][warp][lane][2 * s + i] = acc[s][i], acc[s][i] = 0.0f;
         __syncthreads();
-        if (warp == 0) {
-            const int row0 = tile * kMmaRows;
-#pragma unroll
-            for (int c = 0; c < 2 * NS; ++c) {
-                float v = part[parity][0][lane][c];
-#pragma unroll
-                for (int i = 1; i < kImmaWarps; ++i) v = __fadd_rn(v, part[parity][i][lane][c]);
-                const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
-                if (row < n && tok < t) y[static_cast<long long>(tok) * n + row] = v;
-            }
-        }
+        if (warp == 0) imma_tile_store<NS>(part[parity], lane, tile * kMmaRows, n, t, y);
         parity ^= 1;
     }
     cp_async_wait<0>();
@@ -191,7 +197,8 @@ gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, in
     constexpr int kRing = tma_imma_ring<QT>(), kChunk = TmaUnit<QT>::kChunk, kPitch = TmaUnit<QT>::kPitch;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
-    __shared__ float part[2][kTmaConsumerWarps][32][2 * NS];  // double-buffered: one barrier a tile
+    __shared__ float part[2][kImmaWarps][32][2 * NS];  // double-buffered: one barrier a tile
+    static_assert(kTmaConsumerWarps == kImmaWarps, "a consumer warp a k quarter, as the cp.async form's warps");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tiles = n / kMmaRows, nu = k / kGemvUnit;
     const TmaBars<kRing> bars{static_cast<uint32_t>(__cvta_generic_to_shared(bar_words))};
@@ -249,17 +256,7 @@ gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, in
 #pragma unroll
             for (int i = 0; i < 2; ++i) part[buf][warp][lane][2 * s + i] = acc[s][i];
         named_bar_sync(1, kTmaConsumerWarps * 32);  // (part[buf ^ 1] was read by warp 0 before it arrived here)
-        if (warp == 0) {
-            const int row0 = tile * kMmaRows;
-#pragma unroll
-            for (int c = 0; c < 2 * NS; ++c) {
-                float v = part[buf][0][lane][c];
-#pragma unroll
-                for (int i = 1; i < kTmaConsumerWarps; ++i) v = __fadd_rn(v, part[buf][i][lane][c]);
-                const int row = row0 + g + 8 * (c & 1), tok = 4 * (c >> 1) + tq;
-                if (tok < t) y[static_cast<long long>(tok) * n + row] = v;
-            }
-        }
+        if (warp == 0) imma_tile_store<NS>(part[buf], lane, tile * kMmaRows, n, t, y);
     }
 #endif
 }
