@@ -21,7 +21,7 @@ from openjet_launcher.model.quants import dequantize, quantize
 pytestmark = pytest.mark.gpu
 
 Q = kt.QTYPES
-TYPES = ["Q4_K", "Q6_K"]
+TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 SHAPES = [(1, 256), (7, 768), (33, 1280), (130, 2304), (5120, 17408), (10240, 5120)]
 
 

@@ -332,7 +332,7 @@ cudaError_t launch_pack_act_imma_from_half(const ActPack& x, int t, int k, const
     return launch_kernel(pack_act_imma_kernel<true>, dim3(k / 256, t), 256, 0, stream, nullptr, x, k, p);
 }
 
-bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
+bool gemv_imma_supports(int qtype) { return qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K; }
 
 cudaError_t launch_gemv_tma_imma(int qtype, const void* w, int n, int k, const ActPackI& x, int t, float* y,
                                  cudaStream_t stream) {
@@ -343,6 +343,7 @@ cudaError_t launch_gemv_tma_imma(int qtype, const void* w, int n, int k, const A
     const auto* wb = static_cast<const uint8_t*>(w);
     switch (qtype) {
         case kQ4_K: return launch_tma_type<kQ4_K>(wb, n, k, x, t, y, stream);
+        case kQ5_K: return launch_tma_type<kQ5_K>(wb, n, k, x, t, y, stream);
         case kQ6_K: return launch_tma_type<kQ6_K>(wb, n, k, x, t, y, stream);
         default: return cudaErrorInvalidValue;
     }
@@ -357,6 +358,7 @@ cudaError_t launch_gemv_imma(int qtype, const void* w, int n, int k, const ActPa
     const auto* wb = static_cast<const uint8_t*>(w);
     switch (qtype) {
         case kQ4_K: return launch_type<kQ4_K>(wb, n, k, x, t, y, stream, stages, persistent, tiled);
+        case kQ5_K: return launch_type<kQ5_K>(wb, n, k, x, t, y, stream, stages, persistent, tiled);
         case kQ6_K: return launch_type<kQ6_K>(wb, n, k, x, t, y, stream, stages, persistent, tiled);
         default: return cudaErrorInvalidValue;
     }

@@ -8,8 +8,9 @@
 // Why: the fp16 GEMV spends ~1 instruction per weight and lane turning codes into exact fp16 products (LOP3 +
 // HFMA2 per pair, a 4-chain fold per unit, the min term as an mma) and runs at ~46% of the H200's copy rate,
 // bound by issue at its occupancy. Here the codes go into the mma as they are (u8: a Q4_K nibble is one LOP3 for
-// four codes) and the activations as two int8 digits, so every sum inside a super-block is an exact integer
-// (int32, no rounding, any order): about 2.2x (Q4_K) to 4x (Q6_K) fewer instructions per weight byte.
+// four codes; Q5_K adds its fifth bit with one more) and the activations as two int8 digits, so every sum inside a
+// super-block is an exact integer (int32, no rounding, any order): about 2.2x (Q4_K) to 4x (Q6_K) fewer instructions
+// per weight byte. (Q5_K since 2026-12-06, for ssm_out: not yet measured.)
 //
 // Numerics (a declared change against the fp16 GEMV, to pass issue 6's KL bar before the engine takes it):
 //   per token row and 256-element block b: s_b = 32639 / max|x| (fp32), x_int = rint(x * s_b) in [-32639, 32639],
@@ -70,7 +71,7 @@ __host__ __device__ inline ActPackI act_pack_imma_view(void* base, int rows, int
     return p;
 }
 
-// Whether the integer GEMV reads this GGML type (Q4_K and Q6_K so far).
+// Whether the integer GEMV reads this GGML type (Q4_K, Q5_K and Q6_K so far).
 bool gemv_imma_supports(int qtype);
 
 // y [t, n] = W x for k-quant W (GGUF blocks, rows 16-byte aligned, readable 16 bytes past the end), t <= 8.

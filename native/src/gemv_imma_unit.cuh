@@ -1,4 +1,4 @@
-// The integer GEMV's arithmetic on one unit (gemv_imma.cuh has the numerics): the integer mma, the Q4_K and Q6_K units
+// The integer GEMV's arithmetic on one unit (gemv_imma.cuh has the numerics): the integer mma, the Q4_K, Q5_K and Q6_K units
 // from their rows in shared memory, as gemv_imma.cu's kernels run them and as the producer-warp GEMV's integer-math
 // measurement (gemv_tma.cu, OPENJET_BENCH_GEMV_INT) runs them in its rings.
 #pragma once
@@ -60,37 +60,53 @@ template <int NS> struct ImmaX {
     int tok[NS];            // the lane's result token (for the block sums and inv)
 };
 
-// ------------------------------------------------------------------------------------------ Q4_K
+// ------------------------------------------------------------------------------------------ Q4_K, Q5_K
 
-// One super-block of rows g and g + 8 (r[0], r[1] in shared memory) into y[s][i] (set s, row g + 8 i).
-template <int NS>
-__device__ __forceinline__ void unit_imma_q4_k(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
-                                               int u, int k, int tq, float (&y)[NS][2]) {
+// One super-block of rows g and g + 8 (r[0], r[1] in shared memory) into y[s][i] (set s, row g + 8 i). Q4_K: the
+// codes are the nibbles, the high one read in place (16 q: its sums and the low one's x 16 meet as 16 S, d / 16 undoes
+// it); Q5_K: each code is its nibble and its fifth bit (qh[l] bit j of element l of sub-block j) as a byte <= 31.
+template <int QT, int NS>
+__device__ __forceinline__ void unit_imma_k4(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p, int u,
+                                             int k, int tq, float (&y)[NS][2]) {
+    static_assert(QT == kQ4_K || QT == kQ5_K, "the 4-bit k-quants");
+    constexpr bool kQ5 = QT == kQ5_K;
+    constexpr int kQs = kQ5 ? 48 : 16;  // the codes' offset in the block (Q5_K: after its 32 qh bytes)
     uint32_t sc[2][2], mn[2][2];
-    float d16[2], dmin[2];
+    float dq[2], dmin[2];
+    uint2 qh[2];  // Q5_K: the fifth bits of elements 8 tq .. 8 tq + 7 of every sub-block
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const uint4 hd = *reinterpret_cast<const uint4*>(r[i]);
         const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
-        d16[i] = __fmul_rn(dd.x, 0.0625f);  // the nibble sums are kept x 16 (below)
+        dq[i] = kQ5 ? dd.x : __fmul_rn(dd.x, 0.0625f);  // (Q4_K: the nibble sums are kept x 16, below)
         dmin[i] = dd.y;
         sc[i][0] = hd.y & 0x3F3F3F3Fu;
         mn[i][0] = hd.z & 0x3F3F3F3Fu;
         sc[i][1] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
         mn[i][1] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+        if constexpr (kQ5) qh[i] = *reinterpret_cast<const uint2*>(r[i] + 16 + 8 * tq);
     }
-    // acc[s][nb][c]: sum over sub-blocks 2 c' + nb of sc * (codes . digits); nb = 1 reads its nibble in place (16 q)
+    // acc[s][nb][c]: sum over sub-blocks 2 c' + nb of sc * (codes . digits)
     int acc[NS][2][4] = {};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         uint2 q[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint2*>(r[i] + 16 + 32 * c + 8 * tq);
+        for (int i = 0; i < 2; ++i) q[i] = *reinterpret_cast<const uint2*>(r[i] + kQs + 32 * c + 8 * tq);
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
             const int j = 2 * c + nb;
-            const uint32_t mask = nb ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
-            const uint32_t a[4] = {q[0].x & mask, q[1].x & mask, q[0].y & mask, q[1].y & mask};
+            uint32_t a[4];
+            if constexpr (kQ5) {
+                const auto code = [&](uint32_t w, uint32_t h) {
+                    return ((nb ? w >> 4 : w) & 0x0F0F0F0Fu) | (((h >> j) & 0x01010101u) << 4);
+                };
+                a[0] = code(q[0].x, qh[0].x), a[1] = code(q[1].x, qh[1].x);
+                a[2] = code(q[0].y, qh[0].y), a[3] = code(q[1].y, qh[1].y);
+            } else {
+                const uint32_t mask = nb ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+                a[0] = q[0].x & mask, a[1] = q[1].x & mask, a[2] = q[0].y & mask, a[3] = q[1].y & mask;
+            }
             const int s0 = byte_u(sc[0][j >> 2], j & 3), s1 = byte_u(sc[1][j >> 2], j & 3);
 #pragma unroll
             for (int s = 0; s < NS; ++s) {
@@ -104,6 +120,7 @@ __device__ __forceinline__ void unit_imma_q4_k(const uint8_t* const r[2], const 
             }
         }
     }
+    constexpr int kLow = kQ5 ? 1 : 16;  // the low nibble's sums against the high one's
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
         uint2 xs[3];
@@ -113,10 +130,10 @@ __device__ __forceinline__ void unit_imma_q4_k(const uint8_t* const r[2], const 
             int m = 0;  // sum_j m_j X_j, digit by digit from the top
 #pragma unroll
             for (int dg = 2; dg >= 0; --dg) m = 256 * m + dp4a_us(mn[i][0], xs[dg].x, dp4a_us(mn[i][1], xs[dg].y, 0));
-            const int hi = 16 * acc[s][0][2 * i] + acc[s][1][2 * i];
-            const int lo = 16 * acc[s][0][2 * i + 1] + acc[s][1][2 * i + 1];
+            const int hi = kLow * acc[s][0][2 * i] + acc[s][1][2 * i];
+            const int lo = kLow * acc[s][0][2 * i + 1] + acc[s][1][2 * i + 1];
             const float sum = __fmaf_rn(256.0f, static_cast<float>(hi), static_cast<float>(lo));
-            y[s][i] = __fmaf_rn(inv, __fmaf_rn(-dmin[i], static_cast<float>(m), __fmul_rn(d16[i], sum)), y[s][i]);
+            y[s][i] = __fmaf_rn(inv, __fmaf_rn(-dmin[i], static_cast<float>(m), __fmul_rn(dq[i], sum)), y[s][i]);
         }
     }
 }
@@ -196,7 +213,13 @@ template <int QT, int NS> struct UnitImma;
 template <int NS> struct UnitImma<kQ4_K, NS> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
                                                int u, int k, int tq, float (&y)[NS][2]) {
-        unit_imma_q4_k<NS>(r, x, p, u, k, tq, y);
+        unit_imma_k4<kQ4_K, NS>(r, x, p, u, k, tq, y);
+    }
+};
+template <int NS> struct UnitImma<kQ5_K, NS> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
+                                               int u, int k, int tq, float (&y)[NS][2]) {
+        unit_imma_k4<kQ5_K, NS>(r, x, p, u, k, tq, y);
     }
 };
 template <int NS> struct UnitImma<kQ6_K, NS> {

@@ -51,7 +51,7 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 
 #ifdef OPENJET_BENCH_GEMV_INT_BUILD
 // OPENJET_BENCH_GEMV_INT's stand-in integer pack (gemv_imma.cuh's layout for kActRows rows of k <= kBenchIntMaxK):
-// zeros, never written. A build with -DOPENJET_BENCH_GEMV_INT=ON only (its kernels double the Q4_K and Q6_K forms).
+// zeros, never written. A build with -DOPENJET_BENCH_GEMV_INT=ON only (its kernels double the k-quant forms).
 constexpr int kBenchIntMaxK = 32768;
 __device__ __align__(16) int8_t g_bench_int_pack[kActRows * (2 * kBenchIntMaxK + 3 * (kBenchIntMaxK / 16) +
                                                              3 * (kBenchIntMaxK / 32) + 4 * (kBenchIntMaxK / 256))];
@@ -242,7 +242,7 @@ bool bench_gemv_no_math() {
 }
 
 // OPENJET_BENCH_GEMV_INT=1 (read once; a measurement, never for use: the outputs are WRONG; in a build with
-// -DOPENJET_BENCH_GEMV_INT=ON, else refused): every Q4_K and Q6_K producer-warp GEMV runs the integer GEMV's
+// -DOPENJET_BENCH_GEMV_INT=ON, else refused): every Q4_K, Q5_K and Q6_K producer-warp GEMV runs the integer GEMV's
 // arithmetic (gemv_imma_unit.cuh, two sets of 4 token rows above 4) on a stand-in pack of zeros in place of the fp16
 // units, everything else as it is (rings, grid, epilogues, packs). The step's time then says what the integer GEMV's
 // arithmetic would give in the engine before its digits are made anywhere (NOTES_gemv.md, forty-seventh session).
@@ -258,7 +258,7 @@ template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool 
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
     if constexpr (!kNoMath && kIntNS == 0) {
         if (bench_gemv_no_math()) return launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, true>(a, b, stream, fold);
-        if constexpr (QT == kQ4_K || QT == kQ6_K) {
+        if constexpr (QT == kQ4_K || QT == kQ5_K || QT == kQ6_K) {
             if (bench_gemv_int()) {
 #ifdef OPENJET_BENCH_GEMV_INT_BUILD
                 if (a.k > kBenchIntMaxK) return cudaErrorInvalidValue;

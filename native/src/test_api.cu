@@ -840,7 +840,7 @@ struct DevPackI {
 
 int check_imma(int qtype, int n, int k, int t, int stages) {
     if (t < 1 || t > kImmaMaxT) return fail(OPENJET_ERR_INVALID_ARGUMENT, "t = %d: token rows must be 1..%d", t, kImmaMaxT);
-    if (!gemv_imma_supports(qtype)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "qtype %d: the integer GEMV reads Q4_K (12) and Q6_K (14)", qtype);
+    if (!gemv_imma_supports(qtype)) return fail(OPENJET_ERR_INVALID_ARGUMENT, "qtype %d: the integer GEMV reads Q4_K (12), Q5_K (13) and Q6_K (14)", qtype);
     if (stages != 0 && stages != 2 && stages != 3 && stages != 4 && stages != 6)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "stages = %d: 0 (default), 2, 3, 4 or 6", stages);
     return check_weights(qtype, n, k);

@@ -78,7 +78,7 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kNoMath (a measurement with
 // WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
-// kIntNS (1, 2: a measurement with WRONG outputs, OPENJET_BENCH_GEMV_INT; Q4_K and Q6_K): each unit computed by the
+// kIntNS (1, 2: a measurement with WRONG outputs, OPENJET_BENCH_GEMV_INT; Q4_K, Q5_K, Q6_K): each unit computed by the
 // integer GEMV's arithmetic for kIntNS sets of 4 token rows (gemv_imma_unit.cuh) on bench_int's stand-in pack, its
 // result folded into acc, in place of UnitMma's.
 struct BenchIntX {
@@ -92,7 +92,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
                                                   const BenchIntX& bench_int = BenchIntX{}) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    constexpr bool kInt = kIntNS > 0 && (QT == kQ4_K || QT == kQ6_K);
+    constexpr bool kInt = kIntNS > 0 && (QT == kQ4_K || QT == kQ5_K || QT == kQ6_K);
     constexpr int NS = kIntNS > 0 ? kIntNS : 1;
     ImmaX<NS> xi;
     float yi[NS][2] = {};
@@ -112,7 +112,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         ux[0].sum = xs + u * 16;
         if constexpr (kInt) {
             if constexpr (QT == kQ6_K) unit_imma_q6_k<true, NS>(r, xi, bench_int.p, u, bench_int.k, tq, yi);
-            else unit_imma_q4_k<NS>(r, xi, bench_int.p, u, bench_int.k, tq, yi);
+            else unit_imma_k4<QT, NS>(r, xi, bench_int.p, u, bench_int.k, tq, yi);
 #pragma unroll
             for (int s = 0; s < NS; ++s) xi.col[s] += kGemvUnit;
         } else if constexpr (!kNoMath) {  // (the measurement hands the unit back uncomputed)
