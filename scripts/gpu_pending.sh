@@ -68,8 +68,8 @@
 #            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
 #            it says how much of issue 6's gap any cut of the arithmetic could close (NOTES_gemv.md, forty-fourth
 #            session). No tests. ~4 minutes.
-# PLAN=intbound  what the integer GEMV's arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K and Q6_K
-#            producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
+# PLAN=intbound  what the integer GEMV's arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K, Q5_K and
+#            Q6_K producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
 #            outputs; a library built with -DOPENJET_BENCH_GEMV_INT=ON: prebuild it here with
 #            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`), as PLAN=bound: the T=1 / T=5
 #            step with it off / on twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~4

@@ -161,7 +161,7 @@ def check_kernel_switches() -> None:
                       "WRONG outputs (a benchmark's bound on the GEMVs' arithmetic; unset it to use the engine)",
                       RuntimeWarning, stacklevel=2)
     if os.environ.get("OPENJET_BENCH_GEMV_INT", "0") != "0":
-        warnings.warn("OPENJET_BENCH_GEMV_INT is set: the Q4_K / Q6_K decode GEMVs run the integer GEMV's arithmetic "
+        warnings.warn("OPENJET_BENCH_GEMV_INT is set: the k-quant decode GEMVs run the integer GEMV's arithmetic "
                       "on a stand-in pack and give WRONG outputs (a benchmark's measurement; needs a library built "
                       "with -DOPENJET_BENCH_GEMV_INT=ON; unset it to use the engine)", RuntimeWarning, stacklevel=2)
 
