@@ -9,6 +9,7 @@ agreement >= 99.5%) where the two-digit form measured 4-5x closer to x than the 
 Schemes (the weights stay the reference's float32 dequantisation in every one, so only x's rounding differs):
   fp16       the engine's pack today: x times a power of two c (max |x c| just under 2^15), rounded to fp16
   i16x256    gemv_imma.cuh's two digits: per 256-block b, rint(x 32639 / max|x_b|)
+  i16x32     the same two digits with a scale per 32-block (a Q4_K / Q5_K sub-block: local to two 16-row tiles)
   i8x32      one int8 per element, a float scale per 32-block (llama.cpp's q8_1 activations)
   i8x256     one int8 per element, a scale per 256-block (a k-quant super-block)
   i8row      one int8 per element, a scale per row (a token's whole input)
@@ -56,6 +57,7 @@ def fp16_pack(x: np.ndarray) -> np.ndarray:
 SCHEMES = {
     "fp16": fp16_pack,
     "i16x256": lambda x: blockwise(x, 256, 32639),
+    "i16x32": lambda x: blockwise(x, 32, 32639),
     "i8x32": lambda x: blockwise(x, 32, 127),
     "i8x256": lambda x: blockwise(x, 256, 127),
     "i8row": lambda x: blockwise(x, 0, 127),
