@@ -28,7 +28,7 @@ def test_the_fp16_pack_scales_by_a_power_of_two_so_small_rows_keep_their_relativ
     assert not np.array_equal(got, x.astype(np.float16).astype(np.float32))  # float16 alone: its smallest subnormal
 
 
-@pytest.mark.parametrize("block, levels", [(256, 32639), (32, 127), (0, 127)])
+@pytest.mark.parametrize("block, levels", [(256, 32639), (32, 32639), (32, 127), (0, 127)])
 def test_a_block_scale_keeps_each_block_max_and_errs_by_at_most_half_a_step(block, levels):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 1024)).astype(np.float32) * np.array([1.0, 1e-3, 50.0, 1.0], np.float32)[:, None]
