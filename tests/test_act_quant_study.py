@@ -38,7 +38,8 @@ def test_a_block_scale_keeps_each_block_max_and_errs_by_at_most_half_a_step(bloc
     xb, gb = x.reshape(4, -1, b).astype(np.float64), got.reshape(4, -1, b).astype(np.float64)
     amax = np.abs(xb).max(axis=-1)
     step = amax / levels
-    assert np.all(np.abs(gb - xb) <= step[..., None] / 2 * (1 + 1e-6) + 1e-30)
+    # half a step, and the float32 the result is returned in (its rounding matters at 32639 levels)
+    assert np.all(np.abs(gb - xb) <= step[..., None] / 2 * (1 + 1e-6) + np.abs(xb) * 2.0**-23 + 1e-30)
     assert np.allclose(np.abs(gb).max(axis=-1), amax, rtol=1e-6)
     if block == 256:
         assert np.all(got[3, 256:512] == 0.0)
