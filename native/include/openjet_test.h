@@ -155,7 +155,7 @@ OPENJET_API int openjet_test_bench_gemv(int qtype, const void* w, int n, int k, 
 OPENJET_API int openjet_test_bench_gemv_layout(int qtype, const void* w, int n, int k, int t, int tiled, int copies,
                                                int reps, int runs, float* us_out);
 
-/* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q6_K W,
+/* The integer-tensor-core GEMV (native/src/gemv_imma.cuh, an experiment): y [t, n] = W x for Q4_K / Q5_K / Q6_K W,
  * t = 1..8, x packed on the device first; stages: cp.async depth per warp (0 default, 2, 3, 4, 6); persistent:
  * 1, a grid of the blocks the GPU holds at once, each streaming several tiles (the same bits); 2, the producer-warp
  * form (launch_gemv_tma_imma: sm_90a, tiled only, stages unused; the same bits); tiled: W moved into the tile layout
