@@ -55,8 +55,9 @@ def test_a_wrapped_matrix_rounds_its_input_and_records_the_error():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     w = rng.standard_normal((64, 7)).astype(np.float32)
-    t.RoundedInput.rounder, t.RoundedInput.errors = (lambda v: t.blockwise(v, 32, 127)), []
-    got = x @ w.view(t.RoundedInput)
+    matrix_type = t.rounding_matrix(lambda v: t.blockwise(v, 32, 127))
+    got = x @ w.view(matrix_type)
     assert type(got) is np.ndarray
     assert np.array_equal(got, t.blockwise(x, 32, 127) @ w)
-    assert len(t.RoundedInput.errors) == 1 and 0.0 < t.RoundedInput.errors[0] < 0.01
+    assert len(matrix_type.errors) == 1 and 0.0 < matrix_type.errors[0] < 0.01
+    assert t.rounding_matrix(lambda v: v).errors == []  # each scheme's errors its own

@@ -639,6 +639,20 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_the_integer_arithmetic_measurement_needs_its_build(models, monkeypatch):
+    """OPENJET_BENCH_GEMV_INT=1 (WRONG outputs, kernels only in a build with -DOPENJET_BENCH_GEMV_INT=ON): a library
+    without them refuses it at load, saying how to build one, instead of a decode step failing on its first GEMV;
+    one with them loads."""
+    from openjet_launcher.engine import kernels_test as kt
+    monkeypatch.setenv("OPENJET_BENCH_GEMV_INT", "1")
+    with pytest.warns(RuntimeWarning, match="OPENJET_BENCH_GEMV_INT is set"):
+        if kt.gemv_bench_int_built():
+            CudaEngine.load(models["tiny"], n_ctx=64).close()
+            return
+        with pytest.raises(OpenJetError, match="-DOPENJET_BENCH_GEMV_INT=ON"):
+            CudaEngine.load(models["tiny"], n_ctx=64)
+
+
 def test_the_gdn_probe_records_every_phase_in_order_and_keeps_the_bits(models, monkeypatch):
     """OPENJET_BENCH_GDN_PROBE=1 (a measurement: the default GDN step's blocks write clock64 at the ends of its phases,
     openjet_test_gdn_probe) leaves decode_sequence_logits as the switch off does, bit for bit; and the T=1 step after

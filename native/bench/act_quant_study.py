@@ -64,23 +64,26 @@ SCHEMES = {
 }
 
 
-class RoundedInput(np.ndarray):
-    """A weight matrix whose `x @ W` rounds x first (Python tries a subclass's reflected operator before the
-    left operand's), recording the rounding's relative error."""
+def rounding_matrix(rounder):
+    """The ndarray subclass whose `x @ W` rounds x with `rounder` first (Python tries a subclass's reflected operator
+    before the left operand's), recording each rounding's relative rms error in the class's own `errors`."""
 
-    rounder = None
-    errors: list[float] = []
+    class RoundedInput(np.ndarray):
+        errors: list[float] = []
 
-    def __rmatmul__(self, x):
-        xr = RoundedInput.rounder(np.asarray(x, np.float32))
-        den = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
-        if den > 0:
-            RoundedInput.errors.append(float(np.sqrt(np.mean(np.square(xr - x, dtype=np.float64)))) / den)
-        return np.asarray(xr) @ self.view(np.ndarray)
+        def __rmatmul__(self, x):
+            x = np.asarray(x, np.float32)
+            xr = rounder(x)
+            den = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+            if den > 0:
+                RoundedInput.errors.append(float(np.sqrt(np.mean(np.square(xr - x, dtype=np.float64)))) / den)
+            return np.asarray(xr) @ self.view(np.ndarray)
+
+    return RoundedInput
 
 
-def with_rounded_inputs(weights):
-    """A copy of the reference's weights whose matrices (the fields read as x @ W) round their inputs."""
+def with_rounded_inputs(weights, matrix_type):
+    """A copy of the reference's weights whose matrices (the fields read as x @ W) are views of matrix_type."""
     matrices = {"w_in", "w_out", "w_q", "w_kv", "gate_up", "down", "eh_proj"}
 
     def wrap(obj):
@@ -88,14 +91,14 @@ def with_rounded_inputs(weights):
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
             if f.name in matrices and isinstance(v, np.ndarray) and v.ndim == 2:
-                changes[f.name] = v.view(RoundedInput)
+                changes[f.name] = v.view(matrix_type)
             elif dataclasses.is_dataclass(v):
                 changes[f.name] = wrap(v)
         return dataclasses.replace(obj, **changes)
 
     layers = tuple(dataclasses.replace(layer, mixer=wrap(layer.mixer), ffn=wrap(layer.ffn)) for layer in weights.layers)
     mtp = wrap(weights.mtp) if weights.mtp is not None else None
-    return dataclasses.replace(weights, layers=layers, output=weights.output.view(RoundedInput), mtp=mtp)
+    return dataclasses.replace(weights, layers=layers, output=weights.output.view(matrix_type), mtp=mtp)
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -137,9 +140,9 @@ def main() -> None:
     base = logits(eng)
     out = {"bench": "act_quant_study", "model": Path(a.model).name, "tokens": len(ids), "schemes": {}}
     for name in a.schemes.split(","):
-        RoundedInput.rounder, RoundedInput.errors = SCHEMES[name], []
-        row = compare(base, logits(ReferenceEngine(eng.config, with_rounded_inputs(eng.weights))))
-        row["input_rel_rms_error"] = float(np.mean(RoundedInput.errors))
+        matrix_type = rounding_matrix(SCHEMES[name])
+        row = compare(base, logits(ReferenceEngine(eng.config, with_rounded_inputs(eng.weights, matrix_type))))
+        row["input_rel_rms_error"] = float(np.mean(matrix_type.errors))
         out["schemes"][name] = row
         print(f"{name:8s} KL mean {row['kl_mean']:.3e} max {row['kl_max']:.3e} top-1 {row['top1_agreement']:.4f} "
               f"x error {row['input_rel_rms_error']:.2e}", file=sys.stderr)

@@ -842,6 +842,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
     e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
     e.gemv_tma = gemv_tma_switch();
+    if (const char* f = std::getenv("OPENJET_BENCH_GEMV_INT"); f && std::strcmp(f, "1") == 0 && !gemv_bench_int_built())
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_BENCH_GEMV_INT=1: this library was built without the "
+                    "measurement's kernels (configure with -DOPENJET_BENCH_GEMV_INT=ON); unset it for the engine");
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;

@@ -265,7 +265,7 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
                 return a.t <= 4 ? launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, false, 1>(a, b, stream, fold)
                                 : launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, false, 2>(a, b, stream, fold);
 #else
-                return cudaErrorInvalidValue;  // (a build without -DOPENJET_BENCH_GEMV_INT=ON: an error, no fallback)
+                return cudaErrorInvalidValue;  // (engine create refuses the switch here: gemv_bench_int_built)
 #endif
             }
         }
@@ -290,6 +290,14 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
 }
 
 }  // namespace
+
+bool gemv_bench_int_built() {
+#ifdef OPENJET_BENCH_GEMV_INT_BUILD
+    return true;
+#else
+    return false;
+#endif
+}
 
 bool gemv_tma_available() {
 #ifdef OPENJET_HAVE_SM90A
