@@ -71,8 +71,9 @@
 # PLAN=intbound  what the integer GEMV's arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K, Q5_K and
 #            Q6_K producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
 #            outputs; a library built with -DOPENJET_BENCH_GEMV_INT=ON: prebuild it here with
-#            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`), as PLAN=bound: the T=1 / T=5
-#            step with it off / on twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~4
+#            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`): the T=1 / T=5 step with it
+#            off, on and OPENJET_BENCH_GEMV_NO_MATH=1 (PLAN=bound's no-arithmetic bound, so that one call reads on
+#            whichever card came), twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~5
 #            minutes.
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
@@ -284,9 +285,13 @@ PY
   intbound)
     export ENGINE_OPTS=-DOPENJET_BENCH_GEMV_INT=ON
     plan 60 "tests/test_gpu_gemv_imma.py -k producer_warp" intbound-bench ;;
-  intbound-bench)
+  intbound-bench)  # with the no-math bound in the same rounds: the reading holds on whichever card came
     trap pack_logs EXIT
-    alternate_twice OPENJET_BENCH_GEMV_INT ;;
+    for r in a b; do
+      each_timing "-$r" --ctx 0 --t 1,5 -- OPENJET_BENCH_GEMV_INT=0 OPENJET_BENCH_GEMV_INT=1 OPENJET_BENCH_GEMV_NO_MATH=1
+    done
+    (export OPENJET_BENCH_GEMV_INT=1; trace_bench)
+    (cd "$OUT" && tar -czf no-math.tgz --remove-files ./*no_math*.json) ;;  # (the device returns 8 files)
   gdnclock)
     plan 150 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_S) or fused_gdn_replay'" \
       gdnclock-bench ;;
