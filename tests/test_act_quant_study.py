@@ -28,7 +28,7 @@ def test_the_fp16_pack_scales_by_a_power_of_two_so_small_rows_keep_their_relativ
     assert not np.array_equal(got, x.astype(np.float16).astype(np.float32))  # float16 alone: its smallest subnormal
 
 
-@pytest.mark.parametrize("block, levels", [(256, 32639), (32, 32639), (32, 127), (0, 127)])
+@pytest.mark.parametrize("block, levels", [(256, 32639), (32, 32639), (0, 32639), (32, 127), (0, 127)])
 def test_a_block_scale_keeps_each_block_max_and_errs_by_at_most_half_a_step(block, levels):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 1024)).astype(np.float32) * np.array([1.0, 1e-3, 50.0, 1.0], np.float32)[:, None]
@@ -43,6 +43,18 @@ def test_a_block_scale_keeps_each_block_max_and_errs_by_at_most_half_a_step(bloc
     assert np.allclose(np.abs(gb).max(axis=-1), amax, rtol=1e-6)
     if block == 256:
         assert np.all(got[3, 256:512] == 0.0)
+
+
+def test_the_power_of_two_row_scale_keeps_the_digits_range_and_integer_steps():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, 512)) * np.array([1.0, 3e-4, 700.0])[:, None]).astype(np.float32)
+    got = tool().int16_row_pow2(x).astype(np.float64)
+    amax = np.abs(x).max(axis=1, keepdims=True).astype(np.float64)
+    c = 2.0 ** (13 - np.floor(np.log2(amax)))  # max |x c| in [2^13, 2^14), worked out here
+    assert np.all((amax * c >= 2.0**13) & (amax * c < 2.0**14))
+    q = got * c
+    assert np.array_equal(q, np.rint(q)) and np.abs(q).max() <= 32639  # integers the two int8 digits hold
+    assert np.all(np.abs(got - x) <= 0.5 / c + 1e-30)
 
 
 def test_a_block_that_does_not_divide_k_is_refused():

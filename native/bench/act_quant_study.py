@@ -10,6 +10,8 @@ Schemes (the weights stay the reference's float32 dequantisation in every one, s
   fp16       the engine's pack today: x times a power of two c (max |x c| just under 2^15), rounded to fp16
   i16x256    gemv_imma.cuh's two digits: per 256-block b, rint(x 32639 / max|x_b|)
   i16x32     the same two digits with a scale per 32-block (a Q4_K / Q5_K sub-block: local to two 16-row tiles)
+  i16row     the same two digits with one scale per row, 32639 / max|x| (the meeting the fp16 pack has already)
+  i16row2    one power-of-two scale per row as the fp16 pack's, max |x c| in [2^13, 2^14) (the digits' range)
   i8x32      one int8 per element, a float scale per 32-block (llama.cpp's q8_1 activations)
   i8x256     one int8 per element, a scale per 256-block (a k-quant super-block)
   i8row      one int8 per element, a scale per row (a token's whole input)
@@ -54,10 +56,20 @@ def fp16_pack(x: np.ndarray) -> np.ndarray:
     return ((x * c).astype(np.float16).astype(np.float64) / c).astype(np.float32)
 
 
+def int16_row_pow2(x: np.ndarray) -> np.ndarray:
+    """Two digits with the fp16 pack's kind of scale: rint(x c), c a power of two with max |x c| in [2^13, 2^14)."""
+    amax = np.abs(x).max(axis=-1, keepdims=True).astype(np.float64)
+    shift = np.where(amax > 0, 13 - np.floor(np.log2(np.where(amax > 0, amax, 1.0))), 0.0)
+    c = np.exp2(shift)
+    return (np.rint(x * c) / c).astype(np.float32)
+
+
 SCHEMES = {
     "fp16": fp16_pack,
     "i16x256": lambda x: blockwise(x, 256, 32639),
     "i16x32": lambda x: blockwise(x, 32, 32639),
+    "i16row": lambda x: blockwise(x, 0, 32639),
+    "i16row2": int16_row_pow2,
     "i8x32": lambda x: blockwise(x, 32, 127),
     "i8x256": lambda x: blockwise(x, 256, 127),
     "i8row": lambda x: blockwise(x, 0, 127),
