@@ -107,19 +107,20 @@ def gemv_counter(gemv: str) -> str:
 
 def use_gemv(gemv: str, monkeypatch) -> int:
     """Set the decode GEMV for engines loaded next: "fp16" (the default), "int" (OPENJET_GEMV_INT=2: Q4_K and Q6_K
-    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change), "int-q4k" (=1: Q4_K calls only) or "fold"
-    (OPENJET_FOLD=1: the FFN-input add-norm made by the GEMVs around it, gemv_fold.cuh, a declared numerics change);
-    returns its launch counter so far."""
+    calls on the integer GEMV, gemv_imma.cuh, a declared numerics change), "int-q4k" (=1: Q4_K calls only),
+    "int-rows" (=3: Q4_K, Q5_K and Q6_K calls on the integer pack the cluster packs write under the row's scale) or
+    "fold" (OPENJET_FOLD=1: the FFN-input add-norm made by the GEMVs around it, gemv_fold.cuh, a declared numerics
+    change); returns its launch counter so far."""
     from openjet_launcher.engine import kernels_test as kt
 
-    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1", "fold": "0"}[gemv])
+    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1", "int-rows": "3", "fold": "0"}[gemv])
     monkeypatch.setenv("OPENJET_FOLD", "1" if gemv == "fold" else "0")
     return kt.launch_count(gemv_counter(gemv))
 
 
 def assert_gemv_ran(gemv: str, before: int) -> None:
-    """The integer GEMV ran under "int" and "int-q4k", the fold under "fold", neither under "fp16" (launch_count: no
-    silent fallback)."""
+    """The integer GEMV ran under "int", "int-q4k" and "int-rows", the fold under "fold", neither under "fp16"
+    (launch_count: no silent fallback)."""
     from openjet_launcher.engine import kernels_test as kt
 
     ran = kt.launch_count(gemv_counter(gemv)) - before
@@ -127,7 +128,7 @@ def assert_gemv_ran(gemv: str, before: int) -> None:
 
 
 @pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int"), ("q8_0", "int-q4k"),
-                                            ("q8_0", "fold")])
+                                            ("q8_0", "int-rows"), ("q8_0", "fold")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type, gemv, monkeypatch):
     ref, ids, ref_logits, ref_hidden = reference_run(models[preset], preset)
@@ -651,6 +652,16 @@ def test_the_integer_arithmetic_measurement_needs_its_build(models, monkeypatch)
             return
         with pytest.raises(OpenJetError, match="-DOPENJET_BENCH_GEMV_INT=ON"):
             CudaEngine.load(models["tiny"], n_ctx=64)
+
+
+def test_the_makers_integer_pack_refuses_the_persistent_ffn(models, monkeypatch):
+    """OPENJET_GEMV_INT=3 reads the integer pack that only the cluster packs write beside the fp16 one: with the
+    persistent FFN (whose packs write none) the load refuses, naming both switches, instead of a step reading an
+    integer pack older than its fp16 one."""
+    monkeypatch.setenv("OPENJET_GEMV_INT", "3")
+    monkeypatch.setenv("OPENJET_FFN_TMA", "1")
+    with pytest.raises(OpenJetError, match="OPENJET_GEMV_INT=3 takes no persistent FFN.*OPENJET_FFN_TMA"):
+        CudaEngine.load(models["tiny"], n_ctx=64)
 
 
 def test_the_gdn_probe_records_every_phase_in_order_and_keeps_the_bits(models, monkeypatch):
@@ -1733,14 +1744,15 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
 
 
 @pytest.mark.parametrize("which, gemv", [("tiny", "fp16"), ("small", "fp16"), ("demo", "fp16"), ("tiny", "int"),
-                                         ("demo", "int"), ("demo", "int-q4k"), ("small", "fp16+chain"),
+                                         ("demo", "int"), ("demo", "int-q4k"), ("tiny", "int-rows"), ("demo", "int-rows"),
+                                         ("small", "int-rows+chain"), ("small", "fp16+chain"),
                                          ("demo", "fp16+chain"), ("full", "fp16+chain"), ("small", "fold+chain"),
                                          ("full", "fold+chain")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
-    the integer decode GEMV (OPENJET_GEMV_INT=2 "int" and 1 "int-q4k"), and ("+chain") with the drafts chained on
+    the integer decode GEMV (OPENJET_GEMV_INT=2 "int", 1 "int-q4k" and 3 "int-rows"), and ("+chain") with the drafts chained on
     the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused): the defaults since 2026-12-05,
     also on the `full` model (the 27B's shapes: OPENJET_FULL_MODEL, else skipped; ~1 minute on the H200), and with
     the fold (OPENJET_FOLD=1: its T=1 blocks' pack and its pack launch for more rows must agree bit for bit)."""

@@ -49,8 +49,10 @@ cudaError_t launch_pack_act(const float* x, int t, int k, const float* norm_w, f
             const cudaError_t e = launch_pack_act_cluster(x, t, k, p, stream);
             if (e != cudaErrorNotSupported) return e;
         }
+        if (!act_pack_plain(p)) return cudaErrorNotSupported;  // (only the cluster pack writes the integer twin)
         return launch_pack_rows<kPackThreads, kPackCached>(x, t, k, norm_w, eps, p, stream);
     }
+    if (!act_pack_plain(p)) return cudaErrorNotSupported;
     switch (row_pack_threads(RowPack::kPack)) {
     case 1024: return launch_pack_rows<1024, kPackCached>(x, t, k, norm_w, eps, p, stream);
     case 512: return launch_pack_rows<512, 12>(x, t, k, norm_w, eps, p, stream);

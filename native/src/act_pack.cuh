@@ -30,6 +30,10 @@ struct ActPack {
     __half* sum;  // [rows, k / 32 * 2]
     float* inv;   // [rows]
     int rows = kActRows;  // capacity (rows allocated)
+    // The integer GEMV's pack of the same rows beside this one (gemv_imma.cuh's ActPackI under the row's scale,
+    // act_pack_imma_of; OPENJET_GEMV_INT=3), or null. Where it is set, a pack's maker writes it too, or refuses
+    // (act_pack_plain): no GEMV may read an integer pack older than the fp16 one.
+    void* imma = nullptr;
 
     // The pack seen from row r0 on (a group of the prefill GEMM): same k, rows - r0 rows.
     __host__ __device__ ActPack from_row(int r0, int k) const {
@@ -212,6 +216,9 @@ __device__ __forceinline__ void pack_act_row(const Value& value, int k, const Ac
 // write its last sums into the next row's (found 2026-12-03: two rows' blocks raced there). Every GEMV reading a
 // pack has k a multiple of it (gemv.cuh, kGemvUnit).
 constexpr int kActUnit = 256;
+
+// Whether a pack has no integer twin (ActPack::imma): what a maker that writes only the fp16 pack checks first.
+inline bool act_pack_plain(const ActPack& p) { return p.imma == nullptr; }
 
 // Whether a pack can hold t rows of k (every launcher that writes one checks this).
 inline bool act_pack_fits(const ActPack& p, int t, int k) {

@@ -13,6 +13,7 @@
 #include "elementwise.cuh"
 #include "env_setting.h"
 #include "embed.cuh"
+#include "gemv_imma.cuh"  // pack_block_imma: the integer twin (ActPack::imma)
 #include "launch_count.h"
 #include "openjet.h"
 #include "pdl.cuh"
@@ -168,7 +169,7 @@ __device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
 }
 
 // The pack of this block's 32-blocks b0 + warp + 8 j (values v[j]) for the row's max |x| amax, and the row's inv
-// (rank 0).
+// (rank 0); where the pack has an integer twin (ActPack::imma), that row too, under the row's scale.
 __device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackClusterCached], int b0, int b1, float amax,
                                                    int k, const ActPack& p, int row, int rank) {
     const int warp = threadIdx.x >> 5;
@@ -179,6 +180,16 @@ __device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackCluster
         if (b < b1) pack_block(v[j], r.s, b, r.h, r.sum);
     }
     if (rank == 0 && threadIdx.x == 0) p.inv[row] = r.inv;
+    if (p.imma) {
+        const ActPackI q = act_pack_imma_of(p, k);
+        const ImmaScale sc = imma_scale(amax);
+#pragma unroll
+        for (int j = 0; j < kPackClusterCached; ++j) {
+            const int b = b0 + warp + kPackClusterWarps * j;
+            if (b < b1) pack_block_imma(v[j], sc.s, b, k, q, row);
+        }
+        if (rank == 0) imma_store_row_inv(q, row, k, sc.inv, threadIdx.x, kPackClusterThreads);
+    }
 }
 #endif
 
@@ -435,9 +446,13 @@ EnvSetting g_add_norm_max_est{max_est_from_env};
 
 void set_add_norm_max_est(int mode) { g_add_norm_max_est.set(mode, 1); }
 
+bool pack_cluster_writes_imma(int k) { return pack_cluster_takes(k, 2); }
+
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (!act_pack_plain(p) && !(t <= OPENJET_ENGINE_MAX_T && pack_cluster_takes(k)))
+        return cudaErrorNotSupported;  // (only the cluster pack writes the integer twin)
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kAddNorm)) {
         case 1024: return launch_add_norm_rows<1024, kPackCached>(h, delta, w, t, k, eps, a_out, p, stream);
         case 512: return launch_add_norm_rows<512, 12>(h, delta, w, t, k, eps, a_out, p, stream);
@@ -458,6 +473,8 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
                                long long ld) {
     if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;
+    if (!act_pack_plain(p) && !(t <= OPENJET_ENGINE_MAX_T && pack_cluster_takes(k) && (!ld || ld == k)))
+        return cudaErrorNotSupported;  // (only the cluster pack writes the integer twin)
     if (t > OPENJET_ENGINE_MAX_T && prefill_swiglu() != PrefillSwiglu::kRows) {  // two streaming passes
         const long long stride = ld ? ld : k;
         if (const cudaError_t e = launch_kernel(swiglu_values_kernel, dim3((k + kSplitCols - 1) / kSplitCols, t),
@@ -490,6 +507,7 @@ PrefillSwiglu prefill_swiglu() {
 cudaError_t launch_pack_rows_streamed(const float* v, int t, int k, const ActPack& p, cudaStream_t stream,
                                       const float* scales) {
     if (!v || reinterpret_cast<uintptr_t>(v) % 16 || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
+    if (!act_pack_plain(p)) return cudaErrorNotSupported;  // (it writes no integer twin)
     return launch_kernel(pack_values_kernel, t, kSplitThreads, 0, stream, v, nullptr, k, p, static_cast<long long>(k),
                          scales);
 }

@@ -91,6 +91,10 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
 // otherwise cudaErrorNotSupported and nothing launched (launch_pack_act then launches its own kernel).
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream);
 
+// Whether a decode step's packs of rows of k all run on the cluster kernels, the only makers that also write a pack's
+// integer twin (ActPack::imma; the others refuse a pack that has one): OPENJET_PACK_CLUSTER unset or 2, sm_90+, k fits.
+bool pack_cluster_writes_imma(int k);
+
 // OPENJET_PREFILL_SWIGLU (read at each call): where a prefill's swiglu values are made. Unset or `epilogue`: by the
 // dense gate-and-up GEMM's epilogue where that GEMM runs: as fp16 under a bound's row scale where the engine keeps the
 // fp16 rows (prefill_gemm.cuh, launch_ffn_gate_up_pack's fp16 form: numerics of its own), else as `epilogue-f32`;

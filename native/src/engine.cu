@@ -373,7 +373,10 @@ struct openjet_engine {
     ActPack x{};  // the next GEMV's activations
     // OPENJET_GEMV_INT at create (an experiment, a declared numerics change): 1: decode GEMVs of Q4_K weights run on
     // the integer GEMV (gemv_imma.cuh), 2: those of Q6_K weights too, each call's int pack made from x into this
-    // scratch (GemvArgs::xi). Per weight type, so every t takes the same path (T-invariance).
+    // scratch (GemvArgs::xi); 3: Q4_K, Q5_K and Q6_K calls on the integer pack the decode packs' makers write beside
+    // the fp16 one under the row's scale (this scratch as e.x's twin, ActPack::imma: no pack launch a call; only the
+    // cluster packs write it, so the fold, the swiglu's and the GDN step's own packs are off). Per weight type, so
+    // every t takes the same path (T-invariance).
     int gemv_int = 0;
     int gemv_tma = 0;  // OPENJET_GEMV_TMA (read at create; gemv_tma_switch): GemvArgs::tma of decode calls
     void* xi = nullptr;
@@ -840,7 +843,18 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
     if (e.ffn_persistent || e.ffn_tma) e.fold = false;
     if (const char* f = std::getenv("OPENJET_PERSISTENT_SMS")) e.persistent_sms = std::max(0, std::atoi(f));
-    e.gemv_int = env_level("OPENJET_GEMV_INT", 2);
+    e.gemv_int = env_level("OPENJET_GEMV_INT", 3);
+    if (e.gemv_int == 3) {  // the makers of the twin: the cluster packs alone
+        if (e.ffn_persistent || e.ffn_tma)
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_GEMV_INT=3 takes no persistent FFN (its packs have no "
+                        "integer twin); unset OPENJET_FFN_PERSISTENT / OPENJET_FFN_TMA");
+        for (const size_t k : {E, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim()})
+            if (k && !pack_cluster_writes_imma(static_cast<int>(k)))
+                return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_GEMV_INT=3: rows of %zu cannot take the cluster "
+                            "packs that write the integer pack (they need a 9.0 GPU and OPENJET_PACK_CLUSTER unset "
+                            "or 2); unset it", k);
+        e.gdn_step_pack = false, e.swiglu_self = 0;
+    }
     e.gemv_tma = gemv_tma_switch();
     if (const char* f = std::getenv("OPENJET_BENCH_GEMV_INT"); f && std::strcmp(f, "1") == 0 && !gemv_bench_int_built())
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_BENCH_GEMV_INT=1: this library was built without the "
@@ -998,6 +1012,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
                 std::min<size_t>(std::max(dense_b, gdn_b) / attn_prefill_f16_bytes(c.n_head_kv, 1), 1 << 30));
     }
     e.x.rows = R;
+    if (e.gemv_int == 3) e.x.imma = e.xi;  // (cleared while a prefill runs: Prefilling)
     // The plain uploads ran on the legacy stream, whose DMA may still be in flight when cudaMemcpy returns (pageable
     // memory), and e.stream is non-blocking (not ordered with it): wait for them, then clear and prepare on e.stream,
     // so that the zeroing cannot land after the FFN profile's marker or keep_prefill_f16_weights's row norms.
@@ -1063,7 +1078,9 @@ GemvArgs gemv_args_as(const openjet_engine& e, bool prefill, const DevTensor& w,
                prefill, prefill && &w != &e.output ? e.wdense : nullptr};
     a.tiled = w.tiled;
     if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
-    if (!prefill && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2)) a.xi = e.xi;
+    if (!prefill && e.gemv_int <= 2 && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2))
+        a.xi = e.xi;
+    if (prefill) a.x.imma = nullptr;  // (a prefill's makers write no twin: e.x's is set in decode steps only)
     if (!prefill) a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
     return a;
 }
@@ -1846,8 +1863,9 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
     TRY(replay_now(e));  // a prefill's GDN forms take no replay rows
     struct Prefilling {  // e.prefilling for this call's GEMVs and no snapshot request left, however it returns
         openjet_engine& e;
-        explicit Prefilling(openjet_engine& e_) : e(e_) { e.prefilling = true; }
-        ~Prefilling() { e.prefilling = false, e.snap_slot = -1; }
+        void* const imma;  // e.x's integer twin (OPENJET_GEMV_INT=3): a prefill's makers write none
+        explicit Prefilling(openjet_engine& e_) : e(e_), imma(e_.x.imma) { e.prefilling = true, e.x.imma = nullptr; }
+        ~Prefilling() { e.prefilling = false, e.snap_slot = -1, e.x.imma = imma; }
     } prefilling(e);
     for (int i0 = 0; i0 < n; i0 += chunk) {
         const int t = std::min(chunk, n - i0);

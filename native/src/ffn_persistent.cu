@@ -760,6 +760,7 @@ cudaError_t launch_ffn_persistent(const FfnPersistentArgs& a, cudaStream_t strea
     if (!ffn_persistent_takes(a) || !a.h || !a.mix_in || !a.post_norm || !a.gate || !a.up || !a.down || !a.g_out ||
         !a.u_out || !a.mix_out || !a.counters)
         return cudaErrorInvalidValue;
+    if (!act_pack_plain(a.x)) return cudaErrorNotSupported;  // (its packs have no integer twin)
     count_launch(Counted::kFfnPersistent);
     if (ffn_tma_takes(a)) {
         const cudaError_t e = a.down_type == kQ6_K ? launch_tma<kQ6_K>(a, stream) : launch_tma<kQ4_K>(a, stream);

@@ -266,6 +266,7 @@ cudaError_t gdn_probe_read(GdnProbe* out) { return cudaMemcpyFromSymbol(out, g_g
 cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const ActPack* pack, bool* packed,
                             const float* pack_scales) {
     if (packed) *packed = false;
+    if (pack && !act_pack_plain(*pack)) return cudaErrorNotSupported;  // (its packs have no integer twin)
     if (a.n_k < 1 || a.n_v < a.n_k || a.n_v % a.n_k || a.t < 1 || a.t > kGdnMaxRows || !(a.eps >= 0.0f))
         return cudaErrorInvalidValue;
     if (!a.qkv || !a.z || !a.conv_w || !a.conv_state_in || !a.conv_state_out || !a.ssm_a || !a.dt_bias || !a.norm_w ||

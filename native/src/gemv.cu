@@ -8,6 +8,7 @@
 #include "gemv.cuh"
 #include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
+#include "gemv_tma.cuh"  // gemv_tma_available: the integer GEMV's producer-warp form
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -195,20 +196,28 @@ static cudaError_t check_gemv(const GemvArgs& a) {
     return cudaSuccess;
 }
 
-// Whether a call runs on the integer GEMV (GemvArgs::xi).
+// Whether a call runs on the integer GEMV: on its own pack made from the fp16 one (GemvArgs::xi), or on the integer
+// twin the pack's maker wrote (ActPack::imma).
 static bool takes_imma(const GemvArgs& a) {
-    return a.xi && !a.prefill && gemv_imma_supports(a.qtype) && a.t <= kImmaMaxT && a.t <= a.x.rows;
+    return (a.xi || a.x.imma) && !a.prefill && gemv_imma_supports(a.qtype) && a.t <= kImmaMaxT && a.t <= a.x.rows;
 }
 
-// The integer GEMV of a call that takes it; pack: make its pack from a.x first (a pair's second call reads the
-// first's). A persistent grid at 3 cp.async stages: the fastest form of the decode mix on the H200 at T = 1 and 4
-// (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03), and in the 27B's step faster than a block per tile
+// The integer GEMV of a call that takes it. On the maker's twin: the producer-warp form where it runs (the engine's
+// GEMV), else the cp.async form below. On GemvArgs::xi (pack: make that pack from a.x first; a pair's second call
+// reads the first's): a persistent grid at 3 cp.async stages, the fastest form of the decode mix on the H200 at T = 1
+// and 4 (bench_gemv_imma.py --tiled, NOTES_gemv.md 2026-12-03), and in the 27B's step faster than a block per tile
 // (T=1 9.39 against 9.57 ms under OPENJET_GEMV_INT=1, c033274).
 static cudaError_t launch_imma(const GemvArgs& a, bool pack, cudaStream_t stream) {
+    count_launch(Counted::kGemvInt);
+    if (a.x.imma) {
+        const ActPackI p = act_pack_imma_of(a.x, a.k);
+        if (a.tiled && a.n % kMmaRows == 0 && gemv_tma_available())
+            return launch_gemv_tma_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream);
+        return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
+    }
     const ActPackI p = act_pack_imma_view(a.xi, kImmaMaxT, a.k);
     if (pack)
         if (const cudaError_t e = launch_pack_act_imma_from_half(a.x, a.t, a.k, p, stream)) return e;
-    count_launch(Counted::kGemvInt);
     return launch_gemv_imma(a.qtype, a.w, a.n, a.k, p, a.t, a.y, stream, 3, true, a.tiled);
 }
 

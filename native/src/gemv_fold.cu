@@ -72,6 +72,7 @@ cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, 
     if (t < 1 || t > p.rows || k % kUnitElems || k > kFoldMaxK || !f.u_in || !f.part_in || !(f.eps >= 0.0f) ||
         !gemv_tma_available())
         return cudaErrorInvalidValue;
+    if (!act_pack_plain(p)) return cudaErrorNotSupported;  // (it writes no integer twin)
     return launch_kernel(fold_pack_kernel, t, kFoldThreads, 0, stream, f, k, p);
 }
 
@@ -95,7 +96,7 @@ bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
 
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                cudaStream_t stream) {
-    if (!gemv_swiglu_takes(a, b)) return cudaErrorNotSupported;
+    if (!gemv_swiglu_takes(a, b) || !act_pack_plain(f.swiglu_pack)) return cudaErrorNotSupported;
     const ActPack& p = f.swiglu_pack;
     if (!f.meet || !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
         (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))))
@@ -108,7 +109,9 @@ cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvF
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {
-    if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b))) return cudaErrorNotSupported;
+    if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b)) || !act_pack_plain(f.pack_out) ||
+        (in && !act_pack_plain(a.x)))  // (the fold's packs have no integer twin)
+        return cudaErrorNotSupported;
     if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
         (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out ||  // (a GEMV between two folds: none)
         (in && f.pack_out.h && f.pack_out.h != a.x.h))  // (B's pack goes where the pack launch puts it at t > 1)

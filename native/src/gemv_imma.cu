@@ -33,16 +33,6 @@ constexpr int kImmaStagesDefault = 4;
 
 // ------------------------------------------------------------------------------------------ the pack
 
-// Three base-256 signed digits of X (|X| <= 32 * 32639): X = d0 + 256 d1 + 65536 d2, d0 and d1 in [-128, 127].
-__device__ __forceinline__ void store_digits(int8_t* base, int stride, int j, int x) {
-    const int d0 = ((x + 128) & 255) - 128;
-    x = (x - d0) >> 8;
-    const int d1 = ((x + 128) & 255) - 128;
-    base[j] = static_cast<int8_t>(d0);
-    base[stride + j] = static_cast<int8_t>(d1);
-    base[2 * stride + j] = static_cast<int8_t>((x - d1) >> 8);
-}
-
 // One block per (256-block, token row), a thread per element. kFromHalf: the values are the fp16 pack's h (x s,
 // each exact in fp32) instead of floats x, and the block's inv is multiplied by the row's 1 / s (act_pack.cuh).
 template <bool kFromHalf>
@@ -62,22 +52,10 @@ __global__ void __launch_bounds__(256) pack_act_imma_kernel(const float* __restr
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) amax = fmaxf(amax, wmax[i]);
-    const float s = amax > 0.0f ? __fdiv_rn(static_cast<float>(kImmaMaxInt), amax) : 0.0f;
-    const int xi = max(-kImmaMaxInt, min(kImmaMaxInt, __float2int_rn(__fmul_rn(v, s))));
-    const int hi = (xi + 128) >> 8;
-    int8_t* dig = p.dig + static_cast<long long>(row) * 2 * k;
-    dig[e] = static_cast<int8_t>(hi);
-    dig[k + e] = static_cast<int8_t>(xi - 256 * hi);
-    int s16 = xi;
-#pragma unroll
-    for (int o = 8; o >= 1; o >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, o);
-    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
-    if ((lane & 15) == 0) store_digits(p.s16 + static_cast<long long>(row) * 3 * (k / 16), k / 16, e / 16, s16);
-    if (lane == 0) store_digits(p.s32 + static_cast<long long>(row) * 3 * (k / 32), k / 32, e / 32, s32);
-    if (threadIdx.x == 0) {
-        const float inv = amax > 0.0f ? __fdiv_rn(amax, static_cast<float>(kImmaMaxInt)) : 0.0f;
-        p.inv[static_cast<long long>(row) * (k / 256) + b] = kFromHalf ? __fmul_rn(inv, xh.inv[row]) : inv;
-    }
+    const ImmaScale sc = imma_scale(amax);
+    pack_block_imma(v, sc.s, e / 32, k, p, row);
+    if (threadIdx.x == 0)
+        p.inv[static_cast<long long>(row) * (k / 256) + b] = kFromHalf ? __fmul_rn(sc.inv, xh.inv[row]) : sc.inv;
 }
 
 // ------------------------------------------------------------------------------------------ the kernel

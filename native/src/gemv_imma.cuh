@@ -71,6 +71,58 @@ __host__ __device__ inline ActPackI act_pack_imma_view(void* base, int rows, int
     return p;
 }
 
+// The integer twin of an fp16 pack (ActPack::imma, OPENJET_GEMV_INT=3): kImmaMaxT rows of k, every 256-block of a
+// row under the row's one scale (act_quant_study.py's i16row: 8x closer to the reference than the fp16 pack by KL).
+__host__ __device__ inline ActPackI act_pack_imma_of(const ActPack& p, int k) {
+    return act_pack_imma_view(p.imma, kImmaMaxT, k);
+}
+
+#ifdef __CUDACC__
+// The scale of a 256-block or row whose max |x| is amax: s = 32639 / amax, and inv = amax / 32639 (zeros: all 0).
+struct ImmaScale {
+    float s, inv;
+};
+__device__ __forceinline__ ImmaScale imma_scale(float amax) {
+    if (!(amax > 0.0f)) return {0.0f, 0.0f};
+    return {__fdiv_rn(static_cast<float>(kImmaMaxInt), amax), __fdiv_rn(amax, static_cast<float>(kImmaMaxInt))};
+}
+
+// Three base-256 signed digits of X (|X| <= 32 * 32639) at j of a sums array whose digit planes are `stride` apart:
+// X = d0 + 256 d1 + 65536 d2, d0 and d1 in [-128, 127].
+__device__ __forceinline__ void imma_store_sum(int8_t* base, int stride, int j, int x) {
+    const int d0 = ((x + 128) & 255) - 128;
+    x = (x - d0) >> 8;
+    const int d1 = ((x + 128) & 255) - 128;
+    base[j] = static_cast<int8_t>(d0);
+    base[stride + j] = static_cast<int8_t>(d1);
+    base[2 * stride + j] = static_cast<int8_t>((x - d1) >> 8);
+}
+
+// 32-block b of row `row` of an integer pack of k, by one warp (lane = element 32 b + lane, as act_pack.cuh's
+// pack_block): x_int = rint(v s) held to the digits' range, its two digits, and the sums of its 16- and 32-blocks
+// (exact integers: their order is free).
+__device__ __forceinline__ void pack_block_imma(float v, float s, int b, int k, const ActPackI& p, int row) {
+    const int lane = threadIdx.x & 31, e = b * 32 + lane;
+    const int xi = max(-kImmaMaxInt, min(kImmaMaxInt, __float2int_rn(__fmul_rn(v, s))));
+    const int hi = (xi + 128) >> 8;
+    int8_t* dig = p.dig + static_cast<long long>(row) * 2 * k;
+    dig[e] = static_cast<int8_t>(hi);
+    dig[k + e] = static_cast<int8_t>(xi - 256 * hi);
+    int s16 = xi;
+#pragma unroll
+    for (int o = 8; o >= 1; o >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, o);
+    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
+    if ((lane & 15) == 0) imma_store_sum(p.s16 + static_cast<long long>(row) * 3 * (k / 16), k / 16, e / 16, s16);
+    if (lane == 0) imma_store_sum(p.s32 + static_cast<long long>(row) * 3 * (k / 32), k / 32, b, s32);
+}
+
+// The row's inv in each of its 256-blocks (a row scale), by threads `first`, first + stride, ... of the caller's.
+__device__ __forceinline__ void imma_store_row_inv(const ActPackI& p, int row, int k, float inv, int first,
+                                                   int stride) {
+    for (int i = first; i < k / 256; i += stride) p.inv[static_cast<long long>(row) * (k / 256) + i] = inv;
+}
+#endif
+
 // Whether the integer GEMV reads this GGML type (Q4_K, Q5_K and Q6_K so far).
 bool gemv_imma_supports(int qtype);
 

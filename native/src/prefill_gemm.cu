@@ -526,6 +526,7 @@ cudaError_t launch_ffn_gate_up_pack(const GemvArgs& gate, const GemvArgs& up, co
         if (const cudaError_t e = launch_gemv_pair(gate, up, stream)) return e;
         return launch_swiglu_pack(gate.y, up.y, gate.t, gate.n, out, stream);
     }
+    if (!act_pack_plain(out)) return cudaErrorNotSupported;  // (the one GEMM's pack has no integer twin)
     count_launch(Counted::kPrefillGateUp);
     switch (gate.qtype) {
         case kQ4_K: return launch_gate_up_pack_t<kQ4_K>(gate, up, out, stream, half, wrote_half);
