@@ -80,8 +80,8 @@
 #            one under the row's scale; the fold, the swiglu's and the GDN step's own packs off): its tests (teacher-
 #            forced against the reference, the n_draft identity, the producer-warp form's bits, the refusal), then
 #            the T=1 / T=5 step of the packs as launches with fp16 GEMVs (what =3 runs on), =3, and PLAN=intbound's
-#            default / OPENJET_BENCH_GEMV_INT=1 / no-math (the first two twice, alternating); the library with
-#            -DOPENJET_BENCH_GEMV_INT=ON (prebuild it so). ~7 minutes.
+#            default / OPENJET_BENCH_GEMV_INT=1, once (INTROWS_ROUNDS=2: the first two again and the no-math bound);
+#            the library with -DOPENJET_BENCH_GEMV_INT=ON (prebuild it so). ~5 minutes (~6.5 at two rounds).
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -306,9 +306,9 @@ PY
   introws-bench)  # the packs as launches (what =3 runs on) with fp16 GEMVs, =3, and PLAN=intbound's three
     trap pack_logs EXIT
     plain=OPENJET_FOLD=0,OPENJET_SWIGLU_SELF=0,OPENJET_GDN_STEP_PACK=0
-    each_timing -a --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 OPENJET_BENCH_GEMV_INT=0 OPENJET_BENCH_GEMV_INT=1 \
+    each_timing -a --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 OPENJET_BENCH_GEMV_INT=0 OPENJET_BENCH_GEMV_INT=1
+    [ "${INTROWS_ROUNDS:-1}" -ge 2 ] && each_timing -b --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 \
       OPENJET_BENCH_GEMV_NO_MATH=1
-    each_timing -b --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3
     (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json) ;;  # (the device returns 8 files)
   gdnclock)
     plan 150 "tests/test_gpu_engine.py -k 'gdn_probe or (decode_experiments_keep_every_bit and GDN_S) or fused_gdn_replay'" \
