@@ -68,14 +68,15 @@
 #            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
 #            it says how much of issue 6's gap any cut of the arithmetic could close (NOTES_gemv.md, forty-fourth
 #            session). No tests. ~4 minutes.
-# PLAN=intbound  what the integer GEMV's arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K, Q5_K and
+# PLAN=intbound  (ran with PLAN=introws on an H200 at 3bb4f85: slower; NOTES_gemv.md) what the integer GEMV's
+#            arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K, Q5_K and
 #            Q6_K producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
 #            outputs; a library built with -DOPENJET_BENCH_GEMV_INT=ON: prebuild it here with
 #            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`): the T=1 / T=5 step with it
 #            off, on and OPENJET_BENCH_GEMV_NO_MATH=1 (PLAN=bound's no-arithmetic bound, so that one call reads on
 #            whichever card came), twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~5
 #            minutes.
-# PLAN=introws  OPENJET_GEMV_INT=3 (written 2026-12-06, forty-eighth session: the Q4_K, Q5_K and Q6_K decode GEMVs on
+# PLAN=introws  (ran on an H200 at 3bb4f85, one round: NOTES_gemv.md) OPENJET_GEMV_INT=3 (the Q4_K, Q5_K and Q6_K decode GEMVs on
 #            the integer GEMV's producer-warp form, reading the integer pack the cluster packs write beside the fp16
 #            one under the row's scale; the fold, the swiglu's and the GDN step's own packs off): its tests (teacher-
 #            forced against the reference, the n_draft identity, the producer-warp form's bits, the refusal), then
