@@ -68,21 +68,13 @@
 #            (alternating), then a trace with it on. Ran on the H100 at 75138b2 (T=1 8.02 -> 7.43 ms); on an H200
 #            it says how much of issue 6's gap any cut of the arithmetic could close (NOTES_gemv.md, forty-fourth
 #            session). No tests. ~4 minutes.
-# PLAN=intbound  (ran with PLAN=introws on an H200 at 3bb4f85: slower; NOTES_gemv.md) what the integer GEMV's
-#            arithmetic would give the step (OPENJET_BENCH_GEMV_INT=1: the Q4_K, Q5_K and
-#            Q6_K producer-warp GEMVs compute their units with the integer GEMV's arithmetic on a stand-in pack; WRONG
-#            outputs; a library built with -DOPENJET_BENCH_GEMV_INT=ON: prebuild it here with
-#            `PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh`): the T=1 / T=5 step with it
-#            off, on and OPENJET_BENCH_GEMV_NO_MATH=1 (PLAN=bound's no-arithmetic bound, so that one call reads on
-#            whichever card came), twice, then its trace; first the integer GEMV's producer-warp form's bit test. ~5
-#            minutes.
 # PLAN=introws  (ran on an H200 at 3bb4f85, one round: NOTES_gemv.md) OPENJET_GEMV_INT=3 (the Q4_K, Q5_K and Q6_K decode GEMVs on
 #            the integer GEMV's producer-warp form, reading the integer pack the cluster packs write beside the fp16
 #            one under the row's scale; the fold, the swiglu's and the GDN step's own packs off): its tests (teacher-
 #            forced against the reference, the n_draft identity, the producer-warp form's bits, the refusal), then
-#            the T=1 / T=5 step of the packs as launches with fp16 GEMVs (what =3 runs on), =3, and PLAN=intbound's
-#            default / OPENJET_BENCH_GEMV_INT=1, once (INTROWS_ROUNDS=2: the first two again and the no-math bound);
-#            the library with -DOPENJET_BENCH_GEMV_INT=ON (prebuild it so). ~5 minutes (~6.5 at two rounds).
+#            the T=1 / T=5 step of the packs as launches with fp16 GEMVs (what =3 runs on), =3 and the default, once
+#            (INTROWS_ROUNDS=2: the first two again and the no-math bound). ~5 minutes (~6.5 at two rounds). (It also
+#            timed OPENJET_BENCH_GEMV_INT=1, the integer arithmetic inside the engine's forms, removed since.)
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -290,24 +282,13 @@ PY
   bound-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_BENCH_GEMV_NO_MATH ;;
-  intbound)
-    export ENGINE_OPTS=-DOPENJET_BENCH_GEMV_INT=ON
-    plan 60 "tests/test_gpu_gemv_imma.py -k producer_warp" intbound-bench ;;
-  intbound-bench)  # with the no-math bound in the same rounds: the reading holds on whichever card came
-    trap pack_logs EXIT
-    for r in a b; do
-      each_timing "-$r" --ctx 0 --t 1,5 -- OPENJET_BENCH_GEMV_INT=0 OPENJET_BENCH_GEMV_INT=1 OPENJET_BENCH_GEMV_NO_MATH=1
-    done
-    (export OPENJET_BENCH_GEMV_INT=1; trace_bench)
-    (cd "$OUT" && tar -czf no-math.tgz --remove-files ./*no_math*.json) ;;  # (the device returns 8 files)
   introws)
-    export ENGINE_OPTS=-DOPENJET_BENCH_GEMV_INT=ON
     plan 170 "tests/test_gpu_gemv_imma.py tests/test_gpu_engine.py -k 'producer_warp_form or int-rows or makers_integer_pack'" \
       introws-bench ;;
-  introws-bench)  # the packs as launches (what =3 runs on) with fp16 GEMVs, =3, and PLAN=intbound's three
+  introws-bench)  # the packs as launches (what =3 runs on) with fp16 GEMVs, =3, and the default
     trap pack_logs EXIT
     plain=OPENJET_FOLD=0,OPENJET_SWIGLU_SELF=0,OPENJET_GDN_STEP_PACK=0
-    each_timing -a --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 OPENJET_BENCH_GEMV_INT=0 OPENJET_BENCH_GEMV_INT=1
+    each_timing -a --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 OPENJET_GEMV_INT=0
     [ "${INTROWS_ROUNDS:-1}" -ge 2 ] && each_timing -b --ctx 0 --t 1,5 -- "$plain" OPENJET_GEMV_INT=3 \
       OPENJET_BENCH_GEMV_NO_MATH=1
     (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json) ;;  # (the device returns 8 files)

@@ -6,8 +6,8 @@
 # a stale stamp the device builds, and without CUTLASS's headers (not carried then) it warns that its library lacks
 # the dense prefill GEMM.
 #   bash scripts/prebuild_device.sh [ARCH]      (90a-real: the H100 / H200 as the release wheels build them)
-#   PREBUILD_OPTS=-DOPENJET_BENCH_GEMV_INT=ON bash scripts/prebuild_device.sh   (CMake options: the device's build_engine
-#   must be given the same ones, e.g. gpu_bench_engine.sh's ENGINE_OPTS; built in a folder of their own)
+#   PREBUILD_OPTS="-DNAME=VALUE ..." bash scripts/prebuild_device.sh   (CMake options, for a measurement's build: the
+#   device's build_engine must be given the same ones, e.g. gpu_bench_engine.sh's ENGINE_OPTS; a folder of their own)
 set -eo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh

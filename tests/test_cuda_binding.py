@@ -668,8 +668,7 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_PREFILL_F32", "tf32", "tf32x3"),
                                              ("OPENJET_PREFILL_RESIDUAL", "on", "1"),
                                              ("OPENJET_ATTN_PREP_ROWS", "2", "0"),
-                                             ("OPENJET_BENCH_GEMV_NO_MATH", "yes", "0"),
-                                             ("OPENJET_BENCH_GEMV_INT", "on", "0")])
+                                             ("OPENJET_BENCH_GEMV_NO_MATH", "yes", "0")])
 def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monkeypatch, tmp_path):
     """A mistyped switch (OPENJET_PREFILL_ATTN=fast was the opt-in value of an earlier build) is an error naming the
     valid values, not a silent default; a valid one passes the check (the missing file is what fails then)."""
@@ -683,12 +682,10 @@ def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monk
     assert "is not one of" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["OPENJET_BENCH_GEMV_NO_MATH", "OPENJET_BENCH_GEMV_INT",
-                                  "OPENJET_BENCH_SKIP_NORM_PACKS"])
+@pytest.mark.parametrize("name", ["OPENJET_BENCH_GEMV_NO_MATH", "OPENJET_BENCH_SKIP_NORM_PACKS"])
 def test_a_measurement_that_gives_wrong_outputs_warns_at_load(name, monkeypatch, tmp_path):
-    """The benchmark switches whose steps compute wrong outputs (no GEMV arithmetic; the integer arithmetic on a
-    stand-in pack; packs skipped) say so at load, before anything runs, so a server started with one left set is not
-    silently wrong."""
+    """The benchmark switches whose steps compute wrong outputs (no GEMV arithmetic; packs skipped) say so at load,
+    before anything runs, so a server started with one left set is not silently wrong."""
     monkeypatch.delenv("OPENJET_PREFILL_GEMM", raising=False)
     monkeypatch.setenv(name, "1")
     with pytest.warns(RuntimeWarning, match=f"{name} is set: .*WRONG"), pytest.raises(Exception) as err:

@@ -640,20 +640,6 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
-def test_the_integer_arithmetic_measurement_needs_its_build(models, monkeypatch):
-    """OPENJET_BENCH_GEMV_INT=1 (WRONG outputs, kernels only in a build with -DOPENJET_BENCH_GEMV_INT=ON): a library
-    without them refuses it at load, saying how to build one, instead of a decode step failing on its first GEMV;
-    one with them loads."""
-    from openjet_launcher.engine import kernels_test as kt
-    monkeypatch.setenv("OPENJET_BENCH_GEMV_INT", "1")
-    with pytest.warns(RuntimeWarning, match="OPENJET_BENCH_GEMV_INT is set"):
-        if kt.gemv_bench_int_built():
-            CudaEngine.load(models["tiny"], n_ctx=64).close()
-            return
-        with pytest.raises(OpenJetError, match="-DOPENJET_BENCH_GEMV_INT=ON"):
-            CudaEngine.load(models["tiny"], n_ctx=64)
-
-
 def test_the_makers_integer_pack_refuses_the_persistent_ffn(models, monkeypatch):
     """OPENJET_GEMV_INT=3 reads the integer pack that only the cluster packs write beside the fp16 one: with the
     persistent FFN (whose packs write none) the load refuses, naming both switches, instead of a step reading an

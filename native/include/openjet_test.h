@@ -140,8 +140,6 @@ OPENJET_API int openjet_test_dense_gemm_available(void);
 
 /* 1 where this build and device run the producer-warp decode GEMV (gemv_tma_available: OPENJET_GEMV_TMA), else 0. */
 OPENJET_API int openjet_test_gemv_tma_available(void);
-/* 1 where this library has OPENJET_BENCH_GEMV_INT's kernels (built with -DOPENJET_BENCH_GEMV_INT=ON), else 0. */
-OPENJET_API int openjet_test_gemv_bench_int_built(void);
 
 /* Launches so far of a counted path: `what` is an index of native/src/launch_count.h's Counted (0 the dense prefill
  * GEMM, ..., 21 a decode GEMV on the producer-warp kernel; the Python side's COUNTED names them). */

@@ -856,9 +856,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         e.gdn_step_pack = false, e.swiglu_self = 0;
     }
     e.gemv_tma = gemv_tma_switch();
-    if (const char* f = std::getenv("OPENJET_BENCH_GEMV_INT"); f && std::strcmp(f, "1") == 0 && !gemv_bench_int_built())
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_BENCH_GEMV_INT=1: this library was built without the "
-                    "measurement's kernels (configure with -DOPENJET_BENCH_GEMV_INT=ON); unset it for the engine");
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;

@@ -163,9 +163,8 @@ gemv_imma_kernel(const uint8_t* __restrict__ w, long long row_bytes, int n, int 
 // a k quarter of every tile as above, each unit from its ring of kRing slots that one producer thread fills with bulk
 // copies (tma_ring.cuh) instead of its own cp.async; a block takes tiles blockIdx.x, + gridDim.x, ... (a grid of the
 // blocks the GPU holds). The same units, the same per-warp order and the same sum of the four partials as
-// gemv_imma_kernel: the same bits. What it is for: the integer arithmetic on the engine's decode GEMV pipeline, to
-// time against the fp16 one (gemv_tma) before the engine's packs learn to make its digits (NOTES_gemv.md, forty-seventh
-// session).
+// gemv_imma_kernel: the same bits. The engine's integer GEMV under OPENJET_GEMV_INT=3 (gemv.cu launch_imma, on the
+// pack's integer twin).
 template <int QT> __host__ __device__ constexpr int tma_imma_ring() { return QT == kQ6_K ? 3 : 4; }  // (as gemv_tma)
 
 template <int QT, int NS>

@@ -1,6 +1,5 @@
 // The integer GEMV's arithmetic on one unit (gemv_imma.cuh has the numerics): the integer mma, the Q4_K, Q5_K and Q6_K units
-// from their rows in shared memory, as gemv_imma.cu's kernels run them and as the producer-warp GEMV's integer-math
-// measurement (gemv_tma.cu, OPENJET_BENCH_GEMV_INT) runs them in its rings.
+// from their rows in shared memory, as gemv_imma.cu's kernels (the cp.async and the producer-warp forms) run them.
 #pragma once
 
 #include <cuda_fp16.h>

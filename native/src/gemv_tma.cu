@@ -23,7 +23,6 @@
 
 #include "device_attr.cuh"
 #include "gemv_fold_device.cuh"
-#include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
 #include "tma_ring.cuh"
@@ -49,14 +48,6 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
     else return f;
 }
 
-#ifdef OPENJET_BENCH_GEMV_INT_BUILD
-// OPENJET_BENCH_GEMV_INT's stand-in integer pack (gemv_imma.cuh's layout for kActRows rows of k <= kBenchIntMaxK):
-// zeros, never written. A build with -DOPENJET_BENCH_GEMV_INT=ON only (its kernels double the k-quant forms).
-constexpr int kBenchIntMaxK = 32768;
-__device__ __align__(16) int8_t g_bench_int_pack[kActRows * (2 * kBenchIntMaxK + 3 * (kBenchIntMaxK / 16) +
-                                                             3 * (kBenchIntMaxK / 32) + 4 * (kBenchIntMaxK / 256))];
-#endif
-
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
@@ -64,9 +55,8 @@ __device__ __align__(16) int8_t g_bench_int_pack[kActRows * (2 * kBenchIntMaxK +
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
 // in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
-// kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs. kIntNS:
-// OPENJET_BENCH_GEMV_INT (bench_gemv_int), another: the integer GEMV's arithmetic on a stand-in pack.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false, int kIntNS = 0>
+// kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
                 GemvSecond second, int tiles, FoldParam<kFold> fold) {
@@ -136,10 +126,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
-    BenchIntX bench_int;  // kIntNS: the stand-in pack
-#ifdef OPENJET_BENCH_GEMV_INT_BUILD
-    if constexpr (kIntNS > 0) bench_int = BenchIntX{act_pack_imma_view(g_bench_int_pack, kActRows, k), k};
-#endif
     int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
     if constexpr (kPairs)
         if (threadIdx.x == 0) meet_gen = load_acquire(&fold.meet->release);
@@ -153,11 +139,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath, kIntNS>(full0, ring_w, u0, u1, fold_h, fold_sum,
-                                                                            lane, g, tq, slot, phase, acc, bench_int);
+            tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g,
+                                                                    tq, slot, phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath, kIntNS>(full0, ring_w, u0, u1, xh, xs, lane, g,
-                                                                             tq, slot, phase, acc, bench_int);
+            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot,
+                                                                     phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {
@@ -241,37 +227,12 @@ bool bench_gemv_no_math() {
     return on;
 }
 
-// OPENJET_BENCH_GEMV_INT=1 (read once; a measurement, never for use: the outputs are WRONG; in a build with
-// -DOPENJET_BENCH_GEMV_INT=ON, else refused): every Q4_K, Q5_K and Q6_K producer-warp GEMV runs the integer GEMV's
-// arithmetic (gemv_imma_unit.cuh, two sets of 4 token rows above 4) on a stand-in pack of zeros in place of the fp16
-// units, everything else as it is (rings, grid, epilogues, packs). The step's time then says what the integer GEMV's
-// arithmetic would give in the engine before its digits are made anywhere (NOTES_gemv.md, forty-seventh session).
-bool bench_gemv_int() {
-    static const bool on = [] {
-        const char* v = std::getenv("OPENJET_BENCH_GEMV_INT");
-        return v && std::strcmp(v, "1") == 0;
-    }();
-    return on;
-}
-
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false, int kIntNS = 0>
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
-    if constexpr (!kNoMath && kIntNS == 0) {
+    if constexpr (!kNoMath)
         if (bench_gemv_no_math()) return launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, true>(a, b, stream, fold);
-        if constexpr (QT == kQ4_K || QT == kQ5_K || QT == kQ6_K) {
-            if (bench_gemv_int()) {
-#ifdef OPENJET_BENCH_GEMV_INT_BUILD
-                if (a.k > kBenchIntMaxK) return cudaErrorInvalidValue;
-                return a.t <= 4 ? launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, false, 1>(a, b, stream, fold)
-                                : launch_ring<QT, kRing, kMinBlocks, kLastSum, kFold, false, 2>(a, b, stream, fold);
-#else
-                return cudaErrorInvalidValue;  // (engine create refuses the switch here: gemv_bench_int_built)
-#endif
-            }
-        }
-    }
     using Sh = TmaShape<QT, kRing, kFold>;
-    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold, kNoMath, kIntNS>;
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold, kNoMath>;
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
     const int slots = resident_blocks<QT, kRing, kMinBlocks, kLastSum, kFold>(a.grid_sms);  // (the computing form's)
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller takes the cp.async kernel
@@ -290,14 +251,6 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
 }
 
 }  // namespace
-
-bool gemv_bench_int_built() {
-#ifdef OPENJET_BENCH_GEMV_INT_BUILD
-    return true;
-#else
-    return false;
-#endif
-}
 
 bool gemv_tma_available() {
 #ifdef OPENJET_HAVE_SM90A

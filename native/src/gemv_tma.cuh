@@ -15,9 +15,6 @@ constexpr int kGemvTmaForms = 4;
 // Whether this library and GPU run it: a 90a build on compute capability 9.0.
 bool gemv_tma_available();
 
-// Whether this library has OPENJET_BENCH_GEMV_INT's kernels (a build with -DOPENJET_BENCH_GEMV_INT=ON; gemv_tma.cu).
-bool gemv_bench_int_built();
-
 // Whether a decode call a (and b, launched with it) runs on it: a.tma not 0, gemv_tma_available(), the tile layout
 // (whole 16-row groups), t <= 8, b of a's type, k and layout.
 bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);

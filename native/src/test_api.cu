@@ -523,8 +523,6 @@ extern "C" OPENJET_API int openjet_test_dense_gemm_available(void) { return dens
 
 extern "C" OPENJET_API int openjet_test_gemv_tma_available(void) { return gemv_tma_available() ? 1 : 0; }
 
-extern "C" OPENJET_API int openjet_test_gemv_bench_int_built(void) { return gemv_bench_int_built() ? 1 : 0; }
-
 extern "C" OPENJET_API int openjet_test_launch_count(int what, long long* out) {
     if (what < 0 || what >= static_cast<int>(Counted::kCount) || !out)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "launch_count: what = %d is not 0..%d, or out is null", what,

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 
-#include "gemv_imma_unit.cuh"
 #include "gemv_mma.cuh"
 #include "mbarrier.cuh"
 #include "weight_layout.cuh"
@@ -78,31 +77,12 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kNoMath (a measurement with
 // WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
-// kIntNS (1, 2: a measurement with WRONG outputs, OPENJET_BENCH_GEMV_INT; Q4_K, Q5_K, Q6_K): each unit computed by the
-// integer GEMV's arithmetic for kIntNS sets of 4 token rows (gemv_imma_unit.cuh) on bench_int's stand-in pack, its
-// result folded into acc, in place of UnitMma's.
-struct BenchIntX {
-    ActPackI p;
-    int k = 0;
-};
-template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false, int kIntNS = 0>
+template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
-                                                  int& slot, uint32_t& phase, float (&acc)[1][4],
-                                                  const BenchIntX& bench_int = BenchIntX{}) {
+                                                  int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    constexpr bool kInt = kIntNS > 0 && (QT == kQ4_K || QT == kQ5_K || QT == kQ6_K);
-    constexpr int NS = kIntNS > 0 ? kIntNS : 1;
-    ImmaX<NS> xi;
-    float yi[NS][2] = {};
-    if constexpr (kInt) {
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-            xi.col[s] = bench_int.p.dig + (2LL * (4 * s + (g >> 1)) + (g & 1)) * bench_int.k + u0 * kGemvUnit;
-            xi.tok[s] = 4 * s + tq;
-        }
-    }
     for (int u = u0; u < u1; ++u) {
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
@@ -110,12 +90,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         UnitX ux[1];
         ux[0].col = xh + u * kUnitElems;
         ux[0].sum = xs + u * 16;
-        if constexpr (kInt) {
-            if constexpr (QT == kQ6_K) unit_imma_q6_k<true, NS>(r, xi, bench_int.p, u, bench_int.k, tq, yi);
-            else unit_imma_k4<QT, NS>(r, xi, bench_int.p, u, bench_int.k, tq, yi);
-#pragma unroll
-            for (int s = 0; s < NS; ++s) xi.col[s] += kGemvUnit;
-        } else if constexpr (!kNoMath) {  // (the measurement hands the unit back uncomputed)
+        if constexpr (!kNoMath) {  // (the measurement hands the unit back uncomputed)
             if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
                 unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
             else
@@ -124,10 +99,6 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;
-    }
-    if constexpr (kInt) {
-#pragma unroll
-        for (int s = 0; s < NS; ++s) acc[0][s] += yi[s][0], acc[0][2 + s] += yi[s][1];
     }
 }
 

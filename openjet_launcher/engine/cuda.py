@@ -134,7 +134,6 @@ KERNEL_SWITCHES = {
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
-    "OPENJET_BENCH_GEMV_INT": ("0", "1"),                   # gemv_tma.cu (a measurement: WRONG outputs; read once)
     "OPENJET_BENCH_GRAPH": ("0", "1"),                      # engine.cu, trunk_graph (a measurement; read at load)
     "OPENJET_BENCH_GDN_PROBE": ("0", "1"),                  # engine.cu, gdn_probe (a measurement; read at load)
     "OPENJET_MTP_INPUT_PACK": ("0", "1"),                   # engine.cu, mtp_rows (1: default; read at load)
@@ -160,10 +159,6 @@ def check_kernel_switches() -> None:
         warnings.warn("OPENJET_BENCH_GEMV_NO_MATH is set: decode GEMVs stream their weights without computing and give "
                       "WRONG outputs (a benchmark's bound on the GEMVs' arithmetic; unset it to use the engine)",
                       RuntimeWarning, stacklevel=2)
-    if os.environ.get("OPENJET_BENCH_GEMV_INT", "0") != "0":
-        warnings.warn("OPENJET_BENCH_GEMV_INT is set: the k-quant decode GEMVs run the integer GEMV's arithmetic "
-                      "on a stand-in pack and give WRONG outputs (a benchmark's measurement; needs a library built "
-                      "with -DOPENJET_BENCH_GEMV_INT=ON; unset it to use the engine)", RuntimeWarning, stacklevel=2)
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:

@@ -76,7 +76,6 @@ def _lib() -> ctypes.CDLL:
         "set_add_norm_max_est": [_I],
         "dense_gemm_available": [],
         "gemv_tma_available": [],
-        "gemv_bench_int_built": [],
         "launch_count": [_I, _P],
         "ffn_pack_rows": [_I, _I, _I, _I, _P],
         "ffn_scratch": [_I, _P, _P],
@@ -382,11 +381,6 @@ def gemv_tma_available() -> bool:
     """Whether this library and GPU run the producer-warp decode GEMV (a 90a build on compute capability 9.0; decode
     calls then take it unless OPENJET_GEMV_TMA=0: native/src/gemv_tma.cu)."""
     return bool(_lib().openjet_test_gemv_tma_available())
-
-
-def gemv_bench_int_built() -> bool:
-    """Whether this library has OPENJET_BENCH_GEMV_INT's kernels (built with -DOPENJET_BENCH_GEMV_INT=ON)."""
-    return bool(_lib().openjet_test_gemv_bench_int_built())
 
 
 # prefill_gemm.cuh's kDenseMinRows: a prefill call of fewer rows takes the fast kernel (the same bits) even where the
