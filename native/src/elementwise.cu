@@ -451,8 +451,8 @@ bool pack_cluster_writes_imma(int k) { return pack_cluster_takes(k, 2); }
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream) {
     if (!h || !w || !act_pack_fits(p, t, k)) return cudaErrorInvalidValue;
-    if (!act_pack_plain(p) && !(t <= OPENJET_ENGINE_MAX_T && pack_cluster_takes(k)))
-        return cudaErrorNotSupported;  // (only the cluster pack writes the integer twin)
+    // (only the cluster pack writes the integer twin: every other form refuses a pack that has one)
+    if (t > OPENJET_ENGINE_MAX_T && !act_pack_plain(p)) return cudaErrorNotSupported;
     if (t > OPENJET_ENGINE_MAX_T) switch (row_pack_threads(RowPack::kAddNorm)) {
         case 1024: return launch_add_norm_rows<1024, kPackCached>(h, delta, w, t, k, eps, a_out, p, stream);
         case 512: return launch_add_norm_rows<512, 12>(h, delta, w, t, k, eps, a_out, p, stream);
@@ -464,6 +464,7 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
                                      sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
                                      a_out, p, g_add_norm_max_est.get());
     }
+    if (!act_pack_plain(p)) return cudaErrorNotSupported;
     if (k <= kAddNormStagedMax)
         return launch_kernel(add_norm_pack_kernel<true>, t, kPackThreads, sizeof(float) * 2 * k, stream, h, delta, w,
                              k, eps, a_out, p);
@@ -473,8 +474,8 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPack& p, cudaStream_t stream,
                                long long ld) {
     if (!gate || !up || !act_pack_fits(p, t, k) || (ld && ld < k)) return cudaErrorInvalidValue;
-    if (!act_pack_plain(p) && !(t <= OPENJET_ENGINE_MAX_T && pack_cluster_takes(k) && (!ld || ld == k)))
-        return cudaErrorNotSupported;  // (only the cluster pack writes the integer twin)
+    // (only the cluster pack writes the integer twin: every other form refuses a pack that has one)
+    if (t > OPENJET_ENGINE_MAX_T && !act_pack_plain(p)) return cudaErrorNotSupported;
     if (t > OPENJET_ENGINE_MAX_T && prefill_swiglu() != PrefillSwiglu::kRows) {  // two streaming passes
         const long long stride = ld ? ld : k;
         if (const cudaError_t e = launch_kernel(swiglu_values_kernel, dim3((k + kSplitCols - 1) / kSplitCols, t),
@@ -493,6 +494,7 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
         return launch_kernel_cluster(pack_cluster_kernel<true>, dim3(kPackCluster, t), kPackClusterThreads, 0,
                                      stream, kPackCluster, gate, up, k, p);
     }
+    if (!act_pack_plain(p)) return cudaErrorNotSupported;
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
 }
 

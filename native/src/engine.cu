@@ -848,7 +848,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         if (e.ffn_persistent || e.ffn_tma)
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_GEMV_INT=3 takes no persistent FFN (its packs have no "
                         "integer twin); unset OPENJET_FFN_PERSISTENT / OPENJET_FFN_TMA");
-        for (const size_t k : {E, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim()})
+        for (const size_t k : {E, (size_t)c.n_ff, (size_t)e.d_inner(), (size_t)e.q_dim(), e.has_mtp ? 2 * E : 0})
             if (k && !pack_cluster_writes_imma(static_cast<int>(k)))
                 return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_GEMV_INT=3: rows of %zu cannot take the cluster "
                             "packs that write the integer pack (they need a 9.0 GPU and OPENJET_PACK_CLUSTER unset "
@@ -1077,7 +1077,6 @@ GemvArgs gemv_args_as(const openjet_engine& e, bool prefill, const DevTensor& w,
     if (a.dense) a.w16 = w.w16, a.ld16 = w.ld16, a.w16_norms = w.w16_norms;
     if (!prefill && e.gemv_int <= 2 && (w.type == kQ4_K ? e.gemv_int >= 1 : w.type == kQ6_K && e.gemv_int >= 2))
         a.xi = e.xi;
-    if (prefill) a.x.imma = nullptr;  // (a prefill's makers write no twin: e.x's is set in decode steps only)
     if (!prefill) a.tma = e.gemv_tma, a.grid_sms = e.persistent_sms;
     return a;
 }

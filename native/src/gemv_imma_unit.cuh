@@ -38,6 +38,13 @@ __device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c) {
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// acc += the mma's C under the sub-block scales of rows g (s0: C's first two) and g + 8 (s1: its last two).
+__device__ __forceinline__ void imma_scaled_add(int (&acc)[4], const int (&c)[4], int s0, int s1) {
+    acc[0] += s0 * c[0];
+    acc[1] += s0 * c[1];
+    acc[2] += s1 * c[2];
+    acc[3] += s1 * c[3];
+}
 __device__ __forceinline__ int byte_u(uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xFFu); }
 __device__ __forceinline__ int byte_s(uint32_t w, int i) { return static_cast<int>(static_cast<int8_t>(w >> (8 * i))); }
 
@@ -112,10 +119,7 @@ __device__ __forceinline__ void unit_imma_k4(const uint8_t* const r[2], const Im
                 const uint2 b = __ldg(reinterpret_cast<const uint2*>(x.col[s] + 32 * j + 8 * tq));
                 int cc[4];
                 imma_k32(cc, a, b.x, b.y);
-                acc[s][nb][0] += s0 * cc[0];
-                acc[s][nb][1] += s0 * cc[1];
-                acc[s][nb][2] += s1 * cc[2];
-                acc[s][nb][3] += s1 * cc[3];
+                imma_scaled_add(acc[s][nb], cc, s0, s1);
             }
         }
     }
@@ -181,10 +185,7 @@ __device__ __forceinline__ void unit_imma_q6_k(const uint8_t* const r[2], const 
                     const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(x.col[s] + 16 * sb + 4 * tq));
                     int cc[4];
                     imma_k16(cc, a[0], a[1], b);
-                    acc[s][0] += s0 * cc[0];
-                    acc[s][1] += s0 * cc[1];
-                    acc[s][2] += s1 * cc[2];
-                    acc[s][3] += s1 * cc[3];
+                    imma_scaled_add(acc[s], cc, s0, s1);
                 }
             }
         }
@@ -208,17 +209,11 @@ __device__ __forceinline__ void unit_imma_q6_k(const uint8_t* const r[2], const 
     }
 }
 
-template <int QT, int NS> struct UnitImma;
-template <int NS> struct UnitImma<kQ4_K, NS> {
+// A unit of type QT from rows r (any 2-byte alignment): Q4_K and Q5_K as above, Q6_K below.
+template <int QT, int NS> struct UnitImma {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
                                                int u, int k, int tq, float (&y)[NS][2]) {
-        unit_imma_k4<kQ4_K, NS>(r, x, p, u, k, tq, y);
-    }
-};
-template <int NS> struct UnitImma<kQ5_K, NS> {
-    __device__ __forceinline__ static void run(const uint8_t* const r[2], const ImmaX<NS>& x, const ActPackI& p,
-                                               int u, int k, int tq, float (&y)[NS][2]) {
-        unit_imma_k4<kQ5_K, NS>(r, x, p, u, k, tq, y);
+        unit_imma_k4<QT, NS>(r, x, p, u, k, tq, y);
     }
 };
 template <int NS> struct UnitImma<kQ6_K, NS> {
