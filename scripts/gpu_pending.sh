@@ -75,6 +75,10 @@
 #            the T=1 / T=5 step of the packs as launches with fp16 GEMVs (what =3 runs on), =3 and the default, once
 #            (INTROWS_ROUNDS=2: the first two again and the no-math bound). ~5 minutes (~6.5 at two rounds). (It also
 #            timed OPENJET_BENCH_GEMV_INT=1, the integer arithmetic inside the engine's forms, removed since.)
+# PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp)
+#            called many times on one input, each call against numpy's emulation and the others' bits
+#            (native/bench/imma_form_stress.py: which form gave test_the_producer_warp_form_gives_the_integer_gemvs_
+#            bits[Q6_K]'s one failure, 2026-12-06). No model. ~3 minutes (STRESS_REPS, STRESS_S).
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -339,6 +343,15 @@ PY
     export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
     gpu_tests fold-test 90 tests/test_gpu_fold.py tests/test_gpu_engine.py -k "fold or pack_chain_bench_runs"
     pack_chain_bench ;;
+  immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
+    trap pack_logs EXIT
+    . scripts/device_common.sh
+    device_wheels || exit 2
+    build_engine /tmp/b "$OUT/build.log" || exit 1
+    export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
+    timeout -k 10 "${STRESS_S:-300}" python3 native/bench/imma_form_stress.py --reps "${STRESS_REPS:-40}" \
+      --budget-s $(( ${STRESS_S:-300} - 60 )) --out "$OUT/imma-form-stress.json" 2> "$OUT/imma-form-stress.log"
+    echo "== imma_form_stress (rc $?)"; tail -20 "$OUT/imma-form-stress.log" ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -358,7 +371,8 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, gdnclock, gdnprobe or boundary" \
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress" \
+      "or boundary" \
       "(see the top of $0)" >&2
     exit 2 ;;
 esac
