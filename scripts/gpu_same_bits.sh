@@ -12,7 +12,9 @@
 #       command="BITS_MODES='OPENJET_PDL=0' TIME_PDL=1 bash scripts/gpu_same_bits.sh")
 # (.base/ is git-ignored.) BITS_MODES: environment settings under which the new library's dump is compared
 # too (OPENJET_GDN_FUSED=0 takes the GDN step's fused projections out, OPENJET_GEMV_PAIRS=0 the paired
-# projection launches, to bisect a difference); TIME_PDL=1 times the new library with OPENJET_PDL=0 and =1 (the default on sm_90+). Output: the comparison and the timings in
+# projection launches, to bisect a difference); both libraries are timed under the engine's default (OPENJET_PDL as the
+# caller's environment has it: PDL on sm_90+ where unset; until 2026-12-07 this script timed both with it off), and
+# TIME_PDL=1 times the new library with OPENJET_PDL=0 too. Output: the comparison and the timings in
 # the tail, $OUT/same-bits.json. PREFILL=N: also a prefill of N tokens of the 4-layer model with each library
 # (wall time, then the per-phase profile; step_kernels.py --prefill). BENCH_GDN=1: native/bench/bench_gdn.py with
 # each library. TESTS: the GPU test files run at the end (default: GEMV, PDL, attention). TIME_MODES: environment
@@ -51,9 +53,9 @@ done
 say "compared (rc $SAME)"
 : > "$OUT/same-bits.json"
 for round in 1 2; do
-  for lib in base new ${TIME_PDL:+pdl}; do  # TIME_PDL=1: also the new library with OPENJET_PDL=1
+  for lib in base new ${TIME_PDL:+nopdl}; do  # TIME_PDL=1: also the new library with OPENJET_PDL=0
     L=$BASE; [ $lib != base ] && L=$NEW
-    OPENJET_PDL=$([ $lib = pdl ] && echo 1 || echo 0) OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
+    OPENJET_PDL=$([ $lib = nopdl ] && echo 0 || echo "${OPENJET_PDL:-}") OPENJET_LIBRARY=$L python3 native/bench/step_kernels.py --model /tmp/full4.gguf --t "${STEP_TS:-1,4,8}" \
       --ctx "${STEP_CTX:-0}" 2>/dev/null |
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" | tee -a "$OUT/same-bits.json"
   done
