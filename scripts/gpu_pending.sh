@@ -75,6 +75,12 @@
 #            the T=1 / T=5 step of the packs as launches with fp16 GEMVs (what =3 runs on), =3 and the default, once
 #            (INTROWS_ROUNDS=2: the first two again and the no-math bound). ~5 minutes (~6.5 at two rounds). (It also
 #            timed OPENJET_BENCH_GEMV_INT=1, the integer arithmetic inside the engine's forms, removed since.)
+# PLAN=libab  a baseline library against this tree's on the `full` model: the T=1 / T=5 step with each, alternating
+#            twice, then the new one under each of LIBAB_MORE's settings (e.g. "OPENJET_GEMV_TMA=1") once; LIBAB_TESTS
+#            (pytest arguments, at most LIBAB_TESTS_S s) while the model is written. The baseline: `git archive <commit>
+#            CMakeLists.txt native pyproject.toml` into .base/ with its prebuilt library in .base/.prebuilt/ (the stamp
+#            of .base's tree), carried with .prebuilt (gzip both libraries where the carry passes 64 MiB, and gunzip
+#            them first in the command). Same-bits changes are checked by gpu_same_bits.sh first. ~8 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp)
 #            called many times on one input, each call against numpy's emulation and the others' bits
 #            (native/bench/imma_form_stress.py: which form gave test_the_producer_warp_form_gives_the_integer_gemvs_
@@ -343,6 +349,18 @@ PY
     export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
     gpu_tests fold-test 90 tests/test_gpu_fold.py tests/test_gpu_engine.py -k "fold or pack_chain_bench_runs"
     pack_chain_bench ;;
+  libab)
+    plan "${LIBAB_TESTS_S:-30}" "${LIBAB_TESTS:-tests/test_gpu_engine.py -k no_such_test}" libab-bench ;;
+  libab-bench)  # the carried baseline library against this tree's, alternating (then LIBAB_MORE's settings once)
+    trap pack_logs EXIT
+    base=OPENJET_LIBRARY=$PWD/.base/.prebuilt/libopenjet.so
+    [ -f "${base#*=}" ] || { echo "no baseline library at ${base#*=}: see PLAN=libab at the top of $0"; exit 2; }
+    for round in a b; do
+      timing "$base" "base-$round" --ctx 0 --t 1,5
+      timing "" "new-$round" --ctx 0 --t 1,5
+    done
+    for v in ${LIBAB_MORE:-}; do timing "$v" "new-$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5; done
+    (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
