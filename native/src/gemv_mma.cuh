@@ -183,7 +183,6 @@ template <int QT, int NG, bool kSmemB = false, int kHalves = 2> struct UnitMma;
 struct K4Header {
     float d, dm32;        // dm32 = dmin * 32: the pack's sums are stored / 32
     uint32_t sc[2], mn[2];
-    K4Header() = default;
     __device__ __forceinline__ explicit K4Header(const uint8_t* row) {
         const uint4 hd = *reinterpret_cast<const uint4*>(row);
         const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
@@ -232,160 +231,104 @@ __device__ __forceinline__ void k4_a_regs(uint32_t w, uint32_t hb, uint32_t sc2,
     a_hi = hfma2_u(hi, sc2, nsc2);
 }
 
-// U units at once (1, or 2: unit_mma_k4_pair), unit v from rows rv[v] and columns xv[v]: each unit's operations are
-// the one-unit form's, and its sum meets acc after the unit before's, so U units give the bits of U calls in order.
-// Two interleaved give the warp two independent chains of loads, decode and mma where one unit's waits on its own
-// steps (a warp of the n = 5,120 calls walks its quarter's 6 to 17 units one after another: NOTES_gemv.md).
-template <int QT, int NG, bool kSmemB, int kHalves, int U>
-__device__ __forceinline__ void unit_mma_k4_units(const uint8_t* const (&rv)[U][2], const UnitX (&xv)[U][NG], int tq,
-                                                  float (&acc)[NG][4]) {
+template <int QT, int NG, bool kSmemB, int kHalves>
+__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                            float (&acc)[NG][4]) {
     constexpr int kQs = QT == kQ4_K ? 16 : 48;
-    K4Header hdr[U][2];  // a half tile uses hdr[v][0] only
-#pragma unroll
-    for (int v = 0; v < U; ++v) hdr[v][0] = K4Header(rv[v][0]), hdr[v][1] = K4Header(rv[v][kHalves - 1]);
+    const K4Header hdr[2] = {K4Header(r[0]), K4Header(r[kHalves - 1])};  // a half tile uses hdr[0] only
     // Min term: one mma, A[row, j] = A[row, 8 + j] = m_j (j = 0..7), B = the sums' hi (k < 8) and lo parts.
-    float mins[U][NG][4] = {};
-#pragma unroll
-    for (int v = 0; v < U; ++v) {
+    float mins[NG][4] = {};
+    {
         uint32_t a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-        for (int i = 0; i < kHalves; ++i)
-            a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[v][i].mn[1] : hdr[v][i].mn[0], 2 * (tq & 1));
+        for (int i = 0; i < kHalves; ++i) a[i] = a[2 + i] = h2_of_bytes((tq >> 1) ? hdr[i].mn[1] : hdr[i].mn[0], 2 * (tq & 1));
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
             uint32_t b[2];
-            load_b<kSmemB>(xv[v][j].sum, 4 * tq, b);
-            mma_16816(mins[v][j], a, b);
+            load_b<kSmemB>(x[j].sum, 4 * tq, b);
+            mma_16816(mins[j], a, b);
         }
     }
-    uint4 qh[U][kHalves];
+    uint4 qh[kHalves];
     if constexpr (QT == kQ5_K) {
 #pragma unroll
-        for (int v = 0; v < U; ++v)
-#pragma unroll
-            for (int i = 0; i < kHalves; ++i) qh[v][i] = *reinterpret_cast<const uint4*>(rv[v][i] + 16 + 16 * (tq & 1));
+        for (int i = 0; i < kHalves; ++i) qh[i] = *reinterpret_cast<const uint4*>(r[i] + 16 + 16 * (tq & 1));
     }
-    float u[U][NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
+    float u[NG][4][4] = {};  // four accumulators (by wd): four short mma dependency chains instead of one of 16
     // The lane's elements 64 (tq / 2) + 16 (tq % 2) + ... of each column: with the lane's offset added to the pointer
     // first, the loads below take their constants as immediates (not a 64-bit index and its descriptor per load).
-    const __half* xb[U][NG];
+    const __half* xb[NG];
 #pragma unroll
-    for (int v = 0; v < U; ++v)
-#pragma unroll
-        for (int j = 0; j < NG; ++j) xb[v][j] = xv[v][j].col + 64 * (tq >> 1) + 16 * (tq & 1);
+    for (int j = 0; j < NG; ++j) xb[j] = x[j].col + 64 * (tq >> 1) + 16 * (tq & 1);
 #pragma unroll
     for (int hv = 0; hv < 2; ++hv) {
         const int jj = (tq >> 1) + 2 * hv;
-        uint4 q[U][kHalves];
+        uint4 q[kHalves];
 #pragma unroll
-        for (int v = 0; v < U; ++v)
-#pragma unroll
-            for (int i = 0; i < kHalves; ++i) q[v][i] = *reinterpret_cast<const uint4*>(rv[v][i] + kQs + 16 * (tq + 4 * hv));
+        for (int i = 0; i < kHalves; ++i) q[i] = *reinterpret_cast<const uint4*>(r[i] + kQs + 16 * (tq + 4 * hv));
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
-            uint32_t sc2[U][kHalves], nsc2[U][kHalves];  // k4_scale_pair: A = q * sc of sub-block 2 jj + nb, exactly
+            uint32_t sc2[kHalves], nsc2[kHalves];  // k4_scale_pair: A = q * sc of sub-block 2 jj + nb, exactly
 #pragma unroll
-            for (int v = 0; v < U; ++v)
-#pragma unroll
-                for (int i = 0; i < kHalves; ++i) {
-                    if (nb) k4_scale_pair<1>(hdr[v][i].sc[hv], tq, sc2[v][i], nsc2[v][i]);
-                    else k4_scale_pair<0>(hdr[v][i].sc[hv], tq, sc2[v][i], nsc2[v][i]);
-                }
+            for (int i = 0; i < kHalves; ++i) {
+                if (nb) k4_scale_pair<1>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
+                else k4_scale_pair<0>(hdr[i].sc[hv], tq, sc2[i], nsc2[i]);
+            }
             // The B pairs of the four mma: elements 128 hv + 32 nb + 16 (tq & 1) + 64 (tq / 2) + 4 wd, wd = 0..3,
             // are 16 consecutive halves: two 16-byte loads (one group; several groups load each pair where it
             // is used: 32 more live registers per group spilled on sm_120).
             const int e0 = 128 * hv + 32 * nb;  // from the lane's base xb
-            uint4 bv[U][2];
-            const auto load_bv = [&](int v, int half) {  // (two units: each half where it is used, fewer live registers)
-                if constexpr (NG == 1) bv[v][half] = ld_b2<kSmemB>(xb[v][0] + e0 + 8 * half);
-            };
-#pragma unroll
-            for (int v = 0; v < U; ++v) {
-                load_bv(v, 0);
-                if (U == 1) load_bv(v, 1);
+            uint4 bv[2];
+            if constexpr (NG == 1) {
+                bv[0] = ld_b2<kSmemB>(xb[0] + e0);
+                bv[1] = ld_b2<kSmemB>(xb[0] + e0 + 8);
             }
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
+                uint32_t a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-                for (int v = 0; v < U; ++v) {
-                    if (U > 1 && wd == 2) load_bv(v, 1);
-                    uint32_t a[4] = {0u, 0u, 0u, 0u};
+                for (int i = 0; i < kHalves; ++i) {  // Q5_K: bit 2 jj + nb of each qh byte is the code's fifth bit
+                    const uint32_t w = (&q[i].x)[wd], hb = QT == kQ5_K ? (&qh[i].x)[wd] >> (2 * jj + nb) : 0u;
+                    if (nb) k4_a_regs<QT, 1>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
+                    else k4_a_regs<QT, 0>(w, hb, sc2[i], nsc2[i], a[i], a[2 + i]);
+                }
 #pragma unroll
-                    for (int i = 0; i < kHalves; ++i) {  // Q5_K: bit 2 jj + nb of each qh byte is the code's fifth bit
-                        const uint32_t w = (&q[v][i].x)[wd];
-                        const uint32_t hb = QT == kQ5_K ? (&qh[v][i].x)[wd] >> (2 * jj + nb) : 0u;
-                        if (nb) k4_a_regs<QT, 1>(w, hb, sc2[v][i], nsc2[v][i], a[i], a[2 + i]);
-                        else k4_a_regs<QT, 0>(w, hb, sc2[v][i], nsc2[v][i], a[i], a[2 + i]);
+                for (int j = 0; j < NG; ++j) {
+                    uint32_t b[2];
+                    if constexpr (NG == 1) {
+                        const uint4& v = bv[wd >> 1];
+                        b[0] = (wd & 1) ? v.z : v.x;
+                        b[1] = (wd & 1) ? v.w : v.y;
+                    } else {
+                        load_b<kSmemB>(xb[j], e0 + 4 * wd, b);
                     }
-#pragma unroll
-                    for (int j = 0; j < NG; ++j) {
-                        uint32_t b[2];
-                        if constexpr (NG == 1) {
-                            const uint4& bw = bv[v][wd >> 1];
-                            b[0] = (wd & 1) ? bw.z : bw.x;
-                            b[1] = (wd & 1) ? bw.w : bw.y;
-                        } else {
-                            load_b<kSmemB>(xb[v][j], e0 + 4 * wd, b);
-                        }
-                        mma_16816(u[v][j][wd], a, b);
-                    }
+                    mma_16816(u[j][wd], a, b);
                 }
             }
         }
     }
 #pragma unroll
-    for (int v = 0; v < U; ++v)  // unit 0's sum into acc, then unit 1's
+    for (int j = 0; j < NG; ++j) {
 #pragma unroll
-        for (int j = 0; j < NG; ++j) {
-#pragma unroll
-            for (int c = 0; c < 2 * kHalves; ++c) {
-                const float uc = __fadd_rn(__fadd_rn(u[v][j][0][c], u[v][j][1][c]),
-                                           __fadd_rn(u[v][j][2][c], u[v][j][3][c]));
-                acc[j][c] = __fmaf_rn(hdr[v][c >> 1].d, uc,
-                                      __fmaf_rn(-hdr[v][c >> 1].dm32, mins[v][j][c], acc[j][c]));
-            }
+        for (int c = 0; c < 2 * kHalves; ++c) {
+            const float uc = __fadd_rn(__fadd_rn(u[j][0][c], u[j][1][c]), __fadd_rn(u[j][2][c], u[j][3][c]));
+            acc[j][c] = __fmaf_rn(hdr[c >> 1].d, uc, __fmaf_rn(-hdr[c >> 1].dm32, mins[j][c], acc[j][c]));
         }
+    }
 }
 
-template <int QT, int NG, bool kSmemB, int kHalves>
-__device__ __forceinline__ void unit_mma_k4(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
-                                            float (&acc)[NG][4]) {
-    const uint8_t* const rv[1][2] = {{r[0], r[1]}};
-    UnitX xv[1][NG];
-#pragma unroll
-    for (int j = 0; j < NG; ++j) xv[0][j] = x[j];
-    unit_mma_k4_units<QT, NG, kSmemB, kHalves, 1>(rv, xv, tq, acc);
-}
-
-// Two consecutive units of a quarter (r0 / x0 the first) into acc: the bits of two unit_mma_k4 calls in that order.
-template <int QT, int NG, bool kSmemB, int kHalves>
-__device__ __forceinline__ void unit_mma_k4_pair(const uint8_t* const r0[2], const uint8_t* const r1[2],
-                                                 const UnitX (&x0)[NG], const UnitX (&x1)[NG], int tq,
-                                                 float (&acc)[NG][4]) {
-    const uint8_t* const rv[2][2] = {{r0[0], r0[1]}, {r1[0], r1[1]}};
-    UnitX xv[2][NG];
-#pragma unroll
-    for (int j = 0; j < NG; ++j) xv[0][j] = x0[j], xv[1][j] = x1[j];
-    unit_mma_k4_units<QT, NG, kSmemB, kHalves, 2>(rv, xv, tq, acc);
-}
-
-// Q4_K and Q5_K: one unit (run), or two consecutive units interleaved (run_pair: kPairs; the bits of two runs).
-template <int QT, int NG, bool kSmemB, int kHalves> struct UnitMmaK4 {
-    static constexpr bool kPairs = true;
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ4_K, NG, kSmemB, kHalves> {
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
-        unit_mma_k4<QT, NG, kSmemB, kHalves>(r, x, tq, acc);
-    }
-    __device__ __forceinline__ static void run_pair(const uint8_t* const r0[2], const uint8_t* const r1[2],
-                                                    const UnitX (&x0)[NG], const UnitX (&x1)[NG], int tq,
-                                                    float (&acc)[NG][4]) {
-        unit_mma_k4_pair<QT, NG, kSmemB, kHalves>(r0, r1, x0, x1, tq, acc);
+        unit_mma_k4<kQ4_K, NG, kSmemB, kHalves>(r, x, tq, acc);
     }
 };
-template <int NG, bool kSmemB, int kHalves>
-struct UnitMma<kQ4_K, NG, kSmemB, kHalves> : UnitMmaK4<kQ4_K, NG, kSmemB, kHalves> {};
-template <int NG, bool kSmemB, int kHalves>
-struct UnitMma<kQ5_K, NG, kSmemB, kHalves> : UnitMmaK4<kQ5_K, NG, kSmemB, kHalves> {};
+template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ5_K, NG, kSmemB, kHalves> {
+    __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
+                                               float (&acc)[NG][4]) {
+        unit_mma_k4<kQ5_K, NG, kSmemB, kHalves>(r, x, tq, acc);
+    }
+};
 
 // 32-bit words of a row's unit in shared memory at byte offsets that are multiples of 4 from its start,
 // which is 4-byte aligned (kAligned4) or 2-byte aligned: then two aligned loads and a funnel shift by the
@@ -484,7 +427,6 @@ __device__ __forceinline__ void unit_mma_q6_k(const uint8_t* const r[2], const U
 }
 
 template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ6_K, NG, kSmemB, kHalves> {
-    static constexpr bool kPairs = false;  // (run only)
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
         // The choice must be the same for the whole warp (mma.sync.aligned): rows alternate alignment when a
@@ -499,7 +441,6 @@ template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ6_K, NG, kSmemB, kH
 
 // Q8_0: 8 blocks of 34 bytes (d, q[32]); two mma per block.
 template <int NG, bool kSmemB, int kHalves> struct UnitMma<kQ8_0, NG, kSmemB, kHalves> {
-    static constexpr bool kPairs = false;  // (run only)
     __device__ __forceinline__ static void run(const uint8_t* const r[2], const UnitX (&x)[NG], int tq,
                                                float (&acc)[NG][4]) {
         const __half* xb[NG];  // the lane's elements 4 tq + ... of each column

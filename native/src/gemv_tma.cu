@@ -62,7 +62,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                 GemvSecond second, int tiles, FoldParam<kFold> fold) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold>;
-    constexpr bool kPairUnits = kMinBlocks <= 3;  // Q4_K / Q5_K units two at a time (tma_consume_units), 128 registers
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
     extern __shared__ __align__(128) uint8_t ring[];
@@ -140,11 +139,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
         if constexpr (kFold & 1) {  // (one token row)
-            tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath, kPairUnits>(full0, ring_w, u0, u1, fold_h, fold_sum,
-                                                                                lane, g, tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g,
+                                                                    tq, slot, phase, acc);
         } else {
-            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath, kPairUnits>(full0, ring_w, u0, u1, xh, xs, lane, g,
-                                                                                 tq, slot, phase, acc);
+            tma_consume_units<QT, kRing, Sh::kChunk, false, kNoMath>(full0, ring_w, u0, u1, xh, xs, lane, g, tq, slot,
+                                                                     phase, acc);
         }
         const bool first = in_first(tile);
         const auto sum_store = [&] {

@@ -75,46 +75,15 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
-// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kPairs: Q4_K and Q5_K take
-// their units two at a time where two are left (UnitMma::run_pair: two independent chains for the warp's scheduler, the
-// bits of one at a time), both slots handed back together; for forms with 128 registers a thread (at 96 the pair
-// spills in its loop). kNoMath (a measurement with WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited
-// for and handed back, never computed.
-template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false, bool kPairs = false>
+// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers). kNoMath (a measurement with
+// WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
+template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
     constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
-    using Unit = UnitMma<QT, 1, kSmemX>;
-    const auto next_slot = [&] {
-        if (++slot == kRing) slot = 0, phase ^= 1;
-    };
-    for (int u = u0; u < u1;) {
-        if constexpr (kPairs && Unit::kPairs && !kNoMath && kRing >= 2) {
-            if (u + 1 < u1) {
-                const int slot1 = slot + 1 == kRing ? 0 : slot + 1;
-                mbar_wait_warp(full0 + 8 * slot, phase);
-                mbar_wait_warp(full0 + 8 * slot1, slot1 == 0 ? phase ^ 1 : phase);
-                const uint8_t* stage0 = ring_w + slot * kSlot;
-                const uint8_t* stage1 = ring_w + slot1 * kSlot;
-                const uint8_t* r0[2] = {stage0 + g * kPitch, stage0 + (g + 8) * kPitch};
-                const uint8_t* r1[2] = {stage1 + g * kPitch, stage1 + (g + 8) * kPitch};
-                UnitX x0[1], x1[1];
-                x0[0].col = xh + u * kUnitElems, x0[0].sum = xs + u * 16;
-                x1[0].col = x0[0].col + kUnitElems, x1[0].sum = x0[0].sum + 16;
-                Unit::run_pair(r0, r1, x0, x1, tq, acc);
-                __syncwarp();
-                if (lane == 0) {  // every lane's reads of both slots are done
-                    mbar_arrive(full0 + kEmpty + 8 * slot);
-                    mbar_arrive(full0 + kEmpty + 8 * slot1);
-                }
-                next_slot();
-                next_slot();
-                u += 2;
-                continue;
-            }
-        }
+    for (int u = u0; u < u1; ++u) {
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
         const uint8_t* r[2] = {stage + g * kPitch, stage + (g + 8) * kPitch};
@@ -125,12 +94,11 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
             if constexpr (QT == kQ6_K)  // every row of a ring slot is 4-byte aligned (tile_pitch): no vote on it
                 unit_mma_q6_k<true, 1, kSmemX, 2>(r, ux, tq, acc);
             else
-                Unit::run(r, ux, tq, acc);
+                UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
-        next_slot();
-        ++u;
+        if (++slot == kRing) slot = 0, phase ^= 1;
     }
 }
 
