@@ -38,8 +38,35 @@ TOL = 1e-5  # of sum |w| |x| per output: 100x the integer numerics' fp32 roundin
 
 
 def bad_outputs(y: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Indices (token, row) of the outputs beyond the tolerance."""
+    """Indices (token, row) of the outputs beyond the tolerance (NaN counts as beyond)."""
     return np.argwhere(~(np.abs(y - ref) <= TOL * scale))
+
+
+def judge(ys: dict[str, np.ndarray], ref: np.ndarray, scale: np.ndarray, stats: dict[str, dict]) -> None:
+    """One call of every form: each form's outputs against the oracle, and its bits against the forms' majority (the
+    bits two or more forms share; none where all differ), counted into stats[form]."""
+    votes = Counter(y.tobytes() for y in ys.values())
+    top, count = votes.most_common(1)[0]
+    majority = top if count >= 2 else None
+    for f, y in ys.items():
+        s = stats[f]
+        s["calls"] += 1
+        bad = bad_outputs(y, ref, scale)
+        if len(bad):
+            s["beyond_oracle"] += 1
+            if len(s["first_bad"]) < 3:
+                err = np.abs(y - ref)[tuple(bad.T)]
+                s["first_bad"].append({"outputs": int(len(bad)),
+                                       "tokens": sorted({int(i) for i in bad[:, 0]}),
+                                       "rows": sorted({int(i) for i in bad[:, 1]})[:32],
+                                       "tiles": sorted({int(i) // 16 for i in bad[:, 1]})[:16],
+                                       "max_abs_err": float(np.nanmax(err))})
+        if majority is not None and y.tobytes() != majority:
+            s["off_majority"] += 1
+
+
+def new_stats() -> dict[str, dict]:
+    return {f: {"calls": 0, "beyond_oracle": 0, "off_majority": 0, "first_bad": []} for f in FORMS}
 
 
 def main() -> int:
@@ -69,26 +96,10 @@ def main() -> int:
             x = x8[:t]
             xq = quantise_x_numpy(x)
             ref, scale = (w @ xq.T).T, (np.abs(w) @ np.abs(xq).T).T
-            stats = {f: {"calls": 0, "beyond_oracle": 0, "off_majority": 0, "first_bad": []} for f in FORMS}
+            stats = new_stats()
             for _ in range(args.reps):
-                ys = {f: kt.gemv_imma(kt.QTYPES[qname], raw, x, persistent=p, tiled=True) for f, p in FORMS.items()}
-                votes = Counter(y.tobytes() for y in ys.values())
-                majority = votes.most_common(1)[0][0] if votes.most_common(1)[0][1] >= 2 else None
-                for f, y in ys.items():
-                    s = stats[f]
-                    s["calls"] += 1
-                    bad = bad_outputs(y, ref, scale)
-                    if len(bad):
-                        s["beyond_oracle"] += 1
-                        if len(s["first_bad"]) < 3:
-                            err = np.abs(y - ref)[tuple(bad.T)]
-                            s["first_bad"].append({"outputs": int(len(bad)),
-                                                   "tokens": sorted({int(i) for i in bad[:, 0]}),
-                                                   "rows": sorted({int(i) for i in bad[:, 1]})[:32],
-                                                   "tiles": sorted({int(i) // 16 for i in bad[:, 1]})[:16],
-                                                   "max_abs_err": float(err.max())})
-                    if majority is not None and y.tobytes() != majority:
-                        s["off_majority"] += 1
+                judge({f: kt.gemv_imma(kt.QTYPES[qname], raw, x, persistent=p, tiled=True) for f, p in FORMS.items()},
+                      ref, scale, stats)
             for f, s in stats.items():
                 rows.append({"qtype": qname, "t": t, "form": f, **s})
                 if s["beyond_oracle"] or s["off_majority"]:
