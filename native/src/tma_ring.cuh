@@ -96,6 +96,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
             else
                 UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
+        if constexpr (!kNoMath) fence_proxy_async_shared();  // (the reads of the slot before the next bulk copy into it)
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;
