@@ -326,6 +326,31 @@ def test_the_tile_layout_gives_the_row_layouts_bits(qtype, tiles):
         kt.gemv(Q[qtype], raw, random_x(rng, 1, 256), tiled=True)
 
 
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_the_producer_warp_gemv_gives_the_cp_async_bits_call_after_call(qtype):
+    """The producer-warp decode GEMV (gemv_tma.cu, the default on a 9.0 GPU with a 90a build: one thread's bulk
+    copies fill the consumer warps' rings, each slot handed back after a proxy fence) against the cp.async kernel on
+    the same tiled W, bit for bit: its default choice and both forms, t = 1, 4, 5, 8, a shape of more tiles than the
+    GPU holds blocks (562 tiles, quarters of 2 and 3 units) and the 27B's ffn_down (320 tiles of 17-unit quarters),
+    five calls each at 4 and 8 rows. (The integer GEMV's producer-warp form, without the fence, had a run of one
+    slot's rows wrong in 22 of 30 Q6_K calls at 8 rows on an H100: a bulk copy landing under the consumer's reads.)"""
+    if not kt.gemv_tma_available():
+        pytest.skip("the producer-warp GEMV needs a 90a build on a 9.0 GPU")
+    rng = np.random.default_rng(41)
+    for n, k in [(8992, 2304), (5120, 17408)]:
+        raw = random_raw(rng, qtype, n, k)
+        x = random_x(rng, 8, k)
+        for t in (1, 4, 5, 8):
+            want = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
+            assert np.isfinite(want).all()
+            for form in (-1, 1, 2):
+                for call in range(5 if t in (4, 8) else 1):
+                    np.testing.assert_array_equal(kt.gemv_tma(Q[qtype], raw, x[:t], form), want,
+                                                  err_msg=f"{n}x{k} T={t} form {form} call {call}")
+    with pytest.raises(OpenJetError, match="form 3"):
+        kt.gemv_tma(Q[qtype], random_raw(rng, qtype, 16, 256), random_x(rng, 1, 256), 3)
+
+
 @pytest.mark.parametrize("gemm", ["fast", "dense", "exact", "shared", "grouped"])
 @pytest.mark.parametrize("qtype", KQUANTS)
 def test_prefill_calls_read_the_tile_layout_with_the_row_layouts_bits(qtype, gemm, monkeypatch):

@@ -66,6 +66,9 @@ OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k,
 /* openjet_test_gemv with W (given in the row layout) moved into the tile layout on the device first, then read there
  * (decode and prefill calls alike, as the engine reads its weights): the tile layout's shapes. */
 OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int n, int k, const float* x, int t, float* y);
+/* The producer-warp decode GEMV (a 90a build on 9.0; W in the tile layout); form -1 the default's, 1 or 2. */
+OPENJET_API int openjet_test_gemv_tma(int qtype, const void* w, int n, int k, const float* x, int t, int form,
+                                      float* y);
 
 /* (y0, y1) [t, n] = (W0 x, W1 x) for two F32 matrices of one shape in one launch_gemv_pair, as the engine's prefill
  * projects a GDN layer's beta and alpha: under the prefill's own numerics (OPENJET_PREFILL_GEMM unset, fast or dense)

@@ -199,8 +199,10 @@ cudaError_t upload_copies_in_layout(std::vector<DevBuf>& dw, const void* w, int 
 
 // Shared body of the GEMV entry points: x (float; packed on the device) or a pack given by the host; tiled: W moved
 // into the tile layout first.
+// tma: GemvArgs::tma (0 the cp.async kernels; -1 the producer-warp GEMV's default form, 1 or 2 one of its forms:
+// openjet_test_gemv_tma, which checks that it ran).
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
-             const float* xinv, int t, float* y, bool tiled = false) {
+             const float* xinv, int t, float* y, bool tiled = false, int tma = 0) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, k)) return s;
     if (tiled)
@@ -214,6 +216,7 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * n));  // NaN poison: every output must be written
     GemvArgs a{qtype, dw.p, n, k, t, ActPack{}, nullptr, dy.as<float>()};
     a.tiled = tiled;
+    a.tma = tma;
     DevBuf dense;
     CHECK(dense_scratch(a, dense));
     if (qtype == kF32) {
@@ -235,7 +238,10 @@ int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint1
         }
         a.x = p.view();
     }
+    const long long before = launch_count(Counted::kGemvTma);
     CHECK(launch_gemv(a, 0));
+    if (tma != 0 && launch_count(Counted::kGemvTma) == before)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tma: launch_gemv did not take the producer-warp GEMV");
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     return OPENJET_OK;
@@ -286,6 +292,19 @@ extern "C" OPENJET_API int openjet_test_gemv_tiled(int qtype, const void* w, int
                                                    float* y) {
     if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tiled: x is null");
     return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y, true);
+}
+
+// The decode GEMV on the producer-warp kernel (gemv_tma.cu: the engine's default on a 9.0 GPU with a 90a build), W
+// moved into the tile layout first; form -1 its default's choice for t, 1 or 2 one of its forms. Refused where it
+// cannot run (another GPU or build) or where launch_gemv took another kernel.
+extern "C" OPENJET_API int openjet_test_gemv_tma(int qtype, const void* w, int n, int k, const float* x, int t, int form,
+                                                 float* y) {
+    if (!x) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tma: x is null");
+    if (form != -1 && form != 1 && form != 2)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tma: form %d (-1, 1 or 2)", form);
+    if (!gemv_tma_available())
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_tma: the producer-warp GEMV needs a 90a build on a 9.0 GPU");
+    return run_gemv(qtype, w, n, k, x, nullptr, nullptr, nullptr, t, y, true, form);
 }
 
 extern "C" OPENJET_API int openjet_test_tile_layout(int qtype, const void* w, int n, int k, void* out) {

@@ -53,6 +53,7 @@ def _lib() -> ctypes.CDLL:
         "add_norm_pack": [_P, _P, _P, _I, _I, _F, _P, _P, _P, _P, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
+        "gemv_tma": [_I, _P, _I, _I, _P, _I, _I, _P],
         "gemv_f32_pair": [_P, _P, _I, _I, _P, _I, _P, _P],
         "bench_gemv_f32_pair": [_I, _I, _I, _I, _I, _P],
         "tile_layout": [_I, _P, _I, _I, _P],
@@ -176,6 +177,19 @@ def gemv(qtype: int, w, x, tiled: bool = False) -> np.ndarray:
     y = np.empty((t, n), np.float32)
     fn = lib.openjet_test_gemv_tiled if tiled else lib.openjet_test_gemv
     _check(lib, fn(qtype, _ptr(raw), n, k, _ptr(x), t, _ptr(y)), "gemv_tiled" if tiled else "gemv")
+    return y
+
+
+def gemv_tma(qtype: int, w, x, form: int = -1) -> np.ndarray:
+    """y [t, n] = W x on the producer-warp decode GEMV (gemv_tma.cu, the engine's default on a 9.0 GPU with a 90a
+    build; W moved into the tile layout first): form -1 the default's choice for t, 1 or 2 one of its forms. The
+    library refuses where it cannot run (gemv_tma_available) or where the call took another kernel."""
+    lib = _lib()
+    x = _f32(x, 2)
+    t, k = x.shape
+    raw, n = _weights(qtype, w, k)
+    y = np.empty((t, n), np.float32)
+    _check(lib, lib.openjet_test_gemv_tma(qtype, _ptr(raw), n, k, _ptr(x), t, form, _ptr(y)), "gemv_tma")
     return y
 
 
