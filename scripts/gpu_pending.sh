@@ -81,10 +81,11 @@
 #            CMakeLists.txt native pyproject.toml` into .base/ with its prebuilt library in .base/.prebuilt/ (the stamp
 #            of .base's tree), carried with .prebuilt (gzip both libraries where the carry passes 64 MiB, and gunzip
 #            them first in the command). Same-bits changes are checked by gpu_same_bits.sh first. ~8 minutes.
-# PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp)
-#            called many times on one input, each call against numpy's emulation and the others' bits
-#            (native/bench/imma_form_stress.py: which form gave test_the_producer_warp_form_gives_the_integer_gemvs_
-#            bits[Q6_K]'s one failure, 2026-12-06). No model. ~3 minutes (STRESS_REPS, STRESS_S).
+# PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
+#            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
+#            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
+#            on an H100 at f851ef7 the integer producer-warp form was wrong in 22 of 30 Q6_K T=8 calls, before the
+#            consumers' proxy fence of 8481f9f). No model. ~5 minutes (STRESS_REPS, STRESS_S).
 # PLAN=boundary  the boundary benches alone (no model, ~3 minutes): their tests and test_gpu_pdl.py's (the cluster
 #            packs' bits against the one-block packs: the add-norm pack copies its weights before its wait since
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
@@ -367,9 +368,12 @@ PY
     device_wheels || exit 2
     build_engine /tmp/b "$OUT/build.log" || exit 1
     export OPENJET_LIBRARY=/tmp/b/native/libopenjet.so OPENJET_REQUIRE_GPU=1
-    timeout -k 10 "${STRESS_S:-300}" python3 native/bench/imma_form_stress.py --reps "${STRESS_REPS:-40}" \
-      --budget-s $(( ${STRESS_S:-300} - 60 )) --out "$OUT/imma-form-stress.json" 2> "$OUT/imma-form-stress.log"
-    echo "== imma_form_stress (rc $?)"; tail -20 "$OUT/imma-form-stress.log" ;;
+    for family in imma fp16; do  # (each at most STRESS_S / 2)
+      timeout -k 10 $(( ${STRESS_S:-300} / 2 )) python3 native/bench/imma_form_stress.py --family $family \
+        --reps "${STRESS_REPS:-40}" --budget-s $(( ${STRESS_S:-300} / 2 - 40 )) --out "$OUT/stress-$family.json" \
+        2> "$OUT/stress-$family.log"
+      echo "== imma_form_stress --family $family (rc $?)"; grep -v 'calls a form' "$OUT/stress-$family.log" | tail -12
+    done ;;
   boundary)  # the boundary bench alone (no model): its test, then the bench
     trap pack_logs EXIT
     . scripts/device_common.sh

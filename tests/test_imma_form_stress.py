@@ -45,3 +45,15 @@ def test_no_majority_when_every_form_differs():
     stats = m.new_stats()
     m.judge(ys, ref, scale, stats)
     assert all(s["off_majority"] == 0 and s["beyond_oracle"] == 0 for s in stats.values())
+
+
+def test_the_fp16_oracle_is_the_packs_values():
+    """--family fp16's x is the fp16 GEMV's pack read back: within fp16's half ulp of x under the row's power-of-two
+    scale, exactly fp16 values times 1/s."""
+    m = stress()
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    xq = m.fp16_x(x)
+    assert xq.shape == x.shape and np.abs(xq - x).max() <= np.abs(x).max() * 2.0 ** -11
+    _, _, xinv = m.pack_act_numpy(x)
+    scaled = xq / xinv.astype(np.float64)[:, None]
+    np.testing.assert_array_equal(scaled, scaled.astype(np.float16).astype(np.float64))
