@@ -198,9 +198,8 @@ cudaError_t upload_copies_in_layout(std::vector<DevBuf>& dw, const void* w, int 
 }
 
 // Shared body of the GEMV entry points: x (float; packed on the device) or a pack given by the host; tiled: W moved
-// into the tile layout first.
-// tma: GemvArgs::tma (0 the cp.async kernels; -1 the producer-warp GEMV's default form, 1 or 2 one of its forms:
-// openjet_test_gemv_tma, which checks that it ran).
+// into the tile layout first; tma: GemvArgs::tma (0 the cp.async kernels; -1 the producer-warp GEMV's default form,
+// 1 or 2 one of its forms: openjet_test_gemv_tma, and then the call must have taken it).
 int run_gemv(int qtype, const void* w, int n, int k, const float* x, const uint16_t* xh, const uint16_t* xsum,
              const float* xinv, int t, float* y, bool tiled = false, int tma = 0) {
     if (int s = check_t(t)) return s;
