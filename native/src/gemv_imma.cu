@@ -223,7 +223,7 @@ gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, in
             else UnitImma<QT, NS>::run(r, x, p, u, k, tq, acc);
 #pragma unroll
             for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
-            fence_proxy_async_shared();  // (the slot's reads before the next bulk copy into it: mbarrier.cuh)
+            fence_proxy_async();  // (the slot's reads before the next bulk copy into it: mbarrier.cuh)
             __syncwarp();
             if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
             if (++slot == kRing) slot = 0, phase ^= 1;

@@ -86,13 +86,12 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
     return p;
 }
 
-// This thread's shared-memory accesses in the generic proxy (plain loads and stores) ordered before the async proxy's
-// later ones (a bulk copy into the same bytes): what a consumer executes after reading a ring slot and before handing
-// it back, so that the producer's next bulk copy into the slot cannot land before those reads are done (PTX's memory
-// model orders the two proxies only through this fence; the mbarrier's release covers the generic proxy alone).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// This thread's shared-memory accesses in the generic proxy (plain loads and stores, cp.async) ordered with the async
+// proxy's (bulk copies, wgmma's operand reads): PTX orders the two proxies only through this fence, and an mbarrier's
+// release or a block barrier orders the generic proxy alone. Stores then a wgmma reading them: the writers fence
+// before the barrier (wgmma.cuh). A ring slot read with plain loads, then handed back to a producer that refills it
+// with a bulk copy: the readers fence before the hand-back, or the copy may land under their reads (tma_ring.cuh).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // bar.sync on barrier id (1 .. 15; 0 is __syncthreads') for n_threads threads (a multiple of 32).
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t n_threads) {

@@ -76,7 +76,7 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers), and hands each slot back after
-// a proxy fence (fence_proxy_async_shared: the slot's reads done before the next bulk copy into it). kNoMath (a
+// a proxy fence (fence_proxy_async: the slot's reads done before the next bulk copy into it). kNoMath (a
 // measurement with WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
 template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
@@ -97,7 +97,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
             else
                 UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
-        if constexpr (!kNoMath) fence_proxy_async_shared();  // (the reads of the slot before the next bulk copy into it)
+        if constexpr (!kNoMath) fence_proxy_async();  // (the reads of the slot before the next bulk copy into it)
         __syncwarp();
         if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
         if (++slot == kRing) slot = 0, phase ^= 1;

@@ -8,10 +8,13 @@
 // after this thread's last write of an accumulator or A register and before the wgmma that reads it; commit, then
 // wait<0> before the accumulators are read; fence_operand() on those registers either side, so that the compiler
 // keeps its own reads and writes of them on the right side of the fence and the wait. Shared memory that generic
-// stores or cp.async wrote is made visible to wgmma (the async proxy) by fence_proxy_async() before the barrier.
+// stores or cp.async wrote is made visible to wgmma (the async proxy) by fence_proxy_async() (mbarrier.cuh) before the
+// barrier.
 #pragma once
 
 #include <cstdint>
+
+#include "mbarrier.cuh"  // fence_proxy_async
 
 namespace openjet {
 
@@ -22,7 +25,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // The compiler's view of a register the tensor cores read or write asynchronously: pinned here.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
