@@ -20,16 +20,22 @@ device_wheels() {
 # Compute capability of GPU 0 as cmake spells it ("90").
 gpu_arch() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .; }
 
+# prebuilt_library FOLDER PATH: FOLDER's library (libopenjet.so.gz unzipped, or libopenjet.so) written to PATH.
+prebuilt_library() {
+  if [ -f "$1/libopenjet.so.gz" ]; then gunzip -c "$1/libopenjet.so.gz" > "$2"; else cp "$1/libopenjet.so" "$2"; fi
+}
+
 # build_engine DIR LOG [cmake options...]: the library for this GPU's architecture in DIR (outside the tree:
 # build outputs inside it do not survive between calls), its log and time in LOG; the log's tail on failure.
 # OPENJET_DEVICE_ARCH overrides the architecture (default: the GPU's, 90a-real on Hopper as the release wheels build
 # it; CMake takes CUTLASS's headers for its dense prefill GEMM from .cache/cutlass-min: carry that folder, made here
 # by `python scripts/fetch_cutlass.py --trim-to .cache/cutlass-min --build <a 90a build>` (16 MB; the full 27 MB
 # with the tree passes the 64 MiB carry limit); OPENJET_DEVICE_ARCH=90-real builds without it).
-# A library built on the developer machine (scripts/prebuild_device.sh: .prebuilt/, ~10 MB, carried instead of
-# .cache/cutlass-min) stands in for the build when its stamp matches: the same engine sources, architecture and
-# options; it saves the build's minute or two of each call. Anything else (no stamp, another tree, a library that
-# does not load here) builds as before.
+# A library built on the developer machine (scripts/prebuild_device.sh: .prebuilt/, its library gzipped, ~3 MB,
+# carried instead of .cache/cutlass-min) stands in for the build when its stamp matches: the same engine sources,
+# architecture and options; it saves the build's minute or two of each call. Anything else (no stamp, another tree, a
+# library that does not load here) builds as before. (An unzipped .prebuilt/libopenjet.so, as made before 2026-12-07,
+# is taken too.)
 build_engine() {
   local dir=$1 log=$2; shift 2
   local arch=${OPENJET_DEVICE_ARCH:-$(gpu_arch)-real}
@@ -38,7 +44,7 @@ build_engine() {
   stamp=$(engine_stamp "$arch" "$@")
   if [ -f .prebuilt/stamp ] && [ "$(cat .prebuilt/stamp)" = "$stamp" ]; then
     rm -rf "$dir"  # no build state of an earlier call beside it (ninja would take the copy as up to date)
-    mkdir -p "$dir/native" && cp .prebuilt/libopenjet.so "$dir/native/" &&
+    mkdir -p "$dir/native" && prebuilt_library .prebuilt "$dir/native/libopenjet.so" &&
       cp .prebuilt/build.log "$log" 2>/dev/null
     if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$dir/native/libopenjet.so" 2>> "$log"; then
       echo "engine: the prebuilt library (.prebuilt, stamp $stamp) for $arch" | tee -a "$log"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here, before a device session: the engine for the device's architecture built on this machine into .prebuilt/
-# (the library, its build log with ptxas's register and spill report, and the stamp of the sources it came from).
+# (the library gzipped, its build log with ptxas's register and spill report, and the stamp of the sources it came
+# from).
 # A device call that carries .prebuilt then skips its build (device_common.sh build_engine) and need not carry
 # .cache/cutlass-min: the library holds the dense prefill GEMM. Build again after changing the engine's sources: with
 # a stale stamp the device builds, and without CUTLASS's headers (not carried then) it warns that its library lacks
@@ -27,7 +28,7 @@ if [ "$(engine_stamp "$arch" "${opts[@]}")" != "$stamp" ]; then
   echo "error: the engine's sources changed during the build; run it again"; exit 1
 fi
 rm -rf .prebuilt.new && mkdir .prebuilt.new
-cp "$build/native/libopenjet.so" .prebuilt.new/
+gzip -c "$build/native/libopenjet.so" > .prebuilt.new/libopenjet.so.gz  # (~3 MB against ~11: the carry's 64 MiB)
 cp "$build.log" .prebuilt.new/build.log
 echo "$stamp" > .prebuilt.new/stamp
 rm -rf .prebuilt && mv .prebuilt.new .prebuilt
