@@ -78,9 +78,9 @@
 # PLAN=libab  a baseline library against this tree's on the `full` model: the T=1 / T=5 step with each, alternating
 #            twice, then the new one under each of LIBAB_MORE's settings (e.g. "OPENJET_GEMV_TMA=1") once; LIBAB_TESTS
 #            (pytest arguments, at most LIBAB_TESTS_S s) while the model is written. The baseline: `git archive <commit>
-#            CMakeLists.txt native pyproject.toml` into .base/ with its prebuilt library in .base/.prebuilt/ (a copy of
-#            the .prebuilt that prebuild_device.sh made at that commit: the stamp of .base's tree), carried with
-#            .prebuilt. Same-bits changes are checked by gpu_same_bits.sh first. ~8 minutes.
+#            CMakeLists.txt native pyproject.toml` into .base/, then `PREBUILD_SRC=.base bash scripts/prebuild_device.sh`
+#            (its library in .base/.prebuilt), carried with .prebuilt. Same-bits changes are checked by
+#            gpu_same_bits.sh first. ~8 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;

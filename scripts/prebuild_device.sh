@@ -9,12 +9,19 @@
 #   bash scripts/prebuild_device.sh [ARCH]      (90a-real: the H100 / H200 as the release wheels build them)
 #   PREBUILD_OPTS="-DNAME=VALUE ..." bash scripts/prebuild_device.sh   (CMake options, for a measurement's build: the
 #   device's build_engine must be given the same ones, e.g. gpu_bench_engine.sh's ENGINE_OPTS; a folder of their own)
+#   PREBUILD_SRC=.base bash scripts/prebuild_device.sh   (the baseline tree of an A/B call, gpu_pending.sh PLAN=libab:
+#   its library into .base/.prebuilt, built with this tree's CUTLASS headers in a folder of its own)
 set -eo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 . scripts/device_common.sh
+if [ -n "${PREBUILD_SRC:-}" ]; then
+  cd "$PREBUILD_SRC"
+  [ -d "$root/.cache/cutlass/include" ] && export OPENJET_CUTLASS_DIR=${OPENJET_CUTLASS_DIR:-$root/.cache/cutlass/include}
+fi
 arch=${1:-90a-real}
 read -r -a opts <<< "${PREBUILD_OPTS:-}"
-build=${PREBUILD_DIR:-/tmp/openjet-prebuild-$arch${PREBUILD_OPTS:+-opts}}
+build=${PREBUILD_DIR:-/tmp/openjet-prebuild-$arch${PREBUILD_OPTS:+-opts}${PREBUILD_SRC:+-$(basename "$PREBUILD_SRC")}}
 stamp=$(engine_stamp "$arch" "${opts[@]}")
 echo "building the engine for $arch in $build (stamp $stamp)"
 cmake -S . -B "$build" -G Ninja -DOPENJET_CUDA_ARCHITECTURES="$arch" -DOPENJET_PTXAS_VERBOSE=ON "${opts[@]}" > "$build.log" 2>&1 &&
@@ -32,4 +39,4 @@ gzip -c "$build/native/libopenjet.so" > .prebuilt.new/libopenjet.so.gz  # (~3 MB
 cp "$build.log" .prebuilt.new/build.log
 echo "$stamp" > .prebuilt.new/stamp
 rm -rf .prebuilt && mv .prebuilt.new .prebuilt
-echo "ok: .prebuilt ($(du -sh .prebuilt | cut -f1)); carry it with the device call"
+echo "ok: $PWD/.prebuilt ($(du -sh .prebuilt | cut -f1)); carry it with the device call"
