@@ -332,14 +332,19 @@ def test_the_producer_warp_gemv_gives_the_cp_async_bits_call_after_call(qtype):
     copies fill the consumer warps' rings, each slot handed back after a proxy fence) against the cp.async kernel on
     the same tiled W, bit for bit: its default choice and both forms, t = 1, 4, 5, 8, a shape of more tiles than the
     GPU holds blocks (562 tiles, quarters of 2 and 3 units) and the 27B's ffn_down (320 tiles of 17-unit quarters),
-    five calls each at 4 and 8 rows. (The integer GEMV's producer-warp form, without the fence, had a run of one
-    slot's rows wrong in 22 of 30 Q6_K calls at 8 rows on an H100: a bulk copy landing under the consumer's reads.)"""
+    five calls each at 4 and 8 rows; and each shape's 8-row output against numpy (dequantize(W) @ the fp16 pack of
+    x, as check_gemv). (The integer GEMV's producer-warp form, without the fence, had a run of one slot's rows wrong
+    in 22 of 30 Q6_K calls at 8 rows on an H100: a bulk copy landing under the consumer's reads.)"""
     if not kt.gemv_tma_available():
         pytest.skip("the producer-warp GEMV needs a 90a build on a 9.0 GPU")
     rng = np.random.default_rng(41)
     for n, k in [(8992, 2304), (5120, 17408)]:
         raw = random_raw(rng, qtype, n, k)
         x = random_x(rng, 8, k)
+        w = dequantize(raw, Q[qtype]).astype(np.float64)
+        xd = unpack_act(*pack_act_numpy(x)[::2])
+        err = rel_err(kt.gemv_tma(Q[qtype], raw, x), (w @ xd.T).T, (np.abs(w) @ np.abs(xd).T).T)
+        assert err < 1e-5, f"{n}x{k}: error {err:.2e} of |W| @ |x| against the fp16-x reference"
         for t in (1, 4, 5, 8):
             want = kt.gemv(Q[qtype], raw, x[:t], tiled=True)
             assert np.isfinite(want).all()

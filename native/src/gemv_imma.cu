@@ -196,7 +196,6 @@ gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, in
     }
 
     // a consumer warp: quarter `warp` of each of the block's tiles
-    constexpr uint32_t kEmpty = TmaBars<kRing>::kEmpty;
     const int g = lane >> 2, tq = lane & 3;
     const int u0 = quarter_begin(nu, warp), u1 = quarter_begin(nu, warp + 1);
     const uint32_t full0 = bars.full(warp, 0);
@@ -223,10 +222,7 @@ gemv_tma_imma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPackI p, in
             else UnitImma<QT, NS>::run(r, x, p, u, k, tq, acc);
 #pragma unroll
             for (int s = 0; s < NS; ++s) x.col[s] += kGemvUnit;
-            fence_proxy_async();  // (the slot's reads before the next bulk copy into it: mbarrier.cuh)
-            __syncwarp();
-            if (lane == 0) mbar_arrive(full0 + kEmpty + 8 * slot);  // every lane's reads of the slot are done
-            if (++slot == kRing) slot = 0, phase ^= 1;
+            tma_release_slot<kRing>(full0, lane, slot, phase);
         }
         // the tile's quarters are done: their partials to shared memory, warp 0 adds the four in order
 #pragma unroll
