@@ -80,7 +80,8 @@
 #            (pytest arguments, at most LIBAB_TESTS_S s) while the model is written. The baseline: `git archive <commit>
 #            CMakeLists.txt native pyproject.toml` into .base/, then `PREBUILD_SRC=.base bash scripts/prebuild_device.sh`
 #            (its library in .base/.prebuilt), carried with .prebuilt. Same-bits changes are checked by
-#            gpu_same_bits.sh first. ~8 minutes.
+#            gpu_same_bits.sh first. ~8 minutes. LIBAB_DRAFTS=N: then trace_step.py's chain of N greedy drafts (the new
+#            library, context 64, a 32,768-row draft vocabulary) in trace-drafts.json.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -364,7 +365,12 @@ PY
       timing "" "new-$round" --ctx 0 --t 1,5
     done
     for v in ${LIBAB_MORE:-}; do timing "$v" "new-$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5; done
-    (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json) ;;
+    (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json)
+    if [ "${LIBAB_DRAFTS:-0}" -gt 0 ]; then  # this tree's draft chain on the GPU's clock, kernel by kernel
+      timeout -k 10 90 python3 native/bench/trace_step.py "$MODEL" --t 1 --ctx 64 --drafts "$LIBAB_DRAFTS" --steps 3 \
+        --out "$OUT/trace-drafts.json" 2> "$OUT/trace-drafts.log"
+      echo "== trace_step --drafts $LIBAB_DRAFTS (rc $?)"; tail -28 "$OUT/trace-drafts.log"
+    fi ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh

@@ -10,6 +10,10 @@ type and the form) its count, its summed duration, and its summed marginal cost:
 step's end (its end minus the latest end before its start order, or 0), so the marginals add up to the step's span
 on the device less the time no kernel ran (idle_us). Medians over the traced steps; the first traced step's kernel
 list in full (name, start and duration in us from the step's first kernel). JSON on stdout or --out.
+
+With --drafts N (N > 0) it also traces a chain of N greedy MTP drafts (openjet_engine_mtp_draft_greedy, the cycle's
+drafting) over a draft vocabulary of --draft-rows rows, after --ctx tokens (at least 1: a draft needs the hidden row
+of the token before), under runs["drafts-N"].
 """
 
 from __future__ import annotations
@@ -90,8 +94,14 @@ def main() -> None:
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="traced steps per T, each in its own profiler session")
+    ap.add_argument("--drafts", type=int, default=0, help="also trace a chain of this many greedy drafts (0: none)")
+    ap.add_argument("--draft-rows", type=int, default=32768, help="the draft vocabulary's size for --drafts")
     ap.add_argument("--out", help="the JSON's file (default: stdout)")
     a = ap.parse_args()
+    if not 0 <= a.drafts <= 7:
+        ap.error(f"--drafts {a.drafts}: a chain has 0 to 7 drafts")
+    if a.drafts and a.ctx < 1:
+        ap.error("--drafts needs --ctx 1 or more: a draft reads the hidden row of the token before it")
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -128,18 +138,36 @@ def main() -> None:
     out = {"bench": "trace_step", "model": os.path.basename(a.model), "ctx": a.ctx, "kv": a.kv,
            "gpu": torch.cuda.get_device_name(0), "pdl": os.environ.get("OPENJET_PDL", "") != "0",
            "commit": os.environ.get("OPENJET_COMMIT", ""), "runs": {}}
-    for t in [int(v) for v in a.t.split(",")]:
+
+    def chain(n: int) -> float:
+        drafted = np.empty(n, np.int32)
+        t0 = time.perf_counter()
+        rc = lib.openjet_engine_mtp_draft_greedy(h, int(rng.integers(0, n_vocab)), n, n_vocab,
+                                                 drafted.ctypes.data_as(i32), None, None)
+        dt = time.perf_counter() - t0
+        if rc:
+            raise SystemExit(f"mtp_draft_greedy: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        return dt * 1e3
+
+    work = [(str(t), lambda t=t: step(t)) for t in [int(v) for v in a.t.split(",")]]
+    if a.drafts:
+        rows = np.sort(rng.choice(n_vocab, min(a.draft_rows, n_vocab), replace=False)).astype(np.int32)
+        if lib.openjet_engine_set_draft_rows(h, rows.ctypes.data_as(i32), len(rows), 0):
+            raise SystemExit(f"set_draft_rows: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        out["draft_rows"] = len(rows)
+        work.append((f"drafts-{a.drafts}", lambda: chain(a.drafts)))
+    for key, run in work:
         wall = []
         for _ in range(a.warmup + a.steps):
             restore()
-            wall.append(step(t))
+            wall.append(run())
         wall = wall[a.warmup:]  # (untraced: the traced steps' reference)
         traced, first = [], None
         for _ in range(a.steps):
             restore()
             with tempfile.TemporaryDirectory() as d:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    step(t)
+                    run()
                     torch.cuda.synchronize()
                 path = os.path.join(d, "trace.json")
                 prof.export_chrome_trace(path)
@@ -148,10 +176,11 @@ def main() -> None:
             if first is None:
                 t0 = min(k[1] for k in ks)
                 first = [[n, round(s - t0, 3), round(d_, 3)] for n, s, d_ in sorted(ks, key=lambda k: k[1])]
-        out["runs"][str(t)] = {"wall_ms_untraced": round(statistics.median(wall), 4), **median_costs(traced),
-                               "first_step": first}
-        r = out["runs"][str(t)]
-        print(f"T={t}: untraced {r['wall_ms_untraced']} ms; traced span {r['span_us']} us, idle {r['idle_us']} us, "
+        out["runs"][key] = {"wall_ms_untraced": round(statistics.median(wall), 4), **median_costs(traced),
+                            "first_step": first}
+        r = out["runs"][key]
+        label = f"T={key}" if key.isdigit() else key
+        print(f"{label}: untraced {r['wall_ms_untraced']} ms; traced span {r['span_us']} us, idle {r['idle_us']} us, "
               f"{r['kernels']} kernels", file=sys.stderr)
         for n, c in list(r["by_name"].items())[:12]:
             print(f"  {c['marginal_us']:9.1f} us marginal {c['dur_us']:9.1f} us run {c['count']:4} x {n}",
