@@ -67,3 +67,16 @@ def test_the_chrome_trace_gives_its_kernels_with_short_names(tmp_path):
     path.write_text(json.dumps(trace))
     assert t.chrome_kernels(str(path)) == [("gemv_tma_kernel<12, 4, 3, false>", 100.5, 7.25),
                                            ("add_norm_pack_cluster_kernel", 106.0, 3.0)]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["m.gguf", "--drafts", "2"], "needs --ctx 1 or more"),              # a draft reads the token before's hidden row
+    (["m.gguf", "--drafts", "8", "--ctx", "4"], "a chain has 0 to 7 drafts"),
+    (["m.gguf", "--drafts", "-1", "--ctx", "4"], "a chain has 0 to 7 drafts"),
+])
+def test_a_draft_chain_it_cannot_trace_is_refused_before_any_gpu_work(argv, says, monkeypatch, capsys):
+    t = tool()
+    monkeypatch.setattr("sys.argv", ["trace_step.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        t.main()  # (refused before torch is imported or a model is read: neither exists here)
+    assert e.value.code == 2 and says in capsys.readouterr().err
