@@ -640,6 +640,25 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_the_rounds_choice_of_form_keeps_every_bit(models, monkeypatch):
+    """OPENJET_GEMV_TMA=rounds (gemv_tma.cu fewer_rounds: a one-row call, the fold's B too, takes form 2's four blocks a
+    SM where its tiles then need fewer rounds of resident blocks than form 1's three) gives the default's logits bit for
+    bit over decode_sequence_logits, the fold on as by default. On a grid of 4 SMs' worth (OPENJET_PERSISTENT_SMS) the
+    small model's calls have many rounds, so the choice is taken (counted), and never under the default."""
+    from openjet_launcher.engine import kernels_test as kt
+    if not kt.gemv_tma_available():
+        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
+    ids = np.random.default_rng(37).integers(0, 4096, 40)
+    out, ran = {}, {}
+    for value in ("auto", "rounds"):
+        out[value], ran[value] = small_model_sequence(
+            models, monkeypatch, {"OPENJET_GEMV_TMA": value, "OPENJET_PERSISTENT_SMS": "4"}, "gemv_tma_rounds", ids)
+    report(test="gemv_tma_rounds", launches=ran)
+    assert ran["auto"] == 0 and ran["rounds"] > 0, ran
+    assert np.isfinite(out["auto"]).all()
+    np.testing.assert_array_equal(out["rounds"], out["auto"])
+
+
 def test_the_makers_integer_pack_refuses_the_persistent_ffn(models, monkeypatch):
     """OPENJET_GEMV_INT=3 reads the integer pack that only the cluster packs write beside the fp16 one: with the
     persistent FFN (whose packs write none) the load refuses, naming both switches, instead of a step reading an
