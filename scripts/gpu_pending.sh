@@ -82,6 +82,7 @@
 #            (its library in .base/.prebuilt), carried with .prebuilt. Same-bits changes are checked by
 #            gpu_same_bits.sh first. ~8 minutes. LIBAB_DRAFTS=N: then trace_step.py's chain of N greedy drafts (the new
 #            library, context 64, a 32,768-row draft vocabulary) in trace-drafts.json.
+# PLAN=drafts  that trace alone (DRAFTS=4 drafts), the model written or reused: ~4 minutes, ~1 on a warm machine.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -215,6 +216,14 @@ alternate_twice() {
   each_timing -a --ctx 0 --t 1,5 -- "$1=0" "$1=1"
   each_timing -b --ctx 0 --t 1,5 -- "$1=0" "$1=1"
   (export "$1=1"; trace_bench)
+}
+
+# A chain of $1 greedy MTP drafts of $MODEL (context 64, a 32,768-row draft vocabulary) on the GPU's clock, kernel by
+# kernel (native/bench/trace_step.py --drafts): $OUT/trace-drafts.json.
+drafts_trace() {
+  timeout -k 10 90 python3 native/bench/trace_step.py "$MODEL" --t 1 --ctx 64 --drafts "$1" --steps 3 \
+    --out "$OUT/trace-drafts.json" 2> "$OUT/trace-drafts.log"
+  echo "== trace_step --drafts $1 (rc $?)"; tail -28 "$OUT/trace-drafts.log"
 }
 
 # One T=1 and one T=5 step of $MODEL on the GPU's clock, kernel by kernel as they overlap (native/bench/trace_step.py:
@@ -366,11 +375,12 @@ PY
     done
     for v in ${LIBAB_MORE:-}; do timing "$v" "new-$(echo "$v" | tr 'A-Z=,' 'a-z--')" --ctx 0 --t 1,5; done
     (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json)
-    if [ "${LIBAB_DRAFTS:-0}" -gt 0 ]; then  # this tree's draft chain on the GPU's clock, kernel by kernel
-      timeout -k 10 90 python3 native/bench/trace_step.py "$MODEL" --t 1 --ctx 64 --drafts "$LIBAB_DRAFTS" --steps 3 \
-        --out "$OUT/trace-drafts.json" 2> "$OUT/trace-drafts.log"
-      echo "== trace_step --drafts $LIBAB_DRAFTS (rc $?)"; tail -28 "$OUT/trace-drafts.log"
-    fi ;;
+    if [ "${LIBAB_DRAFTS:-0}" -gt 0 ]; then drafts_trace "$LIBAB_DRAFTS"; fi ;;
+  drafts)
+    plan 30 "tests/test_gpu_engine.py -k no_such_test" drafts-bench ;;
+  drafts-bench)
+    trap pack_logs EXIT
+    drafts_trace "${DRAFTS:-4}" ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -402,8 +412,8 @@ PY
     trace_bench
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
-    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress" \
-      "or boundary" \
+    echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress," \
+      "libab, drafts or boundary" \
       "(see the top of $0)" >&2
     exit 2 ;;
 esac
