@@ -11,9 +11,10 @@
 #   run(carry=[".whl", ".cache/openjet/llama_cpp_python-0.3.36", ".base"], timeout_s=600,
 #       command="BITS_MODES='OPENJET_PDL=0' TIME_PDL=1 bash scripts/gpu_same_bits.sh")
 # (.base/ is git-ignored. `PREBUILD_SRC=.base bash scripts/prebuild_device.sh` here prebuilds its library into
-# .base/.prebuilt, and `bash scripts/prebuild_device.sh` this tree's: carry .prebuilt too, and neither is built there.) BITS_MODES: environment settings under which the new library's dump is compared
-# too (OPENJET_GDN_FUSED=0 takes the GDN step's fused projections out, OPENJET_GEMV_PAIRS=0 the paired
-# projection launches, to bisect a difference); both libraries are timed under the engine's default (OPENJET_PDL as the
+# .base/.prebuilt, and `bash scripts/prebuild_device.sh` this tree's: carry .prebuilt too, and neither is built there.)
+# BITS_MODES: environment settings under which the new library's dump is compared too (OPENJET_GDN_FUSED=0 takes
+# the GDN step's fused projections out, OPENJET_GEMV_PAIRS=0 the paired projection launches, to bisect a
+# difference); both libraries are timed under the engine's default (OPENJET_PDL as the
 # caller's environment has it: PDL on sm_90+ where unset; until 2026-12-07 this script timed both with it off), and
 # TIME_PDL=1 times the new library with OPENJET_PDL=0 too. Output: the comparison and the timings in
 # the tail, $OUT/same-bits.json. PREFILL=N: also a prefill of N tokens of the 4-layer model with each library

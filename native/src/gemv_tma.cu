@@ -233,10 +233,11 @@ template <int QT> struct Form2 {
     static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
 };
 
-// kGemvTmaRounds: whether a one-row call of `tiles` tiles needs fewer rounds of resident blocks in form 2 than in form 1
-// (kFold: the fold's form of each, whose shared memory may leave fewer blocks).
-template <int QT, int kFold> bool fewer_rounds(const GemvArgs& a, int tiles) {
+// kGemvTmaRounds: whether a one-row call (a's tiles, then b's) needs fewer rounds of resident blocks in form 2 than in
+// form 1 (kFold: the fold's form of each, whose shared memory may leave fewer blocks).
+template <int QT, int kFold> bool fewer_rounds(const GemvArgs& a, const GemvArgs* b) {
     if (a.tma != kGemvTmaRounds || a.t != 1) return false;
+    const int tiles = a.n / kMmaRows + (b ? b->n / kMmaRows : 0);
     const int one = resident_blocks<QT, 4, 3, false, kFold>(a.grid_sms);
     const int two = resident_blocks<QT, Form2<QT>::kRing, Form2<QT>::kBlocks, false, kFold>(a.grid_sms);
     const bool fewer = one > 0 && two > 0 && (tiles + two - 1) / two < (tiles + one - 1) / one;
@@ -300,9 +301,8 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // kGemvTmaRounds: as the default, but a one-row call takes 2 where that needs fewer rounds of tiles (fewer_rounds).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    const int tiles = a.n / kMmaRows + (b ? b->n / kMmaRows : 0);
     const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma
-                     : a.t == 1                           ? (fewer_rounds<QT, 0>(a, tiles) ? 2 : 1)
+                     : a.t == 1                           ? (fewer_rounds<QT, 0>(a, b) ? 2 : 1)
                                                           : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
@@ -323,7 +323,7 @@ template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
     if (in) {  // (t = 1: the row made in shared memory)
-        if (fewer_rounds<QT, 1>(a, a.n / kMmaRows + (b ? b->n / kMmaRows : 0)))
+        if (fewer_rounds<QT, 1>(a, b))
             return launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f);
         return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);
     }
