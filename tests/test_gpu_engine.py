@@ -640,30 +640,6 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
-def test_the_rounds_choice_of_form_keeps_every_bit(models, monkeypatch):
-    """OPENJET_GEMV_TMA=rounds (gemv_tma.cu fewer_rounds: a one-row call, the fold's B too, takes form 2's four blocks a
-    SM where its tiles then need fewer rounds of resident blocks than form 1's three) keeps every bit of
-    decode_sequence_logits: with the fold off against the cp.async kernels (OPENJET_GEMV_TMA=0, another kernel of the
-    same numerics), and with the fold on (the default, which only the producer-warp GEMV makes) against `auto`. On a
-    grid of 4 SMs' worth (OPENJET_PERSISTENT_SMS) the small model's calls have many rounds, so the choice is taken
-    (counted) in both, and never under the others."""
-    from openjet_launcher.engine import kernels_test as kt
-    if not kt.gemv_tma_available():
-        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
-    ids = np.random.default_rng(37).integers(0, 4096, 40)
-    out, ran = {}, {}
-    for fold in ("0", None):  # (None: unset, the default)
-        for value in ("0" if fold == "0" else "auto", "rounds"):
-            env = {"OPENJET_GEMV_TMA": value, "OPENJET_PERSISTENT_SMS": "4", "OPENJET_FOLD": fold}
-            out[value, fold], ran[value, fold] = small_model_sequence(models, monkeypatch, env, "gemv_tma_rounds", ids)
-    report(test="gemv_tma_rounds", launches={f"{v}, fold {f}": n for (v, f), n in ran.items()})
-    assert ran["0", "0"] == 0 and ran["auto", None] == 0, ran
-    assert ran["rounds", "0"] > 0 and ran["rounds", None] > 0, ran
-    assert np.isfinite(out["0", "0"]).all() and np.isfinite(out["auto", None]).all()
-    np.testing.assert_array_equal(out["rounds", "0"], out["0", "0"], err_msg="fold off, against the cp.async kernels")
-    np.testing.assert_array_equal(out["rounds", None], out["auto", None], err_msg="fold on, against auto")
-
-
 def test_the_makers_integer_pack_refuses_the_persistent_ffn(models, monkeypatch):
     """OPENJET_GEMV_INT=3 reads the integer pack that only the cluster packs write beside the fp16 one: with the
     persistent FFN (whose packs write none) the load refuses, naming both switches, instead of a step reading an

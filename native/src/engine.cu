@@ -719,11 +719,9 @@ int env_level(const char* name, int max) {
 
 // OPENJET_GEMV_TMA (read at create): unset or "auto", decode GEMVs on the producer-warp kernel where it runs
 // (gemv_tma.cuh: a 90a build on a 9.0 GPU; the same bits, its form chosen by t: -1); "0" the cp.async kernels; "1" ..
-// "4" one of its forms for every t (gemv_tma.cu); "rounds" the default's choice but form 2 for a one-row call that
-// then needs fewer rounds of tiles (kGemvTmaRounds, an experiment). CudaEngine.load refuses other values.
+// "4" one of its forms for every t (gemv_tma.cu). CudaEngine.load refuses other values.
 int gemv_tma_switch() {
     const char* v = std::getenv("OPENJET_GEMV_TMA");
-    if (v && std::strcmp(v, "rounds") == 0) return kGemvTmaRounds;
     return !v || std::strcmp(v, "auto") == 0 ? -1 : env_level("OPENJET_GEMV_TMA", kGemvTmaForms);
 }
 

@@ -227,24 +227,6 @@ bool bench_gemv_no_math() {
     return on;
 }
 
-// Form 2's rings and blocks a SM (Q5_K: 3 blocks, it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory
-// holds).
-template <int QT> struct Form2 {
-    static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
-};
-
-// kGemvTmaRounds: whether a one-row call (a's tiles, then b's) needs fewer rounds of resident blocks in form 2 than in
-// form 1 (kFold: the fold's form of each, whose shared memory may leave fewer blocks).
-template <int QT, int kFold> bool fewer_rounds(const GemvArgs& a, const GemvArgs* b) {
-    if (a.tma != kGemvTmaRounds || a.t != 1) return false;
-    const int tiles = a.n / kMmaRows + (b ? b->n / kMmaRows : 0);
-    const int one = resident_blocks<QT, 4, 3, false, kFold>(a.grid_sms);
-    const int two = resident_blocks<QT, Form2<QT>::kRing, Form2<QT>::kBlocks, false, kFold>(a.grid_sms);
-    const bool fewer = one > 0 && two > 0 && (tiles + two - 1) / two < (tiles + one - 1) / one;
-    if (fewer) count_launch(Counted::kGemvTmaRounds);
-    return fewer;
-}
-
 template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
 cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream, const GemvFold& fold = {}) {
     if constexpr (!kNoMath)
@@ -298,12 +280,9 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 // Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
 // (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
-// kGemvTmaRounds: as the default, but a one-row call takes 2 where that needs fewer rounds of tiles (fewer_rounds).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma
-                     : a.t == 1                           ? (fewer_rounds<QT, 0>(a, b) ? 2 : 1)
-                                                          : 2;
+    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
@@ -317,16 +296,11 @@ template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cu
 template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 
-// The fold's forms of launch_gemv_tma's 1 (one token row) and 2: the same rings and blocks a SM (B under
-// kGemvTmaRounds: 2 where that needs fewer rounds of tiles, as launch_gemv_tma's).
+// The fold's forms of launch_gemv_tma's 1 (one token row) and 2: the same rings and blocks a SM.
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
-    constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    if (in) {  // (t = 1: the row made in shared memory)
-        if (fewer_rounds<QT, 1>(a, b))
-            return launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f);
-        return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);
-    }
+    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
     if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
     return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
 }

@@ -11,10 +11,6 @@ namespace openjet {
 
 // GemvArgs::tma's forms: 1 .. kGemvTmaForms (the engine's OPENJET_GEMV_TMA; -1 the default's choice, 0 off).
 constexpr int kGemvTmaForms = 4;
-// GemvArgs::tma = kGemvTmaRounds (OPENJET_GEMV_TMA=rounds, an experiment; the same bits): the default's choice, except
-// that a one-row call (the fold's B too) takes form 2's four blocks a SM where its tiles then need fewer rounds of
-// the resident blocks than form 1's three (the 27B's Q4_K input pairs at 132 SMs: 1,024 tiles, 3 rounds -> 2).
-constexpr int kGemvTmaRounds = -2;
 
 // Whether this library and GPU run it: a 90a build on compute capability 9.0.
 bool gemv_tma_available();

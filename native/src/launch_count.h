@@ -51,7 +51,6 @@ enum class Counted {
     kFoldAddNorm = 32,          // a prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack; its bits)
     kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
-    kGemvTmaRounds = 35,        // a one-row producer-warp GEMV in form 2 for fewer rounds (OPENJET_GEMV_TMA=rounds)
     kCount
 };
 

@@ -126,7 +126,7 @@ KERNEL_SWITCHES = {
     "OPENJET_WEIGHT_LAYOUT": ("tiles", "rows"),             # engine.cu, weight_layout_tiles (read at load)
     "OPENJET_PACK_CLUSTER": ("0", "1", "2"),                # elementwise.cu, pack_cluster_takes (2: default; read once)
     "OPENJET_GEMV_INT": ("0", "1", "2", "3"),               # engine.cu, gemv_int (an experiment; read at load)
-    "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4", "rounds"),  # engine.cu, gemv_tma_switch (read at load)
+    "OPENJET_GEMV_TMA": ("auto", "0", "1", "2", "3", "4"),  # engine.cu, gemv_tma_switch (read at load)
     "OPENJET_GEMV_CARVEOUT": ("default", "max"),            # gemv_tma.cu, carveout_max (an experiment; read once)
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (fused: default; at load)
     "OPENJET_ATTN_PIPE": ("0", "1"),                        # engine.cu, attn_pipe_switch (1: default; at load)
