@@ -1128,7 +1128,8 @@ bool fold_fits(const openjet_engine& e, const DevTensor& norm, const DevTensor& 
 // Each trunk layer's LayerW::fold_ffn_in (its FFN-input add-norm: the mixer's out projection, then gate / up) and
 // fold_next_in (the next layer's input add-norm: this layer's down projection, then that layer's first two input
 // projections, wq / wk or qkv / gate; u in e.y, fold_args; not after the last layer: the output norm and the MTP
-// head's stay add-norms). Everything fold_fits asks is fixed at create, so a step asks nothing.
+// head's input and output norms stay add-norms), and the MTP head's fold_ffn_in. Everything fold_fits asks is fixed at
+// create, so a step asks nothing.
 void plan_folds(openjet_engine& e) {
     const auto& c = e.cfg;
     const bool next_fits = std::max(e.d_inner(), e.q_dim()) >= c.n_embd;  // (e.y holds u)
@@ -1140,6 +1141,9 @@ void plan_folds(openjet_engine& e) {
             L.fold_next_in = fold_fits(e, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
         }
     }
+    // The MTP head's FFN-input norm in a draft step (mtp_rows; u in e.y, which its attention's pack has read)
+    e.mtp.fold_ffn_in = e.has_mtp && next_fits && fold_fits(e, e.mtp.post_norm, e.mtp.wo, e.mtp.ffn_gate,
+                                                           e.mtp.ffn_up);
 }
 
 // B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
@@ -1192,19 +1196,20 @@ const float* mix_delta(const openjet_engine& e) { return e.mix_added ? nullptr :
 // (launch_ffn_gate_up_pack: a prefill's in one GEMM, whose [t, 2 n_ff] output big1 and big2 hold together: one
 // allocation, create), or, on the kept fp16 rows where ffn_down takes the dense path, as the bounded form's fp16 rows
 // in big1 with their row factors (the dense GEMM reads no sums: e.x's stand in), then the output projection.
-int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false) {
+int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* folded_u = nullptr) {
     const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
+    float* const u = folded_u ? folded_u : e.a;  // (the fold's u: the trunk's in e.a, the MTP head's in e.y)
     if (!e.prefilling && e.swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
         // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x (one token row: gemv_swiglu_takes)
-        GemvFold f = folded ? fold_args(e, nullptr, e.a) : GemvFold{};
+        GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
         f.swiglu_pack = e.x, f.meet = e.grid_meet;
         if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack)");
         return project_out(e, L.ffn_down, t);
     }
     if (folded) {
-        if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, e.a)))
+        if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, u)))
             return cuda_fail(err, "ffn gate/up (fold)");
         CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
@@ -1491,12 +1496,13 @@ bool mtp_persistent_ffn_args(const openjet_engine& e, int t, FfnPersistentArgs* 
 // `full`, also u += ffn(rms(u)) and h' = rms(u, shared_head_norm) -> e.mtp_hp (t = 1) and logits -> e.logits.
 // Without `full` only the head's k and v rows are made and stored: what filling its cache needs. Scratch: u in
 // e.h (the trunk's residual, free between steps); where the input pack is four launches (launch_mtp_input_pack
-// does not take the call), the embedding in e.h and the [embedding | hidden] rows in e.big1 until packed.
+// does not take the call), the embedding in e.h and the [embedding | hidden] rows in e.big1 until packed; the FFN-input
+// fold's u in e.y (LayerW::fold_ffn_in: a declared numerics change of the drafts, as the trunk's fold).
 int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full) {
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
-    e.fold_norm = nullptr, e.fold_input = false;  // (the head folds nothing: OPENJET_FOLD is the trunk's)
+    e.fold_norm = nullptr, e.fold_input = false;  // (the head's only fold is its FFN input's, below)
     const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
     // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
     const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
@@ -1518,16 +1524,23 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
                                e.stream));
     if (!full) return attn_store_kv(e, L, t, row0, 1);
     mark(e, "mtp.draft.attn");  // (a draft step's parts in the profile: the caller marked mtp.draft.in)
-    TRY(attn_mixer(e, L, t, row0, 1));
-    mark(e, "mtp.draft.ffn");
     FfnPersistentArgs f;
     const bool persistent = mtp_persistent_ffn_args(e, t, &f);
+    // OPENJET_FOLD: the FFN-input norm made by the out projection and gate / up (plan_folds), as the trunk's; u in
+    // e.y, the attention's output, which its pack has read before the out projection writes
+    const bool fold_here = !persistent && !e.prefilling && !e.bench_skip_norm_packs && L.fold_ffn_in;
+    e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.y;
+    TRY(attn_mixer(e, L, t, row0, 1));
+    const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
+    e.fold_norm = nullptr;
+    mark(e, "mtp.draft.ffn");
     if (persistent) {
         CHECK(launch_ffn_persistent(f, e.stream));
     } else {
-        CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps,
-                                   nullptr, e.x, e.stream));
-        TRY(ffn(e, L, t));
+        if (!folded)
+            CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps,
+                                       nullptr, e.x, e.stream));
+        TRY(ffn(e, L, t, folded, e.y));
     }
     mark(e, "mtp.draft.head");
     if (!persistent || !f.next_norm)
