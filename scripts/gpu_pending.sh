@@ -82,7 +82,8 @@
 #            (its library in .base/.prebuilt), carried with .prebuilt. Same-bits changes are checked by
 #            gpu_same_bits.sh first. ~8 minutes. LIBAB_DRAFTS=N: then trace_step.py's chain of N greedy drafts (the new
 #            library, context 64, a 32,768-row draft vocabulary) in trace-drafts.json.
-# PLAN=drafts  that trace alone (DRAFTS=4 drafts), the model written or reused: ~4 minutes, ~1 on a warm machine.
+# PLAN=drafts  that trace alone (DRAFTS=4 drafts), the model written or reused: ~4 minutes, ~1 on a warm machine;
+#            DRAFTS_TESTS (pytest arguments, at most DRAFTS_TESTS_S s) while the model is written, as libab's.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -377,7 +378,7 @@ PY
     (cd "$OUT" && tar -czf timings.tgz --remove-files ./*.json)
     if [ "${LIBAB_DRAFTS:-0}" -gt 0 ]; then drafts_trace "$LIBAB_DRAFTS"; fi ;;
   drafts)
-    plan 30 "tests/test_gpu_engine.py -k no_such_test" drafts-bench ;;
+    plan "${DRAFTS_TESTS_S:-30}" "${DRAFTS_TESTS:-tests/test_gpu_engine.py -k no_such_test}" drafts-bench ;;
   drafts-bench)
     trap pack_logs EXIT
     drafts_trace "${DRAFTS:-4}" ;;
