@@ -94,10 +94,10 @@ __device__ __forceinline__ void tma_release_slot(uint32_t full0, int lane, int& 
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers) and hands its slots back with
-// tma_release_slot, in pairs where the ring holds 4 or more (one proxy fence for two units: the fence waits for the
-// warp's loads in flight, the next unit's activations among them, which at t > 1 the unit loop's chain then waits
-// for; a pair keeps 3 of 4 units in flight), the last of an odd count alone. kNoMath (a measurement with WRONG
-// outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
+// tma_release_slot, in pairs where the ring holds 4 or more (one proxy fence for two units: on sm_90a the fence is a
+// MEMBAR.ALL.CTA, a drain in the unit chain, which taken after every unit cost ~0.2 ms of a T=5 step on the H100;
+// a pair keeps 3 of 4 units in flight), the last of an odd count alone. kNoMath (a measurement with WRONG outputs,
+// OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
 template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
