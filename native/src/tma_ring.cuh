@@ -71,6 +71,11 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
     }
 }
 
+// A consumer warp's next ring slot, and its phase on the ring's wrap.
+template <int kRing> __device__ __forceinline__ void tma_next_slot(int& slot, uint32_t& phase) {
+    if (++slot == kRing) slot = 0, phase ^= 1;
+}
+
 // A consumer warp's hand-back of ring slot `slot` (full0: the full barrier of its slot 0) once every lane has read it,
 // with the slot before it too where `and_previous` (held back a unit: tma_consume_units), then its next slot (and
 // phase, on the ring's wrap). kFence: after a proxy fence (fence_proxy_async, mbarrier.cuh), since the slot's reads
@@ -86,7 +91,7 @@ __device__ __forceinline__ void tma_release_slot(uint32_t full0, int lane, int& 
         if (and_previous) mbar_arrive(empty0 + 8 * (slot == 0 ? kRing - 1 : slot - 1));
         mbar_arrive(empty0 + 8 * slot);
     }
-    if (++slot == kRing) slot = 0, phase ^= 1;
+    tma_next_slot<kRing>(slot, phase);
 }
 
 // A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
@@ -120,8 +125,8 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
         const bool second = kPairs && ((u - u0) & 1);  // this unit closes a pair: hand back both
         if (!kPairs || second || u + 1 == u1)
             tma_release_slot<kRing, !kNoMath>(full0, lane, slot, phase, second);
-        else if (++slot == kRing)  // held back until the next unit's hand-back
-            slot = 0, phase ^= 1;
+        else
+            tma_next_slot<kRing>(slot, phase);  // held back until the next unit's hand-back
     }
 }
 
