@@ -116,9 +116,12 @@ def main() -> None:
     logits = np.empty((8, n_vocab), np.float32)
     f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
 
+    def check(rc: int, what: str) -> None:
+        if rc:
+            raise SystemExit(f"{what}: {lib.openjet_engine_last_error().decode(errors='replace')}")
+
     def restore() -> None:  # (before a traced step, outside its profiler session)
-        if lib.openjet_engine_restore(h, 0):
-            raise SystemExit(f"restore: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        check(lib.openjet_engine_restore(h, 0), "restore")
         torch.cuda.synchronize()
 
     def step(t: int) -> float:
@@ -126,14 +129,12 @@ def main() -> None:
         t0 = time.perf_counter()
         rc = lib.openjet_engine_decode(h, ids.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), None)
         dt = time.perf_counter() - t0
-        if rc:
-            raise SystemExit(f"decode: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        check(rc, "decode")
         return dt * 1e3
 
     if a.ctx:
         ids = rng.integers(0, n_vocab, a.ctx).astype(np.int32)
-        if lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, 128, None, None):
-            raise SystemExit(f"prefill: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, 128, None, None), "prefill")
     lib.openjet_engine_checkpoint(h, 0)
     out = {"bench": "trace_step", "model": os.path.basename(a.model), "ctx": a.ctx, "kv": a.kv,
            "gpu": torch.cuda.get_device_name(0), "pdl": os.environ.get("OPENJET_PDL", "") != "0",
@@ -145,15 +146,13 @@ def main() -> None:
         rc = lib.openjet_engine_mtp_draft_greedy(h, int(rng.integers(0, n_vocab)), n, n_vocab,
                                                  drafted.ctypes.data_as(i32), None, None)
         dt = time.perf_counter() - t0
-        if rc:
-            raise SystemExit(f"mtp_draft_greedy: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        check(rc, "mtp_draft_greedy")
         return dt * 1e3
 
     work = [(str(t), lambda t=t: step(t)) for t in [int(v) for v in a.t.split(",")]]
     if a.drafts:
-        rows = np.sort(rng.choice(n_vocab, min(a.draft_rows, n_vocab), replace=False)).astype(np.int32)
-        if lib.openjet_engine_set_draft_rows(h, rows.ctypes.data_as(i32), len(rows), 0):
-            raise SystemExit(f"set_draft_rows: {lib.openjet_engine_last_error().decode(errors='replace')}")
+        rows = rng.choice(n_vocab, min(a.draft_rows, n_vocab), replace=False)
+        eng.set_draft_vocabulary(rows)  # (the server's call; the sequence's tokens join only through eng's own calls)
         out["draft_rows"] = len(rows)
         work.append((f"drafts-{a.drafts}", lambda: chain(a.drafts)))
     for key, run in work:
