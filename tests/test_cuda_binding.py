@@ -281,15 +281,17 @@ def test_the_draft_rows_depend_on_the_sequence_alone(engine):
 
 def test_the_plan_holds_the_draft_rows_the_binding_reserves():
     """launcher/memory.py's draft_rows term is engine.cu's draft_bytes at the capacity set_draft_vocabulary reserves
-    for the shipped list (which is at most DEFAULT_SIZE ids), for the 27B's lm_head rows (Q6_K: 4,200 bytes)."""
+    for the shipped list (which is at most DEFAULT_SIZE ids), for the 27B's lm_head rows (Q6_K: 4,200 bytes in the
+    GGUF, 4,240 in the tile layout the engine gathers them into: 20 units of 210 bytes at a pitch of 212)."""
     from openjet_launcher.launcher.memory import memory_model
     from openjet_launcher.model import draft_vocab
     from openjet_launcher.model.shape import QWEN38_27B
 
     assert len(draft_vocab.load(draft_vocab.SHIPPED).tokens) <= draft_vocab.DEFAULT_SIZE
     mm = memory_model(QWEN38_27B)
-    # by hand: (32,768 listed + 8,192 sequence rows) x (a Q6_K row of 5,120: 20 blocks of 210 bytes, + a 4-byte id)
-    assert mm.draft_rows_bytes == (32768 + 8192) * (20 * 210 + 4) + 16 == 172_195_856
+    # by hand: (32,768 listed + 8,192 sequence rows: whole groups of 16) x (a Q6_K row of 5,120 in the tile layout: 20
+    # units at a 212-byte pitch, + a 4-byte id)
+    assert mm.draft_rows_bytes == (32768 + 8192) * (20 * 212 + 4) + 16 == 173_834_256
     plan = mm.plan(n_ctx=4096, kv_format="q8_0", chunk=512, n_agents=1, embd_on_host=False, total_vram=24 << 30,
                    v1_arena=True)
     assert plan.draft_rows == mm.draft_rows_bytes and plan.total >= plan.decode_workspace + plan.draft_rows

@@ -37,29 +37,34 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
 
 namespace {
 
-// unit_bytes 0: src in the row layout; else in the tile layout (weight_layout.cuh), a row's units unit_bytes long.
+// unit_bytes 0: src and dst in the row layout; else both in the tile layout (weight_layout.cuh), a row's units
+// unit_bytes long. Block i copies src row ids[i] to dst row dst_row0 + i.
 __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_t* __restrict__ src, size_t row_bytes,
                                                                     int unit_bytes, const int32_t* __restrict__ ids,
-                                                                    uint8_t* __restrict__ dst) {
+                                                                    uint8_t* __restrict__ dst, int dst_row0) {
     pdl_start();  // pdl.cuh
     const int ub = unit_bytes ? unit_bytes : static_cast<int>(row_bytes);  // bytes a piece (row layout: the row)
-    const WeightSteps step(static_cast<long long>(row_bytes), ub, unit_bytes != 0, ids[blockIdx.x]);
-    const uint8_t* s = src + step.start;
-    uint8_t* d = dst + static_cast<size_t>(blockIdx.x) * row_bytes;
-    for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) d[b] = s[b / ub * step.unit + b % ub];
+    const auto rb = static_cast<long long>(row_bytes);
+    const WeightSteps from(rb, ub, unit_bytes != 0, ids[blockIdx.x]), to(rb, ub, unit_bytes != 0, dst_row0 + blockIdx.x);
+    const uint8_t* s = src + from.start;
+    uint8_t* d = dst + to.start;
+    for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) {
+        const size_t u = b / ub, i = b % ub;
+        d[u * to.unit + i] = s[u * from.unit + i];
+    }
 }
 
 }  // namespace
 
 cudaError_t launch_gather_rows(const void* src, size_t row_bytes, int unit_bytes, const int32_t* ids, int n, void* dst,
-                               cudaStream_t stream) {
-    if (!src || !ids || !dst || n < 0 || row_bytes == 0 || row_bytes > 0x7fffffff || unit_bytes < 0 ||
+                               int dst_row0, cudaStream_t stream) {
+    if (!src || !ids || !dst || n < 0 || dst_row0 < 0 || row_bytes == 0 || row_bytes > 0x7fffffff || unit_bytes < 0 ||
         (unit_bytes && row_bytes % unit_bytes))
         return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     if (unit_bytes) count_launch(Counted::kTiledWeights);
     return launch_kernel(gather_rows_kernel, n, kEmbedThreads, 0, stream, static_cast<const uint8_t*>(src), row_bytes,
-                         unit_bytes, ids, static_cast<uint8_t*>(dst));
+                         unit_bytes, ids, static_cast<uint8_t*>(dst), dst_row0);
 }
 
 }  // namespace openjet

@@ -43,11 +43,11 @@ __device__ __forceinline__ float q4_k_value(const Q4kElem& x, int e) {
 cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const int32_t* ids, int n_ids,
                          float* out, cudaStream_t stream);
 
-// dst row i = src row ids[i] (rows of row_bytes, copied as they are: any block type), i < n. ids must lie in
-// [0, n_src) (the caller checks). unit_bytes 0: src in the row layout; else in the tile layout (weight_layout.cuh)
-// with units of unit_bytes; dst is in the row layout either way. The MTP head's draft rows of the lm_head (issue 7's
-// draft vocabulary).
+// dst row dst_row0 + i = src row ids[i] (rows of row_bytes in the row layout, copied as they are: any block type),
+// i < n. ids must lie in [0, n_src) (the caller checks). unit_bytes 0: src and dst in the row layout; else both in the
+// tile layout (weight_layout.cuh) with units of unit_bytes, dst's group of 16 rows from row 0 (the padding bytes of
+// its pitch untouched). The MTP head's draft rows of the lm_head (issue 7's draft vocabulary).
 cudaError_t launch_gather_rows(const void* src, size_t row_bytes, int unit_bytes, const int32_t* ids, int n, void* dst,
-                               cudaStream_t stream);
+                               int dst_row0, cudaStream_t stream);
 
 }  // namespace openjet

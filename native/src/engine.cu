@@ -410,12 +410,22 @@ struct openjet_engine {
     int kv_dim() const { return cfg.n_head_kv * cfg.head_dim; }
     size_t kv_row_bytes() const { return cfg.kv_type == kKvF16 ? 512 : 272; }
     size_t output_row_bytes() const { return static_cast<size_t>(output.ne0) / block_elems(output.type) * block_bytes(output.type); }
-    size_t draft_bytes() const { return draft_cap ? static_cast<size_t>(draft_cap) * (output_row_bytes() + 4) + 16 : 0; }
-    // The lm_head the MTP head drafts with: the draft rows when set, else output.weight.
+    // The draft rows are gathered into output.weight's layout: in the tile layout (the default) the head is a
+    // producer-warp GEMV as the lm_head is (the row layout takes the cp.async kernel: 79% of the copy rate on the H100,
+    // fifty-first session), whole groups of 16 rows (draft_cap a multiple of 16), a row's units at the tile pitch.
+    size_t draft_row_bytes() const {
+        return output.tiled ? output_row_bytes() / unit_bytes(output.type) * tile_pitch(unit_bytes(output.type))
+                            : output_row_bytes();
+    }
+    size_t draft_bytes() const { return draft_cap ? static_cast<size_t>(draft_cap) * (draft_row_bytes() + 4) + 16 : 0; }
+    // The lm_head the MTP head drafts with: the draft rows when set, else output.weight. In the tile layout its rows
+    // are draft_n rounded up to a group: the logits past draft_n (of zeroed or stale rows) are never read (every
+    // pick and copy of them takes draft_n).
     DevTensor draft_head() const {
         if (!draft_n) return output;
         DevTensor t = output;
-        t.d = draft_rows, t.ne1 = draft_n, t.tiled = false;  // gathered into the row layout
+        t.d = draft_rows, t.ne1 = output.tiled ? (draft_n + kTileLayoutRows - 1) / kTileLayoutRows * kTileLayoutRows
+                                               : draft_n;
         return t;
     }
 };
@@ -2527,30 +2537,37 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
             return fail(OPENJET_ERR_INVALID_ARGUMENT, "set_draft_rows: ids[%d] = %d is outside the vocabulary [0, %d)", i,
                         ids[i], n_vocab);
     CHECK(cudaSetDevice(e->cfg.device));
-    const size_t rb = e->output_row_bytes();
+    const size_t rb = e->output_row_bytes(), db = e->draft_row_bytes();
+    const bool tiled = e->output.tiled;
+    const auto whole_groups = [tiled](int rows) {  // (n_vocab is a multiple of 16 where output.weight is tiled)
+        return tiled ? (rows + kTileLayoutRows - 1) / kTileLayoutRows * kTileLayoutRows : rows;
+    };
     if (n > e->draft_cap) {  // grow by an eighth (a sequence adds a few rows at a time), keeping `keep` rows
-        const int cap = std::min(n_vocab, std::max(n, e->draft_cap + std::max(1024, e->draft_cap / 8)));
+        const int cap = whole_groups(std::min(n_vocab, std::max(n, e->draft_cap + std::max(1024, e->draft_cap / 8))));
         char* rows = nullptr;
         int32_t* dids = nullptr;
-        const size_t bytes = static_cast<size_t>(cap) * rb + 16;  // +16: the GEMV may read to a 16-byte boundary
+        const size_t bytes = static_cast<size_t>(cap) * db + 16;  // +16: the GEMV may read to a 16-byte boundary
         if (cudaMalloc(&rows, bytes) != cudaSuccess || cudaMalloc(&dids, sizeof(int32_t) * cap) != cudaSuccess) {
             cudaGetLastError();
             if (rows) cudaFree(rows);
             return fail(OPENJET_ENGINE_ERR_DEVICE_MEMORY, "set_draft_rows: cudaMalloc of %.1f MiB for %d draft rows "
                         "failed", bytes / 1048576.0, cap);
         }
-        if (keep) {  // the kept rows and their ids (the device draft picks map positions to ids through them), on the
-                     // engine's stream (non-blocking: the legacy stream's copies would not be ordered with it)
-            cudaError_t err = cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(keep) * rb,
-                                              cudaMemcpyDeviceToDevice, e->stream);
-            if (err == cudaSuccess)
-                err = cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream);
-            if (err == cudaSuccess) err = cudaStreamSynchronize(e->stream);  // before the old buffers are freed
-            if (err != cudaSuccess) {  // the new buffers are not the engine's yet: freed here (the old ones stay)
-                cudaFree(rows);
-                cudaFree(dids);
-                return cuda_fail(err, "set_draft_rows (copying the kept rows)");
-            }
+        // zeros: the last group's rows past draft_n (their logits are unread, but finite) and the tile pitch's padding;
+        // then the kept rows (whole groups in the tile layout, contiguous) and their ids (the device draft picks map
+        // positions to ids through them), on the engine's stream (non-blocking: the legacy stream's copies would not
+        // be ordered with it)
+        cudaError_t err = cudaMemsetAsync(rows, 0, bytes, e->stream);
+        if (err == cudaSuccess && keep)
+            err = cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(whole_groups(keep)) * db,
+                                  cudaMemcpyDeviceToDevice, e->stream);
+        if (err == cudaSuccess && keep)
+            err = cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(e->stream);  // before the old buffers are freed
+        if (err != cudaSuccess) {  // the new buffers are not the engine's yet: freed here (the old ones stay)
+            cudaFree(rows);
+            cudaFree(dids);
+            return cuda_fail(err, "set_draft_rows (zeroing the new rows, copying the kept ones)");
         }
         if (e->draft_rows) cudaFree(e->draft_rows);
         if (e->draft_ids) cudaFree(e->draft_ids);
@@ -2559,8 +2576,8 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
     if (n > keep) {
         CHECK(cudaMemcpyAsync(e->draft_ids + keep, ids + keep, sizeof(int32_t) * (n - keep), cudaMemcpyHostToDevice,
                               e->stream));
-        CHECK(launch_gather_rows(e->output.d, rb, e->output.tiled ? unit_bytes(e->output.type) : 0, e->draft_ids + keep,
-                                 n - keep, e->draft_rows + keep * rb, e->stream));
+        CHECK(launch_gather_rows(e->output.d, rb, tiled ? unit_bytes(e->output.type) : 0, e->draft_ids + keep, n - keep,
+                                 e->draft_rows, keep, e->stream));
         CHECK(cudaStreamSynchronize(e->stream));
     }
     e->draft_n = n;

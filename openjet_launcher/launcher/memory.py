@@ -58,13 +58,18 @@ V1_GDN_CHUNK = 32        # gdn_chunk.cuh kGdnChunk: the CUDA engine's chunked GD
 V1_SM_COUNT = 170         # SMs assumed where the card's count is not known: the most of the cards we plan for
 
 
+def v1_tiled(plan) -> bool:
+    """Whether the CUDA engine stores the tensor in the tile layout, as it does every GEMV weight that has one by
+    default (engine.cu, OPENJET_WEIGHT_LAYOUT; weight_layout.cuh tile_layout_fits: a k-quant type the decode GEMV
+    reads, rows a multiple of 16; not the token embedding, read by row)."""
+    return (plan.spec.role != "token_embd" and plan.qtype.name in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
+            and plan.rows % 16 == 0)
+
+
 def v1_weight_bytes(plan) -> int:
-    """A tensor's bytes in the CUDA engine's weight arena: its GGUF bytes, or in the tile layout the engine stores every
-    GEMV weight in by default (engine.cu, OPENJET_WEIGHT_LAYOUT; weight_layout.cuh: k-quant, rows a multiple of 16, not
-    the token embedding), each 256-weight unit padded to a multiple of 4 bytes: only Q6_K's 210 -> 212 changes."""
-    if plan.spec.role == "token_embd" or plan.qtype.name != "Q6_K" or plan.rows % 16:
-        return plan.n_bytes
-    return plan.n_bytes // 210 * 212
+    """A tensor's bytes in the CUDA engine's weight arena: its GGUF bytes, or in the tile layout (v1_tiled) each
+    256-weight unit padded to a multiple of 4 bytes: only Q6_K's 210 -> 212 changes."""
+    return plan.n_bytes // 210 * 212 if v1_tiled(plan) and plan.qtype.name == "Q6_K" else plan.n_bytes
 
 
 def v1_align(n: int, pad: int = 16) -> int:
@@ -156,7 +161,8 @@ class MemoryModel:
     weights_bytes: int          # every tensor of the recipe, MTP block included
     token_embd_bytes: int       # the share of token_embd.weight
     weights_v1_bytes: int       # the same in the CUDA engine v1's weight arena (v1_weight_bytes, v1_align'ed)
-    output_row_bytes: int       # one row of output.weight (the lm_head) as the GGUF stores it
+    draft_row_bytes: int        # one row of output.weight (the lm_head) in the engine's layout (v1_weight_bytes)
+    draft_row_group: int        # 16 where that layout is the tile layout (draft rows in whole groups), else 1
 
     # --- per token -----------------------------------------------------------------------------------
     @property
@@ -303,14 +309,15 @@ class MemoryModel:
     @property
     def draft_rows_bytes(self) -> int:
         """The CUDA engine's draft-row buffer (engine.cu draft_bytes) at the capacity the binding reserves with the
-        shipped list (engine/cuda.py set_draft_vocabulary): the list's rows and the sequence's room, each an lm_head
-        row in the GGUF's layout and its int32 id, + 16 bytes; none without an MTP head."""
+        shipped list (engine/cuda.py set_draft_vocabulary): the list's rows and the sequence's room, rounded up to
+        whole groups of 16 in the tile layout, each an lm_head row in output.weight's layout and its int32 id, + 16
+        bytes; none without an MTP head."""
         from ..model.draft_vocab import DEFAULT_SIZE, SEQUENCE_ROWS
 
         if self.shape.n_nextn == 0:
             return 0
-        rows = min(DEFAULT_SIZE + SEQUENCE_ROWS, self.shape.n_vocab)
-        return rows * (self.output_row_bytes + 4) + 16
+        rows = -(-min(DEFAULT_SIZE + SEQUENCE_ROWS, self.shape.n_vocab) // self.draft_row_group) * self.draft_row_group
+        return rows * (self.draft_row_bytes + 4) + 16
 
     def decode_workspace_bytes(self, n_agents: int) -> int:
         """Logits and activations of DECODE_ROWS rows per agent (fp32): vocab + FFN + conv + q/gate widths."""
@@ -371,5 +378,6 @@ def memory_model(shape: ModelShape = QWEN38_27B) -> MemoryModel:
         weights_bytes=sum(p.n_bytes for p in plans),
         token_embd_bytes=sum(p.n_bytes for p in plans if p.spec.role == "token_embd"),
         weights_v1_bytes=sum(v1_align(v1_weight_bytes(p)) for p in plans),
-        output_row_bytes=next(p.n_bytes // p.rows for p in plans if p.spec.role == "output"),
+        draft_row_bytes=next(v1_weight_bytes(p) // p.rows for p in plans if p.spec.role == "output"),
+        draft_row_group=next(16 if v1_tiled(p) else 1 for p in plans if p.spec.role == "output"),
     )
