@@ -115,7 +115,8 @@ struct LayerW {
     DevTensor wq, wk, wv, q_norm, k_norm, wo;
     // OPENJET_FOLD's plan for the layer, fixed at create (plan_folds): its FFN-input add-norm is the fold (the mixer's
     // out projection, then gate / up), and so is the next layer's input add-norm (this layer's down projection, then
-    // that layer's first input projections). Decode and prefill read the same plan, so they take the same numerics.
+    // that layer's first input projections; the MTP head's: its head norm, then the draft head). Decode and prefill
+    // read the same plan, so they take the same numerics.
     bool fold_ffn_in = false, fold_next_in = false;
 };
 
@@ -1138,8 +1139,8 @@ bool fold_fits(const openjet_engine& e, const DevTensor& norm, const DevTensor& 
 // Each trunk layer's LayerW::fold_ffn_in (its FFN-input add-norm: the mixer's out projection, then gate / up) and
 // fold_next_in (the next layer's input add-norm: this layer's down projection, then that layer's first two input
 // projections, wq / wk or qkv / gate; u in e.y, fold_args; not after the last layer: the output norm and the MTP
-// head's input and output norms stay add-norms), and the MTP head's fold_ffn_in. Everything fold_fits asks is fixed at
-// create, so a step asks nothing.
+// head's input norms stay add-norms), and the MTP head's fold_ffn_in and fold_next_in (its head norm, before the draft
+// head). Everything fold_fits asks is fixed at create, so a step asks nothing.
 void plan_folds(openjet_engine& e) {
     const auto& c = e.cfg;
     const bool next_fits = std::max(e.d_inner(), e.q_dim()) >= c.n_embd;  // (e.y holds u)
@@ -1151,9 +1152,12 @@ void plan_folds(openjet_engine& e) {
             L.fold_next_in = fold_fits(e, N.attn_norm, L.ffn_down, N.attn ? N.wq : N.qkv, N.attn ? N.wk : N.gate);
         }
     }
-    // The MTP head's FFN-input norm in a draft step (mtp_rows; u in e.y, which its attention's pack has read)
+    // The MTP head's FFN-input norm in a draft step (mtp_rows; u in e.y, which its attention's pack has read), and its
+    // head norm (fold_next_in: the down projection, then the draft head alone, in output.weight's type and layout as
+    // the draft rows are; u in e.y again)
     e.mtp.fold_ffn_in = e.has_mtp && next_fits && fold_fits(e, e.mtp.post_norm, e.mtp.wo, e.mtp.ffn_gate,
                                                            e.mtp.ffn_up);
+    e.mtp.fold_next_in = e.has_mtp && next_fits && fold_fits(e, e.mtp_head_norm, e.mtp.ffn_down, e.output, e.output);
 }
 
 // B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
@@ -1507,12 +1511,13 @@ bool mtp_persistent_ffn_args(const openjet_engine& e, int t, FfnPersistentArgs* 
 // Without `full` only the head's k and v rows are made and stored: what filling its cache needs. Scratch: u in
 // e.h (the trunk's residual, free between steps); where the input pack is four launches (launch_mtp_input_pack
 // does not take the call), the embedding in e.h and the [embedding | hidden] rows in e.big1 until packed; the FFN-input
-// fold's u in e.y (LayerW::fold_ffn_in: a declared numerics change of the drafts, as the trunk's fold).
+// and head norms' folds' u in e.y (LayerW::fold_ffn_in, fold_next_in: a declared numerics change of the drafts, as the
+// trunk's fold).
 int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const float* hs1, int t, int row0, bool full) {
     const auto& c = e.cfg;
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
-    e.fold_norm = nullptr, e.fold_input = false;  // (the head's only fold is its FFN input's, below)
+    e.fold_norm = nullptr, e.fold_input = false;  // (the head's folds are its FFN input's and head norm's, below)
     const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
     // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
     const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
@@ -1544,15 +1549,31 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
     e.fold_norm = nullptr;
     mark(e, "mtp.draft.ffn");
+    // OPENJET_FOLD: the head norm made by the down projection and the draft head (plan_folds: LayerW::fold_next_in of
+    // e.mtp); u in e.y again (gate / up have read the FFN input's before down's writes pass their PDL wait), the
+    // normed rows h' into e.mtp_hp by the head's blocks (GemvFold::a_out), as the add-norm leaves them
+    const bool fold_head = !persistent && !e.prefilling && !e.bench_skip_norm_packs && L.fold_next_in;
+    bool head_folded = false;
     if (persistent) {
         CHECK(launch_ffn_persistent(f, e.stream));
     } else {
         if (!folded)
             CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(L.post_norm.d), t, E, c.rms_eps,
                                        nullptr, e.x, e.stream));
+        e.fold_norm = fold_head ? static_cast<const float*>(e.mtp_head_norm.d) : nullptr, e.fold_u = e.y;
         TRY(ffn(e, L, t, folded, e.y));
+        head_folded = fold_head && !e.fold_norm;  // (its down projection took it)
+        e.fold_norm = nullptr;
     }
     mark(e, "mtp.draft.head");
+    if (head_folded) {
+        GemvFold hf = fold_args(e, nullptr, e.y);
+        hf.a_out = e.mtp_hp;
+        const cudaError_t err = launch_gemv_fold(gemv_args(e, e.draft_head(), t, nullptr, e.logits), nullptr, hf, true,
+                                                 false, e.stream);
+        if (err != cudaSuccess) return cuda_fail(err, "MTP draft head (fold)");
+        return OPENJET_OK;
+    }
     if (!persistent || !f.next_norm)
         CHECK(launch_add_norm_pack(u, mix_delta(e), static_cast<const float*>(e.mtp_head_norm.d), t, E, c.rms_eps,
                                    e.mtp_hp, e.x, e.stream));
