@@ -71,44 +71,31 @@ __device__ __forceinline__ void tma_produce_tile(const TmaBars<kRing>& bars, uin
     }
 }
 
-// A consumer warp's next ring slot, and its phase on the ring's wrap.
-template <int kRing> __device__ __forceinline__ void tma_next_slot(int& slot, uint32_t& phase) {
-    if (++slot == kRing) slot = 0, phase ^= 1;
-}
-
 // A consumer warp's hand-back of ring slot `slot` (full0: the full barrier of its slot 0) once every lane has read it,
-// with the slot before it too where `and_previous` (held back a unit: tma_consume_units), then its next slot (and
-// phase, on the ring's wrap). kFence: after a proxy fence (fence_proxy_async, mbarrier.cuh), since the slot's reads
-// were plain loads and the producer refills it with a bulk copy, which could otherwise land under them; a consumer
-// that read nothing (a measurement) needs none.
+// then its next slot (and phase, on the ring's wrap). kFence: after a proxy fence (fence_proxy_async, mbarrier.cuh),
+// since the slot's reads were plain loads and the producer refills it with a bulk copy, which could otherwise land
+// under them; a consumer that read nothing (a measurement) needs none.
 template <int kRing, bool kFence = true>
-__device__ __forceinline__ void tma_release_slot(uint32_t full0, int lane, int& slot, uint32_t& phase,
-                                                 bool and_previous = false) {
+__device__ __forceinline__ void tma_release_slot(uint32_t full0, int lane, int& slot, uint32_t& phase) {
     if constexpr (kFence) fence_proxy_async();
     __syncwarp();
-    if (lane == 0) {  // every lane's reads of the slot(s) are done
-        const uint32_t empty0 = full0 + TmaBars<kRing>::kEmpty;
-        if (and_previous) mbar_arrive(empty0 + 8 * (slot == 0 ? kRing - 1 : slot - 1));
-        mbar_arrive(empty0 + 8 * slot);
-    }
-    tma_next_slot<kRing>(slot, phase);
+    if (lane == 0) mbar_arrive(full0 + TmaBars<kRing>::kEmpty + 8 * slot);  // every lane's reads of the slot are done
+    if (++slot == kRing) slot = 0, phase ^= 1;
 }
 
 // A consumer warp's units [u0, u1) of one tile of type QT, from its ring (ring_w: its slot 0; full0: the full barrier
 // of its slot 0, the next slot's 8 bytes on, its empty one kEmpty bytes on), into acc with UnitMma. xh, xs: the lane's
 // activation column and pack sums at unit 0 (UnitX; in shared memory where kSmemX: the fold's own pack, gemv_tma.cu);
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
-// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers) and hands its slots back with
-// tma_release_slot, in pairs where the ring holds 4 or more (one proxy fence for two units: on sm_90a the fence is a
-// MEMBAR.ALL.CTA, a drain in the unit chain, which taken after every unit cost ~0.2 ms of a T=5 step on the H100;
-// a pair keeps 3 of 4 units in flight), the last of an odd count alone. kNoMath (a measurement with WRONG outputs,
-// OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back, never computed.
+// it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers) and hands each slot back with
+// tma_release_slot. (Slots handed back in pairs, one fence for two units, were slower: H100, 9034fa6, T=1 8.12 / 8.14
+// ms against 8.01 / 8.06, T=5 10.50 / 10.51 against 10.34 / 10.48; a held slot leaves 3 of 4 units in flight.) kNoMath (a measurement with WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for
+// and handed back, never computed.
 template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
                                                   int& slot, uint32_t& phase, float (&acc)[1][4]) {
     constexpr int kPitch = TmaUnit<QT>::kPitch;
-    constexpr bool kPairs = kRing >= 4;
     for (int u = u0; u < u1; ++u) {
         mbar_wait_warp(full0 + 8 * slot, phase);
         const uint8_t* stage = ring_w + slot * kSlot;
@@ -122,11 +109,7 @@ __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t*
             else
                 UnitMma<QT, 1, kSmemX>::run(r, ux, tq, acc);
         }
-        const bool second = kPairs && ((u - u0) & 1);  // this unit closes a pair: hand back both
-        if (!kPairs || second || u + 1 == u1)
-            tma_release_slot<kRing, !kNoMath>(full0, lane, slot, phase, second);
-        else
-            tma_next_slot<kRing>(slot, phase);  // held back until the next unit's hand-back
+        tma_release_slot<kRing, !kNoMath>(full0, lane, slot, phase);
     }
 }
 
