@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kEmbedThreads) gather_rows_kernel(const uint8_
     pdl_start();  // pdl.cuh
     const int ub = unit_bytes ? unit_bytes : static_cast<int>(row_bytes);  // bytes a piece (row layout: the row)
     const auto rb = static_cast<long long>(row_bytes);
-    const WeightSteps from(rb, ub, unit_bytes != 0, ids[blockIdx.x]), to(rb, ub, unit_bytes != 0, dst_row0 + blockIdx.x);
+    const bool tiled = unit_bytes != 0;
+    const WeightSteps from(rb, ub, tiled, ids[blockIdx.x]), to(rb, ub, tiled, dst_row0 + blockIdx.x);
     const uint8_t* s = src + from.start;
     uint8_t* d = dst + to.start;
     for (size_t b = threadIdx.x; b < row_bytes; b += kEmbedThreads) {

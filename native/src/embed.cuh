@@ -45,8 +45,9 @@ cudaError_t launch_embed(int qtype, const void* table, int vocab, int dim, const
 
 // dst row dst_row0 + i = src row ids[i] (rows of row_bytes in the row layout, copied as they are: any block type),
 // i < n. ids must lie in [0, n_src) (the caller checks). unit_bytes 0: src and dst in the row layout; else both in the
-// tile layout (weight_layout.cuh) with units of unit_bytes, dst's group of 16 rows from row 0 (the padding bytes of
-// its pitch untouched). The MTP head's draft rows of the lm_head (issue 7's draft vocabulary).
+// tile layout (weight_layout.cuh) with units of unit_bytes, dst's groups of 16 counted from its row 0 (dst_row0 may
+// fall inside one; the padding bytes of its pitch are left as they are). The MTP head's draft rows of the lm_head
+// (issue 7's draft vocabulary).
 cudaError_t launch_gather_rows(const void* src, size_t row_bytes, int unit_bytes, const int32_t* ids, int n, void* dst,
                                int dst_row0, cudaStream_t stream);
 

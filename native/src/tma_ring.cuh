@@ -89,8 +89,9 @@ __device__ __forceinline__ void tma_release_slot(uint32_t full0, int lane, int& 
 // g = lane / 4, tq = lane % 4. slot, phase: the warp's place in its ring, counted as it goes (no division per unit);
 // it waits on a vote (mbar_wait_warp: the loads after it keep their uniform registers) and hands each slot back with
 // tma_release_slot. (Slots handed back in pairs, one fence for two units, were slower: H100, 9034fa6, T=1 8.12 / 8.14
-// ms against 8.01 / 8.06, T=5 10.50 / 10.51 against 10.34 / 10.48; a held slot leaves 3 of 4 units in flight.) kNoMath (a measurement with WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for
-// and handed back, never computed.
+// ms against 8.01 / 8.06, T=5 10.50 / 10.51 against 10.34 / 10.48; a held slot leaves 3 of 4 units in flight.)
+// kNoMath (a measurement with WRONG outputs, OPENJET_BENCH_GEMV_NO_MATH): the units are waited for and handed back,
+// never computed.
 template <int QT, int kRing, int kSlot, bool kSmemX = false, bool kNoMath = false>
 __device__ __forceinline__ void tma_consume_units(uint32_t full0, const uint8_t* ring_w, int u0, int u1,
                                                   const __half* xh, const __half* xs, int lane, int g, int tq,
