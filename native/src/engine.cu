@@ -414,9 +414,9 @@ struct openjet_engine {
     // The draft rows are gathered into output.weight's layout: in the tile layout (the default) the head is a
     // producer-warp GEMV as the lm_head is (the row layout takes the cp.async kernel: 79% of the copy rate on the H100,
     // fifty-first session), whole groups of 16 rows (draft_cap a multiple of 16), a row's units at the tile pitch.
-    size_t draft_row_bytes() const {
-        return output.tiled ? output_row_bytes() / unit_bytes(output.type) * tile_pitch(unit_bytes(output.type))
-                            : output_row_bytes();
+    size_t draft_row_bytes() const { return output.device_bytes() / output.ne1; }
+    int draft_groups_of(int rows) const {  // rows rounded up to whole groups where the draft rows are tiled
+        return output.tiled ? (rows + kTileLayoutRows - 1) / kTileLayoutRows * kTileLayoutRows : rows;
     }
     size_t draft_bytes() const { return draft_cap ? static_cast<size_t>(draft_cap) * (draft_row_bytes() + 4) + 16 : 0; }
     // The lm_head the MTP head drafts with: the draft rows when set, else output.weight. In the tile layout its rows
@@ -425,8 +425,7 @@ struct openjet_engine {
     DevTensor draft_head() const {
         if (!draft_n) return output;
         DevTensor t = output;
-        t.d = draft_rows, t.ne1 = output.tiled ? (draft_n + kTileLayoutRows - 1) / kTileLayoutRows * kTileLayoutRows
-                                               : draft_n;
+        t.d = draft_rows, t.ne1 = draft_groups_of(draft_n);
         return t;
     }
 };
@@ -1543,7 +1542,8 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const bool persistent = mtp_persistent_ffn_args(e, t, &f);
     // OPENJET_FOLD: the FFN-input norm made by the out projection and gate / up (plan_folds), as the trunk's; u in
     // e.y, the attention's output, which its pack has read before the out projection writes
-    const bool fold_here = !persistent && !e.prefilling && !e.bench_skip_norm_packs && L.fold_ffn_in;
+    const bool may_fold = !persistent && !e.prefilling && !e.bench_skip_norm_packs;  // (then plan_folds' answers hold)
+    const bool fold_here = may_fold && L.fold_ffn_in;
     e.fold_norm = fold_here ? static_cast<const float*>(L.post_norm.d) : nullptr, e.fold_u = e.y;
     TRY(attn_mixer(e, L, t, row0, 1));
     const bool folded = fold_here && !e.fold_norm;  // (its out projection took it)
@@ -1552,7 +1552,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     // OPENJET_FOLD: the head norm made by the down projection and the draft head (plan_folds: LayerW::fold_next_in of
     // e.mtp); u in e.y again (gate / up have read the FFN input's before down's writes pass their PDL wait), the
     // normed rows h' into e.mtp_hp by the head's blocks (GemvFold::a_out), as the add-norm leaves them
-    const bool fold_head = !persistent && !e.prefilling && !e.bench_skip_norm_packs && L.fold_next_in;
+    const bool fold_head = may_fold && L.fold_next_in;
     bool head_folded = false;
     if (persistent) {
         CHECK(launch_ffn_persistent(f, e.stream));
@@ -2559,12 +2559,10 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
                         ids[i], n_vocab);
     CHECK(cudaSetDevice(e->cfg.device));
     const size_t rb = e->output_row_bytes(), db = e->draft_row_bytes();
-    const bool tiled = e->output.tiled;
-    const auto whole_groups = [tiled](int rows) {  // (n_vocab is a multiple of 16 where output.weight is tiled)
-        return tiled ? (rows + kTileLayoutRows - 1) / kTileLayoutRows * kTileLayoutRows : rows;
-    };
     if (n > e->draft_cap) {  // grow by an eighth (a sequence adds a few rows at a time), keeping `keep` rows
-        const int cap = whole_groups(std::min(n_vocab, std::max(n, e->draft_cap + std::max(1024, e->draft_cap / 8))));
+        // (whole groups stay within n_vocab: it is a multiple of 16 where output.weight is tiled)
+        const int grown = std::min(n_vocab, std::max(n, e->draft_cap + std::max(1024, e->draft_cap / 8)));
+        const int cap = e->draft_groups_of(grown);
         char* rows = nullptr;
         int32_t* dids = nullptr;
         const size_t bytes = static_cast<size_t>(cap) * db + 16;  // +16: the GEMV may read to a 16-byte boundary
@@ -2580,7 +2578,7 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
         // be ordered with it)
         cudaError_t err = cudaMemsetAsync(rows, 0, bytes, e->stream);
         if (err == cudaSuccess && keep)
-            err = cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(whole_groups(keep)) * db,
+            err = cudaMemcpyAsync(rows, e->draft_rows, static_cast<size_t>(e->draft_groups_of(keep)) * db,
                                   cudaMemcpyDeviceToDevice, e->stream);
         if (err == cudaSuccess && keep)
             err = cudaMemcpyAsync(dids, e->draft_ids, sizeof(int32_t) * keep, cudaMemcpyDeviceToDevice, e->stream);
@@ -2597,8 +2595,8 @@ extern "C" OPENJET_API int openjet_engine_set_draft_rows(openjet_engine* e, cons
     if (n > keep) {
         CHECK(cudaMemcpyAsync(e->draft_ids + keep, ids + keep, sizeof(int32_t) * (n - keep), cudaMemcpyHostToDevice,
                               e->stream));
-        CHECK(launch_gather_rows(e->output.d, rb, tiled ? unit_bytes(e->output.type) : 0, e->draft_ids + keep, n - keep,
-                                 e->draft_rows, keep, e->stream));
+        CHECK(launch_gather_rows(e->output.d, rb, e->output.tiled ? unit_bytes(e->output.type) : 0, e->draft_ids + keep,
+                                 n - keep, e->draft_rows, keep, e->stream));
         CHECK(cudaStreamSynchronize(e->stream));
     }
     e->draft_n = n;

@@ -280,8 +280,14 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 // Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
 // (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
+// Form 2's ring and blocks a SM (Q5_K: 3 blocks, it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory
+// holds), for launch_gemv_tma and its fold forms alike.
+template <int QT> struct Form2 {
+    static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
+};
+
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
-    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
     const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
     switch (form) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
@@ -299,7 +305,7 @@ template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cu
 // The fold's forms of launch_gemv_tma's 1 (one token row) and 2: the same rings and blocks a SM.
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
-    constexpr int kRing2 = QT == kQ6_K ? 3 : 4, kBlocks2 = QT == kQ5_K ? 3 : 4;
+    constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
     if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
     if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
     return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
