@@ -84,6 +84,9 @@
 #            library, context 64, a 32,768-row draft vocabulary) in trace-drafts.json.
 # PLAN=drafts  that trace alone (DRAFTS=4 drafts), the model written or reused: ~4 minutes, ~1 on a warm machine;
 #            DRAFTS_TESTS (pytest arguments, at most DRAFTS_TESTS_S s) while the model is written, as libab's.
+# PLAN=gdnlate  OPENJET_GDN_LATE (gdn_decode.cuh kLateLaunch: the GDN step's state loads before its fused
+#            projections, the next kernels let in past its first barrier): its bit test while the model is written, the
+#            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~6 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -382,6 +385,17 @@ PY
   drafts-bench)
     trap pack_logs EXIT
     drafts_trace "${DRAFTS:-4}" ;;
+  gdnlate)
+    plan 120 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and GDN_LATE'" gdnlate-bench ;;
+  gdnlate-bench)
+    trap pack_logs EXIT
+    for v in 0 1; do
+      OPENJET_GDN_LATE=$v timeout -k 10 60 python3 native/bench/gdn_probe.py "$MODEL" --t 1,5 --steps 20 \
+        --out "$OUT/gdn-probe-late-$v.json" 2> "$OUT/gdn-probe-late-$v.log"
+      echo "== gdn_probe OPENJET_GDN_LATE=$v (rc $?)"; tail -2 "$OUT/gdn-probe-late-$v.log"
+    done
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1 ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -414,7 +428,7 @@ PY
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
     echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress," \
-      "libab, drafts or boundary" \
+      "libab, drafts, gdnlate or boundary" \
       "(see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -190,6 +190,7 @@ struct openjet_engine {
     // lighter meeting (GdnPackSync, now every form's) on the H100, twice against neither: the gdn.step phase 0.677 ->
     // 0.639 ms a T=1 step, the no-draft cycle 8.095 -> 8.030 ms; the staging alone gained nothing (0.691).
     bool gdn_staged = true;
+    bool gdn_late = false;  // OPENJET_GDN_LATE=1 at create: GdnStepArgs::late_launch (an experiment; the same bits)
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -845,6 +846,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
+    if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "1") == 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
@@ -1327,6 +1329,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
     g.t = t;
     g.qkv = qkv, g.z = e.big2, g.b = b, g.alpha = alpha;
     g.staged = e.gdn_staged;
+    g.late_launch = e.gdn_late;
     g.probe = e.gdn_probe;
     if (fused) {
         g.w_beta = static_cast<const float*>(L.beta.d), g.w_alpha = static_cast<const float*>(L.alpha.d);

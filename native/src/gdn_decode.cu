@@ -90,8 +90,9 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
 // The column split's blocks at 2 per SM at least (128 registers: sm_120 took 164, one block per SM, so 192 blocks
 // would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
 // a kernel of its own so that the default one's code stays as it was. kStaged (whole heads only): GdnStepArgs::staged.
-// kProbe (the own pack's staged form only): GdnStepArgs::probe.
-template <int kCols, bool kOwnPack = false, bool kStaged = false, bool kProbe = false>
+// kProbe (the own pack's staged form only): GdnStepArgs::probe. kLateLaunch (the own pack's staged form only;
+// OPENJET_GDN_LATE, an experiment): gdn_step_head's.
+template <int kCols, bool kOwnPack = false, bool kStaged = false, bool kProbe = false, bool kLateLaunch = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {
     static_assert(!kOwnPack || kCols == kGdnHeadDim, "the own pack takes whole heads");
@@ -110,11 +111,12 @@ gdn_step_kernel(const GdnStepArgs a) {
     gdn_mark<kProbe>(a.probe, kProbeEntry);
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     if constexpr (kStaged) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
-    pdl_start();  // pdl.cuh
+    if constexpr (kLateLaunch) pdl_wait();  // (the kernels after: let in by gdn_step_head)
+    else pdl_start();  // pdl.cuh
     gdn_mark<kProbe>(a.probe, kProbeWaited);
     __shared__ GdnPackShared ps;  // (the own pack's; other forms leave it unused)
     if constexpr (kOwnPack) gdn_pack_own_begin(a, h, ps);
-    gdn_step_head<kCols, kStaged, kProbe>(a, h, sm, c0);
+    gdn_step_head<kCols, kStaged, kProbe, kLateLaunch>(a, h, sm, c0);
     if constexpr (kOwnPack) gdn_pack_own_rows<kStaged, kProbe>(a, h, sm, ps);
     if constexpr (kProbe) {
         gdn_mark<kProbe>(a.probe, kProbeEnd);
@@ -125,10 +127,14 @@ gdn_step_kernel(const GdnStepArgs a) {
 // OPENJET_BENCH_GDN_PROBE's record (GdnProbe), one for the process: the last probed launch's.
 __device__ GdnProbe g_gdn_probe;
 
-// The own pack's whole-head kernel, staged or not (GdnStepArgs::staged), probed where asked (staged only).
+// The own pack's whole-head kernel, staged or not (GdnStepArgs::staged), probed where asked (staged only), the late
+// launch's form where asked (GdnStepArgs::late_launch; staged only).
 using GdnKernel = void (*)(GdnStepArgs);
-GdnKernel own_pack_kernel(bool staged, bool probe) {
+GdnKernel own_pack_kernel(bool staged, bool probe, bool late) {
     if (!staged) return gdn_step_kernel<kGdnHeadDim, true>;
+    if (late)
+        return probe ? gdn_step_kernel<kGdnHeadDim, true, true, true, true>
+                     : gdn_step_kernel<kGdnHeadDim, true, true, false, true>;
     return probe ? gdn_step_kernel<kGdnHeadDim, true, true, true> : gdn_step_kernel<kGdnHeadDim, true, true>;
 }
 
@@ -312,7 +318,9 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 GdnStepArgs own = a;
                 own.pack_out = *pack;
                 count_launch(Counted::kGdnStepPack);
-                if (const cudaError_t e = launch_kernel(own_pack_kernel(staged, a.probe != nullptr), a.n_v,
+                if (staged && a.late_launch) count_launch(Counted::kGdnLateLaunch);
+                const GdnKernel kernel = own_pack_kernel(staged, a.probe != nullptr, a.late_launch);
+                if (const cudaError_t e = launch_kernel(kernel, a.n_v,
                                                         kGdnThreads, 0, stream, own))
                     return e;
                 if (packed) *packed = true;

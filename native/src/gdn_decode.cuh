@@ -32,6 +32,7 @@
 
 #include "cp_async.cuh"  // prefetch_l2
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
+#include "pdl.cuh"  // pdl_launch_dependents (kLateLaunch)
 
 namespace openjet {
 
@@ -103,6 +104,10 @@ struct GdnStepArgs {
     // rows (gdn_stage_params). The same values, so the same bits. launch_gdn_step takes it where conv_w and norm_w are
     // 16-byte aligned.
     bool staged = false;
+    // OPENJET_GDN_LATE=1 (an experiment, off; the staged own-pack form only): the state's loads before the fused
+    // projections, and the kernels after the step let in past its first barrier instead of at its start (the next
+    // GEMV's ring fill then streams after those loads, not beside them). The same values, so the same bits.
+    bool late_launch = false;
     // OPENJET_BENCH_GDN_PROBE (a measurement; outputs unchanged): where set (gdn_probe_buffer()), a launch of the
     // default form (whole heads, own pack, staged) records its phases' clocks in it (GdnProbe).
     GdnProbe* probe = nullptr;
@@ -291,7 +296,7 @@ __device__ __forceinline__ void gdn_stage_params(const GdnStepArgs& a, int h, Gd
 // loaded while the delta rule of this one runs. kStaged: the block ran gdn_stage_params before its wait, so the taps,
 // the norm weight and the gates' parameters are in shared memory, and step 4 also leaves y in sm.o (in place of o:
 // the own pack's input where the call replays no rows).
-template <int kCols = kGdnHeadDim, bool kStaged = false, bool kProbe = false>
+template <int kCols = kGdnHeadDim, bool kStaged = false, bool kProbe = false, bool kLateLaunch = false>
 __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSmem& sm, int c0 = 0) {
     constexpr int D = kGdnHeadDim, R = kGdnRowsPerThread;
     constexpr bool kWhole = kCols == D;
@@ -308,6 +313,15 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const int total = a.replay + a.t;
     const int commit = a.commit < 0 ? total : a.commit;  // the state and conv window go out after this many rows
 
+    // kLateLaunch: the state first, its DRAM round trip under the fused projections below, and the kernels after this
+    // one let in only once every block has its rows (the caller waited, but did not let them in: pdl_start), so that
+    // the next GEMV's ring fill does not stream its weights ahead of these loads.
+    float s_early[kLateLaunch ? R : 1];
+    if constexpr (kLateLaunch) {
+        const size_t st = (size_t)h * D * D + (size_t)(rg * R) * D + j;
+#pragma unroll
+        for (int i = 0; i < R; ++i) s_early[i] = a.state[st + i * D];
+    }
     // The fused beta (even jobs) and alpha (odd) projections of each of the call's own rows (at most kGdnMaxT: the
     // launcher checks; replayed rows bring theirs from the ring), a 128-thread group per row; first, so that their registers are free again before the state's 16
     // per thread are loaded (64 at most).
@@ -348,7 +362,10 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
     const size_t st = (size_t)h * D * D + (size_t)(rg * R) * D + j;  // S[h][rg*R + i][j] at [st + i*D]
     float s[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) s[i] = a.state[st + i * D];
+    for (int i = 0; i < R; ++i) {
+        if constexpr (kLateLaunch) s[i] = s_early[i];
+        else s[i] = a.state[st + i * D];
+    }
     const auto channel = [&](int part, int cl) { return gdn_conv_channel(key_dim, kh, h, part, cl); };
     // The block's channel ch (0 .. W - 1): its part (q, k, v) and column there (v: the block's columns).
     const auto part_of = [](int ch) { return kWhole ? ch / D : ch < D ? 0 : ch < 2 * D ? 1 : 2; };
@@ -417,6 +434,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
         gdn_mark<kProbe>(a.probe, kProbeLoaded);
+        if (kLateLaunch && t0 == 0) pdl_launch_dependents();
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).

@@ -51,6 +51,7 @@ enum class Counted {
     kFoldAddNorm = 32,          // a prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack; its bits)
     kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
+    kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
     kCount
 };
 
