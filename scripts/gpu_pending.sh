@@ -86,7 +86,8 @@
 #            DRAFTS_TESTS (pytest arguments, at most DRAFTS_TESTS_S s) while the model is written, as libab's.
 # PLAN=gdnlate  OPENJET_GDN_LATE (gdn_decode.cuh kLateLaunch: the GDN step's state loads before its fused
 #            projections, the next kernels let in past its first barrier): its bit test while the model is written, the
-#            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~6 minutes.
+#            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~3.5 minutes
+#            (ran on an H100 at 417fe8c, NOTES_gemv.md fifty-third session; the default since).
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;

@@ -190,7 +190,10 @@ struct openjet_engine {
     // lighter meeting (GdnPackSync, now every form's) on the H100, twice against neither: the gdn.step phase 0.677 ->
     // 0.639 ms a T=1 step, the no-draft cycle 8.095 -> 8.030 ms; the staging alone gained nothing (0.691).
     bool gdn_staged = true;
-    bool gdn_late = false;  // OPENJET_GDN_LATE=1 at create: GdnStepArgs::late_launch (an experiment; the same bits)
+    // OPENJET_GDN_LATE=0 at create: off (on by default since 2026-12-07): GdnStepArgs::late_launch (the same bits).
+    // H100, the `full` model, alternating twice: T=1 7.936 / 7.901 -> 7.896 / 7.875 ms, T=5 10.276 / 10.251 -> 10.160 /
+    // 10.218 ms.
+    bool gdn_late = true;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -846,7 +849,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_FUSED")) e.gdn_fused = std::strcmp(f, "0") != 0;  // bisecting bits
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
-    if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);

@@ -91,7 +91,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
 // would run in two waves on 170 SMs). kOwnPack (whole heads only): the step packs its own output (gdn_pack_own_rows),
 // a kernel of its own so that the default one's code stays as it was. kStaged (whole heads only): GdnStepArgs::staged.
 // kProbe (the own pack's staged form only): GdnStepArgs::probe. kLateLaunch (the own pack's staged form only;
-// OPENJET_GDN_LATE, an experiment): gdn_step_head's.
+// GdnStepArgs::late_launch): gdn_step_head's.
 template <int kCols, bool kOwnPack = false, bool kStaged = false, bool kProbe = false, bool kLateLaunch = false>
 __global__ void __launch_bounds__(kGdnRowGroups * kCols, kCols == kGdnHeadDim ? 1 : 2)
 gdn_step_kernel(const GdnStepArgs a) {

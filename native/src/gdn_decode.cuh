@@ -104,7 +104,7 @@ struct GdnStepArgs {
     // rows (gdn_stage_params). The same values, so the same bits. launch_gdn_step takes it where conv_w and norm_w are
     // 16-byte aligned.
     bool staged = false;
-    // OPENJET_GDN_LATE=1 (an experiment, off; the staged own-pack form only): the state's loads before the fused
+    // OPENJET_GDN_LATE (on in the engine by default; the staged own-pack form only): the state's loads before the fused
     // projections, and the kernels after the step let in past its first barrier instead of at its start (the next
     // GEMV's ring fill then streams after those loads, not beside them). The same values, so the same bits.
     bool late_launch = false;
