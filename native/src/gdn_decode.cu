@@ -320,8 +320,7 @@ cudaError_t launch_gdn_step(const GdnStepArgs& a, cudaStream_t stream, const Act
                 count_launch(Counted::kGdnStepPack);
                 if (staged && a.late_launch) count_launch(Counted::kGdnLateLaunch);
                 const GdnKernel kernel = own_pack_kernel(staged, a.probe != nullptr, a.late_launch);
-                if (const cudaError_t e = launch_kernel(kernel, a.n_v,
-                                                        kGdnThreads, 0, stream, own))
+                if (const cudaError_t e = launch_kernel(kernel, a.n_v, kGdnThreads, 0, stream, own))
                     return e;
                 if (packed) *packed = true;
                 return cudaSuccess;
