@@ -249,7 +249,9 @@ __device__ __forceinline__ bool binade_pinned(float est) {
 // rms scale, so max |value| lies within a relative 4 u of est = fl(s P), P = max fl(|h w|), which the blocks exchange
 // with the row itself before the rms; where est pins act_pack_shift's binade (binade_pinned: every block decides
 // alike, from the same s and P), the max's own cluster exchange (a block reduction and two cluster barriers) is
-// skipped, and the blocks only wait at the end for the others' reads of their shared memory.
+// skipped, and the blocks only wait at the end for the others' reads of their shared memory. kLate: the kernels after
+// it let in once its loads are in (set_pack_late).
+template <bool kLate = false>
 __global__ void __launch_bounds__(kPackClusterThreads)
 add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w,
                              int k, float eps, float* __restrict__ a_out, ActPack p, int max_est) {
@@ -277,7 +279,8 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         if (b < b1) cp_async4(&ws[j * kPackClusterThreads + threadIdx.x], w + b * kActBlock + lane);
     }
     cp_async_commit();
-    pdl_start();  // pdl.cuh
+    if constexpr (kLate) pdl_wait();  // (the kernels after: let in once the loads are in, below)
+    else pdl_start();  // pdl.cuh
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {  // h and delta loads first (the stores to h below would keep the
         // compiler from issuing the next element's loads before them)
@@ -296,6 +299,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
             hs[i - b0 * kActBlock] = x[j];
         }
     }
+    if constexpr (kLate) pdl_launch_dependents();
     if (max_est) {
         cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
         float hw = 0.0f;
@@ -473,9 +477,10 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         }
     if (pack_cluster_takes(k)) {
         count_launch(Counted::kPackCluster);
-        return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
-                                     sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
-                                     a_out, p, g_add_norm_max_est.get());
+        if (pack_late()) count_launch(Counted::kPackLate);
+        return launch_kernel_cluster(pack_late() ? add_norm_pack_cluster_kernel<true> : add_norm_pack_cluster_kernel<>,
+                                     dim3(kPackCluster, t), kPackClusterThreads, sizeof(float) * (k / kPackCluster),
+                                     stream, kPackCluster, h, delta, w, k, eps, a_out, p, g_add_norm_max_est.get());
     }
     if (!act_pack_plain(p)) return cudaErrorNotSupported;
     if (k <= kAddNormStagedMax)

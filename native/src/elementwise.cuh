@@ -87,10 +87,10 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
                                   const ActPack& p, cudaStream_t stream);
 
 // OPENJET_PACK_LATE (an experiment, off; the engine sets it at create from its environment, for the process): the
-// decode packs' cluster kernels (the swiglu's at t > 1, the mixers' outputs', the MTP input's) and the fold's pack
-// launch (gemv_fold.cu, t > 1) let the kernels after them in (griddepcontrol.launch_dependents) once their loads are
-// in, instead of at their start, as the GDN step does (OPENJET_GDN_LATE): the next GEMV's ring fill then streams after
-// those loads instead of beside them. The same values, so the same bits.
+// decode packs' cluster kernels (the swiglu's at t > 1, the mixers' outputs', the add-norm's, the MTP input's) and the
+// fold's pack launch (gemv_fold.cu, t > 1) let the kernels after them in (griddepcontrol.launch_dependents) once their
+// loads are in, instead of at their start, as the GDN step does (OPENJET_GDN_LATE): the next GEMV's ring fill then
+// streams after those loads instead of beside them. The same values, so the same bits.
 void set_pack_late(bool on);
 bool pack_late();
 
