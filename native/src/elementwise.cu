@@ -201,8 +201,7 @@ __global__ void __launch_bounds__(kPackClusterThreads)
 pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, int k, ActPack p) {
 #ifdef OPENJET_PACK_CLUSTER_ARCH
     __shared__ float block_max;
-    if constexpr (kLate) pdl_wait();  // (the kernels after: let in once the loads are in, below; set_pack_late)
-    else pdl_start();  // pdl.cuh
+    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below; set_pack_late)
     const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
     const int b0 = nb * rank / kPackCluster, b1 = nb * (rank + 1) / kPackCluster;
@@ -226,7 +225,7 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     }
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
-    if constexpr (kLate) pdl_launch_dependents();
+    pdl_let_in<kLate>();
     cluster_pack_slice(v, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
 #endif
 }
@@ -279,8 +278,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         if (b < b1) cp_async4(&ws[j * kPackClusterThreads + threadIdx.x], w + b * kActBlock + lane);
     }
     cp_async_commit();
-    if constexpr (kLate) pdl_wait();  // (the kernels after: let in once the loads are in, below)
-    else pdl_start();  // pdl.cuh
+    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below)
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {  // h and delta loads first (the stores to h below would keep the
         // compiler from issuing the next element's loads before them)
@@ -299,7 +297,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
             hs[i - b0 * kActBlock] = x[j];
         }
     }
-    if constexpr (kLate) pdl_launch_dependents();
+    pdl_let_in<kLate>();
     if (max_est) {
         cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
         float hw = 0.0f;
@@ -369,8 +367,7 @@ mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, cons
     constexpr int kHalfRanks = kPackCluster / 2;
     extern __shared__ float part[];  // this block's quarter of its half, before the norm
     __shared__ float block_max;
-    if constexpr (kLate) pdl_wait();  // (the kernels after: let in once the loads are in, below)
-    else pdl_start();  // pdl.cuh
+    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below)
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -404,7 +401,7 @@ mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, cons
             part[(b - hb0) * kActBlock + lane] = x[j];
         }
     }
-    if constexpr (kLate) pdl_launch_dependents();
+    pdl_let_in<kLate>();
     cluster.sync();  // every quarter of both halves is in its block's shared memory
     const int first_rank = hidden ? kHalfRanks : 0;
     const float scale = row_rms_scale_of(
@@ -477,8 +474,7 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         }
     if (pack_cluster_takes(k)) {
         count_launch(Counted::kPackCluster);
-        if (pack_late()) count_launch(Counted::kPackLate);
-        return launch_kernel_cluster(pack_late() ? add_norm_pack_cluster_kernel<true> : add_norm_pack_cluster_kernel<>,
+        return launch_kernel_cluster(pack_form(add_norm_pack_cluster_kernel<>, add_norm_pack_cluster_kernel<true>),
                                      dim3(kPackCluster, t), kPackClusterThreads, sizeof(float) * (k / kPackCluster),
                                      stream, kPackCluster, h, delta, w, k, eps, a_out, p, g_add_norm_max_est.get());
     }
@@ -509,8 +505,7 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
         }
     if (pack_cluster_takes(k) && (!ld || ld == k)) {
         count_launch(Counted::kPackCluster);
-        if (pack_late()) count_launch(Counted::kPackLate);
-        return launch_kernel_cluster(pack_late() ? pack_cluster_kernel<true, true> : pack_cluster_kernel<true>,
+        return launch_kernel_cluster(pack_form(pack_cluster_kernel<true>, pack_cluster_kernel<true, true>),
                                      dim3(kPackCluster, t), kPackClusterThreads, 0, stream, kPackCluster, gate, up, k,
                                      p);
     }
@@ -546,8 +541,7 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
         part_blocks > kPackClusterWarps * kPackClusterCached)
         return cudaErrorNotSupported;
     count_launch(Counted::kMtpInputPack);
-    if (pack_late()) count_launch(Counted::kPackLate);
-    return launch_kernel_cluster(pack_late() ? mtp_input_pack_cluster_kernel<true> : mtp_input_pack_cluster_kernel<>,
+    return launch_kernel_cluster(pack_form(mtp_input_pack_cluster_kernel<>, mtp_input_pack_cluster_kernel<true>),
                                  dim3(kPackCluster, t), kPackClusterThreads,
                                  sizeof(float) * part_blocks * kActBlock, stream, kPackCluster,
                                  static_cast<const uint8_t*>(table), vocab, ids, hs0, hs1, enorm, hnorm, dim, eps, p);
@@ -557,8 +551,7 @@ cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack&
     if (!x || !act_pack_fits(p, t, k) || t > OPENJET_ENGINE_MAX_T || !pack_cluster_takes(k, 2))
         return cudaErrorNotSupported;
     count_launch(Counted::kPackCluster);
-    if (pack_late()) count_launch(Counted::kPackLate);
-    return launch_kernel_cluster(pack_late() ? pack_cluster_kernel<false, true> : pack_cluster_kernel<false>,
+    return launch_kernel_cluster(pack_form(pack_cluster_kernel<false>, pack_cluster_kernel<false, true>),
                                  dim3(kPackCluster, t), kPackClusterThreads, 0, stream, kPackCluster, x, nullptr, k, p);
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "act_pack.cuh"
+#include "launch_count.h"  // pack_form
 #include "rmsnorm.cuh"
 
 namespace openjet {
@@ -93,6 +94,12 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
 // streams after those loads instead of beside them. The same values, so the same bits.
 void set_pack_late(bool on);
 bool pack_late();
+// A pack's kernel: its late form where set_pack_late asked for one (counted: kernels_test "pack_late"), else its default.
+template <class Kernel> Kernel pack_form(Kernel default_form, Kernel late_form) {
+    if (!pack_late()) return default_form;
+    count_launch(Counted::kPackLate);
+    return late_form;
+}
 
 // launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
 // one-block kernel, where OPENJET_PACK_CLUSTER allows (unset or 2: the mixers' output packs too) and the GPU and k do;

@@ -194,9 +194,6 @@ struct openjet_engine {
     // H100, the `full` model, alternating twice: T=1 7.936 / 7.901 -> 7.896 / 7.875 ms, T=5 10.276 / 10.251 -> 10.160 /
     // 10.218 ms.
     bool gdn_late = true;
-    // OPENJET_PACK_LATE=1 at create (an experiment, off; the same bits): set_pack_late (elementwise.cuh), for the
-    // process.
-    bool pack_late = false;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -853,8 +850,9 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
-    if (const char* f = std::getenv("OPENJET_PACK_LATE")) e.pack_late = std::strcmp(f, "1") == 0;
-    set_pack_late(e.pack_late);
+    // OPENJET_PACK_LATE=1 (an experiment, off; the same bits): set_pack_late (elementwise.cuh), for the process
+    const char* pack_late_env = std::getenv("OPENJET_PACK_LATE");
+    set_pack_late(pack_late_env && std::strcmp(pack_late_env, "1") == 0);
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);

@@ -111,8 +111,7 @@ gdn_step_kernel(const GdnStepArgs a) {
     gdn_mark<kProbe>(a.probe, kProbeEntry);
     gdn_prefetch_inputs<kCols>(a, h, c0);  // (hints only, so before the wait: the loads stay after it)
     if constexpr (kStaged) gdn_stage_params(a, h, sm);  // (weights' copies and hints: before the wait too)
-    if constexpr (kLateLaunch) pdl_wait();  // (the kernels after: let in by gdn_step_head)
-    else pdl_start();  // pdl.cuh
+    pdl_start_late<kLateLaunch>();  // pdl.cuh (late: the kernels after let in by gdn_step_head)
     gdn_mark<kProbe>(a.probe, kProbeWaited);
     __shared__ GdnPackShared ps;  // (the own pack's; other forms leave it unused)
     if constexpr (kOwnPack) gdn_pack_own_begin(a, h, ps);

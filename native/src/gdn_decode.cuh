@@ -32,7 +32,7 @@
 
 #include "cp_async.cuh"  // prefetch_l2
 #include "gemv.cuh"  // f32_dot_lanes: the fused beta/alpha projections
-#include "pdl.cuh"  // pdl_launch_dependents (kLateLaunch)
+#include "pdl.cuh"  // pdl_let_in (kLateLaunch)
 
 namespace openjet {
 
@@ -434,7 +434,7 @@ __device__ __forceinline__ void gdn_step_head(const GdnStepArgs& a, int h, GdnSm
         if (kWhole && tid < n_tok * D) sm.z[tid / D][j] = zr;
         __syncthreads();
         gdn_mark<kProbe>(a.probe, kProbeLoaded);
-        if (kLateLaunch && t0 == 0) pdl_launch_dependents();
+        if (t0 == 0) pdl_let_in<kLateLaunch>();
 
         // 1. Causal conv over this head's 384 channels, then SiLU, in place; beside it the gates:
         // β = σ(b), g = ssm_a·softplus(α + dt_bias), decay = e^g (after the barrier: the fused logits are in sm.proj).

@@ -15,7 +15,7 @@ namespace {
 // loads are in (OPENJET_PACK_LATE, elementwise.cuh set_pack_late), not at its start.
 template <bool kLate = false>
 __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
-    if constexpr (!kLate) pdl_launch_dependents();
+    if constexpr (!kLate) pdl_launch_dependents();  // (before its wait, as this kernel always did)
     pdl_wait();  // u and its partials are the kernel before's
     const int c = blockIdx.x, nt = k / kMmaRows;
     __shared__ float2 c_inv;
@@ -75,9 +75,7 @@ cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, 
         !gemv_tma_available())
         return cudaErrorInvalidValue;
     if (!act_pack_plain(p)) return cudaErrorNotSupported;  // (it writes no integer twin)
-    if (pack_late()) count_launch(Counted::kPackLate);
-    return launch_kernel(pack_late() ? fold_pack_kernel<true> : fold_pack_kernel<>, t, kFoldThreads, 0, stream, f, k,
-                         p);
+    return launch_kernel(pack_form(fold_pack_kernel<>, fold_pack_kernel<true>), t, kFoldThreads, 0, stream, f, k, p);
 }
 
 cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,

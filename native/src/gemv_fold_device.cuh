@@ -12,7 +12,7 @@
 #include "gemv_mma.cuh"
 #include "grid_sync.cuh"
 #include "mbarrier.cuh"
-#include "pdl.cuh"  // pdl_launch_dependents (fold_pack_row<true>)
+#include "pdl.cuh"  // pdl_let_in (fold_pack_row<true>)
 #include "tma_ring.cuh"
 
 namespace openjet {
@@ -106,7 +106,7 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
     }
     float sv[kFoldPer];
     const FoldScale fs = fold_row_scale(part, k, eps, sv);
-    if constexpr (kLetIn) pdl_launch_dependents();
+    pdl_let_in<kLetIn>();
     const float r = fs.r, c = fs.c;
     if (tid == 0) *c_inv = make_float2(c, fs.inv);
 #pragma unroll
