@@ -88,10 +88,6 @@
 #            projections, the next kernels let in past its first barrier): its bit test while the model is written, the
 #            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~3.5 minutes
 #            (ran on an H100 at 417fe8c, NOTES_gemv.md fifty-third session; the default since).
-# PLAN=packlate  OPENJET_PACK_LATE (elementwise.cuh set_pack_late: the decode packs' cluster kernels and the fold's
-#            pack launch let the kernels after them in once their loads are in): its bit test while the model is
-#            written, then the T=1 / T=5 step off / on alternating twice and its T=1 / T=5 trace, then the 4-draft
-#            chain's trace, both with it on (the MTP input pack takes it too). ~5 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -401,12 +397,6 @@ PY
     done
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1 ;;
-  packlate)
-    plan 120 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and PACK_LATE'" packlate-bench ;;
-  packlate-bench)
-    trap pack_logs EXIT
-    alternate_twice OPENJET_PACK_LATE
-    (export OPENJET_PACK_LATE=1; drafts_trace 4) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -439,7 +429,7 @@ PY
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
     echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress," \
-      "libab, drafts, gdnlate, packlate or boundary" \
+      "libab, drafts, gdnlate or boundary" \
       "(see the top of $0)" >&2
     exit 2 ;;
 esac

@@ -4,7 +4,6 @@
 // launch_mtp_input_pack: the MTP head's embedding, input norms and pack of a decode row on one cluster (likewise).
 #include <cooperative_groups.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -196,12 +195,12 @@ __device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackCluster
 
 // The pack of x (kSwiglu: of silu(x) * up) over a cluster per row: the bits of pack_act_kernel's (swiglu_pack_kernel's)
 // one-block row.
-template <bool kSwiglu, bool kLate = false>
+template <bool kSwiglu>
 __global__ void __launch_bounds__(kPackClusterThreads)
 pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, int k, ActPack p) {
 #ifdef OPENJET_PACK_CLUSTER_ARCH
     __shared__ float block_max;
-    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below; set_pack_late)
+    pdl_start();  // pdl.cuh
     const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = k / kActBlock;
     const int b0 = nb * rank / kPackCluster, b1 = nb * (rank + 1) / kPackCluster;
@@ -225,7 +224,6 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     }
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
-    pdl_let_in<kLate>();
     cluster_pack_slice(v, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
 #endif
 }
@@ -248,9 +246,7 @@ __device__ __forceinline__ bool binade_pinned(float est) {
 // rms scale, so max |value| lies within a relative 4 u of est = fl(s P), P = max fl(|h w|), which the blocks exchange
 // with the row itself before the rms; where est pins act_pack_shift's binade (binade_pinned: every block decides
 // alike, from the same s and P), the max's own cluster exchange (a block reduction and two cluster barriers) is
-// skipped, and the blocks only wait at the end for the others' reads of their shared memory. kLate: the kernels after
-// it let in once its loads are in (set_pack_late).
-template <bool kLate = false>
+// skipped, and the blocks only wait at the end for the others' reads of their shared memory.
 __global__ void __launch_bounds__(kPackClusterThreads)
 add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ delta, const float* __restrict__ w,
                              int k, float eps, float* __restrict__ a_out, ActPack p, int max_est) {
@@ -278,7 +274,7 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
         if (b < b1) cp_async4(&ws[j * kPackClusterThreads + threadIdx.x], w + b * kActBlock + lane);
     }
     cp_async_commit();
-    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below)
+    pdl_start();  // pdl.cuh
 #pragma unroll
     for (int j = 0; j < kPackClusterCached; ++j) {  // h and delta loads first (the stores to h below would keep the
         // compiler from issuing the next element's loads before them)
@@ -297,7 +293,6 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
             hs[i - b0 * kActBlock] = x[j];
         }
     }
-    pdl_let_in<kLate>();
     if (max_est) {
         cp_async_wait<0>();  // the weights (each thread reads only those it copied: no barrier)
         float hw = 0.0f;
@@ -356,7 +351,6 @@ add_norm_pack_cluster_kernel(float* __restrict__ h, const float* __restrict__ de
 // both halves), so the bits of those four launches, in one. Ranks 0 .. kPackCluster / 2 - 1 take the embedding half,
 // the others the hidden one, each a quarter of its half (dim % 256 == 0: whole 32-blocks). Neither half is stored:
 // the pack is what the head's eh_proj reads. hidden row 0 is hs0, row r > 0 hs1 + (r - 1) dim.
-template <bool kLate = false>
 __global__ void __launch_bounds__(kPackClusterThreads)
 mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, const int32_t* __restrict__ ids,
                               const float* __restrict__ hs0, const float* __restrict__ hs1,
@@ -367,7 +361,7 @@ mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, cons
     constexpr int kHalfRanks = kPackCluster / 2;
     extern __shared__ float part[];  // this block's quarter of its half, before the norm
     __shared__ float block_max;
-    pdl_start_late<kLate>();  // pdl.cuh (late: the kernels after let in once the loads are in, below)
+    pdl_start();  // pdl.cuh
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank()), row = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -401,7 +395,6 @@ mtp_input_pack_cluster_kernel(const uint8_t* __restrict__ table, int vocab, cons
             part[(b - hb0) * kActBlock + lane] = x[j];
         }
     }
-    pdl_let_in<kLate>();
     cluster.sync();  // every quarter of both halves is in its block's shared memory
     const int first_rank = hidden ? kHalfRanks : 0;
     const float scale = row_rms_scale_of(
@@ -453,13 +446,6 @@ EnvSetting g_add_norm_max_est{max_est_from_env};
 
 void set_add_norm_max_est(int mode) { g_add_norm_max_est.set(mode, 1); }
 
-namespace {
-std::atomic<bool> g_pack_late{false};
-}  // namespace
-
-void set_pack_late(bool on) { g_pack_late.store(on, std::memory_order_relaxed); }
-bool pack_late() { return g_pack_late.load(std::memory_order_relaxed); }
-
 bool pack_cluster_writes_imma(int k) { return pack_cluster_takes(k, 2); }
 
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
@@ -474,9 +460,9 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
         }
     if (pack_cluster_takes(k)) {
         count_launch(Counted::kPackCluster);
-        return launch_kernel_cluster(pack_form(add_norm_pack_cluster_kernel<>, add_norm_pack_cluster_kernel<true>),
-                                     dim3(kPackCluster, t), kPackClusterThreads, sizeof(float) * (k / kPackCluster),
-                                     stream, kPackCluster, h, delta, w, k, eps, a_out, p, g_add_norm_max_est.get());
+        return launch_kernel_cluster(add_norm_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
+                                     sizeof(float) * (k / kPackCluster), stream, kPackCluster, h, delta, w, k, eps,
+                                     a_out, p, g_add_norm_max_est.get());
     }
     if (!act_pack_plain(p)) return cudaErrorNotSupported;
     if (k <= kAddNormStagedMax)
@@ -505,9 +491,8 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
         }
     if (pack_cluster_takes(k) && (!ld || ld == k)) {
         count_launch(Counted::kPackCluster);
-        return launch_kernel_cluster(pack_form(pack_cluster_kernel<true>, pack_cluster_kernel<true, true>),
-                                     dim3(kPackCluster, t), kPackClusterThreads, 0, stream, kPackCluster, gate, up, k,
-                                     p);
+        return launch_kernel_cluster(pack_cluster_kernel<true>, dim3(kPackCluster, t), kPackClusterThreads, 0,
+                                     stream, kPackCluster, gate, up, k, p);
     }
     if (!act_pack_plain(p)) return cudaErrorNotSupported;
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
@@ -541,8 +526,7 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
         part_blocks > kPackClusterWarps * kPackClusterCached)
         return cudaErrorNotSupported;
     count_launch(Counted::kMtpInputPack);
-    return launch_kernel_cluster(pack_form(mtp_input_pack_cluster_kernel<>, mtp_input_pack_cluster_kernel<true>),
-                                 dim3(kPackCluster, t), kPackClusterThreads,
+    return launch_kernel_cluster(mtp_input_pack_cluster_kernel, dim3(kPackCluster, t), kPackClusterThreads,
                                  sizeof(float) * part_blocks * kActBlock, stream, kPackCluster,
                                  static_cast<const uint8_t*>(table), vocab, ids, hs0, hs1, enorm, hnorm, dim, eps, p);
 }
@@ -551,8 +535,8 @@ cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack&
     if (!x || !act_pack_fits(p, t, k) || t > OPENJET_ENGINE_MAX_T || !pack_cluster_takes(k, 2))
         return cudaErrorNotSupported;
     count_launch(Counted::kPackCluster);
-    return launch_kernel_cluster(pack_form(pack_cluster_kernel<false>, pack_cluster_kernel<false, true>),
-                                 dim3(kPackCluster, t), kPackClusterThreads, 0, stream, kPackCluster, x, nullptr, k, p);
+    return launch_kernel_cluster(pack_cluster_kernel<false>, dim3(kPackCluster, t), kPackClusterThreads, 0, stream,
+                                 kPackCluster, x, nullptr, k, p);
 }
 
 }  // namespace openjet

@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "act_pack.cuh"
-#include "launch_count.h"  // pack_form
 #include "rmsnorm.cuh"
 
 namespace openjet {
@@ -86,20 +85,6 @@ cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, i
 cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const int32_t* ids, const float* hs0,
                                   const float* hs1, const float* enorm, const float* hnorm, int t, int dim, float eps,
                                   const ActPack& p, cudaStream_t stream);
-
-// OPENJET_PACK_LATE (an experiment, off; the engine sets it at create from its environment, for the process): the
-// decode packs' cluster kernels (the swiglu's at t > 1, the mixers' outputs', the add-norm's, the MTP input's) and the
-// fold's pack launch (gemv_fold.cu, t > 1) let the kernels after them in (griddepcontrol.launch_dependents) once their
-// loads are in, instead of at their start, as the GDN step does (OPENJET_GDN_LATE): the next GEMV's ring fill then
-// streams after those loads instead of beside them. The same values, so the same bits.
-void set_pack_late(bool on);
-bool pack_late();
-// A pack's kernel: its late form where set_pack_late asked for one (counted: kernels_test "pack_late"), else its default.
-template <class Kernel> Kernel pack_form(Kernel default_form, Kernel late_form) {
-    if (!pack_late()) return default_form;
-    count_launch(Counted::kPackLate);
-    return late_form;
-}
 
 // launch_pack_act's decode rows without a norm (t <= OPENJET_ENGINE_MAX_T) on clusters of blocks, the bits of its
 // one-block kernel, where OPENJET_PACK_CLUSTER allows (unset or 2: the mixers' output packs too) and the GPU and k do;

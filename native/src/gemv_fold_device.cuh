@@ -12,7 +12,6 @@
 #include "gemv_mma.cuh"
 #include "grid_sync.cuh"
 #include "mbarrier.cuh"
-#include "pdl.cuh"  // pdl_let_in (fold_pack_row<true>)
 #include "tma_ring.cuh"
 
 namespace openjet {
@@ -90,9 +89,6 @@ struct FoldRowCopy {
     __half* h = nullptr;
     __half* sum = nullptr;
 };
-// kLetIn (fold_pack_kernel's OPENJET_PACK_LATE form): the kernels after this one let in (launch_dependents) once the
-// row's loads are in.
-template <bool kLetIn = false>
 __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
                                               float eps, __half* h, __half* sum, float2* c_inv,
                                               FoldRowCopy copy = {}) {
@@ -106,7 +102,6 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
     }
     float sv[kFoldPer];
     const FoldScale fs = fold_row_scale(part, k, eps, sv);
-    pdl_let_in<kLetIn>();
     const float r = fs.r, c = fs.c;
     if (tid == 0) *c_inv = make_float2(c, fs.inv);
 #pragma unroll

@@ -47,7 +47,8 @@ __device__ __forceinline__ void pdl_start() {
 // next one launch only at pdl_let_in<kLate>(), once those loads are in; else pdl_start. Why: a next GEMV let in at once
 // fills its weight rings (MBs) beside those loads, which then wait behind its stream (the GDN step, OPENJET_GDN_LATE:
 // its state loads ~6 us against ~2.5, a layer 2.0 us shorter at T=5 on the H100 when let in late; NOTES_gemv.md,
-// fifty-third session). Every thread of the block calls both.
+// fifty-third session; the decode packs, whose loads are few, gained nothing from it). Every thread of the block calls
+// both.
 template <bool kLate> __device__ __forceinline__ void pdl_start_late() {
     if constexpr (kLate) pdl_wait();
     else pdl_start();
