@@ -91,7 +91,8 @@
 # PLAN=packthreads  OPENJET_PACK_THREADS (elementwise.cu launch_pack_cluster: the swiglu's and the mixers' output
 #            cluster packs with 512 or 1024 threads a block instead of 256): its bit test while the model is written,
 #            then the T=1 / T=5 step at each of PACK_THREADS (default "0 512 1024") and again in the reverse order (6
-#            JSON at most; no trace, for the device's 8 files). ~6 minutes; PACK_THREADS="0 1024" ~4.
+#            JSON at most; no trace, for the device's 8 files). ~6 minutes; PACK_THREADS="0 1024" ~4; PACK_T=5 (the steps'
+#            T, default 1,5) less.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -406,9 +407,9 @@ PY
   packthreads-bench)
     trap pack_logs EXIT
     read -ra counts <<< "${PACK_THREADS:-0 512 1024}"
-    each_timing -a --ctx 0 --t 1,5 -- "${counts[@]/#/OPENJET_PACK_THREADS=}"
+    each_timing -a --ctx 0 --t "${PACK_T:-1,5}" -- "${counts[@]/#/OPENJET_PACK_THREADS=}"
     for ((i = ${#counts[@]} - 1; i >= 0; i--)); do reversed+=("OPENJET_PACK_THREADS=${counts[i]}"); done
-    each_timing -b --ctx 0 --t 1,5 -- "${reversed[@]}" ;;
+    each_timing -b --ctx 0 --t "${PACK_T:-1,5}" -- "${reversed[@]}" ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
