@@ -88,11 +88,6 @@
 #            projections, the next kernels let in past its first barrier): its bit test while the model is written, the
 #            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~3.5 minutes
 #            (ran on an H100 at 417fe8c, NOTES_gemv.md fifty-third session; the default since).
-# PLAN=packthreads  OPENJET_PACK_THREADS (elementwise.cu launch_pack_cluster: the swiglu's and the mixers' output
-#            cluster packs with 512 or 1024 threads a block instead of 256): its bit test while the model is written,
-#            then the T=1 / T=5 step at each of PACK_THREADS (default "0 512 1024") and again in the reverse order (6
-#            JSON at most; no trace, for the device's 8 files). ~6 minutes; PACK_THREADS="0 1024" ~4; PACK_T=5 (the steps'
-#            T, default 1,5) less.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -402,14 +397,6 @@ PY
     done
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1 ;;
-  packthreads)
-    plan 120 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and PACK_THREADS'" packthreads-bench ;;
-  packthreads-bench)
-    trap pack_logs EXIT
-    read -ra counts <<< "${PACK_THREADS:-0 512 1024}"
-    each_timing -a --ctx 0 --t "${PACK_T:-1,5}" -- "${counts[@]/#/OPENJET_PACK_THREADS=}"
-    for ((i = ${#counts[@]} - 1; i >= 0; i--)); do reversed+=("OPENJET_PACK_THREADS=${counts[i]}"); done
-    each_timing -b --ctx 0 --t "${PACK_T:-1,5}" -- "${reversed[@]}" ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
@@ -442,7 +429,7 @@ PY
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_PDL=0,OPENJET_FFN_TMA=0 OPENJET_PDL=0,OPENJET_FFN_TMA=1 ;;
   *)
     echo "PLAN=graph, attn, cycle, ffn, pdl, steppack, fold, foldstep, bound, introws, gdnclock, gdnprobe, immastress," \
-      "libab, drafts, gdnlate, packthreads or boundary" \
+      "libab, drafts, gdnlate or boundary" \
       "(see the top of $0)" >&2
     exit 2 ;;
 esac

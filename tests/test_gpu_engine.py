@@ -593,7 +593,6 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
                           ("OPENJET_GDN_STAGED", "gdn_staged", ("1",)),
                           ("OPENJET_GDN_LATE", "gdn_late_launch", ("1",)),
-                          ("OPENJET_PACK_THREADS", "pack_threads", ("512", "1024")),
                           ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
@@ -610,9 +609,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     the out projection, its blocks' row maxima meeting through a barrier); OPENJET_GDN_STAGED (gdn_decode.cuh
     gdn_stage_params: the GDN step's weights copied into shared memory before its PDL wait, its own pack's y from
     there; 1, the default); OPENJET_GDN_LATE (gdn_decode.cuh kLateLaunch: the staged step's state loads before its
-    fused projections, the kernels after it let in past its first barrier; 1, the default); OPENJET_PACK_THREADS
-    (elementwise.cu launch_pack_cluster: the swiglu's and the mixers' output cluster packs with 512 or 1024 threads a
-    block; an experiment); OPENJET_SWIGLU_SELF
+    fused projections, the kernels after it let in past its first barrier; 1, the default); OPENJET_SWIGLU_SELF
     (gemv_fold.cuh launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet
     once, then each packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one
     row). The counted path (kernels_test.launch_count) ran under each value and never under =0.

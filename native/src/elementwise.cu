@@ -148,11 +148,6 @@ constexpr int kPackClusterCached = 12;         // 32-blocks per warp kept in reg
 static_assert(kPackClusterThreads == kRowThreads, "the add-norm cluster pack sums squares as row_rms_scale");
 constexpr int kPackClusterWarps = kPackClusterThreads / 32;
 constexpr int kPackClusterMaxK = kPackCluster * kPackClusterWarps * kPackClusterCached * kActBlock;
-// The 32-blocks a warp keeps in registers when a cluster pack's blocks have kThreads threads: the same rows fit.
-template <int kThreads> __host__ __device__ constexpr int pack_cluster_cached() {
-    static_assert(kThreads % 32 == 0 && kPackClusterThreads * kPackClusterCached % kThreads == 0, "whole 32-blocks");
-    return kPackClusterThreads * kPackClusterCached / kThreads;
-}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define OPENJET_PACK_CLUSTER_ARCH 1  // the device code of the cluster packs (empty kernels below sm_90: not launched)
@@ -160,10 +155,9 @@ template <int kThreads> __host__ __device__ constexpr int pack_cluster_cached() 
 // The row's max |v| over the cluster: this thread's m, reduced in the block, exchanged through each block's
 // block_max (the caller's __shared__ float), then the max over the blocks; ends with a cluster barrier after
 // which every block_max may be rewritten.
-template <int kThreads = kPackClusterThreads>
 __device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
     namespace cg = cooperative_groups;
-    const float bm = block_amax<kThreads>(m);
+    const float bm = block_amax<kPackClusterThreads>(m);
     if (threadIdx.x == 0) *block_max = bm;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every block's block_max is written
@@ -176,15 +170,13 @@ __device__ __forceinline__ float cluster_row_max(float m, float* block_max) {
 
 // The pack of this block's 32-blocks b0 + warp + 8 j (values v[j]) for the row's max |x| amax, and the row's inv
 // (rank 0); where the pack has an integer twin (ActPack::imma), that row too, under the row's scale.
-template <int kThreads = kPackClusterThreads>
-__device__ __forceinline__ void cluster_pack_slice(const float (&v)[pack_cluster_cached<kThreads>()], int b0, int b1,
-                                                   float amax, int k, const ActPack& p, int row, int rank) {
-    constexpr int kWarps = kThreads / 32, kCached = pack_cluster_cached<kThreads>();
+__device__ __forceinline__ void cluster_pack_slice(const float (&v)[kPackClusterCached], int b0, int b1, float amax,
+                                                   int k, const ActPack& p, int row, int rank) {
     const int warp = threadIdx.x >> 5;
     const ActRow r = act_row(p, row, k, amax);
 #pragma unroll
-    for (int j = 0; j < kCached; ++j) {
-        const int b = b0 + warp + kWarps * j;
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j;
         if (b < b1) pack_block(v[j], r.s, b, r.h, r.sum);
     }
     if (rank == 0 && threadIdx.x == 0) p.inv[row] = r.inv;
@@ -192,23 +184,21 @@ __device__ __forceinline__ void cluster_pack_slice(const float (&v)[pack_cluster
         const ActPackI q = act_pack_imma_of(p, k);
         const ImmaScale sc = imma_scale(amax);
 #pragma unroll
-        for (int j = 0; j < kCached; ++j) {
-            const int b = b0 + warp + kWarps * j;
+        for (int j = 0; j < kPackClusterCached; ++j) {
+            const int b = b0 + warp + kPackClusterWarps * j;
             if (b < b1) pack_block_imma(v[j], sc.s, b, k, q, row);
         }
-        if (rank == 0) imma_store_row_inv(q, row, k, sc.inv, threadIdx.x, kThreads);
+        if (rank == 0) imma_store_row_inv(q, row, k, sc.inv, threadIdx.x, kPackClusterThreads);
     }
 }
 #endif
 
 // The pack of x (kSwiglu: of silu(x) * up) over a cluster per row: the bits of pack_act_kernel's (swiglu_pack_kernel's)
-// one-block row. kThreads: the threads of each block (OPENJET_PACK_THREADS); the row's max is exact in any order and
-// each 32-block is packed by one warp as pack_block does it, so every kThreads gives the same bits.
-template <bool kSwiglu, int kThreads = kPackClusterThreads>
-__global__ void __launch_bounds__(kThreads)
+// one-block row.
+template <bool kSwiglu>
+__global__ void __launch_bounds__(kPackClusterThreads)
 pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, int k, ActPack p) {
 #ifdef OPENJET_PACK_CLUSTER_ARCH
-    constexpr int kWarps = kThreads / 32, kCached = pack_cluster_cached<kThreads>();
     __shared__ float block_max;
     pdl_start();  // pdl.cuh
     const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank()), row = blockIdx.y;
@@ -216,11 +206,11 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     const int b0 = nb * rank / kPackCluster, b1 = nb * (rank + 1) / kPackCluster;
     const float* g = x + static_cast<long long>(row) * k;
     const float* u = kSwiglu ? up + static_cast<long long>(row) * k : nullptr;
-    float v[kCached], m = 0.0f;
-    float gv[kCached], uv[kCached];
+    float v[kPackClusterCached], m = 0.0f;
+    float gv[kPackClusterCached], uv[kPackClusterCached];
 #pragma unroll
-    for (int j = 0; j < kCached; ++j) {  // every load first, then the values
-        const int b = b0 + warp + kWarps * j, i = b * kActBlock + lane;
+    for (int j = 0; j < kPackClusterCached; ++j) {  // every load first, then the values
+        const int b = b0 + warp + kPackClusterWarps * j, i = b * kActBlock + lane;
         gv[j] = b < b1 ? g[i] : 0.0f;
         if (kSwiglu) uv[j] = b < b1 ? u[i] : 0.0f;
     }
@@ -228,13 +218,13 @@ pack_cluster_kernel(const float* __restrict__ x, const float* __restrict__ up, i
     // swiglu1's reciprocal branch then serialized a round trip per element: ~18 a thread, by the SASS; not yet timed)
     asm volatile("" ::: "memory");
 #pragma unroll
-    for (int j = 0; j < kCached; ++j) {
-        const int b = b0 + warp + kWarps * j;
+    for (int j = 0; j < kPackClusterCached; ++j) {
+        const int b = b0 + warp + kPackClusterWarps * j;
         v[j] = b < b1 ? (kSwiglu ? swiglu1(gv[j], uv[j]) : gv[j]) : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kCached; ++j) m = fmaxf(m, fabsf(v[j]));
-    cluster_pack_slice<kThreads>(v, b0, b1, cluster_row_max<kThreads>(m, &block_max), k, p, row, rank);
+    for (int j = 0; j < kPackClusterCached; ++j) m = fmaxf(m, fabsf(v[j]));
+    cluster_pack_slice(v, b0, b1, cluster_row_max(m, &block_max), k, p, row, rank);
 #endif
 }
 
@@ -452,37 +442,9 @@ int max_est_from_env() {
 }
 EnvSetting g_add_norm_max_est{max_est_from_env};
 
-// OPENJET_PACK_THREADS (an experiment: 512 or 1024 threads a block, else 256), read at the first call unless a test
-// set it: the blocks of the swiglu's and the mixers' output cluster packs. At T=5 a swiglu row of 17,408 is 8.5
-// 32-blocks a warp at 256, each a chain of loads, swiglu1 and pack_block; the same bits at every count.
-int pack_threads_from_env() {
-    const char* e = std::getenv("OPENJET_PACK_THREADS");
-    return e && std::strcmp(e, "1024") == 0 ? 2 : e && std::strcmp(e, "512") == 0 ? 1 : 0;
-}
-EnvSetting g_pack_threads{pack_threads_from_env};
-
-// pack_cluster_kernel<kSwiglu> over t rows, its blocks of the OPENJET_PACK_THREADS count.
-template <bool kSwiglu>
-cudaError_t launch_pack_cluster(const float* x, const float* up, int t, int k, const ActPack& p,
-                                cudaStream_t stream) {
-    count_launch(Counted::kPackCluster);
-    const int form = g_pack_threads.get();
-    if (form) count_launch(Counted::kPackThreads);
-    const dim3 grid(kPackCluster, t);
-    switch (form) {
-        case 2: return launch_kernel_cluster(pack_cluster_kernel<kSwiglu, 1024>, grid, 1024, 0, stream, kPackCluster,
-                                             x, up, k, p);
-        case 1: return launch_kernel_cluster(pack_cluster_kernel<kSwiglu, 512>, grid, 512, 0, stream, kPackCluster,
-                                             x, up, k, p);
-        default: return launch_kernel_cluster(pack_cluster_kernel<kSwiglu>, grid, kPackClusterThreads, 0, stream,
-                                              kPackCluster, x, up, k, p);
-    }
-}
-
 }  // namespace
 
 void set_add_norm_max_est(int mode) { g_add_norm_max_est.set(mode, 1); }
-void set_pack_threads(int form) { g_pack_threads.set(form, 2); }
 
 bool pack_cluster_writes_imma(int k) { return pack_cluster_takes(k, 2); }
 
@@ -527,7 +489,11 @@ cudaError_t launch_swiglu_pack(float* gate, float* up, int t, int k, const ActPa
         case 256: return launch_kernel(swiglu_pack_kernel<256, 68>, t, 256, 0, stream, gate, up, k, p, ld);
         default: return launch_kernel(swiglu_pack_kernel<512, 34>, t, 512, 0, stream, gate, up, k, p, ld);
         }
-    if (pack_cluster_takes(k) && (!ld || ld == k)) return launch_pack_cluster<true>(gate, up, t, k, p, stream);
+    if (pack_cluster_takes(k) && (!ld || ld == k)) {
+        count_launch(Counted::kPackCluster);
+        return launch_kernel_cluster(pack_cluster_kernel<true>, dim3(kPackCluster, t), kPackClusterThreads, 0,
+                                     stream, kPackCluster, gate, up, k, p);
+    }
     if (!act_pack_plain(p)) return cudaErrorNotSupported;
     return launch_kernel(swiglu_pack_kernel<>, t, kPackThreads, 0, stream, gate, up, k, p, ld);
 }
@@ -568,7 +534,9 @@ cudaError_t launch_mtp_input_pack(int qtype, const void* table, int vocab, const
 cudaError_t launch_pack_act_cluster(const float* x, int t, int k, const ActPack& p, cudaStream_t stream) {
     if (!x || !act_pack_fits(p, t, k) || t > OPENJET_ENGINE_MAX_T || !pack_cluster_takes(k, 2))
         return cudaErrorNotSupported;
-    return launch_pack_cluster<false>(x, nullptr, t, k, p, stream);
+    count_launch(Counted::kPackCluster);
+    return launch_kernel_cluster(pack_cluster_kernel<false>, dim3(kPackCluster, t), kPackClusterThreads, 0, stream,
+                                 kPackCluster, x, nullptr, k, p);
 }
 
 }  // namespace openjet

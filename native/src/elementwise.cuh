@@ -74,10 +74,6 @@ __device__ __forceinline__ void swiglu_pack_row(const float* __restrict__ gate, 
 // OPENJET_ADD_NORM_MAX_EST (on unless "0": the same bits; elementwise.cu add_norm_pack_cluster_kernel) is read at
 // the first call; set_add_norm_max_est (tests) sets it: 0 or 1, or -1 to read the environment again at the next call.
 void set_add_norm_max_est(int mode);
-// OPENJET_PACK_THREADS (an experiment; the same bits): the swiglu's and the mixers' output cluster packs with 512 (1)
-// or 1024 (2) threads a block instead of 256 (0); -1 (what the engine sets at create): the environment's choice, read
-// at the next call.
-void set_pack_threads(int form);
 cudaError_t launch_add_norm_pack(float* h, const float* delta, const float* w, int t, int k, float eps,
                                  float* a_out, const ActPack& p, cudaStream_t stream);
 

@@ -52,7 +52,6 @@ enum class Counted {
     kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
-    kPackThreads = 36,          // a cluster pack of 512 or 1024 threads a block (OPENJET_PACK_THREADS)
     kCount
 };
 

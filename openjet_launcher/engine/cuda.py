@@ -115,7 +115,6 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_STEP_PACK": ("0", "1"),                    # engine.cu, gdn_step_pack (1: default; at load)
     "OPENJET_GDN_STAGED": ("0", "1"),                       # engine.cu, gdn_staged (1: default; at load)
     "OPENJET_GDN_LATE": ("0", "1"),                         # engine.cu, gdn_late (1: default; at load)
-    "OPENJET_PACK_THREADS": ("0", "256", "512", "1024"),    # elementwise.cu, launch_pack_cluster (an experiment)
     "OPENJET_ADD_NORM_MAX_EST": ("0", "1"),                 # elementwise.cu, launch_add_norm_pack (1: default)
     "OPENJET_SWIGLU_SELF": ("0", "1"),                      # engine.cu, ffn (1, at t = 1: default; at load)
     "OPENJET_FOLD": ("0", "1"),                             # engine.cu, fold_fits (on by default; "0" off; at load)

@@ -411,8 +411,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "attn_planned": 23, "trunk_graph_capture": 24, "trunk_graph_replay": 25,
            "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28, "ffn_persistent_tma": 29,
            "gdn_step_pack": 30, "gemv_fold": 31, "fold_add_norm": 32,
-           "swiglu_self": 33, "gdn_staged": 34, "gdn_late_launch": 35,
-           "pack_threads": 36}
+           "swiglu_self": 33, "gdn_staged": 34, "gdn_late_launch": 35}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -474,7 +473,7 @@ def launch_count(path: str) -> int:
     "fold_add_norm": a prefill's add-norm on the fold's numerics, where a decode step's is the fold; "swiglu_self": gate
     / up packing their own swiglu, OPENJET_SWIGLU_SELF; "gdn_staged": a GDN step in its staged form,
     OPENJET_GDN_STAGED; "gdn_late_launch": a GDN step letting the next kernels in past its first barrier,
-    OPENJET_GDN_LATE; "pack_threads": a cluster pack of 512 or 1024 threads a block, OPENJET_PACK_THREADS): how a test sees that the path ran."""
+    OPENJET_GDN_LATE): how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
