@@ -88,6 +88,9 @@
 #            projections, the next kernels let in past its first barrier): its bit test while the model is written, the
 #            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~3.5 minutes
 #            (ran on an H100 at 417fe8c, NOTES_gemv.md fifty-third session; the default since).
+# PLAN=group  OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a GDN layer's Q6_K qkv and Q4_K z, attention's q,
+#            k and v, each in one launch; written 2026-12-07 without a GPU): its bit test while the model is written,
+#            the T=1 / T=5 step off / on alternating twice, a trace with it on. ~3.5 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -397,6 +400,11 @@ PY
     done
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_GDN_LATE=0 OPENJET_GDN_LATE=1 ;;
+  group)
+    plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and GEMV_GROUP'" group-bench ;;
+  group-bench)
+    trap pack_logs EXIT
+    alternate_twice OPENJET_GEMV_GROUP ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh

@@ -593,7 +593,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GDN_STEP_PACK", "gdn_step_pack", ("1",)),
                           ("OPENJET_GDN_STAGED", "gdn_staged", ("1",)),
                           ("OPENJET_GDN_LATE", "gdn_late_launch", ("1",)),
-                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",))])
+                          ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
+                          ("OPENJET_GEMV_GROUP", "gemv_group", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -612,12 +613,14 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     fused projections, the kernels after it let in past its first barrier; 1, the default); OPENJET_SWIGLU_SELF
     (gemv_fold.cuh launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet
     once, then each packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one
-    row). The counted path (kernels_test.launch_count) ran under each value and never under =0.
+    row); OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a layer's input projections of two types, or three of
+    them, in one producer-warp launch, reading the fold or a pack). The counted path (kernels_test.launch_count) ran
+    under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF") and \
+    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF", "OPENJET_GEMV_GROUP") and \
             not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()

@@ -194,6 +194,10 @@ struct openjet_engine {
     // H100, the `full` model, alternating twice: T=1 7.936 / 7.901 -> 7.896 / 7.875 ms, T=5 10.276 / 10.251 -> 10.160 /
     // 10.218 ms.
     bool gdn_late = true;
+    // OPENJET_GEMV_GROUP=1 at create (an experiment, off): a decode or verify step's input projections that share an
+    // input but not a type (a GDN layer's Q6_K qkv and Q4_K z) or come three to a layer (attention's q, k and v) in
+    // one producer-warp launch (launch_gemv_tma_group, the same bits) instead of two.
+    bool gemv_group = false;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -202,7 +206,7 @@ struct openjet_engine {
     // those), the next layer's input one by the down projection and that layer's first input projections (which also
     // leave the pack in x and the normed rows in a for the kernels after them). fold_norm, fold_u: set by the trunk for
     // the next output projection (project_out takes them, and clears fold_norm: the trunk sees the fold ran);
-    // fold_input: the next mixer's first input projections read it (in_proj_pair).
+    // fold_input: the next mixer's first input projections read it (input_projections).
     bool fold = true;
     const float* fold_norm = nullptr;
     float* fold_u = nullptr;
@@ -850,6 +854,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
+    if (const char* f = std::getenv("OPENJET_GEMV_GROUP")) e.gemv_group = std::strcmp(f, "1") == 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
@@ -1164,26 +1169,49 @@ void plan_folds(openjet_engine& e) {
     e.mtp.fold_next_in = e.has_mtp && next_fits && fold_fits(e, e.mtp_head_norm, e.mtp.ffn_down, e.output, e.output);
 }
 
-// B of the fold f: a and b, two matrices of the same input, reading it in one launch where they can; else (two types:
-// a Q4_K_M's Q6_K qkv beside its Q4_K gate) a reads the fold and leaves its pack in e.x, which b then reads.
-cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, GemvFold f) {
-    if (gemv_tma_takes(a, &b)) return launch_gemv_fold(a, &b, f, true, false, e.stream);
-    f.pack_out = e.x;
-    const cudaError_t err = launch_gemv_fold(a, nullptr, f, true, false, e.stream);
-    return err != cudaSuccess ? err : launch_gemv(b, e.stream);
+// B of the fold f: a and b (and c), matrices of the same input, reading it in one launch where they can (one type; or,
+// with OPENJET_GEMV_GROUP, a group); else (two types: a Q4_K_M's Q6_K qkv beside its Q4_K gate) a reads the fold and
+// leaves its pack in e.x, which b then reads; c last, on that pack.
+cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, GemvFold f, const GemvArgs* c = nullptr) {
+    if (e.gemv_group && gemv_tma_group_takes(a, b, c)) {
+        f.pack_out = e.x;
+        const cudaError_t err = launch_gemv_fold_group(a, b, c, f, e.stream);
+        if (err != cudaErrorNotSupported) return err;  // (else one by one, below)
+    }
+    cudaError_t err = cudaSuccess;
+    if (gemv_tma_takes(a, &b)) {
+        err = launch_gemv_fold(a, &b, f, true, false, e.stream);
+    } else {
+        f.pack_out = e.x;
+        err = launch_gemv_fold(a, nullptr, f, true, false, e.stream);
+        if (err == cudaSuccess) err = launch_gemv(b, e.stream);
+    }
+    return err != cudaSuccess || !c ? err : launch_gemv(*c, e.stream);
 }
 
-// A mixer's first two input projections (of the layer's input norm): a gemv_pair on its pack e.x, or, where the layer
-// before's down projection made that norm's fold (fold_input), the pair reading the fold, which also leaves the pack
-// in e.x and the normed rows in e.a for the projections and the GDN step after it.
-int in_proj_pair(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t) {
-    if (!e.fold_input) return gemv_pair(e, wa, ya, wb, yb, t, e.a);
-    e.fold_input = false;
+// A mixer's input projections (of the layer's input norm), wa and wb, then wc where given: on its pack e.x (a
+// gemv_pair, or with OPENJET_GEMV_GROUP a group launch where it takes them), or, where the layer before's down
+// projection made that norm's fold (fold_input), reading the fold, which also leaves the pack in e.x and the normed
+// rows in e.a for the projections and the GDN step after it.
+int input_projections(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t,
+            const DevTensor* wc = nullptr, float* yc = nullptr) {
     const GemvArgs a = gemv_args(e, wa, t, nullptr, ya), b = gemv_args(e, wb, t, nullptr, yb);
-    GemvFold f = fold_args(e, nullptr, e.y);
-    f.a_out = e.a, f.pack_out = e.x;
-    if (const cudaError_t err = fold_in(e, a, b, f)) return cuda_fail(err, "input projections (fold)");
-    return OPENJET_OK;
+    const GemvArgs c = wc ? gemv_args(e, *wc, t, e.a, yc) : GemvArgs{};
+    if (e.fold_input) {
+        e.fold_input = false;
+        GemvFold f = fold_args(e, nullptr, e.y);
+        f.a_out = e.a, f.pack_out = e.x;
+        if (const cudaError_t err = fold_in(e, a, b, f, wc ? &c : nullptr))
+            return cuda_fail(err, "input projections (fold)");
+        return OPENJET_OK;
+    }
+    if (!e.prefilling && e.gemv_group && gemv_tma_group_takes(a, b, wc ? &c : nullptr)) {
+        const cudaError_t err = launch_gemv_tma_group(a, b, wc ? &c : nullptr, nullptr, e.stream);
+        if (err == cudaSuccess) return OPENJET_OK;
+        if (err != cudaErrorNotSupported) return cuda_fail(err, "input projections (group)");
+    }
+    TRY(gemv_pair(e, wa, ya, wb, yb, t, e.a));
+    return wc ? gemv(e, *wc, t, e.a, yc) : OPENJET_OK;
 }
 
 // A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the
@@ -1317,7 +1345,7 @@ int gdn_mixer(openjet_engine& e, const LayerW& L, int t, bool out_proj = true, b
         mark(e, "gdn.in_proj");
         if (bound)
             CHECK(launch_gdn_out_scale(e.x, c.n_embd, t, L.z_norm_max, L.norm_w_max, e.row_scale, e.stream));
-        TRY(in_proj_pair(e, L.qkv, qkv, L.gate, e.big2, t));
+        TRY(input_projections(e, L.qkv, qkv, L.gate, e.big2, t));
     }
     if (!fused) TRY(gemv_pair(e, L.beta, b, L.alpha, alpha, t, e.a));
     mark(e, "gdn.step");
@@ -1426,8 +1454,7 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
     const auto phase = [&](const char* label) { if (&L != &e.mtp) mark(e, label); };
     if (in_proj) {  // (false: done by the persistent FFN before, as gdn_mixer's)
         phase("attn.in_proj");
-        TRY(in_proj_pair(e, L.wq, e.big1, L.wk, e.big2, t));
-        TRY(gemv(e, L.wv, t, e.a, e.big3));
+        TRY(input_projections(e, L.wq, e.big1, L.wk, e.big2, t, &L.wv, e.big3));
     }
     phase("attn.core");
     AttnDecodeArgs a = attn_args(e, L, rope_offset);

@@ -132,4 +132,19 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
     }
 }
 
+cudaError_t launch_gemv_fold_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold& f,
+                                   cudaStream_t stream) {
+    if (!gemv_fold_takes(a, true) || !gemv_tma_group_takes(a, b, c) || !act_pack_plain(f.pack_out) ||
+        !act_pack_plain(a.x))
+        return cudaErrorNotSupported;
+    if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
+        return cudaErrorInvalidValue;  // (launch_gemv_fold's checks of B)
+    count_launch(Counted::kGemvFold);
+    if (a.t > 1) {  // the rows' pack by its own launch, as launch_gemv_fold's; then the group on it
+        if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
+        return launch_gemv_tma_group(a, b, c, nullptr, stream);
+    }
+    return launch_gemv_tma_group(a, b, c, &f, stream);
+}
+
 }  // namespace openjet

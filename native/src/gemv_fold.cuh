@@ -81,6 +81,11 @@ bool gemv_fold_takes(const GemvArgs& a, bool in);
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& fold, bool in, bool out,
                              cudaStream_t stream);
 
+// B of the fold as a group (gemv_tma.cuh launch_gemv_tma_group: a and b of two types, or a, b and c, in one launch),
+// with launch_gemv_fold's B's checks and pack. cudaErrorNotSupported: the group or the fold does not run here.
+cudaError_t launch_gemv_fold_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold& fold,
+                                   cudaStream_t stream);
+
 // The pack p of t rows of k from the fold's u and partials (fold.u_in, fold.part_in, fold.eps; B's input at t > 1).
 cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& p, cudaStream_t stream);
 

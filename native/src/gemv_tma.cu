@@ -32,9 +32,13 @@ namespace {
 
 constexpr int kConsumerWarps = kTmaConsumerWarps;
 
-// kFold & 1: past the ring, the fold's row pack (gemv_fold_device.cuh).
-template <int QT, int kRing, int kFold = 0> struct TmaShape {
-    static constexpr int kChunk = TmaUnit<QT>::kChunk;  // a ring slot: one unit of a 16-row tile, one bulk copy
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+// kFold & 1: past the ring, the fold's row pack (gemv_fold_device.cuh). QT2, QT3: the other matrices' types of a
+// group launch (launch_gemv_tma_group), whose slots take the largest of their units.
+template <int QT, int kRing, int kFold = 0, int QT2 = QT, int QT3 = QT> struct TmaShape {
+    // a ring slot: one unit of a 16-row tile, one bulk copy
+    static constexpr int kChunk = cmax(TmaUnit<QT>::kChunk, cmax(TmaUnit<QT2>::kChunk, TmaUnit<QT3>::kChunk));
     static constexpr int kRingBytes = (kConsumerWarps * kRing * kChunk + 16 + 15) / 16 * 16;  // +16: a word past a row
     static constexpr int kSmemBytes = kRingBytes + (kFold & 1 ? kFoldRowBytes : 0);
 };
@@ -48,6 +52,10 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
     else return f;
 }
 
+// A group launch's third matrix (its one extra kernel argument), or none.
+__device__ __forceinline__ GemvSecond group_third() { return {}; }
+__device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { return third; }
+
 // kRing: units in flight per consumer warp; kMinBlocks: blocks per SM the registers are cut for (3: 128, the
 // cp.async kernel's budget; 4: 96, where Q6_K and Q8_0 do not spill on sm_90a, Q5_K does (so it keeps 3), and Q4_K
 // spills 20 bytes around the tile's end, the ring's slot and phase, outside the unit loop).
@@ -56,14 +64,28 @@ template <int kFold> FoldParam<kFold> fold_param(const GemvFold& f) {
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
 // in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false>
+// A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
+// of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
+// tile computed as its own type's launch computes it (the same bits), one launch instead of two or three.
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0, bool kNoMath = false, int QT2 = QT,
+          int QT3 = QT, class... Third>
 __global__ void __launch_bounds__(kTmaThreads, kMinBlocks)
 gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, float* __restrict__ y,
-                GemvSecond second, int tiles, FoldParam<kFold> fold) {
+                GemvSecond second, int tiles, FoldParam<kFold> fold, Third... third) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = TmaShape<QT, kRing, kFold>;
+    using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
+    constexpr bool kThird = sizeof...(Third) == 1;
+    constexpr bool kGroup = QT2 != QT || kThird;
+    constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
+    static_assert(!kGroup || (!kLastSum && (kFold & ~1) == 0), "a group: warp 0 sums every tile, B's pack at most");
+    static_assert(!kThird || QT3 == QT || QT3 == QB, "a group: two types at most");
+    const GemvSecond more = group_third(third...);  // (from: none, where there is no third)
+    // a group's tile: its matrix m, its weights' type (QB or not), its row tile within the matrix
+    const auto mat = [&](int tile) { return tile < second.from ? 0 : tile < more.from ? 1 : 2; };
+    const auto as_qb = [&](int m) { return QB != QT && (m == 1 ? QT2 == QB : m == 2 && QT3 == QB); };
+    const auto mat_tile = [&](int tile, int m) { return tile - (m == 0 ? 0 : m == 1 ? second.from : more.from); };
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t bar_words[TmaBars<kRing>::kBytes / 8];  // full, then empty (tma_ring.cuh)
     __shared__ float part[2][kGemvWarps][1][32][4];  // double-buffered: one barrier a tile
@@ -92,6 +114,18 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         const uint64_t policy = l2_policy_evict_first();  // weights are read once a step: leave L2 to the rest
         int issued[kConsumerWarps] = {};
         for (int tile = tile0; tile < tiles; tile = next(tile)) {
+            if constexpr (kGroup) {
+                const int m = mat(tile);
+                const uint8_t* w_m = m == 0 ? w : m == 1 ? second.w : more.w;
+                const long long units = static_cast<long long>(mat_tile(tile, m)) * nu;  // before the tile's first
+                if (!as_qb(m))
+                    tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, w_m + units * TmaUnit<QT>::kChunk, nu, issued,
+                                                            policy);
+                else if constexpr (QB != QT)
+                    tma_produce_tile<QB, kRing, Sh::kChunk>(bars, ring0, w_m + units * TmaUnit<QB>::kChunk, nu, issued,
+                                                            policy);
+                continue;
+            }
             const uint8_t* unit0 =
                 (in_first(tile) ? w : second.w) + static_cast<long long>(own(tile)) * nu * Sh::kChunk;
             tma_produce_tile<QT, kRing, Sh::kChunk>(bars, ring0, unit0, nu, issued, policy);
@@ -138,7 +172,17 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
-        if constexpr (kFold & 1) {  // (one token row)
+        if constexpr (kGroup) {  // (B's own pack: one token row)
+            constexpr bool kSmemX = (kFold & 1) != 0;
+            const __half* gx = kSmemX ? fold_h : xh;
+            const __half* gs = kSmemX ? fold_sum : xs;
+            if (!as_qb(mat(tile)))
+                tma_consume_units<QT, kRing, Sh::kChunk, kSmemX, kNoMath>(full0, ring_w, u0, u1, gx, gs, lane, g, tq,
+                                                                          slot, phase, acc);
+            else if constexpr (QB != QT)
+                tma_consume_units<QB, kRing, Sh::kChunk, kSmemX, kNoMath>(full0, ring_w, u0, u1, gx, gs, lane, g, tq,
+                                                                          slot, phase, acc);
+        } else if constexpr (kFold & 1) {  // (one token row)
             tma_consume_units<QT, kRing, Sh::kChunk, true, kNoMath>(full0, ring_w, u0, u1, fold_h, fold_sum, lane, g,
                                                                     tq, slot, phase, acc);
         } else {
@@ -148,7 +192,12 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         const bool first = in_first(tile);
         const auto sum_store = [&] {
             const auto inv_of = [&](int, int c) { return inv_s[c]; };
-            if constexpr (kPairs)
+            if constexpr (kGroup) {
+                const int m = mat(tile);
+                tile_sum_store_by<1, kMmaRows>(part[buf], lane, mat_tile(tile, m) * kMmaRows, 0,
+                                               m == 0 ? n : m == 1 ? second.n : more.n, t, inv_of,
+                                               m == 0 ? y : m == 1 ? second.y : more.y);
+            } else if constexpr (kPairs)
                 swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, first, swiglu, y);
             else if constexpr (kFold & 2)
                 fold_tile_store(part[buf], lane, own(tile), first ? n : second.n, t, inv_of, fold_in, fold);
@@ -250,6 +299,45 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
                          fold_param<kFold>(fold));
 }
 
+// A group's launch (launch_gemv_tma_group): a's, b's and (kThird) c's tiles, of types QT, QT2, QT3 (without a third: a
+// pair of two types), on one grid of the form (kRing, kMinBlocks; kFold 1: B's own pack at one token row, 0: a.x).
+template <int QT, int QT2, int QT3, bool kThird, int kRing, int kMinBlocks, int kFold, bool kNoMath = false>
+cudaError_t launch_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, cudaStream_t stream,
+                         const GemvFold& fold) {
+    if constexpr (!kNoMath)
+        if (bench_gemv_no_math())
+            return launch_group<QT, QT2, QT3, kThird, kRing, kMinBlocks, kFold, true>(a, b, c, stream, fold);
+    static_assert(kThird || QT2 != QT, "a pair of one type is launch_ring's");
+    using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
+    constexpr auto kKernel = [] {
+        if constexpr (kThird) return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3, GemvSecond>;
+        else return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3>;
+    }();
+    if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
+    int sms = 0;
+    if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
+    const int slots =
+        resident_per_sm<kKernel, kTmaThreads, Sh::kSmemBytes>(carveout_max()) * grid_sm_count(sms, a.grid_sms);
+    if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller launches them one by one
+    const auto matrix = [](const GemvArgs& g, int from) {
+        GemvSecond m;
+        m.w = static_cast<const uint8_t*>(g.w), m.n = g.n, m.y = g.y, m.from = from;
+        return m;
+    };
+    const int first = a.n / kMmaRows, second_end = first + b.n / kMmaRows;
+    const int tiles = second_end + (kThird ? c->n / kMmaRows : 0);
+    count_launch(Counted::kGemvTma);
+    count_launch(Counted::kTiledWeights);
+    count_launch(Counted::kGemvGroup);
+    const auto launch = [&](auto... third) {
+        return launch_kernel(kKernel, static_cast<unsigned>(std::min(tiles, slots)), kTmaThreads, Sh::kSmemBytes,
+                             stream, static_cast<const uint8_t*>(a.w), a.n, a.k, a.x, a.t, a.y, matrix(b, first), tiles,
+                             fold_param<kFold>(fold), third...);
+    };
+    if constexpr (kThird) return launch(matrix(*c, second_end));
+    else return launch();
+}
+
 }  // namespace
 
 bool gemv_tma_available() {
@@ -321,6 +409,56 @@ cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const G
                                    cudaStream_t stream) {
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
+}
+
+
+// ------------------------------------------------------------------------------------------ group launches
+
+namespace {
+
+// The type triples a group takes: the Q4_K_M recipe's input projections that share an input but not a type (a GDN
+// layer's Q6_K qkv beside its Q4_K z; QT3 unused) or come three to a layer (attention's Q4_K q and k with its Q4_K or
+// Q6_K v).
+enum class GroupTypes { kNone, kQ6Q4, kQ4Q4Q4, kQ4Q4Q6 };
+
+GroupTypes group_types(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c) {
+    if (!c) return a.qtype == kQ6_K && b.qtype == kQ4_K ? GroupTypes::kQ6Q4 : GroupTypes::kNone;
+    if (a.qtype != kQ4_K || b.qtype != kQ4_K) return GroupTypes::kNone;
+    return c->qtype == kQ4_K ? GroupTypes::kQ4Q4Q4 : c->qtype == kQ6_K ? GroupTypes::kQ4Q4Q6 : GroupTypes::kNone;
+}
+
+// A group's forms, as launch_gemv_tma's and launch_gemv_tma_fold's for one type: B's own pack (fold) at one token
+// row, form 1 (a ring of 4, 3 blocks a SM) at one row, form 2 at more (its types' smaller ring and blocks a SM).
+template <int QT, int QT2, int QT3, bool kThird>
+cudaError_t group_forms(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
+                        cudaStream_t stream) {
+    constexpr int kRing2 = std::min({Form2<QT>::kRing, Form2<QT2>::kRing, Form2<QT3>::kRing});
+    constexpr int kBlocks2 = std::min({Form2<QT>::kBlocks, Form2<QT2>::kBlocks, Form2<QT3>::kBlocks});
+    if (fold) return launch_group<QT, QT2, QT3, kThird, 4, 3, 1>(a, b, c, stream, *fold);
+    if (a.t == 1) return launch_group<QT, QT2, QT3, kThird, 4, 3, 0>(a, b, c, stream, {});
+    return launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 0>(a, b, c, stream, {});
+}
+
+}  // namespace
+
+bool gemv_tma_group_takes(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c) {
+    const auto same_input = [&a](const GemvArgs& g) {
+        return g.k == a.k && g.t == a.t && g.x.h == a.x.h && g.x.sum == a.x.sum && g.x.inv == a.x.inv &&
+               gemv_tma_takes(g, nullptr);
+    };
+    return group_types(a, b, c) != GroupTypes::kNone && gemv_tma_takes(a, nullptr) && same_input(b) &&
+           (!c || same_input(*c));
+}
+
+cudaError_t launch_gemv_tma_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
+                                  cudaStream_t stream) {
+    if (!gemv_tma_group_takes(a, b, c) || (fold && a.t != 1)) return cudaErrorInvalidValue;
+    switch (group_types(a, b, c)) {
+        case GroupTypes::kQ6Q4: return group_forms<kQ6_K, kQ4_K, kQ6_K, false>(a, b, nullptr, fold, stream);
+        case GroupTypes::kQ4Q4Q4: return group_forms<kQ4_K, kQ4_K, kQ4_K, true>(a, b, c, fold, stream);
+        case GroupTypes::kQ4Q4Q6: return group_forms<kQ4_K, kQ4_K, kQ6_K, true>(a, b, c, fold, stream);
+        default: return cudaErrorInvalidValue;
+    }
 }
 
 }  // namespace openjet
