@@ -89,8 +89,9 @@
 #            GDN probe (gdn_probe.py) with it off and on, then the T=1 / T=5 step off / on alternating twice. ~3.5 minutes
 #            (ran on an H100 at 417fe8c, NOTES_gemv.md fifty-third session; the default since).
 # PLAN=group  OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a GDN layer's Q6_K qkv and Q4_K z, attention's q,
-#            k and v, each in one launch; written 2026-12-07 without a GPU): its bit test while the model is written,
-#            the T=1 / T=5 step off / on alternating twice, a trace with it on. ~3.5 minutes.
+#            k and v, each in one launch): its bit test while the model is written, the T=1 / T=5 step off / on
+#            alternating twice, a trace with it on. ~3.5 minutes (ran on an H100 at b1b38d2, NOTES_gemv.md fifty-fifth
+#            session; the default since).
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;

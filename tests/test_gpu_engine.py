@@ -614,7 +614,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     (gemv_fold.cuh launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet
     once, then each packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one
     row); OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a layer's input projections of two types, or three of
-    them, in one producer-warp launch, reading the fold or a pack). The counted path (kernels_test.launch_count) ran
+    them, in one producer-warp launch, reading the fold or a pack; 1, the default). The counted path (kernels_test.launch_count) ran
     under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""

@@ -194,10 +194,11 @@ struct openjet_engine {
     // H100, the `full` model, alternating twice: T=1 7.936 / 7.901 -> 7.896 / 7.875 ms, T=5 10.276 / 10.251 -> 10.160 /
     // 10.218 ms.
     bool gdn_late = true;
-    // OPENJET_GEMV_GROUP=1 at create (an experiment, off): a decode or verify step's input projections that share an
-    // input but not a type (a GDN layer's Q6_K qkv and Q4_K z) or come three to a layer (attention's q, k and v) in
-    // one producer-warp launch (launch_gemv_tma_group, the same bits) instead of two.
-    bool gemv_group = false;
+    // OPENJET_GEMV_GROUP=0 at create: off (on by default since 2026-12-07): a decode or verify step's input
+    // projections that share an input but not a type (a GDN layer's Q6_K qkv and Q4_K z) or come three to a layer
+    // (attention's q, k and v) in one producer-warp launch (launch_gemv_tma_group, the same bits) instead of two. H100,
+    // the `full` model, alternating twice: T=1 8.003 / 7.949 -> 7.889 / 7.845 ms, T=5 10.361 / 10.225 -> 9.988 / 9.909.
+    bool gemv_group = true;
     GdnProbe* gdn_probe = nullptr;  // OPENJET_BENCH_GDN_PROBE=1 at create: GdnStepArgs::probe (a measurement)
     // OPENJET_FOLD (at create; on unless "0"; a declared numerics change, gemv_fold.cuh: T=1 8.93 -> 8.54 ms on the
     // H100 at 32e090a, the teacher-forced bars and the n_draft identity held): a decode or verify step's add-norms
@@ -854,7 +855,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_STEP_PACK")) e.gdn_step_pack = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
-    if (const char* f = std::getenv("OPENJET_GEMV_GROUP")) e.gemv_group = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("OPENJET_GEMV_GROUP")) e.gemv_group = std::strcmp(f, "0") != 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
