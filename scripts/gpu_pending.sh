@@ -92,6 +92,8 @@
 #            k and v, each in one launch): its bit test while the model is written, the T=1 / T=5 step off / on
 #            alternating twice, a trace with it on. ~3.5 minutes (ran on an H100 at b1b38d2, NOTES_gemv.md fifty-fifth
 #            session; the default since).
+# PLAN=attnpack  OPENJET_ATTN_OWN_PACK (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own
+#            output, no pack launch before the out projection; written 2026-12-07 without a GPU): as PLAN=group.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -406,6 +408,11 @@ PY
   group-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_GEMV_GROUP ;;
+  attnpack)
+    plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
+  attnpack-bench)
+    trap pack_logs EXIT
+    alternate_twice OPENJET_ATTN_OWN_PACK ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh

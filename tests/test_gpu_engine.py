@@ -594,7 +594,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GDN_STAGED", "gdn_staged", ("1",)),
                           ("OPENJET_GDN_LATE", "gdn_late_launch", ("1",)),
                           ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
-                          ("OPENJET_GEMV_GROUP", "gemv_group", ("1",))])
+                          ("OPENJET_GEMV_GROUP", "gemv_group", ("1",)),
+                          ("OPENJET_ATTN_OWN_PACK", "attn_own_pack", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -614,7 +615,9 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     (gemv_fold.cuh launch_gemv_swiglu: gate / up in tile pairs make v = silu(g) u in their epilogue, their blocks meet
     once, then each packs its share for the down projection: no swiglu pack launch; 1, the default, in steps of one
     row); OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a layer's input projections of two types, or three of
-    them, in one producer-warp launch, reading the fold or a pack; 1, the default). The counted path (kernels_test.launch_count) ran
+    them, in one producer-warp launch, reading the fold or a pack; 1, the default); OPENJET_ATTN_OWN_PACK
+    (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own output for the out projection, the
+    row's heads meeting for its max). The counted path (kernels_test.launch_count) ran
     under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""

@@ -7,6 +7,7 @@
 
 #include "attn_decode.cuh"
 #include "device_attr.cuh"
+#include "grid_sync.cuh"  // spin_until, store_relaxed
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -42,6 +43,48 @@ attn_chunk_kernel(const AttnDecodeArgs a, int chunk_keys) {
 __global__ void __launch_bounds__(kAttnThreads) attn_combine_kernel(const AttnDecodeArgs a, int chunk_keys) {
     pdl_start();  // pdl.cuh
     attn_combine_row(a, chunk_keys, blockIdx.y, blockIdx.x);
+}
+
+// The combine with its own pack (AttnDecodeArgs::pack_sync): block (h, t) combines head h of row t, then the row's
+// heads meet through AttnPackSync (each publishes its max |o| with its phase in one word; thread i takes head i's
+// word once it is this launch's) and warp w packs 32-block 8 h + w of the row (lane = element) under the row's max,
+// head 0 writing the row's 1 / s: the max is exact in any order and the rest is pack_block, so the pack has
+// launch_pack_act's bits (gdn_decode.cu gdn_pack_own_rows, the GDN step's own pack, meets the same way).
+__global__ void __launch_bounds__(kAttnThreads) attn_combine_pack_kernel(const AttnDecodeArgs a, int chunk_keys) {
+    __shared__ unsigned phase_s, row_max_s;
+    __shared__ float warp_max[kAttnThreads / 32];
+    static_assert(kAttnHeadDim == kAttnThreads && kAttnThreads / 32 == kAttnHeadDim / kActBlock,
+                  "a thread an element, a warp a 32-block");
+    pdl_start();  // pdl.cuh
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    auto* sync = reinterpret_cast<AttnPackSync*>(a.pack_sync);
+    if (threadIdx.x == 0) phase_s = __ldcg(&sync->phase_of[t][h]) + 1u, row_max_s = 0u;  // (read past the barriers)
+    const float o = attn_combine_row(a, chunk_keys, t, h);
+    float m = fabsf(o);
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    const unsigned phase = phase_s;
+    if (threadIdx.x == 0) {
+        float block_max = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kAttnThreads / 32; ++w) block_max = fmaxf(block_max, warp_max[w]);
+        store_relaxed(&sync->row_word[t][h], static_cast<unsigned long long>(phase) << 32 | __float_as_uint(block_max));
+        sync->phase_of[t][h] = phase;  // (read by this block's next launch only)
+    }
+    if (static_cast<int>(threadIdx.x) < a.n_head) {  // (a block that never came: fail, not hang)
+        unsigned long long got = 0;
+        spin_until(&sync->row_word[t][threadIdx.x], [phase, &got](unsigned long long w) {
+            got = w;
+            return static_cast<unsigned>(w >> 32) == phase;
+        });
+        atomicMax(&row_max_s, static_cast<unsigned>(got));  // (>= 0: bits order)
+    }
+    __syncthreads();
+    const ActRow r = act_row(a.pack_out, t, a.n_head * kAttnHeadDim, __uint_as_float(row_max_s));
+    pack_block(o, r.s, h * (kAttnHeadDim / kActBlock) + warp, r.h, r.sum);
+    if (h == 0 && threadIdx.x == 0) a.pack_out.inv[t] = r.inv;
 }
 
 // The most rows a chunk block takes on this device: the largest instantiation whose shared memory fits the
@@ -151,8 +194,20 @@ cudaError_t launch_chunks(const AttnDecodeArgs& a, int chunk_keys, int n_chunks,
     return launch_chunks_numerics<Fmt, MAXR, false>(a, chunk_keys, n_chunks, stream);
 }
 
+// Whether the combine can pack o itself (AttnDecodeArgs::pack_sync): a decode or verify step's rows, a pack that
+// holds them, and every combine block resident at once (its blocks wait for each other).
+bool combine_packs(const AttnDecodeArgs& a) {
+    if (!a.pack_sync || a.t > kAttnMaxT || a.n_head > kAttnPackMaxHeads || !a.pack_out.h || !a.pack_out.sum ||
+        !a.pack_out.inv || a.pack_out.rows < a.t || !act_pack_plain(a.pack_out) ||
+        (a.n_head * kAttnHeadDim) % kActUnit)
+        return false;
+    static const int per_sm = resident_per_sm<attn_combine_pack_kernel, kAttnThreads, 0>();
+    return per_sm * device_sm_count() >= a.n_head * a.t;
+}
+
 template <class Fmt>
-cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream) {
+cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cudaStream_t stream,
+                       bool* packed) {
     cudaError_t e = launch_attn_prep(a, stream);
     if (e != cudaSuccess) return e;
     // Rows per block (instantiations for the 27B's T = 1, 2, 4, 8): all of the kv head's group x T where the
@@ -167,6 +222,11 @@ cudaError_t launch_fmt(const AttnDecodeArgs& a, int chunk_keys, int n_chunks, cu
     else if (rows <= 48) e = launch_chunks<Fmt, 48>(a, chunk_keys, n_chunks, stream);
     else e = launch_chunks<Fmt, 64>(a, chunk_keys, n_chunks, stream);
     if (e != cudaSuccess) return e;
+    if (packed && combine_packs(a)) {
+        count_launch(Counted::kAttnOwnPack);
+        *packed = true;
+        return launch_kernel(attn_combine_pack_kernel, dim3(a.n_head, a.t), kAttnThreads, 0, stream, a, chunk_keys);
+    }
     return launch_kernel(attn_combine_kernel, dim3(a.n_head, a.t), kAttnThreads, 0, stream, a, chunk_keys);
 }
 
@@ -224,7 +284,12 @@ cudaError_t launch_attn_store_kv(const AttnDecodeArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) {
+cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream) {
+    return launch_attn_decode_packed(a, stream, nullptr);
+}
+
+cudaError_t launch_attn_decode_packed(const AttnDecodeArgs& a_in, cudaStream_t stream, bool* packed) {
+    if (packed) *packed = false;
     AttnDecodeArgs a = a_in;
     if (a.n_head < 1 || a.n_kv < 1 || a.n_head % a.n_kv || a.t < 1 || a.t > kAttnMaxCallT ||
         a.n_head / a.n_kv > kAttnMaxRows || a.n_past < 0 || a.capacity < a.n_past + a.t || a.n_rot < 2 ||
@@ -238,8 +303,8 @@ cudaError_t launch_attn_decode(const AttnDecodeArgs& a_in, cudaStream_t stream) 
     const int longest = a.pos ? std::min(attn_chunk_keys_last(chunk_keys, a.n_kv, a.sm_count), a.capacity - a.t)
                               : a.n_past;
     const int n_chunks = attn_n_chunks(longest, a.t, chunk_keys);
-    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream);
-    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream);
+    if (a.kv_type == kKvF16) return launch_fmt<KvF16>(a, chunk_keys, n_chunks, stream, packed);
+    if (a.kv_type == kKvQ8_0) return launch_fmt<KvQ8_0>(a, chunk_keys, n_chunks, stream, packed);
     return cudaErrorInvalidValue;
 }
 

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "act_pack.cuh"
 #include "cp_async.cuh"
 #include "mma_f16.cuh"
 #include "rmsnorm.cuh"
@@ -184,6 +185,25 @@ struct AttnDecodeArgs {
     char* f16_rows = nullptr;  // launch_attn_prefill with a Q8_0 cache: where set (16-byte aligned) and the call's
     int f16_capacity = 0;      // n_past + t keys fit f16_capacity, 2 x n_kv x f16_capacity x 512 bytes where the
                                // cache's rows are converted to fp16 once, then read by the F16 kernel (the same bits)
+    // The out projection's pack of o made by the combine itself (OPENJET_ATTN_OWN_PACK: launch_attn_decode fills
+    // pack_out where pack_sync is set, the call has at most kAttnMaxT rows, n_head <= kAttnPackMaxHeads and the GPU
+    // holds every combine block at once; else it is ignored and the caller packs): each block gives its (head, row)'s
+    // max |o| to the row's other heads through pack_sync (AttnPackSync, zeroed once, never reset by the host) and packs
+    // its head's 8 32-blocks of the row under the row's max, as launch_pack_act packs o: the same bits, one launch
+    // fewer. launch_attn_decode_packed says whether it did.
+    ActPack pack_out{nullptr, nullptr, nullptr, 0};
+    unsigned* pack_sync = nullptr;
+};
+
+// The words through which a combine launch's blocks meet for its own pack (AttnDecodeArgs::pack_sync), as the GDN
+// step's GdnPackSync: block (h, t) writes its max |o| of row t with its phase (its launches so far, counted in
+// phase_of[t][h], which only it reads) in one 64-bit word, row_word[t][h] = phase << 32 | the max's bits; the row's
+// blocks take each other's words once their phase is the launch's. Every launch with more than t rows runs each of
+// row t's blocks once, so their phases agree. Zeroed once; no host reset.
+constexpr int kAttnPackMaxHeads = 64;
+struct AttnPackSync {
+    unsigned phase_of[kAttnMaxT][kAttnPackMaxHeads];
+    unsigned long long row_word[kAttnMaxT][kAttnPackMaxHeads];
 };
 
 // Keys per chunk: about one chunk block per SM at this context, a power of two >= kAttnMinChunk, so it changes
@@ -639,7 +659,7 @@ __device__ __forceinline__ void attn_chunk(const AttnDecodeArgs& a, int chunk_ke
 // chunk; the sums are the chunk-ordered fma chains of one loop. The gate is read first and a thread's pair of the
 // first batch kept from the max pass, so that only the partials' batches wait on L2 after it (32 a batch: 64 chunks,
 // 4K keys, in two round trips instead of eight).
-__device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int chunk_keys, int t, int h) {
+__device__ __forceinline__ float attn_combine_row(const AttnDecodeArgs& a, int chunk_keys, int t, int h) {
     constexpr int kBatch = 32;
     __shared__ float2 ml_s[kAttnThreads];
     __shared__ float max_s[kAttnThreads / 32];
@@ -688,11 +708,15 @@ __device__ __forceinline__ void attn_combine_row(const AttnDecodeArgs& a, int ch
         }
     }
     const float sig = 1.0f / (1.0f + expf(-gate));
-    a.o[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d] = acc / l_sum * sig;
+    const float o = acc / l_sum * sig;
+    a.o[(static_cast<size_t>(t) * a.n_head + h) * kAttnHeadDim + d] = o;
+    return o;  // (thread d's: the own pack's value)
 }
 
 // Standalone launches: prep, chunks, combine on one stream. Returns cudaErrorInvalidValue on bad arguments.
 cudaError_t launch_attn_decode(const AttnDecodeArgs& a, cudaStream_t stream);
+// The same, and *packed: whether the combine packed o itself into a.pack_out (AttnDecodeArgs::pack_sync).
+cudaError_t launch_attn_decode_packed(const AttnDecodeArgs& a, cudaStream_t stream, bool* packed);
 
 // Step 1's cache stores alone (k normed and rotated, v raw, rows n_past .. n_past + t - 1; t < 65,536): what
 // filling a cache needs when nothing attends (the MTP head's fill). Reads k, v, k_norm and the caches only.

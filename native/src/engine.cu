@@ -213,6 +213,11 @@ struct openjet_engine {
     float* fold_u = nullptr;
     bool fold_input = false;
     unsigned* gdn_pack_sync = nullptr;
+    // OPENJET_ATTN_OWN_PACK=1 at create (an experiment, off): a decode or verify step's attention combine packs its own
+    // output for the out projection (AttnDecodeArgs::pack_out, its blocks meeting through attn_pack_sync, AttnPackSync
+    // in the zeroed scratch) instead of a pack launch after it. The same bits.
+    bool attn_own_pack = false;
+    unsigned* attn_pack_sync = nullptr;
     // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
     // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
     // instead of the swiglu pack launch. 1 (the default): in steps of one row, where it gains (7.97 against 8.27 ms
@@ -856,6 +861,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_STAGED")) e.gdn_staged = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GEMV_GROUP")) e.gemv_group = std::strcmp(f, "0") != 0;
+    if (const char* f = std::getenv("OPENJET_ATTN_OWN_PACK")) e.attn_own_pack = std::strcmp(f, "1") == 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
@@ -952,6 +958,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
         {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
+        {(void**)&e.attn_pack_sync, e.attn_own_pack ? sizeof(AttnPackSync) : 0},
         {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
@@ -1479,6 +1486,9 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.work = e.big2 + k_floats, work_floats = e.big2_floats - k_floats;
     // Flash: as many rows per launch as their q rows fit the workspace (a row's bits do not depend on it).
     const size_t flash_rows = work_floats / attn_prefill_work_floats(e.cfg.n_head, 1);
+    // OPENJET_ATTN_OWN_PACK: the combine packs o for the out projection where the step's rows take one launch
+    const bool own_pack = e.attn_own_pack && !e.prefilling && out_proj && !skip_out_pack(e);
+    bool packed = false;
     for (int r0 = 0; r0 < t;) {
         const int rows = form == PrefillAttn::kFlash ? static_cast<int>(std::min<size_t>(t - r0, flash_rows))
                                                      : attn_group_rows(e, n_past + r0, t - r0, a.sm_count, work_floats);
@@ -1488,12 +1498,14 @@ int attn_mixer(openjet_engine& e, const LayerW& L, int t, int n_past, int rope_o
         a.qproj = e.big1 + static_cast<long long>(r0) * 2 * e.q_dim();
         a.k = e.big2 + static_cast<long long>(r0) * e.kv_dim(), a.v = e.big3 + static_cast<long long>(r0) * e.kv_dim();
         a.o = e.y + static_cast<long long>(r0) * e.q_dim();
-        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream) : launch_attn_decode(a, e.stream));
+        if (own_pack && r0 == 0 && rows == t) a.pack_out = e.x, a.pack_sync = e.attn_pack_sync;
+        CHECK(form == PrefillAttn::kFlash ? launch_attn_prefill(a, e.stream)
+                                          : launch_attn_decode_packed(a, e.stream, &packed));
         r0 += rows;
     }
     if (!out_proj) return OPENJET_OK;  // as gdn_mixer's
     phase("attn.out_proj");
-    if (!skip_out_pack(e)) CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
+    if (!skip_out_pack(e) && !packed) CHECK(launch_pack_act(e.y, t, e.q_dim(), nullptr, 0.0f, e.x, e.stream));
     return project_out(e, L.wo, t);
 }
 

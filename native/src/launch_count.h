@@ -53,6 +53,7 @@ enum class Counted {
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
     kGemvGroup = 36,            // a producer-warp GEMV launch of a group of matrices (OPENJET_GEMV_GROUP; the same bits)
+    kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
     kCount
 };
 
