@@ -93,7 +93,8 @@
 #            alternating twice, a trace with it on. ~3.5 minutes (ran on an H100 at b1b38d2, NOTES_gemv.md fifty-fifth
 #            session; the default since).
 # PLAN=attnpack  OPENJET_ATTN_OWN_PACK (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own
-#            output, no pack launch before the out projection; written 2026-12-07 without a GPU): as PLAN=group.
+#            output, no pack launch before the out projection): as PLAN=group (ran on an H100 at ab986ba, NOTES_gemv.md
+#            fifty-fifth session; the default since).
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;

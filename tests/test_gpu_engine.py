@@ -617,7 +617,7 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     row); OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a layer's input projections of two types, or three of
     them, in one producer-warp launch, reading the fold or a pack; 1, the default); OPENJET_ATTN_OWN_PACK
     (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own output for the out projection, the
-    row's heads meeting for its max). The counted path (kernels_test.launch_count) ran
+    row's heads meeting for its max; 1, the default). The counted path (kernels_test.launch_count) ran
     under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
