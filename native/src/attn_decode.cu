@@ -201,8 +201,7 @@ bool combine_packs(const AttnDecodeArgs& a) {
         !a.pack_out.inv || a.pack_out.rows < a.t || !act_pack_plain(a.pack_out) ||
         (a.n_head * kAttnHeadDim) % kActUnit)
         return false;
-    static const int per_sm = resident_per_sm<attn_combine_pack_kernel, kAttnThreads, 0>();
-    return per_sm * device_sm_count() >= a.n_head * a.t;
+    return resident_per_sm<attn_combine_pack_kernel, kAttnThreads, 0>() * device_sm_count() >= a.n_head * a.t;
 }
 
 template <class Fmt>

@@ -1203,7 +1203,7 @@ cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, Gem
 // projection made that norm's fold (fold_input), reading the fold, which also leaves the pack in e.x and the normed
 // rows in e.a for the projections and the GDN step after it.
 int input_projections(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t,
-            const DevTensor* wc = nullptr, float* yc = nullptr) {
+                      const DevTensor* wc = nullptr, float* yc = nullptr) {
     const GemvArgs a = gemv_args(e, wa, t, nullptr, ya), b = gemv_args(e, wb, t, nullptr, yb);
     const GemvArgs c = wc ? gemv_args(e, *wc, t, e.a, yc) : GemvArgs{};
     if (e.fold_input) {

@@ -309,9 +309,11 @@ cudaError_t launch_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c
             return launch_group<QT, QT2, QT3, kThird, kRing, kMinBlocks, kFold, true>(a, b, c, stream, fold);
     static_assert(kThird || QT2 != QT, "a pair of one type is launch_ring's");
     using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
-    constexpr auto kKernel = [] {
-        if constexpr (kThird) return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3, GemvSecond>;
-        else return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3>;
+    constexpr auto kKernel = [] {  // (a third matrix: one more argument)
+        if constexpr (kThird)
+            return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3, GemvSecond>;
+        else
+            return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3>;
     }();
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
     int sms = 0;
@@ -410,7 +412,6 @@ cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const G
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
-
 
 // ------------------------------------------------------------------------------------------ group launches
 

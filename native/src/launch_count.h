@@ -52,7 +52,7 @@ enum class Counted {
     kSwigluSelf = 33,           // gate / up packing their own swiglu (launch_gemv_swiglu; OPENJET_SWIGLU_SELF)
     kGdnStaged = 34,            // a GDN step in its staged form (GdnStepArgs::staged; OPENJET_GDN_STAGED)
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
-    kGemvGroup = 36,            // a producer-warp GEMV launch of a group of matrices (OPENJET_GEMV_GROUP; the same bits)
+    kGemvGroup = 36,            // a producer-warp GEMV launch of several matrices' types (OPENJET_GEMV_GROUP)
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
     kCount
 };
