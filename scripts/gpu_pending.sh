@@ -97,7 +97,7 @@
 #            fifty-fifth session; the default since).
 # PLAN=foldslices  OPENJET_FOLD_PACK_SLICES=8 (gemv_fold.cu: the fold's pack launch at t > 1 with each row on 8 blocks,
 #            each computing the row's scale from all its partials; written 2026-12-07 without a GPU): its bit test and
-#            tests/test_gpu_fold.py while the model is written, the T=1 / T=5 step at 1 / 8 alternating twice (T=1 takes
+#            tests/test_gpu_fold.py while the model is written, the T=1 / T=5 step at 0 / 8 alternating twice (T=1 takes
 #            no fold pack launch: a control), a trace with it on. ~3.5 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
@@ -422,8 +422,8 @@ PY
     plan 150 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'decode_experiments_keep_every_bit and FOLD_PACK_SLICES or fold'" foldslices-bench ;;
   foldslices-bench)
     trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=1 OPENJET_FOLD_PACK_SLICES=8
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=1 OPENJET_FOLD_PACK_SLICES=8
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
     (export OPENJET_FOLD_PACK_SLICES=8; trace_bench) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT

@@ -219,8 +219,8 @@ struct openjet_engine {
     // trace: an attention layer from its prep to its out projection 25.4 -> 23.5 us at T=1, 34.8 -> 32.0 at T=5.
     bool attn_own_pack = true;
     unsigned* attn_pack_sync = nullptr;
-    // OPENJET_FOLD_PACK_SLICES=8 at create (an experiment, off): the fold's pack launch at t > 1 puts each row on 8
-    // blocks (GemvFold::pack_slices; the same bits).
+    // OPENJET_FOLD_PACK_SLICES=8 at create (an experiment; unset or 0: off): the fold's pack launch at t > 1 puts each
+    // row on 8 blocks (GemvFold::pack_slices; the same bits).
     int fold_pack_slices = 1;
     // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
     // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
