@@ -7,7 +7,7 @@
 
 #include "attn_decode.cuh"
 #include "device_attr.cuh"
-#include "grid_sync.cuh"  // spin_until, store_relaxed
+#include "grid_sync.cuh"  // publish_phase_max, take_phase_max
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -70,17 +70,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_combine_pack_kernel(const A
         float block_max = 0.0f;
 #pragma unroll
         for (int w = 0; w < kAttnThreads / 32; ++w) block_max = fmaxf(block_max, warp_max[w]);
-        store_relaxed(&sync->row_word[t][h], static_cast<unsigned long long>(phase) << 32 | __float_as_uint(block_max));
+        publish_phase_max(&sync->row_word[t][h], phase, block_max);
         sync->phase_of[t][h] = phase;  // (read by this block's next launch only)
     }
-    if (static_cast<int>(threadIdx.x) < a.n_head) {  // (a block that never came: fail, not hang)
-        unsigned long long got = 0;
-        spin_until(&sync->row_word[t][threadIdx.x], [phase, &got](unsigned long long w) {
-            got = w;
-            return static_cast<unsigned>(w >> 32) == phase;
-        });
-        atomicMax(&row_max_s, static_cast<unsigned>(got));  // (>= 0: bits order)
-    }
+    if (static_cast<int>(threadIdx.x) < a.n_head) take_phase_max(&sync->row_word[t][threadIdx.x], phase, &row_max_s);
     __syncthreads();
     const ActRow r = act_row(a.pack_out, t, a.n_head * kAttnHeadDim, __uint_as_float(row_max_s));
     pack_block(o, r.s, h * (kAttnHeadDim / kActBlock) + warp, r.h, r.sum);

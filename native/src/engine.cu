@@ -1209,23 +1209,25 @@ cudaError_t fold_in(openjet_engine& e, const GemvArgs& a, const GemvArgs& b, Gem
 // rows in e.a for the projections and the GDN step after it.
 int input_projections(openjet_engine& e, const DevTensor& wa, float* ya, const DevTensor& wb, float* yb, int t,
                       const DevTensor* wc = nullptr, float* yc = nullptr) {
-    const GemvArgs a = gemv_args(e, wa, t, nullptr, ya), b = gemv_args(e, wb, t, nullptr, yb);
+    const GemvArgs a = gemv_args(e, wa, t, e.a, ya), b = gemv_args(e, wb, t, e.a, yb);  // (e.a: F32 rows only)
     const GemvArgs c = wc ? gemv_args(e, *wc, t, e.a, yc) : GemvArgs{};
+    const GemvArgs* third = wc ? &c : nullptr;
     if (e.fold_input) {
         e.fold_input = false;
         GemvFold f = fold_args(e, nullptr, e.y);
         f.a_out = e.a, f.pack_out = e.x;
-        if (const cudaError_t err = fold_in(e, a, b, f, wc ? &c : nullptr))
-            return cuda_fail(err, "input projections (fold)");
+        if (const cudaError_t err = fold_in(e, a, b, f, third)) return cuda_fail(err, "input projections (fold)");
         return OPENJET_OK;
     }
-    if (!e.prefilling && e.gemv_group && gemv_tma_group_takes(a, b, wc ? &c : nullptr)) {
-        const cudaError_t err = launch_gemv_tma_group(a, b, wc ? &c : nullptr, nullptr, e.stream);
+    if (!e.prefilling && e.gemv_group && gemv_tma_group_takes(a, b, third)) {
+        const cudaError_t err = launch_gemv_tma_group(a, b, third, nullptr, e.stream);
         if (err == cudaSuccess) return OPENJET_OK;
         if (err != cudaErrorNotSupported) return cuda_fail(err, "input projections (group)");
     }
-    TRY(gemv_pair(e, wa, ya, wb, yb, t, e.a));
-    return wc ? gemv(e, *wc, t, e.a, yc) : OPENJET_OK;
+    cudaError_t err = launch_gemv_pair(a, b, e.stream);
+    if (err == cudaSuccess && third) err = launch_gemv(c, e.stream);
+    if (err != cudaSuccess) return cuda_fail(err, "input projections");
+    return OPENJET_OK;
 }
 
 // A mixer's or the FFN's output projection of t rows, which the next add-norm adds to the residual stream h (the

@@ -9,7 +9,7 @@
 #include "device_attr.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_decode.cuh"
-#include "grid_sync.cuh"  // spin_until
+#include "grid_sync.cuh"  // publish_phase_max, take_phase_max
 #include "launch_count.h"
 #include "pdl.cuh"
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
         }
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) store_relaxed(&sync->row_word[h][warp], (unsigned long long)phase << 32 | __float_as_uint(m));
+        if (lane == 0) publish_phase_max(&sync->row_word[h][warp], phase, m);
     }
     gdn_mark<kProbe>(a.probe, kProbePublished);
     if (threadIdx.x == 0) sync->phase_of[h] = phase;  // (read by this block's next launch only)
@@ -70,12 +70,7 @@ __device__ __forceinline__ void gdn_pack_own_rows(const GdnStepArgs& a, int h, c
     const int blocks = static_cast<int>(gridDim.x);
     if (static_cast<int>(threadIdx.x) < blocks * a.t) {
         const int b = static_cast<int>(threadIdx.x) % blocks, r = static_cast<int>(threadIdx.x) / blocks;
-        unsigned long long got = 0;
-        spin_until(&sync->row_word[b][r], [phase, &got](unsigned long long w) {
-            got = w;
-            return static_cast<unsigned>(w >> 32) == phase;
-        });
-        atomicMax(&row_max[r], static_cast<unsigned>(got));  // (>= 0: bits order)
+        take_phase_max(&sync->row_word[b][r], phase, &row_max[r]);
     }
     __syncthreads();
     gdn_mark<kProbe>(a.probe, kProbeMet);

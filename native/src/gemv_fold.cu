@@ -114,14 +114,28 @@ cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvF
     return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
 }
 
+namespace {
+
+// B's checks (a's GEMV reading the fold), launch_gemv_fold's and launch_gemv_fold_group's: cudaErrorNotSupported where
+// the fold does not run for a (its packs have no integer twin), cudaErrorInvalidValue where the call lacks what B reads
+// or puts B's pack anywhere but a.x (where the pack launch makes it at t > 1).
+cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
+    if (!gemv_fold_takes(a, true) || !act_pack_plain(f.pack_out) || !act_pack_plain(a.x)) return cudaErrorNotSupported;
+    if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+}  // namespace
+
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {
-    if (!gemv_fold_takes(a, in) || (b && !gemv_tma_takes(a, b)) || !act_pack_plain(f.pack_out) ||
-        (in && !act_pack_plain(a.x)))  // (the fold's packs have no integer twin)
+    const cudaError_t in_ok = in ? fold_in_checks(a, f) : cudaSuccess;
+    if (in_ok == cudaErrorNotSupported || (b && !gemv_tma_takes(a, b)) ||
+        (!in && (!gemv_fold_takes(a, false) || !act_pack_plain(f.pack_out))))
         return cudaErrorNotSupported;
-    if ((in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) ||
-        (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) || in == out ||  // (a GEMV between two folds: none)
-        (in && f.pack_out.h && f.pack_out.h != a.x.h))  // (B's pack goes where the pack launch puts it at t > 1)
+    if (in_ok != cudaSuccess || (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) ||
+        in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
     count_launch(Counted::kGemvFold);
     if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
@@ -141,11 +155,9 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
 
 cudaError_t launch_gemv_fold_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold& f,
                                    cudaStream_t stream) {
-    if (!gemv_fold_takes(a, true) || !gemv_tma_group_takes(a, b, c) || !act_pack_plain(f.pack_out) ||
-        !act_pack_plain(a.x))
-        return cudaErrorNotSupported;
-    if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
-        return cudaErrorInvalidValue;  // (launch_gemv_fold's checks of B)
+    const cudaError_t in_ok = fold_in_checks(a, f);
+    if (in_ok == cudaErrorNotSupported || !gemv_tma_group_takes(a, b, c)) return cudaErrorNotSupported;
+    if (in_ok != cudaSuccess) return in_ok;
     count_launch(Counted::kGemvFold);
     if (a.t > 1) {  // the rows' pack by its own launch, as launch_gemv_fold's; then the group on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;

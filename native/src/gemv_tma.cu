@@ -253,16 +253,20 @@ bool carveout_max() {
     return on;
 }
 
-// Resident blocks of a form for a call: its occupancy (asked once) x the SM count, or x grid_sms where that is smaller
-// (a smaller GPU emulated); nothing about the GPU compiled in. 0: none fits. The forms whose blocks meet (kFold bit 2:
-// every block must be resident at once) ask for the largest carveout, as the persistent FFN's producer-warp form
-// does: an SM left configured for the kernel before would hold fewer of them than the occupancy counts.
-template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
+// Resident blocks of a kernel (resident_grid) or a form (resident_blocks) for a call: its occupancy (asked once) x the
+// SM count, or x grid_sms where that is smaller (a smaller GPU emulated); nothing about the GPU compiled in. 0: none
+// fits. The forms whose blocks meet (kFold bit 2: every block must be resident at once) ask for the largest carveout,
+// as the persistent FFN's producer-warp form does: an SM left configured for the kernel before would hold fewer of them
+// than the occupancy counts.
+template <auto kKernel, size_t kSmemBytes> int resident_grid(int grid_sms, bool max_carveout) {
     int sms = 0;
     if (device_attribute(cudaDevAttrMultiProcessorCount, &sms) != cudaSuccess) return 0;
-    return resident_per_sm<gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>, kTmaThreads,
-                           TmaShape<QT, kRing, kFold>::kSmemBytes>(carveout_max() || (kFold & 4) != 0) *
-           grid_sm_count(sms, grid_sms);
+    return resident_per_sm<kKernel, kTmaThreads, kSmemBytes>(max_carveout) * grid_sm_count(sms, grid_sms);
+}
+template <int QT, int kRing, int kMinBlocks, bool kLastSum, int kFold = 0> int resident_blocks(int grid_sms) {
+    constexpr auto kKernel = gemv_tma_kernel<QT, kRing, kMinBlocks, kLastSum, kFold>;
+    return resident_grid<kKernel, TmaShape<QT, kRing, kFold>::kSmemBytes>(grid_sms,
+                                                                          carveout_max() || (kFold & 4) != 0);
 }
 
 // OPENJET_BENCH_GEMV_NO_MATH=1 (read once; a measurement, never for use: the outputs are WRONG): every producer-warp
@@ -316,10 +320,7 @@ cudaError_t launch_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c
             return gemv_tma_kernel<QT, kRing, kMinBlocks, false, kFold, kNoMath, QT2, QT3>;
     }();
     if (const cudaError_t e = smem_opted_in<kKernel, Sh::kSmemBytes>()) return e;
-    int sms = 0;
-    if (const cudaError_t e = device_attribute(cudaDevAttrMultiProcessorCount, &sms)) return e;
-    const int slots =
-        resident_per_sm<kKernel, kTmaThreads, Sh::kSmemBytes>(carveout_max()) * grid_sm_count(sms, a.grid_sms);
+    const int slots = resident_grid<kKernel, Sh::kSmemBytes>(a.grid_sms, carveout_max());
     if (slots <= 0) return cudaErrorNotSupported;  // no block fits: the caller launches them one by one
     const auto matrix = [](const GemvArgs& g, int from) {
         GemvSecond m;

@@ -42,6 +42,23 @@ __device__ __forceinline__ void spin_until(const Word* word, const Done& done) {
     }
 }
 
+// A phase-word meeting (the GDN step's own pack, the attention combine's): each block writes its max |x| of a row with
+// its launch's phase in one 64-bit word, phase << 32 | the max's bits, with no fence (the word carries its own data),
+// and the blocks that need the row's max take every such word once it carries the launch's phase.
+__device__ __forceinline__ void publish_phase_max(unsigned long long* word, unsigned phase, float max) {
+    store_relaxed(word, static_cast<unsigned long long>(phase) << 32 | __float_as_uint(max));
+}
+// This thread's wait for one block's word of the launch's phase, its max folded into *row_max (maxima >= 0: their bits
+// order as the floats). A block that never came traps (spin_until).
+__device__ __forceinline__ void take_phase_max(const unsigned long long* word, unsigned phase, unsigned* row_max) {
+    unsigned long long got = 0;
+    spin_until(word, [phase, &got](unsigned long long w) {
+        got = w;
+        return static_cast<unsigned>(w >> 32) == phase;
+    });
+    atomicMax(row_max, static_cast<unsigned>(got));
+}
+
 // Lane 0 spins until the counter reaches `target`, then the warp goes on.
 __device__ __forceinline__ void warp_wait(const int* counter, int target) {
     if ((threadIdx.x & 31) == 0) spin_until(counter, [target](int v) { return v >= target; });
