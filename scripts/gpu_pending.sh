@@ -98,7 +98,9 @@
 # PLAN=foldslices  OPENJET_FOLD_PACK_SLICES=8 (gemv_fold.cu: the fold's pack launch at t > 1 with each row on 8 blocks,
 #            each computing the row's scale from all its partials; written 2026-12-07 without a GPU): its bit test and
 #            tests/test_gpu_fold.py while the model is written, the T=1 / T=5 step at 0 / 8 alternating twice (T=1 takes
-#            no fold pack launch: a control), a trace with it on. ~3.5 minutes.
+#            no fold pack launch: a control), OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (WRONG outputs: what the swiglu
+#            packs cost at T=1 and T=5, the bound of an own pack without a meeting), a trace with the slices on.
+#            ~4 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -424,6 +426,7 @@ PY
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
+    each_timing "" --ctx 0 --t 1,5 -- OPENJET_BENCH_SKIP_SWIGLU_PACK=1  # (wrong outputs: the swiglu packs' price)
     (export OPENJET_FOLD_PACK_SLICES=8; trace_bench) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT

@@ -687,7 +687,8 @@ def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monk
     assert "is not one of" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["OPENJET_BENCH_GEMV_NO_MATH", "OPENJET_BENCH_SKIP_NORM_PACKS"])
+@pytest.mark.parametrize("name", ["OPENJET_BENCH_GEMV_NO_MATH", "OPENJET_BENCH_SKIP_NORM_PACKS",
+                                  "OPENJET_BENCH_SKIP_SWIGLU_PACK"])
 def test_a_measurement_that_gives_wrong_outputs_warns_at_load(name, monkeypatch, tmp_path):
     """The benchmark switches whose steps compute wrong outputs (no GEMV arithmetic; packs skipped) say so at load,
     before anything runs, so a server started with one left set is not silently wrong."""

@@ -310,6 +310,10 @@ struct openjet_engine {
     // packs, 4: and the FFN's swiglu packs), so a benchmark shows what those pack boundaries of the 27B's step cost
     // (64 / 128 / 192 / 256: what folding the packs into the GEMVs could save).
     int bench_skip_norm_packs = 0;
+    // OPENJET_BENCH_SKIP_SWIGLU_PACK=1 at create (a measurement, never for use: the outputs are WRONG): a decode step's
+    // FFNs make no swiglu pack for their down projections (no pack launch, no own pack in gate / up: the plain
+    // launches), so a benchmark shows the most an own pack without a meeting could gain at each T.
+    bool bench_skip_swiglu_pack = false;
     // OPENJET_BENCH_GRAPH=1 at create (a measurement, not for use): a decode step's trunk is captured as a CUDA graph
     // and replayed while the state its launches depend on (TrunkKey) stays the same, a few kept (GraphCache):
     // what ~700 stream launches a step cost the GPU beyond their work (trunk_graph).
@@ -890,6 +894,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     e.gemv_tma = gemv_tma_switch();
     TRY(gdn_replay_switch(&e.replay_fused));
     e.bench_skip_norm_packs = env_level("OPENJET_BENCH_SKIP_NORM_PACKS", 4);
+    e.bench_skip_swiglu_pack = env_level("OPENJET_BENCH_SKIP_SWIGLU_PACK", 1) == 1;
     if (const char* f = std::getenv("OPENJET_BENCH_GRAPH")) e.bench_graph = std::strcmp(f, "1") == 0;
     if (const char* f = std::getenv("OPENJET_MTP_INPUT_PACK")) e.mtp_input_pack = std::strcmp(f, "0") != 0;
     attn_pipe_switch(&e.attn_pipe, &e.attn_stages);
@@ -1262,7 +1267,8 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
     const GemvArgs gate = gemv_args(e, L.ffn_gate, t, nullptr, e.big1);
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
     float* const u = folded_u ? folded_u : e.a;  // (the fold's u: the trunk's in e.a, the MTP head's in e.y)
-    if (!e.prefilling && e.swiglu_self && gemv_swiglu_takes(gate, up) && !gate.xi) {
+    const bool skip_pack = !e.prefilling && e.bench_skip_swiglu_pack;  // a measurement: wrong outputs
+    if (!e.prefilling && e.swiglu_self && !skip_pack && gemv_swiglu_takes(gate, up) && !gate.xi) {
         // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x (one token row: gemv_swiglu_takes)
         GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
         f.swiglu_pack = e.x, f.meet = e.grid_meet;
@@ -1273,10 +1279,10 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
     if (folded) {
         if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, u)))
             return cuda_fail(err, "ffn gate/up (fold)");
-        CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
+        if (!skip_pack) CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
     }
-    if (!e.prefilling && e.bench_skip_norm_packs >= 4) {  // a measurement, wrong outputs: gate and up, no swiglu pack
+    if (skip_pack || (!e.prefilling && e.bench_skip_norm_packs >= 4)) {  // a measurement, wrong outputs: no swiglu pack
         const cudaError_t err = launch_gemv_pair(gate, up, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "ffn gate/up");
         return project_out(e, L.ffn_down, t);

@@ -137,10 +137,18 @@ KERNEL_SWITCHES = {
     "OPENJET_ATTN_STAGES": ("auto", "2", "3", "4"),         # engine.cu, attn_pipe_switch (not with OPENJET_ATTN_PIPE=0)
     "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
+    "OPENJET_BENCH_SKIP_SWIGLU_PACK": ("0", "1"),           # engine.cu, ffn (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
     "OPENJET_BENCH_GRAPH": ("0", "1"),                      # engine.cu, trunk_graph (a measurement; read at load)
     "OPENJET_BENCH_GDN_PROBE": ("0", "1"),                  # engine.cu, gdn_probe (a measurement; read at load)
     "OPENJET_MTP_INPUT_PACK": ("0", "1"),                   # engine.cu, mtp_rows (1: default; read at load)
+}
+
+# The measurements among them whose decode steps compute wrong outputs: what each leaves out.
+WRONG_OUTPUT_SWITCHES = {
+    "OPENJET_BENCH_SKIP_NORM_PACKS": "decode steps skip some of their packs",
+    "OPENJET_BENCH_SKIP_SWIGLU_PACK": "decode steps make no swiglu pack for their down projections",
+    "OPENJET_BENCH_GEMV_NO_MATH": "decode GEMVs stream their weights without computing",
 }
 
 
@@ -155,14 +163,10 @@ def check_kernel_switches() -> None:
     sms = os.environ.get("OPENJET_PERSISTENT_SMS")
     if sms and not (sms.isdigit() and int(sms) >= 1):
         raise OpenJetError(f"OPENJET_PERSISTENT_SMS={sms!r} is not a positive number of SMs (docs/ENGINE.md, Switches)")
-    if os.environ.get("OPENJET_BENCH_SKIP_NORM_PACKS", "0") != "0":
-        warnings.warn("OPENJET_BENCH_SKIP_NORM_PACKS is set: decode steps skip some of their packs and give WRONG "
-                      "outputs (a benchmark's measurement of what the packs cost; unset it to use the engine)",
-                      RuntimeWarning, stacklevel=2)
-    if os.environ.get("OPENJET_BENCH_GEMV_NO_MATH", "0") != "0":
-        warnings.warn("OPENJET_BENCH_GEMV_NO_MATH is set: decode GEMVs stream their weights without computing and give "
-                      "WRONG outputs (a benchmark's bound on the GEMVs' arithmetic; unset it to use the engine)",
-                      RuntimeWarning, stacklevel=2)
+    for name, what in WRONG_OUTPUT_SWITCHES.items():
+        if os.environ.get(name, "0") != "0":
+            warnings.warn(f"{name} is set: {what} and give WRONG outputs (a benchmark's measurement; unset it to use "
+                          "the engine)", RuntimeWarning, stacklevel=2)
 
 
 def _pad(dst: np.ndarray, subset: np.ndarray, row: np.ndarray) -> None:
