@@ -101,6 +101,13 @@
 #            no fold pack launch: a control), OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (WRONG outputs: what the swiglu
 #            packs cost at T=1 and T=5, the bound of an own pack without a meeting), a trace with the slices on.
 #            ~4 minutes.
+# PLAN=swiglubound  OPENJET_SWIGLU_BOUND=1 (gate / up pack their own swiglu at every t under scales from a
+#            Cauchy-Schwarz bound: no meeting, no pack launch; a declared numerics change; written 2026-12-07 without a
+#            GPU) with PLAN=foldslices' checks: while the model is written its tests (the teacher-forced bars and T=4 =
+#            T=1, the n_draft identity on the small model, its bits on grids of 1 and 46 SMs) and the fold's; then the
+#            T=1 / T=5 step at 0 / 1 alternating twice, OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every
+#            swiglu pack, WRONG outputs) and OPENJET_FOLD_PACK_SLICES=8 twice, and a trace with the bound on.
+#            ~6 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -428,6 +435,14 @@ PY
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
     each_timing "" --ctx 0 --t 1,5 -- OPENJET_BENCH_SKIP_SWIGLU_PACK=1  # (wrong outputs: the swiglu packs' price)
     (export OPENJET_FOLD_PACK_SLICES=8; trace_bench) ;;
+  swiglubound)
+    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or (decode_experiments_keep_every_bit and FOLD_PACK_SLICES) or fold'" swiglubound-bench ;;
+  swiglubound-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_BENCH_SKIP_SWIGLU_PACK=1 \
+      OPENJET_FOLD_PACK_SLICES=8
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_FOLD_PACK_SLICES=8
+    (export OPENJET_SWIGLU_BOUND=1; trace_bench) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh

@@ -97,23 +97,6 @@ cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const 
     return launch_fold_pack(f, t, k, p, stream);
 }
 
-bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
-    return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
-}
-
-cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
-                               cudaStream_t stream) {
-    if (!gemv_swiglu_takes(a, b) || !act_pack_plain(f.swiglu_pack)) return cudaErrorNotSupported;
-    const ActPack& p = f.swiglu_pack;
-    if (!f.meet || !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
-        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))))
-        return cudaErrorInvalidValue;
-    if (fold_in && a.k > kFoldMaxK) return cudaErrorNotSupported;
-    count_launch(Counted::kSwigluSelf);
-    if (fold_in) count_launch(Counted::kGemvFold);
-    return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
-}
-
 namespace {
 
 // B's checks (a's GEMV reading the fold), launch_gemv_fold's and launch_gemv_fold_group's: cudaErrorNotSupported where
@@ -127,6 +110,36 @@ cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
 }
 
 }  // namespace
+
+bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
+    return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
+}
+
+bool gemv_swiglu_bound_takes(const GemvArgs& a, const GemvArgs& b) {
+    return a.qtype == kQ4_K && b.n == a.n && a.k % 8 == 0 && gemv_tma_takes(a, &b);
+}
+
+cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
+                               cudaStream_t stream) {
+    const bool bound = f.swiglu_norms.x > 0.0f || f.swiglu_norms.y > 0.0f;
+    if (!(bound ? gemv_swiglu_bound_takes(a, b) : gemv_swiglu_takes(a, b)) || !act_pack_plain(f.swiglu_pack))
+        return cudaErrorNotSupported;
+    const ActPack& p = f.swiglu_pack;
+    if ((bound ? !f.swiglu_halves || !f.swiglu_counts || !(f.swiglu_norms.x > 0.0f) || !(f.swiglu_norms.y > 0.0f)
+               : !f.meet) ||
+        !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
+        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (bound && p.h == a.x.h))
+        return cudaErrorInvalidValue;
+    if (fold_in && a.k > kFoldMaxK) return cudaErrorNotSupported;
+    count_launch(bound ? Counted::kSwigluBound : Counted::kSwigluSelf);
+    if (fold_in) count_launch(Counted::kGemvFold);
+    if (fold_in && a.t > 1) {  // (the bound's form: the fold's rows by their own launch into a.x, as launch_gemv_fold)
+        if (const cudaError_t e = fold_in_checks(a, f)) return e;
+        if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
+        return launch_gemv_tma_swiglu(a, b, f, false, stream);
+    }
+    return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
+}
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {

@@ -234,6 +234,65 @@ __device__ __forceinline__ void swiglu_tile_store(const float (&part)[kGemvWarps
     }
 }
 
+// The bound's form (GemvFold::swiglu_norms): the up tile's epilogue, by warp 0, packs the pair's 16 rows of v for each
+// token row c < t under s[c] (fp16_rn(fl(v s)) at its place in the pack) and sums them per token row: a lane's rows g
+// and g + 8 first, then the butterfly over g (lanes 4, 8, 16 apart). The tile's 32-block b = tile / 2 takes that
+// half's sum (half = tile % 2); the second of its two pairs to come makes the block's sum S = fl(half 0 + half 1) into
+// the pack's hi / lo (as pack_block: S / 32 exact, hi = fp16(S / 32), lo = fp16(S / 32 - hi)) and zeroes the count.
+// g_prev: the gate tile's y values of the lane's fragment (SwigluTiles::g).
+template <class InvOf>
+__device__ __forceinline__ void swiglu_bound_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile,
+                                                        int n, int t, const InvOf& inv_of, const float (&g_prev)[4],
+                                                        const float* s, const GemvFold& f) {
+    const int g = lane >> 2, tq = lane & 3, b = tile >> 1, half = tile & 1, nb = n / kActBlock;
+    const ActPack& p = f.swiglu_pack;
+    float hv[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int row = tile * kMmaRows + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
+        hv[c] = 0.0f;
+        if (col >= t) continue;
+        const float u = __fmul_rn(tile_quarters_sum(part, 0, lane, c), inv_of(c & 1, col));
+        const __half h = __float2half_rn(__fmul_rn(swiglu1(g_prev[c], u), s[col]));
+        p.h[static_cast<long long>(col) * n + act_quad_pos(row)] = h;
+        hv[c] = __half2float(h);
+    }
+    float sum[2] = {__fadd_rn(hv[0], hv[2]), __fadd_rn(hv[1], hv[3])};  // token rows 2 tq, 2 tq + 1: rows g, g + 8
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+        for (int o = 4; o <= 16; o <<= 1) sum[cc] = __fadd_rn(sum[cc], __shfl_xor_sync(0xffffffffu, sum[cc], o));
+    float* const halves = f.swiglu_halves + static_cast<long long>(b) * 2 * kActRows;
+    if (g == 0)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+            if (2 * tq + cc < t) __stcg(&halves[half * kActRows + 2 * tq + cc], sum[cc]);
+    __syncwarp();
+    int second = 0;
+    if (lane == 0) {
+        __threadfence();  // (cumulative: the warp's half sums, seen through __syncwarp)
+        second = atomicAdd(&f.swiglu_counts[b], 1) == 1;
+        if (second) {
+            __threadfence();
+            f.swiglu_counts[b] = 0;  // (the next launch reads it after its PDL wait: this one has completed)
+        }
+    }
+    if (__shfl_sync(0xffffffffu, second, 0) && g == 0) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 2 * tq + cc;
+            if (col >= t) continue;
+            const float other = __ldcg(&halves[(half ^ 1) * kActRows + col]);
+            const float S = half == 0 ? __fadd_rn(sum[cc], other) : __fadd_rn(other, sum[cc]);
+            const float t32 = __fmul_rn(S, 1.0f / 32.0f);  // exact
+            const __half hi = __float2half_rn(t32);
+            __half* const sums = p.sum + static_cast<long long>(col) * nb * 2;
+            sums[act_sum_pos(b)] = hi;
+            sums[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+        }
+    }
+}
+
 // The meeting of a launch's blocks after their tiles (GridMeet), by each block's kFoldThreads consumer threads (named
 // barrier 1): the block's stores so far published, then thread 0 arrives; the last block to arrive resets the arrivals
 // and bumps the release word, the others wait for it to change from gen (the word as thread 0 read it after the

@@ -25,6 +25,7 @@
 #include "gemv_fold_device.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
+#include "row_bound.cuh"
 #include "tma_ring.cuh"
 
 namespace openjet {
@@ -62,7 +63,9 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 with bit 2, the bound's
+// form of that pack (GemvFold::swiglu_norms: each block's scales from its input's norms, each pair's tiles packed at
+// once, at any t).
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -75,7 +78,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
+    constexpr bool kBound = (kFold & 8) != 0;  // that pack under the bound's scales, no meeting
     static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
+    static_assert(!kBound || kPairs, "the bound's form is the swiglu's own pack's");
     constexpr bool kThird = sizeof...(Third) == 1;
     constexpr bool kGroup = QT2 != QT || kThird;
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
@@ -144,6 +149,19 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xs = x.sum + col * kb * 2;
     __half* const fold_h = reinterpret_cast<__half*>(ring + Sh::kRingBytes);  // kFold & 1: the row's pack
     __half* const fold_sum = fold_h + kFoldMaxK;
+    __shared__ float bound_s[kActRows];  // kBound: each token row's scale
+    // kBound: the scale of token row c from the norm of its input row (shared or global memory: the same bits), by
+    // warp c % 4; block 0 writes the pack's row factor. Warp 0's first epilogue comes after a consumer barrier.
+    const auto bound_scale = [&](int c, const __half* row, float inv) {
+        if constexpr (kBound) {
+            const float nx = pack_row_norm(row, k, lane) * inv;
+            const int sh = ffn_bound_shift(nx, fold.swiglu_norms.x, fold.swiglu_norms.y);
+            if (lane == 0) {
+                bound_s[c] = ldexpf(1.0f, sh);
+                if (blockIdx.x == 0) fold.swiglu_pack.inv[c] = ldexpf(1.0f, -sh);
+            }
+        }
+    };
     if constexpr (kFold & 1) {
         __shared__ float2 fold_c_inv;  // the row's (c, inv)
         // block 0 also leaves the row for the kernels after (GemvFold::a_out, pack_out)
@@ -155,13 +173,18 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (blockIdx.x == 0 && fold.pack_out.inv) fold.pack_out.inv[0] = fold_c_inv.y;
             if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
         }
+        if constexpr (kBound)
+            if (warp == 0) bound_scale(0, fold_h, fold_c_inv.y);  // (fold_pack_row ends with the consumers' barrier)
     } else if (warp == 0 && lane < t) {
         // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
+    if constexpr (kBound && !(kFold & 1))
+        for (int c = warp; c < t; c += kTmaConsumerWarps)
+            bound_scale(c, x.h + static_cast<long long>(c) * k, __ldcg(x.inv + c));
     int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
-    if constexpr (kPairs)
+    if constexpr (kPairs && !kBound)
         if (threadIdx.x == 0) meet_gen = load_acquire(&fold.meet->release);
     SwigluTiles swiglu;  // kPairs: warp 0's gate values across a pair, its maxima
     int slot = 0;
@@ -197,6 +220,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                 tile_sum_store_by<1, kMmaRows>(part[buf], lane, mat_tile(tile, m) * kMmaRows, 0,
                                                m == 0 ? n : m == 1 ? second.n : more.n, t, inv_of,
                                                m == 0 ? y : m == 1 ? second.y : more.y);
+            } else if constexpr (kBound) {
+                if (first) swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, true, swiglu, y);  // (g kept)
+                else swiglu_bound_tile_store(part[buf], lane, own(tile), n, t, inv_of, swiglu.g, bound_s, fold);
             } else if constexpr (kPairs)
                 swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, first, swiglu, y);
             else if constexpr (kFold & 2)
@@ -236,7 +262,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (warp == 0) sum_store();
         }
     }
-    if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
+    if constexpr (kPairs && !kBound) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
 #endif
 }
 
@@ -292,7 +318,8 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)
     if ((kFold & 4) && (!b || b->n != a.n)) return cudaErrorInvalidValue;
-    if ((kFold & 4) && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
+    if ((kFold & 12) == 4 && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
+    if ((kFold & 8) && (!fold.swiglu_halves || !fold.swiglu_counts)) return cudaErrorInvalidValue;
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -410,6 +437,12 @@ template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs
 // (fold_in: the fold's own pack; else x is a pack).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
+    if (f.swiglu_norms.x > 0.0f) {  // the bound's form (one row: form 1's ring and blocks a SM; more: form 2's)
+        constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
+        if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 13>(a, &b, stream, f);
+        if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f);
+        return launch_ring<kQ4_K, kRing2, kBlocks2, false, 12>(a, &b, stream, f);
+    }
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
