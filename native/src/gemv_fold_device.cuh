@@ -277,7 +277,9 @@ __device__ __forceinline__ void swiglu_bound_tile_store(const float (&part)[kGem
             f.swiglu_counts[b] = 0;  // (the next launch reads it after its PDL wait: this one has completed)
         }
     }
-    if (__shfl_sync(0xffffffffu, second, 0) && g == 0) {
+    second = __shfl_sync(0xffffffffu, second, 0);
+    __syncwarp();  // (lane 0's acquire, after its atomic, before every lane's reads of the other half)
+    if (second && g == 0) {
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
             const int col = 2 * tq + cc;
