@@ -108,6 +108,8 @@
 #            T=1 / T=5 step at 0 / 1 alternating twice, OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every
 #            swiglu pack, WRONG outputs) and OPENJET_FOLD_PACK_SLICES=8 twice, and a trace with the bound on.
 #            ~6 minutes.
+# PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
+#            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
 #            then the fp16 GEMV's (cp.async, the producer-warp default and its forms 1 and 2), each called many times on
 #            one input, every call against numpy's emulation and the others' bits (native/bench/imma_form_stress.py;
@@ -443,6 +445,13 @@ PY
       OPENJET_FOLD_PACK_SLICES=8
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_FOLD_PACK_SLICES=8
     (export OPENJET_SWIGLU_BOUND=1; trace_bench) ;;
+  swigluprice)  # no tests: the T=1 / T=5 trace as it is and without any swiglu pack (WRONG outputs)
+    export BENCH_CMD="bash scripts/gpu_pending.sh swigluprice-bench" WHILE_SYNTH=""
+    exec bash scripts/gpu_bench_engine.sh ;;
+  swigluprice-bench)
+    trap pack_logs EXIT
+    trace_bench; mv "$OUT/trace.log" "$OUT/trace-default.log"; mv "$OUT/trace.json" "$OUT/trace-default.json"
+    (export OPENJET_BENCH_SKIP_SWIGLU_PACK=1; trace_bench) ;;
   immastress)  # the integer GEMV's three forms, many calls each against numpy's emulation (no model, ~2 minutes)
     trap pack_logs EXIT
     . scripts/device_common.sh
