@@ -849,10 +849,11 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
 
 
 @pytest.mark.parametrize("sms", ["1", "46"])
-def test_the_swiglus_bound_pack_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
-    """The swiglu's own pack under its bound (OPENJET_SWIGLU_BOUND=1, every t: each 32-block's sums made by the second
-    of its two tile pairs to finish) on a grid sized for 1 or 46 SMs gives the bits it gives on the whole GPU, and stays
-    near the pack launch's logits (the scales differ: values under 2^-14 / s round as subnormals):
+def test_the_swiglu_bound_pack_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
+    """The swiglu's own pack under its bound (OPENJET_SWIGLU_BOUND=1, every t: each up tile waits for its gate tile's
+    word, and each 32-block's sums are made by the second of its two up tiles to finish) on a grid sized for 1 or 46
+    SMs (a block takes many tiles; on one SM every wait crosses blocks of one SM) gives the bits it gives on the whole
+    GPU, and stays near the pack launch's logits (the scales differ: values under 2^-14 / s round as subnormals):
     decode_sequence_logits on the small model."""
     from openjet_launcher.engine import kernels_test as kt
     if not kt.gemv_tma_available():

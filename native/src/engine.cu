@@ -235,11 +235,12 @@ struct openjet_engine {
     // OPENJET_SWIGLU_BOUND=1 at create (an experiment; a declared numerics change, not yet mirrored by the prefill):
     // a decode step's gate / up pack their own swiglu at every t <= 8, each token row's scale from the Cauchy-Schwarz
     // bound over its input's norm and the largest row norms of gate and up (LayerW::swiglu_norms, at load), so
-    // no meeting and no pack launch (gemv_fold.cuh GemvFold::swiglu_norms). Its scratch: the half sums and counts,
-    // and the pack it makes (swiglu_x: not e.x, which other blocks may still be reading).
+    // no meeting and no pack launch (gemv_fold.cuh GemvFold::swiglu_norms). Its scratch: the half sums and counts, the
+    // gate tiles' ready words, and the pack it makes (swiglu_x: not e.x, which other blocks may still be reading).
     bool swiglu_bound = false;
     float* swiglu_halves = nullptr;
     int* swiglu_counts = nullptr;
+    int* swiglu_ready = nullptr;
     ActPack swiglu_x{nullptr, nullptr, nullptr, kActRows};
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
@@ -1030,6 +1031,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
         {(void**)&e.swiglu_halves, e.swiglu_bound ? sizeof(float) * (c.n_ff / kActBlock) * 2 * kActRows : 0},
         {(void**)&e.swiglu_counts, e.swiglu_bound ? sizeof(int) * (c.n_ff / kActBlock) : 0},
+        {(void**)&e.swiglu_ready, e.swiglu_bound ? sizeof(int) * (c.n_ff / kTileLayoutRows) : 0},
         {(void**)&e.swiglu_x.h, e.swiglu_bound ? sizeof(__half) * kActRows * c.n_ff : 0},
         {(void**)&e.swiglu_x.sum, e.swiglu_bound ? sizeof(__half) * kActRows * (c.n_ff / kActBlock) * 2 : 0},
         {(void**)&e.swiglu_x.inv, e.swiglu_bound ? sizeof(float) * kActRows : 0},
@@ -1337,7 +1339,7 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
         // OPENJET_SWIGLU_BOUND: gate / up pack their own swiglu into e.swiglu_x under the bound's scales, at any t
         GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
         f.swiglu_pack = e.swiglu_x, f.swiglu_norms = L.swiglu_norms;
-        f.swiglu_halves = e.swiglu_halves, f.swiglu_counts = e.swiglu_counts;
+        f.swiglu_halves = e.swiglu_halves, f.swiglu_counts = e.swiglu_counts, f.swiglu_ready = e.swiglu_ready;
         if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack under its bound)");
         return project_out(e, L.ffn_down, t, &e.swiglu_x);

@@ -125,7 +125,8 @@ cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvF
     if (!(bound ? gemv_swiglu_bound_takes(a, b) : gemv_swiglu_takes(a, b)) || !act_pack_plain(f.swiglu_pack))
         return cudaErrorNotSupported;
     const ActPack& p = f.swiglu_pack;
-    if ((bound ? !f.swiglu_halves || !f.swiglu_counts || !(f.swiglu_norms.x > 0.0f) || !(f.swiglu_norms.y > 0.0f)
+    if ((bound ? !f.swiglu_halves || !f.swiglu_counts || !f.swiglu_ready || !a.y || !(f.swiglu_norms.x > 0.0f) ||
+                     !(f.swiglu_norms.y > 0.0f)
                : !f.meet) ||
         !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
         (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (bound && p.h == a.x.h))

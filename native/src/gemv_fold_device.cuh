@@ -234,12 +234,37 @@ __device__ __forceinline__ void swiglu_tile_store(const float (&part)[kGemvWarps
     }
 }
 
-// The bound's form (GemvFold::swiglu_norms): the up tile's epilogue, by warp 0, packs the pair's 16 rows of v for each
+// The bound's form (GemvFold::swiglu_norms), by warp 0 of the block that took a tile: a gate tile, once its y is
+// stored, sets its word in swiglu_ready; the up tile of the same rows waits for that word, reads the gate tile's y
+// (the lane's fragment: rows g, g + 8 of token rows 2 tq, 2 tq + 1, as swiglu_tile_store keeps them) and zeroes the
+// word for the next launch. Every block is resident and takes all its gate tiles before its up tiles, so the wait
+// ends (a gate tile that never comes traps: spin_until).
+__device__ __forceinline__ void publish_ready(int* ready, int lane) {
+    __syncwarp();  // the warp's stores of y
+    if (lane == 0) {
+        __threadfence();
+        atomicExch(ready, 1);
+    }
+}
+__device__ __forceinline__ void take_gate_tile(int* ready, const float* y, int tile, int n, int t, int lane,
+                                               float (&g_tile)[4]) {
+    if (lane == 0) spin_until(ready, [](int v) { return v != 0; });  // (an acquire)
+    __syncwarp();  // (lane 0's acquire before every lane's reads)
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int row = tile * kMmaRows + g + 8 * (c >> 1), col = 2 * tq + (c & 1);
+        g_tile[c] = col < t ? __ldcg(y + static_cast<long long>(col) * n + row) : 0.0f;
+    }
+    if (lane == 0) *ready = 0;  // (its only reader: the next launch reads it after its PDL wait)
+}
+
+// The up tile's epilogue, by warp 0: packs the tile's 16 rows of v = swiglu1(g, u) for each
 // token row c < t under s[c] (fp16_rn(fl(v s)) at its place in the pack) and sums them per token row: a lane's rows g
 // and g + 8 first, then the butterfly over g (lanes 4, 8, 16 apart). The tile's 32-block b = tile / 2 takes that
-// half's sum (half = tile % 2); the second of its two pairs to come makes the block's sum S = fl(half 0 + half 1) into
+// half's sum (half = tile % 2); the second of its two tiles to come makes the block's sum S = fl(half 0 + half 1) into
 // the pack's hi / lo (as pack_block: S / 32 exact, hi = fp16(S / 32), lo = fp16(S / 32 - hi)) and zeroes the count.
-// g_prev: the gate tile's y values of the lane's fragment (SwigluTiles::g).
+// g_prev: the gate tile's y values of the lane's fragment (take_gate_tile).
 template <class InvOf>
 __device__ __forceinline__ void swiglu_bound_tile_store(const float (&part)[kGemvWarps][1][32][4], int lane, int tile,
                                                         int n, int t, const InvOf& inv_of, const float (&g_prev)[4],

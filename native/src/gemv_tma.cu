@@ -63,9 +63,10 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 with bit 2, the bound's
-// form of that pack (GemvFold::swiglu_norms: each block's scales from its input's norms, each pair's tiles packed at
-// once, at any t).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (not with bit 2), the
+// bound's form of that pack (GemvFold::swiglu_norms, at any t): the tiles in their plain order, gate's into y, each up
+// tile's epilogue waiting for its gate tile's y (fold.swiglu_ready) and packing v at once under scales each block
+// computes from its input's norms.
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -78,9 +79,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
-    constexpr bool kBound = (kFold & 8) != 0;  // that pack under the bound's scales, no meeting
-    static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
-    static_assert(!kBound || kPairs, "the bound's form is the swiglu's own pack's");
+    constexpr bool kBound = (kFold & 8) != 0;  // that pack under the bound's scales: no pairs, no meeting
+    static_assert(!(kPairs || kBound) || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile");
+    static_assert(!(kPairs && kBound), "the bound's form takes the tiles in their plain order");
     constexpr bool kThird = sizeof...(Third) == 1;
     constexpr bool kGroup = QT2 != QT || kThird;
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
@@ -221,8 +222,14 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                                                m == 0 ? n : m == 1 ? second.n : more.n, t, inv_of,
                                                m == 0 ? y : m == 1 ? second.y : more.y);
             } else if constexpr (kBound) {
-                if (first) swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, true, swiglu, y);  // (g kept)
-                else swiglu_bound_tile_store(part[buf], lane, own(tile), n, t, inv_of, swiglu.g, bound_s, fold);
+                if (first) {  // gate's y, then its tile's word: ready
+                    tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, n, t, inv_of, y);
+                    publish_ready(fold.swiglu_ready + own(tile), lane);
+                } else {  // up: gate's tile of the same rows (done an earlier round, by some block), then the pack
+                    float g_tile[4];
+                    take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
+                    swiglu_bound_tile_store(part[buf], lane, own(tile), n, t, inv_of, g_tile, bound_s, fold);
+                }
             } else if constexpr (kPairs)
                 swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, first, swiglu, y);
             else if constexpr (kFold & 2)
@@ -318,8 +325,9 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     const int first = a.n / kMmaRows, tiles = first + (b ? b->n / kMmaRows : 0);
     const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)
     if ((kFold & 4) && (!b || b->n != a.n)) return cudaErrorInvalidValue;
-    if ((kFold & 12) == 4 && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
-    if ((kFold & 8) && (!fold.swiglu_halves || !fold.swiglu_counts)) return cudaErrorInvalidValue;
+    if ((kFold & 4) && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
+    if ((kFold & 8) && (!b || b->n != a.n || !fold.swiglu_halves || !fold.swiglu_counts || !fold.swiglu_ready))
+        return cudaErrorInvalidValue;
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -439,9 +447,9 @@ cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const G
                                    cudaStream_t stream) {
     if (f.swiglu_norms.x > 0.0f) {  // the bound's form (one row: form 1's ring and blocks a SM; more: form 2's)
         constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
-        if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 13>(a, &b, stream, f);
-        if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 12>(a, &b, stream, f);
-        return launch_ring<kQ4_K, kRing2, kBlocks2, false, 12>(a, &b, stream, f);
+        if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 9>(a, &b, stream, f);
+        if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 8>(a, &b, stream, f);
+        return launch_ring<kQ4_K, kRing2, kBlocks2, false, 8>(a, &b, stream, f);
     }
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
