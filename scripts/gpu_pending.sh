@@ -95,16 +95,10 @@
 # PLAN=attnpack  OPENJET_ATTN_OWN_PACK (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own
 #            output, no pack launch before the out projection): as PLAN=group (ran on an H100 at ab986ba, NOTES_gemv.md
 #            fifty-fifth session; the default since).
-# PLAN=foldslices  OPENJET_FOLD_PACK_SLICES=8 (gemv_fold.cu: the fold's pack launch at t > 1 with each row on 8 blocks,
-#            each computing the row's scale from all its partials; written 2026-12-07 without a GPU): its bit test and
-#            tests/test_gpu_fold.py while the model is written, the T=1 / T=5 step at 0 / 8 alternating twice (T=1 takes
-#            no fold pack launch: a control), OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (WRONG outputs: what the swiglu
-#            packs cost at T=1 and T=5, the bound of an own pack without a meeting), a trace with the slices on.
-#            ~4 minutes.
 # PLAN=swiglubound  OPENJET_SWIGLU_BOUND=1 (gate / up pack their own swiglu at every t under scales from a
 #            Cauchy-Schwarz bound: no meeting, no pack launch; a declared numerics change; written 2026-12-07 without a
-#            GPU) with PLAN=foldslices' checks: while the model is written its tests (the teacher-forced bars and T=4 =
-#            T=1, the n_draft identity on the small model, its bits on grids of 1 and 46 SMs) and the fold's; then the
+#            GPU): while the model is written its tests (the teacher-forced bars and T=4 = T=1, the n_draft identity
+#            on the small model, its bits on grids of 1 and 46 SMs) and the fold's; then the
 #            T=1 / T=5 step at 0 / 1 alternating twice, OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every
 #            swiglu pack, WRONG outputs), and a trace with the bound on. Ran at 724502d in its paired form (H100:
 #            T=1 at parity, T=5 +0.7 ms; NOTES_gemv.md). ~5 minutes.
@@ -429,16 +423,8 @@ PY
   attnpack-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_ATTN_OWN_PACK ;;
-  foldslices)
-    plan 150 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'decode_experiments_keep_every_bit and FOLD_PACK_SLICES or fold'" foldslices-bench ;;
-  foldslices-bench)
-    trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_PACK_SLICES=0 OPENJET_FOLD_PACK_SLICES=8
-    each_timing "" --ctx 0 --t 1,5 -- OPENJET_BENCH_SKIP_SWIGLU_PACK=1  # (wrong outputs: the swiglu packs' price)
-    (export OPENJET_FOLD_PACK_SLICES=8; trace_bench) ;;
   swiglubound)
-    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or (decode_experiments_keep_every_bit and FOLD_PACK_SLICES) or fold'" swiglubound-bench ;;
+    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or fold'" swiglubound-bench ;;
   swiglubound-bench)
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_BENCH_SKIP_SWIGLU_PACK=1

@@ -598,8 +598,7 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_GDN_LATE", "gdn_late_launch", ("1",)),
                           ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
                           ("OPENJET_GEMV_GROUP", "gemv_group", ("1",)),
-                          ("OPENJET_ATTN_OWN_PACK", "attn_own_pack", ("1",)),
-                          ("OPENJET_FOLD_PACK_SLICES", "fold_pack_sliced", ("8",))])
+                          ("OPENJET_ATTN_OWN_PACK", "attn_own_pack", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -621,16 +620,13 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     row); OPENJET_GEMV_GROUP (gemv_tma.cu launch_gemv_tma_group: a layer's input projections of two types, or three of
     them, in one producer-warp launch, reading the fold or a pack; 1, the default); OPENJET_ATTN_OWN_PACK
     (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own output for the out projection, the
-    row's heads meeting for its max; 1, the default); OPENJET_FOLD_PACK_SLICES (gemv_fold.cu: the fold's pack launch
-    at t > 1 with each row on 8 blocks, each computing the row's scale from all its partials; 8 against the default's
-    one block a row). The counted path (kernels_test.launch_count) ran
+    row's heads meeting for its max; 1, the default). The counted path (kernels_test.launch_count) ran
     under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
-    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF", "OPENJET_GEMV_GROUP",
-                  "OPENJET_FOLD_PACK_SLICES") and \
+    if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF", "OPENJET_GEMV_GROUP") and \
             not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()

@@ -221,9 +221,6 @@ struct openjet_engine {
     // trace: an attention layer from its prep to its out projection 25.4 -> 23.5 us at T=1, 34.8 -> 32.0 at T=5.
     bool attn_own_pack = true;
     unsigned* attn_pack_sync = nullptr;
-    // OPENJET_FOLD_PACK_SLICES=8 at create (an experiment; unset or 0: off): the fold's pack launch at t > 1 puts each
-    // row on 8 blocks (GemvFold::pack_slices; the same bits).
-    int fold_pack_slices = 1;
     // OPENJET_SWIGLU_SELF at create (the same bits): a decode step's gate / up pack their own swiglu for the down
     // projection (launch_gemv_swiglu: tile pairs, v in their epilogue, a meeting of their blocks, then the pack),
     // instead of the swiglu pack launch. 1 (the default): in steps of one row, where it gains (7.97 against 8.27 ms
@@ -928,7 +925,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_GDN_LATE")) e.gdn_late = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_GEMV_GROUP")) e.gemv_group = std::strcmp(f, "0") != 0;
     if (const char* f = std::getenv("OPENJET_ATTN_OWN_PACK")) e.attn_own_pack = std::strcmp(f, "0") != 0;
-    if (const char* f = std::getenv("OPENJET_FOLD_PACK_SLICES")) e.fold_pack_slices = std::strcmp(f, "8") == 0 ? 8 : 1;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
@@ -1211,7 +1207,6 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
     GemvFold f;
     f.h = e.h, f.h_out = e.h, f.w = norm_w, f.u = u, f.part = reinterpret_cast<float4*>(e.mix);
     f.u_in = u, f.part_in = reinterpret_cast<const float4*>(e.mix), f.eps = e.cfg.rms_eps;
-    f.pack_slices = e.fold_pack_slices;
     return f;
 }
 

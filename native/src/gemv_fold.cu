@@ -11,20 +11,17 @@ namespace openjet {
 namespace {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// launch_fold_pack's kernel: block c packs token row c (fold_pack_row); kSlices > 1 (OPENJET_FOLD_PACK_SLICES),
-// block (c, s) slice s of its 32-blocks, row c's scale computed by each of its blocks alike.
-template <int kSlices>
+// launch_fold_pack's kernel: block c packs token row c (fold_pack_row).
 __global__ void __launch_bounds__(kFoldThreads) fold_pack_kernel(GemvFold f, int k, ActPack p) {
     pdl_launch_dependents();
     pdl_wait();  // u and its partials are the kernel before's
     const int c = blockIdx.x, nt = k / kMmaRows;
     __shared__ float2 c_inv;
     const FoldRowCopy copy{f.a_out ? f.a_out + static_cast<long long>(c) * k : nullptr, nullptr, nullptr};
-    fold_pack_row<kSlices>(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k,
-                           f.eps, p.h + static_cast<long long>(c) * k,
-                           p.sum + static_cast<long long>(c) * (k / kActBlock) * 2, &c_inv, copy,
-                           kSlices == 1 ? 0 : static_cast<int>(blockIdx.y));
-    if (threadIdx.x == 0 && (kSlices == 1 || blockIdx.y == 0)) {
+    fold_pack_row(f.u_in + static_cast<long long>(c) * k, f.part_in + static_cast<long long>(c) * nt, k, f.eps,
+                  p.h + static_cast<long long>(c) * k, p.sum + static_cast<long long>(c) * (k / kActBlock) * 2,
+                  &c_inv, copy);
+    if (threadIdx.x == 0) {
         p.inv[c] = c_inv.y;
         if (f.scales) f.scales[c] = c_inv;
     }
@@ -60,7 +57,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_rows_kernel(const float* h,
     }
 }
 #else
-template <int kSlices> __global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
+__global__ void fold_pack_kernel(GemvFold, int, ActPack) {}
 __global__ void fold_rows_kernel(const float*, const float*, const float*, int, float*, float*, float4*) {}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -76,11 +73,7 @@ cudaError_t launch_fold_pack(const GemvFold& f, int t, int k, const ActPack& p, 
         !gemv_tma_available())
         return cudaErrorInvalidValue;
     if (!act_pack_plain(p)) return cudaErrorNotSupported;  // (it writes no integer twin)
-    if (f.pack_slices == 8) {  // (GemvFold::pack_slices; at T=5 one block a row loads and packs 5,120 values)
-        count_launch(Counted::kFoldPackSliced);
-        return launch_kernel(fold_pack_kernel<8>, dim3(t, 8), kFoldThreads, 0, stream, f, k, p);
-    }
-    return launch_kernel(fold_pack_kernel<1>, t, kFoldThreads, 0, stream, f, k, p);
+    return launch_kernel(fold_pack_kernel, t, kFoldThreads, 0, stream, f, k, p);
 }
 
 cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,

@@ -66,9 +66,6 @@ struct GemvFold {
     float* swiglu_halves = nullptr;
     int* swiglu_counts = nullptr;
     int* swiglu_ready = nullptr;
-    // launch_fold_pack's blocks a row: 1, or 8 (the engine's OPENJET_FOLD_PACK_SLICES, an experiment: each of a row's
-    // blocks computes the row's scale from all its partials and packs an eighth of it; the same bits).
-    int pack_slices = 1;
 };
 
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,

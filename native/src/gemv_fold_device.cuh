@@ -89,24 +89,16 @@ struct FoldRowCopy {
     __half* h = nullptr;
     __half* sum = nullptr;
 };
-// kSlices > 1 (launch_fold_pack's sliced form, OPENJET_FOLD_PACK_SLICES): this block packs slice `slice` of the row's
-// 32-blocks alone, [slice nb / kSlices, (slice + 1) nb / kSlices), with the whole row's scale (fold_row_scale over
-// every partial, as one block does): each value and sum is what the whole-row form makes of it, so the same bits.
-template <int kSlices = 1>
 __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const float4* __restrict__ part, int k,
                                               float eps, __half* h, __half* sum, float2* c_inv,
-                                              FoldRowCopy copy = {}, int slice = 0) {
-    constexpr int kQuads = (kFoldMaxK / 4 / kFoldThreads + kSlices - 1) / kSlices;
+                                              FoldRowCopy copy = {}) {
+    constexpr int kQuads = kFoldMaxK / 4 / kFoldThreads;
     const int tid = threadIdx.x, nb = k / kActBlock;
-    // the slice's 32-blocks [b0, b1) and quads [q0, q1) (a 32-block is 8 quads); one slice: the whole row
-    const int b0 = kSlices == 1 ? 0 : slice * nb / kSlices, b1 = kSlices == 1 ? nb : (slice + 1) * nb / kSlices;
-    const int q0 = b0 * (kActBlock / 4), q1 = b1 * (kActBlock / 4);
-    const auto in_slice = [&](int i) { return kSlices == 1 ? 4 * i < k : i < q1; };  // quad i (from q0 on)
     float4 uq[kQuads];
 #pragma unroll
     for (int j = 0; j < kQuads; ++j) {
-        const int i = q0 + tid + j * kFoldThreads;
-        if (in_slice(i)) uq[j] = __ldg(reinterpret_cast<const float4*>(u) + i);
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) uq[j] = __ldg(reinterpret_cast<const float4*>(u) + i);
     }
     float sv[kFoldPer];
     const FoldScale fs = fold_row_scale(part, k, eps, sv);
@@ -115,12 +107,12 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
 #pragma unroll
     for (int j = 0; j < kFoldPer; ++j) {
         const int b = tid + j * kFoldThreads;
-        if (kSlices == 1 ? b < nb : b >= b0 && b < b1) fold_block_sum(c, sv[j], b, sum, copy.sum);
+        if (b < nb) fold_block_sum(c, sv[j], b, sum, copy.sum);
     }
 #pragma unroll
     for (int j = 0; j < kQuads; ++j) {
-        const int i = q0 + tid + j * kFoldThreads;
-        if (in_slice(i)) {
+        const int i = tid + j * kFoldThreads;
+        if (4 * i < k) {
             const __half2 lo = __floats2half2_rn(__fmul_rn(uq[j].x, c), __fmul_rn(uq[j].z, c));
             const __half2 hi = __floats2half2_rn(__fmul_rn(uq[j].y, c), __fmul_rn(uq[j].w, c));
             const uint2 v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));

@@ -54,8 +54,7 @@ enum class Counted {
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
     kGemvGroup = 36,            // a producer-warp GEMV launch of several matrices' types (OPENJET_GEMV_GROUP)
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
-    kFoldPackSliced = 38,       // the fold's pack launch with each row on 8 blocks (OPENJET_FOLD_PACK_SLICES=8)
-    kSwigluBound = 39,          // gate / up packing their own swiglu under the bound's scales (OPENJET_SWIGLU_BOUND)
+    kSwigluBound = 38,          // gate / up packing their own swiglu under the bound's scales (OPENJET_SWIGLU_BOUND)
     kCount
 };
 

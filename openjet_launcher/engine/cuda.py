@@ -117,7 +117,6 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_LATE": ("0", "1"),                         # engine.cu, gdn_late (1: default; at load)
     "OPENJET_GEMV_GROUP": ("0", "1"),                       # engine.cu, gemv_group (1: default; at load)
     "OPENJET_ATTN_OWN_PACK": ("0", "1"),                    # engine.cu, attn_own_pack (1: default; at load)
-    "OPENJET_FOLD_PACK_SLICES": ("0", "8"),                 # engine.cu, fold_pack_slices (an experiment: 8; at load)
     "OPENJET_ADD_NORM_MAX_EST": ("0", "1"),                 # elementwise.cu, launch_add_norm_pack (1: default)
     "OPENJET_SWIGLU_SELF": ("0", "1"),                      # engine.cu, ffn (1, at t = 1: default; at load)
     "OPENJET_SWIGLU_BOUND": ("0", "1"),                     # engine.cu, ffn (an experiment; at load)
