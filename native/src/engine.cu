@@ -659,12 +659,6 @@ int device_alloc(char** p, size_t bytes, const char* what) {
     return OPENJET_OK;
 }
 
-// OPENJET_PREFILL_F16_WEIGHTS at create: unset or `auto`, the dense prefill path's fp16 weights are made once here and
-// kept where they fit beside everything else with a reserve left (1/16 of the device, at least 2 GiB: the draft
-// vocabulary's rows and the CUDA libraries allocate later), so that a prefill multiplies them without dequantising
-// every projection at every call (the same bits: the same kernel writes them); `1`: kept or create fails; `0`: never.
-// The 27B's are ~49 GB: an 80 GB or larger card; never a 24 GB one. Each projection the dense path takes, the FFN's
-// gate and up of one type as one [2n, k] matrix of interleaved rows (launch_ffn_gate_up_pack's epilogue layout).
 // OPENJET_SWIGLU_BOUND's norms: each FFN's (the trunk's and the MTP head's) largest row norms of gate and up, from
 // their fp16 rows (launch_dequant_f16, a chunk of rows at a time; launch_row_norm_max) into LayerW::swiglu_norms.
 int swiglu_bound_norms(openjet_engine& e) {
@@ -711,6 +705,12 @@ int swiglu_bound_norms(openjet_engine& e) {
     return e.has_mtp ? layer(e.mtp) : OPENJET_OK;
 }
 
+// OPENJET_PREFILL_F16_WEIGHTS at create: unset or `auto`, the dense prefill path's fp16 weights are made once here and
+// kept where they fit beside everything else with a reserve left (1/16 of the device, at least 2 GiB: the draft
+// vocabulary's rows and the CUDA libraries allocate later), so that a prefill multiplies them without dequantising
+// every projection at every call (the same bits: the same kernel writes them); `1`: kept or create fails; `0`: never.
+// The 27B's are ~49 GB: an 80 GB or larger card; never a 24 GB one. Each projection the dense path takes, the FFN's
+// gate and up of one type as one [2n, k] matrix of interleaved rows (launch_ffn_gate_up_pack's epilogue layout).
 int keep_prefill_f16_weights(openjet_engine& e) {
     const char* v = std::getenv("OPENJET_PREFILL_F16_WEIGHTS");
     const bool forced = v && std::strcmp(v, "1") == 0;
