@@ -844,28 +844,28 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
     np.testing.assert_array_equal(folded[sms], folded[None], err_msg=f"the fold, OPENJET_PERSISTENT_SMS={sms}")
 
 
+@pytest.mark.parametrize("bound", ["1", "2"])
 @pytest.mark.parametrize("sms", ["1", "46"])
-def test_the_swiglu_bound_pack_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
-    """The swiglu's own pack under its bound (OPENJET_SWIGLU_BOUND=1, every t: each up tile waits for its gate tile's
-    word, and each 32-block's sums are made by the second of its two up tiles to finish) on a grid sized for 1 or 46
-    SMs (a block takes many tiles; on one SM every wait crosses blocks of one SM) gives the bits it gives on the whole
-    GPU, and stays near the pack launch's logits (the scales differ: values under 2^-14 / s round as subnormals):
-    decode_sequence_logits on the small model."""
+def test_the_swiglu_bound_pack_keeps_its_bits_on_smaller_grids(models, sms, bound, monkeypatch):
+    """The swiglu's own pack under its bound (OPENJET_SWIGLU_BOUND, every t: each up tile waits for its gate tile's
+    word, and each 32-block's sums are made by the second of its two up tiles to finish; =2 takes the gate values
+    before the up tile's units) on a grid sized for 1 or 46 SMs (a block takes many tiles; on one SM every wait crosses
+    blocks of one SM) gives the bits =1 gives on the whole GPU, and stays near the pack launch's logits (the scales
+    differ: values under 2^-14 / s round as subnormals): decode_sequence_logits on the small model."""
     from openjet_launcher.engine import kernels_test as kt
     if not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     ids = np.random.default_rng(29).integers(0, 4096, 40)
-    env = {"OPENJET_SWIGLU_BOUND": "1", "OPENJET_FOLD": "1"}
-    whole, ran = small_model_sequence(models, monkeypatch, {**env, "OPENJET_PERSISTENT_SMS": None}, "swiglu_bound", ids)
-    small, ran_small = small_model_sequence(models, monkeypatch, {**env, "OPENJET_PERSISTENT_SMS": sms}, "swiglu_bound",
-                                            ids)
-    ref, ran_ref = small_model_sequence(models, monkeypatch, {"OPENJET_SWIGLU_BOUND": "0", "OPENJET_FOLD": "1",
-                                                              "OPENJET_PERSISTENT_SMS": None}, "swiglu_bound", ids)
+    env = {"OPENJET_FOLD": "1", "OPENJET_PERSISTENT_SMS": None}
+    whole, ran = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": "1"}, "swiglu_bound", ids)
+    small, ran_small = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": bound,
+                                                                  "OPENJET_PERSISTENT_SMS": sms}, "swiglu_bound", ids)
+    ref, ran_ref = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": "0"}, "swiglu_bound", ids)
     assert ran > 0 and ran_small == ran and ran_ref == 0, (ran, ran_small, ran_ref)
     assert np.isfinite(whole).all()
-    np.testing.assert_array_equal(small, whole, err_msg=f"OPENJET_SWIGLU_BOUND=1, OPENJET_PERSISTENT_SMS={sms}")
+    np.testing.assert_array_equal(small, whole, err_msg=f"OPENJET_SWIGLU_BOUND={bound}, OPENJET_PERSISTENT_SMS={sms}")
     rel = float(np.linalg.norm(whole - ref) / np.linalg.norm(ref))
-    report(test="swiglu_bound_grids", sms=sms, launches=ran, rel_l2_to_pack_launch=rel)
+    report(test="swiglu_bound_grids", sms=sms, bound=bound, launches=ran, rel_l2_to_pack_launch=rel)
     assert rel < 1e-2, rel
 
 

@@ -234,7 +234,8 @@ struct openjet_engine {
     // bound over its input's norm and the largest row norms of gate and up (LayerW::swiglu_norms, at load), so
     // no meeting and no pack launch (gemv_fold.cuh GemvFold::swiglu_norms). Its scratch: the half sums and counts, the
     // gate tiles' ready words, and the pack it makes (swiglu_x: not e.x, which other blocks may still be reading).
-    bool swiglu_bound = false;
+    // =2: each up tile's gate values taken before its units (GemvFold::swiglu_gate_early; the same bits).
+    int swiglu_bound = 0;
     float* swiglu_halves = nullptr;
     int* swiglu_counts = nullptr;
     int* swiglu_ready = nullptr;
@@ -928,7 +929,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
-    e.swiglu_bound = env_level("OPENJET_SWIGLU_BOUND", 1) == 1;
+    e.swiglu_bound = env_level("OPENJET_SWIGLU_BOUND", 2);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
@@ -1335,6 +1336,7 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
         GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
         f.swiglu_pack = e.swiglu_x, f.swiglu_norms = L.swiglu_norms;
         f.swiglu_halves = e.swiglu_halves, f.swiglu_counts = e.swiglu_counts, f.swiglu_ready = e.swiglu_ready;
+        f.swiglu_gate_early = e.swiglu_bound == 2;
         if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack under its bound)");
         return project_out(e, L.ffn_down, t, &e.swiglu_x);

@@ -66,6 +66,8 @@ struct GemvFold {
     float* swiglu_halves = nullptr;
     int* swiglu_counts = nullptr;
     int* swiglu_ready = nullptr;
+    // (OPENJET_SWIGLU_BOUND=2) warp 0 takes an up tile's gate values before the tile's units, not in its epilogue.
+    bool swiglu_gate_early = false;
 };
 
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,

@@ -66,7 +66,8 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (not with bit 2), the
 // bound's form of that pack (GemvFold::swiglu_norms, at any t): the tiles in their plain order, gate's into y, each up
 // tile's epilogue waiting for its gate tile's y (fold.swiglu_ready) and packing v at once under scales each block
-// computes from its input's norms.
+// computes from its input's norms; bit 4 with bit 3, warp 0 takes an up tile's gate values before its units instead
+// of in its epilogue (their L2 trip under the ring's fill).
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -82,6 +83,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     constexpr bool kBound = (kFold & 8) != 0;  // that pack under the bound's scales: no pairs, no meeting
     static_assert(!(kPairs || kBound) || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile");
     static_assert(!(kPairs && kBound), "the bound's form takes the tiles in their plain order");
+    constexpr bool kGateEarly = (kFold & 16) != 0;
+    static_assert(!kGateEarly || kBound, "the gate values taken early are the bound's form's");
     constexpr bool kThird = sizeof...(Third) == 1;
     constexpr bool kGroup = QT2 != QT || kThird;
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
@@ -193,6 +196,10 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = tile0; tile < tiles; tile = next(tile), round += buf, buf ^= 1) {
         float acc[1][4] = {};
+        float g_tile[4];  // kBound: an up tile's gate values (warp 0), taken before its units where kGateEarly
+        if constexpr (kGateEarly)
+            if (warp == 0 && !in_first(tile))
+                take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
@@ -226,8 +233,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                     tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, n, t, inv_of, y);
                     publish_ready(fold.swiglu_ready + own(tile), lane);
                 } else {  // up: gate's tile of the same rows (done an earlier round, by some block), then the pack
-                    float g_tile[4];
-                    take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
+                    if constexpr (!kGateEarly)
+                        take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
                     swiglu_bound_tile_store(part[buf], lane, own(tile), n, t, inv_of, g_tile, bound_s, fold);
                 }
             } else if constexpr (kPairs)
@@ -447,6 +454,11 @@ cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const G
                                    cudaStream_t stream) {
     if (f.swiglu_norms.x > 0.0f) {  // the bound's form (one row: form 1's ring and blocks a SM; more: form 2's)
         constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
+        if (f.swiglu_gate_early) {
+            if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 25>(a, &b, stream, f);
+            if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 24>(a, &b, stream, f);
+            return launch_ring<kQ4_K, kRing2, kBlocks2, false, 24>(a, &b, stream, f);
+        }
         if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 9>(a, &b, stream, f);
         if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 8>(a, &b, stream, f);
         return launch_ring<kQ4_K, kRing2, kBlocks2, false, 8>(a, &b, stream, f);
