@@ -98,7 +98,8 @@
 # PLAN=swiglubound  OPENJET_SWIGLU_BOUND=1 (gate / up pack their own swiglu at every t under scales from a
 #            Cauchy-Schwarz bound: no meeting, no pack launch; a declared numerics change; written 2026-12-07 without a
 #            GPU): while the model is written its tests (the teacher-forced bars and T=4 = T=1, the n_draft identity
-#            on the small model, its bits on grids of 1 and 46 SMs) and the fold's; then the
+#            on the small model, its bits on grids of 1 and 46 SMs, a prefill's bits against decode steps') and the
+#            fold's; then the
 #            T=1 / T=5 step at 0 / 1 / 2 (2: the gate values taken before the up tile's units) alternating twice,
 #            OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every swiglu pack, WRONG outputs), and a trace at 2.
 #            Ran at 724502d in its paired form (H100: T=1 at parity, T=5 +0.7 ms; NOTES_gemv.md). ~6 minutes.
@@ -424,7 +425,7 @@ PY
     trap pack_logs EXIT
     alternate_twice OPENJET_ATTN_OWN_PACK ;;
   swiglubound)
-    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or fold'" swiglubound-bench ;;
+    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or fold or (prefill_leaves_the_bits and exact-1)'" swiglubound-bench ;;
   swiglubound-bench)
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_SWIGLU_BOUND=2 \

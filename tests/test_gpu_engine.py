@@ -981,15 +981,19 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     report(test="tile_layout_keeps_every_bit", gemm=gemm, parts=len(out["rows"]), equal=True)
 
 
-@pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])
-def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monkeypatch):
+@pytest.mark.parametrize("kv_type, gemm, bound", [("f16", "exact", "0"), ("q8_0", "exact", "0"), ("f16", "shared", "0"),
+                                                  ("f16", "grouped", "0"), ("f16", "exact", "1")])
+def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, bound, monkeypatch):
     """Under OPENJET_PREFILL_GEMM=exact, prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and
     128, the last chunk partial) and decode steps of up to 8 tokens (all_logits) leave the same state bit for
     bit: the last logits and hidden row, the next decode step's logits, and the MTP head's drafts (its cache
     filled by the prefill). Its per-shape choice of kernel and each kernel forced. With the fold (OPENJET_FOLD, the
-    default where the producer-warp GEMV runs) the prefill's add-norms take its numerics (launch_fold_add_norm_pack)."""
+    default where the producer-warp GEMV runs) the prefill's add-norms take its numerics (launch_fold_add_norm_pack);
+    with OPENJET_SWIGLU_BOUND=1 the prefill's swiglu packs take the decode's own packs' (launch_swiglu_bound_pack)."""
     from openjet_launcher.engine import kernels_test as kt
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
+    monkeypatch.setenv("OPENJET_SWIGLU_BOUND", bound)
+    bound_before = kt.launch_count("swiglu_bound")
     ids = np.random.default_rng(23).integers(0, 4096, 301)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
     try:
@@ -1014,7 +1018,10 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monke
                 np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
         # where decode steps take the fold (OPENJET_FOLD, the producer-warp GEMV's), the prefill took its numerics
         assert (kt.launch_count("fold_add_norm") > folds) == kt.gemv_tma_available()
-        report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, gemm=gemm, chunks=[8, 40, 128], equal=True)
+        # under the bound the decode steps packed their own swiglu (where the producer-warp GEMV runs)
+        assert (kt.launch_count("swiglu_bound") > bound_before) == (bound == "1" and kt.gemv_tma_available())
+        report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, gemm=gemm, bound=bound, chunks=[8, 40, 128],
+               equal=True)
     finally:
         engine.close()
 

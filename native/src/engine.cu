@@ -229,10 +229,11 @@ struct openjet_engine {
     // grid_meet: the blocks' meeting place, in the zeroed scratch.
     int swiglu_self = 1;
     GridMeet* grid_meet = nullptr;
-    // OPENJET_SWIGLU_BOUND=1 at create (an experiment; a declared numerics change, not yet mirrored by the prefill):
-    // a decode step's gate / up pack their own swiglu at every t <= 8, each token row's scale from the Cauchy-Schwarz
-    // bound over its input's norm and the largest row norms of gate and up (LayerW::swiglu_norms, at load), so
-    // no meeting and no pack launch (gemv_fold.cuh GemvFold::swiglu_norms). Its scratch: the half sums and counts, the
+    // OPENJET_SWIGLU_BOUND=1 at create (an experiment; a declared numerics change): a decode step's gate / up pack
+    // their own swiglu at every t <= 8, each token row's scale from the Cauchy-Schwarz bound over its input's norm and
+    // the largest row norms of gate and up (LayerW::swiglu_norms, at load), so no meeting and no pack launch
+    // (gemv_fold.cuh GemvFold::swiglu_norms); a prefill's rows take the same numerics by a pack launch
+    // (launch_swiglu_bound_pack). Its scratch: the half sums and counts, the
     // gate tiles' ready words, and the pack it makes (swiglu_x: not e.x, which other blocks may still be reading).
     // =2: each up tile's gate values taken before its units (GemvFold::swiglu_gate_early; the same bits).
     int swiglu_bound = 0;
@@ -1330,8 +1331,9 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
     float* const u = folded_u ? folded_u : e.a;  // (the fold's u: the trunk's in e.a, the MTP head's in e.y)
     const bool skip_pack = !e.prefilling && e.bench_skip_swiglu_pack;  // a measurement: wrong outputs
-    if (!e.prefilling && e.swiglu_bound && !skip_pack && L.swiglu_norms.x > 0.0f && L.swiglu_norms.y > 0.0f &&
-        gate.n <= e.cfg.n_ff && gemv_swiglu_bound_takes(gate, up) && !gate.xi) {
+    const bool bound = e.swiglu_bound && !skip_pack && L.swiglu_norms.x > 0.0f && L.swiglu_norms.y > 0.0f &&
+                       gate.k % 8 == 0 && gate.n % kActBlock == 0 && !gate.xi;
+    if (bound && !e.prefilling && gate.n <= e.cfg.n_ff && gemv_swiglu_bound_takes(gate, up)) {
         // OPENJET_SWIGLU_BOUND: gate / up pack their own swiglu into e.swiglu_x under the bound's scales, at any t
         GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
         f.swiglu_pack = e.swiglu_x, f.swiglu_norms = L.swiglu_norms;
@@ -1340,6 +1342,12 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
         if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
             return cuda_fail(err, "ffn gate/up (the swiglu's own pack under its bound)");
         return project_out(e, L.ffn_down, t, &e.swiglu_x);
+    }
+    if (bound && !folded) {  // the same numerics by a pack launch: a prefill's rows, or where gate / up cannot pack
+        if (const cudaError_t err = launch_gemv_pair(gate, up, e.stream)) return cuda_fail(err, "ffn gate/up");
+        CHECK(launch_swiglu_bound_pack(gate.y, up.y, 0, t, gate.n, gate.x, gate.k, L.swiglu_norms.x,
+                                       L.swiglu_norms.y, e.x, e.stream));  // (in place: gate.x is e.x)
+        return project_out(e, L.ffn_down, t);
     }
     if (!e.prefilling && e.swiglu_self && !skip_pack && gemv_swiglu_takes(gate, up) && !gate.xi) {
         // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x (one token row: gemv_swiglu_takes)
