@@ -425,7 +425,7 @@ PY
     trap pack_logs EXIT
     alternate_twice OPENJET_ATTN_OWN_PACK ;;
   swiglubound)
-    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py -k 'swiglu_bound or swiglu-bound or fold or (prefill_leaves_the_bits and exact-1)'" swiglubound-bench ;;
+    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py tests/test_gpu_gemv.py -k 'swiglu_bound or swiglu-bound or fold or (prefill_leaves_the_bits and exact-1)'" swiglubound-bench ;;
   swiglubound-bench)
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_SWIGLU_BOUND=2 \
