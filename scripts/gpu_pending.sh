@@ -97,12 +97,12 @@
 #            fifty-fifth session; the default since).
 # PLAN=swiglubound  OPENJET_SWIGLU_BOUND=1 (gate / up pack their own swiglu at every t under scales from a
 #            Cauchy-Schwarz bound: no meeting, no pack launch; a declared numerics change; written 2026-12-07 without a
-#            GPU): while the model is written its tests (the teacher-forced bars and T=4 = T=1, the n_draft identity
-#            on the small model, its bits on grids of 1 and 46 SMs, a prefill's bits against decode steps') and the
-#            fold's; then the
-#            T=1 / T=5 step at 0 / 1 / 2 (2: the gate values taken before the up tile's units) alternating twice,
-#            OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every swiglu pack, WRONG outputs), and a trace at 2.
-#            Ran at 724502d in its paired form (H100: T=1 at parity, T=5 +0.7 ms; NOTES_gemv.md). ~6 minutes.
+#            GPU): while the model is written its tests (the pack launch against numpy, the teacher-forced bars and
+#            T=4 = T=1, the n_draft identity on the small model, its bits on grids of 1 and 46 SMs, a prefill's bits
+#            against decode steps') and the fold's; then the T=1 / T=5 step at 0 / 1 / 2 (2: the gate values taken
+#            before the up tile's units) alternating twice, OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every
+#            swiglu pack, WRONG outputs), and a trace at 2. Ran at 724502d in its paired form (H100: T=1 at parity,
+#            T=5 +0.7 ms; NOTES_gemv.md). ~6 minutes.
 # PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
 #            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
