@@ -61,6 +61,17 @@ constexpr int kPackThreads = 1024;
 // value twice. Measured per launch on the H200 before (ncu, cold L2): swiglu_pack 19 us, add_norm_pack 8 us.
 constexpr int kPackCached = 20;
 
+// A 32-block's stored sum from the fp32 sum S of its fp16 values: hi = fp16(S / 32) and lo = fp16(S / 32 - hi) at
+// act_sum_pos(b) (S / 32 exact), into sum and, where given, copy. Every maker of a pack writes its sums here.
+__device__ __forceinline__ void act_store_sum(float S, int b, __half* sum, __half* copy = nullptr) {
+    const float t32 = __fmul_rn(S, 1.0f / 32.0f);  // exact
+    const __half hi = __float2half_rn(t32);
+    const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+    sum[act_sum_pos(b)] = hi;
+    sum[act_sum_pos(b) + 2] = lo;
+    if (copy) copy[act_sum_pos(b)] = hi, copy[act_sum_pos(b) + 2] = lo;
+}
+
 // The pack's second pass over one row: the 32-block values v (v[j] = value of element threadIdx.x + j
 // kPackThreads: block warp + 32 j, lane) scaled by s, stored, summed.
 __device__ __forceinline__ void pack_block(float v, float s, int b, __half* h, __half* sum) {
@@ -71,12 +82,7 @@ __device__ __forceinline__ void pack_block(float v, float s, int b, __half* h, _
     float t = __half2float(hv);
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    if (lane == 0) {
-        const float t32 = __fmul_rn(t, 1.0f / 32.0f);  // exact
-        const __half hi = __float2half_rn(t32);
-        sum[act_sum_pos(b)] = hi;
-        sum[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-    }
+    if (lane == 0) act_store_sum(t, b, sum);
 }
 
 // pack_block for four 32-blocks b[q] of one warp at once (v[q]: lane = element of block b[q]; blocks b[q] >= nb are
@@ -105,12 +111,7 @@ __device__ __forceinline__ void pack_blocks4(const float (&v)[4], float s, const
 #pragma unroll
     for (int o = 4; o >= 1; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     const int q = lane >> 3;
-    if ((lane & 7) == 0 && b[q] < nb) {
-        const float t32 = __fmul_rn(x, 1.0f / 32.0f);  // exact
-        const __half hi = __float2half_rn(t32);
-        sum[act_sum_pos(b[q])] = hi;
-        sum[act_sum_pos(b[q]) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-    }
+    if ((lane & 7) == 0 && b[q] < nb) act_store_sum(x, b[q], sum);
 }
 
 // The pack's power-of-two row scale s = 2^shift for the row's max |x|: amax * s in [2^14, 2^15).

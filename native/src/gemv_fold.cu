@@ -104,13 +104,11 @@ cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
 
 }  // namespace
 
-bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
-    return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
+bool gemv_swiglu_bound_takes(const GemvArgs& a, const GemvArgs& b) {
+    return a.qtype == kQ4_K && b.n == a.n && gemv_tma_takes(a, &b);  // (the tile layout: k whole units)
 }
 
-bool gemv_swiglu_bound_takes(const GemvArgs& a, const GemvArgs& b) {
-    return a.qtype == kQ4_K && b.n == a.n && a.k % 8 == 0 && gemv_tma_takes(a, &b);
-}
+bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) { return a.t == 1 && gemv_swiglu_bound_takes(a, b); }
 
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                cudaStream_t stream) {

@@ -67,12 +67,7 @@ __device__ __forceinline__ FoldScale fold_row_scale(const float4* __restrict__ p
 // A 32-block's sum in the pack (act_sum_pos's hi / lo halves of S / 32) from s2 = s_2b + s_2b+1 of its partials,
 // under the row's c: t32 = fl(fl(c s2) / 32), the division exact. Into sum and, where given, copy.
 __device__ __forceinline__ void fold_block_sum(float c, float s2, int b, __half* sum, __half* copy = nullptr) {
-    const float t32 = __fmul_rn(__fmul_rn(c, s2), 1.0f / 32.0f);
-    const __half hi = __float2half_rn(t32);
-    const __half lo = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-    sum[act_sum_pos(b)] = hi;
-    sum[act_sum_pos(b) + 2] = lo;
-    if (copy) copy[act_sum_pos(b)] = hi, copy[act_sum_pos(b) + 2] = lo;
+    act_store_sum(__fmul_rn(c, s2), b, sum, copy);
 }
 
 // The fold's pack of one token row (gemv_fold.cuh), by kFoldThreads threads (named barrier 1): from u [k] and its
@@ -303,11 +298,7 @@ __device__ __forceinline__ void swiglu_bound_tile_store(const float (&part)[kGem
             if (col >= t) continue;
             const float other = __ldcg(&halves[(half ^ 1) * kActRows + col]);
             const float S = half == 0 ? __fadd_rn(sum[cc], other) : __fadd_rn(other, sum[cc]);
-            const float t32 = __fmul_rn(S, 1.0f / 32.0f);  // exact
-            const __half hi = __float2half_rn(t32);
-            __half* const sums = p.sum + static_cast<long long>(col) * nb * 2;
-            sums[act_sum_pos(b)] = hi;
-            sums[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
+            act_store_sum(S, b, p.sum + static_cast<long long>(col) * nb * 2);
         }
     }
 }

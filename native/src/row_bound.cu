@@ -84,12 +84,7 @@ __global__ void __launch_bounds__(256) swiglu_bound_pack_kernel(const float* __r
 #pragma unroll
         for (int o = 1; o <= 4; o <<= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
         const float other = __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane == 0) {
-            const float t32 = __fmul_rn(__fadd_rn(v, other), 1.0f / 32.0f);  // (v: the first half's)
-            const __half hi = __float2half_rn(t32);
-            sums[act_sum_pos(b)] = hi;
-            sums[act_sum_pos(b) + 2] = __float2half_rn(__fsub_rn(t32, __half2float(hi)));
-        }
+        if (lane == 0) act_store_sum(__fadd_rn(v, other), b, sums);  // (v: the first half's)
     }
 }
 
