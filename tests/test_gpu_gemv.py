@@ -141,63 +141,6 @@ def test_pack_act_equals_numpy():
     np.testing.assert_allclose(unpack_act(got[0], got[2])[3], x[3], rtol=2 ** -11, atol=0)
 
 
-def swiglu1_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """elementwise.cuh's swiglu1 in float32 steps: g * (1 / (1 + e^-g)), then * u (numpy's exp may differ from
-    CUDA's expf by an ulp)."""
-    g, u = g.astype(np.float32), u.astype(np.float32)
-    with np.errstate(over="ignore"):  # (e^-g past float32's range: inf, so silu(g) = -0, as expf gives)
-        return (g * (np.float32(1) / (np.float32(1) + np.exp(-g)))) * u
-
-
-@pytest.mark.parametrize("t", [1, 5, 40])
-def test_the_swiglu_bound_pack_equals_numpy(t):
-    """OPENJET_SWIGLU_BOUND's pack launch (row_bound.cuh launch_swiglu_bound_pack, which a prefill's FFN takes under it
-    and whose numerics the decode's own pack shares) against numpy: each row's scale is the power of two that puts the
-    Cauchy-Schwarz bound max(||x|| G, 0.2785) ||x|| U (times 1.0625) in [2^14, 2^15), ||x|| from the input pack's
-    row; every |v| s stays below 2^15; the fp16 values are fp16(v s) within an ulp (numpy's exp against expf); and the
-    32-block sums are, bit for bit, the decode tiles' order over the kernel's own values (a 16-value half: e with
-    e + 8, then pairs 1, 2, 4 apart; then the halves). One row scaled by 1e4 (far from fp16's range without a scale),
-    one tiny."""
-    rng = np.random.default_rng(5 + t)
-    k, n = 512, 1024
-    x = random_x(rng, t, k)
-    if t > 1:
-        x[1] *= np.float32(1e4)
-        x[-1] *= np.float32(1e-6)
-    xh, xsum, xinv = kt.pack_act(x)
-    xs = unpack_act(xh, xinv)  # the input as the GEMVs see it
-    w_g = rng.standard_normal((n, k)) / np.sqrt(k)
-    w_u = rng.standard_normal((n, k)) / np.sqrt(k)
-    gate, up = (xs @ w_g.T).astype(np.float32), (xs @ w_u.T).astype(np.float32)
-    g_max, u_max = float(np.linalg.norm(w_g, axis=1).max()), float(np.linalg.norm(w_u, axis=1).max())
-    oh, osum, oinv = kt.swiglu_bound_pack(gate, up, xh, xsum, xinv, g_max, u_max)
-    # the scale: the bound's binade (float64 here; the kernel's fp32 norm may cross a power of two only at its edge)
-    nx = np.linalg.norm(xs, axis=1)
-    bound = np.maximum(nx * g_max, 0.2785) * (nx * u_max) * 1.0625
-    want_sh = 15 - np.frexp(bound)[1]
-    assert np.all(np.frexp(oinv)[0] == 0.5), oinv  # a power of two, 2^-sh
-    got_sh = 1 - np.frexp(oinv)[1]
-    edge = np.abs(np.log2(bound) - np.round(np.log2(bound))) < 1e-5
-    assert np.all((got_sh == want_sh) | edge), (got_sh, want_sh)
-    v = swiglu1_numpy(gate, up)
-    s = np.ldexp(np.float32(1), got_sh).astype(np.float32)
-    assert np.all(np.abs(v.astype(np.float64)) * s[:, None] < 2.0 ** 15)
-    h = oh.reshape(t, n // 4, 4)[..., [0, 2, 1, 3]].reshape(t, n).view(np.float16)  # element order
-    want_h = (v * s[:, None]).astype(np.float16)
-    ulp = np.abs(np.spacing(want_h)).astype(np.float32)  # fp16's (2^-24 among the subnormals)
-    assert np.all(np.abs(h.astype(np.float32) - want_h.astype(np.float32)) <= ulp), "fp16 values beyond an ulp"
-    # the sums from the kernel's own values, in the decode tiles' order: bit for bit
-    b = h.astype(np.float32).reshape(t, n // 32, 32)
-    lane = np.arange(32)
-    b = b + b[..., lane ^ 8]
-    for m in (1, 2, 4):
-        b = b + b[..., lane ^ m]
-    total = b[..., 0] + b[..., 16]
-    _, want_sum = pack_layout_numpy(h, total / np.float32(32))
-    np.testing.assert_array_equal(osum, want_sum)
-    report(test="swiglu_bound_pack", t=t, shifts=got_sh.tolist(), max_v_s=float((np.abs(v) * s[:, None]).max()))
-
-
 @pytest.mark.parametrize("threads", ["auto", "256", "512", "1024"])
 def test_pack_act_of_a_prefills_rows_equals_numpy(threads, monkeypatch):
     """More than 8 rows take a prefill's block sizes (act_pack.cuh, row_pack_threads; OPENJET_ROW_PACK_THREADS):

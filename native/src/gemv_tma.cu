@@ -25,7 +25,6 @@
 #include "gemv_fold_device.cuh"
 #include "gemv_mma.cuh"
 #include "launch_count.h"
-#include "row_bound.cuh"
 #include "tma_ring.cuh"
 
 namespace openjet {
@@ -63,11 +62,7 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (not with bit 2), the
-// bound's form of that pack (GemvFold::swiglu_norms, at any t): the tiles in their plain order, gate's into y, each up
-// tile's epilogue waiting for its gate tile's y (fold.swiglu_ready) and packing v at once under scales each block
-// computes from its input's norms; bit 4 with bit 3, warp 0 takes an up tile's gate values before its units instead
-// of in its epilogue (their L2 trip under the ring's fill).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -80,11 +75,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = TmaShape<QT, kRing, kFold, QT2, QT3>;
     constexpr bool kPairs = (kFold & 4) != 0;  // gate tile j then up tile j in one block (the swiglu's own pack)
-    constexpr bool kBound = (kFold & 8) != 0;  // that pack under the bound's scales: no pairs, no meeting
-    static_assert(!(kPairs || kBound) || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile");
-    static_assert(!(kPairs && kBound), "the bound's form takes the tiles in their plain order");
-    constexpr bool kGateEarly = (kFold & 16) != 0;
-    static_assert(!kGateEarly || kBound, "the gate values taken early are the bound's form's");
+    static_assert(!kPairs || (!kLastSum && !(kFold & 2)), "the swiglu's pack: warp 0 sums every tile, no fold out");
     constexpr bool kThird = sizeof...(Third) == 1;
     constexpr bool kGroup = QT2 != QT || kThird;
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
@@ -153,19 +144,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     const __half* xs = x.sum + col * kb * 2;
     __half* const fold_h = reinterpret_cast<__half*>(ring + Sh::kRingBytes);  // kFold & 1: the row's pack
     __half* const fold_sum = fold_h + kFoldMaxK;
-    __shared__ float bound_s[kActRows];  // kBound: each token row's scale
-    // kBound: the scale of token row c from the norm of its input row (shared or global memory: the same bits), by
-    // warp c % 4; block 0 writes the pack's row factor. Warp 0's first epilogue comes after a consumer barrier.
-    const auto bound_scale = [&](int c, const __half* row, float inv) {
-        if constexpr (kBound) {
-            const float nx = pack_row_norm(row, k, lane) * inv;
-            const int sh = ffn_bound_shift(nx, fold.swiglu_norms.x, fold.swiglu_norms.y);
-            if (lane == 0) {
-                bound_s[c] = ldexpf(1.0f, sh);
-                if (blockIdx.x == 0) fold.swiglu_pack.inv[c] = ldexpf(1.0f, -sh);
-            }
-        }
-    };
     if constexpr (kFold & 1) {
         __shared__ float2 fold_c_inv;  // the row's (c, inv)
         // block 0 also leaves the row for the kernels after (GemvFold::a_out, pack_out)
@@ -177,18 +155,13 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (blockIdx.x == 0 && fold.pack_out.inv) fold.pack_out.inv[0] = fold_c_inv.y;
             if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
         }
-        if constexpr (kBound)
-            if (warp == 0) bound_scale(0, fold_h, fold_c_inv.y);  // (fold_pack_row ends with the consumers' barrier)
     } else if (warp == 0 && lane < t) {
         // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         inv_s[lane] = __ldcg(x.inv + lane);
     }
-    if constexpr (kBound && !(kFold & 1))
-        for (int c = warp; c < t; c += kTmaConsumerWarps)
-            bound_scale(c, x.h + static_cast<long long>(c) * k, __ldcg(x.inv + c));
     int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
-    if constexpr (kPairs && !kBound)
+    if constexpr (kPairs)
         if (threadIdx.x == 0) meet_gen = load_acquire(&fold.meet->release);
     SwigluTiles swiglu;  // kPairs: warp 0's gate values across a pair, its maxima
     int slot = 0;
@@ -196,10 +169,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     int buf = 0, round = 0;  // round: this warp's earlier uses of part[buf]
     for (int tile = tile0; tile < tiles; tile = next(tile), round += buf, buf ^= 1) {
         float acc[1][4] = {};
-        float g_tile[4];  // kBound: an up tile's gate values (warp 0), taken before its units where kGateEarly
-        if constexpr (kGateEarly)
-            if (warp == 0 && !in_first(tile))
-                take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
         FoldTileIn fold_in;  // kFold & 2: warp 0's epilogue inputs, in flight during the units
         if constexpr (kFold & 2)
             if (warp == 0) fold_in.load(fold, lane, own(tile), in_first(tile) ? n : second.n, t);
@@ -228,15 +197,6 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
                 tile_sum_store_by<1, kMmaRows>(part[buf], lane, mat_tile(tile, m) * kMmaRows, 0,
                                                m == 0 ? n : m == 1 ? second.n : more.n, t, inv_of,
                                                m == 0 ? y : m == 1 ? second.y : more.y);
-            } else if constexpr (kBound) {
-                if (first) {  // gate's y, then its tile's word: ready
-                    tile_sum_store_by<1, kMmaRows>(part[buf], lane, own(tile) * kMmaRows, 0, n, t, inv_of, y);
-                    publish_ready(fold.swiglu_ready + own(tile), lane);
-                } else {  // up: gate's tile of the same rows (done an earlier round, by some block), then the pack
-                    if constexpr (!kGateEarly)
-                        take_gate_tile(fold.swiglu_ready + own(tile), y, own(tile), n, t, lane, g_tile);
-                    swiglu_bound_tile_store(part[buf], lane, own(tile), n, t, inv_of, g_tile, bound_s, fold);
-                }
             } else if constexpr (kPairs)
                 swiglu_tile_store(part[buf], lane, own(tile), n, t, inv_of, first, swiglu, y);
             else if constexpr (kFold & 2)
@@ -276,7 +236,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (warp == 0) sum_store();
         }
     }
-    if constexpr (kPairs && !kBound) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
+    if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
 #endif
 }
 
@@ -333,8 +293,6 @@ cudaError_t launch_ring(const GemvArgs& a, const GemvArgs* b, cudaStream_t strea
     const int blocks_of = (kFold & 4) ? tiles / 2 : tiles;  // (tile pairs: a block takes both of a pair)
     if ((kFold & 4) && (!b || b->n != a.n)) return cudaErrorInvalidValue;
     if ((kFold & 4) && (!fold.meet || std::min(blocks_of, slots) > kMeetMaxBlocks)) return cudaErrorInvalidValue;
-    if ((kFold & 8) && (!b || b->n != a.n || !fold.swiglu_halves || !fold.swiglu_counts || !fold.swiglu_ready))
-        return cudaErrorInvalidValue;
     GemvSecond second;
     second.from = first;
     if (b) second.w = static_cast<const uint8_t*>(b->w), second.n = b->n, second.y = b->y;
@@ -452,17 +410,6 @@ template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs
 // (fold_in: the fold's own pack; else x is a pack).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
-    if (f.swiglu_norms.x > 0.0f) {  // the bound's form (one row: form 1's ring and blocks a SM; more: form 2's)
-        constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
-        if (f.swiglu_gate_early) {
-            if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 25>(a, &b, stream, f);
-            if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 24>(a, &b, stream, f);
-            return launch_ring<kQ4_K, kRing2, kBlocks2, false, 24>(a, &b, stream, f);
-        }
-        if (fold_in) return launch_ring<kQ4_K, 4, 3, false, 9>(a, &b, stream, f);
-        if (a.t == 1) return launch_ring<kQ4_K, 4, 3, false, 8>(a, &b, stream, f);
-        return launch_ring<kQ4_K, kRing2, kBlocks2, false, 8>(a, &b, stream, f);
-    }
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
