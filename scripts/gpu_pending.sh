@@ -95,14 +95,6 @@
 # PLAN=attnpack  OPENJET_ATTN_OWN_PACK (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own
 #            output, no pack launch before the out projection): as PLAN=group (ran on an H100 at ab986ba, NOTES_gemv.md
 #            fifty-fifth session; the default since).
-# PLAN=swiglubound  OPENJET_SWIGLU_BOUND=1 (gate / up pack their own swiglu at every t under scales from a
-#            Cauchy-Schwarz bound: no meeting, no pack launch; a declared numerics change; written 2026-12-07 without a
-#            GPU): while the model is written its tests (the pack launch against numpy, the teacher-forced bars and
-#            T=4 = T=1, the n_draft identity on the small model, its bits on grids of 1 and 46 SMs, a prefill's bits
-#            against decode steps') and the fold's; then the T=1 / T=5 step at 0 / 1 / 2 (2: the gate values taken
-#            before the up tile's units) alternating twice, OPENJET_BENCH_SKIP_SWIGLU_PACK=1 once (the price of every
-#            swiglu pack, WRONG outputs), and a trace at 2. Ran at 724502d in its paired form (H100: T=1 at parity,
-#            T=5 +0.7 ms; NOTES_gemv.md). ~6 minutes.
 # PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
 #            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
@@ -424,14 +416,6 @@ PY
   attnpack-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_ATTN_OWN_PACK ;;
-  swiglubound)
-    plan 200 "tests/test_gpu_engine.py tests/test_gpu_fold.py tests/test_gpu_gemv.py -k 'swiglu_bound or swiglu-bound or fold or (prefill_leaves_the_bits and exact-1)'" swiglubound-bench ;;
-  swiglubound-bench)
-    trap pack_logs EXIT
-    each_timing -a --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_SWIGLU_BOUND=2 \
-      OPENJET_BENCH_SKIP_SWIGLU_PACK=1
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_SWIGLU_BOUND=0 OPENJET_SWIGLU_BOUND=1 OPENJET_SWIGLU_BOUND=2
-    (export OPENJET_SWIGLU_BOUND=2; trace_bench) ;;
   swigluprice)  # no tests: the T=1 / T=5 trace as it is and without any swiglu pack (WRONG outputs)
     export BENCH_CMD="bash scripts/gpu_pending.sh swigluprice-bench" WHILE_SYNTH=""
     exec bash scripts/gpu_bench_engine.sh ;;

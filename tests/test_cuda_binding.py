@@ -672,7 +672,6 @@ def test_the_prefill_numerics_come_from_the_environment_and_bad_values_are_refus
                                              ("OPENJET_ATTN_PREP_ROWS", "2", "0"),
                                              ("OPENJET_GEMV_GROUP", "on", "0"),
                                              ("OPENJET_ATTN_OWN_PACK", "2", "1"),
-                                             ("OPENJET_SWIGLU_BOUND", "3", "2"),
                                              ("OPENJET_BENCH_SKIP_SWIGLU_PACK", "on", "0"),
                                              ("OPENJET_BENCH_GEMV_NO_MATH", "yes", "0")])
 def test_the_kernel_switches_refuse_unknown_values_at_load(name, bad, good, monkeypatch, tmp_path):

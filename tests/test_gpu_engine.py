@@ -102,7 +102,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 
 def gemv_counter(gemv: str) -> str:
     """The launch counter that says a use_gemv choice ran."""
-    return {"fold": "gemv_fold", "swiglu-bound": "swiglu_bound"}.get(gemv, "gemv_int")
+    return "gemv_fold" if gemv == "fold" else "gemv_int"
 
 
 def use_gemv(gemv: str, monkeypatch) -> int:
@@ -110,14 +110,11 @@ def use_gemv(gemv: str, monkeypatch) -> int:
     calls on the integer GEMV, gemv_imma.cuh, a declared numerics change), "int-q4k" (=1: Q4_K calls only),
     "int-rows" (=3: Q4_K, Q5_K and Q6_K calls on the integer pack the cluster packs write under the row's scale) or
     "fold" (OPENJET_FOLD=1: the FFN-input add-norm made by the GEMVs around it, gemv_fold.cuh, a declared numerics
-    change) or "swiglu-bound" (the fold and OPENJET_SWIGLU_BOUND=1: gate / up pack their own swiglu under scales from
-    a bound, at every t, another declared numerics change); returns its launch counter so far."""
+    change); returns its launch counter so far."""
     from openjet_launcher.engine import kernels_test as kt
 
-    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1", "int-rows": "3", "fold": "0",
-                                            "swiglu-bound": "0"}[gemv])
-    monkeypatch.setenv("OPENJET_FOLD", "1" if gemv in ("fold", "swiglu-bound") else "0")
-    monkeypatch.setenv("OPENJET_SWIGLU_BOUND", "1" if gemv == "swiglu-bound" else "0")
+    monkeypatch.setenv("OPENJET_GEMV_INT", {"fp16": "0", "int": "2", "int-q4k": "1", "int-rows": "3", "fold": "0"}[gemv])
+    monkeypatch.setenv("OPENJET_FOLD", "1" if gemv == "fold" else "0")
     return kt.launch_count(gemv_counter(gemv))
 
 
@@ -131,7 +128,7 @@ def assert_gemv_ran(gemv: str, before: int) -> None:
 
 
 @pytest.mark.parametrize("kv_type, gemv", [("f16", "fp16"), ("q8_0", "fp16"), ("q8_0", "int"), ("q8_0", "int-q4k"),
-                                            ("q8_0", "int-rows"), ("q8_0", "fold"), ("q8_0", "swiglu-bound")])
+                                            ("q8_0", "int-rows"), ("q8_0", "fold")])
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_teacher_forced_logits_match_the_reference_and_t4_equals_t1(models, preset, kv_type, gemv, monkeypatch):
     ref, ids, ref_logits, ref_hidden = reference_run(models[preset], preset)
@@ -844,31 +841,6 @@ def test_the_producer_warp_gemv_keeps_its_bits_on_smaller_grids(models, sms, mon
     np.testing.assert_array_equal(folded[sms], folded[None], err_msg=f"the fold, OPENJET_PERSISTENT_SMS={sms}")
 
 
-@pytest.mark.parametrize("bound", ["1", "2"])
-@pytest.mark.parametrize("sms", ["1", "46"])
-def test_the_swiglu_bound_pack_keeps_its_bits_on_smaller_grids(models, sms, bound, monkeypatch):
-    """The swiglu's own pack under its bound (OPENJET_SWIGLU_BOUND, every t: each up tile waits for its gate tile's
-    word, and each 32-block's sums are made by the second of its two up tiles to finish; =2 takes the gate values
-    before the up tile's units) on a grid sized for 1 or 46 SMs (a block takes many tiles; on one SM every wait crosses
-    blocks of one SM) gives the bits =1 gives on the whole GPU, and stays near the pack launch's logits (the scales
-    differ: values under 2^-14 / s round as subnormals): decode_sequence_logits on the small model."""
-    from openjet_launcher.engine import kernels_test as kt
-    if not kt.gemv_tma_available():
-        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
-    ids = np.random.default_rng(29).integers(0, 4096, 40)
-    env = {"OPENJET_FOLD": "1", "OPENJET_PERSISTENT_SMS": None}
-    whole, ran = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": "1"}, "swiglu_bound", ids)
-    small, ran_small = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": bound,
-                                                                  "OPENJET_PERSISTENT_SMS": sms}, "swiglu_bound", ids)
-    ref, ran_ref = small_model_sequence(models, monkeypatch, {**env, "OPENJET_SWIGLU_BOUND": "0"}, "swiglu_bound", ids)
-    assert ran > 0 and ran_small == ran and ran_ref == 0, (ran, ran_small, ran_ref)
-    assert np.isfinite(whole).all()
-    np.testing.assert_array_equal(small, whole, err_msg=f"OPENJET_SWIGLU_BOUND={bound}, OPENJET_PERSISTENT_SMS={sms}")
-    rel = float(np.linalg.norm(whole - ref) / np.linalg.norm(ref))
-    report(test="swiglu_bound_grids", sms=sms, bound=bound, launches=ran, rel_l2_to_pack_launch=rel)
-    assert rel < 1e-2, rel
-
-
 @pytest.mark.parametrize("sms", ["1", "46"])
 def test_the_swiglus_own_pack_keeps_its_bits_on_smaller_grids(models, sms, monkeypatch):
     """The swiglu's own pack (OPENJET_SWIGLU_SELF=1, steps of one row), whose blocks meet once a launch (GridMeet),
@@ -981,19 +953,15 @@ def test_the_tile_layout_keeps_every_bit(models, gemm, monkeypatch):
     report(test="tile_layout_keeps_every_bit", gemm=gemm, parts=len(out["rows"]), equal=True)
 
 
-@pytest.mark.parametrize("kv_type, gemm, bound", [("f16", "exact", "0"), ("q8_0", "exact", "0"), ("f16", "shared", "0"),
-                                                  ("f16", "grouped", "0"), ("f16", "exact", "1")])
-def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, bound, monkeypatch):
+@pytest.mark.parametrize("kv_type, gemm", [("f16", "exact"), ("q8_0", "exact"), ("f16", "shared"), ("f16", "grouped")])
+def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, monkeypatch):
     """Under OPENJET_PREFILL_GEMM=exact, prefill in chunks (one weight read per chunk; chunk sizes 8, 40 and
     128, the last chunk partial) and decode steps of up to 8 tokens (all_logits) leave the same state bit for
     bit: the last logits and hidden row, the next decode step's logits, and the MTP head's drafts (its cache
     filled by the prefill). Its per-shape choice of kernel and each kernel forced. With the fold (OPENJET_FOLD, the
-    default where the producer-warp GEMV runs) the prefill's add-norms take its numerics (launch_fold_add_norm_pack);
-    with OPENJET_SWIGLU_BOUND=1 the prefill's swiglu packs take the decode's own packs' (launch_swiglu_bound_pack)."""
+    default where the producer-warp GEMV runs) the prefill's add-norms take its numerics (launch_fold_add_norm_pack)."""
     from openjet_launcher.engine import kernels_test as kt
     monkeypatch.setenv("OPENJET_PREFILL_GEMM", gemm)
-    monkeypatch.setenv("OPENJET_SWIGLU_BOUND", bound)
-    bound_before = kt.launch_count("swiglu_bound")
     ids = np.random.default_rng(23).integers(0, 4096, 301)
     engine = CudaEngine.load(models["tiny"], n_ctx=512, kv_type=kv_type)
     try:
@@ -1018,10 +986,7 @@ def test_prefill_leaves_the_bits_decode_steps_leave(models, kv_type, gemm, bound
                 np.testing.assert_array_equal(a, b, err_msg=f"chunk {chunk}: {name}")
         # where decode steps take the fold (OPENJET_FOLD, the producer-warp GEMV's), the prefill took its numerics
         assert (kt.launch_count("fold_add_norm") > folds) == kt.gemv_tma_available()
-        # under the bound the decode steps packed their own swiglu (where the producer-warp GEMV runs)
-        assert (kt.launch_count("swiglu_bound") > bound_before) == (bound == "1" and kt.gemv_tma_available())
-        report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, gemm=gemm, bound=bound, chunks=[8, 40, 128],
-               equal=True)
+        report(test="prefill_bits_equal_decode_steps", kv_type=kv_type, gemm=gemm, chunks=[8, 40, 128], equal=True)
     finally:
         engine.close()
 
@@ -1776,14 +1741,12 @@ def test_fast_prefill_resumed_through_the_servers_slot_gives_the_bits_of_a_fresh
                                          ("demo", "int"), ("demo", "int-q4k"), ("tiny", "int-rows"), ("demo", "int-rows"),
                                          ("small", "int-rows+chain"), ("small", "fp16+chain"),
                                          ("demo", "fp16+chain"), ("full", "fp16+chain"), ("small", "fold+chain"),
-                                         ("full", "fold+chain"), ("small", "swiglu-bound+chain"),
-                                         ("full", "swiglu-bound+chain")])
+                                         ("full", "fold+chain")])
 def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, monkeypatch):
     """Issue 7's exactness, on the CUDA engine with the device's verify/accept: greedy generation with
     n_draft = 0..7 gives the same ids (4 prompts x 128 tokens = 512 per n_draft). The random synthetic models
     reject nearly every draft (the rollback path); the demo model's head is trained (the accept path). Also with
-    the integer decode GEMV (OPENJET_GEMV_INT=2 "int", 1 "int-q4k" and 3 "int-rows"), with the swiglu's own pack under
-    its bound at every t (OPENJET_SWIGLU_BOUND, "swiglu-bound"), and ("+chain") with the drafts chained on
+    the integer decode GEMV (OPENJET_GEMV_INT=2 "int", 1 "int-q4k" and 3 "int-rows"), and ("+chain") with the drafts chained on
     the device (native_draft) and the fused GDN replay (OPENJET_GDN_REPLAY=fused): the defaults since 2026-12-05,
     also on the `full` model (the 27B's shapes: OPENJET_FULL_MODEL, else skipped; ~1 minute on the H200), and with
     the fold (OPENJET_FOLD=1: its T=1 blocks' pack and its pack launch for more rows must agree bit for bit)."""

@@ -53,13 +53,6 @@ OPENJET_API int openjet_test_rmsnorm(const float* x, int t, int k, const float* 
 OPENJET_API int openjet_test_add_norm_pack(const float* h, const float* delta, const float* w, int t, int k, float eps,
                                            float* h_out, float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv);
 
-/* launch_swiglu_bound_pack (OPENJET_SWIGLU_BOUND's pack launch): the pack (out_h, out_sum, out_inv in
- * openjet_test_pack_act's format, [t, n]) of swiglu1(gate, up) (gate, up [t, n]) under each row's scale from the bound
- * max(||x|| g_max, 0.2785) ||x|| u_max, ||x|| the norm of row r of the pack x (xh, xsum, xinv [t, k]). */
-OPENJET_API int openjet_test_swiglu_bound_pack(const float* gate, const float* up, int t, int n, const uint16_t* xh,
-                                               const uint16_t* xsum, const float* xinv, int k, float g_max,
-                                               float u_max, uint16_t* out_h, uint16_t* out_sum, float* out_inv);
-
 /* y [t, n] = W x: k-quant W packs x first (no norm), F32 W takes x as is. k: a multiple of 256 for the
  * k-quants, of 4 for F32. */
 OPENJET_API int openjet_test_gemv(int qtype, const void* w, int n, int k, const float* x, int t, float* y);

@@ -111,8 +111,6 @@ struct LayerW {
     // The GDN output's bounded pack (row_bound.cuh launch_gdn_out_scale): the largest row norm of the z projection's
     // kept fp16 rows and max |ssm_norm|, set at load where those rows are kept; -1 elsewhere (the pack of y then).
     float z_norm_max = -1.0f, norm_w_max = -1.0f;
-    // OPENJET_SWIGLU_BOUND's (G, U): the largest row norms of the FFN's gate and up (swiglu_bound_norms, at load), or 0.
-    float2 swiglu_norms{0.0f, 0.0f};
     // attention
     DevTensor wq, wk, wv, q_norm, k_norm, wo;
     // OPENJET_FOLD's plan for the layer, fixed at create (plan_folds): its FFN-input add-norm is the fold (the mixer's
@@ -229,18 +227,6 @@ struct openjet_engine {
     // grid_meet: the blocks' meeting place, in the zeroed scratch.
     int swiglu_self = 1;
     GridMeet* grid_meet = nullptr;
-    // OPENJET_SWIGLU_BOUND=1 at create (an experiment; a declared numerics change): a decode step's gate / up pack
-    // their own swiglu at every t <= 8, each token row's scale from the Cauchy-Schwarz bound over its input's norm and
-    // the largest row norms of gate and up (LayerW::swiglu_norms, at load), so no meeting and no pack launch
-    // (gemv_fold.cuh GemvFold::swiglu_norms); a prefill's rows take the same numerics by a pack launch
-    // (launch_swiglu_bound_pack). Its scratch: the half sums and counts, the
-    // gate tiles' ready words, and the pack it makes (swiglu_x: not e.x, which other blocks may still be reading).
-    // =2: each up tile's gate values taken before its units (GemvFold::swiglu_gate_early; the same bits).
-    int swiglu_bound = 0;
-    float* swiglu_halves = nullptr;
-    int* swiglu_counts = nullptr;
-    int* swiglu_ready = nullptr;
-    ActPack swiglu_x{nullptr, nullptr, nullptr, kActRows};
     // A decode step's FFNs as one persistent launch each (ffn_persistent.cuh; OPENJET_FFN_PERSISTENT at create, an
     // experiment: the same bits; 1: the FFN, 2: from the mixer's output on, 3: and the next norm, 4: and the next
     // layer's input projections) and its scratch.
@@ -661,52 +647,6 @@ int device_alloc(char** p, size_t bytes, const char* what) {
     return OPENJET_OK;
 }
 
-// OPENJET_SWIGLU_BOUND's norms: each FFN's (the trunk's and the MTP head's) largest row norms of gate and up, from
-// their fp16 rows (launch_dequant_f16, a chunk of rows at a time; launch_row_norm_max) into LayerW::swiglu_norms.
-int swiglu_bound_norms(openjet_engine& e) {
-    constexpr int kChunkRows = 1024;  // (a multiple of the tile layout's 16-row groups: 10 MB of fp16 at k = 5,120)
-    const int64_t k_max = e.cfg.n_embd;
-    const int max_chunks = (e.cfg.n_ff + kChunkRows - 1) / kChunkRows;
-    struct Scratch {  // (freed on every return)
-        char* rows = nullptr;
-        char* out = nullptr;
-        ~Scratch() { cudaFree(rows), cudaFree(out); }
-    } b;
-    TRY(device_alloc(&b.rows, sizeof(__half) * kChunkRows * k_max, "swiglu bound rows"));
-    TRY(device_alloc(&b.out, sizeof(float) * max_chunks, "swiglu bound norms"));
-    __half* const rows = reinterpret_cast<__half*>(b.rows);
-    float* const out = reinterpret_cast<float*>(b.out);
-    std::vector<float> got(static_cast<size_t>(max_chunks));
-    const auto norm_max = [&](const DevTensor& m, float* result) -> int {
-        if (m.ne0 > k_max || m.ne1 > static_cast<int64_t>(max_chunks) * kChunkRows || m.ne1 % 16)
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "OPENJET_SWIGLU_BOUND: an FFN matrix of %lld x %lld is not one "
-                        "it takes; unset it", (long long)m.ne1, (long long)m.ne0);
-        const int n = static_cast<int>(m.ne1), k = static_cast<int>(m.ne0), chunks = (n + kChunkRows - 1) / kChunkRows;
-        for (int i = 0; i < chunks; ++i) {
-            const int r0 = i * kChunkRows, nr = std::min(kChunkRows, n - r0);
-            GemvArgs a{};
-            a.qtype = m.type, a.n = nr, a.k = k, a.tiled = m.tiled;
-            const long long at = m.tiled ? tile_layout_bytes(m.type, r0, k) : static_cast<long long>(r0) * (m.bytes / n);
-            a.w = static_cast<const uint8_t*>(m.d) + at;
-            if (const cudaError_t err = launch_dequant_f16(a, rows, k, e.stream))
-                return cuda_fail(err, "launch_dequant_f16 (OPENJET_SWIGLU_BOUND)");
-            if (const cudaError_t err = launch_row_norm_max(rows, nr, k, k, out + i, e.stream))
-                return cuda_fail(err, "launch_row_norm_max (OPENJET_SWIGLU_BOUND)");
-        }
-        CHECK(cudaMemcpyAsync(got.data(), out, sizeof(float) * chunks, cudaMemcpyDeviceToHost, e.stream));
-        CHECK(cudaStreamSynchronize(e.stream));
-        *result = *std::max_element(got.begin(), got.begin() + chunks);
-        return OPENJET_OK;
-    };
-    const auto layer = [&](LayerW& L) -> int {
-        if (L.ffn_gate.type != kQ4_K || L.ffn_up.type != kQ4_K) return OPENJET_OK;  // (the form is Q4_K's)
-        TRY(norm_max(L.ffn_gate, &L.swiglu_norms.x));
-        return norm_max(L.ffn_up, &L.swiglu_norms.y);
-    };
-    for (LayerW& L : e.layers) TRY(layer(L));
-    return e.has_mtp ? layer(e.mtp) : OPENJET_OK;
-}
-
 // OPENJET_PREFILL_F16_WEIGHTS at create: unset or `auto`, the dense prefill path's fp16 weights are made once here and
 // kept where they fit beside everything else with a reserve left (1/16 of the device, at least 2 GiB: the draft
 // vocabulary's rows and the CUDA libraries allocate later), so that a prefill multiplies them without dequantising
@@ -930,7 +870,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
-    e.swiglu_bound = env_level("OPENJET_SWIGLU_BOUND", 2);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
     // (the persistent FFN makes no fold; a prefill, which cannot tell which layers it takes, then takes none either)
@@ -1027,12 +966,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
         {(void**)&e.attn_pack_sync, e.attn_own_pack ? sizeof(AttnPackSync) : 0},
         {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
-        {(void**)&e.swiglu_halves, e.swiglu_bound ? sizeof(float) * (c.n_ff / kActBlock) * 2 * kActRows : 0},
-        {(void**)&e.swiglu_counts, e.swiglu_bound ? sizeof(int) * (c.n_ff / kActBlock) : 0},
-        {(void**)&e.swiglu_ready, e.swiglu_bound ? sizeof(int) * (c.n_ff / kTileLayoutRows) : 0},
-        {(void**)&e.swiglu_x.h, e.swiglu_bound ? sizeof(__half) * kActRows * c.n_ff : 0},
-        {(void**)&e.swiglu_x.sum, e.swiglu_bound ? sizeof(__half) * kActRows * (c.n_ff / kActBlock) * 2 : 0},
-        {(void**)&e.swiglu_x.inv, e.swiglu_bound ? sizeof(float) * kActRows : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1119,7 +1052,6 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     CHECK(cudaMemsetAsync(e.scratch, 0, e.scratch_bytes, e.stream));
     CHECK(ffn_profile_reset(e.ffn_profile, e.stream));
     TRY(keep_prefill_f16_weights(e));
-    if (e.swiglu_bound) TRY(swiglu_bound_norms(e));
     e.ckpt_n_past.assign(c.n_checkpoints, -1);
     const char* prof = std::getenv("OPENJET_PROFILE");
     e.prof.on = prof && *prof && std::strcmp(prof, "0") != 0;
@@ -1331,24 +1263,6 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
     const GemvArgs up = gemv_args(e, L.ffn_up, t, nullptr, e.big2);
     float* const u = folded_u ? folded_u : e.a;  // (the fold's u: the trunk's in e.a, the MTP head's in e.y)
     const bool skip_pack = !e.prefilling && e.bench_skip_swiglu_pack;  // a measurement: wrong outputs
-    const bool bound = e.swiglu_bound && !skip_pack && L.swiglu_norms.x > 0.0f && L.swiglu_norms.y > 0.0f &&
-                       gate.k % 8 == 0 && gate.n % kActBlock == 0 && !gate.xi;
-    if (bound && !e.prefilling && gate.n <= e.cfg.n_ff && gemv_swiglu_bound_takes(gate, up)) {
-        // OPENJET_SWIGLU_BOUND: gate / up pack their own swiglu into e.swiglu_x under the bound's scales, at any t
-        GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};
-        f.swiglu_pack = e.swiglu_x, f.swiglu_norms = L.swiglu_norms;
-        f.swiglu_halves = e.swiglu_halves, f.swiglu_counts = e.swiglu_counts, f.swiglu_ready = e.swiglu_ready;
-        f.swiglu_gate_early = e.swiglu_bound == 2;
-        if (const cudaError_t err = launch_gemv_swiglu(gate, up, f, folded, e.stream))
-            return cuda_fail(err, "ffn gate/up (the swiglu's own pack under its bound)");
-        return project_out(e, L.ffn_down, t, &e.swiglu_x);
-    }
-    if (bound && !folded) {  // the same numerics by a pack launch: a prefill's rows, or where gate / up cannot pack
-        if (const cudaError_t err = launch_gemv_pair(gate, up, e.stream)) return cuda_fail(err, "ffn gate/up");
-        CHECK(launch_swiglu_bound_pack(gate.y, up.y, 0, t, gate.n, gate.x, gate.k, L.swiglu_norms.x,
-                                       L.swiglu_norms.y, e.x, e.stream));  // (in place: gate.x is e.x)
-        return project_out(e, L.ffn_down, t);
-    }
     if (!e.prefilling && e.swiglu_self && !skip_pack && gemv_swiglu_takes(gate, up) && !gate.xi) {
         // OPENJET_SWIGLU_SELF: gate / up pack their own swiglu into e.x (one token row: gemv_swiglu_takes)
         GemvFold f = folded ? fold_args(e, nullptr, u) : GemvFold{};

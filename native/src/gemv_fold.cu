@@ -104,32 +104,20 @@ cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
 
 }  // namespace
 
-bool gemv_swiglu_bound_takes(const GemvArgs& a, const GemvArgs& b) {
-    return a.qtype == kQ4_K && b.n == a.n && gemv_tma_takes(a, &b);  // (the tile layout: k whole units)
+bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
+    return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
 }
-
-bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) { return a.t == 1 && gemv_swiglu_bound_takes(a, b); }
 
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                cudaStream_t stream) {
-    const bool bound = f.swiglu_norms.x > 0.0f || f.swiglu_norms.y > 0.0f;
-    if (!(bound ? gemv_swiglu_bound_takes(a, b) : gemv_swiglu_takes(a, b)) || !act_pack_plain(f.swiglu_pack))
-        return cudaErrorNotSupported;
+    if (!gemv_swiglu_takes(a, b) || !act_pack_plain(f.swiglu_pack)) return cudaErrorNotSupported;
     const ActPack& p = f.swiglu_pack;
-    if ((bound ? !f.swiglu_halves || !f.swiglu_counts || !f.swiglu_ready || !a.y || !(f.swiglu_norms.x > 0.0f) ||
-                     !(f.swiglu_norms.y > 0.0f)
-               : !f.meet) ||
-        !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
-        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))) || (bound && p.h == a.x.h))
+    if (!f.meet || !p.h || !p.sum || !p.inv || a.t > p.rows || a.n % kActUnit ||
+        (fold_in && (!f.u_in || !f.part_in || !(f.eps >= 0.0f))))
         return cudaErrorInvalidValue;
     if (fold_in && a.k > kFoldMaxK) return cudaErrorNotSupported;
-    count_launch(bound ? Counted::kSwigluBound : Counted::kSwigluSelf);
+    count_launch(Counted::kSwigluSelf);
     if (fold_in) count_launch(Counted::kGemvFold);
-    if (fold_in && a.t > 1) {  // (the bound's form: the fold's rows by their own launch into a.x, as launch_gemv_fold)
-        if (const cudaError_t e = fold_in_checks(a, f)) return e;
-        if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
-        return launch_gemv_tma_swiglu(a, b, f, false, stream);
-    }
     return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
 }
 

@@ -53,21 +53,6 @@ struct GemvFold {
     // it into swiglu_pack itself, its blocks meeting through meet for the rows' maxima.
     ActPack swiglu_pack{nullptr, nullptr, nullptr, 0};
     GridMeet* meet = nullptr;
-    // The bound's form of it (the engine's OPENJET_SWIGLU_BOUND, an experiment; a declared numerics change), where
-    // swiglu_norms = (G, U), the largest row norms of gate and up, are given (> 0): each token row's scale comes from
-    // the Cauchy-Schwarz bound on |silu(g) u| over its input's norm (row_bound.cuh ffn_bound_shift), which every block
-    // computes from the pack it reads, so each up tile packs its values at once, at any t <= 8: no meeting, no max.
-    // The tiles keep their plain order (all of gate's, then up's); a gate tile stores its y and sets its word in
-    // swiglu_ready [n / 16], which the up tile of the same rows waits for and zeroes. A 32-block of the pack spans two
-    // up tiles: each writes its half's sums into swiglu_halves [n / 32][2][8] and counts itself in swiglu_counts
-    // [n / 32]; the second to come adds the halves, first half first, and writes the block's sums and zeroes the
-    // count. (Words and counts zeroed once; each launch leaves them zeroed.)
-    float2 swiglu_norms{0.0f, 0.0f};
-    float* swiglu_halves = nullptr;
-    int* swiglu_counts = nullptr;
-    int* swiglu_ready = nullptr;
-    // (OPENJET_SWIGLU_BOUND=2) warp 0 takes an up tile's gate values before the tile's units, not in its epilogue.
-    bool swiglu_gate_early = false;
 };
 
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
@@ -113,9 +98,6 @@ cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& 
 // own pack) or a.x. Q4_K at one token row only (at more rows it lost to the pack launch on the H100 and the H200, with
 // and without the meeting: NOTES_gemv.md, forty-first and forty-second sessions), where gemv_tma_takes(a, b).
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b);
-// The bound's form (fold.swiglu_norms given): Q4_K gate and up of one shape at any t <= 8, where gemv_tma_takes(a, b)
-// (its y: gate's a.y, written; b.y not).
-bool gemv_swiglu_bound_takes(const GemvArgs& a, const GemvArgs& b);
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& fold, bool fold_in,
                                cudaStream_t stream);
 

@@ -54,7 +54,6 @@ enum class Counted {
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
     kGemvGroup = 36,            // a producer-warp GEMV launch of several matrices' types (OPENJET_GEMV_GROUP)
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
-    kSwigluBound = 38,          // gate / up packing their own swiglu under the bound's scales (OPENJET_SWIGLU_BOUND)
     kCount
 };
 

@@ -2,7 +2,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "elementwise.cuh"  // swiglu1
 #include "pdl.cuh"
 #include "row_bound.cuh"
 
@@ -53,52 +52,7 @@ __global__ void __launch_bounds__(256) row_norm_max_kernel(const __half* __restr
     }
 }
 
-// A block a row: warp 0 the row's scale, then each warp 32-blocks w, w + 8, ... (lane: the block's element).
-__global__ void __launch_bounds__(256) swiglu_bound_pack_kernel(const float* __restrict__ gate,
-                                                                const float* __restrict__ up, long long ld, int n,
-                                                                ActPack x, int k, float g_max, float u_max,
-                                                                ActPack out) {
-    pdl_start();
-    __shared__ float row_s;
-    const int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 0) {
-        const float nx = pack_row_norm(x.h + static_cast<long long>(r) * k, k, lane) * x.inv[r];
-        const int sh = ffn_bound_shift(nx, g_max, u_max);
-        if (lane == 0) {
-            row_s = ldexpf(1.0f, sh);
-            out.inv[r] = ldexpf(1.0f, -sh);
-        }
-    }
-    __syncthreads();  // (x's row read before any warp writes out's)
-    const float s = row_s;
-    const float* g = gate + static_cast<long long>(r) * ld;
-    const float* u = up + static_cast<long long>(r) * ld;
-    __half* const h = out.h + static_cast<long long>(r) * n;
-    __half* const sums = out.sum + static_cast<long long>(r) * (n / kActBlock) * 2;
-    for (int b = warp; b < n / kActBlock; b += 8) {
-        const int i = b * kActBlock + lane;
-        const __half hv = __float2half_rn(__fmul_rn(swiglu1(__ldg(g + i), __ldg(u + i)), s));
-        h[act_quad_pos(i)] = hv;
-        float v = __half2float(hv);
-        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));  // rows e and e + 8 of the 16-row tile
-#pragma unroll
-        for (int o = 1; o <= 4; o <<= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-        const float other = __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane == 0) act_store_sum(__fadd_rn(v, other), b, sums);  // (v: the first half's)
-    }
-}
-
 }  // namespace
-
-cudaError_t launch_swiglu_bound_pack(const float* gate, const float* up, long long ld, int t, int n, const ActPack& x,
-                                     int k, float g_max, float u_max, const ActPack& out, cudaStream_t stream) {
-    if (!gate || !up || !x.h || !x.inv || !out.h || !out.sum || !out.inv || t < 1 || t > out.rows || t > x.rows ||
-        n < kActBlock || n % kActBlock || (ld && ld < n) || k < 8 || k % 8 || !(g_max > 0.0f) || !(u_max > 0.0f))
-        return cudaErrorInvalidValue;
-    if (!act_pack_plain(out)) return cudaErrorNotSupported;  // (it writes no integer twin)
-    return launch_kernel(swiglu_bound_pack_kernel, t, 256, 0, stream, gate, up, ld ? ld : n, n, x, k, g_max, u_max,
-                         out);
-}
 
 bool gdn_pack_bound() {
     const char* v = std::getenv("OPENJET_GDN_PACK_BOUND");

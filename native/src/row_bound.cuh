@@ -45,8 +45,7 @@ __device__ __forceinline__ int bound_shift(float bound) {
 constexpr float kSiluFloor = 0.2785f;
 
 // The FFN's swiglu scale's shift for an input row of norm nx = ||x||: |silu(g) u| <= max(nx G, 0.2785) nx U (Cauchy-
-// Schwarz; G, U the largest row norms of gate and up). launch_ffn_row_scale's and the decode swiglu's bound
-// (gemv_fold.cuh launch_gemv_swiglu, GemvFold::swiglu_norms).
+// Schwarz; G, U the largest row norms of gate and up): launch_ffn_row_scale's.
 __device__ __forceinline__ int ffn_bound_shift(float nx, float g_max, float u_max) {
     return bound_shift(fmaxf(nx * g_max, kSiluFloor) * (nx * u_max));
 }
@@ -56,15 +55,6 @@ __device__ __forceinline__ int ffn_bound_shift(float nx, float g_max, float u_ma
 // s [t] and inv [t] = 1 / s. k % 8 == 0.
 cudaError_t launch_ffn_row_scale(const ActPack& x, int k, int t, const float* norms, float* s, float* inv,
                                  cudaStream_t stream);
-
-// The decode swiglu's own pack under its bound (gemv_fold.cuh GemvFold::swiglu_norms, the engine's OPENJET_SWIGLU_BOUND)
-// made for t rows of any count from gate's and up's outputs (gate [t, n], up [t, n], ld floats a row, 0: n), with the
-// same bits row for row: each row's scale from ffn_bound_shift over the norm of x's row (pack_row_norm, its 1 / s_x),
-// values fp16_rn(fl(swiglu1(g, u) s)), each 32-block's sum the decode tiles' order (each 16-value half: element e
-// with e + 8 first, then pairs 1, 2, 4 apart; then the halves, first first). out may be x (block r reads x's row r
-// before it writes out's). The prefill's FFN under that switch, so that a prefill leaves decode's bits.
-cudaError_t launch_swiglu_bound_pack(const float* gate, const float* up, long long ld, int t, int n, const ActPack& x,
-                                     int k, float g_max, float u_max, const ActPack& out, cudaStream_t stream);
 
 // The GDN output's (launch_gdn_step's bounded pack): its gated RMSNorm o r w silu(z) has |o r| <= sqrt(128) within a
 // 128-wide head and |z| <= ||x|| z_max (z_max the largest row norm of the z projection W_z, whose output z is, from the

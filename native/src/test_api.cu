@@ -23,7 +23,6 @@
 #include "act_pack.cuh"
 #include "pdl.cuh"
 #include "rmsnorm.cuh"
-#include "row_bound.cuh"
 
 namespace {
 
@@ -138,31 +137,6 @@ extern "C" OPENJET_API int openjet_test_add_norm_pack(const float* h, const floa
     CHECK(p.download(t, k, xh, xsum, xinv));
     CHECK(cudaMemcpy(h_out, dh.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * k, cudaMemcpyDeviceToHost));
-    return OPENJET_OK;
-}
-
-extern "C" OPENJET_API int openjet_test_swiglu_bound_pack(const float* gate, const float* up, int t, int n,
-                                                          const uint16_t* xh, const uint16_t* xsum, const float* xinv,
-                                                          int k, float g_max, float u_max, uint16_t* out_h,
-                                                          uint16_t* out_sum, float* out_inv) {
-    if (!gate || !up || !xh || !xsum || !xinv || !out_h || !out_sum || !out_inv || t < 1 || t > kActMaxRows ||
-        n < kActUnit || n % kActUnit || k < kActUnit || k % kActUnit)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "swiglu_bound_pack: null pointer, t (%d) not in 1..%d, or n (%d) or "
-                    "k (%d) not a multiple of %d", t, kActMaxRows, n, k, kActUnit);
-    if (!(g_max > 0.0f) || !(u_max > 0.0f))
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "swiglu_bound_pack: the row norms must be positive (%g, %g)",
-                    g_max, u_max);
-    DevBuf dg, du;
-    DevPack x, out;
-    CHECK(dg.upload(gate, sizeof(float) * t * n));
-    CHECK(du.upload(up, sizeof(float) * t * n));
-    CHECK(x.alloc(t, k));
-    CHECK(cudaMemcpy(x.h.p, xh, sizeof(uint16_t) * t * k, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(x.sum.p, xsum, sizeof(uint16_t) * t * (k / kActBlock) * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(x.inv.p, xinv, sizeof(float) * t, cudaMemcpyHostToDevice));
-    CHECK(out.alloc(t, n));
-    CHECK(launch_swiglu_bound_pack(dg.as<float>(), du.as<float>(), 0, t, n, x.view(), k, g_max, u_max, out.view(), 0));
-    CHECK(out.download(t, n, out_h, out_sum, out_inv));
     return OPENJET_OK;
 }
 

@@ -51,7 +51,6 @@ def _lib() -> ctypes.CDLL:
         "pack_act": [_P, _I, _I, _P, _F, _P, _P, _P],
         "rmsnorm": [_P, _I, _I, _P, _F, _P],
         "add_norm_pack": [_P, _P, _P, _I, _I, _F, _P, _P, _P, _P, _P],
-        "swiglu_bound_pack": [_P, _P, _I, _I, _P, _P, _P, _I, _F, _F, _P, _P, _P],
         "gemv": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tiled": [_I, _P, _I, _I, _P, _I, _P],
         "gemv_tma": [_I, _P, _I, _I, _P, _I, _I, _P],
@@ -157,27 +156,6 @@ def add_norm_pack(h, delta, w, eps: float = 1e-6) -> tuple[np.ndarray, ...]:
     _check(lib, lib.openjet_test_add_norm_pack(_ptr(h), _ptr(d), _ptr(w), t, k, eps, _ptr(h_out), _ptr(a_out),
                                                _ptr(xh), _ptr(xsum), _ptr(xinv)), "add_norm_pack")
     return h_out, a_out, xh, xsum, xinv
-
-
-def swiglu_bound_pack(gate, up, xh, xsum, xinv, g_max: float, u_max: float) -> tuple[np.ndarray, ...]:
-    """OPENJET_SWIGLU_BOUND's pack launch (row_bound.cuh launch_swiglu_bound_pack): the pack of swiglu1(gate, up)
-    (gate, up [t, n]) under each row's scale from the bound over the norm of row r of the pack x (xh, xsum, xinv as
-    pack_act returns them) and the largest row norms g_max, u_max. Returns (xh, xsum, xinv) as pack_act does."""
-    lib = _lib()
-    gate, up = _f32(gate, 2), _f32(up, 2)
-    if gate.shape != up.shape:
-        raise ValueError(f"swiglu_bound_pack: gate {gate.shape} and up {up.shape} differ")
-    t, n = gate.shape
-    k = xh.shape[1]
-    xh, xsum = np.ascontiguousarray(xh, np.uint16), np.ascontiguousarray(xsum, np.uint16)
-    xinv = np.ascontiguousarray(xinv, np.float32)
-    if xh.ndim != 2 or xh.shape[0] != t or xsum.shape != (t, xh.shape[1] // 32 * 2) or xinv.shape != (t,):
-        raise ValueError(f"swiglu_bound_pack: the pack x ({xh.shape}, {xsum.shape}, {xinv.shape}) is not of {t} rows")
-    oh, osum, oinv = pack_arrays(t, n)
-    _check(lib, lib.openjet_test_swiglu_bound_pack(_ptr(gate), _ptr(up), t, n, _ptr(xh), _ptr(xsum), _ptr(xinv), k,
-                                                   g_max, u_max, _ptr(oh), _ptr(osum), _ptr(oinv)),
-           "swiglu_bound_pack")
-    return oh, osum, oinv
 
 
 def rmsnorm(x, w, eps: float = 1e-6) -> np.ndarray:
@@ -434,7 +412,7 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28, "ffn_persistent_tma": 29,
            "gdn_step_pack": 30, "gemv_fold": 31, "fold_add_norm": 32,
            "swiglu_self": 33, "gdn_staged": 34, "gdn_late_launch": 35, "gemv_group": 36,
-           "attn_own_pack": 37, "swiglu_bound": 38}
+           "attn_own_pack": 37}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -497,9 +475,8 @@ def launch_count(path: str) -> int:
     / up packing their own swiglu, OPENJET_SWIGLU_SELF; "gdn_staged": a GDN step in its staged form,
     OPENJET_GDN_STAGED; "gdn_late_launch": a GDN step letting the next kernels in past its first barrier,
     OPENJET_GDN_LATE; "gemv_group": one producer-warp GEMV launch of a layer's input projections of two types, or of
-    three, OPENJET_GEMV_GROUP; "attn_own_pack": an attention combine packing its own output, OPENJET_ATTN_OWN_PACK;
-    "swiglu_bound": gate / up packing their own swiglu under the bound's scales, OPENJET_SWIGLU_BOUND): how a test sees
-    that the path ran."""
+    three, OPENJET_GEMV_GROUP; "attn_own_pack": an attention combine packing its own output, OPENJET_ATTN_OWN_PACK):
+    how a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
