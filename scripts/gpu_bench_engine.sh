@@ -39,7 +39,7 @@
 # VARIANTS="OPENJET_PDL=0
 # OPENJET_PDL=1" (bench each environment in turn, the time left shared: bench-engine-<i>.json), TRACE=1 (first, one
 # T=1 and one T=5 step kernel by kernel on the GPU's clock, native/bench/trace_step.py: $OUT/trace.json, ~40 s of
-# the budget). The device returns
+# the budget; TRACE_ARGS="--top-k 32": its steps on the server's path, no rows of logits copied). The device returns
 # at most 8 files: build.log, nvidia-smi.txt, synth.*, wheels.log and the benches' logs (their figures are in the
 # JSON and this script's output) come back packed in $OUT/misc.tgz, so that four variants' JSON, the while-synth
 # log and report and misc.tgz fit (on 2026-12-02 four variants' logs crowded out the while-synth results).
@@ -114,8 +114,9 @@ fi
 # VARIANTS: environment settings to bench in turn, one bench-engine-<i>.json each ("OPENJET_PDL=0 OPENJET_PDL=1";
 # "A=1,B=2" sets two), the time left shared out evenly; unset: one run, bench-engine.json.
 if [ "${TRACE:-0}" = 1 ]; then  # what each kind of kernel adds to the step, as PDL overlaps them
-  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 --out "$OUT/trace.json" \
-    2> "$OUT/trace.log"
+  # shellcheck disable=SC2086  # TRACE_ARGS: more of trace_step.py's arguments (gpu_pending.sh trace_bench)
+  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 ${TRACE_ARGS:-} \
+    --out "$OUT/trace.json" 2> "$OUT/trace.log"
   say "trace_step (rc $?)"; tail -27 "$OUT/trace.log"
 fi
 read -r -d '' -a VARS <<< "${VARIANTS:-}" || true  # (-d '': spaces and newlines both separate them)

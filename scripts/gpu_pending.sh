@@ -242,9 +242,12 @@ drafts_trace() {
 
 # One T=1 and one T=5 step of $MODEL on the GPU's clock, kernel by kernel as they overlap (native/bench/trace_step.py:
 # CUPTI through torch.profiler): what each kind of kernel adds to the step. $OUT/trace.json.
+# TRACE_ARGS: more of trace_step.py's arguments (e.g. "--top-k 32": the server's path, without the ~0.46 ms of idle
+# that copying T=5's rows of logits to the host puts in the T=5 step; the traces before 2026-12-07 copy them).
 trace_bench() {
-  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 --out "$OUT/trace.json" \
-    2> "$OUT/trace.log"
+  # shellcheck disable=SC2086  # TRACE_ARGS is a list of arguments
+  timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 ${TRACE_ARGS:-} \
+    --out "$OUT/trace.json" 2> "$OUT/trace.log"
   echo "== trace_step (rc $?)"; tail -28 "$OUT/trace.log"
 }
 

@@ -73,8 +73,10 @@ def test_the_chrome_trace_gives_its_kernels_with_short_names(tmp_path):
     (["m.gguf", "--drafts", "2"], "needs --ctx 1 or more"),              # a draft reads the token before's hidden row
     (["m.gguf", "--drafts", "8", "--ctx", "4"], "a chain has 0 to 7 drafts"),
     (["m.gguf", "--drafts", "-1", "--ctx", "4"], "a chain has 0 to 7 drafts"),
+    (["m.gguf", "--top-k", "33"], "the device's top-k takes 1 to 32"),      # (sampling.GPU_MAX_TOP_K)
+    (["m.gguf", "--top-k", "-1"], "the device's top-k takes 1 to 32"),
 ])
-def test_a_draft_chain_it_cannot_trace_is_refused_before_any_gpu_work(argv, says, monkeypatch, capsys):
+def test_a_run_it_cannot_trace_is_refused_before_any_gpu_work(argv, says, monkeypatch, capsys):
     t = tool()
     monkeypatch.setattr("sys.argv", ["trace_step.py", *argv])
     with pytest.raises(SystemExit) as e:

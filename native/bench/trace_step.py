@@ -2,7 +2,8 @@
 records (torch.profiler): what each kind of kernel adds to the step, where the event profile (an event between
 phases) serialises the launches PDL overlaps and Nsight Compute runs them one at a time.
 
-    python3 native/bench/trace_step.py MODEL.gguf [--t 1,5] [--ctx 0] [--kv q8_0] [--steps 5] [--out trace.json]
+    python3 native/bench/trace_step.py MODEL.gguf [--t 1,5] [--ctx 0] [--kv q8_0] [--steps 5] [--top-k 0]
+        [--out trace.json]
 
 Per T: steps decoded from the same checkpoint (a few untimed first), then `--steps` more, each alone in a profiler
 session. For each traced step the kernels sorted by start, and per kernel name (templates kept: they name the quant
@@ -14,6 +15,10 @@ list in full (name, start and duration in us from the step's first kernel). JSON
 With --drafts N (N > 0) it also traces a chain of N greedy MTP drafts (openjet_engine_mtp_draft_greedy, the cycle's
 drafting) over a draft vocabulary of --draft-rows rows, after --ctx tokens (at least 1: a draft needs the hidden row
 of the token before), under runs["drafts-N"].
+
+The steps return every row's logits by default (openjet_engine_decode): the copy of t rows of logits to pageable host
+memory, between the lm_head and the MTP head's rows, is counted as idle (~475 us at T=5 on the 27B). --top-k K takes
+the server's path instead (openjet_engine_decode_top: each row's top K logits come back, after the step's kernels).
 """
 
 from __future__ import annotations
@@ -96,10 +101,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="traced steps per T, each in its own profiler session")
     ap.add_argument("--drafts", type=int, default=0, help="also trace a chain of this many greedy drafts (0: none)")
     ap.add_argument("--draft-rows", type=int, default=32768, help="the draft vocabulary's size for --drafts")
+    ap.add_argument("--top-k", type=int, default=0,
+                    help="steps through openjet_engine_decode_top with this k (the server's path: no rows of logits "
+                         "copied to the host between the lm_head and the MTP rows); 0 (default): openjet_engine_decode")
     ap.add_argument("--out", help="the JSON's file (default: stdout)")
     a = ap.parse_args()
     if not 0 <= a.drafts <= 7:
         ap.error(f"--drafts {a.drafts}: a chain has 0 to 7 drafts")
+    from openjet_launcher.sampling import GPU_MAX_TOP_K
+    if not 0 <= a.top_k <= GPU_MAX_TOP_K:
+        ap.error(f"--top-k {a.top_k}: the device's top-k takes 1 to {GPU_MAX_TOP_K} (0: the logits path)")
     if a.drafts and a.ctx < 1:
         ap.error("--drafts needs --ctx 1 or more: a draft reads the hidden row of the token before it")
 
@@ -114,6 +125,7 @@ def main() -> None:
     n_vocab = eng.config.shape.n_vocab
     rng = np.random.default_rng(0)
     logits = np.empty((8, n_vocab), np.float32)
+    top_vals, top_ids = np.empty((8, max(a.top_k, 1)), np.float32), np.empty((8, max(a.top_k, 1)), np.int32)
     f32, i32 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
 
     def check(rc: int, what: str) -> None:
@@ -127,7 +139,11 @@ def main() -> None:
     def step(t: int) -> float:
         ids = rng.integers(0, n_vocab, t).astype(np.int32)
         t0 = time.perf_counter()
-        rc = lib.openjet_engine_decode(h, ids.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), None)
+        if a.top_k:
+            rc = lib.openjet_engine_decode_top(h, ids.ctypes.data_as(i32), t, a.top_k, n_vocab, None, None, 0,
+                                               top_vals.ctypes.data_as(f32), top_ids.ctypes.data_as(i32), None)
+        else:
+            rc = lib.openjet_engine_decode(h, ids.ctypes.data_as(i32), t, logits.ctypes.data_as(f32), None)
         dt = time.perf_counter() - t0
         check(rc, "decode")
         return dt * 1e3
@@ -136,7 +152,7 @@ def main() -> None:
         ids = rng.integers(0, n_vocab, a.ctx).astype(np.int32)
         check(lib.openjet_engine_prefill(h, ids.ctypes.data_as(i32), a.ctx, 128, None, None), "prefill")
     lib.openjet_engine_checkpoint(h, 0)
-    out = {"bench": "trace_step", "model": os.path.basename(a.model), "ctx": a.ctx, "kv": a.kv,
+    out = {"bench": "trace_step", "model": os.path.basename(a.model), "ctx": a.ctx, "kv": a.kv, "top_k": a.top_k,
            "gpu": torch.cuda.get_device_name(0), "pdl": os.environ.get("OPENJET_PDL", "") != "0",
            "commit": os.environ.get("OPENJET_COMMIT", ""), "runs": {}}
 
