@@ -96,7 +96,8 @@ cudaError_t launch_fold_pack(const GemvFold& fold, int t, int k, const ActPack& 
 // each packs its share of the rows' 32-blocks (pack_block, under act_row's scale of the exact max) into
 // fold.swiglu_pack: no pack launch between gate / up and the down projection. Reading the fold (fold_in: its blocks'
 // own pack) or a.x. Q4_K at one token row only (at more rows it lost to the pack launch on the H100 and the H200, with
-// and without the meeting: NOTES_gemv.md, forty-first and forty-second sessions), where gemv_tma_takes(a, b).
+// and without the meeting, and with scales from a bound instead of a meeting: NOTES_gemv.md, forty-first, forty-second,
+// fifty-sixth and fifty-seventh sessions), where gemv_tma_takes(a, b).
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b);
 cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& fold, bool fold_in,
                                cudaStream_t stream);

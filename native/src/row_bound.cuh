@@ -14,9 +14,8 @@
 
 namespace openjet {
 
-// sqrt(sum of h_i^2) over one pack row's k fp16 values h (global or shared memory: the same instructions, so the same
-// bits), in every lane of the calling warp: lane-strided 8-value loads, fp32 fmaf sums, a butterfly. ||x|| is that times
-// the row's 1 / s_x (exact). k % 8 == 0, h 16-byte aligned.
+// sqrt(sum of h_i^2) over one pack row's k fp16 values h, in every lane of the calling warp: lane-strided 8-value
+// loads, fp32 fmaf sums, a butterfly. ||x|| is that times the row's 1 / s_x (exact). k % 8 == 0, h 16-byte aligned.
 __device__ __forceinline__ float pack_row_norm(const __half* h, int k, int lane) {
     const uint4* h8 = reinterpret_cast<const uint4*>(h);
     float sum = 0.0f;
