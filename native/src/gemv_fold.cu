@@ -90,20 +90,6 @@ cudaError_t launch_fold_add_norm_pack(const float* h, const float* delta, const 
     return launch_fold_pack(f, t, k, p, stream);
 }
 
-namespace {
-
-// B's checks (a's GEMV reading the fold), launch_gemv_fold's and launch_gemv_fold_group's: cudaErrorNotSupported where
-// the fold does not run for a (its packs have no integer twin), cudaErrorInvalidValue where the call lacks what B reads
-// or puts B's pack anywhere but a.x (where the pack launch makes it at t > 1).
-cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
-    if (!gemv_fold_takes(a, true) || !act_pack_plain(f.pack_out) || !act_pack_plain(a.x)) return cudaErrorNotSupported;
-    if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
-        return cudaErrorInvalidValue;
-    return cudaSuccess;
-}
-
-}  // namespace
-
 bool gemv_swiglu_takes(const GemvArgs& a, const GemvArgs& b) {
     return a.qtype == kQ4_K && a.t == 1 && b.n == a.n && gemv_tma_takes(a, &b);
 }
@@ -120,6 +106,20 @@ cudaError_t launch_gemv_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvF
     if (fold_in) count_launch(Counted::kGemvFold);
     return launch_gemv_tma_swiglu(a, b, f, fold_in, stream);
 }
+
+namespace {
+
+// B's checks (a's GEMV reading the fold), launch_gemv_fold's and launch_gemv_fold_group's: cudaErrorNotSupported where
+// the fold does not run for a (its packs have no integer twin), cudaErrorInvalidValue where the call lacks what B reads
+// or puts B's pack anywhere but a.x (where the pack launch makes it at t > 1).
+cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
+    if (!gemv_fold_takes(a, true) || !act_pack_plain(f.pack_out) || !act_pack_plain(a.x)) return cudaErrorNotSupported;
+    if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+}  // namespace
 
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, bool out,
                              cudaStream_t stream) {

@@ -14,41 +14,6 @@
 
 namespace openjet {
 
-// sqrt(sum of h_i^2) over one pack row's k fp16 values h, in every lane of the calling warp: lane-strided 8-value
-// loads, fp32 fmaf sums, a butterfly. ||x|| is that times the row's 1 / s_x (exact). k % 8 == 0, h 16-byte aligned.
-__device__ __forceinline__ float pack_row_norm(const __half* h, int k, int lane) {
-    const uint4* h8 = reinterpret_cast<const uint4*>(h);
-    float sum = 0.0f;
-    for (int i = lane; i < k / 8; i += 32) {
-        const uint4 q = h8[i];
-        const __half2* p = reinterpret_cast<const __half2*>(&q);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(p[j]);
-            sum = fmaf(f.x, f.x, fmaf(f.y, f.y, sum));
-        }
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    return sqrtf(sum);
-}
-
-// The scale for a bound: one sixteenth more covers the fp32 sums (each within ~k 2^-24 of exact);
-// s = 2^act_pack_shift puts bound s in [2^14, 2^15). Not finite: x itself overflowed (2^-100, as the pack's clamp).
-__device__ __forceinline__ int bound_shift(float bound) {
-    bound *= 1.0625f;
-    return bound <= 3.0e38f ? act_pack_shift(bound) : -100;
-}
-
-// silu(g) lies in [-0.2785, max(g, 0)]: its minimum -0.27846 at g = -1.2785.
-constexpr float kSiluFloor = 0.2785f;
-
-// The FFN's swiglu scale's shift for an input row of norm nx = ||x||: |silu(g) u| <= max(nx G, 0.2785) nx U (Cauchy-
-// Schwarz; G, U the largest row norms of gate and up): launch_ffn_row_scale's.
-__device__ __forceinline__ int ffn_bound_shift(float nx, float g_max, float u_max) {
-    return bound_shift(fmaxf(nx * g_max, kSiluFloor) * (nx * u_max));
-}
-
 // The FFN's (prefill_gemm.cuh, launch_ffn_gate_up_pack's bounded form): |silu(g) u| <= max(||x|| G, 0.2785) ||x|| U for
 // g, u the gate and up outputs of the pack x's rows (G, U = norms[0], norms[1]: the largest row norms of gate and up);
 // s [t] and inv [t] = 1 / s. k % 8 == 0.
