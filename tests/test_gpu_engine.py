@@ -648,6 +648,28 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     assert not differ, f"{switch}: {differ}"
 
 
+def test_a_forced_producer_warp_form_keeps_the_folds_bits(models, monkeypatch):
+    """OPENJET_GEMV_TMA=1 / 2 with the fold on (the default): the fold's and the group launches take that form's ring
+    and blocks a SM at every t too (gemv_tma.cu form2_blocks), where the default takes form 1 at one token row and 2
+    at more. The units and the quarter sums are the same, so decode_sequence_logits (T = 1 steps, T = 2..8 steps, MTP
+    drafts) keeps every bit of `auto`'s; `2` runs B's own pack in four blocks a SM, which no default step does. The
+    forced forms must have run (gemv_tma_form_forced), and never under auto."""
+    from openjet_launcher.engine import kernels_test as kt
+    if not kt.gemv_tma_available():
+        pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
+    ids = np.random.default_rng(31).integers(0, 4096, 40)
+    out, forced = {}, {}
+    for value in ("auto", "1", "2"):
+        out[value], forced[value] = small_model_sequence(models, monkeypatch, {"OPENJET_GEMV_TMA": value,
+                                                                               "OPENJET_FOLD": None},
+                                                         "gemv_tma_form_forced", ids)
+    assert forced["auto"] == 0 and forced["1"] > 0 and forced["2"] > 0, forced
+    assert np.isfinite(out["auto"]).all()
+    for value in ("1", "2"):
+        np.testing.assert_array_equal(out[value], out["auto"], err_msg=f"OPENJET_GEMV_TMA={value}, the fold on")
+    report(test="forced_form_fold", launches=forced)
+
+
 def test_the_makers_integer_pack_refuses_the_persistent_ffn(models, monkeypatch):
     """OPENJET_GEMV_INT=3 reads the integer pack that only the cluster packs write beside the fp16 one: with the
     persistent FFN (whose packs write none) the load refuses, naming both switches, instead of a step reading an

@@ -369,18 +369,31 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // slower and removed (NOTES_gemv.md): an L2 evict-normal policy (T=1 9.223 against 9.104), a ring of 8 at 2 blocks
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
-// Forms 3 and 4 (an experiment; their bits checked on the H200, not yet timed): 1 and 2 with the last-arriver tile sum
-// (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
+// Forms 3 and 4 (an experiment; their bits checked on the H200; form 4 lost there at 499afb1, T=1 9.066 against 8.577
+// ms): 1 and 2 with the last-arriver tile sum (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
 // Form 2's ring and blocks a SM (Q5_K: 3 blocks, it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory
 // holds), for launch_gemv_tma and its fold forms alike.
 template <int QT> struct Form2 {
     static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
 };
 
+namespace {
+// The call's form: GemvArgs::tma where it names one, else the default's choice by t (1 at one row, 2 at more); counted
+// (kGemvTmaFormForced) where the blocks' shape it takes is not t's choice, so that a test sees a forced form ran.
+int tma_form(const GemvArgs& a) {
+    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
+    if ((form % 2 == 0) != (a.t > 1)) count_launch(Counted::kGemvTmaFormForced);
+    return form;
+}
+// Whether the fold's and the group's launches take form 2's ring and blocks a SM rather than form 1's: by t as the
+// default chooses, or for every t under OPENJET_GEMV_TMA=2 (and 4, whose last-arriver sum is launch_gemv_tma's alone:
+// these launches take its blocks' shape). The swiglu's tile pairs keep form 1's (its 96-register form spilled).
+bool form2_blocks(const GemvArgs& a) { return tma_form(a) % 2 == 0; }
+}  // namespace
+
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    switch (form) {
+    switch (tma_form(a)) {
         case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
         case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
         case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
@@ -393,13 +406,15 @@ template cudaError_t launch_gemv_tma<kQ5_K>(const GemvArgs&, const GemvArgs*, cu
 template cudaError_t launch_gemv_tma<kQ6_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cudaStream_t);
 
-// The fold's forms of launch_gemv_tma's 1 (one token row) and 2: the same rings and blocks a SM.
+// The fold's forms of launch_gemv_tma's 1 (by default at one token row) and 2: the same rings and blocks a SM.
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    if (in) return launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);  // (t = 1: the row made in shared memory)
-    if (a.t == 1) return launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
-    return launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f);
+    if (in)  // (t = 1: the row made in shared memory)
+        return form2_blocks(a) ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
+                               : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);
+    return form2_blocks(a) ? launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f)
+                           : launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
 }
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
@@ -429,16 +444,19 @@ GroupTypes group_types(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c) 
     return c->qtype == kQ4_K ? GroupTypes::kQ4Q4Q4 : c->qtype == kQ6_K ? GroupTypes::kQ4Q4Q6 : GroupTypes::kNone;
 }
 
-// A group's forms, as launch_gemv_tma's and launch_gemv_tma_fold's for one type: B's own pack (fold) at one token
-// row, form 1 (a ring of 4, 3 blocks a SM) at one row, form 2 at more (its types' smaller ring and blocks a SM).
+// A group's forms, as launch_gemv_tma's and launch_gemv_tma_fold's for one type: B's own pack (fold, one token row) or
+// a pack, on form 1's ring and blocks a SM (a ring of 4, 3 blocks; by default at one row) or form 2's (its types'
+// smaller ring and blocks a SM; by default at more).
 template <int QT, int QT2, int QT3, bool kThird>
 cudaError_t group_forms(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
                         cudaStream_t stream) {
     constexpr int kRing2 = std::min({Form2<QT>::kRing, Form2<QT2>::kRing, Form2<QT3>::kRing});
     constexpr int kBlocks2 = std::min({Form2<QT>::kBlocks, Form2<QT2>::kBlocks, Form2<QT3>::kBlocks});
-    if (fold) return launch_group<QT, QT2, QT3, kThird, 4, 3, 1>(a, b, c, stream, *fold);
-    if (a.t == 1) return launch_group<QT, QT2, QT3, kThird, 4, 3, 0>(a, b, c, stream, {});
-    return launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 0>(a, b, c, stream, {});
+    if (fold)
+        return form2_blocks(a) ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 1>(a, b, c, stream, *fold)
+                               : launch_group<QT, QT2, QT3, kThird, 4, 3, 1>(a, b, c, stream, *fold);
+    return form2_blocks(a) ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 0>(a, b, c, stream, {})
+                           : launch_group<QT, QT2, QT3, kThird, 4, 3, 0>(a, b, c, stream, {});
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ enum class Counted {
     kGdnLateLaunch = 35,        // a GDN step letting the kernels after it in late (GdnStepArgs::late_launch)
     kGemvGroup = 36,            // a producer-warp GEMV launch of several matrices' types (OPENJET_GEMV_GROUP)
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
+    kGemvTmaFormForced = 38,    // a producer-warp GEMV on the form OPENJET_GEMV_TMA names, not t's (the same bits)
     kCount
 };
 
