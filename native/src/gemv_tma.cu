@@ -370,9 +370,10 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // (9.992); on e420bb2 against the default's 8.973: half tiles for the calls of fewer tiles than resident blocks 9.563,
 // the deepest rings the blocks leave room for 9.235, form 1 with the activations prefetched into L1 first 9.351.
 // Forms 3 and 4 (an experiment; their bits checked on the H200; form 4 lost there at 499afb1, T=1 9.066 against 8.577
-// ms): 1 and 2 with the last-arriver tile sum (kLastSum). (Forms 5 and 6, the activations prefetched into shared memory, lost: NOTES_gemv.md, 2026-12-05.)
+// ms): 1 and 2 with the last-arriver tile sum (kLastSum). (Forms 5 and 6, the activations prefetched into shared
+// memory, lost: NOTES_gemv.md, 2026-12-05.)
 // Form 2's ring and blocks a SM (Q5_K: 3 blocks, it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory
-// holds), for launch_gemv_tma and its fold forms alike.
+// holds), for launch_gemv_tma, its fold forms and the group launches alike.
 template <int QT> struct Form2 {
     static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
 };
