@@ -649,11 +649,12 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
 
 
 def test_a_forced_producer_warp_form_keeps_the_folds_bits(models, monkeypatch):
-    """OPENJET_GEMV_TMA=1 / 2 with the fold on (the default): the fold's and the group launches take that form's ring
-    and blocks a SM at every t too (gemv_tma.cu form2_blocks), where the default takes form 1 at one token row and 2
-    at more. The units and the quarter sums are the same, so decode_sequence_logits (T = 1 steps, T = 2..8 steps, MTP
-    drafts) keeps every bit of `auto`'s; `2` runs B's own pack in four blocks a SM, which no default step does. The
-    forced forms must have run (gemv_tma_form_forced), and never under auto."""
+    """OPENJET_GEMV_TMA=1 / 2 with the fold on (the default): the fold's, the group and the swiglu pairs' launches
+    take that form's ring and blocks a SM at every t too (gemv_tma.cu form2_blocks), where the default takes form 1 at
+    one token row and 2 at more. The units and the quarter sums are the same, so decode_sequence_logits (T = 1 steps,
+    T = 2..8 steps, MTP drafts) keeps every bit of `auto`'s; `2` runs B's own pack and the swiglu pairs (with their
+    blocks' meeting) in four blocks a SM, which no default step does. The forced forms must have run
+    (gemv_tma_form_forced), and never under auto."""
     from openjet_launcher.engine import kernels_test as kt
     if not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")

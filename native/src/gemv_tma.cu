@@ -386,9 +386,10 @@ int tma_form(const GemvArgs& a) {
     if ((form % 2 == 0) != (a.t > 1)) count_launch(Counted::kGemvTmaFormForced);
     return form;
 }
-// Whether the fold's and the group's launches take form 2's ring and blocks a SM rather than form 1's: by t as the
-// default chooses, or for every t under OPENJET_GEMV_TMA=2 (and 4, whose last-arriver sum is launch_gemv_tma's alone:
-// these launches take its blocks' shape). The swiglu's tile pairs keep form 1's (its 96-register form spilled).
+// Whether the fold's, the group and the swiglu pairs' launches take form 2's ring and blocks a SM rather than form 1's:
+// by t as the default chooses, or for every t under OPENJET_GEMV_TMA=2 (and 4, whose last-arriver sum is
+// launch_gemv_tma's alone: these launches take its blocks' shape). sm_90a: the pairs reading the fold's own pack
+// (the default at one row) fit form 2's 96 registers with no spill; those reading a pack (the fold off) spill 64 bytes.
 bool form2_blocks(const GemvArgs& a) { return tma_form(a) % 2 == 0; }
 }  // namespace
 
@@ -422,10 +423,14 @@ template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs
 template cudaError_t launch_gemv_tma_fold<kQ5_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
 
-// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu: one token row), Q4_K: form 1's ring and 3 blocks a SM
-// (fold_in: the fold's own pack; else x is a pack).
+// The swiglu's own pack (gemv_fold.cuh launch_gemv_swiglu: one token row), Q4_K: form 1's ring and 3 blocks a SM, or
+// form 2's 4 under OPENJET_GEMV_TMA=2 (fold_in: the fold's own pack; else x is a pack).
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
+    constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
+    if (form2_blocks(a))
+        return fold_in ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 5>(a, &b, stream, f)
+                       : launch_ring<kQ4_K, kRing2, kBlocks2, false, 4>(a, &b, stream, f);
     return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
                    : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
 }
