@@ -373,7 +373,7 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b) {
 // ms): 1 and 2 with the last-arriver tile sum (kLastSum). (Forms 5 and 6, the activations prefetched into shared
 // memory, lost: NOTES_gemv.md, 2026-12-05.)
 // Form 2's ring and blocks a SM (Q5_K: 3 blocks, it spills at 4; Q6_K: a ring of 3, what 4 blocks' shared memory
-// holds), for launch_gemv_tma, its fold forms and the group launches alike.
+// holds), for launch_gemv_tma, its fold forms, the group launches and the swiglu pairs alike.
 template <int QT> struct Form2 {
     static constexpr int kRing = QT == kQ6_K ? 3 : 4, kBlocks = QT == kQ5_K ? 3 : 4;
 };
