@@ -107,6 +107,11 @@
 #            2026-12-06, passed on the H100 at 805fb4a), then boundary-pdl-{1,0}.json and pack-chain.json (bench_pack_chain: what an
 #            add-norm pack between two decode GEMVs costs, against an empty kernel of one block, of a cluster, of 8
 #            blocks) as PLAN=pdl's.
+# PLAN=forms  OPENJET_GEMV_TMA=2 against auto (every producer-warp launch in form 2's four blocks a SM, the fold's,
+#            the group and the swiglu pairs' too since the fifty-eighth session): its bit tests while the model is
+#            written, the T=1 / T=4 / T=5 step alternating twice, then a trace of each (trace-auto.json,
+#            trace-form2.json; TRACE_ARGS passed on, e.g. "--top-k 32"). For the H200, where the consumer warps bound
+#            the GEMVs. ~7 minutes.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
 #            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
 #            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
@@ -244,11 +249,13 @@ drafts_trace() {
 # CUPTI through torch.profiler): what each kind of kernel adds to the step. $OUT/trace.json.
 # TRACE_ARGS: more of trace_step.py's arguments (e.g. "--top-k 32": the server's path, without the ~0.46 ms of idle
 # that copying T=5's rows of logits to the host puts in the T=5 step; the traces before 2026-12-07 copy them).
+# $1: the files' name (default trace).
 trace_bench() {
+  local name=${1:-trace}
   # shellcheck disable=SC2086  # TRACE_ARGS is a list of arguments
   timeout -k 10 120 python3 native/bench/trace_step.py "$MODEL" --t 1,5 --steps 5 ${TRACE_ARGS:-} \
-    --out "$OUT/trace.json" 2> "$OUT/trace.log"
-  echo "== trace_step (rc $?)"; tail -28 "$OUT/trace.log"
+    --out "$OUT/$name.json" 2> "$OUT/$name.log"
+  echo "== trace_step $name (rc $?)"; tail -28 "$OUT/$name.log"
 }
 
 case "${1:-${PLAN:-}}" in
@@ -414,6 +421,14 @@ PY
   group-bench)
     trap pack_logs EXIT
     alternate_twice OPENJET_GEMV_GROUP ;;
+  forms)
+    plan 170 "tests/test_gpu_engine.py -k 'forced_producer_warp_form or (decode_experiments_keep_every_bit and GEMV_TMA)'" forms-bench ;;
+  forms-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,4,5 -- OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=2
+    each_timing -b --ctx 0 --t 1,4,5 -- OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=2
+    trace_bench trace-auto
+    (export OPENJET_GEMV_TMA=2; trace_bench trace-form2) ;;
   attnpack)
     plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
   attnpack-bench)
