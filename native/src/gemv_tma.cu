@@ -379,28 +379,33 @@ template <int QT> struct Form2 {
 };
 
 namespace {
-// The call's form: GemvArgs::tma where it names one, else the default's choice by t (1 at one row, 2 at more); counted
-// (kGemvTmaFormForced) where the blocks' shape it takes is not t's choice, so that a test sees a forced form ran.
-int tma_form(const GemvArgs& a) {
-    const int form = a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2;
-    if ((form % 2 == 0) != (a.t > 1)) count_launch(Counted::kGemvTmaFormForced);
-    return form;
-}
-// Whether the fold's, the group and the swiglu pairs' launches take form 2's ring and blocks a SM rather than form 1's:
-// by t as the default chooses, or for every t under OPENJET_GEMV_TMA=2 (and 4, whose last-arriver sum is
-// launch_gemv_tma's alone: these launches take its blocks' shape). sm_90a: the pairs reading the fold's own pack
-// (the default at one row) fit form 2's 96 registers with no spill; those reading a pack (the fold off) spill 64 bytes.
+// The call's form: GemvArgs::tma where it names one, else the default's choice by t (1 at one row, 2 at more).
+int tma_form(const GemvArgs& a) { return a.tma >= 1 && a.tma <= kGemvTmaForms ? a.tma : a.t == 1 ? 1 : 2; }
+// Whether a call takes form 2's ring and blocks a SM rather than form 1's: forms 2 and 4 (4 adds launch_gemv_tma's
+// last-arriver sum; the fold's, the group and the swiglu pairs' launches take only its blocks' shape). sm_90a: the
+// pairs reading the fold's own pack (the default at one row) fit form 2's 96 registers with no spill; those reading a
+// pack (the fold off) spill 64 bytes.
 bool form2_blocks(const GemvArgs& a) { return tma_form(a) % 2 == 0; }
+// e, the result of a launch in form 2's shape (two) or form 1's; one that ran in the shape t's choice would not take
+// is counted (kGemvTmaFormForced), so that a test sees a forced form ran rather than a fallback.
+cudaError_t forced_counted(const GemvArgs& a, bool two, cudaError_t e) {
+    if (e == cudaSuccess && two != (a.t > 1)) count_launch(Counted::kGemvTmaFormForced);
+    return e;
+}
 }  // namespace
 
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
-    switch (tma_form(a)) {
-        case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
-        case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
-        case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
-        default: return launch_ring<QT, 4, 3, false>(a, b, stream);
-    }
+    const int form = tma_form(a);
+    const auto launch = [&] {
+        switch (form) {
+            case 2: return launch_ring<QT, kRing2, kBlocks2, false>(a, b, stream);
+            case 3: return launch_ring<QT, 4, 3, true>(a, b, stream);
+            case 4: return launch_ring<QT, kRing2, kBlocks2, true>(a, b, stream);
+            default: return launch_ring<QT, 4, 3, false>(a, b, stream);
+        }
+    };
+    return forced_counted(a, form % 2 == 0, launch());
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
@@ -412,11 +417,12 @@ template cudaError_t launch_gemv_tma<kQ8_0>(const GemvArgs&, const GemvArgs*, cu
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
+    const bool two = form2_blocks(a);
     if (in)  // (t = 1: the row made in shared memory)
-        return form2_blocks(a) ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
-                               : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f);
-    return form2_blocks(a) ? launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f)
-                           : launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f);
+        return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
+                                          : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f));
+    return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f)
+                                      : launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f));
 }
 
 template cudaError_t launch_gemv_tma_fold<kQ4_K>(const GemvArgs&, const GemvArgs*, const GemvFold&, bool, cudaStream_t);
@@ -428,11 +434,12 @@ template cudaError_t launch_gemv_tma_fold<kQ6_K>(const GemvArgs&, const GemvArgs
 cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const GemvFold& f, bool fold_in,
                                    cudaStream_t stream) {
     constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
-    if (form2_blocks(a))
-        return fold_in ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 5>(a, &b, stream, f)
-                       : launch_ring<kQ4_K, kRing2, kBlocks2, false, 4>(a, &b, stream, f);
-    return fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
-                   : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f);
+    const bool two = form2_blocks(a);
+    if (two)
+        return forced_counted(a, two, fold_in ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 5>(a, &b, stream, f)
+                                              : launch_ring<kQ4_K, kRing2, kBlocks2, false, 4>(a, &b, stream, f));
+    return forced_counted(a, two, fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
+                                          : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f));
 }
 
 // ------------------------------------------------------------------------------------------ group launches
@@ -458,11 +465,13 @@ cudaError_t group_forms(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c,
                         cudaStream_t stream) {
     constexpr int kRing2 = std::min({Form2<QT>::kRing, Form2<QT2>::kRing, Form2<QT3>::kRing});
     constexpr int kBlocks2 = std::min({Form2<QT>::kBlocks, Form2<QT2>::kBlocks, Form2<QT3>::kBlocks});
+    const bool two = form2_blocks(a);
     if (fold)
-        return form2_blocks(a) ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 1>(a, b, c, stream, *fold)
-                               : launch_group<QT, QT2, QT3, kThird, 4, 3, 1>(a, b, c, stream, *fold);
-    return form2_blocks(a) ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 0>(a, b, c, stream, {})
-                           : launch_group<QT, QT2, QT3, kThird, 4, 3, 0>(a, b, c, stream, {});
+        return forced_counted(a, two,
+                              two ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 1>(a, b, c, stream, *fold)
+                                  : launch_group<QT, QT2, QT3, kThird, 4, 3, 1>(a, b, c, stream, *fold));
+    return forced_counted(a, two, two ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 0>(a, b, c, stream, {})
+                                      : launch_group<QT, QT2, QT3, kThird, 4, 3, 0>(a, b, c, stream, {}));
 }
 
 }  // namespace
