@@ -1253,7 +1253,8 @@ def test_the_fused_gdn_replay_keeps_every_bit(models, which, monkeypatch):
 
 def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models):
     """decode_top (the top 32 on the device, after penalties) equals the host sampler's ranking of the full
-    logits a decode step returns from the same state, values bit for bit; both steps advance the sequence
+    logits a decode step returns from the same state, values bit for bit, with the same hidden rows (both come back
+    through the engine's pinned staging, the logits after the step's MTP rows); both steps advance the sequence
     alike (the next step's logits agree), and the padding ids above n_valid never appear."""
     from openjet_launcher.engine.interface import top_k_order
     from openjet_launcher.sampling import GPU_MAX_TOP_K
@@ -1265,7 +1266,8 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
         state = engine.new_state()
         engine.prefill(state, ids[:30])
         engine.checkpoint(state)
-        full = engine.decode(state, ids[30:34]).logits
+        step = engine.decode(state, ids[30:34])
+        full = step.logits
         after_full = engine.decode(state, ids[34:35]).logits
         engine.truncate(state, 30)
         first = int(np.argmax(full[0]))
@@ -1274,6 +1276,7 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
         top = engine.decode_top(state, ids[30:34], n_valid=n_valid, penalties=penalties)
         after_top = engine.decode(state, ids[34:35]).logits
         assert top.values.shape == (4, GPU_MAX_TOP_K)
+        np.testing.assert_array_equal(top.hidden, step.hidden)
         for r in range(4):
             z = full[r][:n_valid].copy()
             for i, d in penalties.items():
@@ -1292,7 +1295,8 @@ def test_decode_top_gives_the_samplers_top_32_of_the_logits_decode_gives(models)
 @pytest.mark.parametrize("k", [1, 20])
 def test_verify_top_gives_the_ranking_of_the_logits_verify_gives(models, k):
     """verify_top (the verify step ranked on the device) equals the host ranking of the logits verify returns
-    from the same state, values bit for bit, and accept after it leaves what accept after verify leaves."""
+    from the same state, values bit for bit, with the same hidden rows, and accept after it leaves what accept after
+    verify leaves."""
     from openjet_launcher.engine.interface import top_k_order
     ids = np.random.default_rng(41).integers(0, 4096, 40)
     engine = CudaEngine.load(models["tiny"], n_ctx=128, n_checkpoints=2)
@@ -1300,7 +1304,8 @@ def test_verify_top_gives_the_ranking_of_the_logits_verify_gives(models, k):
         n_valid = engine.config.shape.n_vocab - 3
         state = engine.new_state()
         engine.prefill(state, ids[:30])
-        full = engine.verify(state, ids[30:35]).logits
+        step = engine.verify(state, ids[30:35])
+        full = step.logits
         engine.accept(state, 3)
         after_full = engine.decode(state, ids[35:36]).logits
         state = engine.new_state()
@@ -1308,6 +1313,7 @@ def test_verify_top_gives_the_ranking_of_the_logits_verify_gives(models, k):
         top = engine.verify_top(state, ids[30:35], k=k, n_valid=n_valid)
         engine.accept(state, 3)
         after_top = engine.decode(state, ids[35:36]).logits
+        np.testing.assert_array_equal(top.hidden, step.hidden)
         for r in range(5):
             order = top_k_order(full[r][:n_valid], k)
             np.testing.assert_array_equal(top.ids[r], order, err_msg=f"row {r}")

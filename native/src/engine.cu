@@ -82,6 +82,12 @@ int cuda_fail(cudaError_t e, const char* what) {
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// Bytes of openjet_engine::out_host (StagedOutputs): `rows` rows of top-k values and ids and of hidden rows.
+size_t staged_output_bytes(int rows, int n_embd) {
+    return align_up(sizeof(float) * rows * kTopKMax) + align_up(sizeof(int32_t) * rows * kTopKMax) +
+           align_up(sizeof(float) * rows * n_embd);
+}
+
 // A tensor in the weight arena.
 struct DevTensor {
     int type = -1;
@@ -409,6 +415,12 @@ struct openjet_engine {
     // MTP: the trunk's last hidden row (kept across steps and in checkpoints) and the head's own last output h'
     // [E] (its scratch is the trunk's: mtp_rows).
     float *mtp_last = nullptr, *mtp_hp = nullptr;
+    // Pinned host memory for a step's small outputs (top-k values and ids, hidden rows: StagedOutputs), so that their
+    // copies do not hold the host. A copy to the caller's pageable memory returns only once the GPU has reached it,
+    // and the step's MTP rows, enqueued after it, started only then: the T=5 trace at f96c0f1 (decode_top, H100)
+    // shows the GPU idle 82.5 us between the top-k and the MTP rows.
+    char* out_host = nullptr;
+    size_t out_host_bytes = 0;
 
     ~openjet_engine() {
         for (cudaEvent_t ev : prof.events) cudaEventDestroy(ev);
@@ -421,6 +433,7 @@ struct openjet_engine {
         if (ckpt) cudaFree(ckpt);
         if (scratch) cudaFree(scratch);
         if (prefill_f16) cudaFree(prefill_f16);
+        if (out_host) cudaFreeHost(out_host);
         if (stream) cudaStreamDestroy(stream);
     }
 
@@ -1008,6 +1021,12 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     TRY(device_alloc(&e.state, e.kv_bytes + e.gdn_bytes, "KV cache and recurrent state"));
     if (e.ckpt_bytes) TRY(device_alloc(&e.ckpt, e.ckpt_bytes, "checkpoints"));
     TRY(device_alloc(&e.scratch, e.scratch_bytes, "scratch"));
+    e.out_host_bytes = staged_output_bytes(T, c.n_embd);
+    if (const cudaError_t err = cudaHostAlloc(reinterpret_cast<void**>(&e.out_host), e.out_host_bytes,
+                                              cudaHostAllocDefault); err != cudaSuccess) {
+        e.out_host = nullptr;
+        return cuda_fail(err, "cudaHostAlloc (pinned host memory for a step's outputs)");
+    }
 
     // Upload (synchronous copies from the caller's host pages, e.g. the memory-mapped file; the tile layout's through
     // the scratch arena, not in use yet).
@@ -1786,7 +1805,7 @@ int trunk(openjet_engine& e, int t) {
 // What follows a trunk step of t rows: the MTP head's cache rows (mtp_fill: their k and v), then the sequence
 // advances.
 int commit_rows(openjet_engine& e, int t) {
-    if (e.has_mtp) TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // after the caller's copies: it reuses e.x and e.mix
+    if (e.has_mtp) TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // (it writes e.x and e.mix, not the step's outputs)
     e.n_past += t;
     if (e.n_gdn) e.conv_cur ^= 1;  // every GDN layer's step wrote the other conv buffer
     return OPENJET_OK;
@@ -1802,9 +1821,42 @@ struct TopRequest {
     int32_t* ids;     // host [t, k]
 };
 
-// Each of the t rows of e.logits ranked on the device (the request's penalties first), its top k copied to
-// the host: what decode_top and verify_top hand back instead of the logits.
-int top_rows(openjet_engine& e, int t, const TopRequest& top) {
+// A step's small outputs on their way to the caller through e.out_host (pinned): stage() enqueues a copy there, which
+// does not hold the host, and deliver() moves every staged output to its caller's buffer once the stream has been
+// synchronised. A step that fails before deliver() leaves the caller's buffers unwritten.
+class StagedOutputs {
+  public:
+    explicit StagedOutputs(openjet_engine& e) : eng_(e) {}
+
+    int stage(void* dst, const void* src, size_t bytes) {
+        if (n_ == kMoves || used_ + bytes > eng_.out_host_bytes)
+            return fail(OPENJET_ERR_INTERNAL, "a step's outputs (%zu bytes more) exceed their pinned buffer (%zu bytes)",
+                        bytes, eng_.out_host_bytes);
+        CHECK(cudaMemcpyAsync(eng_.out_host + used_, src, bytes, cudaMemcpyDeviceToHost, eng_.stream));
+        moves_[n_++] = {dst, used_, bytes};
+        used_ = align_up(used_ + bytes);
+        return OPENJET_OK;
+    }
+
+    void deliver() const {
+        for (int i = 0; i < n_; ++i) std::memcpy(moves_[i].dst, eng_.out_host + moves_[i].off, moves_[i].bytes);
+    }
+
+  private:
+    static constexpr int kMoves = 3;  // top-k values, top-k ids, hidden rows
+    struct Move {
+        void* dst;
+        size_t off, bytes;
+    };
+    openjet_engine& eng_;  // (not e_: CHECK's name for its error)
+    Move moves_[kMoves] = {};
+    int n_ = 0;
+    size_t used_ = 0;
+};
+
+// Each of the t rows of e.logits ranked on the device (the request's penalties first), its top k staged for the
+// host: what decode_top and verify_top hand back instead of the logits.
+int top_rows(openjet_engine& e, int t, const TopRequest& top, StagedOutputs& out) {
     mark(e, "topk");
     if (top.n_pen) {
         CHECK(cudaMemcpyAsync(e.pen_ids, top.pen_ids, sizeof(int32_t) * top.n_pen, cudaMemcpyHostToDevice, e.stream));
@@ -1813,21 +1865,28 @@ int top_rows(openjet_engine& e, int t, const TopRequest& top) {
     }
     CHECK(launch_topk(e.logits, t, e.cfg.n_vocab, top.n_valid, top.k, e.pen_ids, e.pen_deltas, top.n_pen,
                       e.top_values, e.top_ids, e.top_work, e.stream));
-    CHECK(cudaMemcpyAsync(top.values, e.top_values, sizeof(float) * t * top.k, cudaMemcpyDeviceToHost, e.stream));
-    CHECK(cudaMemcpyAsync(top.ids, e.top_ids, sizeof(int32_t) * t * top.k, cudaMemcpyDeviceToHost, e.stream));
+    TRY(out.stage(top.values, e.top_values, sizeof(float) * t * top.k));
+    TRY(out.stage(top.ids, e.top_ids, sizeof(int32_t) * t * top.k));
     return OPENJET_OK;
 }
 
-// What a decode or verify step of t rows hands back after the trunk (each output may be NULL): the lm_head's
-// logits, their top k ranked on the device, the hidden rows.
-int step_outputs(openjet_engine& e, int t, float* logits, float* hidden, const TopRequest* top) {
-    const auto& c = e.cfg;
+// What a decode or verify step of t rows hands back after the trunk (each output may be NULL): the lm_head (where
+// the logits or their top k are asked for), the top k ranked on the device, the hidden rows; staged in `out`. The
+// logits themselves are copied by copy_logits, after the step's MTP rows.
+int step_outputs(openjet_engine& e, int t, bool logits, float* hidden, const TopRequest* top, StagedOutputs& out) {
     mark(e, "lm_head");
     if (logits || top) TRY(gemv(e, e.output, t, nullptr, e.logits));
-    if (logits)
-        CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * c.n_vocab, cudaMemcpyDeviceToHost, e.stream));
-    if (top) TRY(top_rows(e, t, *top));
-    if (hidden) CHECK(cudaMemcpyAsync(hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToHost, e.stream));
+    if (top) TRY(top_rows(e, t, *top, out));
+    if (hidden) TRY(out.stage(hidden, e.a, sizeof(float) * t * e.cfg.n_embd));
+    return OPENJET_OK;
+}
+
+// The t rows of logits to the caller's (pageable) memory, enqueued after the step's MTP rows (mtp_fill, which writes
+// neither e.logits nor e.a): the copy holds the host until the GPU reaches it, so the MTP rows' launches go first.
+int copy_logits(openjet_engine& e, int t, float* logits) {
+    if (!logits) return OPENJET_OK;
+    mark(e, "logits.copy");
+    CHECK(cudaMemcpyAsync(logits, e.logits, sizeof(float) * t * e.cfg.n_vocab, cudaMemcpyDeviceToHost, e.stream));
     return OPENJET_OK;
 }
 
@@ -1925,13 +1984,16 @@ int decode_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
                 const TopRequest* top = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     TRY(step_trunk(e, ids, t, false));
-    // The host's share: how long the trunk's ~700 launches took to enqueue (before step_outputs, whose copies to
-    // pageable memory wait for the GPU). Near the step's GPU time, the GPU waits on the host.
+    // The host's share: how long the trunk's ~700 launches took to enqueue (before copy_logits, whose copy to
+    // pageable memory waits for the GPU). Near the step's GPU time, the GPU waits on the host.
     e.enqueue.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     e.enqueue.second += 1;
-    TRY(step_outputs(e, t, logits, hidden, top));
+    StagedOutputs out(e);
+    TRY(step_outputs(e, t, logits != nullptr, hidden, top, out));
     TRY(commit_rows(e, t));
+    TRY(copy_logits(e, t, logits));
     CHECK(cudaStreamSynchronize(e.stream));
+    out.deliver();
     collect_profile(e);
     return OPENJET_OK;
 }
@@ -2006,10 +2068,13 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
 int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
                 const TopRequest* top = nullptr) {
     TRY(step_trunk(e, ids, t, true));
-    TRY(step_outputs(e, t, logits, hidden, top));
+    StagedOutputs out(e);
+    TRY(step_outputs(e, t, logits != nullptr, hidden, top, out));
     CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * e.cfg.n_embd, cudaMemcpyDeviceToDevice, e.stream));
     TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
+    TRY(copy_logits(e, t, logits));
     CHECK(cudaStreamSynchronize(e.stream));
+    out.deliver();
     collect_profile(e);
     e.pending = t;
     return OPENJET_OK;
