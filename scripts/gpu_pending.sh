@@ -112,6 +112,13 @@
 #            written, the T=1 / T=4 / T=5 step alternating twice, then a trace of each (trace-auto.json,
 #            trace-form2.json; TRACE_ARGS passed on, e.g. "--top-k 32"). For the H200, where the consumer warps bound
 #            the GEMVs. ~7 minutes.
+# PLAN=topk  OPENJET_TOPK=warp (topk.cu's networks on shuffles over each warp's candidates, written in the fifty-ninth
+#            session) against least, the default, and the step's small outputs through pinned memory (f9cf9f7, in
+#            both): test_gpu_topk.py (every form) and the engine's decode_top / verify_top / profile tests while the
+#            model is written, the T=1 / T=5 step with each form alternating twice (bench_decode's top-k path is the
+#            form's figure), then a trace of each on the server's path (trace-least.json, trace-warp.json: --top-k 32;
+#            the top-k's chunks ended ~75 us after the lm_head at f96c0f1 on the H100, and the T=5 step's GPU idled
+#            82.5 us between the top-k and the MTP rows, which the pinned outputs should remove). ~6 minutes.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
 #            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
 #            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
@@ -429,6 +436,14 @@ PY
     each_timing -b --ctx 0 --t 1,4,5 -- OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=2
     trace_bench trace-auto
     (export OPENJET_GEMV_TMA=2; trace_bench trace-form2) ;;
+  topk)
+    plan 150 "tests/test_gpu_topk.py tests/test_gpu_engine.py -k 'topk or decode_top or verify_top or profile'" topk-bench ;;
+  topk-bench)
+    trap pack_logs EXIT
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp
+    TRACE_ARGS="--top-k 32" trace_bench trace-least
+    (export OPENJET_TOPK=warp; TRACE_ARGS="--top-k 32" trace_bench trace-warp) ;;
   attnpack)
     plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
   attnpack-bench)

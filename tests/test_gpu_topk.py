@@ -25,10 +25,11 @@ def host_top(z: np.ndarray, k: int, n_valid: int, penalties: dict[int, float] | 
     return z[order], order.astype(np.int32)
 
 
-@pytest.fixture(params=["sort", "least"])
+@pytest.fixture(params=["sort", "least", "warp"])
 def topk_form(request, monkeypatch):
-    """launch_topk's two forms for k > 1 (OPENJET_TOPK, read at each call): the full bitonic sorts, and the bitonic
-    top-k that keeps only the least 32 keys of each pair of runs (least_keys): the same output."""
+    """launch_topk's three forms for k > 1 (OPENJET_TOPK, read at each call): the full bitonic sorts, the bitonic
+    top-k that keeps only the least 32 keys of each pair of runs (least_keys), and the networks on shuffles over each
+    warp's candidates (warp_least_keys): the same output."""
     monkeypatch.setenv("OPENJET_TOPK", request.param)
     return request.param
 
@@ -63,6 +64,30 @@ def test_ties_go_to_the_lower_id_across_chunks_and_signed_zeros_tie(topk_form):
         assert np.array_equal(v[r], hv)                         # -0.0 == 0.0
     assert list(ids[0][:7]) == [77, 5, 4096, 4100, 8191, 9000, 12000]
     assert list(ids[1][:6]) == [3, 7, 10, 40, 6000, 9001]
+
+
+@pytest.mark.parametrize("order", ["rising", "falling", "saw"])
+def test_every_arrival_order_gives_the_samplers_order(topk_form, order):
+    """The warp form gathers only keys below a warp's current 32nd least: logits rising along the row make every
+    key a candidate (each batch beats the ones before), falling ones none after the first batch, a saw (falling
+    within each 32-key batch, the batches rising) every key too, each batch arriving in its keys' order. Then 40
+    ties at the row's largest logit (the lowest ids win), a row shorter than its last chunk, and a row of 40 keys with
+    33 valid ids."""
+    n = 3 * 4096 + 37
+    base = np.arange(n, dtype=np.float32)
+    x = np.stack([{"rising": base, "falling": -base, "saw": 32 * (base // 32) - base % 32}[order]] * 2)
+    x[0, 1000:1040] = x[0].max()                                 # ties in the top 32, across a warp's batches
+    v, ids = kt.topk(x, GPU_MAX_TOP_K, n)
+    for r in range(2):
+        hv, hi = host_top(x[r], GPU_MAX_TOP_K, n)
+        np.testing.assert_array_equal(ids[r], hi, err_msg=f"row {r}")
+        np.testing.assert_array_equal(v[r], hv, err_msg=f"row {r}")
+    short = x[:, :40].copy()                                     # one chunk, 40 keys, 33 valid: k = 32 of 33
+    v, ids = kt.topk(short, GPU_MAX_TOP_K, 33)
+    for r in range(2):
+        hv, hi = host_top(short[r], GPU_MAX_TOP_K, 33)
+        np.testing.assert_array_equal(ids[r], hi, err_msg=f"short row {r}")
+        np.testing.assert_array_equal(v[r], hv, err_msg=f"short row {r}")
 
 
 def test_the_argmax_takes_the_lowest_of_tied_ids_across_chunks():
@@ -117,7 +142,7 @@ def test_bad_arguments_are_errors_with_messages():
 
 @pytest.mark.parametrize("temperature, top_p, min_p", [(1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.3, 1.0, 0.05),
                                                         (0.6, 0.95, 0.1), (1e-310, 1.0, 0.0)])
-def test_a_sampled_draft_step_draws_from_the_samplers_distribution(temperature, top_p, min_p):
+def test_a_sampled_draft_step_draws_from_the_samplers_distribution(temperature, top_p, min_p, topk_form):
     """sample_top.cuh after launch_topk (openjet_engine_mtp_draft_sampled's step): q is the host sampler's
     distribution_top of the row's top 20 (the same ids, increasing; probabilities to 1e-12: double precision, not
     numpy's operations), and the pick is its inverse CDF at u; also over a draft vocabulary's rows (row_ids: a row of

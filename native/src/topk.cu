@@ -3,8 +3,8 @@
 //   pass 1: one block per (chunk of 4096 logits, row) sorts its chunk and keeps its first 32 keys;
 //   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
 // k = 1 takes a min-reduction in both passes instead; for k > 1 the bitonic top-k (least_keys; OPENJET_TOPK=sort the
-// full sorts). Both give
-// the same keys. launch_argmax (a draft step's pick over a draft vocabulary's rows) is one block's min-reduction.
+// full sorts, OPENJET_TOPK=warp the networks on shuffles, warp_least_keys). Each gives the same keys. launch_argmax (a
+// draft step's pick over a draft vocabulary's rows) is one block's min-reduction.
 #include "topk.cuh"
 
 #include <cstdlib>
@@ -108,10 +108,109 @@ __device__ void least_keys(unsigned long long* s, int n, bool sort_runs) {
 
 // OPENJET_TOPK (read at each call: tests switch it): unset or "least", least_keys (the default since 2026-12-05: on the
 // H200 at 499afb1 the k = 32 top-k of a T=1 step 0.160 -> 0.089 ms, decode_top 8.673 -> 8.513 ms); "sort", the full
-// bitonic sorts (the same output).
-bool topk_least() {
+// bitonic sorts; "warp", warp_least_keys (below). The same output from each.
+enum class TopkForm { kSort, kLeast, kWarp };
+TopkForm topk_form() {
     const char* v = std::getenv("OPENJET_TOPK");
-    return !(v && std::strcmp(v, "sort") == 0);
+    if (v && std::strcmp(v, "sort") == 0) return TopkForm::kSort;
+    if (v && std::strcmp(v, "warp") == 0) return TopkForm::kWarp;
+    return TopkForm::kLeast;
+}
+
+// The warp form (OPENJET_TOPK=warp; an experiment, not yet timed). least_keys' rounds are shared-memory
+// compare-exchanges between block barriers, ~57 of them over a 4,096-key chunk: on the H100 at f96c0f1 the k = 32
+// top-k took ~75 us from the lm_head's end to its chunks' end, at T = 1 and T = 5 alike (a chunk's latency, not the
+// GPU's throughput). Here each warp keeps its 32 least keys so far in registers, one per lane, ascending, and the
+// networks run on shuffles with no barrier: a batch of 32 keys is sorted (warp_sort32, 15 steps) and merged in
+// (warp_merge32, 6 steps). Keys not below the warp's current 32nd least cannot be among the chunk's 32 least, so only
+// the others (candidates) are gathered, in shared memory, and merged 32 at a time: for keys in random order ~4 merges
+// of a warp's 512 instead of 16. Then the warps' runs merge in a tree. The 32 least keys are one set in one order
+// whatever the network (the keys are distinct but for kNone), so the output is least_keys'.
+using Key = unsigned long long;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarps = kThreads / 32;
+
+// The warp's 32 keys (one a lane) sorted ascending by lane: the bitonic network on shuffles.
+__device__ __forceinline__ Key warp_sort32(Key v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            const Key o = __shfl_xor_sync(kFull, v, j);
+            const bool up = (lane & k) == 0, lower = (lane & j) == 0;  // (k = 32: every lane up)
+            v = lower == up ? min(v, o) : max(v, o);
+        }
+    }
+    return v;
+}
+
+// The 32 least of two ascending runs a and b (a key a lane each), ascending: min(a[i], b[31 - i]) is a bitonic run
+// holding exactly them, which a bitonic merge sorts.
+__device__ __forceinline__ Key warp_merge32(Key a, Key b) {
+    const int lane = threadIdx.x & 31;
+    Key v = min(a, __shfl_sync(kFull, b, 31 - lane));
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+        const Key o = __shfl_xor_sync(kFull, v, j);
+        v = (lane & j) == 0 ? min(v, o) : max(v, o);
+    }
+    return v;
+}
+
+struct WarpLeastSmem {
+    Key candidates[kWarps][64];  // a warp's gathered candidates: fewer than 32 between merges, plus one batch
+    Key runs[kWarps][32];        // the warps' runs, merged in a tree
+};
+
+// The kTopKMax least of the block's keys, ascending, in warp 0's lanes (every thread of the block, kThreads, takes
+// part). keys[j] is lane's key of batch w + kWarps j of warp w (kNone where there is none); kSortedBatches: each
+// batch's 32 keys come ascending (the chunks' runs), so a batch is merged whole where it holds a candidate.
+template <int kPer, bool kSortedBatches>
+__device__ __forceinline__ Key warp_least_keys(const Key (&keys)[kPer], WarpLeastSmem& sm) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    Key best = kNone, bound = kNone;  // bound: the warp's 32nd least so far (lane 31's)
+    Key* cand = sm.candidates[w];
+    int fill = 0;  // candidates gathered, warp-uniform
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const Key v = keys[j];
+        if constexpr (kSortedBatches) {
+            if (__any_sync(kFull, v < bound)) {
+                best = warp_merge32(best, v);
+                bound = __shfl_sync(kFull, best, 31);
+            }
+        } else {
+            const unsigned is = __ballot_sync(kFull, v < bound);
+            if (v < bound) cand[fill + __popc(is & ((1u << lane) - 1u))] = v;
+            fill += __popc(is);
+            if (fill >= 32) {
+                __syncwarp();
+                best = warp_merge32(best, warp_sort32(cand[lane]));
+                bound = __shfl_sync(kFull, best, 31);
+                fill -= 32;
+                const Key rest = lane < fill ? cand[32 + lane] : kNone;
+                __syncwarp();
+                if (lane < fill) cand[lane] = rest;
+                __syncwarp();
+            }
+        }
+    }
+    if (!kSortedBatches && fill > 0) {
+        __syncwarp();
+        best = warp_merge32(best, warp_sort32(lane < fill ? cand[lane] : kNone));
+    }
+    sm.runs[w][lane] = best;
+    __syncthreads();
+#pragma unroll
+    for (int half = kWarps / 2; half >= 1; half >>= 1) {
+        if (w < half) {
+            best = warp_merge32(best, sm.runs[w + half][lane]);
+            sm.runs[w][lane] = best;
+        }
+        __syncthreads();
+    }
+    return best;
 }
 
 __global__ void __launch_bounds__(kThreads) penalise_kernel(float* x, int n, const int32_t* ids,
@@ -158,6 +257,52 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
         values[static_cast<long long>(row) * k + threadIdx.x] = from_orderable(~static_cast<uint32_t>(key >> 32));
         const int32_t id = key == kNone ? -1 : static_cast<int32_t>(key & 0xffffffffu);  // fewer valid than k
         ids[static_cast<long long>(row) * k + threadIdx.x] = id;
+    }
+}
+
+// The warp form's passes (warp_least_keys): the same chunks and the same work layout as topk_chunk_kernel /
+// topk_merge_kernel. A warp's keys are batches w, w + kWarps, ... of 32, all loaded before the first merge.
+__global__ void __launch_bounds__(kThreads) topk_warp_chunk_kernel(const float* __restrict__ x, int n, int n_valid,
+                                                                   const int32_t* __restrict__ row_ids,
+                                                                   Key* __restrict__ out, int n_chunks) {
+    __shared__ WarpLeastSmem sm;
+    pdl_start();
+    const int chunk = blockIdx.x, row = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const float* xr = x + static_cast<long long>(row) * n;
+    constexpr int kPer = kChunk / kThreads;
+    float xv[kPer];  // (entry_key's values, every load in flight before the first key: argmax_kernel's loop)
+    int id[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int pos = chunk * kChunk + (w + kWarps * j) * 32 + lane;
+        id[j] = pos >= n ? -1 : row_ids ? row_ids[pos] : pos;
+        xv[j] = pos >= n ? 0.0f : xr[pos];
+    }
+    Key keys[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) keys[j] = valid_key(xv[j], id[j], n_valid);
+    const Key best = warp_least_keys<kPer, false>(keys, sm);
+    if (w == 0) out[(static_cast<long long>(row) * n_chunks + chunk) * kTopKMax + lane] = best;
+}
+
+__global__ void __launch_bounds__(kThreads) topk_warp_merge_kernel(const Key* __restrict__ in, int n_chunks, int k,
+                                                                   float* __restrict__ values,
+                                                                   int32_t* __restrict__ ids) {
+    __shared__ WarpLeastSmem sm;
+    pdl_start();
+    const int row = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const Key* r = in + static_cast<long long>(row) * n_chunks * kTopKMax;
+    constexpr int kPer = kMaxChunks / kWarps;  // a chunk's run is one batch
+    Key keys[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int c = w + kWarps * j;
+        keys[j] = c < n_chunks ? r[c * kTopKMax + lane] : kNone;
+    }
+    const Key best = warp_least_keys<kPer, true>(keys, sm);
+    if (w == 0 && lane < k) {
+        values[static_cast<long long>(row) * k + lane] = from_orderable(~static_cast<uint32_t>(best >> 32));
+        ids[static_cast<long long>(row) * k + lane] = best == kNone ? -1 : static_cast<int32_t>(best & 0xffffffffu);
     }
 }
 
@@ -277,7 +422,14 @@ cudaError_t launch_topk(float* x, int rows, int n, int n_valid, int k, const int
             return e;
         return launch_kernel(topk_least_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, values, ids);
     }
-    const bool least = topk_least();
+    const TopkForm form = topk_form();
+    if (form == TopkForm::kWarp) {
+        if (cudaError_t e = launch_kernel(topk_warp_chunk_kernel, dim3(n_chunks, rows), kThreads, 0, stream, x, n,
+                                          n_valid, row_ids, keys, n_chunks))
+            return e;
+        return launch_kernel(topk_warp_merge_kernel, rows, kThreads, 0, stream, keys, n_chunks, k, values, ids);
+    }
+    const bool least = form == TopkForm::kLeast;
     if (cudaError_t e = launch_kernel(least ? topk_chunk_kernel<true> : topk_chunk_kernel<false>, dim3(n_chunks, rows),
                                       kThreads, 0, stream, x, n, n_valid,
                                       row_ids, keys, n_chunks))

@@ -134,7 +134,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (fused: default; at load)
     "OPENJET_ATTN_PIPE": ("0", "1"),                        # engine.cu, attn_pipe_switch (1: default; at load)
     "OPENJET_ATTN_STAGES": ("auto", "2", "3", "4"),         # engine.cu, attn_pipe_switch (not with OPENJET_ATTN_PIPE=0)
-    "OPENJET_TOPK": ("sort", "least"),                      # topk.cu, topk_least (k > 1, least: default; each call)
+    "OPENJET_TOPK": ("sort", "least", "warp"),              # topk.cu, topk_form (k > 1, least: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_SKIP_SWIGLU_PACK": ("0", "1"),           # engine.cu, ffn (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
