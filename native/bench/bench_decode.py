@@ -692,7 +692,9 @@ class Bench:
     def speculation(self, engine, run: dict, check) -> None:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
         head, and over a 32,768-row draft vocabulary), chains of 1..7 greedy drafts on the device over that
-        vocabulary, whole greedy cycles of 0..7 drafts in one call (openjet_engine_cycle_greedy), a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
+        vocabulary, chains of 1..7 sampled drafts (openjet_engine_mtp_draft_sampled: top TOP_K, temperature 0.7,
+        top-p 0.95; with verify and accept, cycle_sampled_ms: a sampled request's cycle from its measured parts),
+        whole greedy cycles of 0..7 drafts in one call (openjet_engine_cycle_greedy), a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
         asks for sampled requests; and k = 1, greedy's, which the chained drafts' table rows take) and an accept,
         each median of --steps (each verify timed right after the accept of a one-row verify, as in a run of
         cycles: with OPENJET_GDN_REPLAY=fused that row's GDN replay runs inside the timed step, and accept itself
@@ -753,6 +755,25 @@ class Bench:
 
         chain = attempt("draft_chain", draft_chains)
         rec["draft_chain_ms_subset"] = chain
+        # n sampled drafts chained on the device (openjet_engine_mtp_draft_sampled, one wait): each draft's top TOP_K
+        # over the draft rows (launch_topk, OPENJET_TOPK's form), then its draw; a sampled request's drafting.
+        f64 = ctypes.POINTER(ctypes.c_double)
+        u = self.rng.random(8)
+        q_ids, q_probs, q_len = np.empty((8, TOP_K), np.int32), np.empty((8, TOP_K), np.float64), np.empty(8, np.intc)
+
+        def sampled_chains() -> dict:
+            chain = {}
+            for n in range(1, 8):
+                def draft_chain(n=n):
+                    check(lib.openjet_engine_mtp_draft_sampled(
+                        h, int(ids[SPEC_CTX]), n, s.n_vocab, TOP_K, 0.7, 0.95, 0.0, u.ctypes.data_as(f64),
+                        drafted.ctypes.data_as(i32), q_ids.ctypes.data_as(i32), q_probs.ctypes.data_as(f64),
+                        q_len.ctypes.data_as(ctypes.POINTER(ctypes.c_int))), "mtp_draft_sampled")
+                chain[n] = round(timed(draft_chain) * 1e3, 3)
+            return chain
+
+        sampled = attempt("draft_chain_sampled", sampled_chains)
+        rec["draft_chain_ms_sampled"] = sampled
         check(lib.openjet_engine_set_draft_rows(h, None, 0, 0), "draft rows off")
         def verify_top(row, k):
             check(lib.openjet_engine_verify_top(h, row.ctypes.data_as(i32), len(row), k, s.n_vocab,
@@ -782,6 +803,9 @@ class Bench:
 
         verify_ms, accept_ms = verify_accept_ms(TOP_K)
         rec.update(verify_ms=verify_ms, accept_ms=accept_ms)
+        if sampled:  # a sampled request's cycle of n drafts from its measured parts: the chain, verify_top, accept
+            rec["cycle_sampled_ms"] = {n: round((sampled[n] if n else 0.0) + verify_ms[1 + n] + accept_ms, 3)
+                                       for n in range(0, 8)}
         verify_k1_ms = attempt("verify_k1", lambda: verify_accept_ms(1)[0])  # greedy's path: each row's argmax back
         rec["verify_ms_k1"] = verify_k1_ms
         self.save()
@@ -838,7 +862,8 @@ class Bench:
                     if al == "0.7"), default=None)
         rec["best_at_acceptance_0.7"] = best and {"tok_s": best[0], "draft": best[1], "n_draft": int(best[2])}
         log(f"speculation at {SPEC_CTX}: draft {rec['draft_ms_full']} ms (full) / {rec['draft_ms_subset']} ms "
-            f"({len(subset)} rows), chained on the device {chain} ms, whole greedy cycles {cycle_ms} ms, "
+            f"({len(subset)} rows), chained on the device {chain} ms (sampled: {sampled} ms), whole greedy cycles "
+            f"{cycle_ms} ms, "
             f"verify {verify_ms} (k = 1: {verify_k1_ms}), "
             f"accept {accept_ms} ms; plain {rec['tok_s_plain']} tok/s, best at 0.7: {rec['best_at_acceptance_0.7']}")
         self.save()
