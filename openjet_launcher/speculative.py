@@ -99,25 +99,19 @@ def speculative_cycle(engine: Engine, state: SequenceState, sampler: Sampler, to
     if sampler.params.greedy:                       # drafts, verify, verdict and accept: Engine.greedy_cycle
         kept, next_token = engine.greedy_cycle(state, token, n_draft, n_valid=sampler.n_valid)
         return Cycle(kept, next_token, n_draft)
+    if k_top is not None:                           # drafts from their rows' top k, verify_top, verdict and accept
+        kept, next_token = engine.sampled_cycle(state, token, n_draft, sampler, k=k_top)
+        return Cycle(kept, next_token, n_draft)
     q_rows: list[Dist] = []
 
     def draw(dist: Dist) -> int:                           # a draft from q, noted for the acceptance test
         q_rows.append(dist)
         return int(dist[0][sampler.draw(dist[1])])
 
-    if k_top is not None:                                  # each draft from its row's top k, with the q it came from
-        sampled = engine.mtp_draft_sampled(state, token, n_draft, sampler, k=k_top)
-        drafts, q_rows = list(sampled.tokens), list(sampled.q)
-    else:
-        drafts = list(engine.mtp_draft(state, token, n_draft,
-                                       choose=lambda lg: draw(sparse(sampler.probabilities(lg)))).tokens)
-    rows = [token, *drafts]
-    if k_top is not None:
-        top = engine.verify_top(state, rows, k=k_top, n_valid=sampler.n_valid)
-        p_rows = [sampler.distribution_top(v, i) for v, i in zip(top.values, top.ids)]
-    else:
-        out = engine.verify(state, rows)
-        p_rows = [sparse(sampler.probabilities(row)) for row in out.logits]
+    drafts = list(engine.mtp_draft(state, token, n_draft,
+                                   choose=lambda lg: draw(sparse(sampler.probabilities(lg)))).tokens)
+    out = engine.verify(state, [token, *drafts])
+    p_rows = [sparse(sampler.probabilities(row)) for row in out.logits]
     k, next_token = accept_sampled(p_rows, q_rows, drafts, sampler)
     engine.accept(state, 1 + k)                             # keep token and the k kept drafts
     return Cycle(drafts[:k], next_token, len(drafts))

@@ -112,13 +112,17 @@
 #            written, the T=1 / T=4 / T=5 step alternating twice, then a trace of each (trace-auto.json,
 #            trace-form2.json; TRACE_ARGS passed on, e.g. "--top-k 32"). For the H200, where the consumer warps bound
 #            the GEMVs. ~7 minutes.
-# PLAN=topk  OPENJET_TOPK=warp (topk.cu's networks on shuffles over each warp's candidates, written in the fifty-ninth
-#            session) against least, the default, and the step's small outputs through pinned memory (f9cf9f7, in
-#            both): test_gpu_topk.py (every form) and the engine's decode_top / verify_top / profile tests while the
-#            model is written, the T=1 / T=5 step with each form alternating twice (bench_decode's top-k path is the
-#            form's figure), then a trace of each on the server's path (trace-least.json, trace-warp.json: --top-k 32;
-#            the top-k's chunks ended ~75 us after the lm_head at f96c0f1 on the H100, and the T=5 step's GPU idled
-#            82.5 us between the top-k and the MTP rows, which the pinned outputs should remove). ~6 minutes.
+# PLAN=sampled  the sampled path's three changes of the fifty-ninth session (2026-12-07, no GPU then): OPENJET_TOPK=warp
+#            (topk.cu's networks on shuffles over each warp's candidates) against least, the default; the step's small
+#            outputs through pinned memory (f9cf9f7); openjet_engine_cycle_sampled (a sampled cycle in one call, the
+#            verdict on the device; CudaEngine.native_sampled_cycle, off until these tests pass). While the model is
+#            written: test_gpu_topk.py (every form) and the engine's top-k, decode_top / verify_top, profile,
+#            bad-argument, sampled-cycle and sampled chi-square tests. Then the T=1 / T=5 step with each top-k form
+#            alternating twice (bench_decode's top-k path, and its speculation section's draft_chain_ms_sampled /
+#            cycle_sampled_ms: each sampled draft ranks its 32,768 rows with the form), then a trace of each on the
+#            server's path (trace-least.json, trace-warp.json: --top-k 32; at f96c0f1 on the H100 the top-k's chunks
+#            ended ~75 us after the lm_head, and the T=5 step's GPU idled 82.5 us between the top-k and the MTP rows,
+#            which the pinned outputs should remove). ~7 minutes.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
 #            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
 #            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
@@ -436,9 +440,9 @@ PY
     each_timing -b --ctx 0 --t 1,4,5 -- OPENJET_GEMV_TMA=auto OPENJET_GEMV_TMA=2
     trace_bench trace-auto
     (export OPENJET_GEMV_TMA=2; trace_bench trace-form2) ;;
-  topk)
-    plan 150 "tests/test_gpu_topk.py tests/test_gpu_engine.py -k 'topk or decode_top or verify_top or profile'" topk-bench ;;
-  topk-bench)
+  sampled)
+    plan 170 "tests/test_gpu_topk.py tests/test_gpu_engine.py -k 'topk or decode_top or verify_top or profile or refuse_bad_arguments or sampled_cycle or sampled_speculation'" sampled-bench ;;
+  sampled-bench)
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp

@@ -35,6 +35,7 @@ class FakeLib:
         self.mtp = 1
         self.prefill_rows = 1024
         self.target = 0                                  # every verify row's argmax (top 1)
+        self.head_rows = False                           # verify_top's rows (k > 1): the fake head's top k, not ids k-1..0
 
     def _fail(self, msg: str) -> int:
         self.error = msg.encode()
@@ -93,8 +94,18 @@ class FakeLib:
         rc = self._step("verify_top", ids, t)
         if rc == 0:
             self.pending = t
-            np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = np.arange(k)[::-1] if k > 1 else self.target
+            if self.head_rows and k > 1:
+                np.ctypeslib.as_array(values, shape=(t, k))[:], np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = \
+                    self._head_top(k, n_valid)
+            else:
+                np.ctypeslib.as_array(top_ids, shape=(t, k))[:] = np.arange(k)[::-1] if k > 1 else self.target
         return rc
+
+    @staticmethod
+    def _head_top(k: int, n_valid: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fake head's top k logits among ids < n_valid (value down, ties to the lower id) and their ids."""
+        ids = np.array(sorted(range(max(0, 77 - k), min(n_valid, 78 + k)), key=lambda i: (-head_logit(i), i))[:k])
+        return np.array([head_logit(i) for i in ids], np.float32), ids.astype(np.int32)
 
     def openjet_engine_accept(self, h, n):
         if not 1 <= n <= self.pending:
@@ -158,16 +169,43 @@ class FakeLib:
                            round(min_p, 6), tuple(self.rows)))
         if not 1 <= n <= 8 or not 1 <= k <= 32:
             return self._fail(f"mtp_draft_sampled: n = {n} or k = {k}")
-        # Not the kernel's transform: any q serves, as long as the caller gets back the one each draft came from.
-        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)[:k]
-        ids = np.array(sorted(i for _, i in cands), np.int32)
-        probs = np.full(len(ids), 1.0 / len(ids))
-        us = np.ctypeslib.as_array(u, shape=(n,))
-        picks = ids[np.minimum((us * len(ids)).astype(int), len(ids) - 1)]
+        picks, ids, probs = self._sampled_drafts(n_valid, k, np.ctypeslib.as_array(u, shape=(n,)))
         np.ctypeslib.as_array(drafts, shape=(n,))[:] = picks
         np.ctypeslib.as_array(q_ids, shape=(n, k))[:, :len(ids)] = ids
         np.ctypeslib.as_array(q_probs, shape=(n, k))[:, :len(ids)] = probs
         np.ctypeslib.as_array(q_len, shape=(n,))[:] = len(ids)
+        return 0
+
+    def _sampled_drafts(self, n_valid: int, k: int, us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fake's sampled drafts, one a uniform, and their q (ids increasing, probabilities). Not the kernel's
+        transform: any q serves, as long as the caller gets back the one each draft came from."""
+        cands = sorted((-head_logit(i), i) for i in (self.rows or range(N_VOCAB)) if i < n_valid)[:k]
+        ids = np.array(sorted(i for _, i in cands), np.int32)
+        probs = np.full(len(ids), 1.0 / len(ids))
+        return ids[np.minimum((us * len(ids)).astype(int), len(ids) - 1)], ids, probs
+
+    def openjet_engine_cycle_sampled(self, h, token, n_draft, n_valid, k, temperature, top_p, min_p, u, out, n_out,
+                                     n_used):
+        """The C API's contract on the host: the fake's sampled drafts with u[:n_draft], its verify_top rows (the
+        head's top k), speculative.py's accept_sampled over the request's transform of them, taking the acceptance
+        stream u[n_draft:] one uniform at a time, and the accept."""
+        from openjet_launcher.sampling import Sampler, SamplingParams
+        from openjet_launcher.speculative import accept_sampled
+        self.calls.append(("cycle_sampled", int(token), n_draft, n_valid, k, tuple(self.rows)))
+        if self.pending or not 0 <= n_draft <= 7 or not 1 <= k <= 32:
+            return self._fail(f"cycle_sampled: pending {self.pending}, n_draft = {n_draft} or k = {k}")
+        us = np.ctypeslib.as_array(u, shape=(2 * n_draft + 1,))
+        drafts, ids, probs = self._sampled_drafts(n_valid, k, us[:n_draft])
+        stream = iter(us[n_draft:].tolist())
+        taken = []
+        sampler = Sampler(SamplingParams(temperature=temperature, top_k=k, top_p=top_p, min_p=min_p), n_valid)
+        sampler.rng = types.SimpleNamespace(random=lambda: taken.append(next(stream)) or taken[-1])
+        p_rows = [sampler.distribution_top(*self._head_top(k, n_valid)) for _ in range(1 + n_draft)]
+        kept, next_token = accept_sampled(p_rows, [(ids, probs)] * n_draft, [int(d) for d in drafts], sampler)
+        o = np.ctypeslib.as_array(out, shape=(n_draft + 1,))
+        o[:kept], o[kept] = drafts[:kept], next_token
+        n_out._obj.value, n_used._obj.value = kept + 1, len(taken)
+        self.n_past += kept + 1
         return 0
 
     def openjet_engine_cycle_greedy(self, h, token, n_draft, n_valid, out, n_out):
@@ -482,6 +520,38 @@ def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(engine, target
     kept, next_token = got[True][0]
     assert (kept, next_token) == (([77, 77, 77], 77) if target == 77 else ([], 0))
     assert got[True][1] == [3, 150, 200, *kept] and got[True][2] == len(got[True][1])
+
+
+@pytest.mark.parametrize("n_draft", [1, 3, 7])
+def test_a_sampled_cycle_in_one_call_gives_the_calls_one_at_a_time(engine, n_draft):
+    """With native_sampled_cycle on, a sampled cycle is one openjet_engine_cycle_sampled call with the drafts'
+    uniforms and the acceptance stream drawn ahead from the request's generator; its kept drafts, next tokens and
+    sequence over 6 cycles are those of the interface's cycle over the single calls (device drafts, verify_top,
+    the host's accept_sampled, accept), and the generator ends where theirs leaves it (it takes back the uniforms
+    the acceptance did not use)."""
+    from openjet_launcher.sampling import Sampler, SamplingParams
+    from openjet_launcher.speculative import speculative_cycle
+    engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77, 79, 75]))
+    engine._lib.head_rows = True
+    engine.native_draft = True
+    got = {}
+    for one_call in (True, False):
+        engine.native_sampled_cycle = one_call
+        sampler = Sampler(SamplingParams(temperature=0.7, top_k=6, top_p=0.95, seed=3), N_VOCAB)
+        state = engine.new_state()
+        engine.decode(state, [3, 150])
+        engine._lib.calls.clear()
+        token, cycles = 200, []
+        for _ in range(6):
+            cycle = speculative_cycle(engine, state, sampler, token, n_draft)
+            cycles.append((cycle.accepted, cycle.next_token))
+            token = cycle.next_token
+        calls = [c[0] for c in engine._lib.calls]
+        assert ("cycle_sampled" in calls) == one_call and ("verify_top" in calls) != one_call
+        got[one_call] = (cycles, list(state.token_ids), engine._lib.n_past, sampler.rng.random())
+    assert got[True] == got[False]
+    kept = sum(len(a) for a, _ in got[True][0])
+    assert 0 < kept < 6 * n_draft  # both verdicts happened: drafts kept, and a rejection's draw
 
 
 def test_sampled_drafts_go_to_the_device_chain_with_its_uniforms_and_hand_back_its_q(engine):

@@ -465,8 +465,8 @@ def test_the_mtp_input_pack_keeps_every_bit(models, preset, monkeypatch):
 
 
 def test_the_device_draft_and_cycle_calls_refuse_bad_arguments_with_messages(models):
-    """openjet_engine_mtp_draft_greedy / _sampled and openjet_engine_cycle_greedy: every bad argument is a return
-    code and a message naming it (nothing launched, the sequence unchanged), and the engine works after them."""
+    """openjet_engine_mtp_draft_greedy / _sampled and openjet_engine_cycle_greedy / _sampled: every bad argument is a
+    return code and a message naming it (nothing launched, the sequence unchanged), and the engine works after them."""
     engine = CudaEngine.load(models["tiny"], n_ctx=64, n_checkpoints=2)
     lib, h = engine._lib, engine._handle
     n_vocab = engine.config.shape.n_vocab
@@ -488,6 +488,14 @@ def test_the_device_draft_and_cycle_calls_refuse_bad_arguments_with_messages(mod
     def cycle(token, n_draft):
         return lib.openjet_engine_cycle_greedy(h, token, n_draft, n_vocab, out.ctypes.data_as(i32), ctypes.byref(n_out))
 
+    n_used = ctypes.c_int()
+
+    def cycle_sampled(token, n_draft, k, u, outputs=True):
+        uu = np.asarray(u, np.float64)
+        return lib.openjet_engine_cycle_sampled(h, token, n_draft, n_vocab, k, 0.8, 0.95, 0.0, uu.ctypes.data_as(f64),
+                                                out.ctypes.data_as(i32) if outputs else None, ctypes.byref(n_out),
+                                                ctypes.byref(n_used))
+
     def refused(rc, pattern):
         with pytest.raises(OpenJetError, match=pattern):
             engine._check(rc, "call")
@@ -506,9 +514,16 @@ def test_the_device_draft_and_cycle_calls_refuse_bad_arguments_with_messages(mod
         refused(sampled(2, 4, 1.0, [0.1, 1.0]), r"u\[1\] = 1")
         refused(cycle(1, 8), "n_draft = 8")
         refused(cycle(n_vocab, 2), "outside the vocabulary")
+        u5 = [0.1, 0.2, 0.3, 0.4, 0.5]
+        refused(cycle_sampled(1, 8, 4, [0.5] * 17), "n_draft = 8")
+        refused(cycle_sampled(1, 2, 33, u5), "k = 33")
+        refused(cycle_sampled(1, 2, 4, [0.1, 0.2, 0.3, 0.4, 1.0]), r"u\[4\] = 1")
+        refused(cycle_sampled(1, 2, 4, u5, outputs=False), "NULL")
+        refused(cycle_sampled(n_vocab, 2, 4, u5), "outside the vocabulary")
         assert state.n_tokens == 3
         assert greedy(1, 2, n_vocab) == 0 and sampled(2, 4, 1.0, [0.1, 0.2]) == 0
         assert cycle(1, 2) == 0 and 1 <= n_out.value <= 3
+        assert cycle_sampled(1, 2, 4, u5) == 0 and 1 <= n_out.value <= 3 and 2 <= n_used.value <= 3
     finally:
         engine.close()
 
@@ -1815,19 +1830,21 @@ def test_greedy_ids_are_identical_for_every_draft_count(models, which, gemv, mon
 
 
 @pytest.mark.skipif(not DEMO.exists(), reason="the bundled demo model is not in this tree")
-@pytest.mark.parametrize("native_draft", [False, True])
+@pytest.mark.parametrize("native_draft", [False, True, "cycle"])
 def test_sampled_speculation_keeps_the_target_distribution_on_the_device(native_draft):
     """Issue 7's sampled exactness on the CUDA engine (device verify/accept), on the demo model (its trained
     head gets drafts kept): at two positions, the first token of 2,000 cycles of 3 drafts follows the target's
-    distribution there by a chi-square test at significance 1e-3; with the drafts drawn on the host, and on the
-    device (native_draft: openjet_engine_mtp_draft_sampled, whose own q the acceptance test uses)."""
+    distribution there by a chi-square test at significance 1e-3; with the drafts drawn on the host, on the
+    device (native_draft: openjet_engine_mtp_draft_sampled, whose own q the acceptance test uses), and the whole
+    cycle in one call ("cycle": openjet_engine_cycle_sampled, the verdict on the device)."""
     from test_speculative import CHI2_999, chi2, first_token_counts
 
     from openjet_launcher.sampling import Sampler, SamplingParams
 
     engine = CudaEngine.load(DEMO, n_ctx=256, n_checkpoints=2)
     engine.native_verify = True
-    engine.native_draft = native_draft
+    engine.native_draft = bool(native_draft)
+    engine.native_sampled_cycle = native_draft == "cycle"
     n_vocab = engine.config.shape.n_vocab
     results = []
     try:
@@ -1844,6 +1861,41 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_device(native_
     report(test="sampled_speculation_chi2", model="demo", native_draft=native_draft, samples=2000, results=results)
     for r in results:
         assert r["outside_support"] == 0 and r["chi2"] < CHI2_999[r["df"]], r
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_k=32, top_p=0.9),
+                                    dict(temperature=0.6, top_k=8, min_p=0.05)])
+def test_the_sampled_cycle_in_one_call_gives_the_pieces_tokens(params):
+    """openjet_engine_cycle_sampled (CudaEngine.native_sampled_cycle) against the interface's sampled cycle over
+    single calls (device drafts, verify_top, the host's accept_sampled, accept), on the demo model (its trained head
+    gets drafts kept) with a draft vocabulary: a seeded answer of 96 tokens with 1..7 drafts a cycle gives the same
+    tokens, and the request's generator ends in the same state (the device takes as many acceptance uniforms as the
+    host's test would). The target's distributions are computed in double precision on each side, not by the same
+    operations: a difference would need a test within rounding of its bound."""
+    from openjet_launcher.generate import generate
+    from openjet_launcher.sampling import Sampler, SamplingParams
+
+    engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
+    engine.native_verify = engine.native_draft = True
+    n_vocab = engine.config.shape.n_vocab
+    prompt = [int(x) for x in np.random.default_rng(61).integers(0, n_vocab, 30)]
+    runs = {}
+    try:
+        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
+        for one_call in (False, True):
+            engine.native_sampled_cycle = one_call
+            answers = []
+            for n_draft in (1, 3, 7):
+                sampler = Sampler(SamplingParams(seed=7, **params), n_vocab)
+                out = generate(engine, engine.new_state(), prompt, sampler, 96, (), n_draft=n_draft)
+                answers.append((out.tokens, out.drafted, out.accepted, sampler.rng.random()))
+            runs[one_call] = answers
+    finally:
+        engine.close()
+    kept = sum(a[2] for a in runs[True])
+    report(test="sampled_cycle_one_call", params=params, kept=kept, equal=runs[True] == runs[False])
+    assert runs[True] == runs[False]
+    assert kept > 0
 
 
 def test_a_draft_vocabulary_gives_the_full_heads_logits_on_its_rows(models):

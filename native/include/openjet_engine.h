@@ -183,6 +183,20 @@ OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* engine, int32_t
                                                  double temperature, double top_p, double min_p, const double* u,
                                                  int32_t* drafts, int32_t* q_ids, double* q_probs, int* q_len);
 
+/* A whole sampled speculative cycle after `token` (chosen, not processed), with one wait (issue 7: the verdict on the
+ * device, the host reads back only the tokens): n_draft (0..7) drafts as mtp_draft_sampled draws them with
+ * u[0..n_draft), a verify step of [token, drafts] whose rows' top k (ids < n_valid) give the target's distributions
+ * p_i under the same transform, and exact speculative sampling (speculative.py's accept_sampled): draft i is kept
+ * while u_a * q_i(d_i) < p_i(d_i), u_a the next uniform of the acceptance stream u[n_draft..2 n_draft]; at the first
+ * rejection the next token is drawn (the stream's next uniform, inverse CDF over p_i's ids in increasing order) from
+ * max(p_i - q_i, 0), and when every draft is kept, from p_{n_draft}. out [n_draft + 1]: the kept drafts then the
+ * next token, *n_out of them; *n_used: the acceptance uniforms taken (kept + 2 after a rejection, n_draft + 1
+ * otherwise), so that the caller's generator can move exactly as far as a host acceptance would have moved it. The
+ * sequence has advanced by the token and the kept drafts. Parameters as mtp_draft_sampled's; 2 n_draft + 1 uniforms. */
+OPENJET_API int openjet_engine_cycle_sampled(openjet_engine* engine, int32_t token, int n_draft, int n_valid, int k,
+                                             double temperature, double top_p, double min_p, const double* u,
+                                             int32_t* out, int* n_out, int* n_used);
+
 /* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON
  * {"on": bool, "calls": n, "phases": {"gdn.step": {"ms": total, "marks": n}, ...}} of the device time between
  * phase marks (embed, norm, gdn.in_proj, gdn.step, gdn.out_proj, attn.in_proj, attn.core, attn.out_proj, ffn,

@@ -357,7 +357,8 @@ struct openjet_engine {
     int replay_rows = 0;  // accepted rows whose GDN replay is pending (their ring: kept_ring)
     float* verify_hidden = nullptr;    // [T, E] its hidden rows (the MTP head's next input)
     // openjet_engine_mtp_draft_greedy's outputs on the device: each step's h' [T, E], drafted id and its logit [T];
-    // openjet_engine_mtp_draft_sampled's uniforms [T] and distributions [T, kTopKMax] (ids, probabilities, lengths)
+    // openjet_engine_mtp_draft_sampled's uniforms [T] and distributions [T, kTopKMax] (ids, probabilities, lengths);
+    // openjet_engine_cycle_sampled's uniforms [2 T]: its n drafts', then its acceptance stream's n + 1
     float* draft_hidden = nullptr;
     int32_t* draft_pick = nullptr;
     float* draft_value = nullptr;
@@ -365,8 +366,9 @@ struct openjet_engine {
     int32_t* draft_q_ids = nullptr;
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
-    int32_t* cycle_out = nullptr;  // openjet_engine_cycle_greedy's verdict: [T] kept drafts and the next token, [1] count
-    int* cycle_n = nullptr;  // [2]: that count, and the cycle's token again for its verify rows after the drafts
+    int32_t* cycle_out = nullptr;  // a device cycle's verdict (cycle_greedy, cycle_sampled): [T] kept drafts, next token
+    // [3]: that count, the cycle's token again for its verify rows after the drafts, the acceptance uniforms taken
+    int* cycle_n = nullptr;
     // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
     // attention launches captured into a graph read (graph_positions: while capturing), so that a graph serves every
     // length its key covers (TrunkKey: the attention split, not the length).
@@ -967,12 +969,12 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.draft_hidden, e.has_mtp ? sizeof(float) * T * E : 0},
         {(void**)&e.draft_pick, e.has_mtp ? sizeof(int32_t) * T : 0},
         {(void**)&e.draft_value, e.has_mtp ? sizeof(float) * T : 0},
-        {(void**)&e.draft_u, e.has_mtp ? sizeof(double) * T : 0},
+        {(void**)&e.draft_u, e.has_mtp ? sizeof(double) * 2 * T : 0},
         {(void**)&e.draft_q_ids, e.has_mtp ? sizeof(int32_t) * T * kTopKMax : 0},
         {(void**)&e.draft_q_probs, e.has_mtp ? sizeof(double) * T * kTopKMax : 0},
         {(void**)&e.draft_q_len, e.has_mtp ? sizeof(int) * T : 0},
         {(void**)&e.cycle_out, e.has_mtp ? sizeof(int32_t) * T : 0},
-        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 2 : 0},  // [1]: the token after the drafts (cycle_greedy)
+        {(void**)&e.cycle_n, e.has_mtp ? sizeof(int) * 3 : 0},
         {(void**)&e.pos_dev, sizeof(int)},
         {(void**)&e.ffn_counters, sizeof(int) * ffn_persistent_scratch_ints(c.n_ff)},
         {(void**)&e.ffn_profile, sizeof(unsigned long long) * kFfnProfileSlots},
@@ -2448,6 +2450,20 @@ int check_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, cons
     return OPENJET_OK;
 }
 
+// A sampled request's parameters (mtp_draft_sampled, cycle_sampled): k, the transform, n_u uniforms in [0, 1) and the
+// outputs (outputs: none of them NULL).
+int check_sampling(int k, int n_valid, double temperature, double top_p, double min_p, const double* u, int n_u,
+                   bool outputs, const char* what) {
+    if (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
+        !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !outputs)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: k = %d is not 1..%d (nor above n_valid), temperature %g, top_p "
+                    "%g or min_p %g out of range, or a NULL buffer", what, k, kTopKMax, temperature, top_p, min_p);
+    for (int j = 0; j < n_u; ++j)
+        if (!(u[j] >= 0.0 && u[j] < 1.0))
+            return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: u[%d] = %g is not in [0, 1)", what, j, u[j]);
+    return OPENJET_OK;
+}
+
 // The chain's arguments checked (mtp_draft_greedy, mtp_draft_sampled), then the token to e->ids[0], the first step's
 // input.
 int start_draft_chain(openjet_engine* e, int32_t token, int n, int n_valid, const void* drafts, const char* what) {
@@ -2484,6 +2500,52 @@ int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
     });
 }
 
+// The sampled chain: each step's top k over the draft rows (or the vocabulary), then its draw with the device uniform
+// u[k] (launch_sample_top): the pick in e.draft_pick (and e.ids[0], the next step's input), its q in e.draft_q_*.
+int sampled_draft_chain(openjet_engine& e, int n, int n_valid, int k, const SampleTransform& tr, const double* u) {
+    const auto& c = e.cfg;
+    return draft_chain(e, n, [&](int j) -> int {
+        CHECK(launch_topk(e.logits, 1, e.draft_n ? e.draft_n : c.n_vocab, n_valid, k, nullptr, nullptr, 0,
+                          e.top_values, e.top_ids, e.top_work, e.stream, e.draft_n ? e.draft_ids : nullptr));
+        CHECK(launch_sample_top(e.top_values, e.top_ids, k, tr, u + j, e.draft_pick + j, e.ids,
+                                e.draft_q_ids + j * kTopKMax, e.draft_q_probs + j * kTopKMax, e.draft_q_len + j,
+                                e.stream));
+        return OPENJET_OK;
+    });
+}
+
+// The verify rows of a device cycle after its drafts: the token again (the chain left its own draft in ids[0]; the
+// caller wrote the token to e.cycle_n[1]) and the drafts.
+int cycle_verify_ids(openjet_engine& e, int n_draft) {
+    CHECK(cudaMemcpyAsync(e.ids, e.cycle_n + 1, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
+    CHECK(cudaMemcpyAsync(e.ids + 1, e.draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice, e.stream));
+    return OPENJET_OK;
+}
+
+// A sampled cycle's launches after its token (as cycle_greedy_launches') and its uniforms in e.draft_u (the drafts'
+// n_draft, then the acceptance stream's n_draft + 1): n_draft sampled drafts, the verify trunk, the lm_head, each row's
+// top k, the verdict (launch_accept_sampled: e.cycle_out, e.cycle_n[0], the uniforms taken in e.cycle_n[2]) and the
+// MTP fill.
+int cycle_sampled_launches(openjet_engine& e, int n_draft, int n_valid, int k, const SampleTransform& tr) {
+    const auto& c = e.cfg;
+    const int t = 1 + n_draft;
+    if (n_draft) {
+        TRY(sampled_draft_chain(e, n_draft, n_valid, k, tr, e.draft_u));
+        TRY(cycle_verify_ids(e, n_draft));
+    }
+    TRY(step_trunk(e, nullptr, t, true));
+    mark(e, "lm_head");
+    TRY(gemv(e, e.output, t, nullptr, e.logits));
+    mark(e, "topk");
+    CHECK(launch_topk(e.logits, t, c.n_vocab, n_valid, k, nullptr, nullptr, 0, e.top_values, e.top_ids, e.top_work,
+                      e.stream));
+    CHECK(launch_accept_sampled(e.top_values, e.top_ids, k, tr, e.draft_pick, e.draft_q_ids, e.draft_q_probs,
+                                e.draft_q_len, n_draft, e.draft_u + n_draft, e.cycle_out, e.cycle_n, e.cycle_n + 2,
+                                e.stream));
+    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    return mtp_fill(e, e.ids, e.a, t, e.n_past);  // as verify_impl
+}
+
 // A greedy cycle's launches after its token (the caller wrote it to e.ids[0], and with drafts to e.cycle_n[1]: no
 // input from the host, so a graph of them replays): n_draft greedy drafts, the verify trunk over the token and the
 // drafts, the lm_head, each row's top 1, the verdict (e.cycle_out, e.cycle_n[0]) and the MTP fill; with the trunk's
@@ -2491,10 +2553,9 @@ int greedy_draft_chain(openjet_engine& e, int n, int n_valid, bool hidden) {
 int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
     const auto& c = e.cfg;
     const int t = 1 + n_draft;
-    if (n_draft) {  // the drafts, then the verify rows: the token again (the chain left its own in ids[0]), the drafts
+    if (n_draft) {  // the drafts, then the verify rows
         TRY(greedy_draft_chain(e, n_draft, n_valid, false));
-        CHECK(cudaMemcpyAsync(e.ids, e.cycle_n + 1, sizeof(int32_t), cudaMemcpyDeviceToDevice, e.stream));
-        CHECK(cudaMemcpyAsync(e.ids + 1, e.draft_pick, sizeof(int32_t) * n_draft, cudaMemcpyDeviceToDevice, e.stream));
+        TRY(cycle_verify_ids(e, n_draft));
     }
     TRY(step_trunk(e, nullptr, t, true));
     mark(e, "lm_head");
@@ -2566,26 +2627,11 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
                                                             double* q_probs, int* q_len) {
     const GpuFailureWatch watch(e);
     TRY(check_engine(e));
-    if (k < 1 || k > kTopKMax || k > n_valid || !(temperature > 0.0) || !std::isfinite(temperature) ||
-        !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !u || !q_ids || !q_probs || !q_len)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: k = %d is not 1..%d (nor above n_valid), "
-                    "temperature %g, top_p %g or min_p %g out of range, or a NULL buffer", k, kTopKMax, temperature,
-                    top_p, min_p);
-    for (int j = 0; u && j < n && j < OPENJET_ENGINE_MAX_T; ++j)
-        if (!(u[j] >= 0.0 && u[j] < 1.0))
-            return fail(OPENJET_ERR_INVALID_ARGUMENT, "mtp_draft_sampled: u[%d] = %g is not in [0, 1)", j, u[j]);
+    TRY(check_sampling(k, n_valid, temperature, top_p, min_p, u, std::min(n, OPENJET_ENGINE_MAX_T),
+                       q_ids && q_probs && q_len, "mtp_draft_sampled"));
     TRY(start_draft_chain(e, token, n, n_valid, drafts, "mtp_draft_sampled"));
-    const auto& c = e->cfg;
     CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * n, cudaMemcpyHostToDevice, e->stream));
-    const SampleTransform tr{temperature, top_p, min_p};
-    TRY(draft_chain(*e, n, [&](int j) -> int {  // each step's top k, then the draw with u[j]
-        CHECK(launch_topk(e->logits, 1, e->draft_n ? e->draft_n : c.n_vocab, n_valid, k, nullptr, nullptr, 0,
-                          e->top_values, e->top_ids, e->top_work, e->stream, e->draft_n ? e->draft_ids : nullptr));
-        CHECK(launch_sample_top(e->top_values, e->top_ids, k, tr, e->draft_u + j, e->draft_pick + j, e->ids,
-                                e->draft_q_ids + j * kTopKMax, e->draft_q_probs + j * kTopKMax, e->draft_q_len + j,
-                                e->stream));
-        return OPENJET_OK;
-    }));
+    TRY(sampled_draft_chain(*e, n, n_valid, k, SampleTransform{temperature, top_p, min_p}, e->draft_u));
     CHECK(cudaMemcpyAsync(drafts, e->draft_pick, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, e->stream));
     CHECK(cudaMemcpy2DAsync(q_ids, sizeof(int32_t) * k, e->draft_q_ids, sizeof(int32_t) * kTopKMax,
                             sizeof(int32_t) * k, n, cudaMemcpyDeviceToHost, e->stream));
@@ -2595,6 +2641,37 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, i
     CHECK(cudaStreamSynchronize(e->stream));
     collect_profile(*e);
     return OPENJET_OK;
+}
+
+extern "C" OPENJET_API int openjet_engine_cycle_sampled(openjet_engine* e, int32_t token, int n_draft, int n_valid,
+                                                       int k, double temperature, double top_p, double min_p,
+                                                       const double* u, int32_t* out, int* n_out, int* n_used) {
+    const GpuFailureWatch watch(e);
+    TRY(check_engine(e));  // (check_verify below: idle, the MTP head, the token)
+    const auto& c = e->cfg;
+    const int t = 1 + n_draft;
+    if (n_draft < 0 || t > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_sampled: n_draft = %d is not 0..%d, or n_valid = %d is not "
+                    "1..%d", n_draft, OPENJET_ENGINE_MAX_T - 1, n_valid, c.n_vocab);
+    TRY(check_sampling(k, n_valid, temperature, top_p, min_p, u, 2 * n_draft + 1, out && n_out && n_used,
+                       "cycle_sampled"));
+    TRY(check_verify(e, &token, 1, "cycle_sampled"));
+    if (static_cast<long long>(e->n_past) + t > c.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_sampled: %d + %d tokens exceed the context of %d tokens",
+                    e->n_past, t, c.n_ctx);
+    if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, "cycle_sampled"));
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));  // the first input
+    if (n_draft) CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * (2 * n_draft + 1), cudaMemcpyHostToDevice, e->stream));
+    TRY(cycle_sampled_launches(*e, n_draft, n_valid, k, SampleTransform{temperature, top_p, min_p}));
+    CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpyAsync(n_used, e->cycle_n + 2, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    e->pending = t;
+    return accept_impl(*e, *n_out);
 }
 
 extern "C" OPENJET_API int openjet_engine_set_attn_spread(openjet_engine* e, int spread) {

@@ -222,6 +222,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "openjet_engine_mtp_draft_sampled": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                               ctypes.c_double, ctypes.c_double, ctypes.c_double, f64p, i32p, i32p,
                                               f64p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "openjet_engine_cycle_sampled": ([_P, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_double, ctypes.c_double, ctypes.c_double, f64p, i32p,
+                                          ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "openjet_engine_profile": ([_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_profile": ([_P, ctypes.c_int], ctypes.c_int),
         "openjet_engine_set_attn_spread": ([_P, ctypes.c_int], ctypes.c_int),
@@ -778,6 +781,45 @@ class CudaEngine(Engine):
         self._stats.draft_seconds += time.perf_counter() - t0
         q = [(q_ids[j, :q_len[j]].astype(np.int64), q_probs[j, :q_len[j]].copy()) for j in range(n_draft)]
         return SampledDrafts([int(x) for x in drafts], q)
+
+    # A sampled request's whole cycle in one call (openjet_engine_cycle_sampled: the drafts, the verify step, its rows'
+    # top k, exact speculative sampling and the accept on the device, one wait instead of three calls and the host's
+    # verdict). Off until its GPU tests have run (written 2026-12-07 without a GPU): then the pieces, as before.
+    native_sampled_cycle = False
+
+    def sampled_cycle(self, state: CudaState, token: int, n_draft: int, sampler, *, k: int) -> tuple[list[int], int]:
+        """The interface's sampled cycle in one call where native_sampled_cycle is on. The uniforms are the sampler's,
+        in the order the pieces take them: the drafts' n_draft, then the acceptance stream, of which the device takes
+        as many as the host's accept_sampled would (n_used); the generator ends where the pieces leave it. The
+        target's distributions are the device's transform of the same top k (sample_top.cuh, double precision, not
+        numpy's operations), so a seeded answer is the pieces' unless a test lands within rounding of its bound."""
+        if not (self.native_sampled_cycle and self.native_draft and self.native_verify and self.native_top
+                and self.has_mtp and 1 <= n_draft < MAX_GPU_DECODE_TOKENS and 1 <= k <= GPU_MAX_TOP_K):
+            return super().sampled_cycle(state, token, n_draft, sampler, k=k)
+        self._check_state(state)
+        self._check_room(state, 1 + n_draft)
+        p, rng = sampler.params, sampler.rng
+        t0 = time.perf_counter()
+        tok = self._start_drafting(state, token, n_draft)
+        u = np.empty(2 * n_draft + 1, np.float64)
+        u[:n_draft] = rng.random(n_draft)
+        accept_from = rng.bit_generator.state  # the acceptance stream, drawn ahead; taken back to what was used
+        u[n_draft:] = rng.random(n_draft + 1)
+        out, n_out, n_used = np.empty(1 + n_draft, np.int32), ctypes.c_int(), ctypes.c_int()
+        try:
+            self._check(self._lib.openjet_engine_cycle_sampled(
+                self._handle, tok, n_draft, sampler.n_valid, k, p.temperature, p.top_p, p.min_p,
+                u.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                ctypes.byref(n_out), ctypes.byref(n_used)), "cycle")
+        finally:
+            rng.bit_generator.state = accept_from
+        rng.random(n_used.value)
+        n = n_out.value
+        kept = [int(x) for x in out[:n - 1]]
+        state.add([tok, *kept], prefilled=False)
+        self._stats.draft_tokens += n_draft  # their time is the step's (one call)
+        self._count_step(1 + n_draft, t0)
+        return kept, int(out[n - 1])
 
     def _draft_steps(self, state: CudaState, token: int, n_draft: int, on_row, full: np.ndarray):
         """The draft loop of mtp_draft and mtp_draft_top: per step the head's logits (the draft vocabulary's

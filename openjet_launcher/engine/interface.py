@@ -345,6 +345,23 @@ class Engine(abc.ABC):
         self.accept(state, 1 + k)
         return drafts[:k], targets[k]
 
+    def sampled_cycle(self, state: SequenceState, token: int, n_draft: int, sampler, *, k: int) -> tuple[list[int], int]:
+        """One sampled speculative cycle after `token` (chosen, not processed) for a request whose distribution needs only
+        each row's top k (k = sampler.top_request(...), no penalties): n_draft (1 or more) drafts drawn from q_j
+        (mtp_draft_sampled), a verify step of [token, drafts] ranked to each row's top k among ids < sampler.n_valid,
+        exact speculative sampling over the target's distributions p_j = sampler.distribution_top of those rows
+        (speculative.accept_sampled, with the sampler's generator) and the accept: (the kept drafts, the target's next
+        token). Here the pieces one call at a time; the CUDA engine can run them in one call
+        (openjet_engine_cycle_sampled, CudaEngine.native_sampled_cycle)."""
+        from ..speculative import accept_sampled  # (speculative.py builds on this module)
+        sampled = self.mtp_draft_sampled(state, token, n_draft, sampler, k=k)
+        drafts = list(sampled.tokens)
+        top = self.verify_top(state, [token, *drafts], k=k, n_valid=sampler.n_valid)
+        p_rows = [sampler.distribution_top(v, i) for v, i in zip(top.values, top.ids)]
+        kept, next_token = accept_sampled(p_rows, list(sampled.q), drafts, sampler)
+        self.accept(state, 1 + kept)
+        return drafts[:kept], next_token
+
     @abc.abstractmethod
     def checkpoint(self, state: SequenceState) -> None:
         """Record the recurrent + conv state at the current position, for ``truncate``."""
