@@ -8,7 +8,8 @@ speculative_cycle over tests/test_cuda_binding.py's fake library, made instant: 
 the 27B's shapes (a 248,320-entry vocabulary, a 32,768-row draft vocabulary), so what is timed is the host's work
 a GPU cycle waits on. Cases: greedy and sampled (top-k 20) requests; a plain decode step (no drafts); cycles of 1
 and 3 drafts, chained on the device or drafted step by step with a host ranking (CudaEngine.native_draft; greedy:
-the whole cycle in one call). --profile prints the top functions of the slowest case to stderr.
+the whole cycle in one call), and sampled cycles in one call (CudaEngine.native_sampled_cycle). --profile prints the
+top functions of the slowest case to stderr.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ class InstantLib(FakeLib):
     def openjet_engine_cycle_greedy(self, h, token, n_draft, n_valid, out, n_out):
         np.ctypeslib.as_array(out, shape=(n_draft + 1,))[:] = self.top_ids[0]  # every draft kept
         n_out._obj.value = n_draft + 1
+        self.n_past += n_draft + 1
+        return 0
+
+    def openjet_engine_cycle_sampled(self, h, token, n_draft, n_valid, k, temperature, top_p, min_p, u, out, n_out,
+                                     n_used):
+        np.ctypeslib.as_array(out, shape=(n_draft + 1,))[:] = self.top_ids[0]  # every draft kept
+        n_out._obj.value, n_used._obj.value = n_draft + 1, n_draft + 1
         self.n_past += n_draft + 1
         return 0
 
@@ -136,6 +144,11 @@ def main() -> None:
                 out["ms_per_cycle"][f"{name}/{'device' if native else 'host'}_drafts/{n_draft}"] = round(ms, 4)
                 if worst is None or ms > worst[0]:
                     worst = (ms, params, native, n_draft)
+    engine.native_draft = engine.native_sampled_cycle = True  # a sampled cycle in one call (cycle_sampled)
+    for n_draft in (1, 3):
+        ms = time_cycles(engine, requests["sampled_top_k_20"], n_draft, a.cycles)
+        out["ms_per_cycle"][f"sampled_top_k_20/one_call/{n_draft}"] = round(ms, 4)
+    engine.native_sampled_cycle = False
     try:
         engine.close()
     finally:
