@@ -2579,6 +2579,34 @@ int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
 }
 }  // namespace
 
+namespace {
+// A device cycle's call (cycle_greedy, cycle_sampled) after its own arguments' checks: the sequence's (idle, the MTP
+// head, the token, the context, the draft chain's), the token to the device (the first input, and e.cycle_n[1] for the
+// verify rows after the drafts), `launches` (the cycle's launches; their own copies), the verdict back (out [1 +
+// n_draft], *n_out) with one wait, and the accept of the rows it kept.
+template <class Launches>
+int run_cycle(openjet_engine* e, int32_t token, int n_draft, int n_valid, int32_t* out, int* n_out, const char* what,
+              const Launches& launches) {
+    const auto& c = e->cfg;
+    const int t = 1 + n_draft;
+    TRY(check_verify(e, &token, 1, what));  // the MTP head and the buffers verify needs; the token's id
+    if (static_cast<long long>(e->n_past) + t > c.n_ctx)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "%s: %d + %d tokens exceed the context of %d tokens", what, e->n_past,
+                    t, c.n_ctx);
+    if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, what));
+    CHECK(cudaSetDevice(c.device));
+    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    if (n_draft) CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    TRY(launches());
+    CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
+    CHECK(cudaStreamSynchronize(e->stream));
+    collect_profile(*e);
+    e->pending = t;
+    return accept_impl(*e, *n_out);
+}
+}  // namespace
+
 extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, int32_t token, int n, int n_valid,
                                                            int32_t* drafts, float* values, float* hidden) {
     const GpuFailureWatch watch(e);
@@ -2598,27 +2626,14 @@ extern "C" OPENJET_API int openjet_engine_mtp_draft_greedy(openjet_engine* e, in
 extern "C" OPENJET_API int openjet_engine_cycle_greedy(openjet_engine* e, int32_t token, int n_draft, int n_valid,
                                                       int32_t* out, int* n_out) {
     const GpuFailureWatch watch(e);
-    TRY(check_engine(e));  // (check_verify below: idle, the MTP head, the token)
+    TRY(check_engine(e));  // (run_cycle: idle, the MTP head, the token)
     const auto& c = e->cfg;
-    const int t = 1 + n_draft;
-    if (!out || !n_out || n_draft < 0 || t > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
+    if (!out || !n_out || n_draft < 0 || 1 + n_draft > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_greedy: a NULL output, n_draft = %d is not 0..%d, or n_valid "
                     "= %d is not 1..%d", n_draft, OPENJET_ENGINE_MAX_T - 1, n_valid, c.n_vocab);
-    TRY(check_verify(e, &token, 1, "cycle_greedy"));  // the MTP head and the buffers verify needs; the token's id
-    if (static_cast<long long>(e->n_past) + t > c.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_greedy: %d + %d tokens exceed the context of %d tokens",
-                    e->n_past, t, c.n_ctx);
-    if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, "cycle_greedy"));
-    CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));  // the first input
-    if (n_draft) CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
-    TRY(e->bench_graph ? cycle_greedy_graph(*e, n_draft, n_valid) : cycle_greedy_launches(*e, n_draft, n_valid));
-    CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
-    CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
-    CHECK(cudaStreamSynchronize(e->stream));
-    collect_profile(*e);
-    e->pending = t;
-    return accept_impl(*e, *n_out);
+    return run_cycle(e, token, n_draft, n_valid, out, n_out, "cycle_greedy", [&] {
+        return e->bench_graph ? cycle_greedy_graph(*e, n_draft, n_valid) : cycle_greedy_launches(*e, n_draft, n_valid);
+    });
 }
 
 extern "C" OPENJET_API int openjet_engine_mtp_draft_sampled(openjet_engine* e, int32_t token, int n, int n_valid,
@@ -2647,31 +2662,19 @@ extern "C" OPENJET_API int openjet_engine_cycle_sampled(openjet_engine* e, int32
                                                        int k, double temperature, double top_p, double min_p,
                                                        const double* u, int32_t* out, int* n_out, int* n_used) {
     const GpuFailureWatch watch(e);
-    TRY(check_engine(e));  // (check_verify below: idle, the MTP head, the token)
+    TRY(check_engine(e));  // (run_cycle: idle, the MTP head, the token)
     const auto& c = e->cfg;
-    const int t = 1 + n_draft;
-    if (n_draft < 0 || t > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
+    if (n_draft < 0 || 1 + n_draft > OPENJET_ENGINE_MAX_T || n_valid < 1 || n_valid > c.n_vocab)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_sampled: n_draft = %d is not 0..%d, or n_valid = %d is not "
                     "1..%d", n_draft, OPENJET_ENGINE_MAX_T - 1, n_valid, c.n_vocab);
     TRY(check_sampling(k, n_valid, temperature, top_p, min_p, u, 2 * n_draft + 1, out && n_out && n_used,
                        "cycle_sampled"));
-    TRY(check_verify(e, &token, 1, "cycle_sampled"));
-    if (static_cast<long long>(e->n_past) + t > c.n_ctx)
-        return fail(OPENJET_ERR_INVALID_ARGUMENT, "cycle_sampled: %d + %d tokens exceed the context of %d tokens",
-                    e->n_past, t, c.n_ctx);
-    if (n_draft) TRY(check_draft_chain(e, token, n_draft, n_valid, out, "cycle_sampled"));
-    CHECK(cudaSetDevice(c.device));
-    CHECK(cudaMemcpyAsync(e->ids, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));  // the first input
-    if (n_draft) CHECK(cudaMemcpyAsync(e->cycle_n + 1, &token, sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
-    CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * (2 * n_draft + 1), cudaMemcpyHostToDevice, e->stream));
-    TRY(cycle_sampled_launches(*e, n_draft, n_valid, k, SampleTransform{temperature, top_p, min_p}));
-    CHECK(cudaMemcpyAsync(n_out, e->cycle_n, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
-    CHECK(cudaMemcpyAsync(n_used, e->cycle_n + 2, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
-    CHECK(cudaMemcpyAsync(out, e->cycle_out, sizeof(int32_t) * t, cudaMemcpyDeviceToHost, e->stream));
-    CHECK(cudaStreamSynchronize(e->stream));
-    collect_profile(*e);
-    e->pending = t;
-    return accept_impl(*e, *n_out);
+    return run_cycle(e, token, n_draft, n_valid, out, n_out, "cycle_sampled", [&]() -> int {
+        CHECK(cudaMemcpyAsync(e->draft_u, u, sizeof(double) * (2 * n_draft + 1), cudaMemcpyHostToDevice, e->stream));
+        TRY(cycle_sampled_launches(*e, n_draft, n_valid, k, SampleTransform{temperature, top_p, min_p}));
+        CHECK(cudaMemcpyAsync(n_used, e->cycle_n + 2, sizeof(int), cudaMemcpyDeviceToHost, e->stream));
+        return OPENJET_OK;
+    });
 }
 
 extern "C" OPENJET_API int openjet_engine_set_attn_spread(openjet_engine* e, int spread) {

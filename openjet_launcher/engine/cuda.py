@@ -753,12 +753,15 @@ class CudaEngine(Engine):
         self._check(self._lib.openjet_engine_cycle_greedy(self._handle, tok, n_draft, n_valid,
                                                           out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                                                           ctypes.byref(n_out)), "cycle")
-        n = n_out.value
-        kept = [int(x) for x in out[:n - 1]]
+        return self._cycle_done(state, tok, out[:n_out.value], n_draft, t0)
+
+    def _cycle_done(self, state: CudaState, tok: int, out: np.ndarray, n_draft: int, t0: float) -> tuple[list[int], int]:
+        """A one-call cycle's verdict (out: the kept drafts, then the next token) into the sequence and the counts."""
+        kept = [int(x) for x in out[:-1]]
         state.add([tok, *kept], prefilled=False)
         self._stats.draft_tokens += n_draft  # their time is the step's (one call)
         self._count_step(1 + n_draft, t0)
-        return kept, int(out[n - 1])
+        return kept, int(out[-1])
 
     def mtp_draft_sampled(self, state: CudaState, token: int, n_draft: int, sampler, *, k: int) -> SampledDrafts:
         """The interface's sampled drafts, chained on the device when native_draft is on
@@ -814,12 +817,7 @@ class CudaEngine(Engine):
         finally:
             rng.bit_generator.state = accept_from
         rng.random(n_used.value)
-        n = n_out.value
-        kept = [int(x) for x in out[:n - 1]]
-        state.add([tok, *kept], prefilled=False)
-        self._stats.draft_tokens += n_draft  # their time is the step's (one call)
-        self._count_step(1 + n_draft, t0)
-        return kept, int(out[n - 1])
+        return self._cycle_done(state, tok, out[:n_out.value], n_draft, t0)
 
     def _draft_steps(self, state: CudaState, token: int, n_draft: int, on_row, full: np.ndarray):
         """The draft loop of mtp_draft and mtp_draft_top: per step the head's logits (the draft vocabulary's
