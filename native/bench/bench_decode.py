@@ -693,7 +693,8 @@ class Bench:
         """Issue 7's figures from the pieces a cycle is made of, at context SPEC_CTX: an MTP draft step (full
         head, and over a 32,768-row draft vocabulary), chains of 1..7 greedy drafts on the device over that
         vocabulary, chains of 1..7 sampled drafts (openjet_engine_mtp_draft_sampled: top TOP_K, temperature 0.7,
-        top-p 0.95; with verify and accept, cycle_sampled_ms: a sampled request's cycle from its measured parts),
+        top-p 0.95; with verify and accept, cycle_sampled_ms: a sampled request's cycle from its measured parts, and
+        cycle_sampled_one_call_ms: the same cycle in one call, openjet_engine_cycle_sampled),
         whole greedy cycles of 0..7 drafts in one call (openjet_engine_cycle_greedy), a verify step of 1 + n rows (verify_top: the top TOP_K logits per row come back, as the server
         asks for sampled requests; and k = 1, greedy's, which the chained drafts' table rows take) and an accept,
         each median of --steps (each verify timed right after the accept of a one-row verify, as in a run of
@@ -832,6 +833,28 @@ class Bench:
 
         cycle_ms = attempt("cycle_greedy", greedy_cycles)
         rec["cycle_greedy_ms"] = cycle_ms
+        # A whole sampled cycle in one call (openjet_engine_cycle_sampled: top TOP_K, temperature 0.7, top-p 0.95; the
+        # drafts' uniforms and the acceptance stream's, 2 n + 1), timed as the greedy ones.
+        n_used = ctypes.c_int()
+
+        def sampled_cycles() -> dict:
+            ms = {}
+            for n in range(0, 8):
+                times = []
+                for i in range(a.warmup + a.steps):
+                    check(lib.openjet_engine_restore(h, 0), "restore")
+                    for timed_call in (False, True):
+                        uu = self.rng.random(2 * n + 1)
+                        t0 = time.perf_counter()
+                        check(lib.openjet_engine_cycle_sampled(
+                            h, int(ids[SPEC_CTX]), n, s.n_vocab, TOP_K, 0.7, 0.95, 0.0, uu.ctypes.data_as(f64),
+                            out_ids.ctypes.data_as(i32), ctypes.byref(n_out), ctypes.byref(n_used)), "cycle_sampled")
+                        if timed_call and i >= a.warmup:
+                            times.append(time.perf_counter() - t0)
+                ms[n] = round(statistics.median(times) * 1e3, 3)
+            return ms
+
+        rec["cycle_sampled_one_call_ms"] = attempt("cycle_sampled", sampled_cycles)
         no_draft_cycle = bool(cycle_ms and cycle_ms.get(0))
         if no_draft_cycle:  # issue 7's no-draft cycle against the bytes of its one-row step
             roof = step_bytes(s, self.tb, run["kv_type"], SPEC_CTX, 1)["total"] / (self.bw * 1e9)
