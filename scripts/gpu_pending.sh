@@ -118,11 +118,12 @@
 #            verdict on the device; CudaEngine.native_sampled_cycle, off until these tests pass). While the model is
 #            written: test_gpu_topk.py (every form) and the engine's top-k, decode_top / verify_top, profile,
 #            bad-argument, sampled-cycle and sampled chi-square tests. Then the T=1 / T=5 step with each top-k form
-#            alternating twice (bench_decode's top-k path, and its speculation section's draft_chain_ms_sampled /
-#            cycle_sampled_ms: each sampled draft ranks its 32,768 rows with the form), then a trace of each on the
+#            (bench_decode's top-k path, and its speculation section's draft_chain_ms_sampled, cycle_sampled_ms and
+#            cycle_sampled_one_call_ms: each sampled draft ranks its 32,768 rows with the form), a trace of each on the
 #            server's path (trace-least.json, trace-warp.json: --top-k 32; at f96c0f1 on the H100 the top-k's chunks
 #            ended ~75 us after the lm_head, and the T=5 step's GPU idled 82.5 us between the top-k and the MTP rows,
-#            which the pinned outputs should remove). ~7 minutes.
+#            which the pinned outputs should remove), then the two timings again (last: the first round answers if time
+#            runs out). ~7 minutes.
 # PLAN=pdl   The GEMV tests (tests/test_gpu_gemv.py), test_gpu_pdl.py's and the boundary benches' while the model is
 #            written; the boundary benches (bench_boundary.cu: a launch's hand-over under PDL against a grid barrier's
 #            round, no work on either side, on several grids: boundary-pdl-{1,0}.json; bench_pack_chain:
@@ -445,9 +446,9 @@ PY
   sampled-bench)
     trap pack_logs EXIT
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp
     TRACE_ARGS="--top-k 32" trace_bench trace-least
-    (export OPENJET_TOPK=warp; TRACE_ARGS="--top-k 32" trace_bench trace-warp) ;;
+    (export OPENJET_TOPK=warp; TRACE_ARGS="--top-k 32" trace_bench trace-warp)
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp ;;
   attnpack)
     plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
   attnpack-bench)
