@@ -2,8 +2,9 @@
 // (descending) then id (ascending), so the result is deterministic and equals a stable sort's prefix.
 //   pass 1: one block per (chunk of 4096 logits, row) sorts its chunk and keeps its first 32 keys;
 //   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
-// k = 1 takes a min-reduction in both passes instead; for k > 1 the bitonic top-k (least_keys; OPENJET_TOPK=sort the
-// full sorts, OPENJET_TOPK=warp the networks on shuffles, warp_least_keys). Each gives the same keys. launch_argmax (a
+// k = 1 takes a min-reduction in both passes instead; for k > 1 the networks on shuffles over each warp's candidates
+// (warp_least_keys; OPENJET_TOPK=least the bitonic top-k in shared memory, least_keys, =sort the full sorts). Each
+// gives the same keys. launch_argmax (a
 // draft step's pick over a draft vocabulary's rows) is one block's min-reduction.
 #include "topk.cuh"
 
@@ -106,21 +107,21 @@ __device__ void least_keys(unsigned long long* s, int n, bool sort_runs) {
     }
 }
 
-// OPENJET_TOPK (read at each call: tests switch it): unset or "least", least_keys (the default since 2026-12-05: on the
-// H200 at 499afb1 the k = 32 top-k of a T=1 step 0.160 -> 0.089 ms, decode_top 8.673 -> 8.513 ms); "sort", the full
-// bitonic sorts; "warp", warp_least_keys (below). The same output from each.
+// OPENJET_TOPK (read at each call: tests switch it): unset or "warp", warp_least_keys (below; the default since
+// 2026-12-07: on the H100 at d6801d2 the k = 32 top-k's two launches 83 -> 11 us past the lm_head at T = 1, 81 -> 21 at
+// T = 5); "least", least_keys (the default from 2026-12-05: on the H200 at 499afb1 the top-k of a T=1 step 0.160 ->
+// 0.089 ms against "sort"); "sort", the full bitonic sorts. The same output from each.
 enum class TopkForm { kSort, kLeast, kWarp };
 TopkForm topk_form() {
     const char* v = std::getenv("OPENJET_TOPK");
     if (v && std::strcmp(v, "sort") == 0) return TopkForm::kSort;
-    if (v && std::strcmp(v, "warp") == 0) return TopkForm::kWarp;
-    return TopkForm::kLeast;
+    if (v && std::strcmp(v, "least") == 0) return TopkForm::kLeast;
+    return TopkForm::kWarp;
 }
 
-// The warp form (OPENJET_TOPK=warp; an experiment, not yet timed). least_keys' rounds are shared-memory
-// compare-exchanges between block barriers, ~57 of them over a 4,096-key chunk: on the H100 at f96c0f1 the k = 32
-// top-k took ~75 us from the lm_head's end to its chunks' end, at T = 1 and T = 5 alike (a chunk's latency, not the
-// GPU's throughput). Here each warp keeps its 32 least keys so far in registers, one per lane, ascending, and the
+// The warp form (OPENJET_TOPK=warp, the default). least_keys' rounds are shared-memory compare-exchanges between block
+// barriers, ~57 of them over a 4,096-key chunk: on the H100 at f96c0f1 the k = 32 top-k took ~75 us from the lm_head's
+// end to its chunks' end, at T = 1 and T = 5 alike (a chunk's latency, not the GPU's throughput). Here each warp keeps its 32 least keys so far in registers, one per lane, ascending, and the
 // networks run on shuffles with no barrier: a batch of 32 keys is sorted (warp_sort32, 15 steps) and merged in
 // (warp_merge32, 6 steps). Keys not below the warp's current 32nd least cannot be among the chunk's 32 least, so only
 // the others (candidates) are gathered, in shared memory, and merged 32 at a time: for keys in random order ~4 merges

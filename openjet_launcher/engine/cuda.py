@@ -134,7 +134,7 @@ KERNEL_SWITCHES = {
     "OPENJET_GDN_REPLAY": ("accept", "fused"),              # engine.cu, gdn_replay_switch (fused: default; at load)
     "OPENJET_ATTN_PIPE": ("0", "1"),                        # engine.cu, attn_pipe_switch (1: default; at load)
     "OPENJET_ATTN_STAGES": ("auto", "2", "3", "4"),         # engine.cu, attn_pipe_switch (not with OPENJET_ATTN_PIPE=0)
-    "OPENJET_TOPK": ("sort", "least", "warp"),              # topk.cu, topk_form (k > 1, least: default; each call)
+    "OPENJET_TOPK": ("sort", "least", "warp"),              # topk.cu, topk_form (k > 1, warp: default; each call)
     "OPENJET_BENCH_SKIP_NORM_PACKS": ("0", "1", "2", "3", "4"),  # engine.cu (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_SKIP_SWIGLU_PACK": ("0", "1"),           # engine.cu, ffn (a measurement: WRONG outputs; at load)
     "OPENJET_BENCH_GEMV_NO_MATH": ("0", "1"),               # gemv_tma.cu (a measurement: WRONG outputs; read once)
@@ -787,8 +787,10 @@ class CudaEngine(Engine):
 
     # A sampled request's whole cycle in one call (openjet_engine_cycle_sampled: the drafts, the verify step, its rows'
     # top k, exact speculative sampling and the accept on the device, one wait instead of three calls and the host's
-    # verdict). Off until its GPU tests have run (written 2026-12-07 without a GPU): then the pieces, as before.
-    native_sampled_cycle = False
+    # verdict); False: the pieces. On since 2026-12-07: its GPU tests passed on the H100 (d6801d2: the pieces' tokens
+    # and generator state under three transforms, the chi-square test), and the host's share of a sampled cycle went
+    # ~0.18-0.39 -> ~0.06 ms (bench/host_cycle.py, the 2-core CPU machine).
+    native_sampled_cycle = True
 
     def sampled_cycle(self, state: CudaState, token: int, n_draft: int, sampler, *, k: int) -> tuple[list[int], int]:
         """The interface's sampled cycle in one call where native_sampled_cycle is on. The uniforms are the sampler's,
