@@ -112,10 +112,10 @@
 #            written, the T=1 / T=4 / T=5 step alternating twice, then a trace of each (trace-auto.json,
 #            trace-form2.json; TRACE_ARGS passed on, e.g. "--top-k 32"). For the H200, where the consumer warps bound
 #            the GEMVs. ~7 minutes.
-# PLAN=sampled  the sampled path's three changes of the fifty-ninth session (2026-12-07, no GPU then): OPENJET_TOPK=warp
-#            (topk.cu's networks on shuffles over each warp's candidates) against least, the default; the step's small
-#            outputs through pinned memory (f9cf9f7); openjet_engine_cycle_sampled (a sampled cycle in one call, the
-#            verdict on the device; CudaEngine.native_sampled_cycle, off until these tests pass). While the model is
+# PLAN=sampled  the sampled path's three changes of the fifty-ninth session (ran on an H100 at d6801d2; NOTES_gemv.md):
+#            OPENJET_TOPK=warp (topk.cu's networks on shuffles over each warp's candidates, the default since) against
+#            least; the step's small outputs through pinned memory (f9cf9f7); openjet_engine_cycle_sampled (a sampled
+#            cycle in one call, the verdict on the device; CudaEngine.native_sampled_cycle, on since). While the model is
 #            written: test_gpu_topk.py (every form) and the engine's top-k, decode_top / verify_top, profile,
 #            bad-argument, sampled-cycle and sampled chi-square tests. Then the T=1 / T=5 step with each top-k form
 #            (bench_decode's top-k path, and its speculation section's draft_chain_ms_sampled, cycle_sampled_ms and
