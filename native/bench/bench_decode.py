@@ -815,46 +815,39 @@ class Bench:
         check(lib.openjet_engine_set_draft_rows(h, subset.ctypes.data_as(i32), len(subset), 0), "draft rows")
         out_ids, n_out = np.empty(8, np.int32), ctypes.c_int()
 
-        def greedy_cycles() -> dict:
-            cycle_ms = {}
-            for n in range(0, 8):
-                times = []
-                for i in range(a.warmup + a.steps):
-                    check(lib.openjet_engine_restore(h, 0), "restore")
-                    for timed_call in (False, True):
-                        t0 = time.perf_counter()
-                        check(lib.openjet_engine_cycle_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab,
-                                                              out_ids.ctypes.data_as(i32), ctypes.byref(n_out)),
-                              "cycle_greedy")
-                        if timed_call and i >= a.warmup:
-                            times.append(time.perf_counter() - t0)
-                cycle_ms[n] = round(statistics.median(times) * 1e3, 3)
-            return cycle_ms
-
-        cycle_ms = attempt("cycle_greedy", greedy_cycles)
-        rec["cycle_greedy_ms"] = cycle_ms
-        # A whole sampled cycle in one call (openjet_engine_cycle_sampled: top TOP_K, temperature 0.7, top-p 0.95; the
-        # drafts' uniforms and the acceptance stream's, 2 n + 1), timed as the greedy ones.
-        n_used = ctypes.c_int()
-
-        def sampled_cycles() -> dict:
+        def cycles(call) -> dict:
+            """Median ms of call(n, u) for n = 0..7 drafts (u: 2 n + 1 uniforms drawn before the clock starts), each
+            timed right after a cycle like it from the checkpoint."""
             ms = {}
             for n in range(0, 8):
                 times = []
                 for i in range(a.warmup + a.steps):
                     check(lib.openjet_engine_restore(h, 0), "restore")
                     for timed_call in (False, True):
-                        uu = self.rng.random(2 * n + 1)
+                        u = self.rng.random(2 * n + 1)
                         t0 = time.perf_counter()
-                        check(lib.openjet_engine_cycle_sampled(
-                            h, int(ids[SPEC_CTX]), n, s.n_vocab, TOP_K, 0.7, 0.95, 0.0, uu.ctypes.data_as(f64),
-                            out_ids.ctypes.data_as(i32), ctypes.byref(n_out), ctypes.byref(n_used)), "cycle_sampled")
+                        call(n, u)
                         if timed_call and i >= a.warmup:
                             times.append(time.perf_counter() - t0)
                 ms[n] = round(statistics.median(times) * 1e3, 3)
             return ms
 
-        rec["cycle_sampled_one_call_ms"] = attempt("cycle_sampled", sampled_cycles)
+        def greedy_cycle(n, u):
+            check(lib.openjet_engine_cycle_greedy(h, int(ids[SPEC_CTX]), n, s.n_vocab, out_ids.ctypes.data_as(i32),
+                                                  ctypes.byref(n_out)), "cycle_greedy")
+
+        cycle_ms = attempt("cycle_greedy", lambda: cycles(greedy_cycle))
+        rec["cycle_greedy_ms"] = cycle_ms
+        # A whole sampled cycle in one call (openjet_engine_cycle_sampled: top TOP_K, temperature 0.7, top-p 0.95; the
+        # drafts' uniforms and the acceptance stream's, 2 n + 1), timed as the greedy ones.
+        n_used = ctypes.c_int()
+
+        def sampled_cycle(n, u):
+            check(lib.openjet_engine_cycle_sampled(h, int(ids[SPEC_CTX]), n, s.n_vocab, TOP_K, 0.7, 0.95, 0.0,
+                                                   u.ctypes.data_as(f64), out_ids.ctypes.data_as(i32),
+                                                   ctypes.byref(n_out), ctypes.byref(n_used)), "cycle_sampled")
+
+        rec["cycle_sampled_one_call_ms"] = attempt("cycle_sampled", lambda: cycles(sampled_cycle))
         no_draft_cycle = bool(cycle_ms and cycle_ms.get(0))
         if no_draft_cycle:  # issue 7's no-draft cycle against the bytes of its one-row step
             roof = step_bytes(s, self.tb, run["kv_type"], SPEC_CTX, 1)["total"] / (self.bw * 1e9)

@@ -366,7 +366,7 @@ struct openjet_engine {
     int32_t* draft_q_ids = nullptr;
     double* draft_q_probs = nullptr;
     int* draft_q_len = nullptr;
-    int32_t* cycle_out = nullptr;  // a device cycle's verdict (cycle_greedy, cycle_sampled): [T] kept drafts, next token
+    int32_t* cycle_out = nullptr;  // a device cycle's verdict (cycle_greedy / _sampled): [T] kept drafts, next token
     // [3]: that count, the cycle's token again for its verify rows after the drafts, the acceptance uniforms taken
     int* cycle_n = nullptr;
     // OPENJET_BENCH_GRAPH: the sequence's length on the device (pos_dev, set before each graph launch), which the
@@ -1832,8 +1832,8 @@ class StagedOutputs {
 
     int stage(void* dst, const void* src, size_t bytes) {
         if (n_ == kMoves || used_ + bytes > eng_.out_host_bytes)
-            return fail(OPENJET_ERR_INTERNAL, "a step's outputs (%zu bytes more) exceed their pinned buffer (%zu bytes)",
-                        bytes, eng_.out_host_bytes);
+            return fail(OPENJET_ERR_INTERNAL, "a step's outputs (%zu bytes more) exceed their pinned buffer (%zu "
+                        "bytes)", bytes, eng_.out_host_bytes);
         CHECK(cudaMemcpyAsync(eng_.out_host + used_, src, bytes, cudaMemcpyDeviceToHost, eng_.stream));
         moves_[n_++] = {dst, used_, bytes};
         used_ = align_up(used_ + bytes);

@@ -1,11 +1,11 @@
-// launch_topk (topk.cuh): two passes of bitonic sorts in shared memory over 64-bit keys that order by value
-// (descending) then id (ascending), so the result is deterministic and equals a stable sort's prefix.
-//   pass 1: one block per (chunk of 4096 logits, row) sorts its chunk and keeps its first 32 keys;
-//   pass 2: one block per row sorts the chunks' survivors (<= 64 chunks x 32) and writes the first k.
+// launch_topk (topk.cuh): two passes over 64-bit keys that order by value (descending) then id (ascending), so the
+// result is deterministic and equals a stable sort's prefix.
+//   pass 1: one block per (chunk of 4096 logits, row) keeps its chunk's first 32 keys;
+//   pass 2: one block per row ranks the chunks' survivors (<= 64 chunks x 32) and writes the first k.
 // k = 1 takes a min-reduction in both passes instead; for k > 1 the networks on shuffles over each warp's candidates
 // (warp_least_keys; OPENJET_TOPK=least the bitonic top-k in shared memory, least_keys, =sort the full sorts). Each
-// gives the same keys. launch_argmax (a
-// draft step's pick over a draft vocabulary's rows) is one block's min-reduction.
+// gives the same keys. launch_argmax (a draft step's pick over a draft vocabulary's rows) is one block's
+// min-reduction.
 #include "topk.cuh"
 
 #include <cstdlib>
@@ -121,12 +121,13 @@ TopkForm topk_form() {
 
 // The warp form (OPENJET_TOPK=warp, the default). least_keys' rounds are shared-memory compare-exchanges between block
 // barriers, ~57 of them over a 4,096-key chunk: on the H100 at f96c0f1 the k = 32 top-k took ~75 us from the lm_head's
-// end to its chunks' end, at T = 1 and T = 5 alike (a chunk's latency, not the GPU's throughput). Here each warp keeps its 32 least keys so far in registers, one per lane, ascending, and the
-// networks run on shuffles with no barrier: a batch of 32 keys is sorted (warp_sort32, 15 steps) and merged in
-// (warp_merge32, 6 steps). Keys not below the warp's current 32nd least cannot be among the chunk's 32 least, so only
-// the others (candidates) are gathered, in shared memory, and merged 32 at a time: for keys in random order ~4 merges
-// of a warp's 512 instead of 16. Then the warps' runs merge in a tree. The 32 least keys are one set in one order
-// whatever the network (the keys are distinct but for kNone), so the output is least_keys'.
+// end to its chunks' end, at T = 1 and T = 5 alike (a chunk's latency, not the GPU's throughput). Here each warp keeps
+// its 32 least keys so far in registers, one per lane, ascending, and the networks run on shuffles with no barrier: a
+// batch of 32 keys is sorted (warp_sort32, 15 steps) and merged in (warp_merge32, 6 steps). Keys not below the warp's
+// current 32nd least cannot be among the chunk's 32 least, so only the others (candidates) are gathered, in shared
+// memory, and merged 32 at a time: for keys in random order ~4 merges of a warp's 512 instead of 16. Then the warps'
+// runs merge in a tree. The 32 least keys are one set in one order whatever the network (the keys are distinct but
+// for kNone), so the output is least_keys'.
 using Key = unsigned long long;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = kThreads / 32;
