@@ -2577,9 +2577,7 @@ int cycle_greedy_graph(openjet_engine& e, int n_draft, int n_valid) {
     return run_graph(e, e.cycle_graphs, key, Counted::kCycleGraphCapture, Counted::kCycleGraphReplay,
                      [&] { return cycle_greedy_launches(e, n_draft, n_valid); }, [&] { trunk_done(e, true); });
 }
-}  // namespace
 
-namespace {
 // A device cycle's call (cycle_greedy, cycle_sampled) after its own arguments' checks: the sequence's (idle, the MTP
 // head, the token, the context, the draft chain's), the token to the device (the first input, and e.cycle_n[1] for the
 // verify rows after the drafts), `launches` (the cycle's launches; their own copies), the verdict back (out [1 +
