@@ -115,8 +115,8 @@
 # PLAN=sampled  the sampled path's three changes of the fifty-ninth session (ran on an H100 at d6801d2; NOTES_gemv.md):
 #            OPENJET_TOPK=warp (topk.cu's networks on shuffles over each warp's candidates, the default since) against
 #            least; the step's small outputs through pinned memory (f9cf9f7); openjet_engine_cycle_sampled (a sampled
-#            cycle in one call, the verdict on the device; CudaEngine.native_sampled_cycle, on since). While the model is
-#            written: test_gpu_topk.py (every form) and the engine's top-k, decode_top / verify_top, profile,
+#            cycle in one call, the verdict on the device; CudaEngine.native_sampled_cycle, on since). While the model
+#            is written: test_gpu_topk.py (every form) and the engine's top-k, decode_top / verify_top, profile,
 #            bad-argument, sampled-cycle and sampled chi-square tests. Then the T=1 / T=5 step with each top-k form
 #            (bench_decode's top-k path, and its speculation section's draft_chain_ms_sampled, cycle_sampled_ms and
 #            cycle_sampled_one_call_ms: each sampled draft ranks its 32,768 rows with the form), a trace of each on the

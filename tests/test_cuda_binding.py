@@ -35,7 +35,7 @@ class FakeLib:
         self.mtp = 1
         self.prefill_rows = 1024
         self.target = 0                                  # every verify row's argmax (top 1)
-        self.head_rows = False                           # verify_top's rows (k > 1): the fake head's top k, not ids k-1..0
+        self.head_rows = False                           # verify_top's rows (k > 1): the head's top k, not ids k-1..0
 
     def _fail(self, msg: str) -> int:
         self.error = msg.encode()

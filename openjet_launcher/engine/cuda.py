@@ -755,7 +755,8 @@ class CudaEngine(Engine):
                                                           ctypes.byref(n_out)), "cycle")
         return self._cycle_done(state, tok, out[:n_out.value], n_draft, t0)
 
-    def _cycle_done(self, state: CudaState, tok: int, out: np.ndarray, n_draft: int, t0: float) -> tuple[list[int], int]:
+    def _cycle_done(self, state: CudaState, tok: int, out: np.ndarray, n_draft: int,
+                    t0: float) -> tuple[list[int], int]:
         """A one-call cycle's verdict (out: the kept drafts, then the next token) into the sequence and the counts."""
         kept = [int(x) for x in out[:-1]]
         state.add([tok, *kept], prefilled=False)

@@ -345,9 +345,10 @@ class Engine(abc.ABC):
         self.accept(state, 1 + k)
         return drafts[:k], targets[k]
 
-    def sampled_cycle(self, state: SequenceState, token: int, n_draft: int, sampler, *, k: int) -> tuple[list[int], int]:
-        """One sampled speculative cycle after `token` (chosen, not processed) for a request whose distribution needs only
-        each row's top k (k = sampler.top_request(...), no penalties): n_draft (1 or more) drafts drawn from q_j
+    def sampled_cycle(self, state: SequenceState, token: int, n_draft: int, sampler, *,
+                      k: int) -> tuple[list[int], int]:
+        """One sampled speculative cycle after `token` (chosen, not processed) for a request whose distribution needs
+        only each row's top k (k = sampler.top_request(...), no penalties): n_draft (1 or more) drafts drawn from q_j
         (mtp_draft_sampled), a verify step of [token, drafts] ranked to each row's top k among ids < sampler.n_valid,
         exact speculative sampling over the target's distributions p_j = sampler.distribution_top of those rows
         (speculative.accept_sampled, with the sampler's generator) and the accept: (the kept drafts, the target's next
