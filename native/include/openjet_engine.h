@@ -200,7 +200,8 @@ OPENJET_API int openjet_engine_cycle_sampled(openjet_engine* engine, int32_t tok
 /* The per-phase profile, when on (set_profile, or OPENJET_PROFILE=1 in the environment at create): JSON
  * {"on": bool, "calls": n, "phases": {"gdn.step": {"ms": total, "marks": n}, ...}} of the device time between
  * phase marks (embed, norm, gdn.in_proj, gdn.step, gdn.out_proj, attn.in_proj, attn.core, attn.out_proj, ffn,
- * lm_head, topk, mtp.fill, mtp.draft, accept), summed over calls since the last reset. Events between every
+ * lm_head, topk, mtp.fill, logits.copy, accept, and a draft step's mtp.draft.in / .attn / .ffn / .head / .pick),
+ * summed over calls since the last reset. Events between every
  * phase slow the engine a little; off, nothing is recorded. reset != 0 clears the totals. */
 OPENJET_API int openjet_engine_profile(openjet_engine* engine, char* json, size_t capacity, int reset);
 OPENJET_API int openjet_engine_set_profile(openjet_engine* engine, int on);
