@@ -528,7 +528,9 @@ def test_a_sampled_cycle_in_one_call_gives_the_calls_one_at_a_time(engine, n_dra
     uniforms and the acceptance stream drawn ahead from the request's generator; its kept drafts, next tokens and
     sequence over 6 cycles are those of the interface's cycle over the single calls (device drafts, verify_top,
     the host's accept_sampled, accept), and the generator ends where theirs leaves it (it takes back the uniforms
-    the acceptance did not use)."""
+    the acceptance did not use). The fake's verdict is accept_sampled itself, so this checks the binding's
+    bookkeeping (the uniforms' layout, the rewind, the sequence); the device's verdict against the pieces is
+    test_gpu_engine's test_the_sampled_cycle_in_one_call_gives_the_pieces_tokens."""
     from openjet_launcher.sampling import Sampler, SamplingParams
     from openjet_launcher.speculative import speculative_cycle
     engine.set_draft_vocabulary(np.array([78, 5, 76, 90, 299, 77, 79, 75]))

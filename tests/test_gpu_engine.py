@@ -295,6 +295,20 @@ def test_context_overflow_is_an_error_not_a_crash(models):
 DEMO = Path(__file__).resolve().parents[1] / "openjet_launcher" / "assets" / "openjet-demo.gguf"
 
 
+def demo_for_cycles(seed: int, prompt_len: int) -> tuple[CudaEngine, list[int]]:
+    """The demo model (its trained head gets drafts kept) loaded for speculative cycles: 512 tokens of context, the
+    verify step on the device, every other id as the draft vocabulary; and a prompt of prompt_len random ids."""
+    engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
+    engine.native_verify = True
+    n_vocab = engine.config.shape.n_vocab
+    try:
+        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
+    except BaseException:
+        engine.close()
+        raise
+    return engine, [int(x) for x in np.random.default_rng(seed).integers(0, n_vocab, prompt_len)]
+
+
 def full_model() -> str:
     """The `full` synthetic model (the 27B's shapes, 17 GB) that OPENJET_FULL_MODEL names, or the test skips:
     scripts/gpu_bench_engine.sh writes one on the GPU machine (BENCH_CMD / WHILE_SYNTH see it as $MODEL)."""
@@ -1875,13 +1889,11 @@ def test_the_sampled_cycle_in_one_call_gives_the_pieces_tokens(params):
     from openjet_launcher.generate import generate
     from openjet_launcher.sampling import Sampler, SamplingParams
 
-    engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
-    engine.native_verify = engine.native_draft = True
+    engine, prompt = demo_for_cycles(61, 30)
+    engine.native_draft = True
     n_vocab = engine.config.shape.n_vocab
-    prompt = [int(x) for x in np.random.default_rng(61).integers(0, n_vocab, 30)]
     runs = {}
     try:
-        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
         for one_call in (False, True):
             engine.native_sampled_cycle = one_call
             answers = []
@@ -2007,13 +2019,10 @@ def test_a_greedy_cycle_in_one_call_gives_the_calls_one_at_a_time(models, replay
     the same kept drafts and next tokens over 24 cycles of 0..7 drafts on the demo model (its trained head keeps
     drafts) with a draft vocabulary, and then the same next logits; under both GDN replay modes."""
     monkeypatch.setenv("OPENJET_GDN_REPLAY", replay)
-    engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
-    engine.native_verify = True
+    engine, prompt = demo_for_cycles(53, 40)
     n_vocab = engine.config.shape.n_vocab
-    prompt = [int(x) for x in np.random.default_rng(53).integers(0, n_vocab, 40)]
     runs = {}
     try:
-        engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
         for native in (False, True):
             engine.native_draft = native
             state = engine.new_state()
@@ -2045,12 +2054,10 @@ def test_the_cycle_graph_replays_every_bit(monkeypatch):
     runs, ran, streak = {}, {}, {}
     for graph in ("0", "1"):
         monkeypatch.setenv("OPENJET_BENCH_GRAPH", graph)
-        engine = CudaEngine.load(DEMO, n_ctx=512, n_checkpoints=2)
-        engine.native_verify = engine.native_draft = True
+        engine, prompt = demo_for_cycles(59, 40)
+        engine.native_draft = True
         n_vocab = engine.config.shape.n_vocab
-        prompt = [int(x) for x in np.random.default_rng(59).integers(0, n_vocab, 40)]
         try:
-            engine.set_draft_vocabulary(np.arange(0, n_vocab, 2))
             before = [kt.launch_count(c) for c in counters]
             state = engine.new_state()
             first = token = int(np.argmax(engine.prefill(state, prompt).logits[-1]))

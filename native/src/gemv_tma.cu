@@ -405,7 +405,7 @@ template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs*
             default: return launch_ring<QT, 4, 3, false>(a, b, stream);
         }
     };
-    return forced_counted(a, form % 2 == 0, launch());
+    return forced_counted(a, form2_blocks(a), launch());
 }
 
 template cudaError_t launch_gemv_tma<kQ4_K>(const GemvArgs&, const GemvArgs*, cudaStream_t);
@@ -435,11 +435,11 @@ cudaError_t launch_gemv_tma_swiglu(const GemvArgs& a, const GemvArgs& b, const G
                                    cudaStream_t stream) {
     constexpr int kRing2 = Form2<kQ4_K>::kRing, kBlocks2 = Form2<kQ4_K>::kBlocks;
     const bool two = form2_blocks(a);
-    if (two)
-        return forced_counted(a, two, fold_in ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 5>(a, &b, stream, f)
-                                              : launch_ring<kQ4_K, kRing2, kBlocks2, false, 4>(a, &b, stream, f));
-    return forced_counted(a, two, fold_in ? launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f)
-                                          : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f));
+    if (fold_in)
+        return forced_counted(a, two, two ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 5>(a, &b, stream, f)
+                                          : launch_ring<kQ4_K, 4, 3, false, 5>(a, &b, stream, f));
+    return forced_counted(a, two, two ? launch_ring<kQ4_K, kRing2, kBlocks2, false, 4>(a, &b, stream, f)
+                                      : launch_ring<kQ4_K, 4, 3, false, 4>(a, &b, stream, f));
 }
 
 // ------------------------------------------------------------------------------------------ group launches
