@@ -2065,6 +2065,13 @@ int prefill_impl(openjet_engine& e, const int32_t* ids, int n, int chunk, float*
     return OPENJET_OK;
 }
 
+// After a verify trunk of t rows (verify_impl, the device cycles): its hidden rows kept for accept (the MTP head's
+// next input) and the MTP cache rows of its pairs filled; rows past the accepted ones die, as after a decode step.
+int verify_rows_kept(openjet_engine& e, int t) {
+    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * e.cfg.n_embd, cudaMemcpyDeviceToDevice, e.stream));
+    return mtp_fill(e, e.ids, e.a, t, e.n_past);
+}
+
 // A verify step: decode's trunk and lm_head over t <= 8 rows (the MTP cache rows of its pairs filled too),
 // but the committed GDN and conv states stay as they were; the GDN inputs wait in the ring for accept.
 int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, float* hidden,
@@ -2072,8 +2079,7 @@ int verify_impl(openjet_engine& e, const int32_t* ids, int t, float* logits, flo
     TRY(step_trunk(e, ids, t, true));
     StagedOutputs out(e);
     TRY(step_outputs(e, t, logits != nullptr, hidden, top, out));
-    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * e.cfg.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    TRY(mtp_fill(e, e.ids, e.a, t, e.n_past));  // rows past the accepted ones die, as after a decode step
+    TRY(verify_rows_kept(e, t));
     TRY(copy_logits(e, t, logits));
     CHECK(cudaStreamSynchronize(e.stream));
     out.deliver();
@@ -2522,28 +2528,33 @@ int cycle_verify_ids(openjet_engine& e, int n_draft) {
     return OPENJET_OK;
 }
 
+// A device cycle's verify rows (the token and its drafts, in e.ids): the trunk, the lm_head and each row's top k among
+// ids < n_valid (e.top_values, e.top_ids), for its verdict.
+int cycle_verify_top(openjet_engine& e, int t, int n_valid, int k) {
+    TRY(step_trunk(e, nullptr, t, true));
+    mark(e, "lm_head");
+    TRY(gemv(e, e.output, t, nullptr, e.logits));
+    mark(e, "topk");
+    CHECK(launch_topk(e.logits, t, e.cfg.n_vocab, n_valid, k, nullptr, nullptr, 0, e.top_values, e.top_ids,
+                      e.top_work, e.stream));
+    return OPENJET_OK;
+}
+
 // A sampled cycle's launches after its token (as cycle_greedy_launches') and its uniforms in e.draft_u (the drafts'
 // n_draft, then the acceptance stream's n_draft + 1): n_draft sampled drafts, the verify trunk, the lm_head, each row's
 // top k, the verdict (launch_accept_sampled: e.cycle_out, e.cycle_n[0], the uniforms taken in e.cycle_n[2]) and the
 // MTP fill.
 int cycle_sampled_launches(openjet_engine& e, int n_draft, int n_valid, int k, const SampleTransform& tr) {
-    const auto& c = e.cfg;
     const int t = 1 + n_draft;
     if (n_draft) {
         TRY(sampled_draft_chain(e, n_draft, n_valid, k, tr, e.draft_u));
         TRY(cycle_verify_ids(e, n_draft));
     }
-    TRY(step_trunk(e, nullptr, t, true));
-    mark(e, "lm_head");
-    TRY(gemv(e, e.output, t, nullptr, e.logits));
-    mark(e, "topk");
-    CHECK(launch_topk(e.logits, t, c.n_vocab, n_valid, k, nullptr, nullptr, 0, e.top_values, e.top_ids, e.top_work,
-                      e.stream));
+    TRY(cycle_verify_top(e, t, n_valid, k));
     CHECK(launch_accept_sampled(e.top_values, e.top_ids, k, tr, e.draft_pick, e.draft_q_ids, e.draft_q_probs,
                                 e.draft_q_len, n_draft, e.draft_u + n_draft, e.cycle_out, e.cycle_n, e.cycle_n + 2,
                                 e.stream));
-    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    return mtp_fill(e, e.ids, e.a, t, e.n_past);  // as verify_impl
+    return verify_rows_kept(e, t);
 }
 
 // A greedy cycle's launches after its token (the caller wrote it to e.ids[0], and with drafts to e.cycle_n[1]: no
@@ -2551,21 +2562,14 @@ int cycle_sampled_launches(openjet_engine& e, int n_draft, int n_valid, int k, c
 // drafts, the lm_head, each row's top 1, the verdict (e.cycle_out, e.cycle_n[0]) and the MTP fill; with the trunk's
 // host bookkeeping (trunk_done), the only host state they change.
 int cycle_greedy_launches(openjet_engine& e, int n_draft, int n_valid) {
-    const auto& c = e.cfg;
     const int t = 1 + n_draft;
     if (n_draft) {  // the drafts, then the verify rows
         TRY(greedy_draft_chain(e, n_draft, n_valid, false));
         TRY(cycle_verify_ids(e, n_draft));
     }
-    TRY(step_trunk(e, nullptr, t, true));
-    mark(e, "lm_head");
-    TRY(gemv(e, e.output, t, nullptr, e.logits));
-    mark(e, "topk");
-    CHECK(launch_topk(e.logits, t, c.n_vocab, n_valid, 1, nullptr, nullptr, 0, e.top_values, e.top_ids, e.top_work,
-                      e.stream));
+    TRY(cycle_verify_top(e, t, n_valid, 1));
     CHECK(launch_accept_greedy(e.draft_pick, e.top_ids, n_draft, e.cycle_out, e.cycle_n, e.stream));
-    CHECK(cudaMemcpyAsync(e.verify_hidden, e.a, sizeof(float) * t * c.n_embd, cudaMemcpyDeviceToDevice, e.stream));
-    return mtp_fill(e, e.ids, e.a, t, e.n_past);  // as verify_impl
+    return verify_rows_kept(e, t);
 }
 
 // OPENJET_BENCH_GRAPH=1: cycle_greedy_launches from a graph kept for the same key (captured first where none is).

@@ -40,12 +40,25 @@ __device__ __forceinline__ unsigned long long valid_key(float v, int id, int n_v
     return id >= 0 && id < n_valid ? make_key(v, id) : kNone;
 }
 
+// Entry pos's logit and id as entry_key reads them; past the row, id -1 (valid_key's kNone). For the kernels that
+// issue every entry's loads before they make the first key (argmax_kernel, topk_warp_chunk_kernel).
+__device__ __forceinline__ void load_entry(const float* xr, int pos, int n, const int32_t* row_ids, float& v, int& id) {
+    id = pos >= n ? -1 : row_ids ? row_ids[pos] : pos;
+    v = pos >= n ? 0.0f : xr[pos];
+}
+
 // Entry pos's key: its logit and id (row_ids[pos], or pos), kNone past the row or for an id outside [0, n_valid).
 __device__ __forceinline__ unsigned long long entry_key(const float* xr, int pos, int n, int n_valid,
                                                         const int32_t* row_ids) {
     if (pos >= n) return kNone;
     const int id = row_ids ? row_ids[pos] : pos;
     return valid_key(xr[pos], id, n_valid);
+}
+
+// A ranked key into a top-k output: its logit and its id (-1 for kNone: fewer valid entries than k).
+__device__ __forceinline__ void store_key(unsigned long long key, float* value, int32_t* id) {
+    *value = from_orderable(~static_cast<uint32_t>(key >> 32));
+    *id = key == kNone ? -1 : static_cast<int32_t>(key & 0xffffffffu);
 }
 
 // Sorts s[0, n) ascending (n a power of two), every thread of the block taking part.
@@ -254,12 +267,8 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const unsigned lon
     __syncthreads();
     if constexpr (kLeast) least_keys(s, m, false);  // each chunk's keys came sorted
     else bitonic_sort(s, m);
-    if (threadIdx.x < k) {
-        const unsigned long long key = s[threadIdx.x];
-        values[static_cast<long long>(row) * k + threadIdx.x] = from_orderable(~static_cast<uint32_t>(key >> 32));
-        const int32_t id = key == kNone ? -1 : static_cast<int32_t>(key & 0xffffffffu);  // fewer valid than k
-        ids[static_cast<long long>(row) * k + threadIdx.x] = id;
-    }
+    const long long o = static_cast<long long>(row) * k + threadIdx.x;
+    if (threadIdx.x < k) store_key(s[threadIdx.x], values + o, ids + o);
 }
 
 // The warp form's passes (warp_least_keys): the same chunks and the same work layout as topk_chunk_kernel /
@@ -275,11 +284,8 @@ __global__ void __launch_bounds__(kThreads) topk_warp_chunk_kernel(const float* 
     float xv[kPer];  // (entry_key's values, every load in flight before the first key: argmax_kernel's loop)
     int id[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int pos = chunk * kChunk + (w + kWarps * j) * 32 + lane;
-        id[j] = pos >= n ? -1 : row_ids ? row_ids[pos] : pos;
-        xv[j] = pos >= n ? 0.0f : xr[pos];
-    }
+    for (int j = 0; j < kPer; ++j)
+        load_entry(xr, chunk * kChunk + (w + kWarps * j) * 32 + lane, n, row_ids, xv[j], id[j]);
     Key keys[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) keys[j] = valid_key(xv[j], id[j], n_valid);
@@ -302,10 +308,8 @@ __global__ void __launch_bounds__(kThreads) topk_warp_merge_kernel(const Key* __
         keys[j] = c < n_chunks ? r[c * kTopKMax + lane] : kNone;
     }
     const Key best = warp_least_keys<kPer, true>(keys, sm);
-    if (w == 0 && lane < k) {
-        values[static_cast<long long>(row) * k + lane] = from_orderable(~static_cast<uint32_t>(best >> 32));
-        ids[static_cast<long long>(row) * k + lane] = best == kNone ? -1 : static_cast<int32_t>(best & 0xffffffffu);
-    }
+    const long long o = static_cast<long long>(row) * k + lane;
+    if (w == 0 && lane < k) store_key(best, values + o, ids + o);
 }
 
 int n_chunks_for(int n) { return (n + kChunk - 1) / kChunk; }
@@ -348,10 +352,7 @@ __global__ void __launch_bounds__(kThreads) topk_least_merge_kernel(const unsign
     unsigned long long v = kNone;
     for (int c = threadIdx.x; c < n_chunks; c += kThreads) v = min(v, r[c * kTopKMax]);
     v = block_least<kThreads>(v, warp_least);
-    if (threadIdx.x == 0) {  // without row_ids, launch_topk's k <= n_valid: a valid key exists
-        values[row] = from_orderable(~static_cast<uint32_t>(v >> 32));
-        ids[row] = v == kNone ? -1 : static_cast<int32_t>(v & 0xffffffffu);
-    }
+    if (threadIdx.x == 0) store_key(v, values + row, ids + row);
 }
 
 // launch_argmax: one block; the least make_key over the row (the first of launch_topk's order), its id mapped.
@@ -370,11 +371,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
         int id[kBatch];
         float xv[kBatch];
 #pragma unroll
-        for (int q = 0; q < kBatch; ++q) {
-            const int pos = i0 + q * kArgmaxThreads;
-            id[q] = pos >= n ? -1 : row_ids ? row_ids[pos] : pos;
-            xv[q] = pos >= n ? 0.0f : x[pos];
-        }
+        for (int q = 0; q < kBatch; ++q) load_entry(x, i0 + q * kArgmaxThreads, n, row_ids, xv[q], id[q]);
         asm volatile("" ::: "memory");
 #pragma unroll
         for (int q = 0; q < kBatch; ++q) v = min(v, valid_key(xv[q], id[q], n_valid));
