@@ -215,6 +215,12 @@ struct openjet_engine {
     // the next output projection (project_out takes them, and clears fold_norm: the trunk sees the fold ran);
     // fold_input: the next mixer's first input projections read it (input_projections).
     bool fold = true;
+    // OPENJET_FOLD_ROWS=1 at create (an experiment, off by default; the same bits): at more than one row the fold's B
+    // makes its rows' pack itself, its first t blocks each one row with the pack launch's code while the others wait
+    // for them (GemvFold::rows, FoldRowsSync in the zeroed scratch), instead of launch_fold_pack's launch before it: one
+    // completion hop fewer at each of a verify step's 127 folds, where that launch cost ~4 us (H100, T=5 trace).
+    bool fold_rows = false;
+    FoldRowsSync* fold_rows_sync = nullptr;
     const float* fold_norm = nullptr;
     float* fold_u = nullptr;
     bool fold_input = false;
@@ -884,6 +890,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (const char* f = std::getenv("OPENJET_ATTN_OWN_PACK")) e.attn_own_pack = std::strcmp(f, "0") != 0;
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
+    e.fold_rows = env_level("OPENJET_FOLD_ROWS", 1) == 1;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
@@ -981,6 +988,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.gdn_pack_sync, e.gdn_step_pack ? sizeof(GdnPackSync) : 0},
         {(void**)&e.attn_pack_sync, e.attn_own_pack ? sizeof(AttnPackSync) : 0},
         {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
+        {(void**)&e.fold_rows_sync, e.fold_rows ? sizeof(FoldRowsSync) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1162,6 +1170,7 @@ GemvFold fold_args(const openjet_engine& e, const float* norm_w, float* u) {
     GemvFold f;
     f.h = e.h, f.h_out = e.h, f.w = norm_w, f.u = u, f.part = reinterpret_cast<float4*>(e.mix);
     f.u_in = u, f.part_in = reinterpret_cast<const float4*>(e.mix), f.eps = e.cfg.rms_eps;
+    f.rows = e.fold_rows ? e.fold_rows_sync : nullptr;  // (B at more than one row: OPENJET_FOLD_ROWS)
     return f;
 }
 

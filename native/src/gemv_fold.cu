@@ -131,7 +131,8 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
         in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
     count_launch(Counted::kGemvFold);
-    if (in && a.t > 1) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
+    if (in && a.t > 1 && f.rows) count_launch(Counted::kFoldRows);  // (B's first t blocks make the rows: below)
+    if (in && a.t > 1 && !f.rows) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
         switch (a.qtype) {
             case kQ4_K: return launch_gemv_tma<kQ4_K>(a, b, stream);
@@ -152,7 +153,8 @@ cudaError_t launch_gemv_fold_group(const GemvArgs& a, const GemvArgs& b, const G
     if (in_ok == cudaErrorNotSupported || !gemv_tma_group_takes(a, b, c)) return cudaErrorNotSupported;
     if (in_ok != cudaSuccess) return in_ok;
     count_launch(Counted::kGemvFold);
-    if (a.t > 1) {  // the rows' pack by its own launch, as launch_gemv_fold's; then the group on it
+    if (a.t > 1 && f.rows) count_launch(Counted::kFoldRows);  // (B's first t blocks make the rows)
+    if (a.t > 1 && !f.rows) {  // the rows' pack by its own launch, as launch_gemv_fold's; then the group on it
         if (const cudaError_t e = launch_fold_pack(f, a.t, a.k, a.x, stream)) return e;
         return launch_gemv_tma_group(a, b, c, nullptr, stream);
     }

@@ -30,6 +30,17 @@ namespace openjet {
 
 struct GridMeet;  // (below: where a launch's blocks meet)
 
+// B's rows made by its own blocks at t > 1 (the engine's OPENJET_FOLD_ROWS; an experiment): blocks 0..t-1 of B's
+// launch each make one token row's pack in B's a.x with the pack launch's code (fold_pack_row: the same bits) and count
+// it in ready; every block waits for ready to reach t before its first unit reads a.x, so no pack launch and no
+// completion hop lie between A and B, and only t blocks signal (no grid-wide meeting). left counts the blocks past
+// their wait; the last one out zeroes both words for the next launch, which reads them only after its PDL wait (the
+// stream's order: launches that share one run one after another). Zeroed once when allocated.
+struct FoldRowsSync {
+    int ready;
+    int left;
+};
+
 struct GemvFold {
     // A's side (the GEMV whose outputs are the delta): h [t, n] the residual stream before the add, h_out after it (may
     // be h), w [n] the next norm's weights, u [t, n] and part [t, n / 16] as above. y is not written.
@@ -53,6 +64,8 @@ struct GemvFold {
     // it into swiglu_pack itself, its blocks meeting through meet for the rows' maxima.
     ActPack swiglu_pack{nullptr, nullptr, nullptr, 0};
     GridMeet* meet = nullptr;
+    // B at t > 1: where given, B's blocks make the rows' pack in a.x themselves (FoldRowsSync) instead of a pack launch.
+    FoldRowsSync* rows = nullptr;
 };
 
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
@@ -76,7 +89,7 @@ bool gemv_fold_takes(const GemvArgs& a, bool in);
 
 // A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:
 // fold.u_in .. eps, and b, a second matrix of the same input, where given), one of the two. B at t > 1 takes a.x as its
-// pack: launch_fold_pack fills it first.
+// pack: launch_fold_pack fills it first, or, with fold.rows, B's first t blocks do (FoldRowsSync).
 // cudaErrorNotSupported: the fold does not run here.
 cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& fold, bool in, bool out,
                              cudaStream_t stream);

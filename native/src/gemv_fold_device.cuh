@@ -122,6 +122,37 @@ __device__ __forceinline__ void fold_pack_row(const float* __restrict__ u, const
     named_bar_sync(1, kFoldThreads);  // the row's pack before any thread reads it
 }
 
+// B's rows at t > 1 made by its own blocks (GemvFold::rows, FoldRowsSync), by each block's kFoldThreads consumer
+// threads after the kernel's PDL wait: block b makes token rows b, b + gridDim.x, ... < t (one each where the grid
+// holds t blocks) in x, with the normed rows in f.a_out and the rows' (c, inv) in f.scales where given, as
+// fold_pack_kernel does, counting each; every block waits until all t rows are counted. x is then read as any pack
+// (through the read-only path: thread 0's acquire invalidates the SM's L1 after the rows' stores, and no warp reads x
+// before it).
+__device__ __forceinline__ void fold_rows_make(const GemvFold& f, const ActPack& x, int k, int t) {
+    __shared__ float2 c_inv;
+    for (int c = blockIdx.x; c < t; c += gridDim.x) {  // (fold_pack_row's closing barrier parts two rows)
+        const long long at = static_cast<long long>(c) * k;
+        const FoldRowCopy copy{f.a_out ? f.a_out + at : nullptr, nullptr, nullptr};
+        fold_pack_row(f.u_in + at, f.part_in + static_cast<long long>(c) * (k / kMmaRows), k, f.eps, x.h + at,
+                      x.sum + static_cast<long long>(c) * (k / kActBlock) * 2, &c_inv, copy);
+        if (threadIdx.x == 0) {
+            x.inv[c] = c_inv.y;
+            if (f.scales) f.scales[c] = c_inv;
+            __threadfence();  // the row's stores (every thread's, before fold_pack_row's closing barrier) first
+            atomicAdd(&f.rows->ready, 1);
+        }
+    }
+    if (threadIdx.x == 0) spin_until(&f.rows->ready, [t](int v) { return v >= t; });  // (a row never made: trap)
+    named_bar_sync(1, kFoldThreads);
+}
+
+// The end of a block of fold_rows_make's launch, by its thread 0 (past its wait): the last block out zeroes the words.
+__device__ __forceinline__ void fold_rows_leave(const GemvFold& f) {
+    if (threadIdx.x == 0 && atomicAdd(&f.rows->left, 1) == static_cast<int>(gridDim.x) - 1) {
+        atomicExch(&f.rows->ready, 0);
+        atomicExch(&f.rows->left, 0);
+    }
+}
 
 // The fold's epilogue inputs of a tile, loaded by warp 0 before the tile's units (they are the kernel before's, read
 // after the PDL wait, and the norm's weights), so that its stores wait for no load: the lane's residual values h of

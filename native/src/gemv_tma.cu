@@ -62,7 +62,8 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // kFold (gemv_fold.cuh): bit 0 (t = 1), x is the fold's u and partials (fold.u_in, fold.part_in), made into the row's
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
-// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack).
+// in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (t > 1, alone), x is
+// the fold's rows made by the launch's first t blocks (fold_rows_make) instead of a pack launch's.
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -79,7 +80,9 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     constexpr bool kThird = sizeof...(Third) == 1;
     constexpr bool kGroup = QT2 != QT || kThird;
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
-    static_assert(!kGroup || (!kLastSum && (kFold & ~1) == 0), "a group: warp 0 sums every tile, B's pack at most");
+    constexpr bool kRowsT = (kFold & 8) != 0;  // B's rows at t > 1 made by blocks 0..t-1 (GemvFold::rows)
+    static_assert(!kRowsT || kFold == 8, "B's rows made by its blocks: no other fold part");
+    static_assert(!kGroup || (!kLastSum && (kFold & ~9) == 0), "a group: warp 0 sums every tile, B's pack at most");
     static_assert(!kThird || QT3 == QT || QT3 == QB, "a group: two types at most");
     const GemvSecond more = group_third(third...);  // (from: none, where there is no third)
     // a group's tile: its matrix m, its weights' type (QB or not), its row tile within the matrix
@@ -155,10 +158,11 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
             if (blockIdx.x == 0 && fold.pack_out.inv) fold.pack_out.inv[0] = fold_c_inv.y;
             if (fold.scales && blockIdx.x == 0) fold.scales[0] = fold_c_inv;
         }
-    } else if (warp == 0 && lane < t) {
+    } else {
+        if constexpr (kRowsT) fold_rows_make(fold, x, k, t);
         // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
-        inv_s[lane] = __ldcg(x.inv + lane);
+        if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
     }
     int meet_gen = 0;  // kPairs: the meeting's release word as this launch found it (thread 0's)
     if constexpr (kPairs)
@@ -237,6 +241,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         }
     }
     if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
+    if constexpr (kRowsT) fold_rows_leave(fold);
 #endif
 }
 
@@ -418,6 +423,9 @@ template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
     const bool two = form2_blocks(a);
+    if (in && a.t > 1)  // (the rows made in a.x by the launch's first t blocks: f.rows)
+        return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 8>(a, b, stream, f)
+                                          : launch_ring<QT, 4, 3, false, 8>(a, b, stream, f));
     if (in)  // (t = 1: the row made in shared memory)
         return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
                                           : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f));
@@ -457,15 +465,19 @@ GroupTypes group_types(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c) 
     return c->qtype == kQ4_K ? GroupTypes::kQ4Q4Q4 : c->qtype == kQ6_K ? GroupTypes::kQ4Q4Q6 : GroupTypes::kNone;
 }
 
-// A group's forms, as launch_gemv_tma's and launch_gemv_tma_fold's for one type: B's own pack (fold, one token row) or
-// a pack, on form 1's ring and blocks a SM (a ring of 4, 3 blocks; by default at one row) or form 2's (its types'
-// smaller ring and blocks a SM; by default at more).
+// A group's forms, as launch_gemv_tma's and launch_gemv_tma_fold's for one type: B's own pack (fold, one token row),
+// B's rows made by its first t blocks (fold at more rows: fold->rows) or a pack, on form 1's ring and blocks a SM (a
+// ring of 4, 3 blocks; by default at one row) or form 2's (its types' smaller ring and blocks a SM; by default at more).
 template <int QT, int QT2, int QT3, bool kThird>
 cudaError_t group_forms(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
                         cudaStream_t stream) {
     constexpr int kRing2 = std::min({Form2<QT>::kRing, Form2<QT2>::kRing, Form2<QT3>::kRing});
     constexpr int kBlocks2 = std::min({Form2<QT>::kBlocks, Form2<QT2>::kBlocks, Form2<QT3>::kBlocks});
     const bool two = form2_blocks(a);
+    if (fold && a.t > 1)
+        return forced_counted(a, two,
+                              two ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 8>(a, b, c, stream, *fold)
+                                  : launch_group<QT, QT2, QT3, kThird, 4, 3, 8>(a, b, c, stream, *fold));
     if (fold)
         return forced_counted(a, two,
                               two ? launch_group<QT, QT2, QT3, kThird, kRing2, kBlocks2, 1>(a, b, c, stream, *fold)
@@ -487,7 +499,7 @@ bool gemv_tma_group_takes(const GemvArgs& a, const GemvArgs& b, const GemvArgs* 
 
 cudaError_t launch_gemv_tma_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
                                   cudaStream_t stream) {
-    if (!gemv_tma_group_takes(a, b, c) || (fold && a.t != 1)) return cudaErrorInvalidValue;
+    if (!gemv_tma_group_takes(a, b, c) || (fold && a.t != 1 && !fold->rows)) return cudaErrorInvalidValue;
     switch (group_types(a, b, c)) {
         case GroupTypes::kQ6Q4: return group_forms<kQ6_K, kQ4_K, kQ6_K, false>(a, b, nullptr, fold, stream);
         case GroupTypes::kQ4Q4Q4: return group_forms<kQ4_K, kQ4_K, kQ4_K, true>(a, b, c, fold, stream);

@@ -24,15 +24,17 @@ bool gemv_tma_takes(const GemvArgs& a, const GemvArgs* b);
 // an SM (the caller takes the cp.async kernel).
 template <int QT> cudaError_t launch_gemv_tma(const GemvArgs& a, const GemvArgs* b, cudaStream_t stream);
 
-// The fold's forms (gemv_fold.cuh; Q4_K, Q5_K, Q6_K): in, B at one token row making its own pack (with b, a second
-// matrix of the same input); else A with the fold's tile epilogue. launch_gemv_fold checks the call first.
+// The fold's forms (gemv_fold.cuh; Q4_K, Q5_K, Q6_K): in, B making its own pack (with b, a second matrix of the same
+// input), at one token row in shared memory, at more (f.rows) in a.x by its first t blocks; else A with the fold's tile
+// epilogue. launch_gemv_fold checks the call first.
 template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream);
 // A group (the engine's OPENJET_GEMV_GROUP): decode calls of one input (k, t and pack) that launch_gemv_tma cannot
 // take in one launch, a and b of two types (a Q6_K, b Q4_K), or a, b and c (Q4_K, Q4_K, then Q4_K or Q6_K), on one
 // grid: each tile computed as its type's launch computes it, so the same bits. Whether it takes them:
 bool gemv_tma_group_takes(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c);
-// The launch (fold: B's own pack at one token row, else a.x; launch_gemv_fold_group checks the fold's call).
+// The launch (fold: B's own pack, at one token row or, with fold->rows, at more; else a.x; launch_gemv_fold_group
+// checks the fold's call).
 // cudaErrorNotSupported, nothing launched: no block of the form fits an SM (the caller launches them one by one).
 cudaError_t launch_gemv_tma_group(const GemvArgs& a, const GemvArgs& b, const GemvArgs* c, const GemvFold* fold,
                                   cudaStream_t stream);

@@ -55,6 +55,7 @@ enum class Counted {
     kGemvGroup = 36,            // a producer-warp GEMV launch of several matrices' types (OPENJET_GEMV_GROUP)
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
     kGemvTmaFormForced = 38,    // a producer-warp GEMV on the form OPENJET_GEMV_TMA names, not t's (the same bits)
+    kFoldRows = 39,             // the fold's B at t > 1 making its rows' pack itself (OPENJET_FOLD_ROWS; the same bits)
     kCount
 };
 
