@@ -95,11 +95,13 @@
 # PLAN=attnpack  OPENJET_ATTN_OWN_PACK (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own
 #            output, no pack launch before the out projection): as PLAN=group (ran on an H100 at ab986ba, NOTES_gemv.md
 #            fifty-fifth session; the default since).
-# PLAN=foldrows  OPENJET_FOLD_ROWS (gemv_fold_device.cuh fold_rows_make, written 2026-12-08 without a GPU: at t > 1
-#            the fold's B makes its rows' pack itself, its first t blocks a row each while the rest wait for their
-#            count, instead of the fold's pack launch before it): its bit test and the fold's GPU tests while the model
-#            is written, the T=1 / T=5 step off / on alternating twice, a trace with it on (the 127 fold_pack launches of
-#            a T=5 step gone; TRACE_ARGS passed on). ~4 minutes.
+# PLAN=foldrows  OPENJET_FOLD_ROWS and OPENJET_SWIGLU_ROWS (gemv_fold_device.cuh fold_rows_make, swiglu_rows_make,
+#            written 2026-12-08 without a GPU: at t > 1 the fold's B makes its rows' pack itself, its first t blocks a
+#            row each while the rest wait for their count, instead of the fold's pack launch before it; the down
+#            projection makes its swiglu pack itself, its first 64 blocks meeting for the rows' maxima): their bit
+#            tests and the fold's GPU tests while the model is written, the T=1 / T=5 step off, with FOLD_ROWS, with
+#            both, alternating twice, then a trace with both (a T=5 step's 127 fold_pack and 64 swiglu pack launches
+#            gone; TRACE_ARGS passed on). ~7 minutes.
 # PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
 #            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
@@ -455,11 +457,14 @@ PY
     (export OPENJET_TOPK=warp; TRACE_ARGS="--top-k 32" trace_bench trace-warp)
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp ;;
   foldrows)
-    plan 170 "tests/test_gpu_fold.py tests/test_gpu_engine.py -k 'FOLD_ROWS or gpu_fold'" \
+    plan 170 "tests/test_gpu_fold.py tests/test_gpu_engine.py -k 'FOLD_ROWS or SWIGLU_ROWS or gpu_fold'" \
       foldrows-bench ;;
   foldrows-bench)
     trap pack_logs EXIT
-    alternate_twice OPENJET_FOLD_ROWS ;;
+    both=OPENJET_FOLD_ROWS=1,OPENJET_SWIGLU_ROWS=1
+    each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_ROWS=0 OPENJET_FOLD_ROWS=1 $both
+    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_ROWS=0 OPENJET_FOLD_ROWS=1 $both
+    (export OPENJET_FOLD_ROWS=1 OPENJET_SWIGLU_ROWS=1; trace_bench) ;;
   attnpack)
     plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
   attnpack-bench)

@@ -625,7 +625,8 @@ def test_decode_gemv_shapes_give_the_engine_the_same_bits(models):
                           ("OPENJET_SWIGLU_SELF", "swiglu_self", ("1",)),
                           ("OPENJET_GEMV_GROUP", "gemv_group", ("1",)),
                           ("OPENJET_ATTN_OWN_PACK", "attn_own_pack", ("1",)),
-                          ("OPENJET_FOLD_ROWS", "fold_rows", ("1",))])
+                          ("OPENJET_FOLD_ROWS", "fold_rows", ("1",)),
+                          ("OPENJET_SWIGLU_ROWS", "swiglu_rows", ("1",))])
 def test_decode_experiments_keep_every_bit(models, switch, counted, values, monkeypatch):
     """Switches read at load that must not change a bit, each of `values` against =0 over decode_sequence_logits:
     OPENJET_FFN_PERSISTENT (ffn_persistent.cuh: each layer's FFN in one persistent launch with the launches'
@@ -649,14 +650,16 @@ def test_decode_experiments_keep_every_bit(models, switch, counted, values, monk
     (attn_decode.cu attn_combine_pack_kernel: the attention combine packs its own output for the out projection, the
     row's heads meeting for its max; 1, the default); OPENJET_FOLD_ROWS (gemv_fold_device.cuh fold_rows_make: at t > 1
     the fold's B makes its rows' pack itself, its first t blocks a row each while the rest wait for their count,
-    instead of the fold's pack launch; the T = 5, 8, 3, 2 steps). The counted path (kernels_test.launch_count) ran
+    instead of the fold's pack launch; the T = 5, 8, 3, 2 steps); OPENJET_SWIGLU_ROWS (gemv_fold_device.cuh
+    swiglu_rows_make: at t > 1 a down projection that is the fold's A makes its swiglu pack itself, its first blocks
+    meeting for the rows' maxima, instead of the swiglu pack launch). The counted path (kernels_test.launch_count) ran
     under each value and never under =0.
     The persistent FFN and the cp.async GEMVs make no fold (OPENJET_FOLD, a declared numerics change of the
     producer-warp GEMV's), so their switches are checked with it off."""
     from openjet_launcher.engine import kernels_test as kt
     from openjet_launcher.model.gguf_file import GGUFFile
     if switch in ("OPENJET_GEMV_TMA", "OPENJET_FFN_TMA", "OPENJET_SWIGLU_SELF", "OPENJET_GEMV_GROUP",
-                  "OPENJET_FOLD_ROWS") and not kt.gemv_tma_available():
+                  "OPENJET_FOLD_ROWS", "OPENJET_SWIGLU_ROWS") and not kt.gemv_tma_available():
         pytest.skip("no producer-warp GEMV here: a 90a build on compute capability 9.0")
     types = {info.qtype.name for name, info in GGUFFile(models["small"]).tensors.items()
              if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) and "nextn" not in name}

@@ -221,6 +221,15 @@ struct openjet_engine {
     // completion hop fewer at each of a verify step's 127 folds, where that launch cost ~4 us (H100, T=5 trace).
     bool fold_rows = false;
     FoldRowsSync* fold_rows_sync = nullptr;
+    // OPENJET_SWIGLU_ROWS=1 at create (an experiment, off by default; the same bits): at more than one row a down
+    // projection that is the fold's A makes its input, the swiglu pack, itself: its first blocks compute the rows'
+    // maxima, meet through SwigluRowsSync (in the zeroed scratch) and pack, while the others wait for them, instead of
+    // the swiglu pack launch before it (64 a verify step, ~10 us marginal each at T=5 on the H100). swiglu_g / swiglu_u:
+    // set by ffn for the down projection (project_out takes them and clears them).
+    bool swiglu_rows = false;
+    SwigluRowsSync* swiglu_rows_sync = nullptr;
+    const float* swiglu_g = nullptr;
+    const float* swiglu_u = nullptr;
     const float* fold_norm = nullptr;
     float* fold_u = nullptr;
     bool fold_input = false;
@@ -891,6 +900,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
     if (env_level("OPENJET_BENCH_GDN_PROBE", 1)) e.gdn_probe = gdn_probe_buffer();
     if (const char* f = std::getenv("OPENJET_FOLD")) e.fold = std::strcmp(f, "0") != 0;
     e.fold_rows = env_level("OPENJET_FOLD_ROWS", 1) == 1;
+    e.swiglu_rows = env_level("OPENJET_SWIGLU_ROWS", 1) == 1;
     if (std::getenv("OPENJET_SWIGLU_SELF")) e.swiglu_self = env_level("OPENJET_SWIGLU_SELF", 1);
     e.ffn_persistent = env_level("OPENJET_FFN_PERSISTENT", 4);
     e.ffn_tma = env_level("OPENJET_FFN_TMA", 4);
@@ -989,6 +999,7 @@ int create_impl(openjet_engine& e, const openjet_tensor_desc* tensors, int n_ten
         {(void**)&e.attn_pack_sync, e.attn_own_pack ? sizeof(AttnPackSync) : 0},
         {(void**)&e.grid_meet, e.swiglu_self ? sizeof(GridMeet) : 0},
         {(void**)&e.fold_rows_sync, e.fold_rows ? sizeof(FoldRowsSync) : 0},
+        {(void**)&e.swiglu_rows_sync, e.swiglu_rows ? sizeof(SwigluRowsSync) : 0},
         {(void**)&e.wdense, sizeof(__half) * dense_halves},
         {(void**)&e.ffn_norms, sizeof(float) * 2 * (c.n_layer + 1)},
         {(void**)&e.row_scale, sizeof(float) * 2 * R},
@@ -1268,7 +1279,11 @@ int project_out(openjet_engine& e, const DevTensor& w, int t, const ActPack* x =
     GemvArgs a = gemv_args(e, w, t, nullptr, e.h);
     if (x) a.x = *x;
     if (e.fold_norm) {  // OPENJET_FOLD: the delta added to h in the tiles' epilogue, with the norm's u and partials
-        const GemvFold f = fold_args(e, e.fold_norm, e.fold_u);
+        GemvFold f = fold_args(e, e.fold_norm, e.fold_u);
+        if (e.swiglu_g) {  // OPENJET_SWIGLU_ROWS (ffn): its input, the swiglu pack, made by its own blocks
+            f.swiglu_g = e.swiglu_g, f.swiglu_u = e.swiglu_u, f.swiglu_rows = e.swiglu_rows_sync;
+            e.swiglu_g = e.swiglu_u = nullptr;
+        }
         const cudaError_t err = launch_gemv_fold(a, nullptr, f, false, true, e.stream);
         if (err != cudaSuccess) return cuda_fail(err, "project_out (fold)");
         e.fold_norm = nullptr, e.mix_added = false;  // (the caller sees the fold ran)
@@ -1304,7 +1319,10 @@ int ffn(openjet_engine& e, const LayerW& L, int t, bool folded = false, float* f
     if (folded) {
         if (const cudaError_t err = fold_in(e, gate, up, fold_args(e, nullptr, u)))
             return cuda_fail(err, "ffn gate/up (fold)");
-        if (!skip_pack) CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
+        if (!skip_pack && e.swiglu_rows && t > 1 && e.fold_norm && !e.prefilling)
+            e.swiglu_g = gate.y, e.swiglu_u = up.y;  // OPENJET_SWIGLU_ROWS: the down projection packs (project_out)
+        else if (!skip_pack)
+            CHECK(launch_swiglu_pack(gate.y, up.y, t, gate.n, e.x, e.stream));
         return project_out(e, L.ffn_down, t);
     }
     if (skip_pack || (!e.prefilling && e.bench_skip_norm_packs >= 4)) {  // a measurement, wrong outputs: no swiglu pack
@@ -1602,6 +1620,7 @@ int mtp_rows(openjet_engine& e, const int32_t* ids, const float* hs0, const floa
     const int E = c.n_embd;
     float *u = e.h, *cat = e.big1;
     e.fold_norm = nullptr, e.fold_input = false;  // (the head's folds are its FFN input's and head norm's, below)
+    e.swiglu_g = e.swiglu_u = nullptr;
     const float *enorm = static_cast<const float*>(e.mtp_enorm.d), *hnorm = static_cast<const float*>(e.mtp_hnorm.d);
     // The input pack in one launch where it can (OPENJET_MTP_INPUT_PACK; the four launches' bits), else those four.
     const cudaError_t fused = e.mtp_input_pack ? launch_mtp_input_pack(e.tok_embd.type, e.tok_embd.d, c.n_vocab, ids,
@@ -1757,6 +1776,7 @@ int trunk(openjet_engine& e, int t) {
     const auto& c = e.cfg;
     mark(e, "embed");
     e.fold_norm = nullptr, e.fold_input = false;  // (a step that failed part way may have left them)
+    e.swiglu_g = e.swiglu_u = nullptr;
     CHECK(launch_embed(e.tok_embd.type, e.tok_embd.d, c.n_vocab, c.n_embd, e.ids, t, e.h, e.stream));
     bool normed = false;     // the layer's input norm (or the output norm) done by the persistent FFN before it
     bool projected = false;  // and its input projections too

@@ -130,6 +130,11 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
     if (in_ok != cudaSuccess || (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) ||
         in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
+    if (out && a.t > 1 && f.swiglu_rows) {  // (A's first blocks make its input, the swiglu pack: launch_gemv_tma_fold)
+        if (!f.swiglu_g || !f.swiglu_u || a.t > a.x.rows) return cudaErrorInvalidValue;
+        if (!act_pack_plain(a.x)) return cudaErrorNotSupported;
+        count_launch(Counted::kSwigluRows);
+    }
     count_launch(Counted::kGemvFold);
     if (in && a.t > 1 && f.rows) count_launch(Counted::kFoldRows);  // (B's first t blocks make the rows: below)
     if (in && a.t > 1 && !f.rows) {  // the rows' pack by its own launch, in the same arithmetic; then the GEMV on it

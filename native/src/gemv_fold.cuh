@@ -41,6 +41,20 @@ struct FoldRowsSync {
     int left;
 };
 
+// The swiglu's pack at t > 1 made by the GEMV that reads it (the down projection as the fold's A; the engine's
+// OPENJET_SWIGLU_ROWS, an experiment) instead of the swiglu pack launch: the launch's first kSwigluPackers blocks (or
+// all, where the grid is smaller) take the rows' 32-blocks b = block, + packers, ... (a warp each), fold their max |v|
+// of each row into row_max (atomicMax on the bits: maxima >= 0, exact in any order) and count in maxed; once all have,
+// each packs its 32-blocks under the rows' exact maxima (pack_block, as every swiglu pack: the same bits) and counts
+// in ready; every block waits for ready before its first unit reads x. left and the zeroing as FoldRowsSync's.
+constexpr int kSwigluPackers = 64;
+struct SwigluRowsSync {
+    unsigned row_max[kActRows];
+    int maxed;
+    int ready;
+    int left;
+};
+
 struct GemvFold {
     // A's side (the GEMV whose outputs are the delta): h [t, n] the residual stream before the add, h_out after it (may
     // be h), w [n] the next norm's weights, u [t, n] and part [t, n / 16] as above. y is not written.
@@ -66,6 +80,11 @@ struct GemvFold {
     GridMeet* meet = nullptr;
     // B at t > 1: where given, B's blocks make the rows' pack in a.x themselves (FoldRowsSync) instead of a pack launch.
     FoldRowsSync* rows = nullptr;
+    // A at t > 1: where given, A's blocks make its input a.x, the swiglu pack of swiglu1(swiglu_g, swiglu_u) ([t, k]
+    // each), themselves (SwigluRowsSync) instead of the swiglu pack launch before it.
+    const float* swiglu_g = nullptr;
+    const float* swiglu_u = nullptr;
+    SwigluRowsSync* swiglu_rows = nullptr;
 };
 
 // Where the blocks of one launch meet once, after their tiles (launch_gemv_swiglu): zeroed once,
@@ -87,7 +106,8 @@ struct GridMeet {
 // (out: the fold's epilogue) or B (in: its k, the fold's row, up to kFoldMaxK).
 bool gemv_fold_takes(const GemvArgs& a, bool in);
 
-// A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b) or B's reading the fold (in:
+// A's GEMV with the fold's tile epilogue (out: fold.h .. fold.part; a.y not written; no b; at t > 1 with
+// fold.swiglu_rows, its input the swiglu pack its own blocks make first) or B's reading the fold (in:
 // fold.u_in .. eps, and b, a second matrix of the same input, where given), one of the two. B at t > 1 takes a.x as its
 // pack: launch_fold_pack fills it first, or, with fold.rows, B's first t blocks do (FoldRowsSync).
 // cudaErrorNotSupported: the fold does not run here.

@@ -154,6 +154,72 @@ __device__ __forceinline__ void fold_rows_leave(const GemvFold& f) {
     }
 }
 
+// The swiglu pack of t rows of k made by the first packers of the GEMV that reads it (GemvFold::swiglu_rows,
+// SwigluRowsSync), by each block's kFoldThreads consumer threads after the kernel's PDL wait; every block waits until
+// the whole pack is in. The values, maxima and pack_block's stores as every swiglu pack's, so the same bits.
+__device__ __forceinline__ void swiglu_rows_make(const GemvFold& f, const ActPack& x, int k, int t) {
+    SwigluRowsSync* const s = f.swiglu_rows;
+    const int packers = min(static_cast<int>(gridDim.x), kSwigluPackers);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nb = k / kActBlock;
+    const int b0 = static_cast<int>(blockIdx.x) + packers * warp, step = packers * kTmaConsumerWarps;
+    const auto v_at = [&](int c, int b) {  // (g and u are the kernel before's: read-only here)
+        const long long i = static_cast<long long>(c) * k + b * kActBlock + lane;
+        return swiglu1(__ldg(f.swiglu_g + i), __ldg(f.swiglu_u + i));
+    };
+    if (static_cast<int>(blockIdx.x) < packers) {
+        __shared__ float warp_max_of[kTmaConsumerWarps][kActRows];
+        __shared__ float row_max[kActRows];
+        for (int c = 0; c < t; ++c) {  // this block's max |v| of each row
+            float m = 0.0f;
+            for (int b = b0; b < nb; b += step) m = fmaxf(m, fabsf(v_at(c, b)));
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (lane == 0) warp_max_of[warp][c] = m;
+        }
+        named_bar_sync(1, kFoldThreads);
+        if (tid < t) {
+            float m = warp_max_of[0][tid];
+#pragma unroll
+            for (int w = 1; w < kTmaConsumerWarps; ++w) m = fmaxf(m, warp_max_of[w][tid]);
+            atomicMax(&s->row_max[tid], __float_as_uint(m));
+        }
+        named_bar_sync(1, kFoldThreads);  // the block's maxima in before thread 0 counts them
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(&s->maxed, 1);
+            spin_until(&s->maxed, [packers](int v) { return v >= packers; });
+        }
+        named_bar_sync(1, kFoldThreads);
+        if (tid < t) row_max[tid] = __uint_as_float(__ldcg(&s->row_max[tid]));  // (after thread 0's acquire)
+        named_bar_sync(1, kFoldThreads);
+        for (int c = 0; c < t; ++c) {  // this block's 32-blocks of each row, under the row's exact max
+            const ActRow r = act_row(x, c, k, row_max[c]);
+            for (int b = b0; b < nb; b += step) pack_block(v_at(c, b), r.s, b, r.h, r.sum);
+            if (blockIdx.x == 0 && tid == 0) x.inv[c] = r.inv;
+        }
+        named_bar_sync(1, kFoldThreads);  // the block's share in before thread 0 counts it
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(&s->ready, 1);
+        }
+    }
+    if (tid == 0) spin_until(&s->ready, [packers](int v) { return v >= packers; });
+    named_bar_sync(1, kFoldThreads);
+}
+
+// The end of a block of swiglu_rows_make's launch, by its thread 0 (past its wait): the last block out zeroes the
+// words for the next launch.
+__device__ __forceinline__ void swiglu_rows_leave(const GemvFold& f) {
+    SwigluRowsSync* const s = f.swiglu_rows;
+    if (threadIdx.x == 0 && atomicAdd(&s->left, 1) == static_cast<int>(gridDim.x) - 1) {
+#pragma unroll
+        for (int c = 0; c < kActRows; ++c) atomicExch(&s->row_max[c], 0u);
+        atomicExch(&s->maxed, 0);
+        atomicExch(&s->ready, 0);
+        atomicExch(&s->left, 0);
+    }
+}
+
 // The fold's epilogue inputs of a tile, loaded by warp 0 before the tile's units (they are the kernel before's, read
 // after the PDL wait, and the norm's weights), so that its stores wait for no load: the lane's residual values h of
 // token rows 2 tq + cc (cc = 0, 1) at rows g and g + 8 (hr = 0, 1), and the norm's weights of those rows.

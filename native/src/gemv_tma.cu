@@ -63,7 +63,9 @@ __device__ __forceinline__ GemvSecond group_third(const GemvSecond& third) { ret
 // pack in shared memory first (fold_pack_row), instead of a pack; bit 1, the outputs go through the fold's epilogue
 // (fold.h .. fold.part) instead of y; bit 2, the swiglu's own pack (launch_gemv_swiglu: the matrix and its second
 // in tile pairs, v into y, then the blocks' meeting and the pack into fold.swiglu_pack); bit 3 (t > 1, alone), x is
-// the fold's rows made by the launch's first t blocks (fold_rows_make) instead of a pack launch's.
+// the fold's rows made by the launch's first t blocks (fold_rows_make) instead of a pack launch's; bit 4 (t > 1, with
+// bit 1 or alone), x is the swiglu pack made by the launch's first blocks (swiglu_rows_make) instead of a pack
+// launch's.
 // kNoMath: OPENJET_BENCH_GEMV_NO_MATH (bench_gemv_no_math), a measurement with WRONG outputs.
 // A group (launch_gemv_tma_group: QT2 != QT, or a third matrix, Third = GemvSecond): the tiles of up to three matrices
 // of one input, of at most two types, second's of type QT2 from second.from, the third's of QT3 from third.from; each
@@ -82,6 +84,8 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     constexpr int QB = QT2 != QT ? QT2 : QT3;  // the group's other type (QT where it has one)
     constexpr bool kRowsT = (kFold & 8) != 0;  // B's rows at t > 1 made by blocks 0..t-1 (GemvFold::rows)
     static_assert(!kRowsT || kFold == 8, "B's rows made by its blocks: no other fold part");
+    constexpr bool kSwigluRows = (kFold & 16) != 0;  // the swiglu pack at t > 1 made by the first blocks (swiglu_rows)
+    static_assert(!kSwigluRows || (kFold & ~2) == 16, "the swiglu's rows: with A's epilogue at most");
     static_assert(!kGroup || (!kLastSum && (kFold & ~9) == 0), "a group: warp 0 sums every tile, B's pack at most");
     static_assert(!kThird || QT3 == QT || QT3 == QB, "a group: two types at most");
     const GemvSecond more = group_third(third...);  // (from: none, where there is no third)
@@ -160,6 +164,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
         }
     } else {
         if constexpr (kRowsT) fold_rows_make(fold, x, k, t);
+        if constexpr (kSwigluRows) swiglu_rows_make(fold, x, k, t);
         // The pack's row scales, read from L2 once a call instead of once a tile (warp 0's lanes write them; the first
         // tile's barrier, or in forms 3/4 warp 0's first arrival, orders that before any warp's reads).
         if (warp == 0 && lane < t) inv_s[lane] = __ldcg(x.inv + lane);
@@ -242,6 +247,7 @@ gemv_tma_kernel(const uint8_t* __restrict__ w, int n, int k, ActPack x, int t, f
     }
     if constexpr (kPairs) swiglu_meet_and_pack(swiglu, meet_gen, y, n, t, fold.meet, fold.swiglu_pack);
     if constexpr (kRowsT) fold_rows_leave(fold);
+    if constexpr (kSwigluRows) swiglu_rows_leave(fold);
 #endif
 }
 
@@ -429,6 +435,9 @@ cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const Gem
     if (in)  // (t = 1: the row made in shared memory)
         return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
                                           : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f));
+    if (a.t > 1 && f.swiglu_rows)  // (its input the swiglu pack its first blocks make)
+        return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 18>(a, nullptr, stream, f)
+                                          : launch_ring<QT, 4, 3, false, 18>(a, nullptr, stream, f));
     return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 2>(a, nullptr, stream, f)
                                       : launch_ring<QT, 4, 3, false, 2>(a, nullptr, stream, f));
 }

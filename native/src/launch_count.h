@@ -56,6 +56,7 @@ enum class Counted {
     kAttnOwnPack = 37,          // an attention combine packing its own output (OPENJET_ATTN_OWN_PACK; the same bits)
     kGemvTmaFormForced = 38,    // a producer-warp GEMV on the form OPENJET_GEMV_TMA names, not t's (the same bits)
     kFoldRows = 39,             // the fold's B at t > 1 making its rows' pack itself (OPENJET_FOLD_ROWS; the same bits)
+    kSwigluRows = 40,           // a down projection at t > 1 making its swiglu pack itself (OPENJET_SWIGLU_ROWS; its bits)
     kCount
 };
 

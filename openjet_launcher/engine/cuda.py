@@ -121,6 +121,7 @@ KERNEL_SWITCHES = {
     "OPENJET_SWIGLU_SELF": ("0", "1"),                      # engine.cu, ffn (1, at t = 1: default; at load)
     "OPENJET_FOLD": ("0", "1"),                             # engine.cu, fold_fits (on by default; "0" off; at load)
     "OPENJET_FOLD_ROWS": ("0", "1"),                        # engine.cu, fold_rows (an experiment: 1; at load)
+    "OPENJET_SWIGLU_ROWS": ("0", "1"),                      # engine.cu, swiglu_rows (an experiment: 1; at load)
     "OPENJET_GDN_PACK_BOUND": ("0", "1"),                   # row_bound.cu, gdn_pack_bound (1: default)
     "OPENJET_PREFILL_F32": ("rows", "tf32x3", "tf32x3-rna"),  # gemv.cu / prefill_f32.cu (tf32x3: default)
     "OPENJET_PREFILL_RESIDUAL": ("0", "1"),                 # engine.cu project_out (1: default)

@@ -412,7 +412,8 @@ COUNTED = {"dense_gemm": 0, "gdn_two_phase": 1, "gdn_snapshot": 2, "gdn_state_te
            "cycle_graph_capture": 26, "cycle_graph_replay": 27, "mtp_input_pack": 28, "ffn_persistent_tma": 29,
            "gdn_step_pack": 30, "gemv_fold": 31, "fold_add_norm": 32,
            "swiglu_self": 33, "gdn_staged": 34, "gdn_late_launch": 35, "gemv_group": 36,
-           "attn_own_pack": 37, "gemv_tma_form_forced": 38, "fold_rows": 39}
+           "attn_own_pack": 37, "gemv_tma_form_forced": 38, "fold_rows": 39,
+           "swiglu_rows": 40}
 
 
 def prefill_f32_block_rows(t: int, n: int, matrices: int, sms: int, optin: int) -> int:
@@ -478,8 +479,9 @@ def launch_count(path: str) -> int:
     three, OPENJET_GEMV_GROUP; "attn_own_pack": an attention combine packing its own output, OPENJET_ATTN_OWN_PACK;
     "gemv_tma_form_forced": a producer-warp GEMV launch on the form OPENJET_GEMV_TMA names where the default's choice
     by t would take the other, its fold's and group launches included; "fold_rows": the fold's B at more than one
-    token row making its rows' pack itself instead of a pack launch, OPENJET_FOLD_ROWS): how a test sees that the path
-    ran."""
+    token row making its rows' pack itself instead of a pack launch, OPENJET_FOLD_ROWS; "swiglu_rows": a down projection
+    at more than one token row making its swiglu pack itself instead of the swiglu pack launch, OPENJET_SWIGLU_ROWS): how
+    a test sees that the path ran."""
     lib = _lib()
     out = ctypes.c_longlong(0)
     _check(lib, lib.openjet_test_launch_count(COUNTED[path], ctypes.byref(out)), "launch_count")
