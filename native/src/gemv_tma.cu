@@ -429,9 +429,11 @@ template <int QT>
 cudaError_t launch_gemv_tma_fold(const GemvArgs& a, const GemvArgs* b, const GemvFold& f, bool in, cudaStream_t stream) {
     constexpr int kRing2 = Form2<QT>::kRing, kBlocks2 = Form2<QT>::kBlocks;
     const bool two = form2_blocks(a);
-    if (in && a.t > 1)  // (the rows made in a.x by the launch's first t blocks: f.rows)
+    if (in && a.t > 1) {  // (the rows made in a.x by the launch's first t blocks: f.rows)
+        if (!f.rows) return cudaErrorInvalidValue;
         return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 8>(a, b, stream, f)
                                           : launch_ring<QT, 4, 3, false, 8>(a, b, stream, f));
+    }
     if (in)  // (t = 1: the row made in shared memory)
         return forced_counted(a, two, two ? launch_ring<QT, kRing2, kBlocks2, false, 1>(a, b, stream, f)
                                           : launch_ring<QT, 4, 3, false, 1>(a, b, stream, f));
