@@ -99,9 +99,9 @@
 #            written 2026-12-08 without a GPU: at t > 1 the fold's B makes its rows' pack itself, its first t blocks a
 #            row each while the rest wait for their count, instead of the fold's pack launch before it; the down
 #            projection makes its swiglu pack itself, its first 64 blocks meeting for the rows' maxima): their bit
-#            tests while the model is written, the T=1 / T=5 step off, with FOLD_ROWS, with
-#            both, alternating twice, then a trace with both (a T=5 step's 127 fold_pack and 64 swiglu pack launches
-#            gone; TRACE_ARGS passed on). ~7 minutes.
+#            tests while the model is written, the T=1 / T=5 step off, with FOLD_ROWS, with both, a trace with both
+#            (a T=5 step's 127 fold_pack and 64 swiglu pack launches gone; TRACE_ARGS passed on), then the three steps
+#            again (not with ROUNDS=1). ~7 minutes (ROUNDS=1: ~5).
 # PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
 #            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
@@ -463,8 +463,8 @@ PY
     trap pack_logs EXIT
     both=OPENJET_FOLD_ROWS=1,OPENJET_SWIGLU_ROWS=1
     each_timing -a --ctx 0 --t 1,5 -- OPENJET_FOLD_ROWS=0 OPENJET_FOLD_ROWS=1 $both
-    each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_ROWS=0 OPENJET_FOLD_ROWS=1 $both
-    (export OPENJET_FOLD_ROWS=1 OPENJET_SWIGLU_ROWS=1; trace_bench) ;;
+    (export OPENJET_FOLD_ROWS=1 OPENJET_SWIGLU_ROWS=1; trace_bench)
+    [ "${ROUNDS:-2}" = 1 ] || each_timing -b --ctx 0 --t 1,5 -- OPENJET_FOLD_ROWS=0 OPENJET_FOLD_ROWS=1 $both ;;
   attnpack)
     plan 150 "tests/test_gpu_engine.py -k 'decode_experiments_keep_every_bit and ATTN_OWN_PACK'" attnpack-bench ;;
   attnpack-bench)
