@@ -99,9 +99,10 @@
 #            written 2026-12-08 without a GPU: at t > 1 the fold's B makes its rows' pack itself, its first t blocks a
 #            row each while the rest wait for their count, instead of the fold's pack launch before it; the down
 #            projection makes its swiglu pack itself, its first 64 blocks meeting for the rows' maxima): their bit
-#            tests while the model is written, the T=1 / T=5 step off, with FOLD_ROWS, with both, a trace with both
-#            (a T=5 step's 127 fold_pack and 64 swiglu pack launches gone; TRACE_ARGS passed on), then the three steps
-#            again (not with ROUNDS=1). ~7 minutes (ROUNDS=1: ~5).
+#            tests (kernel-level in test_gpu_fold.py, on one SM's grid too; the engine's) while the model is written,
+#            the T=1 / T=5 step off, with FOLD_ROWS, with both, a trace with both (a T=5 step's 127 fold_pack and 64
+#            swiglu pack launches gone; TRACE_ARGS passed on), then the three steps again (not with ROUNDS=1). ~7
+#            minutes (ROUNDS=1: ~5).
 # PLAN=swigluprice  where the swiglu packs' cost lies (OPENJET_BENCH_SKIP_SWIGLU_PACK=1 took the H100's T=1 step 7.72-7.87
 #            -> 7.38 ms and T=5 9.85-9.95 -> 9.55): the T=1 / T=5 trace as it is, then with that switch. ~3 minutes.
 # PLAN=immastress  the integer GEMV's three forms (cp.async one block a tile, cp.async resident grid, producer warp),
@@ -457,7 +458,7 @@ PY
     (export OPENJET_TOPK=warp; TRACE_ARGS="--top-k 32" trace_bench trace-warp)
     each_timing -b --ctx 0 --t 1,5 -- OPENJET_TOPK=least OPENJET_TOPK=warp ;;
   foldrows)
-    plan 150 "tests/test_gpu_engine.py -k 'FOLD_ROWS or SWIGLU_ROWS'" \
+    plan 170 "tests/test_gpu_fold.py tests/test_gpu_engine.py -k 'FOLD_ROWS or SWIGLU_ROWS or rows_made_by_b or own_swiglu_pack'" \
       foldrows-bench ;;
   foldrows-bench)
     trap pack_logs EXIT

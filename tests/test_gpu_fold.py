@@ -143,3 +143,52 @@ def test_a_prefills_fold_add_norm_gives_the_bits_the_gemvs_fold_leaves(weights, 
         one = kt.fold_add_norm_pack(h_many[r:r + 1], d_many[r:r + 1], norm_w, eps)
         for name in ("h_out", "u", "part", "a", "xh", "xsum", "xinv"):
             np.testing.assert_array_equal(many[name][r], one[name][0], err_msg=f"{name}, row {r}")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("t, grid_sms", [(5, 0), (8, 0), (8, 1), (2, 1)])
+def test_the_folds_rows_made_by_b_give_the_pack_launchs_bits(weights, qtype, t, grid_sms):
+    """OPENJET_FOLD_ROWS (gemv_fold_device.cuh fold_rows_make): at t > 1 B's first t blocks make its rows' pack, the
+    others waiting for their count, instead of the fold's pack launch before B. On every type the fold takes, on the
+    whole GPU and on one SM's grid (3 or 4 blocks: fewer than 8 rows, so a block makes rows b, b + grid, ...), B's
+    output, its rows' scales and what it leaves (the normed rows, the pack) equal the pack launch's, bit for bit, and
+    the path ran (launch_count fold_rows)."""
+    qtype = kt.QTYPES[qtype]
+    wa, wb = weights(qtype)
+    x, h, norm_w = fold_inputs(t)
+    want = kt.gemv_fold(qtype, wa, wb, x, h, norm_w)
+    before = kt.launch_count("fold_rows")
+    got = kt.gemv_fold(qtype, wa, wb, x, h, norm_w, rows=True, grid_sms=grid_sms)
+    assert kt.launch_count("fold_rows") == before + 1
+    assert np.isfinite(want["y"]).all()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    report(test="fold_rows", qtype=int(qtype), t=t, grid_sms=grid_sms)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("t, grid_sms", [(5, 0), (8, 0), (3, 1)])
+def test_a_down_projections_own_swiglu_pack_gives_the_pack_launchs_bits(qtype, t, grid_sms):
+    """OPENJET_SWIGLU_ROWS (gemv_fold_device.cuh swiglu_rows_make): at t > 1 the down projection as the fold's A makes
+    its input, the swiglu pack of silu(g) u, itself: its first 64 blocks (3 or 4 on one SM's grid, so many 32-blocks a
+    warp) meet for the rows' maxima and pack. The pack it read and its fold epilogue's outputs equal those with the
+    swiglu pack launch before it, bit for bit (the Q4_K_M's down projections: Q4_K and Q6_K), and the path ran."""
+    if not kt.gemv_tma_available():
+        pytest.skip("the fold runs on the producer-warp GEMV: a 90a build on compute capability 9.0")
+    qtype = kt.QTYPES[qtype]
+    n, ka = 1024, 8704  # (half the 27B's 17,408: 272 32-blocks a row)
+    rng = np.random.default_rng(71 + t)
+    wa = quantize(rng.standard_normal((n, ka), dtype=np.float32), qtype)
+    g = (rng.standard_normal((t, ka)) * rng.uniform(0.5, 4.0, (t, 1))).astype(np.float32)
+    up = rng.standard_normal((t, ka), dtype=np.float32)
+    up[:, rng.integers(0, ka, 3)] *= 50.0  # (a few large channels: the row max lies in one packer's 32-blocks)
+    h = rng.standard_normal((t, n), dtype=np.float32)
+    norm_w = rng.uniform(0.2, 2.0, n).astype(np.float32)
+    want = kt.gemv_swiglu_rows(qtype, wa, g, up, h, norm_w, rows=False)
+    before = kt.launch_count("swiglu_rows")
+    got = kt.gemv_swiglu_rows(qtype, wa, g, up, h, norm_w, rows=True, grid_sms=grid_sms)
+    assert kt.launch_count("swiglu_rows") == before + 1
+    assert np.isfinite(want["u"]).all() and np.isfinite(want["part"]).all()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    report(test="swiglu_rows", qtype=int(qtype), t=t, grid_sms=grid_sms)

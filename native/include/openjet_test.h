@@ -187,11 +187,21 @@ OPENJET_API int openjet_test_bench_copy(size_t bytes, int reps, int runs, float*
 /* The fold (gemv_fold.cuh, an experiment) between two decode GEMVs in the tile layout: A [n, ka] over x [t, ka] with
    the fold's epilogue over the residual h [t, n] and the norm's weights norm_w [n], then B [nb, n] reading it: h_out
    and u [t, n], part [t, n / 16, 4] (q, m, s, 0), B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; what B
-   leaves for the kernels after it: the normed rows a_out [t, n] and B's pack (xh, xsum, xinv as openjet_test_pack_act). */
+   leaves for the kernels after it: the normed rows a_out [t, n] and B's pack (xh, xsum, xinv as openjet_test_pack_act).
+   rows (t > 1): B's first t blocks make its rows' pack (OPENJET_FOLD_ROWS) instead of the fold's pack launch;
+   grid_sms: both GEMVs' grids sized for that many SMs (0: all). */
 OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb, const float* x,
                                        int t, const float* h, const float* norm_w, float eps, float* h_out, float* u,
                                        float* part, float* y, float* scales, float* a_out, uint16_t* xh,
-                                       uint16_t* xsum, float* xinv);
+                                       uint16_t* xsum, float* xinv, int rows, int grid_sms);
+/* The down projection's side of OPENJET_SWIGLU_ROWS: A [n, ka] in the tile layout with the fold's epilogue over h
+   [t, n] and norm_w [n], its input the swiglu pack of g and up [t, ka], made by the swiglu pack launch before it (rows
+   0) or by A's own first blocks (rows 1, t > 1); grid_sms as openjet_test_gemv_fold's. Out: h_out and u_out [t, n],
+   part [t, n / 16, 4] and the pack A read (xh, xsum, xinv as openjet_test_pack_act). */
+OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* wa, int n, int ka, const float* g, const float* up,
+                                              int t, const float* h, const float* norm_w, int rows, int grid_sms,
+                                              float* h_out, float* u_out, float* part, uint16_t* xh, uint16_t* xsum,
+                                              float* xinv);
 /* A prefill's add-norm on the fold's numerics (launch_fold_add_norm_pack, a 90a build on 9.0) over t rows of k: h plus
    delta (null: h is already the sum) into h_out, then u, part, the normed rows a_out and the pack (xh, xsum, xinv) as
    openjet_test_gemv_fold gives them. */

@@ -705,11 +705,13 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
 // launch_pack_act packs it) with the fold's epilogue over h [t, n] and norm_w [n], then B [nb, n] reading what A left:
 // h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; what B leaves for
 // the kernels after it (GemvFold::a_out, pack_out): the normed rows a_out [t, n] and its pack (xh, xsum, xinv as
-// openjet_test_pack_act gives them).
+// openjet_test_pack_act gives them). rows (t > 1): B's first t blocks make the rows' pack (GemvFold::rows,
+// OPENJET_FOLD_ROWS) instead of launch_fold_pack; grid_sms: both GEMVs' grids sized for that many SMs (0: all).
 extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int n, int ka, const void* wb, int nb,
                                                   const float* x, int t, const float* h, const float* norm_w, float eps,
                                                   float* h_out, float* u, float* part, float* y, float* scales,
-                                                  float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv) {
+                                                  float* a_out, uint16_t* xh, uint16_t* xsum, float* xinv, int rows,
+                                                  int grid_sms) {
     if (int s = check_t(t)) return s;
     if (int s = check_weights(qtype, n, ka)) return s;
     if (int s = check_weights(qtype, nb, n)) return s;
@@ -717,7 +719,8 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     if (int s = check_tiled("gemv_fold", qtype, nb, n)) return s;
     if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales || !a_out || !xh || !xsum || !xinv)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: null pointer");
-    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales, da;
+    if (grid_sms < 0) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: grid_sms (%d) < 0", grid_sms);
+    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales, da, drows;
     DevPack pa, pb;  // A's input; B's where t > 1 (launch_fold_pack)
     CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
     CHECK(upload_weights(dwb, wb, weight_bytes(qtype, nb, n), qtype, nb, n, true));
@@ -738,14 +741,21 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
     a.tma = -1;  // the producer-warp GEMV's default forms: the fold's home
+    a.grid_sms = grid_sms;
     GemvArgs b{qtype, dwb.p, nb, n, t, pb.view(), nullptr, dy.as<float>()};
     b.tiled = true;
     b.tma = -1;
+    b.grid_sms = grid_sms;
     if (!gemv_fold_takes(a, false) || !gemv_fold_takes(b, true))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
                     "Q5_K or Q6_K, t <= %d, k <= %d)", kActRows, kFoldMaxK);
-    const GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
-                        du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), da.as<float>(), pb.view()};
+    GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
+                  du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), da.as<float>(), pb.view()};
+    if (rows) {
+        CHECK(drows.alloc(sizeof(FoldRowsSync)));
+        CHECK(cudaMemset(drows.p, 0, sizeof(FoldRowsSync)));
+        fold.rows = drows.as<FoldRowsSync>();
+    }
     CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
     CHECK(launch_gemv_fold(b, nullptr, fold, true, false, 0));
     CHECK(cudaDeviceSynchronize());
@@ -756,6 +766,60 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(cudaMemcpy(scales, dscales.p, sizeof(float2) * t, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
     CHECK(pb.download(t, n, xh, xsum, xinv));
+    return OPENJET_OK;
+}
+
+// The down projection's side of OPENJET_SWIGLU_ROWS (gemv_fold.cuh SwigluRowsSync): A [n, ka] in the tile layout
+// with the fold's epilogue over h [t, n] and norm_w [n], its input the swiglu pack of g and up [t, ka] made by
+// launch_swiglu_pack before it (rows 0) or by A's own first blocks (rows 1, t > 1); grid_sms as openjet_test_gemv_fold's.
+// Out: A's h_out and u_out [t, n], part [t, n / 16, 4], and the pack A read (xh, xsum, xinv as openjet_test_pack_act).
+extern "C" OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* wa, int n, int ka, const float* g,
+                                                         const float* up, int t, const float* h, const float* norm_w,
+                                                         int rows, int grid_sms, float* h_out, float* u_out,
+                                                         float* part, uint16_t* xh, uint16_t* xsum, float* xinv) {
+    if (int s = check_t(t)) return s;
+    if (int s = check_weights(qtype, n, ka)) return s;
+    if (int s = check_tiled("gemv_swiglu_rows", qtype, n, ka)) return s;
+    if (!wa || !g || !up || !h || !norm_w || !h_out || !u_out || !part || !xh || !xsum || !xinv)
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_swiglu_rows: null pointer");
+    if (grid_sms < 0 || (rows && t < 2))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_swiglu_rows: grid_sms (%d) < 0, or rows at t = %d (the "
+                    "launch makes its pack only at t > 1)", grid_sms, t);
+    DevBuf dwa, dg, dup, dh, dnw, dh_out, du, dpart, dsync;
+    DevPack pa;
+    CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
+    CHECK(dg.upload(g, sizeof(float) * t * ka));
+    CHECK(dup.upload(up, sizeof(float) * t * ka));
+    CHECK(dh.upload(h, sizeof(float) * t * n));
+    CHECK(dnw.upload(norm_w, sizeof(float) * n));
+    CHECK(dh_out.alloc(sizeof(float) * t * n));
+    CHECK(du.alloc(sizeof(float) * t * n));
+    CHECK(dpart.alloc(sizeof(float4) * t * (n / 16)));
+    CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));  // NaN poison: every output must be written
+    CHECK(pa.alloc(t, ka));
+    GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
+    a.tiled = true;
+    a.tma = -1;
+    a.grid_sms = grid_sms;
+    if (!gemv_fold_takes(a, false))
+        return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_swiglu_rows: the fold does not run here (a 90a build on 9.0, "
+                    "Q4_K, Q5_K or Q6_K, t <= %d)", kActRows);
+    GemvFold fold;
+    fold.h = dh.as<float>(), fold.h_out = dh_out.as<float>(), fold.w = dnw.as<float>(), fold.u = du.as<float>();
+    fold.part = dpart.as<float4>();
+    if (rows) {
+        CHECK(dsync.alloc(sizeof(SwigluRowsSync)));
+        CHECK(cudaMemset(dsync.p, 0, sizeof(SwigluRowsSync)));
+        fold.swiglu_g = dg.as<float>(), fold.swiglu_u = dup.as<float>(), fold.swiglu_rows = dsync.as<SwigluRowsSync>();
+    } else {
+        CHECK(launch_swiglu_pack(dg.as<float>(), dup.as<float>(), t, ka, pa.view(), 0));
+    }
+    CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_out, dh_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(u_out, du.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost));
+    CHECK(pa.download(t, ka, xh, xsum, xinv));
     return OPENJET_OK;
 }
 

@@ -71,7 +71,9 @@ def _lib() -> ctypes.CDLL:
         "bench_copy": [ctypes.c_size_t, _I, _I, _P],
         "bench_boundary": [_I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P],
         "bench_pack_chain": [_I, _P, _I, _I, _I, _I, _I, _I, _P],
-        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _P, _P],
+        "gemv_fold": [_I, _P, _I, _I, _P, _I, _P, _I, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I,
+                      _I],
+        "gemv_swiglu_rows": [_I, _P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P],
         "fold_add_norm_pack": [_P, _P, _P, _I, _I, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P],
         "set_gemv_half": [_I],
         "set_add_norm_max_est": [_I],
@@ -547,11 +549,13 @@ def _fold_rows(t: int, n: int, norm_w) -> tuple[np.ndarray, dict[str, np.ndarray
     return norm_w, out
 
 
-def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, np.ndarray]:
+def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6, rows: bool = False,
+              grid_sms: int = 0) -> dict[str, np.ndarray]:
     """The fold (gemv_fold.cuh, an experiment; Q4_K, Q5_K or Q6_K, a 90a build on 9.0) between two decode GEMVs: A
     (wa [n, ka]) over x [t, ka] ends its tiles with h + y -> h_out, u = h_out * norm_w and each 16-row tile's partials
     (q, m, s, 0); B (wb [nb, n]) reads a pack made from u and the partials alone (at t = 1 in each block's shared
-    memory, else by launch_fold_pack). Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
+    memory, else by launch_fold_pack, or with `rows` by B's own first t blocks: OPENJET_FOLD_ROWS). grid_sms: both
+    GEMVs' grids sized for that many SMs (0: all). Returns h_out, u [t, n], part [t, n / 16, 4], y [t, nb]
     (B's output) and scales [t, 2] (B's rows' c and inv); what B leaves for the kernels after it: a [t, n] (the normed
     rows fl(u r)) and its pack (xh, xsum, xinv: pack_arrays)."""
     lib = _lib()
@@ -566,7 +570,30 @@ def gemv_fold(qtype: int, wa, wb, x, h, norm_w, eps: float = 1e-6) -> dict[str, 
     _check(lib, lib.openjet_test_gemv_fold(qtype, _ptr(raw_a), n, ka, _ptr(raw_b), nb, _ptr(x), t, _ptr(h),
                                            _ptr(norm_w), eps,
                                            *(_ptr(out[k]) for k in ("h_out", "u", "part", "y", "scales", "a", "xh",
-                                                                    "xsum", "xinv"))), "gemv_fold")
+                                                                    "xsum", "xinv")), int(rows), grid_sms), "gemv_fold")
+    return out
+
+
+def gemv_swiglu_rows(qtype: int, wa, g, up, h, norm_w, rows: bool, grid_sms: int = 0) -> dict[str, np.ndarray]:
+    """The down projection's side of OPENJET_SWIGLU_ROWS (Q4_K, Q5_K or Q6_K, a 90a build on 9.0): A (wa [n, ka]) as
+    the fold's A over h [t, n] and norm_w [n], its input the swiglu pack of g and up [t, ka], made by the swiglu pack
+    launch before it (rows False) or by A's own first blocks (rows True, t > 1); grid_sms as gemv_fold's. Returns A's
+    h_out, u [t, n], part [t, n / 16, 4] and the pack it read (xh, xsum, xinv: pack_arrays)."""
+    lib = _lib()
+    g, up, h = _f32(g, 2), _f32(up, 2), _f32(h, 2)
+    t, ka = g.shape
+    if up.shape != (t, ka):
+        raise ValueError(f"up must be [{t}, {ka}], got {list(up.shape)}")
+    raw_a, n = _weights(qtype, wa, ka)
+    if h.shape != (t, n):
+        raise ValueError(f"h must be [{t}, {n}], got {list(h.shape)}")
+    norm_w, out = _fold_rows(t, n, norm_w)
+    del out["a"]
+    out["xh"], out["xsum"], out["xinv"] = pack_arrays(t, ka)
+    _check(lib, lib.openjet_test_gemv_swiglu_rows(qtype, _ptr(raw_a), n, ka, _ptr(g), _ptr(up), t, _ptr(h),
+                                                  _ptr(norm_w), int(rows), grid_sms,
+                                                  *(_ptr(out[k]) for k in ("h_out", "u", "part", "xh", "xsum", "xinv"))),
+           "gemv_swiglu_rows")
     return out
 
 
