@@ -31,11 +31,12 @@ namespace openjet {
 struct GridMeet;  // (below: where a launch's blocks meet)
 
 // B's rows made by its own blocks at t > 1 (the engine's OPENJET_FOLD_ROWS; an experiment): blocks 0..t-1 of B's
-// launch each make one token row's pack in B's a.x with the pack launch's code (fold_pack_row: the same bits) and count
-// it in ready; every block waits for ready to reach t before its first unit reads a.x, so no pack launch and no
-// completion hop lie between A and B, and only t blocks signal (no grid-wide meeting). left counts the blocks past
-// their wait; the last one out zeroes both words for the next launch, which reads them only after its PDL wait (the
-// stream's order: launches that share one run one after another). Zeroed once when allocated.
+// launch each make one token row's pack in B's a.x (block b rows b, b + grid, ... where the grid is smaller) with the
+// pack launch's code (fold_pack_row: the same bits) and count it in ready; every block waits for ready to reach t
+// before its first unit reads a.x, so no pack launch and no completion hop lie between A and B, and only t blocks
+// signal (no grid-wide meeting). left counts the blocks past their wait; the last one out zeroes both words for the
+// next launch, which reads them only after its PDL wait (the stream's order: launches that share one run one after
+// another). Zeroed once when allocated.
 struct FoldRowsSync {
     int ready;
     int left;
