@@ -701,6 +701,31 @@ extern "C" OPENJET_API int openjet_test_bench_pack_chain(int qtype, const void* 
     return OPENJET_OK;
 }
 
+// The fold's A side of t rows of n in device memory (openjet_test_gemv_fold, openjet_test_gemv_swiglu_rows): the
+// residual h and the norm's weights uploaded; h_out, u and part (NaN-poisoned: every partial must be written) made.
+struct FoldASide {
+    DevBuf h, nw, h_out, u, part;
+    cudaError_t make(const float* h_host, const float* norm_w, int t, int n) {
+        cudaError_t e = h.upload(h_host, sizeof(float) * t * n);
+        if (!e) e = nw.upload(norm_w, sizeof(float) * n);
+        if (!e) e = h_out.alloc(sizeof(float) * t * n);
+        if (!e) e = u.alloc(sizeof(float) * t * n);
+        if (!e) e = part.alloc(sizeof(float4) * t * (n / 16));
+        return e ? e : cudaMemset(part.p, 0xFF, sizeof(float4) * t * (n / 16));
+    }
+    GemvFold fold() const {  // A's side of a GemvFold
+        GemvFold f;
+        f.h = h.as<float>(), f.h_out = h_out.as<float>(), f.w = nw.as<float>(), f.u = u.as<float>();
+        f.part = part.as<float4>();
+        return f;
+    }
+    cudaError_t download(float* h_out_host, float* u_host, float* part_host, int t, int n) const {
+        cudaError_t e = cudaMemcpy(h_out_host, h_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost);
+        if (!e) e = cudaMemcpy(u_host, u.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost);
+        return e ? e : cudaMemcpy(part_host, part.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost);
+    }
+};
+
 // The fold (gemv_fold.cuh) between two decode GEMVs, both in the tile layout: A [n, ka] over x [t, ka] (packed as
 // launch_pack_act packs it) with the fold's epilogue over h [t, n] and norm_w [n], then B [nb, n] reading what A left:
 // h_out and u [t, n], part [t, n / 16, 4], B's y [t, nb] and its rows' (c, inv) in scales [t, 2]; what B leaves for
@@ -720,21 +745,17 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     if (!wa || !wb || !x || !h || !norm_w || !h_out || !u || !part || !y || !scales || !a_out || !xh || !xsum || !xinv)
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: null pointer");
     if (grid_sms < 0) return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: grid_sms (%d) < 0", grid_sms);
-    DevBuf dwa, dwb, dx, dh, dh_out, dnw, du, dpart, dy, dscales, da, drows;
+    DevBuf dwa, dwb, dx, dy, dscales, da, drows;
     DevPack pa, pb;  // A's input; B's where t > 1 (launch_fold_pack)
+    FoldASide side;
     CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
     CHECK(upload_weights(dwb, wb, weight_bytes(qtype, nb, n), qtype, nb, n, true));
     CHECK(dx.upload(x, sizeof(float) * t * ka));
-    CHECK(dh.upload(h, sizeof(float) * t * n));
-    CHECK(dnw.upload(norm_w, sizeof(float) * n));
-    CHECK(dh_out.alloc(sizeof(float) * t * n));
-    CHECK(du.alloc(sizeof(float) * t * n));
-    CHECK(dpart.alloc(sizeof(float4) * t * (n / 16)));
+    CHECK(side.make(h, norm_w, t, n));
     CHECK(dy.alloc(sizeof(float) * t * nb));
     CHECK(dscales.alloc(sizeof(float2) * t));
     CHECK(da.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * nb));  // NaN poison: every output must be written
-    CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));
     CHECK(pa.alloc(t, ka));
     CHECK(pb.alloc(t, n));
     CHECK(launch_pack_act(dx.as<float>(), t, ka, nullptr, 0.0f, pa.view(), 0));
@@ -749,8 +770,9 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     if (!gemv_fold_takes(a, false) || !gemv_fold_takes(b, true))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_fold: the fold does not run here (a 90a build on 9.0, Q4_K, "
                     "Q5_K or Q6_K, t <= %d, k <= %d)", kActRows, kFoldMaxK);
-    GemvFold fold{dh.as<float>(), dh_out.as<float>(), dnw.as<float>(), du.as<float>(), dpart.as<float4>(),
-                  du.as<float>(), dpart.as<float4>(), eps, dscales.as<float2>(), da.as<float>(), pb.view()};
+    GemvFold fold = side.fold();
+    fold.u_in = side.u.as<float>(), fold.part_in = side.part.as<float4>(), fold.eps = eps;
+    fold.scales = dscales.as<float2>(), fold.a_out = da.as<float>(), fold.pack_out = pb.view();
     if (rows) {
         CHECK(drows.alloc(sizeof(FoldRowsSync)));
         CHECK(cudaMemset(drows.p, 0, sizeof(FoldRowsSync)));
@@ -759,9 +781,7 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
     CHECK(launch_gemv_fold(b, nullptr, fold, true, false, 0));
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(h_out, dh_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(u, du.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost));
+    CHECK(side.download(h_out, u, part, t, n));
     CHECK(cudaMemcpy(y, dy.p, sizeof(float) * t * nb, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(scales, dscales.p, sizeof(float2) * t, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(a_out, da.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
@@ -785,17 +805,13 @@ extern "C" OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* 
     if (grid_sms < 0 || (rows && t < 2))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_swiglu_rows: grid_sms (%d) < 0, or rows at t = %d (the "
                     "launch makes its pack only at t > 1)", grid_sms, t);
-    DevBuf dwa, dg, dup, dh, dnw, dh_out, du, dpart, dsync;
+    DevBuf dwa, dg, dup, dsync;
     DevPack pa;
+    FoldASide side;
     CHECK(upload_weights(dwa, wa, weight_bytes(qtype, n, ka), qtype, n, ka, true));
     CHECK(dg.upload(g, sizeof(float) * t * ka));
     CHECK(dup.upload(up, sizeof(float) * t * ka));
-    CHECK(dh.upload(h, sizeof(float) * t * n));
-    CHECK(dnw.upload(norm_w, sizeof(float) * n));
-    CHECK(dh_out.alloc(sizeof(float) * t * n));
-    CHECK(du.alloc(sizeof(float) * t * n));
-    CHECK(dpart.alloc(sizeof(float4) * t * (n / 16)));
-    CHECK(cudaMemset(dpart.p, 0xFF, sizeof(float4) * t * (n / 16)));  // NaN poison: every output must be written
+    CHECK(side.make(h, norm_w, t, n));
     CHECK(pa.alloc(t, ka));
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
@@ -804,9 +820,7 @@ extern "C" OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* 
     if (!gemv_fold_takes(a, false))
         return fail(OPENJET_ERR_INVALID_ARGUMENT, "gemv_swiglu_rows: the fold does not run here (a 90a build on 9.0, "
                     "Q4_K, Q5_K or Q6_K, t <= %d)", kActRows);
-    GemvFold fold;
-    fold.h = dh.as<float>(), fold.h_out = dh_out.as<float>(), fold.w = dnw.as<float>(), fold.u = du.as<float>();
-    fold.part = dpart.as<float4>();
+    GemvFold fold = side.fold();
     if (rows) {
         CHECK(dsync.alloc(sizeof(SwigluRowsSync)));
         CHECK(cudaMemset(dsync.p, 0, sizeof(SwigluRowsSync)));
@@ -816,9 +830,7 @@ extern "C" OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* 
     }
     CHECK(launch_gemv_fold(a, nullptr, fold, false, true, 0));
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(h_out, dh_out.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(u_out, du.p, sizeof(float) * t * n, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(part, dpart.p, sizeof(float4) * t * (n / 16), cudaMemcpyDeviceToHost));
+    CHECK(side.download(h_out, u_out, part, t, n));
     CHECK(pa.download(t, ka, xh, xsum, xinv));
     return OPENJET_OK;
 }
