@@ -116,6 +116,7 @@ cudaError_t fold_in_checks(const GemvArgs& a, const GemvFold& f) {
     if (!gemv_fold_takes(a, true) || !act_pack_plain(f.pack_out) || !act_pack_plain(a.x)) return cudaErrorNotSupported;
     if (!f.u_in || !f.part_in || !(f.eps >= 0.0f) || (f.pack_out.h && f.pack_out.h != a.x.h))
         return cudaErrorInvalidValue;
+    if (a.t > 1 && f.rows && !act_pack_fits(a.x, a.t, a.k)) return cudaErrorInvalidValue;  // (B's blocks write a.x)
     return cudaSuccess;
 }
 
@@ -130,8 +131,9 @@ cudaError_t launch_gemv_fold(const GemvArgs& a, const GemvArgs* b, const GemvFol
     if (in_ok != cudaSuccess || (out && (b || !f.h || !f.h_out || !f.w || !f.u || !f.part)) ||
         in == out)  // (a GEMV between two folds: none)
         return cudaErrorInvalidValue;
-    if (out && a.t > 1 && f.swiglu_rows) {  // (A's first blocks make its input, the swiglu pack: launch_gemv_tma_fold)
-        if (!f.swiglu_g || !f.swiglu_u || a.t > a.x.rows) return cudaErrorInvalidValue;
+    if (f.swiglu_g || f.swiglu_u || f.swiglu_rows) {  // (A's first blocks make its input, the swiglu pack)
+        if (!out || a.t < 2 || !f.swiglu_g || !f.swiglu_u || !f.swiglu_rows || !act_pack_fits(a.x, a.t, a.k))
+            return cudaErrorInvalidValue;
         if (!act_pack_plain(a.x)) return cudaErrorNotSupported;
         count_launch(Counted::kSwigluRows);
     }

@@ -146,9 +146,15 @@ __device__ __forceinline__ void fold_rows_make(const GemvFold& f, const ActPack&
     named_bar_sync(1, kFoldThreads);
 }
 
-// The end of a block of fold_rows_make's launch, by its thread 0 (past its wait): the last block out zeroes the words.
+// Whether this block is the last of its launch out (by thread 0, past its wait; left: the launch's count of those):
+// its caller then zeroes the launch's words for the next launch (fold_rows_leave, swiglu_rows_leave).
+__device__ __forceinline__ bool last_block_out(int* left) {
+    return threadIdx.x == 0 && atomicAdd(left, 1) == static_cast<int>(gridDim.x) - 1;
+}
+
+// The end of a block of fold_rows_make's launch: the last block out zeroes the words.
 __device__ __forceinline__ void fold_rows_leave(const GemvFold& f) {
-    if (threadIdx.x == 0 && atomicAdd(&f.rows->left, 1) == static_cast<int>(gridDim.x) - 1) {
+    if (last_block_out(&f.rows->left)) {
         atomicExch(&f.rows->ready, 0);
         atomicExch(&f.rows->left, 0);
     }
@@ -207,11 +213,10 @@ __device__ __forceinline__ void swiglu_rows_make(const GemvFold& f, const ActPac
     named_bar_sync(1, kFoldThreads);
 }
 
-// The end of a block of swiglu_rows_make's launch, by its thread 0 (past its wait): the last block out zeroes the
-// words for the next launch.
+// The end of a block of swiglu_rows_make's launch: the last block out zeroes the words.
 __device__ __forceinline__ void swiglu_rows_leave(const GemvFold& f) {
     SwigluRowsSync* const s = f.swiglu_rows;
-    if (threadIdx.x == 0 && atomicAdd(&s->left, 1) == static_cast<int>(gridDim.x) - 1) {
+    if (last_block_out(&s->left)) {
 #pragma unroll
         for (int c = 0; c < kActRows; ++c) atomicExch(&s->row_max[c], 0u);
         atomicExch(&s->maxed, 0);

@@ -87,6 +87,12 @@ struct DevPack {
         return e;
     }
     ActPack view() { return ActPack{h.as<__half>(), sum.as<__half>(), inv.as<float>(), rows}; }
+    // Every byte 0xFF (NaN halves and floats), so that a row its maker skips cannot pass for a made one.
+    cudaError_t poison(int k) {
+        cudaError_t e = cudaMemset(h.p, 0xFF, sizeof(__half) * rows * k);
+        if (e == cudaSuccess) e = cudaMemset(sum.p, 0xFF, sizeof(__half) * rows * (k / kActBlock) * 2);
+        return e == cudaSuccess ? cudaMemset(inv.p, 0xFF, sizeof(float) * rows) : e;
+    }
     // Rows 0..t-1 of a pack of k-element rows to the host (the GPU's work before synchronised).
     cudaError_t download(int t, int k, uint16_t* xh, uint16_t* xsum, float* xinv) const {
         cudaError_t e = cudaDeviceSynchronize();
@@ -756,8 +762,11 @@ extern "C" OPENJET_API int openjet_test_gemv_fold(int qtype, const void* wa, int
     CHECK(dscales.alloc(sizeof(float2) * t));
     CHECK(da.alloc(sizeof(float) * t * n));
     CHECK(cudaMemset(dy.p, 0xFF, sizeof(float) * t * nb));  // NaN poison: every output must be written
+    CHECK(cudaMemset(dscales.p, 0xFF, sizeof(float2) * t));
+    CHECK(cudaMemset(da.p, 0xFF, sizeof(float) * t * n));
     CHECK(pa.alloc(t, ka));
     CHECK(pb.alloc(t, n));
+    CHECK(pb.poison(n));
     CHECK(launch_pack_act(dx.as<float>(), t, ka, nullptr, 0.0f, pa.view(), 0));
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
@@ -813,6 +822,7 @@ extern "C" OPENJET_API int openjet_test_gemv_swiglu_rows(int qtype, const void* 
     CHECK(dup.upload(up, sizeof(float) * t * ka));
     CHECK(side.make(h, norm_w, t, n));
     CHECK(pa.alloc(t, ka));
+    CHECK(pa.poison(ka));  // (the pack's maker must write every row)
     GemvArgs a{qtype, dwa.p, n, ka, t, pa.view(), nullptr, nullptr};
     a.tiled = true;
     a.tma = -1;
